@@ -1,0 +1,280 @@
+/* The device interface: devices, streams, events, memory, copies and the kernels a ResNet needs.
+ *
+ * The same calls run on CPU mock devices and on CUDA. Work is enqueued on a stream and runs
+ * later, in order; the host waits only through the *_synchronize calls, each of which can be
+ * left by raising an abort flag. Pointers handed to the kernel and copy calls are device
+ * pointers (mgt_buffer_ptr plus an offset) unless named host_*. All tensors are fp32, NCHW,
+ * row-major, densely packed. Parameter-gradient outputs accumulate (+=), as PyTorch's do;
+ * other outputs are overwritten unless a `beta` says otherwise.
+ *
+ * Errors: a call that is refused at once returns its status with the reason in
+ * mgt_error_last(). A failure while the work runs (a kernel, an injected fault) is sticky on
+ * that device, as CUDA's are: later calls and waits on the device return MGT_ERR_DEVICE with
+ * text naming the device and the op.
+ */
+#ifndef MGT_DEVICE_H
+#define MGT_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mgt/status.h"
+#include "mgt/thread.h"
+
+#define MGT_MAX_DEVICES 64
+
+typedef struct mgt_devset mgt_devset; /* the devices of one run, opened together */
+typedef struct mgt_device mgt_device; /* borrowed from its devset */
+typedef struct mgt_stream mgt_stream; /* an in-order queue of work on one device */
+typedef struct mgt_event mgt_event;   /* a marker in a stream that others can wait for */
+typedef struct mgt_buffer mgt_buffer; /* one allocation of device memory */
+
+typedef enum mgt_device_kind {
+    MGT_DEVICE_AUTO, /* CUDA where a GPU is usable, mock devices otherwise */
+    MGT_DEVICE_MOCK,
+    MGT_DEVICE_CUDA,
+} mgt_device_kind;
+
+typedef enum mgt_peer_mode {
+    MGT_PEER_ALL,  /* every pair has direct access (the default) */
+    MGT_PEER_NONE, /* every peer copy is staged through pinned host memory */
+    MGT_PEER_LIST, /* only the pairs set in `peer` (both directions of each listed pair) */
+} mgt_peer_mode;
+
+typedef enum mgt_fault_kind {
+    MGT_FAULT_NONE,
+    MGT_FAULT_ALLOC,  /* the Nth buffer allocation on the device fails with MGT_ERR_OOM */
+    MGT_FAULT_KERNEL, /* the Nth kernel run on the device fails, sticky, MGT_ERR_DEVICE */
+} mgt_fault_kind;
+
+/* How mock devices behave. Spelled as a string in the MGT_MOCK environment variable and in
+   the --mock flag, items separated by ';' (see mgt_mock_options_parse):
+     threads=N           compute threads per device (default: cores / devices, at least 1)
+     mem=SIZE            memory per device, e.g. 512M, 8G (default: the machine's memory)
+     peers=all|none|0-1,2-3   which pairs reach each other directly
+     fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1)
+     fault=kernel@D:N    the Nth kernel on device D fails
+     delay=USEC          a random delay of 0..USEC microseconds before every queued op
+     seed=N              seed of the delays */
+typedef struct mgt_mock_options {
+    int threads_per_device;
+    size_t mem_limit;
+    mgt_peer_mode peer_mode;
+    unsigned char peer[MGT_MAX_DEVICES][MGT_MAX_DEVICES];
+    mgt_fault_kind fault_kind;
+    int fault_device;
+    long fault_nth;
+    unsigned delay_us;
+    uint64_t seed;
+} mgt_mock_options;
+
+/* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). */
+mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec);
+
+/* ---- devices ---- */
+
+/* Opens n devices of a kind. ids name physical devices and may repeat for CUDA (several
+   replicas on one GPU); mock ids are 0..n-1 in any order. `mock` may be NULL (defaults,
+   overridden by the MGT_MOCK environment variable when set). MGT_DEVICE_AUTO opens CUDA
+   devices when the build has CUDA and a GPU answers, mock devices otherwise. */
+mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
+                           const mgt_mock_options *mock, mgt_devset **out);
+/* Waits for all work, then frees every device, stream and event of the set. NULL is a no-op. */
+void mgt_devset_free(mgt_devset *set);
+int mgt_devset_count(const mgt_devset *set);
+mgt_device *mgt_devset_device(const mgt_devset *set, int i);
+mgt_device_kind mgt_devset_kind(const mgt_devset *set);
+/* Whether a copy from device i to device j goes directly (else through pinned host memory). */
+bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j);
+
+/* How many devices of this kind the machine has (0 when the build or driver has none). */
+int mgt_device_kind_count(mgt_device_kind kind);
+const char *mgt_device_kind_name(mgt_device_kind kind);
+
+int mgt_device_index(const mgt_device *d); /* position in its devset */
+int mgt_device_id(const mgt_device *d);    /* the id it was opened with */
+const char *mgt_device_name(const mgt_device *d);
+mgt_device_kind mgt_device_get_kind(const mgt_device *d);
+/* Bytes allocated now and the most this device may hold. */
+void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total);
+/* Waits for every stream of the device. */
+mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
+
+/* ---- memory ---- */
+
+mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out);
+/* Waits for the device's pending work first, as cudaFree does. NULL is a no-op. */
+void mgt_buffer_free(mgt_buffer *b);
+void *mgt_buffer_ptr(const mgt_buffer *b);
+size_t mgt_buffer_size(const mgt_buffer *b);
+mgt_device *mgt_buffer_device(const mgt_buffer *b);
+
+/* Pinned (page-locked) host memory that copies to and from `d` can use asynchronously. */
+mgt_status mgt_host_alloc(mgt_device *d, size_t bytes, void **out);
+void mgt_host_free(mgt_device *d, void *p);
+
+/* ---- streams and events ---- */
+
+mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out);
+/* Waits for the stream's work, then frees it. NULL is a no-op. */
+void mgt_stream_free(mgt_stream *s);
+mgt_device *mgt_stream_device(const mgt_stream *s);
+/* Blocks until everything enqueued so far has run. */
+mgt_status mgt_stream_synchronize(mgt_stream *s, const mgt_abort *abort);
+
+mgt_status mgt_event_create(mgt_device *d, mgt_event **out);
+void mgt_event_free(mgt_event *e);
+/* Marks the current end of stream `s` (which must be on the event's device). */
+mgt_status mgt_event_record(mgt_event *e, mgt_stream *s);
+/* Work enqueued on `s` after this call runs only after the event's latest record (as of
+   this call) has run; `s` may be on another device. A never-recorded event is complete. */
+mgt_status mgt_stream_wait_event(mgt_stream *s, mgt_event *e);
+mgt_status mgt_event_synchronize(mgt_event *e, const mgt_abort *abort);
+/* *done = whether the latest record has run; never blocks. */
+mgt_status mgt_event_query(mgt_event *e, bool *done);
+/* Milliseconds between two completed records. */
+mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms);
+
+/* ---- copies (all enqueued) ---- */
+
+mgt_status mgt_memset(mgt_stream *s, void *dst, int value, size_t bytes);
+mgt_status mgt_copy_h2d(mgt_stream *s, void *dst, const void *host_src, size_t bytes);
+mgt_status mgt_copy_d2h(mgt_stream *s, void *host_dst, const void *src, size_t bytes);
+mgt_status mgt_copy_d2d(mgt_stream *s, void *dst, const void *src, size_t bytes);
+/* Copies from memory of src_stream's device to memory of dst_stream's device. It runs after
+   the work enqueued so far on both streams, and work enqueued later on either stream runs
+   after it. Direct where the pair has peer access; otherwise staged through pinned host
+   memory in chunks, ordered by events. */
+mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream,
+                         const void *src, size_t bytes);
+
+/* ---- kernels ---- */
+
+/* Convolution of x [n,c,h,w] with w [k, c/groups, r, s] into y [n,k,p,q],
+   p = (h + 2*pad_h - r) / stride_h + 1, likewise q. No dilation, no bias. */
+typedef struct mgt_conv2d_shape {
+    int n, c, h, w;
+    int k, r, s;
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+    int groups; /* 1, or any divisor of both c and k (c == k == groups is depthwise) */
+} mgt_conv2d_shape;
+
+/* Max pooling of x [n,c,h,w] into y [n,c,p,q] with -inf padding, as torch's MaxPool2d. */
+typedef struct mgt_pool2d_shape {
+    int n, c, h, w;
+    int kh, kw;
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+} mgt_pool2d_shape;
+
+/* Batch norm over x [n,c,hw]: statistics per channel over n*hw values. */
+typedef struct mgt_bn_shape {
+    int n, c, hw;
+    float eps;      /* 1e-5 in PyTorch */
+    float momentum; /* 0.1 in PyTorch: running = (1-m)*running + m*batch */
+} mgt_bn_shape;
+
+/* PyTorch's SGD: d = s*g + wd*p; buf = m*buf + (1-dampening)*d (buf = d when first_step);
+   d = nesterov ? d + m*buf : buf; p -= lr*d. s = grad_scale folds a division (for example by
+   the device count) into the update. With momentum 0, buf is not touched (may be NULL). */
+typedef struct mgt_sgd_params {
+    float lr, momentum, dampening, weight_decay, grad_scale;
+    bool nesterov;
+    bool first_step;
+} mgt_sgd_params;
+
+int mgt_conv2d_out_h(const mgt_conv2d_shape *sh);
+int mgt_conv2d_out_w(const mgt_conv2d_shape *sh);
+int mgt_pool2d_out_h(const mgt_pool2d_shape *sh);
+int mgt_pool2d_out_w(const mgt_pool2d_shape *sh);
+
+/* x[i] = value */
+mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n);
+/* x[i] *= alpha */
+mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n);
+/* y[i] += alpha * x[i] */
+mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n);
+/* out[0] = sum of x (accumulated in double on the CPU) */
+mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n);
+/* y[i] = a[i] + b[i]; y may alias a or b */
+mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n);
+
+/* C[m,n] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [m,k], op(B) is [k,n].
+   lda, ldb, ldc are row strides of A, B, C as stored. */
+mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k,
+                    float alpha, const float *a, int lda, const float *b, int ldb,
+                    float beta, float *c, int ldc);
+
+/* y = conv(x, w) + beta * y */
+mgt_status mgt_conv2d_forward(mgt_stream *s, float *y, const float *x, const float *w,
+                              const mgt_conv2d_shape *sh, float beta);
+/* dx = conv_transpose(dy, w) + beta * dx */
+mgt_status mgt_conv2d_backward_data(mgt_stream *s, float *dx, const float *dy, const float *w,
+                                    const mgt_conv2d_shape *sh, float beta);
+/* dw = correlate(x, dy) + beta * dw (beta 1 accumulates) */
+mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy, const float *x,
+                                      const mgt_conv2d_shape *sh, float beta);
+
+/* Training forward: y = gamma * (x - mean) * invstd + beta with the batch's mean and biased
+   variance; saves mean and invstd [c] for backward; running_mean/var [c] move by momentum
+   towards the batch mean and the unbiased variance. */
+mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
+                                       float *save_invstd, float *running_mean,
+                                       float *running_var, const float *x, const float *gamma,
+                                       const float *beta, const mgt_bn_shape *sh);
+/* Evaluation forward with the running statistics. */
+mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x,
+                                      const float *gamma, const float *beta,
+                                      const float *running_mean, const float *running_var,
+                                      const mgt_bn_shape *sh);
+/* dx overwritten; dgamma, dbeta accumulate. */
+mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
+                                  const float *dy, const float *x, const float *gamma,
+                                  const float *save_mean, const float *save_invstd,
+                                  const mgt_bn_shape *sh);
+
+/* y = max(x, 0); y may alias x */
+mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n);
+/* dx = y > 0 ? dy : 0, from the forward's output; dx may alias dy */
+mgt_status mgt_relu_backward(mgt_stream *s, float *dx, const float *dy, const float *y, size_t n);
+
+mgt_status mgt_maxpool2d_forward(mgt_stream *s, float *y, const float *x,
+                                 const mgt_pool2d_shape *sh);
+/* dx overwritten; each window's gradient goes to its first maximum in raster order. */
+mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                  const float *y, const mgt_pool2d_shape *sh);
+
+/* Global average pool: y[n,c] = mean of x[n,c,:] over hw values. */
+mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw);
+/* dx[n,c,:] = dy[n,c] / hw, overwritten */
+mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw);
+
+/* y[r, j] += bias[j] for r < rows, j < cols */
+mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols);
+/* dbias[j] += sum over r of dy[r, j] */
+mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols);
+
+/* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
+   eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
+   over the batch; probs [n, classes] = softmax, kept for backward. Labels outside
+   [0, classes) are a device error. */
+mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs,
+                                    const float *logits, const int32_t *labels, int n,
+                                    int classes, float smoothing);
+/* dlogits = scale * (probs - target); scale is 1/n for the batch mean. */
+mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
+                                     const int32_t *labels, int n, int classes, float smoothing,
+                                     float scale);
+
+/* count[0] += number of rows whose label is among the k largest logits. Ties rank the
+   lower class index first: the label's rank is the number of classes with a larger logit
+   plus those with an equal logit and a smaller index. */
+mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
+                            const int32_t *labels, int n, int classes, int k);
+
+mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
+                          size_t n, const mgt_sgd_params *p);
+
+#endif

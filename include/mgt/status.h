@@ -1,0 +1,31 @@
+/* Status codes returned by every mgtrain call that can fail, and the per-thread error text. */
+#ifndef MGT_STATUS_H
+#define MGT_STATUS_H
+
+#include <stddef.h>
+
+typedef enum mgt_status {
+    MGT_OK = 0,
+    MGT_ERR_INVALID,     /* a bad argument or bad input (flag, shape, file contents) */
+    MGT_ERR_OOM,         /* device or host memory exhausted, or the device's limit reached */
+    MGT_ERR_DEVICE,      /* a device op failed (kernel, copy, driver, injected fault) */
+    MGT_ERR_ABORTED,     /* a wait was left because the abort flag was raised */
+    MGT_ERR_IO,          /* a file or folder could not be read or written */
+    MGT_ERR_UNSUPPORTED, /* the backend or build cannot do this */
+    MGT_ERR_TIMEOUT,     /* a bounded wait ran out */
+} mgt_status;
+
+/* A short name for a status ("out of memory"); never NULL. */
+const char *mgt_status_str(mgt_status st);
+
+/* Sets this thread's error text (printf-style) and returns st, so that a failure reads
+   `return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));`. */
+mgt_status mgt_error_set(mgt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* This thread's last error text; "" when none was set since the last clear. Borrowed. */
+const char *mgt_error_last(void);
+
+void mgt_error_clear(void);
+
+#endif

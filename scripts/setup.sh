@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mgtrain needs to build, test and train; silent when all are present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libopenblas-dev       # gemm on the CPU mock devices
+  libstb-dev            # image decoding (stb_image)
+  libcjson-dev          # JSON: safetensors headers, --log, bench --json
+  libcmocka-dev         # test assertions
+  dataset-fashion-mnist # the bundled real data set
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages: ${missing[*]}; run this script as root (or: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the whole test suite: the plain build (with the CUDA backend when the
+# toolkit is present), then the address+undefined and thread sanitizer builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+jobs=$(nproc)
+
+echo "== plain build (MGT_CUDA=AUTO) =="
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-configure.log ||
+  { cat build-configure.log; exit 1; }
+grep -E "mgtrain: CUDA backend" build-configure.log || true
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== address,undefined sanitizer build =="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF \
+  -DMGT_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j"$jobs")
+
+echo "== thread sanitizer build (device, stream and threading tests) =="
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j"$jobs"
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --output-on-failure -j"$jobs" -L 'streams|devices|cpu_kernels|data|trainer')

@@ -1,0 +1,168 @@
+/* `mgtrain devices`: the devices a run would use, their memory and who reaches whom directly;
+   also the shared parsing of --gpus, --device and --mock. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/commands.h"
+
+mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= MGT_MAX_DEVICES || (*end && *end != ','))
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "--gpus '%s': expected device ids from 0 to %d separated by "
+                                 "commas, e.g. 0,1,2,3",
+                                 s, MGT_MAX_DEVICES - 1);
+        if (*n == MGT_MAX_DEVICES)
+            return mgt_error_set(MGT_ERR_INVALID, "--gpus '%s': more than %d devices", s,
+                                 MGT_MAX_DEVICES);
+        ids[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+        if (*end && !*p)
+            return mgt_error_set(MGT_ERR_INVALID, "--gpus '%s': ends with a comma", s);
+    }
+    if (*n == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "--gpus is empty");
+    return MGT_OK;
+}
+
+mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind)
+{
+    if (strcmp(s, "auto") == 0)
+        *kind = MGT_DEVICE_AUTO;
+    else if (strcmp(s, "cuda") == 0)
+        *kind = MGT_DEVICE_CUDA;
+    else if (strcmp(s, "cpu") == 0 || strcmp(s, "mock") == 0)
+        *kind = MGT_DEVICE_MOCK;
+    else
+        return mgt_error_set(MGT_ERR_INVALID, "--device '%s': expected auto, cuda or cpu", s);
+    return MGT_OK;
+}
+
+mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
+                                mgt_devset **out)
+{
+    int ids[MGT_MAX_DEVICES], n = 0;
+    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
+    if (kind == MGT_DEVICE_CUDA && cuda == 0)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "--device cuda: no CUDA device was found");
+    if (kind == MGT_DEVICE_AUTO) {
+        kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+        if (kind == MGT_DEVICE_MOCK)
+            fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
+    }
+    if (gpus && *gpus) {
+        mgt_status st = mgt_app_parse_gpus(gpus, ids, &n);
+        if (st != MGT_OK)
+            return st;
+    } else {
+        n = kind == MGT_DEVICE_CUDA ? cuda : mgt_cpu_count();
+        if (n > 8 && kind == MGT_DEVICE_MOCK)
+            n = 8;
+        for (int i = 0; i < n; i++)
+            ids[i] = i;
+    }
+    if (kind == MGT_DEVICE_CUDA)
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= cuda)
+                return mgt_error_set(MGT_ERR_INVALID,
+                                     "--gpus: device %d does not exist (this machine has %d "
+                                     "CUDA device%s: 0 to %d)",
+                                     ids[i], cuda, cuda == 1 ? "" : "s", cuda - 1);
+    mgt_mock_options opts, *optp = NULL;
+    if (kind == MGT_DEVICE_MOCK && mock) {
+        mgt_status st = mgt_mock_options_parse(&opts, mock);
+        if (st != MGT_OK)
+            return mgt_error_set(st, "--mock: %s", mgt_error_last());
+        optp = &opts;
+    }
+    return mgt_devset_open(kind, ids, n, optp, out);
+}
+
+static void devices_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mgtrain devices [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC]\n"
+            "  --device   which devices to list (auto: CUDA where present, else CPU mock)\n"
+            "  --gpus     device ids, e.g. 0,1,2,3 (ids may repeat)\n"
+            "  --mock     mock-device options, e.g. 'threads=1;mem=2G;peers=0-1' (see README)\n");
+}
+
+int mgt_app_cmd_devices(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"device", required_argument, NULL, 'd'},
+        {"gpus", required_argument, NULL, 'g'},
+        {"mock", required_argument, NULL, 'm'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *gpus = NULL, *mock = NULL;
+    mgt_device_kind kind = MGT_DEVICE_AUTO;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            if (mgt_app_parse_device_kind(optarg, &kind) != MGT_OK) {
+                fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
+                return 2;
+            }
+            break;
+        case 'g': gpus = optarg; break;
+        case 'm': mock = optarg; break;
+        case 'h': devices_usage(stdout); return 0;
+        default:
+            fprintf(stderr, "mgtrain devices: unknown or incomplete option '%s'\n",
+                    argv[optind - 1]);
+            devices_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "mgtrain devices: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
+    printf("CUDA: %s\n", cuda > 0 ? "available" : "no CUDA device found");
+    if (cuda > 0)
+        printf("CUDA devices: %d\n", cuda);
+    mgt_devset *set;
+    if (mgt_app_open_devices(kind, gpus, mock, &set) != MGT_OK) {
+        fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
+        return 1;
+    }
+    int n = mgt_devset_count(set);
+    bool is_mock = mgt_devset_kind(set) == MGT_DEVICE_MOCK;
+    printf("%d %s device%s:\n", n, is_mock ? "mock (CPU)" : "CUDA", n == 1 ? "" : "s");
+    printf("  %-6s %-5s %-48s %12s\n", "index", "id", "name", "memory");
+    for (int i = 0; i < n; i++) {
+        mgt_device *d = mgt_devset_device(set, i);
+        size_t total;
+        mgt_device_memory(d, NULL, &total);
+        printf("  %-6d %-5d %-48s %8.1f GiB\n", i, mgt_device_id(d), mgt_device_name(d),
+               (double)total / (1024.0 * 1024.0 * 1024.0));
+    }
+    printf("peer access (row copies to column; P = direct peer copy, H = staged through pinned "
+           "host memory):\n      ");
+    for (int j = 0; j < n; j++)
+        printf(" %3d", j);
+    printf("\n");
+    for (int i = 0; i < n; i++) {
+        printf("  %3d ", i);
+        for (int j = 0; j < n; j++)
+            printf(" %3s", i == j ? "-" : mgt_devset_can_access_peer(set, i, j) ? "P" : "H");
+        printf("\n");
+    }
+    mgt_devset_free(set);
+    return 0;
+}

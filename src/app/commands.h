@@ -1,0 +1,20 @@
+/* The subcommand handlers of the mgtrain executable, each `int f(argc, argv)` with argv[0]
+   the command's name, returning the process exit status. */
+#ifndef MGT_APP_COMMANDS_H
+#define MGT_APP_COMMANDS_H
+
+#include "mgt/device.h"
+
+int mgt_app_cmd_devices(int argc, char **argv);
+
+/* Parses a --gpus list such as "0,1,2,3" or "0,0" into ids; at most MGT_MAX_DEVICES. */
+mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);
+/* Parses --device auto|cuda|cpu. */
+mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind);
+/* Opens the devices the flags name, printing the one-line notice when AUTO falls back to
+   mock devices. An empty gpus list means every CUDA device, or one mock device per core
+   (at most 8) where there is none. */
+mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
+                                mgt_devset **out);
+
+#endif

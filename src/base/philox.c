@@ -1,0 +1,117 @@
+/* Philox4x32-10 (Salmon et al., SC'11) and the draws built on it: floats, ranges, shuffles. */
+#include "mgt/rng.h"
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u /* golden ratio */
+#define PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
+
+static inline void mulhilo(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo)
+{
+    uint64_t p = (uint64_t)a * b;
+    *hi = (uint32_t)(p >> 32);
+    *lo = (uint32_t)p;
+}
+
+void mgt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        uint32_t hi0, lo0, hi1, lo1;
+        mulhilo(PHILOX_M0, c0, &hi0, &lo0);
+        mulhilo(PHILOX_M1, c2, &hi1, &lo1);
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+void mgt_rng_init(mgt_rng *r, uint64_t seed, uint64_t epoch, uint64_t index,
+                  mgt_rng_purpose purpose)
+{
+    r->key[0] = (uint32_t)seed;
+    r->key[1] = (uint32_t)(seed >> 32);
+    r->ctr[0] = 0;
+    r->ctr[1] = (uint32_t)epoch;
+    r->ctr[2] = (uint32_t)index;
+    r->ctr[3] = ((uint32_t)(index >> 32) & 0x00FFFFFFu) | ((uint32_t)purpose << 24);
+    r->avail = 0;
+}
+
+uint32_t mgt_rng_u32(mgt_rng *r)
+{
+    if (r->avail == 0) {
+        mgt_philox4x32_10(r->ctr, r->key, r->out);
+        r->ctr[0]++;
+        r->avail = 4;
+    }
+    /* words are handed out in order out[0], out[1], ... */
+    return r->out[4 - r->avail--];
+}
+
+float mgt_rng_uniform(mgt_rng *r)
+{
+    return (float)(mgt_rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+}
+
+double mgt_rng_uniform_double(mgt_rng *r)
+{
+    uint64_t hi = mgt_rng_u32(r) >> 5; /* 27 bits */
+    uint64_t lo = mgt_rng_u32(r) >> 6; /* 26 bits */
+    return (double)((hi << 26) | lo) * (1.0 / 9007199254740992.0);
+}
+
+static uint64_t rng_u64(mgt_rng *r)
+{
+    uint64_t hi = mgt_rng_u32(r);
+    return (hi << 32) | mgt_rng_u32(r);
+}
+
+uint64_t mgt_rng_below(mgt_rng *r, uint64_t n)
+{
+    if (n <= UINT32_MAX) {
+        /* Lemire: the high word of x*n is uniform in [0, n) once the low word's bias zone
+           (below 2^32 mod n) is rejected; costs one multiply, rarely a second draw */
+        uint32_t n32 = (uint32_t)n;
+        uint64_t m = (uint64_t)mgt_rng_u32(r) * n32;
+        uint32_t low = (uint32_t)m;
+        if (low < n32) {
+            uint32_t threshold = (uint32_t)(-n32) % n32;
+            while (low < threshold) {
+                m = (uint64_t)mgt_rng_u32(r) * n32;
+                low = (uint32_t)m;
+            }
+        }
+        return m >> 32;
+    }
+    /* wide ranges: plain rejection of the top partial interval */
+    uint64_t limit = UINT64_MAX - (UINT64_MAX % n);
+    uint64_t x;
+    do {
+        x = rng_u64(r);
+    } while (x >= limit);
+    return x % n;
+}
+
+int64_t mgt_rng_range(mgt_rng *r, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)mgt_rng_below(r, (uint64_t)(hi - lo));
+}
+
+void mgt_rng_shuffle(mgt_rng *r, size_t *a, size_t n)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)mgt_rng_below(r, i);
+        size_t t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}

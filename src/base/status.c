@@ -1,0 +1,35 @@
+/* Status names and the per-thread error text that goes with a failed call. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "mgt/status.h"
+
+static _Thread_local char error_text[512];
+
+const char *mgt_status_str(mgt_status st)
+{
+    switch (st) {
+    case MGT_OK: return "ok";
+    case MGT_ERR_INVALID: return "invalid argument";
+    case MGT_ERR_OOM: return "out of memory";
+    case MGT_ERR_DEVICE: return "device error";
+    case MGT_ERR_ABORTED: return "aborted";
+    case MGT_ERR_IO: return "I/O error";
+    case MGT_ERR_UNSUPPORTED: return "unsupported";
+    case MGT_ERR_TIMEOUT: return "timed out";
+    }
+    return "unknown status";
+}
+
+mgt_status mgt_error_set(mgt_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_text, sizeof error_text, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *mgt_error_last(void) { return error_text; }
+
+void mgt_error_clear(void) { error_text[0] = '\0'; }

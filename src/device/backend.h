@@ -1,0 +1,112 @@
+/* The backend table behind mgt/device.h and the handle structs the dispatch layer shares
+   with backends. Only src/device/ includes this. */
+#ifndef MGT_DEVICE_BACKEND_H
+#define MGT_DEVICE_BACKEND_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "device/op.h"
+#include "mgt/device.h"
+
+typedef enum mgt_copy_kind {
+    MGT_COPY_H2D,
+    MGT_COPY_D2H,
+    MGT_COPY_D2D,
+} mgt_copy_kind;
+
+/* A backend fills one `static const` table. Entries marked (optional) may be NULL: the
+   dispatch layer (device.c) then supplies the default named beside them. Every entry is
+   called with arguments already checked (non-NULL handles, positive sizes, a stream and an
+   event on the right devices). Enqueueing entries return at once. */
+typedef struct mgt_backend_i {
+    const char *name; /* "mock", "cuda" */
+    /* how many devices of this kind the machine has; 0 when none can be used */
+    int (*device_count)(void);
+    /* opens set->n devices: fills each device's name, total_mem and impl, set->impl */
+    mgt_status (*devset_open)(mgt_devset *set, const int *ids, const mgt_mock_options *mock);
+    /* frees what devset_open made; streams and events are gone already */
+    void (*devset_close)(mgt_devset *set);
+    /* whether device i reaches device j directly (peer access verified where it matters) */
+    bool (*can_access_peer)(const mgt_devset *set, int i, int j);
+
+    /* device memory; accounting and the limit are the dispatch layer's */
+    mgt_status (*alloc)(mgt_device *d, size_t bytes, void **ptr);
+    void (*free)(mgt_device *d, void *ptr); /* waits for the device's pending work */
+    mgt_status (*host_alloc)(mgt_device *d, size_t bytes, void **ptr); /* pinned */
+    void (*host_free)(mgt_device *d, void *ptr);
+
+    mgt_status (*stream_create)(mgt_stream *s); /* fills s->impl */
+    void (*stream_destroy)(mgt_stream *s);      /* after its work has run */
+    mgt_status (*stream_synchronize)(mgt_stream *s, const mgt_abort *abort);
+    mgt_status (*device_synchronize)(mgt_device *d, const mgt_abort *abort);
+
+    mgt_status (*event_create)(mgt_event *e); /* fills e->impl */
+    void (*event_destroy)(mgt_event *e);
+    mgt_status (*event_record)(mgt_event *e, mgt_stream *s);
+    mgt_status (*stream_wait_event)(mgt_stream *s, mgt_event *e);
+    mgt_status (*event_synchronize)(mgt_event *e, const mgt_abort *abort);
+    mgt_status (*event_query)(mgt_event *e, bool *done);
+    mgt_status (*event_elapsed_ms)(mgt_event *start, mgt_event *end, float *ms);
+
+    mgt_status (*memset)(mgt_stream *s, void *dst, int value, size_t bytes);
+    mgt_status (*copy)(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
+                       size_t bytes);
+    /* a direct copy between devices that can_access_peer allows, enqueued on s (the
+       destination's stream); ordering with the source stream is the dispatch layer's */
+    mgt_status (*copy_peer)(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
+                            size_t bytes);
+
+    /* (optional) whether launch can run this op; NULL: every op */
+    bool (*supports_op)(mgt_device *d, const mgt_op *op);
+    /* enqueues one checked kernel */
+    mgt_status (*launch)(mgt_stream *s, const mgt_op *op);
+} mgt_backend_i;
+
+struct mgt_device {
+    mgt_devset *set;
+    int index;           /* position in the set */
+    int id;              /* the id it was opened with */
+    char name[128];      /* filled by the backend */
+    size_t total_mem;    /* the limit; filled by the backend, lowered by a mock limit */
+    atomic_size_t used;  /* bytes of live buffers and backend workspace */
+    void *impl;
+};
+
+struct mgt_devset {
+    const mgt_backend_i *iface;
+    mgt_device_kind kind;
+    int n;
+    mgt_device *devs; /* n of them */
+    void *impl;
+    void *staging; /* the dispatch layer's pinned staging for peer-less pairs */
+};
+
+struct mgt_stream {
+    mgt_device *dev;
+    void *impl;
+    pthread_mutex_t aux_lock; /* guards aux, the dispatch layer's event for peer copies */
+    mgt_event *aux;
+};
+
+struct mgt_event {
+    mgt_device *dev;
+    void *impl;
+};
+
+struct mgt_buffer {
+    mgt_device *dev;
+    void *ptr;
+    size_t size;
+};
+
+/* Counts bytes against a device's limit; MGT_ERR_OOM (with text naming the device and the
+   sizes) when they would pass it. Backends use it for workspace they keep. */
+mgt_status mgt_device_reserve(mgt_device *d, size_t bytes, const char *what);
+void mgt_device_unreserve(mgt_device *d, size_t bytes);
+
+/* The backends this build has; mgt_backend_cuda() returns NULL in a build without CUDA. */
+const mgt_backend_i *mgt_backend_mock(void);
+const mgt_backend_i *mgt_backend_cuda(void);
+
+#endif

@@ -1,0 +1,43 @@
+/* The CPU fast path: a per-device thread pool and the kernels the mock backend runs on it. */
+#ifndef MGT_DEVICE_CPU_KERNELS_H
+#define MGT_DEVICE_CPU_KERNELS_H
+
+#include <pthread.h>
+
+#include "device/op.h"
+
+typedef struct mgt_cpu_pool mgt_cpu_pool;
+
+/* A pool of `threads` workers counting the caller: threads - 1 are spawned. */
+mgt_status mgt_cpu_pool_create(int threads, mgt_cpu_pool **out);
+/* NULL is a no-op. */
+void mgt_cpu_pool_free(mgt_cpu_pool *p);
+int mgt_cpu_pool_threads(const mgt_cpu_pool *p);
+/* Runs fn(ctx, i, thread) for every i in [0, n), spread over the pool's threads with the
+   caller as thread 0; returns when all have run. thread < mgt_cpu_pool_threads(p), so it can
+   index per-thread scratch. One parallel-for at a time per pool (callers serialise). */
+void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread),
+                      void *ctx);
+
+/* What a device's kernels run with. The owner (the mock device) fills pool, reserve and
+   owner; scratch grows on demand and is kept, so a steady step loop allocates nothing. */
+typedef struct mgt_cpu_ctx {
+    mgt_cpu_pool *pool;
+    pthread_mutex_t lock; /* held by mgt_cpu_run: one kernel at a time per device */
+    /* counts scratch growth against the device's memory; NULL: unlimited */
+    mgt_status (*reserve)(void *owner, size_t bytes);
+    void (*unreserve)(void *owner, size_t bytes);
+    void *owner;
+    float *scratch;
+    size_t scratch_bytes;
+} mgt_cpu_ctx;
+
+mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads);
+void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx);
+
+/* Runs one checked op on host memory with the ctx's pool: gemm through OpenBLAS, conv
+   through im2col/col2im + gemm split over images, the rest as parallel loops. Returns
+   MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label out of range. */
+mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
+
+#endif

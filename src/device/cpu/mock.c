@@ -1,0 +1,719 @@
+/* The CPU mock backend: devices whose streams run on their own threads, asynchronously, like a
+ * GPU's, with a peer-access matrix, a memory limit, injected faults and random op delays.
+ *
+ * Each stream is a bounded ring of commands and one thread that runs them in order. Kernels
+ * run on the device's thread pool (mgt_cpu_run), the stream thread taking part. An event
+ * counts records: recording enqueues generation g, a wait captures the latest generation at
+ * the time of the call (as cudaStreamWaitEvent does), so every wait points at a record that
+ * was enqueued earlier and streams cannot wait on each other in a cycle.
+ *
+ * A failing kernel or an injected fault marks the device failed (sticky, as CUDA's errors
+ * are): its streams skip the remaining work but still complete their event records, so no
+ * other stream or host thread hangs on them, and every later call or wait on the device
+ * returns MGT_ERR_DEVICE with the first failure's text.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device/backend.h"
+#include "device/cpu/kernels.h"
+
+#define MOCK_RING 1024       /* commands queued per stream before enqueue blocks */
+#define MOCK_ALIGN 64
+
+typedef struct mock_event mock_event;
+
+typedef enum { CMD_OP, CMD_COPY, CMD_MEMSET, CMD_RECORD, CMD_WAIT } cmd_kind;
+
+typedef struct cmd {
+    cmd_kind kind;
+    union {
+        mgt_op op;
+        struct { void *dst; const void *src; size_t n; } copy;
+        struct { void *dst; int value; size_t n; } set;
+        struct { mock_event *e; uint64_t gen; } ev;
+    } u;
+} cmd;
+
+typedef struct mock_alloc {
+    char *p;
+    size_t n;
+} mock_alloc;
+
+typedef struct mock_stream mock_stream;
+
+typedef struct mock_dev {
+    mgt_device *dev;
+    mgt_cpu_ctx ctx;
+    pthread_mutex_t lock; /* guards allocs, streams and the failure text */
+    mock_alloc *allocs;   /* sorted by address */
+    int nallocs, cap_allocs;
+    mock_stream *streams;
+    atomic_long n_allocs, n_kernels;
+    atomic_int failed;
+    char fail_text[320];
+    mgt_fault_kind fault_kind;
+    long fault_nth;
+    unsigned delay_us;
+    uint64_t seed;
+    int n_streams_made;
+} mock_dev;
+
+typedef struct mock_set {
+    mgt_mock_options opt;
+} mock_set;
+
+struct mock_stream {
+    mgt_stream *s;
+    mock_dev *md;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t work, done;
+    cmd *ring;
+    uint64_t enqueued, completed;
+    bool stop;
+    uint64_t rng;
+    mock_stream *next;
+};
+
+struct mock_event {
+    mock_dev *md;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    uint64_t recorded, completed;
+    double time; /* when the latest completed record ran */
+};
+
+static mock_dev *dev_of(const mgt_device *d) { return d->impl; }
+
+/* ---- failure ---- */
+
+/* Marks the device failed; the first failure's text is the one every later call reports. */
+static void mock_fail(mock_dev *md, const char *text)
+{
+    pthread_mutex_lock(&md->lock);
+    if (!atomic_load(&md->failed)) {
+        snprintf(md->fail_text, sizeof md->fail_text, "%s: %s", md->dev->name, text);
+        atomic_store(&md->failed, 1);
+    }
+    pthread_mutex_unlock(&md->lock);
+}
+
+/* MGT_ERR_DEVICE with the device's first failure, or MGT_OK. */
+static mgt_status mock_sticky(mock_dev *md)
+{
+    if (!atomic_load(&md->failed))
+        return MGT_OK;
+    pthread_mutex_lock(&md->lock);
+    mgt_status st = mgt_error_set(MGT_ERR_DEVICE, "%s", md->fail_text);
+    pthread_mutex_unlock(&md->lock);
+    return st;
+}
+
+/* ---- allocations: kept sorted so that every pointer handed to an op can be checked ---- */
+
+static int alloc_find(const mock_dev *md, const char *p)
+{
+    int lo = 0, hi = md->nallocs - 1, found = -1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (md->allocs[mid].p <= p) {
+            found = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return found;
+}
+
+/* Whether [p, p+bytes) lies inside one live allocation of the device. */
+static bool mock_owns(mock_dev *md, const void *p, size_t bytes)
+{
+    pthread_mutex_lock(&md->lock);
+    int i = alloc_find(md, p);
+    bool ok = i >= 0 && (const char *)p + bytes <= md->allocs[i].p + md->allocs[i].n &&
+              (const char *)p + bytes >= (const char *)p;
+    pthread_mutex_unlock(&md->lock);
+    return ok;
+}
+
+static mgt_status check_owned(mock_dev *md, const void *p, size_t bytes, const char *what,
+                              const char *arg)
+{
+    if (mock_owns(md, p, bytes))
+        return MGT_OK;
+    return mgt_error_set(MGT_ERR_INVALID,
+                         "%s: %s: %s (%zu bytes at %p) is not memory of this device",
+                         md->dev->name, what, arg, bytes, p);
+}
+
+static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
+{
+    mock_dev *md = dev_of(d);
+    long n = atomic_fetch_add(&md->n_allocs, 1) + 1;
+    if (md->fault_kind == MGT_FAULT_ALLOC && n == md->fault_nth)
+        return mgt_error_set(MGT_ERR_OOM,
+                             "%s: injected allocation failure (allocation #%ld on this "
+                             "device, %zu bytes)",
+                             d->name, n, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, MOCK_ALIGN, bytes) != 0)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu bytes",
+                             d->name, bytes);
+    /* GPU memory comes back uninitialised; all-ones bytes are NaN floats, so code that
+       forgets to initialise a buffer fails here too instead of reading convenient zeros. */
+    memset(p, 0xff, bytes);
+    pthread_mutex_lock(&md->lock);
+    if (md->nallocs == md->cap_allocs) {
+        int cap = md->cap_allocs ? 2 * md->cap_allocs : 64;
+        mock_alloc *a = realloc(md->allocs, (size_t)cap * sizeof *a);
+        if (!a) {
+            pthread_mutex_unlock(&md->lock);
+            free(p);
+            return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+        }
+        md->allocs = a;
+        md->cap_allocs = cap;
+    }
+    int i = alloc_find(md, p) + 1;
+    memmove(&md->allocs[i + 1], &md->allocs[i], (size_t)(md->nallocs - i) * sizeof *md->allocs);
+    md->allocs[i] = (mock_alloc){p, bytes};
+    md->nallocs++;
+    pthread_mutex_unlock(&md->lock);
+    *ptr = p;
+    return MGT_OK;
+}
+
+static mgt_status mock_device_synchronize(mgt_device *d, const mgt_abort *abort);
+
+static void mock_free_mem(mgt_device *d, void *ptr)
+{
+    mock_dev *md = dev_of(d);
+    mock_device_synchronize(d, NULL);
+    pthread_mutex_lock(&md->lock);
+    int i = alloc_find(md, ptr);
+    if (i >= 0 && md->allocs[i].p == ptr) {
+        memmove(&md->allocs[i], &md->allocs[i + 1],
+                (size_t)(md->nallocs - i - 1) * sizeof *md->allocs);
+        md->nallocs--;
+    }
+    pthread_mutex_unlock(&md->lock);
+    free(ptr);
+}
+
+static mgt_status mock_host_alloc(mgt_device *d, size_t bytes, void **ptr)
+{
+    if (posix_memalign(ptr, MOCK_ALIGN, bytes) != 0)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu pinned bytes",
+                             d->name, bytes);
+    return MGT_OK;
+}
+
+static void mock_host_free(mgt_device *d, void *ptr)
+{
+    (void)d;
+    free(ptr);
+}
+
+/* ---- events ---- */
+
+static void event_complete(mock_event *e, uint64_t gen)
+{
+    pthread_mutex_lock(&e->lock);
+    if (gen > e->completed) {
+        e->completed = gen;
+        e->time = mgt_time_now();
+    }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void event_wait_gen(mock_event *e, uint64_t gen)
+{
+    pthread_mutex_lock(&e->lock);
+    while (e->completed < gen)
+        pthread_cond_wait(&e->cv, &e->lock);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* ---- the stream thread ---- */
+
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void run_cmd(mock_stream *ms, const cmd *c)
+{
+    mock_dev *md = ms->md;
+    bool failed = atomic_load(&md->failed);
+    switch (c->kind) {
+    case CMD_OP: {
+        if (failed)
+            return;
+        long n = atomic_fetch_add(&md->n_kernels, 1) + 1;
+        const char *name = mgt_op_name(c->u.op.kind);
+        char text[256];
+        if (md->fault_kind == MGT_FAULT_KERNEL && n == md->fault_nth) {
+            snprintf(text, sizeof text, "injected fault in kernel %s (kernel #%ld on this device)",
+                     name, n);
+            mock_fail(md, text);
+            return;
+        }
+        if (mgt_cpu_run(&md->ctx, &c->u.op) != MGT_OK) {
+            snprintf(text, sizeof text, "kernel %s failed: %s", name, mgt_error_last());
+            mock_fail(md, text);
+        }
+        return;
+    }
+    case CMD_COPY:
+        if (!failed)
+            memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
+        return;
+    case CMD_MEMSET:
+        if (!failed)
+            memset(c->u.set.dst, c->u.set.value, c->u.set.n);
+        return;
+    case CMD_RECORD:
+        event_complete(c->u.ev.e, c->u.ev.gen);
+        return;
+    case CMD_WAIT:
+        event_wait_gen(c->u.ev.e, c->u.ev.gen);
+        return;
+    }
+}
+
+static void *stream_main(void *arg)
+{
+    mock_stream *ms = arg;
+    pthread_mutex_lock(&ms->lock);
+    for (;;) {
+        while (ms->completed == ms->enqueued && !ms->stop)
+            pthread_cond_wait(&ms->work, &ms->lock);
+        if (ms->completed == ms->enqueued)
+            break;
+        cmd c = ms->ring[ms->completed % MOCK_RING];
+        pthread_mutex_unlock(&ms->lock);
+        if (ms->md->delay_us)
+            usleep((useconds_t)(next_rand(&ms->rng) % (ms->md->delay_us + 1u)));
+        run_cmd(ms, &c);
+        pthread_mutex_lock(&ms->lock);
+        ms->completed++;
+        pthread_cond_broadcast(&ms->done);
+    }
+    pthread_mutex_unlock(&ms->lock);
+    return NULL;
+}
+
+static mgt_status enqueue(mgt_stream *s, const cmd *c)
+{
+    mock_stream *ms = s->impl;
+    mgt_status st = mock_sticky(ms->md);
+    if (st != MGT_OK)
+        return st;
+    pthread_mutex_lock(&ms->lock);
+    while (ms->enqueued - ms->completed == MOCK_RING)
+        pthread_cond_wait(&ms->done, &ms->lock);
+    ms->ring[ms->enqueued % MOCK_RING] = *c;
+    ms->enqueued++;
+    pthread_cond_signal(&ms->work);
+    pthread_mutex_unlock(&ms->lock);
+    return MGT_OK;
+}
+
+static mgt_status mock_stream_create(mgt_stream *s)
+{
+    mock_dev *md = dev_of(s->dev);
+    mock_stream *ms = calloc(1, sizeof *ms);
+    cmd *ring = malloc(MOCK_RING * sizeof *ring);
+    if (!ms || !ring) {
+        free(ms);
+        free(ring);
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted creating a stream",
+                             s->dev->name);
+    }
+    ms->s = s;
+    ms->md = md;
+    ms->ring = ring;
+    pthread_mutex_init(&ms->lock, NULL);
+    pthread_cond_init(&ms->work, NULL);
+    pthread_cond_init(&ms->done, NULL);
+    pthread_mutex_lock(&md->lock);
+    ms->rng = (md->seed * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)s->dev->index << 32) ^
+              (uint64_t)++md->n_streams_made;
+    if (!ms->rng)
+        ms->rng = 1;
+    pthread_mutex_unlock(&md->lock);
+    if (pthread_create(&ms->thread, NULL, stream_main, ms) != 0) {
+        pthread_mutex_destroy(&ms->lock);
+        pthread_cond_destroy(&ms->work);
+        pthread_cond_destroy(&ms->done);
+        free(ring);
+        free(ms);
+        return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start a stream thread", s->dev->name);
+    }
+    pthread_mutex_lock(&md->lock);
+    ms->next = md->streams;
+    md->streams = ms;
+    pthread_mutex_unlock(&md->lock);
+    s->impl = ms;
+    return MGT_OK;
+}
+
+static void mock_stream_destroy(mgt_stream *s)
+{
+    mock_stream *ms = s->impl;
+    mock_dev *md = ms->md;
+    pthread_mutex_lock(&md->lock);
+    for (mock_stream **p = &md->streams; *p; p = &(*p)->next)
+        if (*p == ms) {
+            *p = ms->next;
+            break;
+        }
+    pthread_mutex_unlock(&md->lock);
+    pthread_mutex_lock(&ms->lock);
+    ms->stop = true;
+    pthread_cond_signal(&ms->work);
+    pthread_mutex_unlock(&ms->lock);
+    pthread_join(ms->thread, NULL);
+    pthread_mutex_destroy(&ms->lock);
+    pthread_cond_destroy(&ms->work);
+    pthread_cond_destroy(&ms->done);
+    free(ms->ring);
+    free(ms);
+}
+
+static mgt_status stream_wait_drained(mock_stream *ms, const mgt_abort *abort)
+{
+    pthread_mutex_lock(&ms->lock);
+    uint64_t target = ms->enqueued;
+    while (ms->completed < target) {
+        if (mgt_abort_is_raised(abort)) {
+            pthread_mutex_unlock(&ms->lock);
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for a stream aborted",
+                                 ms->md->dev->name);
+        }
+        if (abort)
+            mgt_cond_wait_slice(&ms->done, &ms->lock);
+        else
+            pthread_cond_wait(&ms->done, &ms->lock);
+    }
+    pthread_mutex_unlock(&ms->lock);
+    return MGT_OK;
+}
+
+static mgt_status mock_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
+{
+    mock_stream *ms = s->impl;
+    mgt_status st = stream_wait_drained(ms, abort);
+    return st != MGT_OK ? st : mock_sticky(ms->md);
+}
+
+static mgt_status mock_device_synchronize(mgt_device *d, const mgt_abort *abort)
+{
+    mock_dev *md = dev_of(d);
+    /* Streams are created and destroyed by their owners, never while the device is being
+       synchronised, so the list can be walked after the lock is dropped for each wait. */
+    pthread_mutex_lock(&md->lock);
+    mock_stream *list[256];
+    int n = 0;
+    for (mock_stream *ms = md->streams; ms && n < 256; ms = ms->next)
+        list[n++] = ms;
+    pthread_mutex_unlock(&md->lock);
+    for (int i = 0; i < n; i++) {
+        mgt_status st = stream_wait_drained(list[i], abort);
+        if (st != MGT_OK)
+            return st;
+    }
+    return mock_sticky(md);
+}
+
+static mgt_status mock_event_create(mgt_event *e)
+{
+    mock_event *me = calloc(1, sizeof *me);
+    if (!me)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted creating an event",
+                             e->dev->name);
+    me->md = dev_of(e->dev);
+    pthread_mutex_init(&me->lock, NULL);
+    pthread_cond_init(&me->cv, NULL);
+    e->impl = me;
+    return MGT_OK;
+}
+
+static void mock_event_destroy(mgt_event *e)
+{
+    mock_event *me = e->impl;
+    pthread_mutex_destroy(&me->lock);
+    pthread_cond_destroy(&me->cv);
+    free(me);
+}
+
+static mgt_status mock_event_record(mgt_event *e, mgt_stream *s)
+{
+    mock_event *me = e->impl;
+    mgt_status st = mock_sticky(me->md);
+    if (st != MGT_OK)
+        return st;
+    cmd c = {.kind = CMD_RECORD};
+    pthread_mutex_lock(&me->lock);
+    c.u.ev.e = me;
+    c.u.ev.gen = ++me->recorded;
+    pthread_mutex_unlock(&me->lock);
+    return enqueue(s, &c);
+}
+
+static mgt_status mock_stream_wait_event(mgt_stream *s, mgt_event *e)
+{
+    mock_event *me = e->impl;
+    pthread_mutex_lock(&me->lock);
+    uint64_t gen = me->recorded, done = me->completed;
+    pthread_mutex_unlock(&me->lock);
+    if (gen == 0 || done >= gen)
+        return mock_sticky(dev_of(s->dev));
+    cmd c = {.kind = CMD_WAIT};
+    c.u.ev.e = me;
+    c.u.ev.gen = gen;
+    return enqueue(s, &c);
+}
+
+static mgt_status mock_event_synchronize(mgt_event *e, const mgt_abort *abort)
+{
+    mock_event *me = e->impl;
+    pthread_mutex_lock(&me->lock);
+    uint64_t gen = me->recorded;
+    while (me->completed < gen) {
+        if (mgt_abort_is_raised(abort)) {
+            pthread_mutex_unlock(&me->lock);
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for an event aborted",
+                                 e->dev->name);
+        }
+        mgt_cond_wait_slice(&me->cv, &me->lock);
+    }
+    pthread_mutex_unlock(&me->lock);
+    return mock_sticky(me->md);
+}
+
+static mgt_status mock_event_query(mgt_event *e, bool *done)
+{
+    mock_event *me = e->impl;
+    pthread_mutex_lock(&me->lock);
+    *done = me->completed >= me->recorded;
+    pthread_mutex_unlock(&me->lock);
+    return mock_sticky(me->md);
+}
+
+static mgt_status mock_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
+{
+    mock_event *a = start->impl, *b = end->impl;
+    pthread_mutex_lock(&a->lock);
+    bool a_ok = a->recorded > 0 && a->completed >= a->recorded;
+    double ta = a->time;
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_lock(&b->lock);
+    bool b_ok = b->recorded > 0 && b->completed >= b->recorded;
+    double tb = b->time;
+    pthread_mutex_unlock(&b->lock);
+    if (!a_ok || !b_ok)
+        return mgt_error_set(MGT_ERR_INVALID, "%s: elapsed time of an event that has not run",
+                             start->dev->name);
+    *ms = (float)((tb - ta) * 1e3);
+    return MGT_OK;
+}
+
+/* ---- copies and kernels ---- */
+
+static mgt_status mock_memset(mgt_stream *s, void *dst, int value, size_t bytes)
+{
+    mgt_status st = check_owned(dev_of(s->dev), dst, bytes, "memset", "destination");
+    if (st != MGT_OK)
+        return st;
+    cmd c = {.kind = CMD_MEMSET};
+    c.u.set.dst = dst;
+    c.u.set.value = value;
+    c.u.set.n = bytes;
+    return enqueue(s, &c);
+}
+
+static mgt_status mock_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
+                            size_t bytes)
+{
+    mock_dev *md = dev_of(s->dev);
+    mgt_status st = MGT_OK;
+    if (kind == MGT_COPY_H2D || kind == MGT_COPY_D2D)
+        st = check_owned(md, dst, bytes, "copy", "destination");
+    if (st == MGT_OK && (kind == MGT_COPY_D2H || kind == MGT_COPY_D2D))
+        st = check_owned(md, src, bytes, "copy", "source");
+    if (st != MGT_OK)
+        return st;
+    cmd c = {.kind = CMD_COPY};
+    c.u.copy.dst = dst;
+    c.u.copy.src = src;
+    c.u.copy.n = bytes;
+    return enqueue(s, &c);
+}
+
+static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
+                                 size_t bytes)
+{
+    mgt_status st = check_owned(dev_of(s->dev), dst, bytes, "peer copy", "destination");
+    if (st == MGT_OK)
+        st = check_owned(dev_of(src_dev), src, bytes, "peer copy", "source");
+    if (st != MGT_OK)
+        return st;
+    cmd c = {.kind = CMD_COPY};
+    c.u.copy.dst = dst;
+    c.u.copy.src = src;
+    c.u.copy.n = bytes;
+    return enqueue(s, &c);
+}
+
+static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
+{
+    mock_dev *md = dev_of(s->dev);
+    mgt_op copy = *op;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&copy, ops);
+    for (int i = 0; i < n; i++) {
+        size_t bytes = ops[i].count * (ops[i].dtype == MGT_I32 ? sizeof(int32_t) : sizeof(float));
+        mgt_status st = check_owned(md, *ops[i].ptr, bytes, mgt_op_name(op->kind), ops[i].name);
+        if (st != MGT_OK)
+            return st;
+    }
+    cmd c = {.kind = CMD_OP};
+    c.u.op = *op;
+    return enqueue(s, &c);
+}
+
+/* ---- the set ---- */
+
+static int mock_device_count(void) { return MGT_MAX_DEVICES; }
+
+static mgt_status mock_reserve(void *owner, size_t bytes)
+{
+    return mgt_device_reserve(owner, bytes, "kernel workspace");
+}
+
+static void mock_unreserve(void *owner, size_t bytes) { mgt_device_unreserve(owner, bytes); }
+
+static void mock_devset_close(mgt_devset *set);
+
+static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_mock_options *opt)
+{
+    mock_set *ms = calloc(1, sizeof *ms);
+    if (!ms)
+        return mgt_error_set(MGT_ERR_OOM, "mock: host memory exhausted");
+    ms->opt = *opt;
+    set->impl = ms;
+    int threads = opt->threads_per_device;
+    if (threads <= 0) {
+        threads = mgt_cpu_count() / set->n;
+        if (threads < 1)
+            threads = 1;
+    }
+    size_t total = opt->mem_limit;
+    if (!total)
+        total = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < set->n; i++) {
+        mgt_device *d = &set->devs[i];
+        if (ids[i] < 0 || ids[i] >= MGT_MAX_DEVICES) {
+            mock_devset_close(set);
+            return mgt_error_set(MGT_ERR_INVALID, "mock device id %d: ids run from 0 to %d",
+                                 ids[i], MGT_MAX_DEVICES - 1);
+        }
+        mock_dev *md = calloc(1, sizeof *md);
+        if (!md) {
+            mock_devset_close(set);
+            return mgt_error_set(MGT_ERR_OOM, "mock: host memory exhausted");
+        }
+        md->dev = d;
+        pthread_mutex_init(&md->lock, NULL);
+        d->impl = md;
+        snprintf(d->name, sizeof d->name, "mock:%d", ids[i]);
+        d->total_mem = total;
+        if (opt->fault_device == ids[i]) {
+            md->fault_kind = opt->fault_kind;
+            md->fault_nth = opt->fault_nth;
+        }
+        md->delay_us = opt->delay_us;
+        md->seed = opt->seed;
+        if (mgt_cpu_ctx_init(&md->ctx, threads) != MGT_OK) {
+            mock_devset_close(set);
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads",
+                                 d->name, threads);
+        }
+        md->ctx.reserve = mock_reserve;
+        md->ctx.unreserve = mock_unreserve;
+        md->ctx.owner = d;
+    }
+    return MGT_OK;
+}
+
+static void mock_devset_close(mgt_devset *set)
+{
+    for (int i = 0; i < set->n; i++) {
+        mock_dev *md = set->devs[i].impl;
+        if (!md)
+            continue;
+        if (md->ctx.pool)
+            mgt_cpu_ctx_destroy(&md->ctx);
+        for (int k = 0; k < md->nallocs; k++)
+            free(md->allocs[k].p);
+        free(md->allocs);
+        pthread_mutex_destroy(&md->lock);
+        free(md);
+        set->devs[i].impl = NULL;
+    }
+    free(set->impl);
+    set->impl = NULL;
+}
+
+static bool mock_can_access_peer(const mgt_devset *set, int i, int j)
+{
+    const mock_set *ms = set->impl;
+    int a = set->devs[i].id, b = set->devs[j].id;
+    if (a == b)
+        return true;
+    switch (ms->opt.peer_mode) {
+    case MGT_PEER_ALL: return true;
+    case MGT_PEER_NONE: return false;
+    case MGT_PEER_LIST: return ms->opt.peer[a][b] != 0;
+    }
+    return false;
+}
+
+static const mgt_backend_i mock_backend = {
+    .name = "mock",
+    .device_count = mock_device_count,
+    .devset_open = mock_devset_open,
+    .devset_close = mock_devset_close,
+    .can_access_peer = mock_can_access_peer,
+    .alloc = mock_alloc_mem,
+    .free = mock_free_mem,
+    .host_alloc = mock_host_alloc,
+    .host_free = mock_host_free,
+    .stream_create = mock_stream_create,
+    .stream_destroy = mock_stream_destroy,
+    .stream_synchronize = mock_stream_synchronize,
+    .device_synchronize = mock_device_synchronize,
+    .event_create = mock_event_create,
+    .event_destroy = mock_event_destroy,
+    .event_record = mock_event_record,
+    .stream_wait_event = mock_stream_wait_event,
+    .event_synchronize = mock_event_synchronize,
+    .event_query = mock_event_query,
+    .event_elapsed_ms = mock_event_elapsed_ms,
+    .memset = mock_memset,
+    .copy = mock_copy,
+    .copy_peer = mock_copy_peer,
+    .supports_op = NULL,
+    .launch = mock_launch,
+};
+
+const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

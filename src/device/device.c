@@ -1,0 +1,701 @@
+/* The dispatch layer of the device interface: checks arguments, keeps memory accounting and
+ * limits, orders peer copies between two streams, stages copies between devices without
+ * peer access through pinned host memory, and hands everything else to the backend table.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+#define STAGING_CHUNK (4u << 20) /* bytes per staging slot; two slots per source device */
+
+/* Pinned bounce buffers of one source device. Slot k is written by a D2H on the source's
+   stream and read by an H2D on the destination's stream; `full` (on the source device)
+   orders the read after the write, and the reader's event (on the destination device)
+   orders the next write after the read. */
+typedef struct staging_slot {
+    void *host;
+    mgt_event *full;
+    mgt_event *last_read; /* borrowed: the pair event of the last reader, or NULL */
+} staging_slot;
+
+typedef struct staging_dev {
+    pthread_mutex_t lock;
+    staging_slot slot[2];
+    int next;
+    mgt_event **read_done; /* [n][2]: per destination device and slot, created on first use */
+} staging_dev;
+
+static mgt_status bad_arg(const char *call, const char *what)
+{
+    return mgt_error_set(MGT_ERR_INVALID, "%s: %s", call, what);
+}
+
+/* ---- devices ---- */
+
+const char *mgt_device_kind_name(mgt_device_kind kind)
+{
+    switch (kind) {
+    case MGT_DEVICE_AUTO: return "auto";
+    case MGT_DEVICE_MOCK: return "mock";
+    case MGT_DEVICE_CUDA: return "cuda";
+    }
+    return "unknown";
+}
+
+static const mgt_backend_i *backend_of(mgt_device_kind kind)
+{
+    return kind == MGT_DEVICE_CUDA ? mgt_backend_cuda() : mgt_backend_mock();
+}
+
+int mgt_device_kind_count(mgt_device_kind kind)
+{
+    if (kind == MGT_DEVICE_AUTO)
+        kind = mgt_device_kind_count(MGT_DEVICE_CUDA) > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+    const mgt_backend_i *b = backend_of(kind);
+    return b ? b->device_count() : 0;
+}
+
+static void staging_free(mgt_devset *set)
+{
+    staging_dev *sd = set->staging;
+    if (!sd)
+        return;
+    for (int i = 0; i < set->n; i++) {
+        for (int k = 0; k < 2; k++) {
+            mgt_host_free(&set->devs[i], sd[i].slot[k].host);
+            mgt_event_free(sd[i].slot[k].full);
+        }
+        if (sd[i].read_done)
+            for (int j = 0; j < 2 * set->n; j++)
+                mgt_event_free(sd[i].read_done[j]);
+        free(sd[i].read_done);
+        pthread_mutex_destroy(&sd[i].lock);
+    }
+    free(sd);
+    set->staging = NULL;
+}
+
+/* Staging for every device that lacks direct access to some other device of the set. */
+static mgt_status staging_create(mgt_devset *set)
+{
+    staging_dev *sd = calloc((size_t)set->n, sizeof *sd);
+    if (!sd)
+        return mgt_error_set(MGT_ERR_OOM, "devices: host memory exhausted");
+    for (int i = 0; i < set->n; i++)
+        pthread_mutex_init(&sd[i].lock, NULL);
+    set->staging = sd;
+    for (int i = 0; i < set->n; i++) {
+        bool needed = false;
+        for (int j = 0; j < set->n; j++)
+            needed |= i != j && !mgt_devset_can_access_peer(set, i, j);
+        if (!needed)
+            continue;
+        sd[i].read_done = calloc((size_t)(2 * set->n), sizeof *sd[i].read_done);
+        if (!sd[i].read_done)
+            return mgt_error_set(MGT_ERR_OOM, "devices: host memory exhausted");
+        for (int k = 0; k < 2; k++) {
+            mgt_status st = mgt_host_alloc(&set->devs[i], STAGING_CHUNK, &sd[i].slot[k].host);
+            if (st == MGT_OK)
+                st = mgt_event_create(&set->devs[i], &sd[i].slot[k].full);
+            if (st != MGT_OK)
+                return st;
+        }
+    }
+    return MGT_OK;
+}
+
+mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
+                           const mgt_mock_options *mock, mgt_devset **out)
+{
+    *out = NULL;
+    if (n < 1 || n > MGT_MAX_DEVICES)
+        return mgt_error_set(MGT_ERR_INVALID, "devices: %d devices asked for; 1 to %d can be used",
+                             n, MGT_MAX_DEVICES);
+    if (!ids)
+        return bad_arg("devices", "no device ids");
+    if (kind == MGT_DEVICE_AUTO)
+        kind = mgt_device_kind_count(MGT_DEVICE_CUDA) > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+    const mgt_backend_i *iface = backend_of(kind);
+    if (!iface)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "cuda devices: this build has no CUDA backend (configure with "
+                             "MGT_CUDA=ON where the CUDA toolkit and cuDNN are installed)");
+    mgt_mock_options env_opts;
+    if (!mock) {
+        mgt_status st = mgt_mock_options_parse(&env_opts, getenv("MGT_MOCK"));
+        if (st != MGT_OK)
+            return mgt_error_set(st, "MGT_MOCK: %s", mgt_error_last());
+        mock = &env_opts;
+    }
+    mgt_devset *set = calloc(1, sizeof *set);
+    mgt_device *devs = calloc((size_t)n, sizeof *devs);
+    if (!set || !devs) {
+        free(set);
+        free(devs);
+        return mgt_error_set(MGT_ERR_OOM, "devices: host memory exhausted");
+    }
+    set->iface = iface;
+    set->kind = kind;
+    set->n = n;
+    set->devs = devs;
+    for (int i = 0; i < n; i++) {
+        devs[i].set = set;
+        devs[i].index = i;
+        devs[i].id = ids[i];
+        atomic_init(&devs[i].used, 0);
+    }
+    mgt_status st = iface->devset_open(set, ids, mock);
+    if (st != MGT_OK) {
+        free(devs);
+        free(set);
+        return st;
+    }
+    st = staging_create(set);
+    if (st != MGT_OK) {
+        mgt_devset_free(set);
+        return st;
+    }
+    *out = set;
+    return MGT_OK;
+}
+
+void mgt_devset_free(mgt_devset *set)
+{
+    if (!set)
+        return;
+    for (int i = 0; i < set->n; i++)
+        mgt_device_synchronize(&set->devs[i], NULL);
+    staging_free(set);
+    set->iface->devset_close(set);
+    free(set->devs);
+    free(set);
+}
+
+int mgt_devset_count(const mgt_devset *set) { return set->n; }
+
+mgt_device *mgt_devset_device(const mgt_devset *set, int i)
+{
+    return i >= 0 && i < set->n ? &set->devs[i] : NULL;
+}
+
+mgt_device_kind mgt_devset_kind(const mgt_devset *set) { return set->kind; }
+
+bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j)
+{
+    if (i < 0 || j < 0 || i >= set->n || j >= set->n)
+        return false;
+    return i == j || set->iface->can_access_peer(set, i, j);
+}
+
+int mgt_device_index(const mgt_device *d) { return d->index; }
+int mgt_device_id(const mgt_device *d) { return d->id; }
+const char *mgt_device_name(const mgt_device *d) { return d->name; }
+mgt_device_kind mgt_device_get_kind(const mgt_device *d) { return d->set->kind; }
+
+void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total)
+{
+    if (used)
+        *used = atomic_load(&((mgt_device *)d)->used);
+    if (total)
+        *total = d->total_mem;
+}
+
+mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort)
+{
+    return d->set->iface->device_synchronize(d, abort);
+}
+
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+mgt_status mgt_device_reserve(mgt_device *d, size_t bytes, const char *what)
+{
+    size_t used = atomic_load(&d->used);
+    do {
+        if (bytes > d->total_mem || used > d->total_mem - bytes)
+            return mgt_error_set(MGT_ERR_OOM,
+                                 "%s: out of memory: %s of %.1f MiB with %.1f MiB of %.1f MiB "
+                                 "in use",
+                                 d->name, what, mib(bytes), mib(used), mib(d->total_mem));
+    } while (!atomic_compare_exchange_weak(&d->used, &used, used + bytes));
+    return MGT_OK;
+}
+
+void mgt_device_unreserve(mgt_device *d, size_t bytes) { atomic_fetch_sub(&d->used, bytes); }
+
+/* ---- memory ---- */
+
+mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out)
+{
+    *out = NULL;
+    if (!d)
+        return bad_arg("buffer alloc", "no device");
+    if (bytes == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "%s: buffer alloc of 0 bytes", d->name);
+    mgt_buffer *b = malloc(sizeof *b);
+    if (!b)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    mgt_status st = mgt_device_reserve(d, bytes, "buffer");
+    if (st == MGT_OK) {
+        st = d->set->iface->alloc(d, bytes, &b->ptr);
+        if (st != MGT_OK)
+            mgt_device_unreserve(d, bytes);
+    }
+    if (st != MGT_OK) {
+        free(b);
+        return st;
+    }
+    b->dev = d;
+    b->size = bytes;
+    *out = b;
+    return MGT_OK;
+}
+
+void mgt_buffer_free(mgt_buffer *b)
+{
+    if (!b)
+        return;
+    b->dev->set->iface->free(b->dev, b->ptr);
+    mgt_device_unreserve(b->dev, b->size);
+    free(b);
+}
+
+void *mgt_buffer_ptr(const mgt_buffer *b) { return b->ptr; }
+size_t mgt_buffer_size(const mgt_buffer *b) { return b->size; }
+mgt_device *mgt_buffer_device(const mgt_buffer *b) { return b->dev; }
+
+mgt_status mgt_host_alloc(mgt_device *d, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (!d || bytes == 0)
+        return bad_arg("host alloc", "no device or 0 bytes");
+    return d->set->iface->host_alloc(d, bytes, out);
+}
+
+void mgt_host_free(mgt_device *d, void *p)
+{
+    if (p)
+        d->set->iface->host_free(d, p);
+}
+
+/* ---- streams and events ---- */
+
+mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out)
+{
+    *out = NULL;
+    if (!d)
+        return bad_arg("stream create", "no device");
+    mgt_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    s->dev = d;
+    pthread_mutex_init(&s->aux_lock, NULL);
+    mgt_status st = d->set->iface->stream_create(s);
+    if (st == MGT_OK) {
+        st = mgt_event_create(d, &s->aux);
+        if (st != MGT_OK)
+            d->set->iface->stream_destroy(s);
+    }
+    if (st != MGT_OK) {
+        pthread_mutex_destroy(&s->aux_lock);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return MGT_OK;
+}
+
+void mgt_stream_free(mgt_stream *s)
+{
+    if (!s)
+        return;
+    s->dev->set->iface->stream_synchronize(s, NULL);
+    s->dev->set->iface->stream_destroy(s);
+    mgt_event_free(s->aux);
+    pthread_mutex_destroy(&s->aux_lock);
+    free(s);
+}
+
+mgt_device *mgt_stream_device(const mgt_stream *s) { return s->dev; }
+
+mgt_status mgt_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
+{
+    if (!s)
+        return bad_arg("stream synchronize", "no stream");
+    return s->dev->set->iface->stream_synchronize(s, abort);
+}
+
+mgt_status mgt_event_create(mgt_device *d, mgt_event **out)
+{
+    *out = NULL;
+    if (!d)
+        return bad_arg("event create", "no device");
+    mgt_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    e->dev = d;
+    mgt_status st = d->set->iface->event_create(e);
+    if (st != MGT_OK) {
+        free(e);
+        return st;
+    }
+    *out = e;
+    return MGT_OK;
+}
+
+void mgt_event_free(mgt_event *e)
+{
+    if (!e)
+        return;
+    e->dev->set->iface->event_destroy(e);
+    free(e);
+}
+
+mgt_status mgt_event_record(mgt_event *e, mgt_stream *s)
+{
+    if (!e || !s)
+        return bad_arg("event record", "no event or stream");
+    if (e->dev != s->dev)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "event record: the event belongs to %s, the stream to %s",
+                             e->dev->name, s->dev->name);
+    return s->dev->set->iface->event_record(e, s);
+}
+
+mgt_status mgt_stream_wait_event(mgt_stream *s, mgt_event *e)
+{
+    if (!e || !s)
+        return bad_arg("stream wait event", "no event or stream");
+    if (e->dev->set != s->dev->set)
+        return bad_arg("stream wait event", "the event and the stream are of different sets");
+    return s->dev->set->iface->stream_wait_event(s, e);
+}
+
+mgt_status mgt_event_synchronize(mgt_event *e, const mgt_abort *abort)
+{
+    if (!e)
+        return bad_arg("event synchronize", "no event");
+    return e->dev->set->iface->event_synchronize(e, abort);
+}
+
+mgt_status mgt_event_query(mgt_event *e, bool *done)
+{
+    if (!e || !done)
+        return bad_arg("event query", "no event");
+    return e->dev->set->iface->event_query(e, done);
+}
+
+mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
+{
+    if (!start || !end || !ms)
+        return bad_arg("event elapsed", "no event");
+    return start->dev->set->iface->event_elapsed_ms(start, end, ms);
+}
+
+/* ---- copies ---- */
+
+mgt_status mgt_memset(mgt_stream *s, void *dst, int value, size_t bytes)
+{
+    if (!s || (!dst && bytes))
+        return bad_arg("memset", "no stream or destination");
+    if (bytes == 0)
+        return MGT_OK;
+    return s->dev->set->iface->memset(s, dst, value, bytes);
+}
+
+static mgt_status copy(const char *call, mgt_stream *s, mgt_copy_kind kind, void *dst,
+                       const void *src, size_t bytes)
+{
+    if (!s || ((!dst || !src) && bytes))
+        return bad_arg(call, "no stream, source or destination");
+    if (bytes == 0)
+        return MGT_OK;
+    return s->dev->set->iface->copy(s, kind, dst, src, bytes);
+}
+
+mgt_status mgt_copy_h2d(mgt_stream *s, void *dst, const void *host_src, size_t bytes)
+{
+    return copy("copy h2d", s, MGT_COPY_H2D, dst, host_src, bytes);
+}
+
+mgt_status mgt_copy_d2h(mgt_stream *s, void *host_dst, const void *src, size_t bytes)
+{
+    return copy("copy d2h", s, MGT_COPY_D2H, host_dst, src, bytes);
+}
+
+mgt_status mgt_copy_d2d(mgt_stream *s, void *dst, const void *src, size_t bytes)
+{
+    return copy("copy d2d", s, MGT_COPY_D2D, dst, src, bytes);
+}
+
+/* Makes `later` wait for everything enqueued so far on `earlier`, through earlier's own aux
+   event; the lock keeps another thread's record of the same event from slipping between. */
+static mgt_status order_after(mgt_stream *later, mgt_stream *earlier)
+{
+    if (later == earlier)
+        return MGT_OK;
+    pthread_mutex_lock(&earlier->aux_lock);
+    mgt_status st = mgt_event_record(earlier->aux, earlier);
+    if (st == MGT_OK)
+        st = mgt_stream_wait_event(later, earlier->aux);
+    pthread_mutex_unlock(&earlier->aux_lock);
+    return st;
+}
+
+static mgt_status copy_staged(mgt_stream *dst_s, char *dst, mgt_stream *src_s, const char *src,
+                              size_t bytes)
+{
+    mgt_devset *set = src_s->dev->set;
+    staging_dev *sd = &((staging_dev *)set->staging)[src_s->dev->index];
+    int di = dst_s->dev->index;
+    mgt_status st = MGT_OK;
+    pthread_mutex_lock(&sd->lock);
+    mgt_event *last = NULL;
+    for (size_t off = 0; off < bytes && st == MGT_OK; off += STAGING_CHUNK) {
+        size_t n = bytes - off < STAGING_CHUNK ? bytes - off : STAGING_CHUNK;
+        int k = sd->next;
+        sd->next ^= 1;
+        staging_slot *slot = &sd->slot[k];
+        mgt_event **read_done = &sd->read_done[2 * di + k];
+        if (!*read_done)
+            st = mgt_event_create(dst_s->dev, read_done);
+        if (st == MGT_OK && slot->last_read)
+            st = mgt_stream_wait_event(src_s, slot->last_read);
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(src_s, slot->host, src + off, n);
+        if (st == MGT_OK)
+            st = mgt_event_record(slot->full, src_s);
+        if (st == MGT_OK)
+            st = mgt_stream_wait_event(dst_s, slot->full);
+        if (st == MGT_OK)
+            st = mgt_copy_h2d(dst_s, dst + off, slot->host, n);
+        if (st == MGT_OK)
+            st = mgt_event_record(*read_done, dst_s);
+        if (st == MGT_OK) {
+            slot->last_read = *read_done;
+            last = *read_done;
+        }
+    }
+    /* the source stream's later work also follows the whole copy, as on the direct path */
+    if (st == MGT_OK && last)
+        st = mgt_stream_wait_event(src_s, last);
+    pthread_mutex_unlock(&sd->lock);
+    return st;
+}
+
+mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream,
+                         const void *src, size_t bytes)
+{
+    if (!dst_stream || !src_stream || ((!dst || !src) && bytes))
+        return bad_arg("copy peer", "no stream, source or destination");
+    mgt_device *dd = dst_stream->dev, *sd = src_stream->dev;
+    if (dd->set != sd->set)
+        return bad_arg("copy peer", "the two streams are of different device sets");
+    if (bytes == 0)
+        return MGT_OK;
+    const mgt_backend_i *iface = dd->set->iface;
+    if (dd == sd) {
+        mgt_status st = order_after(dst_stream, src_stream);
+        if (st == MGT_OK)
+            st = iface->copy(dst_stream, MGT_COPY_D2D, dst, src, bytes);
+        return st != MGT_OK ? st : order_after(src_stream, dst_stream);
+    }
+    if (!mgt_devset_can_access_peer(dd->set, sd->index, dd->index))
+        return copy_staged(dst_stream, dst, src_stream, src, bytes);
+    mgt_status st = order_after(dst_stream, src_stream);
+    if (st == MGT_OK)
+        st = iface->copy_peer(dst_stream, dst, sd, src, bytes);
+    return st != MGT_OK ? st : order_after(src_stream, dst_stream);
+}
+
+/* ---- kernels ---- */
+
+mgt_status mgt_op_launch(mgt_stream *s, const mgt_op *op)
+{
+    if (!s || !op)
+        return bad_arg("launch", "no stream or op");
+    mgt_status st = mgt_op_check(op);
+    if (st != MGT_OK)
+        return st;
+    const mgt_backend_i *iface = s->dev->set->iface;
+    if (iface->supports_op && !iface->supports_op(s->dev, op))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "%s: %s is not supported by this backend",
+                             s->dev->name, mgt_op_name(op->kind));
+    return iface->launch(s, op);
+}
+
+#define LAUNCH(KIND, FIELD, ...)                                                               \
+    do {                                                                                       \
+        mgt_op op_ = {.kind = KIND};                                                          \
+        op_.u.FIELD = (__typeof__(op_.u.FIELD)){__VA_ARGS__};                                  \
+        return mgt_op_launch(s, &op_);                                                         \
+    } while (0)
+
+mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n)
+{
+    LAUNCH(MGT_OP_FILL, fill, x, value, n);
+}
+
+mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n)
+{
+    LAUNCH(MGT_OP_SCALE, scale, x, alpha, n);
+}
+
+mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_AXPY, axpy, y, alpha, x, n);
+}
+
+mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUM, sum, out, x, n);
+}
+
+mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
+{
+    LAUNCH(MGT_OP_ADD, add, y, a, b, n);
+}
+
+mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k,
+                    float alpha, const float *a, int lda, const float *b, int ldb,
+                    float beta, float *c, int ldc)
+{
+    LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float *in1,
+                       const float *in2, const mgt_conv2d_shape *sh, float beta)
+{
+    if (!sh)
+        return bad_arg(mgt_op_name(kind), "no shape");
+    mgt_op op = {.kind = kind};
+    op.u.conv.out = out;
+    op.u.conv.in1 = in1;
+    op.u.conv.in2 = in2;
+    op.u.conv.sh = *sh;
+    op.u.conv.beta = beta;
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_conv2d_forward(mgt_stream *s, float *y, const float *x, const float *w,
+                              const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_FWD, y, x, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_data(mgt_stream *s, float *dx, const float *dy, const float *w,
+                                    const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_BWD_DATA, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy, const float *x,
+                                      const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_BWD_FILTER, dw, dy, x, sh, beta);
+}
+
+mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
+                                       float *save_invstd, float *running_mean,
+                                       float *running_var, const float *x, const float *gamma,
+                                       const float *beta, const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_forward_train", "no shape");
+    LAUNCH(MGT_OP_BN_FWD_TRAIN, bn_train, y, save_mean, save_invstd, running_mean, running_var,
+           x, gamma, beta, *sh);
+}
+
+mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x,
+                                      const float *gamma, const float *beta,
+                                      const float *running_mean, const float *running_var,
+                                      const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_forward_eval", "no shape");
+    LAUNCH(MGT_OP_BN_FWD_EVAL, bn_eval, y, x, gamma, beta, running_mean, running_var, *sh);
+}
+
+mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
+                                  const float *dy, const float *x, const float *gamma,
+                                  const float *save_mean, const float *save_invstd,
+                                  const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_backward", "no shape");
+    LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, x, gamma, save_mean, save_invstd, *sh);
+}
+
+mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_RELU_FWD, relu_fwd, y, x, n);
+}
+
+mgt_status mgt_relu_backward(mgt_stream *s, float *dx, const float *dy, const float *y, size_t n)
+{
+    LAUNCH(MGT_OP_RELU_BWD, relu_bwd, dx, dy, y, n);
+}
+
+mgt_status mgt_maxpool2d_forward(mgt_stream *s, float *y, const float *x,
+                                 const mgt_pool2d_shape *sh)
+{
+    if (!sh)
+        return bad_arg("maxpool2d_forward", "no shape");
+    LAUNCH(MGT_OP_MAXPOOL_FWD, maxpool_fwd, y, x, *sh);
+}
+
+mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                  const float *y, const mgt_pool2d_shape *sh)
+{
+    if (!sh)
+        return bad_arg("maxpool2d_backward", "no shape");
+    LAUNCH(MGT_OP_MAXPOOL_BWD, maxpool_bwd, dx, dy, x, y, *sh);
+}
+
+mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw)
+{
+    LAUNCH(MGT_OP_AVGPOOL_FWD, avgpool_fwd, y, x, n, c, hw);
+}
+
+mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw)
+{
+    LAUNCH(MGT_OP_AVGPOOL_BWD, avgpool_bwd, dx, dy, n, c, hw);
+}
+
+mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols)
+{
+    LAUNCH(MGT_OP_BIAS_FWD, bias_fwd, y, bias, rows, cols);
+}
+
+mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols)
+{
+    LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
+}
+
+mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs,
+                                    const float *logits, const int32_t *labels, int n,
+                                    int classes, float smoothing)
+{
+    LAUNCH(MGT_OP_XENT_FWD, xent_fwd, loss, probs, logits, labels, n, classes, smoothing);
+}
+
+mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
+                                     const int32_t *labels, int n, int classes, float smoothing,
+                                     float scale)
+{
+    LAUNCH(MGT_OP_XENT_BWD, xent_bwd, dlogits, probs, labels, n, classes, smoothing, scale);
+}
+
+mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
+                            const int32_t *labels, int n, int classes, int k)
+{
+    LAUNCH(MGT_OP_TOPK, topk, count, logits, labels, n, classes, k);
+}
+
+mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
+                          size_t n, const mgt_sgd_params *p)
+{
+    if (!p)
+        return bad_arg("sgd_update", "no parameters");
+    LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
+}
