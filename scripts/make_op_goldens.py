@@ -72,10 +72,12 @@ def conv(name, n, c, h, w, k, r, s, stride, pad, groups):
 def batchnorm():
     n, c, h, w, eps, mom = 4, 3, 3, 5, 1e-5, 0.1
     # An offset mean and an uneven scale per channel, so a one-pass variance or a mix-up of
-    # channels shows; channel 1's variance is small enough that a missing eps shows too.
+    # channels shows; channel 1's variance is small enough that a missing eps shows too (its
+    # mean stays near 0: against a std of 0.01, the float rounding of a mean near 1 would
+    # already move dx by 1e-4).
     x = torch.randn(n, c, h, w, dtype=torch.float64)
     x = f32(x * torch.tensor([2.0, 0.01, 1.0]).view(1, c, 1, 1)
-            + torch.tensor([5.0, -1.0, 0.0]).view(1, c, 1, 1)).requires_grad_()
+            + torch.tensor([5.0, 0.02, -1.0]).view(1, c, 1, 1)).requires_grad_()
     gamma = f32(torch.rand(c, dtype=torch.float64) + 0.5).requires_grad_()
     beta = f32(torch.randn(c, dtype=torch.float64)).requires_grad_()
     rm0 = f32(torch.randn(c, dtype=torch.float64))
@@ -89,6 +91,7 @@ def batchnorm():
     y.backward(dy)
     erm = f32(torch.randn(c, dtype=torch.float64))
     erv = f32(torch.rand(c, dtype=torch.float64) + 0.5)
+    erv[1] = f32(torch.tensor(2e-4, dtype=torch.float64))  # where eps is 5% of the variance
     ey = F.batch_norm(xd, erm, erv, gamma.detach(), beta.detach(), training=False, eps=eps)
     return write("batchnorm", [
         ("shape", [n, c, h * w]), ("eps_momentum", [eps, mom]),

@@ -1,0 +1,482 @@
+/* The reference every backend is held to: each op as plain single-threaded loops on host memory. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "device/op.h"
+
+/* Loops favour being read against the header over speed: one output element at a time, sums
+   in double, every index spelled out. A backend that disagrees with this file is wrong. */
+
+/* beta == 0 means "overwrite": the old value is not read, so garbage or NaN there is harmless,
+   as with BLAS and cuDNN. */
+static float with_beta(double v, float beta, float old)
+{
+    return beta == 0.0f ? (float)v : (float)(v + (double)beta * old);
+}
+
+static void ref_gemm(const mgt_op *op)
+{
+    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    for (int i = 0; i < g->m; i++) {
+        for (int j = 0; j < g->n; j++) {
+            double acc = 0.0;
+            for (int p = 0; p < g->k; p++) {
+                float a = g->trans_a ? g->a[(size_t)p * g->lda + i] : g->a[(size_t)i * g->lda + p];
+                float b = g->trans_b ? g->b[(size_t)j * g->ldb + p] : g->b[(size_t)p * g->ldb + j];
+                acc += (double)a * b;
+            }
+            float *c = &g->c[(size_t)i * g->ldc + j];
+            *c = with_beta((double)g->alpha * acc, g->beta, *c);
+        }
+    }
+}
+
+/* Index helpers for NCHW tensors and KCRS filters. */
+static size_t at4(int d1, int d2, int d3, int i0, int i1, int i2, int i3)
+{
+    return (((size_t)i0 * d1 + i1) * d2 + i2) * d3 + i3;
+}
+
+static void ref_conv_fwd(const mgt_op *op)
+{
+    const mgt_conv2d_shape *sh = &op->u.conv.sh;
+    const float *x = op->u.conv.in1, *w = op->u.conv.in2;
+    float *y = op->u.conv.out;
+    int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
+    int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    for (int n = 0; n < sh->n; n++)
+        for (int k = 0; k < sh->k; k++) {
+            int g = k / kpg;
+            for (int p = 0; p < P; p++)
+                for (int q = 0; q < Q; q++) {
+                    double acc = 0.0;
+                    for (int cg = 0; cg < cpg; cg++)
+                        for (int r = 0; r < sh->r; r++)
+                            for (int s = 0; s < sh->s; s++) {
+                                int ih = p * sh->stride_h - sh->pad_h + r;
+                                int iw = q * sh->stride_w - sh->pad_w + s;
+                                if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
+                                    continue; /* zero padding */
+                                size_t xi = at4(sh->c, sh->h, sh->w, n, g * cpg + cg, ih, iw);
+                                acc += (double)x[xi] * w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
+                            }
+                    float *o = &y[at4(sh->k, P, Q, n, k, p, q)];
+                    *o = with_beta(acc, op->u.conv.beta, *o);
+                }
+        }
+}
+
+/* The transpose of the forward, written as a gather: each input pixel sums the outputs whose
+   window covered it. */
+static void ref_conv_bwd_data(const mgt_op *op)
+{
+    const mgt_conv2d_shape *sh = &op->u.conv.sh;
+    const float *dy = op->u.conv.in1, *w = op->u.conv.in2;
+    float *dx = op->u.conv.out;
+    int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
+    int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    for (int n = 0; n < sh->n; n++)
+        for (int c = 0; c < sh->c; c++) {
+            int g = c / cpg, cg = c % cpg;
+            for (int ih = 0; ih < sh->h; ih++)
+                for (int iw = 0; iw < sh->w; iw++) {
+                    double acc = 0.0;
+                    for (int k = g * kpg; k < (g + 1) * kpg; k++)
+                        for (int r = 0; r < sh->r; r++)
+                            for (int s = 0; s < sh->s; s++) {
+                                /* ih = p*stride - pad + r must hold for a whole p */
+                                int ph = ih + sh->pad_h - r, pw = iw + sh->pad_w - s;
+                                if (ph < 0 || pw < 0 || ph % sh->stride_h || pw % sh->stride_w)
+                                    continue;
+                                int p = ph / sh->stride_h, q = pw / sh->stride_w;
+                                if (p >= P || q >= Q)
+                                    continue;
+                                acc += (double)dy[at4(sh->k, P, Q, n, k, p, q)] *
+                                       w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
+                            }
+                    float *o = &dx[at4(sh->c, sh->h, sh->w, n, c, ih, iw)];
+                    *o = with_beta(acc, op->u.conv.beta, *o);
+                }
+        }
+}
+
+static void ref_conv_bwd_filter(const mgt_op *op)
+{
+    const mgt_conv2d_shape *sh = &op->u.conv.sh;
+    const float *dy = op->u.conv.in1, *x = op->u.conv.in2;
+    float *dw = op->u.conv.out;
+    int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
+    int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    for (int k = 0; k < sh->k; k++) {
+        int g = k / kpg;
+        for (int cg = 0; cg < cpg; cg++)
+            for (int r = 0; r < sh->r; r++)
+                for (int s = 0; s < sh->s; s++) {
+                    double acc = 0.0;
+                    for (int n = 0; n < sh->n; n++)
+                        for (int p = 0; p < P; p++)
+                            for (int q = 0; q < Q; q++) {
+                                int ih = p * sh->stride_h - sh->pad_h + r;
+                                int iw = q * sh->stride_w - sh->pad_w + s;
+                                if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
+                                    continue;
+                                acc += (double)dy[at4(sh->k, P, Q, n, k, p, q)] *
+                                       x[at4(sh->c, sh->h, sh->w, n, g * cpg + cg, ih, iw)];
+                            }
+                    float *o = &dw[at4(cpg, sh->r, sh->s, k, cg, r, s)];
+                    *o = with_beta(acc, op->u.conv.beta, *o);
+                }
+    }
+}
+
+/* Element i of channel c in an [n, c, hw] tensor. */
+static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
+{
+    return ((size_t)n * sh->c + c) * sh->hw + i;
+}
+
+static void ref_bn_train(const mgt_op *op)
+{
+    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    const mgt_bn_shape *sh = &b->sh;
+    double m = (double)sh->n * sh->hw;
+    for (int c = 0; c < sh->c; c++) {
+        /* Two passes: the mean first, then squared deviations, so a large mean costs no
+           precision. */
+        double sum = 0.0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++)
+                sum += b->x[bn_at(sh, n, c, i)];
+        double mean = sum / m;
+        double ss = 0.0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                double d = b->x[bn_at(sh, n, c, i)] - mean;
+                ss += d * d;
+            }
+        double var = ss / m; /* biased: what normalises */
+        double invstd = 1.0 / sqrt(var + sh->eps);
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                size_t j = bn_at(sh, n, c, i);
+                b->y[j] = (float)(b->gamma[c] * (b->x[j] - mean) * invstd + b->beta[c]);
+            }
+        b->save_mean[c] = (float)mean;
+        b->save_invstd[c] = (float)invstd;
+        double mom = sh->momentum;
+        b->running_mean[c] = (float)((1.0 - mom) * b->running_mean[c] + mom * mean);
+        b->running_var[c] = (float)((1.0 - mom) * b->running_var[c] + mom * ss / (m - 1.0));
+    }
+}
+
+static void ref_bn_eval(const mgt_op *op)
+{
+    const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    const mgt_bn_shape *sh = &b->sh;
+    for (int c = 0; c < sh->c; c++) {
+        double invstd = 1.0 / sqrt((double)b->running_var[c] + sh->eps);
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                size_t j = bn_at(sh, n, c, i);
+                b->y[j] = (float)(b->gamma[c] * ((double)b->x[j] - b->running_mean[c]) * invstd +
+                                  b->beta[c]);
+            }
+    }
+}
+
+/* With xhat = (x - mean) * invstd and m values per channel:
+   dbeta = sum dy, dgamma = sum dy*xhat,
+   dx = gamma * invstd / m * (m*dy - dbeta - xhat*dgamma) (this batch's sums, not the
+   accumulated outputs). */
+static void ref_bn_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_shape *sh = &b->sh;
+    double m = (double)sh->n * sh->hw;
+    for (int c = 0; c < sh->c; c++) {
+        double mean = b->save_mean[c], invstd = b->save_invstd[c];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                size_t j = bn_at(sh, n, c, i);
+                sdy += b->dy[j];
+                sdyx += b->dy[j] * ((b->x[j] - mean) * invstd);
+            }
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                size_t j = bn_at(sh, n, c, i);
+                double xhat = (b->x[j] - mean) * invstd;
+                b->dx[j] = (float)(b->gamma[c] * invstd / m * (m * b->dy[j] - sdy - xhat * sdyx));
+            }
+        b->dgamma[c] = (float)(b->dgamma[c] + sdyx);
+        b->dbeta[c] = (float)(b->dbeta[c] + sdy);
+    }
+}
+
+/* The window of output (p, q) clipped to the input; -inf padding can never be a window's
+   maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
+   maximum is the first in raster order: a later value must be strictly larger to win. */
+static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *plane, int p, int q)
+{
+    int h0 = p * sh->stride_h - sh->pad_h, w0 = q * sh->stride_w - sh->pad_w;
+    size_t best = SIZE_MAX;
+    for (int ih = h0; ih < h0 + sh->kh; ih++)
+        for (int iw = w0; iw < w0 + sh->kw; iw++) {
+            if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
+                continue;
+            size_t j = (size_t)ih * sh->w + iw;
+            if (best == SIZE_MAX || plane[j] > plane[best])
+                best = j;
+        }
+    return best;
+}
+
+static void ref_maxpool_fwd(const mgt_op *op)
+{
+    const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
+    int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
+    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q;
+    for (size_t nc = 0; nc < (size_t)sh->n * sh->c; nc++) {
+        const float *x = op->u.maxpool_fwd.x + nc * plane_in;
+        float *y = op->u.maxpool_fwd.y + nc * plane_out;
+        for (int p = 0; p < P; p++)
+            for (int q = 0; q < Q; q++)
+                y[(size_t)p * Q + q] = x[pool_argmax(sh, x, p, q)];
+    }
+}
+
+/* The window's winner is found again from x; y is not needed for that and is not read. */
+static void ref_maxpool_bwd(const mgt_op *op)
+{
+    const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
+    int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
+    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q;
+    for (size_t nc = 0; nc < (size_t)sh->n * sh->c; nc++) {
+        const float *x = op->u.maxpool_bwd.x + nc * plane_in;
+        const float *dy = op->u.maxpool_bwd.dy + nc * plane_out;
+        float *dx = op->u.maxpool_bwd.dx + nc * plane_in;
+        for (size_t j = 0; j < plane_in; j++)
+            dx[j] = 0.0f;
+        for (int p = 0; p < P; p++)
+            for (int q = 0; q < Q; q++)
+                dx[pool_argmax(sh, x, p, q)] += dy[(size_t)p * Q + q];
+    }
+}
+
+/* log(sum exp z), shifted by the row's maximum so that large logits do not overflow exp. */
+static double row_logsumexp(const float *z, int classes)
+{
+    double mx = z[0];
+    for (int j = 1; j < classes; j++)
+        if (z[j] > mx)
+            mx = z[j];
+    double s = 0.0;
+    for (int j = 0; j < classes; j++)
+        s += exp((double)z[j] - mx);
+    return mx + log(s);
+}
+
+static mgt_status check_labels(mgt_op_kind kind, const int32_t *labels, int n, int classes)
+{
+    for (int i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] >= classes)
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: label %d out of range [0, %d) at row %d",
+                                 mgt_op_name(kind), (int)labels[i], classes, i);
+    return MGT_OK;
+}
+
+/* With target t = (1-eps) one-hot(label) + eps/C and log p = z - lse, a row's loss is
+   -sum t_j log p_j = (1-eps)(lse - z_label) + eps/C * sum_j (lse - z_j). */
+static mgt_status ref_xent_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    double eps = x->smoothing, total = 0.0;
+    for (int i = 0; i < x->n; i++) {
+        const float *z = x->logits + (size_t)i * x->classes;
+        float *pr = x->probs + (size_t)i * x->classes;
+        double lse = row_logsumexp(z, x->classes);
+        double smooth = 0.0;
+        for (int j = 0; j < x->classes; j++) {
+            pr[j] = (float)exp((double)z[j] - lse);
+            smooth += lse - z[j];
+        }
+        total += (1.0 - eps) * (lse - z[x->labels[i]]) + eps / x->classes * smooth;
+    }
+    x->loss[0] = (float)(total / x->n);
+    return MGT_OK;
+}
+
+static mgt_status ref_xent_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    double eps = x->smoothing;
+    for (int i = 0; i < x->n; i++)
+        for (int j = 0; j < x->classes; j++) {
+            size_t ij = (size_t)i * x->classes + j;
+            double t = eps / x->classes + (j == x->labels[i] ? 1.0 - eps : 0.0);
+            x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
+        }
+    return MGT_OK;
+}
+
+static mgt_status ref_topk(const mgt_op *op)
+{
+    const __typeof__(op->u.topk) *t = &op->u.topk;
+    mgt_status st = check_labels(op->kind, t->labels, t->n, t->classes);
+    if (st != MGT_OK)
+        return st;
+    int32_t correct = 0;
+    for (int i = 0; i < t->n; i++) {
+        const float *z = t->logits + (size_t)i * t->classes;
+        int label = t->labels[i];
+        int rank = 0;
+        for (int j = 0; j < t->classes; j++)
+            if (z[j] > z[label] || (z[j] == z[label] && j < label))
+                rank++;
+        if (rank < t->k)
+            correct++;
+    }
+    t->count[0] += correct;
+    return MGT_OK;
+}
+
+/* In float and in torch.optim.SGD's order of operations, so that it tracks PyTorch step for
+   step rather than drifting by a rounding a step. */
+static void ref_sgd(const mgt_op *op)
+{
+    const __typeof__(op->u.sgd) *s = &op->u.sgd;
+    const mgt_sgd_params *p = &s->p;
+    for (size_t i = 0; i < s->n; i++) {
+        float d = p->grad_scale * s->grad[i] + p->weight_decay * s->param[i];
+        if (p->momentum != 0.0f) {
+            float buf;
+            if (p->first_step)
+                buf = d;
+            else
+                buf = p->momentum * s->momentum_buf[i] + (1.0f - p->dampening) * d;
+            s->momentum_buf[i] = buf;
+            d = p->nesterov ? d + p->momentum * buf : buf;
+        }
+        s->param[i] -= p->lr * d;
+    }
+}
+
+mgt_status mgt_ref_run(const mgt_op *op)
+{
+    switch (op->kind) {
+    case MGT_OP_FILL:
+        for (size_t i = 0; i < op->u.fill.n; i++)
+            op->u.fill.x[i] = op->u.fill.value;
+        return MGT_OK;
+    case MGT_OP_SCALE:
+        for (size_t i = 0; i < op->u.scale.n; i++)
+            op->u.scale.x[i] *= op->u.scale.alpha;
+        return MGT_OK;
+    case MGT_OP_AXPY:
+        for (size_t i = 0; i < op->u.axpy.n; i++)
+            op->u.axpy.y[i] += op->u.axpy.alpha * op->u.axpy.x[i];
+        return MGT_OK;
+    case MGT_OP_SUM: {
+        double s = 0.0;
+        for (size_t i = 0; i < op->u.sum.n; i++)
+            s += op->u.sum.x[i];
+        op->u.sum.out[0] = (float)s;
+        return MGT_OK;
+    }
+    case MGT_OP_ADD:
+        for (size_t i = 0; i < op->u.add.n; i++)
+            op->u.add.y[i] = op->u.add.a[i] + op->u.add.b[i];
+        return MGT_OK;
+    case MGT_OP_GEMM:
+        ref_gemm(op);
+        return MGT_OK;
+    case MGT_OP_CONV2D_FWD:
+        ref_conv_fwd(op);
+        return MGT_OK;
+    case MGT_OP_CONV2D_BWD_DATA:
+        ref_conv_bwd_data(op);
+        return MGT_OK;
+    case MGT_OP_CONV2D_BWD_FILTER:
+        ref_conv_bwd_filter(op);
+        return MGT_OK;
+    case MGT_OP_BN_FWD_TRAIN:
+        ref_bn_train(op);
+        return MGT_OK;
+    case MGT_OP_BN_FWD_EVAL:
+        ref_bn_eval(op);
+        return MGT_OK;
+    case MGT_OP_BN_BWD:
+        ref_bn_bwd(op);
+        return MGT_OK;
+    case MGT_OP_RELU_FWD:
+        /* NaN stays NaN, as in torch.relu, so a diverging run still shows in the loss. */
+        for (size_t i = 0; i < op->u.relu_fwd.n; i++) {
+            float v = op->u.relu_fwd.x[i];
+            op->u.relu_fwd.y[i] = (v > 0.0f || isnan(v)) ? v : 0.0f;
+        }
+        return MGT_OK;
+    case MGT_OP_RELU_BWD:
+        for (size_t i = 0; i < op->u.relu_bwd.n; i++)
+            op->u.relu_bwd.dx[i] = op->u.relu_bwd.y[i] > 0.0f ? op->u.relu_bwd.dy[i] : 0.0f;
+        return MGT_OK;
+    case MGT_OP_MAXPOOL_FWD:
+        ref_maxpool_fwd(op);
+        return MGT_OK;
+    case MGT_OP_MAXPOOL_BWD:
+        ref_maxpool_bwd(op);
+        return MGT_OK;
+    case MGT_OP_AVGPOOL_FWD: {
+        const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+        for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+            double s = 0.0;
+            for (int i = 0; i < a->hw; i++)
+                s += a->x[nc * a->hw + i];
+            a->y[nc] = (float)(s / a->hw);
+        }
+        return MGT_OK;
+    }
+    case MGT_OP_AVGPOOL_BWD: {
+        const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+        for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++)
+            for (int i = 0; i < a->hw; i++)
+                a->dx[nc * a->hw + i] = (float)((double)a->dy[nc] / a->hw);
+        return MGT_OK;
+    }
+    case MGT_OP_BIAS_FWD: {
+        const __typeof__(op->u.bias_fwd) *b = &op->u.bias_fwd;
+        for (int r = 0; r < b->rows; r++)
+            for (int j = 0; j < b->cols; j++)
+                b->y[(size_t)r * b->cols + j] += b->bias[j];
+        return MGT_OK;
+    }
+    case MGT_OP_BIAS_BWD: {
+        const __typeof__(op->u.bias_bwd) *b = &op->u.bias_bwd;
+        for (int j = 0; j < b->cols; j++) {
+            double s = 0.0;
+            for (int r = 0; r < b->rows; r++)
+                s += b->dy[(size_t)r * b->cols + j];
+            b->dbias[j] = (float)(b->dbias[j] + s);
+        }
+        return MGT_OK;
+    }
+    case MGT_OP_XENT_FWD:
+        return ref_xent_fwd(op);
+    case MGT_OP_XENT_BWD:
+        return ref_xent_bwd(op);
+    case MGT_OP_TOPK:
+        return ref_topk(op);
+    case MGT_OP_SGD:
+        ref_sgd(op);
+        return MGT_OK;
+    case MGT_OP_COUNT:
+        break;
+    }
+    return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
+}
