@@ -1,0 +1,63 @@
+/* Collectives across the devices of one process: broadcast, and the bucketed gradient
+ * all-reduce that overlaps backward (a tree over peer copies, adds on the devices).
+ *
+ * All work is enqueued on one comm stream per device and ordered by events; host threads
+ * block only where a device's work must wait for another thread's enqueue (the end of the
+ * step), and those waits take the abort flag.
+ */
+#ifndef MGT_COMM_H
+#define MGT_COMM_H
+
+#include <stddef.h>
+
+#include "mgt/device.h"
+
+typedef struct mgt_comm mgt_comm;
+
+typedef enum mgt_allreduce_algo {
+    MGT_ALLREDUCE_TREE, /* reduce up a binary tree, then broadcast the sum back down */
+} mgt_allreduce_algo;
+
+typedef struct mgt_comm_config {
+    /* the gradient arena of each device, `bytes` long, same layout on every device */
+    float **grads;
+    size_t bytes;
+    /* byte offsets where backward completes a layer, increasing, the last == bytes; buckets
+       end only at these (a bucket never splits a layer's gradients) */
+    const size_t *layer_ends;
+    int n_layer_ends;
+    size_t bucket_bytes;       /* cap of a bucket (DDP's 25 MiB) */
+    size_t first_bucket_bytes; /* cap of the first bucket, small so reduction starts early */
+    mgt_allreduce_algo algo;
+} mgt_comm_config;
+
+/* Creates one comm stream, a receive buffer and events per device of the set. */
+mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm **out);
+void mgt_comm_free(mgt_comm *c); /* NULL is a no-op */
+
+int mgt_comm_bucket_count(const mgt_comm *c);
+/* Bytes [*begin, *end) of the gradient arena that bucket b covers. */
+void mgt_comm_bucket_range(const mgt_comm *c, int b, size_t *begin, size_t *end);
+
+/* Starts a step's all-reduce; every device's thread calls it before its first
+   mgt_comm_grads_ready of the step. */
+mgt_status mgt_comm_step_begin(mgt_comm *c, int dev);
+
+/* Device `dev`'s backward has enqueued, on `compute`, every gradient below byte `done` of the
+   arena. Each bucket this completes is marked ready on the device; the thread that marks a
+   bucket ready last enqueues that bucket's reduction on every device's comm stream, so the
+   sum runs while backward goes on. */
+mgt_status mgt_comm_grads_ready(mgt_comm *c, int dev, mgt_stream *compute, size_t done);
+
+/* Makes `compute` wait until every bucket's sum has arrived on device `dev`. Blocks the host
+   until every device has marked every bucket ready (so the events exist), abortably. After
+   this the device's gradient arena holds the sum over devices (not the mean). */
+mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mgt_abort *abort);
+
+/* Copies `bytes` at bufs[root] to bufs[i] for every other device, down the tree, after the
+   work enqueued so far on each streams[i]; later work on streams[i] follows it. Called from
+   one thread. */
+mgt_status mgt_comm_broadcast(mgt_comm *c, mgt_stream **streams, float **bufs, size_t bytes,
+                              int root);
+
+#endif

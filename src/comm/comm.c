@@ -1,0 +1,259 @@
+/* Broadcast and the bucketed tree all-reduce of gradients across the devices of one process.
+ *
+ * Buckets: the gradient arena is cut at layer boundaries into buckets (the first one small,
+ * as DDP does), in the order backward completes them. When a device's backward has enqueued a
+ * whole bucket, its thread records a `ready` event on its compute stream and counts the
+ * bucket as arrived. The thread whose arrival completes a bucket on all devices enqueues that
+ * bucket's whole reduction, for every device, on the comm streams: the tree up (device r
+ * receives from r + 2^k into its receive buffer and adds), then the sum back down. Enqueueing
+ * takes microseconds, so whichever thread comes last does it for everyone, under one lock,
+ * and no thread blocks on another's device work. The sum order is fixed by the tree, so
+ * results do not depend on thread timing, and every replica gets device 0's bytes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mgt/comm.h"
+
+struct mgt_comm {
+    mgt_devset *set;
+    int n;
+    float **grads;
+    size_t bytes;
+    int nb;
+    size_t *begin, *end;      /* [nb] bucket byte ranges */
+    mgt_stream **stream;      /* [n] comm streams */
+    mgt_buffer **recv;        /* [n] receive buffers, the largest bucket each */
+    mgt_event **ready, **done; /* [n * nb] */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int *arrived;             /* [nb] devices that marked the bucket in the current step */
+    int *next;                /* [n] next bucket each device has yet to mark */
+    long *steps;              /* [n] steps each device has ended */
+    long enqueued;            /* buckets enqueued over all steps */
+};
+
+static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
+{
+    c->begin = calloc((size_t)cfg->n_layer_ends, sizeof *c->begin);
+    c->end = calloc((size_t)cfg->n_layer_ends, sizeof *c->end);
+    if (!c->begin || !c->end)
+        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    size_t start = 0, cap = cfg->first_bucket_bytes ? cfg->first_bucket_bytes : cfg->bucket_bytes;
+    for (int i = 0; i < cfg->n_layer_ends; i++) {
+        size_t e = cfg->layer_ends[i];
+        if (e <= start || e > cfg->bytes || e % sizeof(float))
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "comm: layer end %zu is not increasing, float-aligned and "
+                                 "within the %zu-byte arena",
+                                 e, cfg->bytes);
+        if (e - start >= cap || i == cfg->n_layer_ends - 1) {
+            c->begin[c->nb] = start;
+            c->end[c->nb] = e;
+            c->nb++;
+            start = e;
+            cap = cfg->bucket_bytes;
+        }
+    }
+    if (start != cfg->bytes)
+        return mgt_error_set(MGT_ERR_INVALID, "comm: the last layer end %zu is not the arena's "
+                             "size %zu", start, cfg->bytes);
+    return MGT_OK;
+}
+
+mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm **out)
+{
+    *out = NULL;
+    if (!set || !cfg || !cfg->grads || !cfg->layer_ends || cfg->n_layer_ends < 1 ||
+        cfg->bucket_bytes == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "comm: incomplete configuration");
+    mgt_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    c->set = set;
+    c->n = mgt_devset_count(set);
+    c->bytes = cfg->bytes;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    mgt_status st = plan_buckets(c, cfg);
+    size_t n = (size_t)c->n, nb = (size_t)c->nb;
+    if (st == MGT_OK) {
+        c->grads = calloc(n, sizeof *c->grads);
+        c->stream = calloc(n, sizeof *c->stream);
+        c->recv = calloc(n, sizeof *c->recv);
+        c->ready = calloc(n * nb, sizeof *c->ready);
+        c->done = calloc(n * nb, sizeof *c->done);
+        c->arrived = calloc(nb, sizeof *c->arrived);
+        c->next = calloc(n, sizeof *c->next);
+        c->steps = calloc(n, sizeof *c->steps);
+        if (!c->grads || !c->stream || !c->recv || !c->ready || !c->done || !c->arrived ||
+            !c->next || !c->steps)
+            st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    }
+    size_t largest = 0;
+    for (int b = 0; b < c->nb; b++)
+        if (c->end[b] - c->begin[b] > largest)
+            largest = c->end[b] - c->begin[b];
+    for (int i = 0; i < c->n && st == MGT_OK; i++) {
+        mgt_device *d = mgt_devset_device(set, i);
+        c->grads[i] = cfg->grads[i];
+        st = mgt_stream_create(d, &c->stream[i]);
+        if (st == MGT_OK && c->n > 1)
+            st = mgt_buffer_alloc(d, largest, &c->recv[i]);
+        for (int b = 0; b < c->nb && st == MGT_OK; b++) {
+            st = mgt_event_create(d, &c->ready[(size_t)i * nb + (size_t)b]);
+            if (st == MGT_OK)
+                st = mgt_event_create(d, &c->done[(size_t)i * nb + (size_t)b]);
+        }
+    }
+    if (st != MGT_OK) {
+        mgt_comm_free(c);
+        return st;
+    }
+    *out = c;
+    return MGT_OK;
+}
+
+void mgt_comm_free(mgt_comm *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; c->stream && i < c->n; i++)
+        mgt_stream_free(c->stream[i]);
+    for (size_t k = 0; c->ready && k < (size_t)c->n * (size_t)c->nb; k++) {
+        mgt_event_free(c->ready[k]);
+        mgt_event_free(c->done[k]);
+    }
+    for (int i = 0; c->recv && i < c->n; i++)
+        mgt_buffer_free(c->recv[i]);
+    free(c->grads);
+    free(c->stream);
+    free(c->recv);
+    free(c->ready);
+    free(c->done);
+    free(c->arrived);
+    free(c->next);
+    free(c->steps);
+    free(c->begin);
+    free(c->end);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+int mgt_comm_bucket_count(const mgt_comm *c) { return c->nb; }
+
+void mgt_comm_bucket_range(const mgt_comm *c, int b, size_t *begin, size_t *end)
+{
+    *begin = c->begin[b];
+    *end = c->end[b];
+}
+
+static float *at(float *base, size_t byte_off) { return (float *)((char *)base + byte_off); }
+
+/* Largest power of two below n (n >= 2). */
+static int top_level(int n)
+{
+    int k = 1;
+    while (2 * k < n)
+        k *= 2;
+    return k;
+}
+
+/* The whole reduction of bucket b on every device's comm stream. Called with c->lock held. */
+static mgt_status enqueue_bucket(mgt_comm *c, int b)
+{
+    size_t off = c->begin[b], len = c->end[b] - c->begin[b], nb = (size_t)c->nb;
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < c->n && st == MGT_OK; i++)
+        st = mgt_stream_wait_event(c->stream[i], c->ready[(size_t)i * nb + (size_t)b]);
+    if (c->n > 1) {
+        for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
+            for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k) {
+                float *recv = mgt_buffer_ptr(c->recv[r]);
+                st = mgt_copy_peer(c->stream[r], recv, c->stream[r + k], at(c->grads[r + k], off),
+                                   len);
+                if (st == MGT_OK)
+                    st = mgt_axpy(c->stream[r], at(c->grads[r], off), 1.0f, recv,
+                                  len / sizeof(float));
+            }
+        for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+            for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
+                st = mgt_copy_peer(c->stream[r + k], at(c->grads[r + k], off), c->stream[r],
+                                   at(c->grads[r], off), len);
+    }
+    for (int i = 0; i < c->n && st == MGT_OK; i++)
+        st = mgt_event_record(c->done[(size_t)i * nb + (size_t)b], c->stream[i]);
+    return st;
+}
+
+mgt_status mgt_comm_step_begin(mgt_comm *c, int dev)
+{
+    if (dev < 0 || dev >= c->n)
+        return mgt_error_set(MGT_ERR_INVALID, "comm: no device %d", dev);
+    pthread_mutex_lock(&c->lock);
+    c->next[dev] = 0;
+    pthread_mutex_unlock(&c->lock);
+    return MGT_OK;
+}
+
+mgt_status mgt_comm_grads_ready(mgt_comm *c, int dev, mgt_stream *compute, size_t done)
+{
+    size_t nb = (size_t)c->nb;
+    mgt_status st = MGT_OK;
+    /* next[dev] is only written by dev's own thread, so reading it unlocked is safe */
+    while (st == MGT_OK && c->next[dev] < c->nb && c->end[c->next[dev]] <= done) {
+        int b = c->next[dev];
+        st = mgt_event_record(c->ready[(size_t)dev * nb + (size_t)b], compute);
+        if (st != MGT_OK)
+            break;
+        pthread_mutex_lock(&c->lock);
+        c->next[dev] = b + 1;
+        if (++c->arrived[b] == c->n) {
+            c->arrived[b] = 0;
+            st = enqueue_bucket(c, b);
+            c->enqueued++;
+            pthread_cond_broadcast(&c->cv);
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+    return st;
+}
+
+mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mgt_abort *abort)
+{
+    mgt_status st = mgt_comm_grads_ready(c, dev, compute, c->bytes);
+    if (st != MGT_OK)
+        return st;
+    pthread_mutex_lock(&c->lock);
+    long target = (c->steps[dev] + 1) * c->nb;
+    while (c->enqueued < target) {
+        if (mgt_abort_is_raised(abort)) {
+            pthread_mutex_unlock(&c->lock);
+            return mgt_error_set(MGT_ERR_ABORTED, "comm: device %d's wait for the gradient "
+                                 "all-reduce aborted", dev);
+        }
+        mgt_cond_wait_slice(&c->cv, &c->lock);
+    }
+    c->steps[dev]++;
+    pthread_mutex_unlock(&c->lock);
+    /* buckets are enqueued in order on each comm stream, so the last one's event covers all */
+    return mgt_stream_wait_event(compute, c->done[(size_t)dev * (size_t)c->nb + (size_t)c->nb - 1]);
+}
+
+mgt_status mgt_comm_broadcast(mgt_comm *c, mgt_stream **streams, float **bufs, size_t bytes,
+                              int root)
+{
+    if (root < 0 || root >= c->n)
+        return mgt_error_set(MGT_ERR_INVALID, "comm: broadcast root %d out of range", root);
+    if (c->n == 1 || bytes == 0)
+        return MGT_OK;
+    mgt_status st = MGT_OK;
+    /* positions relative to the root: position v is device (v + root) % n */
+    for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+        for (int v = 0; v + k < c->n && st == MGT_OK; v += 2 * k) {
+            int from = (v + root) % c->n, to = (v + k + root) % c->n;
+            st = mgt_copy_peer(streams[to], bufs[to], streams[from], bufs[from], bytes);
+        }
+    return st;
+}
