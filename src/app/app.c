@@ -12,12 +12,18 @@ typedef struct app_command {
 } app_command;
 
 static const app_command commands[] = {
+    {"train", mgt_app_cmd_train, "train a classifier (the default: `mgtrain --data DIR ...`)"},
     {"devices", mgt_app_cmd_devices, "list the devices, their memory and the peer-access matrix"},
+    {"model", mgt_app_cmd_model, "print an architecture's layers, parameters and MACs"},
+    {"check-data", mgt_app_cmd_check_data, "decode every image of a dataset and list bad files"},
+    {"import-idx", mgt_app_cmd_import_idx, "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
+    {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mgtrain COMMAND [OPTIONS]\n\ncommands:\n");
+    fprintf(f, "usage: mgtrain [train] --data DIR [OPTIONS]\n       mgtrain COMMAND [OPTIONS]\n\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n`mgtrain COMMAND --help` describes a command's options.\n");
@@ -34,6 +40,9 @@ int mgt_app_main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    /* `mgtrain --gpus 0,1 --data DIR` trains, as the ImageNet example's command line does */
+    if (argv[1][0] == '-')
+        return mgt_app_cmd_train(argc, argv);
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);

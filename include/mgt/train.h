@@ -1,0 +1,79 @@
+/* The multi-device trainer: one thread per device, each with a model replica and a shard of
+ * the data, gradients summed by the bucketed all-reduce while backward runs, SGD on every
+ * replica, exact validation, checkpoints and resume, and failure without hangs.
+ */
+#ifndef MGT_TRAIN_H
+#define MGT_TRAIN_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "mgt/device.h"
+#include "mgt/optim.h"
+
+typedef enum mgt_augment {
+    MGT_AUGMENT_DEFAULT,  /* rrc for the ImageNet ResNets, pad-crop for the CIFAR-style ones */
+    MGT_AUGMENT_RRC,      /* RandomResizedCrop + flip */
+    MGT_AUGMENT_PAD_CROP, /* RandomCrop(size, padding 4) + flip */
+    MGT_AUGMENT_NONE,     /* the evaluation transform for training too */
+} mgt_augment;
+
+typedef struct mgt_train_config {
+    const char *data_dir;   /* ImageFolder root (DIR/train, DIR/val); unused with dummy */
+    bool dummy;             /* synthetic data: fixed random batches, no files */
+    const char *arch;
+    int workers;            /* decode threads in total; -1: one per core */
+    int epochs;
+    int start_epoch;        /* -1: 0, or the checkpoint's with resume */
+    int batch_size;         /* over all devices; each gets batch_size / devices */
+    mgt_lr_config lr;       /* lr.epochs is taken from epochs */
+    float momentum, weight_decay;
+    bool nesterov;
+    float label_smoothing;
+    int print_freq;
+    const char *resume;     /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
+    bool evaluate;          /* validate once and stop */
+    const char *pretrained; /* safetensors weights with torchvision names */
+    uint64_t seed;
+    const char *checkpoint_dir; /* NULL: no checkpoints */
+    size_t bucket_bytes;
+    const char *log_path;   /* JSON lines; NULL: none */
+    double time_limit_s;    /* stop (with a checkpoint) after this long; 0: none */
+    double step_timeout_s;  /* abort when no step finishes for this long; 0: none */
+    int image_size;         /* 0: 224 for the ImageNet ResNets, the images' size otherwise */
+    mgt_augment augment;
+    bool mean_std_set;      /* mean/std given; otherwise ImageNet's */
+    float mean[3], std[3];
+    bool normalize_auto;    /* compute mean/std from the training images */
+    bool zero_init_residual;
+    bool strict_data;
+    double max_bad_frac;
+    long max_steps;         /* training steps per epoch at most; 0: all (tests, quick runs) */
+    int dummy_classes;      /* with dummy: 0 = 1000 for the ImageNet ResNets, 10 otherwise */
+    int dummy_steps;        /* with dummy: steps per epoch (100) */
+    FILE *out;              /* progress lines; NULL: stdout */
+    const atomic_int *stop; /* (optional) raised by Ctrl-C: stop at a step boundary, save */
+} mgt_train_config;
+
+/* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
+void mgt_train_config_defaults(mgt_train_config *c);
+
+typedef struct mgt_train_result {
+    int epochs_done;        /* complete epochs run in this call */
+    long steps;             /* training steps run in this call */
+    double train_loss;      /* the last epoch's mean training loss over all devices */
+    double val_loss, val_acc1, val_acc5; /* the last validation */
+    double best_acc1;
+    double images_per_s;    /* training images per second, the last epoch */
+    bool interrupted;       /* stopped early by stop or the time limit, checkpoint saved */
+    char checkpoint[512];   /* the last checkpoint written ("" when none) */
+} mgt_train_result;
+
+/* Runs the training (or, with evaluate, one validation) on the devices of set. Errors carry
+   one line naming the device, the step and the cause; the last good checkpoint is kept. */
+mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_result *r);
+
+#endif

@@ -1,0 +1,347 @@
+/* `mgtrain train` (also `mgtrain --data DIR ...` without a command): the trainer's flags,
+   each validated with a message naming it, Ctrl-C as a stop at the next step boundary. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/commands.h"
+#include "mgt/train.h"
+
+static atomic_int stop_requested;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (atomic_load(&stop_requested)) {
+        /* a second Ctrl-C: the user wants out now */
+        signal(SIGINT, SIG_DFL);
+        raise(SIGINT);
+        return;
+    }
+    atomic_store(&stop_requested, 1);
+}
+
+static void train_usage(FILE *f)
+{
+    fprintf(f,
+"usage: mgtrain [train] --data DIR [options]      (or --dummy instead of --data)\n"
+"\n"
+"data\n"
+"  --data DIR             ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
+"  --dummy                synthetic data (fixed random batches), no files\n"
+"  -j, --workers N        image decode threads in total (default: one per core)\n"
+"  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
+"                         the images' own size for resnet20..110)\n"
+"  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
+"                         pad-crop for the CIFAR-style ones)\n"
+"  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
+"  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
+"  --normalize auto       compute mean and std from the training images first\n"
+"  --strict-data          any unreadable image is fatal\n"
+"  --max-bad-frac F       abort past this fraction of unreadable images (0.01)\n"
+"model\n"
+"  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
+"  --pretrained FILE      start from safetensors weights with torchvision names\n"
+"                         (fc.* skipped when the class count differs)\n"
+"  --zero-init-residual   zero the last BN weight of each residual block\n"
+"optimisation\n"
+"  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
+"  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
+"  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
+"  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
+"  --warmup-epochs N      linear warm-up, per step (0)\n"
+"  --label-smoothing X    (0)\n"
+"  --seed N               (0)\n"
+"devices\n"
+"  --gpus LIST            device ids, e.g. 0,1,2,3; ids may repeat (default: all)\n"
+"  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
+"  --mock SPEC            mock-device options (see README)\n"
+"  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
+"run\n"
+"  -p, --print-freq N     progress line every N steps (10)\n"
+"  -e, --evaluate         validate once and stop\n"
+"  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
+"  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
+"  --log FILE             JSON lines: one per progress line, one per epoch\n"
+"  --time-limit SECONDS   stop with a checkpoint after this long\n"
+"  --timeout SECONDS      abort when no step finishes for this long\n"
+"  --max-steps N          at most N training steps per epoch (quick runs)\n"
+"  --dummy-steps N        steps per epoch with --dummy (100)\n"
+"Ctrl-C stops at the next step boundary and saves a checkpoint; a second Ctrl-C quits.\n");
+}
+
+static bool parse_int(const char *flag, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "mgtrain: %s '%s': expected a whole number from %ld to %ld\n", flag, v,
+                lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_float(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "mgtrain: %s '%s': expected a number from %g to %g\n", flag, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* "0.5" or "0.485,0.456,0.406" */
+static bool parse_triple(const char *flag, const char *v, float out[3], bool positive)
+{
+    double x[3];
+    int n = 0;
+    const char *p = v;
+    while (n < 3) {
+        char *end;
+        errno = 0;
+        x[n] = strtod(p, &end);
+        if (errno || end == p || !isfinite(x[n]) || (positive && x[n] <= 0) ||
+            (*end && *end != ','))
+            break;
+        n++;
+        if (!*end) {
+            p = end;
+            break;
+        }
+        p = end + 1;
+    }
+    if (*p || (n != 1 && n != 3)) {
+        fprintf(stderr, "mgtrain: %s '%s': expected one number or three separated by commas%s\n",
+                flag, v, positive ? ", each above 0" : "");
+        return false;
+    }
+    for (int i = 0; i < 3; i++)
+        out[i] = (float)x[n == 1 ? 0 : i];
+    return true;
+}
+
+enum {
+    OPT_DATA = 256, OPT_DUMMY, OPT_IMAGE_SIZE, OPT_AUGMENT, OPT_MEAN, OPT_STD, OPT_NORMALIZE,
+    OPT_STRICT, OPT_MAX_BAD, OPT_PRETRAINED, OPT_ZIR, OPT_EPOCHS, OPT_START_EPOCH, OPT_LR,
+    OPT_MOMENTUM, OPT_WD, OPT_NESTEROV, OPT_SCHEDULE, OPT_LR_STEP, OPT_LR_GAMMA, OPT_WARMUP,
+    OPT_SMOOTHING, OPT_SEED, OPT_GPUS, OPT_DEVICE, OPT_MOCK, OPT_BUCKET, OPT_RESUME, OPT_CKPT,
+    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS,
+};
+
+int mgt_app_cmd_train(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"data", required_argument, NULL, OPT_DATA},
+        {"dummy", no_argument, NULL, OPT_DUMMY},
+        {"workers", required_argument, NULL, 'j'},
+        {"image-size", required_argument, NULL, OPT_IMAGE_SIZE},
+        {"augment", required_argument, NULL, OPT_AUGMENT},
+        {"mean", required_argument, NULL, OPT_MEAN},
+        {"std", required_argument, NULL, OPT_STD},
+        {"normalize", required_argument, NULL, OPT_NORMALIZE},
+        {"strict-data", no_argument, NULL, OPT_STRICT},
+        {"max-bad-frac", required_argument, NULL, OPT_MAX_BAD},
+        {"arch", required_argument, NULL, 'a'},
+        {"pretrained", required_argument, NULL, OPT_PRETRAINED},
+        {"zero-init-residual", no_argument, NULL, OPT_ZIR},
+        {"epochs", required_argument, NULL, OPT_EPOCHS},
+        {"start-epoch", required_argument, NULL, OPT_START_EPOCH},
+        {"batch-size", required_argument, NULL, 'b'},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"learning-rate", required_argument, NULL, OPT_LR},
+        {"momentum", required_argument, NULL, OPT_MOMENTUM},
+        {"wd", required_argument, NULL, OPT_WD},
+        {"weight-decay", required_argument, NULL, OPT_WD},
+        {"nesterov", no_argument, NULL, OPT_NESTEROV},
+        {"lr-schedule", required_argument, NULL, OPT_SCHEDULE},
+        {"lr-step", required_argument, NULL, OPT_LR_STEP},
+        {"lr-gamma", required_argument, NULL, OPT_LR_GAMMA},
+        {"warmup-epochs", required_argument, NULL, OPT_WARMUP},
+        {"label-smoothing", required_argument, NULL, OPT_SMOOTHING},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"gpus", required_argument, NULL, OPT_GPUS},
+        {"device", required_argument, NULL, OPT_DEVICE},
+        {"mock", required_argument, NULL, OPT_MOCK},
+        {"bucket-mb", required_argument, NULL, OPT_BUCKET},
+        {"print-freq", required_argument, NULL, 'p'},
+        {"evaluate", no_argument, NULL, 'e'},
+        {"resume", required_argument, NULL, OPT_RESUME},
+        {"checkpoint-dir", required_argument, NULL, OPT_CKPT},
+        {"log", required_argument, NULL, OPT_LOG},
+        {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"max-steps", required_argument, NULL, OPT_MAX_STEPS},
+        {"dummy-steps", required_argument, NULL, OPT_DUMMY_STEPS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    mgt_train_config c;
+    mgt_train_config_defaults(&c);
+    const char *gpus = NULL, *mock = NULL;
+    mgt_device_kind kind = MGT_DEVICE_AUTO;
+    long v;
+    double x;
+    bool ok = true;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while (ok && (opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_DATA: c.data_dir = optarg; break;
+        case OPT_DUMMY: c.dummy = true; break;
+        case 'j': ok = parse_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
+        case OPT_IMAGE_SIZE:
+            ok = parse_int("--image-size", optarg, 8, 4096, &v);
+            c.image_size = (int)v;
+            break;
+        case OPT_AUGMENT:
+            if (strcmp(optarg, "rrc") == 0)
+                c.augment = MGT_AUGMENT_RRC;
+            else if (strcmp(optarg, "pad-crop") == 0)
+                c.augment = MGT_AUGMENT_PAD_CROP;
+            else if (strcmp(optarg, "none") == 0)
+                c.augment = MGT_AUGMENT_NONE;
+            else {
+                fprintf(stderr, "mgtrain: --augment '%s': expected rrc, pad-crop or none\n",
+                        optarg);
+                ok = false;
+            }
+            break;
+        case OPT_MEAN: ok = parse_triple("--mean", optarg, c.mean, false); c.mean_std_set = true; break;
+        case OPT_STD: ok = parse_triple("--std", optarg, c.std, true); c.mean_std_set = true; break;
+        case OPT_NORMALIZE:
+            if (strcmp(optarg, "auto") != 0) {
+                fprintf(stderr, "mgtrain: --normalize '%s': the only value is auto\n", optarg);
+                ok = false;
+            }
+            c.normalize_auto = true;
+            break;
+        case OPT_STRICT: c.strict_data = true; break;
+        case OPT_MAX_BAD: ok = parse_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac); break;
+        case 'a': c.arch = optarg; break;
+        case OPT_PRETRAINED: c.pretrained = optarg; break;
+        case OPT_ZIR: c.zero_init_residual = true; break;
+        case OPT_EPOCHS: ok = parse_int("--epochs", optarg, 1, 100000, &v); c.epochs = (int)v; break;
+        case OPT_START_EPOCH:
+            ok = parse_int("--start-epoch", optarg, 0, 100000, &v);
+            c.start_epoch = (int)v;
+            break;
+        case 'b':
+            ok = parse_int("--batch-size", optarg, 1, 1 << 24, &v);
+            c.batch_size = (int)v;
+            break;
+        case OPT_LR: ok = parse_float("--lr", optarg, 0, 1e6, &x); c.lr.lr = (float)x; break;
+        case OPT_MOMENTUM:
+            ok = parse_float("--momentum", optarg, 0, 1, &x);
+            c.momentum = (float)x;
+            break;
+        case OPT_WD: ok = parse_float("--weight-decay", optarg, 0, 1, &x); c.weight_decay = (float)x; break;
+        case OPT_NESTEROV: c.nesterov = true; break;
+        case OPT_SCHEDULE:
+            if (mgt_lr_kind_parse(optarg, &c.lr.kind) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_LR_STEP:
+            ok = parse_int("--lr-step", optarg, 1, 100000, &v);
+            c.lr.step_epochs = (int)v;
+            break;
+        case OPT_LR_GAMMA: ok = parse_float("--lr-gamma", optarg, 0, 1, &x); c.lr.gamma = (float)x; break;
+        case OPT_WARMUP:
+            ok = parse_int("--warmup-epochs", optarg, 0, 100000, &v);
+            c.lr.warmup_epochs = (int)v;
+            break;
+        case OPT_SMOOTHING:
+            ok = parse_float("--label-smoothing", optarg, 0, 0.999, &x);
+            c.label_smoothing = (float)x;
+            break;
+        case OPT_SEED:
+            ok = parse_int("--seed", optarg, 0, 0x7fffffffL, &v);
+            c.seed = (uint64_t)v;
+            break;
+        case OPT_GPUS: gpus = optarg; break;
+        case OPT_DEVICE:
+            if (mgt_app_parse_device_kind(optarg, &kind) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_MOCK: mock = optarg; break;
+        case OPT_BUCKET:
+            ok = parse_float("--bucket-mb", optarg, 0.001, 4096, &x);
+            c.bucket_bytes = (size_t)(x * 1024 * 1024);
+            break;
+        case 'p': ok = parse_int("--print-freq", optarg, 1, 1 << 30, &v); c.print_freq = (int)v; break;
+        case 'e': c.evaluate = true; break;
+        case OPT_RESUME: c.resume = optarg; break;
+        case OPT_CKPT: c.checkpoint_dir = optarg; break;
+        case OPT_LOG: c.log_path = optarg; break;
+        case OPT_TIME_LIMIT: ok = parse_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s); break;
+        case OPT_TIMEOUT: ok = parse_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_MAX_STEPS: ok = parse_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps); break;
+        case OPT_DUMMY_STEPS:
+            ok = parse_int("--dummy-steps", optarg, 1, 1L << 30, &v);
+            c.dummy_steps = (int)v;
+            break;
+        case 'h': train_usage(stdout); return 0;
+        case ':':
+            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain --help)\n", argv[optind - 1]);
+            ok = false;
+            break;
+        default:
+            fprintf(stderr, "mgtrain: unknown option '%s' (see mgtrain train --help)\n",
+                    argv[optind - 1]);
+            ok = false;
+        }
+    }
+    if (!ok)
+        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "mgtrain: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!c.data_dir && !c.dummy) {
+        fprintf(stderr, "mgtrain: --data DIR is required (or --dummy for synthetic data)\n");
+        return 2;
+    }
+    if (c.data_dir && c.dummy) {
+        fprintf(stderr, "mgtrain: --data and --dummy exclude each other\n");
+        return 2;
+    }
+    if (c.normalize_auto && c.mean_std_set) {
+        fprintf(stderr, "mgtrain: --normalize auto and --mean/--std exclude each other\n");
+        return 2;
+    }
+    if (c.max_steps > 0 && c.dummy)
+        c.dummy_steps = c.max_steps < c.dummy_steps ? (int)c.max_steps : c.dummy_steps;
+    c.lr.epochs = c.epochs;
+    c.stop = &stop_requested;
+    mgt_devset *set;
+    if (mgt_app_open_devices(kind, gpus, mock, &set) != MGT_OK) {
+        fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+        return 1;
+    }
+    signal(SIGINT, on_sigint);
+    mgt_train_result res;
+    mgt_status st = mgt_train_run(&c, set, &res);
+    signal(SIGINT, SIG_DFL);
+    mgt_devset_free(set);
+    if (st != MGT_OK) {
+        fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+        return 1;
+    }
+    /* Ctrl-C ends as an interrupted program does; a time limit is a planned stop */
+    return res.interrupted && atomic_load(&stop_requested) ? 130 : 0;
+}

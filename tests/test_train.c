@@ -1,0 +1,355 @@
+/* Tests of the multi-device trainer on mock devices: it learns a small image set, resume
+   continues bit-identically (from an epoch end and from a stop mid-epoch), a failure on one
+   device ends every thread with a message naming it, NaN losses and stalls are caught, and
+   bad flags are refused. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <stb/stb_image_write.h>
+
+#include "app/app.h"
+#include "mgt/safetensors.h"
+#include "mgt/train.h"
+
+static char root[256]; /* the temp folder of this run */
+static char data_dir[300];
+
+/* A 4-class set of 12x12 gray images whose class is the quadrant holding a bright blob, with
+   noise: learnable in a few epochs by a small ResNet, hopeless for a broken trainer. */
+static void make_dataset(void)
+{
+    snprintf(root, sizeof root, "/tmp/mgt-test-train-XXXXXX");
+    assert_non_null(mkdtemp(root));
+    snprintf(data_dir, sizeof data_dir, "%s/data", root);
+    static const char *const split[2] = {"train", "val"};
+    static const char *const cls[4] = {"a_top_left", "b_top_right", "c_bottom_left",
+                                       "d_bottom_right"};
+    char path[512];
+    uint32_t h = 12345;
+    mkdir(data_dir, 0777);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/%s", data_dir, split[s]);
+        mkdir(path, 0777);
+        for (int c = 0; c < 4; c++) {
+            snprintf(path, sizeof path, "%s/%s/%s", data_dir, split[s], cls[c]);
+            mkdir(path, 0777);
+            int count = s == 0 ? 40 : 12;
+            for (int k = 0; k < count; k++) {
+                uint8_t px[12 * 12];
+                int cy = (c / 2) * 6 + 1, cx = (c % 2) * 6 + 1;
+                for (int y = 0; y < 12; y++)
+                    for (int x = 0; x < 12; x++) {
+                        h = h * 1664525u + 1013904223u;
+                        int v = (int)(h >> 27) * 4;
+                        if (y >= cy && y < cy + 4 && x >= cx && x < cx + 4)
+                            v += 150;
+                        px[y * 12 + x] = (uint8_t)(v > 255 ? 255 : v);
+                    }
+                snprintf(path, sizeof path, "%s/%s/%s/%03d.png", data_dir, split[s], cls[c], k);
+                assert_true(stbi_write_png(path, 12, 12, 1, px, 12));
+            }
+        }
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    make_dataset();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Progress lines go nowhere unless MGT_TEST_VERBOSE is set. */
+static FILE *quiet(void)
+{
+    static FILE *f;
+    if (getenv("MGT_TEST_VERBOSE"))
+        return stdout;
+    if (!f)
+        f = fopen("/dev/null", "w");
+    return f;
+}
+
+static void base_config(mgt_train_config *c)
+{
+    mgt_train_config_defaults(c);
+    c->data_dir = data_dir;
+    c->arch = "resnet20";
+    c->batch_size = 16;
+    c->epochs = 2;
+    c->lr.lr = 0.05f;
+    c->lr.epochs = c->epochs;
+    c->workers = 2;
+    c->print_freq = 5;
+    c->seed = 7;
+    c->out = quiet();
+}
+
+static mgt_devset *open_mock(int n, const char *spec)
+{
+    int ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    mgt_mock_options o;
+    assert_int_equal(mgt_mock_options_parse(&o, spec), MGT_OK);
+    mgt_devset *set;
+    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set) != MGT_OK)
+        fail_msg("open: %s", mgt_error_last());
+    return set;
+}
+
+static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_result *res)
+{
+    mgt_devset *set = open_mock(n, spec);
+    c->lr.epochs = c->epochs;
+    mgt_status st = mgt_train_run(c, set, res);
+    char err[1024];
+    snprintf(err, sizeof err, "%s", mgt_error_last());
+    mgt_devset_free(set);
+    mgt_error_set(st, "%s", err);
+    return st;
+}
+
+static void ckpt_path(char *buf, size_t cap, const char *dir)
+{
+    snprintf(buf, cap, "%s/%s/checkpoint.safetensors", root, dir);
+}
+
+/* Every tensor of two checkpoints, compared byte for byte. */
+static void assert_same_checkpoints(const char *a, const char *b)
+{
+    mgt_st_file *fa, *fb;
+    if (mgt_st_open(a, &fa) != MGT_OK || mgt_st_open(b, &fb) != MGT_OK)
+        fail_msg("open: %s", mgt_error_last());
+    assert_int_equal(mgt_st_count(fa), mgt_st_count(fb));
+    for (int i = 0; i < mgt_st_count(fa); i++) {
+        const char *name = mgt_st_tensor_name(fa, i);
+        int j = mgt_st_find(fb, name);
+        if (j < 0)
+            fail_msg("%s lacks %s", b, name);
+        assert_int_equal(mgt_st_tensor_bytes(fa, i), mgt_st_tensor_bytes(fb, j));
+        if (memcmp(mgt_st_tensor_data(fa, i), mgt_st_tensor_data(fb, j),
+                   mgt_st_tensor_bytes(fa, i)) != 0)
+            fail_msg("tensor %s differs between %s and %s", name, a, b);
+    }
+    assert_string_equal(mgt_st_metadata_get(fa, "epoch"), mgt_st_metadata_get(fb, "epoch"));
+    mgt_st_close(fa);
+    mgt_st_close(fb);
+}
+
+static void test_learns_on_two_devices(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    base_config(&c);
+    c.epochs = 6;
+    /* a random crop with 4 pixels of padding would move the blob across quadrants */
+    c.augment = MGT_AUGMENT_NONE;
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/learn", root);
+    c.checkpoint_dir = dir;
+    mgt_train_result res;
+    mgt_status st = train(&c, 2, "threads=1;peers=none", &res);
+    if (st != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_int_equal(res.epochs_done, 6);
+    /* 48 validation images, counted exactly once over the two devices */
+    assert_true(res.val_acc1 >= 75.0);
+    assert_true(res.best_acc1 >= res.val_acc1);
+    char best[512];
+    snprintf(best, sizeof best, "%s/model_best.safetensors", dir);
+    assert_int_equal(access(best, F_OK), 0);
+}
+
+static void test_resume_is_bit_identical(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    char straight[400], split[400], a[512], b[512];
+    snprintf(straight, sizeof straight, "%s/straight", root);
+    snprintf(split, sizeof split, "%s/split", root);
+    base_config(&c);
+    c.checkpoint_dir = straight;
+    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+
+    base_config(&c);
+    c.epochs = 1;
+    c.checkpoint_dir = split;
+    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+    base_config(&c);
+    c.checkpoint_dir = split;
+    c.resume = "auto";
+    if (train(&c, 2, "threads=1;delay=50", &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_int_equal(res.epochs_done, 1);
+    ckpt_path(a, sizeof a, "straight");
+    ckpt_path(b, sizeof b, "split");
+    assert_same_checkpoints(a, b);
+}
+
+static void *press_ctrl_c(void *arg)
+{
+    struct timespec ts = {0, 700 * 1000000L};
+    nanosleep(&ts, NULL);
+    atomic_store((atomic_int *)arg, 1);
+    return NULL;
+}
+
+static void test_stop_mid_epoch_then_resume(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    char dir[400], a[512], b[512];
+    snprintf(dir, sizeof dir, "%s/stopped", root);
+    /* as if Ctrl-C came a moment into the run: wherever it lands, resuming from the
+       checkpoint must end where the uninterrupted run ended */
+    atomic_int stop = 0;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, press_ctrl_c, &stop), 0);
+    base_config(&c);
+    c.checkpoint_dir = dir;
+    c.stop = &stop;
+    mgt_status st = train(&c, 2, "threads=1", &res);
+    pthread_join(t, NULL);
+    if (st != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_true(res.interrupted);
+    mgt_st_file *f;
+    ckpt_path(b, sizeof b, "stopped");
+    assert_int_equal(mgt_st_open(b, &f), MGT_OK);
+    assert_non_null(mgt_st_metadata_get(f, "step"));
+    mgt_st_close(f);
+
+    base_config(&c);
+    c.checkpoint_dir = dir;
+    c.resume = b;
+    if (train(&c, 2, "threads=1", &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_false(res.interrupted);
+    ckpt_path(a, sizeof a, "straight");
+    if (access(a, F_OK) == 0)
+        assert_same_checkpoints(a, b);
+}
+
+static void test_fault_on_one_device_ends_all(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/fault", root);
+    c.checkpoint_dir = dir;
+    double t0 = mgt_time_now();
+    mgt_status st = train(&c, 3, "threads=1;fault=kernel@1:300", &res);
+    assert_int_equal(st, MGT_ERR_DEVICE);
+    const char *e = mgt_error_last();
+    if (!strstr(e, "mock:1") || !strstr(e, "injected fault") || !strstr(e, "step"))
+        fail_msg("unexpected error text: %s", e);
+    assert_true(mgt_time_now() - t0 < 60);
+    /* no checkpoint was written from a failed epoch */
+    char path[512];
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    st = train(&c, 2, "threads=1;fault=alloc@1:4", &res);
+    assert_int_equal(st, MGT_ERR_OOM);
+    assert_non_null(strstr(mgt_error_last(), "mock:1"));
+}
+
+static void test_nan_loss_stops_the_run(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.lr.lr = 1e30f;
+    c.epochs = 1;
+    mgt_status st = train(&c, 2, "threads=1", &res);
+    assert_int_equal(st, MGT_ERR_DEVICE);
+    const char *e = mgt_error_last();
+    if (!strstr(e, "NaN") && !strstr(e, "infinite"))
+        fail_msg("unexpected error text: %s", e);
+}
+
+static void test_stalled_step_times_out(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.dummy = true;
+    c.data_dir = NULL;
+    c.dummy_steps = 4;
+    c.epochs = 1;
+    c.batch_size = 4;
+    c.step_timeout_s = 0.2;
+    mgt_status st = train(&c, 2, "threads=1;delay=5000", &res);
+    assert_int_equal(st, MGT_ERR_TIMEOUT);
+    assert_non_null(strstr(mgt_error_last(), "--timeout"));
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.data_dir = "/nonexistent/mgt-data";
+    assert_int_not_equal(train(&c, 1, "threads=1", &res), MGT_OK);
+    assert_non_null(strstr(mgt_error_last(), "/nonexistent/mgt-data"));
+    base_config(&c);
+    c.batch_size = 1;
+    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "-b 1"));
+    base_config(&c);
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/not-a-checkpoint.safetensors", root);
+    FILE *f = fopen(bad, "w");
+    fputs("garbage", f);
+    fclose(f);
+    c.resume = bad;
+    assert_int_equal(train(&c, 1, "threads=1", &res), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "not-a-checkpoint"));
+
+    char *argv1[] = {"mgtrain", "--data", data_dir, "--lr", "fast", NULL};
+    assert_int_equal(mgt_app_main(5, argv1), 2);
+    char *argv2[] = {"mgtrain", "--data", data_dir, "--no-such-flag", NULL};
+    assert_int_equal(mgt_app_main(4, argv2), 2);
+    char *argv3[] = {"mgtrain", "--epochs", "3", NULL};
+    assert_int_equal(mgt_app_main(3, argv3), 2);
+    char *argv4[] = {"mgtrain", "--data", data_dir, "--gpus", "0,,1", "--device", "cpu", NULL};
+    assert_int_equal(mgt_app_main(7, argv4), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_learns_on_two_devices),
+        cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_stop_mid_epoch_then_resume),
+        cmocka_unit_test(test_fault_on_one_device_ends_all),
+        cmocka_unit_test(test_nan_loss_stops_the_run),
+        cmocka_unit_test(test_stalled_step_times_out),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
