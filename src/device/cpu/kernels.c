@@ -1,0 +1,1420 @@
+/* The CPU fast path of the mock devices: every op of op.h on the device's thread pool. */
+
+/* gemm and convolution go through OpenBLAS (single-threaded per call; the pool splits the
+   work). Results match mgt_ref_run to float rounding and are bit-identical from run to run for
+   a given thread count: every split is a function of the shape and the thread count, never of
+   timing. Across thread counts the last bits may differ: the splits change the shapes handed
+   to OpenBLAS (whose summation order depends on them) and the filter gradient's partial sums.
+   OpenBLAS also picks its micro-kernels per CPU model, so bits differ across machines too. */
+#include <cblas.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu/kernels.h"
+
+/* Elements per item of the elementwise loops (64 KB of floats): one claim (a CAS) per item
+   is lost in the work, and a busy machine still gets enough items to balance. */
+#define CHUNK 16384
+/* Below this many multiply-adds a gemm runs as one call: splitting costs more than it saves. */
+#define GEMM_SPLIT_MACS (1 << 20)
+/* Bytes of one thread's im2col tile. Larger tiles give OpenBLAS wider panels; smaller ones
+   keep scratch (threads x tile) modest for the 224x224 layers. */
+#define COL_TILE_BYTES (2u << 20)
+/* Narrowest im2col tile, in output pixels: narrower panels waste the gemm micro-kernel. */
+#define COL_TILE_MIN 32
+/* Per-thread scratch regions start on a cache line so that threads never share one. */
+#define ALIGN_FLOATS 16
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_init(void)
+{
+    /* We split work over our own pool; OpenBLAS threads inside each call would oversubscribe
+       the cores and make timings depend on its scheduling. */
+    openblas_set_num_threads(1);
+}
+
+static size_t min_z(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+static size_t align_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
+
+/* Items of `per` elements over n elements; the last may be short. */
+static int items_of(size_t n, size_t per) { return (int)ceil_div(n, per); }
+
+static void item_range(size_t n, size_t per, int i, size_t *lo, size_t *hi)
+{
+    *lo = (size_t)i * per;
+    *hi = min_z(n, *lo + per);
+}
+
+/* Whole units (planes, rows) per item such that an item holds about CHUNK elements. */
+static size_t units_per_item(size_t unit_elems)
+{
+    return max_z(1, CHUNK / max_z(1, unit_elems));
+}
+
+static void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                  const float *b, int ldb, float beta, float *c, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* ---- vector loops ----
+   GCC at -O2 (the default RelWithDebInfo build) vectorises only loops whose trip count is a
+   known multiple of the vector width, which leaves every kernel loop here scalar; so the hot
+   loops use GCC's vector extensions: 16 bytes, the x86-64 baseline (SSE2), which also keeps
+   vector values out of the AVX calling-convention question. Each element goes through the same
+   IEEE operations as in the scalar tail (no contraction under -std=c11), so these loops give
+   the same bits as plain scalar code. */
+#define VW 4
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
+typedef float vf2 __attribute__((vector_size(2 * sizeof(float))));
+typedef double vd2 __attribute__((vector_size(2 * sizeof(double))));
+
+static inline vf vld(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vst(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+static inline vf vdup(float a) { return (vf){a, a, a, a}; }
+
+/* two floats widened to doubles */
+static inline vd2 vld_d2(const float *p)
+{
+    vf2 v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, vd2);
+}
+
+static inline vd2 vdup_d2(double a) { return (vd2){a, a}; }
+
+/* Eight double lanes (four vectors of two) summed in a fixed order. */
+static inline double hsum_d2x4(vd2 a0, vd2 a1, vd2 a2, vd2 a3)
+{
+    vd2 a = (a0 + a1) + (a2 + a3);
+    return a[0] + a[1];
+}
+
+/* d[i] = a */
+static void v_fill(float *d, float a, size_t n)
+{
+    vf va = vdup(a);
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vst(d + j, va);
+    for (; j < n; j++)
+        d[j] = a;
+}
+
+/* d[i] *= a */
+static void v_scale(float *d, float a, size_t n)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vst(d + j, vld(d + j) * a);
+    for (; j < n; j++)
+        d[j] *= a;
+}
+
+/* d[i] += a * s[i] */
+static void v_axpy(float *d, float a, const float *src, size_t n)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vst(d + j, vld(d + j) + a * vld(src + j));
+    for (; j < n; j++)
+        d[j] += a * src[j];
+}
+
+/* d[i] += s[i] */
+static void v_add_to(float *d, const float *src, size_t n)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vst(d + j, vld(d + j) + vld(src + j));
+    for (; j < n; j++)
+        d[j] += src[j];
+}
+
+/* d[i] = (s[i] - sub) * mul + add: batch norm's normalisation */
+static void v_affine(float *d, const float *src, size_t n, float sub, float mul, float add)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        vst(d + j, (vld(src + j) - sub) * mul + add);
+    for (; j < n; j++)
+        d[j] = (src[j] - sub) * mul + add;
+}
+
+/* sum of a[i] * b[i] in float, eight lanes then the tail */
+static float v_dot(const float *a, const float *b, size_t n)
+{
+    vf acc = vdup(0.0f);
+    size_t j = 0;
+    for (; j + VW <= n; j += VW)
+        acc += vld(a + j) * vld(b + j);
+    float s = 0.0f;
+    for (; j < n; j++)
+        s += a[j] * b[j];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + s;
+}
+
+/* ---- context and scratch ---- */
+
+mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads)
+{
+    memset(ctx, 0, sizeof *ctx);
+    pthread_once(&blas_once, blas_init);
+    mgt_status st = mgt_cpu_pool_create(threads, &ctx->pool);
+    if (st != MGT_OK)
+        return st;
+    pthread_mutex_init(&ctx->lock, NULL);
+    return MGT_OK;
+}
+
+void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
+{
+    if (ctx == NULL)
+        return;
+    mgt_cpu_pool_free(ctx->pool);
+    ctx->pool = NULL;
+    free(ctx->scratch);
+    if (ctx->unreserve != NULL && ctx->scratch_bytes > 0)
+        ctx->unreserve(ctx->owner, ctx->scratch_bytes);
+    ctx->scratch = NULL;
+    ctx->scratch_bytes = 0;
+    pthread_mutex_destroy(&ctx->lock);
+}
+
+/* Makes ctx->scratch hold at least `floats` floats. It only grows (rounded up to 64 KB so that
+   a warm-up of slowly growing layers does not reallocate each time) and is kept, so a steady
+   step loop never allocates. The growth is counted against the device first. */
+static mgt_status scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats)
+{
+    size_t bytes = floats * sizeof(float);
+    if (bytes <= ctx->scratch_bytes)
+        return MGT_OK;
+    size_t want = (bytes + 65535) / 65536 * 65536;
+    size_t grow = want - ctx->scratch_bytes;
+    if (ctx->reserve != NULL) {
+        mgt_status st = ctx->reserve(ctx->owner, grow);
+        if (st != MGT_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", mgt_error_last());
+            return mgt_error_set(MGT_ERR_OOM, "%s: cannot grow kernel scratch to %zu bytes: %s",
+                                 mgt_op_name(op->kind), want, why);
+        }
+    }
+    float *p = aligned_alloc(64, want);
+    if (p == NULL) {
+        if (ctx->unreserve != NULL)
+            ctx->unreserve(ctx->owner, grow);
+        return mgt_error_set(MGT_ERR_OOM, "%s: cannot allocate %zu bytes of kernel scratch",
+                             mgt_op_name(op->kind), want);
+    }
+    free(ctx->scratch);
+    ctx->scratch = p;
+    ctx->scratch_bytes = want;
+    return MGT_OK;
+}
+
+static int pool_threads(const mgt_cpu_ctx *ctx) { return mgt_cpu_pool_threads(ctx->pool); }
+
+/* ---- elementwise ---- */
+
+static void fill_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.fill.n, CHUNK, i, &lo, &hi);
+    v_fill(op->u.fill.x + lo, op->u.fill.value, hi - lo);
+}
+
+static void scale_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.scale.n, CHUNK, i, &lo, &hi);
+    v_scale(op->u.scale.x + lo, op->u.scale.alpha, hi - lo);
+}
+
+static void axpy_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.axpy.n, CHUNK, i, &lo, &hi);
+    v_axpy(op->u.axpy.y + lo, op->u.axpy.alpha, op->u.axpy.x + lo, hi - lo);
+}
+
+static void add_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.add.n, CHUNK, i, &lo, &hi);
+    float *y = op->u.add.y;
+    const float *a = op->u.add.a, *b = op->u.add.b;
+    size_t j = lo;
+    /* y may be a or b: each block is loaded before it is stored */
+    for (; j + VW <= hi; j += VW)
+        vst(y + j, vld(a + j) + vld(b + j));
+    for (; j < hi; j++)
+        y[j] = a[j] + b[j];
+}
+
+static void relu_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.relu_fwd.n, CHUNK, i, &lo, &hi);
+    float *y = op->u.relu_fwd.y;
+    const float *x = op->u.relu_fwd.x;
+    /* written so that NaN passes through, as in torch.relu and the reference; the mask
+       clears to +0.0, as the reference's literal */
+    size_t j = lo;
+    for (; j + VW <= hi; j += VW) {
+        vf v = vld(x + j);
+        vi keep = ~(v <= 0.0f);
+        vst(y + j, (vf)((vi)v & keep));
+    }
+    for (; j < hi; j++)
+        y[j] = x[j] <= 0.0f ? 0.0f : x[j];
+}
+
+static void relu_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    size_t lo, hi;
+    item_range(op->u.relu_bwd.n, CHUNK, i, &lo, &hi);
+    float *dx = op->u.relu_bwd.dx;
+    const float *dy = op->u.relu_bwd.dy, *y = op->u.relu_bwd.y;
+    size_t j = lo;
+    for (; j + VW <= hi; j += VW) {
+        vi pass = vld(y + j) > 0.0f;
+        vst(dx + j, (vf)((vi)vld(dy + j) & pass));
+    }
+    for (; j < hi; j++)
+        dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
+}
+
+/* Sum in double over eight lanes and the tail: a single accumulator serialises on the add
+   latency, about 8x slower. The lane assignment is fixed, so the result does not depend on
+   threads. */
+static double sum_f(const float *x, size_t n)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0;
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        a0 += vld_d2(x + j);
+        a1 += vld_d2(x + j + 2);
+        a2 += vld_d2(x + j + 4);
+        a3 += vld_d2(x + j + 6);
+    }
+    double s = 0;
+    for (; j < n; j++)
+        s += x[j];
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
+typedef struct sum_job {
+    const mgt_op *op;
+    double *part;
+} sum_job;
+
+static void sum_item(void *c, int i, int t)
+{
+    (void)t;
+    sum_job *j = c;
+    size_t lo, hi;
+    item_range(j->op->u.sum.n, CHUNK, i, &lo, &hi);
+    j->part[i] = sum_f(j->op->u.sum.x + lo, hi - lo);
+}
+
+/* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
+static mgt_status run_sum(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    int items = items_of(op->u.sum.n, CHUNK);
+    mgt_status st = scratch_ensure(ctx, op, (size_t)items * 2);
+    if (st != MGT_OK)
+        return st;
+    sum_job j = {op, (double *)(void *)ctx->scratch};
+    mgt_cpu_pool_for(ctx->pool, items, sum_item, &j);
+    double s = 0;
+    for (int i = 0; i < items; i++)
+        s += j.part[i];
+    op->u.sum.out[0] = (float)s;
+    return MGT_OK;
+}
+
+static void sgd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const mgt_sgd_params *p = &op->u.sgd.p;
+    size_t lo, hi;
+    item_range(op->u.sgd.n, CHUNK, i, &lo, &hi);
+    float *param = op->u.sgd.param, *buf = op->u.sgd.momentum_buf;
+    const float *g = op->u.sgd.grad;
+    const float s = p->grad_scale, wd = p->weight_decay, m = p->momentum, lr = p->lr;
+    const float keep = 1.0f - p->dampening;
+    size_t e = lo;
+    /* the same operations as the scalar loop below, VW elements at a time */
+    for (; e + VW <= hi; e += VW) {
+        vf d = s * vld(g + e) + wd * vld(param + e);
+        if (m != 0.0f) {
+            vf b = p->first_step ? d : m * vld(buf + e) + keep * d;
+            vst(buf + e, b);
+            d = p->nesterov ? d + m * b : b;
+        }
+        vst(param + e, vld(param + e) - lr * d);
+    }
+    for (; e < hi; e++) {
+        float d = s * g[e] + wd * param[e];
+        if (m != 0.0f) {
+            float b = p->first_step ? d : m * buf[e] + keep * d;
+            buf[e] = b;
+            d = p->nesterov ? d + m * b : b;
+        }
+        param[e] -= lr * d;
+    }
+}
+
+/* ---- gemm ---- */
+
+typedef struct gemm_job {
+    const mgt_op *op;
+    bool by_rows; /* split the rows of C (else its columns) */
+    int per;      /* rows or columns per block */
+} gemm_job;
+
+static void gemm_item(void *c, int i, int t)
+{
+    (void)t;
+    const gemm_job *j = c;
+    const __typeof__(j->op->u.gemm) *g = &j->op->u.gemm;
+    size_t lo, hi;
+    if (j->by_rows) {
+        item_range((size_t)g->m, (size_t)j->per, i, &lo, &hi);
+        /* rows of op(A) are rows of A, or columns of A when it is stored transposed */
+        const float *a = g->a + (g->trans_a ? lo : lo * (size_t)g->lda);
+        sgemm(g->trans_a, g->trans_b, (int)(hi - lo), g->n, g->k, g->alpha, a, g->lda, g->b,
+              g->ldb, g->beta, g->c + lo * (size_t)g->ldc, g->ldc);
+    } else {
+        item_range((size_t)g->n, (size_t)j->per, i, &lo, &hi);
+        const float *b = g->b + (g->trans_b ? lo * (size_t)g->ldb : lo);
+        sgemm(g->trans_a, g->trans_b, g->m, (int)(hi - lo), g->k, g->alpha, g->a, g->lda, b,
+              g->ldb, g->beta, g->c + lo, g->ldc);
+    }
+}
+
+/* Blocks of C's rows (or columns, when C is wide and short), each one sgemm call. Each block
+   repacks the shared operand, which costs O(k*n) against O(m*n*k/blocks) of work. Two blocks
+   per thread where the matrix allows, so a thread the OS delays does not hold up the rest. */
+static void run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    int threads = pool_threads(ctx);
+    double macs = (double)g->m * g->n * g->k;
+    if (threads == 1 || macs < GEMM_SPLIT_MACS || (g->m < 16 && g->n < 16)) {
+        sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->a, g->lda, g->b, g->ldb,
+              g->beta, g->c, g->ldc);
+        return;
+    }
+    gemm_job j = {op, g->m >= g->n, 0};
+    size_t dim = (size_t)(j.by_rows ? g->m : g->n);
+    size_t blocks = (size_t)threads * (dim >= (size_t)threads * 256 ? 2 : 1);
+    size_t per = ceil_div(dim, blocks);
+    per = (per + 7) / 8 * 8; /* whole micro-kernel panels */
+    j.per = (int)per;
+    mgt_cpu_pool_for(ctx->pool, items_of(dim, per), gemm_item, &j);
+}
+
+/* ---- convolution ---- */
+
+typedef struct conv_geom {
+    int n, c, h, w, k, r, s, sh, sw, ph, pw, groups;
+    int p, q;
+    int cg, kg;     /* channels and filters per group */
+    size_t hw, pq;  /* input and output plane sizes */
+    size_t rs, crs; /* filter taps per channel, and per filter (one group's channels) */
+    bool direct;    /* 1x1, stride 1, no padding: x itself is the im2col matrix */
+    bool depthwise; /* one channel per group and one filter per group: direct loops */
+} conv_geom;
+
+static conv_geom conv_geom_of(const mgt_conv2d_shape *sh)
+{
+    conv_geom g = {
+        .n = sh->n, .c = sh->c, .h = sh->h, .w = sh->w, .k = sh->k, .r = sh->r, .s = sh->s,
+        .sh = sh->stride_h, .sw = sh->stride_w, .ph = sh->pad_h, .pw = sh->pad_w,
+        .groups = sh->groups,
+    };
+    g.p = mgt_conv2d_out_h(sh);
+    g.q = mgt_conv2d_out_w(sh);
+    g.cg = g.c / g.groups;
+    g.kg = g.k / g.groups;
+    g.hw = (size_t)g.h * g.w;
+    g.pq = (size_t)g.p * g.q;
+    g.rs = (size_t)g.r * g.s;
+    g.crs = (size_t)g.cg * g.rs;
+    g.direct = g.r == 1 && g.s == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
+    g.depthwise = g.cg == 1 && g.kg == 1;
+    return g;
+}
+
+/* The output columns ox in [*lo, *hi) whose input column ox*sw - pw + ks lies inside [0, w). */
+static void valid_cols(const conv_geom *g, int ks, int ox0, int ox1, int *lo, int *hi)
+{
+    int a = g->pw - ks > 0 ? (g->pw - ks + g->sw - 1) / g->sw : 0;
+    int b = g->w - 1 + g->pw - ks >= 0 ? (g->w - 1 + g->pw - ks) / g->sw + 1 : 0;
+    *lo = a > ox0 ? a : ox0;
+    *hi = b < ox1 ? b : ox1;
+    if (*lo > ox1)
+        *lo = ox1;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* The output rows a pixel range [o0, o1) touches: first row from column *oxa, last row
+   (*oyb) up to column *oxb (exclusive). */
+static void pixel_rows(const conv_geom *g, size_t o0, size_t o1, int *oya, int *oxa, int *oyb,
+                       int *oxb)
+{
+    *oya = (int)(o0 / (size_t)g->q);
+    *oxa = (int)(o0 % (size_t)g->q);
+    *oyb = (int)((o1 - 1) / (size_t)g->q);
+    *oxb = (int)((o1 - 1) % (size_t)g->q) + 1;
+}
+
+/* col[(ci*r + kr)*s + ks][o - o0] = x[ci][oy*sh - ph + kr][ox*sw - pw + ks] (0 outside) for
+   output pixels o = oy*q + ox in [o0, o1), channels ci < nch of x (one image's planes).
+   The divisions stay out of the per-row loop: on a 28x28 layer with 16 channels the
+   division-bound first version spent as long here as in the gemm. */
+static void im2col(float *col, size_t ld, const float *x, int nch, const conv_geom *g,
+                   size_t o0, size_t o1)
+{
+    int oya, oxa, oyb, oxb;
+    pixel_rows(g, o0, o1, &oya, &oxa, &oyb, &oxb);
+    for (int ci = 0; ci < nch; ci++) {
+        const float *xp = x + (size_t)ci * g->hw;
+        for (int kr = 0; kr < g->r; kr++) {
+            for (int ks = 0; ks < g->s; ks++) {
+                float *dst = col + (((size_t)ci * g->r + kr) * g->s + ks) * ld;
+                int lof, hif;
+                valid_cols(g, ks, 0, g->q, &lof, &hif);
+                for (int oy = oya; oy <= oyb; oy++) {
+                    int ox0 = oy == oya ? oxa : 0, ox1 = oy == oyb ? oxb : g->q;
+                    /* dst index of column ox of this row is off + ox */
+                    ptrdiff_t off = (ptrdiff_t)oy * g->q - (ptrdiff_t)o0;
+                    int iy = oy * g->sh - g->ph + kr;
+                    if (iy < 0 || iy >= g->h) {
+                        for (int ox = ox0; ox < ox1; ox++)
+                            dst[off + ox] = 0.0f;
+                        continue;
+                    }
+                    int lo = lof < ox0 ? ox0 : lof > ox1 ? ox1 : lof;
+                    int hi = hif < lo ? lo : hif > ox1 ? ox1 : hif;
+                    ptrdiff_t base = (ptrdiff_t)iy * g->w + ks - g->pw;
+                    for (int ox = ox0; ox < lo; ox++)
+                        dst[off + ox] = 0.0f;
+                    /* hi > lo first: with no valid column, xp + base + lo may lie outside x */
+                    if (g->sw == 1 && hi > lo) {
+                        memcpy(dst + off + lo, xp + base + lo, sizeof(float) * (size_t)(hi - lo));
+                    } else {
+                        for (int ox = lo; ox < hi; ox++)
+                            dst[off + ox] = xp[base + (ptrdiff_t)ox * g->sw];
+                    }
+                    for (int ox = hi; ox < ox1; ox++)
+                        dst[off + ox] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: dx[ci][iy][ix] += col[...][o - o0], for the same index map. */
+static void col2im_add(float *dx, const float *col, size_t ld, int nch, const conv_geom *g,
+                       size_t o0, size_t o1)
+{
+    int oya, oxa, oyb, oxb;
+    pixel_rows(g, o0, o1, &oya, &oxa, &oyb, &oxb);
+    for (int ci = 0; ci < nch; ci++) {
+        float *xp = dx + (size_t)ci * g->hw;
+        for (int kr = 0; kr < g->r; kr++) {
+            for (int ks = 0; ks < g->s; ks++) {
+                const float *src = col + (((size_t)ci * g->r + kr) * g->s + ks) * ld;
+                int lof, hif;
+                valid_cols(g, ks, 0, g->q, &lof, &hif);
+                for (int oy = oya; oy <= oyb; oy++) {
+                    int iy = oy * g->sh - g->ph + kr;
+                    if (iy < 0 || iy >= g->h)
+                        continue;
+                    int ox0 = oy == oya ? oxa : 0, ox1 = oy == oyb ? oxb : g->q;
+                    int lo = lof < ox0 ? ox0 : lof > ox1 ? ox1 : lof;
+                    int hi = hif < lo ? lo : hif > ox1 ? ox1 : hif;
+                    ptrdiff_t off = (ptrdiff_t)oy * g->q - (ptrdiff_t)o0;
+                    ptrdiff_t base = (ptrdiff_t)iy * g->w + ks - g->pw;
+                    if (g->sw == 1 && hi > lo) {
+                        v_add_to(xp + base + lo, src + off + lo, (size_t)(hi - lo));
+                    } else {
+                        for (int ox = lo; ox < hi; ox++)
+                            xp[base + (ptrdiff_t)ox * g->sw] += src[off + ox];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Output pixels per im2col tile for a column matrix of `rows` rows. */
+static size_t col_tile(const conv_geom *g, size_t rows)
+{
+    size_t tw = COL_TILE_BYTES / sizeof(float) / max_z(1, rows);
+    tw = max_z(tw, COL_TILE_MIN);
+    return min_z(tw, g->pq);
+}
+
+/* y = beta * y, with beta 0 overwriting (so NaN in uninitialised memory does not survive). */
+static void scale_out(float *y, size_t n, float beta)
+{
+    if (beta == 0.0f)
+        memset(y, 0, n * sizeof(float));
+    else if (beta != 1.0f)
+        v_scale(y, beta, n);
+}
+
+typedef struct conv_job {
+    const mgt_op *op;
+    conv_geom g;
+    float *scratch;
+    size_t per_thread; /* floats of scratch per thread */
+    int tiles;         /* forward: pixel tiles per (image, group); backward data: channel chunks */
+    size_t tw;         /* pixels per tile */
+    int parts;         /* backward filter: partitions of the (image, pixel) range */
+    float *partial;    /* backward filter: parts accumulators of k*crs floats, aligned */
+    size_t part_stride;
+    size_t units;      /* planes / channels per item for the direct loops */
+} conv_job;
+
+/* Item (image, group, pixel tile): y tile = W_g x col(tile) + beta * y tile. */
+static void conv_fwd_item(void *c, int i, int t)
+{
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    int tile = i % j->tiles, ng = i / j->tiles;
+    int gi = ng % g->groups, ni = ng / g->groups;
+    size_t o0 = (size_t)tile * j->tw, o1 = min_z(g->pq, o0 + j->tw);
+    const float *x = j->op->u.conv.in1 + ((size_t)ni * g->c + (size_t)gi * g->cg) * g->hw;
+    const float *w = j->op->u.conv.in2 + (size_t)gi * g->kg * g->crs;
+    float *y = j->op->u.conv.out + ((size_t)ni * g->k + (size_t)gi * g->kg) * g->pq + o0;
+    int tw = (int)(o1 - o0);
+    if (g->direct) {
+        sgemm(false, false, g->kg, tw, g->cg, 1.0f, w, (int)g->crs, x + o0, (int)g->hw,
+              j->op->u.conv.beta, y, (int)g->pq);
+        return;
+    }
+    float *col = j->scratch + (size_t)t * j->per_thread;
+    im2col(col, (size_t)tw, x, g->cg, g, o0, o1);
+    sgemm(false, false, g->kg, tw, (int)g->crs, 1.0f, w, (int)g->crs, col, tw,
+          j->op->u.conv.beta, y, (int)g->pq);
+}
+
+/* Depthwise forward over whole planes; the accumulator plane in scratch lets the innermost
+   loop run along output rows (vectorised) instead of over the taps. */
+static void dw_fwd_item(void *c, int i, int t)
+{
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    float *acc = j->scratch + (size_t)t * j->per_thread;
+    size_t planes = (size_t)g->n * g->c, lo, hi;
+    item_range(planes, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        int ch = (int)(pl % (size_t)g->c);
+        const float *x = j->op->u.conv.in1 + pl * g->hw;
+        const float *w = j->op->u.conv.in2 + (size_t)ch * g->rs;
+        float *y = j->op->u.conv.out + pl * g->pq;
+        memset(acc, 0, g->pq * sizeof(float));
+        for (int kr = 0; kr < g->r; kr++) {
+            for (int ks = 0; ks < g->s; ks++) {
+                float wv = w[kr * g->s + ks];
+                int lo_x, hi_x;
+                valid_cols(g, ks, 0, g->q, &lo_x, &hi_x);
+                for (int oy = 0; oy < g->p; oy++) {
+                    int iy = oy * g->sh - g->ph + kr;
+                    if (iy < 0 || iy >= g->h)
+                        continue;
+                    ptrdiff_t base = (ptrdiff_t)iy * g->w + ks - g->pw;
+                    float *ar = acc + (size_t)oy * g->q;
+                    if (g->sw == 1 && hi_x > lo_x)
+                        v_axpy(ar + lo_x, wv, x + base + lo_x, (size_t)(hi_x - lo_x));
+                    else
+                        for (int ox = lo_x; ox < hi_x; ox++)
+                            ar[ox] += wv * x[base + (ptrdiff_t)ox * g->sw];
+                }
+            }
+        }
+        float beta = j->op->u.conv.beta;
+        if (beta == 0.0f) {
+            memcpy(y, acc, g->pq * sizeof(float));
+        } else {
+            v_scale(y, beta, g->pq);
+            v_add_to(y, acc, g->pq);
+        }
+    }
+}
+
+static mgt_status run_conv_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    int threads = pool_threads(ctx);
+    conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
+    const conv_geom *g = &j.g;
+    mgt_status st;
+    if (g->depthwise) {
+        j.units = units_per_item(g->pq * g->rs);
+        j.per_thread = align_up(g->pq);
+        if ((st = scratch_ensure(ctx, op, j.per_thread * (size_t)threads)) != MGT_OK)
+            return st;
+        j.scratch = ctx->scratch;
+        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_fwd_item, &j);
+        return MGT_OK;
+    }
+    size_t outer = (size_t)g->n * g->groups;
+    j.tw = g->direct ? g->pq : col_tile(g, g->crs);
+    /* Few images (batch 1 on several threads): narrower tiles so every thread has one. */
+    if (outer * ceil_div(g->pq, j.tw) < (size_t)threads) {
+        size_t want = ceil_div((size_t)threads, outer);
+        j.tw = min_z(j.tw, max_z(ceil_div(g->pq, want), COL_TILE_MIN));
+    }
+    j.tiles = (int)ceil_div(g->pq, j.tw);
+    if (!g->direct) {
+        j.per_thread = align_up(g->crs * j.tw);
+        if ((st = scratch_ensure(ctx, op, j.per_thread * (size_t)threads)) != MGT_OK)
+            return st;
+        j.scratch = ctx->scratch;
+    }
+    mgt_cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_fwd_item, &j);
+    return MGT_OK;
+}
+
+/* Item (image, group, chunk of the group's input channels): col = W_g[:, chunk]^T x dy_g,
+   then col2im into those channels only, so no two items touch the same dx. */
+static void conv_bwd_data_item(void *c, int i, int t)
+{
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    int chunk = i % j->tiles, ng = i / j->tiles;
+    int gi = ng % g->groups, ni = ng / g->groups;
+    int per = (int)ceil_div((size_t)g->cg, (size_t)j->tiles);
+    int c0 = chunk * per, c1 = c0 + per < g->cg ? c0 + per : g->cg;
+    if (c0 >= c1)
+        return;
+    int nch = c1 - c0;
+    float beta = j->op->u.conv.beta;
+    const float *dy = j->op->u.conv.in1 + ((size_t)ni * g->k + (size_t)gi * g->kg) * g->pq;
+    const float *w = j->op->u.conv.in2 + (size_t)gi * g->kg * g->crs + (size_t)c0 * g->rs;
+    float *dx = j->op->u.conv.out + ((size_t)ni * g->c + (size_t)gi * g->cg + c0) * g->hw;
+    if (g->direct) {
+        sgemm(true, false, nch, (int)g->pq, g->kg, 1.0f, w, (int)g->crs, dy, (int)g->pq, beta,
+              dx, (int)g->hw);
+        return;
+    }
+    scale_out(dx, (size_t)nch * g->hw, beta);
+    float *col = j->scratch + (size_t)t * j->per_thread;
+    int rows = (int)((size_t)nch * g->rs);
+    for (size_t o0 = 0; o0 < g->pq; o0 += j->tw) {
+        size_t o1 = min_z(g->pq, o0 + j->tw);
+        int tw = (int)(o1 - o0);
+        sgemm(true, false, rows, tw, g->kg, 1.0f, w, (int)g->crs, dy + o0, (int)g->pq, 0.0f,
+              col, tw);
+        col2im_add(dx, col, (size_t)tw, nch, g, o0, o1);
+    }
+}
+
+static void dw_bwd_data_item(void *c, int i, int t)
+{
+    (void)t;
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    size_t planes = (size_t)g->n * g->c, lo, hi;
+    item_range(planes, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        int ch = (int)(pl % (size_t)g->c);
+        const float *dy = j->op->u.conv.in1 + pl * g->pq;
+        const float *w = j->op->u.conv.in2 + (size_t)ch * g->rs;
+        float *dx = j->op->u.conv.out + pl * g->hw;
+        scale_out(dx, g->hw, j->op->u.conv.beta);
+        for (int kr = 0; kr < g->r; kr++) {
+            for (int ks = 0; ks < g->s; ks++) {
+                float wv = w[kr * g->s + ks];
+                int lo_x, hi_x;
+                valid_cols(g, ks, 0, g->q, &lo_x, &hi_x);
+                for (int oy = 0; oy < g->p; oy++) {
+                    int iy = oy * g->sh - g->ph + kr;
+                    if (iy < 0 || iy >= g->h)
+                        continue;
+                    ptrdiff_t base = (ptrdiff_t)iy * g->w + ks - g->pw;
+                    const float *dr = dy + (size_t)oy * g->q;
+                    if (g->sw == 1 && hi_x > lo_x)
+                        v_axpy(dx + base + lo_x, wv, dr + lo_x, (size_t)(hi_x - lo_x));
+                    else
+                        for (int ox = lo_x; ox < hi_x; ox++)
+                            dx[base + (ptrdiff_t)ox * g->sw] += wv * dr[ox];
+                }
+            }
+        }
+    }
+}
+
+static mgt_status run_conv_bwd_data(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    int threads = pool_threads(ctx);
+    conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
+    const conv_geom *g = &j.g;
+    if (g->depthwise) {
+        j.units = units_per_item(g->pq * g->rs);
+        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_bwd_data_item,
+                         &j);
+        return MGT_OK;
+    }
+    size_t outer = (size_t)g->n * g->groups;
+    /* Few images: split each group's channels so that every thread has work. */
+    j.tiles = outer >= (size_t)threads ? 1
+                                       : (int)min_z((size_t)g->cg, ceil_div(threads, outer));
+    size_t per = ceil_div((size_t)g->cg, (size_t)j.tiles);
+    j.tiles = (int)ceil_div((size_t)g->cg, per);
+    if (!g->direct) {
+        j.tw = col_tile(g, per * g->rs);
+        j.per_thread = align_up(per * g->rs * j.tw);
+        mgt_status st = scratch_ensure(ctx, op, j.per_thread * (size_t)threads);
+        if (st != MGT_OK)
+            return st;
+        j.scratch = ctx->scratch;
+    }
+    mgt_cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_bwd_data_item, &j);
+    return MGT_OK;
+}
+
+/* Partition i of the flattened (image, output pixel) range: its dW share is a sum of gemms
+   dy_g[:, tile] x col(tile)^T over its tiles. Partitions, not threads, own the accumulators,
+   so whichever thread runs a partition the sums (and their order) are the same. */
+static void conv_bwd_filter_item(void *c, int i, int t)
+{
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    size_t total = (size_t)g->n * g->pq;
+    size_t e0 = total * (size_t)i / (size_t)j->parts;
+    size_t e1 = total * (size_t)(i + 1) / (size_t)j->parts;
+    float *dst = j->parts == 1 ? j->op->u.conv.out : j->partial + (size_t)i * j->part_stride;
+    float beta = j->parts == 1 ? j->op->u.conv.beta : 0.0f;
+    float *col = g->direct ? NULL : j->scratch + (size_t)t * j->per_thread;
+    for (size_t e = e0; e < e1;) {
+        size_t ni = e / g->pq, o0 = e % g->pq;
+        size_t o1 = min_z(min_z(g->pq, o0 + (e1 - e)), o0 + j->tw);
+        int tw = (int)(o1 - o0);
+        for (int gi = 0; gi < g->groups; gi++) {
+            const float *x =
+                j->op->u.conv.in2 + (ni * g->c + (size_t)gi * g->cg) * g->hw;
+            const float *dy =
+                j->op->u.conv.in1 + (ni * g->k + (size_t)gi * g->kg) * g->pq + o0;
+            const float *b;
+            int ldb;
+            if (g->direct) {
+                b = x + o0;
+                ldb = (int)g->hw;
+            } else {
+                im2col(col, (size_t)tw, x, g->cg, g, o0, o1);
+                b = col;
+                ldb = tw;
+            }
+            sgemm(false, true, g->kg, (int)g->crs, tw, 1.0f, dy, (int)g->pq, b, ldb, beta,
+                  dst + (size_t)gi * g->kg * g->crs, (int)g->crs);
+        }
+        beta = 1.0f;
+        e += (size_t)tw;
+    }
+}
+
+/* dW = beta * dW + (part 0 + part 1 + ...), always in partition order. */
+static void conv_reduce_item(void *c, int i, int t)
+{
+    (void)t;
+    const conv_job *j = c;
+    size_t n = (size_t)j->g.k * j->g.crs, lo, hi;
+    item_range(n, CHUNK, i, &lo, &hi);
+    float *dw = j->op->u.conv.out, beta = j->op->u.conv.beta;
+    size_t e = lo;
+    for (; e + VW <= hi; e += VW) {
+        vf s = vld(j->partial + e);
+        for (int p = 1; p < j->parts; p++)
+            s += vld(j->partial + (size_t)p * j->part_stride + e);
+        vst(dw + e, beta == 0.0f ? s : beta * vld(dw + e) + s);
+    }
+    for (; e < hi; e++) {
+        float s = j->partial[e];
+        for (int p = 1; p < j->parts; p++)
+            s += j->partial[(size_t)p * j->part_stride + e];
+        dw[e] = beta == 0.0f ? s : beta * dw[e] + s;
+    }
+}
+
+/* Depthwise filter gradient per channel over all images, rows summed in float (vectorised)
+   and the rows added in double: no partials, and no dependence on the thread count. */
+static void dw_bwd_filter_item(void *c, int i, int t)
+{
+    (void)t;
+    const conv_job *j = c;
+    const conv_geom *g = &j->g;
+    size_t lo, hi;
+    item_range((size_t)g->c, j->units, i, &lo, &hi);
+    float beta = j->op->u.conv.beta;
+    for (size_t ch = lo; ch < hi; ch++) {
+        float *dw = j->op->u.conv.out + ch * g->rs;
+        for (int kr = 0; kr < g->r; kr++) {
+            for (int ks = 0; ks < g->s; ks++) {
+                int lo_x, hi_x;
+                valid_cols(g, ks, 0, g->q, &lo_x, &hi_x);
+                double acc = 0;
+                for (int ni = 0; ni < g->n; ni++) {
+                    const float *x = j->op->u.conv.in2 + ((size_t)ni * g->c + ch) * g->hw;
+                    const float *dy = j->op->u.conv.in1 + ((size_t)ni * g->k + ch) * g->pq;
+                    for (int oy = 0; oy < g->p; oy++) {
+                        int iy = oy * g->sh - g->ph + kr;
+                        if (iy < 0 || iy >= g->h)
+                            continue;
+                        ptrdiff_t base = (ptrdiff_t)iy * g->w + ks - g->pw;
+                        const float *dr = dy + (size_t)oy * g->q;
+                        float row = 0.0f;
+                        if (g->sw == 1 && hi_x > lo_x)
+                            row = v_dot(dr + lo_x, x + base + lo_x, (size_t)(hi_x - lo_x));
+                        else
+                            for (int ox = lo_x; ox < hi_x; ox++)
+                                row += dr[ox] * x[base + (ptrdiff_t)ox * g->sw];
+                        acc += row;
+                    }
+                }
+                float *o = dw + kr * g->s + ks;
+                *o = beta == 0.0f ? (float)acc : beta * *o + (float)acc;
+            }
+        }
+    }
+}
+
+static mgt_status run_conv_bwd_filter(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    int threads = pool_threads(ctx);
+    conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
+    const conv_geom *g = &j.g;
+    if (g->depthwise) {
+        j.units = units_per_item((size_t)g->n * g->pq * g->rs);
+        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->c, j.units), dw_bwd_filter_item, &j);
+        return MGT_OK;
+    }
+    size_t total = (size_t)g->n * g->pq;
+    double macs = (double)total * g->k * g->crs;
+    j.parts = threads == 1 || macs < GEMM_SPLIT_MACS ? 1 : (int)min_z((size_t)threads, total);
+    j.tw = g->direct ? g->pq : col_tile(g, g->crs);
+    size_t dw_n = (size_t)g->k * g->crs;
+    j.part_stride = j.parts > 1 ? align_up(dw_n) : 0;
+    j.per_thread = g->direct ? 0 : align_up(g->crs * j.tw);
+    size_t part_floats = (size_t)j.parts * j.part_stride;
+    mgt_status st = scratch_ensure(ctx, op, part_floats + j.per_thread * (size_t)threads);
+    if (st != MGT_OK)
+        return st;
+    j.partial = ctx->scratch;
+    j.scratch = ctx->scratch != NULL ? ctx->scratch + part_floats : NULL;
+    mgt_cpu_pool_for(ctx->pool, j.parts, conv_bwd_filter_item, &j);
+    if (j.parts > 1)
+        mgt_cpu_pool_for(ctx->pool, items_of(dw_n, CHUNK), conv_reduce_item, &j);
+    return MGT_OK;
+}
+
+/* ---- batch norm ---- */
+
+/* The op and how many whole units (planes, rows, columns) one item covers. */
+typedef struct plane_job {
+    const mgt_op *op;
+    size_t units; /* planes (or rows, or columns) per item */
+} plane_job;
+
+/* sum of (x - mean)^2 in double, eight lanes */
+static double sum_sq_dev(const float *x, size_t n, double mean)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0, m = vdup_d2(mean);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        vd2 d0 = vld_d2(x + j) - m, d1 = vld_d2(x + j + 2) - m;
+        vd2 d2 = vld_d2(x + j + 4) - m, d3 = vld_d2(x + j + 6) - m;
+        a0 += d0 * d0;
+        a1 += d1 * d1;
+        a2 += d2 * d2;
+        a3 += d3 * d3;
+    }
+    double s = 0;
+    for (; j < n; j++) {
+        double d = x[j] - mean;
+        s += d * d;
+    }
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
+/* sum of dy * (x - mean) in double, eight lanes */
+static double sum_prod_dev(const float *dy, const float *x, size_t n, double mean)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0, m = vdup_d2(mean);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        a0 += vld_d2(dy + j) * (vld_d2(x + j) - m);
+        a1 += vld_d2(dy + j + 2) * (vld_d2(x + j + 2) - m);
+        a2 += vld_d2(dy + j + 4) * (vld_d2(x + j + 4) - m);
+        a3 += vld_d2(dy + j + 6) * (vld_d2(x + j + 6) - m);
+    }
+    double s = 0;
+    for (; j < n; j++)
+        s += dy[j] * (x[j] - mean);
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
+static void bn_train_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    const float *x = b->x + (size_t)ch * hw;
+    float *y = b->y + (size_t)ch * hw;
+    size_t count = (size_t)b->sh.n * hw;
+    double s = 0;
+    for (int ni = 0; ni < b->sh.n; ni++)
+        s += sum_f(x + ni * stride, hw);
+    double mean = s / (double)count;
+    double ss = 0;
+    for (int ni = 0; ni < b->sh.n; ni++)
+        ss += sum_sq_dev(x + ni * stride, hw, mean);
+    double var = ss / (double)count;
+    double invstd = 1.0 / sqrt(var + (double)b->sh.eps);
+    b->save_mean[ch] = (float)mean;
+    b->save_invstd[ch] = (float)invstd;
+    double m = b->sh.momentum;
+    double unbiased = ss / (double)(count - 1); /* mgt_op_check ensures count > 1 */
+    b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
+    b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
+    float fm = (float)mean, scale = b->gamma[ch] * (float)invstd, shift = b->beta[ch];
+    for (int ni = 0; ni < b->sh.n; ni++)
+        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift);
+}
+
+static void bn_eval_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.bn_eval) *b = &j->op->u.bn_eval;
+    size_t hw = (size_t)b->sh.hw, lo, hi;
+    item_range((size_t)b->sh.n * b->sh.c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        int ch = (int)(pl % (size_t)b->sh.c);
+        float mean = b->running_mean[ch];
+        float scale = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
+        float shift = b->beta[ch];
+        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift);
+    }
+}
+
+static void bn_bwd_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    size_t off = (size_t)ch * hw;
+    double count = (double)b->sh.n * (double)hw;
+    double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
+    double sdy = 0, sdyx = 0;
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        sdy += sum_f(b->dy + off + ni * stride, hw);
+        sdyx += sum_prod_dev(b->dy + off + ni * stride, b->x + off + ni * stride, hw, mean);
+    }
+    double sdyxhat = sdyx * invstd;
+    b->dgamma[ch] += (float)sdyxhat;
+    b->dbeta[ch] += (float)sdy;
+    /* dx = gamma*invstd * (dy - mean(dy) - xhat * mean(dy*xhat)) */
+    float k = b->gamma[ch] * (float)invstd;
+    float mdy = (float)(sdy / count);
+    float kx = (float)(sdyxhat / count * invstd); /* applied to (x - mean) */
+    float fm = (float)mean;
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
+        float *dx = b->dx + off + ni * stride;
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(dx + e, k * (vld(dy + e) - mdy - (vld(x + e) - fm) * kx));
+        for (; e < hw; e++)
+            dx[e] = k * (dy[e] - mdy - (x[e] - fm) * kx);
+    }
+}
+
+/* ---- pooling, bias ---- */
+
+/* The first maximum of window (oy, ox) in raster order, clipped to the plane (mgt_op_check
+   keeps every window on real input, so clipping is the -inf padding). Starting from the
+   first element rather than -inf makes a NaN there win, as in the reference. */
+static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *x, int oy, int ox)
+{
+    int y0 = oy * sh->stride_h - sh->pad_h, y1 = y0 + sh->kh;
+    int x0 = ox * sh->stride_w - sh->pad_w, x1 = x0 + sh->kw;
+    y0 = y0 < 0 ? 0 : y0;
+    y1 = y1 > sh->h ? sh->h : y1;
+    x0 = x0 < 0 ? 0 : x0;
+    x1 = x1 > sh->w ? sh->w : x1;
+    size_t best = (size_t)y0 * sh->w + x0;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            size_t e = (size_t)iy * sh->w + ix;
+            if (x[e] > x[best])
+                best = e;
+        }
+    return best;
+}
+
+static void maxpool_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const mgt_pool2d_shape *sh = &j->op->u.maxpool_fwd.sh;
+    int p = mgt_pool2d_out_h(sh), q = mgt_pool2d_out_w(sh);
+    size_t hw = (size_t)sh->h * sh->w, pq = (size_t)p * q, lo, hi;
+    item_range((size_t)sh->n * sh->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = j->op->u.maxpool_fwd.x + pl * hw;
+        float *y = j->op->u.maxpool_fwd.y + pl * pq;
+        for (int oy = 0; oy < p; oy++)
+            for (int ox = 0; ox < q; ox++)
+                y[(size_t)oy * q + ox] = x[pool_argmax(sh, x, oy, ox)];
+    }
+}
+
+/* The winner is found again from x (y is not read), so a y that differs in the last bit
+   from x's maximum cannot lose a window's gradient. */
+static void maxpool_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const mgt_pool2d_shape *sh = &j->op->u.maxpool_bwd.sh;
+    int p = mgt_pool2d_out_h(sh), q = mgt_pool2d_out_w(sh);
+    size_t hw = (size_t)sh->h * sh->w, pq = (size_t)p * q, lo, hi;
+    item_range((size_t)sh->n * sh->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = j->op->u.maxpool_bwd.x + pl * hw;
+        const float *dy = j->op->u.maxpool_bwd.dy + pl * pq;
+        float *dx = j->op->u.maxpool_bwd.dx + pl * hw;
+        memset(dx, 0, hw * sizeof(float));
+        for (int oy = 0; oy < p; oy++)
+            for (int ox = 0; ox < q; ox++)
+                dx[pool_argmax(sh, x, oy, ox)] += dy[(size_t)oy * q + ox];
+    }
+}
+
+static void avgpool_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.avgpool_fwd) *a = &j->op->u.avgpool_fwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++)
+        a->y[pl] = (float)(sum_f(a->x + pl * hw, hw) / (double)hw);
+}
+
+static void avgpool_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.avgpool_bwd) *a = &j->op->u.avgpool_bwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        v_fill(a->dx + pl * hw, a->dy[pl] / (float)a->hw, hw);
+    }
+}
+
+static void bias_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.bias_fwd) *b = &j->op->u.bias_fwd;
+    size_t cols = (size_t)b->cols, lo, hi;
+    item_range((size_t)b->rows, j->units, i, &lo, &hi);
+    for (size_t r = lo; r < hi; r++)
+        v_add_to(b->y + r * cols, b->bias, cols);
+}
+
+#define BIAS_COLS 256
+
+/* Columns in blocks, rows in order: the sum of each column does not depend on threads. */
+static void bias_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.bias_bwd) *b = &j->op->u.bias_bwd;
+    size_t cols = (size_t)b->cols, lo, hi;
+    item_range(cols, BIAS_COLS, i, &lo, &hi);
+    double acc[BIAS_COLS] = {0};
+    for (int r = 0; r < b->rows; r++) {
+        const float *dy = b->dy + (size_t)r * cols;
+        for (size_t e = lo; e < hi; e++)
+            acc[e - lo] += dy[e];
+    }
+    for (size_t e = lo; e < hi; e++)
+        b->dbias[e] += (float)acc[e - lo];
+}
+
+/* ---- softmax cross-entropy, top-k ---- */
+
+static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
+{
+    for (int r = 0; r < n; r++)
+        if (labels[r] < 0 || labels[r] >= classes)
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: label %d out of range [0, %d) at row %d",
+                                 mgt_op_name(op->kind), (int)labels[r], classes, r);
+    return MGT_OK;
+}
+
+typedef struct xent_job {
+    const mgt_op *op;
+    size_t units;
+    double *row_loss;
+} xent_job;
+
+/* Per row in double: loss = lse - sum_j target_j * logit_j, target = (1-eps) onehot +
+   eps/classes; probs = exp(logit - lse). */
+static void xent_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const xent_job *j = c;
+    const __typeof__(j->op->u.xent_fwd) *x = &j->op->u.xent_fwd;
+    size_t classes = (size_t)x->classes, lo, hi;
+    item_range((size_t)x->n, j->units, i, &lo, &hi);
+    double eps = x->smoothing;
+    for (size_t r = lo; r < hi; r++) {
+        const float *l = x->logits + r * classes;
+        float *pr = x->probs + r * classes;
+        float mx = l[0];
+        for (size_t e = 1; e < classes; e++)
+            if (l[e] > mx)
+                mx = l[e];
+        double se = 0, sl = 0;
+        for (size_t e = 0; e < classes; e++) {
+            se += exp((double)l[e] - mx);
+            sl += l[e];
+        }
+        double lse = mx + log(se);
+        for (size_t e = 0; e < classes; e++)
+            pr[e] = (float)exp((double)l[e] - lse);
+        double label_logit = l[x->labels[r]];
+        j->row_loss[r] = lse - (1.0 - eps) * label_logit - eps / (double)classes * sl;
+    }
+}
+
+static mgt_status run_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    mgt_status st = check_labels(op, x->labels, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    if ((st = scratch_ensure(ctx, op, (size_t)x->n * 2)) != MGT_OK)
+        return st;
+    xent_job j = {op, units_per_item((size_t)x->classes * 4), (double *)(void *)ctx->scratch};
+    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_fwd_item, &j);
+    double s = 0;
+    for (int r = 0; r < x->n; r++)
+        s += j.row_loss[r];
+    x->loss[0] = (float)(s / x->n);
+    return MGT_OK;
+}
+
+static void xent_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.xent_bwd) *x = &j->op->u.xent_bwd;
+    size_t classes = (size_t)x->classes, lo, hi;
+    item_range((size_t)x->n, j->units, i, &lo, &hi);
+    float off = x->smoothing / (float)x->classes;
+    float on = 1.0f - x->smoothing + off;
+    for (size_t r = lo; r < hi; r++) {
+        const float *p = x->probs + r * classes;
+        float *d = x->dlogits + r * classes;
+        for (size_t e = 0; e < classes; e++)
+            d[e] = x->scale * (p[e] - off);
+        size_t lab = (size_t)x->labels[r];
+        d[lab] = x->scale * (p[lab] - on);
+    }
+}
+
+typedef struct topk_job {
+    const mgt_op *op;
+    size_t units;
+    atomic_int hits; /* an integer sum: the same whatever order threads add in */
+} topk_job;
+
+static void topk_item(void *c, int i, int t)
+{
+    (void)t;
+    topk_job *j = c;
+    const __typeof__(j->op->u.topk) *k = &j->op->u.topk;
+    size_t classes = (size_t)k->classes, lo, hi;
+    item_range((size_t)k->n, j->units, i, &lo, &hi);
+    int hits = 0;
+    for (size_t r = lo; r < hi; r++) {
+        const float *l = k->logits + r * classes;
+        size_t lab = (size_t)k->labels[r];
+        float v = l[lab];
+        int rank = 0;
+        for (size_t e = 0; e < classes; e++)
+            rank += l[e] > v || (l[e] == v && e < lab);
+        hits += rank < k->k;
+    }
+    atomic_fetch_add(&j->hits, hits);
+}
+
+/* ---- dispatch ---- */
+
+static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    mgt_cpu_pool *pool = ctx->pool;
+    void *o = (void *)op; /* the items read the op only */
+    mgt_status st;
+    switch (op->kind) {
+    case MGT_OP_FILL:
+        mgt_cpu_pool_for(pool, items_of(op->u.fill.n, CHUNK), fill_item, o);
+        return MGT_OK;
+    case MGT_OP_SCALE:
+        mgt_cpu_pool_for(pool, items_of(op->u.scale.n, CHUNK), scale_item, o);
+        return MGT_OK;
+    case MGT_OP_AXPY:
+        mgt_cpu_pool_for(pool, items_of(op->u.axpy.n, CHUNK), axpy_item, o);
+        return MGT_OK;
+    case MGT_OP_SUM:
+        return run_sum(ctx, op);
+    case MGT_OP_ADD:
+        mgt_cpu_pool_for(pool, items_of(op->u.add.n, CHUNK), add_item, o);
+        return MGT_OK;
+    case MGT_OP_GEMM:
+        run_gemm(ctx, op);
+        return MGT_OK;
+    case MGT_OP_CONV2D_FWD:
+        return run_conv_fwd(ctx, op);
+    case MGT_OP_CONV2D_BWD_DATA:
+        return run_conv_bwd_data(ctx, op);
+    case MGT_OP_CONV2D_BWD_FILTER:
+        return run_conv_bwd_filter(ctx, op);
+    case MGT_OP_BN_FWD_TRAIN:
+        mgt_cpu_pool_for(pool, op->u.bn_train.sh.c, bn_train_item, o);
+        return MGT_OK;
+    case MGT_OP_BN_FWD_EVAL: {
+        plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c,
+                                        j.units),
+                         bn_eval_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_BN_BWD:
+        mgt_cpu_pool_for(pool, op->u.bn_bwd.sh.c, bn_bwd_item, o);
+        return MGT_OK;
+    case MGT_OP_RELU_FWD:
+        mgt_cpu_pool_for(pool, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, o);
+        return MGT_OK;
+    case MGT_OP_RELU_BWD:
+        mgt_cpu_pool_for(pool, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, o);
+        return MGT_OK;
+    case MGT_OP_MAXPOOL_FWD: {
+        const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
+        size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
+        plane_job j = {op, units_per_item(work)};
+        mgt_cpu_pool_for(pool, items_of((size_t)sh->n * sh->c, j.units), maxpool_fwd_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_MAXPOOL_BWD: {
+        const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
+        size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
+        plane_job j = {op, units_per_item(work)};
+        mgt_cpu_pool_for(pool, items_of((size_t)sh->n * sh->c, j.units), maxpool_bwd_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_AVGPOOL_FWD: {
+        plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw)};
+        mgt_cpu_pool_for(pool,
+                         items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
+                         avgpool_fwd_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_AVGPOOL_BWD: {
+        plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw)};
+        mgt_cpu_pool_for(pool,
+                         items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
+                         avgpool_bwd_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_BIAS_FWD: {
+        plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item,
+                         &j);
+        return MGT_OK;
+    }
+    case MGT_OP_BIAS_BWD: {
+        plane_job j = {op, BIAS_COLS};
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item,
+                         &j);
+        return MGT_OK;
+    }
+    case MGT_OP_XENT_FWD:
+        return run_xent_fwd(ctx, op);
+    case MGT_OP_XENT_BWD: {
+        const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+        if ((st = check_labels(op, x->labels, x->n, x->classes)) != MGT_OK)
+            return st;
+        plane_job j = {op, units_per_item((size_t)x->classes)};
+        mgt_cpu_pool_for(pool, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
+        return MGT_OK;
+    }
+    case MGT_OP_TOPK: {
+        const __typeof__(op->u.topk) *k = &op->u.topk;
+        if ((st = check_labels(op, k->labels, k->n, k->classes)) != MGT_OK)
+            return st;
+        topk_job j = {.op = op, .units = units_per_item((size_t)k->classes)};
+        atomic_init(&j.hits, 0);
+        mgt_cpu_pool_for(pool, items_of((size_t)k->n, j.units), topk_item, &j);
+        k->count[0] += atomic_load(&j.hits);
+        return MGT_OK;
+    }
+    case MGT_OP_SGD:
+        mgt_cpu_pool_for(pool, items_of(op->u.sgd.n, CHUNK), sgd_item, o);
+        return MGT_OK;
+    case MGT_OP_COUNT:
+        break;
+    }
+    return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: unknown op kind %d", (int)op->kind);
+}
+
+mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    pthread_mutex_lock(&ctx->lock);
+    mgt_status st = run_op(ctx, op);
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}

@@ -1,0 +1,758 @@
+/* Tests of the CPU fast path (pool and kernels) against the plain reference. */
+
+/* Every op runs on odd shapes with 1 and 3 threads, with guard regions around every operand,
+   garbage in outputs that must be overwritten, and a bit-for-bit check of two runs. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "device/cpu/kernels.h"
+
+/* Floats before and after every operand copy; a kernel that writes there is caught. */
+#define GUARD 16
+static const uint32_t GUARD_BITS = 0x7fc0dead; /* a NaN no kernel produces */
+static const uint32_t GARBAGE_BITS = 0x7fc00bad; /* what OUT operands start as: must vanish */
+
+static const int THREADS[] = {1, 3};
+#define NCTX 2
+static mgt_cpu_ctx ctxs[NCTX];
+
+/* ---- random numbers (xorshift64*, fixed seed: failures reproduce) ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static int rng_int(int lo, int hi) /* inclusive */
+{
+    return lo + (int)(rng_next() % (uint64_t)(hi - lo + 1));
+}
+
+static float rng_float(void) /* [-1, 1) */
+{
+    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
+}
+
+static float *rand_floats(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = rng_float();
+    return p;
+}
+
+/* Values on a coarse grid, so that pooling windows and logits have ties. */
+static float *rand_ties(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)rng_int(-4, 4) * 0.25f;
+    return p;
+}
+
+static int32_t *rand_labels(int n, int classes)
+{
+    int32_t *p = malloc((size_t)n * sizeof *p);
+    assert_non_null(p);
+    for (int i = 0; i < n; i++)
+        p[i] = rng_int(0, classes - 1);
+    return p;
+}
+
+/* ---- the harness ---- */
+
+typedef struct copy_set {
+    int n;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    uint32_t *mem[MGT_OP_MAX_OPERANDS]; /* GUARD + count + GUARD words */
+} copy_set;
+
+/* Points a copy of `proto` at fresh guarded copies of its operands. IN and INOUT operands
+   start as the caller's buffers; OUT operands start as NaN garbage. */
+static void copies_make(const mgt_op *proto, mgt_op *op, copy_set *cs)
+{
+    *op = *proto;
+    cs->n = mgt_op_operands(op, cs->ops);
+    for (int i = 0; i < cs->n; i++) {
+        mgt_operand *o = &cs->ops[i];
+        uint32_t *m = malloc((o->count + 2 * GUARD) * sizeof *m);
+        assert_non_null(m);
+        for (size_t j = 0; j < GUARD; j++)
+            m[j] = m[GUARD + o->count + j] = GUARD_BITS;
+        if (o->role == MGT_OPERAND_OUT)
+            for (size_t j = 0; j < o->count; j++)
+                m[GUARD + j] = GARBAGE_BITS;
+        else
+            memcpy(m + GUARD, *o->ptr, o->count * sizeof *m);
+        cs->mem[i] = m;
+        *o->ptr = m + GUARD;
+    }
+}
+
+static void copies_free(copy_set *cs)
+{
+    for (int i = 0; i < cs->n; i++)
+        free(cs->mem[i]);
+}
+
+static void check_guards(const copy_set *cs, const char *what)
+{
+    for (int i = 0; i < cs->n; i++) {
+        const uint32_t *m = cs->mem[i];
+        size_t count = cs->ops[i].count;
+        for (size_t j = 0; j < GUARD; j++)
+            if (m[j] != GUARD_BITS || m[GUARD + count + j] != GUARD_BITS)
+                fail_msg("%s: operand %s written outside its %zu elements", what,
+                         cs->ops[i].name, count);
+    }
+}
+
+/* Outputs agree when |fast - ref| <= rtol * max|ref| elementwise (rtol 0: bit-identical);
+   NaN must meet NaN. Inputs must be untouched. */
+static void compare(const copy_set *ref, const copy_set *fast, const mgt_op *proto,
+                    double rtol, const char *what)
+{
+    mgt_op tmp = *proto; /* its operand list points at the caller's untouched buffers */
+    copy_set orig;
+    orig.n = mgt_op_operands(&tmp, orig.ops);
+    for (int i = 0; i < ref->n; i++) {
+        const mgt_operand *o = &fast->ops[i];
+        const void *f = fast->mem[i] + GUARD, *r = ref->mem[i] + GUARD;
+        if (o->role == MGT_OPERAND_IN) {
+            if (memcmp(f, *orig.ops[i].ptr, o->count * 4) != 0)
+                fail_msg("%s: input %s was modified", what, o->name);
+            continue;
+        }
+        if (o->dtype == MGT_I32) {
+            for (size_t j = 0; j < o->count; j++)
+                if (((const int32_t *)f)[j] != ((const int32_t *)r)[j])
+                    fail_msg("%s: %s[%zu] = %d, reference %d", what, o->name, j,
+                             ((const int32_t *)f)[j], ((const int32_t *)r)[j]);
+            continue;
+        }
+        const float *ff = f, *rr = r;
+        double scale = 0;
+        for (size_t j = 0; j < o->count; j++)
+            if (isfinite(rr[j]) && fabs(rr[j]) > scale)
+                scale = fabs(rr[j]);
+        double tol = rtol * (scale > 1e-30 ? scale : 1e-30);
+        for (size_t j = 0; j < o->count; j++) {
+            uint32_t fb, rb;
+            memcpy(&fb, &ff[j], 4);
+            memcpy(&rb, &rr[j], 4);
+            /* the reference leaves garbage only between the rows of a strided matrix */
+            if (fb == GARBAGE_BITS && rb != GARBAGE_BITS)
+                fail_msg("%s: %s[%zu] was never written", what, o->name, j);
+            if (rb == GARBAGE_BITS && fb != GARBAGE_BITS)
+                fail_msg("%s: %s[%zu] outside the matrix was written", what, o->name, j);
+            if (isnan(rr[j]) || isnan(ff[j])) {
+                if (!(isnan(rr[j]) && isnan(ff[j])))
+                    fail_msg("%s: %s[%zu] = %g, reference %g", what, o->name, j,
+                             (double)ff[j], (double)rr[j]);
+                continue;
+            }
+            bool ok = rtol == 0 ? fb == rb : fabs((double)ff[j] - rr[j]) <= tol;
+            if (!ok)
+                fail_msg("%s: %s[%zu] = %.9g, reference %.9g (|diff| %.3g > tol %.3g)", what,
+                         o->name, j, (double)ff[j], (double)rr[j],
+                         fabs((double)ff[j] - rr[j]), tol);
+        }
+    }
+}
+
+static void same_bits(const copy_set *a, const copy_set *b, const char *what)
+{
+    for (int i = 0; i < a->n; i++)
+        if (a->ops[i].role != MGT_OPERAND_IN &&
+            memcmp(a->mem[i], b->mem[i], (a->ops[i].count + 2 * GUARD) * 4) != 0)
+            fail_msg("%s: two runs on the same inputs differ in %s", what, a->ops[i].name);
+}
+
+/* Runs `proto` (pointing at the caller's initialised buffers) through the reference and
+   through the fast path on every ctx, twice each, and compares. */
+static void check_op(const mgt_op *proto, double rtol, const char *label)
+{
+    char what[256];
+    if (mgt_op_check(proto) != MGT_OK)
+        fail_msg("%s: test builds an invalid op: %s", label, mgt_error_last());
+    mgt_op rop;
+    copy_set ref;
+    copies_make(proto, &rop, &ref);
+    assert_int_equal(mgt_ref_run(&rop), MGT_OK);
+    for (int c = 0; c < NCTX; c++) {
+        snprintf(what, sizeof what, "%s [%s, %d threads]", label, mgt_op_name(proto->kind),
+                 THREADS[c]);
+        mgt_op f1, f2;
+        copy_set a, b;
+        copies_make(proto, &f1, &a);
+        copies_make(proto, &f2, &b);
+        mgt_status st = mgt_cpu_run(&ctxs[c], &f1);
+        if (st != MGT_OK)
+            fail_msg("%s: %s", what, mgt_error_last());
+        assert_int_equal(mgt_cpu_run(&ctxs[c], &f2), MGT_OK);
+        check_guards(&a, what);
+        compare(&ref, &a, proto, rtol, what);
+        same_bits(&a, &b, what);
+        copies_free(&a);
+        copies_free(&b);
+    }
+    copies_free(&ref);
+}
+
+/* ---- the pool ---- */
+
+typedef struct pool_probe {
+    atomic_int *hits;
+    atomic_int bad_thread;
+    int threads;
+} pool_probe;
+
+static void probe_fn(void *c, int i, int t)
+{
+    pool_probe *p = c;
+    atomic_fetch_add(&p->hits[i], 1);
+    if (t < 0 || t >= p->threads)
+        atomic_store(&p->bad_thread, 1);
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    const int sizes[] = {0, 1, 2, 3, 7, 64, 1000};
+    const int threads[] = {1, 2, 3, 8};
+    for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+        mgt_cpu_pool *pool;
+        assert_int_equal(mgt_cpu_pool_create(threads[ti], &pool), MGT_OK);
+        assert_int_equal(mgt_cpu_pool_threads(pool), threads[ti]);
+        atomic_int hits[1000];
+        pool_probe p = {hits, 0, threads[ti]};
+        /* Many short jobs back to back: the hand-over between generations is where a pool
+           loses or repeats items. */
+        for (int rep = 0; rep < 300; rep++) {
+            for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+                int n = sizes[si];
+                for (int i = 0; i < n; i++)
+                    atomic_init(&hits[i], 0);
+                mgt_cpu_pool_for(pool, n, probe_fn, &p);
+                for (int i = 0; i < n; i++)
+                    if (atomic_load(&hits[i]) != 1)
+                        fail_msg("%d threads, n %d: item %d ran %d times", threads[ti], n, i,
+                                 atomic_load(&hits[i]));
+            }
+        }
+        assert_int_equal(atomic_load(&p.bad_thread), 0);
+        mgt_cpu_pool_free(pool);
+    }
+    mgt_cpu_pool_free(NULL);
+    mgt_cpu_pool *pool = NULL;
+    assert_int_equal(mgt_cpu_pool_create(0, &pool), MGT_ERR_INVALID);
+    assert_null(pool);
+}
+
+/* ---- elementwise ---- */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {1, 17, 16384, 16385, 100003};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        size_t n = sizes[si];
+        float *x = rand_floats(n), *y = rand_floats(n), *z = rand_floats(n);
+        x[0] = NAN; /* relu keeps NaN; the others carry it through */
+        if (n > 2)
+            x[1] = -0.0f;
+        mgt_op op = {.kind = MGT_OP_FILL, .u.fill = {x, 0.375f, n}};
+        check_op(&op, 0, "fill");
+        op = (mgt_op){.kind = MGT_OP_SCALE, .u.scale = {x, -1.5f, n}};
+        check_op(&op, 0, "scale");
+        op = (mgt_op){.kind = MGT_OP_AXPY, .u.axpy = {y, 0.7f, x, n}};
+        check_op(&op, 0, "axpy");
+        op = (mgt_op){.kind = MGT_OP_ADD, .u.add = {z, x, y, n}};
+        check_op(&op, 0, "add");
+        op = (mgt_op){.kind = MGT_OP_SUM, .u.sum = {z, y, n}};
+        check_op(&op, 1e-6, "sum");
+        op = (mgt_op){.kind = MGT_OP_RELU_FWD, .u.relu_fwd = {z, x, n}};
+        check_op(&op, 0, "relu_fwd");
+        op = (mgt_op){.kind = MGT_OP_RELU_BWD, .u.relu_bwd = {z, y, x, n}};
+        check_op(&op, 0, "relu_bwd");
+        free(x);
+        free(y);
+        free(z);
+    }
+}
+
+/* y may alias an input of add and relu: the same answer as the reference in place. */
+static void test_aliasing(void **state)
+{
+    (void)state;
+    size_t n = 40000;
+    float *a = rand_floats(n), *b = rand_floats(n), *a2 = malloc(n * 4), *b2 = malloc(n * 4);
+    assert_non_null(a2);
+    assert_non_null(b2);
+    for (int c = 0; c < NCTX; c++) {
+        memcpy(a2, a, n * 4);
+        mgt_op op = {.kind = MGT_OP_ADD, .u.add = {a2, a2, b, n}};
+        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        for (size_t i = 0; i < n; i++)
+            assert_true(a2[i] == a[i] + b[i]);
+        memcpy(a2, a, n * 4);
+        op = (mgt_op){.kind = MGT_OP_RELU_FWD, .u.relu_fwd = {a2, a2, n}};
+        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        for (size_t i = 0; i < n; i++)
+            assert_true(a2[i] == (a[i] > 0 ? a[i] : 0.0f));
+        memcpy(b2, b, n * 4);
+        op = (mgt_op){.kind = MGT_OP_RELU_BWD, .u.relu_bwd = {b2, b2, a, n}};
+        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        for (size_t i = 0; i < n; i++)
+            assert_true(b2[i] == (a[i] > 0 ? b[i] : 0.0f));
+    }
+    free(a);
+    free(b);
+    free(a2);
+    free(b2);
+}
+
+static void test_sgd(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {5, 40001};
+    mgt_sgd_params variants[] = {
+        {.lr = 0.1f, .grad_scale = 1.0f},
+        {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .grad_scale = 0.5f,
+         .first_step = true},
+        {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 5e-4f,
+         .grad_scale = 0.25f},
+        {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f, .grad_scale = 1.0f,
+         .nesterov = true},
+    };
+    for (size_t si = 0; si < 2; si++)
+        for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+            size_t n = sizes[si];
+            float *p = rand_floats(n), *buf = rand_floats(n), *g = rand_floats(n);
+            mgt_op op = {.kind = MGT_OP_SGD, .u.sgd = {p, buf, g, n, variants[v]}};
+            check_op(&op, 0, "sgd");
+            free(p);
+            free(buf);
+            free(g);
+        }
+}
+
+/* ---- gemm ---- */
+
+static void gemm_case(int m, int n, int k, bool ta, bool tb, int pad, float alpha, float beta)
+{
+    int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t na = (size_t)(ta ? k : m) * lda, nb = (size_t)(tb ? n : k) * ldb;
+    size_t nc = (size_t)m * ldc;
+    float *a = rand_floats(na), *b = rand_floats(nb), *c = rand_floats(nc);
+    mgt_op op = {.kind = MGT_OP_GEMM,
+                 .u.gemm = {ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc}};
+    char label[128];
+    snprintf(label, sizeof label, "gemm %dx%dx%d ta %d tb %d pad %d beta %g", m, n, k, ta, tb,
+             pad, (double)beta);
+    check_op(&op, 1e-5, label);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        gemm_case(1, 1, 1, ta, tb, 0, 1.0f, 0.0f);
+        gemm_case(7, 5, 3, ta, tb, 2, -0.5f, 0.5f);
+        gemm_case(150, 130, 70, ta, tb, 3, 1.0f, 0.0f); /* split by rows */
+        gemm_case(5, 3000, 100, ta, tb, 1, 2.0f, 1.0f); /* split by columns */
+    }
+    for (int i = 0; i < 6; i++)
+        gemm_case(rng_int(1, 90), rng_int(1, 90), rng_int(1, 200), rng_int(0, 1),
+                  rng_int(0, 1), rng_int(0, 3), 1.0f, i % 2 ? 1.0f : 0.0f);
+}
+
+/* ---- convolution ---- */
+
+static void conv_case(const mgt_conv2d_shape *sh, const char *why)
+{
+    size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w;
+    size_t ny = (size_t)sh->n * sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh);
+    size_t nw = (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
+    float *x = rand_floats(nx), *y = rand_floats(ny), *w = rand_floats(nw);
+    float *dx = rand_floats(nx), *dw = rand_floats(nw);
+    const float betas[] = {0.0f, 1.0f, 0.5f};
+    for (int bi = 0; bi < 3; bi++) {
+        char label[256];
+        snprintf(label, sizeof label,
+                 "%s: n %d c %d %dx%d k %d %dx%d stride %dx%d pad %dx%d groups %d beta %g", why,
+                 sh->n, sh->c, sh->h, sh->w, sh->k, sh->r, sh->s, sh->stride_h, sh->stride_w,
+                 sh->pad_h, sh->pad_w, sh->groups, (double)betas[bi]);
+        mgt_op op = {.kind = MGT_OP_CONV2D_FWD, .u.conv = {y, x, w, *sh, betas[bi]}};
+        check_op(&op, 1e-4, label);
+        op = (mgt_op){.kind = MGT_OP_CONV2D_BWD_DATA, .u.conv = {dx, y, w, *sh, betas[bi]}};
+        check_op(&op, 1e-4, label);
+        op = (mgt_op){.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {dw, y, x, *sh, betas[bi]}};
+        check_op(&op, 1e-4, label);
+    }
+    free(x);
+    free(y);
+    free(w);
+    free(dx);
+    free(dw);
+}
+
+#define SHAPE(n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_) \
+    (mgt_conv2d_shape){n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_}
+
+static void test_conv(void **state)
+{
+    (void)state;
+    const struct {
+        mgt_conv2d_shape sh;
+        const char *why;
+    } cases[] = {
+        {SHAPE(2, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1, 1), "3x3 non-square image"},
+        {SHAPE(1, 5, 9, 11, 6, 3, 2, 2, 2, 1, 0, 1), "3x2 filter, stride 2, batch 1"},
+        {SHAPE(3, 6, 8, 8, 9, 1, 1, 1, 1, 0, 0, 3), "1x1 direct, groups 3"},
+        {SHAPE(2, 12, 13, 13, 10, 1, 1, 2, 2, 0, 0, 1), "1x1 stride 2 (im2col)"},
+        {SHAPE(2, 8, 10, 10, 8, 3, 3, 1, 1, 1, 1, 8), "depthwise"},
+        {SHAPE(2, 5, 9, 8, 5, 3, 3, 2, 2, 1, 1, 5), "depthwise stride 2"},
+        {SHAPE(1, 4, 6, 6, 8, 3, 3, 2, 2, 1, 1, 2), "groups 2 stride 2"},
+        {SHAPE(2, 6, 7, 9, 4, 3, 1, 1, 2, 1, 0, 2), "3x1 filter, stride 1x2, groups 2"},
+        {SHAPE(2, 4, 5, 5, 12, 3, 3, 1, 1, 1, 1, 4), "grouped with 3 filters per channel"},
+        {SHAPE(1, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1), "batch 1: tiles and channel chunks"},
+        {SHAPE(4, 16, 20, 20, 16, 3, 3, 1, 1, 1, 1, 1), "filter gradient in partitions"},
+        {SHAPE(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1), "1x1x1x1"},
+        {SHAPE(3, 3, 17, 15, 7, 5, 5, 1, 1, 2, 2, 1), "5x5 pad 2, odd sizes"},
+        {SHAPE(2, 3, 23, 23, 8, 7, 7, 2, 2, 3, 3, 1), "7x7 stride 2 stem"},
+        {SHAPE(1, 24, 9, 9, 40, 1, 1, 1, 1, 0, 0, 1), "1x1 direct batch 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        conv_case(&cases[i].sh, cases[i].why);
+    /* random shapes; invalid draws are skipped */
+    for (int done = 0; done < 12;) {
+        int groups = rng_int(1, 3);
+        int r = rng_int(1, 4), s = rng_int(1, 4);
+        mgt_conv2d_shape sh = SHAPE(rng_int(1, 3), groups * rng_int(1, 5), rng_int(1, 12),
+                                    rng_int(1, 12), groups * rng_int(1, 5), r, s, rng_int(1, 3),
+                                    rng_int(1, 3), rng_int(0, r - 1), rng_int(0, s - 1), groups);
+        mgt_op op = {.kind = MGT_OP_CONV2D_FWD, .u.conv = {(float *)1, (float *)1,
+                                                          (float *)1, sh, 0}};
+        if (mgt_op_check(&op) != MGT_OK)
+            continue;
+        conv_case(&sh, "random");
+        done++;
+    }
+}
+
+/* The filter gradient's partials must be reduced in a fixed order: many runs on 3 threads,
+   every one bit-identical to the first. */
+static void test_conv_filter_determinism(void **state)
+{
+    (void)state;
+    mgt_conv2d_shape sh = SHAPE(6, 16, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1);
+    size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w, ny = (size_t)sh.n * sh.k * sh.h * sh.w;
+    size_t nw = (size_t)sh.k * sh.c * 9;
+    float *x = rand_floats(nx), *dy = rand_floats(ny), *first = malloc(nw * 4),
+          *dw = malloc(nw * 4);
+    assert_non_null(first);
+    assert_non_null(dw);
+    mgt_op op = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {dw, dy, x, sh, 0.0f}};
+    for (int rep = 0; rep < 20; rep++) {
+        assert_int_equal(mgt_cpu_run(&ctxs[NCTX - 1], &op), MGT_OK);
+        if (rep == 0)
+            memcpy(first, dw, nw * 4);
+        else
+            assert_memory_equal(first, dw, nw * 4);
+    }
+    free(x);
+    free(dy);
+    free(first);
+    free(dw);
+}
+
+/* ---- batch norm ---- */
+
+static void test_batchnorm(void **state)
+{
+    (void)state;
+    const mgt_bn_shape shapes[] = {
+        {3, 5, 7, 1e-5f, 0.1f},   {1, 3, 1000, 1e-5f, 0.1f}, {8, 17, 49, 1e-3f, 0.2f},
+        {2, 1, 1, 1e-5f, 0.1f},   {16, 64, 1, 1e-5f, 0.1f},  {4, 3, 2000, 1e-5f, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        mgt_bn_shape sh = shapes[i];
+        size_t nx = (size_t)sh.n * sh.c * sh.hw, c = (size_t)sh.c;
+        float *x = rand_floats(nx), *y = rand_floats(nx), *dy = rand_floats(nx);
+        float *gamma = rand_floats(c), *beta = rand_floats(c), *rm = rand_floats(c);
+        float *rv = rand_floats(c), *mean = rand_floats(c), *invstd = rand_floats(c);
+        float *dg = rand_floats(c), *db = rand_floats(c);
+        for (size_t j = 0; j < nx; j++)
+            x[j] = 3.0f + 2.0f * x[j]; /* a mean far from 0 */
+        for (size_t j = 0; j < c; j++) {
+            rv[j] = 0.5f + fabsf(rv[j]);
+            invstd[j] = 0.5f + fabsf(invstd[j]);
+            mean[j] = 3.0f + mean[j];
+        }
+        char label[96];
+        snprintf(label, sizeof label, "bn n %d c %d hw %d", sh.n, sh.c, sh.hw);
+        mgt_op op = {.kind = MGT_OP_BN_FWD_TRAIN,
+                     .u.bn_train = {y, mean, invstd, rm, rv, x, gamma, beta, sh}};
+        if (sh.n * sh.hw > 1)
+            check_op(&op, 1e-5, label);
+        op = (mgt_op){.kind = MGT_OP_BN_FWD_EVAL, .u.bn_eval = {y, x, gamma, beta, rm, rv, sh}};
+        check_op(&op, 1e-5, label);
+        op = (mgt_op){.kind = MGT_OP_BN_BWD,
+                      .u.bn_bwd = {y, dg, db, dy, x, gamma, mean, invstd, sh}};
+        check_op(&op, 1e-5, label);
+        float *bufs[] = {x, y, dy, gamma, beta, rm, rv, mean, invstd, dg, db};
+        for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++)
+            free(bufs[j]);
+    }
+}
+
+/* ---- pooling and bias ---- */
+
+static void test_pooling(void **state)
+{
+    (void)state;
+    const mgt_pool2d_shape shapes[] = {
+        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0},  {1, 4, 9, 7, 3, 3, 2, 2, 1, 1},
+        {3, 2, 11, 13, 3, 2, 1, 2, 1, 1}, {2, 64, 16, 16, 3, 3, 2, 2, 1, 1},
+        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        mgt_pool2d_shape sh = shapes[i];
+        size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w;
+        size_t ny = (size_t)sh.n * sh.c * mgt_pool2d_out_h(&sh) * mgt_pool2d_out_w(&sh);
+        float *x = rand_ties(nx), *y = rand_floats(ny), *dy = rand_floats(ny);
+        float *dx = rand_floats(nx);
+        mgt_op op = {.kind = MGT_OP_MAXPOOL_FWD, .u.maxpool_fwd = {y, x, sh}};
+        check_op(&op, 0, "maxpool");
+        assert_int_equal(mgt_ref_run(&op), MGT_OK); /* y as the forward gives it */
+        op = (mgt_op){.kind = MGT_OP_MAXPOOL_BWD, .u.maxpool_bwd = {dx, dy, x, y, sh}};
+        check_op(&op, 0, "maxpool");
+        free(x);
+        free(y);
+        free(dy);
+        free(dx);
+    }
+    const int avg[][3] = {{2, 3, 49}, {1, 1, 1}, {5, 300, 7}, {1, 7, 40000}};
+    for (size_t i = 0; i < 4; i++) {
+        int n = avg[i][0], c = avg[i][1], hw = avg[i][2];
+        float *x = rand_floats((size_t)n * c * hw), *y = rand_floats((size_t)n * c);
+        mgt_op op = {.kind = MGT_OP_AVGPOOL_FWD, .u.avgpool_fwd = {y, x, n, c, hw}};
+        check_op(&op, 1e-6, "avgpool");
+        op = (mgt_op){.kind = MGT_OP_AVGPOOL_BWD, .u.avgpool_bwd = {x, y, n, c, hw}};
+        check_op(&op, 0, "avgpool");
+        free(x);
+        free(y);
+    }
+    const int bias[][2] = {{1, 1}, {37, 10}, {5, 300}, {300, 513}, {2000, 20}};
+    for (size_t i = 0; i < 5; i++) {
+        int rows = bias[i][0], cols = bias[i][1];
+        float *y = rand_floats((size_t)rows * cols), *b = rand_floats((size_t)cols);
+        mgt_op op = {.kind = MGT_OP_BIAS_FWD, .u.bias_fwd = {y, b, rows, cols}};
+        check_op(&op, 0, "bias");
+        op = (mgt_op){.kind = MGT_OP_BIAS_BWD, .u.bias_bwd = {b, y, rows, cols}};
+        check_op(&op, 1e-6, "bias");
+        free(y);
+        free(b);
+    }
+}
+
+/* ---- loss and accuracy ---- */
+
+static void test_xent_topk(void **state)
+{
+    (void)state;
+    const int shapes[][2] = {{1, 1}, {1, 10}, {37, 10}, {256, 1000}, {3000, 7}};
+    const float eps[] = {0.0f, 0.1f};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        int n = shapes[i][0], classes = shapes[i][1];
+        size_t nc = (size_t)n * classes;
+        float *logits = rand_floats(nc), *probs = rand_floats(nc), *d = rand_floats(nc);
+        float loss;
+        for (size_t j = 0; j < nc; j++)
+            logits[j] *= 20.0f; /* large enough that a naive exp would lose precision */
+        int32_t *labels = rand_labels(n, classes);
+        for (int e = 0; e < 2; e++) {
+            mgt_op op = {.kind = MGT_OP_XENT_FWD,
+                         .u.xent_fwd = {&loss, probs, logits, labels, n, classes, eps[e]}};
+            check_op(&op, 1e-5, "xent");
+            assert_int_equal(mgt_ref_run(&op), MGT_OK); /* real probabilities for backward */
+            op = (mgt_op){.kind = MGT_OP_XENT_BWD,
+                          .u.xent_bwd = {d, probs, labels, n, classes, eps[e], 1.0f / n}};
+            check_op(&op, 1e-6, "xent");
+        }
+        float *ties = rand_ties(nc);
+        for (int k = 1; k <= 5; k += 2) {
+            int32_t count = 3;
+            mgt_op op = {.kind = MGT_OP_TOPK, .u.topk = {&count, logits, labels, n, classes, k}};
+            check_op(&op, 0, "topk");
+            op.u.topk.logits = ties;
+            check_op(&op, 0, "topk with ties");
+        }
+        free(ties);
+        free(logits);
+        free(probs);
+        free(d);
+        free(labels);
+    }
+}
+
+static void bad_label_case(mgt_op *op, int32_t *labels, int row, int32_t bad)
+{
+    labels[row] = bad;
+    char want_label[32], want_row[32];
+    snprintf(want_label, sizeof want_label, "label %d", (int)bad);
+    snprintf(want_row, sizeof want_row, "row %d", row);
+    for (int c = 0; c < NCTX; c++) {
+        mgt_error_clear();
+        assert_int_equal(mgt_cpu_run(&ctxs[c], op), MGT_ERR_DEVICE);
+        const char *msg = mgt_error_last();
+        if (!strstr(msg, mgt_op_name(op->kind)) || !strstr(msg, want_label) ||
+            !strstr(msg, want_row))
+            fail_msg("bad label message lacks the op, label or row: \"%s\"", msg);
+    }
+    labels[row] = 0;
+}
+
+static void test_bad_label(void **state)
+{
+    (void)state;
+    int n = 40, classes = 10;
+    float *logits = rand_floats((size_t)n * classes), *probs = rand_floats((size_t)n * classes);
+    int32_t *labels = rand_labels(n, classes);
+    float loss;
+    int32_t count = 0;
+    mgt_op fwd = {.kind = MGT_OP_XENT_FWD,
+                  .u.xent_fwd = {&loss, probs, logits, labels, n, classes, 0.1f}};
+    mgt_op bwd = {.kind = MGT_OP_XENT_BWD,
+                  .u.xent_bwd = {probs, logits, labels, n, classes, 0.0f, 1.0f}};
+    mgt_op topk = {.kind = MGT_OP_TOPK, .u.topk = {&count, logits, labels, n, classes, 5}};
+    bad_label_case(&fwd, labels, 7, classes);
+    bad_label_case(&fwd, labels, 0, -1);
+    bad_label_case(&bwd, labels, 39, 1000);
+    bad_label_case(&topk, labels, 12, -5);
+    assert_int_equal(count, 0);
+    free(logits);
+    free(probs);
+    free(labels);
+}
+
+/* ---- scratch accounting ---- */
+
+typedef struct budget {
+    size_t used, limit;
+    int grows;
+} budget;
+
+static mgt_status budget_reserve(void *owner, size_t bytes)
+{
+    budget *b = owner;
+    if (b->used + bytes > b->limit)
+        return mgt_error_set(MGT_ERR_OOM, "test budget of %zu bytes exceeded", b->limit);
+    b->used += bytes;
+    b->grows++;
+    return MGT_OK;
+}
+
+static void budget_unreserve(void *owner, size_t bytes)
+{
+    budget *b = owner;
+    assert_true(bytes <= b->used);
+    b->used -= bytes;
+}
+
+static void test_scratch(void **state)
+{
+    (void)state;
+    mgt_conv2d_shape sh = SHAPE(4, 16, 20, 20, 16, 3, 3, 1, 1, 1, 1, 1);
+    size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w, nw = (size_t)sh.k * sh.c * 9;
+    float *x = rand_floats(nx), *y = rand_floats(nx), *w = rand_floats(nw);
+    mgt_op fwd = {.kind = MGT_OP_CONV2D_FWD, .u.conv = {y, x, w, sh, 0.0f}};
+    mgt_op bwf = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {w, y, x, sh, 1.0f}};
+
+    budget b = {0, 1000, 0};
+    mgt_cpu_ctx ctx;
+    assert_int_equal(mgt_cpu_ctx_init(&ctx, 3), MGT_OK);
+    ctx.reserve = budget_reserve;
+    ctx.unreserve = budget_unreserve;
+    ctx.owner = &b;
+    mgt_status st = mgt_cpu_run(&ctx, &fwd);
+    assert_int_equal(st, MGT_ERR_OOM);
+    assert_non_null(strstr(mgt_error_last(), "conv2d_forward"));
+    assert_int_equal(b.used, 0);
+
+    b.limit = (size_t)1 << 30;
+    assert_int_equal(mgt_cpu_run(&ctx, &fwd), MGT_OK);
+    assert_int_equal(mgt_cpu_run(&ctx, &bwf), MGT_OK);
+    assert_true(b.used == ctx.scratch_bytes && b.used > 0);
+    /* steady state: the same ops again grow nothing */
+    int grows = b.grows;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(mgt_cpu_run(&ctx, &fwd), MGT_OK);
+        assert_int_equal(mgt_cpu_run(&ctx, &bwf), MGT_OK);
+    }
+    assert_int_equal(b.grows, grows);
+    mgt_cpu_ctx_destroy(&ctx);
+    assert_int_equal(b.used, 0);
+    free(x);
+    free(y);
+    free(w);
+}
+
+/* ---- main ---- */
+
+static int ctx_setup(void **state)
+{
+    (void)state;
+    for (int c = 0; c < NCTX; c++)
+        if (mgt_cpu_ctx_init(&ctxs[c], THREADS[c]) != MGT_OK)
+            return -1;
+    return 0;
+}
+
+static int ctx_teardown(void **state)
+{
+    (void)state;
+    for (int c = 0; c < NCTX; c++)
+        mgt_cpu_ctx_destroy(&ctxs[c]);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_aliasing),
+        cmocka_unit_test(test_sgd),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_conv_filter_determinism),
+        cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_xent_topk),
+        cmocka_unit_test(test_bad_label),
+        cmocka_unit_test(test_scratch),
+    };
+    return cmocka_run_group_tests_name("cpu_kernels", tests, ctx_setup, ctx_teardown);
+}
