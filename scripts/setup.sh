@@ -8,6 +8,7 @@ packages=(
   libstb-dev            # image decoding (stb_image)
   libcjson-dev          # JSON: safetensors headers, --log, bench --json
   libcmocka-dev         # test assertions
+  zlib1g-dev            # gzip-compressed IDX files (Fashion-MNIST import)
   dataset-fashion-mnist # the bundled real data set
 )
 

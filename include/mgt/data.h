@@ -1,0 +1,360 @@
+/* The data pipeline: ImageFolder scan, image decoding, torchvision-equivalent transforms,
+ * DistributedSampler, the prefetching loader, and the Fashion-MNIST IDX import.
+ *
+ * Order of things in a run: mgt_imagefolder_open -> mgt_transform_init -> mgt_loader_create
+ * (one loader per split, shared by all devices) -> per epoch mgt_loader_set_epoch, then each
+ * device's thread calls mgt_loader_next once per step.
+ *
+ * Randomness: a sample's crop and flip come from the Philox stream keyed by (seed, epoch,
+ * dataset index, MGT_RNG_AUGMENT); an epoch's order from (seed + epoch, MGT_RNG_SHUFFLE).
+ * Nothing depends on thread timing or on the device count, except which device a sample
+ * lands on. (So the few samples that PAD repeats at an epoch's end get the same crop twice,
+ * where PyTorch would draw two.)
+ */
+#ifndef MGT_DATA_H
+#define MGT_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "mgt/device.h"
+#include "mgt/rng.h"
+#include "mgt/status.h"
+#include "mgt/thread.h"
+
+/* Limits on untrusted images: stb rejects a side over MGT_IMAGE_MAX_SIDE, we reject more
+   pixels than MGT_IMAGE_MAX_PIXELS (PIL's decompression-bomb threshold) before decoding. */
+#define MGT_IMAGE_MAX_SIDE 32768
+#define MGT_IMAGE_MAX_PIXELS 89478485L
+
+/* ---- ImageFolder ---- */
+
+/* One split (DIR/train or DIR/val) as torchvision's ImageFolder sees it: classes are the
+   immediate subfolders sorted by strcmp (Python's sorted), label = position; a class's files
+   are found recursively (symlinks followed) and ordered as sorted(os.walk) then sorted(files).
+   Files count when their extension is one of jpg jpeg png bmp gif pgm ppm tga (any case).
+   Unlike torchvision, names starting with '.' (files and folders) are skipped: editors and
+   notebooks leave such folders (.ipynb_checkpoints) inside class folders. */
+typedef struct mgt_dataset mgt_dataset;
+
+typedef struct mgt_scan_options {
+    FILE *progress;     /* where "scanning ...: N files, X files/s" goes, redrawn with \r
+                           about 4 times a second; NULL: silent. Pass stderr when it is a tty. */
+    const mgt_abort *abort; /* (optional) leaves a long scan with MGT_ERR_ABORTED */
+} mgt_scan_options;
+
+/* Scans one split folder. Errors (naming the path): the folder is missing or unreadable, it
+   has no class folders, or a class folder has no image file. opt may be NULL. */
+mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_dataset **out);
+
+/* Scans DIR/train and DIR/val; also an error: DIR missing, the two class lists differ (the
+   message names the first class that is in one and not the other). Either out pointer may be
+   NULL to skip that split (then only the other is checked). */
+mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt,
+                                mgt_dataset **train, mgt_dataset **val);
+
+void mgt_dataset_free(mgt_dataset *ds); /* NULL is a no-op */
+
+size_t mgt_dataset_size(const mgt_dataset *ds);
+int mgt_dataset_class_count(const mgt_dataset *ds);
+const char *mgt_dataset_class_name(const mgt_dataset *ds, int label); /* borrowed */
+int mgt_dataset_label(const mgt_dataset *ds, size_t i);
+const char *mgt_dataset_dir(const mgt_dataset *ds);   /* the split folder; borrowed */
+/* "class/sub/name.jpg", relative to the split folder; borrowed. */
+const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i);
+/* Writes "dir/class/sub/name.jpg" into buf; MGT_ERR_INVALID when cap is too small. */
+mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap);
+/* Seconds the scan took (files/s = size / seconds). */
+double mgt_dataset_scan_seconds(const mgt_dataset *ds);
+/* Whether two splits have the same class names in the same order. */
+bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b);
+
+/* Looks at the headers (stbi_info) of up to `probe` files spread over the split:
+   *w, *h = the most common size; *channels = 1 when every probed file is gray (with or
+   without alpha), else 3. Unreadable files are passed over. MGT_ERR_INVALID when none of
+   the probed files is readable. */
+mgt_status mgt_dataset_probe(const mgt_dataset *ds, int probe, int *w, int *h, int *channels);
+
+/* ---- images ---- */
+
+/* A decoded image: h rows of w pixels of c interleaved 8-bit channels. */
+typedef struct mgt_image {
+    uint8_t *pixels; /* owned; release with mgt_image_release */
+    int w, h, c;
+} mgt_image;
+
+/* Decodes an image file's bytes into `channels` (1 or 3) channels. Layout rules, as PIL's
+   convert() used by torchvision's loader: gray -> RGB repeats it; alpha is dropped (not
+   composited); RGB -> gray is PIL's L = R*299/1000 + G*587/1000 + B*114/1000, computed as
+   PIL does (weights 19595/38470/7471 of 65536, rounded), so bit-exact with PIL; palette
+   images are expanded; 16-bit PNGs keep the high byte; GIFs give their first frame; CMYK
+   and YCCK JPEGs are converted by stb. `name` is used in error messages (the path). Errors:
+   MGT_ERR_INVALID with "name: reason" (stb's reason, a truncated JPEG, too large). */
+mgt_status mgt_image_decode(const void *bytes, size_t len, const char *name, int channels,
+                            mgt_image *out);
+
+/* Reads and decodes a file (MGT_ERR_IO when it cannot be read). */
+mgt_status mgt_image_load(const char *path, int channels, mgt_image *out);
+
+/* Frees the pixels and zeroes *img; safe on a zeroed image. */
+void mgt_image_release(mgt_image *img);
+
+/* ---- transforms ---- */
+
+typedef enum mgt_transform_kind {
+    /* RandomResizedCrop(size, scale, ratio, bilinear, antialias) [+ RandomHorizontalFlip]:
+       ImageNet training. */
+    MGT_TRANSFORM_RRC,
+    /* RandomCrop(size, padding, fill 0) [+ RandomHorizontalFlip]: CIFAR-style training. */
+    MGT_TRANSFORM_PAD_CROP,
+    /* Resize(resize, bilinear, antialias) + CenterCrop(size): evaluation. resize 0 skips the
+       resize (CenterCrop only, which is the identity on images already size x size). */
+    MGT_TRANSFORM_RESIZE_CROP,
+} mgt_transform_kind;
+
+/* The transform of one split. Output: float [channels, size, size], normalized as
+   torchvision's ToTensor + Normalize: (pixel/255 - mean) / std. Resizing is PIL's bilinear
+   resampling with antialias (a triangle filter widened by the scale factor when shrinking),
+   computed in float: results match torchvision up to PIL's 8-bit rounding between the two
+   passes (at most about 1/255 before normalisation). */
+typedef struct mgt_transform {
+    mgt_transform_kind kind;
+    int size;                   /* output height and width */
+    int channels;               /* 1 or 3 */
+    int resize;                 /* RESIZE_CROP: shorter side after resize; 0: no resize */
+    int padding;                /* PAD_CROP: zeros added on every side before the crop */
+    double scale_min, scale_max; /* RRC: crop area as a fraction of the image (0.08, 1) */
+    double ratio_min, ratio_max; /* RRC: crop aspect w/h range (3/4, 4/3) */
+    bool hflip;                 /* RRC, PAD_CROP: flip with probability 0.5 after the crop */
+    float mean[3], std[3];      /* per channel, on the 0..1 scale */
+} mgt_transform;
+
+/* ImageNet's normalisation (torchvision's reference scripts). For one channel the gray
+   equivalents by the L formula: mean 0.4590, std 0.2256. */
+extern const float mgt_imagenet_mean[3];
+extern const float mgt_imagenet_std[3];
+
+/* Fills *t with torchvision's defaults for `kind`: scale 0.08..1, ratio 3/4..4/3, flip on for
+   the training kinds, padding 4, resize = size * 256 / 224 (256 for 224), ImageNet mean/std.
+   MGT_ERR_INVALID for size < 1 or channels not 1 or 3. */
+mgt_status mgt_transform_init(mgt_transform *t, mgt_transform_kind kind, int size, int channels);
+
+/* Checks a transform's fields (ranges, std > 0); the message names the bad field. */
+mgt_status mgt_transform_check(const mgt_transform *t);
+
+/* Scratch memory of one thread's transforms, kept between calls so that a steady state makes
+   no allocation. Zero-initialise; free with mgt_transform_scratch_free. */
+typedef struct mgt_transform_scratch {
+    void *buf;
+    size_t cap; /* bytes */
+} mgt_transform_scratch;
+void mgt_transform_scratch_free(mgt_transform_scratch *s);
+
+/* Applies t to img (which must have t->channels channels) and writes channels*size*size
+   floats to out. rng supplies the randomness of the training kinds (NULL: RESIZE_CROP only).
+   scratch may be NULL (then allocates per call). MGT_ERR_OOM or MGT_ERR_INVALID. */
+mgt_status mgt_transform_apply(const mgt_transform *t, const mgt_image *img, mgt_rng *rng,
+                               mgt_transform_scratch *scratch, float *out);
+
+/* A crop window in image coordinates (top may be negative where padding is added). */
+typedef struct mgt_crop {
+    int top, left, h, w;
+} mgt_crop;
+
+/* The resampling step alone, as torchvision's crop + resize on a PIL image: the box of img
+   (NULL: all of it) scaled to out_w x out_h, written as float CHW on the 0..255 scale
+   (not normalised). For tests and tools. */
+mgt_status mgt_image_resize(const mgt_image *img, const mgt_crop *box, int out_w, int out_h,
+                            mgt_transform_scratch *scratch, float *out);
+
+/* Where random numbers come from when computing crop parameters: Philox in a run, recorded
+   draws in the golden tests. uniform returns a value in [lo, hi) rounded to float (as
+   torch.empty(1).uniform_(lo, hi)); randint one in [lo, hi) (as torch.randint). */
+typedef struct mgt_draws {
+    double (*uniform)(void *ctx, double lo, double hi);
+    int64_t (*randint)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+} mgt_draws;
+
+/* mgt_draws over a Philox stream. */
+mgt_draws mgt_draws_philox(mgt_rng *rng);
+
+/* torchvision's RandomResizedCrop.get_params for an image of w x h: up to 10 tries of
+   area = w*h*U(scale), ratio = exp(U(log ratio)), cw = round(sqrt(area*ratio)),
+   ch = round(sqrt(area/ratio)) (round half to even, as Python), accepted when the crop fits,
+   placed by randint; else the centre-crop fallback clamped to the ratio range. Returns the
+   number of tries used, 0 when the fallback was taken. */
+int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min,
+                             double scale_max, double ratio_min, double ratio_max,
+                             mgt_crop *out);
+
+/* Resize(resize) output size for an image of w x h (shorter side -> resize, the longer
+   int(resize * long / short)), and CenterCrop's window of size x size on that (top/left
+   int(round((H - size) / 2)), negative with zero padding where the image is smaller). */
+void mgt_transform_resize_size(int w, int h, int resize, int *out_w, int *out_h);
+void mgt_transform_center_crop(int w, int h, int size, mgt_crop *out);
+
+/* ---- DistributedSampler ---- */
+
+typedef enum mgt_split_mode {
+    MGT_SPLIT_PAD,   /* DistributedSampler(drop_last=False): pad by repeating the order's head */
+    MGT_SPLIT_DROP,  /* DistributedSampler(drop_last=True): drop the tail */
+    MGT_SPLIT_EXACT, /* evaluation: every sample exactly once; ranks differ by at most one */
+} mgt_split_mode;
+
+typedef struct mgt_sampler {
+    size_t n;          /* dataset size */
+    int replicas;      /* devices */
+    mgt_split_mode mode;
+    bool shuffle;      /* a new permutation per epoch (else the identity) */
+    uint64_t seed;
+    size_t num_samples; /* per replica: PyTorch's num_samples; EXACT: the largest rank's */
+    size_t total_size;  /* num_samples * replicas (EXACT: n) */
+} mgt_sampler;
+
+/* MGT_ERR_INVALID when replicas < 1, or n < replicas (every device needs a sample). */
+mgt_status mgt_sampler_init(mgt_sampler *s, size_t n, int replicas, mgt_split_mode mode,
+                            bool shuffle, uint64_t seed);
+/* Samples rank `rank` gets per epoch. */
+size_t mgt_sampler_count(const mgt_sampler *s, int rank);
+/* The epoch's order of 0..n-1 before sharding (order holds n): torch.randperm's role, drawn
+   from Philox keyed by seed + epoch, or the identity without shuffle. */
+void mgt_sampler_order(const mgt_sampler *s, int64_t epoch, size_t *order);
+/* The p-th index of rank's shard from an epoch's order: order[(rank + p*replicas) % n],
+   which is PyTorch's padding and striding. */
+size_t mgt_sampler_pick(const mgt_sampler *s, const size_t *order, int rank, size_t p);
+
+/* ---- bad files ---- */
+
+/* What happens to an image that cannot be read or decoded while training. */
+typedef struct mgt_bad_policy {
+    bool strict;         /* any bad file is fatal (--strict-data) */
+    double max_bad_frac; /* fatal once more than this fraction of the split is bad (0.01) */
+    FILE *warn;          /* one line per bad file, once; NULL: stderr */
+} mgt_bad_policy;
+
+/* ---- the loader ---- */
+
+typedef struct mgt_loader mgt_loader;
+
+typedef struct mgt_loader_options {
+    const mgt_dataset *ds;     /* borrowed; outlives the loader */
+    mgt_transform transform;
+    int replicas;              /* shards (devices) */
+    mgt_device *const *devices; /* (optional) replicas devices: batches are copied there;
+                                  NULL: batches stay in host memory (tools, tests) */
+    int batch_size;            /* per replica */
+    int workers;               /* decode threads in total over all replicas (-j); 0: the
+                                  caller of next() decodes. Each loader has its own: a
+                                  validation loader's threads sleep while training runs, and
+                                  a non-continuous one's sleep once its epoch is ready. */
+    int prefetch;              /* ready batches queued per replica ahead of the consumer (2) */
+    mgt_split_mode split;
+    bool shuffle;
+    bool drop_last_batch;      /* a short last batch of an epoch is dropped (else delivered) */
+    bool continuous;           /* after an epoch, go on preparing the next (training) */
+    uint64_t seed;
+    mgt_bad_policy bad;
+    mgt_abort *abort;          /* (optional) the run's flag: raised on a fatal data error,
+                                  and every wait of the loader leaves when it is raised */
+} mgt_loader_options;
+
+/* Fills o with the defaults (prefetch 2, workers = cores, max_bad_frac 0.01, split PAD,
+   shuffle on, continuous on) for a dataset, transform and replica count. */
+void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds,
+                             const mgt_transform *t, int replicas, int batch_size);
+
+/* Allocates every buffer the loader will use (pinned host and device memory for
+   (prefetch + 1) batches per replica) and starts the decode threads, which wait for
+   mgt_loader_set_epoch. Errors: bad options, fewer samples than replicas (naming the split
+   folder), allocation. */
+mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out);
+
+/* Stops the threads (promptly: each finishes the image in hand), waits for copies in flight
+   and frees everything. Call it once no thread is inside mgt_loader_next, and before the
+   devices are freed. NULL is a no-op. */
+void mgt_loader_free(mgt_loader *l);
+
+/* Batches per epoch for a rank (ranks differ only in the EXACT split). */
+size_t mgt_loader_batches(const mgt_loader *l, int rank);
+const mgt_sampler *mgt_loader_sampler(const mgt_loader *l);
+
+/* Positions every rank at batch `first_batch` of `epoch` (resume sets first_batch > 0).
+   When the loader is already preparing exactly that (continuous mode after an epoch), the
+   work prefetched is kept; otherwise it is dropped. Call it while no thread is inside
+   mgt_loader_next. */
+mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch);
+
+typedef struct mgt_batch {
+    float *images;          /* [n, channels, size, size]; device memory of the rank's device
+                               (host memory without devices) */
+    int32_t *labels;        /* [n], beside the images */
+    const int32_t *labels_host;  /* [n], host copy */
+    const size_t *indices_host;  /* [n], the dataset index behind each slot (after any
+                                    bad-file replacement) */
+    int n;                  /* samples in this batch (the last one of an epoch may be short) */
+    int64_t epoch;
+    size_t index;           /* batch number within the epoch */
+    double wait_s;          /* how long this call blocked for the batch */
+} mgt_batch;
+
+/* The rank's next batch. With devices, `compute` (the stream that will read the batch) is
+   made to wait for the batch's copy, and the batch stays valid until the rank's next call,
+   which marks on `compute` the point after which the loader may overwrite it: so enqueue
+   all reads of a batch on `compute` before asking for the next one. Without devices compute
+   is ignored and may be NULL. Errors: MGT_ERR_ABORTED (the abort flag), a fatal data error
+   (its text), MGT_ERR_INVALID past the last batch of a non-continuous epoch. */
+mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_batch *out);
+
+/* Seconds the rank's calls to next() have blocked, in total, and how many calls (the
+   trainer's "Data" time; each batch's own wait is mgt_batch.wait_s). */
+double mgt_loader_wait_total(const mgt_loader *l, int rank, long *calls);
+/* Distinct bad files met so far. */
+size_t mgt_loader_bad_count(const mgt_loader *l);
+/* Images decoded and transformed so far, all threads. */
+uint64_t mgt_loader_images_done(const mgt_loader *l);
+
+/* ---- whole-split passes ---- */
+
+/* Decodes every file of the split on `workers` threads (0: cores) and calls report() for
+   each bad one, in index order, with its reason; *bad_count = how many. report may be NULL.
+   For `mgtrain check-data`. */
+typedef void (*mgt_bad_report_fn)(void *ctx, size_t index, const char *reason);
+mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *abort,
+                          FILE *progress, mgt_bad_report_fn report, void *ctx,
+                          size_t *bad_count);
+
+/* Per-channel mean and std (population) of pixel/255 over the decoded images (native size,
+   `channels` channels) for `--normalize auto`. max_images > 0 looks at that many images
+   evenly spread over the split; 0: all. Bad files are passed over. */
+mgt_status mgt_data_stats(const mgt_dataset *ds, int channels, size_t max_images, int workers,
+                          const mgt_abort *abort, float mean[3], float std[3]);
+
+/* ---- IDX files and the Fashion-MNIST import ---- */
+
+/* An IDX file (LeCun's MNIST format), gzip-compressed or not. Only unsigned-byte data. */
+typedef struct mgt_idx {
+    int ndim;
+    uint32_t dims[4];
+    uint8_t *data; /* owned; product of dims bytes */
+    size_t size;
+} mgt_idx;
+/* Errors name the path: unreadable, not IDX, a type other than ubyte, truncated. */
+mgt_status mgt_idx_read(const char *path, mgt_idx *out);
+void mgt_idx_free(mgt_idx *idx);
+
+/* Fashion-MNIST's classes as folder names, in the dataset's label order: T-shirt_top Trouser
+   Pullover Dress Coat Sandal Shirt Sneaker Bag Ankle_boot ("T-shirt/top" and "Ankle boot"
+   with the slash and the space made '_'). */
+extern const char *const mgt_fashion_mnist_classes[10];
+
+/* Writes src_dir's train-* and t10k-* IDX files as out_dir/{train,val}/<class>/NNNNN.png
+   (NNNNN = position in the IDX file). Idempotent: when out_dir/.mgtrain-import-done exists
+   (written last, after everything is flushed) it does nothing and sets *already. progress
+   may be NULL. */
+mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir,
+                                         FILE *progress, bool *already);
+
+#endif

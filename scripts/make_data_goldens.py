@@ -1,0 +1,355 @@
+#!/usr/bin/python3
+"""Writes the data pipeline's golden files in tests/data/pipeline/ for tests/test_data.c.
+
+Run with Debian's python3 (numpy, and python3-pil for the resize and gray goldens):
+    /usr/bin/python3 scripts/make_data_goldens.py
+
+What each file checks, and against what:
+- resize.txt: crop + bilinear resize of small random 8-bit images, computed by PIL
+  (Image.crop(box).resize(size, Image.BILINEAR), exactly what torchvision's resized_crop and
+  Resize do to a PIL image). mgtrain resamples in float, PIL in 8 bits with a rounding
+  between its two passes, so the test allows about one level of difference.
+- gray.txt: RGB pixels and PIL's convert("L") of them (mgtrain must match exactly).
+- *.jpg and jpeg.txt: JPEG files written by libjpeg through PIL (baseline 4:4:4 and 4:2:0,
+  progressive, gray, Adobe CMYK) and PIL's decoding of each, for stb_image's decoding (the
+  tests also cut them to make truncated files; stb_image_write's JPEG encoder is not used
+  because it shifts signed ints past their range, which UBSan stops on).
+- rrc.txt: torchvision's RandomResizedCrop.get_params, replayed: each case lists the random
+  draws (uniform values with their bounds, randint results with their ranges) and the crop
+  they lead to. With torch and torchvision importable, the draws come from torch's own
+  generator and the crop from torchvision itself; otherwise (as on Debian 12 without
+  python3-torchvision) from random.Random and a transcription of torchvision's published
+  get_params (v0.14, torchvision/transforms/transforms.py), which the header line says.
+- sampler.txt: torch.utils.data.DistributedSampler with shuffle=False for several (n,
+  replicas, drop_last): the padding and striding act on the permutation, so on the identity
+  they show every index each rank gets. From torch itself when importable, else from a
+  transcription of DistributedSampler.__iter__ (torch 1.13, torch/utils/data/distributed.py).
+"""
+import math
+import os
+import random
+import struct
+import sys
+
+import numpy as np
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "pipeline")
+
+try:
+    import torch
+    import torchvision
+    from torchvision import transforms as T
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+try:
+    from PIL import Image
+
+    HAVE_PIL = True
+except ImportError:
+    HAVE_PIL = False
+
+
+def f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# ---------------------------------------------------------------- RandomResizedCrop
+
+
+class Recorder:
+    """Random draws as torchvision's get_params makes them, from Python's random module,
+    rounded as torch's float32 tensors round them."""
+
+    def __init__(self, seed):
+        self.r = random.Random(seed)
+        self.draws = []
+
+    def uniform(self, lo, hi):
+        lo32, hi32 = f32(lo), f32(hi)
+        u = self.r.getrandbits(24) / float(1 << 24)
+        v = f32(f32(u * f32(hi32 - lo32)) + lo32)
+        self.draws.append(("u", lo32, hi32, v))
+        return v
+
+    def randint(self, lo, hi):
+        v = self.r.randrange(lo, hi)
+        self.draws.append(("i", lo, hi, v))
+        return v
+
+
+def rrc_get_params_transcribed(rec, width, height, scale, ratio):
+    # torchvision/transforms/transforms.py, RandomResizedCrop.get_params (v0.14), with
+    # torch.empty(1).uniform_ and torch.randint replaced by the recorder
+    area = height * width
+    log_ratio = (f32(math.log(f32(ratio[0]))), f32(math.log(f32(ratio[1]))))
+    for attempt in range(10):
+        target_area = area * rec.uniform(scale[0], scale[1])
+        aspect_ratio = f32(math.exp(rec.uniform(log_ratio[0], log_ratio[1])))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = rec.randint(0, height - h + 1)
+            j = rec.randint(0, width - w + 1)
+            return i, j, h, w, attempt + 1
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w = width
+        h = height
+    i = (height - h) // 2
+    j = (width - w) // 2
+    return i, j, h, w, 0
+
+
+def rrc_case_torch(seed, width, height, scale, ratio):
+    """Draws replayed from torch's generator next to torchvision's own answer."""
+    torch.manual_seed(seed)
+    draws = []
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    result = None
+    for attempt in range(10):
+        s = torch.empty(1).uniform_(scale[0], scale[1]).item()
+        draws.append(("u", f32(scale[0]), f32(scale[1]), s))
+        lr = torch.empty(1).uniform_(log_ratio[0], log_ratio[1])
+        draws.append(("u", log_ratio[0].item(), log_ratio[1].item(), lr.item()))
+        aspect_ratio = torch.exp(lr).item()
+        target_area = area * s
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,)).item()
+            draws.append(("i", 0, height - h + 1, i))
+            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            draws.append(("i", 0, width - w + 1, j))
+            result = (i, j, h, w, attempt + 1)
+            break
+    torch.manual_seed(seed)
+    img = torch.zeros(1, height, width)
+    i, j, h, w = T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+    if result is None:
+        result = (i, j, h, w, 0)
+    assert (i, j, h, w) == result[:4], "replay disagrees with torchvision"
+    return draws, result
+
+
+def write_rrc(path):
+    cases = []
+    sizes = [(500, 375), (375, 500), (224, 224), (32, 32), (28, 28), (1000, 10), (10, 1000),
+             (3, 2), (640, 480), (1, 1), (7, 300)]
+    scales = [(0.08, 1.0), (0.5, 1.0), (0.9, 1.0)]
+    ratio = (3.0 / 4.0, 4.0 / 3.0)
+    seed = 0
+    for (w, h) in sizes:
+        for scale in scales:
+            for _ in range(6):
+                seed += 1
+                if HAVE_TORCH:
+                    draws, res = rrc_case_torch(seed, w, h, scale, ratio)
+                else:
+                    rec = Recorder(seed)
+                    res = rrc_get_params_transcribed(rec, w, h, scale, ratio)
+                    draws = rec.draws
+                cases.append((w, h, scale, ratio, draws, res))
+    # ratios that make every try fail: the fallback's three branches
+    for (w, h, ratio2) in [(1000, 10, (3 / 4, 4 / 3)), (10, 1000, (3 / 4, 4 / 3)), (100, 100, (5.0, 6.0)),
+                           (100, 100, (0.1, 0.2)), (50, 60, (1.0, 1.0))]:
+        seed += 1
+        rec = Recorder(seed)
+        res = rrc_get_params_transcribed(rec, w, h, (1.0, 1.0), ratio2) if not HAVE_TORCH else None
+        if HAVE_TORCH:
+            draws, res = rrc_case_torch(seed, w, h, (1.0, 1.0), ratio2)
+        else:
+            draws = rec.draws
+        cases.append((w, h, (1.0, 1.0), ratio2, draws, res))
+    with open(path, "w") as f:
+        src = ("torch %s / torchvision %s" % (torch.__version__, torchvision.__version__)) if HAVE_TORCH \
+            else "a transcription of torchvision 0.14's get_params (torchvision not installed)"
+        f.write("# RandomResizedCrop.get_params goldens from %s, by scripts/make_data_goldens.py\n" % src)
+        f.write("# W H scale_min scale_max ratio_min ratio_max ndraws {u lo hi value | i lo hi value}... "
+                "top left h w tries\n")
+        for (w, h, scale, ratio2, draws, res) in cases:
+            toks = ["%d %d %.17g %.17g %.17g %.17g %d" % (w, h, scale[0], scale[1], ratio2[0], ratio2[1], len(draws))]
+            for d in draws:
+                if d[0] == "u":
+                    toks.append("u %.9g %.9g %.9g" % (d[1], d[2], d[3]))
+                else:
+                    toks.append("i %d %d %d" % (d[1], d[2], d[3]))
+            toks.append("%d %d %d %d %d" % res)
+            f.write(" ".join(toks) + "\n")
+    return len(cases)
+
+
+# ---------------------------------------------------------------- DistributedSampler
+
+
+def dist_sampler_transcribed(n, replicas, rank, drop_last):
+    # torch/utils/data/distributed.py (1.13): __init__'s num_samples and __iter__ with
+    # shuffle=False
+    if drop_last and n % replicas != 0:
+        num_samples = math.ceil((n - replicas) / replicas)
+    else:
+        num_samples = math.ceil(n / replicas)
+    total_size = num_samples * replicas
+    indices = list(range(n))
+    if not drop_last:
+        padding_size = total_size - len(indices)
+        if padding_size <= len(indices):
+            indices += indices[:padding_size]
+        else:
+            indices += (indices * math.ceil(padding_size / len(indices)))[:padding_size]
+    else:
+        indices = indices[:total_size]
+    assert len(indices) == total_size
+    indices = indices[rank:total_size:replicas]
+    assert len(indices) == num_samples
+    return indices
+
+
+def dist_sampler(n, replicas, rank, drop_last):
+    if HAVE_TORCH:
+        from torch.utils.data import DistributedSampler
+
+        s = DistributedSampler(range(n), num_replicas=replicas, rank=rank, shuffle=False,
+                               drop_last=drop_last)
+        return list(iter(s))
+    return dist_sampler_transcribed(n, replicas, rank, drop_last)
+
+
+def write_sampler(path):
+    count = 0
+    with open(path, "w") as f:
+        src = "torch %s" % torch.__version__ if HAVE_TORCH else \
+            "a transcription of torch 1.13's DistributedSampler (torch not installed)"
+        f.write("# DistributedSampler(shuffle=False) goldens from %s, by scripts/make_data_goldens.py\n" % src)
+        f.write("# n replicas drop_last rank count indices...\n")
+        for n in [1, 2, 3, 5, 7, 8, 10, 13, 16, 17, 31, 100, 101]:
+            for replicas in range(1, 9):
+                if replicas > n:
+                    continue
+                for drop_last in (0, 1):
+                    for rank in range(replicas):
+                        idx = dist_sampler(n, replicas, rank, bool(drop_last))
+                        f.write("%d %d %d %d %d %s\n" % (n, replicas, drop_last, rank, len(idx),
+                                                         " ".join(map(str, idx))))
+                        count += 1
+    return count
+
+
+# ---------------------------------------------------------------- PIL resize and gray
+
+
+def write_resize(path):
+    rs = np.random.RandomState(1234)
+    cases = [
+        # channels, w, h, box (left, top, w, h) or None, out_w, out_h
+        (3, 23, 17, None, 7, 5),
+        (3, 23, 17, None, 40, 30),
+        (3, 23, 17, (3, 2, 15, 11), 8, 8),
+        (3, 23, 17, (5, 4, 6, 9), 16, 16),
+        (3, 23, 17, None, 23, 17),
+        (1, 64, 48, None, 5, 4),
+        (1, 64, 48, (10, 7, 40, 33), 12, 12),
+        (1, 9, 13, None, 31, 29),
+        (1, 31, 2, None, 3, 7),
+        (3, 50, 37, (0, 0, 50, 37), 50, 20),
+        (1, 5, 5, (1, 1, 3, 3), 60, 60),
+    ]
+    with open(path, "w") as f:
+        f.write("# PIL %s: img.crop(box).resize((out_w, out_h), Image.BILINEAR), by "
+                "scripts/make_data_goldens.py\n" % Image.__version__)
+        f.write("# C W H left top bw bh out_w out_h, then the input pixels (HWC, hex), then the output\n")
+        for (c, w, h, box, ow, oh) in cases:
+            px = rs.randint(0, 256, size=(h, w, c)).astype(np.uint8)
+            # some structure too: a bright bar, so edges matter
+            px[h // 3, :, :] = 255
+            img = Image.fromarray(px[:, :, 0] if c == 1 else px, "L" if c == 1 else "RGB")
+            bl, bt, bw, bh = box if box else (0, 0, w, h)
+            res = img.crop((bl, bt, bl + bw, bt + bh)).resize((ow, oh), Image.BILINEAR)
+            out = np.asarray(res).reshape(oh, ow, c)
+            f.write("%d %d %d %d %d %d %d %d %d\n" % (c, w, h, bl, bt, bw, bh, ow, oh))
+            f.write(px.tobytes().hex() + "\n")
+            f.write(out.tobytes().hex() + "\n")
+    return len(cases)
+
+
+def write_gray(path):
+    rs = np.random.RandomState(99)
+    rgb = rs.randint(0, 256, size=(1, 250, 3)).astype(np.uint8)
+    extra = np.array([[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255], [1, 2, 3]],
+                     dtype=np.uint8).reshape(1, 6, 3)
+    rgb = np.concatenate([rgb, extra], axis=1)
+    gray = np.asarray(Image.fromarray(rgb, "RGB").convert("L"))
+    with open(path, "w") as f:
+        f.write("# PIL %s: Image.convert('L') of RGB pixels, by scripts/make_data_goldens.py\n" % Image.__version__)
+        f.write("# count, then the RGB pixels (hex), then the L values (hex)\n")
+        f.write("%d\n%s\n%s\n" % (rgb.shape[1], rgb.tobytes().hex(), gray.tobytes().hex()))
+    return rgb.shape[1]
+
+
+def photo(w, h, seed):
+    """A smooth picture with edges and a little noise: what JPEG is made for."""
+    rs = np.random.RandomState(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    img = np.zeros((h, w, 3))
+    img[..., 0] = 128 + 90 * np.sin(x / 7.0)
+    img[..., 1] = 60 + 150 * (y / h)
+    img[..., 2] = 200 - 120 * (x / w)
+    img[(x - w / 2) ** 2 + (y - h / 2) ** 2 < (h / 4) ** 2] = (250, 240, 30)
+    img += rs.normal(0, 4, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_jpegs(outdir):
+    """JPEG files written by libjpeg (through PIL) and PIL's decoding of each: stb_image must
+    read them as libjpeg does, within IDCT and upsampling differences."""
+    px = photo(64, 48, 7)
+    rgb = Image.fromarray(px, "RGB")
+    files = [
+        ("photo444.jpg", rgb, dict(quality=95, subsampling=0)),
+        ("photo420.jpg", rgb, dict(quality=90, subsampling=2)),
+        ("progressive.jpg", rgb, dict(quality=90, progressive=True)),
+        ("gray.jpg", rgb.convert("L"), dict(quality=90)),
+        ("cmyk.jpg", rgb.convert("CMYK"), dict(quality=95)),
+    ]
+    with open(os.path.join(outdir, "jpeg.txt"), "w") as f:
+        f.write("# JPEG files made by PIL %s (libjpeg) and PIL's decoding of each, by "
+                "scripts/make_data_goldens.py\n" % Image.__version__)
+        f.write("# name w h channels, then the decoded pixels (PIL's convert('RGB') or 'L', hex)\n")
+        for name, img, kw in files:
+            path = os.path.join(outdir, name)
+            img.save(path, "JPEG", **kw)
+            back = Image.open(path)
+            back.load()
+            ch = 1 if back.mode == "L" else 3
+            dec = np.asarray(back.convert("L" if ch == 1 else "RGB"))
+            f.write("%s %d %d %d\n%s\n" % (name, back.width, back.height, ch, dec.tobytes().hex()))
+    return len(files)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    print("rrc.txt: %d cases" % write_rrc(os.path.join(OUT, "rrc.txt")))
+    print("sampler.txt: %d lines" % write_sampler(os.path.join(OUT, "sampler.txt")))
+    if HAVE_PIL:
+        print("resize.txt: %d cases" % write_resize(os.path.join(OUT, "resize.txt")))
+        print("gray.txt: %d pixels" % write_gray(os.path.join(OUT, "gray.txt")))
+        print("jpeg.txt: %d files" % write_jpegs(OUT))
+    else:
+        print("PIL missing (apt-get install python3-pil): resize.txt and gray.txt left as they are",
+              file=sys.stderr)
+    if not HAVE_TORCH:
+        print("torch/torchvision missing: rrc.txt and sampler.txt come from transcriptions of "
+              "their published code", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
