@@ -1,0 +1,192 @@
+/* The ResNet family on the device interface: build by name, initialise, forward, loss, backward
+ * with a gradient-ready hook, and weights in torchvision's names through safetensors.
+ *
+ * A model owns four device allocations made once at creation, none in the step loop:
+ *   params   every learnable tensor, each at a 256-byte aligned offset (zero padding between);
+ *   grads    the same layout; backward accumulates (+=) into it, mgt_model_zero_grad clears it;
+ *   buffers  BN running_mean and running_var;
+ *   acts     activations and what backward needs (conv outputs, BN outputs and save_mean /
+ *            save_invstd, max-pool output, logits, probabilities, the loss, three gradient
+ *            scratch tensors), sized for config.batch images.
+ * BN num_batches_tracked lives on the host (int64, one per BN), counted per training forward.
+ *
+ * Parameter offsets follow the order in which backward completes layers: fc first, then the
+ * blocks from the last to the first (in a block: the downsample BN and conv, then the main
+ * path's BN and conv pairs from the last), conv1/bn1 last. So the gradients ready so far are
+ * always the prefix [0, ready) of the grad arena, and the backward hook reports `ready` as
+ * each layer's parameter gradients are enqueued: the all-reduce can start on buckets early.
+ *
+ * Every call that enqueues work takes the stream it runs on; a model is used by one host
+ * thread at a time. Pointers into the model (mgt_model_params, logits, ...) are borrowed and
+ * die with it.
+ */
+#ifndef MGT_NN_H
+#define MGT_NN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mgt/device.h"
+#include "mgt/safetensors.h"
+#include "mgt/status.h"
+
+typedef struct mgt_model mgt_model;
+
+typedef struct mgt_model_config {
+    const char *arch; /* resnet18/34/50/101/152 (torchvision), resnet20/32/44/56/110 (CIFAR);
+                         copied */
+    int classes;      /* fc outputs, >= 1 */
+    int in_channels;  /* 1..4 (1 grey, 3 RGB) */
+    int image_size;   /* square input side, >= 1 */
+    int batch;        /* the most images one forward takes (sizes the activation arena) */
+    bool zero_init_residual; /* mgt_model_init sets each block's last BN weight to 0 */
+} mgt_model_config;
+
+/* The architecture names mgt_model_create accepts, NULL-terminated (static). */
+const char *const *mgt_model_arch_names(void);
+
+/* Builds the model's layout and, when d is not NULL, allocates its arenas on d (parameters
+   zeroed, not initialised: call mgt_model_init or a load). With d NULL the model only
+   describes itself (table, layers, counts): the calls that touch memory refuse it. */
+mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_model **out);
+/* Waits for the device's pending work (as buffer frees do). NULL is a no-op. */
+void mgt_model_free(mgt_model *m);
+const mgt_model_config *mgt_model_get_config(const mgt_model *m); /* arch is the model's copy */
+
+/* torchvision's initialisation, drawn on the host from a Philox stream per tensor keyed by
+   seed (MGT_RNG_INIT, index = the tensor's table position) and copied in: convs
+   kaiming_normal_(mode='fan_out', nonlinearity='relu'), BN weight 1 and bias 0 (0 for the last
+   BN of each block under zero_init_residual), running mean 0 and var 1, num_batches_tracked 0,
+   fc weight and bias uniform(+-1/sqrt(fan_in)). Synchronises s before it returns. */
+mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed);
+
+/* ---- the step ---- */
+
+/* Enqueues the forward of `batch` images (1..config.batch) at x [batch, in_channels, size,
+   size]. train: BN uses batch statistics, moves the running ones and counts
+   num_batches_tracked; otherwise it uses the running ones. *logits (may be NULL) gets the
+   device pointer of [batch, classes]. x is borrowed until backward has been enqueued
+   (conv1's filter gradient reads it) and must not change before that work runs. */
+mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch,
+                             bool train, const float **logits);
+
+/* Enqueues softmax cross-entropy of the last forward's logits against int32 labels [batch]
+   (device; borrowed until backward) with label smoothing; the mean over the batch goes to
+   mgt_model_loss_ptr. correct (device int32 [2], may be NULL) accumulates top-1 and top-5
+   (top-min(5, classes)) hits. */
+mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
+                          int32_t *correct);
+const float *mgt_model_loss_ptr(const mgt_model *m); /* device float [1] */
+
+/* Called on the host while backward enqueues, each time a layer's parameter gradients have
+   been enqueued on s: grads [0, ready_bytes) are then final once s reaches this point. The
+   last call has ready_bytes == mgt_model_grads' bytes. A non-OK status stops backward and is
+   returned from it. */
+typedef mgt_status (*mgt_grad_ready_fn)(void *ctx, mgt_stream *s, size_t ready_bytes);
+
+/* Enqueues the backward of the last forward + loss (which must have been a training one):
+   parameter gradients accumulate into the grad arena. hook may be NULL. */
+mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hook, void *ctx);
+
+/* One memset over the whole grad arena. */
+mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s);
+
+/* ---- memory ---- */
+
+/* Device base pointer and bytes of each arena (NULL, 0 for a model without a device). */
+float *mgt_model_params(const mgt_model *m, size_t *bytes);
+float *mgt_model_grads(const mgt_model *m, size_t *bytes);
+float *mgt_model_buffers(const mgt_model *m, size_t *bytes);
+/* The activation arena's bytes (as allocated, or as it would be for a describing model). */
+size_t mgt_model_activation_bytes(const mgt_model *m);
+/* num_batches_tracked of every BN, in table order of the BN layers; n gets the count. */
+int64_t *mgt_model_bn_counts(mgt_model *m, int *n);
+
+/* ---- the table ---- */
+
+typedef enum mgt_model_role {
+    MGT_MODEL_PARAM,   /* in params (and grads at the same offset) */
+    MGT_MODEL_BUFFER,  /* in buffers */
+    MGT_MODEL_COUNTER, /* num_batches_tracked: host int64, offset = index into bn_counts */
+} mgt_model_role;
+
+typedef struct mgt_model_entry {
+    char name[64];       /* torchvision's state_dict name */
+    mgt_model_role role;
+    int ndim;            /* 0 for num_batches_tracked */
+    int64_t shape[4];
+    size_t offset;       /* bytes into its arena (COUNTER: an index) */
+    size_t numel;
+} mgt_model_entry;
+
+/* Every tensor of the state_dict, in torchvision's state_dict order (offsets of params are
+   not monotonic in this order; sort by offset for the arena order). Borrowed. */
+const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n);
+
+/* ---- description and counts ---- */
+
+typedef struct mgt_model_layer {
+    char name[48];     /* "conv1", "layer1.0.bn2", "layer2.0" (the add + relu), "fc" */
+    const char *kind;  /* "conv", "bn", "relu", "maxpool", "add+relu", "avgpool", "linear" */
+    int c, h, w;       /* output shape per image (h = w = 1 for avgpool and fc) */
+    size_t params;     /* learnable parameters of this layer */
+    uint64_t macs;     /* per image, THOP's rules (see mgt_model_counts) */
+} mgt_model_layer;
+
+const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */
+
+typedef struct mgt_model_counts {
+    size_t params;           /* learnable parameters (torchvision's sum of numel) */
+    size_t buffer_floats;    /* BN running stats */
+    /* Forward multiply-accumulates per image as THOP counts them (the figure torchvision
+       users quote: resnet18 1.82 G, resnet50 4.11 G at 224): conv out*(cin*r*s), linear
+       in*out, BN 2 per element, global avgpool hw+1 per output, relu/maxpool/add 0. */
+    uint64_t macs;
+    uint64_t macs_conv_fc;   /* the conv and linear part alone (1.81 G, 4.09 G) */
+    size_t act_bytes_per_image;   /* activation arena bytes that scale with the batch */
+    size_t act_bytes_fixed;       /* per-channel saved statistics and the loss */
+} mgt_model_counts;
+
+void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
+
+/* ---- weights ---- */
+
+typedef struct mgt_model_load_options {
+    /* Fine-tuning with another class count: fc.* of the model keep their values and fc.* in
+       the file are ignored; the report says so. */
+    bool skip_fc;
+    /* Tensors in the file that the model lacks are ignored (a checkpoint that also holds
+       optimizer state) instead of being errors. */
+    bool allow_unexpected;
+} mgt_model_load_options;
+
+typedef struct mgt_model_load_report {
+    int loaded;  /* model tensors taken from the file */
+    int skipped; /* model tensors left as they were (skip_fc) */
+    int ignored; /* file tensors not used */
+    /* malloc'd text, caller frees (NULL when there is nothing to say): on a mismatch every
+       mismatch, one per line; after skip_fc a note naming what was skipped. The error text of
+       a failed load holds as many of the mismatches as fit in it, and their count. */
+    char *text;
+} mgt_model_load_report;
+
+/* Loads every table entry from an open file: each name must be there with the table's shape
+   and dtype (F32, I64 for num_batches_tracked), and (unless allowed) no other name may be.
+   Nothing changes unless everything matches. Synchronises s. opts and report may be NULL. */
+mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
+                          const mgt_model_load_options *opts, mgt_model_load_report *report);
+mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *path,
+                                      const mgt_model_load_options *opts,
+                                      mgt_model_load_report *report);
+
+/* Copies params, buffers and counters to a host snapshot (*staging, malloc'd, caller frees
+   after the last save) and adds every table entry to w, borrowing the snapshot, plus metadata
+   arch, classes, in_channels and image_size. The caller may add more (optimizer state) before
+   mgt_st_writer_save. Synchronises s. */
+mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w,
+                                   void **staging);
+/* The state_dict alone, written atomically to path. */
+mgt_status mgt_model_save_safetensors(mgt_model *m, mgt_stream *s, const char *path);
+
+#endif

@@ -1,0 +1,124 @@
+# Loads a state_dict that mgtrain wrote into PyTorch's model with strict=True and checks that
+# PyTorch computes what mgtrain computed: called by tests/test_models.c (test_torch_load).
+#
+# usage: /usr/bin/python3 scripts/check_torch_load.py WEIGHTS.safetensors CHECK.safetensors
+#   WEIGHTS: mgtrain's mgt_model_save_safetensors output (metadata arch, classes, in_channels,
+#            image_size).
+#   CHECK:   mgtrain's answers for that state: input, labels (I32), eval_logits, train_logits,
+#            loss (label smoothing in the metadata), and for every parameter grad.<name>.norm
+#            and grad.<name>.samples (the elements make_model_goldens.sample_index picks), and
+#            for every BN buffer after the training forward stats.<name>.samples.
+# Uses torchvision's model where python3-torchvision is installed, else the classes
+# written out in make_model_goldens.py. Exit status 0: all agree; 1: a mismatch (printed);
+# 77: PyTorch is missing (the C test skips).
+import json
+import math
+import os
+import struct
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    print("check_torch_load: PyTorch is not installed")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_model_goldens as mg  # noqa: E402
+
+DTYPES = {"F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
+TOL_FWD, TOL_GRAD = 2e-5, 5e-4
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    out = {}
+    for name, h in header.items():
+        b, e = h["data_offsets"]
+        t = torch.frombuffer(bytearray(data[base + b:base + e]), dtype=DTYPES[h["dtype"]])
+        out[name] = t.reshape(h["shape"])
+    return out, meta
+
+
+def build(arch, classes, cin):
+    try:
+        import torchvision
+    except ImportError:
+        return mg.build(arch, classes, cin), "make_model_goldens.py's torchvision classes"
+    if arch not in torchvision.models.__dict__:
+        return mg.build(arch, classes, cin), "make_model_goldens.py's CIFAR classes"
+    model = torchvision.models.__dict__[arch](num_classes=classes)
+    if cin != 3:
+        model.conv1 = torch.nn.Conv2d(cin, 64, 7, 2, 3, bias=False)
+    return model, "torchvision " + torchvision.__version__
+
+
+def main():
+    weights, meta = load_safetensors(sys.argv[1])
+    check, cmeta = load_safetensors(sys.argv[2])
+    arch, classes = meta["arch"], int(meta["classes"])
+    model, source = build(arch, classes, int(meta["in_channels"]))
+    model.load_state_dict(weights, strict=True)
+    model = model.double()
+    print("check_torch_load: %s from %s, loaded with strict=True" % (arch, source))
+    x = check["input"].double()
+    labels = check["labels"].long()
+    worst = []
+
+    def rel(name, got, want, scale=None, tol=TOL_FWD):
+        got, want = got.double().reshape(-1), want.double().reshape(-1)
+        s = float(want.abs().max()) if scale is None else scale
+        e = float((got - want).abs().max()) / max(s, 1e-30)
+        worst.append((e / tol, name, e, tol, float(got.abs().max()), float(want.abs().max())))
+
+    model.eval()
+    with torch.no_grad():
+        rel("eval_logits", model(x), check["eval_logits"])
+    model.train()
+    logits = model(x)
+    loss = F.cross_entropy(logits, labels, label_smoothing=float(cmeta["smoothing"]))
+    loss.backward()
+    rel("train_logits", logits.detach(), check["train_logits"])
+    rel("loss", loss.detach(), check["loss"])
+    sd = model.state_dict()
+    params = dict(model.named_parameters())
+    # gradients are judged against their layer's scale: a BN bias gradient can be a sum that
+    # cancels to nothing (exactly 0 where the next BN removes a per-channel shift), which
+    # leaves only rounding noise to compare
+    layer_scale, layer_norm = {}, {}
+    for name, p in params.items():
+        idx = mg.sample_index(name, p.numel())
+        layer = name.rsplit(".", 1)[0]
+        layer_scale[layer] = max(layer_scale.get(layer, 0.0),
+                                 float(p.grad.reshape(-1)[idx].abs().max()))
+        layer_norm[layer] = max(layer_norm.get(layer, 0.0), float(p.grad.norm()))
+    for name, p in params.items():
+        g = p.grad.reshape(-1)
+        idx = mg.sample_index(name, p.numel())
+        rel("grad." + name + ".samples", check["grad." + name + ".samples"], g[idx],
+            scale=layer_scale[name.rsplit(".", 1)[0]], tol=TOL_GRAD)
+        rel("grad." + name + ".norm", check["grad." + name + ".norm"], g.norm().reshape(1),
+            scale=layer_norm[name.rsplit(".", 1)[0]], tol=TOL_GRAD)
+    for name, t in sd.items():
+        if name.endswith("running_mean") or name.endswith("running_var"):
+            idx = mg.sample_index(name, t.numel())
+            rel("stats." + name, check["stats." + name + ".samples"], t.reshape(-1)[idx])
+    worst.sort(reverse=True)
+    for ratio, name, e, tol, g, w in worst[:int(os.environ.get("MGT_CHECK_SHOW", "5"))]:
+        print("  %-50s rel %.3g (tolerance %.0e; max |mgtrain| %.3g, |PyTorch| %.3g)"
+              % (name, e, tol, g, w))
+    if worst[0][0] > 1:
+        print("check_torch_load: MISMATCH at %s" % worst[0][1])
+        return 1
+    print("check_torch_load: %d tensors agree" % len(worst))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+/* `mgtrain model`: a model's layers with their output shapes, its parameter count, forward
+   multiply-accumulates and activation memory per image, without touching any device. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/commands.h"
+#include "mgt/nn.h"
+
+static void model_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mgtrain model --arch NAME [--classes K] [--in-channels C] [--size S] "
+            "[--params]\n"
+            "  --arch         resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision)\n"
+            "                 or resnet20, resnet32, resnet44, resnet56, resnet110 (CIFAR)\n"
+            "  --classes      fc outputs (default 1000; 10 for the CIFAR networks)\n"
+            "  --in-channels  1 or 3 (default 3)\n"
+            "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
+            "  --params       also list every tensor: name, shape, arena and byte offset\n");
+}
+
+static bool parse_int(const char *flag, const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "mgtrain model: %s '%s': expected a whole number from %d to %d\n", flag,
+                s, lo, hi);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+/* 11689512 -> "11,689,512" */
+static const char *grouped(char *buf, size_t size, unsigned long long v)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%llu", v), o = 0;
+    for (int i = 0; i < n && (size_t)o + 2 < size; i++) {
+        if (i && (n - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = tmp[i];
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+static void print_layers(const mgt_model *m)
+{
+    int n;
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    char a[32], b[32], shape[32];
+    printf("%-26s %-9s %-16s %12s %15s\n", "layer", "kind", "output", "params", "MACs");
+    for (int i = 0; i < n; i++) {
+        snprintf(shape, sizeof shape, "%dx%dx%d", l[i].c, l[i].h, l[i].w);
+        printf("%-26s %-9s %-16s %12s %15s\n", l[i].name, l[i].kind, shape,
+               l[i].params ? grouped(a, sizeof a, l[i].params) : "",
+               l[i].macs ? grouped(b, sizeof b, l[i].macs) : "");
+    }
+}
+
+static void print_params(const mgt_model *m)
+{
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    char shape[64];
+    printf("\n%-40s %-20s %-8s %12s\n", "tensor", "shape", "arena", "offset");
+    for (int i = 0; i < n; i++) {
+        size_t o = 0;
+        o += (size_t)snprintf(shape, sizeof shape, "[");
+        for (int d = 0; d < t[i].ndim && o < sizeof shape; d++)
+            o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "",
+                                  (long long)t[i].shape[d]);
+        if (o < sizeof shape)
+            snprintf(shape + o, sizeof shape - o, "]");
+        const char *arena = t[i].role == MGT_MODEL_PARAM    ? "params"
+                            : t[i].role == MGT_MODEL_BUFFER ? "buffers"
+                                                            : "host";
+        printf("%-40s %-20s %-8s %12zu\n", t[i].name, shape, arena, t[i].offset);
+    }
+}
+
+int mgt_app_cmd_model(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"arch", required_argument, NULL, 'a'},
+        {"classes", required_argument, NULL, 'k'},
+        {"in-channels", required_argument, NULL, 'c'},
+        {"size", required_argument, NULL, 's'},
+        {"params", no_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *arch = NULL;
+    int classes = 0, in_channels = 3, size = 0, opt;
+    bool params = false;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'a': arch = optarg; break;
+        case 'k':
+            if (!parse_int("--classes", optarg, 1, 1 << 24, &classes))
+                return 2;
+            break;
+        case 'c':
+            if (!parse_int("--in-channels", optarg, 1, 4, &in_channels))
+                return 2;
+            break;
+        case 's':
+            if (!parse_int("--size", optarg, 1, 8192, &size))
+                return 2;
+            break;
+        case 'p': params = true; break;
+        case 'h': model_usage(stdout); return 0;
+        default:
+            fprintf(stderr, "mgtrain model: unknown or incomplete option '%s'\n",
+                    argv[optind - 1]);
+            model_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "mgtrain model: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!arch) {
+        fprintf(stderr, "mgtrain model: --arch is required\n");
+        model_usage(stderr);
+        return 2;
+    }
+    /* The CIFAR networks are the ones without a 7x7 stem; their natural defaults differ. */
+    bool cifar = strcmp(arch, "resnet20") == 0 || strcmp(arch, "resnet32") == 0 ||
+                 strcmp(arch, "resnet44") == 0 || strcmp(arch, "resnet56") == 0 ||
+                 strcmp(arch, "resnet110") == 0;
+    mgt_model_config cfg = {.arch = arch,
+                            .classes = classes ? classes : cifar ? 10 : 1000,
+                            .in_channels = in_channels,
+                            .image_size = size ? size : cifar ? 32 : 224,
+                            .batch = 1};
+    mgt_model *m;
+    if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
+        fprintf(stderr, "mgtrain model: %s\n", mgt_error_last());
+        return 2;
+    }
+    mgt_model_counts c;
+    mgt_model_get_counts(m, &c);
+    printf("%s: input %dx%dx%d, %d classes\n\n", cfg.arch, cfg.in_channels, cfg.image_size,
+           cfg.image_size, cfg.classes);
+    print_layers(m);
+    if (params)
+        print_params(m);
+    char a[32], b[32];
+    printf("\nparameters:                %s (%.2f M; %.1f MiB fp32)\n",
+           grouped(a, sizeof a, c.params), c.params / 1e6, c.params * 4.0 / 1048576.0);
+    /* G for the ImageNet networks (as torchvision's tables quote them), M for small inputs */
+    double unit = c.macs >= 1000000000ull ? 1e9 : 1e6;
+    const char *un = unit == 1e9 ? "G" : "M";
+    printf("forward MACs per image:    %.2f %s (%s as THOP counts: convolutions, fc, 2 per "
+           "batch-norm element, average pool; convolutions and fc alone %s = %.2f %s)\n",
+           c.macs / unit, un, grouped(a, sizeof a, c.macs), grouped(b, sizeof b, c.macs_conv_fc),
+           c.macs_conv_fc / unit, un);
+    printf("activation memory / image: %.2f MiB (%s bytes: conv and BN outputs, pooling, "
+           "logits and the 3 gradient scratch tensors backward needs; plus %s bytes of "
+           "per-channel statistics per batch)\n",
+           c.act_bytes_per_image / 1048576.0, grouped(a, sizeof a, c.act_bytes_per_image),
+           grouped(b, sizeof b, c.act_bytes_fixed));
+    mgt_model_free(m);
+    return 0;
+}

@@ -1,0 +1,286 @@
+/* A model's weights to and from safetensors files in torchvision's names, staged through host
+   memory: load checks the whole file against the table before it changes anything. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/model_impl.h"
+
+/* A growing text of mismatch lines; a failed allocation only truncates it. */
+typedef struct text {
+    char *s;
+    size_t len, cap;
+    int lines;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void text_add(text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int need = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    t->lines++;
+    if (need < 0)
+        return;
+    if (t->len + (size_t)need + 2 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (t->len + (size_t)need + 2 > cap)
+            cap *= 2;
+        char *s = realloc(t->s, cap);
+        if (!s)
+            return;
+        t->s = s;
+        t->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    t->len += (size_t)need;
+    t->s[t->len++] = '\n';
+    t->s[t->len] = '\0';
+}
+
+static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
+{
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < size)
+        snprintf(buf + n, size - n, "]");
+}
+
+static bool is_fc(const char *name) { return strncmp(name, "fc.", 3) == 0; }
+
+/* The error text holds the first mismatches that fit in it (mgt_error_set keeps 512 bytes);
+   report->text holds them all. */
+static mgt_status mismatch_error(const mgt_model *m, const text *t)
+{
+    char brief[400];
+    size_t n = 0;
+    int shown = 0;
+    const char *p = t->s ? t->s : "";
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (n + len + 3 >= sizeof brief - 40)
+            break;
+        memcpy(brief + n, shown ? "; " : "", shown ? 2 : 0);
+        n += shown ? 2 : 0;
+        memcpy(brief + n, p, len);
+        n += len;
+        shown++;
+        p += len + (nl ? 1 : 0);
+    }
+    brief[n] = '\0';
+    return mgt_error_set(MGT_ERR_INVALID, "weights do not fit %s (%d classes, %d channels): "
+                                          "%d mismatch%s: %s%s",
+                         m->arch, m->cfg.classes, m->cfg.in_channels, t->lines,
+                         t->lines == 1 ? "" : "es", brief,
+                         shown < t->lines ? "; ... (the load report lists all)" : "");
+}
+
+mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
+                          const mgt_model_load_options *opts, mgt_model_load_report *report)
+{
+    mgt_model_load_options none = {0};
+    mgt_model_load_report rep = {0};
+    if (!opts)
+        opts = &none;
+    if (report)
+        *report = rep;
+    mgt_status st = nn_need_device(m, "model load");
+    if (st != MGT_OK)
+        return st;
+    int nf = mgt_st_count(f);
+    bool *used = calloc((size_t)nf + 1, sizeof *used);
+    int *where = malloc(((size_t)m->n_table + 1) * sizeof *where);
+    char *hp = malloc(m->params_bytes), *hb = malloc(m->bufs_bytes ? m->bufs_bytes : 1);
+    text t = {0}, note = {0};
+    if (!used || !where || !hp || !hb) {
+        st = mgt_error_set(MGT_ERR_OOM, "model load: out of host memory");
+        goto done;
+    }
+
+    for (int e = 0; e < m->n_table; e++) {
+        const mgt_model_entry *te = &m->table[e];
+        where[e] = -1;
+        if (opts->skip_fc && is_fc(te->name)) {
+            rep.skipped++;
+            continue;
+        }
+        int i = mgt_st_find(f, te->name);
+        if (i < 0) {
+            text_add(&t, "%s: missing", te->name);
+            continue;
+        }
+        used[i] = true;
+        mgt_st_dtype want = te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32;
+        mgt_st_dtype got = mgt_st_tensor_dtype(f, i);
+        int nd = mgt_st_tensor_ndim(f, i);
+        const int64_t *shape = mgt_st_tensor_shape(f, i);
+        bool same = nd == te->ndim;
+        for (int d = 0; same && d < nd; d++)
+            same = shape[d] == te->shape[d];
+        if (!same) {
+            char a[96], b[96];
+            shape_str(a, sizeof a, nd, shape);
+            shape_str(b, sizeof b, te->ndim, te->shape);
+            text_add(&t, "%s: shape %s in the file, %s expected", te->name, a, b);
+        } else if (got != want) {
+            text_add(&t, "%s: dtype %s in the file, %s expected", te->name,
+                     mgt_st_dtype_name(got), mgt_st_dtype_name(want));
+        } else {
+            where[e] = i;
+        }
+    }
+    for (int i = 0; i < nf; i++) {
+        if (used[i])
+            continue;
+        const char *name = mgt_st_tensor_name(f, i);
+        if ((opts->skip_fc && is_fc(name)) || opts->allow_unexpected)
+            rep.ignored++;
+        else
+            text_add(&t, "%s: unexpected (the model has no such tensor)", name);
+    }
+    if (t.lines) {
+        st = mismatch_error(m, &t);
+        rep.text = t.s;
+        t.s = NULL;
+        goto done;
+    }
+
+    /* The device's current values first, so that what the file does not set (skip_fc) stays. */
+    st = mgt_copy_d2h(s, hp, m->params, m->params_bytes);
+    if (st == MGT_OK && m->bufs_bytes)
+        st = mgt_copy_d2h(s, hb, m->bufs, m->bufs_bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(s, NULL);
+    if (st != MGT_OK)
+        goto done;
+    for (int e = 0; e < m->n_table; e++) {
+        const mgt_model_entry *te = &m->table[e];
+        if (where[e] < 0)
+            continue;
+        const void *src = mgt_st_tensor_data(f, where[e]);
+        size_t bytes = mgt_st_tensor_bytes(f, where[e]);
+        if (te->role == MGT_MODEL_PARAM)
+            memcpy(hp + te->offset, src, bytes);
+        else if (te->role == MGT_MODEL_BUFFER)
+            memcpy(hb + te->offset, src, bytes);
+        else
+            memcpy(&m->bn_counts[te->offset], src, sizeof(int64_t));
+        rep.loaded++;
+    }
+    st = mgt_copy_h2d(s, m->params, hp, m->params_bytes);
+    if (st == MGT_OK && m->bufs_bytes)
+        st = mgt_copy_h2d(s, m->bufs, hb, m->bufs_bytes);
+    mgt_status st2 = mgt_stream_synchronize(s, NULL);
+    if (st == MGT_OK)
+        st = st2;
+    if (st == MGT_OK && rep.skipped) {
+        text_add(&note, "kept the model's own fc.weight and fc.bias (%d classes); the file's "
+                        "fc.* were not loaded (fine-tuning)",
+                 m->cfg.classes);
+        rep.text = note.s;
+        note.s = NULL;
+    }
+
+done:
+    free(t.s);
+    free(note.s);
+    free(used);
+    free(where);
+    free(hp);
+    free(hb);
+    if (report)
+        *report = rep;
+    else
+        free(rep.text);
+    return st;
+}
+
+mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *path,
+                                      const mgt_model_load_options *opts,
+                                      mgt_model_load_report *report)
+{
+    if (report)
+        memset(report, 0, sizeof *report);
+    mgt_st_file *f = NULL;
+    mgt_status st = mgt_st_open(path, &f);
+    if (st != MGT_OK)
+        return st;
+    st = mgt_model_load(m, s, f, opts, report);
+    mgt_st_close(f);
+    if (st != MGT_OK) {
+        char why[480];
+        snprintf(why, sizeof why, "%s", mgt_error_last());
+        mgt_error_set(st, "%s: %s", path, why);
+    }
+    return st;
+}
+
+mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w,
+                                   void **staging)
+{
+    *staging = NULL;
+    mgt_status st = nn_need_device(m, "model save");
+    if (st != MGT_OK)
+        return st;
+    size_t nb = (size_t)m->n_bn * sizeof(int64_t);
+    char *h = malloc(m->params_bytes + m->bufs_bytes + nb);
+    if (!h)
+        return mgt_error_set(MGT_ERR_OOM, "model save: out of host memory");
+    char *hp = h, *hb = h + m->params_bytes, *hc = hb + m->bufs_bytes;
+    st = mgt_copy_d2h(s, hp, m->params, m->params_bytes);
+    if (st == MGT_OK && m->bufs_bytes)
+        st = mgt_copy_d2h(s, hb, m->bufs, m->bufs_bytes);
+    mgt_status st2 = mgt_stream_synchronize(s, NULL);
+    if (st == MGT_OK)
+        st = st2;
+    memcpy(hc, m->bn_counts, nb);
+    for (int e = 0; e < m->n_table && st == MGT_OK; e++) {
+        const mgt_model_entry *te = &m->table[e];
+        const void *data = te->role == MGT_MODEL_PARAM    ? (const void *)(hp + te->offset)
+                           : te->role == MGT_MODEL_BUFFER ? (const void *)(hb + te->offset)
+                                                          : (const void *)(hc + te->offset * 8);
+        st = mgt_st_writer_add(w, te->name,
+                               te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32,
+                               te->ndim, te->shape, data);
+    }
+    char num[3][16];
+    snprintf(num[0], sizeof num[0], "%d", m->cfg.classes);
+    snprintf(num[1], sizeof num[1], "%d", m->cfg.in_channels);
+    snprintf(num[2], sizeof num[2], "%d", m->cfg.image_size);
+    /* "format": "pt" is what PyTorch's safetensors writer stores; some readers look for it. */
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(w, "format", "pt");
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(w, "arch", m->arch);
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(w, "classes", num[0]);
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(w, "in_channels", num[1]);
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(w, "image_size", num[2]);
+    if (st != MGT_OK) {
+        free(h);
+        return st;
+    }
+    *staging = h;
+    return MGT_OK;
+}
+
+mgt_status mgt_model_save_safetensors(mgt_model *m, mgt_stream *s, const char *path)
+{
+    mgt_st_writer *w = NULL;
+    void *staging = NULL;
+    mgt_status st = mgt_st_writer_create(&w);
+    if (st == MGT_OK)
+        st = mgt_model_add_to_writer(m, s, w, &staging);
+    if (st == MGT_OK)
+        st = mgt_st_writer_save(w, path);
+    mgt_st_writer_free(w);
+    free(staging);
+    return st;
+}

@@ -1,0 +1,1194 @@
+/* Tests of the ResNet models: counts against torchvision's, forward / loss / backward / two SGD
+   steps against PyTorch's goldens (tests/data/models, made by scripts/make_model_goldens.py)
+   on a mock device, safetensors round trips and mismatch reports, determinism, partial
+   batches, the gradient-ready hook and initialisation. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "mgt/device.h"
+#include "mgt/nn.h"
+#include "mgt/safetensors.h"
+
+#define DATA_DIR MGT_TEST_DATA_DIR "/models"
+
+/* PyTorch's settings in the goldens (also in each file's metadata) */
+#define LR 0.1f
+#define MOMENTUM 0.9f
+#define WD 5e-4f
+#define SMOOTHING 0.1f
+
+/* Tolerances, relative (see compare): forward values (logits, loss, running stats, parameter
+   norms) agree to ~5e-7 and are held to TOL_FWD; gradients and updates are sums over many
+   terms that mostly cancel and reach ~1e-4 of their layer's scale, held to TOL_GRAD. A
+   transposed weight or a missing gradient path is off by O(1); the unbiased variance used
+   where the biased one belongs moves running_var by 1/(n*h*w - 1) >= 6e-4 and logits by more
+   than TOL_FWD. */
+#define TOL_FWD 2e-5
+#define TOL_GRAD 5e-4
+
+#define OK(call) \
+    do { \
+        mgt_status st_ = (call); \
+        if (st_ != MGT_OK) \
+            fail_msg("%s: %s (%s)", #call, mgt_status_str(st_), mgt_error_last()); \
+    } while (0)
+
+static struct {
+    mgt_devset *set;
+    mgt_device *dev;
+    mgt_stream *s;
+    char tmp[64];
+} E;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    /* MGT_TEST_DEVICE=cuda runs the same checks on CUDA device 0 (with TF32 off: its 10-bit
+       mantissas would fail every tolerance here) */
+    int id = 0;
+    const char *dev = getenv("MGT_TEST_DEVICE");
+    mgt_device_kind kind = dev && strcmp(dev, "cuda") == 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+    if (mgt_devset_open(kind, &id, 1, NULL, &E.set) != MGT_OK) {
+        print_message("cannot open the %s device: %s\n", mgt_device_kind_name(kind),
+                      mgt_error_last());
+        return -1;
+    }
+    E.dev = mgt_devset_device(E.set, 0);
+    if (mgt_stream_create(E.dev, &E.s) != MGT_OK)
+        return -1;
+    snprintf(E.tmp, sizeof E.tmp, "/tmp/mgt_models_XXXXXX");
+    return mkdtemp(E.tmp) ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    mgt_stream_free(E.s);
+    mgt_devset_free(E.set);
+    rmdir(E.tmp);
+    return 0;
+}
+
+static void tmp_path(char *buf, size_t size, const char *name)
+{
+    snprintf(buf, size, "%s/%s", E.tmp, name);
+}
+
+/* ---- host snapshots of a model ---- */
+
+typedef struct snap {
+    char *params, *grads, *bufs;
+    size_t pb, bb;
+    int64_t *counts;
+    int nbn;
+} snap;
+
+static void snap_take(mgt_model *m, snap *s)
+{
+    float *p = mgt_model_params(m, &s->pb), *g = mgt_model_grads(m, NULL);
+    float *b = mgt_model_buffers(m, &s->bb);
+    s->params = malloc(s->pb);
+    s->grads = malloc(s->pb);
+    s->bufs = malloc(s->bb);
+    assert_non_null(s->params);
+    assert_non_null(s->grads);
+    assert_non_null(s->bufs);
+    OK(mgt_copy_d2h(E.s, s->params, p, s->pb));
+    OK(mgt_copy_d2h(E.s, s->grads, g, s->pb));
+    OK(mgt_copy_d2h(E.s, s->bufs, b, s->bb));
+    OK(mgt_stream_synchronize(E.s, NULL));
+    int64_t *c = mgt_model_bn_counts(m, &s->nbn);
+    s->counts = malloc((size_t)s->nbn * sizeof *c);
+    assert_non_null(s->counts);
+    memcpy(s->counts, c, (size_t)s->nbn * sizeof *c);
+}
+
+static void snap_free(snap *s)
+{
+    free(s->params);
+    free(s->grads);
+    free(s->bufs);
+    free(s->counts);
+    memset(s, 0, sizeof *s);
+}
+
+static const float *snap_tensor(const snap *s, const mgt_model_entry *e, bool grad)
+{
+    if (e->role == MGT_MODEL_BUFFER)
+        return (const float *)(s->bufs + e->offset);
+    return (const float *)((grad ? s->grads : s->params) + e->offset);
+}
+
+static void snap_assert_equal(const snap *a, const snap *b, bool grads)
+{
+    assert_int_equal(a->pb, b->pb);
+    assert_int_equal(a->bb, b->bb);
+    assert_int_equal(memcmp(a->params, b->params, a->pb), 0);
+    if (grads)
+        assert_int_equal(memcmp(a->grads, b->grads, a->pb), 0);
+    assert_int_equal(memcmp(a->bufs, b->bufs, a->bb), 0);
+    assert_int_equal(a->nbn, b->nbn);
+    assert_int_equal(memcmp(a->counts, b->counts, (size_t)a->nbn * sizeof(int64_t)), 0);
+}
+
+/* ---- golden files ---- */
+
+static int golden_find(const mgt_st_file *g, const char *name)
+{
+    int i = mgt_st_find(g, name);
+    if (i < 0)
+        fail_msg("golden tensor %s is missing", name);
+    return i;
+}
+
+/* A copy of golden F32 tensor `name`, which must have n elements. */
+static float *golden_f32(const mgt_st_file *g, const char *name, size_t n)
+{
+    int i = golden_find(g, name);
+    assert_int_equal(mgt_st_tensor_dtype(g, i), MGT_ST_F32);
+    if (mgt_st_tensor_numel(g, i) != n)
+        fail_msg("golden %s: %llu elements, %zu expected", name,
+                 (unsigned long long)mgt_st_tensor_numel(g, i), n);
+    float *v = malloc(n * sizeof *v + 1);
+    assert_non_null(v);
+    memcpy(v, mgt_st_tensor_data(g, i), n * sizeof *v);
+    return v;
+}
+
+static int64_t golden_i64(const mgt_st_file *g, const char *name)
+{
+    int i = golden_find(g, name);
+    assert_int_equal(mgt_st_tensor_dtype(g, i), MGT_ST_I64);
+    int64_t v;
+    memcpy(&v, mgt_st_tensor_data(g, i), sizeof v);
+    return v;
+}
+
+/* ---- the hash behind the resnet18 case's weights and samples (see the script) ---- */
+
+static uint32_t fnv1a(const char *s)
+{
+    uint32_t h = 0x811C9DC5u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x01000193u;
+    return h;
+}
+
+static uint32_t fmix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    return x ^ (x >> 16);
+}
+
+static double hash_uniform(uint32_t salt, size_t i)
+{
+    return (double)(fmix32((uint32_t)i * 0x9E3779B1u + salt) >> 8) / 16777216.0;
+}
+
+#define SAMPLES 64
+
+/* The elements a summary golden keeps of a tensor: all of a small one, else SAMPLES hashed
+   positions. Returns the count; idx gets them. */
+static size_t sample_index(const char *name, size_t numel, size_t idx[SAMPLES])
+{
+    if (numel <= SAMPLES) {
+        for (size_t i = 0; i < numel; i++)
+            idx[i] = i;
+        return numel;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "sample:%s", name);
+    uint32_t salt = fnv1a(key);
+    for (size_t i = 0; i < SAMPLES; i++) {
+        size_t j = (size_t)(int64_t)(hash_uniform(salt, i) * (double)numel);
+        idx[i] = j < numel ? j : numel - 1;
+    }
+    return SAMPLES;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Writes the script's hash_weights state_dict for m to path; returns the sum of all values.
+   For Bottleneck networks the BN that meets the identity is bn3 (the script's formula only
+   knows BasicBlocks; test_torch_load uses this one for resnet50). */
+static double write_hash_weights(const mgt_model *m, const char *path)
+{
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    bool bottleneck = false;
+    for (int e = 0; e < n; e++)
+        bottleneck |= strstr(t[e].name, ".bn3.") != NULL;
+    mgt_st_writer *w;
+    OK(mgt_st_writer_create(&w));
+    void **data = calloc((size_t)n, sizeof *data);
+    assert_non_null(data);
+    double fc_in = 0, sum = 0;
+    for (int e = 0; e < n; e++)
+        if (strcmp(t[e].name, "fc.weight") == 0)
+            fc_in = (double)t[e].shape[1];
+    for (int e = 0; e < n; e++) {
+        if (t[e].role == MGT_MODEL_COUNTER) {
+            int64_t *c = calloc(1, sizeof *c);
+            assert_non_null(c);
+            data[e] = c;
+            OK(mgt_st_writer_add(w, t[e].name, MGT_ST_I64, 0, NULL, c));
+            continue;
+        }
+        const char *name = t[e].name;
+        double scale, shift;
+        if (ends_with(name, "running_var"))
+            scale = 0.5, shift = 1.0;
+        else if (ends_with(name, "running_mean"))
+            scale = 0.2, shift = 0.0;
+        else if (strncmp(name, "fc.", 3) == 0)
+            scale = 2.0 / sqrt(fc_in), shift = 0.0;
+        else if (t[e].ndim == 4)
+            scale = sqrt(12.0) * sqrt(2.0 / (double)(t[e].shape[0] * t[e].shape[2] *
+                                                     t[e].shape[3])),
+            shift = 0.0;
+        else if (ends_with(name, ".weight"))
+            scale = 0.2, shift = 0.3;
+        else
+            scale = 1.0, shift = 2.5;
+        /* BN biases of a BN followed by its own ReLU: negative for u < 0.25 (dead channels) */
+        bool final_bn = strstr(name, ".downsample.1.") ||
+                        (strncmp(name, "layer", 5) == 0 &&
+                         strstr(name, bottleneck ? ".bn3." : ".bn2."));
+        bool negate_low = ends_with(name, ".bias") && strncmp(name, "fc.", 3) != 0 && !final_bn;
+        float *v = malloc(t[e].numel * sizeof *v);
+        assert_non_null(v);
+        uint32_t salt = fnv1a(name);
+        for (size_t i = 0; i < t[e].numel; i++) {
+            double u = hash_uniform(salt, i);
+            double a = (u - 0.5) * scale;
+            double b = a + shift;
+            v[i] = (float)(negate_low && u < 0.25 ? -b : b);
+            sum += v[i];
+        }
+        data[e] = v;
+        OK(mgt_st_writer_add(w, t[e].name, MGT_ST_F32, t[e].ndim, t[e].shape, v));
+    }
+    OK(mgt_st_writer_save(w, path));
+    mgt_st_writer_free(w);
+    for (int e = 0; e < n; e++)
+        free(data[e]);
+    free(data);
+    return sum;
+}
+
+/* ---- error bookkeeping ---- */
+
+enum { G_EVAL, G_LOGITS, G_LOSS, G_GRAD, G_GRAD_NORM, G_STATS, G_STEP1, G_STEP2, G_NORM, G_N };
+static const char *const group_names[G_N] = {
+    "eval logits", "train logits (2 steps)", "loss (2 steps)",
+    "step-1 gradients", "gradient L2 norms", "BN running stats (2 steps)",
+    "params after step 1 (update)", "params after step 2 (update)", "param L2 norms"};
+
+typedef struct errs {
+    double abs[G_N], rel[G_N];
+    char worst[G_N][160];
+    int count[G_N];
+} errs;
+
+static void note(errs *e, int g, const char *name, double abs, double rel)
+{
+    /* MGT_TEST_VERBOSE=1 lists every tensor's error */
+    const char *v = getenv("MGT_TEST_VERBOSE");
+    if (v && *v == '1')
+        print_message("    %-60s abs %.3g rel %.3g\n", name, abs, rel);
+    e->count[g]++;
+    if (rel > e->rel[g] || e->count[g] == 1) {
+        e->rel[g] = rel;
+        snprintf(e->worst[g], sizeof e->worst[g], "%s", name);
+    }
+    if (abs > e->abs[g])
+        e->abs[g] = abs;
+}
+
+/* One float32 step at |x|: storing a parameter in float32 rounds it by up to half of this. */
+static double ulp_of(double x)
+{
+    float f = fabsf((float)x);
+    return (double)nextafterf(f, INFINITY) - (double)f;
+}
+
+/* Compares got[idx[i]] with want[i] (n values; idx NULL means i), relative to the largest
+   |want| or to scale_floor when that is larger. With base, compares the updates got - base and
+   want - base, each difference first forgiven 4 float32 steps of the parameter itself (both
+   sides store it rounded; an update far smaller than the parameter cannot be compared more
+   finely than that). */
+static void compare(errs *e, int g, const char *name, const float *got, const float *want,
+                    const float *base, const size_t *idx, size_t n, double scale_floor)
+{
+    double worst = 0, scale = scale_floor;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = idx ? idx[i] : i;
+        double b = base ? base[j] : 0.0;
+        double w = (double)want[i] - b, d = fabs(((double)got[j] - b) - w);
+        if (base)
+            d = fmax(0.0, d - 4.0 * ulp_of(want[i]));
+        if (!(d <= worst)) /* NaN counts as the worst */
+            worst = isnan(d) ? INFINITY : d;
+        if (fabs(w) > scale)
+            scale = fabs(w);
+    }
+    note(e, g, name, worst, scale > 0 ? worst / scale : worst);
+}
+
+/* |L2 norm of got - want|, relative to want or to scale_floor when that is larger. */
+static void compare_norm(errs *e, int g, const char *name, const float *got, size_t n,
+                         float want, double scale_floor)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)got[i] * got[i];
+    double d = fabs(sqrt(s) - want), scale = fmax(want, scale_floor);
+    note(e, g, name, d, scale > 0 ? d / scale : d);
+}
+
+static void errs_print(const char *title, const errs *e)
+{
+    print_message("%s: worst error per group (relative to the largest golden value of the "
+                  "tensor; of its layer for gradients; of the update for parameters)\n",
+                  title);
+    for (int g = 0; g < G_N; g++)
+        if (e->count[g])
+            print_message("  %-30s %3d tensors  max abs %.3g  max rel %.3g  (%s)\n",
+                          group_names[g], e->count[g], e->abs[g], e->rel[g], e->worst[g]);
+}
+
+static double group_tol(int g)
+{
+    return g == G_GRAD || g == G_GRAD_NORM || g == G_STEP1 || g == G_STEP2 ? TOL_GRAD : TOL_FWD;
+}
+
+static void errs_check(const errs *e)
+{
+    for (int g = 0; g < G_N; g++)
+        if (e->count[g] && !(e->rel[g] <= group_tol(g)))
+            fail_msg("%s: relative error %.3g at %s exceeds %.1g", group_names[g], e->rel[g],
+                     e->worst[g], group_tol(g));
+}
+
+/* ---- a training step on the device ---- */
+
+typedef struct hook_log {
+    size_t ready[4096];
+    int n;
+    bool ordered;
+} hook_log;
+
+static mgt_status log_ready(void *ctx, mgt_stream *s, size_t ready)
+{
+    (void)s;
+    hook_log *h = ctx;
+    if (h->n > 0 && ready <= h->ready[h->n - 1])
+        h->ordered = false;
+    if (h->n < 4096)
+        h->ready[h->n++] = ready;
+    return MGT_OK;
+}
+
+/* Input, labels and the momentum buffer of a case, on the device. */
+typedef struct step_io {
+    mgt_buffer *in, *mom;
+    float *x;
+    int32_t *labels;
+    int batch;
+} step_io;
+
+static void io_create(step_io *io, mgt_model *m, const float *x, size_t x_count,
+                      const int32_t *labels, int batch)
+{
+    size_t pb;
+    mgt_model_params(m, &pb);
+    OK(mgt_buffer_alloc(E.dev, x_count * sizeof(float) + (size_t)batch * sizeof(int32_t),
+                        &io->in));
+    OK(mgt_buffer_alloc(E.dev, pb, &io->mom));
+    io->x = mgt_buffer_ptr(io->in);
+    io->labels = (int32_t *)(io->x + x_count);
+    io->batch = batch;
+    OK(mgt_copy_h2d(E.s, io->x, x, x_count * sizeof(float)));
+    OK(mgt_copy_h2d(E.s, io->labels, labels, (size_t)batch * sizeof(int32_t)));
+    OK(mgt_memset(E.s, mgt_buffer_ptr(io->mom), 0, pb));
+    OK(mgt_stream_synchronize(E.s, NULL));
+}
+
+static void io_free(step_io *io)
+{
+    mgt_buffer_free(io->in);
+    mgt_buffer_free(io->mom);
+}
+
+/* zero_grad, training forward, loss, backward, SGD; returns the logits and loss on the host. */
+static void train_step(mgt_model *m, const step_io *io, bool first, float *logits_out,
+                       float *loss_out, hook_log *hook)
+{
+    const float *logits;
+    size_t pb;
+    float *params = mgt_model_params(m, &pb);
+    OK(mgt_model_zero_grad(m, E.s));
+    OK(mgt_model_forward(m, E.s, io->x, io->batch, true, &logits));
+    OK(mgt_model_loss(m, E.s, io->labels, SMOOTHING, NULL));
+    OK(mgt_model_backward(m, E.s, hook ? log_ready : NULL, hook));
+    mgt_sgd_params sp = {.lr = LR, .momentum = MOMENTUM, .weight_decay = WD, .grad_scale = 1.0f,
+                         .first_step = first};
+    OK(mgt_sgd_update(E.s, params, mgt_buffer_ptr(io->mom), mgt_model_grads(m, NULL),
+                      pb / sizeof(float), &sp));
+    if (logits_out)
+        OK(mgt_copy_d2h(E.s, logits_out, logits,
+                        (size_t)io->batch * mgt_model_get_config(m)->classes * sizeof(float)));
+    if (loss_out)
+        OK(mgt_copy_d2h(E.s, loss_out, mgt_model_loss_ptr(m), sizeof(float)));
+    OK(mgt_stream_synchronize(E.s, NULL));
+}
+
+/* ---- the golden cases ---- */
+
+typedef struct golden_case {
+    const char *tag;
+    const char *arch;
+    int classes, in_channels, size, batch;
+    bool hash_weights; /* weights from the formula, and a summary golden */
+} golden_case;
+
+static void run_golden(const golden_case *c)
+{
+    char path[512], wpath[512];
+    mgt_model_config cfg = {.arch = c->arch, .classes = c->classes,
+                            .in_channels = c->in_channels, .image_size = c->size,
+                            .batch = c->batch};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, E.dev, &m));
+    int n_table;
+    const mgt_model_entry *t = mgt_model_table(m, &n_table);
+
+    mgt_st_file *g;
+    snprintf(path, sizeof path, "%s/%s.golden.safetensors", DATA_DIR, c->tag);
+    OK(mgt_st_open(path, &g));
+    if (c->hash_weights) {
+        tmp_path(wpath, sizeof wpath, "hash_weights.safetensors");
+        double sum = write_hash_weights(m, wpath);
+        const char *want = mgt_st_metadata_get(g, "weights_sum");
+        assert_non_null(want);
+        /* float32 values summed in double in a different order: equal to ~1e-12 relative */
+        if (fabs(sum - atof(want)) > 1e-9 * fabs(atof(want)) + 1e-9)
+            fail_msg("hash weights differ from the script's: sum %.17g, golden %s", sum, want);
+    } else {
+        snprintf(wpath, sizeof wpath, "%s/%s.weights.safetensors", DATA_DIR, c->tag);
+    }
+    mgt_model_load_report rep;
+    OK(mgt_model_load_safetensors(m, E.s, wpath, NULL, &rep));
+    assert_int_equal(rep.loaded, n_table);
+    assert_null(rep.text);
+    if (c->hash_weights)
+        unlink(wpath);
+
+    size_t xn = (size_t)c->batch * c->in_channels * c->size * c->size;
+    size_t ln = (size_t)c->batch * c->classes;
+    float *x = golden_f32(g, "input", xn);
+    int li = golden_find(g, "labels");
+    assert_int_equal(mgt_st_tensor_dtype(g, li), MGT_ST_I32);
+    int32_t labels[64];
+    memcpy(labels, mgt_st_tensor_data(g, li), (size_t)c->batch * sizeof(int32_t));
+    step_io io;
+    io_create(&io, m, x, xn, labels, c->batch);
+
+    errs e = {0};
+    snap s0, s1, s2;
+    snap_take(m, &s0);
+    float *logits = malloc(ln * sizeof *logits), loss;
+    assert_non_null(logits);
+
+    /* eval forward with the file's running statistics */
+    const float *dlogits;
+    OK(mgt_model_forward(m, E.s, io.x, c->batch, false, &dlogits));
+    OK(mgt_copy_d2h(E.s, logits, dlogits, ln * sizeof *logits));
+    OK(mgt_stream_synchronize(E.s, NULL));
+    float *want = golden_f32(g, "eval_logits", ln);
+    compare(&e, G_EVAL, "eval_logits", logits, want, NULL, NULL, ln, 0);
+    free(want);
+
+    hook_log hook = {.ordered = true};
+    for (int step = 1; step <= 2; step++) {
+        char name[160];
+        train_step(m, &io, step == 1, logits, &loss, step == 1 ? &hook : NULL);
+        snprintf(name, sizeof name, "step%d.logits", step);
+        want = golden_f32(g, name, ln);
+        compare(&e, G_LOGITS, name, logits, want, NULL, NULL, ln, 0);
+        free(want);
+        snprintf(name, sizeof name, "step%d.loss", step);
+        want = golden_f32(g, name, 1);
+        compare(&e, G_LOSS, name, &loss, want, NULL, NULL, 1, 0);
+        free(want);
+        snap_take(m, step == 1 ? &s1 : &s2);
+    }
+
+    /* the hook: one call per layer with parameters, in arena order, ending at the arena */
+    size_t pb;
+    mgt_model_params(m, &pb);
+    int layers_with_params = 0, n_layers;
+    const mgt_model_layer *ly = mgt_model_layers(m, &n_layers);
+    for (int i = 0; i < n_layers; i++)
+        layers_with_params += ly[i].params > 0;
+    assert_true(hook.ordered);
+    assert_int_equal(hook.n, layers_with_params);
+    assert_int_equal(hook.ready[hook.n - 1], pb);
+
+    /* Gradients are compared relative to their layer's largest golden gradient: a BN's bias
+       gradient is a sum over n*h*w values that mostly cancel (its weight gradient, the same
+       terms times x_hat, does not), so float32 noise that is 1e-6 of the layer's scale can be
+       1e-3 of that small sum. */
+    double *layer_scale = calloc((size_t)n_table, sizeof *layer_scale);
+    double *layer_norm = calloc((size_t)n_table, sizeof *layer_norm);
+    assert_non_null(layer_scale);
+    assert_non_null(layer_norm);
+    size_t idx_all[SAMPLES], *idx;
+    for (int i = 0; i < n_table; i++) {
+        if (t[i].role != MGT_MODEL_PARAM)
+            continue;
+        char name[160];
+        size_t n = c->hash_weights ? sample_index(t[i].name, t[i].numel, idx_all) : t[i].numel;
+        snprintf(name, sizeof name, "grad.%s%s", t[i].name, c->hash_weights ? ".samples" : "");
+        float *gw = golden_f32(g, name, n);
+        double mx = 0;
+        for (size_t k = 0; k < n; k++)
+            mx = fmax(mx, fabs(gw[k]));
+        free(gw);
+        float norm = 0;
+        if (c->hash_weights) {
+            snprintf(name, sizeof name, "grad.%s.norm", t[i].name);
+            memcpy(&norm, mgt_st_tensor_data(g, golden_find(g, name)), sizeof norm);
+        }
+        size_t plen = (size_t)(strrchr(t[i].name, '.') - t[i].name);
+        for (int j = 0; j < n_table; j++)
+            if (strncmp(t[j].name, t[i].name, plen + 1) == 0 &&
+                !strchr(t[j].name + plen + 1, '.')) {
+                layer_scale[j] = fmax(layer_scale[j], mx);
+                layer_norm[j] = fmax(layer_norm[j], norm);
+            }
+    }
+    for (int i = 0; i < n_table; i++) {
+        const mgt_model_entry *te = &t[i];
+        char name[160];
+        size_t n = te->numel;
+        idx = NULL;
+        if (c->hash_weights)
+            n = sample_index(te->name, te->numel, idx = idx_all);
+        const char *suffix = c->hash_weights ? ".samples" : "";
+        if (te->role == MGT_MODEL_COUNTER) {
+            int64_t start = s0.counts[te->offset];
+            assert_int_equal(s1.counts[te->offset], start + 1);
+            assert_int_equal(s2.counts[te->offset], start + 2);
+            snprintf(name, sizeof name, "step2.%s", te->name);
+            assert_int_equal(s2.counts[te->offset], golden_i64(g, name));
+            continue;
+        }
+        if (te->role == MGT_MODEL_BUFFER) {
+            for (int step = c->hash_weights ? 2 : 1; step <= 2; step++) {
+                snprintf(name, sizeof name, "step%d.%s%s", step, te->name, suffix);
+                want = golden_f32(g, name, n);
+                compare(&e, G_STATS, name, snap_tensor(step == 1 ? &s1 : &s2, te, false), want,
+                        NULL, idx, n, 0);
+                free(want);
+            }
+            continue;
+        }
+        const float *p0 = snap_tensor(&s0, te, false);
+        snprintf(name, sizeof name, "grad.%s%s", te->name, suffix);
+        float *gw = golden_f32(g, name, n);
+        compare(&e, G_GRAD, name, snap_tensor(&s1, te, true), gw, NULL, idx, n, layer_scale[i]);
+        /* step 1 from the golden gradient: p1 = p0 - lr (g + wd p0), momentum buffer = d */
+        float *p1 = malloc(n * sizeof *p1);
+        assert_non_null(p1);
+        for (size_t k = 0; k < n; k++) {
+            double p = p0[idx ? idx[k] : k];
+            p1[k] = (float)(p - (double)LR * ((double)gw[k] + (double)WD * p));
+        }
+        snprintf(name, sizeof name, "step1.%s", te->name);
+        compare(&e, G_STEP1, name, snap_tensor(&s1, te, false), p1, p0, idx, n, 0);
+        free(p1);
+        free(gw);
+        snprintf(name, sizeof name, "step2.%s%s", te->name, suffix);
+        want = golden_f32(g, name, n);
+        compare(&e, G_STEP2, name, snap_tensor(&s2, te, false), want, p0, idx, n, 0);
+        free(want);
+        if (c->hash_weights) {
+            float norm;
+            snprintf(name, sizeof name, "grad.%s.norm", te->name);
+            memcpy(&norm, mgt_st_tensor_data(g, golden_find(g, name)), sizeof norm);
+            compare_norm(&e, G_GRAD_NORM, name, snap_tensor(&s1, te, true), te->numel, norm,
+                         layer_norm[i]);
+            snprintf(name, sizeof name, "step2.%s.norm", te->name);
+            memcpy(&norm, mgt_st_tensor_data(g, golden_find(g, name)), sizeof norm);
+            compare_norm(&e, G_NORM, name, snap_tensor(&s2, te, false), te->numel, norm, 0);
+        }
+    }
+    errs_print(c->tag, &e);
+    errs_check(&e);
+    free(layer_scale);
+    free(layer_norm);
+
+    snap_free(&s0);
+    snap_free(&s1);
+    snap_free(&s2);
+    free(logits);
+    free(x);
+    io_free(&io);
+    mgt_st_close(g);
+    mgt_model_free(m);
+}
+
+static void test_golden_resnet20(void **state)
+{
+    (void)state;
+    golden_case c = {"resnet20_1x28x28", "resnet20", 10, 1, 28, 8, false};
+    run_golden(&c);
+}
+
+static void test_golden_resnet18(void **state)
+{
+    (void)state;
+    golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true};
+    run_golden(&c);
+}
+
+/* ---- counts ---- */
+
+static void counts_of(const char *arch, int classes, int cin, int size, mgt_model_counts *c)
+{
+    mgt_model_config cfg = {.arch = arch, .classes = classes, .in_channels = cin,
+                            .image_size = size, .batch = 1};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, NULL, &m));
+    mgt_model_get_counts(m, c);
+    /* the table's parameters add up to the count, the layers' too */
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t sum = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i].role == MGT_MODEL_PARAM)
+            sum += t[i].numel;
+    assert_int_equal(sum, c->params);
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += l[i].params;
+    assert_int_equal(sum, c->params);
+    /* a describing model refuses the step */
+    assert_int_equal(mgt_model_forward(m, E.s, NULL, 1, false, NULL), MGT_ERR_INVALID);
+    mgt_model_free(m);
+}
+
+static void test_counts(void **state)
+{
+    (void)state;
+    mgt_model_counts c;
+    /* torchvision: sum(p.numel()); MACs by THOP's rules (scripts/make_model_goldens.py) */
+    counts_of("resnet18", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 11689512);
+    assert_int_equal(c.macs, 1819066368ull);
+    assert_int_equal(c.macs_conv_fc, 1814073344ull);
+    assert_int_equal((long)lround(c.macs / 1e7), 182);
+    counts_of("resnet50", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 25557032);
+    assert_int_equal(c.macs, 4111514624ull);
+    assert_int_equal(c.macs_conv_fc, 4089184256ull);
+    assert_int_equal((long)lround(c.macs / 1e7), 411);
+    counts_of("resnet20", 10, 1, 28, &c);
+    assert_int_equal(c.params, 272186);
+    assert_int_equal(c.macs, 31332480ull);
+    counts_of("resnet34", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 21797672);
+    counts_of("resnet101", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 44549160);
+    counts_of("resnet152", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 60192808);
+    counts_of("resnet110", 10, 3, 32, &c);
+    assert_true(c.params > 1700000 && c.params < 1750000);
+
+    mgt_model *m;
+    mgt_model_config bad = {.arch = "resnet19", .classes = 10, .in_channels = 3,
+                            .image_size = 32, .batch = 1};
+    assert_int_equal(mgt_model_create(&bad, NULL, &m), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "resnet19"));
+    bad.arch = "resnet20";
+    bad.classes = 0;
+    assert_int_equal(mgt_model_create(&bad, NULL, &m), MGT_ERR_INVALID);
+}
+
+/* ---- weights files ---- */
+
+static mgt_model *golden_resnet20(int classes, int cin, int batch)
+{
+    mgt_model_config cfg = {.arch = "resnet20", .classes = classes, .in_channels = cin,
+                            .image_size = 28, .batch = batch};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, E.dev, &m));
+    return m;
+}
+
+static void test_save_load_round_trip(void **state)
+{
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "round_trip.safetensors");
+    mgt_model *a = golden_resnet20(10, 1, 2), *b = golden_resnet20(10, 1, 2);
+    OK(mgt_model_init(a, E.s, 7));
+    int nbn;
+    int64_t *counts = mgt_model_bn_counts(a, &nbn);
+    for (int i = 0; i < nbn; i++)
+        counts[i] = 1000 + i;
+    OK(mgt_model_save_safetensors(a, E.s, path));
+    OK(mgt_model_init(b, E.s, 8));
+    mgt_model_load_report rep;
+    OK(mgt_model_load_safetensors(b, E.s, path, NULL, &rep));
+    free(rep.text);
+    snap sa, sb;
+    snap_take(a, &sa);
+    snap_take(b, &sb);
+    snap_assert_equal(&sa, &sb, false);
+    snap_free(&sa);
+    snap_free(&sb);
+
+    /* and the file is torchvision's state_dict: names, order, dtypes and metadata */
+    mgt_st_file *f;
+    OK(mgt_st_open(path, &f));
+    int n;
+    const mgt_model_entry *t = mgt_model_table(a, &n);
+    assert_int_equal(mgt_st_count(f), n);
+    for (int i = 0; i < n; i++)
+        assert_string_equal(mgt_st_tensor_name(f, i), t[i].name);
+    assert_string_equal(mgt_st_tensor_name(f, 0), "conv1.weight");
+    assert_string_equal(mgt_st_tensor_name(f, 5), "bn1.num_batches_tracked");
+    assert_int_equal(mgt_st_tensor_dtype(f, 5), MGT_ST_I64);
+    assert_int_equal(mgt_st_tensor_ndim(f, 5), 0);
+    assert_string_equal(mgt_st_metadata_get(f, "arch"), "resnet20");
+    mgt_st_close(f);
+    unlink(path);
+    mgt_model_free(a);
+    mgt_model_free(b);
+}
+
+static void test_load_mismatch(void **state)
+{
+    (void)state;
+    const char *golden = DATA_DIR "/resnet20_1x28x28.weights.safetensors";
+    /* wrong class count and channel count: every mismatch named */
+    mgt_model *m = golden_resnet20(100, 3, 1);
+    OK(mgt_model_init(m, E.s, 1));
+    snap before, after;
+    snap_take(m, &before);
+    mgt_model_load_report rep;
+    assert_int_equal(mgt_model_load_safetensors(m, E.s, golden, NULL, &rep), MGT_ERR_INVALID);
+    const char *err = mgt_error_last();
+    print_message("mismatch error: %s\n", err);
+    assert_non_null(strstr(err, "conv1.weight"));
+    assert_non_null(strstr(err, "fc.weight"));
+    assert_non_null(strstr(err, "fc.bias"));
+    assert_non_null(strstr(err, "3 mismatches"));
+    assert_non_null(rep.text);
+    assert_non_null(strstr(rep.text, "fc.weight: shape [10, 64] in the file, [100, 64] expected"));
+    free(rep.text);
+    /* nothing changed */
+    snap_take(m, &after);
+    snap_assert_equal(&before, &after, false);
+    snap_free(&after);
+    mgt_model_free(m);
+
+    /* skip_fc: fine-tuning from the 10-class weights into 100 classes */
+    m = golden_resnet20(100, 1, 1);
+    OK(mgt_model_init(m, E.s, 1));
+    mgt_model_load_options opts = {.skip_fc = true};
+    OK(mgt_model_load_safetensors(m, E.s, golden, &opts, &rep));
+    assert_int_equal(rep.skipped, 2);
+    assert_int_equal(rep.ignored, 2);
+    assert_non_null(rep.text);
+    assert_non_null(strstr(rep.text, "fc"));
+    print_message("skip_fc note: %s", rep.text);
+    free(rep.text);
+    snap_take(m, &after);
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(t[i].name, "fc.weight") == 0)
+            assert_memory_equal(snap_tensor(&after, &t[i], false),
+                                snap_tensor(&before, &t[i], false), t[i].numel * 4);
+    snap_free(&after);
+    snap_free(&before);
+    mgt_model_free(m);
+
+    /* missing, unexpected and wrong-dtype tensors, in a file rewritten without one tensor */
+    char path[512];
+    tmp_path(path, sizeof path, "mismatch.safetensors");
+    mgt_st_file *f;
+    OK(mgt_st_open(golden, &f));
+    mgt_st_writer *w;
+    OK(mgt_st_writer_create(&w));
+    static const float extra[2] = {1, 2};
+    static const int32_t count32 = 3;
+    for (int i = 0; i < mgt_st_count(f); i++) {
+        const char *name = mgt_st_tensor_name(f, i);
+        if (strcmp(name, "layer2.1.bn1.bias") == 0)
+            continue;
+        if (strcmp(name, "layer1.0.bn1.num_batches_tracked") == 0) {
+            OK(mgt_st_writer_add(w, name, MGT_ST_I32, 0, NULL, &count32));
+            continue;
+        }
+        OK(mgt_st_writer_add(w, name, mgt_st_tensor_dtype(f, i), mgt_st_tensor_ndim(f, i),
+                             mgt_st_tensor_shape(f, i), mgt_st_tensor_data(f, i)));
+    }
+    int64_t shape[1] = {2};
+    OK(mgt_st_writer_add(w, "layer9.extra", MGT_ST_F32, 1, shape, extra));
+    OK(mgt_st_writer_save(w, path));
+    mgt_st_writer_free(w);
+    mgt_st_close(f);
+    m = golden_resnet20(10, 1, 1);
+    assert_int_equal(mgt_model_load_safetensors(m, E.s, path, NULL, &rep), MGT_ERR_INVALID);
+    err = mgt_error_last();
+    print_message("mismatch error: %s\n", err);
+    assert_non_null(strstr(err, "layer2.1.bn1.bias: missing"));
+    assert_non_null(strstr(err, "layer1.0.bn1.num_batches_tracked: dtype I32"));
+    assert_non_null(strstr(err, "layer9.extra: unexpected"));
+    assert_non_null(strstr(err, path));
+    free(rep.text);
+    /* allow_unexpected lets the extra tensor through, not the others */
+    opts = (mgt_model_load_options){.allow_unexpected = true};
+    assert_int_equal(mgt_model_load_safetensors(m, E.s, path, &opts, &rep), MGT_ERR_INVALID);
+    assert_null(strstr(mgt_error_last(), "layer9.extra"));
+    free(rep.text);
+    unlink(path);
+    mgt_model_free(m);
+}
+
+/* ---- determinism, partial batches, init ---- */
+
+static void load_golden20(mgt_model *m)
+{
+    OK(mgt_model_load_safetensors(m, E.s, DATA_DIR "/resnet20_1x28x28.weights.safetensors", NULL,
+                                  NULL));
+}
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    mgt_st_file *g;
+    OK(mgt_st_open(DATA_DIR "/resnet20_1x28x28.golden.safetensors", &g));
+    size_t xn = 8 * 28 * 28;
+    float *x = golden_f32(g, "input", xn);
+    int32_t labels[8];
+    memcpy(labels, mgt_st_tensor_data(g, golden_find(g, "labels")), sizeof labels);
+    mgt_st_close(g);
+
+    snap runs[2];
+    float loss[2][2];
+    for (int r = 0; r < 2; r++) {
+        mgt_model *m = golden_resnet20(10, 1, 8);
+        load_golden20(m);
+        step_io io;
+        io_create(&io, m, x, xn, labels, 8);
+        train_step(m, &io, true, NULL, &loss[r][0], NULL);
+        train_step(m, &io, false, NULL, &loss[r][1], NULL);
+        snap_take(m, &runs[r]);
+        io_free(&io);
+        mgt_model_free(m);
+    }
+    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+    snap_assert_equal(&runs[0], &runs[1], true);
+    snap_free(&runs[0]);
+    snap_free(&runs[1]);
+    free(x);
+}
+
+/* Eval mode treats images independently: a batch of 5 in an arena sized for 8 gives the
+   golden's first 5 rows. */
+static void test_partial_batch(void **state)
+{
+    (void)state;
+    mgt_st_file *g;
+    OK(mgt_st_open(DATA_DIR "/resnet20_1x28x28.golden.safetensors", &g));
+    float *x = golden_f32(g, "input", 8 * 28 * 28);
+    float *want = golden_f32(g, "eval_logits", 80);
+    mgt_st_close(g);
+    mgt_model *m = golden_resnet20(10, 1, 8);
+    load_golden20(m);
+    int32_t labels[8] = {0};
+    step_io io;
+    io_create(&io, m, x, 8 * 28 * 28, labels, 8);
+    const float *dl;
+    float got[80];
+    OK(mgt_model_forward(m, E.s, io.x, 5, false, &dl));
+    OK(mgt_copy_d2h(E.s, got, dl, 50 * sizeof(float)));
+    OK(mgt_stream_synchronize(E.s, NULL));
+    errs e = {0};
+    compare(&e, G_EVAL, "eval_logits[:5]", got, want, NULL, NULL, 50, 0);
+    assert_true(e.rel[G_EVAL] <= TOL_FWD);
+    assert_int_equal(mgt_model_forward(m, E.s, io.x, 9, false, &dl), MGT_ERR_INVALID);
+    /* backward after an eval forward is refused */
+    OK(mgt_model_loss(m, E.s, io.labels, 0.0f, NULL));
+    assert_int_equal(mgt_model_backward(m, E.s, NULL, NULL), MGT_ERR_INVALID);
+    io_free(&io);
+    mgt_model_free(m);
+
+    /* a training batch of 1 where layer4 is 1x1: one value per BN channel, refused */
+    mgt_model_config c18 = {.arch = "resnet18", .classes = 10, .in_channels = 1,
+                            .image_size = 28, .batch = 2};
+    OK(mgt_model_create(&c18, E.dev, &m));
+    OK(mgt_model_init(m, E.s, 3));
+    io_create(&io, m, x, 2 * 28 * 28, labels, 2);
+    assert_int_equal(mgt_model_forward(m, E.s, io.x, 1, true, &dl), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "one value per channel"));
+    print_message("%s\n", mgt_error_last());
+    OK(mgt_model_forward(m, E.s, io.x, 1, false, &dl));
+    OK(mgt_model_forward(m, E.s, io.x, 2, true, &dl));
+    OK(mgt_stream_synchronize(E.s, NULL));
+    io_free(&io);
+    mgt_model_free(m);
+    free(x);
+    free(want);
+}
+
+static void test_init(void **state)
+{
+    (void)state;
+    mgt_model_config cfg = {.arch = "resnet20", .classes = 10, .in_channels = 3,
+                            .image_size = 32, .batch = 1, .zero_init_residual = true};
+    mgt_model *a, *b;
+    OK(mgt_model_create(&cfg, E.dev, &a));
+    OK(mgt_model_create(&cfg, E.dev, &b));
+    OK(mgt_model_init(a, E.s, 42));
+    OK(mgt_model_init(b, E.s, 42));
+    snap sa, sb;
+    snap_take(a, &sa);
+    snap_take(b, &sb);
+    snap_assert_equal(&sa, &sb, false);
+    int n;
+    const mgt_model_entry *t = mgt_model_table(a, &n);
+    for (int i = 0; i < n; i++) {
+        const mgt_model_entry *e = &t[i];
+        if (e->role == MGT_MODEL_COUNTER) {
+            assert_int_equal(sa.counts[e->offset], 0);
+            continue;
+        }
+        const float *v = snap_tensor(&sa, e, false);
+        double sum = 0, sq = 0, mx = 0;
+        for (size_t k = 0; k < e->numel; k++) {
+            sum += v[k];
+            sq += (double)v[k] * v[k];
+            mx = fmax(mx, fabs(v[k]));
+        }
+        double mean = sum / e->numel, sd = sqrt(sq / e->numel - mean * mean);
+        if (e->ndim == 4) {
+            double want = sqrt(2.0 / (double)(e->shape[0] * e->shape[2] * e->shape[3]));
+            assert_true(fabs(mean) < 0.2 * want);
+            if (e->numel >= 2000)
+                assert_true(fabs(sd / want - 1) < 0.1);
+        } else if (strncmp(e->name, "fc.", 3) == 0) {
+            assert_true(mx <= 1 / sqrt(64.0) && mx > 0.5 / sqrt(64.0));
+        } else {
+            bool last_bn = ends_with(e->name, "bn2.weight") && strncmp(e->name, "layer", 5) == 0;
+            float want = ends_with(e->name, "running_var") ||
+                                 (ends_with(e->name, ".weight") && !last_bn)
+                             ? 1.0f
+                             : 0.0f;
+            for (size_t k = 0; k < e->numel; k++)
+                assert_true(v[k] == want);
+        }
+    }
+    /* padding between tensors is zero: the optimizer runs over the whole arena */
+    size_t used = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i].role == MGT_MODEL_PARAM)
+            used += t[i].numel * 4;
+    size_t zeros = 0;
+    for (size_t k = 0; k < sa.pb; k += 4) {
+        float v;
+        memcpy(&v, sa.params + k, 4);
+        zeros += v == 0.0f;
+    }
+    assert_true(zeros >= (sa.pb - used) / 4);
+    OK(mgt_model_init(b, E.s, 43));
+    snap_free(&sb);
+    snap_take(b, &sb);
+    assert_int_not_equal(memcmp(sa.params, sb.params, sa.pb), 0);
+    snap_free(&sa);
+    snap_free(&sb);
+    mgt_model_free(a);
+    mgt_model_free(b);
+}
+
+/* The parameter arena is laid out in backward's completion order: fc first, conv1 last. */
+static void test_layout(void **state)
+{
+    (void)state;
+    mgt_model_config cfg = {.arch = "resnet50", .classes = 1000, .in_channels = 3,
+                            .image_size = 224, .batch = 1};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, NULL, &m));
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t fc = 0, conv1 = 0, l4 = 0, l1 = 0, ds = 0, l4c3 = 0;
+    for (int i = 0; i < n; i++) {
+        if (t[i].role == MGT_MODEL_PARAM)
+            assert_int_equal(t[i].offset % 256, 0);
+        if (!strcmp(t[i].name, "fc.weight"))
+            fc = t[i].offset;
+        if (!strcmp(t[i].name, "conv1.weight"))
+            conv1 = t[i].offset;
+        if (!strcmp(t[i].name, "layer4.2.conv1.weight"))
+            l4 = t[i].offset;
+        if (!strcmp(t[i].name, "layer4.0.conv3.weight"))
+            l4c3 = t[i].offset;
+        if (!strcmp(t[i].name, "layer4.0.downsample.0.weight"))
+            ds = t[i].offset;
+        if (!strcmp(t[i].name, "layer1.0.conv1.weight"))
+            l1 = t[i].offset;
+    }
+    assert_int_equal(fc, 0);
+    assert_true(fc < l4 && l4 < ds && ds < l4c3 && l4c3 < l1 && l1 < conv1);
+    mgt_model_free(m);
+}
+
+/* ---- PyTorch loads what mgtrain writes ---- */
+
+/* resnet50 (the Bottleneck path, which no golden covers) at 3x64x64 (32x32 would leave
+   layer4's BNs 2 values per channel at batch 2, where float32 and float64 part ways): mgtrain
+   writes its state_dict and its own eval logits, training logits, loss, gradient samples and
+   running stats; scripts/check_torch_load.py loads the state_dict into PyTorch's model with
+   strict=True and recomputes them all. Skips where PyTorch is missing. */
+static void test_torch_load(void **state)
+{
+    (void)state;
+    const char *script = MGT_TEST_DATA_DIR "/../../scripts/check_torch_load.py";
+    if (access("/usr/bin/python3", X_OK) != 0 ||
+        system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+        print_message("test_torch_load: skipped: /usr/bin/python3 with torch is not available\n");
+        skip();
+    }
+    char wpath[512], cpath[512], cmd[1700];
+    tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
+    tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
+    enum { B = 2, K = 10, C = 3, S = 64 };
+    mgt_model_config cfg = {.arch = "resnet50", .classes = K, .in_channels = C, .image_size = S,
+                            .batch = B};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, E.dev, &m));
+    write_hash_weights(m, wpath);
+    OK(mgt_model_load_safetensors(m, E.s, wpath, NULL, NULL));
+    int64_t *counts = mgt_model_bn_counts(m, NULL);
+    counts[0] = 5;
+    OK(mgt_model_save_safetensors(m, E.s, wpath));
+
+    static float x[B * C * S * S];
+    uint32_t salt = fnv1a("torch_load input");
+    for (size_t i = 0; i < sizeof x / sizeof *x; i++)
+        x[i] = (float)((hash_uniform(salt, i) - 0.5) * 3.4641016151377544);
+    int32_t labels[B] = {3, 7};
+    step_io io;
+    io_create(&io, m, x, sizeof x / sizeof *x, labels, B);
+    float eval_logits[B * K], train_logits[B * K], loss;
+    const float *dl;
+    OK(mgt_model_forward(m, E.s, io.x, B, false, &dl));
+    OK(mgt_copy_d2h(E.s, eval_logits, dl, sizeof eval_logits));
+    OK(mgt_model_zero_grad(m, E.s));
+    OK(mgt_model_forward(m, E.s, io.x, B, true, &dl));
+    OK(mgt_model_loss(m, E.s, io.labels, SMOOTHING, NULL));
+    OK(mgt_model_backward(m, E.s, NULL, NULL));
+    OK(mgt_copy_d2h(E.s, train_logits, dl, sizeof train_logits));
+    OK(mgt_copy_d2h(E.s, &loss, mgt_model_loss_ptr(m), sizeof loss));
+    OK(mgt_stream_synchronize(E.s, NULL));
+    snap sn;
+    snap_take(m, &sn);
+
+    mgt_st_writer *w;
+    OK(mgt_st_writer_create(&w));
+    int64_t xs[4] = {B, C, S, S}, ls[1] = {B}, gs[2] = {B, K}, one[1] = {1};
+    OK(mgt_st_writer_add(w, "input", MGT_ST_F32, 4, xs, x));
+    OK(mgt_st_writer_add(w, "labels", MGT_ST_I32, 1, ls, labels));
+    OK(mgt_st_writer_add(w, "eval_logits", MGT_ST_F32, 2, gs, eval_logits));
+    OK(mgt_st_writer_add(w, "train_logits", MGT_ST_F32, 2, gs, train_logits));
+    OK(mgt_st_writer_add(w, "loss", MGT_ST_F32, 1, one, &loss));
+    char smoothing[32];
+    snprintf(smoothing, sizeof smoothing, "%.9g", (double)SMOOTHING);
+    OK(mgt_st_writer_set_metadata(w, "smoothing", smoothing));
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    float (*vals)[SAMPLES + 1] = calloc((size_t)n, sizeof *vals);
+    assert_non_null(vals);
+    for (int i = 0; i < n; i++) {
+        if (t[i].role == MGT_MODEL_COUNTER)
+            continue;
+        char name[160];
+        size_t idx[SAMPLES];
+        size_t k = sample_index(t[i].name, t[i].numel, idx);
+        const float *v = snap_tensor(&sn, &t[i], t[i].role == MGT_MODEL_PARAM);
+        double sq = 0;
+        for (size_t j = 0; j < t[i].numel; j++)
+            sq += (double)v[j] * v[j];
+        vals[i][SAMPLES] = (float)sqrt(sq);
+        for (size_t j = 0; j < k; j++)
+            vals[i][j] = v[idx[j]];
+        int64_t ks[1] = {(int64_t)k};
+        if (t[i].role == MGT_MODEL_PARAM) {
+            snprintf(name, sizeof name, "grad.%s.samples", t[i].name);
+            OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, ks, vals[i]));
+            snprintf(name, sizeof name, "grad.%s.norm", t[i].name);
+            OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, one, &vals[i][SAMPLES]));
+        } else {
+            snprintf(name, sizeof name, "stats.%s.samples", t[i].name);
+            OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, ks, vals[i]));
+        }
+    }
+    OK(mgt_st_writer_save(w, cpath));
+    mgt_st_writer_free(w);
+    free(vals);
+    snap_free(&sn);
+    io_free(&io);
+    mgt_model_free(m);
+
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' '%s' '%s' 2>&1", script, wpath, cpath);
+    int rc = system(cmd);
+    unlink(wpath);
+    unlink(cpath);
+    if (rc == -1 || !WIFEXITED(rc))
+        fail_msg("could not run %s", cmd);
+    if (WEXITSTATUS(rc) == 77) {
+        print_message("test_torch_load: skipped: PyTorch is missing\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(rc), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_counts),
+        cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_init),
+        cmocka_unit_test(test_golden_resnet20),
+        cmocka_unit_test(test_golden_resnet18),
+        cmocka_unit_test(test_save_load_round_trip),
+        cmocka_unit_test(test_load_mismatch),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_partial_batch),
+        cmocka_unit_test(test_torch_load),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
