@@ -1,0 +1,386 @@
+/* The CUDA backend's table: maps mgt_backend_i onto the CUDA C++ code behind cuda_impl.h. */
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "device/backend.h"
+#include "device/cuda/cuda_impl.h"
+
+/* ---- waits ----
+   A host wait polls (cudaStreamQuery / cudaEventQuery) instead of blocking in the driver,
+   so that a raised abort flag is seen. It yields for the first polls (most GPU waits in a
+   step are short and a sleep would add its own latency), then sleeps with a growing pause
+   capped at half a millisecond, well inside MGT_WAIT_SLICE_MS. */
+
+typedef mgt_status (*poll_fn)(void *h, int *done);
+
+static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, int index)
+{
+    long pause_ns = 2000;
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        mgt_status st = poll(h, &done);
+        if (st != MGT_OK)
+            return st;
+        if (done)
+            return MGT_OK;
+        if (mgt_abort_is_raised(abort))
+            return mgt_error_set(MGT_ERR_ABORTED, "cuda device %d: wait left: abort raised", index);
+        if (polls < 64) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL);
+        if (pause_ns < 500000)
+            pause_ns *= 2;
+    }
+}
+
+static mgt_status poll_stream(void *h, int *done) { return mgt_cuda_stream_query(h, done); }
+static mgt_status poll_event(void *h, int *done) { return mgt_cuda_event_query(h, done); }
+static mgt_status poll_device(void *h, int *done) { return mgt_cuda_dev_query(h, done); }
+
+/* ---- devices ---- */
+
+static mgt_status reserve_hook(void *owner, size_t bytes, const char *what)
+{
+    return mgt_device_reserve(owner, bytes, what);
+}
+
+static void unreserve_hook(void *owner, size_t bytes) { mgt_device_unreserve(owner, bytes); }
+
+static int cuda_device_count(void) { return mgt_cuda_device_count(); }
+
+static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_mock_options *mock)
+{
+    (void)mock;
+    static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook};
+    void **owners = malloc((size_t)set->n * sizeof *owners);
+    if (owners == NULL)
+        return mgt_error_set(MGT_ERR_OOM, "cuda: out of host memory opening %d device(s)", set->n);
+    for (int i = 0; i < set->n; i++)
+        owners[i] = &set->devs[i];
+    mgt_cuda_set *impl = NULL;
+    mgt_status st = mgt_cuda_set_open(ids, set->n, &hooks, owners, &impl);
+    free(owners);
+    if (st != MGT_OK)
+        return st;
+    for (int i = 0; i < set->n; i++) {
+        mgt_device *d = &set->devs[i];
+        d->impl = mgt_cuda_set_dev(impl, i);
+        mgt_cuda_dev_describe(d->impl, d->name, sizeof d->name, &d->total_mem);
+    }
+    set->impl = impl;
+    return MGT_OK;
+}
+
+static void cuda_devset_close(mgt_devset *set)
+{
+    mgt_cuda_set_close(set->impl);
+    set->impl = NULL;
+    for (int i = 0; i < set->n; i++)
+        set->devs[i].impl = NULL;
+}
+
+static bool cuda_can_access_peer(const mgt_devset *set, int i, int j)
+{
+    return mgt_cuda_set_peer(set->impl, i, j) != 0;
+}
+
+/* ---- memory ---- */
+
+static mgt_status cuda_alloc(mgt_device *d, size_t bytes, void **ptr)
+{
+    return mgt_cuda_alloc(d->impl, bytes, ptr);
+}
+
+static void cuda_free(mgt_device *d, void *ptr) { mgt_cuda_free(d->impl, ptr); }
+
+static mgt_status cuda_host_alloc(mgt_device *d, size_t bytes, void **ptr)
+{
+    return mgt_cuda_host_alloc(d->impl, bytes, ptr);
+}
+
+static void cuda_host_free(mgt_device *d, void *ptr) { mgt_cuda_host_free(d->impl, ptr); }
+
+/* ---- streams and events ---- */
+
+static mgt_status cuda_stream_create(mgt_stream *s)
+{
+    mgt_cuda_stream *impl = NULL;
+    mgt_status st = mgt_cuda_stream_create(s->dev->impl, &impl);
+    if (st == MGT_OK)
+        s->impl = impl;
+    return st;
+}
+
+static void cuda_stream_destroy(mgt_stream *s)
+{
+    mgt_cuda_stream_destroy(s->impl);
+    s->impl = NULL;
+}
+
+static mgt_status cuda_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
+{
+    return poll_wait(poll_stream, s->impl, abort, s->dev->index);
+}
+
+static mgt_status cuda_device_synchronize(mgt_device *d, const mgt_abort *abort)
+{
+    return poll_wait(poll_device, d->impl, abort, d->index);
+}
+
+static mgt_status cuda_event_create(mgt_event *e)
+{
+    mgt_cuda_event *impl = NULL;
+    mgt_status st = mgt_cuda_event_create(e->dev->impl, &impl);
+    if (st == MGT_OK)
+        e->impl = impl;
+    return st;
+}
+
+static void cuda_event_destroy(mgt_event *e)
+{
+    mgt_cuda_event_destroy(e->impl);
+    e->impl = NULL;
+}
+
+static mgt_status cuda_event_record(mgt_event *e, mgt_stream *s)
+{
+    return mgt_cuda_event_record(e->impl, s->impl);
+}
+
+static mgt_status cuda_stream_wait_event(mgt_stream *s, mgt_event *e)
+{
+    return mgt_cuda_stream_wait_event(s->impl, e->impl);
+}
+
+static mgt_status cuda_event_synchronize(mgt_event *e, const mgt_abort *abort)
+{
+    return poll_wait(poll_event, e->impl, abort, e->dev->index);
+}
+
+static mgt_status cuda_event_query(mgt_event *e, bool *done)
+{
+    int d = 0;
+    mgt_status st = mgt_cuda_event_query(e->impl, &d);
+    *done = d != 0;
+    return st;
+}
+
+static mgt_status cuda_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
+{
+    return mgt_cuda_event_elapsed(start->impl, end->impl, ms);
+}
+
+/* ---- copies ---- */
+
+static mgt_status cuda_memset(mgt_stream *s, void *dst, int value, size_t bytes)
+{
+    return mgt_cuda_memset(s->impl, dst, value, bytes);
+}
+
+static mgt_status cuda_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
+                            size_t bytes)
+{
+    int k = kind == MGT_COPY_H2D   ? MGT_CUDA_COPY_H2D
+            : kind == MGT_COPY_D2H ? MGT_CUDA_COPY_D2H
+                                   : MGT_CUDA_COPY_D2D;
+    return mgt_cuda_copy(s->impl, k, dst, src, bytes);
+}
+
+static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
+                                 size_t bytes)
+{
+    return mgt_cuda_copy_peer(s->impl, dst, src_dev->impl, src, bytes);
+}
+
+/* ---- kernels ---- */
+
+static mgt_cuda_conv conv_of(const mgt_conv2d_shape *sh)
+{
+    mgt_cuda_conv c = {
+        .n = sh->n,
+        .c = sh->c,
+        .h = sh->h,
+        .w = sh->w,
+        .k = sh->k,
+        .r = sh->r,
+        .s = sh->s,
+        .stride_h = sh->stride_h,
+        .stride_w = sh->stride_w,
+        .pad_h = sh->pad_h,
+        .pad_w = sh->pad_w,
+        .groups = sh->groups,
+    };
+    return c;
+}
+
+static mgt_cuda_pool pool_of(const mgt_pool2d_shape *sh)
+{
+    mgt_cuda_pool p = {
+        .n = sh->n,
+        .c = sh->c,
+        .h = sh->h,
+        .w = sh->w,
+        .kh = sh->kh,
+        .kw = sh->kw,
+        .stride_h = sh->stride_h,
+        .stride_w = sh->stride_w,
+        .pad_h = sh->pad_h,
+        .pad_w = sh->pad_w,
+    };
+    return p;
+}
+
+static mgt_cuda_bn bn_of(const mgt_bn_shape *sh)
+{
+    mgt_cuda_bn b = {
+        .n = sh->n, .c = sh->c, .hw = sh->hw, .eps = sh->eps, .momentum = sh->momentum};
+    return b;
+}
+
+static mgt_cuda_sgd sgd_of(const mgt_sgd_params *p)
+{
+    mgt_cuda_sgd g = {
+        .lr = p->lr,
+        .momentum = p->momentum,
+        .dampening = p->dampening,
+        .weight_decay = p->weight_decay,
+        .grad_scale = p->grad_scale,
+        .nesterov = p->nesterov ? 1 : 0,
+        .first_step = p->first_step ? 1 : 0,
+    };
+    return g;
+}
+
+static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
+{
+    mgt_cuda_stream *cs = s->impl;
+    switch (op->kind) {
+    case MGT_OP_FILL:
+        return mgt_cuda_fill(cs, op->u.fill.x, op->u.fill.value, op->u.fill.n);
+    case MGT_OP_SCALE:
+        return mgt_cuda_scale(cs, op->u.scale.x, op->u.scale.alpha, op->u.scale.n);
+    case MGT_OP_AXPY:
+        return mgt_cuda_axpy(cs, op->u.axpy.y, op->u.axpy.alpha, op->u.axpy.x, op->u.axpy.n);
+    case MGT_OP_SUM:
+        return mgt_cuda_sum(cs, op->u.sum.out, op->u.sum.x, op->u.sum.n);
+    case MGT_OP_ADD:
+        return mgt_cuda_add(cs, op->u.add.y, op->u.add.a, op->u.add.b, op->u.add.n);
+    case MGT_OP_GEMM:
+        return mgt_cuda_gemm(cs, op->u.gemm.trans_a, op->u.gemm.trans_b, op->u.gemm.m, op->u.gemm.n,
+                             op->u.gemm.k, op->u.gemm.alpha, op->u.gemm.a, op->u.gemm.lda,
+                             op->u.gemm.b, op->u.gemm.ldb, op->u.gemm.beta, op->u.gemm.c,
+                             op->u.gemm.ldc);
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER: {
+        int dir = op->kind == MGT_OP_CONV2D_FWD        ? MGT_CUDA_CONV_FWD
+                  : op->kind == MGT_OP_CONV2D_BWD_DATA ? MGT_CUDA_CONV_BWD_DATA
+                                                       : MGT_CUDA_CONV_BWD_FILTER;
+        mgt_cuda_conv c = conv_of(&op->u.conv.sh);
+        return mgt_cuda_conv2d(cs, dir, op->u.conv.out, op->u.conv.in1, op->u.conv.in2, &c,
+                               op->u.conv.beta);
+    }
+    case MGT_OP_BN_FWD_TRAIN: {
+        mgt_cuda_bn b = bn_of(&op->u.bn_train.sh);
+        return mgt_cuda_bn_forward_train(cs, op->u.bn_train.y, op->u.bn_train.save_mean,
+                                         op->u.bn_train.save_invstd, op->u.bn_train.running_mean,
+                                         op->u.bn_train.running_var, op->u.bn_train.x,
+                                         op->u.bn_train.gamma, op->u.bn_train.beta, &b);
+    }
+    case MGT_OP_BN_FWD_EVAL: {
+        mgt_cuda_bn b = bn_of(&op->u.bn_eval.sh);
+        return mgt_cuda_bn_forward_eval(cs, op->u.bn_eval.y, op->u.bn_eval.x, op->u.bn_eval.gamma,
+                                        op->u.bn_eval.beta, op->u.bn_eval.running_mean,
+                                        op->u.bn_eval.running_var, &b);
+    }
+    case MGT_OP_BN_BWD: {
+        mgt_cuda_bn b = bn_of(&op->u.bn_bwd.sh);
+        return mgt_cuda_bn_backward(cs, op->u.bn_bwd.dx, op->u.bn_bwd.dgamma, op->u.bn_bwd.dbeta,
+                                    op->u.bn_bwd.dy, op->u.bn_bwd.x, op->u.bn_bwd.gamma,
+                                    op->u.bn_bwd.save_mean, op->u.bn_bwd.save_invstd, &b);
+    }
+    case MGT_OP_RELU_FWD:
+        return mgt_cuda_relu_forward(cs, op->u.relu_fwd.y, op->u.relu_fwd.x, op->u.relu_fwd.n);
+    case MGT_OP_RELU_BWD:
+        return mgt_cuda_relu_backward(cs, op->u.relu_bwd.dx, op->u.relu_bwd.dy, op->u.relu_bwd.y,
+                                      op->u.relu_bwd.n);
+    case MGT_OP_MAXPOOL_FWD: {
+        mgt_cuda_pool p = pool_of(&op->u.maxpool_fwd.sh);
+        return mgt_cuda_maxpool_forward(cs, op->u.maxpool_fwd.y, op->u.maxpool_fwd.x, &p);
+    }
+    case MGT_OP_MAXPOOL_BWD: {
+        /* y is not needed: the argmax is recomputed from x with the raster-order tie rule. */
+        mgt_cuda_pool p = pool_of(&op->u.maxpool_bwd.sh);
+        return mgt_cuda_maxpool_backward(cs, op->u.maxpool_bwd.dx, op->u.maxpool_bwd.dy,
+                                         op->u.maxpool_bwd.x, &p);
+    }
+    case MGT_OP_AVGPOOL_FWD:
+        return mgt_cuda_avgpool_forward(cs, op->u.avgpool_fwd.y, op->u.avgpool_fwd.x,
+                                        op->u.avgpool_fwd.n, op->u.avgpool_fwd.c,
+                                        op->u.avgpool_fwd.hw);
+    case MGT_OP_AVGPOOL_BWD:
+        return mgt_cuda_avgpool_backward(cs, op->u.avgpool_bwd.dx, op->u.avgpool_bwd.dy,
+                                         op->u.avgpool_bwd.n, op->u.avgpool_bwd.c,
+                                         op->u.avgpool_bwd.hw);
+    case MGT_OP_BIAS_FWD:
+        return mgt_cuda_bias_forward(cs, op->u.bias_fwd.y, op->u.bias_fwd.bias, op->u.bias_fwd.rows,
+                                     op->u.bias_fwd.cols);
+    case MGT_OP_BIAS_BWD:
+        return mgt_cuda_bias_backward(cs, op->u.bias_bwd.dbias, op->u.bias_bwd.dy,
+                                      op->u.bias_bwd.rows, op->u.bias_bwd.cols);
+    case MGT_OP_XENT_FWD:
+        return mgt_cuda_xent_forward(cs, op->u.xent_fwd.loss, op->u.xent_fwd.probs,
+                                     op->u.xent_fwd.logits, op->u.xent_fwd.labels, op->u.xent_fwd.n,
+                                     op->u.xent_fwd.classes, op->u.xent_fwd.smoothing);
+    case MGT_OP_XENT_BWD:
+        return mgt_cuda_xent_backward(cs, op->u.xent_bwd.dlogits, op->u.xent_bwd.probs,
+                                      op->u.xent_bwd.labels, op->u.xent_bwd.n,
+                                      op->u.xent_bwd.classes, op->u.xent_bwd.smoothing,
+                                      op->u.xent_bwd.scale);
+    case MGT_OP_TOPK:
+        return mgt_cuda_topk(cs, op->u.topk.count, op->u.topk.logits, op->u.topk.labels,
+                             op->u.topk.n, op->u.topk.classes, op->u.topk.k);
+    case MGT_OP_SGD: {
+        mgt_cuda_sgd g = sgd_of(&op->u.sgd.p);
+        return mgt_cuda_sgd_update(cs, op->u.sgd.param, op->u.sgd.momentum_buf, op->u.sgd.grad,
+                                   op->u.sgd.n, &g);
+    }
+    case MGT_OP_COUNT:
+        break;
+    }
+    return mgt_error_set(MGT_ERR_UNSUPPORTED, "cuda: op kind %d is not supported", (int)op->kind);
+}
+
+static const mgt_backend_i cuda_backend = {
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .devset_open = cuda_devset_open,
+    .devset_close = cuda_devset_close,
+    .can_access_peer = cuda_can_access_peer,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .device_synchronize = cuda_device_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
+    .event_elapsed_ms = cuda_event_elapsed_ms,
+    .memset = cuda_memset,
+    .copy = cuda_copy,
+    .copy_peer = cuda_copy_peer,
+    .supports_op = NULL,
+    .launch = cuda_launch,
+};
+
+const mgt_backend_i *mgt_backend_cuda(void) { return &cuda_backend; }

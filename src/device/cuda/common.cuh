@@ -1,0 +1,154 @@
+// The CUDA backend's private C++ state and error plumbing, shared by its .cu files only.
+#ifndef MGT_DEVICE_CUDA_COMMON_CUH
+#define MGT_DEVICE_CUDA_COMMON_CUH
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "device/cuda/cuda_impl.h"
+
+// Codes a kernel writes into its replica's error flag (see mgt_cuda_dev::flag).
+enum mgt_cuda_flag_code {
+    MGT_CUDA_FLAG_NONE = 0,
+    MGT_CUDA_FLAG_XENT_FWD_LABEL = 1,
+    MGT_CUDA_FLAG_XENT_BWD_LABEL = 2,
+    MGT_CUDA_FLAG_TOPK_LABEL = 3,
+};
+// Slots of the flag array: the code is stored last so the host never sees it without the
+// row and label beside it.
+enum { MGT_CUDA_FLAG_CODE, MGT_CUDA_FLAG_ROW, MGT_CUDA_FLAG_LABEL, MGT_CUDA_FLAG_CLASSES,
+       MGT_CUDA_FLAG_CLAIM, MGT_CUDA_FLAG_SLOTS = 8 };
+
+struct mgt_cuda_options {
+    bool no_p2p;        // MGT_NO_P2P=1: every peer copy is staged by the dispatch layer
+    bool tf32;          // MGT_TF32=1: cuBLAS and cuDNN may use TF32 tensor cores
+    bool deterministic; // MGT_DETERMINISTIC=1: only deterministic cuDNN algorithms
+    bool sync;          // MGT_CUDA_SYNC=1: synchronise after every enqueued call
+    size_t find_ws_cap; // most workspace a cuDNN algorithm search may try (bytes)
+};
+
+// One cached convolution algorithm choice: the candidates in order of measured speed.
+struct mgt_cuda_algo {
+    int algo;
+    size_t memory;
+    cudnnMathType_t math;
+};
+
+struct mgt_cuda_set {
+    int n;
+    mgt_cuda_dev **devs;
+    mgt_cuda_options opt;
+    std::vector<unsigned char> peer; // n*n, replica i -> j may copy directly
+    std::vector<double> peer_gbps;   // n*n, measured at open where direct
+    // Algorithms per (gpu, direction, shape): chosen once by cudnnFind*Ex and shared by
+    // every replica, so replicas on one GPU run the same kernels.
+    std::mutex algo_lock;
+    std::map<std::vector<int>, std::vector<mgt_cuda_algo>> algos;
+};
+
+struct mgt_cuda_dev {
+    mgt_cuda_set *set;
+    int index; // position in the set
+    int gpu;   // CUDA device ordinal
+    int replicas_on_gpu;
+    char name[128];
+    size_t total_mem;
+    mgt_cuda_hooks hooks;
+    void *owner;
+
+    // The caching allocator: blocks freed by the program stay allocated and go back out
+    // to the next request of a near size, so a steady step loop never calls cudaMalloc.
+    std::mutex mem_lock;
+    std::multimap<size_t, void *> free_blocks; // size -> block
+    std::unordered_map<void *, size_t> live;   // block -> size, handed out now
+    size_t cached_bytes;
+
+    std::mutex streams_lock;
+    std::vector<mgt_cuda_stream *> streams;
+
+    // Mapped pinned host ints that kernels set on bad input (a label out of range); the
+    // host reads them without a copy after a wait. Slots as MGT_CUDA_FLAG_*.
+    int *flag_host;
+    int *flag_dev;
+
+    // A failure while work ran is sticky, as CUDA's own faults are.
+    std::atomic<int> sticky;
+    std::mutex sticky_lock;
+    char sticky_text[384];
+};
+
+struct mgt_cuda_stream {
+    mgt_cuda_dev *dev;
+    cudaStream_t stream;
+    // Library handles are per stream (not per device) so that threads driving different
+    // streams of one replica never share a handle; made on first use.
+    cublasHandle_t blas;
+    cudnnHandle_t dnn;
+    cudnnTensorDescriptor_t xd, yd, bnd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    // cuDNN workspace and small kernel scratch, from the allocator; used in stream order.
+    void *ws;
+    size_t ws_bytes;
+    void *scratch;
+    size_t scratch_bytes;
+};
+
+struct mgt_cuda_event {
+    mgt_cuda_dev *dev;
+    cudaEvent_t event;
+};
+
+// Turns a failed call into MGT_ERR_DEVICE (MGT_ERR_OOM for allocation failures) with the
+// call text, file, line and the replica; `waiting` marks results of a wait or query, which
+// report faults of earlier work and so make the replica's error sticky.
+mgt_status mgt_cuda_fail_rt(mgt_cuda_dev *d, cudaError_t e, const char *call, const char *file,
+                            int line, bool waiting);
+mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call,
+                              const char *file, int line);
+mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
+                             const char *file, int line);
+
+#define MGT_CUDA_TRY(d, call)                                                                 \
+    do {                                                                                      \
+        cudaError_t mgt_e_ = (call);                                                          \
+        if (mgt_e_ != cudaSuccess)                                                            \
+            return mgt_cuda_fail_rt((d), mgt_e_, #call, __FILE__, __LINE__, false);           \
+    } while (0)
+#define MGT_CUBLAS_TRY(d, call)                                                               \
+    do {                                                                                      \
+        cublasStatus_t mgt_e_ = (call);                                                       \
+        if (mgt_e_ != CUBLAS_STATUS_SUCCESS)                                                  \
+            return mgt_cuda_fail_blas((d), mgt_e_, #call, __FILE__, __LINE__);               \
+    } while (0)
+#define MGT_CUDNN_TRY(d, call)                                                                \
+    do {                                                                                      \
+        cudnnStatus_t mgt_e_ = (call);                                                        \
+        if (mgt_e_ != CUDNN_STATUS_SUCCESS)                                                   \
+            return mgt_cuda_fail_dnn((d), mgt_e_, #call, __FILE__, __LINE__);                \
+    } while (0)
+
+// Returns the replica's sticky error (or a raised kernel flag, made sticky) if any; every
+// entry point starts with it, so that later calls on a failed replica fail too.
+mgt_status mgt_cuda_dev_check(mgt_cuda_dev *d);
+// Makes the current CUDA device s's GPU and checks stickiness.
+mgt_status mgt_cuda_enter(mgt_cuda_stream *s);
+// After enqueueing `what` on s: reports launch errors, and under MGT_CUDA_SYNC waits for
+// the stream so that a fault is pinned to this call.
+mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file, int line);
+#define MGT_CUDA_AFTER(s, what) mgt_cuda_after((s), (what), __FILE__, __LINE__)
+
+// Allocator paths for the backend's own buffers (workspace, scratch).
+mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out);
+void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr);
+// Makes s->scratch at least `bytes`; growing waits for the GPU (rare: first steps only).
+mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes);
+
+#endif

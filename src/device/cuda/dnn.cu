@@ -1,0 +1,417 @@
+// The CUDA backend's library kernels: gemm through cuBLAS, convolution and batch norm
+// through cuDNN's legacy API, with algorithms chosen once per shape and cached.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "device/cuda/common.cuh"
+
+#define MGT_ENTER(s)                                                                          \
+    do {                                                                                      \
+        mgt_status st_ = mgt_cuda_enter(s);                                                   \
+        if (st_ != MGT_OK)                                                                    \
+            return st_;                                                                       \
+    } while (0)
+
+// ---- handles, made on first use per stream ----
+
+static mgt_status ensure_blas(mgt_cuda_stream *s)
+{
+    if (s->blas != NULL)
+        return MGT_OK;
+    mgt_cuda_dev *d = s->dev;
+    cublasHandle_t h = NULL;
+    MGT_CUBLAS_TRY(d, cublasCreate(&h));
+    // Stream first: cublasSetStream resets any workspace set before it.
+    cublasStatus_t e = cublasSetStream(h, s->stream);
+    if (e == CUBLAS_STATUS_SUCCESS)
+        // FP32 stays FP32 unless MGT_TF32=1: results must match the CPU reference.
+        e = cublasSetMathMode(h, d->set->opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                  : CUBLAS_DEFAULT_MATH);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(h);
+        return mgt_cuda_fail_blas(d, e, "cublasSetStream/cublasSetMathMode", __FILE__, __LINE__);
+    }
+    s->blas = h;
+    return MGT_OK;
+}
+
+static mgt_status ensure_dnn(mgt_cuda_stream *s)
+{
+    if (s->dnn != NULL)
+        return MGT_OK;
+    mgt_cuda_dev *d = s->dev;
+    // Descriptors first and kept per stream (set per call, never created in the step loop);
+    // stream_destroy frees whatever of them exists.
+    if (s->xd == NULL)
+        MGT_CUDNN_TRY(d, cudnnCreateTensorDescriptor(&s->xd));
+    if (s->yd == NULL)
+        MGT_CUDNN_TRY(d, cudnnCreateTensorDescriptor(&s->yd));
+    if (s->bnd == NULL)
+        MGT_CUDNN_TRY(d, cudnnCreateTensorDescriptor(&s->bnd));
+    if (s->wd == NULL)
+        MGT_CUDNN_TRY(d, cudnnCreateFilterDescriptor(&s->wd));
+    if (s->cd == NULL)
+        MGT_CUDNN_TRY(d, cudnnCreateConvolutionDescriptor(&s->cd));
+    cudnnHandle_t h = NULL;
+    MGT_CUDNN_TRY(d, cudnnCreate(&h));
+    cudnnStatus_t e = cudnnSetStream(h, s->stream);
+    if (e != CUDNN_STATUS_SUCCESS) {
+        cudnnDestroy(h);
+        return mgt_cuda_fail_dnn(d, e, "cudnnSetStream", __FILE__, __LINE__);
+    }
+    s->dnn = h;
+    return MGT_OK;
+}
+
+// ---- gemm ----
+
+// Our matrices are row-major; cuBLAS reads column-major. A row-major X [r, c] with row
+// stride ld is, read column-major with leading dimension ld, the matrix X^T. So
+//   C = op(A) op(B)   (row-major, C [m, n])
+// is computed as
+//   C^T = op(B)^T op(A)^T   (column-major, C^T [n, m], ldc)
+// i.e. cuBLAS's "A" is our B (ldb) with our trans_b, its "B" is our A (lda) with our
+// trans_a, and its M, N, K are our n, m, k.
+mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, int trans_a, int trans_b, int m, int n, int k,
+                         float alpha, const float *a, int lda, const float *b, int ldb,
+                         float beta, float *c, int ldc)
+{
+    MGT_ENTER(s);
+    mgt_status st = ensure_blas(s);
+    if (st != MGT_OK)
+        return st;
+    MGT_CUBLAS_TRY(s->dev, cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                                       ldb, a, lda, &beta, c, ldc));
+    return MGT_CUDA_AFTER(s, "gemm (cublasSgemm)");
+}
+
+// ---- convolution ----
+
+static const char *conv_name(int dir)
+{
+    switch (dir) {
+    case MGT_CUDA_CONV_FWD: return "conv2d_forward";
+    case MGT_CUDA_CONV_BWD_DATA: return "conv2d_backward_data";
+    default: return "conv2d_backward_filter";
+    }
+}
+
+// Keeps the successful results of a cudnnFind*Ex call, fastest first (cuDNN sorts them):
+// deterministic ones only under MGT_DETERMINISTIC, and without TF32 tensor-core math unless
+// MGT_TF32 allows it.
+template <typename Perf>
+static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
+                         std::vector<mgt_cuda_algo> *out)
+{
+    for (int i = 0; i < got; i++) {
+        const Perf &p = perf[i];
+        if (p.status != CUDNN_STATUS_SUCCESS)
+            continue;
+        if (opt.deterministic && p.determinism != CUDNN_DETERMINISTIC)
+            continue;
+        if (!opt.tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
+            continue;
+        mgt_cuda_algo a;
+        a.algo = (int)p.algo;
+        a.memory = p.memory;
+        // Without TF32 every run is pinned to FMA math, whatever the search reported.
+        a.math = opt.tf32 ? p.mathType : CUDNN_FMA_MATH;
+        out->push_back(a);
+    }
+}
+
+// Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
+// a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
+// inputs are the real ones, read only. Runs once per shape, so plain cudaMalloc is fine.
+static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, const void *in1,
+                             const void *in2, std::vector<mgt_cuda_algo> *out)
+{
+    mgt_cuda_dev *d = s->dev;
+    const mgt_cuda_options &opt = d->set->opt;
+    void *tmp = NULL, *ws = NULL;
+    size_t ws_bytes = 0, free_b = 0, total_b = 0;
+    int got = 0;
+    cudnnStatus_t e = CUDNN_STATUS_SUCCESS;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+
+    // The inputs come from earlier work on this stream; the search times kernels, so let
+    // that work finish first.
+    cudaError_t r = cudaStreamSynchronize(s->stream);
+    if (r != cudaSuccess)
+        return mgt_cuda_fail_rt(d, r, "cudaStreamSynchronize (before cudnnFind)", __FILE__,
+                                __LINE__, true);
+    r = cudaMalloc(&tmp, out_bytes);
+    if (r != cudaSuccess)
+        return mgt_cuda_fail_rt(d, r, "cudaMalloc (cudnnFind output)", __FILE__, __LINE__,
+                                false);
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+        free_b = 0;
+    ws_bytes = std::min(opt.find_ws_cap, free_b / 2);
+    while (ws_bytes >= ((size_t)1 << 20) && cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+        ws = NULL;
+        ws_bytes /= 2;
+    }
+    (void)cudaGetLastError();
+    if (ws == NULL)
+        ws_bytes = 0;
+
+    if (dir == MGT_CUDA_CONV_FWD) {
+        e = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, s->xd, in1, s->wd, in2, s->cd, s->yd,
+                                                   tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+                                                   fwd, ws, ws_bytes);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(fwd, got, opt, out);
+    } else if (dir == MGT_CUDA_CONV_BWD_DATA) {
+        e = cudnnFindConvolutionBackwardDataAlgorithmEx(
+            s->dnn, s->wd, in2, s->yd, in1, s->cd, s->xd, tmp,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data, ws, ws_bytes);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(bwd_data, got, opt, out);
+    } else {
+        e = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            s->dnn, s->xd, in2, s->yd, in1, s->cd, s->wd, tmp,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter, ws, ws_bytes);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(bwd_filter, got, opt, out);
+    }
+    // cudaFree waits for the search's kernels before releasing their buffers.
+    cudaFree(tmp);
+    if (ws != NULL)
+        cudaFree(ws);
+    (void)cudaGetLastError();
+    if (e != CUDNN_STATUS_SUCCESS)
+        return mgt_cuda_fail_dnn(d, e, "cudnnFindConvolution*AlgorithmEx", __FILE__, __LINE__);
+    if (out->empty())
+        return mgt_error_set(opt.deterministic ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
+                             "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this "
+                             "shape within %zu MiB of workspace",
+                             d->index, d->gpu, conv_name(dir),
+                             opt.deterministic ? "deterministic (MGT_DETERMINISTIC=1) " : "",
+                             ws_bytes >> 20);
+    return MGT_OK;
+}
+
+// The candidates for this shape, from the set's cache or a new search. The lock is held
+// through the search so that replicas of one GPU search once and then share the choice
+// (and so run identical kernels).
+static mgt_status conv_algos(mgt_cuda_stream *s, int dir, const mgt_cuda_conv *sh,
+                             size_t out_bytes, const void *in1, const void *in2,
+                             std::vector<mgt_cuda_algo> *out)
+{
+    mgt_cuda_dev *d = s->dev;
+    mgt_cuda_set *set = d->set;
+    std::vector<int> key = {d->gpu,       dir,         sh->n,     sh->c,       sh->h,
+                            sh->w,        sh->k,       sh->r,     sh->s,       sh->stride_h,
+                            sh->stride_w, sh->pad_h,   sh->pad_w, sh->groups,  (int)set->opt.tf32,
+                            (int)set->opt.deterministic};
+    std::lock_guard<std::mutex> g(set->algo_lock);
+    auto it = set->algos.find(key);
+    if (it != set->algos.end()) {
+        *out = it->second;
+        return MGT_OK;
+    }
+    std::vector<mgt_cuda_algo> found;
+    mgt_status st = find_algos(s, dir, out_bytes, in1, in2, &found);
+    if (st != MGT_OK)
+        return st;
+    set->algos.emplace(key, found);
+    *out = found;
+    return MGT_OK;
+}
+
+// Makes the stream's cuDNN workspace at least `bytes`. Growing waits for the GPU (the old
+// block goes back to the cache); it happens in the first steps only.
+static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
+{
+    if (bytes <= s->ws_bytes)
+        return MGT_OK;
+    mgt_cuda_dev *d = s->dev;
+    const size_t mib = (size_t)1 << 20;
+    size_t want = (bytes + mib - 1) / mib * mib;
+    if (d->hooks.reserve != NULL) {
+        mgt_status st = d->hooks.reserve(d->owner, want, "cuDNN workspace");
+        if (st != MGT_OK)
+            return st;
+    }
+    void *p = NULL;
+    mgt_status st = mgt_cuda_alloc_internal(d, want, &p);
+    if (st != MGT_OK) {
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, want);
+        return st;
+    }
+    if (s->ws != NULL) {
+        mgt_cuda_free_internal(d, s->ws);
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, s->ws_bytes);
+    }
+    s->ws = p;
+    s->ws_bytes = want;
+    return MGT_OK;
+}
+
+static cudnnStatus_t conv_run(mgt_cuda_stream *s, int dir, const mgt_cuda_algo &a, float *out,
+                              const float *in1, const float *in2, float beta)
+{
+    const float one = 1.0f;
+    switch (dir) {
+    case MGT_CUDA_CONV_FWD: // y = conv(x = in1, w = in2) + beta*y
+        return cudnnConvolutionForward(s->dnn, &one, s->xd, in1, s->wd, in2, s->cd,
+                                       (cudnnConvolutionFwdAlgo_t)a.algo, s->ws, s->ws_bytes,
+                                       &beta, s->yd, out);
+    case MGT_CUDA_CONV_BWD_DATA: // dx = conv_transpose(dy = in1, w = in2) + beta*dx
+        return cudnnConvolutionBackwardData(s->dnn, &one, s->wd, in2, s->yd, in1, s->cd,
+                                            (cudnnConvolutionBwdDataAlgo_t)a.algo, s->ws,
+                                            s->ws_bytes, &beta, s->xd, out);
+    default: // dw = correlate(x = in2, dy = in1) + beta*dw
+        return cudnnConvolutionBackwardFilter(s->dnn, &one, s->xd, in2, s->yd, in1, s->cd,
+                                              (cudnnConvolutionBwdFilterAlgo_t)a.algo, s->ws,
+                                              s->ws_bytes, &beta, s->wd, out);
+    }
+}
+
+static mgt_status conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
+                         const float *in2, const mgt_cuda_conv *sh, float beta)
+{
+    MGT_ENTER(s);
+    mgt_status st = ensure_dnn(s);
+    if (st != MGT_OK)
+        return st;
+    mgt_cuda_dev *d = s->dev;
+    const int p = (sh->h + 2 * sh->pad_h - sh->r) / sh->stride_h + 1;
+    const int q = (sh->w + 2 * sh->pad_w - sh->s) / sh->stride_w + 1;
+    // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], all NCHW fp32, no dilation.
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                sh->n, sh->c, sh->h, sh->w));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                sh->n, sh->k, p, q));
+    MGT_CUDNN_TRY(d, cudnnSetFilter4dDescriptor(s->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                sh->k, sh->c / sh->groups, sh->r, sh->s));
+    // Our conv is torch's: cross-correlation (no kernel flip).
+    MGT_CUDNN_TRY(d, cudnnSetConvolution2dDescriptor(s->cd, sh->pad_h, sh->pad_w, sh->stride_h,
+                                                     sh->stride_w, 1, 1,
+                                                     CUDNN_CROSS_CORRELATION,
+                                                     CUDNN_DATA_FLOAT));
+    MGT_CUDNN_TRY(d, cudnnSetConvolutionGroupCount(s->cd, sh->groups));
+    // CUDNN_DEFAULT_MATH would let cuDNN use TF32 on Ampere and later; FMA math keeps FP32.
+    MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
+                                                                         : CUDNN_FMA_MATH));
+
+    size_t out_elems = dir == MGT_CUDA_CONV_FWD        ? (size_t)sh->n * sh->k * p * q
+                       : dir == MGT_CUDA_CONV_BWD_DATA ? (size_t)sh->n * sh->c * sh->h * sh->w
+                                                       : (size_t)sh->k * (sh->c / sh->groups) *
+                                                             sh->r * sh->s;
+    std::vector<mgt_cuda_algo> cands;
+    st = conv_algos(s, dir, sh, out_elems * sizeof(float), in1, in2, &cands);
+    if (st != MGT_OK)
+        return st;
+
+    // The fastest candidate whose workspace we can have; a candidate cuDNN then refuses
+    // (not supported with the math type we pin) yields to the next.
+    cudnnStatus_t e = CUDNN_STATUS_NOT_SUPPORTED;
+    st = MGT_OK;
+    for (const mgt_cuda_algo &a : cands) {
+        st = ensure_ws(s, a.memory);
+        if (st != MGT_OK)
+            continue;
+        MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, a.math));
+        e = conv_run(s, dir, a, out, in1, in2, beta);
+        if (CUDNN_STATUS_CATEGORY(e) != CUDNN_STATUS_NOT_SUPPORTED)
+            break;
+    }
+    if (st != MGT_OK && e != CUDNN_STATUS_SUCCESS)
+        return st;
+    if (e != CUDNN_STATUS_SUCCESS)
+        return mgt_cuda_fail_dnn(d, e, conv_name(dir), __FILE__, __LINE__);
+    return MGT_CUDA_AFTER(s, conv_name(dir));
+}
+
+mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
+                           const float *in2, const mgt_cuda_conv *sh, float beta)
+{
+    try {
+        return conv2d(s, dir, out, in1, in2, sh, beta);
+    } catch (...) {
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s",
+                             s->dev->index, conv_name(dir));
+    }
+}
+
+// ---- batch norm: x, y, dx, dy [n, c, hw] as NCHW [n, c, hw, 1]; per-channel [1, c, 1, 1] ----
+//
+// cuDNN's SPATIAL mode matches ours: statistics per channel over n*hw values, the biased
+// variance for normalising, the unbiased one for the running estimate, which moves as
+// running = (1 - factor)*running + factor*batch with factor = momentum; the saved "inverse
+// variance" is 1/sqrt(var + eps), our invstd.
+
+static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_cuda_bn *sh)
+{
+    mgt_cuda_dev *d = s->dev;
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                sh->n, sh->c, sh->hw, 1));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->bnd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
+                                                sh->c, 1, 1));
+    return MGT_OK;
+}
+
+mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_mean,
+                                     float *save_invstd, float *running_mean,
+                                     float *running_var, const float *x, const float *gamma,
+                                     const float *beta, const mgt_cuda_bn *sh)
+{
+    MGT_ENTER(s);
+    mgt_status st = ensure_dnn(s);
+    if (st == MGT_OK)
+        st = bn_descs(s, sh);
+    if (st != MGT_OK)
+        return st;
+    const float one = 1.0f, zero = 0.0f;
+    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationForwardTraining(
+                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, x, s->xd, y,
+                              s->bnd, gamma, beta, (double)sh->momentum, running_mean,
+                              running_var, (double)sh->eps, save_mean, save_invstd));
+    return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
+}
+
+mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, float *y, const float *x,
+                                    const float *gamma, const float *beta,
+                                    const float *running_mean, const float *running_var,
+                                    const mgt_cuda_bn *sh)
+{
+    MGT_ENTER(s);
+    mgt_status st = ensure_dnn(s);
+    if (st == MGT_OK)
+        st = bn_descs(s, sh);
+    if (st != MGT_OK)
+        return st;
+    const float one = 1.0f, zero = 0.0f;
+    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationForwardInference(
+                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, x, s->xd, y,
+                              s->bnd, gamma, beta, running_mean, running_var, (double)sh->eps));
+    return MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
+}
+
+mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, float *dx, float *dgamma, float *dbeta,
+                                const float *dy, const float *x, const float *gamma,
+                                const float *save_mean, const float *save_invstd,
+                                const mgt_cuda_bn *sh)
+{
+    MGT_ENTER(s);
+    mgt_status st = ensure_dnn(s);
+    if (st == MGT_OK)
+        st = bn_descs(s, sh);
+    if (st != MGT_OK)
+        return st;
+    // dx is overwritten (data beta 0); dgamma and dbeta accumulate (parameter beta 1), as
+    // parameter gradients do everywhere in mgtrain.
+    const float one = 1.0f, zero = 0.0f;
+    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(
+                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, s->xd, x,
+                              s->xd, dy, s->xd, dx, s->bnd, gamma, dgamma, dbeta,
+                              (double)sh->eps, save_mean, save_invstd));
+    return MGT_CUDA_AFTER(s, "batchnorm_backward");
+}

@@ -1,0 +1,622 @@
+// The CUDA backend's own kernels: element-wise ops, reductions, pooling, bias, softmax
+// cross-entropy, top-k and the fused SGD step, each with the exact semantics of mgt/device.h.
+//
+// Every kernel is deterministic: no floating-point atomics, and each reduction adds in an
+// order fixed by the sizes alone, so two runs (and two replicas) give identical bits.
+#include <cmath>
+#include <cstdint>
+
+#include "device/cuda/common.cuh"
+
+namespace {
+
+const int kThreads = 256;        // threads per block of the 1-D kernels
+const int kWarpsPerBlock = kThreads / 32;
+const unsigned kFullMask = 0xffffffffu;
+
+// Enough blocks to cover n with one element per thread, capped: the kernels loop
+// (grid-stride), so the cap only bounds the launch, never the work.
+unsigned blocks_for(size_t n)
+{
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b < 1)
+        b = 1;
+    if (b > ((size_t)1 << 20))
+        b = (size_t)1 << 20;
+    return (unsigned)b;
+}
+
+// Blocks for kernels that give one warp to each of `rows` rows.
+unsigned blocks_for_rows(long rows)
+{
+    long b = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (b < 1)
+        b = 1;
+    if (b > 65535)
+        b = 65535;
+    return (unsigned)b;
+}
+
+__device__ inline size_t thread_index() { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ inline size_t thread_stride() { return (size_t)gridDim.x * blockDim.x; }
+
+// Butterfly reductions: every lane ends with the same value, combined in a fixed order.
+__device__ inline float warp_sum(float v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(kFullMask, v, off);
+    return v;
+}
+
+__device__ inline int warp_sum_int(int v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(kFullMask, v, off);
+    return v;
+}
+
+__device__ inline float warp_max(float v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
+    return v;
+}
+
+// Records the first bad label of the replica in its mapped flag; the host turns it into
+// MGT_ERR_DEVICE at the next wait. The claim slot picks one writer; the code slot is
+// written last, after a fence that makes row and label visible to the host first.
+__device__ void raise_label_error(int *flag, int code, int row, int label, int classes)
+{
+    if (atomicCAS(&flag[MGT_CUDA_FLAG_CLAIM], 0, 1) != 0)
+        return;
+    flag[MGT_CUDA_FLAG_ROW] = row;
+    flag[MGT_CUDA_FLAG_LABEL] = label;
+    flag[MGT_CUDA_FLAG_CLASSES] = classes;
+    __threadfence_system();
+    *(volatile int *)&flag[MGT_CUDA_FLAG_CODE] = code;
+}
+
+// ---- element-wise: x, y, a, b are flat arrays of n floats ----
+
+__global__ void k_fill(float *x, float value, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        x[i] = value;
+}
+
+__global__ void k_scale(float *x, float alpha, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        x[i] *= alpha;
+}
+
+__global__ void k_axpy(float *y, float alpha, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        y[i] += alpha * x[i];
+}
+
+// y may alias a or b: each element is read before it is written, by the same thread.
+__global__ void k_add(float *y, const float *a, const float *b, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        y[i] = a[i] + b[i];
+}
+
+// y may alias x. NaN stays NaN (as torch.relu): !(v <= 0) is true for v > 0 and for NaN.
+__global__ void k_relu_fwd(float *y, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        float v = x[i];
+        y[i] = !(v <= 0.0f) ? v : 0.0f;
+    }
+}
+
+// dx may alias dy; y is the forward's output.
+__global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+// ---- sum: x [n] -> out[0], in two passes through `partial` [gridDim of pass 1] ----
+
+// Pass 1: thread t of block b adds x[i] for i = b*256 + t, then every grid stride, in
+// double (the reference accumulates in double); the block then adds its 256 sums as a tree.
+__global__ void k_sum_partial(double *partial, const float *x, size_t n)
+{
+    __shared__ double sh[kThreads];
+    double acc = 0.0;
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        acc += (double)x[i];
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = sh[0];
+}
+
+// Pass 2, one block: adds the `parts` partial sums the same way; out[0] = total / divisor.
+__global__ void k_sum_final(float *out, const double *partial, int parts, double divisor)
+{
+    __shared__ double sh[kThreads];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < parts; i += kThreads)
+        acc += partial[i];
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[0] = (float)(sh[0] / divisor);
+}
+
+// The same tree over float values (per-row losses) in one block: out[0] = sum / divisor.
+__global__ void k_mean_rows(float *out, const float *v, int n, double divisor)
+{
+    __shared__ double sh[kThreads];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n; i += kThreads)
+        acc += (double)v[i];
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[0] = (float)(sh[0] / divisor);
+}
+
+// ---- max pooling: x [n][c][h][w] -> y [n][c][p][q], -inf padding (torch's MaxPool2d) ----
+
+struct pool_dims {
+    int n, c, h, w, p, q, kh, kw, sh, sw, ph, pw;
+};
+
+// The position (ih*w + iw within the plane) that receives window (oh, ow)'s gradient: its
+// first maximum in raster order. The first in-bounds element starts the scan and only a
+// strictly larger value replaces it, so ties keep the earliest; an all -inf window
+// routes to its first in-bounds element.
+__device__ inline int window_argmax(const float *xp, int oh, int ow, const pool_dims &d)
+{
+    const int h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    int arg = -1;
+    float best = 0.0f;
+    for (int i = 0; i < d.kh; i++) {
+        const int ih = h0 + i;
+        if (ih < 0 || ih >= d.h)
+            continue;
+        for (int j = 0; j < d.kw; j++) {
+            const int iw = w0 + j;
+            if (iw < 0 || iw >= d.w)
+                continue;
+            const float v = xp[(size_t)ih * d.w + iw];
+            if (arg < 0 || v > best) {
+                best = v;
+                arg = ih * d.w + iw;
+            }
+        }
+    }
+    return arg;
+}
+
+// One thread per output element o = ((ni*c + ci)*p + oh)*q + ow: y = x at the window's
+// argmax, so forward and backward agree on the winner even for NaN input.
+__global__ void k_maxpool_fwd(float *y, const float *x, pool_dims d)
+{
+    const size_t total = (size_t)d.n * d.c * d.p * d.q;
+    for (size_t o = thread_index(); o < total; o += thread_stride()) {
+        const int ow = (int)(o % d.q);
+        const int oh = (int)((o / d.q) % d.p);
+        const size_t plane = o / ((size_t)d.q * d.p); // ni*c + ci
+        const float *xp = x + plane * d.h * d.w;
+        const int arg = window_argmax(xp, oh, ow, d);
+        // mgt_op_check keeps every window on real input; -inf only if it did not.
+        y[o] = arg >= 0 ? xp[arg] : -INFINITY;
+    }
+}
+
+// Gather form, one thread per input element e = ((ni*c + ci)*h + ih)*w + iw: it visits the
+// windows that contain it, oh in [ceil((ih+ph-kh+1)/sh), floor((ih+ph)/sh)] clipped to
+// [0,p) and likewise ow, in raster order, and adds dy of those whose argmax it is. No
+// atomics, and the additions run in the order a scatter over outputs would make them.
+__global__ void k_maxpool_bwd(float *dx, const float *dy, const float *x, pool_dims d)
+{
+    const size_t total = (size_t)d.n * d.c * d.h * d.w;
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const int iw = (int)(e % d.w);
+        const int ih = (int)((e / d.w) % d.h);
+        const size_t plane = e / ((size_t)d.w * d.h);
+        const float *xp = x + plane * d.h * d.w;
+        const float *dyp = dy + plane * d.p * d.q;
+        const int me = ih * d.w + iw;
+
+        int lo = ih + d.ph - d.kh + 1;
+        const int oh_lo = lo <= 0 ? 0 : (lo + d.sh - 1) / d.sh;
+        int oh_hi = (ih + d.ph) / d.sh;
+        if (oh_hi > d.p - 1)
+            oh_hi = d.p - 1;
+        lo = iw + d.pw - d.kw + 1;
+        const int ow_lo = lo <= 0 ? 0 : (lo + d.sw - 1) / d.sw;
+        int ow_hi = (iw + d.pw) / d.sw;
+        if (ow_hi > d.q - 1)
+            ow_hi = d.q - 1;
+
+        float acc = 0.0f;
+        for (int oh = oh_lo; oh <= oh_hi; oh++)
+            for (int ow = ow_lo; ow <= ow_hi; ow++)
+                if (window_argmax(xp, oh, ow, d) == me)
+                    acc += dyp[(size_t)oh * d.q + ow];
+        dx[e] = acc;
+    }
+}
+
+// ---- global average pool: x [rows = n*c][hw] <-> y [rows] ----
+
+// One warp per row: lanes stride over the row, then a butterfly sum; y = sum / hw.
+__global__ void k_avgpool_fwd(float *y, const float *x, long rows, int hw)
+{
+    const int lane = threadIdx.x & 31;
+    const long warp = (long)(thread_index() >> 5);
+    const long warps = (long)(thread_stride() >> 5);
+    for (long r = warp; r < rows; r += warps) {
+        const float *xr = x + (size_t)r * hw;
+        float acc = 0.0f;
+        for (int j = lane; j < hw; j += 32)
+            acc += xr[j];
+        acc = warp_sum(acc);
+        if (lane == 0)
+            y[r] = acc / (float)hw;
+    }
+}
+
+// dx [rows][hw]: dx[r][j] = dy[r] / hw.
+__global__ void k_avgpool_bwd(float *dx, const float *dy, size_t total, int hw)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride())
+        dx[i] = dy[i / (size_t)hw] / (float)hw;
+}
+
+// ---- linear bias: y, dy [rows][cols], bias, dbias [cols] ----
+
+__global__ void k_bias_fwd(float *y, const float *bias, size_t total, int cols)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride())
+        y[i] += bias[i % (size_t)cols];
+}
+
+// Block (32, 8): column j = blockIdx.x*32 + tx; row lane ty adds rows ty, ty+8, ...; the 8
+// lane sums are then added in order 0..7 and accumulated into dbias[j].
+__global__ void k_bias_bwd(float *dbias, const float *dy, int rows, int cols)
+{
+    __shared__ float sh[8][32];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int j = blockIdx.x * 32 + tx;
+    float acc = 0.0f;
+    if (j < cols)
+        for (int r = ty; r < rows; r += 8)
+            acc += dy[(size_t)r * cols + j];
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && j < cols) {
+        float t = sh[0][tx];
+        for (int k = 1; k < 8; k++)
+            t += sh[k][tx];
+        dbias[j] += t;
+    }
+}
+
+// ---- softmax cross-entropy: logits, probs, dlogits [n][classes], labels [n] ----
+
+// One warp per row. With m = max z, s = sum exp(z - m), lse = m + log s:
+//   probs[j] = exp(z_j - m) / s
+//   loss = (1-eps) * (lse - z_y) + eps * (lse - mean_j z_j)
+// which is -(sum_j target_j * log p_j) for target = (1-eps) one-hot + eps/classes, written
+// with differences from m so that no large terms cancel. rowloss [n] feeds the mean.
+__global__ void k_xent_rows(float *rowloss, float *probs, const float *logits,
+                            const int32_t *labels, int n, int classes, float eps, int *flag)
+{
+    const int lane = threadIdx.x & 31;
+    const long warp = (long)(thread_index() >> 5);
+    const long warps = (long)(thread_stride() >> 5);
+    for (long row = warp; row < n; row += warps) {
+        const float *z = logits + (size_t)row * classes;
+        float *pr = probs + (size_t)row * classes;
+        float m = -INFINITY;
+        for (int j = lane; j < classes; j += 32)
+            m = fmaxf(m, z[j]);
+        m = warp_max(m);
+        float s = 0.0f, dsum = 0.0f;
+        for (int j = lane; j < classes; j += 32) {
+            const float e = z[j] - m;
+            s += expf(e);
+            dsum += e;
+        }
+        s = warp_sum(s);
+        dsum = warp_sum(dsum);
+        for (int j = lane; j < classes; j += 32)
+            pr[j] = expf(z[j] - m) / s;
+        if (lane == 0) {
+            const int y = labels[row];
+            float loss = 0.0f;
+            if (y < 0 || y >= classes) {
+                raise_label_error(flag, MGT_CUDA_FLAG_XENT_FWD_LABEL, (int)row, y, classes);
+            } else {
+                const float log_s = logf(s);
+                loss = (1.0f - eps) * (log_s - (z[y] - m));
+                if (eps != 0.0f)
+                    loss += eps * (log_s - dsum / (float)classes);
+            }
+            rowloss[row] = loss;
+        }
+    }
+}
+
+// One thread per element i = row*classes + j:
+//   dlogits = scale * (probs - target), target = (1-eps)*[j == y] + eps/classes.
+__global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *labels, int n,
+                           int classes, float eps, float scale, int *flag)
+{
+    const size_t total = (size_t)n * classes;
+    const float smooth = eps / (float)classes;
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        const int row = (int)(i / classes);
+        const int j = (int)(i % classes);
+        const int y = labels[row];
+        float t = smooth;
+        if (y < 0 || y >= classes) {
+            if (j == 0)
+                raise_label_error(flag, MGT_CUDA_FLAG_XENT_BWD_LABEL, row, y, classes);
+        } else if (j == y) {
+            t = (1.0f - eps) + smooth;
+        }
+        dlogits[i] = scale * (probs[i] - t);
+    }
+}
+
+// ---- top-k: logits [n][classes], labels [n]; count[0] += rows with rank(label) < k ----
+
+// One warp per row: rank = #{j : z_j > z_y} + #{j < y : z_j == z_y} (ties rank the lower
+// class first), counted over lanes and summed; integer atomics are exact.
+__global__ void k_topk(int32_t *count, const float *logits, const int32_t *labels, int n,
+                       int classes, int k, int *flag)
+{
+    const int lane = threadIdx.x & 31;
+    const long warp = (long)(thread_index() >> 5);
+    const long warps = (long)(thread_stride() >> 5);
+    for (long row = warp; row < n; row += warps) {
+        const int y = labels[row]; // the same for every lane: the branch below is uniform
+        if (y < 0 || y >= classes) {
+            if (lane == 0)
+                raise_label_error(flag, MGT_CUDA_FLAG_TOPK_LABEL, (int)row, y, classes);
+            continue;
+        }
+        const float *z = logits + (size_t)row * classes;
+        const float zy = z[y];
+        int above = 0;
+        for (int j = lane; j < classes; j += 32) {
+            const float v = z[j];
+            above += (v > zy) || (v == zy && j < y);
+        }
+        above = warp_sum_int(above);
+        if (lane == 0 && above < k)
+            atomicAdd((int *)count, 1);
+    }
+}
+
+// ---- SGD, PyTorch's: param, momentum_buf, grad [n] ----
+//   d = s*g + wd*p
+//   momentum != 0: buf = first ? d : m*buf + (1-dampening)*d;  d = nesterov ? d + m*buf : buf
+//   p -= lr*d
+// With momentum 0 the buffer is never read or written (it may be NULL).
+__global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt_cuda_sgd p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float w = param[i];
+        float d = p.grad_scale * grad[i] + p.weight_decay * w;
+        if (p.momentum != 0.0f) {
+            const float b = p.first_step ? d : p.momentum * buf[i] + (1.0f - p.dampening) * d;
+            buf[i] = b;
+            d = p.nesterov ? d + p.momentum * b : b;
+        }
+        param[i] = w - p.lr * d;
+    }
+}
+
+} // namespace
+
+// ---- launchers ----
+
+#define MGT_ENTER(s)                                                                          \
+    do {                                                                                      \
+        mgt_status st_ = mgt_cuda_enter(s);                                                   \
+        if (st_ != MGT_OK)                                                                    \
+            return st_;                                                                       \
+    } while (0)
+
+mgt_status mgt_cuda_fill(mgt_cuda_stream *s, float *x, float value, size_t n)
+{
+    MGT_ENTER(s);
+    k_fill<<<blocks_for(n), kThreads, 0, s->stream>>>(x, value, n);
+    return MGT_CUDA_AFTER(s, "fill");
+}
+
+mgt_status mgt_cuda_scale(mgt_cuda_stream *s, float *x, float alpha, size_t n)
+{
+    MGT_ENTER(s);
+    k_scale<<<blocks_for(n), kThreads, 0, s->stream>>>(x, alpha, n);
+    return MGT_CUDA_AFTER(s, "scale");
+}
+
+mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, float *y, float alpha, const float *x, size_t n)
+{
+    MGT_ENTER(s);
+    k_axpy<<<blocks_for(n), kThreads, 0, s->stream>>>(y, alpha, x, n);
+    return MGT_CUDA_AFTER(s, "axpy");
+}
+
+mgt_status mgt_cuda_sum(mgt_cuda_stream *s, float *out, const float *x, size_t n)
+{
+    MGT_ENTER(s);
+    // The block count depends on n alone, so the order of additions (and the result) is
+    // the same on every GPU.
+    unsigned parts = blocks_for(n);
+    if (parts > 1024)
+        parts = 1024;
+    mgt_status st = mgt_cuda_scratch(s, parts * sizeof(double));
+    if (st != MGT_OK)
+        return st;
+    double *partial = (double *)s->scratch;
+    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, x, n);
+    k_sum_final<<<1, kThreads, 0, s->stream>>>(out, partial, (int)parts, 1.0);
+    return MGT_CUDA_AFTER(s, "sum");
+}
+
+mgt_status mgt_cuda_add(mgt_cuda_stream *s, float *y, const float *a, const float *b, size_t n)
+{
+    MGT_ENTER(s);
+    k_add<<<blocks_for(n), kThreads, 0, s->stream>>>(y, a, b, n);
+    return MGT_CUDA_AFTER(s, "add");
+}
+
+mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, float *y, const float *x, size_t n)
+{
+    MGT_ENTER(s);
+    k_relu_fwd<<<blocks_for(n), kThreads, 0, s->stream>>>(y, x, n);
+    return MGT_CUDA_AFTER(s, "relu_forward");
+}
+
+mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy,
+                                  const float *y, size_t n)
+{
+    MGT_ENTER(s);
+    k_relu_bwd<<<blocks_for(n), kThreads, 0, s->stream>>>(dx, dy, y, n);
+    return MGT_CUDA_AFTER(s, "relu_backward");
+}
+
+static pool_dims pool_dims_of(const mgt_cuda_pool *sh)
+{
+    pool_dims d;
+    d.n = sh->n;
+    d.c = sh->c;
+    d.h = sh->h;
+    d.w = sh->w;
+    d.kh = sh->kh;
+    d.kw = sh->kw;
+    d.sh = sh->stride_h;
+    d.sw = sh->stride_w;
+    d.ph = sh->pad_h;
+    d.pw = sh->pad_w;
+    d.p = (sh->h + 2 * sh->pad_h - sh->kh) / sh->stride_h + 1;
+    d.q = (sh->w + 2 * sh->pad_w - sh->kw) / sh->stride_w + 1;
+    return d;
+}
+
+mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, float *y, const float *x,
+                                    const mgt_cuda_pool *sh)
+{
+    MGT_ENTER(s);
+    pool_dims d = pool_dims_of(sh);
+    size_t total = (size_t)d.n * d.c * d.p * d.q;
+    k_maxpool_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(y, x, d);
+    return MGT_CUDA_AFTER(s, "maxpool2d_forward");
+}
+
+mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy,
+                                     const float *x, const mgt_cuda_pool *sh)
+{
+    MGT_ENTER(s);
+    pool_dims d = pool_dims_of(sh);
+    size_t total = (size_t)d.n * d.c * d.h * d.w;
+    k_maxpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dx, dy, x, d);
+    return MGT_CUDA_AFTER(s, "maxpool2d_backward");
+}
+
+mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, float *y, const float *x, int n, int c,
+                                    int hw)
+{
+    MGT_ENTER(s);
+    long rows = (long)n * c;
+    k_avgpool_fwd<<<blocks_for_rows(rows), kThreads, 0, s->stream>>>(y, x, rows, hw);
+    return MGT_CUDA_AFTER(s, "avgpool_forward");
+}
+
+mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n,
+                                     int c, int hw)
+{
+    MGT_ENTER(s);
+    size_t total = (size_t)n * c * hw;
+    k_avgpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dx, dy, total, hw);
+    return MGT_CUDA_AFTER(s, "avgpool_backward");
+}
+
+mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, float *y, const float *bias, int rows,
+                                 int cols)
+{
+    MGT_ENTER(s);
+    size_t total = (size_t)rows * cols;
+    k_bias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(y, bias, total, cols);
+    return MGT_CUDA_AFTER(s, "bias_forward");
+}
+
+mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, float *dbias, const float *dy, int rows,
+                                  int cols)
+{
+    MGT_ENTER(s);
+    dim3 block(32, 8);
+    unsigned grid = (unsigned)((cols + 31) / 32);
+    k_bias_bwd<<<grid, block, 0, s->stream>>>(dbias, dy, rows, cols);
+    return MGT_CUDA_AFTER(s, "bias_backward");
+}
+
+mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs,
+                                 const float *logits, const int32_t *labels, int n, int classes,
+                                 float smoothing)
+{
+    MGT_ENTER(s);
+    mgt_status st = mgt_cuda_scratch(s, (size_t)n * sizeof(float));
+    if (st != MGT_OK)
+        return st;
+    float *rowloss = (float *)s->scratch;
+    k_xent_rows<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(
+        rowloss, probs, logits, labels, n, classes, smoothing, s->dev->flag_dev);
+    k_mean_rows<<<1, kThreads, 0, s->stream>>>(loss, rowloss, n, (double)n);
+    return MGT_CUDA_AFTER(s, "softmax_xent_forward");
+}
+
+mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, float *dlogits, const float *probs,
+                                  const int32_t *labels, int n, int classes, float smoothing,
+                                  float scale)
+{
+    MGT_ENTER(s);
+    size_t total = (size_t)n * classes;
+    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        dlogits, probs, labels, n, classes, smoothing, scale, s->dev->flag_dev);
+    return MGT_CUDA_AFTER(s, "softmax_xent_backward");
+}
+
+mgt_status mgt_cuda_topk(mgt_cuda_stream *s, int32_t *count, const float *logits,
+                         const int32_t *labels, int n, int classes, int k)
+{
+    MGT_ENTER(s);
+    k_topk<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(count, logits, labels, n, classes,
+                                                             k, s->dev->flag_dev);
+    return MGT_CUDA_AFTER(s, "topk_correct");
+}
+
+mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, float *param, float *momentum_buf,
+                               const float *grad, size_t n, const mgt_cuda_sgd *p)
+{
+    MGT_ENTER(s);
+    k_sgd<<<blocks_for(n), kThreads, 0, s->stream>>>(param, momentum_buf, grad, n, *p);
+    return MGT_CUDA_AFTER(s, "sgd_update");
+}

@@ -1,0 +1,905 @@
+// The CUDA backend's runtime side: devices, verified peer access, the caching allocator,
+// streams, events, copies and the error plumbing every other .cu file uses.
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "device/cuda/common.cuh"
+
+// ---- errors ----
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+// Faults that leave the CUDA context unusable; every later call returns them again.
+static bool is_sticky_error(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// The first failure of a replica wins; later ones would only describe its consequences.
+static void make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
+{
+    std::lock_guard<std::mutex> g(d->sticky_lock);
+    if (d->sticky.load())
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->sticky_text, sizeof d->sticky_text, fmt, ap);
+    va_end(ap);
+    d->sticky.store(1);
+}
+
+mgt_status mgt_cuda_fail_rt(mgt_cuda_dev *d, cudaError_t e, const char *call, const char *file,
+                            int line, bool waiting)
+{
+    // A failed call also leaves the thread's last-error state set; drop it so that the
+    // launch check of the next kernel does not report this failure a second time.
+    (void)cudaGetLastError();
+    mgt_status st = e == cudaErrorMemoryAllocation ? MGT_ERR_OOM : MGT_ERR_DEVICE;
+    if (d == NULL)
+        return mgt_error_set(st, "cuda: %s: %s [%s:%d]", call, cudaGetErrorString(e),
+                             base_name(file), line);
+    const char *hint = "";
+    if ((waiting || is_sticky_error(e)) && !d->set->opt.sync)
+        hint = " (a fault of work enqueued earlier; MGT_CUDA_SYNC=1 pins it to its launch)";
+    if (waiting || is_sticky_error(e))
+        make_sticky(d, "cuda device %d (gpu %d): %s: %s [%s:%d]%s", d->index, d->gpu, call,
+                    cudaGetErrorString(e), base_name(file), line, hint);
+    return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s [%s:%d]%s", d->index, d->gpu, call,
+                         cudaGetErrorString(e), base_name(file), line, hint);
+}
+
+mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call,
+                              const char *file, int line)
+{
+    (void)cudaGetLastError();
+    mgt_status st = e == CUBLAS_STATUS_ALLOC_FAILED ? MGT_ERR_OOM : MGT_ERR_DEVICE;
+    return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s [%s:%d]", d->index, d->gpu, call,
+                         cublasGetStatusString(e), base_name(file), line);
+}
+
+mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
+                             const char *file, int line)
+{
+    (void)cudaGetLastError();
+    char detail[256];
+    cudnnGetLastErrorString(detail, sizeof detail);
+    mgt_status st = (e == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                     e == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+                        ? MGT_ERR_OOM
+                        : MGT_ERR_DEVICE;
+    return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s%s%s [%s:%d]", d->index, d->gpu,
+                         call, cudnnGetErrorString(e), detail[0] ? ": " : "", detail,
+                         base_name(file), line);
+}
+
+static const char *flag_op_name(int code)
+{
+    switch (code) {
+    case MGT_CUDA_FLAG_XENT_FWD_LABEL: return "softmax_xent_forward";
+    case MGT_CUDA_FLAG_XENT_BWD_LABEL: return "softmax_xent_backward";
+    case MGT_CUDA_FLAG_TOPK_LABEL: return "topk_correct";
+    default: return "kernel";
+    }
+}
+
+mgt_status mgt_cuda_dev_check(mgt_cuda_dev *d)
+{
+    if (!d->sticky.load()) {
+        // The flag lives in mapped host memory: a plain read, no copy and no wait. The code
+        // slot is written last by the kernel (after a system fence), so row and label are
+        // valid once it is non-zero.
+        volatile int *f = d->flag_host;
+        int code = f[MGT_CUDA_FLAG_CODE];
+        if (code == MGT_CUDA_FLAG_NONE)
+            return MGT_OK;
+        make_sticky(d, "cuda device %d (gpu %d): %s: label %d out of range [0, %d) in row %d",
+                    d->index, d->gpu, flag_op_name(code), f[MGT_CUDA_FLAG_LABEL],
+                    f[MGT_CUDA_FLAG_CLASSES], f[MGT_CUDA_FLAG_ROW]);
+    }
+    std::lock_guard<std::mutex> g(d->sticky_lock);
+    return mgt_error_set(MGT_ERR_DEVICE, "%s", d->sticky_text);
+}
+
+mgt_status mgt_cuda_enter(mgt_cuda_stream *s)
+{
+    MGT_CUDA_TRY(s->dev, cudaSetDevice(s->dev->gpu));
+    return mgt_cuda_dev_check(s->dev);
+}
+
+mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file, int line)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return mgt_cuda_fail_rt(s->dev, e, what, file, line, false);
+    if (!s->dev->set->opt.sync)
+        return MGT_OK;
+    e = cudaStreamSynchronize(s->stream);
+    if (e != cudaSuccess)
+        return mgt_cuda_fail_rt(s->dev, e, what, file, line, true);
+    return mgt_cuda_dev_check(s->dev);
+}
+
+// ---- options ----
+
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+static mgt_cuda_options read_options(void)
+{
+    mgt_cuda_options o;
+    o.no_p2p = env_on("MGT_NO_P2P");
+    o.tf32 = env_on("MGT_TF32");
+    o.deterministic = env_on("MGT_DETERMINISTIC");
+    o.sync = env_on("MGT_CUDA_SYNC");
+    // 1 GiB lets cuDNN try its fast large-workspace algorithms without starving the model.
+    o.find_ws_cap = (size_t)1 << 30;
+    const char *mb = getenv("MGT_CUDNN_WORKSPACE_MB");
+    if (mb != NULL && mb[0] != '\0') {
+        char *end = NULL;
+        unsigned long long v = strtoull(mb, &end, 10);
+        if (end != mb && *end == '\0')
+            o.find_ws_cap = (size_t)v << 20;
+    }
+    return o;
+}
+
+// ---- devices ----
+
+int mgt_cuda_device_count(void)
+{
+    int n = 0;
+    // No driver, no GPU, a driver older than the runtime: all mean "no CUDA devices here".
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static void dev_release_cache(mgt_cuda_dev *d)
+{
+    std::multimap<size_t, void *> blocks;
+    {
+        std::lock_guard<std::mutex> g(d->mem_lock);
+        blocks.swap(d->free_blocks);
+        d->cached_bytes = 0;
+    }
+    if (blocks.empty())
+        return;
+    cudaSetDevice(d->gpu);
+    for (auto &b : blocks)
+        cudaFree(b.second);
+    (void)cudaGetLastError();
+}
+
+static void dev_destroy(mgt_cuda_dev *d)
+{
+    if (d == NULL)
+        return;
+    if (cudaSetDevice(d->gpu) == cudaSuccess) {
+        cudaDeviceSynchronize();
+        for (auto &b : d->free_blocks)
+            cudaFree(b.second);
+        // Buffers the program never freed go with the set: nothing can use them after it.
+        for (auto &b : d->live)
+            cudaFree(b.first);
+        if (d->flag_host != NULL)
+            cudaFreeHost(d->flag_host);
+        (void)cudaGetLastError();
+    }
+    delete d;
+}
+
+void mgt_cuda_set_close(mgt_cuda_set *set)
+{
+    if (set == NULL)
+        return;
+    for (int i = 0; i < set->n; i++)
+        dev_destroy(set->devs[i]);
+    delete[] set->devs;
+    delete set;
+}
+
+static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas,
+                             const mgt_cuda_hooks *hooks, void *owner, mgt_cuda_dev **out)
+{
+    mgt_cuda_dev *d = new (std::nothrow) mgt_cuda_dev();
+    if (d == NULL)
+        return mgt_error_set(MGT_ERR_OOM, "cuda: out of host memory opening gpu %d", gpu);
+    d->set = set;
+    d->index = index;
+    d->gpu = gpu;
+    d->replicas_on_gpu = replicas;
+    if (hooks != NULL)
+        d->hooks = *hooks;
+    d->owner = owner;
+    d->cached_bytes = 0;
+    d->flag_host = NULL;
+    d->flag_dev = NULL;
+    d->sticky.store(0);
+    d->sticky_text[0] = '\0';
+    *out = d; // owned by the set from here on, also on failure below
+
+    MGT_CUDA_TRY(d, cudaSetDevice(gpu));
+    // Creates the primary context now, so a broken GPU fails at open and not mid-step.
+    MGT_CUDA_TRY(d, cudaFree(0));
+    cudaDeviceProp prop;
+    MGT_CUDA_TRY(d, cudaGetDeviceProperties(&prop, gpu));
+    d->total_mem = prop.totalGlobalMem / (size_t)replicas;
+    char share[48] = "";
+    if (replicas > 1)
+        snprintf(share, sizeof share, ", shared by %d replicas", replicas);
+    snprintf(d->name, sizeof d->name, "%.48s (gpu %d, pci %04x:%02x:%02x.0, %.1f GiB%s)",
+             prop.name, gpu, (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID,
+             (unsigned)prop.pciDeviceID, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024),
+             share);
+
+    void *flag = NULL;
+    MGT_CUDA_TRY(d, cudaHostAlloc(&flag, MGT_CUDA_FLAG_SLOTS * sizeof(int),
+                                  cudaHostAllocMapped | cudaHostAllocPortable));
+    d->flag_host = (int *)flag;
+    memset(flag, 0, MGT_CUDA_FLAG_SLOTS * sizeof(int));
+    void *flag_dev = NULL;
+    MGT_CUDA_TRY(d, cudaHostGetDevicePointer(&flag_dev, flag, 0));
+    d->flag_dev = (int *)flag_dev;
+    return MGT_OK;
+}
+
+static bool enable_peer(int from, int to)
+{
+    if (cudaSetDevice(from) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    // An earlier devset of this process may have enabled it already: that is success.
+    (void)cudaGetLastError();
+    return e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+}
+
+static uint32_t peer_pattern(size_t i, int src, int dst)
+{
+    // Never zero, different per position and per direction: a copy that silently arrives
+    // as zeros, or lands shifted, or comes from the wrong pair, all fail the comparison.
+    uint32_t salt = 0x9e3779b9u * (uint32_t)(src * 64 + dst + 1);
+    return ((uint32_t)(i * 2654435761u) ^ salt) | 1u;
+}
+
+// Copies a known pattern from src to dst over the direct path and checks every word; then
+// times a few copies for the bandwidth figure. Any CUDA failure counts as "no access".
+static bool verify_peer(int src, int dst, double *gbps)
+{
+    const size_t bytes = (size_t)16 << 20;
+    const size_t words = bytes / sizeof(uint32_t);
+    const int reps = 4;
+    uint32_t *host = NULL;
+    void *dsrc = NULL, *ddst = NULL;
+    cudaStream_t stream = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    float ms = 0.0f;
+    bool ok = false;
+    *gbps = 0.0;
+
+    if (cudaHostAlloc((void **)&host, 2 * bytes, cudaHostAllocPortable) != cudaSuccess)
+        goto done;
+    for (size_t i = 0; i < words; i++)
+        host[i] = peer_pattern(i, src, dst);
+    if (cudaSetDevice(src) != cudaSuccess || cudaMalloc(&dsrc, bytes) != cudaSuccess ||
+        cudaMemcpy(dsrc, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        goto done;
+    if (cudaSetDevice(dst) != cudaSuccess || cudaMalloc(&ddst, bytes) != cudaSuccess ||
+        cudaMemset(ddst, 0, bytes) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess)
+        goto done;
+    if (cudaMemcpyPeerAsync(ddst, dst, dsrc, src, bytes, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess ||
+        cudaMemcpy(host + words, ddst, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        goto done;
+    if (memcmp(host, host + words, bytes) != 0)
+        goto done;
+    ok = true;
+
+    if (cudaEventRecord(t0, stream) != cudaSuccess)
+        goto done;
+    for (int r = 0; r < reps; r++)
+        if (cudaMemcpyPeerAsync(ddst, dst, dsrc, src, bytes, stream) != cudaSuccess)
+            goto done;
+    if (cudaEventRecord(t1, stream) == cudaSuccess && cudaEventSynchronize(t1) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess && ms > 0.0f)
+        *gbps = (double)bytes * reps / ((double)ms * 1e6);
+
+done:
+    if (t0 != NULL)
+        cudaEventDestroy(t0);
+    if (t1 != NULL)
+        cudaEventDestroy(t1);
+    if (stream != NULL)
+        cudaStreamDestroy(stream);
+    if (ddst != NULL) {
+        cudaSetDevice(dst);
+        cudaFree(ddst);
+    }
+    if (dsrc != NULL) {
+        cudaSetDevice(src);
+        cudaFree(dsrc);
+    }
+    if (host != NULL)
+        cudaFreeHost(host);
+    (void)cudaGetLastError();
+    return ok;
+}
+
+// Fills set->peer and set->peer_gbps for every pair of replicas.
+static void open_peers(mgt_cuda_set *set, int count)
+{
+    const int n = set->n;
+    // Verdicts per physical pair (a -> b), decided once however many replicas share a GPU.
+    std::vector<unsigned char> phys((size_t)count * count, 0);
+    std::vector<double> phys_gbps((size_t)count * count, 0.0);
+    std::vector<unsigned char> used((size_t)count, 0);
+    for (int i = 0; i < n; i++)
+        used[(size_t)set->devs[i]->gpu] = 1;
+
+    for (int a = 0; a < count && !set->opt.no_p2p; a++) {
+        for (int b = a + 1; b < count; b++) {
+            if (!used[(size_t)a] || !used[(size_t)b])
+                continue;
+            int ab = 0, ba = 0;
+            if (cudaDeviceCanAccessPeer(&ab, a, b) != cudaSuccess ||
+                cudaDeviceCanAccessPeer(&ba, b, a) != cudaSuccess) {
+                (void)cudaGetLastError();
+                continue;
+            }
+            // Both directions or neither: the reduction sends both ways over each pair.
+            if (!ab || !ba || !enable_peer(a, b) || !enable_peer(b, a))
+                continue;
+            double g_ab = 0.0, g_ba = 0.0;
+            if (!verify_peer(a, b, &g_ab) || !verify_peer(b, a, &g_ba))
+                continue;
+            phys[(size_t)a * count + b] = phys[(size_t)b * count + a] = 1;
+            phys_gbps[(size_t)a * count + b] = g_ab;
+            phys_gbps[(size_t)b * count + a] = g_ba;
+        }
+    }
+
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            int gi = set->devs[i]->gpu, gj = set->devs[j]->gpu;
+            unsigned char ok;
+            double gbps = 0.0;
+            if (i == j)
+                ok = 1;
+            else if (gi == gj)
+                // Replicas on one GPU copy with a plain D2D; MGT_NO_P2P still forces the
+                // staged path so that it can be exercised on a one-GPU machine.
+                ok = set->opt.no_p2p ? 0 : 1;
+            else {
+                ok = phys[(size_t)gi * count + gj];
+                gbps = phys_gbps[(size_t)gi * count + gj];
+            }
+            set->peer[(size_t)i * n + j] = ok;
+            set->peer_gbps[(size_t)i * n + j] = gbps;
+        }
+    }
+}
+
+static mgt_status set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
+                           void *const *owners, mgt_cuda_set **out)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "no CUDA device was found (%s)",
+                             e != cudaSuccess ? cudaGetErrorString(e)
+                                              : "the driver reports none");
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= count)
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "gpu id %d (position %d of the list) is out of range: this "
+                                 "machine has %d CUDA device%s (ids 0..%d)",
+                                 ids[i], i, count, count == 1 ? "" : "s", count - 1);
+
+    mgt_cuda_set *set = new mgt_cuda_set();
+    set->n = n;
+    set->opt = read_options();
+    set->devs = new mgt_cuda_dev *[(size_t)n]();
+    set->peer.assign((size_t)n * n, 0);
+    set->peer_gbps.assign((size_t)n * n, 0.0);
+    for (int i = 0; i < n; i++) {
+        int replicas = 0;
+        for (int j = 0; j < n; j++)
+            replicas += ids[j] == ids[i];
+        mgt_status st = dev_create(set, i, ids[i], replicas, hooks,
+                                   owners != NULL ? owners[i] : NULL, &set->devs[i]);
+        if (st != MGT_OK) {
+            mgt_cuda_set_close(set);
+            return st;
+        }
+    }
+    open_peers(set, count);
+    *out = set;
+    return MGT_OK;
+}
+
+mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
+                             void *const *owners, mgt_cuda_set **out)
+{
+    *out = NULL;
+    try {
+        return set_open(ids, n, hooks, owners, out);
+    } catch (...) {
+        return mgt_error_set(MGT_ERR_OOM, "cuda: out of host memory opening %d device(s)", n);
+    }
+}
+
+mgt_cuda_dev *mgt_cuda_set_dev(mgt_cuda_set *set, int i) { return set->devs[i]; }
+
+int mgt_cuda_set_peer(const mgt_cuda_set *set, int i, int j)
+{
+    return set->peer[(size_t)i * set->n + j];
+}
+
+double mgt_cuda_set_peer_gbps(const mgt_cuda_set *set, int i, int j)
+{
+    return set->peer_gbps[(size_t)i * set->n + j];
+}
+
+void mgt_cuda_dev_describe(const mgt_cuda_dev *d, char *name, size_t cap, size_t *total_mem)
+{
+    snprintf(name, cap, "%s", d->name);
+    *total_mem = d->total_mem;
+}
+
+// ---- memory ----
+
+// Small blocks in 512-byte steps, large ones in 2 MiB steps (the driver's own granularity),
+// so that a near size finds the block a previous step freed.
+static size_t round_block(size_t bytes)
+{
+    const size_t small = 512, big = (size_t)2 << 20;
+    if (bytes == 0)
+        bytes = 1;
+    if (bytes <= ((size_t)1 << 20))
+        return (bytes + small - 1) / small * small;
+    return (bytes + big - 1) / big * big;
+}
+
+static bool take_cached(mgt_cuda_dev *d, size_t want, void **out)
+{
+    std::lock_guard<std::mutex> g(d->mem_lock);
+    auto it = d->free_blocks.lower_bound(want);
+    // At most an eighth larger: a small request must not pin a huge block.
+    if (it == d->free_blocks.end() || it->first > want + want / 8)
+        return false;
+    d->live[it->second] = it->first;
+    d->cached_bytes -= it->first;
+    *out = it->second;
+    d->free_blocks.erase(it);
+    return true;
+}
+
+static mgt_status alloc_block(mgt_cuda_dev *d, size_t bytes, void **out)
+{
+    const size_t want = round_block(bytes);
+    if (take_cached(d, want, out))
+        return MGT_OK;
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e == cudaErrorMemoryAllocation) {
+        // Blocks cached by any replica on this GPU are memory the driver could hand out.
+        (void)cudaGetLastError();
+        for (int i = 0; i < d->set->n; i++)
+            if (d->set->devs[i]->gpu == d->gpu)
+                dev_release_cache(d->set->devs[i]);
+        cudaSetDevice(d->gpu);
+        e = cudaMalloc(&p, want);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        (void)cudaGetLastError();
+        return mgt_error_set(MGT_ERR_OOM,
+                             "cuda device %d (gpu %d): cudaMalloc of %zu bytes: out of memory "
+                             "(%zu MiB free of %zu MiB)",
+                             d->index, d->gpu, want, free_b >> 20, total_b >> 20);
+    }
+    if (e != cudaSuccess)
+        return mgt_cuda_fail_rt(d, e, "cudaMalloc", __FILE__, __LINE__, false);
+    try {
+        std::lock_guard<std::mutex> g(d->mem_lock);
+        d->live[p] = want;
+    } catch (...) {
+        cudaFree(p);
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory", d->index);
+    }
+    *out = p;
+    return MGT_OK;
+}
+
+mgt_status mgt_cuda_alloc(mgt_cuda_dev *d, size_t bytes, void **out)
+{
+    mgt_status st = mgt_cuda_dev_check(d);
+    if (st != MGT_OK)
+        return st;
+    return alloc_block(d, bytes, out);
+}
+
+mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out)
+{
+    return alloc_block(d, bytes, out);
+}
+
+void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    // As cudaFree does: the block goes back out to the next request at once, so no work
+    // still queued on this GPU (any replica's streams) may be using it.
+    if (cudaSetDevice(d->gpu) == cudaSuccess) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess)
+            mgt_cuda_fail_rt(d, e, "cudaDeviceSynchronize (freeing a buffer)", __FILE__,
+                             __LINE__, true);
+    }
+    (void)cudaGetLastError();
+    std::lock_guard<std::mutex> g(d->mem_lock);
+    auto it = d->live.find(ptr);
+    if (it == d->live.end())
+        return;
+    size_t size = it->second;
+    d->live.erase(it);
+    try {
+        d->free_blocks.emplace(size, ptr);
+        d->cached_bytes += size;
+    } catch (...) {
+        cudaFree(ptr);
+    }
+}
+
+void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr) { mgt_cuda_free(d, ptr); }
+
+mgt_status mgt_cuda_host_alloc(mgt_cuda_dev *d, size_t bytes, void **out)
+{
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    void *p = NULL;
+    // Portable: the dispatch layer stages peer copies between two GPUs through one buffer.
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mgt_error_set(e == cudaErrorMemoryAllocation ? MGT_ERR_OOM : MGT_ERR_DEVICE,
+                             "cuda device %d (gpu %d): cudaHostAlloc of %zu bytes: %s",
+                             d->index, d->gpu, bytes, cudaGetErrorString(e));
+    }
+    *out = p;
+    return MGT_OK;
+}
+
+void mgt_cuda_host_free(mgt_cuda_dev *d, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    cudaSetDevice(d->gpu);
+    cudaFreeHost(ptr);
+    (void)cudaGetLastError();
+}
+
+mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes)
+{
+    if (bytes <= s->scratch_bytes)
+        return MGT_OK;
+    mgt_cuda_dev *d = s->dev;
+    size_t want = (size_t)64 << 10;
+    while (want < bytes)
+        want *= 2;
+    if (d->hooks.reserve != NULL) {
+        mgt_status st = d->hooks.reserve(d->owner, want, "kernel scratch");
+        if (st != MGT_OK)
+            return st;
+    }
+    void *p = NULL;
+    mgt_status st = alloc_block(d, want, &p);
+    if (st != MGT_OK) {
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, want);
+        return st;
+    }
+    if (s->scratch != NULL) {
+        mgt_cuda_free(d, s->scratch);
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, s->scratch_bytes);
+    }
+    s->scratch = p;
+    s->scratch_bytes = want;
+    return MGT_OK;
+}
+
+// ---- streams ----
+
+static mgt_status stream_create(mgt_cuda_dev *d, mgt_cuda_stream **out)
+{
+    mgt_status st = mgt_cuda_dev_check(d);
+    if (st != MGT_OK)
+        return st;
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    mgt_cuda_stream *s = new mgt_cuda_stream();
+    memset(s, 0, sizeof *s);
+    s->dev = d;
+    // Non-blocking: our streams never wait for the legacy default stream, which libraries
+    // or the blocking cudaMemcpy of other code may use.
+    cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        delete s;
+        return mgt_cuda_fail_rt(d, e, "cudaStreamCreateWithFlags", __FILE__, __LINE__, false);
+    }
+    try {
+        std::lock_guard<std::mutex> g(d->streams_lock);
+        d->streams.push_back(s);
+    } catch (...) {
+        cudaStreamDestroy(s->stream);
+        delete s;
+        throw;
+    }
+    *out = s;
+    return MGT_OK;
+}
+
+mgt_status mgt_cuda_stream_create(mgt_cuda_dev *d, mgt_cuda_stream **out)
+{
+    try {
+        return stream_create(d, out);
+    } catch (...) {
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory", d->index);
+    }
+}
+
+void mgt_cuda_stream_destroy(mgt_cuda_stream *s)
+{
+    if (s == NULL)
+        return;
+    mgt_cuda_dev *d = s->dev;
+    {
+        std::lock_guard<std::mutex> g(d->streams_lock);
+        for (size_t i = 0; i < d->streams.size(); i++)
+            if (d->streams[i] == s) {
+                d->streams.erase(d->streams.begin() + (long)i);
+                break;
+            }
+    }
+    cudaSetDevice(d->gpu);
+    if (s->cd != NULL)
+        cudnnDestroyConvolutionDescriptor(s->cd);
+    if (s->wd != NULL)
+        cudnnDestroyFilterDescriptor(s->wd);
+    if (s->bnd != NULL)
+        cudnnDestroyTensorDescriptor(s->bnd);
+    if (s->yd != NULL)
+        cudnnDestroyTensorDescriptor(s->yd);
+    if (s->xd != NULL)
+        cudnnDestroyTensorDescriptor(s->xd);
+    if (s->dnn != NULL)
+        cudnnDestroy(s->dnn);
+    if (s->blas != NULL)
+        cublasDestroy(s->blas);
+    if (s->ws != NULL) {
+        mgt_cuda_free(d, s->ws);
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, s->ws_bytes);
+    }
+    if (s->scratch != NULL) {
+        mgt_cuda_free(d, s->scratch);
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, s->scratch_bytes);
+    }
+    cudaStreamDestroy(s->stream);
+    (void)cudaGetLastError();
+    delete s;
+}
+
+// cudaErrorNotReady is an answer, not a failure; some runtimes still leave it as the
+// thread's last error, which the next launch check would then report.
+static int not_ready(cudaError_t e)
+{
+    if (e != cudaErrorNotReady)
+        return 0;
+    (void)cudaGetLastError();
+    return 1;
+}
+
+mgt_status mgt_cuda_stream_query(mgt_cuda_stream *s, int *done)
+{
+    *done = 0;
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    cudaError_t e = cudaStreamQuery(s->stream);
+    if (not_ready(e))
+        return MGT_OK;
+    if (e != cudaSuccess)
+        return mgt_cuda_fail_rt(s->dev, e, "cudaStreamQuery", __FILE__, __LINE__, true);
+    *done = 1;
+    // Work that ran may have raised the kernel flag (a bad label): report it now.
+    return mgt_cuda_dev_check(s->dev);
+}
+
+mgt_status mgt_cuda_dev_query(mgt_cuda_dev *d, int *done)
+{
+    *done = 0;
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    mgt_status st = mgt_cuda_dev_check(d);
+    if (st != MGT_OK)
+        return st;
+    cudaError_t e = cudaSuccess;
+    {
+        std::lock_guard<std::mutex> g(d->streams_lock);
+        for (mgt_cuda_stream *s : d->streams) {
+            e = cudaStreamQuery(s->stream);
+            if (e != cudaSuccess)
+                break;
+        }
+    }
+    if (not_ready(e))
+        return MGT_OK;
+    if (e != cudaSuccess)
+        return mgt_cuda_fail_rt(d, e, "cudaStreamQuery", __FILE__, __LINE__, true);
+    *done = 1;
+    return mgt_cuda_dev_check(d);
+}
+
+// ---- events ----
+
+mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, mgt_cuda_event **out)
+{
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    mgt_cuda_event *e = new (std::nothrow) mgt_cuda_event();
+    if (e == NULL)
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory", d->index);
+    e->dev = d;
+    // Timing stays enabled: event_elapsed_ms works on any event.
+    cudaError_t r = cudaEventCreateWithFlags(&e->event, cudaEventDefault);
+    if (r != cudaSuccess) {
+        delete e;
+        return mgt_cuda_fail_rt(d, r, "cudaEventCreateWithFlags", __FILE__, __LINE__, false);
+    }
+    *out = e;
+    return MGT_OK;
+}
+
+void mgt_cuda_event_destroy(mgt_cuda_event *e)
+{
+    if (e == NULL)
+        return;
+    cudaSetDevice(e->dev->gpu);
+    cudaEventDestroy(e->event);
+    (void)cudaGetLastError();
+    delete e;
+}
+
+mgt_status mgt_cuda_event_record(mgt_cuda_event *e, mgt_cuda_stream *s)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    MGT_CUDA_TRY(s->dev, cudaEventRecord(e->event, s->stream));
+    return MGT_CUDA_AFTER(s, "cudaEventRecord");
+}
+
+mgt_status mgt_cuda_stream_wait_event(mgt_cuda_stream *s, mgt_cuda_event *e)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    // The event may belong to another GPU: CUDA orders across devices here.
+    MGT_CUDA_TRY(s->dev, cudaStreamWaitEvent(s->stream, e->event, 0));
+    return MGT_CUDA_AFTER(s, "cudaStreamWaitEvent");
+}
+
+mgt_status mgt_cuda_event_query(mgt_cuda_event *e, int *done)
+{
+    *done = 0;
+    mgt_cuda_dev *d = e->dev;
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    mgt_status st = mgt_cuda_dev_check(d);
+    if (st != MGT_OK)
+        return st;
+    cudaError_t r = cudaEventQuery(e->event);
+    if (not_ready(r))
+        return MGT_OK;
+    if (r != cudaSuccess)
+        return mgt_cuda_fail_rt(d, r, "cudaEventQuery", __FILE__, __LINE__, true);
+    *done = 1;
+    return mgt_cuda_dev_check(d);
+}
+
+mgt_status mgt_cuda_event_elapsed(mgt_cuda_event *start, mgt_cuda_event *end, float *ms)
+{
+    mgt_cuda_dev *d = end->dev;
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    cudaError_t r = cudaEventElapsedTime(ms, start->event, end->event);
+    if (r == cudaErrorNotReady || r == cudaErrorInvalidResourceHandle) {
+        // A caller's mistake (an event not recorded or not yet run), not a device fault.
+        (void)cudaGetLastError();
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "cuda device %d: event_elapsed_ms needs two completed records (%s)",
+                             d->index, cudaGetErrorString(r));
+    }
+    if (r != cudaSuccess)
+        return mgt_cuda_fail_rt(d, r, "cudaEventElapsedTime", __FILE__, __LINE__, false);
+    return MGT_OK;
+}
+
+// ---- copies ----
+
+mgt_status mgt_cuda_memset(mgt_cuda_stream *s, void *dst, int value, size_t bytes)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    MGT_CUDA_TRY(s->dev, cudaMemsetAsync(dst, value, bytes, s->stream));
+    return MGT_CUDA_AFTER(s, "cudaMemsetAsync");
+}
+
+mgt_status mgt_cuda_copy(mgt_cuda_stream *s, int kind, void *dst, const void *src, size_t bytes)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    cudaMemcpyKind k = kind == MGT_CUDA_COPY_H2D   ? cudaMemcpyHostToDevice
+                       : kind == MGT_CUDA_COPY_D2H ? cudaMemcpyDeviceToHost
+                                                   : cudaMemcpyDeviceToDevice;
+    MGT_CUDA_TRY(s->dev, cudaMemcpyAsync(dst, src, bytes, k, s->stream));
+    return MGT_CUDA_AFTER(s, "cudaMemcpyAsync");
+}
+
+mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev,
+                              const void *src, size_t bytes)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    st = mgt_cuda_dev_check(src_dev);
+    if (st != MGT_OK)
+        return st;
+    if (src_dev->gpu == s->dev->gpu) {
+        MGT_CUDA_TRY(s->dev,
+                     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
+        return MGT_CUDA_AFTER(s, "cudaMemcpyAsync (replicas on one gpu)");
+    }
+    MGT_CUDA_TRY(s->dev,
+                 cudaMemcpyPeerAsync(dst, s->dev->gpu, src, src_dev->gpu, bytes, s->stream));
+    return MGT_CUDA_AFTER(s, "cudaMemcpyPeerAsync");
+}

@@ -1,0 +1,341 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: builds mgtrain with the CUDA backend and runs the CUDA checks within 8 minutes.
+#
+#   tools/gpu-check.sh               on the GPU machine, from the repository root
+#   tools/gpu-check.sh --fetch-deps  on a Debian 12 machine with apt, beforehand
+#
+# The GPU machine may have CUDA and the Python wheels' cuDNN/cuBLAS but none of Debian's
+# development packages the build needs (OpenBLAS, cJSON, cmocka, stb, pkg-config). Where
+# they are missing, the script unpacks the .deb files of .gpu-deps/ (made by --fetch-deps;
+# ignore the folder in .git/info/exclude and carry it to the machine) into a private prefix
+# and points the build at it; nothing is installed into the system. Without cmocka the
+# tests cannot be built: the build goes on with MGT_BUILD_TESTS=OFF and says so.
+#
+# Steps, each under its own timeout and all under one deadline: configure, build,
+# cuda_smoke (the backend's plumbing), the conformance suite (every op, CUDA beside the CPU
+# reference), `mgtrain devices` on CUDA, the kernel benchmark, then the remaining tests.
+# Writes $OUT/gpu-check.log (everything), $OUT/summary.json and, when the benchmark ran,
+# $OUT/bench.json; OUT defaults to ./gpu-check-out.
+set -u
+
+DEB_PACKAGES="libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread
+libgfortran5 libquadmath0 libcjson-dev libcjson1 libcmocka-dev libcmocka0 libstb-dev libstb0
+pkgconf pkgconf-bin libpkgconf3"
+
+if [ "${1:-}" = "--fetch-deps" ]; then
+    # apt-get download fetches single .deb files into the current folder; no root needed
+    # once the package lists exist.
+    mkdir -p .gpu-deps && cd .gpu-deps || exit 1
+    # shellcheck disable=SC2086
+    apt-get download $DEB_PACKAGES || exit 1
+    echo "gpu-check: $(find . -name '*.deb' | wc -l) packages in .gpu-deps/ ($(du -sh . | cut -f1));"
+    echo "  ignore it (echo /.gpu-deps/ >> .git/info/exclude) and carry it to the GPU machine"
+    exit 0
+fi
+if [ $# -gt 0 ]; then
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+
+REPO=$(pwd)
+OUT=${OUT:-$REPO/gpu-check-out}
+mkdir -p "$OUT"
+LOG=$OUT/gpu-check.log
+: >"$LOG"
+WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
+BUILD=$REPO/build-gpu
+START=$(date +%s)
+DEADLINE=$((START + 470)) # 8 minutes less a margin for the summary
+
+log() { echo "gpu-check: $*" | tee -a "$LOG"; }
+
+json_escape() {
+    printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/\\t/g' | tr -d '\000-\010\013-\037' |
+        awk 'BEGIN { ORS = "" } NR > 1 { print "\\n" } { print }'
+}
+
+STEPS_JSON=""
+add_step() { # name status rc seconds detail
+    local entry
+    entry=$(printf '{"name": "%s", "status": "%s", "rc": %s, "seconds": %s, "detail": "%s"}' \
+        "$1" "$2" "$3" "$4" "$(json_escape "$5")")
+    STEPS_JSON="${STEPS_JSON:+$STEPS_JSON, }$entry"
+}
+
+# run_step NAME MAX_SECONDS COMMAND...: runs under min(MAX, time left), output to the log.
+# Sets STEP_RC and STEP_OUT (the step's output).
+run_step() {
+    local name=$1 max=$2
+    shift 2
+    local now left limit t0 status
+    now=$(date +%s)
+    left=$((DEADLINE - now))
+    if [ "$left" -lt 15 ]; then
+        log "$name: skipped (out of time)"
+        add_step "$name" skipped null 0 "out of time"
+        STEP_RC=-1
+        STEP_OUT=""
+        return
+    fi
+    limit=$max
+    [ "$left" -lt "$limit" ] && limit=$left
+    log "---- $name (limit ${limit}s): $*"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >"$WORK/step.out" 2>&1
+    STEP_RC=$?
+    STEP_OUT=$(cat "$WORK/step.out")
+    cat "$WORK/step.out" >>"$LOG"
+    status=ok
+    [ "$STEP_RC" -ne 0 ] && status=fail
+    [ "$STEP_RC" -eq 124 ] || [ "$STEP_RC" -eq 137 ] && status=timeout
+    log "$name: $status (rc $STEP_RC, $(($(date +%s) - t0))s)"
+    add_step "$name" "$status" "$STEP_RC" "$(($(date +%s) - t0))" "$(printf '%s' "$STEP_OUT" | tail -n 15)"
+}
+
+# ---- the machine ----
+
+log "started $(date -u +%Y-%m-%dT%H:%M:%SZ) in $REPO, output in $OUT"
+GPU_INFO="" CC_ARCH=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    GPU_INFO=$(nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version,compute_cap \
+        --format=csv,noheader 2>&1)
+    { nvidia-smi topo -m 2>&1 || true; } >>"$LOG"
+    CC_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+fi
+log "gpus: ${GPU_INFO:-none (no nvidia-smi)}"
+JOBS=$(nproc 2>/dev/null || echo 4)
+
+# ---- CUDA, cuDNN, cuBLAS, NCCL: the toolkit first, then the Python wheels' folders ----
+
+CUDA_ROOT=""
+for c in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-12; do
+    if [ -n "$c" ] && [ -x "$c/bin/nvcc" ]; then CUDA_ROOT=$c; break; fi
+done
+if [ -z "$CUDA_ROOT" ] && command -v nvcc >/dev/null 2>&1; then
+    CUDA_ROOT=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
+log "cuda toolkit: ${CUDA_ROOT:-not found} ($("${CUDA_ROOT:-/nonexistent}/bin/nvcc" --version 2>/dev/null | tail -n 1))"
+
+SITE_DIRS=""
+for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    SITE_DIRS="$SITE_DIRS $("$py" -c 'import site, sys
+print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)"
+done
+for d in /usr/local/lib/python3*/dist-packages /usr/lib/python3/dist-packages \
+    /opt/*/.venv/lib/python3*/site-packages; do
+    [ -d "$d" ] && SITE_DIRS="$SITE_DIRS $d"
+done
+
+# find_first PATTERN DIR...: the first file matching PATTERN in the folders, or nothing.
+find_first() {
+    local pat=$1 d f
+    shift
+    for d in "$@"; do
+        [ -d "$d" ] || continue
+        for f in "$d"/$pat; do
+            [ -e "$f" ] && { echo "$f"; return; }
+        done
+    done
+}
+
+WHEEL_INC() { local d; for d in $SITE_DIRS; do echo "$d/nvidia/$1/include"; done; }
+WHEEL_LIB() { local d; for d in $SITE_DIRS; do echo "$d/nvidia/$1/lib"; done; }
+SYS_INC="${CUDA_ROOT:+$CUDA_ROOT/include} /usr/include /usr/include/x86_64-linux-gnu"
+SYS_LIB="${CUDA_ROOT:+$CUDA_ROOT/lib64 $CUDA_ROOT/lib} /usr/lib/x86_64-linux-gnu /usr/lib64"
+
+# shellcheck disable=SC2046,SC2086
+CUDNN_H=$(find_first cudnn.h $SYS_INC $(WHEEL_INC cudnn))
+# shellcheck disable=SC2046,SC2086
+CUDNN_SO=$(find_first 'libcudnn.so*' $SYS_LIB $(WHEEL_LIB cudnn))
+# shellcheck disable=SC2046,SC2086
+CUBLAS_SO=$(find_first 'libcublas.so*' $SYS_LIB $(WHEEL_LIB cublas))
+# shellcheck disable=SC2046,SC2086
+CUBLAS_H=$(find_first cublas_v2.h $SYS_INC $(WHEEL_INC cublas))
+# shellcheck disable=SC2046,SC2086
+NCCL_SO=$(find_first 'libnccl.so*' $SYS_LIB $(WHEEL_LIB nccl))
+log "cudnn: header ${CUDNN_H:-not found}, library ${CUDNN_SO:-not found}"
+log "cublas: header ${CUBLAS_H:-not found}, library ${CUBLAS_SO:-not found}"
+log "nccl: ${NCCL_SO:-not found} (not used by the build)"
+
+CMAKE_ARGS=(-DMGT_CUDA=ON -DCMAKE_BUILD_TYPE=Release)
+# The GPU's own architecture only: half the compile time of the default 80;90.
+CC_ARCH=${MGT_CUDA_ARCHITECTURES:-$CC_ARCH}
+[ -n "$CC_ARCH" ] && CMAKE_ARGS+=("-DMGT_CUDA_ARCHITECTURES=$CC_ARCH")
+[ -n "$CUDA_ROOT" ] && CMAKE_ARGS+=("-DCMAKE_CUDA_COMPILER=$CUDA_ROOT/bin/nvcc" "-DCUDAToolkit_ROOT=$CUDA_ROOT")
+LIBDIRS=""
+if [ -n "$CUDNN_H" ] && [ -n "$CUDNN_SO" ]; then
+    # A wheel ships libcudnn.so.9 without the unversioned link: hand CMake the file itself.
+    CMAKE_ARGS+=("-DCUDNN_INCLUDE_DIR=$(dirname "$CUDNN_H")" "-DCUDNN_LIB=$CUDNN_SO")
+    LIBDIRS="$LIBDIRS:$(dirname "$CUDNN_SO")"
+fi
+case "$CUBLAS_SO" in
+"$CUDA_ROOT"/*) ;;
+"") ;;
+*) # cuBLAS only in a wheel: FindCUDAToolkit's cache variable and the wheel's headers.
+    CMAKE_ARGS+=("-DCUDA_cublas_LIBRARY=$CUBLAS_SO" "-DCMAKE_CUDA_FLAGS=-I$(dirname "$CUBLAS_H")")
+    LIBDIRS="$LIBDIRS:$(dirname "$CUBLAS_SO")"
+    CUBLASLT_SO=$(find_first 'libcublasLt.so*' "$(dirname "$CUBLAS_SO")")
+    [ -n "$CUBLASLT_SO" ] && CMAKE_ARGS+=("-DCUDA_cublasLt_LIBRARY=$CUBLASLT_SO")
+    ;;
+esac
+
+# ---- Debian's packages: the system's, else the carried .debs unpacked privately ----
+
+have_pc() { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1" 2>/dev/null; }
+STB_DIR=""
+[ -f /usr/include/stb/stb_image.h ] && STB_DIR=/usr/include
+MISSING=""
+have_pc openblas || MISSING="$MISSING openblas"
+have_pc libcjson || MISSING="$MISSING cjson"
+have_pc cmocka || MISSING="$MISSING cmocka"
+[ -n "$STB_DIR" ] || MISSING="$MISSING stb"
+command -v pkg-config >/dev/null 2>&1 || MISSING="$MISSING pkg-config"
+DEPS_NOTE="system packages"
+# MGT_GPU_CHECK_USE_DEBS=1 takes the carried .debs even where the system has the packages,
+# to try that path on a machine that has them.
+[ "${MGT_GPU_CHECK_USE_DEBS:-0}" = 1 ] && MISSING="$MISSING (forced)"
+if [ -n "$MISSING" ]; then
+    log "missing on this machine:$MISSING"
+    DEBS=$(ls "$REPO"/.gpu-deps/*.deb 2>/dev/null)
+    if [ -n "$DEBS" ]; then
+        # Beside the build folder, not in a temporary one: the CMake cache keeps its paths.
+        ROOT=$BUILD-deps
+        rm -rf "$ROOT"
+        mkdir -p "$ROOT"
+        for deb in $DEBS; do
+            if command -v dpkg-deb >/dev/null 2>&1; then
+                dpkg-deb -x "$deb" "$ROOT"
+            else # ar + tar, for a machine without dpkg
+                (cd "$WORK" && ar x "$deb" && tar -xf data.tar.* -C "$ROOT" && rm -f data.tar.* control.tar.* debian-binary)
+            fi
+        done
+        # Debian's .pc files name absolute /usr paths; point them into the private prefix.
+        find "$ROOT" -name '*.pc' -exec sed -i -e "s#=/usr/#=$ROOT/usr/#" -e "s#=/usr\$#=$ROOT/usr#" {} +
+        ML=$ROOT/usr/lib/x86_64-linux-gnu
+        export PKG_CONFIG_PATH="$ML/pkgconfig:$ML/openblas-pthread/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+        LIBDIRS="$LIBDIRS:$ML:$ML/openblas-pthread"
+        export LD_LIBRARY_PATH="$ML:$ML/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        if ! command -v pkg-config >/dev/null 2>&1 && [ -x "$ROOT/usr/bin/pkgconf" ]; then
+            CMAKE_ARGS+=("-DPKG_CONFIG_EXECUTABLE=$ROOT/usr/bin/pkgconf")
+            export PATH="$ROOT/usr/bin:$PATH"
+            ln -sf pkgconf "$ROOT/usr/bin/pkg-config"
+        fi
+        [ -z "$STB_DIR" ] && [ -f "$ROOT/usr/include/stb/stb_image.h" ] && STB_DIR=$ROOT/usr/include
+        DEPS_NOTE="unpacked from .gpu-deps ($(echo "$DEBS" | wc -w) packages)"
+        MISSING=""
+        have_pc openblas || MISSING="$MISSING openblas"
+        have_pc libcjson || MISSING="$MISSING cjson"
+        have_pc cmocka || MISSING="$MISSING cmocka"
+        [ -n "$STB_DIR" ] || MISSING="$MISSING stb"
+    else
+        DEPS_NOTE="no .gpu-deps/ carried (make it with tools/gpu-check.sh --fetch-deps)"
+    fi
+fi
+[ -n "$STB_DIR" ] && CMAKE_ARGS+=("-DSTB_INCLUDE_DIR=$STB_DIR")
+case "$MISSING" in
+*cmocka*)
+    CMAKE_ARGS+=(-DMGT_BUILD_TESTS=OFF)
+    log "cmocka is missing: building without tests (no conformance run)"
+    ;;
+esac
+log "dependencies: $DEPS_NOTE; still missing:${MISSING:- nothing}"
+export LD_LIBRARY_PATH="${LIBDIRS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+GEN="Unix Makefiles"
+command -v ninja >/dev/null 2>&1 && GEN=Ninja
+CMAKE_ARGS+=(-G "$GEN")
+# A build folder made by another generator cannot be reused.
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=$GEN\$" "$BUILD/CMakeCache.txt"; then
+    rm -rf "$BUILD"
+fi
+
+# ---- build and run ----
+
+run_step configure 90 cmake -S "$REPO" -B "$BUILD" "${CMAKE_ARGS[@]}"
+CONFIGURED=$STEP_RC
+BUILT=1
+if [ "$CONFIGURED" -eq 0 ]; then
+    run_step build 300 cmake --build "$BUILD" -j "$JOBS"
+    BUILT=$STEP_RC
+    if [ "$BUILT" -ne 0 ] && [ "$STEP_RC" -ne 124 ]; then
+        # Other people's half-written files can break the full build: the backend and the
+        # smoke test alone still say whether the CUDA code builds and runs.
+        run_step build-cuda-only 120 cmake --build "$BUILD" -j "$JOBS" --target cuda_smoke
+    fi
+fi
+
+if [ -x "$BUILD/cuda_smoke" ]; then
+    run_step cuda_smoke 60 "$BUILD/cuda_smoke"
+    SMOKE_RC=$STEP_RC
+    run_step cuda_smoke_sync 60 env MGT_CUDA_SYNC=1 "$BUILD/cuda_smoke"
+else
+    SMOKE_RC=null
+fi
+
+CONF_PASSED=null CONF_FAILED=null CONF_TOTAL=null
+if [ -x "$BUILD/tests/test_conformance" ]; then
+    # One op directly: its output says whether CUDA took part ("cuda: skipped" if not).
+    run_step conformance-probe 30 "$BUILD/tests/test_conformance" fill
+    run_step conformance 150 ctest --test-dir "$BUILD" -L conformance -j 8 --timeout 120 --output-on-failure
+    LINE=$(printf '%s\n' "$STEP_OUT" | grep -E 'tests passed, [0-9]+ tests? failed out of' | tail -n 1)
+    if [ -n "$LINE" ]; then
+        CONF_FAILED=$(echo "$LINE" | sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/')
+        CONF_TOTAL=$(echo "$LINE" | sed -E 's/.*failed out of ([0-9]+).*/\1/')
+        CONF_PASSED=$((CONF_TOTAL - CONF_FAILED))
+    fi
+fi
+
+if [ -x "$BUILD/mgtrain" ]; then
+    run_step devices 30 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
+    run_step devices-no-p2p 30 env MGT_NO_P2P=1 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
+fi
+
+if [ -x "$BUILD/bench_kernels" ]; then
+    BENCH_ARGS=(--json "$OUT/bench.json")
+    # The benchmark times the CPU path today; once it learns a device flag, use the GPU.
+    if "$BUILD/bench_kernels" --help 2>&1 | grep -q -- '--device'; then
+        BENCH_ARGS+=(--device cuda)
+    else
+        BENCH_ARGS+=(--threads "$JOBS" --repeats 3)
+    fi
+    run_step bench_kernels 60 "$BUILD/bench_kernels" "${BENCH_ARGS[@]}"
+fi
+
+TESTS_PASSED=null TESTS_FAILED=null TESTS_TOTAL=null
+if [ -f "$BUILD/CTestTestfile.cmake" ] && [ "$BUILT" -eq 0 ]; then
+    # The multi-device tests and the rest; they use CUDA where they are written to.
+    run_step other-tests 120 ctest --test-dir "$BUILD" -LE conformance -j 8 --timeout 100 --output-on-failure
+    LINE=$(printf '%s\n' "$STEP_OUT" | grep -E 'tests passed, [0-9]+ tests? failed out of' | tail -n 1)
+    if [ -n "$LINE" ]; then
+        TESTS_FAILED=$(echo "$LINE" | sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/')
+        TESTS_TOTAL=$(echo "$LINE" | sed -E 's/.*failed out of ([0-9]+).*/\1/')
+        TESTS_PASSED=$((TESTS_TOTAL - TESTS_FAILED))
+    fi
+fi
+
+# ---- summary ----
+
+TOTAL=$(($(date +%s) - START))
+cat >"$OUT/summary.json" <<EOF
+{
+  "started": "$(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ 2>/dev/null)",
+  "total_seconds": $TOTAL,
+  "gpus": "$(json_escape "$GPU_INFO")",
+  "cuda_root": "$(json_escape "$CUDA_ROOT")",
+  "cudnn": {"header": "$(json_escape "$CUDNN_H")", "library": "$(json_escape "$CUDNN_SO")"},
+  "cublas": "$(json_escape "$CUBLAS_SO")",
+  "nccl": "$(json_escape "$NCCL_SO")",
+  "dependencies": "$(json_escape "$DEPS_NOTE")",
+  "missing": "$(json_escape "${MISSING# }")",
+  "cuda_smoke_rc": $SMOKE_RC,
+  "conformance": {"passed": $CONF_PASSED, "failed": $CONF_FAILED, "total": $CONF_TOTAL},
+  "other_tests": {"passed": $TESTS_PASSED, "failed": $TESTS_FAILED, "total": $TESTS_TOTAL},
+  "steps": [$STEPS_JSON]
+}
+EOF
+log "done in ${TOTAL}s; summary in $OUT/summary.json"
+printf 'step summary:\n'
+grep -E '^gpu-check: [a-z_-]+: (ok|fail|timeout|skipped)' "$LOG" | sed 's/^gpu-check: /  /'
+rm -rf "$WORK"
+FAILED=$(grep -cE '^gpu-check: [a-z_-]+: (fail|timeout)' "$LOG")
+[ "$FAILED" -eq 0 ]
