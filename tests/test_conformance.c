@@ -1,0 +1,2031 @@
+/* Kernel conformance: one op's cases on every backend present against the plain reference, with guard regions around every operand, and each backward kernel against central finite differences of its forward on the same backend. Usage: test_conformance OP [-v] */
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/op.h"
+#include "mgt/device.h"
+
+/* Floats of sentinel on each side of every operand: a kernel that writes one element past an
+   end (or reads its input one row too far) meets it. */
+#define GUARD 64
+/* A quiet NaN with a payload no arithmetic produces; it marks guards, and OUT operands start
+   as it, so an element the kernel forgets to write shows up as this exact pattern. */
+#define SENTINEL 0x7fc0deadu
+#define MAX_ARRAYS 24
+#define MAX_FAIL_LINES 8
+
+static bool verbose;
+
+/* ---- deterministic random numbers (splitmix64: every case is reproducible from its index) ---- */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_u64(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(rng *r) { return (double)(rng_u64(r) >> 11) * 0x1.0p-53; }
+
+static float rng_unif(rng *r, float lo, float hi)
+{
+    return lo + (float)(rng_unit(r) * ((double)hi - lo));
+}
+
+/* Inclusive at both ends. */
+static int rng_int(rng *r, int lo, int hi)
+{
+    return lo + (int)(rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+static rng rng_for(int kind, int idx, int salt)
+{
+    rng r = {((uint64_t)(kind + 1) << 40) ^ ((uint64_t)(idx + 1) << 16) ^ (uint64_t)salt};
+    rng_u64(&r);
+    return r;
+}
+
+static float f32_of_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t bits_of_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* ---- a case: one op with host arrays it owns ---- */
+
+typedef struct tcase {
+    mgt_op op; /* pointers into arr[] */
+    char desc[200];
+    double rtol; /* relative tolerance of float outputs */
+    double mag;  /* a floor for the magnitude the tolerance scales (sum: the sum of |x|) */
+    int narr;
+    void *arr[MAX_ARRAYS];
+    size_t len[MAX_ARRAYS]; /* elements */
+} tcase;
+
+static void *case_array(tcase *c, size_t n)
+{
+    if (c->narr == MAX_ARRAYS) {
+        fprintf(stderr, "conformance: too many arrays in one case\n");
+        abort();
+    }
+    void *p = calloc(n ? n : 1, 4);
+    if (!p) {
+        fprintf(stderr, "conformance: out of host memory\n");
+        abort();
+    }
+    c->arr[c->narr] = p;
+    c->len[c->narr++] = n;
+    return p;
+}
+
+static float *case_f32(tcase *c, size_t n) { return case_array(c, n); }
+static int32_t *case_i32(tcase *c, size_t n) { return case_array(c, n); }
+
+/* How many elements the case allocated at p (0: not one of its arrays). */
+static size_t case_len(const tcase *c, const void *p)
+{
+    for (int i = 0; i < c->narr; i++)
+        if (c->arr[i] == p)
+            return c->len[i];
+    return 0;
+}
+
+static void case_free(tcase *c)
+{
+    for (int i = 0; i < c->narr; i++)
+        free(c->arr[i]);
+    c->narr = 0;
+}
+
+static void case_desc(tcase *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void case_desc(tcase *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->desc, sizeof c->desc, fmt, ap);
+    va_end(ap);
+}
+
+/* Relative tolerance for outputs that are sums of `red` products: float rounding grows about
+   with the square root of the length, and a blocked or threaded sum regroups the terms. */
+static double tol_for(double red) { return 1e-6 * (8.0 + 2.0 * sqrt(red)); }
+
+static void fill_unif(rng *r, float *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_unif(r, lo, hi);
+}
+
+static void fill_labels(rng *r, int32_t *l, int n, int classes)
+{
+    for (int i = 0; i < n; i++)
+        l[i] = rng_int(r, 0, classes - 1);
+}
+
+/* ---- backends ---- */
+
+typedef struct backend {
+    char label[64];
+    mgt_device_kind kind;
+    bool has_opts;
+    mgt_mock_options opts;
+    mgt_devset *set;
+    mgt_device *dev;
+    mgt_stream *stream;
+} backend;
+
+static bool backend_open(backend *be)
+{
+    int id = 0;
+    mgt_status st =
+        mgt_devset_open(be->kind, &id, 1, be->has_opts ? &be->opts : NULL, &be->set);
+    if (st != MGT_OK) {
+        fprintf(stderr, "conformance: cannot open %s: %s: %s\n", be->label,
+                mgt_status_str(st), mgt_error_last());
+        return false;
+    }
+    be->dev = mgt_devset_device(be->set, 0);
+    st = mgt_stream_create(be->dev, &be->stream);
+    if (st != MGT_OK) {
+        fprintf(stderr, "conformance: cannot create a stream on %s: %s: %s\n", be->label,
+                mgt_status_str(st), mgt_error_last());
+        mgt_devset_free(be->set);
+        be->set = NULL;
+        return false;
+    }
+    return true;
+}
+
+static void backend_close(backend *be)
+{
+    mgt_stream_free(be->stream);
+    mgt_devset_free(be->set);
+    be->stream = NULL;
+    be->set = NULL;
+    be->dev = NULL;
+}
+
+/* A device error is sticky, so after one the backend is opened afresh: the remaining cases
+   still get reported instead of all failing with the first one's text. */
+static bool backend_reopen(backend *be)
+{
+    backend_close(be);
+    return backend_open(be);
+}
+
+/* ---- running an op on host (reference) and on a device ---- */
+
+static size_t esize(mgt_dtype t) { return t == MGT_I32 ? sizeof(int32_t) : sizeof(float); }
+
+/* The first operand with the same host pointer: aliased operands (relu's y == x) share one
+   array on the host and one region on the device. */
+static int owner_of(void *const orig[], int i)
+{
+    for (int j = 0; j < i; j++)
+        if (orig[j] == orig[i])
+            return j;
+    return i;
+}
+
+/* The role of an operand group: written if any alias of it is written. */
+static mgt_operand_role group_role(const mgt_operand ops[], void *const orig[], int n, int i)
+{
+    mgt_operand_role role = MGT_OPERAND_IN;
+    for (int j = 0; j < n; j++)
+        if (orig[j] == orig[i] && ops[j].role != MGT_OPERAND_IN)
+            role = ops[j].role == MGT_OPERAND_INOUT || role == MGT_OPERAND_INOUT
+                       ? MGT_OPERAND_INOUT
+                       : MGT_OPERAND_OUT;
+    return role;
+}
+
+/* Checks the operand list against the case's arrays, then marks OUT-only arrays with the
+   sentinel (on the host, so the reference and the device start from the same bytes). */
+static bool case_prepare(tcase *c, const char *opname, int idx)
+{
+    mgt_op op = c->op;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    void *orig[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&op, ops);
+    for (int i = 0; i < n; i++) {
+        orig[i] = *ops[i].ptr;
+        size_t have = case_len(c, orig[i]);
+        if (ops[i].count > have) {
+            fprintf(stderr,
+                    "FAIL %s case %d (%s): operand %s lists %zu elements, the case allocated "
+                    "%zu\n",
+                    opname, idx, c->desc, ops[i].name, ops[i].count, have);
+            return false;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (owner_of(orig, i) != i || group_role(ops, orig, n, i) != MGT_OPERAND_OUT)
+            continue;
+        bool read = false;
+        for (int j = 0; j < n; j++)
+            read |= orig[j] == orig[i] && ops[j].role != MGT_OPERAND_OUT;
+        if (read)
+            continue;
+        uint32_t *u = orig[i];
+        for (size_t k = 0; k < ops[i].count; k++)
+            u[k] = SENTINEL;
+    }
+    return true;
+}
+
+typedef struct refres {
+    int n;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    void *orig[MGT_OP_MAX_OPERANDS];
+    void *data[MGT_OP_MAX_OPERANDS]; /* the reference's result; aliases share */
+    mgt_op op;
+} refres;
+
+static void refres_free(refres *rr)
+{
+    for (int i = 0; i < rr->n; i++)
+        if (owner_of(rr->orig, i) == i)
+            free(rr->data[i]);
+    rr->n = 0;
+}
+
+static bool ref_compute(const tcase *c, refres *rr, const char *opname, int idx)
+{
+    rr->op = c->op;
+    rr->n = mgt_op_operands(&rr->op, rr->ops);
+    for (int i = 0; i < rr->n; i++)
+        rr->orig[i] = *rr->ops[i].ptr;
+    for (int i = 0; i < rr->n; i++) {
+        int o = owner_of(rr->orig, i);
+        if (o == i) {
+            size_t bytes = rr->ops[i].count * esize(rr->ops[i].dtype);
+            /* aliases may list different counts; the owner's copy covers the largest */
+            for (int j = i + 1; j < rr->n; j++)
+                if (rr->orig[j] == rr->orig[i] &&
+                    rr->ops[j].count * esize(rr->ops[j].dtype) > bytes)
+                    bytes = rr->ops[j].count * esize(rr->ops[j].dtype);
+            rr->data[i] = malloc(bytes ? bytes : 1);
+            memcpy(rr->data[i], rr->orig[i], bytes);
+        } else {
+            rr->data[i] = rr->data[o];
+        }
+        *rr->ops[i].ptr = rr->data[i];
+    }
+    mgt_status st = mgt_ref_run(&rr->op);
+    if (st != MGT_OK) {
+        fprintf(stderr, "FAIL %s case %d (%s): the reference failed: %s: %s\n", opname, idx,
+                c->desc, mgt_status_str(st), mgt_error_last());
+        return false;
+    }
+    return true;
+}
+
+/* One op run on a device: each operand group in its own buffer between two guards. */
+typedef struct devrun {
+    int n;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    void *orig[MGT_OP_MAX_OPERANDS];
+    size_t count[MGT_OP_MAX_OPERANDS]; /* elements of the group (the largest alias) */
+    mgt_buffer *buf[MGT_OP_MAX_OPERANDS];
+    uint32_t *up[MGT_OP_MAX_OPERANDS];   /* what was uploaded, guards included */
+    uint32_t *back[MGT_OP_MAX_OPERANDS]; /* what came back, guards included */
+} devrun;
+
+static void devrun_free(devrun *dr)
+{
+    for (int i = 0; i < dr->n; i++) {
+        mgt_buffer_free(dr->buf[i]);
+        free(dr->up[i]);
+        free(dr->back[i]);
+    }
+    memset(dr, 0, sizeof *dr);
+}
+
+/* Uploads the op's host arrays with guards, launches the op generically, downloads every
+   group whole and synchronises. *what names the failing step. */
+static mgt_status dev_exec(backend *be, const mgt_op *op, devrun *dr, const char **what)
+{
+    memset(dr, 0, sizeof *dr);
+    mgt_op dop = *op;
+    dr->n = mgt_op_operands(&dop, dr->ops);
+    for (int i = 0; i < dr->n; i++)
+        dr->orig[i] = *dr->ops[i].ptr;
+    mgt_status st = MGT_OK;
+    *what = "upload";
+    for (int i = 0; i < dr->n && st == MGT_OK; i++) {
+        int o = owner_of(dr->orig, i);
+        if (o != i) {
+            *dr->ops[i].ptr = (uint32_t *)mgt_buffer_ptr(dr->buf[o]) + GUARD;
+            continue;
+        }
+        size_t cnt = 0;
+        for (int j = i; j < dr->n; j++)
+            if (dr->orig[j] == dr->orig[i] && dr->ops[j].count > cnt)
+                cnt = dr->ops[j].count;
+        dr->count[i] = cnt;
+        size_t total = cnt + 2 * GUARD;
+        dr->up[i] = malloc(total * 4);
+        dr->back[i] = malloc(total * 4);
+        if (!dr->up[i] || !dr->back[i]) {
+            st = mgt_error_set(MGT_ERR_OOM, "host memory");
+            break;
+        }
+        for (size_t k = 0; k < GUARD; k++)
+            dr->up[i][k] = dr->up[i][GUARD + cnt + k] = SENTINEL;
+        memcpy(dr->up[i] + GUARD, dr->orig[i], cnt * 4);
+        memset(dr->back[i], 0, total * 4);
+        st = mgt_buffer_alloc(be->dev, total * 4, &dr->buf[i]);
+        if (st == MGT_OK)
+            st = mgt_copy_h2d(be->stream, mgt_buffer_ptr(dr->buf[i]), dr->up[i], total * 4);
+        if (st == MGT_OK)
+            *dr->ops[i].ptr = (uint32_t *)mgt_buffer_ptr(dr->buf[i]) + GUARD;
+    }
+    if (st == MGT_OK) {
+        *what = "launch";
+        st = mgt_op_launch(be->stream, &dop);
+    }
+    if (st == MGT_OK) {
+        *what = "download";
+        for (int i = 0; i < dr->n && st == MGT_OK; i++)
+            if (owner_of(dr->orig, i) == i)
+                st = mgt_copy_d2h(be->stream, dr->back[i], mgt_buffer_ptr(dr->buf[i]),
+                                  (dr->count[i] + 2 * GUARD) * 4);
+    }
+    /* Synchronise even after a failed enqueue: the host arrays must outlive queued copies. */
+    mgt_status sst = mgt_stream_synchronize(be->stream, NULL);
+    if (st == MGT_OK && sst != MGT_OK) {
+        *what = "synchronize";
+        st = sst;
+    }
+    return st;
+}
+
+/* Runs op on the device as if it were a function of its host arrays: the written operands'
+   results land back in them. For the finite-difference checks. */
+static mgt_status dev_run_inplace(backend *be, mgt_op *op, const char **what)
+{
+    devrun dr;
+    mgt_status st = dev_exec(be, op, &dr, what);
+    if (st == MGT_OK)
+        for (int i = 0; i < dr.n; i++)
+            if (owner_of(dr.orig, i) == i &&
+                group_role(dr.ops, dr.orig, dr.n, i) != MGT_OPERAND_IN)
+                memcpy(dr.orig[i], dr.back[i] + GUARD, dr.count[i] * 4);
+    devrun_free(&dr);
+    return st;
+}
+
+static void report_status(const char *opname, int idx, const char *desc, const backend *be,
+                          const char *what, mgt_status st)
+{
+    fprintf(stderr, "FAIL %s case %d (%s) on %s: %s: %s: %s\n", opname, idx, desc, be->label,
+            what, mgt_status_str(st), mgt_error_last());
+}
+
+/* Compares one device run with the reference: guards intact, IN operands unchanged, written
+   operands within tolerance (integers exact). Returns the number of failed operands. */
+static int compare_run(const backend *be, const char *opname, int idx, const tcase *c,
+                       const refres *rr, const devrun *dr)
+{
+    int fails = 0;
+    double worst = 0.0; /* the largest error over tolerance, for -v */
+    for (int i = 0; i < dr->n; i++) {
+        if (owner_of(dr->orig, i) != i)
+            continue;
+        const char *name = dr->ops[i].name;
+        size_t cnt = dr->count[i];
+        const uint32_t *back = dr->back[i];
+        int lines = 0;
+        bool bad = false;
+        for (size_t k = 0; k < GUARD; k++) {
+            if (back[k] != SENTINEL || back[GUARD + cnt + k] != SENTINEL) {
+                bool before = back[k] != SENTINEL;
+                size_t at = before ? k : GUARD + cnt + k;
+                fprintf(stderr,
+                        "FAIL %s case %d (%s) on %s: operand %s: guard %s the data "
+                        "overwritten at offset %+lld (0x%08" PRIx32 ")\n",
+                        opname, idx, c->desc, be->label, name, before ? "before" : "after",
+                        before ? (long long)k - GUARD : (long long)(k + 1), back[at]);
+                bad = true;
+                break;
+            }
+        }
+        mgt_operand_role role = group_role(dr->ops, dr->orig, dr->n, i);
+        if (role == MGT_OPERAND_IN) {
+            for (size_t k = 0; k < cnt; k++)
+                if (back[GUARD + k] != dr->up[i][GUARD + k]) {
+                    if (lines++ < MAX_FAIL_LINES)
+                        fprintf(stderr,
+                                "FAIL %s case %d (%s) on %s: input %s changed at index %zu: "
+                                "0x%08" PRIx32 " was 0x%08" PRIx32 "\n",
+                                opname, idx, c->desc, be->label, name, k, back[GUARD + k],
+                                dr->up[i][GUARD + k]);
+                    bad = true;
+                }
+            fails += bad;
+            continue;
+        }
+        const void *expv = rr->data[i];
+        if (dr->ops[i].dtype == MGT_I32) {
+            const int32_t *e = expv;
+            for (size_t k = 0; k < cnt; k++) {
+                int32_t g;
+                memcpy(&g, &back[GUARD + k], 4);
+                if (g != e[k]) {
+                    if (lines++ < MAX_FAIL_LINES)
+                        fprintf(stderr,
+                                "FAIL %s case %d (%s) on %s: operand %s index %zu: got %" PRId32
+                                " expected %" PRId32 "\n",
+                                opname, idx, c->desc, be->label, name, k, g, e[k]);
+                    bad = true;
+                }
+            }
+            fails += bad;
+            continue;
+        }
+        const float *e = expv;
+        double scale = c->mag;
+        for (size_t k = 0; k < cnt; k++)
+            if (isfinite(e[k]) && fabs(e[k]) > scale)
+                scale = fabs(e[k]);
+        for (size_t k = 0; k < cnt; k++) {
+            uint32_t gb = back[GUARD + k];
+            float g = f32_of_bits(gb);
+            if (gb == bits_of_f32(e[k]))
+                continue;
+            if (bits_of_f32(e[k]) == SENTINEL) {
+                if (lines++ < MAX_FAIL_LINES)
+                    fprintf(stderr,
+                            "FAIL %s case %d (%s): the reference left %s[%zu] unwritten\n",
+                            opname, idx, c->desc, name, k);
+                bad = true;
+                continue;
+            }
+            double tol = c->rtol * (fabs(e[k]) + scale);
+            double err = fabs((double)g - e[k]);
+            bool ok = isfinite(g) && isfinite(e[k]) && err <= tol;
+            if (ok) {
+                if (tol > 0 && err / tol > worst)
+                    worst = err / tol;
+                continue;
+            }
+            if (lines++ < MAX_FAIL_LINES)
+                fprintf(stderr,
+                        "FAIL %s case %d (%s) on %s: operand %s index %zu: got %.9g%s "
+                        "expected %.9g (tol %.3g)\n",
+                        opname, idx, c->desc, be->label, name, k, g,
+                        gb == SENTINEL ? " (never written)" : "", e[k], tol);
+            bad = true;
+        }
+        if (lines > MAX_FAIL_LINES)
+            fprintf(stderr, "FAIL %s case %d on %s: operand %s: %d mismatches in all\n", opname,
+                    idx, be->label, name, lines);
+        fails += bad;
+    }
+    if (verbose || fails)
+        printf("%s case %2d on %-16s %-60s %s (max error %.3f of tolerance)\n", opname, idx,
+               be->label, c->desc, fails ? "FAILED" : "ok", worst);
+    return fails;
+}
+
+/* ---- case generators: one per op; false once idx runs past the op's cases ---- */
+
+typedef bool (*gen_fn)(tcase *c, int idx, rng *r);
+
+static const size_t vec_sizes[] = {1, 2, 7, 33, 1000, 4097, 65539, 100003, 5, 256, 999, 12345};
+#define N_VEC_SIZES (sizeof vec_sizes / sizeof vec_sizes[0])
+
+static bool gen_fill(tcase *c, int idx, rng *r)
+{
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float v = idx == 2 ? 0.0f : idx == 5 ? -INFINITY : rng_unif(r, -3, 3);
+    c->op.kind = MGT_OP_FILL;
+    c->op.u.fill.x = case_f32(c, n);
+    c->op.u.fill.value = v;
+    c->op.u.fill.n = n;
+    c->rtol = 0;
+    case_desc(c, "n=%zu value=%g", n, (double)v);
+    return true;
+}
+
+static bool gen_scale(tcase *c, int idx, rng *r)
+{
+    static const float alphas[] = {0.0f, -1.0f, 0.5f, 3.75f, 1e-3f, 1.0f};
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float a = alphas[idx % 6];
+    c->op.kind = MGT_OP_SCALE;
+    c->op.u.scale.x = case_f32(c, n);
+    fill_unif(r, c->op.u.scale.x, n, -2, 2);
+    c->op.u.scale.alpha = a;
+    c->op.u.scale.n = n;
+    c->rtol = 1e-6;
+    case_desc(c, "n=%zu alpha=%g", n, (double)a);
+    return true;
+}
+
+static bool gen_axpy(tcase *c, int idx, rng *r)
+{
+    static const float alphas[] = {1.0f, 0.0f, -0.5f, 2.25f, -3.0f, 1e-2f};
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float a = alphas[idx % 6];
+    c->op.kind = MGT_OP_AXPY;
+    c->op.u.axpy.y = case_f32(c, n);
+    c->op.u.axpy.x = case_f32(c, n);
+    fill_unif(r, c->op.u.axpy.y, n, -2, 2);
+    fill_unif(r, (float *)c->op.u.axpy.x, n, -2, 2);
+    c->op.u.axpy.alpha = a;
+    c->op.u.axpy.n = n;
+    c->rtol = 2e-6;
+    case_desc(c, "n=%zu alpha=%g", n, (double)a);
+    return true;
+}
+
+static bool gen_sum(tcase *c, int idx, rng *r)
+{
+    static const size_t ns[] = {1, 2, 17, 1000, 65537, 300007, 4096, 77, 123457, 3};
+    if (idx >= 10)
+        return false;
+    size_t n = ns[idx];
+    float *x = case_f32(c, n);
+    /* one case with a large common offset, where a naive float accumulator drifts */
+    float off = idx == 6 ? 100.0f : 0.0f;
+    fill_unif(r, x, n, off - 1, off + 1);
+    double mag = 0;
+    for (size_t i = 0; i < n; i++)
+        mag += fabs(x[i]);
+    c->op.kind = MGT_OP_SUM;
+    c->op.u.sum.out = case_f32(c, 1);
+    c->op.u.sum.x = x;
+    c->op.u.sum.n = n;
+    /* relative to the sum of |x|: what pairwise or blocked float sums keep to, and what a
+       single float accumulator (the offset case) does not */
+    c->rtol = 1e-6;
+    c->mag = mag;
+    case_desc(c, "n=%zu offset=%g", n, (double)off);
+    return true;
+}
+
+static bool gen_add(tcase *c, int idx, rng *r)
+{
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float *a = case_f32(c, n), *b = case_f32(c, n);
+    fill_unif(r, a, n, -2, 2);
+    fill_unif(r, b, n, -2, 2);
+    int alias = idx % 4; /* 0 none, 1 y == a, 2 y == b, 3 a == b */
+    c->op.kind = MGT_OP_ADD;
+    c->op.u.add.y = alias == 1 ? a : alias == 2 ? b : case_f32(c, n);
+    c->op.u.add.a = a;
+    c->op.u.add.b = alias == 3 ? a : b;
+    c->op.u.add.n = n;
+    c->rtol = 1e-6;
+    static const char *const an[] = {"", " y=a", " y=b", " a=b"};
+    case_desc(c, "n=%zu%s", n, an[alias]);
+    return true;
+}
+
+/* The stored size of a matrix of `rows` rows `ld` apart. */
+static size_t mat_len(int rows, int ld) { return (size_t)rows * ld; }
+
+static void gemm_setup(tcase *c, rng *r, bool ta, bool tb, int m, int n, int k, int pad,
+                       float alpha, float beta)
+{
+    int a_rows = ta ? k : m, a_row = ta ? m : k;
+    int b_rows = tb ? n : k, b_row = tb ? k : n;
+    int lda = a_row + pad, ldb = b_row + (pad ? pad + 1 : 0), ldc = n + (pad ? pad + 2 : 0);
+    float *a = case_f32(c, mat_len(a_rows, lda));
+    float *b = case_f32(c, mat_len(b_rows, ldb));
+    float *cc = case_f32(c, mat_len(m, ldc));
+    fill_unif(r, a, mat_len(a_rows, lda), -1, 1);
+    fill_unif(r, b, mat_len(b_rows, ldb), -1, 1);
+    fill_unif(r, cc, mat_len(m, ldc), -1, 1);
+    c->op.kind = MGT_OP_GEMM;
+    c->op.u.gemm.trans_a = ta;
+    c->op.u.gemm.trans_b = tb;
+    c->op.u.gemm.m = m;
+    c->op.u.gemm.n = n;
+    c->op.u.gemm.k = k;
+    c->op.u.gemm.alpha = alpha;
+    c->op.u.gemm.a = a;
+    c->op.u.gemm.lda = lda;
+    c->op.u.gemm.b = b;
+    c->op.u.gemm.ldb = ldb;
+    c->op.u.gemm.beta = beta;
+    c->op.u.gemm.c = cc;
+    c->op.u.gemm.ldc = ldc;
+    c->rtol = tol_for(k);
+    case_desc(c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d ldc=%d alpha=%g beta=%g", ta ? 'T' : 'N',
+              tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (double)alpha, (double)beta);
+}
+
+static bool gen_gemm(tcase *c, int idx, rng *r)
+{
+    static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},   {13, 1, 9}, {17, 19, 23},
+                                    {64, 33, 1}, {5, 3, 130}, {31, 47, 64}, {40, 24, 17}};
+    static const float betas[] = {0.0f, 1.0f, 0.5f};
+    if (idx >= 20)
+        return false;
+    bool ta = idx & 1, tb = (idx >> 1) & 1;
+    int m, n, k;
+    if (idx < 16) {
+        m = shapes[idx / 2 % 8][0];
+        n = shapes[idx / 2 % 8][1];
+        k = shapes[idx / 2 % 8][2];
+    } else {
+        m = rng_int(r, 1, 70);
+        n = rng_int(r, 1, 70);
+        k = rng_int(r, 1, 90);
+    }
+    int pad = (idx / 4) % 2 ? rng_int(r, 1, 5) : 0;
+    float alpha = idx % 5 == 0 ? -0.75f : idx % 7 == 3 ? 2.0f : 1.0f;
+    gemm_setup(c, r, ta, tb, m, n, k, pad, alpha, betas[idx % 3]);
+    return true;
+}
+
+/* n, c, h, w, k, r, s, stride h/w, pad h/w, groups */
+static const int conv_shapes[][12] = {
+    {1, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1, 1},     /* batch 1, non-square image */
+    {2, 5, 10, 9, 7, 3, 3, 2, 2, 1, 1, 1},    /* stride 2, uncovered last row */
+    {3, 4, 6, 11, 6, 1, 1, 1, 1, 0, 0, 1},    /* 1x1 */
+    {2, 6, 8, 7, 4, 3, 1, 1, 2, 1, 0, 2},     /* 3x1 filter, groups 2, mixed stride */
+    {1, 5, 10, 12, 5, 3, 3, 1, 1, 1, 1, 5},   /* depthwise */
+    {2, 8, 9, 7, 8, 3, 3, 2, 2, 1, 1, 8},     /* depthwise, stride 2 */
+    {2, 13, 5, 6, 9, 5, 3, 1, 1, 2, 1, 1},    /* 5x3 filter, 13 channels */
+    {2, 3, 12, 11, 16, 7, 7, 2, 2, 3, 3, 1},  /* a ResNet stem in small */
+    {1, 12, 6, 6, 18, 3, 3, 1, 1, 0, 0, 3},   /* groups 3, no padding */
+    {2, 16, 7, 7, 16, 3, 3, 1, 1, 1, 1, 1},   /* a ResNet block's conv in small */
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1},     /* everything 1 */
+    {3, 2, 4, 9, 3, 2, 4, 2, 3, 1, 2, 1},     /* even filter, stride 3 */
+    {2, 10, 9, 9, 15, 2, 2, 2, 2, 0, 0, 5},   /* 2x2 stride 2, groups 5 */
+};
+#define N_CONV_SHAPES ((int)(sizeof conv_shapes / sizeof conv_shapes[0]))
+
+static void conv_random(rng *r, mgt_conv2d_shape *sh)
+{
+    int kind = rng_int(r, 0, 3);
+    if (kind == 3) {
+        sh->groups = rng_int(r, 1, 9);
+        sh->c = sh->k = sh->groups;
+    } else {
+        sh->groups = kind + 1;
+        sh->c = sh->groups * rng_int(r, 1, 5);
+        sh->k = sh->groups * rng_int(r, 1, 5);
+    }
+    sh->n = rng_int(r, 1, 4);
+    sh->r = rng_int(r, 1, 5);
+    sh->s = rng_int(r, 1, 5);
+    sh->pad_h = rng_int(r, 0, sh->r - 1);
+    sh->pad_w = rng_int(r, 0, sh->s - 1);
+    sh->h = rng_int(r, sh->r - 2 * sh->pad_h > 1 ? sh->r - 2 * sh->pad_h : 1, 13);
+    sh->w = rng_int(r, sh->s - 2 * sh->pad_w > 1 ? sh->s - 2 * sh->pad_w : 1, 13);
+    sh->stride_h = rng_int(r, 1, 3);
+    sh->stride_w = rng_int(r, 1, 3);
+}
+
+static void conv_shape_of(int idx, rng *r, mgt_conv2d_shape *sh)
+{
+    if (idx < N_CONV_SHAPES) {
+        const int *v = conv_shapes[idx];
+        *sh = (mgt_conv2d_shape){.n = v[0], .c = v[1], .h = v[2], .w = v[3], .k = v[4],
+                                 .r = v[5], .s = v[6], .stride_h = v[7], .stride_w = v[8],
+                                 .pad_h = v[9], .pad_w = v[10], .groups = v[11]};
+    } else {
+        conv_random(r, sh);
+    }
+}
+
+static size_t conv_x_len(const mgt_conv2d_shape *sh)
+{
+    return (size_t)sh->n * sh->c * sh->h * sh->w;
+}
+
+static size_t conv_y_len(const mgt_conv2d_shape *sh)
+{
+    return (size_t)sh->n * sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh);
+}
+
+static size_t conv_w_len(const mgt_conv2d_shape *sh)
+{
+    return (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
+}
+
+static void conv_desc(tcase *c, const mgt_conv2d_shape *sh, float beta)
+{
+    case_desc(c, "n=%d c=%d %dx%d k=%d %dx%d s=%d,%d p=%d,%d g=%d beta=%g", sh->n, sh->c, sh->h,
+              sh->w, sh->k, sh->r, sh->s, sh->stride_h, sh->stride_w, sh->pad_h, sh->pad_w,
+              sh->groups, (double)beta);
+}
+
+static bool gen_conv(tcase *c, int idx, rng *r, mgt_op_kind kind)
+{
+    if (idx >= N_CONV_SHAPES + 4)
+        return false;
+    mgt_conv2d_shape sh;
+    conv_shape_of(idx, r, &sh);
+    static const float betas[] = {0.0f, 1.0f, 0.5f};
+    float beta = betas[idx % 3];
+    size_t nx = conv_x_len(&sh), ny = conv_y_len(&sh), nw = conv_w_len(&sh);
+    size_t nout = kind == MGT_OP_CONV2D_FWD ? ny : kind == MGT_OP_CONV2D_BWD_DATA ? nx : nw;
+    size_t nin1 = kind == MGT_OP_CONV2D_FWD ? nx : ny;
+    size_t nin2 = kind == MGT_OP_CONV2D_BWD_FILTER ? nx : nw;
+    float *out = case_f32(c, nout), *in1 = case_f32(c, nin1), *in2 = case_f32(c, nin2);
+    fill_unif(r, out, nout, -1, 1);
+    fill_unif(r, in1, nin1, -1, 1);
+    fill_unif(r, in2, nin2, -1, 1);
+    c->op.kind = kind;
+    c->op.u.conv.out = out;
+    c->op.u.conv.in1 = in1;
+    c->op.u.conv.in2 = in2;
+    c->op.u.conv.sh = sh;
+    c->op.u.conv.beta = beta;
+    int cpg = sh.c / sh.groups, kpg = sh.k / sh.groups;
+    double red = kind == MGT_OP_CONV2D_FWD        ? (double)cpg * sh.r * sh.s
+                 : kind == MGT_OP_CONV2D_BWD_DATA ? (double)kpg * sh.r * sh.s
+                                                  : (double)ny / sh.k;
+    c->rtol = tol_for(red);
+    conv_desc(c, &sh, beta);
+    return true;
+}
+
+static bool gen_conv_fwd(tcase *c, int idx, rng *r)
+{
+    return gen_conv(c, idx, r, MGT_OP_CONV2D_FWD);
+}
+static bool gen_conv_bwd_data(tcase *c, int idx, rng *r)
+{
+    return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_DATA);
+}
+static bool gen_conv_bwd_filter(tcase *c, int idx, rng *r)
+{
+    return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_FILTER);
+}
+
+/* n, c, hw; n*hw > 1 as the training forward requires */
+static const int bn_shapes[][3] = {{1, 3, 7},  {2, 5, 1},  {4, 13, 9}, {3, 16, 49}, {8, 7, 3},
+                                   {2, 1, 100}, {5, 9, 4}, {1, 17, 25}, {16, 3, 1}, {2, 64, 16},
+                                   {3, 2, 2},  {1, 6, 2}};
+#define N_BN_SHAPES ((int)(sizeof bn_shapes / sizeof bn_shapes[0]))
+
+static void bn_shape_of(int idx, rng *r, mgt_bn_shape *sh)
+{
+    if (idx < N_BN_SHAPES) {
+        sh->n = bn_shapes[idx][0];
+        sh->c = bn_shapes[idx][1];
+        sh->hw = bn_shapes[idx][2];
+    } else {
+        sh->n = rng_int(r, 1, 9);
+        sh->c = rng_int(r, 1, 20);
+        sh->hw = rng_int(r, 2, 40);
+    }
+    sh->eps = idx % 4 == 3 ? 1e-3f : 1e-5f;
+    sh->momentum = idx % 3 == 2 ? 0.3f : 0.1f;
+}
+
+/* Per-channel offsets and spreads, so the mean is not ~0 and the variance not ~1. */
+static void fill_bn_x(rng *r, float *x, const mgt_bn_shape *sh)
+{
+    for (int ch = 0; ch < sh->c; ch++) {
+        float mu = rng_unif(r, -3, 3), sd = rng_unif(r, 0.5f, 2.0f);
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++)
+                x[((size_t)n * sh->c + ch) * sh->hw + i] = mu + sd * rng_unif(r, -1.7f, 1.7f);
+    }
+}
+
+static void bn_desc(tcase *c, const mgt_bn_shape *sh)
+{
+    case_desc(c, "n=%d c=%d hw=%d eps=%g momentum=%g", sh->n, sh->c, sh->hw, (double)sh->eps,
+              (double)sh->momentum);
+}
+
+static bool gen_bn_train(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_BN_SHAPES + 3)
+        return false;
+    mgt_bn_shape sh;
+    bn_shape_of(idx, r, &sh);
+    size_t nx = (size_t)sh.n * sh.c * sh.hw;
+    c->op.kind = MGT_OP_BN_FWD_TRAIN;
+    __typeof__(c->op.u.bn_train) *b = &c->op.u.bn_train;
+    b->y = case_f32(c, nx);
+    b->save_mean = case_f32(c, sh.c);
+    b->save_invstd = case_f32(c, sh.c);
+    b->running_mean = case_f32(c, sh.c);
+    b->running_var = case_f32(c, sh.c);
+    float *x = case_f32(c, nx), *gamma = case_f32(c, sh.c), *beta = case_f32(c, sh.c);
+    fill_bn_x(r, x, &sh);
+    fill_unif(r, gamma, sh.c, -1.5f, 1.5f);
+    fill_unif(r, beta, sh.c, -1, 1);
+    fill_unif(r, b->running_mean, sh.c, -1, 1);
+    fill_unif(r, b->running_var, sh.c, 0.5f, 2);
+    b->x = x;
+    b->gamma = gamma;
+    b->beta = beta;
+    b->sh = sh;
+    c->rtol = tol_for((double)sh.n * sh.hw) * 4;
+    bn_desc(c, &sh);
+    return true;
+}
+
+static bool gen_bn_eval(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_BN_SHAPES + 3)
+        return false;
+    mgt_bn_shape sh;
+    bn_shape_of(idx, r, &sh);
+    size_t nx = (size_t)sh.n * sh.c * sh.hw;
+    c->op.kind = MGT_OP_BN_FWD_EVAL;
+    __typeof__(c->op.u.bn_eval) *b = &c->op.u.bn_eval;
+    float *x = case_f32(c, nx), *gamma = case_f32(c, sh.c), *beta = case_f32(c, sh.c);
+    float *rm = case_f32(c, sh.c), *rv = case_f32(c, sh.c);
+    b->y = case_f32(c, nx);
+    fill_bn_x(r, x, &sh);
+    fill_unif(r, gamma, sh.c, -1.5f, 1.5f);
+    fill_unif(r, beta, sh.c, -1, 1);
+    fill_unif(r, rm, sh.c, -3, 3);
+    fill_unif(r, rv, sh.c, 0.1f, 3);
+    b->x = x;
+    b->gamma = gamma;
+    b->beta = beta;
+    b->running_mean = rm;
+    b->running_var = rv;
+    b->sh = sh;
+    c->rtol = 4e-6;
+    bn_desc(c, &sh);
+    return true;
+}
+
+/* The statistics a training forward would save for x, computed here in double. */
+static void bn_stats(const float *x, const mgt_bn_shape *sh, float *mean, float *invstd)
+{
+    double m = (double)sh->n * sh->hw;
+    for (int ch = 0; ch < sh->c; ch++) {
+        double s = 0, ss = 0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++)
+                s += x[((size_t)n * sh->c + ch) * sh->hw + i];
+        double mu = s / m;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                double d = x[((size_t)n * sh->c + ch) * sh->hw + i] - mu;
+                ss += d * d;
+            }
+        mean[ch] = (float)mu;
+        invstd[ch] = (float)(1.0 / sqrt(ss / m + sh->eps));
+    }
+}
+
+static bool gen_bn_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_BN_SHAPES + 3)
+        return false;
+    mgt_bn_shape sh;
+    bn_shape_of(idx, r, &sh);
+    size_t nx = (size_t)sh.n * sh.c * sh.hw;
+    c->op.kind = MGT_OP_BN_BWD;
+    __typeof__(c->op.u.bn_bwd) *b = &c->op.u.bn_bwd;
+    b->dx = case_f32(c, nx);
+    b->dgamma = case_f32(c, sh.c);
+    b->dbeta = case_f32(c, sh.c);
+    float *dy = case_f32(c, nx), *x = case_f32(c, nx), *gamma = case_f32(c, sh.c);
+    float *mean = case_f32(c, sh.c), *invstd = case_f32(c, sh.c);
+    fill_unif(r, b->dgamma, sh.c, -1, 1);
+    fill_unif(r, b->dbeta, sh.c, -1, 1);
+    fill_unif(r, dy, nx, -1, 1);
+    fill_bn_x(r, x, &sh);
+    fill_unif(r, gamma, sh.c, -1.5f, 1.5f);
+    bn_stats(x, &sh, mean, invstd);
+    b->dy = dy;
+    b->x = x;
+    b->gamma = gamma;
+    b->save_mean = mean;
+    b->save_invstd = invstd;
+    b->sh = sh;
+    c->rtol = tol_for((double)sh.n * sh.hw) * 4;
+    bn_desc(c, &sh);
+    return true;
+}
+
+static bool gen_relu_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float *x = case_f32(c, n);
+    fill_unif(r, x, n, -1, 1);
+    for (size_t i = 0; i < n; i += 5)
+        x[i] = i % 2 ? 0.0f : -0.0f; /* exact zeros, both signs */
+    bool alias = idx % 3 == 2;
+    c->op.kind = MGT_OP_RELU_FWD;
+    c->op.u.relu_fwd.y = alias ? x : case_f32(c, n);
+    c->op.u.relu_fwd.x = x;
+    c->op.u.relu_fwd.n = n;
+    c->rtol = 0;
+    case_desc(c, "n=%zu%s", n, alias ? " y=x" : "");
+    return true;
+}
+
+static bool gen_relu_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= (int)N_VEC_SIZES)
+        return false;
+    size_t n = vec_sizes[idx];
+    float *y = case_f32(c, n), *dy = case_f32(c, n);
+    fill_unif(r, dy, n, -1, 1);
+    for (size_t i = 0; i < n; i++) {
+        float v = rng_unif(r, -1, 1);
+        y[i] = v > 0 ? v : 0.0f; /* as the forward leaves it: exact zeros */
+    }
+    bool alias = idx % 3 == 2;
+    c->op.kind = MGT_OP_RELU_BWD;
+    c->op.u.relu_bwd.dx = alias ? dy : case_f32(c, n);
+    c->op.u.relu_bwd.dy = dy;
+    c->op.u.relu_bwd.y = y;
+    c->op.u.relu_bwd.n = n;
+    c->rtol = 0;
+    case_desc(c, "n=%zu%s", n, alias ? " dx=dy" : "");
+    return true;
+}
+
+/* n, c, h, w, kh, kw, stride h/w, pad h/w */
+static const int pool_shapes[][10] = {
+    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},    /* ResNet's 3/2/1 */
+    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},    /* 2/2/0 */
+    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},    /* non-square window and stride */
+    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1},  /* overlapping windows */
+    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},    /* even window, half of it padding at the corner */
+    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},    /* 1x1 */
+    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},   /* stride equals window */
+    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1},  /* ResNet's, larger */
+    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},   /* tall window */
+    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},    /* one window covering everything */
+};
+#define N_POOL_SHAPES ((int)(sizeof pool_shapes / sizeof pool_shapes[0]))
+
+static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
+{
+    if (idx < N_POOL_SHAPES) {
+        const int *v = pool_shapes[idx];
+        *sh = (mgt_pool2d_shape){.n = v[0], .c = v[1], .h = v[2], .w = v[3], .kh = v[4],
+                                 .kw = v[5], .stride_h = v[6], .stride_w = v[7], .pad_h = v[8],
+                                 .pad_w = v[9]};
+        return;
+    }
+    sh->n = rng_int(r, 1, 3);
+    sh->c = rng_int(r, 1, 11);
+    sh->kh = rng_int(r, 1, 4);
+    sh->kw = rng_int(r, 1, 4);
+    sh->pad_h = rng_int(r, 0, sh->kh / 2);
+    sh->pad_w = rng_int(r, 0, sh->kw / 2);
+    sh->h = rng_int(r, sh->kh - 2 * sh->pad_h > 1 ? sh->kh - 2 * sh->pad_h : 1, 12);
+    sh->w = rng_int(r, sh->kw - 2 * sh->pad_w > 1 ? sh->kw - 2 * sh->pad_w : 1, 12);
+    sh->stride_h = rng_int(r, 1, 3);
+    sh->stride_w = rng_int(r, 1, 3);
+}
+
+static size_t pool_x_len(const mgt_pool2d_shape *sh)
+{
+    return (size_t)sh->n * sh->c * sh->h * sh->w;
+}
+
+static size_t pool_y_len(const mgt_pool2d_shape *sh)
+{
+    return (size_t)sh->n * sh->c * mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh);
+}
+
+/* Odd cases draw from five values only, so windows hold ties and the backward's "first
+   maximum in raster order" rule decides where the gradient goes. */
+static void fill_pool_x(rng *r, float *x, size_t n, bool ties)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = ties ? (float)rng_int(r, -2, 2) * 0.5f : rng_unif(r, -1, 1);
+}
+
+static void pool_desc(tcase *c, const mgt_pool2d_shape *sh, bool ties)
+{
+    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s", sh->n, sh->c, sh->h, sh->w,
+              sh->kh, sh->kw, sh->stride_h, sh->stride_w, sh->pad_h, sh->pad_w,
+              ties ? " ties" : "");
+}
+
+static bool gen_maxpool_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_POOL_SHAPES + 4)
+        return false;
+    mgt_pool2d_shape sh;
+    pool_shape_of(idx, r, &sh);
+    bool ties = idx % 2;
+    float *x = case_f32(c, pool_x_len(&sh));
+    fill_pool_x(r, x, pool_x_len(&sh), ties);
+    c->op.kind = MGT_OP_MAXPOOL_FWD;
+    c->op.u.maxpool_fwd.y = case_f32(c, pool_y_len(&sh));
+    c->op.u.maxpool_fwd.x = x;
+    c->op.u.maxpool_fwd.sh = sh;
+    c->rtol = 0;
+    pool_desc(c, &sh, ties);
+    return true;
+}
+
+static bool gen_maxpool_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_POOL_SHAPES + 4)
+        return false;
+    mgt_pool2d_shape sh;
+    pool_shape_of(idx, r, &sh);
+    bool ties = idx % 2;
+    size_t nx = pool_x_len(&sh), ny = pool_y_len(&sh);
+    float *x = case_f32(c, nx), *y = case_f32(c, ny), *dy = case_f32(c, ny);
+    fill_pool_x(r, x, nx, ties);
+    fill_unif(r, dy, ny, -1, 1);
+    /* y as the forward makes it, from the reference */
+    mgt_op f = {.kind = MGT_OP_MAXPOOL_FWD};
+    f.u.maxpool_fwd.y = y;
+    f.u.maxpool_fwd.x = x;
+    f.u.maxpool_fwd.sh = sh;
+    mgt_ref_run(&f);
+    c->op.kind = MGT_OP_MAXPOOL_BWD;
+    c->op.u.maxpool_bwd.dx = case_f32(c, nx);
+    c->op.u.maxpool_bwd.dy = dy;
+    c->op.u.maxpool_bwd.x = x;
+    c->op.u.maxpool_bwd.y = y;
+    c->op.u.maxpool_bwd.sh = sh;
+    /* overlapping windows add several gradients into one input */
+    c->rtol = tol_for((double)((sh.kh + sh.stride_h - 1) / sh.stride_h) *
+                      ((sh.kw + sh.stride_w - 1) / sh.stride_w));
+    pool_desc(c, &sh, ties);
+    return true;
+}
+
+static const int avg_shapes[][3] = {{1, 1, 1},  {2, 3, 49}, {4, 13, 9}, {1, 512, 1},
+                                    {3, 7, 100}, {8, 64, 16}, {5, 1, 3}, {2, 33, 2},
+                                    {1, 10, 1000}, {7, 5, 7}};
+#define N_AVG_SHAPES ((int)(sizeof avg_shapes / sizeof avg_shapes[0]))
+
+static bool gen_avgpool(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_AVG_SHAPES + 2)
+        return false;
+    int n, ch, hw;
+    if (idx < N_AVG_SHAPES) {
+        n = avg_shapes[idx][0];
+        ch = avg_shapes[idx][1];
+        hw = avg_shapes[idx][2];
+    } else {
+        n = rng_int(r, 1, 9);
+        ch = rng_int(r, 1, 40);
+        hw = rng_int(r, 1, 60);
+    }
+    size_t nx = (size_t)n * ch * hw, ny = (size_t)n * ch;
+    if (fwd) {
+        float *x = case_f32(c, nx);
+        fill_unif(r, x, nx, -1, 1);
+        c->op.kind = MGT_OP_AVGPOOL_FWD;
+        c->op.u.avgpool_fwd.y = case_f32(c, ny);
+        c->op.u.avgpool_fwd.x = x;
+        c->op.u.avgpool_fwd.n = n;
+        c->op.u.avgpool_fwd.c = ch;
+        c->op.u.avgpool_fwd.hw = hw;
+        c->rtol = tol_for(hw);
+    } else {
+        float *dy = case_f32(c, ny);
+        fill_unif(r, dy, ny, -1, 1);
+        c->op.kind = MGT_OP_AVGPOOL_BWD;
+        c->op.u.avgpool_bwd.dx = case_f32(c, nx);
+        c->op.u.avgpool_bwd.dy = dy;
+        c->op.u.avgpool_bwd.n = n;
+        c->op.u.avgpool_bwd.c = ch;
+        c->op.u.avgpool_bwd.hw = hw;
+        c->rtol = 2e-6;
+    }
+    case_desc(c, "n=%d c=%d hw=%d", n, ch, hw);
+    return true;
+}
+
+static bool gen_avgpool_fwd(tcase *c, int idx, rng *r) { return gen_avgpool(c, idx, r, true); }
+static bool gen_avgpool_bwd(tcase *c, int idx, rng *r) { return gen_avgpool(c, idx, r, false); }
+
+static const int bias_shapes[][2] = {{1, 1},   {1, 10},  {7, 1},   {33, 17}, {128, 10},
+                                     {5, 1000}, {64, 64}, {3, 513}, {1000, 3}, {9, 9}};
+#define N_BIAS_SHAPES ((int)(sizeof bias_shapes / sizeof bias_shapes[0]))
+
+static bool gen_bias(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_BIAS_SHAPES + 2)
+        return false;
+    int rows, cols;
+    if (idx < N_BIAS_SHAPES) {
+        rows = bias_shapes[idx][0];
+        cols = bias_shapes[idx][1];
+    } else {
+        rows = rng_int(r, 1, 100);
+        cols = rng_int(r, 1, 100);
+    }
+    size_t ny = (size_t)rows * cols;
+    float *big = case_f32(c, ny), *vec = case_f32(c, cols);
+    fill_unif(r, big, ny, -1, 1);
+    fill_unif(r, vec, cols, -1, 1);
+    if (fwd) {
+        c->op.kind = MGT_OP_BIAS_FWD;
+        c->op.u.bias_fwd.y = big;
+        c->op.u.bias_fwd.bias = vec;
+        c->op.u.bias_fwd.rows = rows;
+        c->op.u.bias_fwd.cols = cols;
+        c->rtol = 1e-6;
+    } else {
+        c->op.kind = MGT_OP_BIAS_BWD;
+        c->op.u.bias_bwd.dbias = vec;
+        c->op.u.bias_bwd.dy = big;
+        c->op.u.bias_bwd.rows = rows;
+        c->op.u.bias_bwd.cols = cols;
+        c->rtol = tol_for(rows);
+    }
+    case_desc(c, "rows=%d cols=%d", rows, cols);
+    return true;
+}
+
+static bool gen_bias_fwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, true); }
+static bool gen_bias_bwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, false); }
+
+/* n, classes, smoothing x10, logit scale */
+static const int xent_shapes[][4] = {{1, 1, 0, 1},   {1, 10, 0, 1},   {4, 10, 1, 1},
+                                     {32, 10, 0, 3}, {7, 1000, 1, 2}, {3, 5, 1, 30},
+                                     {16, 100, 0, 1}, {2, 3, 0, 80},  {5, 7, 1, 1},
+                                     {64, 2, 1, 4},  {9, 37, 0, 10},  {1, 1, 1, 1}};
+#define N_XENT_SHAPES ((int)(sizeof xent_shapes / sizeof xent_shapes[0]))
+
+static void xent_shape_of(int idx, rng *r, int *n, int *classes, float *smoothing,
+                          float *scale)
+{
+    if (idx < N_XENT_SHAPES) {
+        *n = xent_shapes[idx][0];
+        *classes = xent_shapes[idx][1];
+        *smoothing = (float)xent_shapes[idx][2] * 0.1f;
+        *scale = (float)xent_shapes[idx][3];
+    } else {
+        *n = rng_int(r, 1, 40);
+        *classes = rng_int(r, 2, 200);
+        *smoothing = rng_int(r, 0, 1) ? 0.1f : 0.0f;
+        *scale = rng_unif(r, 0.5f, 5);
+    }
+}
+
+static bool gen_xent_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_XENT_SHAPES + 3)
+        return false;
+    int n, classes;
+    float smoothing, scale;
+    xent_shape_of(idx, r, &n, &classes, &smoothing, &scale);
+    size_t nc = (size_t)n * classes;
+    float *logits = case_f32(c, nc);
+    int32_t *labels = case_i32(c, n);
+    fill_unif(r, logits, nc, -scale, scale);
+    fill_labels(r, labels, n, classes);
+    c->op.kind = MGT_OP_XENT_FWD;
+    c->op.u.xent_fwd.loss = case_f32(c, 1);
+    c->op.u.xent_fwd.probs = case_f32(c, nc);
+    c->op.u.xent_fwd.logits = logits;
+    c->op.u.xent_fwd.labels = labels;
+    c->op.u.xent_fwd.n = n;
+    c->op.u.xent_fwd.classes = classes;
+    c->op.u.xent_fwd.smoothing = smoothing;
+    /* probabilities go through exp of logits up to 80: relative accuracy is what counts */
+    c->rtol = tol_for(classes) * 4;
+    case_desc(c, "n=%d classes=%d smoothing=%g logits=+-%g", n, classes, (double)smoothing,
+              (double)scale);
+    return true;
+}
+
+static bool gen_xent_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_XENT_SHAPES + 3)
+        return false;
+    int n, classes;
+    float smoothing, lscale;
+    xent_shape_of(idx, r, &n, &classes, &smoothing, &lscale);
+    size_t nc = (size_t)n * classes;
+    float *probs = case_f32(c, nc);
+    int32_t *labels = case_i32(c, n);
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        float *p = probs + (size_t)i * classes;
+        for (int j = 0; j < classes; j++)
+            s += (p[j] = (float)exp(rng_unif(r, -lscale, lscale)));
+        for (int j = 0; j < classes; j++)
+            p[j] = (float)(p[j] / s);
+    }
+    fill_labels(r, labels, n, classes);
+    static const float scales[] = {0, 1.0f, 0.37f};
+    float scale = idx % 3 == 0 ? 1.0f / n : scales[idx % 3];
+    c->op.kind = MGT_OP_XENT_BWD;
+    c->op.u.xent_bwd.dlogits = case_f32(c, nc);
+    c->op.u.xent_bwd.probs = probs;
+    c->op.u.xent_bwd.labels = labels;
+    c->op.u.xent_bwd.n = n;
+    c->op.u.xent_bwd.classes = classes;
+    c->op.u.xent_bwd.smoothing = smoothing;
+    c->op.u.xent_bwd.scale = scale;
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d classes=%d smoothing=%g scale=%g", n, classes, (double)smoothing,
+              (double)scale);
+    return true;
+}
+
+/* n, classes, k, ties */
+static const int topk_shapes[][4] = {{1, 10, 1, 0},   {1, 10, 5, 0},  {8, 10, 1, 1},
+                                     {8, 10, 5, 1},   {32, 100, 5, 0}, {5, 5, 5, 1},
+                                     {7, 6, 5, 1},    {16, 1000, 1, 0}, {3, 1, 1, 0},
+                                     {50, 7, 1, 1},   {64, 20, 5, 1},  {2, 3, 1, 1},
+                                     {40, 1000, 5, 1}};
+#define N_TOPK_SHAPES ((int)(sizeof topk_shapes / sizeof topk_shapes[0]))
+
+static bool gen_topk(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_TOPK_SHAPES + 3)
+        return false;
+    int n, classes, k, ties;
+    if (idx < N_TOPK_SHAPES) {
+        n = topk_shapes[idx][0];
+        classes = topk_shapes[idx][1];
+        k = topk_shapes[idx][2];
+        ties = topk_shapes[idx][3];
+    } else {
+        n = rng_int(r, 1, 60);
+        classes = rng_int(r, 1, 50);
+        k = rng_int(r, 0, 1) ? 5 : 1;
+        ties = 1;
+    }
+    size_t nc = (size_t)n * classes;
+    float *logits = case_f32(c, nc);
+    int32_t *labels = case_i32(c, n);
+    fill_labels(r, labels, n, classes);
+    for (int i = 0; i < n; i++) {
+        float *z = logits + (size_t)i * classes;
+        for (int j = 0; j < classes; j++)
+            z[j] = ties ? (float)rng_int(r, 0, 3) : rng_unif(r, -3, 3);
+        /* every other row with ties: the label ties with the row's maximum */
+        if (ties && i % 2) {
+            float mx = z[0];
+            for (int j = 1; j < classes; j++)
+                mx = z[j] > mx ? z[j] : mx;
+            z[labels[i]] = mx;
+        }
+    }
+    int32_t *count = case_i32(c, 1);
+    count[0] = rng_int(r, 0, 1000); /* accumulates */
+    c->op.kind = MGT_OP_TOPK;
+    c->op.u.topk.count = count;
+    c->op.u.topk.logits = logits;
+    c->op.u.topk.labels = labels;
+    c->op.u.topk.n = n;
+    c->op.u.topk.classes = classes;
+    c->op.u.topk.k = k;
+    c->rtol = 0;
+    case_desc(c, "n=%d classes=%d k=%d%s", n, classes, k, ties ? " ties" : "");
+    return true;
+}
+
+typedef struct sgd_case {
+    int n;
+    float lr, momentum, dampening, wd, grad_scale;
+    bool nesterov, first_step;
+} sgd_case;
+
+static const sgd_case sgd_cases[] = {
+    {1, 0.1f, 0, 0, 0, 1, false, false},
+    {1000, 0.1f, 0.9f, 0, 0, 1, false, false},
+    {1000, 0.1f, 0.9f, 0, 5e-4f, 1, true, false},
+    {777, 0.05f, 0.9f, 0, 1e-4f, 0.5f, false, true},
+    {777, 0.05f, 0.9f, 0, 1e-4f, 0.5f, true, true},
+    {33, 0.2f, 0.5f, 0.1f, 0, 1, false, false},
+    {65537, 0.01f, 0.9f, 0, 5e-4f, 0.25f, true, false},
+    {5, 0.1f, 0, 0, 1e-2f, 2, false, false},
+    {5, 0.1f, 0, 0, 0, 1, false, true},
+    {4099, 0.4f, 0.99f, 0.5f, 1e-3f, 0.125f, false, false},
+    {2, 0, 0.9f, 0, 5e-4f, 1, false, false},
+    {100003, 0.1f, 0.9f, 0, 5e-5f, 1, false, false},
+};
+#define N_SGD_CASES ((int)(sizeof sgd_cases / sizeof sgd_cases[0]))
+
+static bool gen_sgd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_SGD_CASES + 3)
+        return false;
+    sgd_case sc;
+    if (idx < N_SGD_CASES) {
+        sc = sgd_cases[idx];
+    } else {
+        sc.n = rng_int(r, 1, 5000);
+        sc.lr = rng_unif(r, 0, 0.5f);
+        sc.momentum = rng_int(r, 0, 2) ? rng_unif(r, 0.1f, 0.99f) : 0;
+        sc.nesterov = sc.momentum > 0 && rng_int(r, 0, 1);
+        sc.dampening = sc.nesterov || rng_int(r, 0, 1) ? 0 : rng_unif(r, 0, 0.5f);
+        sc.wd = rng_int(r, 0, 1) ? rng_unif(r, 0, 1e-2f) : 0;
+        sc.grad_scale = rng_unif(r, 0.1f, 2);
+        sc.first_step = rng_int(r, 0, 3) == 0;
+    }
+    float *param = case_f32(c, sc.n), *grad = case_f32(c, sc.n);
+    fill_unif(r, param, sc.n, -1, 1);
+    fill_unif(r, grad, sc.n, -1, 1);
+    c->op.kind = MGT_OP_SGD;
+    c->op.u.sgd.param = param;
+    /* With momentum 0 the buffer is optional and left NULL: op.h lists no operand for it. */
+    if (sc.momentum != 0) {
+        c->op.u.sgd.momentum_buf = case_f32(c, sc.n);
+        fill_unif(r, c->op.u.sgd.momentum_buf, sc.n, -1, 1);
+    }
+    c->op.u.sgd.grad = grad;
+    c->op.u.sgd.n = (size_t)sc.n;
+    c->op.u.sgd.p = (mgt_sgd_params){.lr = sc.lr, .momentum = sc.momentum,
+                                     .dampening = sc.dampening, .weight_decay = sc.wd,
+                                     .grad_scale = sc.grad_scale, .nesterov = sc.nesterov,
+                                     .first_step = sc.first_step};
+    c->rtol = 2e-6;
+    case_desc(c, "n=%d lr=%g m=%g damp=%g wd=%g scale=%g%s%s", sc.n, (double)sc.lr,
+              (double)sc.momentum, (double)sc.dampening, (double)sc.wd, (double)sc.grad_scale,
+              sc.nesterov ? " nesterov" : "", sc.first_step ? " first_step" : "");
+    return true;
+}
+
+/* ---- finite differences ---- */
+
+/* One output of the forward in the loss sum(r * y). */
+typedef struct fd_term {
+    const float *y;
+    const float *r;
+    size_t n;
+} fd_term;
+
+static double fd_loss(const fd_term *t, int nt)
+{
+    double l = 0;
+    for (int j = 0; j < nt; j++)
+        for (size_t i = 0; i < t[j].n; i++)
+            l += (double)t[j].r[i] * t[j].y[i];
+    return l;
+}
+
+typedef struct fd_ctx {
+    backend *be;
+    const char *opname;
+    int idx;
+    tcase *c;    /* owns every array; restored from a snapshot before each forward */
+    mgt_op *fwd; /* the forward, over c's arrays */
+    const fd_term *terms;
+    int nterms;
+    float h;
+} fd_ctx;
+
+/* Checks grad (the backward's output for x) against (L(x+h) - L(x-h)) / 2h on a sample of
+   coordinates, half of them where the gradient is non-zero (for relu and max pool most are
+   zero). The tolerance is relative, plus the float rounding of the outputs that the step
+   actually changed, divided by the step. */
+static int fd_check(const fd_ctx *f, float *x, size_t nx, const float *grad, const char *wrt,
+                    rng *r)
+{
+    tcase *c = f->c;
+    void *snap[MAX_ARRAYS];
+    for (int i = 0; i < c->narr; i++) {
+        snap[i] = malloc(c->len[i] ? c->len[i] * 4 : 1);
+        memcpy(snap[i], c->arr[i], c->len[i] * 4);
+    }
+    size_t ytot = 0;
+    for (int j = 0; j < f->nterms; j++)
+        ytot += f->terms[j].n;
+    float *yplus = malloc((ytot ? ytot : 1) * sizeof *yplus);
+    double gmax = 0;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < nx; i++) {
+        gmax = fabs(grad[i]) > gmax ? fabs(grad[i]) : gmax;
+        nonzero += grad[i] != 0;
+    }
+    int fails = 0, nsamp = nx < 12 ? (int)nx : 12;
+    double worst = 0;
+    for (int s = 0; s < nsamp && !fails; s++) {
+        size_t i;
+        if (nsamp == (int)nx) {
+            i = (size_t)s;
+        } else if (s % 2 == 0 && nonzero) {
+            size_t pick = rng_u64(r) % nonzero;
+            for (i = 0; i < nx; i++)
+                if (grad[i] != 0 && pick-- == 0)
+                    break;
+        } else {
+            i = rng_u64(r) % nx;
+        }
+        double l[2];
+        double lch = 0; /* sum of |r*y| over outputs the step changed */
+        float xs[2];
+        for (int side = 0; side < 2; side++) {
+            for (int a = 0; a < c->narr; a++)
+                memcpy(c->arr[a], snap[a], c->len[a] * 4);
+            xs[side] = side == 0 ? x[i] + f->h : x[i] - f->h;
+            x[i] = xs[side];
+            const char *what;
+            mgt_status st = dev_run_inplace(f->be, f->fwd, &what);
+            if (st != MGT_OK) {
+                report_status(f->opname, f->idx, c->desc, f->be, what, st);
+                fails++;
+                break;
+            }
+            l[side] = fd_loss(f->terms, f->nterms);
+            size_t o = 0;
+            for (int j = 0; j < f->nterms; j++)
+                for (size_t k = 0; k < f->terms[j].n; k++, o++) {
+                    float y = f->terms[j].y[k];
+                    if (side == 0) {
+                        yplus[o] = y;
+                    } else if (y != yplus[o]) {
+                        double m = fabs(y) > fabs(yplus[o]) ? fabs(y) : fabs(yplus[o]);
+                        lch += fabs(f->terms[j].r[k]) * m;
+                    }
+                }
+        }
+        if (fails)
+            break;
+        double step = (double)xs[0] - xs[1];
+        double fd = (l[0] - l[1]) / step;
+        double g = grad[i];
+        double tol = 1e-2 * fabs(g) + 1e-3 * gmax + 8.0 * FLT_EPSILON * lch / step;
+        double err = fabs(fd - g);
+        if (tol > 0 && err / tol > worst)
+            worst = err / tol;
+        if (!(err <= tol)) {
+            fprintf(stderr,
+                    "FAIL %s finite differences case %d (%s) on %s: d/d%s[%zu]: backward "
+                    "gives %.7g, central difference %.7g (h %g, tol %.3g)\n",
+                    f->opname, f->idx, c->desc, f->be->label, wrt, i, g, fd, (double)f->h, tol);
+            fails++;
+        }
+    }
+    for (int a = 0; a < c->narr; a++) {
+        memcpy(c->arr[a], snap[a], c->len[a] * 4);
+        free(snap[a]);
+    }
+    free(yplus);
+    if (verbose || fails)
+        printf("%s fd %2d on %-16s %-54s d/d%-6s %s (max error %.3f of tolerance)\n", f->opname,
+               f->idx, f->be->label, c->desc, wrt, fails ? "FAILED" : "ok", worst);
+    return fails;
+}
+
+/* Runs the backward on the device (its results land in its host arrays). */
+static int fd_backward(const fd_ctx *f, mgt_op *bwd)
+{
+    const char *what;
+    mgt_status st = dev_run_inplace(f->be, bwd, &what);
+    if (st != MGT_OK) {
+        report_status(f->opname, f->idx, f->c->desc, f->be, what, st);
+        return 1;
+    }
+    return 0;
+}
+
+/* Conv: y = conv(x, w); dx from backward data, dw from backward filter, both with dy = r. */
+static int fd_conv(backend *be, const char *opname, bool filter)
+{
+    static const int pick[] = {0, 1, 3, 4, 6, 11, 12};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(100 + filter, t, 7);
+        mgt_conv2d_shape sh;
+        conv_shape_of(pick[t], &r, &sh);
+        size_t nx = conv_x_len(&sh), ny = conv_y_len(&sh), nw = conv_w_len(&sh);
+        float *x = case_f32(&c, nx), *w = case_f32(&c, nw), *y = case_f32(&c, ny);
+        float *rw = case_f32(&c, ny), *g = case_f32(&c, filter ? nw : nx);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, w, nw, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        conv_desc(&c, &sh, 0);
+        mgt_op fwd = {.kind = MGT_OP_CONV2D_FWD};
+        fwd.u.conv.out = y;
+        fwd.u.conv.in1 = x;
+        fwd.u.conv.in2 = w;
+        fwd.u.conv.sh = sh;
+        mgt_op bwd = {.kind = filter ? MGT_OP_CONV2D_BWD_FILTER : MGT_OP_CONV2D_BWD_DATA};
+        bwd.u.conv.out = g;
+        bwd.u.conv.in1 = rw;
+        bwd.u.conv.in2 = filter ? x : w;
+        bwd.u.conv.sh = sh;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = filter ? fd_check(&f, w, nw, g, "w", &r) : fd_check(&f, x, nx, g, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+static int fd_conv_data(backend *be, const char *opname) { return fd_conv(be, opname, false); }
+static int fd_conv_filter(backend *be, const char *opname) { return fd_conv(be, opname, true); }
+
+/* Batch norm: the training forward, then the backward with dy = r from the forward's saved
+   statistics; the gradients for x, gamma and beta. */
+static int fd_bn(backend *be, const char *opname)
+{
+    static const int pick[] = {0, 2, 4, 7, 10};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(200, t, 7);
+        mgt_bn_shape sh;
+        bn_shape_of(pick[t], &r, &sh);
+        size_t nx = (size_t)sh.n * sh.c * sh.hw;
+        float *x = case_f32(&c, nx), *gamma = case_f32(&c, sh.c), *beta = case_f32(&c, sh.c);
+        float *y = case_f32(&c, nx), *mean = case_f32(&c, sh.c), *invstd = case_f32(&c, sh.c);
+        float *rm = case_f32(&c, sh.c), *rv = case_f32(&c, sh.c), *rw = case_f32(&c, nx);
+        float *dx = case_f32(&c, nx), *dgamma = case_f32(&c, sh.c), *dbeta = case_f32(&c, sh.c);
+        fill_bn_x(&r, x, &sh);
+        fill_unif(&r, gamma, sh.c, -1.5f, 1.5f);
+        fill_unif(&r, beta, sh.c, -1, 1);
+        fill_unif(&r, rv, sh.c, 0.5f, 2);
+        fill_unif(&r, rw, nx, -1, 1);
+        bn_desc(&c, &sh);
+        mgt_op fwd = {.kind = MGT_OP_BN_FWD_TRAIN};
+        fwd.u.bn_train.y = y;
+        fwd.u.bn_train.save_mean = mean;
+        fwd.u.bn_train.save_invstd = invstd;
+        fwd.u.bn_train.running_mean = rm;
+        fwd.u.bn_train.running_var = rv;
+        fwd.u.bn_train.x = x;
+        fwd.u.bn_train.gamma = gamma;
+        fwd.u.bn_train.beta = beta;
+        fwd.u.bn_train.sh = sh;
+        mgt_op bwd = {.kind = MGT_OP_BN_BWD};
+        bwd.u.bn_bwd.dx = dx;
+        bwd.u.bn_bwd.dgamma = dgamma; /* zero: the accumulation starts from nothing */
+        bwd.u.bn_bwd.dbeta = dbeta;
+        bwd.u.bn_bwd.dy = rw;
+        bwd.u.bn_bwd.x = x;
+        bwd.u.bn_bwd.gamma = gamma;
+        bwd.u.bn_bwd.save_mean = mean;
+        bwd.u.bn_bwd.save_invstd = invstd;
+        bwd.u.bn_bwd.sh = sh;
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        const char *what;
+        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        int bad = 0;
+        if (st != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, st);
+            bad = 1;
+        }
+        if (!bad)
+            bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r) +
+                  fd_check(&f, gamma, sh.c, dgamma, "gamma", &r) +
+                  fd_check(&f, beta, sh.c, dbeta, "beta", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* ReLU with inputs at least 0.05 from the kink, so x +- h never crosses it. */
+static int fd_relu(backend *be, const char *opname)
+{
+    static const size_t ns[] = {1, 7, 100, 1001};
+    int fails = 0;
+    for (int t = 0; t < 4; t++) {
+        tcase c = {0};
+        rng r = rng_for(300, t, 7);
+        size_t n = ns[t];
+        float *x = case_f32(&c, n), *y = case_f32(&c, n), *rw = case_f32(&c, n);
+        float *dx = case_f32(&c, n);
+        for (size_t i = 0; i < n; i++) {
+            float v = rng_unif(&r, 0.05f, 1);
+            x[i] = rng_int(&r, 0, 1) ? v : -v;
+        }
+        fill_unif(&r, rw, n, -1, 1);
+        case_desc(&c, "n=%zu", n);
+        mgt_op fwd = {.kind = MGT_OP_RELU_FWD};
+        fwd.u.relu_fwd.y = y;
+        fwd.u.relu_fwd.x = x;
+        fwd.u.relu_fwd.n = n;
+        mgt_op bwd = {.kind = MGT_OP_RELU_BWD};
+        bwd.u.relu_bwd.dx = dx;
+        bwd.u.relu_bwd.dy = rw;
+        bwd.u.relu_bwd.y = y;
+        bwd.u.relu_bwd.n = n;
+        fd_term term = {y, rw, n};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        const char *what;
+        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        int bad = 0;
+        if (st != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, st);
+            bad = 1;
+        }
+        if (!bad)
+            bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, n, dx, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Max pool with distinct inputs 0.05 apart, so a step of 0.01 never changes a window's
+   winner. */
+static int fd_maxpool(backend *be, const char *opname)
+{
+    static const int pick[] = {0, 2, 3, 4, 8};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(400, t, 7);
+        mgt_pool2d_shape sh;
+        pool_shape_of(pick[t], &r, &sh);
+        size_t nx = pool_x_len(&sh), ny = pool_y_len(&sh);
+        float *x = case_f32(&c, nx), *y = case_f32(&c, ny), *rw = case_f32(&c, ny);
+        float *dx = case_f32(&c, nx);
+        for (size_t i = 0; i < nx; i++)
+            x[i] = (float)i * 0.05f;
+        for (size_t i = nx; i > 1; i--) { /* shuffle */
+            size_t j = rng_u64(&r) % i;
+            float tmp = x[i - 1];
+            x[i - 1] = x[j];
+            x[j] = tmp;
+        }
+        fill_unif(&r, rw, ny, -1, 1);
+        pool_desc(&c, &sh, false);
+        mgt_op fwd = {.kind = MGT_OP_MAXPOOL_FWD};
+        fwd.u.maxpool_fwd.y = y;
+        fwd.u.maxpool_fwd.x = x;
+        fwd.u.maxpool_fwd.sh = sh;
+        mgt_op bwd = {.kind = MGT_OP_MAXPOOL_BWD};
+        bwd.u.maxpool_bwd.dx = dx;
+        bwd.u.maxpool_bwd.dy = rw;
+        bwd.u.maxpool_bwd.x = x;
+        bwd.u.maxpool_bwd.y = y;
+        bwd.u.maxpool_bwd.sh = sh;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        const char *what;
+        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        int bad = 0;
+        if (st != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, st);
+            bad = 1;
+        }
+        if (!bad)
+            bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+static int fd_avgpool(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {2, 3, 49}, {3, 5, 7}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(500, t, 7);
+        int n = shapes[t][0], ch = shapes[t][1], hw = shapes[t][2];
+        size_t nx = (size_t)n * ch * hw, ny = (size_t)n * ch;
+        float *x = case_f32(&c, nx), *y = case_f32(&c, ny), *rw = case_f32(&c, ny);
+        float *dx = case_f32(&c, nx);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d", n, ch, hw);
+        mgt_op fwd = {.kind = MGT_OP_AVGPOOL_FWD};
+        fwd.u.avgpool_fwd.y = y;
+        fwd.u.avgpool_fwd.x = x;
+        fwd.u.avgpool_fwd.n = n;
+        fwd.u.avgpool_fwd.c = ch;
+        fwd.u.avgpool_fwd.hw = hw;
+        mgt_op bwd = {.kind = MGT_OP_AVGPOOL_BWD};
+        bwd.u.avgpool_bwd.dx = dx;
+        bwd.u.avgpool_bwd.dy = rw;
+        bwd.u.avgpool_bwd.n = n;
+        bwd.u.avgpool_bwd.c = ch;
+        bwd.u.avgpool_bwd.hw = hw;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Bias: y += bias over rows; dL/dbias[j] = sum over rows of r, which the backward adds to a
+   zeroed dbias. */
+static int fd_bias(backend *be, const char *opname)
+{
+    static const int shapes[][2] = {{1, 1}, {7, 3}, {33, 17}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(600, t, 7);
+        int rows = shapes[t][0], cols = shapes[t][1];
+        size_t ny = (size_t)rows * cols;
+        float *y = case_f32(&c, ny), *bias = case_f32(&c, cols), *rw = case_f32(&c, ny);
+        float *db = case_f32(&c, cols);
+        fill_unif(&r, y, ny, -1, 1);
+        fill_unif(&r, bias, cols, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "rows=%d cols=%d", rows, cols);
+        mgt_op fwd = {.kind = MGT_OP_BIAS_FWD};
+        fwd.u.bias_fwd.y = y;
+        fwd.u.bias_fwd.bias = bias;
+        fwd.u.bias_fwd.rows = rows;
+        fwd.u.bias_fwd.cols = cols;
+        mgt_op bwd = {.kind = MGT_OP_BIAS_BWD};
+        bwd.u.bias_bwd.dbias = db;
+        bwd.u.bias_bwd.dy = rw;
+        bwd.u.bias_bwd.rows = rows;
+        bwd.u.bias_bwd.cols = cols;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, bias, cols, db, "bias", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Softmax cross-entropy: L = the forward's mean loss; the backward with scale 1/n is its
+   gradient for the logits. A larger step: the loss is smooth, and one float of it carries
+   all the signal. */
+static int fd_xent(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 10, 0}, {4, 10, 1}, {3, 5, 1}, {8, 7, 0}, {2, 1, 0}};
+    int fails = 0;
+    for (int t = 0; t < 5; t++) {
+        tcase c = {0};
+        rng r = rng_for(700, t, 7);
+        int n = shapes[t][0], classes = shapes[t][1];
+        float smoothing = shapes[t][2] ? 0.1f : 0.0f;
+        size_t nc = (size_t)n * classes;
+        float *logits = case_f32(&c, nc), *probs = case_f32(&c, nc), *loss = case_f32(&c, 1);
+        float *dl = case_f32(&c, nc), *one = case_f32(&c, 1);
+        int32_t *labels = case_i32(&c, n);
+        fill_unif(&r, logits, nc, -2, 2);
+        fill_labels(&r, labels, n, classes);
+        one[0] = 1;
+        case_desc(&c, "n=%d classes=%d smoothing=%g", n, classes, (double)smoothing);
+        mgt_op fwd = {.kind = MGT_OP_XENT_FWD};
+        fwd.u.xent_fwd.loss = loss;
+        fwd.u.xent_fwd.probs = probs;
+        fwd.u.xent_fwd.logits = logits;
+        fwd.u.xent_fwd.labels = labels;
+        fwd.u.xent_fwd.n = n;
+        fwd.u.xent_fwd.classes = classes;
+        fwd.u.xent_fwd.smoothing = smoothing;
+        mgt_op bwd = {.kind = MGT_OP_XENT_BWD};
+        bwd.u.xent_bwd.dlogits = dl;
+        bwd.u.xent_bwd.probs = probs;
+        bwd.u.xent_bwd.labels = labels;
+        bwd.u.xent_bwd.n = n;
+        bwd.u.xent_bwd.classes = classes;
+        bwd.u.xent_bwd.smoothing = smoothing;
+        bwd.u.xent_bwd.scale = 1.0f / n;
+        fd_term term = {loss, one, 1};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 5e-2f};
+        const char *what;
+        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        int bad = 0;
+        if (st != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, st);
+            bad = 1;
+        }
+        if (!bad)
+            bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, logits, nc, dl, "logits", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Gemm: C = alpha op(A) op(B) with loss weights R [m,n]; the gradients for A and B as stored
+   are themselves gemms, run on the same device:
+     dA = alpha R op(B)^T (or its transpose when A is stored transposed),
+     dB = alpha op(A)^T R (or its transpose when B is stored transposed). */
+static int fd_gemm(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{3, 4, 5}, {7, 2, 9}, {1, 5, 3}, {6, 6, 1}};
+    int fails = 0;
+    for (int t = 0; t < 8; t++) {
+        tcase c = {0};
+        rng r = rng_for(800, t, 7);
+        bool ta = t & 1, tb = (t >> 1) & 1;
+        int m = shapes[t % 4][0], n = shapes[t % 4][1], k = shapes[t % 4][2];
+        int pad = t >= 4 ? 2 : 0;
+        float alpha = t % 3 == 0 ? -0.5f : 1.5f;
+        int a_rows = ta ? k : m, lda = (ta ? m : k) + pad;
+        int b_rows = tb ? n : k, ldb = (tb ? k : n) + pad;
+        size_t na = mat_len(a_rows, lda), nb = mat_len(b_rows, ldb), ncm = mat_len(m, n);
+        float *a = case_f32(&c, na), *b = case_f32(&c, nb), *cm = case_f32(&c, ncm);
+        float *rw = case_f32(&c, ncm), *da = case_f32(&c, na), *db = case_f32(&c, nb);
+        fill_unif(&r, a, na, -1, 1);
+        fill_unif(&r, b, nb, -1, 1);
+        fill_unif(&r, rw, ncm, -1, 1);
+        case_desc(&c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d alpha=%g", ta ? 'T' : 'N',
+                  tb ? 'T' : 'N', m, n, k, lda, ldb, (double)alpha);
+        mgt_op fwd = {.kind = MGT_OP_GEMM};
+        fwd.u.gemm = (__typeof__(fwd.u.gemm)){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n};
+        mgt_op ga = {.kind = MGT_OP_GEMM}, gb = {.kind = MGT_OP_GEMM};
+        if (!ta) /* dA [m,k] = alpha R op(B)^T */
+            ga.u.gemm = (__typeof__(ga.u.gemm)){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0,
+                                                da, lda};
+        else /* dA [k,m] = alpha op(B) R^T */
+            ga.u.gemm = (__typeof__(ga.u.gemm)){tb, true, k, m, n, alpha, b, ldb, rw, n, 0,
+                                                da, lda};
+        if (!tb) /* dB [k,n] = alpha op(A)^T R */
+            gb.u.gemm = (__typeof__(gb.u.gemm)){!ta, false, k, n, m, alpha, a, lda, rw, n, 0,
+                                                db, ldb};
+        else /* dB [n,k] = alpha R^T op(A) */
+            gb.u.gemm = (__typeof__(gb.u.gemm)){true, ta, n, k, m, alpha, rw, n, a, lda, 0,
+                                                db, ldb};
+        fd_term term = {cm, rw, ncm};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &ga);
+        if (!bad)
+            bad = fd_backward(&f, &gb);
+        /* the gradient gemms leave the ld padding alone; it is zero, as the loss's slope
+           there is */
+        for (int i = 0; i < a_rows && !bad; i++)
+            for (int j = ta ? m : k; j < lda; j++)
+                da[(size_t)i * lda + j] = 0;
+        for (int i = 0; i < b_rows && !bad; i++)
+            for (int j = tb ? k : n; j < ldb; j++)
+                db[(size_t)i * ldb + j] = 0;
+        if (!bad)
+            bad = fd_check(&f, a, na, da, "a", &r) + fd_check(&f, b, nb, db, "b", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* ---- the driver ---- */
+
+typedef struct op_spec {
+    gen_fn gen;
+    int (*fd)(backend *be, const char *opname); /* NULL: not a backward (or no FD check) */
+} op_spec;
+
+static const op_spec specs[MGT_OP_COUNT] = {
+    [MGT_OP_FILL] = {gen_fill, NULL},
+    [MGT_OP_SCALE] = {gen_scale, NULL},
+    [MGT_OP_AXPY] = {gen_axpy, NULL},
+    [MGT_OP_SUM] = {gen_sum, NULL},
+    [MGT_OP_ADD] = {gen_add, NULL},
+    [MGT_OP_GEMM] = {gen_gemm, fd_gemm},
+    [MGT_OP_CONV2D_FWD] = {gen_conv_fwd, NULL},
+    [MGT_OP_CONV2D_BWD_DATA] = {gen_conv_bwd_data, fd_conv_data},
+    [MGT_OP_CONV2D_BWD_FILTER] = {gen_conv_bwd_filter, fd_conv_filter},
+    [MGT_OP_BN_FWD_TRAIN] = {gen_bn_train, NULL},
+    [MGT_OP_BN_FWD_EVAL] = {gen_bn_eval, NULL},
+    [MGT_OP_BN_BWD] = {gen_bn_bwd, fd_bn},
+    [MGT_OP_RELU_FWD] = {gen_relu_fwd, NULL},
+    [MGT_OP_RELU_BWD] = {gen_relu_bwd, fd_relu},
+    [MGT_OP_MAXPOOL_FWD] = {gen_maxpool_fwd, NULL},
+    [MGT_OP_MAXPOOL_BWD] = {gen_maxpool_bwd, fd_maxpool},
+    [MGT_OP_AVGPOOL_FWD] = {gen_avgpool_fwd, NULL},
+    [MGT_OP_AVGPOOL_BWD] = {gen_avgpool_bwd, fd_avgpool},
+    [MGT_OP_BIAS_FWD] = {gen_bias_fwd, NULL},
+    [MGT_OP_BIAS_BWD] = {gen_bias_bwd, fd_bias},
+    [MGT_OP_XENT_FWD] = {gen_xent_fwd, NULL},
+    [MGT_OP_XENT_BWD] = {gen_xent_bwd, fd_xent},
+    [MGT_OP_TOPK] = {gen_topk, NULL},
+    [MGT_OP_SGD] = {gen_sgd, NULL},
+};
+
+#define MAX_BACKENDS 3
+
+int main(int argc, char **argv)
+{
+    const char *opname = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-v") == 0)
+            verbose = true;
+        else if (!opname)
+            opname = argv[i];
+    }
+    if (!opname) {
+        fprintf(stderr, "usage: %s OP [-v]\n", argv[0]);
+        return 2;
+    }
+    mgt_op_kind kind = mgt_op_kind_from_name(opname);
+    if (kind == MGT_OP_COUNT || !specs[kind].gen) {
+        fprintf(stderr, "conformance: unknown op '%s'\n", opname);
+        return 2;
+    }
+
+    /* The same cases on every backend: the mock with its default threads (MGT_MOCK applies),
+       the mock split over 3 threads, and CUDA where a GPU answers. */
+    backend bes[MAX_BACKENDS];
+    int nb = 0;
+    memset(bes, 0, sizeof bes);
+    snprintf(bes[nb].label, sizeof bes[nb].label, "mock");
+    bes[nb++].kind = MGT_DEVICE_MOCK;
+    snprintf(bes[nb].label, sizeof bes[nb].label, "mock threads=3");
+    bes[nb].kind = MGT_DEVICE_MOCK;
+    bes[nb].has_opts = true;
+    if (mgt_mock_options_parse(&bes[nb].opts, "threads=3") != MGT_OK) {
+        fprintf(stderr, "conformance: mock options: %s\n", mgt_error_last());
+        return 1;
+    }
+    nb++;
+    if (mgt_device_kind_count(MGT_DEVICE_CUDA) > 0) {
+        snprintf(bes[nb].label, sizeof bes[nb].label, "cuda");
+        bes[nb++].kind = MGT_DEVICE_CUDA;
+    } else {
+        printf("cuda: skipped (no CUDA device)\n");
+    }
+    for (int b = 0; b < nb; b++)
+        if (!backend_open(&bes[b])) {
+            for (int k = 0; k < b; k++)
+                backend_close(&bes[k]);
+            return 1;
+        }
+
+    int fails = 0, ncases = 0;
+    for (int idx = 0;; idx++) {
+        tcase c;
+        memset(&c, 0, sizeof c);
+        rng r = rng_for((int)kind, idx, 0);
+        if (!specs[kind].gen(&c, idx, &r)) {
+            case_free(&c);
+            break;
+        }
+        ncases++;
+        refres rr = {0};
+        if (!case_prepare(&c, opname, idx) || !ref_compute(&c, &rr, opname, idx)) {
+            fails++;
+            refres_free(&rr);
+            case_free(&c);
+            continue;
+        }
+        for (int b = 0; b < nb; b++) {
+            devrun dr;
+            const char *what;
+            mgt_status st = dev_exec(&bes[b], &c.op, &dr, &what);
+            if (st != MGT_OK) {
+                report_status(opname, idx, c.desc, &bes[b], what, st);
+                fails++;
+                devrun_free(&dr);
+                if (!backend_reopen(&bes[b]))
+                    return 1;
+                continue;
+            }
+            fails += compare_run(&bes[b], opname, idx, &c, &rr, &dr) != 0;
+            devrun_free(&dr);
+        }
+        refres_free(&rr);
+        case_free(&c);
+    }
+    if (specs[kind].fd)
+        for (int b = 0; b < nb; b++)
+            fails += specs[kind].fd(&bes[b], opname);
+    for (int b = 0; b < nb; b++)
+        backend_close(&bes[b]);
+    printf("conformance %s: %d cases on %d backends%s: %s\n", opname, ncases, nb,
+           specs[kind].fd ? " with finite differences" : "", fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
+}

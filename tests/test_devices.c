@@ -1,0 +1,557 @@
+/* Mock devices: the options spelling, the peer-access matrix and peer copies with and without it, the memory limit, injected allocation and kernel faults, and pointer validation. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "mgt/device.h"
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        mgt_status st_ = (call);                                                               \
+        if (st_ != MGT_OK)                                                                     \
+            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last());              \
+    } while (0)
+
+/* The call must be refused with `want` and error text that contains `needle`. */
+#define EXPECT_FAIL(call, want, needle)                                                        \
+    do {                                                                                       \
+        mgt_status st_ = (call);                                                               \
+        if (st_ != (want))                                                                     \
+            fail_msg("%s: returned %s (%s), expected %s", #call, mgt_status_str(st_),           \
+                     mgt_error_last(), mgt_status_str(want));                                  \
+        if (!strstr(mgt_error_last(), (needle)))                                               \
+            fail_msg("%s: error text \"%s\" does not name \"%s\"", #call, mgt_error_last(),     \
+                     (needle));                                                                \
+    } while (0)
+
+static mgt_devset *open_mock(int n, const char *spec)
+{
+    mgt_mock_options o;
+    CHECK(mgt_mock_options_parse(&o, spec));
+    int ids[MGT_MAX_DEVICES];
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    mgt_devset *set = NULL;
+    CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set));
+    return set;
+}
+
+/* ---- the options spelling ---- */
+
+static mgt_mock_options parsed(const char *spec)
+{
+    mgt_mock_options o;
+    memset(&o, 0x5a, sizeof o); /* parse must reset everything it does not set */
+    mgt_status st = mgt_mock_options_parse(&o, spec);
+    if (st != MGT_OK)
+        fail_msg("'%s' refused: %s", spec ? spec : "(null)", mgt_error_last());
+    return o;
+}
+
+static void assert_defaults_except(const mgt_mock_options *o, const char *which)
+{
+    if (!strstr(which, "threads"))
+        assert_int_equal(o->threads_per_device, 0);
+    if (!strstr(which, "mem"))
+        assert_int_equal(o->mem_limit, 0);
+    if (!strstr(which, "peers"))
+        assert_int_equal(o->peer_mode, MGT_PEER_ALL);
+    if (!strstr(which, "fault"))
+        assert_int_equal(o->fault_kind, MGT_FAULT_NONE);
+    if (!strstr(which, "delay"))
+        assert_int_equal(o->delay_us, 0);
+}
+
+static void test_options_accepted(void **state)
+{
+    (void)state;
+    mgt_mock_options o = parsed(NULL);
+    assert_defaults_except(&o, "");
+    o = parsed("");
+    assert_defaults_except(&o, "");
+
+    o = parsed("threads=4");
+    assert_int_equal(o.threads_per_device, 4);
+    assert_defaults_except(&o, "threads");
+
+    static const struct {
+        const char *spec;
+        size_t bytes;
+    } sizes[] = {{"mem=512M", 512ull << 20}, {"mem=8G", 8ull << 30}, {"mem=4096K", 4096ull << 10},
+                 {"mem=1M", 1ull << 20},     {"mem=1048577", 1048577}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        o = parsed(sizes[i].spec);
+        if (o.mem_limit != sizes[i].bytes)
+            fail_msg("'%s' gave %zu bytes, expected %zu", sizes[i].spec, o.mem_limit,
+                     sizes[i].bytes);
+        assert_defaults_except(&o, "mem");
+    }
+
+    o = parsed("peers=all");
+    assert_int_equal(o.peer_mode, MGT_PEER_ALL);
+    o = parsed("peers=none");
+    assert_int_equal(o.peer_mode, MGT_PEER_NONE);
+    o = parsed("peers=0-1,2-3");
+    assert_int_equal(o.peer_mode, MGT_PEER_LIST);
+    assert_true(o.peer[0][1] || o.peer[1][0]);
+    assert_true(o.peer[2][3] || o.peer[3][2]);
+    assert_false(o.peer[0][2] || o.peer[2][0] || o.peer[1][3] || o.peer[0][3]);
+    assert_defaults_except(&o, "peers");
+
+    o = parsed("fault=alloc@1:3");
+    assert_int_equal(o.fault_kind, MGT_FAULT_ALLOC);
+    assert_int_equal(o.fault_device, 1);
+    assert_int_equal(o.fault_nth, 3);
+    o = parsed("fault=kernel@0:2");
+    assert_int_equal(o.fault_kind, MGT_FAULT_KERNEL);
+    assert_int_equal(o.fault_device, 0);
+    assert_int_equal(o.fault_nth, 2);
+    assert_defaults_except(&o, "fault");
+
+    o = parsed("delay=2000");
+    assert_int_equal(o.delay_us, 2000);
+    assert_defaults_except(&o, "delay");
+    o = parsed("seed=42");
+    assert_int_equal(o.seed, 42);
+    assert_defaults_except(&o, "seed");
+
+    o = parsed("threads=2;mem=1M;peers=none;fault=kernel@1:5;delay=100;seed=9");
+    assert_int_equal(o.threads_per_device, 2);
+    assert_int_equal(o.mem_limit, 1u << 20);
+    assert_int_equal(o.peer_mode, MGT_PEER_NONE);
+    assert_int_equal(o.fault_kind, MGT_FAULT_KERNEL);
+    assert_int_equal(o.fault_device, 1);
+    assert_int_equal(o.fault_nth, 5);
+    assert_int_equal(o.delay_us, 100);
+    assert_int_equal(o.seed, 9);
+}
+
+/* Each bad spelling is refused with MGT_ERR_INVALID and a message that quotes the item. */
+static void test_options_rejected(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec, *item;
+    } bad[] = {
+        {"threads=0", "threads=0"},
+        {"threads=abc", "threads=abc"},
+        {"threads=-2", "threads=-2"},
+        {"threads=", "threads="},
+        {"threads", "threads"},
+        {"mem=12X", "mem=12X"},
+        {"mem=", "mem="},
+        {"mem=M", "mem=M"},
+        {"peers=0-", "peers=0-"},
+        {"peers=foo", "peers=foo"},
+        {"peers=1-1", "peers=1-1"},
+        {"fault=disk@0:1", "fault=disk@0:1"},
+        {"fault=alloc@0:0", "fault=alloc@0:0"},
+        {"fault=alloc@x:1", "fault=alloc@x:1"},
+        {"fault=kernel", "fault=kernel"},
+        {"fault=kernel@0", "fault=kernel@0"},
+        {"delay=-5", "delay=-5"},
+        {"delay=abc", "delay=abc"},
+        {"seed=x", "seed=x"},
+        {"bogus=1", "bogus=1"},
+        {"threads=2;bogus=1", "bogus=1"},
+        {"mem=1M;peers=0-1;fault=alloc@1:x", "fault=alloc@1:x"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mgt_mock_options o;
+        mgt_error_clear();
+        mgt_status st = mgt_mock_options_parse(&o, bad[i].spec);
+        if (st != MGT_ERR_INVALID)
+            fail_msg("'%s' gave %s, expected invalid argument", bad[i].spec,
+                     mgt_status_str(st));
+        if (!strstr(mgt_error_last(), bad[i].item))
+            fail_msg("'%s': the message \"%s\" does not name the item '%s'", bad[i].spec,
+                     mgt_error_last(), bad[i].item);
+    }
+}
+
+/* ---- the peer-access matrix and peer copies ---- */
+
+static void test_peer_matrix(void **state)
+{
+    (void)state;
+    static const char *const specs[] = {"peers=all", "peers=none", "peers=0-1,2-3"};
+    for (int m = 0; m < 3; m++) {
+        mgt_devset *set = open_mock(4, specs[m]);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                if (i == j)
+                    continue;
+                bool want = m == 0 || (m == 2 && i / 2 == j / 2);
+                if (mgt_devset_can_access_peer(set, i, j) != want)
+                    fail_msg("%s: can_access_peer(%d, %d) is %d, expected %d", specs[m], i, j,
+                             !want, want);
+            }
+        mgt_devset_free(set);
+    }
+}
+
+/* A byte pattern that differs at every offset, so a chunk copied to the wrong place shows;
+   made a word at a time, since the sanitizer builds pay per instrumented store. */
+static void fill_bytes(unsigned char *p, size_t n, uint32_t seed)
+{
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i += 4) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        memcpy(p + i, &x, n - i < 4 ? n - i : 4);
+    }
+}
+
+#define PEER_GUARD 64
+
+typedef struct peer_job {
+    int src, dst;
+    mgt_buffer *sbuf, *dbuf;
+    mgt_event *after_src; /* recorded on the source stream after the copy */
+    /* the destination buffer whole, guards included: read in order on the destination's
+       stream (got) and on another stream that waits for after_src (got2) */
+    unsigned char *want, *got, *got2;
+} peer_job;
+
+/* Copies between devices at odd offsets with guard bytes around the destination, several in
+   flight at once (both directions of a pair, one source to two destinations, so staging
+   slots are reused); right after each copy the source is overwritten on its own stream, which
+   must not reach the destination because later work on the source stream runs after the
+   copy. A third stream that waits for an event recorded on the source stream after the copy
+   must also see it complete (work enqueued later on either stream runs after the copy).
+   Every job's bytes must arrive exactly and nothing around them may change. */
+static void peer_round(const char *spec, const size_t *sizes, int nsizes)
+{
+    size_t max = 0;
+    for (int i = 0; i < nsizes; i++)
+        max = sizes[i] > max ? sizes[i] : max;
+    mgt_devset *set = open_mock(4, spec);
+    mgt_stream *s[4], *reader[4];
+    mgt_buffer *pad[4];
+    for (int i = 0; i < 4; i++) {
+        CHECK(mgt_stream_create(mgt_devset_device(set, i), &s[i]));
+        CHECK(mgt_stream_create(mgt_devset_device(set, i), &reader[i]));
+        CHECK(mgt_buffer_alloc(mgt_devset_device(set, i), 64, &pad[i]));
+    }
+    peer_job jobs[] = {{.src = 0, .dst = 1}, {.src = 1, .dst = 0}, {.src = 0, .dst = 2},
+                       {.src = 2, .dst = 3}, {.src = 3, .dst = 1}};
+    enum { NJ = sizeof jobs / sizeof jobs[0] };
+    /* allocated once for the largest size: fresh pages cost more than the copies */
+    for (int j = 0; j < NJ; j++) {
+        peer_job *p = &jobs[j];
+        mgt_device *sd = mgt_devset_device(set, p->src), *dd = mgt_devset_device(set, p->dst);
+        CHECK(mgt_buffer_alloc(sd, max + 1, &p->sbuf));
+        CHECK(mgt_buffer_alloc(dd, max + 2 * PEER_GUARD + 3, &p->dbuf));
+        p->want = malloc(max);
+        p->got = malloc(max + 2 * PEER_GUARD + 3);
+        p->got2 = malloc(max + 2 * PEER_GUARD + 3);
+        assert_non_null(p->want);
+        assert_non_null(p->got);
+        assert_non_null(p->got2);
+        CHECK(mgt_event_create(sd, &p->after_src));
+    }
+    for (int z = 0; z < nsizes; z++) {
+        size_t bytes = sizes[z], whole = bytes + 2 * PEER_GUARD + 3;
+        for (int j = 0; j < NJ; j++) {
+            peer_job *p = &jobs[j];
+            fill_bytes(p->want, bytes, (uint32_t)(j * 131 + bytes));
+            CHECK(mgt_copy_h2d(s[p->src], (char *)mgt_buffer_ptr(p->sbuf) + 1, p->want,
+                               bytes));
+            CHECK(mgt_memset(s[p->dst], mgt_buffer_ptr(p->dbuf), 0xab, whole));
+        }
+        for (int j = 0; j < NJ; j++) {
+            peer_job *p = &jobs[j];
+            char *src = (char *)mgt_buffer_ptr(p->sbuf) + 1;
+            char *dst = (char *)mgt_buffer_ptr(p->dbuf) + PEER_GUARD + 3;
+            /* under a delay the destination lags the source, so a staging slot reused
+               before its reader ran would be overwritten */
+            for (int k = 0; k < 30; k++)
+                CHECK(mgt_fill(s[p->dst], mgt_buffer_ptr(pad[p->dst]), (float)k, 16));
+            CHECK(mgt_copy_peer(s[p->dst], dst, s[p->src], src, bytes));
+            CHECK(mgt_memset(s[p->src], src, 0, bytes)); /* must run after the copy read */
+            CHECK(mgt_event_record(p->after_src, s[p->src]));
+        }
+        for (int j = 0; j < NJ; j++) {
+            peer_job *p = &jobs[j];
+            CHECK(mgt_copy_d2h(s[p->dst], p->got, mgt_buffer_ptr(p->dbuf), whole));
+            CHECK(mgt_stream_wait_event(reader[p->dst], p->after_src));
+            CHECK(mgt_copy_d2h(reader[p->dst], p->got2, mgt_buffer_ptr(p->dbuf), whole));
+        }
+        for (int i = 0; i < 4; i++) {
+            CHECK(mgt_stream_synchronize(s[i], NULL));
+            CHECK(mgt_stream_synchronize(reader[i], NULL));
+        }
+        for (int j = 0; j < NJ; j++) {
+            peer_job *p = &jobs[j];
+            for (int v = 0; v < 2; v++) {
+                const unsigned char *got = v ? p->got2 : p->got;
+                const char *via = v ? "a stream waiting on the source" : "the destination stream";
+                const unsigned char *after = got + PEER_GUARD + 3 + bytes;
+                for (size_t k = 0; k < PEER_GUARD + 3; k++)
+                    if (got[k] != 0xab || (k < PEER_GUARD && after[k] != 0xab))
+                        fail_msg("%s: copy %d->%d of %zu bytes wrote outside its destination",
+                                 spec, p->src, p->dst, bytes);
+                const unsigned char *g = got + PEER_GUARD + 3;
+                if (memcmp(g, p->want, bytes) != 0)
+                    for (size_t k = 0; k < bytes; k++)
+                        if (g[k] != p->want[k])
+                            fail_msg("%s: copy %d->%d of %zu bytes, read on %s: byte %zu is "
+                                     "0x%02x, expected 0x%02x",
+                                     spec, p->src, p->dst, bytes, via, k, g[k], p->want[k]);
+            }
+        }
+    }
+    for (int j = 0; j < NJ; j++) {
+        peer_job *p = &jobs[j];
+        mgt_event_free(p->after_src);
+        mgt_buffer_free(p->sbuf);
+        mgt_buffer_free(p->dbuf);
+        free(p->want);
+        free(p->got);
+        free(p->got2);
+    }
+    for (int i = 0; i < 4; i++) {
+        mgt_buffer_free(pad[i]);
+        mgt_stream_free(s[i]);
+        mgt_stream_free(reader[i]);
+    }
+    mgt_devset_free(set);
+}
+
+static void test_peer_copies(void **state)
+{
+    (void)state;
+    /* not multiples of any sensible staging chunk; the larger ones span two chunks, and
+       three (so one copy reuses a staging slot) where every pair is staged and delayed,
+       which makes the destination lag; the sanitizer builds pay dearly per megabyte */
+    static const size_t sizes[] = {1, 3, 4096 + 5, (4u << 20) + 3, (8u << 20) + 5};
+    static const char *const specs[] = {"peers=none;delay=300", "peers=all", "peers=0-1,2-3",
+                                        "peers=none", "peers=0-1;delay=300"};
+    for (int m = 0; m < (int)(sizeof specs / sizeof specs[0]); m++)
+        peer_round(specs[m], sizes, m == 0 ? 5 : 4);
+}
+
+/* ---- the memory limit ---- */
+
+static void test_memory_limit(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(2, "mem=1M");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    size_t used0, total0;
+    mgt_device_memory(d0, &used0, &total0);
+    assert_int_equal(total0, 1u << 20);
+    mgt_buffer *b = NULL, *b2 = NULL, *other = NULL;
+    EXPECT_FAIL(mgt_buffer_alloc(d0, 2u << 20, &b), MGT_ERR_OOM, mgt_device_name(d0));
+    assert_null(b);
+    size_t used;
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0); /* a refused allocation is not counted */
+    CHECK(mgt_buffer_alloc(d0, 512u << 10, &b));
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0 + (512u << 10));
+    EXPECT_FAIL(mgt_buffer_alloc(d0, 600u << 10, &b2), MGT_ERR_OOM, mgt_device_name(d0));
+    CHECK(mgt_buffer_alloc(d1, 900u << 10, &other)); /* the limit is per device */
+    mgt_buffer_free(b);
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0);
+    CHECK(mgt_buffer_alloc(d0, 900u << 10, &b2)); /* the freed room is usable again */
+    mgt_buffer_free(b2);
+    mgt_buffer_free(other);
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0);
+    mgt_devset_free(set);
+}
+
+/* ---- injected faults ---- */
+
+static void test_fault_alloc(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(2, "fault=alloc@1:3");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_buffer *a[5] = {0}, *b[4] = {0};
+    for (int i = 0; i < 5; i++)
+        CHECK(mgt_buffer_alloc(d0, 1000, &a[i])); /* device 0 is not the faulty one */
+    CHECK(mgt_buffer_alloc(d1, 1000, &b[0]));
+    CHECK(mgt_buffer_alloc(d1, 1000, &b[1]));
+    size_t used_before, used;
+    mgt_device_memory(d1, &used_before, NULL);
+    mgt_status st = mgt_buffer_alloc(d1, 1000, &b[2]);
+    if (st == MGT_OK)
+        fail_msg("the 3rd allocation on device 1 succeeded");
+    if (!strstr(mgt_error_last(), mgt_device_name(d1)))
+        fail_msg("fault text \"%s\" does not name %s", mgt_error_last(), mgt_device_name(d1));
+    assert_null(b[2]);
+    mgt_device_memory(d1, &used, NULL);
+    assert_int_equal(used, used_before);
+    CHECK(mgt_buffer_alloc(d1, 1000, &b[3])); /* only the Nth fails */
+    for (int i = 0; i < 5; i++)
+        mgt_buffer_free(a[i]);
+    for (int i = 0; i < 4; i++)
+        mgt_buffer_free(b[i]);
+    mgt_devset_free(set);
+}
+
+/* The 2nd kernel on device 0 fails while it runs: the enqueue succeeded, the synchronize
+   reports MGT_ERR_DEVICE naming the device and the op, the error stays, and device 1 goes
+   on, including a stream that waits on an event device 0 recorded after the failure. */
+static void test_fault_kernel(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(2, "fault=kernel@0:2;delay=2000");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0, *s1, *s0b;
+    mgt_event *e0;
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    CHECK(mgt_event_create(d0, &e0));
+    enum { N = 100 };
+    mgt_buffer *b0, *b1;
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &b1));
+    float *x0 = mgt_buffer_ptr(b0), *x1 = mgt_buffer_ptr(b1);
+    static float host[N], out[N];
+    for (int i = 0; i < N; i++)
+        host[i] = (float)i;
+    CHECK(mgt_copy_h2d(s0, x0, host, sizeof host)); /* a copy, not a kernel */
+    CHECK(mgt_fill(s0, x0, 1.0f, N));               /* kernel 1 */
+    CHECK(mgt_scale(s0, x0, 2.0f, N));              /* kernel 2: fails when it runs */
+    mgt_status rec = mgt_event_record(e0, s0);      /* ok unless the failure already ran */
+    if (rec == MGT_OK)
+        CHECK(mgt_stream_wait_event(s1, e0));
+    CHECK(mgt_copy_h2d(s1, x1, host, sizeof host));
+    CHECK(mgt_scale(s1, x1, 3.0f, N));
+    CHECK(mgt_copy_d2h(s1, out, x1, sizeof out));
+
+    EXPECT_FAIL(mgt_stream_synchronize(s0, NULL), MGT_ERR_DEVICE, mgt_device_name(d0));
+    if (!strstr(mgt_error_last(), "scale"))
+        fail_msg("fault text \"%s\" does not name the op (scale)", mgt_error_last());
+    /* sticky: later calls and waits on device 0 fail the same way */
+    EXPECT_FAIL(mgt_stream_synchronize(s0, NULL), MGT_ERR_DEVICE, mgt_device_name(d0));
+    EXPECT_FAIL(mgt_device_synchronize(d0, NULL), MGT_ERR_DEVICE, mgt_device_name(d0));
+    EXPECT_FAIL(mgt_fill(s0, x0, 0.0f, N), MGT_ERR_DEVICE, mgt_device_name(d0));
+    mgt_status st = mgt_stream_create(d0, &s0b);
+    if (st == MGT_OK) {
+        EXPECT_FAIL(mgt_stream_synchronize(s0b, NULL), MGT_ERR_DEVICE, mgt_device_name(d0));
+        mgt_stream_free(s0b);
+    } else {
+        assert_int_equal(st, MGT_ERR_DEVICE);
+    }
+
+    /* device 1: unaffected, and not hung on the failed device's event */
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    CHECK(mgt_device_synchronize(d1, NULL));
+    for (int i = 0; i < N; i++)
+        assert_true(out[i] == 3.0f * host[i]);
+
+    mgt_event_free(e0);
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_stream_free(s0);
+    mgt_stream_free(s1);
+    mgt_devset_free(set);
+}
+
+/* A label outside [0, classes) is a device error while the kernel runs, naming the op. */
+static void test_bad_label_is_device_error(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(1, "");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    mgt_buffer *bl, *bp, *bz, *bloss;
+    CHECK(mgt_buffer_alloc(d, 4 * sizeof(int32_t), &bl));
+    CHECK(mgt_buffer_alloc(d, 4 * 3 * sizeof(float), &bp));
+    CHECK(mgt_buffer_alloc(d, 4 * 3 * sizeof(float), &bz));
+    CHECK(mgt_buffer_alloc(d, sizeof(float), &bloss));
+    static const int32_t labels[4] = {0, 2, 3, 1}; /* 3 is out of range for 3 classes */
+    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(bl), labels, sizeof labels));
+    CHECK(mgt_fill(s, mgt_buffer_ptr(bz), 0.5f, 12));
+    CHECK(mgt_softmax_xent_forward(s, mgt_buffer_ptr(bloss), mgt_buffer_ptr(bp),
+                                   mgt_buffer_ptr(bz), mgt_buffer_ptr(bl), 4, 3, 0.0f));
+    EXPECT_FAIL(mgt_stream_synchronize(s, NULL), MGT_ERR_DEVICE, mgt_device_name(d));
+    if (!strstr(mgt_error_last(), "softmax_xent_forward"))
+        fail_msg("error text \"%s\" does not name the op", mgt_error_last());
+    mgt_buffer_free(bl);
+    mgt_buffer_free(bp);
+    mgt_buffer_free(bz);
+    mgt_buffer_free(bloss);
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+}
+
+/* ---- pointer validation ---- */
+
+/* Host memory, another device's memory, a range past a buffer's end and a freed buffer are
+   refused at enqueue time; a refusal is no device error, so the device carries on. */
+static void test_pointer_validation(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(2, "");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0;
+    CHECK(mgt_stream_create(d0, &s0));
+    enum { N = 64 };
+    mgt_buffer *b0, *b1, *gone;
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &b1));
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &gone));
+    float *x0 = mgt_buffer_ptr(b0), *x1 = mgt_buffer_ptr(b1), *xg = mgt_buffer_ptr(gone);
+    mgt_buffer_free(gone);
+    static float host[N];
+
+    assert_int_not_equal(mgt_fill(s0, host, 1.0f, N), MGT_OK);
+    assert_int_not_equal(mgt_fill(s0, x1, 1.0f, N), MGT_OK);
+    assert_int_not_equal(mgt_fill(s0, x0 + 1, 1.0f, N), MGT_OK); /* one past the end */
+    assert_int_not_equal(mgt_fill(s0, xg, 1.0f, N), MGT_OK);
+    assert_int_not_equal(mgt_axpy(s0, x0, 1.0f, x1, N), MGT_OK); /* an input elsewhere */
+    assert_int_not_equal(mgt_gemm(s0, false, false, 8, 8, 8, 1.0f, x0, 8, host, 8, 0.0f, x0, 8),
+                         MGT_OK);
+    assert_int_not_equal(mgt_copy_h2d(s0, host, host, sizeof host), MGT_OK);
+    assert_int_not_equal(mgt_copy_d2h(s0, host, x1, sizeof host), MGT_OK);
+    assert_int_not_equal(mgt_copy_d2d(s0, x0, x1, sizeof host), MGT_OK);
+    assert_int_not_equal(mgt_memset(s0, x1, 0, sizeof host), MGT_OK);
+    /* the refusal names the device it was checked against */
+    EXPECT_FAIL(mgt_fill(s0, x1, 1.0f, N), MGT_ERR_INVALID, mgt_device_name(d0));
+
+    /* none of that poisoned the device */
+    CHECK(mgt_fill(s0, x0, 2.0f, N));
+    CHECK(mgt_copy_d2h(s0, host, x0, sizeof host));
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    for (int i = 0; i < N; i++)
+        assert_true(host[i] == 2.0f);
+
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_stream_free(s0);
+    mgt_devset_free(set);
+}
+
+/* An argument picks the tests to run by name pattern (cmocka's filter), e.g. '*peer*'. */
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_options_accepted),
+        cmocka_unit_test(test_options_rejected),
+        cmocka_unit_test(test_peer_matrix),
+        cmocka_unit_test(test_peer_copies),
+        cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_fault_alloc),
+        cmocka_unit_test(test_fault_kernel),
+        cmocka_unit_test(test_bad_label_is_device_error),
+        cmocka_unit_test(test_pointer_validation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
