@@ -43,6 +43,8 @@ typedef struct fixture {
     mgt_comm *comm;
 } fixture;
 
+static mgt_allreduce_algo algo_under_test = MGT_ALLREDUCE_TREE;
+
 static void fixture_open(fixture *f, int n, const char *mock, size_t floats, size_t bucket_bytes)
 {
     memset(f, 0, sizeof *f);
@@ -78,7 +80,7 @@ static void fixture_open(fixture *f, int n, const char *mock, size_t floats, siz
         .n_layer_ends = f->n_layers,
         .bucket_bytes = bucket_bytes,
         .first_bucket_bytes = 64,
-        .algo = MGT_ALLREDUCE_TREE,
+        .algo = algo_under_test,
     };
     CHECK(mgt_comm_create(f->set, &cfg, &f->comm));
 }
@@ -219,6 +221,23 @@ static void test_allreduce_with_delays(void **state)
     run_allreduce(3, "threads=1;delay=300;seed=3;peers=none", 2000, 1024, 2);
 }
 
+/* The ring, on the same cases: counts that do not divide the bucket, no peers, delays. */
+static void test_ring(void **state)
+{
+    (void)state;
+    algo_under_test = MGT_ALLREDUCE_RING;
+    for (int n = 1; n <= 8; n++)
+        run_allreduce(n, "threads=1", 3001, 2048, 2);
+    run_allreduce(4, "threads=1;peers=none", 3001, 2048, 2);
+    run_allreduce(5, "threads=1;peers=0-1,2-3;delay=200;seed=5", 2003, 1024, 3);
+    run_allreduce(3, "threads=1;peers=none", (9u << 20) / 4 + 5, 16u << 20, 1);
+    algo_under_test = MGT_ALLREDUCE_TREE;
+    mgt_allreduce_algo a;
+    assert_int_equal(mgt_allreduce_algo_parse("ring", &a), MGT_OK);
+    assert_int_equal(a, MGT_ALLREDUCE_RING);
+    assert_int_equal(mgt_allreduce_algo_parse("star", &a), MGT_ERR_INVALID);
+}
+
 static void test_broadcast(void **state)
 {
     (void)state;
@@ -306,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_counts),
         cmocka_unit_test(test_allreduce_without_peers),
         cmocka_unit_test(test_allreduce_with_delays),
+        cmocka_unit_test(test_ring),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_step_end_aborts),
         cmocka_unit_test(test_bad_config),

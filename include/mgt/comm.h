@@ -15,8 +15,14 @@
 typedef struct mgt_comm mgt_comm;
 
 typedef enum mgt_allreduce_algo {
-    MGT_ALLREDUCE_TREE, /* reduce up a binary tree, then broadcast the sum back down */
+    MGT_ALLREDUCE_TREE, /* reduce up a binary tree, then broadcast the sum back down:
+                           2 log2(n) transfers of the whole bucket, few latencies */
+    MGT_ALLREDUCE_RING, /* reduce-scatter then all-gather around a ring: 2(n-1) transfers of
+                           1/n of the bucket each, so bandwidth-optimal for large buckets */
 } mgt_allreduce_algo;
+
+/* "tree" or "ring" */
+mgt_status mgt_allreduce_algo_parse(const char *s, mgt_allreduce_algo *out);
 
 typedef struct mgt_comm_config {
     /* the gradient arena of each device, `bytes` long, same layout on every device */

@@ -56,7 +56,9 @@ typedef enum mgt_fault_kind {
      fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1)
      fault=kernel@D:N    the Nth kernel on device D fails
      delay=USEC          a random delay of 0..USEC microseconds before every queued op
-     seed=N              seed of the delays */
+     seed=N              seed of the delays
+     link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
+                         (BW in B, KB, MB or GB per second; LAT in us or ms) */
 typedef struct mgt_mock_options {
     int threads_per_device;
     size_t mem_limit;
@@ -67,6 +69,8 @@ typedef struct mgt_mock_options {
     long fault_nth;
     unsigned delay_us;
     uint64_t seed;
+    double link_bytes_per_s; /* 0: peer copies at memcpy speed */
+    double link_latency_s;
 } mgt_mock_options;
 
 /* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). */

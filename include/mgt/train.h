@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mgt/comm.h"
 #include "mgt/device.h"
 #include "mgt/optim.h"
 
@@ -40,6 +41,7 @@ typedef struct mgt_train_config {
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
+    mgt_allreduce_algo allreduce; /* tree (the default) or ring */
     const char *log_path;   /* JSON lines; NULL: none */
     double time_limit_s;    /* stop (with a checkpoint) after this long; 0: none */
     double step_timeout_s;  /* abort when no step finishes for this long; 0: none */
@@ -54,12 +56,28 @@ typedef struct mgt_train_config {
     long max_steps;         /* training steps per epoch at most; 0: all (tests, quick runs) */
     int dummy_classes;      /* with dummy: 0 = 1000 for the ImageNet ResNets, 10 otherwise */
     int dummy_steps;        /* with dummy: steps per epoch (100) */
+    int dummy_channels;     /* with dummy: image channels (3) */
+    int warmup_steps;       /* steps of each epoch left out of the timed throughput and the
+                               profile (the first steps grow caches and fault pages in) */
+    bool no_validation;     /* skip validation (benchmarks) */
+    bool profile;           /* time forward, backward, exposed reduction and optimizer on
+                               each device with events (for mgtrain bench) */
     FILE *out;              /* progress lines; NULL: stdout */
     const atomic_int *stop; /* (optional) raised by Ctrl-C: stop at a step boundary, save */
 } mgt_train_config;
 
 /* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
 void mgt_train_config_defaults(mgt_train_config *c);
+
+/* Device time per step, averaged over the timed steps, from events on the compute stream. */
+typedef struct mgt_step_profile {
+    double data_s;           /* the host's wait for the batch */
+    double forward_s;        /* forward and loss */
+    double backward_s;
+    double reduce_exposed_s; /* the all-reduce's tail that backward did not hide */
+    double optimizer_s;
+    long steps;
+} mgt_step_profile;
 
 typedef struct mgt_train_result {
     int epochs_done;        /* complete epochs run in this call */
@@ -68,6 +86,9 @@ typedef struct mgt_train_result {
     double val_loss, val_acc1, val_acc5; /* the last validation */
     double best_acc1;
     double images_per_s;    /* training images per second, the last epoch */
+    double timed_images_per_s; /* the same after the warm-up steps */
+    double timed_step_s;       /* seconds per step after the warm-up steps */
+    mgt_step_profile profile[MGT_MAX_DEVICES]; /* with profile: per device, the last epoch */
     bool interrupted;       /* stopped early by stop or the time limit, checkpoint saved */
     char checkpoint[512];   /* the last checkpoint written ("" when none) */
 } mgt_train_result;

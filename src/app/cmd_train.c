@@ -61,6 +61,7 @@ static void train_usage(FILE *f)
 "  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
 "  --mock SPEC            mock-device options (see README)\n"
 "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
+"  --allreduce tree|ring  the all-reduce algorithm (tree)\n"
 "run\n"
 "  -p, --print-freq N     progress line every N steps (10)\n"
 "  -e, --evaluate         validate once and stop\n"
@@ -72,33 +73,6 @@ static void train_usage(FILE *f)
 "  --max-steps N          at most N training steps per epoch (quick runs)\n"
 "  --dummy-steps N        steps per epoch with --dummy (100)\n"
 "Ctrl-C stops at the next step boundary and saves a checkpoint; a second Ctrl-C quits.\n");
-}
-
-static bool parse_int(const char *flag, const char *v, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "mgtrain: %s '%s': expected a whole number from %ld to %ld\n", flag, v,
-                lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
-static bool parse_float(const char *flag, const char *v, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
-        fprintf(stderr, "mgtrain: %s '%s': expected a number from %g to %g\n", flag, v, lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -136,7 +110,7 @@ enum {
     OPT_STRICT, OPT_MAX_BAD, OPT_PRETRAINED, OPT_ZIR, OPT_EPOCHS, OPT_START_EPOCH, OPT_LR,
     OPT_MOMENTUM, OPT_WD, OPT_NESTEROV, OPT_SCHEDULE, OPT_LR_STEP, OPT_LR_GAMMA, OPT_WARMUP,
     OPT_SMOOTHING, OPT_SEED, OPT_GPUS, OPT_DEVICE, OPT_MOCK, OPT_BUCKET, OPT_RESUME, OPT_CKPT,
-    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS,
+    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS, OPT_ALLREDUCE,
 };
 
 int mgt_app_cmd_train(int argc, char **argv)
@@ -174,6 +148,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"device", required_argument, NULL, OPT_DEVICE},
         {"mock", required_argument, NULL, OPT_MOCK},
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
+        {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
@@ -200,9 +175,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         switch (opt) {
         case OPT_DATA: c.data_dir = optarg; break;
         case OPT_DUMMY: c.dummy = true; break;
-        case 'j': ok = parse_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
+        case 'j': ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
         case OPT_IMAGE_SIZE:
-            ok = parse_int("--image-size", optarg, 8, 4096, &v);
+            ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
             c.image_size = (int)v;
             break;
         case OPT_AUGMENT:
@@ -228,25 +203,25 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.normalize_auto = true;
             break;
         case OPT_STRICT: c.strict_data = true; break;
-        case OPT_MAX_BAD: ok = parse_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac); break;
+        case OPT_MAX_BAD: ok = mgt_app_flag_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac); break;
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
-        case OPT_EPOCHS: ok = parse_int("--epochs", optarg, 1, 100000, &v); c.epochs = (int)v; break;
+        case OPT_EPOCHS: ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v); c.epochs = (int)v; break;
         case OPT_START_EPOCH:
-            ok = parse_int("--start-epoch", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int("--start-epoch", optarg, 0, 100000, &v);
             c.start_epoch = (int)v;
             break;
         case 'b':
-            ok = parse_int("--batch-size", optarg, 1, 1 << 24, &v);
+            ok = mgt_app_flag_int("--batch-size", optarg, 1, 1 << 24, &v);
             c.batch_size = (int)v;
             break;
-        case OPT_LR: ok = parse_float("--lr", optarg, 0, 1e6, &x); c.lr.lr = (float)x; break;
+        case OPT_LR: ok = mgt_app_flag_float("--lr", optarg, 0, 1e6, &x); c.lr.lr = (float)x; break;
         case OPT_MOMENTUM:
-            ok = parse_float("--momentum", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float("--momentum", optarg, 0, 1, &x);
             c.momentum = (float)x;
             break;
-        case OPT_WD: ok = parse_float("--weight-decay", optarg, 0, 1, &x); c.weight_decay = (float)x; break;
+        case OPT_WD: ok = mgt_app_flag_float("--weight-decay", optarg, 0, 1, &x); c.weight_decay = (float)x; break;
         case OPT_NESTEROV: c.nesterov = true; break;
         case OPT_SCHEDULE:
             if (mgt_lr_kind_parse(optarg, &c.lr.kind) != MGT_OK) {
@@ -255,20 +230,20 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_LR_STEP:
-            ok = parse_int("--lr-step", optarg, 1, 100000, &v);
+            ok = mgt_app_flag_int("--lr-step", optarg, 1, 100000, &v);
             c.lr.step_epochs = (int)v;
             break;
-        case OPT_LR_GAMMA: ok = parse_float("--lr-gamma", optarg, 0, 1, &x); c.lr.gamma = (float)x; break;
+        case OPT_LR_GAMMA: ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x); c.lr.gamma = (float)x; break;
         case OPT_WARMUP:
-            ok = parse_int("--warmup-epochs", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int("--warmup-epochs", optarg, 0, 100000, &v);
             c.lr.warmup_epochs = (int)v;
             break;
         case OPT_SMOOTHING:
-            ok = parse_float("--label-smoothing", optarg, 0, 0.999, &x);
+            ok = mgt_app_flag_float("--label-smoothing", optarg, 0, 0.999, &x);
             c.label_smoothing = (float)x;
             break;
         case OPT_SEED:
-            ok = parse_int("--seed", optarg, 0, 0x7fffffffL, &v);
+            ok = mgt_app_flag_int("--seed", optarg, 0, 0x7fffffffL, &v);
             c.seed = (uint64_t)v;
             break;
         case OPT_GPUS: gpus = optarg; break;
@@ -280,19 +255,25 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_MOCK: mock = optarg; break;
         case OPT_BUCKET:
-            ok = parse_float("--bucket-mb", optarg, 0.001, 4096, &x);
+            ok = mgt_app_flag_float("--bucket-mb", optarg, 0.001, 4096, &x);
             c.bucket_bytes = (size_t)(x * 1024 * 1024);
             break;
-        case 'p': ok = parse_int("--print-freq", optarg, 1, 1 << 30, &v); c.print_freq = (int)v; break;
+        case OPT_ALLREDUCE:
+            if (mgt_allreduce_algo_parse(optarg, &c.allreduce) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case 'p': ok = mgt_app_flag_int("--print-freq", optarg, 1, 1 << 30, &v); c.print_freq = (int)v; break;
         case 'e': c.evaluate = true; break;
         case OPT_RESUME: c.resume = optarg; break;
         case OPT_CKPT: c.checkpoint_dir = optarg; break;
         case OPT_LOG: c.log_path = optarg; break;
-        case OPT_TIME_LIMIT: ok = parse_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s); break;
-        case OPT_TIMEOUT: ok = parse_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s); break;
-        case OPT_MAX_STEPS: ok = parse_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps); break;
+        case OPT_TIME_LIMIT: ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s); break;
+        case OPT_TIMEOUT: ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_MAX_STEPS: ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps); break;
         case OPT_DUMMY_STEPS:
-            ok = parse_int("--dummy-steps", optarg, 1, 1L << 30, &v);
+            ok = mgt_app_flag_int("--dummy-steps", optarg, 1, 1L << 30, &v);
             c.dummy_steps = (int)v;
             break;
         case 'h': train_usage(stdout); return 0;

@@ -7,12 +7,18 @@
 
 int mgt_app_cmd_devices(int argc, char **argv);
 int mgt_app_cmd_train(int argc, char **argv);
+int mgt_app_cmd_bench(int argc, char **argv);
 /* data pipeline (cmd_data.c): `import-idx` (Fashion-MNIST -> PNG tree), `check-data` (decode
    every file, list the bad ones), `bench-data` (loader images/s per decode thread) */
 int mgt_app_cmd_import_idx(int argc, char **argv);
 int mgt_app_cmd_check_data(int argc, char **argv);
 int mgt_app_cmd_bench_data(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
+
+/* A flag's whole-number or real value within [lo, hi]; on failure prints
+   "mgtrain: FLAG 'VALUE': expected ..." to stderr and returns false. */
+bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out);
+bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out);
 
 /* Parses a --gpus list such as "0,1,2,3" or "0,0" into ids; at most MGT_MAX_DEVICES. */
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);

@@ -21,8 +21,11 @@ struct mgt_comm {
     float **grads;
     size_t bytes;
     int nb;
+    mgt_allreduce_algo algo;
     size_t *begin, *end;      /* [nb] bucket byte ranges */
     mgt_stream **stream;      /* [n] comm streams */
+    mgt_stream **send;        /* [n] ring only: the streams a device's sends are ordered on */
+    mgt_event **recv_ev, **send_ev; /* [n] ring only: a step's receives done, sends done */
     mgt_buffer **recv;        /* [n] receive buffers, the largest bucket each */
     mgt_event **ready, **done; /* [n * nb] */
     pthread_mutex_t lock;
@@ -73,6 +76,7 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     c->set = set;
     c->n = mgt_devset_count(set);
     c->bytes = cfg->bytes;
+    c->algo = cfg->algo;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cv, NULL);
     mgt_status st = plan_buckets(c, cfg);
@@ -86,8 +90,11 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         c->arrived = calloc(nb, sizeof *c->arrived);
         c->next = calloc(n, sizeof *c->next);
         c->steps = calloc(n, sizeof *c->steps);
+        c->send = calloc(n, sizeof *c->send);
+        c->recv_ev = calloc(n, sizeof *c->recv_ev);
+        c->send_ev = calloc(n, sizeof *c->send_ev);
         if (!c->grads || !c->stream || !c->recv || !c->ready || !c->done || !c->arrived ||
-            !c->next || !c->steps)
+            !c->next || !c->steps || !c->send || !c->recv_ev || !c->send_ev)
             st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     }
     size_t largest = 0;
@@ -100,6 +107,13 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         st = mgt_stream_create(d, &c->stream[i]);
         if (st == MGT_OK && c->n > 1)
             st = mgt_buffer_alloc(d, largest, &c->recv[i]);
+        if (st == MGT_OK && c->n > 1 && c->algo == MGT_ALLREDUCE_RING) {
+            st = mgt_stream_create(d, &c->send[i]);
+            if (st == MGT_OK)
+                st = mgt_event_create(d, &c->recv_ev[i]);
+            if (st == MGT_OK)
+                st = mgt_event_create(d, &c->send_ev[i]);
+        }
         for (int b = 0; b < c->nb && st == MGT_OK; b++) {
             st = mgt_event_create(d, &c->ready[(size_t)i * nb + (size_t)b]);
             if (st == MGT_OK)
@@ -120,6 +134,14 @@ void mgt_comm_free(mgt_comm *c)
         return;
     for (int i = 0; c->stream && i < c->n; i++)
         mgt_stream_free(c->stream[i]);
+    for (int i = 0; c->send && i < c->n; i++) {
+        mgt_stream_free(c->send[i]);
+        mgt_event_free(c->recv_ev[i]);
+        mgt_event_free(c->send_ev[i]);
+    }
+    free(c->send);
+    free(c->recv_ev);
+    free(c->send_ev);
     for (size_t k = 0; c->ready && k < (size_t)c->n * (size_t)c->nb; k++) {
         mgt_event_free(c->ready[k]);
         mgt_event_free(c->done[k]);
@@ -160,6 +182,89 @@ static int top_level(int n)
     return k;
 }
 
+mgt_status mgt_allreduce_algo_parse(const char *s, mgt_allreduce_algo *out)
+{
+    if (strcmp(s, "tree") == 0)
+        *out = MGT_ALLREDUCE_TREE;
+    else if (strcmp(s, "ring") == 0)
+        *out = MGT_ALLREDUCE_RING;
+    else
+        return mgt_error_set(MGT_ERR_INVALID, "--allreduce '%s': expected tree or ring", s);
+    return MGT_OK;
+}
+
+/* Floats [*lo, *hi) of chunk k when `count` floats are cut into n nearly equal chunks. */
+static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi)
+{
+    size_t q = count / (size_t)n, r = count % (size_t)n, kk = (size_t)k;
+    *lo = kk * q + (kk < r ? kk : r);
+    *hi = *lo + q + (kk < r ? 1 : 0);
+}
+
+/* Start of a ring step: each device's sends wait for the receives of its previous step (the
+   chunk it sends now is the one it finished then). Recorded for all devices before any copy
+   of the step is enqueued, so no send waits for a receive of the same step: the n transfers
+   of a step run side by side, not one after another around the ring. */
+static mgt_status ring_step_begin(mgt_comm *c)
+{
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < c->n && st == MGT_OK; i++) {
+        st = mgt_event_record(c->recv_ev[i], c->stream[i]);
+        if (st == MGT_OK)
+            st = mgt_stream_wait_event(c->send[i], c->recv_ev[i]);
+    }
+    return st;
+}
+
+/* Ring over the bucket's floats: in reduce-scatter step s device i sends chunk (i - s) to
+   i + 1, which adds it to its own; after n - 1 steps device i holds the full sum of chunk
+   (i + 1); in all-gather step s device i sends chunk (i + 1 - s) on, which overwrites. A
+   device receives (copy, add) on its comm stream and sends from its send stream, so its
+   receive and its send of one step overlap. */
+static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
+{
+    int n = c->n;
+    size_t count = len / sizeof(float);
+    mgt_status st = MGT_OK;
+    for (int s = 0; s < n - 1 && st == MGT_OK; s++) {
+        st = ring_step_begin(c);
+        for (int i = 0; i < n && st == MGT_OK; i++) {
+            int to = (i + 1) % n, k = ((i - s) % n + n) % n;
+            size_t lo, hi;
+            ring_chunk(count, n, k, &lo, &hi);
+            if (hi == lo)
+                continue;
+            float *recv = mgt_buffer_ptr(c->recv[to]);
+            st = mgt_copy_peer(c->stream[to], recv, c->send[i],
+                               at(c->grads[i], off + lo * sizeof(float)),
+                               (hi - lo) * sizeof(float));
+            if (st == MGT_OK)
+                st = mgt_axpy(c->stream[to], at(c->grads[to], off + lo * sizeof(float)), 1.0f,
+                              recv, hi - lo);
+        }
+    }
+    for (int s = 0; s < n - 1 && st == MGT_OK; s++) {
+        st = ring_step_begin(c);
+        for (int i = 0; i < n && st == MGT_OK; i++) {
+            int to = (i + 1) % n, k = ((i + 1 - s) % n + n) % n;
+            size_t lo, hi;
+            ring_chunk(count, n, k, &lo, &hi);
+            if (hi == lo)
+                continue;
+            size_t o = off + lo * sizeof(float);
+            st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i],
+                               at(c->grads[i], o), (hi - lo) * sizeof(float));
+        }
+    }
+    /* the gradients must not change (next step's backward) while a send still reads them */
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        st = mgt_event_record(c->send_ev[i], c->send[i]);
+        if (st == MGT_OK)
+            st = mgt_stream_wait_event(c->stream[i], c->send_ev[i]);
+    }
+    return st;
+}
+
 /* The whole reduction of bucket b on every device's comm stream. Called with c->lock held. */
 static mgt_status enqueue_bucket(mgt_comm *c, int b)
 {
@@ -167,7 +272,10 @@ static mgt_status enqueue_bucket(mgt_comm *c, int b)
     mgt_status st = MGT_OK;
     for (int i = 0; i < c->n && st == MGT_OK; i++)
         st = mgt_stream_wait_event(c->stream[i], c->ready[(size_t)i * nb + (size_t)b]);
-    if (c->n > 1) {
+    if (c->n > 1 && c->algo == MGT_ALLREDUCE_RING) {
+        if (st == MGT_OK)
+            st = enqueue_ring(c, off, len);
+    } else if (c->n > 1) {
         for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
             for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k) {
                 float *recv = mgt_buffer_ptr(c->recv[r]);

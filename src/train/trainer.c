@@ -60,6 +60,8 @@ typedef struct worker {
     mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
     mgt_buffer *dev_val;     /* [1] float: validation loss sum */
     mgt_event *slot_ev[SLOTS];
+    mgt_event *prof_ev[SLOTS][5]; /* with profile: step start, forward, backward, reduce, opt */
+    mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
     /* dummy data */
@@ -104,6 +106,8 @@ struct run {
     long ep_n, ep_c1, ep_c5;
     double ep_data_s;
     double ep_start, last_progress, last_complete;
+    double timed_start;
+    long timed_n, timed_steps;
     /* validation totals */
     double val_loss_sum;
     long val_n, val_c1, val_c5;
@@ -179,6 +183,12 @@ static void complete_step(run *r, long k, const step_acc *a)
     r->last_complete = now;
     r->last_progress = now;
     long done = k - r->first_step + 1;
+    if (done == c->warmup_steps) {
+        r->timed_start = now;
+    } else if (done > c->warmup_steps) {
+        r->timed_n += a->n;
+        r->timed_steps++;
+    }
     bool last = k + 1 == r->stop_at;
     if (k % c->print_freq != 0 && !last)
         return;
@@ -229,6 +239,19 @@ static mgt_status meter_step(worker *w, long k)
         return st;
     float loss = w->host_loss[slot];
     int n = w->slot_n[slot];
+    if (r->c->profile && k - r->first_step >= r->c->warmup_steps) {
+        float ms[4];
+        for (int p = 0; p < 4 && st == MGT_OK; p++)
+            st = mgt_event_elapsed_ms(w->prof_ev[slot][p], w->prof_ev[slot][p + 1], &ms[p]);
+        if (st != MGT_OK)
+            return st;
+        w->prof.data_s += w->slot_wait[slot];
+        w->prof.forward_s += 1e-3 * ms[0];
+        w->prof.backward_s += 1e-3 * ms[1];
+        w->prof.reduce_exposed_s += 1e-3 * ms[2];
+        w->prof.optimizer_s += 1e-3 * ms[3];
+        w->prof.steps++;
+    }
     if (!isfinite(loss))
         return mgt_error_set(MGT_ERR_DEVICE, "the loss is %s at epoch %d step %ld",
                              isnan(loss) ? "NaN" : "infinite", r->epoch, k);
@@ -297,24 +320,33 @@ static mgt_status train_step(worker *w, long k, const char **where)
         n = r->per_dev_batch;
     }
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
+    mgt_event **pe = w->prof_ev[slot];
     *where = "forward";
-    st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    st = c->profile ? mgt_event_record(pe[0], w->s) : MGT_OK;
+    if (st == MGT_OK)
+        st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_model_zero_grad(w->model, w->s);
     if (st == MGT_OK)
         st = mgt_model_forward(w->model, w->s, x, n, true, NULL);
     if (st == MGT_OK)
         st = mgt_model_loss(w->model, w->s, y, c->label_smoothing, correct);
+    if (st == MGT_OK && c->profile)
+        st = mgt_event_record(pe[1], w->s);
     if (st != MGT_OK)
         return st;
     *where = "backward";
     st = mgt_comm_step_begin(r->comm, w->dev);
     if (st == MGT_OK)
         st = mgt_model_backward(w->model, w->s, grads_ready, w);
+    if (st == MGT_OK && c->profile)
+        st = mgt_event_record(pe[2], w->s);
     if (st != MGT_OK)
         return st;
     *where = "gradient all-reduce";
     st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
+    if (st == MGT_OK && c->profile)
+        st = mgt_event_record(pe[3], w->s);
     if (st != MGT_OK)
         return st;
     *where = "optimizer";
@@ -323,6 +355,8 @@ static mgt_status train_step(worker *w, long k, const char **where)
     float lr = mgt_lr_at(&c->lr, r->epoch, (int)k, (int)r->steps_per_epoch);
     st = mgt_sgd_step(w->sgd, w->s, params, mgt_model_grads(w->model, NULL), lr,
                       1.0f / (float)r->n);
+    if (st == MGT_OK && c->profile)
+        st = mgt_event_record(pe[4], w->s);
     if (st != MGT_OK)
         return st;
     *where = "metrics";
@@ -709,7 +743,7 @@ static mgt_status open_data(run *r)
     bool cifar = is_cifar_arch(c->arch);
     if (c->dummy) {
         r->classes = c->dummy_classes > 0 ? c->dummy_classes : cifar ? 10 : 1000;
-        r->channels = 3;
+        r->channels = c->dummy_channels > 0 ? c->dummy_channels : 3;
         r->size = c->image_size > 0 ? c->image_size : cifar ? 32 : 224;
         r->train_samples = (size_t)c->dummy_steps * (size_t)r->per_dev_batch * (size_t)r->n;
         r->val_samples = 0;
@@ -783,6 +817,13 @@ static mgt_status open_data(run *r)
     st = mgt_loader_create(&lo, &r->train_ld);
     if (st != MGT_OK)
         return st;
+    r->train_samples = mgt_dataset_size(r->train_ds);
+    r->val_samples = mgt_dataset_size(r->val_ds);
+    r->steps_per_epoch = (long)mgt_loader_batches(r->train_ld, 0);
+    if (c->max_steps > 0 && c->max_steps < r->steps_per_epoch)
+        r->steps_per_epoch = c->max_steps;
+    if (c->no_validation)
+        return MGT_OK;
     mgt_loader_options vo;
     mgt_loader_options_init(&vo, r->val_ds, &vt, r->n, r->per_dev_batch);
     vo.devices = devs;
@@ -795,15 +836,7 @@ static mgt_status open_data(run *r)
     vo.bad.strict = c->strict_data;
     vo.bad.max_bad_frac = c->max_bad_frac;
     vo.abort = &r->abort;
-    st = mgt_loader_create(&vo, &r->val_ld);
-    if (st != MGT_OK)
-        return st;
-    r->train_samples = mgt_dataset_size(r->train_ds);
-    r->val_samples = mgt_dataset_size(r->val_ds);
-    r->steps_per_epoch = (long)mgt_loader_batches(r->train_ld, 0);
-    if (c->max_steps > 0 && c->max_steps < r->steps_per_epoch)
-        r->steps_per_epoch = c->max_steps;
-    return MGT_OK;
+    return mgt_loader_create(&vo, &r->val_ld);
 }
 
 static mgt_status make_dummy_batch(run *r, worker *w)
@@ -871,8 +904,11 @@ static mgt_status make_worker(run *r, int i)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
-    for (int k = 0; k < SLOTS && st == MGT_OK; k++)
+    for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
+        for (int p = 0; p < 5 && st == MGT_OK && c->profile; p++)
+            st = mgt_event_create(w->d, &w->prof_ev[k][p]);
+    }
     if (st == MGT_OK && c->dummy)
         st = make_dummy_batch(r, w);
     if (st == MGT_OK && i == 0)
@@ -884,8 +920,11 @@ static void free_worker(worker *w)
 {
     if (w->s)
         mgt_stream_synchronize(w->s, NULL);
-    for (int k = 0; k < SLOTS; k++)
+    for (int k = 0; k < SLOTS; k++) {
         mgt_event_free(w->slot_ev[k]);
+        for (int p = 0; p < 5; p++)
+            mgt_event_free(w->prof_ev[k][p]);
+    }
     mgt_buffer_free(w->dummy_x);
     mgt_buffer_free(w->dummy_y);
     mgt_buffer_free(w->dev_correct);
@@ -930,7 +969,7 @@ static mgt_status make_comm(run *r)
                           .n_layer_ends = ne,
                           .bucket_bytes = r->c->bucket_bytes,
                           .first_bucket_bytes = 1u << 20,
-                          .algo = MGT_ALLREDUCE_TREE};
+                          .algo = r->c->allreduce};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     free(ends);
     return st;
@@ -1150,7 +1189,10 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
         r->next_complete = r->first_step;
         r->ep_loss_sum = r->ep_data_s = 0;
         r->ep_n = r->ep_c1 = r->ep_c5 = 0;
-        r->ep_start = r->last_complete = mgt_time_now();
+        r->ep_start = r->last_complete = r->timed_start = mgt_time_now();
+        r->timed_n = r->timed_steps = 0;
+        for (int i = 0; i < r->n; i++)
+            memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
         memset(r->ring, 0, sizeof r->ring);
         for (int i = 0; i < r->n; i++)
             r->w[i].started = r->first_step;
@@ -1175,6 +1217,16 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
         }
         res->train_loss = r->ep_n ? r->ep_loss_sum / (double)r->ep_n : 0;
         res->images_per_s = ep_s > 0 ? (double)r->ep_n / ep_s : 0;
+        double timed_s = r->last_complete - r->timed_start;
+        res->timed_images_per_s = timed_s > 0 ? (double)r->timed_n / timed_s : 0;
+        res->timed_step_s = r->timed_steps ? timed_s / (double)r->timed_steps : 0;
+        for (int i = 0; i < r->n; i++) {
+            mgt_step_profile p = r->w[i].prof;
+            double k = p.steps ? (double)p.steps : 1;
+            res->profile[i] = (mgt_step_profile){p.data_s / k, p.forward_s / k, p.backward_s / k,
+                                                 p.reduce_exposed_s / k, p.optimizer_s / k,
+                                                 p.steps};
+        }
         if (r->stop_at < r->steps_per_epoch) {
             res->interrupted = true;
             st = broadcast_state(r, false, false);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device/backend.h"
@@ -31,7 +32,7 @@ typedef struct cmd {
     cmd_kind kind;
     union {
         mgt_op op;
-        struct { void *dst; const void *src; size_t n; } copy;
+        struct { void *dst; const void *src; size_t n; bool peer; } copy;
         struct { void *dst; int value; size_t n; } set;
         struct { mock_event *e; uint64_t gen; } ev;
     } u;
@@ -58,6 +59,7 @@ typedef struct mock_dev {
     long fault_nth;
     unsigned delay_us;
     uint64_t seed;
+    double link_bw, link_lat; /* the link model of direct peer copies */
     int n_streams_made;
 } mock_dev;
 
@@ -273,8 +275,21 @@ static void run_cmd(mock_stream *ms, const cmd *c)
         return;
     }
     case CMD_COPY:
-        if (!failed)
+        if (failed)
+            return;
+        if (c->u.copy.peer && md->link_bw > 0) {
+            /* the link model: the copy takes latency + bytes / bandwidth, however fast the
+               memcpy itself was, so the collectives' scaling can be studied on a CPU */
+            double t0 = mgt_time_now();
             memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
+            double left = md->link_lat + (double)c->u.copy.n / md->link_bw - (mgt_time_now() - t0);
+            if (left > 0) {
+                struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+            return;
+        }
+        memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
         return;
     case CMD_MEMSET:
         if (!failed)
@@ -571,6 +586,7 @@ static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
     c.u.copy.dst = dst;
     c.u.copy.src = src;
     c.u.copy.n = bytes;
+    c.u.copy.peer = true;
     return enqueue(s, &c);
 }
 
@@ -643,6 +659,8 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_mo
         }
         md->delay_us = opt->delay_us;
         md->seed = opt->seed;
+        md->link_bw = opt->link_bytes_per_s;
+        md->link_lat = opt->link_latency_s;
         if (mgt_cpu_ctx_init(&md->ctx, threads) != MGT_OK) {
             mock_devset_close(set);
             return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads",

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "mgt/device.h"
 
@@ -116,6 +117,45 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
     return MGT_OK;
 }
 
+/* "25GB/s,10us": bandwidth then latency */
+static mgt_status parse_link(mgt_mock_options *o, const char *item, const char *val)
+{
+    char *end;
+    errno = 0;
+    double bw = strtod(val, &end);
+    if (errno || end == val || !(bw > 0))
+        return bad(item, "expected BANDWIDTH,LATENCY such as 25GB/s,10us");
+    double mul = 1;
+    if (strncasecmp(end, "GB/s", 4) == 0)
+        mul = 1e9, end += 4;
+    else if (strncasecmp(end, "MB/s", 4) == 0)
+        mul = 1e6, end += 4;
+    else if (strncasecmp(end, "KB/s", 4) == 0)
+        mul = 1e3, end += 4;
+    else if (strncasecmp(end, "B/s", 3) == 0)
+        end += 3;
+    else
+        return bad(item, "the bandwidth's unit is B/s, KB/s, MB/s or GB/s");
+    if (*end != ',')
+        return bad(item, "expected a latency after the bandwidth, e.g. 25GB/s,10us");
+    const char *l = end + 1;
+    double lat = strtod(l, &end);
+    if (end == l || lat < 0)
+        return bad(item, "expected a latency such as 10us or 0.5ms");
+    double lmul;
+    if (strcmp(end, "us") == 0)
+        lmul = 1e-6;
+    else if (strcmp(end, "ms") == 0)
+        lmul = 1e-3;
+    else if (strcmp(end, "s") == 0)
+        lmul = 1;
+    else
+        return bad(item, "the latency's unit is us, ms or s");
+    o->link_bytes_per_s = bw * mul;
+    o->link_latency_s = lat * lmul;
+    return MGT_OK;
+}
+
 static mgt_status parse_item(mgt_mock_options *o, char *item)
 {
     char *eq = strchr(item, '=');
@@ -152,13 +192,15 @@ static mgt_status parse_item(mgt_mock_options *o, char *item)
             st = bad(shown, "expected microseconds up to 10000000, e.g. delay=200");
         else
             o->delay_us = (unsigned)v;
+    } else if (strcmp(key, "link") == 0) {
+        st = parse_link(o, shown, val);
     } else if (strcmp(key, "seed") == 0) {
         if (!parse_long(val, &v))
             st = bad(shown, "expected a whole number");
         else
             o->seed = (uint64_t)v;
     } else {
-        st = bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed)");
+        st = bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed, link)");
     }
     return st;
 }

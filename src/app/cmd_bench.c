@@ -1,0 +1,536 @@
+/* `mgtrain bench`: the training step on 1, 2, 4, ... of the listed devices in one process
+   (images/s, scaling, a per-device breakdown), and `mgtrain bench allreduce`: the gradient
+   all-reduce alone over message sizes, tree against ring, with algbw and busbw. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "app/commands.h"
+#include "app/plot.h"
+#include "mgt/comm.h"
+#include "mgt/train.h"
+
+typedef struct bench_devices {
+    mgt_device_kind kind;
+    const char *mock;
+    int ids[MGT_MAX_DEVICES];
+    int n;
+} bench_devices;
+
+/* Resolves --device/--gpus once, so that every device count opens a prefix of the same list. */
+static mgt_status resolve_devices(mgt_device_kind kind, const char *gpus, const char *mock,
+                                  bench_devices *out)
+{
+    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
+    if (kind == MGT_DEVICE_AUTO) {
+        kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+        if (kind == MGT_DEVICE_MOCK)
+            fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
+    }
+    out->kind = kind;
+    out->mock = mock;
+    if (gpus && *gpus)
+        return mgt_app_parse_gpus(gpus, out->ids, &out->n);
+    out->n = kind == MGT_DEVICE_CUDA ? cuda : (mgt_cpu_count() < 8 ? mgt_cpu_count() : 8);
+    for (int i = 0; i < out->n; i++)
+        out->ids[i] = i;
+    return MGT_OK;
+}
+
+static mgt_status open_prefix(const bench_devices *bd, int n, mgt_devset **set)
+{
+    char list[MGT_MAX_DEVICES * 4] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "",
+                 bd->ids[i]);
+    return mgt_app_open_devices(bd->kind, list, bd->mock, set);
+}
+
+/* 1, 2, 4, ... below n, then n */
+static int device_counts(int n, int *counts)
+{
+    int k = 0;
+    for (int c = 1; c < n; c *= 2)
+        counts[k++] = c;
+    counts[k++] = n;
+    return k;
+}
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+"usage: mgtrain bench [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC] [-a ARCH]\n"
+"                     [-b PER_DEVICE_BATCH] [--dummy | --data DIR] [--steps S] [--warmup W]\n"
+"                     [--image-size S] [--in-channels C] [--classes K] [--allreduce tree|ring]\n"
+"                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
+"       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
+"                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
+"                     [--json FILE] [--plot FILE.svg]\n"
+"Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
+"after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
+"at the same per-device batch, with each device's step broken down.\n");
+}
+
+static int bench_allreduce(int argc, char **argv);
+
+enum { B_DEVICE = 256, B_GPUS, B_MOCK, B_DUMMY, B_DATA, B_STEPS, B_WARMUP, B_SIZE, B_CHANNELS,
+       B_CLASSES, B_ALLREDUCE, B_BUCKET, B_JSON, B_PLOT, B_ALGO, B_MIN, B_MAX };
+
+int mgt_app_cmd_bench(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "allreduce") == 0)
+        return bench_allreduce(argc - 1, argv + 1);
+    static const struct option longopts[] = {
+        {"device", required_argument, NULL, B_DEVICE}, {"gpus", required_argument, NULL, B_GPUS},
+        {"mock", required_argument, NULL, B_MOCK},     {"arch", required_argument, NULL, 'a'},
+        {"batch-size", required_argument, NULL, 'b'},  {"dummy", no_argument, NULL, B_DUMMY},
+        {"data", required_argument, NULL, B_DATA},     {"steps", required_argument, NULL, B_STEPS},
+        {"warmup", required_argument, NULL, B_WARMUP},
+        {"image-size", required_argument, NULL, B_SIZE},
+        {"in-channels", required_argument, NULL, B_CHANNELS},
+        {"classes", required_argument, NULL, B_CLASSES},
+        {"allreduce", required_argument, NULL, B_ALLREDUCE},
+        {"bucket-mb", required_argument, NULL, B_BUCKET},
+        {"workers", required_argument, NULL, 'j'},     {"json", required_argument, NULL, B_JSON},
+        {"plot", required_argument, NULL, B_PLOT},     {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    mgt_train_config c;
+    mgt_train_config_defaults(&c);
+    c.dummy = true;
+    c.epochs = 1;
+    c.lr.lr = 0.01f;
+    c.print_freq = 1 << 30;
+    c.profile = true;
+    c.warmup_steps = 3;
+    c.no_validation = true;
+    long per_dev = 32, steps = 20, v;
+    double x;
+    const char *gpus = NULL, *mock = NULL, *json = NULL, *plot = NULL;
+    mgt_device_kind kind = MGT_DEVICE_AUTO;
+    bool ok = true;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while (ok && (opt = getopt_long(argc, argv, ":a:b:j:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case B_DEVICE:
+            ok = mgt_app_parse_device_kind(optarg, &kind) == MGT_OK;
+            if (!ok)
+                fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+            break;
+        case B_GPUS: gpus = optarg; break;
+        case B_MOCK: mock = optarg; break;
+        case 'a': c.arch = optarg; break;
+        case 'b': ok = mgt_app_flag_int("-b", optarg, 1, 1 << 20, &per_dev); break;
+        case B_DUMMY: c.dummy = true; c.data_dir = NULL; break;
+        case B_DATA: c.dummy = false; c.data_dir = optarg; break;
+        case B_STEPS: ok = mgt_app_flag_int("--steps", optarg, 1, 1 << 20, &steps); break;
+        case B_WARMUP:
+            ok = mgt_app_flag_int("--warmup", optarg, 0, 1 << 20, &v);
+            c.warmup_steps = (int)v;
+            break;
+        case B_SIZE:
+            ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
+            c.image_size = (int)v;
+            break;
+        case B_CHANNELS:
+            ok = mgt_app_flag_int("--in-channels", optarg, 1, 3, &v);
+            c.dummy_channels = (int)v;
+            break;
+        case B_CLASSES:
+            ok = mgt_app_flag_int("--classes", optarg, 1, 1 << 20, &v);
+            c.dummy_classes = (int)v;
+            break;
+        case B_ALLREDUCE:
+            ok = mgt_allreduce_algo_parse(optarg, &c.allreduce) == MGT_OK;
+            if (!ok)
+                fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+            break;
+        case B_BUCKET:
+            ok = mgt_app_flag_float("--bucket-mb", optarg, 0.001, 4096, &x);
+            c.bucket_bytes = (size_t)(x * 1024 * 1024);
+            break;
+        case 'j': ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
+        case B_JSON: json = optarg; break;
+        case B_PLOT: plot = optarg; break;
+        case 'h': bench_usage(stdout); return 0;
+        case ':':
+            fprintf(stderr, "mgtrain bench: %s needs a value\n", argv[optind - 1]);
+            ok = false;
+            break;
+        default:
+            fprintf(stderr, "mgtrain bench: unknown option '%s'\n", argv[optind - 1]);
+            ok = false;
+        }
+    }
+    if (!ok)
+        return 2;
+    if (optind < argc) {
+        fprintf(stderr, "mgtrain bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    bench_devices bd;
+    if (resolve_devices(kind, gpus, mock, &bd) != MGT_OK) {
+        fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+        return 2;
+    }
+    FILE *devnull = fopen("/dev/null", "w");
+    c.out = devnull;
+    c.dummy_steps = (int)(c.warmup_steps + steps);
+    c.max_steps = c.warmup_steps + steps;
+    int counts[16];
+    int nc = device_counts(bd.n, counts);
+    cJSON *root = cJSON_CreateObject(), *results = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "arch", c.arch);
+    cJSON_AddNumberToObject(root, "per_device_batch", (double)per_dev);
+    cJSON_AddStringToObject(root, "device_kind", mgt_device_kind_name(bd.kind));
+    cJSON_AddStringToObject(root, "allreduce", c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree");
+    cJSON_AddNumberToObject(root, "steps", (double)steps);
+    cJSON_AddNumberToObject(root, "warmup", c.warmup_steps);
+    cJSON_AddItemToObject(root, "results", results);
+    double xs[16], ips[16], eff[16], base = 0;
+    printf("mgtrain bench: %s, %ld images per device per step, %ld timed steps after %d "
+           "warm-up, %s all-reduce, %s devices\n",
+           c.arch, per_dev, steps, c.warmup_steps,
+           c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree", mgt_device_kind_name(bd.kind));
+    printf("%7s %10s %8s %10s %9s | %-9s %8s %8s %8s %8s %8s\n", "devices", "images/s", "speedup",
+           "efficiency", "step ms", "device", "data", "forward", "backward", "reduce*",
+           "optim");
+    int rc = 0;
+    for (int k = 0; k < nc; k++) {
+        int n = counts[k];
+        mgt_devset *set;
+        if (open_prefix(&bd, n, &set) != MGT_OK) {
+            fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+            rc = 1;
+            break;
+        }
+        c.batch_size = (int)per_dev * n;
+        mgt_train_result res;
+        mgt_status st = mgt_train_run(&c, set, &res);
+        if (st != MGT_OK) {
+            fprintf(stderr, "mgtrain bench: %d devices: %s\n", n, mgt_error_last());
+            mgt_devset_free(set);
+            rc = 1;
+            break;
+        }
+        if (k == 0)
+            base = res.timed_images_per_s / n;
+        double speedup = base > 0 ? res.timed_images_per_s / base : 0;
+        double efficiency = speedup / n;
+        xs[k] = n;
+        ips[k] = res.timed_images_per_s;
+        eff[k] = 100 * efficiency;
+        double busy_lo = INFINITY, busy_hi = 0;
+        cJSON *r = cJSON_CreateObject(), *per = cJSON_CreateArray();
+        for (int i = 0; i < n; i++) {
+            mgt_step_profile p = res.profile[i];
+            double busy = p.forward_s + p.backward_s + p.optimizer_s;
+            busy_lo = busy < busy_lo ? busy : busy_lo;
+            busy_hi = busy > busy_hi ? busy : busy_hi;
+            const char *name = mgt_device_name(mgt_devset_device(set, i));
+            if (i == 0)
+                printf("%7d %10.1f %8.2f %9.1f%% %9.2f | ", n, res.timed_images_per_s, speedup,
+                       100 * efficiency, 1e3 * res.timed_step_s);
+            else
+                printf("%7s %10s %8s %10s %9s | ", "", "", "", "", "");
+            printf("%-9s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 1e3 * p.data_s,
+                   1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.reduce_exposed_s,
+                   1e3 * p.optimizer_s);
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, "name", name);
+            cJSON_AddNumberToObject(d, "data_s", p.data_s);
+            cJSON_AddNumberToObject(d, "forward_s", p.forward_s);
+            cJSON_AddNumberToObject(d, "backward_s", p.backward_s);
+            cJSON_AddNumberToObject(d, "reduce_exposed_s", p.reduce_exposed_s);
+            cJSON_AddNumberToObject(d, "optimizer_s", p.optimizer_s);
+            cJSON_AddItemToArray(per, d);
+        }
+        printf("%7s %10s %8s %10s %9s | spread between the fastest and slowest device: %.2f ms\n",
+               "", "", "", "", "", 1e3 * (busy_hi - busy_lo));
+        cJSON_AddNumberToObject(r, "devices", n);
+        cJSON_AddNumberToObject(r, "images_per_s", res.timed_images_per_s);
+        cJSON_AddNumberToObject(r, "speedup", speedup);
+        cJSON_AddNumberToObject(r, "efficiency", efficiency);
+        cJSON_AddNumberToObject(r, "step_s", res.timed_step_s);
+        cJSON_AddNumberToObject(r, "spread_s", busy_hi - busy_lo);
+        cJSON_AddItemToObject(r, "per_device", per);
+        cJSON_AddItemToArray(results, r);
+        mgt_devset_free(set);
+    }
+    printf("(ms per step, device time from events; reduce* = the all-reduce time backward did "
+           "not hide; data = the host's wait for the batch)\n");
+    if (rc == 0 && json) {
+        char *s = cJSON_Print(root);
+        FILE *f = fopen(json, "w");
+        if (!f || fputs(s, f) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "mgtrain bench: --json %s: cannot write\n", json);
+            rc = 1;
+        }
+        free(s);
+    }
+    if (rc == 0 && plot) {
+        mgt_plot p = {.title = "mgtrain bench: training step scaling",
+                      .x_label = "devices",
+                      .panel_title = {"images/s", "scaling efficiency (%)"},
+                      .panels = 2,
+                      .n_series = 2};
+        p.series[0] = (mgt_plot_series){c.arch, xs, ips, nc, 0};
+        p.series[1] = (mgt_plot_series){"efficiency", xs, eff, nc, 1};
+        if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
+            fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+            rc = 1;
+        }
+    }
+    cJSON_Delete(root);
+    fclose(devnull);
+    return rc;
+}
+
+/* ---- the all-reduce alone ---- */
+
+static bool parse_size(const char *flag, const char *v, size_t *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024, end++;
+    if (end == v || *end || !(x > 0) || x * mul < 4 || x * mul > 4.0 * 1024 * 1024 * 1024) {
+        fprintf(stderr, "mgtrain bench allreduce: %s '%s': expected a size from 4 to 4G, "
+                        "e.g. 4K or 256M\n", flag, v);
+        return false;
+    }
+    *out = (size_t)(x * mul) & ~(size_t)3;
+    return true;
+}
+
+/* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a. */
+static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams,
+                                 size_t bytes, mgt_allreduce_algo a, double *seconds)
+{
+    int n = mgt_devset_count(set);
+    size_t ends[1] = {bytes};
+    mgt_comm_config cc = {.grads = bufs, .bytes = bytes, .layer_ends = ends, .n_layer_ends = 1,
+                          .bucket_bytes = bytes, .first_bucket_bytes = bytes, .algo = a};
+    mgt_comm *c;
+    mgt_status st = mgt_comm_create(set, &cc, &c);
+    if (st != MGT_OK)
+        return st;
+    int iters = 0, warm = 2;
+    double t0 = 0, now = 0;
+    /* at least 5 timed iterations and 0.3 s, at most 1000 */
+    while (st == MGT_OK) {
+        if (iters == warm)
+            t0 = mgt_time_now();
+        /* one thread drives every device: all mark the bucket ready before any waits */
+        for (int i = 0; i < n && st == MGT_OK; i++)
+            st = mgt_comm_step_begin(c, i);
+        for (int i = 0; i < n && st == MGT_OK; i++)
+            st = mgt_comm_grads_ready(c, i, streams[i], bytes);
+        for (int i = 0; i < n && st == MGT_OK; i++)
+            st = mgt_comm_step_end(c, i, streams[i], NULL);
+        for (int i = 0; i < n && st == MGT_OK; i++)
+            st = mgt_stream_synchronize(streams[i], NULL);
+        iters++;
+        now = mgt_time_now();
+        if (iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + 1000))
+            break;
+    }
+    *seconds = (now - t0) / (iters - warm);
+    mgt_comm_free(c);
+    return st;
+}
+
+/* The link model's prediction: each transfer costs latency + size / bandwidth; the tree's
+   2 ceil(log2 n) levels move the whole message, the ring's 2 (n - 1) steps 1/n of it. */
+static double predict(mgt_allreduce_algo a, int n, size_t bytes, const mgt_mock_options *o)
+{
+    if (n == 1 || o->link_bytes_per_s <= 0)
+        return 0;
+    if (a == MGT_ALLREDUCE_TREE) {
+        int levels = 0;
+        while ((1 << levels) < n)
+            levels++;
+        return 2.0 * levels * (o->link_latency_s + (double)bytes / o->link_bytes_per_s);
+    }
+    return 2.0 * (n - 1) * (o->link_latency_s + (double)bytes / n / o->link_bytes_per_s);
+}
+
+static int bench_allreduce(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"device", required_argument, NULL, B_DEVICE}, {"gpus", required_argument, NULL, B_GPUS},
+        {"mock", required_argument, NULL, B_MOCK},     {"algo", required_argument, NULL, B_ALGO},
+        {"min-bytes", required_argument, NULL, B_MIN}, {"max-bytes", required_argument, NULL, B_MAX},
+        {"json", required_argument, NULL, B_JSON},     {"plot", required_argument, NULL, B_PLOT},
+        {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
+    };
+    const char *gpus = NULL, *mock = NULL, *json = NULL, *plot = NULL, *algo = "both";
+    size_t lo = 4096, hi = 256u << 20;
+    mgt_device_kind kind = MGT_DEVICE_AUTO;
+    bool ok = true;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while (ok && (opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case B_DEVICE:
+            ok = mgt_app_parse_device_kind(optarg, &kind) == MGT_OK;
+            if (!ok)
+                fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+            break;
+        case B_GPUS: gpus = optarg; break;
+        case B_MOCK: mock = optarg; break;
+        case B_ALGO:
+            algo = optarg;
+            if (strcmp(algo, "tree") && strcmp(algo, "ring") && strcmp(algo, "both")) {
+                fprintf(stderr, "mgtrain bench allreduce: --algo '%s': expected tree, ring or "
+                                "both\n", algo);
+                ok = false;
+            }
+            break;
+        case B_MIN: ok = parse_size("--min-bytes", optarg, &lo); break;
+        case B_MAX: ok = parse_size("--max-bytes", optarg, &hi); break;
+        case B_JSON: json = optarg; break;
+        case B_PLOT: plot = optarg; break;
+        case 'h': bench_usage(stdout); return 0;
+        default:
+            fprintf(stderr, "mgtrain bench allreduce: unknown or incomplete option '%s'\n",
+                    argv[optind - 1]);
+            ok = false;
+        }
+    }
+    if (!ok)
+        return 2;
+    if (lo > hi) {
+        fprintf(stderr, "mgtrain bench allreduce: --min-bytes is above --max-bytes\n");
+        return 2;
+    }
+    bench_devices bd;
+    mgt_devset *set = NULL;
+    if (resolve_devices(kind, gpus, mock, &bd) != MGT_OK || open_prefix(&bd, bd.n, &set) != MGT_OK) {
+        fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+        return 1;
+    }
+    mgt_mock_options mo;
+    mgt_mock_options_parse(&mo, bd.kind == MGT_DEVICE_MOCK ? (mock ? mock : getenv("MGT_MOCK")) : NULL);
+    int n = bd.n;
+    mgt_buffer *buf[MGT_MAX_DEVICES] = {0};
+    float *ptr[MGT_MAX_DEVICES];
+    mgt_stream *streams[MGT_MAX_DEVICES] = {0};
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        mgt_device *d = mgt_devset_device(set, i);
+        st = mgt_buffer_alloc(d, hi, &buf[i]);
+        if (st == MGT_OK)
+            st = mgt_stream_create(d, &streams[i]);
+        if (st == MGT_OK) {
+            ptr[i] = mgt_buffer_ptr(buf[i]);
+            st = mgt_fill(streams[i], ptr[i], 1e-3f, hi / sizeof(float));
+        }
+    }
+    mgt_allreduce_algo algos[2];
+    int na = 0;
+    if (strcmp(algo, "ring") != 0)
+        algos[na++] = MGT_ALLREDUCE_TREE;
+    if (strcmp(algo, "tree") != 0)
+        algos[na++] = MGT_ALLREDUCE_RING;
+    printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests)\n", n,
+           mgt_device_kind_name(bd.kind));
+    if (mo.link_bytes_per_s > 0)
+        printf("mock link model: %.3g GB/s, %.3g us per peer copy; 'model' = the time it "
+               "predicts\n", mo.link_bytes_per_s / 1e9, mo.link_latency_s * 1e6);
+    printf("%12s", "size");
+    for (int a = 0; a < na; a++)
+        printf(" | %-4s %9s %9s %9s%s", algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring",
+               "time us", "algbw", "busbw", mo.link_bytes_per_s > 0 ? "  model us" : "");
+    if (na == 2)
+        printf(" | tree/ring%s", mo.link_bytes_per_s > 0 ? " (model)" : "");
+    printf("\n");
+    cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+    cJSON_AddNumberToObject(root, "devices", n);
+    cJSON_AddStringToObject(root, "device_kind", mgt_device_kind_name(bd.kind));
+    cJSON_AddItemToObject(root, "results", rows);
+    double sizes[64], busbw[2][64];
+    int ns = 0;
+    for (size_t bytes = lo; bytes <= hi && st == MGT_OK && ns < 64; bytes *= 2, ns++) {
+        double t[2] = {0, 0};
+        printf("%12zu", bytes);
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddNumberToObject(row, "bytes", (double)bytes);
+        for (int a = 0; a < na && st == MGT_OK; a++) {
+            st = time_allreduce(set, ptr, streams, bytes, algos[a], &t[a]);
+            double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (n - 1) / n;
+            double model = predict(algos[a], n, bytes, &mo);
+            printf(" | %-4s %9.1f %8.3gG %8.3gG", "", t[a] * 1e6, alg, bus);
+            if (mo.link_bytes_per_s > 0)
+                printf(" %9.1f", model * 1e6);
+            busbw[a][ns] = bus;
+            const char *name = algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring";
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "time_s", t[a]);
+            cJSON_AddNumberToObject(o, "algbw_gbs", alg);
+            cJSON_AddNumberToObject(o, "busbw_gbs", bus);
+            if (mo.link_bytes_per_s > 0)
+                cJSON_AddNumberToObject(o, "model_s", model);
+            cJSON_AddItemToObject(row, name, o);
+        }
+        if (na == 2 && st == MGT_OK) {
+            printf(" | %6.2f", t[0] / t[1]);
+            if (mo.link_bytes_per_s > 0)
+                printf(" (%.2f)", predict(MGT_ALLREDUCE_TREE, n, bytes, &mo) /
+                                      predict(MGT_ALLREDUCE_RING, n, bytes, &mo));
+        }
+        printf("\n");
+        fflush(stdout);
+        sizes[ns] = (double)bytes;
+        cJSON_AddItemToArray(rows, row);
+    }
+    int rc = 0;
+    if (st != MGT_OK) {
+        fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+        rc = 1;
+    }
+    if (rc == 0 && json) {
+        char *s = cJSON_Print(root);
+        FILE *f = fopen(json, "w");
+        if (!f || fputs(s, f) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "mgtrain bench allreduce: --json %s: cannot write\n", json);
+            rc = 1;
+        }
+        free(s);
+    }
+    if (rc == 0 && plot) {
+        mgt_plot p = {.title = "mgtrain bench allreduce: bus bandwidth (GB/s)",
+                      .x_label = "message size",
+                      .panel_title = {"busbw GB/s"},
+                      .panels = 1,
+                      .log2_x = true,
+                      .x_bytes = true,
+                      .n_series = na};
+        for (int a = 0; a < na; a++)
+            p.series[a] = (mgt_plot_series){algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring",
+                                            sizes, busbw[a], ns, 0};
+        if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
+            fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+            rc = 1;
+        }
+    }
+    cJSON_Delete(root);
+    for (int i = 0; i < n; i++) {
+        mgt_stream_free(streams[i]);
+        mgt_buffer_free(buf[i]);
+    }
+    mgt_devset_free(set);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* Numeric flag values, checked against their range with a message naming the flag. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "app/commands.h"
+
+bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "mgtrain: %s '%s': expected a whole number from %ld to %ld\n", flag, v,
+                lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "mgtrain: %s '%s': expected a number from %g to %g\n", flag, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
