@@ -371,6 +371,49 @@ static void test_memory_limit(void **state)
     mgt_devset_free(set);
 }
 
+/* A kernel whose workspace does not fit under the limit fails as a device error that names
+   the device and the op (or, where a backend needs no workspace, simply runs): never a
+   crash, a hang or an unaccounted allocation. */
+static void test_workspace_over_limit(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(1, "mem=48K;threads=2");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    mgt_conv2d_shape sh = {.n = 1, .c = 64, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3,
+                           .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1};
+    mgt_buffer *bx, *bw, *by;
+    CHECK(mgt_buffer_alloc(d, 64 * 64 * sizeof(float), &bx));
+    CHECK(mgt_buffer_alloc(d, 8 * 64 * 9 * sizeof(float), &bw));
+    CHECK(mgt_buffer_alloc(d, 8 * 64 * sizeof(float), &by));
+    CHECK(mgt_fill(s, mgt_buffer_ptr(bx), 1.0f, 64 * 64));
+    CHECK(mgt_fill(s, mgt_buffer_ptr(bw), 0.5f, 8 * 64 * 9));
+    mgt_status st = mgt_conv2d_forward(s, mgt_buffer_ptr(by), mgt_buffer_ptr(bx),
+                                       mgt_buffer_ptr(bw), &sh, 0.0f);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(s, NULL);
+    size_t used, total;
+    mgt_device_memory(d, &used, &total);
+    assert_true(used <= total);
+    if (st == MGT_OK) {
+        print_message("conv ran within 48K: no workspace counted against the limit\n");
+    } else {
+        if (st != MGT_ERR_DEVICE && st != MGT_ERR_OOM)
+            fail_msg("conv over the limit gave %s: %s", mgt_status_str(st), mgt_error_last());
+        if (!strstr(mgt_error_last(), mgt_device_name(d)) ||
+            !strstr(mgt_error_last(), "conv2d_forward"))
+            fail_msg("error text \"%s\" does not name the device and the op",
+                     mgt_error_last());
+        print_message("conv over the limit: %s\n", mgt_error_last());
+    }
+    mgt_buffer_free(bx);
+    mgt_buffer_free(bw);
+    mgt_buffer_free(by);
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+}
+
 /* ---- injected faults ---- */
 
 static void test_fault_alloc(void **state)
@@ -548,6 +591,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_peer_matrix),
         cmocka_unit_test(test_peer_copies),
         cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_workspace_over_limit),
         cmocka_unit_test(test_fault_alloc),
         cmocka_unit_test(test_fault_kernel),
         cmocka_unit_test(test_bad_label_is_device_error),

@@ -123,7 +123,6 @@ static void test_cross_stream_wait(void **state)
         host[i] = (float)i;
     CHECK(mgt_stream_wait_event(a, eb));
     CHECK(mgt_copy_h2d(a, x, host, sizeof host));
-    float expect = 0; /* for element 1; element i follows the same recurrence */
     for (int round = 0; round < 5; round++) {
         CHECK(mgt_scale(a, x, 2.0f, N));
         CHECK(mgt_event_record(ea, a));
@@ -131,7 +130,6 @@ static void test_cross_stream_wait(void **state)
         CHECK(mgt_axpy(b, x, 1.0f, ones, N));
         CHECK(mgt_event_record(eb, b));
         CHECK(mgt_stream_wait_event(a, eb));
-        expect = expect * 2.0f + 1.0f;
     }
     CHECK(mgt_copy_d2h(a, out, x, sizeof out));
     CHECK(mgt_stream_synchronize(a, NULL));
@@ -142,7 +140,6 @@ static void test_cross_stream_wait(void **state)
         if (out[i] != e)
             fail_msg("element %d: got %g expected %g", i, (double)out[i], (double)e);
     }
-    (void)expect;
     mgt_event_free(ea);
     mgt_event_free(eb);
     mgt_buffer_free(bx);
@@ -205,6 +202,49 @@ static void test_cross_device_wait(void **state)
     mgt_buffer_free(bpad);
     mgt_stream_free(a);
     mgt_stream_free(b);
+    mgt_devset_free(set);
+}
+
+/* A wait holds on to the record that was latest when it was made: recording the same event
+   again on another, idle stream afterwards must not release it (CUDA's semantics; a mock
+   that keeps only the highest completed record would let the waiter run early). */
+static void test_wait_captures_record(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_mock(1, "delay=3000");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *slow, *idle, *waiter;
+    mgt_event *e;
+    CHECK(mgt_stream_create(d, &slow));
+    CHECK(mgt_stream_create(d, &idle));
+    CHECK(mgt_stream_create(d, &waiter));
+    CHECK(mgt_event_create(d, &e));
+    enum { N = 64 };
+    mgt_buffer *bx, *bpad;
+    float *x = dev_floats(d, N, &bx), *pad = dev_floats(d, N, &bpad);
+    CHECK(mgt_fill(slow, x, 0.0f, N));
+    CHECK(mgt_stream_synchronize(slow, NULL));
+    for (int k = 0; k < 40; k++) /* about 60 ms */
+        CHECK(mgt_fill(slow, pad, (float)k, N));
+    CHECK(mgt_fill(slow, x, 1.0f, N));
+    CHECK(mgt_event_record(e, slow));
+    CHECK(mgt_stream_wait_event(waiter, e)); /* captures the record on `slow` */
+    CHECK(mgt_event_record(e, idle));        /* a later record, done almost at once */
+    float out[N];
+    CHECK(mgt_copy_d2h(waiter, out, x, sizeof out));
+    CHECK(mgt_stream_synchronize(waiter, NULL));
+    for (int i = 0; i < N; i++)
+        if (out[i] != 1.0f)
+            fail_msg("the waiting stream ran before the record it waited for (element %d is "
+                     "%g): a later record of the event on another stream released it",
+                     i, (double)out[i]);
+    CHECK(mgt_stream_synchronize(slow, NULL));
+    mgt_buffer_free(bx);
+    mgt_buffer_free(bpad);
+    mgt_event_free(e);
+    mgt_stream_free(slow);
+    mgt_stream_free(idle);
+    mgt_stream_free(waiter);
     mgt_devset_free(set);
 }
 
@@ -487,6 +527,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_order_within_stream),
         cmocka_unit_test(test_cross_stream_wait),
         cmocka_unit_test(test_cross_device_wait),
+        cmocka_unit_test(test_wait_captures_record),
         cmocka_unit_test(test_missing_wait_is_caught),
         cmocka_unit_test(test_event_query_elapsed),
         cmocka_unit_test(test_abort_stream_wait),

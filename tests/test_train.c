@@ -204,11 +204,26 @@ static void test_resume_is_bit_identical(void **state)
     assert_same_checkpoints(a, b);
 }
 
+typedef struct ctrl_c {
+    atomic_int *stop;
+    const char *log; /* pressed once the run's log shows its first progress line */
+} ctrl_c;
+
 static void *press_ctrl_c(void *arg)
 {
-    struct timespec ts = {0, 700 * 1000000L};
-    nanosleep(&ts, NULL);
-    atomic_store((atomic_int *)arg, 1);
+    ctrl_c *p = arg;
+    for (int i = 0; i < 60000; i++) {
+        FILE *f = fopen(p->log, "r");
+        char line[256] = "";
+        bool seen = f && fgets(line, sizeof line, f) && strstr(line, "\"train\"");
+        if (f)
+            fclose(f);
+        if (seen)
+            break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(p->stop, 1);
     return NULL;
 }
 
@@ -219,13 +234,17 @@ static void test_stop_mid_epoch_then_resume(void **state)
     mgt_train_result res;
     char dir[400], a[512], b[512];
     snprintf(dir, sizeof dir, "%s/stopped", root);
-    /* as if Ctrl-C came a moment into the run: wherever it lands, resuming from the
+    /* as if Ctrl-C came just after the first step: wherever it lands, resuming from the
        checkpoint must end where the uninterrupted run ended */
     atomic_int stop = 0;
+    char log[512];
+    snprintf(log, sizeof log, "%s/stopped.jsonl", root);
+    ctrl_c press = {&stop, log};
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, press_ctrl_c, &stop), 0);
+    assert_int_equal(pthread_create(&t, NULL, press_ctrl_c, &press), 0);
     base_config(&c);
     c.checkpoint_dir = dir;
+    c.log_path = log;
     c.stop = &stop;
     mgt_status st = train(&c, 2, "threads=1", &res);
     pthread_join(t, NULL);
@@ -273,6 +292,76 @@ static void test_fault_on_one_device_ends_all(void **state)
     st = train(&c, 2, "threads=1;fault=alloc@1:4", &res);
     assert_int_equal(st, MGT_ERR_OOM);
     assert_non_null(strstr(mgt_error_last(), "mock:1"));
+}
+
+/* A fault in each phase that runs kernels on a device: forward, backward, the all-reduce's
+   add on the comm stream (only receivers add: device 0 of two), the optimizer; early and
+   later in the run. Each must end the run, naming the device and the op, within seconds. */
+static void test_faults_in_every_phase(void **state)
+{
+    (void)state;
+    static const char *const ops[] = {"conv2d_forward", "batchnorm_backward",
+                                      "conv2d_backward_filter", "axpy", "sgd_update"};
+    for (int k = 0; k < 5; k++)
+        for (int dev = 0; dev < 2; dev++)
+            for (int nth = 1; nth <= 30; nth += 29) {
+                if (strcmp(ops[k], "axpy") == 0 && dev == 1)
+                    continue;
+                char spec[96];
+                /* one sgd_update and one or two axpys per step: their later fault is at 5 */
+                bool per_step = strcmp(ops[k], "sgd_update") == 0 || strcmp(ops[k], "axpy") == 0;
+                snprintf(spec, sizeof spec, "threads=1;fault=kernel@%d:%d:%s", dev,
+                         per_step && nth > 1 ? 5 : nth, ops[k]);
+                mgt_train_config c;
+                mgt_train_result res;
+                base_config(&c);
+                c.epochs = 1;
+                c.no_validation = true;
+                double t0 = mgt_time_now();
+                mgt_status st = train(&c, 2, spec, &res);
+                double took = mgt_time_now() - t0;
+                const char *e = mgt_error_last();
+                char name[16];
+                snprintf(name, sizeof name, "mock:%d", dev);
+                if (st != MGT_ERR_DEVICE || !strstr(e, name) || !strstr(e, "injected fault") ||
+                    !strstr(e, ops[k]) || !strstr(e, "epoch 0"))
+                    fail_msg("fault %s: status %d, text: %s", spec, st, e);
+                if (took > 10)
+                    fail_msg("fault %s took %.1f s to end the run", spec, took);
+            }
+}
+
+/* An unreadable image is skipped and counted normally, and ends the run under --strict-data
+   with its path in the message. */
+static void test_bad_image(void **state)
+{
+    (void)state;
+    char dir[400], cmd[900], bad[512];
+    snprintf(dir, sizeof dir, "%s/with-bad", root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", data_dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(bad, sizeof bad, "%s/train/b_top_right/zz-broken.png", dir);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("\x89PNG but not really", f);
+    fclose(f);
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.data_dir = dir;
+    c.epochs = 1;
+    c.strict_data = true;
+    mgt_status st = train(&c, 2, "threads=1", &res);
+    assert_int_not_equal(st, MGT_OK);
+    if (!strstr(mgt_error_last(), "zz-broken.png"))
+        fail_msg("unexpected error text: %s", mgt_error_last());
+    base_config(&c);
+    c.data_dir = dir;
+    c.epochs = 1;
+    c.max_bad_frac = 0.05;
+    st = train(&c, 2, "threads=1", &res);
+    if (st != MGT_OK)
+        fail_msg("one bad file in 161 under --max-bad-frac 0.05: %s", mgt_error_last());
 }
 
 static void test_nan_loss_stops_the_run(void **state)
@@ -347,6 +436,8 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_stop_mid_epoch_then_resume),
         cmocka_unit_test(test_fault_on_one_device_ends_all),
+        cmocka_unit_test(test_faults_in_every_phase),
+        cmocka_unit_test(test_bad_image),
         cmocka_unit_test(test_nan_loss_stops_the_run),
         cmocka_unit_test(test_stalled_step_times_out),
         cmocka_unit_test(test_bad_input),

@@ -308,6 +308,11 @@ typedef struct mgt_batch {
    (its text), MGT_ERR_INVALID past the last batch of a non-continuous epoch. */
 mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_batch *out);
 
+/* The loader's fatal error, if it has had one (a bad file under --strict-data, too many bad
+   files, a failed copy): its status, with its text set as this thread's error; MGT_OK when
+   none. For a caller that was woken by the abort flag and needs the cause. */
+mgt_status mgt_loader_error(mgt_loader *l);
+
 /* Seconds the rank's calls to next() have blocked, in total, and how many calls (the
    trainer's "Data" time; each batch's own wait is mgt_batch.wait_s). */
 double mgt_loader_wait_total(const mgt_loader *l, int rank, long *calls);

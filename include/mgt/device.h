@@ -55,6 +55,7 @@ typedef enum mgt_fault_kind {
      peers=all|none|0-1,2-3   which pairs reach each other directly
      fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1)
      fault=kernel@D:N    the Nth kernel on device D fails
+     fault=kernel@D:N:OP the Nth OP kernel (e.g. axpy, sgd_update) on device D fails
      delay=USEC          a random delay of 0..USEC microseconds before every queued op
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
@@ -67,6 +68,7 @@ typedef struct mgt_mock_options {
     mgt_fault_kind fault_kind;
     int fault_device;
     long fault_nth;
+    char fault_op[32]; /* "" or the op name the kernel fault counts */
     unsigned delay_us;
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */

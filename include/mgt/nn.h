@@ -7,8 +7,10 @@
  *   buffers  BN running_mean and running_var;
  *   acts     activations and what backward needs (conv outputs, BN outputs and save_mean /
  *            save_invstd, max-pool output, logits, probabilities, the loss, three gradient
- *            scratch tensors), sized for config.batch images.
- * BN num_batches_tracked lives on the host (int64, one per BN), counted per training forward.
+ *            scratch tensors; under freeze_bn a constant ones and zeros vector), sized for
+ *            config.batch images.
+ * BN num_batches_tracked lives on the host (int64, one per BN), counted per training forward
+ * (not under freeze_bn).
  *
  * Parameter offsets follow the order in which backward completes layers: fc first, then the
  * blocks from the last to the first (in a block: the downsample BN and conv, then the main
@@ -41,6 +43,14 @@ typedef struct mgt_model_config {
     int image_size;   /* square input side, >= 1 */
     int batch;        /* the most images one forward takes (sizes the activation arena) */
     bool zero_init_residual; /* mgt_model_init sets each block's last BN weight to 0 */
+    /* Frozen batch norm: a training forward normalises with each BN's running statistics,
+       as evaluation does, and leaves them (and num_batches_tracked) alone; gamma and beta
+       still train. Backward is then that affine map's: with invstd = 1/sqrt(running_var +
+       eps) and xhat = (x - running_mean) * invstd, dx = dy * gamma * invstd,
+       dgamma += sum dy * xhat, dbeta += sum dy. No statistic then depends on how a batch is
+       split, so N replicas at global batch B step exactly as one at B does (to float
+       rounding), and a training batch of one image is allowed. */
+    bool freeze_bn;
 } mgt_model_config;
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */
@@ -65,9 +75,12 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed);
 
 /* Enqueues the forward of `batch` images (1..config.batch) at x [batch, in_channels, size,
    size]. train: BN uses batch statistics, moves the running ones and counts
-   num_batches_tracked; otherwise it uses the running ones. *logits (may be NULL) gets the
-   device pointer of [batch, classes]. x is borrowed until backward has been enqueued
-   (conv1's filter gradient reads it) and must not change before that work runs. */
+   num_batches_tracked (under config.freeze_bn it uses the running ones, unchanged, as
+   evaluation does, but backward may follow); otherwise it uses the running ones.
+   *logits (may be NULL) gets the device pointer of [batch, classes]. x is borrowed until
+   backward has been enqueued (conv1's filter gradient reads it) and must not change before
+   that work runs. Under freeze_bn the running statistics must not change between a training
+   forward and its backward either (nothing in the step changes them). */
 mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch,
                              bool train, const float **logits);
 

@@ -51,6 +51,8 @@ typedef struct mgt_train_config {
     float mean[3], std[3];
     bool normalize_auto;    /* compute mean/std from the training images */
     bool zero_init_residual;
+    bool freeze_bn;         /* BN normalises with its running statistics in training too and
+                               leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool strict_data;
     double max_bad_frac;
     long max_steps;         /* training steps per epoch at most; 0: all (tests, quick runs) */

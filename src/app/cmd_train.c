@@ -13,13 +13,13 @@
 
 static atomic_int stop_requested;
 
+/* SIGINT (Ctrl-C) and SIGTERM: stop at the next step boundary with a checkpoint. */
 static void on_sigint(int sig)
 {
-    (void)sig;
     if (atomic_load(&stop_requested)) {
-        /* a second Ctrl-C: the user wants out now */
-        signal(SIGINT, SIG_DFL);
-        raise(SIGINT);
+        /* a second signal: the user wants out now */
+        signal(sig, SIG_DFL);
+        raise(sig);
         return;
     }
     atomic_store(&stop_requested, 1);
@@ -72,7 +72,8 @@ static void train_usage(FILE *f)
 "  --timeout SECONDS      abort when no step finishes for this long\n"
 "  --max-steps N          at most N training steps per epoch (quick runs)\n"
 "  --dummy-steps N        steps per epoch with --dummy (100)\n"
-"Ctrl-C stops at the next step boundary and saves a checkpoint; a second Ctrl-C quits.\n");
+"Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint; a second one\n"
+"quits at once.\n");
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -315,9 +316,11 @@ int mgt_app_cmd_train(int argc, char **argv)
         return 1;
     }
     signal(SIGINT, on_sigint);
+    signal(SIGTERM, on_sigint);
     mgt_train_result res;
     mgt_status st = mgt_train_run(&c, set, &res);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     mgt_devset_free(set);
     if (st != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());

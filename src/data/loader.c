@@ -688,6 +688,16 @@ mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch
     return MGT_OK;
 }
 
+mgt_status mgt_loader_error(mgt_loader *l)
+{
+    pthread_mutex_lock(&l->lock);
+    mgt_status st = l->err;
+    if (st != MGT_OK)
+        mgt_error_set(st, "%s", l->errtext);
+    pthread_mutex_unlock(&l->lock);
+    return st;
+}
+
 mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_batch *out)
 {
     memset(out, 0, sizeof *out);

@@ -80,6 +80,12 @@ struct mgt_devset {
     mgt_device *devs; /* n of them */
     void *impl;
     void *staging; /* the dispatch layer's pinned staging for peer-less pairs */
+    /* every live stream, event and buffer of the set, so that mgt_devset_free can free what
+       its users left behind */
+    pthread_mutex_t reg_lock;
+    mgt_stream *streams;
+    mgt_event *events;
+    mgt_buffer *buffers;
 };
 
 struct mgt_stream {
@@ -87,17 +93,20 @@ struct mgt_stream {
     void *impl;
     pthread_mutex_t aux_lock; /* guards aux, the dispatch layer's event for peer copies */
     mgt_event *aux;
+    mgt_stream *reg_prev, *reg_next;
 };
 
 struct mgt_event {
     mgt_device *dev;
     void *impl;
+    mgt_event *reg_prev, *reg_next;
 };
 
 struct mgt_buffer {
     mgt_device *dev;
     void *ptr;
     size_t size;
+    mgt_buffer *reg_prev, *reg_next;
 };
 
 /* Counts bytes against a device's limit; MGT_ERR_OOM (with text naming the device and the

@@ -31,6 +31,30 @@ static mgt_status bad_arg(const char *call, const char *what)
     return mgt_error_set(MGT_ERR_INVALID, "%s: %s", call, what);
 }
 
+/* The set's registry of live handles: a doubly linked list per kind, under reg_lock. */
+#define REG_LINK(set, head, x)                                                                 \
+    do {                                                                                       \
+        pthread_mutex_lock(&(set)->reg_lock);                                                  \
+        (x)->reg_prev = NULL;                                                                  \
+        (x)->reg_next = (set)->head;                                                           \
+        if ((set)->head)                                                                       \
+            (set)->head->reg_prev = (x);                                                       \
+        (set)->head = (x);                                                                     \
+        pthread_mutex_unlock(&(set)->reg_lock);                                                \
+    } while (0)
+
+#define REG_UNLINK(set, head, x)                                                               \
+    do {                                                                                       \
+        pthread_mutex_lock(&(set)->reg_lock);                                                  \
+        if ((x)->reg_prev)                                                                     \
+            (x)->reg_prev->reg_next = (x)->reg_next;                                           \
+        else                                                                                   \
+            (set)->head = (x)->reg_next;                                                       \
+        if ((x)->reg_next)                                                                     \
+            (x)->reg_next->reg_prev = (x)->reg_prev;                                           \
+        pthread_mutex_unlock(&(set)->reg_lock);                                                \
+    } while (0)
+
 /* ---- devices ---- */
 
 const char *mgt_device_kind_name(mgt_device_kind kind)
@@ -137,6 +161,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     }
     set->iface = iface;
     set->kind = kind;
+    pthread_mutex_init(&set->reg_lock, NULL);
     set->n = n;
     set->devs = devs;
     for (int i = 0; i < n; i++) {
@@ -147,6 +172,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     }
     mgt_status st = iface->devset_open(set, ids, mock);
     if (st != MGT_OK) {
+        pthread_mutex_destroy(&set->reg_lock);
         free(devs);
         free(set);
         return st;
@@ -167,7 +193,15 @@ void mgt_devset_free(mgt_devset *set)
     for (int i = 0; i < set->n; i++)
         mgt_device_synchronize(&set->devs[i], NULL);
     staging_free(set);
+    /* what the set's users did not free themselves; a stream takes its aux event along */
+    while (set->streams)
+        mgt_stream_free(set->streams);
+    while (set->events)
+        mgt_event_free(set->events);
+    while (set->buffers)
+        mgt_buffer_free(set->buffers);
     set->iface->devset_close(set);
+    pthread_mutex_destroy(&set->reg_lock);
     free(set->devs);
     free(set);
 }
@@ -247,6 +281,7 @@ mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out)
     }
     b->dev = d;
     b->size = bytes;
+    REG_LINK(d->set, buffers, b);
     *out = b;
     return MGT_OK;
 }
@@ -255,6 +290,7 @@ void mgt_buffer_free(mgt_buffer *b)
 {
     if (!b)
         return;
+    REG_UNLINK(b->dev->set, buffers, b);
     b->dev->set->iface->free(b->dev, b->ptr);
     mgt_device_unreserve(b->dev, b->size);
     free(b);
@@ -301,6 +337,7 @@ mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out)
         free(s);
         return st;
     }
+    REG_LINK(d->set, streams, s);
     *out = s;
     return MGT_OK;
 }
@@ -309,6 +346,7 @@ void mgt_stream_free(mgt_stream *s)
 {
     if (!s)
         return;
+    REG_UNLINK(s->dev->set, streams, s);
     s->dev->set->iface->stream_synchronize(s, NULL);
     s->dev->set->iface->stream_destroy(s);
     mgt_event_free(s->aux);
@@ -339,6 +377,7 @@ mgt_status mgt_event_create(mgt_device *d, mgt_event **out)
         free(e);
         return st;
     }
+    REG_LINK(d->set, events, e);
     *out = e;
     return MGT_OK;
 }
@@ -347,6 +386,7 @@ void mgt_event_free(mgt_event *e)
 {
     if (!e)
         return;
+    REG_UNLINK(e->dev->set, events, e);
     e->dev->set->iface->event_destroy(e);
     free(e);
 }

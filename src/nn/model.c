@@ -201,6 +201,8 @@ static void build_cbn(builder *b, nn_cbn *u, const char *conv_name, const char *
     int hw = u->p * u->q;
     if (m->min_bn_hw == 0 || hw < m->min_bn_hw)
         m->min_bn_hw = hw;
+    if (k > m->max_bn_c)
+        m->max_bn_c = k;
 }
 
 /* One residual block on c x h x h input; returns its output channels and side. */
@@ -332,6 +334,10 @@ static mgt_status build(mgt_model *m, const arch_def *a)
     m->loss_off = act_fixed(&b, 1);
     for (int i = 0; i < 3; i++)
         m->scratch_off[i] = act_image(&b, m->max_act);
+    if (cfg->freeze_bn) {
+        m->ones_off = act_fixed(&b, (size_t)m->max_bn_c);
+        m->zeros_off = act_fixed(&b, (size_t)m->max_bn_c);
+    }
     if (b.oom)
         return mgt_error_set(MGT_ERR_OOM, "%s: out of host memory", a->name);
 
@@ -573,6 +579,29 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed)
 
 /* ---- forward ---- */
 
+/* The training forward of a frozen BN: the evaluation forward, plus the saved mean and invstd
+   that backward's parameter gradients read, taken from the running statistics (nothing is
+   counted, nothing moves). invstd comes out of batchnorm_forward_eval run on one value per
+   channel: gamma 1 times (1 - mean 0) times 1/sqrt(var + eps), plus beta 0 -- the same
+   expression, rounded the same way, as the scale the forward itself applies. */
+static mgt_status frozen_bn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, float *y,
+                                    const float *x, const mgt_bn_shape *bsh)
+{
+    const float *ones = nn_act(m, m->ones_off), *zeros = nn_act(m, m->zeros_off);
+    const float *rmean = nn_buf(m, u->bn_entry + 2), *rvar = nn_buf(m, u->bn_entry + 3);
+    mgt_bn_shape one = *bsh;
+    one.n = 1;
+    one.hw = 1;
+    mgt_status st = mgt_batchnorm_forward_eval(s, y, x, nn_param(m, u->bn_entry),
+                                               nn_param(m, u->bn_entry + 1), rmean, rvar, bsh);
+    if (st == MGT_OK)
+        st = mgt_copy_d2d(s, nn_act(m, u->mean_off), rmean, (size_t)bsh->c * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_batchnorm_forward_eval(s, nn_act(m, u->invstd_off), ones, ones, zeros, zeros,
+                                        rvar, &one);
+    return st;
+}
+
 static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, const float *x,
                               int n, bool train)
 {
@@ -585,7 +614,9 @@ static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, cons
     mgt_status st = mgt_conv2d_forward(s, c, x, nn_param(m, u->w_entry), &sh, 0.0f);
     if (st != MGT_OK)
         return st;
-    if (train) {
+    if (train && m->cfg.freeze_bn) {
+        st = frozen_bn_forward(m, s, u, y, c, &bsh);
+    } else if (train) {
         st = mgt_batchnorm_forward_train(s, y, nn_act(m, u->mean_off),
                                          nn_act(m, u->invstd_off), nn_buf(m, u->bn_entry + 2),
                                          nn_buf(m, u->bn_entry + 3), c, gamma, beta, &bsh);
@@ -637,8 +668,9 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
     if (!x)
         return mgt_error_set(MGT_ERR_INVALID, "model forward: no input");
     /* PyTorch refuses this too ("Expected more than 1 value per channel when training"):
-       the batch variance of one value is 0 and the BN output would be its bias alone. */
-    if (train && batch * m->min_bn_hw < 2)
+       the batch variance of one value is 0 and the BN output would be its bias alone.
+       A frozen BN takes no batch statistics, so any batch will do. */
+    if (train && !m->cfg.freeze_bn && batch * m->min_bn_hw < 2)
         return mgt_error_set(MGT_ERR_INVALID,
                              "model forward: a training batch of 1 image leaves a batch norm of "
                              "this %s at 1x1 with one value per channel; use a larger batch "
@@ -649,6 +681,15 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
     m->trained = false;
     m->have_loss = false;
     int n = batch;
+    /* Set here rather than once at creation, so nothing that ever writes the activation
+       arena can leave them stale; two tiny fills per step. */
+    if (train && m->cfg.freeze_bn) {
+        st = mgt_fill(s, nn_act(m, m->ones_off), 1.0f, (size_t)m->max_bn_c);
+        if (st == MGT_OK)
+            st = mgt_memset(s, nn_act(m, m->zeros_off), 0, (size_t)m->max_bn_c * sizeof(float));
+        if (st != MGT_OK)
+            return st;
+    }
     st = cbn_forward(m, s, &m->stem, x, n, train);
     if (st == MGT_OK && m->has_maxpool) {
         mgt_pool2d_shape mp = m->mp;
@@ -723,7 +764,11 @@ static mgt_status grads_ready(mgt_model *m, mgt_stream *s, int e, int count,
 /* Backward of conv + BN given dy, the gradient of the BN output (any ReLU already applied):
    BN backward into tmp, the conv's filter gradient from x, and when dx is not NULL the input
    gradient dx = conv_T(tmp) + dx_beta * dx. dx may be dy's buffer: BN backward has consumed
-   dy before the conv writes dx. */
+   dy before the conv writes dx. tmp is never dy's buffer (the callers pass distinct scratch).
+   A frozen BN (see frozen_bn_forward) still goes through batchnorm_backward, which with the
+   running statistics as the saved ones gives exactly its dgamma = sum dy*xhat and dbeta =
+   sum dy; the batch-statistics dx it writes to tmp is then replaced by the frozen one,
+   gamma * invstd * dy, which is batchnorm_forward_eval of dy with mean 0 and beta 0. */
 static mgt_status cbn_backward(mgt_model *m, mgt_stream *s, const nn_cbn *u, const float *x,
                                const float *dy, float *tmp, float *dx, float dx_beta,
                                mgt_grad_ready_fn hook, void *ctx)
@@ -732,9 +777,15 @@ static mgt_status cbn_backward(mgt_model *m, mgt_stream *s, const nn_cbn *u, con
     sh.n = m->n;
     mgt_bn_shape bsh = {.n = m->n, .c = sh.k, .hw = u->p * u->q, .eps = BN_EPS,
                         .momentum = BN_MOMENTUM};
+    const float *gamma = nn_param(m, u->bn_entry);
     mgt_status st = mgt_batchnorm_backward(
         s, tmp, nn_grad(m, u->bn_entry), nn_grad(m, u->bn_entry + 1), dy, nn_act(m, u->c_off),
-        nn_param(m, u->bn_entry), nn_act(m, u->mean_off), nn_act(m, u->invstd_off), &bsh);
+        gamma, nn_act(m, u->mean_off), nn_act(m, u->invstd_off), &bsh);
+    if (st == MGT_OK && m->cfg.freeze_bn) {
+        const float *zeros = nn_act(m, m->zeros_off);
+        st = mgt_batchnorm_forward_eval(s, tmp, dy, gamma, zeros, zeros,
+                                        nn_buf(m, u->bn_entry + 3), &bsh);
+    }
     if (st == MGT_OK)
         st = grads_ready(m, s, u->bn_entry, 2, hook, ctx);
     if (st == MGT_OK)

@@ -58,6 +58,11 @@ struct mgt_model {
     int n_blocks;
     int feat_c, feat_hw; /* the last block's output: channels and h*w */
     int min_bn_hw;       /* the smallest h*w any BN normalises over, per image */
+    int max_bn_c;        /* the most channels any BN has */
+    /* freeze_bn only: [max_bn_c] constant 1s and 0s (set at each training forward), which
+       let batchnorm_forward_eval compute 1/sqrt(var + eps) and gamma * invstd * dy, as the
+       device interface has no per-channel scale or rsqrt of its own */
+    size_t ones_off, zeros_off;
     int fcw_entry;       /* fc.weight; fc.bias is the next entry */
     size_t pool_off, logits_off, probs_off, dlogits_off, dpool_off, loss_off;
     size_t scratch_off[3]; /* gradient scratch, each max_act floats per image */

@@ -67,6 +67,7 @@ typedef struct worker {
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
     long started; /* steps begun in this phase, under r->lock */
+    long metered; /* steps whose metrics this worker has read, under r->lock */
 } worker;
 
 struct run {
@@ -146,6 +147,21 @@ static void worker_fail(worker *w, mgt_status st, const char *where)
     if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&w->r->abort))
         return;
     run_fail(w->r, st, "%s: %s: %s", mgt_device_name(w->d), where, mgt_error_last());
+}
+
+/* The abort flag was raised without a failure on record: the data loaders raise it
+   themselves on a fatal data error, so the cause is theirs. */
+static void blame_abort(run *r)
+{
+    mgt_loader *lds[2] = {r->train_ld, r->val_ld};
+    for (int i = 0; i < 2; i++) {
+        mgt_status st = lds[i] ? mgt_loader_error(lds[i]) : MGT_OK;
+        if (st != MGT_OK) {
+            run_fail(r, st, "epoch %d: data: %s", r->epoch, mgt_error_last());
+            return;
+        }
+    }
+    run_fail(r, MGT_ERR_ABORTED, "epoch %d: the run was aborted", r->epoch);
 }
 
 /* ---- output ---- */
@@ -256,6 +272,7 @@ static mgt_status meter_step(worker *w, long k)
         return mgt_error_set(MGT_ERR_DEVICE, "the loss is %s at epoch %d step %ld",
                              isnan(loss) ? "NaN" : "infinite", r->epoch, k);
     pthread_mutex_lock(&r->lock);
+    w->metered = k + 1;
     step_acc *a = &r->ring[k % STEP_RING];
     a->loss_sum += (double)loss * n;
     a->n += n;
@@ -501,7 +518,9 @@ static bool run_phase(run *r, int kind, double run_start)
     r->last_progress = mgt_time_now();
     pthread_cond_broadcast(&r->cv);
     bool stopping = false;
-    while (r->done_in_phase < r->n && !r->failed) {
+    /* a raised abort without a recorded failure (a loader's fatal error) also ends the phase:
+       workers that see the flag before the phase starts never report to it */
+    while (r->done_in_phase < r->n && !r->failed && !mgt_abort_is_raised(&r->abort)) {
         mgt_cond_wait_slice(&r->cv, &r->lock);
         double now = mgt_time_now();
         if (kind == PHASE_TRAIN && !stopping &&
@@ -514,16 +533,27 @@ static bool run_phase(run *r, int kind, double run_start)
         }
         if (c->step_timeout_s > 0 && kind == PHASE_TRAIN &&
             now - r->last_progress > c->step_timeout_s) {
+            /* the stalled devices are those that have not reported the step being waited for */
+            char who[256] = "";
+            for (int i = 0; i < r->n; i++)
+                if (r->w[i].metered <= r->next_complete && strlen(who) < sizeof who - 40)
+                    snprintf(who + strlen(who), sizeof who - strlen(who), "%s%s",
+                             who[0] ? ", " : "", mgt_device_name(r->w[i].d));
+            long step = r->next_complete;
             pthread_mutex_unlock(&r->lock);
             run_fail(r, MGT_ERR_TIMEOUT,
-                     "no training step finished within --timeout %g s (epoch %d, after step "
-                     "%ld): a device or the data loader stalled",
-                     c->step_timeout_s, r->epoch, r->next_complete - 1);
+                     "%s: no training step finished within --timeout %g s (epoch %d step %ld): "
+                     "the device or its data loader stalled",
+                     who[0] ? who : "all devices", c->step_timeout_s, r->epoch, step);
             pthread_mutex_lock(&r->lock);
         }
     }
     bool ok = !r->failed;
     pthread_mutex_unlock(&r->lock);
+    if (ok && mgt_abort_is_raised(&r->abort)) {
+        blame_abort(r);
+        ok = false;
+    }
     return ok;
 }
 
@@ -621,7 +651,7 @@ static mgt_status save_checkpoint(run *r, int next_epoch, long next_step, bool i
         if (st == MGT_OK)
             st = mgt_st_writer_add(wr, "optimizer.momentum_buffer", MGT_ST_F32, 1, shape, mom_host);
     }
-    char buf[64];
+    char buf[160];
     struct {
         const char *key;
         double v;
@@ -640,6 +670,19 @@ static mgt_status save_checkpoint(run *r, int next_epoch, long next_step, bool i
     }
     if (st == MGT_OK)
         st = mgt_st_writer_set_metadata(wr, "format", "mgtrain checkpoint 1");
+    if (st == MGT_OK) {
+        snprintf(buf, sizeof buf, "%s lr %g step %d gamma %g epochs %d warmup %d",
+                 c->lr.kind == MGT_LR_STEP ? "step" : "cosine", c->lr.lr, c->lr.step_epochs,
+                 c->lr.gamma, c->lr.epochs, c->lr.warmup_epochs);
+        st = mgt_st_writer_set_metadata(wr, "lr_schedule", buf);
+    }
+    if (st == MGT_OK) {
+        /* where the sampler stands: the epoch's shuffle is seed + epoch, and `step` batches of
+           every shard are done */
+        snprintf(buf, sizeof buf, "epoch %d batch %ld of %ld", next_epoch, next_step,
+                 r->steps_per_epoch);
+        st = mgt_st_writer_set_metadata(wr, "sampler", buf);
+    }
     char path[512];
     snprintf(path, sizeof path, "%s/checkpoint.safetensors", c->checkpoint_dir);
     if (st == MGT_OK)
@@ -701,6 +744,13 @@ static mgt_status load_checkpoint(run *r, const char *path, int *epoch, long *st
     }
     *epoch = (int)meta_long(f, "epoch", 0);
     *step = meta_long(f, "step", 0);
+    long old_batch = meta_long(f, "batch_size", 0), old_devices = meta_long(f, "devices", 0);
+    int batch = r->per_dev_batch * r->n;
+    if (old_batch > 0 && old_batch != batch)
+        fprintf(r->out, "=> warning: the checkpoint was trained with a global batch of %ld "
+                        "(%ld devices), this run uses %d (%d devices): the schedule goes on as "
+                        "saved, by epoch and step\n",
+                old_batch, old_devices, batch, r->n);
     const char *best = mgt_st_metadata_get(f, "best_acc1");
     if (best)
         r->best_acc1 = strtod(best, NULL);
@@ -808,6 +858,14 @@ static mgt_status open_data(run *r)
     mgt_loader_options lo;
     mgt_loader_options_init(&lo, r->train_ds, &tt, r->n, r->per_dev_batch);
     lo.devices = devs;
+    /* A last batch of one image would give batch norm one value per channel, which it cannot
+       train on (PyTorch refuses it too): drop that batch, keep every other short one. */
+    mgt_sampler smp;
+    st = mgt_sampler_init(&smp, mgt_dataset_size(r->train_ds), r->n, lo.split, lo.shuffle,
+                          c->seed);
+    if (st != MGT_OK)
+        return mgt_error_set(st, "%s: %s", mgt_dataset_dir(r->train_ds), mgt_error_last());
+    lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)r->per_dev_batch == 1;
     if (c->workers >= 0)
         lo.workers = c->workers;
     lo.seed = c->seed;
@@ -884,7 +942,8 @@ static mgt_status make_worker(run *r, int i)
                            .in_channels = r->channels,
                            .image_size = r->size,
                            .batch = r->per_dev_batch,
-                           .zero_init_residual = c->zero_init_residual};
+                           .zero_init_residual = c->zero_init_residual,
+                           .freeze_bn = c->freeze_bn};
     if (st == MGT_OK)
         st = mgt_model_create(&mc, w->d, &w->model);
     size_t pbytes = 0;
@@ -1040,6 +1099,9 @@ static void run_free(run *r)
         for (int i = 0; i < r->n; i++)
             if (r->w[i].thread)
                 pthread_join(r->w[i].thread, NULL);
+        /* after an abort the devices may still hold queued work that uses what is freed next */
+        for (int i = 0; i < r->n; i++)
+            mgt_device_synchronize(mgt_devset_device(r->set, i), NULL);
     }
     mgt_loader_free(r->train_ld);
     mgt_loader_free(r->val_ld);
@@ -1102,6 +1164,15 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
     }
     r->per_dev_batch = c->batch_size / r->n;
     double run_start = mgt_time_now();
+    /* a checkpoint folder that cannot be written is found now, not after the first epoch */
+    if (c->checkpoint_dir &&
+        ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
+         access(c->checkpoint_dir, W_OK | X_OK) != 0)) {
+        st = mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
+                           strerror(errno));
+        run_free(r);
+        return st;
+    }
     if (c->log_path) {
         r->log = fopen(c->log_path, "a");
         if (!r->log) {
@@ -1195,7 +1266,7 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
             memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
         memset(r->ring, 0, sizeof r->ring);
         for (int i = 0; i < r->n; i++)
-            r->w[i].started = r->first_step;
+            r->w[i].started = r->w[i].metered = r->first_step;
         if (r->train_ld) {
             st = mgt_loader_set_epoch(r->train_ld, ep, (size_t)r->first_step);
             if (st != MGT_OK) {

@@ -57,6 +57,8 @@ typedef struct mock_dev {
     char fail_text[320];
     mgt_fault_kind fault_kind;
     long fault_nth;
+    char fault_op[32];
+    atomic_long n_fault_op; /* kernels named fault_op run so far */
     unsigned delay_us;
     uint64_t seed;
     double link_bw, link_lat; /* the link model of direct peer copies */
@@ -80,12 +82,23 @@ struct mock_stream {
     mock_stream *next;
 };
 
+/* Records are numbered 1, 2, ... as they are made; they may complete out of order when the
+   event is recorded on several streams, and a wait is for one record, not for "some record
+   at least as new": so completion is kept exactly, as everything up to `upto` plus the few
+   records completed beyond it. */
 struct mock_event {
     mock_dev *md;
+    /* the owner's reference plus one per queued record or wait: as with cudaEventDestroy,
+       an event freed while streams still hold work on it goes when that work has run */
+    atomic_int refs;
     pthread_mutex_t lock;
     pthread_cond_t cv;
-    uint64_t recorded, completed;
-    double time; /* when the latest completed record ran */
+    uint64_t recorded;
+    uint64_t upto;      /* records 1..upto have all run */
+    uint64_t *beyond;   /* records above upto that have run */
+    int nbeyond, cap_beyond;
+    uint64_t time_gen;  /* the newest record that has run, and when */
+    double time;
 };
 
 static mock_dev *dev_of(const mgt_device *d) { return d->impl; }
@@ -222,11 +235,46 @@ static void mock_host_free(mgt_device *d, void *ptr)
 
 /* ---- events ---- */
 
+/* Whether record `gen` has run. Lock held. */
+static bool event_done(const mock_event *e, uint64_t gen)
+{
+    if (gen <= e->upto)
+        return true;
+    for (int i = 0; i < e->nbeyond; i++)
+        if (e->beyond[i] == gen)
+            return true;
+    return false;
+}
+
 static void event_complete(mock_event *e, uint64_t gen)
 {
     pthread_mutex_lock(&e->lock);
-    if (gen > e->completed) {
-        e->completed = gen;
+    if (gen == e->upto + 1) {
+        e->upto = gen;
+        for (int i = 0; i < e->nbeyond;) /* absorb records that ran early */
+            if (e->beyond[i] == e->upto + 1) {
+                e->upto++;
+                e->beyond[i] = e->beyond[--e->nbeyond];
+                i = 0;
+            } else {
+                i++;
+            }
+    } else if (gen > e->upto) {
+        if (e->nbeyond == e->cap_beyond) {
+            int cap = e->cap_beyond ? 2 * e->cap_beyond : 8;
+            uint64_t *b = realloc(e->beyond, (size_t)cap * sizeof *b);
+            if (b) {
+                e->beyond = b;
+                e->cap_beyond = cap;
+            }
+        }
+        if (e->nbeyond < e->cap_beyond)
+            e->beyond[e->nbeyond++] = gen;
+        else /* no memory for exactness: everything up to gen counts as run */
+            e->upto = gen;
+    }
+    if (gen >= e->time_gen) {
+        e->time_gen = gen;
         e->time = mgt_time_now();
     }
     pthread_cond_broadcast(&e->cv);
@@ -236,9 +284,19 @@ static void event_complete(mock_event *e, uint64_t gen)
 static void event_wait_gen(mock_event *e, uint64_t gen)
 {
     pthread_mutex_lock(&e->lock);
-    while (e->completed < gen)
+    while (!event_done(e, gen))
         pthread_cond_wait(&e->cv, &e->lock);
     pthread_mutex_unlock(&e->lock);
+}
+
+static void event_release(mock_event *e)
+{
+    if (atomic_fetch_sub(&e->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->cv);
+    free(e->beyond);
+    free(e);
 }
 
 /* ---- the stream thread ---- */
@@ -262,9 +320,11 @@ static void run_cmd(mock_stream *ms, const cmd *c)
         long n = atomic_fetch_add(&md->n_kernels, 1) + 1;
         const char *name = mgt_op_name(c->u.op.kind);
         char text[256];
+        if (md->fault_op[0]) /* count only the kernels of the named op */
+            n = strcmp(name, md->fault_op) == 0 ? atomic_fetch_add(&md->n_fault_op, 1) + 1 : 0;
         if (md->fault_kind == MGT_FAULT_KERNEL && n == md->fault_nth) {
-            snprintf(text, sizeof text, "injected fault in kernel %s (kernel #%ld on this device)",
-                     name, n);
+            snprintf(text, sizeof text, "injected fault in kernel %s (%s #%ld on this device)",
+                     name, md->fault_op[0] ? name : "kernel", n);
             mock_fail(md, text);
             return;
         }
@@ -297,9 +357,11 @@ static void run_cmd(mock_stream *ms, const cmd *c)
         return;
     case CMD_RECORD:
         event_complete(c->u.ev.e, c->u.ev.gen);
+        event_release(c->u.ev.e);
         return;
     case CMD_WAIT:
         event_wait_gen(c->u.ev.e, c->u.ev.gen);
+        event_release(c->u.ev.e);
         return;
     }
 }
@@ -456,6 +518,7 @@ static mgt_status mock_event_create(mgt_event *e)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted creating an event",
                              e->dev->name);
     me->md = dev_of(e->dev);
+    atomic_init(&me->refs, 1);
     pthread_mutex_init(&me->lock, NULL);
     pthread_cond_init(&me->cv, NULL);
     e->impl = me;
@@ -464,10 +527,14 @@ static mgt_status mock_event_create(mgt_event *e)
 
 static void mock_event_destroy(mgt_event *e)
 {
-    mock_event *me = e->impl;
-    pthread_mutex_destroy(&me->lock);
-    pthread_cond_destroy(&me->cv);
-    free(me);
+    event_release(e->impl);
+}
+
+/* A record refused by enqueue (a failed device) still counts as run. */
+static void run_unqueued(const cmd *c)
+{
+    event_complete(c->u.ev.e, c->u.ev.gen);
+    event_release(c->u.ev.e);
 }
 
 static mgt_status mock_event_record(mgt_event *e, mgt_stream *s)
@@ -481,21 +548,30 @@ static mgt_status mock_event_record(mgt_event *e, mgt_stream *s)
     c.u.ev.e = me;
     c.u.ev.gen = ++me->recorded;
     pthread_mutex_unlock(&me->lock);
-    return enqueue(s, &c);
+    atomic_fetch_add(&me->refs, 1);
+    st = enqueue(s, &c);
+    if (st != MGT_OK) /* never queued: complete it here, so that no waiter hangs on it */
+        run_unqueued(&c);
+    return st;
 }
 
 static mgt_status mock_stream_wait_event(mgt_stream *s, mgt_event *e)
 {
     mock_event *me = e->impl;
     pthread_mutex_lock(&me->lock);
-    uint64_t gen = me->recorded, done = me->completed;
+    uint64_t gen = me->recorded;
+    bool done = event_done(me, gen);
     pthread_mutex_unlock(&me->lock);
-    if (gen == 0 || done >= gen)
+    if (gen == 0 || done)
         return mock_sticky(dev_of(s->dev));
     cmd c = {.kind = CMD_WAIT};
     c.u.ev.e = me;
     c.u.ev.gen = gen;
-    return enqueue(s, &c);
+    atomic_fetch_add(&me->refs, 1);
+    mgt_status st = enqueue(s, &c);
+    if (st != MGT_OK)
+        event_release(me);
+    return st;
 }
 
 static mgt_status mock_event_synchronize(mgt_event *e, const mgt_abort *abort)
@@ -503,7 +579,7 @@ static mgt_status mock_event_synchronize(mgt_event *e, const mgt_abort *abort)
     mock_event *me = e->impl;
     pthread_mutex_lock(&me->lock);
     uint64_t gen = me->recorded;
-    while (me->completed < gen) {
+    while (!event_done(me, gen)) {
         if (mgt_abort_is_raised(abort)) {
             pthread_mutex_unlock(&me->lock);
             return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for an event aborted",
@@ -519,7 +595,7 @@ static mgt_status mock_event_query(mgt_event *e, bool *done)
 {
     mock_event *me = e->impl;
     pthread_mutex_lock(&me->lock);
-    *done = me->completed >= me->recorded;
+    *done = event_done(me, me->recorded);
     pthread_mutex_unlock(&me->lock);
     return mock_sticky(me->md);
 }
@@ -528,11 +604,11 @@ static mgt_status mock_event_elapsed_ms(mgt_event *start, mgt_event *end, float 
 {
     mock_event *a = start->impl, *b = end->impl;
     pthread_mutex_lock(&a->lock);
-    bool a_ok = a->recorded > 0 && a->completed >= a->recorded;
+    bool a_ok = a->recorded > 0 && event_done(a, a->recorded);
     double ta = a->time;
     pthread_mutex_unlock(&a->lock);
     pthread_mutex_lock(&b->lock);
-    bool b_ok = b->recorded > 0 && b->completed >= b->recorded;
+    bool b_ok = b->recorded > 0 && event_done(b, b->recorded);
     double tb = b->time;
     pthread_mutex_unlock(&b->lock);
     if (!a_ok || !b_ok)
@@ -656,6 +732,7 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_mo
         if (opt->fault_device == ids[i]) {
             md->fault_kind = opt->fault_kind;
             md->fault_nth = opt->fault_nth;
+            memcpy(md->fault_op, opt->fault_op, sizeof md->fault_op);
         }
         md->delay_us = opt->delay_us;
         md->seed = opt->seed;

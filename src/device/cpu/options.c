@@ -110,8 +110,21 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
     long d, n;
     if (!parse_long(dev, &d) || d >= MGT_MAX_DEVICES)
         return bad(item, "the device is an index below 64");
-    if (!parse_long(colon + 1, &n) || n < 1)
+    char num[24];
+    const char *op = strchr(colon + 1, ':');
+    size_t nl = op ? (size_t)(op - colon - 1) : strlen(colon + 1);
+    if (nl == 0 || nl >= sizeof num)
         return bad(item, "N counts from 1");
+    memcpy(num, colon + 1, nl);
+    num[nl] = '\0';
+    if (!parse_long(num, &n) || n < 1)
+        return bad(item, "N counts from 1");
+    o->fault_op[0] = '\0';
+    if (op) {
+        if (o->fault_kind != MGT_FAULT_KERNEL || !op[1] || strlen(op + 1) >= sizeof o->fault_op)
+            return bad(item, "an op name follows N only for kernel faults, e.g. kernel@0:1:axpy");
+        snprintf(o->fault_op, sizeof o->fault_op, "%s", op + 1);
+    }
     o->fault_device = (int)d;
     o->fault_nth = n;
     return MGT_OK;
