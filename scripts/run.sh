@@ -13,4 +13,5 @@ if [ $# -gt 0 ]; then
   exec ./build/mgtrain "$@"
 fi
 exec ./build/mgtrain --data data/fashion-mnist -a resnet20 --epochs 1 -b 128 --lr 0.1 \
+  --lr-schedule cosine --warmup-epochs 0.1 --wd 5e-4 \
   -p 50 --checkpoint-dir data/checkpoints --log data/train.jsonl

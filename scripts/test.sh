@@ -25,4 +25,4 @@ echo "== thread sanitizer build (device, stream and threading tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-  ctest --output-on-failure -j"$jobs" -L 'streams|devices|comm|cpu_kernels|data|trainer')
+  ctest --output-on-failure -j"$jobs" -L 'streams|devices|comm|cpu_kernels|data|train')

@@ -40,9 +40,16 @@ static void test_cosine_schedule(void **state)
     (void)state;
     mgt_lr_config c = {.lr = 0.4f, .kind = MGT_LR_COSINE, .epochs = 10};
     near(mgt_lr_at(&c, 0, 0, 10), 0.4);
-    near(mgt_lr_at(&c, 5, 3, 10), 0.2);
+    near(mgt_lr_at(&c, 5, 0, 10), 0.2);
     near(mgt_lr_at(&c, 2, 0, 10), 0.2 * (1 + cos(M_PI * 0.2)));
+    /* per step: 5 epochs and 3 of 10 steps is 53% of the run */
+    near(mgt_lr_at(&c, 5, 3, 10), 0.2 * (1 + cos(M_PI * 0.53)));
     near(mgt_lr_at(&c, 10, 0, 10), 0.0);
+    /* after a warm-up of half an epoch the decay spans the remaining 9.5 epochs */
+    c.warmup_epochs = 0.5f;
+    near(mgt_lr_at(&c, 0, 4, 10), 0.4); /* the warm-up's last step reaches the full rate */
+    near(mgt_lr_at(&c, 0, 1, 10), 0.4 * 2 / 5.0);
+    near(mgt_lr_at(&c, 5, 0, 10), 0.2 * (1 + cos(M_PI * 4.5 / 9.5)));
 }
 
 static void test_warmup(void **state)

@@ -10,7 +10,8 @@
 
 typedef enum mgt_lr_kind {
     MGT_LR_STEP,   /* lr * gamma^(epoch // step_epochs), changed at epoch starts */
-    MGT_LR_COSINE, /* 0.5 * lr * (1 + cos(pi * e / epochs)), per epoch, as CosineAnnealingLR */
+    MGT_LR_COSINE, /* 0.5 * lr * (1 + cos(pi * p)), p the fraction of the run after warm-up
+                      done, per step (CosineAnnealingLR stepped every iteration) */
 } mgt_lr_kind;
 
 typedef struct mgt_lr_config {
@@ -19,16 +20,17 @@ typedef struct mgt_lr_config {
     int step_epochs;     /* step: every this many epochs (30) */
     float gamma;         /* step: the factor (0.1) */
     int epochs;          /* cosine: the run's length */
-    int warmup_epochs;   /* length of the linear warm-up, per step (see mgt_lr_at); 0: none */
+    float warmup_epochs; /* length of the linear warm-up, per step (see mgt_lr_at); may be a
+                            fraction of an epoch; 0: none */
 } mgt_lr_config;
 
 /* "step" or "cosine" */
 mgt_status mgt_lr_kind_parse(const char *s, mgt_lr_kind *out);
 
 /* The rate for step `iter` (0-based) of epoch `epoch` (0-based) of `iters_per_epoch` steps.
-   Warm-up, when set, scales the scheduled rate by (epoch * iters + iter + 1) /
-   (warmup_epochs * iters) until that reaches 1 (Goyal et al.); the schedule proper counts
-   epochs from the start of the run, warm-up included, as the example's does. */
+   Warm-up, when set, scales the rate by (epoch * iters + iter + 1) / (warmup_epochs * iters)
+   until that reaches 1 (Goyal et al.). The step schedule counts epochs from the start of the
+   run, warm-up included, as the example's does; cosine decays over the steps after warm-up. */
 float mgt_lr_at(const mgt_lr_config *c, int epoch, int iter, int iters_per_epoch);
 
 typedef struct mgt_sgd mgt_sgd;

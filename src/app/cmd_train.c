@@ -48,12 +48,13 @@ static void train_usage(FILE *f)
 "  --pretrained FILE      start from safetensors weights with torchvision names\n"
 "                         (fc.* skipped when the class count differs)\n"
 "  --zero-init-residual   zero the last BN weight of each residual block\n"
+"  --freeze-bn            batch norm uses its running statistics in training too\n"
 "optimisation\n"
 "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
 "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
 "  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
 "  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
-"  --warmup-epochs N      linear warm-up, per step (0)\n"
+"  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
 "  --label-smoothing X    (0)\n"
 "  --seed N               (0)\n"
 "devices\n"
@@ -111,7 +112,7 @@ enum {
     OPT_STRICT, OPT_MAX_BAD, OPT_PRETRAINED, OPT_ZIR, OPT_EPOCHS, OPT_START_EPOCH, OPT_LR,
     OPT_MOMENTUM, OPT_WD, OPT_NESTEROV, OPT_SCHEDULE, OPT_LR_STEP, OPT_LR_GAMMA, OPT_WARMUP,
     OPT_SMOOTHING, OPT_SEED, OPT_GPUS, OPT_DEVICE, OPT_MOCK, OPT_BUCKET, OPT_RESUME, OPT_CKPT,
-    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS, OPT_ALLREDUCE,
+    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS, OPT_ALLREDUCE, OPT_FREEZE_BN,
 };
 
 int mgt_app_cmd_train(int argc, char **argv)
@@ -150,6 +151,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"mock", required_argument, NULL, OPT_MOCK},
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
+        {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
@@ -236,9 +238,10 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_LR_GAMMA: ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x); c.lr.gamma = (float)x; break;
         case OPT_WARMUP:
-            ok = mgt_app_flag_int("--warmup-epochs", optarg, 0, 100000, &v);
-            c.lr.warmup_epochs = (int)v;
+            ok = mgt_app_flag_float("--warmup-epochs", optarg, 0, 100000, &x);
+            c.lr.warmup_epochs = (float)x;
             break;
+        case OPT_FREEZE_BN: c.freeze_bn = true; break;
         case OPT_SMOOTHING:
             ok = mgt_app_flag_float("--label-smoothing", optarg, 0, 0.999, &x);
             c.label_smoothing = (float)x;

@@ -22,9 +22,13 @@ float mgt_lr_at(const mgt_lr_config *c, int epoch, int iter, int iters_per_epoch
         int steps = c->step_epochs > 0 ? epoch / c->step_epochs : 0;
         lr *= pow(c->gamma, steps);
     } else {
-        int total = c->epochs > 0 ? c->epochs : 1;
-        int e = epoch < total ? epoch : total;
-        lr *= 0.5 * (1.0 + cos(M_PI * (double)e / (double)total));
+        /* progress in epochs, fractions included, from the end of the warm-up */
+        double ipe = iters_per_epoch > 0 ? iters_per_epoch : 1;
+        double t = (double)epoch + (double)iter / ipe - c->warmup_epochs;
+        double span = (c->epochs > 0 ? c->epochs : 1) - c->warmup_epochs;
+        double p = span > 0 ? t / span : 1;
+        p = p < 0 ? 0 : p > 1 ? 1 : p;
+        lr *= 0.5 * (1.0 + cos(M_PI * p));
     }
     if (c->warmup_epochs > 0 && iters_per_epoch > 0) {
         double done = (double)epoch * iters_per_epoch + iter + 1;

@@ -671,7 +671,7 @@ static mgt_status save_checkpoint(run *r, int next_epoch, long next_step, bool i
     if (st == MGT_OK)
         st = mgt_st_writer_set_metadata(wr, "format", "mgtrain checkpoint 1");
     if (st == MGT_OK) {
-        snprintf(buf, sizeof buf, "%s lr %g step %d gamma %g epochs %d warmup %d",
+        snprintf(buf, sizeof buf, "%s lr %g step %d gamma %g epochs %d warmup %g",
                  c->lr.kind == MGT_LR_STEP ? "step" : "cosine", c->lr.lr, c->lr.step_epochs,
                  c->lr.gamma, c->lr.epochs, c->lr.warmup_epochs);
         st = mgt_st_writer_set_metadata(wr, "lr_schedule", buf);
@@ -1066,8 +1066,8 @@ static void print_start(run *r, int start_epoch)
             c->lr.kind == MGT_LR_STEP ? "step" : "cosine");
     if (c->lr.kind == MGT_LR_STEP)
         fprintf(o, " (x%g every %d epochs)", c->lr.gamma, c->lr.step_epochs);
-    if (c->lr.warmup_epochs)
-        fprintf(o, ", %d warm-up epochs", c->lr.warmup_epochs);
+    if (c->lr.warmup_epochs > 0)
+        fprintf(o, ", %g warm-up epochs", c->lr.warmup_epochs);
     fprintf(o, ", momentum %g%s, weight decay %g, label smoothing %g\n", c->momentum,
             c->nesterov ? " (nesterov)" : "", c->weight_decay, c->label_smoothing);
     if (c->dummy)
