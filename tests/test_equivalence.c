@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <stb/stb_image_write.h>
 
 #include "mgt/nn.h"
 #include "mgt/safetensors.h"
 #include "mgt/train.h"
+#include "support/fixture.h"
 
 /* max |a - b| / (1 + |a|) allowed between an N-device and the 1-device result: float
    rounding of the differently ordered gradient sums, carried through k SGD steps */
@@ -32,76 +32,27 @@ static char data_dir[300];
 /* 3 classes of 12x12 gray images, the class being which third (left, middle, right) holds a
    bright bar, with noise: 16 training images per class (48 = 4 steps of 12) and 10
    validation images per class (30, which 4 devices split unevenly: 8, 8, 7, 7). */
-static void make_dataset(void)
+static int bar_third(int c, int x, int y, uint32_t noise)
 {
-    snprintf(root, sizeof root, "/tmp/mgt-test-equivalence-XXXXXX");
-    assert_non_null(mkdtemp(root));
-    snprintf(data_dir, sizeof data_dir, "%s/data", root);
-    static const char *const split[2] = {"train", "val"};
-    static const char *const cls[3] = {"a_left", "b_middle", "c_right"};
-    char path[512];
-    uint32_t h = 4242;
-    mkdir(data_dir, 0777);
-    for (int s = 0; s < 2; s++) {
-        snprintf(path, sizeof path, "%s/%s", data_dir, split[s]);
-        mkdir(path, 0777);
-        for (int c = 0; c < 3; c++) {
-            snprintf(path, sizeof path, "%s/%s/%s", data_dir, split[s], cls[c]);
-            mkdir(path, 0777);
-            int count = s == 0 ? 16 : 10;
-            for (int k = 0; k < count; k++) {
-                uint8_t px[12 * 12];
-                for (int y = 0; y < 12; y++)
-                    for (int x = 0; x < 12; x++) {
-                        h = h * 1664525u + 1013904223u;
-                        int v = (int)(h >> 26) * 2;
-                        if (x / 4 == c && y >= 2 && y < 10)
-                            v += 120;
-                        px[y * 12 + x] = (uint8_t)(v > 255 ? 255 : v);
-                    }
-                snprintf(path, sizeof path, "%s/%s/%s/%03d.png", data_dir, split[s], cls[c], k);
-                assert_true(stbi_write_png(path, 12, 12, 1, px, 12));
-            }
-        }
-    }
+    int v = (int)(noise >> 26) * 2;
+    return x / 4 == c && y >= 2 && y < 10 ? v + 120 : v;
 }
 
 static int setup(void **state)
 {
     (void)state;
-    make_dataset();
+    static const char *const cls[3] = {"a_left", "b_middle", "c_right"};
+    mgt_test_make_dataset(root, sizeof root, "equivalence", cls, 3, 16, 10, 12, 4242, bar_third);
+    snprintf(data_dir, sizeof data_dir, "%s/data", root);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
+    return mgt_test_remove_tree(root);
 }
 
-/* Progress lines go nowhere unless MGT_TEST_VERBOSE is set. */
-static FILE *quiet(void)
-{
-    static FILE *f;
-    if (getenv("MGT_TEST_VERBOSE"))
-        return stdout;
-    if (!f)
-        f = fopen("/dev/null", "w");
-    return f;
-}
-
-static mgt_devset *open_mock(int n)
-{
-    int ids[4] = {0, 1, 2, 3};
-    mgt_mock_options o;
-    assert_int_equal(mgt_mock_options_parse(&o, "threads=1"), MGT_OK);
-    mgt_devset *set;
-    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set) != MGT_OK)
-        fail_msg("open: %s", mgt_error_last());
-    return set;
-}
 
 /* lr 0.05, momentum 0.9, wd 1e-4, pad-crop (keyed by dataset index, so the same on any
    device count), global batch 12, STEPS steps of one epoch, no validation. */
@@ -124,12 +75,12 @@ static void base_config(mgt_train_config *c, bool freeze_bn, const char *ckpt_di
     c->seed = 11;
     c->freeze_bn = freeze_bn;
     c->checkpoint_dir = ckpt_dir;
-    c->out = quiet();
+    c->out = mgt_test_quiet();
 }
 
 static void run_on(mgt_train_config *c, int n, mgt_train_result *res)
 {
-    mgt_devset *set = open_mock(n);
+    mgt_devset *set = mgt_test_open_mock(n, "threads=1");
     mgt_status st = mgt_train_run(c, set, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", mgt_error_last());
@@ -343,7 +294,7 @@ static void fd_open(fd_model *f, int batch)
 {
     memset(f, 0, sizeof *f);
     f->n = batch;
-    f->set = open_mock(1);
+    f->set = mgt_test_open_mock(1, "threads=1");
     mgt_device *d = mgt_devset_device(f->set, 0);
     assert_int_equal(mgt_stream_create(d, &f->s), MGT_OK);
     mgt_model_config mc = {.arch = "resnet20", .classes = 3, .in_channels = 1,

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <stb/stb_image_write.h>
 
 #include "app/app.h"
+#include "support/fixture.h"
 #include "mgt/safetensors.h"
 #include "mgt/train.h"
 
@@ -26,66 +26,27 @@ static char data_dir[300];
 
 /* A 4-class set of 12x12 gray images whose class is the quadrant holding a bright blob, with
    noise: learnable in a few epochs by a small ResNet, hopeless for a broken trainer. */
-static void make_dataset(void)
+static int quadrant_blob(int c, int x, int y, uint32_t noise)
 {
-    snprintf(root, sizeof root, "/tmp/mgt-test-train-XXXXXX");
-    assert_non_null(mkdtemp(root));
-    snprintf(data_dir, sizeof data_dir, "%s/data", root);
-    static const char *const split[2] = {"train", "val"};
-    static const char *const cls[4] = {"a_top_left", "b_top_right", "c_bottom_left",
-                                       "d_bottom_right"};
-    char path[512];
-    uint32_t h = 12345;
-    mkdir(data_dir, 0777);
-    for (int s = 0; s < 2; s++) {
-        snprintf(path, sizeof path, "%s/%s", data_dir, split[s]);
-        mkdir(path, 0777);
-        for (int c = 0; c < 4; c++) {
-            snprintf(path, sizeof path, "%s/%s/%s", data_dir, split[s], cls[c]);
-            mkdir(path, 0777);
-            int count = s == 0 ? 40 : 12;
-            for (int k = 0; k < count; k++) {
-                uint8_t px[12 * 12];
-                int cy = (c / 2) * 6 + 1, cx = (c % 2) * 6 + 1;
-                for (int y = 0; y < 12; y++)
-                    for (int x = 0; x < 12; x++) {
-                        h = h * 1664525u + 1013904223u;
-                        int v = (int)(h >> 27) * 4;
-                        if (y >= cy && y < cy + 4 && x >= cx && x < cx + 4)
-                            v += 150;
-                        px[y * 12 + x] = (uint8_t)(v > 255 ? 255 : v);
-                    }
-                snprintf(path, sizeof path, "%s/%s/%s/%03d.png", data_dir, split[s], cls[c], k);
-                assert_true(stbi_write_png(path, 12, 12, 1, px, 12));
-            }
-        }
-    }
+    int cy = (c / 2) * 6 + 1, cx = (c % 2) * 6 + 1;
+    int v = (int)(noise >> 27) * 4;
+    return y >= cy && y < cy + 4 && x >= cx && x < cx + 4 ? v + 150 : v;
 }
 
 static int setup(void **state)
 {
     (void)state;
-    make_dataset();
+    static const char *const cls[4] = {"a_top_left", "b_top_right", "c_bottom_left",
+                                       "d_bottom_right"};
+    mgt_test_make_dataset(root, sizeof root, "train", cls, 4, 40, 12, 12, 12345, quadrant_blob);
+    snprintf(data_dir, sizeof data_dir, "%s/data", root);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-/* Progress lines go nowhere unless MGT_TEST_VERBOSE is set. */
-static FILE *quiet(void)
-{
-    static FILE *f;
-    if (getenv("MGT_TEST_VERBOSE"))
-        return stdout;
-    if (!f)
-        f = fopen("/dev/null", "w");
-    return f;
+    return mgt_test_remove_tree(root);
 }
 
 static void base_config(mgt_train_config *c)
@@ -100,23 +61,12 @@ static void base_config(mgt_train_config *c)
     c->workers = 2;
     c->print_freq = 5;
     c->seed = 7;
-    c->out = quiet();
-}
-
-static mgt_devset *open_mock(int n, const char *spec)
-{
-    int ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    mgt_mock_options o;
-    assert_int_equal(mgt_mock_options_parse(&o, spec), MGT_OK);
-    mgt_devset *set;
-    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set) != MGT_OK)
-        fail_msg("open: %s", mgt_error_last());
-    return set;
+    c->out = mgt_test_quiet();
 }
 
 static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_result *res)
 {
-    mgt_devset *set = open_mock(n, spec);
+    mgt_devset *set = mgt_test_open_mock(n, spec);
     c->lr.epochs = c->epochs;
     mgt_status st = mgt_train_run(c, set, res);
     char err[1024];

@@ -1,0 +1,78 @@
+/* Shared by the trainer tests: a temp folder, a small synthetic ImageFolder tree, mock devices
+   and quiet progress output. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <stb/stb_image_write.h>
+
+#include "support/fixture.h"
+
+void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *const *classes,
+                           int n_classes, int n_train, int n_val, int side, uint32_t seed,
+                           mgt_test_pixel_fn pixel)
+{
+    snprintf(root, cap, "/tmp/mgt-test-%s-XXXXXX", tag);
+    assert_non_null(mkdtemp(root));
+    static const char *const split[2] = {"train", "val"};
+    char path[768];
+    uint32_t h = seed;
+    uint8_t *px = malloc((size_t)side * (size_t)side);
+    assert_non_null(px);
+    snprintf(path, sizeof path, "%s/data", root);
+    assert_int_equal(mkdir(path, 0777), 0);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/data/%s", root, split[s]);
+        assert_int_equal(mkdir(path, 0777), 0);
+        for (int c = 0; c < n_classes; c++) {
+            snprintf(path, sizeof path, "%s/data/%s/%s", root, split[s], classes[c]);
+            assert_int_equal(mkdir(path, 0777), 0);
+            for (int k = 0; k < (s == 0 ? n_train : n_val); k++) {
+                for (int y = 0; y < side; y++)
+                    for (int x = 0; x < side; x++) {
+                        h = h * 1664525u + 1013904223u;
+                        int v = pixel(c, x, y, h);
+                        px[y * side + x] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+                    }
+                snprintf(path, sizeof path, "%s/data/%s/%s/%03d.png", root, split[s],
+                         classes[c], k);
+                assert_true(stbi_write_png(path, side, side, 1, px, side));
+            }
+        }
+    }
+    free(px);
+}
+
+int mgt_test_remove_tree(const char *root)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+mgt_devset *mgt_test_open_mock(int n, const char *spec)
+{
+    int ids[MGT_MAX_DEVICES];
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    mgt_mock_options o;
+    assert_int_equal(mgt_mock_options_parse(&o, spec), MGT_OK);
+    mgt_devset *set;
+    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set) != MGT_OK)
+        fail_msg("open: %s", mgt_error_last());
+    return set;
+}
+
+FILE *mgt_test_quiet(void)
+{
+    static FILE *f;
+    if (getenv("MGT_TEST_VERBOSE"))
+        return stdout;
+    if (!f)
+        f = fopen("/dev/null", "w");
+    return f;
+}

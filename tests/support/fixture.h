@@ -1,0 +1,32 @@
+/* Shared by the trainer tests: a temp folder, a small synthetic ImageFolder tree, mock devices
+   and quiet progress output. */
+#ifndef MGT_TEST_FIXTURE_H
+#define MGT_TEST_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "mgt/device.h"
+
+/* The grey value (before clamping to 0..255) of pixel (x, y) of an image of class `cls`;
+   `noise` is a fresh pseudo-random number for this pixel. */
+typedef int (*mgt_test_pixel_fn)(int cls, int x, int y, uint32_t noise);
+
+/* Makes a temp folder named after `tag` (root gets its path) and in it root/data/{train,val}/
+   <class>/NNN.png: `side`x`side` grey PNGs, n_train and n_val per class. Fails the test on
+   any error. */
+void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *const *classes,
+                           int n_classes, int n_train, int n_val, int side, uint32_t seed,
+                           mgt_test_pixel_fn pixel);
+
+/* rm -rf root; 0 on success (a cmocka teardown's answer). */
+int mgt_test_remove_tree(const char *root);
+
+/* Mock devices 0..n-1 with the options in spec; fails the test when they cannot be opened. */
+mgt_devset *mgt_test_open_mock(int n, const char *spec);
+
+/* Where progress lines go: nowhere, or stdout when MGT_TEST_VERBOSE is set. */
+FILE *mgt_test_quiet(void);
+
+#endif
