@@ -1,0 +1,446 @@
+# Runs mgtrain and PyTorch side by side (training step, two-device scaling, data loading), alternating runs, and prints medians and ratios; driven by tools/compare-pytorch.sh.
+"""mgtrain against PyTorch on this machine: same model, batch, thread count, alternating runs.
+
+Parts (--parts, comma-separated; default all):
+  train  the training step on synthetic data: resnet20 1x28x28 batch 128 with 2 threads
+         and with 1 thread, resnet18 3x224x224 batch 16 with 2 threads; mgtrain on one mock
+         device (`mgtrain bench --mock threads=N`), PyTorch with torch.set_num_threads(N)
+  scale  resnet20 on two mock devices with one thread each against one device with one
+         thread (same per-device batch): efficiency = img/s(2) / (2 img/s(1)); beside it
+         PyTorch DDP (gloo, 2 processes, 1 thread each) against 1 plain process, 1 thread
+  data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
+         ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
+         generated JPEG tree, RandomCrop(28, padding=4) + flip on Fashion-MNIST's PNGs
+
+Each comparison runs --rounds rounds; a round runs both tools, mgtrain first in even rounds
+and PyTorch first in odd ones (A B B A ...), so slow drift in the machine's load falls on
+both. The figures are the medians over the rounds; the ratio is mgtrain's median over
+PyTorch's (above 1: mgtrain is faster).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, digits=None):
+    """x with `digits` decimals; by default 0 from 100 up, 1 below (resnet18's few img/s)."""
+    if x is None:
+        return "-"
+    if digits is None:
+        digits = 0 if abs(x) >= 100 else 1
+    return ("%%.%df" % digits) % x
+
+
+class RunError(Exception):
+    pass
+
+
+class Ctx:
+    def __init__(self, a):
+        self.a = a
+        self.tmp = tempfile.mkdtemp(prefix="mgt-compare-")
+        self.raw = []  # every run, for --json
+        self.failed = False
+
+    def wait_quiet(self):
+        a = self.a
+        if a.wait_quiet <= 0:
+            return
+        t0 = time.time()
+        while loadavg() > a.wait_quiet and time.time() - t0 < a.wait_max:
+            time.sleep(5)
+
+    def run(self, label, cmd, env=None):
+        self.wait_quiet()
+        load = loadavg()
+        t0 = time.perf_counter()
+        if self.a.verbose:
+            print("  $ " + " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=self.a.timeout)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-6:])
+            raise RunError("%s failed (exit %d): %s\n%s" % (label, p.returncode, " ".join(cmd), tail))
+        return p.stdout, load, wall
+
+    def torch_env(self, threads):
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(threads)
+        for kv in self.a.torch_env:
+            k, _, v = kv.partition("=")
+            env[k] = v
+        return env
+
+    # ---- one run of each tool ----
+
+    def mgt_bench(self, gpus, threads, arch, batch, size, chans, classes, steps, warmup):
+        js = os.path.join(self.tmp, "bench.json")
+        if os.path.exists(js):
+            os.unlink(js)
+        cmd = [self.a.mgtrain, "bench", "--device", "cpu", "--gpus", gpus,
+               "--mock", "threads=%d" % threads, "--arch", arch, "-b", str(batch), "--dummy",
+               "--image-size", str(size), "--in-channels", str(chans), "--classes", str(classes),
+               "--steps", str(steps), "--warmup", str(warmup), "--json", js]
+        _, load, wall = self.run("mgtrain bench", cmd)
+        with open(js) as f:
+            out = json.load(f)
+        self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
+        return out, load
+
+    def torch_train(self, threads, arch, batch, size, chans, classes, steps, warmup):
+        cmd = [sys.executable, os.path.join(HERE, "bench_train.py"), "--threads", str(threads),
+               "--arch", arch, "-b", str(batch), "--image-size", str(size),
+               "--in-channels", str(chans), "--classes", str(classes), "--steps", str(steps),
+               "--warmup", str(warmup)]
+        out, load, wall = self.run("bench_train.py", cmd, self.torch_env(threads))
+        out = json.loads(out.strip().splitlines()[-1])
+        self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
+        return out, load
+
+    def torch_ddp(self, world, threads, batch, steps, warmup):
+        cmd = [sys.executable, os.path.join(HERE, "bench_ddp.py"), "--world", str(world),
+               "--threads", str(threads), "-b", str(batch), "--arch", "resnet20",
+               "--image-size", "28", "--in-channels", "1", "--classes", "10",
+               "--steps", str(steps), "--warmup", str(warmup)]
+        out, load, wall = self.run("bench_ddp.py", cmd, self.torch_env(threads))
+        out = json.loads(out.strip().splitlines()[-1])
+        self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
+        return out, load
+
+    def mgt_data(self, data, transform, size, threads, seconds):
+        cmd = [self.a.mgtrain, "bench-data", "--data", data, "--transform", transform,
+               "--size", str(size), "-j", str(threads), "-b", "64", "--seconds", str(seconds)]
+        out, load, wall = self.run("mgtrain bench-data", cmd)
+        m = re.search(r"loader: ([0-9.]+) images/s, ([0-9.]+) images/s per decode thread", out)
+        if not m:
+            raise RunError("mgtrain bench-data: no 'loader: N images/s' line in:\n" + out)
+        res = {"images_per_s": float(m.group(1)), "images_per_s_per_thread": float(m.group(2))}
+        self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": res, "stdout": out})
+        return res, load
+
+    def torch_data(self, data, transform, size, channels, workers, seconds):
+        cmd = [sys.executable, os.path.join(HERE, "bench_data.py"), "--data", data,
+               "--transform", transform, "--size", str(size), "--channels", str(channels),
+               "--workers", str(workers), "-b", "64", "--seconds", str(seconds)]
+        out, load, wall = self.run("bench_data.py", cmd, self.torch_env(1))
+        out = json.loads(out.strip().splitlines()[-1])
+        self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
+        return out, load
+
+
+def alternate(ctx, rounds, first, second):
+    """Runs first() and second() `rounds` times, swapping their order every round; returns
+    the two lists of results and the load averages seen."""
+    r1, r2, loads = [], [], []
+    for r in range(rounds):
+        order = [(first, r1), (second, r2)]
+        if r % 2:
+            order.reverse()
+        for fn, dst in order:
+            res, load = fn()
+            dst.append(res)
+            loads.append(load)
+    return r1, r2, loads
+
+
+# ---- the comparisons ----
+
+def part_train(ctx, rows, summary):
+    a = ctx.a
+    q = a.quick
+    cases = [
+        # label, arch, batch, size, channels, classes, threads, steps, warmup
+        ("resnet20 1x28x28 b128 2 threads", "resnet20", 128, 28, 1, 10, 2,
+         5 if q else 12, 1 if q else 2),
+        ("resnet20 1x28x28 b128 1 thread", "resnet20", 128, 28, 1, 10, 1,
+         3 if q else 8, 1 if q else 2),
+        ("resnet18 3x224x224 b16 2 threads", "resnet18", 16, 224, 3, 1000, 2,
+         1 if q else 2, 1),
+    ]
+    for label, arch, batch, size, chans, classes, threads, steps, warmup in cases:
+        if arch == "resnet18" and not a.have_torchvision:
+            print("- %s: skipped (torchvision is not installed)" % label)
+            continue
+        print("- %s: %d rounds of %d steps after %d warm-up" % (label, a.rounds, steps, warmup),
+              flush=True)
+        try:
+            m, t, loads = alternate(
+                ctx, a.rounds,
+                lambda: ctx.mgt_bench("0", threads, arch, batch, size, chans, classes, steps, warmup),
+                lambda: ctx.torch_train(threads, arch, batch, size, chans, classes, steps, warmup))
+        except (RunError, subprocess.TimeoutExpired) as e:
+            print("  FAILED: %s" % e)
+            ctx.failed = True
+            continue
+        mi = [r["results"][0]["images_per_s"] for r in m]
+        ti = [r["images_per_s"] for r in t]
+        pd = [r["results"][0]["per_device"][0] for r in m]
+        mb = {k: med([p[k] for p in pd]) for k in ("forward_s", "backward_s", "optimizer_s",
+                                                   "data_s")}
+        tb = {k: med([r[k] for r in t]) for k in ("forward_s", "backward_s", "optimizer_s")}
+        ratio = med(mi) / med(ti)
+        rows.append({"section": "train", "label": label, "mgtrain": mi, "pytorch": ti,
+                     "ratio": ratio, "loads": loads, "mgt_phases": mb, "torch_phases": tb})
+        print("  mgtrain %s img/s, pytorch %s img/s, ratio %.2f (load %.1f..%.1f)"
+              % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio,
+                 min(loads), max(loads)), flush=True)
+        summary.append("%s: mgtrain %s img/s, pytorch %s img/s, ratio %.2f"
+                       % (label, fmt(med(mi)), fmt(med(ti)), ratio))
+
+
+def part_scale(ctx, rows, summary):
+    a = ctx.a
+    b = a.scale_batch
+    steps, warmup = (4, 1) if a.quick else (16, 3)
+    label = "scaling resnet20 b%d/device 1 thread/device" % b
+    print("- %s: %d rounds of %d steps after %d warm-up" % (label, a.rounds, steps, warmup),
+          flush=True)
+
+    def torch_pair():
+        one, l1 = ctx.torch_ddp(1, 1, b, steps, warmup)
+        two, l2 = ctx.torch_ddp(2, 1, b, steps, warmup)
+        return (one, two), max(l1, l2)
+
+    try:
+        m, t, loads = alternate(
+            ctx, a.rounds,
+            lambda: ctx.mgt_bench("0,1", 1, "resnet20", b, 28, 1, 10, steps, warmup),
+            torch_pair)
+    except (RunError, subprocess.TimeoutExpired) as e:
+        print("  FAILED: %s" % e)
+        ctx.failed = True
+        return
+    m1 = [r["results"][0]["images_per_s"] for r in m]
+    m2 = [r["results"][-1]["images_per_s"] for r in m]
+    me = [y / (2 * x) for x, y in zip(m1, m2)]
+    t1 = [one["images_per_s"] for one, _ in t]
+    t2 = [two["images_per_s"] for _, two in t]
+    te = [y / (2 * x) for x, y in zip(t1, t2)]
+    exposed = med([max(d["reduce_exposed_s"] for d in r["results"][-1]["per_device"]) for r in m])
+    spread = med([r["results"][-1].get("spread_s", 0) for r in m])
+    rows.append({"section": "scale", "label": label, "mgtrain_1": m1, "mgtrain_2": m2,
+                 "mgtrain_eff": me, "pytorch_1": t1, "pytorch_2": t2, "pytorch_eff": te,
+                 "loads": loads, "mgt_reduce_exposed_s": exposed, "mgt_spread_s": spread,
+                 "ratio_eff": med(me) / med(te), "ratio_2": med(m2) / med(t2)})
+    print("  mgtrain efficiency %s, pytorch DDP efficiency %s (load %.1f..%.1f)"
+          % (" ".join("%.1f%%" % (100 * e) for e in me), " ".join("%.1f%%" % (100 * e) for e in te),
+             min(loads), max(loads)), flush=True)
+    summary.append("%s: mgtrain 2 devices %.1f%% efficiency (1: %s, 2: %s img/s), pytorch DDP "
+                   "gloo 2 processes %.1f%% (1: %s, 2: %s img/s), efficiency ratio %.2f, "
+                   "2-device img/s ratio %.2f"
+                   % (label, 100 * med(me), fmt(med(m1)), fmt(med(m2)), 100 * med(te),
+                      fmt(med(t1)), fmt(med(t2)), med(me) / med(te), med(m2) / med(t2)))
+
+
+def warm_page_cache(path):
+    """Reads every file under path once, so that no tool pays for the disk (the first to
+    run after a cold cache would, and Fashion-MNIST is 60000 small files)."""
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    while fh.read(1 << 20):
+                        pass
+            except OSError:
+                pass
+
+
+def part_data(ctx, rows, summary):
+    a = ctx.a
+    if not a.have_torchvision:
+        print("- data: skipped (torchvision is not installed)")
+        return
+    seconds = 2 if a.quick else 3
+    sets = []
+    if not a.images:
+        a.images = os.path.join(tempfile.gettempdir(), "mgt-compare-jpeg")
+    gen = subprocess.run([sys.executable, os.path.join(HERE, "make_images.py"), a.images,
+                          "--count", "400"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    if gen.returncode != 0:
+        print("- data: could not generate the JPEG tree: %s" % gen.stdout.strip())
+    else:
+        sets.append(("JPEG rrc224", a.images, "rrc", 224, 3))
+    if a.fmnist and os.path.isdir(a.fmnist):
+        sets.append(("Fashion-MNIST pad-crop28", a.fmnist, "pad-crop", 28, 1))
+    else:
+        print("- data: no Fashion-MNIST tree at %s (mgtrain import-idx makes one); skipped"
+              % a.fmnist)
+    print("- data: images/s per thread; 'JPEG rrc224': %s, 400 generated ~270x260 JPEGs, "
+          "RandomResizedCrop(224) + flip + ToTensor + Normalize, RGB; 'Fashion-MNIST "
+          "pad-crop28': %s, 28x28 gray PNGs, RandomCrop(28, padding=4) + flip + ToTensor + "
+          "Normalize; torchvision 1 thread = num_workers 0, 2 threads = num_workers 2"
+          % (a.images, a.fmnist))
+    for name, path, transform, size, chans in sets:
+        train = os.path.join(path, "train")
+        warm_page_cache(train if os.path.isdir(train) else path)
+        for threads in (1, 2):
+            label = "data %s %d thread%s" % (name, threads, "s" if threads > 1 else "")
+            print("- %s: %d rounds of %g s" % (label, a.rounds, seconds), flush=True)
+            try:
+                m, t, loads = alternate(
+                    ctx, a.rounds,
+                    lambda: ctx.mgt_data(path, transform, size, threads, seconds),
+                    lambda: ctx.torch_data(path, transform, size, chans,
+                                           0 if threads == 1 else threads, seconds))
+            except (RunError, subprocess.TimeoutExpired) as e:
+                print("  FAILED: %s" % e)
+                ctx.failed = True
+                continue
+            mi = [r["images_per_s_per_thread"] for r in m]
+            ti = [r["images_per_s_per_thread"] for r in t]
+            ratio = med(mi) / med(ti)
+            rows.append({"section": "data", "label": label, "mgtrain": mi, "pytorch": ti,
+                         "ratio": ratio, "loads": loads})
+            print("  mgtrain %s, torchvision %s img/s/thread, ratio %.2f"
+                  % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio),
+                  flush=True)
+            summary.append("%s: mgtrain %s img/s/thread, torchvision %s img/s/thread, "
+                           "ratio %.2f" % (label, fmt(med(mi)), fmt(med(ti)), ratio))
+
+
+def print_table(rows):
+    def runs(xs, digits=None):
+        return "%s (%s)" % (fmt(med(xs), digits), " ".join(fmt(x, digits) for x in xs))
+
+    print()
+    print("%-48s %-24s %-24s %6s  %s" % ("comparison (img/s: median (runs))", "mgtrain",
+                                          "pytorch", "ratio", "load"))
+    for r in rows:
+        ld = "%.1f-%.1f" % (min(r["loads"]), max(r["loads"]))
+        if r["section"] == "scale":
+            print("%-48s %-24s %-24s %6s  %s" % (r["label"], "", "", "", ld))
+            print("%-48s %-24s %-24s %6s" % ("  1 device (pytorch: 1 process, no DDP)", runs(r["mgtrain_1"]),
+                                                  runs(r["pytorch_1"]), ""))
+            print("%-48s %-24s %-24s %6.2f" % ("  2 devices (pytorch: DDP gloo, 2 processes)",
+                                               runs(r["mgtrain_2"]), runs(r["pytorch_2"]),
+                                               r["ratio_2"]))
+            print("%-48s %-24s %-24s %6.2f" % (
+                "  efficiency img/s(2) / (2 img/s(1)), %",
+                runs([100 * e for e in r["mgtrain_eff"]], 1),
+                runs([100 * e for e in r["pytorch_eff"]], 1), r["ratio_eff"]))
+            print("%-48s exposed reduce %.1f ms/step, device spread %.1f ms"
+                  % ("  mgtrain, 2 devices (medians)", 1e3 * r["mgt_reduce_exposed_s"],
+                     1e3 * r["mgt_spread_s"]))
+            continue
+        label = r["label"] + (" /thread" if r["section"] == "data" else "")
+        print("%-48s %-24s %-24s %6.2f  %s" % (label, runs(r["mgtrain"]), runs(r["pytorch"]),
+                                               r["ratio"], ld))
+        if r["section"] == "train":
+            mp, tp = r["mgt_phases"], r["torch_phases"]
+            def phases(ph):
+                return "%.0f/%.0f/%.1f" % (1e3 * ph["forward_s"], 1e3 * ph["backward_s"],
+                                           1e3 * ph["optimizer_s"])
+            print("%-48s %-24s %-24s" % ("  ms/step forward/backward/optimizer", phases(mp),
+                                         phases(tp)))
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mgtrain", default=os.environ.get("MGTRAIN", os.path.join(ROOT, "build", "mgtrain")),
+                   help="the mgtrain binary (default: $MGTRAIN or build/mgtrain)")
+    p.add_argument("--parts", default="train,scale,data", help="train,scale,data (default: all)")
+    p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds per comparison (default 3; --quick 1)")
+    p.add_argument("--scale-batch", type=int, default=64, help="per-device batch of the scaling part (64)")
+    p.add_argument("--images", default="", help="JPEG tree for the data part (generated; default /tmp/mgt-compare-jpeg)")
+    p.add_argument("--fmnist", default=os.path.join(ROOT, "data", "fashion-mnist"),
+                   help="Fashion-MNIST ImageFolder tree (default data/fashion-mnist)")
+    p.add_argument("--torch-env", action="append", default=[], metavar="VAR=VALUE",
+                   help="extra environment for the PyTorch runs only (repeatable)")
+    p.add_argument("--wait-quiet", type=float, default=0, metavar="LOAD",
+                   help="before each run, wait until the 1-minute load average is below LOAD")
+    p.add_argument("--wait-max", type=float, default=120, help="longest such wait, seconds (120)")
+    p.add_argument("--timeout", type=float, default=900, help="limit per run, seconds")
+    p.add_argument("--json", default="", help="write every run's raw results here")
+    p.add_argument("-v", "--verbose", action="store_true", help="print each command")
+    a = p.parse_args()
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    parts = [x for x in a.parts.split(",") if x]
+    for x in parts:
+        if x not in ("train", "scale", "data"):
+            p.error("unknown part %r" % x)
+
+    try:
+        import torch
+    except ImportError:
+        print("compare-pytorch: PyTorch is not installed for %s; the comparison is optional "
+              "(Debian: apt-get install python3-torch python3-torchvision). Nothing to compare."
+              % sys.executable)
+        return 0
+    try:
+        import torchvision
+        a.have_torchvision = True
+        tv = torchvision.__version__
+    except ImportError:
+        a.have_torchvision = False
+        tv = None
+        print("compare-pytorch: torchvision is not installed (optional; Debian: apt-get install "
+              "python3-torchvision): resnet18 and the data comparison are skipped.")
+    if not os.access(a.mgtrain, os.X_OK):
+        print("compare-pytorch: no mgtrain binary at %s (build it, or pass --mgtrain PATH)"
+              % a.mgtrain, file=sys.stderr)
+        return 2
+
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print("compare-pytorch: %s; pytorch %s (%s), torchvision %s; %d cores (%s); load %.2f; "
+          "%d round%s per comparison%s"
+          % (a.mgtrain, torch.__version__, sys.executable, tv, os.cpu_count(), cpu, loadavg(),
+             a.rounds, "s" if a.rounds > 1 else "", ", quick" if a.quick else ""), flush=True)
+    if a.torch_env:
+        print("compare-pytorch: extra PyTorch environment: %s" % " ".join(a.torch_env))
+
+    ctx = Ctx(a)
+    rows, summary = [], []
+    t0 = time.time()
+    if "train" in parts:
+        part_train(ctx, rows, summary)
+    if "scale" in parts:
+        part_scale(ctx, rows, summary)
+    if "data" in parts:
+        part_data(ctx, rows, summary)
+    print_table(rows)
+    print("\n(%.0f s in all; load average now %.2f on %d cores: a loaded machine lowers both "
+          "tools' numbers, unevenly)\n" % (time.time() - t0, loadavg(), os.cpu_count()))
+    for line in summary:
+        print(line)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "runs": ctx.raw}, f, indent=1)
+    return 1 if ctx.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
