@@ -12,14 +12,9 @@
 
 #include <cmocka.h>
 
-#include "mgt/comm.h"
+#include "support/fixture.h"
 
-#define CHECK(x)                                                                               \
-    do {                                                                                       \
-        mgt_status st_ = (x);                                                                  \
-        if (st_ != MGT_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #x, mgt_status_str(st_), mgt_error_last());               \
-    } while (0)
+#include "mgt/comm.h"
 
 /* Deterministic values that differ per device, step and element. */
 static float value(int dev, int step, size_t i)

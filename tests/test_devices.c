@@ -10,14 +10,9 @@
 
 #include <cmocka.h>
 
-#include "mgt/device.h"
+#include "support/fixture.h"
 
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        mgt_status st_ = (call);                                                               \
-        if (st_ != MGT_OK)                                                                     \
-            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last());              \
-    } while (0)
+#include "mgt/device.h"
 
 /* The call must be refused with `want` and error text that contains `needle`. */
 #define EXPECT_FAIL(call, want, needle)                                                        \

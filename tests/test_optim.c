@@ -8,14 +8,9 @@
 
 #include <cmocka.h>
 
-#include "mgt/optim.h"
+#include "support/fixture.h"
 
-#define CHECK(x)                                                                               \
-    do {                                                                                       \
-        mgt_status st_ = (x);                                                                  \
-        if (st_ != MGT_OK)                                                                     \
-            fail_msg("%s: %s (%s)", #x, mgt_status_str(st_), mgt_error_last());               \
-    } while (0)
+#include "mgt/optim.h"
 
 static void near(double got, double want)
 {

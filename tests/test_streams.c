@@ -12,16 +12,11 @@
 
 #include <cmocka.h>
 
+#include "support/fixture.h"
+
 #include "mgt/device.h"
 
 /* Fails the test with the call's status and error text. */
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        mgt_status st_ = (call);                                                               \
-        if (st_ != MGT_OK)                                                                     \
-            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last());              \
-    } while (0)
-
 static mgt_devset *open_mock(int n, const char *spec)
 {
     mgt_mock_options o;

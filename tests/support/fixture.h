@@ -1,4 +1,4 @@
-/* Shared by the trainer tests: a temp folder, a small synthetic ImageFolder tree, mock devices
+/* Shared by the tests: a CHECK for calls that return a status, a temp folder, a small synthetic ImageFolder tree, mock devices
    and quiet progress output. */
 #ifndef MGT_TEST_FIXTURE_H
 #define MGT_TEST_FIXTURE_H
@@ -8,6 +8,15 @@
 #include <stdio.h>
 
 #include "mgt/device.h"
+
+/* Fails the running cmocka test when a call does not return MGT_OK, with the call, the
+   status and the error text. Include <cmocka.h> first. */
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        mgt_status st_ = (call);                                                               \
+        if (st_ != MGT_OK)                                                                     \
+            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last());              \
+    } while (0)
 
 /* The grey value (before clamping to 0..255) of pixel (x, y) of an image of class `cls`;
    `noise` is a fresh pseudo-random number for this pixel. */
