@@ -26,17 +26,6 @@
                      (needle));                                                                \
     } while (0)
 
-static mgt_devset *open_mock(int n, const char *spec)
-{
-    mgt_mock_options o;
-    CHECK(mgt_mock_options_parse(&o, spec));
-    int ids[MGT_MAX_DEVICES];
-    for (int i = 0; i < n; i++)
-        ids[i] = i;
-    mgt_devset *set = NULL;
-    CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set));
-    return set;
-}
 
 /* ---- the options spelling ---- */
 
@@ -178,7 +167,7 @@ static void test_peer_matrix(void **state)
     (void)state;
     static const char *const specs[] = {"peers=all", "peers=none", "peers=0-1,2-3"};
     for (int m = 0; m < 3; m++) {
-        mgt_devset *set = open_mock(4, specs[m]);
+        mgt_devset *set = mgt_test_open_mock(4, specs[m]);
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) {
                 if (i == j)
@@ -228,7 +217,7 @@ static void peer_round(const char *spec, const size_t *sizes, int nsizes)
     size_t max = 0;
     for (int i = 0; i < nsizes; i++)
         max = sizes[i] > max ? sizes[i] : max;
-    mgt_devset *set = open_mock(4, spec);
+    mgt_devset *set = mgt_test_open_mock(4, spec);
     mgt_stream *s[4], *reader[4];
     mgt_buffer *pad[4];
     for (int i = 0; i < 4; i++) {
@@ -339,7 +328,7 @@ static void test_peer_copies(void **state)
 static void test_memory_limit(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "mem=1M");
+    mgt_devset *set = mgt_test_open_mock(2, "mem=1M");
     mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
     size_t used0, total0;
     mgt_device_memory(d0, &used0, &total0);
@@ -372,7 +361,7 @@ static void test_memory_limit(void **state)
 static void test_workspace_over_limit(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "mem=48K;threads=2");
+    mgt_devset *set = mgt_test_open_mock(1, "mem=48K;threads=2");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
@@ -414,7 +403,7 @@ static void test_workspace_over_limit(void **state)
 static void test_fault_alloc(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "fault=alloc@1:3");
+    mgt_devset *set = mgt_test_open_mock(2, "fault=alloc@1:3");
     mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
     mgt_buffer *a[5] = {0}, *b[4] = {0};
     for (int i = 0; i < 5; i++)
@@ -445,7 +434,7 @@ static void test_fault_alloc(void **state)
 static void test_fault_kernel(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "fault=kernel@0:2;delay=2000");
+    mgt_devset *set = mgt_test_open_mock(2, "fault=kernel@0:2;delay=2000");
     mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
     mgt_stream *s0, *s1, *s0b;
     mgt_event *e0;
@@ -503,7 +492,7 @@ static void test_fault_kernel(void **state)
 static void test_bad_label_is_device_error(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "");
+    mgt_devset *set = mgt_test_open_mock(1, "");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
@@ -535,7 +524,7 @@ static void test_bad_label_is_device_error(void **state)
 static void test_pointer_validation(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "");
+    mgt_devset *set = mgt_test_open_mock(2, "");
     mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
     mgt_stream *s0;
     CHECK(mgt_stream_create(d0, &s0));

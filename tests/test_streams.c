@@ -16,18 +16,6 @@
 
 #include "mgt/device.h"
 
-/* Fails the test with the call's status and error text. */
-static mgt_devset *open_mock(int n, const char *spec)
-{
-    mgt_mock_options o;
-    CHECK(mgt_mock_options_parse(&o, spec));
-    int ids[MGT_MAX_DEVICES];
-    for (int i = 0; i < n; i++)
-        ids[i] = i;
-    mgt_devset *set = NULL;
-    CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set));
-    return set;
-}
 
 static float *dev_floats(mgt_device *d, size_t n, mgt_buffer **b)
 {
@@ -48,7 +36,7 @@ static void sleep_ms(double ms)
 static void test_order_within_stream(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=300");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=300");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
@@ -100,7 +88,7 @@ static void test_order_within_stream(void **state)
 static void test_cross_stream_wait(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=1500");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=1500");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *a, *b;
     mgt_event *ea, *eb;
@@ -149,7 +137,7 @@ static void test_cross_stream_wait(void **state)
 static void test_cross_device_wait(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "delay=1500");
+    mgt_devset *set = mgt_test_open_mock(2, "delay=1500");
     mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
     mgt_stream *a, *b;
     mgt_event *e;
@@ -206,7 +194,7 @@ static void test_cross_device_wait(void **state)
 static void test_wait_captures_record(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=3000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=3000");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *slow, *idle, *waiter;
     mgt_event *e;
@@ -287,7 +275,7 @@ static int race_trial(mgt_devset *set, bool with_wait)
 static void test_missing_wait_is_caught(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=5000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=5000");
     int raced = 0;
     for (int t = 0; t < 3; t++)
         raced += race_trial(set, false) > 0;
@@ -308,7 +296,7 @@ static void test_missing_wait_is_caught(void **state)
 static void test_event_query_elapsed(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=5000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=5000");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     mgt_event *e0, *e1, *never;
@@ -381,7 +369,7 @@ enum { WAIT_STREAM, WAIT_EVENT, WAIT_DEVICE };
    50 ms; the host wait must give up within 100 ms of that with MGT_ERR_ABORTED. */
 static void abort_case(int which)
 {
-    mgt_devset *set = open_mock(1, "delay=5000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=5000");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     mgt_event *e;
@@ -444,7 +432,7 @@ static void test_abort_device_wait(void **state)
 static void test_stream_free_waits(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=2000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=2000");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
@@ -468,7 +456,7 @@ static void test_stream_free_waits(void **state)
 static void test_buffer_free_waits(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(1, "delay=2000");
+    mgt_devset *set = mgt_test_open_mock(1, "delay=2000");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     mgt_event *e;
@@ -494,7 +482,7 @@ static void test_buffer_free_waits(void **state)
 static void test_devset_free_frees_leftovers(void **state)
 {
     (void)state;
-    mgt_devset *set = open_mock(2, "delay=1000");
+    mgt_devset *set = mgt_test_open_mock(2, "delay=1000");
     for (int i = 0; i < 2; i++) {
         mgt_device *d = mgt_devset_device(set, i);
         mgt_stream *s1, *s2;

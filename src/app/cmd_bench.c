@@ -21,33 +21,18 @@ typedef struct bench_devices {
     int n;
 } bench_devices;
 
-/* Resolves --device/--gpus once, so that every device count opens a prefix of the same list. */
+/* --device/--gpus resolved once, so that every device count opens a prefix of one list. */
 static mgt_status resolve_devices(mgt_device_kind kind, const char *gpus, const char *mock,
                                   bench_devices *out)
 {
-    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
-    if (kind == MGT_DEVICE_AUTO) {
-        kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
-        if (kind == MGT_DEVICE_MOCK)
-            fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
-    }
     out->kind = kind;
     out->mock = mock;
-    if (gpus && *gpus)
-        return mgt_app_parse_gpus(gpus, out->ids, &out->n);
-    out->n = kind == MGT_DEVICE_CUDA ? cuda : (mgt_cpu_count() < 8 ? mgt_cpu_count() : 8);
-    for (int i = 0; i < out->n; i++)
-        out->ids[i] = i;
-    return MGT_OK;
+    return mgt_app_resolve_devices(&out->kind, gpus, out->ids, &out->n);
 }
 
 static mgt_status open_prefix(const bench_devices *bd, int n, mgt_devset **set)
 {
-    char list[MGT_MAX_DEVICES * 4] = "";
-    for (int i = 0; i < n; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "",
-                 bd->ids[i]);
-    return mgt_app_open_devices(bd->kind, list, bd->mock, set);
+    return mgt_app_open_ids(bd->kind, bd->ids, n, bd->mock, set);
 }
 
 /* 1, 2, 4, ... below n, then n */

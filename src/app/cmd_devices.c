@@ -47,36 +47,41 @@ mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind)
     return MGT_OK;
 }
 
-mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                mgt_devset **out)
+mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int *ids, int *n)
 {
-    int ids[MGT_MAX_DEVICES], n = 0;
+    *n = 0;
     int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
-    if (kind == MGT_DEVICE_CUDA && cuda == 0)
+    if (*kind == MGT_DEVICE_CUDA && cuda == 0)
         return mgt_error_set(MGT_ERR_UNSUPPORTED, "--device cuda: no CUDA device was found");
-    if (kind == MGT_DEVICE_AUTO) {
-        kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
-        if (kind == MGT_DEVICE_MOCK)
+    if (*kind == MGT_DEVICE_AUTO) {
+        *kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+        if (*kind == MGT_DEVICE_MOCK)
             fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
     }
     if (gpus && *gpus) {
-        mgt_status st = mgt_app_parse_gpus(gpus, ids, &n);
+        mgt_status st = mgt_app_parse_gpus(gpus, ids, n);
         if (st != MGT_OK)
             return st;
     } else {
-        n = kind == MGT_DEVICE_CUDA ? cuda : mgt_cpu_count();
-        if (n > 8 && kind == MGT_DEVICE_MOCK)
-            n = 8;
-        for (int i = 0; i < n; i++)
+        *n = *kind == MGT_DEVICE_CUDA ? cuda : mgt_cpu_count();
+        if (*n > 8 && *kind == MGT_DEVICE_MOCK)
+            *n = 8;
+        for (int i = 0; i < *n; i++)
             ids[i] = i;
     }
-    if (kind == MGT_DEVICE_CUDA)
-        for (int i = 0; i < n; i++)
+    if (*kind == MGT_DEVICE_CUDA)
+        for (int i = 0; i < *n; i++)
             if (ids[i] >= cuda)
                 return mgt_error_set(MGT_ERR_INVALID,
                                      "--gpus: device %d does not exist (this machine has %d "
                                      "CUDA device%s: 0 to %d)",
                                      ids[i], cuda, cuda == 1 ? "" : "s", cuda - 1);
+    return MGT_OK;
+}
+
+mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
+                            mgt_devset **out)
+{
     mgt_mock_options opts, *optp = NULL;
     if (kind == MGT_DEVICE_MOCK && mock) {
         mgt_status st = mgt_mock_options_parse(&opts, mock);
@@ -85,6 +90,14 @@ mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const ch
         optp = &opts;
     }
     return mgt_devset_open(kind, ids, n, optp, out);
+}
+
+mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
+                                mgt_devset **out)
+{
+    int ids[MGT_MAX_DEVICES], n;
+    mgt_status st = mgt_app_resolve_devices(&kind, gpus, ids, &n);
+    return st != MGT_OK ? st : mgt_app_open_ids(kind, ids, n, mock, out);
 }
 
 static void devices_usage(FILE *f)

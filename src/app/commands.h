@@ -24,7 +24,14 @@ bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, d
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);
 /* Parses --device auto|cuda|cpu. */
 mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind);
-/* Opens the devices the flags name, printing the one-line notice when AUTO falls back to
+/* What --device and --gpus name: *kind resolved (AUTO becomes CUDA or MOCK, with the one-line
+   notice), ids[*n] checked against the machine. An empty gpus list means every CUDA device,
+   or one mock device per core (at most 8) where there is none. */
+mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int *ids, int *n);
+/* Opens resolved devices, with the --mock options (NULL: MGT_MOCK or the defaults). */
+mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
+                            mgt_devset **out);
+/* Resolves and opens the devices the flags name, printing the one-line notice when AUTO falls back to
    mock devices. An empty gpus list means every CUDA device, or one mock device per core
    (at most 8) where there is none. */
 mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
