@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libopenblas-dev       # gemm on the CPU mock devices
+  libdnnl-dev           # oneDNN: convolutions and gemm on the CPU mock devices
   libstb-dev            # image decoding (stb_image)
   libcjson-dev          # JSON: safetensors headers, --log, bench --json
   libcmocka-dev         # test assertions

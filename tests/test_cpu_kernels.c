@@ -1,7 +1,8 @@
 /* Tests of the CPU fast path (pool and kernels) against the plain reference. */
 
 /* Every op runs on odd shapes with 1 and 3 threads, with guard regions around every operand,
-   garbage in outputs that must be overwritten, and a bit-for-bit check of two runs. */
+   garbage in outputs that must be overwritten, and a bit-for-bit check of two runs; the
+   convolutions on both paths (oneDNN and im2col + gemm). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,8 +22,9 @@
 static const uint32_t GUARD_BITS = 0x7fc0dead; /* a NaN no kernel produces */
 static const uint32_t GARBAGE_BITS = 0x7fc00bad; /* what OUT operands start as: must vanish */
 
-static const int THREADS[] = {1, 3};
-#define NCTX 2
+static const int THREADS[] = {1, 3, 1, 3};
+static const bool IM2COL[] = {false, false, true, true};
+#define NCTX 4
 static mgt_cpu_ctx ctxs[NCTX];
 
 /* ---- random numbers (xorshift64*, fixed seed: failures reproduce) ---- */
@@ -196,8 +198,8 @@ static void check_op(const mgt_op *proto, double rtol, const char *label)
     copies_make(proto, &rop, &ref);
     assert_int_equal(mgt_ref_run(&rop), MGT_OK);
     for (int c = 0; c < NCTX; c++) {
-        snprintf(what, sizeof what, "%s [%s, %d threads]", label, mgt_op_name(proto->kind),
-                 THREADS[c]);
+        snprintf(what, sizeof what, "%s [%s, %d threads%s]", label, mgt_op_name(proto->kind),
+                 THREADS[c], IM2COL[c] ? ", im2col" : "");
         mgt_op f1, f2;
         copy_set a, b;
         copies_make(proto, &f1, &a);
@@ -438,6 +440,10 @@ static void test_conv(void **state)
         {SHAPE(2, 4, 5, 5, 12, 3, 3, 1, 1, 1, 1, 4), "grouped with 3 filters per channel"},
         {SHAPE(1, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1), "batch 1: tiles and channel chunks"},
         {SHAPE(4, 16, 20, 20, 16, 3, 3, 1, 1, 1, 1, 1), "filter gradient in partitions"},
+        {SHAPE(22, 16, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1), "chunks of images, a short last one"},
+        {SHAPE(9, 32, 8, 8, 64, 1, 1, 2, 2, 0, 0, 1), "1x1 stride 2 projection"},
+        {SHAPE(5, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1), "one input channel"},
+        {SHAPE(3, 16, 9, 9, 16, 3, 3, 2, 2, 1, 1, 1), "stride 2 with a short right pad"},
         {SHAPE(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1), "1x1x1x1"},
         {SHAPE(3, 3, 17, 15, 7, 5, 5, 1, 1, 2, 2, 1), "5x5 pad 2, odd sizes"},
         {SHAPE(2, 3, 23, 23, 8, 7, 7, 2, 2, 3, 3, 1), "7x7 stride 2 stem"},
@@ -462,7 +468,7 @@ static void test_conv(void **state)
 }
 
 /* The filter gradient's partials must be reduced in a fixed order: many runs on 3 threads,
-   every one bit-identical to the first. */
+   every one bit-identical to the first, on both paths. */
 static void test_conv_filter_determinism(void **state)
 {
     (void)state;
@@ -474,12 +480,14 @@ static void test_conv_filter_determinism(void **state)
     assert_non_null(first);
     assert_non_null(dw);
     mgt_op op = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {dw, dy, x, sh, 0.0f}};
-    for (int rep = 0; rep < 20; rep++) {
-        assert_int_equal(mgt_cpu_run(&ctxs[NCTX - 1], &op), MGT_OK);
-        if (rep == 0)
-            memcpy(first, dw, nw * 4);
-        else
-            assert_memory_equal(first, dw, nw * 4);
+    for (int c = 1; c < NCTX; c += 2) {
+        for (int rep = 0; rep < 20; rep++) {
+            assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+            if (rep == 0)
+                memcpy(first, dw, nw * 4);
+            else
+                assert_memory_equal(first, dw, nw * 4);
+        }
     }
     free(x);
     free(dy);
@@ -725,8 +733,11 @@ static int ctx_setup(void **state)
 {
     (void)state;
     for (int c = 0; c < NCTX; c++)
+    {
         if (mgt_cpu_ctx_init(&ctxs[c], THREADS[c]) != MGT_OK)
             return -1;
+        ctxs[c].conv_im2col = IM2COL[c];
+    }
     return 0;
 }
 

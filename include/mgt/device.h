@@ -59,7 +59,9 @@ typedef enum mgt_fault_kind {
      delay=USEC          a random delay of 0..USEC microseconds before every queued op
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
-                         (BW in B, KB, MB or GB per second; LAT in us or ms) */
+                         (BW in B, KB, MB or GB per second; LAT in us or ms)
+     conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
+                         im2col + gemm path */
 typedef struct mgt_mock_options {
     int threads_per_device;
     size_t mem_limit;
@@ -73,6 +75,7 @@ typedef struct mgt_mock_options {
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
     double link_latency_s;
+    bool conv_im2col; /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
 } mgt_mock_options;
 
 /* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). */

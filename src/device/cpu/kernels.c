@@ -1,12 +1,12 @@
 /* The CPU fast path of the mock devices: every op of op.h on the device's thread pool. */
 
-/* gemm and convolution go through OpenBLAS (single-threaded per call; the pool splits the
-   work). Results match mgt_ref_run to float rounding and are bit-identical from run to run for
-   a given thread count: every split is a function of the shape and the thread count, never of
-   timing. Across thread counts the last bits may differ: the splits change the shapes handed
-   to OpenBLAS (whose summation order depends on them) and the filter gradient's partial sums.
-   OpenBLAS also picks its micro-kernels per CPU model, so bits differ across machines too. */
-#include <cblas.h>
+/* gemm goes through oneDNN's sgemm and convolutions through oneDNN's direct kernels
+   (onednn.c), single-threaded per call: the pool splits the work. Results match mgt_ref_run to
+   float rounding and are bit-identical from run to run for a given thread count: every split
+   is a function of the shape and the thread count, never of timing. Across thread counts the
+   last bits may differ: the splits change the shapes handed to oneDNN (whose summation order
+   depends on them) and the filter gradient's partial sums. oneDNN picks its kernels per
+   instruction set (AVX2, AVX-512), so bits differ across machines too. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -16,28 +16,20 @@
 #include <string.h>
 
 #include "device/cpu/kernels.h"
+#include "device/cpu/onednn.h"
 
 /* Elements per item of the elementwise loops (64 KB of floats): one claim (a CAS) per item
    is lost in the work, and a busy machine still gets enough items to balance. */
 #define CHUNK 16384
 /* Below this many multiply-adds a gemm runs as one call: splitting costs more than it saves. */
 #define GEMM_SPLIT_MACS (1 << 20)
-/* Bytes of one thread's im2col tile. Larger tiles give OpenBLAS wider panels; smaller ones
+/* Bytes of one thread's im2col tile. Larger tiles give the gemm wider panels; smaller ones
    keep scratch (threads x tile) modest for the 224x224 layers. */
 #define COL_TILE_BYTES (2u << 20)
 /* Narrowest im2col tile, in output pixels: narrower panels waste the gemm micro-kernel. */
 #define COL_TILE_MIN 32
 /* Per-thread scratch regions start on a cache line so that threads never share one. */
 #define ALIGN_FLOATS 16
-
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-
-static void blas_init(void)
-{
-    /* We split work over our own pool; OpenBLAS threads inside each call would oversubscribe
-       the cores and make timings depend on its scheduling. */
-    openblas_set_num_threads(1);
-}
 
 static size_t min_z(size_t a, size_t b) { return a < b ? a : b; }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
@@ -62,8 +54,7 @@ static size_t units_per_item(size_t unit_elems)
 static void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                   const float *b, int ldb, float beta, float *c, int ldc)
 {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    mgt_onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* ---- vector loops ----
@@ -176,10 +167,14 @@ static float v_dot(const float *a, const float *b, size_t n)
 mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads)
 {
     memset(ctx, 0, sizeof *ctx);
-    pthread_once(&blas_once, blas_init);
     mgt_status st = mgt_cpu_pool_create(threads, &ctx->pool);
-    if (st != MGT_OK)
+    if (st == MGT_OK)
+        st = mgt_onednn_create(threads, &ctx->onednn);
+    if (st != MGT_OK) {
+        mgt_cpu_pool_free(ctx->pool);
+        ctx->pool = NULL;
         return st;
+    }
     pthread_mutex_init(&ctx->lock, NULL);
     return MGT_OK;
 }
@@ -190,6 +185,8 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
         return;
     mgt_cpu_pool_free(ctx->pool);
     ctx->pool = NULL;
+    mgt_onednn_free(ctx->onednn);
+    ctx->onednn = NULL;
     free(ctx->scratch);
     if (ctx->unreserve != NULL && ctx->scratch_bytes > 0)
         ctx->unreserve(ctx->owner, ctx->scratch_bytes);
@@ -944,6 +941,19 @@ static mgt_status run_conv_bwd_filter(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+/* oneDNN where it has a kernel for the shape; MGT_ERR_UNSUPPORTED (nothing run) otherwise. */
+static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    mgt_onednn_plan *plan;
+    size_t floats;
+    mgt_status st = mgt_onednn_conv_plan(ctx->onednn, op, &plan, &floats);
+    if (st == MGT_OK)
+        st = scratch_ensure(ctx, op, floats);
+    if (st == MGT_OK)
+        st = mgt_onednn_conv_run(ctx->onednn, plan, ctx->pool, op, ctx->scratch);
+    return st;
+}
+
 /* ---- batch norm ---- */
 
 /* The op and how many whole units (planes, rows, columns) one item covers. */
@@ -1318,11 +1328,13 @@ static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
         run_gemm(ctx, op);
         return MGT_OK;
     case MGT_OP_CONV2D_FWD:
-        return run_conv_fwd(ctx, op);
     case MGT_OP_CONV2D_BWD_DATA:
-        return run_conv_bwd_data(ctx, op);
     case MGT_OP_CONV2D_BWD_FILTER:
-        return run_conv_bwd_filter(ctx, op);
+        if (!ctx->conv_im2col && (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
+            return st;
+        return op->kind == MGT_OP_CONV2D_FWD        ? run_conv_fwd(ctx, op)
+               : op->kind == MGT_OP_CONV2D_BWD_DATA ? run_conv_bwd_data(ctx, op)
+                                                    : run_conv_bwd_filter(ctx, op);
     case MGT_OP_BN_FWD_TRAIN:
         mgt_cpu_pool_for(pool, op->u.bn_train.sh.c, bn_train_item, o);
         return MGT_OK;

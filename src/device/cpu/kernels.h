@@ -3,6 +3,7 @@
 #define MGT_DEVICE_CPU_KERNELS_H
 
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "device/op.h"
 
@@ -30,13 +31,17 @@ typedef struct mgt_cpu_ctx {
     void *owner;
     float *scratch;
     size_t scratch_bytes;
+    struct mgt_onednn *onednn; /* convolutions (groups 1) and sgemm */
+    bool conv_im2col;          /* convolutions on the im2col + gemm path even where oneDNN can */
 } mgt_cpu_ctx;
 
 mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads);
 void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx);
 
-/* Runs one checked op on host memory with the ctx's pool: gemm through OpenBLAS, conv
-   through im2col/col2im + gemm split over images, the rest as parallel loops. Returns
+/* Runs one checked op on host memory with the ctx's pool: gemm through oneDNN's sgemm,
+   convolutions through oneDNN's blocked direct kernels (im2col/col2im + gemm where oneDNN has
+   none, or where ctx->conv_im2col asks for it), depthwise ones as direct loops, the rest as
+   parallel loops. Returns
    MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label out of range. */
 mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
 

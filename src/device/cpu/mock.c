@@ -743,6 +743,7 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_mo
             return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads",
                                  d->name, threads);
         }
+        md->ctx.conv_im2col = opt->conv_im2col;
         md->ctx.reserve = mock_reserve;
         md->ctx.unreserve = mock_unreserve;
         md->ctx.owner = d;

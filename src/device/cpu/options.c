@@ -207,13 +207,18 @@ static mgt_status parse_item(mgt_mock_options *o, char *item)
             o->delay_us = (unsigned)v;
     } else if (strcmp(key, "link") == 0) {
         st = parse_link(o, shown, val);
+    } else if (strcmp(key, "conv") == 0) {
+        if (strcmp(val, "onednn") == 0 || strcmp(val, "im2col") == 0)
+            o->conv_im2col = strcmp(val, "im2col") == 0;
+        else
+            st = bad(shown, "expected conv=onednn (the default) or conv=im2col");
     } else if (strcmp(key, "seed") == 0) {
         if (!parse_long(val, &v))
             st = bad(shown, "expected a whole number");
         else
             o->seed = (uint64_t)v;
     } else {
-        st = bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed, link)");
+        st = bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed, link, conv)");
     }
     return st;
 }
