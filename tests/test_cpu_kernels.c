@@ -503,20 +503,23 @@ static void test_batchnorm(void **state)
     const mgt_bn_shape shapes[] = {
         {3, 5, 7, 1e-5f, 0.1f},   {1, 3, 1000, 1e-5f, 0.1f}, {8, 17, 49, 1e-3f, 0.2f},
         {2, 1, 1, 1e-5f, 0.1f},   {16, 64, 1, 1e-5f, 0.1f},  {4, 3, 2000, 1e-5f, 1.0f},
+        {6, 4, 300, 1e-5f, 0.1f},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         mgt_bn_shape sh = shapes[i];
+        /* the last shape: a mean 1000 times the spread, for the one-pass variance */
+        float offset = i + 1 == sizeof shapes / sizeof *shapes ? 1000.0f : 3.0f;
         size_t nx = (size_t)sh.n * sh.c * sh.hw, c = (size_t)sh.c;
         float *x = rand_floats(nx), *y = rand_floats(nx), *dy = rand_floats(nx);
         float *gamma = rand_floats(c), *beta = rand_floats(c), *rm = rand_floats(c);
         float *rv = rand_floats(c), *mean = rand_floats(c), *invstd = rand_floats(c);
         float *dg = rand_floats(c), *db = rand_floats(c);
         for (size_t j = 0; j < nx; j++)
-            x[j] = 3.0f + 2.0f * x[j]; /* a mean far from 0 */
+            x[j] = offset + 2.0f * x[j]; /* a mean far from 0 */
         for (size_t j = 0; j < c; j++) {
             rv[j] = 0.5f + fabsf(rv[j]);
             invstd[j] = 0.5f + fabsf(invstd[j]);
-            mean[j] = 3.0f + mean[j];
+            mean[j] = offset + mean[j];
         }
         char label[96];
         snprintf(label, sizeof label, "bn n %d c %d hw %d", sh.n, sh.c, sh.hw);

@@ -5,11 +5,12 @@
 #   tools/gpu-check.sh --fetch-deps  on a Debian 12 machine with apt, beforehand
 #
 # The GPU machine may have CUDA and the Python wheels' cuDNN/cuBLAS but none of Debian's
-# development packages the build needs (OpenBLAS, cJSON, cmocka, stb, pkg-config). Where
+# development packages the build needs (oneDNN, cJSON, cmocka, stb, pkg-config). Where
 # they are missing, the script unpacks the .deb files of .gpu-deps/ (made by --fetch-deps;
-# ignore the folder in .git/info/exclude and carry it to the machine) into a private prefix
-# and points the build at it; nothing is installed into the system. Without cmocka the
-# tests cannot be built: the build goes on with MGT_BUILD_TESTS=OFF and says so.
+# git ignores the folder: carry it to the machine) into a private prefix beside the build
+# folder and points the build at it; nothing is installed into the system. Without cmocka
+# the tests cannot be built: the build goes on with MGT_BUILD_TESTS=OFF and says so.
+# MGT_GPU_CHECK_USE_DEBS=1 takes the carried .debs even where the system has the packages.
 #
 # Steps, each under its own timeout and all under one deadline: configure, build,
 # cuda_smoke (the backend's plumbing), the conformance suite (every op, CUDA beside the CPU
@@ -18,9 +19,11 @@
 # $OUT/bench.json; OUT defaults to ./gpu-check-out.
 set -u
 
-DEB_PACKAGES="libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread
-libgfortran5 libquadmath0 libcjson-dev libcjson1 libcmocka-dev libcmocka0 libstb-dev libstb0
-pkgconf pkgconf-bin libpkgconf3"
+# libdnnl2 also needs libc6, libgcc-s1, libstdc++6 and libgomp1, which every machine with GCC
+# has; the build's -lgomp and omp.h are GCC's own (libgcc-N-dev), which no .deb here replaces,
+# and an older libgomp.so.1 on LD_LIBRARY_PATH would shadow the compiler's: libgomp1 stays out.
+DEB_PACKAGES="libdnnl-dev libdnnl2 ocl-icd-libopencl1 libcjson-dev libcjson1 libcmocka-dev
+libcmocka0 libstb-dev libstb0 pkgconf pkgconf-bin libpkgconf3"
 
 if [ "${1:-}" = "--fetch-deps" ]; then
     # apt-get download fetches single .deb files into the current folder; no root needed
@@ -29,7 +32,7 @@ if [ "${1:-}" = "--fetch-deps" ]; then
     # shellcheck disable=SC2086
     apt-get download $DEB_PACKAGES || exit 1
     echo "gpu-check: $(find . -name '*.deb' | wc -l) packages in .gpu-deps/ ($(du -sh . | cut -f1));"
-    echo "  ignore it (echo /.gpu-deps/ >> .git/info/exclude) and carry it to the GPU machine"
+    echo "  carry it to the GPU machine (git ignores it)"
     exit 0
 fi
 if [ $# -gt 0 ]; then
@@ -183,10 +186,23 @@ esac
 # ---- Debian's packages: the system's, else the carried .debs unpacked privately ----
 
 have_pc() { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1" 2>/dev/null; }
+# have_dnnl ROOT: oneDNN's header and library under ROOT (empty: the system's); sets DNNL_INC
+# (the folder holding oneapi/dnnl/dnnl.h) and DNNL_SO, which CMake then takes as they are.
+have_dnnl() {
+    local r=$1 d
+    local incs=("$r/usr/include") libs=("$r/usr/lib/x86_64-linux-gnu" "$r/usr/lib64" "$r/usr/lib")
+    [ -z "$r" ] && incs+=(/usr/local/include) && libs+=(/usr/local/lib)
+    DNNL_INC="" DNNL_SO=""
+    for d in "${incs[@]}"; do
+        [ -f "$d/oneapi/dnnl/dnnl.h" ] && { DNNL_INC=$d; break; }
+    done
+    DNNL_SO=$(find_first libdnnl.so "${libs[@]}")
+    [ -n "$DNNL_INC" ] && [ -n "$DNNL_SO" ]
+}
 STB_DIR=""
 [ -f /usr/include/stb/stb_image.h ] && STB_DIR=/usr/include
 MISSING=""
-have_pc openblas || MISSING="$MISSING openblas"
+have_dnnl "" || MISSING="$MISSING onednn"
 have_pc libcjson || MISSING="$MISSING cjson"
 have_pc cmocka || MISSING="$MISSING cmocka"
 [ -n "$STB_DIR" ] || MISSING="$MISSING stb"
@@ -213,9 +229,10 @@ if [ -n "$MISSING" ]; then
         # Debian's .pc files name absolute /usr paths; point them into the private prefix.
         find "$ROOT" -name '*.pc' -exec sed -i -e "s#=/usr/#=$ROOT/usr/#" -e "s#=/usr\$#=$ROOT/usr#" {} +
         ML=$ROOT/usr/lib/x86_64-linux-gnu
-        export PKG_CONFIG_PATH="$ML/pkgconfig:$ML/openblas-pthread/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-        LIBDIRS="$LIBDIRS:$ML:$ML/openblas-pthread"
-        export LD_LIBRARY_PATH="$ML:$ML/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export PKG_CONFIG_PATH="$ML/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+        # Now for the unpacked pkgconf, later for the build's links and the tests: libdnnl.so
+        # needs the unpacked libOpenCL.so.1, which neither its nor our RUNPATH names.
+        export LD_LIBRARY_PATH="$ML${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         if ! command -v pkg-config >/dev/null 2>&1 && [ -x "$ROOT/usr/bin/pkgconf" ]; then
             CMAKE_ARGS+=("-DPKG_CONFIG_EXECUTABLE=$ROOT/usr/bin/pkgconf")
             export PATH="$ROOT/usr/bin:$PATH"
@@ -224,7 +241,7 @@ if [ -n "$MISSING" ]; then
         [ -z "$STB_DIR" ] && [ -f "$ROOT/usr/include/stb/stb_image.h" ] && STB_DIR=$ROOT/usr/include
         DEPS_NOTE="unpacked from .gpu-deps ($(echo "$DEBS" | wc -w) packages)"
         MISSING=""
-        have_pc openblas || MISSING="$MISSING openblas"
+        have_dnnl "$ROOT" || have_dnnl "" || MISSING="$MISSING onednn"
         have_pc libcjson || MISSING="$MISSING cjson"
         have_pc cmocka || MISSING="$MISSING cmocka"
         [ -n "$STB_DIR" ] || MISSING="$MISSING stb"
@@ -233,6 +250,15 @@ if [ -n "$MISSING" ]; then
     fi
 fi
 [ -n "$STB_DIR" ] && CMAKE_ARGS+=("-DSTB_INCLUDE_DIR=$STB_DIR")
+# Both given, as found here: find_path and find_library would not look again past a cached answer.
+[ -n "$DNNL_INC" ] && [ -n "$DNNL_SO" ] && CMAKE_ARGS+=("-DDNNL_INCLUDE_DIR=$DNNL_INC" "-DDNNL_LIB=$DNNL_SO")
+log "onednn: header folder ${DNNL_INC:-not found}, library ${DNNL_SO:-not found}"
+# mgt_core links -lgomp and onednn.c includes omp.h: the compiler's own, not from a .deb.
+GOMP_SO=$("${CC:-cc}" -print-file-name=libgomp.so 2>/dev/null)
+case "$GOMP_SO" in
+/*) ;;
+*) log "warning: the C compiler (${CC:-cc}) has no libgomp.so: linking mgt_core (-lgomp) will fail" ;;
+esac
 case "$MISSING" in
 *cmocka*)
     CMAKE_ARGS+=(-DMGT_BUILD_TESTS=OFF)
@@ -240,13 +266,22 @@ case "$MISSING" in
     ;;
 esac
 log "dependencies: $DEPS_NOTE; still missing:${MISSING:- nothing}"
-export LD_LIBRARY_PATH="${LIBDIRS#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# No empty entry: one would put the current folder on the search path.
+LIBDIRS=${LIBDIRS#:}
+[ -n "$LIBDIRS" ] && export LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 GEN="Unix Makefiles"
 command -v ninja >/dev/null 2>&1 && GEN=Ninja
 CMAKE_ARGS+=(-G "$GEN")
-# A build folder made by another generator cannot be reused.
-if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=$GEN\$" "$BUILD/CMakeCache.txt"; then
-    rm -rf "$BUILD"
+# A build folder made by another generator cannot be reused, nor one configured against the
+# other copy of the packages (system or unpacked): pkg-config's answers stay in its cache.
+USED_DEBS=0 CACHED_DEBS=0
+case "$DEPS_NOTE" in unpacked*) USED_DEBS=1 ;; esac
+if [ -f "$BUILD/CMakeCache.txt" ]; then
+    grep -qF "$BUILD-deps/" "$BUILD/CMakeCache.txt" && CACHED_DEBS=1
+    if ! grep -q "^CMAKE_GENERATOR:INTERNAL=$GEN\$" "$BUILD/CMakeCache.txt" || [ "$USED_DEBS" != "$CACHED_DEBS" ]; then
+        log "starting $BUILD afresh (other generator or other packages)"
+        rm -rf "$BUILD"
+    fi
 fi
 
 # ---- build and run ----
@@ -324,6 +359,7 @@ cat >"$OUT/summary.json" <<EOF
   "cuda_root": "$(json_escape "$CUDA_ROOT")",
   "cudnn": {"header": "$(json_escape "$CUDNN_H")", "library": "$(json_escape "$CUDNN_SO")"},
   "cublas": "$(json_escape "$CUBLAS_SO")",
+  "onednn": {"include_dir": "$(json_escape "$DNNL_INC")", "library": "$(json_escape "$DNNL_SO")"},
   "nccl": "$(json_escape "$NCCL_SO")",
   "dependencies": "$(json_escape "$DEPS_NOTE")",
   "missing": "$(json_escape "${MISSING# }")",

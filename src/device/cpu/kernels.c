@@ -963,41 +963,60 @@ typedef struct plane_job {
 } plane_job;
 
 /* sum of (x - mean)^2 in double, eight lanes */
-static double sum_sq_dev(const float *x, size_t n, double mean)
+/* Sums of d = x - shift and of d^2, in double over eight lanes, in one pass. */
+static void sum_shifted(const float *x, size_t n, double shift, double *s1, double *s2)
 {
-    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0, m = vdup_d2(mean);
+    vd2 z = vdup_d2(0.0), k = vdup_d2(shift);
+    vd2 a0 = z, a1 = z, a2 = z, a3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
     size_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        vd2 d0 = vld_d2(x + j) - m, d1 = vld_d2(x + j + 2) - m;
-        vd2 d2 = vld_d2(x + j + 4) - m, d3 = vld_d2(x + j + 6) - m;
-        a0 += d0 * d0;
-        a1 += d1 * d1;
-        a2 += d2 * d2;
-        a3 += d3 * d3;
+        vd2 d0 = vld_d2(x + j) - k, d1 = vld_d2(x + j + 2) - k;
+        vd2 d2 = vld_d2(x + j + 4) - k, d3 = vld_d2(x + j + 6) - k;
+        a0 += d0;
+        a1 += d1;
+        a2 += d2;
+        a3 += d3;
+        q0 += d0 * d0;
+        q1 += d1 * d1;
+        q2 += d2 * d2;
+        q3 += d3 * d3;
     }
-    double s = 0;
+    double t1 = 0, t2 = 0;
     for (; j < n; j++) {
-        double d = x[j] - mean;
-        s += d * d;
+        double d = x[j] - shift;
+        t1 += d;
+        t2 += d * d;
     }
-    return hsum_d2x4(a0, a1, a2, a3) + s;
+    *s1 += hsum_d2x4(a0, a1, a2, a3) + t1;
+    *s2 += hsum_d2x4(q0, q1, q2, q3) + t2;
 }
 
-/* sum of dy * (x - mean) in double, eight lanes */
-static double sum_prod_dev(const float *dy, const float *x, size_t n, double mean)
+/* Sums of dy and of dy * (x - mean), in double over eight lanes, in one pass. */
+static void sum_dy_prod(const float *dy, const float *x, size_t n, double mean, double *sdy,
+                        double *sdyx)
 {
-    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0, m = vdup_d2(mean);
+    vd2 z = vdup_d2(0.0), m = vdup_d2(mean);
+    vd2 a0 = z, a1 = z, a2 = z, a3 = z, p0 = z, p1 = z, p2 = z, p3 = z;
     size_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        a0 += vld_d2(dy + j) * (vld_d2(x + j) - m);
-        a1 += vld_d2(dy + j + 2) * (vld_d2(x + j + 2) - m);
-        a2 += vld_d2(dy + j + 4) * (vld_d2(x + j + 4) - m);
-        a3 += vld_d2(dy + j + 6) * (vld_d2(x + j + 6) - m);
+        vd2 g0 = vld_d2(dy + j), g1 = vld_d2(dy + j + 2);
+        vd2 g2 = vld_d2(dy + j + 4), g3 = vld_d2(dy + j + 6);
+        a0 += g0;
+        a1 += g1;
+        a2 += g2;
+        a3 += g3;
+        p0 += g0 * (vld_d2(x + j) - m);
+        p1 += g1 * (vld_d2(x + j + 2) - m);
+        p2 += g2 * (vld_d2(x + j + 4) - m);
+        p3 += g3 * (vld_d2(x + j + 6) - m);
     }
-    double s = 0;
-    for (; j < n; j++)
-        s += dy[j] * (x[j] - mean);
-    return hsum_d2x4(a0, a1, a2, a3) + s;
+    double t1 = 0, t2 = 0;
+    for (; j < n; j++) {
+        t1 += dy[j];
+        t2 += dy[j] * (x[j] - mean);
+    }
+    *sdy += hsum_d2x4(a0, a1, a2, a3) + t1;
+    *sdyx += hsum_d2x4(p0, p1, p2, p3) + t2;
 }
 
 static void bn_train_item(void *c, int ch, int t)
@@ -1009,13 +1028,16 @@ static void bn_train_item(void *c, int ch, int t)
     const float *x = b->x + (size_t)ch * hw;
     float *y = b->y + (size_t)ch * hw;
     size_t count = (size_t)b->sh.n * hw;
-    double s = 0;
+    /* One pass over shifted data: with the channel's first value as the shift, s1 and s2 stay
+       of the order of the spread, not of the mean, so s2 - s1^2/count loses little to
+       cancellation even where the mean is many spreads from zero. */
+    double first = x[0], s1 = 0, s2 = 0;
     for (int ni = 0; ni < b->sh.n; ni++)
-        s += sum_f(x + ni * stride, hw);
-    double mean = s / (double)count;
-    double ss = 0;
-    for (int ni = 0; ni < b->sh.n; ni++)
-        ss += sum_sq_dev(x + ni * stride, hw, mean);
+        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+    double mean = first + s1 / (double)count;
+    double ss = s2 - s1 * s1 / (double)count;
+    if (ss < 0)
+        ss = 0;
     double var = ss / (double)count;
     double invstd = 1.0 / sqrt(var + (double)b->sh.eps);
     b->save_mean[ch] = (float)mean;
@@ -1055,10 +1077,8 @@ static void bn_bwd_item(void *c, int ch, int t)
     double count = (double)b->sh.n * (double)hw;
     double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
     double sdy = 0, sdyx = 0;
-    for (int ni = 0; ni < b->sh.n; ni++) {
-        sdy += sum_f(b->dy + off + ni * stride, hw);
-        sdyx += sum_prod_dev(b->dy + off + ni * stride, b->x + off + ni * stride, hw, mean);
-    }
+    for (int ni = 0; ni < b->sh.n; ni++)
+        sum_dy_prod(b->dy + off + ni * stride, b->x + off + ni * stride, hw, mean, &sdy, &sdyx);
     double sdyxhat = sdyx * invstd;
     b->dgamma[ch] += (float)sdyxhat;
     b->dbeta[ch] += (float)sdy;

@@ -280,11 +280,11 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     strides[1] = sh->stride_w;
     pad_l[0] = sh->pad_h;
     pad_l[1] = sh->pad_w;
-    /* oneDNN wants the right padding that makes the output size exact (PyTorch floors) */
+    /* oneDNN wants the right padding that makes the output size exact: PyTorch's floor
+       leaves input columns unread, which is a negative right padding (-1 for a 1x1 stride-2
+       projection of an even size) */
     pad_r[0] = (int64_t)(pp - 1) * sh->stride_h + sh->r - sh->h - sh->pad_h;
     pad_r[1] = (int64_t)(qq - 1) * sh->stride_w + sh->s - sh->w - sh->pad_w;
-    if (pad_r[0] < 0 || pad_r[1] < 0)
-        return dnnl_unimplemented;
 
     p->mb = mb;
     dnnl_memory_desc_t x_any, w_any, y_any, x_u, w_u, y_u;
