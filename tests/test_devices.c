@@ -51,6 +51,8 @@ static void assert_defaults_except(const mgt_mock_options *o, const char *which)
         assert_int_equal(o->fault_kind, MGT_FAULT_NONE);
     if (!strstr(which, "delay"))
         assert_int_equal(o->delay_us, 0);
+    if (!strstr(which, "conv"))
+        assert_false(o->conv_im2col);
 }
 
 static void test_options_accepted(void **state)
@@ -105,6 +107,11 @@ static void test_options_accepted(void **state)
     o = parsed("seed=42");
     assert_int_equal(o.seed, 42);
     assert_defaults_except(&o, "seed");
+    o = parsed("conv=im2col");
+    assert_true(o.conv_im2col);
+    assert_defaults_except(&o, "conv");
+    o = parsed("conv=onednn");
+    assert_defaults_except(&o, "");
 
     o = parsed("threads=2;mem=1M;peers=none;fault=kernel@1:5;delay=100;seed=9");
     assert_int_equal(o.threads_per_device, 2);
@@ -143,6 +150,7 @@ static void test_options_rejected(void **state)
         {"delay=-5", "delay=-5"},
         {"delay=abc", "delay=abc"},
         {"seed=x", "seed=x"},
+        {"conv=fft", "conv=fft"},
         {"bogus=1", "bogus=1"},
         {"threads=2;bogus=1", "bogus=1"},
         {"mem=1M;peers=0-1;fault=alloc@1:x", "fault=alloc@1:x"},
@@ -177,6 +185,58 @@ static void test_peer_matrix(void **state)
                     fail_msg("%s: can_access_peer(%d, %d) is %d, expected %d", specs[m], i, j,
                              !want, want);
             }
+        mgt_devset_free(set);
+    }
+}
+
+/* --no-p2p: every pair staged whatever the backend allows, copies still arrive whole, and the
+   copy rate is measured either way; with the link model a direct pair is never faster than
+   the link. */
+static void test_no_p2p_and_copy_rate(void **state)
+{
+    (void)state;
+    mgt_mock_options mo;
+    assert_int_equal(mgt_mock_options_parse(&mo, "threads=1;peers=all;link=1GB/s,0us"), MGT_OK);
+    int ids[] = {0, 1, 2};
+    for (int staged = 0; staged < 2; staged++) {
+        mgt_devset_options o = {.mock = &mo, .no_p2p = staged == 1};
+        mgt_devset *set = NULL;
+        CHECK(mgt_devset_open_with(MGT_DEVICE_MOCK, ids, 3, &o, &set));
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++)
+                if (i != j && mgt_devset_can_access_peer(set, i, j) != !staged)
+                    fail_msg("no_p2p %d: can_access_peer(%d, %d) is %d", staged, i, j,
+                             !staged ? 0 : 1);
+        size_t n = (1u << 20) + 7;
+        mgt_buffer *a = NULL, *b = NULL;
+        mgt_stream *sa = NULL, *sb = NULL;
+        CHECK(mgt_buffer_alloc(mgt_devset_device(set, 0), n, &a));
+        CHECK(mgt_buffer_alloc(mgt_devset_device(set, 2), n, &b));
+        CHECK(mgt_stream_create(mgt_devset_device(set, 0), &sa));
+        CHECK(mgt_stream_create(mgt_devset_device(set, 2), &sb));
+        unsigned char *want = malloc(n), *got = malloc(n);
+        assert_non_null(want);
+        assert_non_null(got);
+        for (size_t k = 0; k < n; k++)
+            want[k] = (unsigned char)(k * 7 + 3);
+        CHECK(mgt_copy_h2d(sa, mgt_buffer_ptr(a), want, n));
+        CHECK(mgt_copy_peer(sb, mgt_buffer_ptr(b), sa, mgt_buffer_ptr(a), n));
+        CHECK(mgt_copy_d2h(sb, got, mgt_buffer_ptr(b), n));
+        CHECK(mgt_stream_synchronize(sb, NULL));
+        assert_memory_equal(want, got, n);
+        double rate = 0;
+        CHECK(mgt_devset_copy_rate(set, 1, 0, 4u << 20, 2, &rate));
+        if (!(rate > 0) || (!staged && rate > 1.05e9))
+            fail_msg("no_p2p %d: copy rate %.3g B/s (a 1 GB/s link: > 0, and at most the "
+                     "link's rate when direct)", staged, rate);
+        mgt_error_clear();
+        assert_int_equal(mgt_devset_copy_rate(set, 1, 1, 4096, 1, &rate), MGT_ERR_INVALID);
+        free(want);
+        free(got);
+        mgt_stream_free(sa);
+        mgt_stream_free(sb);
+        mgt_buffer_free(a);
+        mgt_buffer_free(b);
         mgt_devset_free(set);
     }
 }
@@ -574,6 +634,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_options_rejected),
         cmocka_unit_test(test_peer_matrix),
         cmocka_unit_test(test_peer_copies),
+        cmocka_unit_test(test_no_p2p_and_copy_rate),
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_workspace_over_limit),
         cmocka_unit_test(test_fault_alloc),

@@ -83,12 +83,24 @@ mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec);
 
 /* ---- devices ---- */
 
+/* Switches of a device set that hold for every backend (the command-line flags of the same
+   names); a zeroed struct is the default. */
+typedef struct mgt_devset_options {
+    const mgt_mock_options *mock; /* mock devices: NULL for the defaults (or MGT_MOCK) */
+    bool no_p2p;        /* every peer copy staged through pinned host memory */
+    bool tf32;          /* CUDA: cuBLAS and cuDNN may use TF32 (mock devices: no effect) */
+    bool deterministic; /* CUDA: only deterministic cuDNN algorithms (mock devices always are) */
+} mgt_devset_options;
+
 /* Opens n devices of a kind. ids name physical devices and may repeat for CUDA (several
    replicas on one GPU); mock ids are 0..n-1 in any order. `mock` may be NULL (defaults,
    overridden by the MGT_MOCK environment variable when set). MGT_DEVICE_AUTO opens CUDA
    devices when the build has CUDA and a GPU answers, mock devices otherwise. */
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
                            const mgt_mock_options *mock, mgt_devset **out);
+/* The same with the backend-independent switches (opts may be NULL: all off). */
+mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
+                                const mgt_devset_options *opts, mgt_devset **out);
 /* Waits for all work, then frees every device, stream and event of the set. NULL is a no-op. */
 void mgt_devset_free(mgt_devset *set);
 int mgt_devset_count(const mgt_devset *set);
@@ -96,6 +108,11 @@ mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
 /* Whether a copy from device i to device j goes directly (else through pinned host memory). */
 bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j);
+/* Measures the rate of mgt_copy_peer from device i to device j (i != j), direct or staged as
+   the pair goes: the best of `reps` timed copies of `bytes` after one untimed, in bytes per
+   second of device time. Allocates two buffers and two streams for the measurement. */
+mgt_status mgt_devset_copy_rate(mgt_devset *set, int i, int j, size_t bytes, int reps,
+                                double *bytes_per_s);
 
 /* How many devices of this kind the machine has (0 when the build or driver has none). */
 int mgt_device_kind_count(mgt_device_kind kind);

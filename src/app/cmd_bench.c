@@ -17,22 +17,24 @@
 typedef struct bench_devices {
     mgt_device_kind kind;
     const char *mock;
+    mgt_devset_options sw;
     int ids[MGT_MAX_DEVICES];
     int n;
 } bench_devices;
 
 /* --device/--gpus resolved once, so that every device count opens a prefix of one list. */
 static mgt_status resolve_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                  bench_devices *out)
+                                  const mgt_devset_options *sw, bench_devices *out)
 {
     out->kind = kind;
     out->mock = mock;
+    out->sw = *sw;
     return mgt_app_resolve_devices(&out->kind, gpus, out->ids, &out->n);
 }
 
 static mgt_status open_prefix(const bench_devices *bd, int n, mgt_devset **set)
 {
-    return mgt_app_open_ids(bd->kind, bd->ids, n, bd->mock, set);
+    return mgt_app_open_ids(bd->kind, bd->ids, n, bd->mock, &bd->sw, set);
 }
 
 /* 1, 2, 4, ... below n, then n */
@@ -52,9 +54,10 @@ static void bench_usage(FILE *f)
 "                     [-b PER_DEVICE_BATCH] [--dummy | --data DIR] [--steps S] [--warmup W]\n"
 "                     [--image-size S] [--in-channels C] [--classes K] [--allreduce tree|ring]\n"
 "                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
+"                     [--no-p2p] [--tf32] [--deterministic]\n"
 "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
 "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
-"                     [--json FILE] [--plot FILE.svg]\n"
+"                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
 "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
 "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
 "at the same per-device batch, with each device's step broken down.\n");
@@ -82,8 +85,9 @@ int mgt_app_cmd_bench(int argc, char **argv)
         {"bucket-mb", required_argument, NULL, B_BUCKET},
         {"workers", required_argument, NULL, 'j'},     {"json", required_argument, NULL, B_JSON},
         {"plot", required_argument, NULL, B_PLOT},     {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        MGT_APP_SWITCH_LONGOPTS,                       {NULL, 0, NULL, 0},
     };
+    mgt_devset_options sw = {0};
     mgt_train_config c;
     mgt_train_config_defaults(&c);
     c.dummy = true;
@@ -149,6 +153,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
             ok = false;
             break;
         default:
+            if (mgt_app_device_switch(opt, &sw))
+                break;
             fprintf(stderr, "mgtrain bench: unknown option '%s'\n", argv[optind - 1]);
             ok = false;
         }
@@ -160,7 +166,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
         return 2;
     }
     bench_devices bd;
-    if (resolve_devices(kind, gpus, mock, &bd) != MGT_OK) {
+    if (resolve_devices(kind, gpus, mock, &sw, &bd) != MGT_OK) {
         fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
         return 2;
     }
@@ -358,8 +364,10 @@ static int bench_allreduce(int argc, char **argv)
         {"mock", required_argument, NULL, B_MOCK},     {"algo", required_argument, NULL, B_ALGO},
         {"min-bytes", required_argument, NULL, B_MIN}, {"max-bytes", required_argument, NULL, B_MAX},
         {"json", required_argument, NULL, B_JSON},     {"plot", required_argument, NULL, B_PLOT},
-        {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},              MGT_APP_SWITCH_LONGOPTS,
+        {NULL, 0, NULL, 0},
     };
+    mgt_devset_options sw = {0};
     const char *gpus = NULL, *mock = NULL, *json = NULL, *plot = NULL, *algo = "both";
     size_t lo = 4096, hi = 256u << 20;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
@@ -390,6 +398,8 @@ static int bench_allreduce(int argc, char **argv)
         case B_PLOT: plot = optarg; break;
         case 'h': bench_usage(stdout); return 0;
         default:
+            if (mgt_app_device_switch(opt, &sw))
+                break;
             fprintf(stderr, "mgtrain bench allreduce: unknown or incomplete option '%s'\n",
                     argv[optind - 1]);
             ok = false;
@@ -403,7 +413,8 @@ static int bench_allreduce(int argc, char **argv)
     }
     bench_devices bd;
     mgt_devset *set = NULL;
-    if (resolve_devices(kind, gpus, mock, &bd) != MGT_OK || open_prefix(&bd, bd.n, &set) != MGT_OK) {
+    if (resolve_devices(kind, gpus, mock, &sw, &bd) != MGT_OK ||
+        open_prefix(&bd, bd.n, &set) != MGT_OK) {
         fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
         return 1;
     }

@@ -79,34 +79,51 @@ mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int 
     return MGT_OK;
 }
 
-mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
-                            mgt_devset **out)
+bool mgt_app_device_switch(int c, mgt_devset_options *sw)
 {
-    mgt_mock_options opts, *optp = NULL;
+    switch (c) {
+    case MGT_APP_OPT_NO_P2P: sw->no_p2p = true; return true;
+    case MGT_APP_OPT_TF32: sw->tf32 = true; return true;
+    case MGT_APP_OPT_DETERMINISTIC: sw->deterministic = true; return true;
+    default: return false;
+    }
+}
+
+mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
+                            const mgt_devset_options *sw, mgt_devset **out)
+{
+    mgt_devset_options o = sw ? *sw : (mgt_devset_options){0};
+    mgt_mock_options opts;
+    o.mock = NULL;
     if (kind == MGT_DEVICE_MOCK && mock) {
         mgt_status st = mgt_mock_options_parse(&opts, mock);
         if (st != MGT_OK)
             return mgt_error_set(st, "--mock: %s", mgt_error_last());
-        optp = &opts;
+        o.mock = &opts;
     }
-    return mgt_devset_open(kind, ids, n, optp, out);
+    return mgt_devset_open_with(kind, ids, n, &o, out);
 }
 
 mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                mgt_devset **out)
+                                const mgt_devset_options *sw, mgt_devset **out)
 {
     int ids[MGT_MAX_DEVICES], n;
     mgt_status st = mgt_app_resolve_devices(&kind, gpus, ids, &n);
-    return st != MGT_OK ? st : mgt_app_open_ids(kind, ids, n, mock, out);
+    return st != MGT_OK ? st : mgt_app_open_ids(kind, ids, n, mock, sw, out);
 }
 
 static void devices_usage(FILE *f)
 {
     fprintf(f,
             "usage: mgtrain devices [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC]\n"
-            "  --device   which devices to list (auto: CUDA where present, else CPU mock)\n"
-            "  --gpus     device ids, e.g. 0,1,2,3 (ids may repeat)\n"
-            "  --mock     mock-device options, e.g. 'threads=1;mem=2G;peers=0-1' (see README)\n");
+            "                       [--no-p2p] [--no-bandwidth] [--copy-mb N]\n"
+            "  --device               which devices to list (auto: CUDA where present, else\n"
+            "                         CPU mock)\n"
+            "  --gpus                 device ids, e.g. 0,1,2,3 (ids may repeat)\n"
+            "  --mock                 mock-device options, e.g. 'threads=1;mem=2G;peers=0-1'\n"
+            "                         (see README)\n"
+            "  --no-bandwidth         skip measuring the copy rate of every pair\n"
+            "  --copy-mb N            bytes per timed copy, in MiB (64)\n" MGT_APP_SWITCH_USAGE);
 }
 
 int mgt_app_cmd_devices(int argc, char **argv)
@@ -115,11 +132,17 @@ int mgt_app_cmd_devices(int argc, char **argv)
         {"device", required_argument, NULL, 'd'},
         {"gpus", required_argument, NULL, 'g'},
         {"mock", required_argument, NULL, 'm'},
+        {"no-bandwidth", no_argument, NULL, 'B'},
+        {"copy-mb", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
+        MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
     const char *gpus = NULL, *mock = NULL;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
+    mgt_devset_options sw = {0};
+    bool bandwidth = true;
+    long copy_mb = 64;
     int c;
     optind = 1;
     opterr = 0;
@@ -133,8 +156,15 @@ int mgt_app_cmd_devices(int argc, char **argv)
             break;
         case 'g': gpus = optarg; break;
         case 'm': mock = optarg; break;
+        case 'B': bandwidth = false; break;
+        case 'C':
+            if (!mgt_app_flag_int("--copy-mb", optarg, 1, 4096, &copy_mb))
+                return 2;
+            break;
         case 'h': devices_usage(stdout); return 0;
         default:
+            if (mgt_app_device_switch(c, &sw))
+                break;
             fprintf(stderr, "mgtrain devices: unknown or incomplete option '%s'\n",
                     argv[optind - 1]);
             devices_usage(stderr);
@@ -150,7 +180,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
     if (cuda > 0)
         printf("CUDA devices: %d\n", cuda);
     mgt_devset *set;
-    if (mgt_app_open_devices(kind, gpus, mock, &set) != MGT_OK) {
+    if (mgt_app_open_devices(kind, gpus, mock, &sw, &set) != MGT_OK) {
         fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
         return 1;
     }
@@ -165,8 +195,11 @@ int mgt_app_cmd_devices(int argc, char **argv)
         printf("  %-6d %-5d %-48s %8.1f GiB\n", i, mgt_device_id(d), mgt_device_name(d),
                (double)total / (1024.0 * 1024.0 * 1024.0));
     }
-    printf("peer access (row copies to column; P = direct peer copy, H = staged through pinned "
-           "host memory):\n      ");
+    /* P: direct (on CUDA: reported by the driver and verified by copying a pattern both
+       ways at start), H: staged */
+    printf("peer access (row copies to column; P = direct peer copy, verified at start, H = "
+           "staged through pinned host memory%s):\n      ",
+           sw.no_p2p ? "; --no-p2p stages every pair" : "");
     for (int j = 0; j < n; j++)
         printf(" %3d", j);
     printf("\n");
@@ -176,6 +209,35 @@ int mgt_app_cmd_devices(int argc, char **argv)
             printf(" %3s", i == j ? "-" : mgt_devset_can_access_peer(set, i, j) ? "P" : "H");
         printf("\n");
     }
+    int rc = 0;
+    if (bandwidth && n > 1) {
+        size_t bytes = (size_t)copy_mb << 20;
+        printf("copy rate, GB/s (row copies to column; best of 3 copies of %ld MiB):\n      ",
+               copy_mb);
+        for (int j = 0; j < n; j++)
+            printf(" %7d", j);
+        printf("\n");
+        for (int i = 0; i < n && rc == 0; i++) {
+            printf("  %3d ", i);
+            for (int j = 0; j < n; j++) {
+                double rate = 0;
+                if (i == j) {
+                    printf(" %7s", "-");
+                } else if (mgt_devset_copy_rate(set, i, j, bytes, 3, &rate) != MGT_OK) {
+                    printf("\n");
+                    fprintf(stderr, "mgtrain devices: copy %d -> %d: %s\n", i, j,
+                            mgt_error_last());
+                    rc = 1;
+                    break;
+                } else {
+                    printf(" %7.1f", rate / 1e9);
+                }
+            }
+            if (rc == 0)
+                printf("\n");
+            fflush(stdout);
+        }
+    }
     mgt_devset_free(set);
-    return 0;
+    return rc;
 }

@@ -63,6 +63,7 @@ static void train_usage(FILE *f)
 "  --mock SPEC            mock-device options (see README)\n"
 "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
 "  --allreduce tree|ring  the all-reduce algorithm (tree)\n"
+MGT_APP_SWITCH_USAGE
 "run\n"
 "  -p, --print-freq N     progress line every N steps (10)\n"
 "  -e, --evaluate         validate once and stop\n"
@@ -152,6 +153,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
         {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
+        MGT_APP_SWITCH_LONGOPTS,
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
@@ -168,6 +170,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     mgt_train_config_defaults(&c);
     const char *gpus = NULL, *mock = NULL;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
+    mgt_devset_options sw = {0};
     long v;
     double x;
     bool ok = true;
@@ -286,6 +289,8 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = false;
             break;
         default:
+            if (mgt_app_device_switch(opt, &sw))
+                break;
             fprintf(stderr, "mgtrain: unknown option '%s' (see mgtrain train --help)\n",
                     argv[optind - 1]);
             ok = false;
@@ -314,7 +319,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     c.lr.epochs = c.epochs;
     c.stop = &stop_requested;
     mgt_devset *set;
-    if (mgt_app_open_devices(kind, gpus, mock, &set) != MGT_OK) {
+    if (mgt_app_open_devices(kind, gpus, mock, &sw, &set) != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
         return 1;
     }

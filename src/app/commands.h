@@ -28,13 +28,28 @@ mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind);
    notice), ids[*n] checked against the machine. An empty gpus list means every CUDA device,
    or one mock device per core (at most 8) where there is none. */
 mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int *ids, int *n);
-/* Opens resolved devices, with the --mock options (NULL: MGT_MOCK or the defaults). */
+/* --no-p2p, --tf32 and --deterministic, which every command that opens devices takes: their
+   getopt codes (above any command's own), the entries for its long-option table, the lines
+   for its usage text, and the handler that sets the switch code c names (false: not one). */
+enum { MGT_APP_OPT_NO_P2P = 0x1000, MGT_APP_OPT_TF32, MGT_APP_OPT_DETERMINISTIC };
+#define MGT_APP_SWITCH_LONGOPTS                                                               \
+    {"no-p2p", no_argument, NULL, MGT_APP_OPT_NO_P2P},                                        \
+        {"tf32", no_argument, NULL, MGT_APP_OPT_TF32},                                        \
+        {"deterministic", no_argument, NULL, MGT_APP_OPT_DETERMINISTIC}
+#define MGT_APP_SWITCH_USAGE                                                                  \
+    "  --no-p2p               stage every peer copy through pinned host memory\n"            \
+    "  --tf32                 CUDA: cuBLAS and cuDNN may use TF32 (default: exact FP32)\n"   \
+    "  --deterministic        CUDA: only deterministic cuDNN algorithms\n"
+bool mgt_app_device_switch(int c, mgt_devset_options *sw);
+
+/* Opens resolved devices, with the --mock options (NULL: MGT_MOCK or the defaults) and the
+   switches of sw (NULL: none; its mock field is not read). */
 mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
-                            mgt_devset **out);
+                            const mgt_devset_options *sw, mgt_devset **out);
 /* Resolves and opens the devices the flags name, printing the one-line notice when AUTO falls back to
    mock devices. An empty gpus list means every CUDA device, or one mock device per core
    (at most 8) where there is none. */
 mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                mgt_devset **out);
+                                const mgt_devset_options *sw, mgt_devset **out);
 
 #endif

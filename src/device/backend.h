@@ -23,8 +23,9 @@ typedef struct mgt_backend_i {
     const char *name; /* "mock", "cuda" */
     /* how many devices of this kind the machine has; 0 when none can be used */
     int (*device_count)(void);
-    /* opens set->n devices: fills each device's name, total_mem and impl, set->impl */
-    mgt_status (*devset_open)(mgt_devset *set, const int *ids, const mgt_mock_options *mock);
+    /* opens set->n devices: fills each device's name, total_mem and impl, set->impl; opts->mock
+       is never NULL (the dispatch layer resolves MGT_MOCK and the defaults) */
+    mgt_status (*devset_open)(mgt_devset *set, const int *ids, const mgt_devset_options *opts);
     /* frees what devset_open made; streams and events are gone already */
     void (*devset_close)(mgt_devset *set);
     /* whether device i reaches device j directly (peer access verified where it matters) */
@@ -78,6 +79,7 @@ struct mgt_devset {
     mgt_device_kind kind;
     int n;
     mgt_device *devs; /* n of them */
+    bool no_p2p;      /* every pair staged, whatever the backend allows */
     void *impl;
     void *staging; /* the dispatch layer's pinned staging for peer-less pairs */
     /* every live stream, event and buffer of the set, so that mgt_devset_free can free what

@@ -132,7 +132,16 @@ static mgt_status staging_create(mgt_devset *set)
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
                            const mgt_mock_options *mock, mgt_devset **out)
 {
+    mgt_devset_options o = {.mock = mock};
+    return mgt_devset_open_with(kind, ids, n, &o, out);
+}
+
+mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
+                                const mgt_devset_options *opts, mgt_devset **out)
+{
     *out = NULL;
+    mgt_devset_options o = opts ? *opts : (mgt_devset_options){0};
+    const mgt_mock_options *mock = o.mock;
     if (n < 1 || n > MGT_MAX_DEVICES)
         return mgt_error_set(MGT_ERR_INVALID, "devices: %d devices asked for; 1 to %d can be used",
                              n, MGT_MAX_DEVICES);
@@ -152,6 +161,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
             return mgt_error_set(st, "MGT_MOCK: %s", mgt_error_last());
         mock = &env_opts;
     }
+    o.mock = mock;
     mgt_devset *set = calloc(1, sizeof *set);
     mgt_device *devs = calloc((size_t)n, sizeof *devs);
     if (!set || !devs) {
@@ -161,6 +171,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     }
     set->iface = iface;
     set->kind = kind;
+    set->no_p2p = o.no_p2p;
     pthread_mutex_init(&set->reg_lock, NULL);
     set->n = n;
     set->devs = devs;
@@ -170,7 +181,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
         devs[i].id = ids[i];
         atomic_init(&devs[i].used, 0);
     }
-    mgt_status st = iface->devset_open(set, ids, mock);
+    mgt_status st = iface->devset_open(set, ids, &o);
     if (st != MGT_OK) {
         pthread_mutex_destroy(&set->reg_lock);
         free(devs);
@@ -219,7 +230,58 @@ bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j)
 {
     if (i < 0 || j < 0 || i >= set->n || j >= set->n)
         return false;
-    return i == j || set->iface->can_access_peer(set, i, j);
+    return i == j || (!set->no_p2p && set->iface->can_access_peer(set, i, j));
+}
+
+mgt_status mgt_devset_copy_rate(mgt_devset *set, int i, int j, size_t bytes, int reps,
+                                double *bytes_per_s)
+{
+    *bytes_per_s = 0;
+    if (i < 0 || j < 0 || i >= set->n || j >= set->n || i == j || bytes == 0 || reps < 1)
+        return bad_arg("copy rate", "two distinct devices of the set, bytes > 0 and reps >= 1");
+    mgt_device *a = &set->devs[i], *b = &set->devs[j];
+    mgt_buffer *src = NULL, *dst = NULL;
+    mgt_stream *sa = NULL, *sb = NULL;
+    mgt_event *e0 = NULL, *e1 = NULL;
+    mgt_status st = mgt_buffer_alloc(a, bytes, &src);
+    if (st == MGT_OK)
+        st = mgt_buffer_alloc(b, bytes, &dst);
+    if (st == MGT_OK)
+        st = mgt_stream_create(a, &sa);
+    if (st == MGT_OK)
+        st = mgt_stream_create(b, &sb);
+    if (st == MGT_OK)
+        st = mgt_event_create(b, &e0);
+    if (st == MGT_OK)
+        st = mgt_event_create(b, &e1);
+    if (st == MGT_OK)
+        st = mgt_memset(sa, mgt_buffer_ptr(src), 0, bytes);
+    /* one untimed copy: first-touch page faults, peer mappings, staging warm-up */
+    if (st == MGT_OK)
+        st = mgt_copy_peer(sb, mgt_buffer_ptr(dst), sa, mgt_buffer_ptr(src), bytes);
+    double best = 0;
+    for (int r = 0; r < reps && st == MGT_OK; r++) {
+        float ms = 0;
+        st = mgt_event_record(e0, sb);
+        if (st == MGT_OK)
+            st = mgt_copy_peer(sb, mgt_buffer_ptr(dst), sa, mgt_buffer_ptr(src), bytes);
+        if (st == MGT_OK)
+            st = mgt_event_record(e1, sb);
+        if (st == MGT_OK)
+            st = mgt_event_synchronize(e1, NULL);
+        if (st == MGT_OK)
+            st = mgt_event_elapsed_ms(e0, e1, &ms);
+        if (st == MGT_OK && ms > 0 && (double)bytes / (ms * 1e-3) > best)
+            best = (double)bytes / (ms * 1e-3);
+    }
+    mgt_event_free(e1);
+    mgt_event_free(e0);
+    mgt_stream_free(sb);
+    mgt_stream_free(sa);
+    mgt_buffer_free(dst);
+    mgt_buffer_free(src);
+    *bytes_per_s = best;
+    return st;
 }
 
 int mgt_device_index(const mgt_device *d) { return d->index; }

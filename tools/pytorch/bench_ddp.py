@@ -65,9 +65,12 @@ def worker(rank, a, init_file, queue):
         t = torch.tensor([elapsed], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         elapsed = float(t)
-        dist.destroy_process_group()
+    # the result goes out before the process group is torn down: gloo's teardown can hang
+    # when the other rank has already left, and the parent must not wait on it
     if rank == 0:
         queue.put(elapsed)
+    if a.world > 1:
+        dist.destroy_process_group()
 
 
 def main():
@@ -85,16 +88,32 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
 
+    import queue as queue_mod
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="mgt-ddp-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         if a.world == 1:
             worker(0, a, init_file, queue)
+            elapsed = queue.get()
         else:
-            mp.spawn(worker, args=(a, init_file, queue), nprocs=a.world, join=True)
-        elapsed = queue.get()
+            procs = mp.spawn(worker, args=(a, init_file, queue), nprocs=a.world, join=False)
+            elapsed = None
+            while elapsed is None:
+                try:
+                    elapsed = queue.get(timeout=1.0)
+                except queue_mod.Empty:
+                    # a rank that died makes the others wait forever: give up on it
+                    dead = [p.exitcode for p in procs.processes if p.exitcode not in (None, 0)]
+                    if dead:
+                        for p in procs.processes:
+                            p.kill()
+                        sys.exit("bench_ddp: a rank exited with status %d" % dead[0])
+            for p in procs.processes:
+                p.join(timeout=30)
+                if p.is_alive():  # stuck in teardown; its numbers are in
+                    p.kill()
     import torch
     out = {
         "tool": "pytorch-ddp" if a.world > 1 else "pytorch", "torch": torch.__version__,

@@ -221,9 +221,17 @@ def part_scale(ctx, rows, summary):
     print("- %s: %d rounds of %d steps after %d warm-up" % (label, a.rounds, steps, warmup),
           flush=True)
 
+    torch_failed = []
+
     def torch_pair():
-        one, l1 = ctx.torch_ddp(1, 1, b, steps, warmup)
-        two, l2 = ctx.torch_ddp(2, 1, b, steps, warmup)
+        # PyTorch's side failing (gloo can hang or die on a busy machine) loses only its
+        # column: mgtrain's figures still count
+        try:
+            one, l1 = ctx.torch_ddp(1, 1, b, steps, warmup)
+            two, l2 = ctx.torch_ddp(2, 1, b, steps, warmup)
+        except (RunError, subprocess.TimeoutExpired) as e:
+            torch_failed.append(str(e).splitlines()[0])
+            return None, loadavg()
         return (one, two), max(l1, l2)
 
     try:
@@ -238,6 +246,19 @@ def part_scale(ctx, rows, summary):
     m1 = [r["results"][0]["images_per_s"] for r in m]
     m2 = [r["results"][-1]["images_per_s"] for r in m]
     me = [y / (2 * x) for x, y in zip(m1, m2)]
+    t = [r for r in t if r is not None]
+    if torch_failed:
+        print("  pytorch DDP failed in %d of %d rounds: %s" % (len(torch_failed), a.rounds,
+                                                               torch_failed[0]), flush=True)
+    if not t:
+        print("  mgtrain efficiency %s; no PyTorch DDP figures"
+              % " ".join("%.1f%%" % (100 * e) for e in me), flush=True)
+        rows.append({"section": "scale", "label": label, "mgtrain_1": m1, "mgtrain_2": m2,
+                     "mgtrain_eff": me, "pytorch_failed": torch_failed})
+        summary.append("%s: mgtrain 2 devices %.1f%% efficiency (1: %s, 2: %s img/s), "
+                       "pytorch DDP failed" % (label, 100 * med(me), fmt(med(m1)),
+                                               fmt(med(m2))))
+        return
     t1 = [one["images_per_s"] for one, _ in t]
     t2 = [two["images_per_s"] for _, two in t]
     te = [y / (2 * x) for x, y in zip(t1, t2)]

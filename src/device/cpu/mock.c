@@ -696,8 +696,10 @@ static void mock_unreserve(void *owner, size_t bytes) { mgt_device_unreserve(own
 
 static void mock_devset_close(mgt_devset *set);
 
-static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_mock_options *opt)
+static mgt_status mock_devset_open(mgt_devset *set, const int *ids,
+                                   const mgt_devset_options *opts)
 {
+    const mgt_mock_options *opt = opts->mock;
     mock_set *ms = calloc(1, sizeof *ms);
     if (!ms)
         return mgt_error_set(MGT_ERR_OOM, "mock: host memory exhausted");

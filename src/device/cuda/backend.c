@@ -52,9 +52,10 @@ static void unreserve_hook(void *owner, size_t bytes) { mgt_device_unreserve(own
 
 static int cuda_device_count(void) { return mgt_cuda_device_count(); }
 
-static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_mock_options *mock)
+static mgt_status cuda_devset_open(mgt_devset *set, const int *ids,
+                                   const mgt_devset_options *opts)
 {
-    (void)mock;
+    const mgt_cuda_flags flags = {opts->no_p2p, opts->tf32, opts->deterministic};
     static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook};
     void **owners = malloc((size_t)set->n * sizeof *owners);
     if (owners == NULL)
@@ -62,7 +63,7 @@ static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_mo
     for (int i = 0; i < set->n; i++)
         owners[i] = &set->devs[i];
     mgt_cuda_set *impl = NULL;
-    mgt_status st = mgt_cuda_set_open(ids, set->n, &hooks, owners, &impl);
+    mgt_status st = mgt_cuda_set_open(ids, set->n, &flags, &hooks, owners, &impl);
     free(owners);
     if (st != MGT_OK)
         return st;

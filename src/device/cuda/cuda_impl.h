@@ -5,6 +5,7 @@
 /* Plain C types only: the .cu files cannot include backend.h, op.h or mgt/device.h (they pull
    in <stdatomic.h>, which C++17 does not have), so shapes travel as the mirror structs below
    and handles as opaque pointers. status.h is plain C and safe on both sides. */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,11 +62,19 @@ enum { MGT_CUDA_CONV_FWD, MGT_CUDA_CONV_BWD_DATA, MGT_CUDA_CONV_BWD_FILTER };
 
 /* GPUs the runtime sees; 0 when there is no driver or no GPU (never fails). */
 int mgt_cuda_device_count(void);
+/* The switches of mgt_devset_options that reach the CUDA backend (--no-p2p, --tf32,
+   --deterministic); the environment variables MGT_NO_P2P, MGT_TF32 and MGT_DETERMINISTIC
+   turn them on as well. */
+typedef struct mgt_cuda_flags {
+    bool no_p2p, tf32, deterministic;
+} mgt_cuda_flags;
+
 /* Opens n replicas on the GPUs `ids` (repeats allowed); owners[i] is handed to the hooks for
    replica i. Reads MGT_NO_P2P, MGT_TF32, MGT_DETERMINISTIC, MGT_CUDA_SYNC and
    MGT_CUDNN_WORKSPACE_MB from the environment. Verifies peer access between distinct GPUs. */
-mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
-                             void *const *owners, mgt_cuda_set **out);
+mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
+                             const mgt_cuda_hooks *hooks, void *const *owners,
+                             mgt_cuda_set **out);
 /* Frees everything the set made (streams and events must be gone). NULL is a no-op. */
 void mgt_cuda_set_close(mgt_cuda_set *set);
 mgt_cuda_dev *mgt_cuda_set_dev(mgt_cuda_set *set, int i);

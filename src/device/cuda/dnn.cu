@@ -190,7 +190,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
                              "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this "
                              "shape within %zu MiB of workspace",
                              d->index, d->gpu, conv_name(dir),
-                             opt.deterministic ? "deterministic (MGT_DETERMINISTIC=1) " : "",
+                             opt.deterministic ? "deterministic (--deterministic) " : "",
                              ws_bytes >> 20);
     return MGT_OK;
 }

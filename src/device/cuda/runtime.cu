@@ -414,8 +414,8 @@ static void open_peers(mgt_cuda_set *set, int count)
     }
 }
 
-static mgt_status set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
-                           void *const *owners, mgt_cuda_set **out)
+static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
+                           const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -435,6 +435,9 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
     mgt_cuda_set *set = new mgt_cuda_set();
     set->n = n;
     set->opt = read_options();
+    set->opt.no_p2p = set->opt.no_p2p || flags->no_p2p;
+    set->opt.tf32 = set->opt.tf32 || flags->tf32;
+    set->opt.deterministic = set->opt.deterministic || flags->deterministic;
     set->devs = new mgt_cuda_dev *[(size_t)n]();
     set->peer.assign((size_t)n * n, 0);
     set->peer_gbps.assign((size_t)n * n, 0.0);
@@ -454,12 +457,13 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
     return MGT_OK;
 }
 
-mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_hooks *hooks,
+mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
+                             const mgt_cuda_hooks *hooks,
                              void *const *owners, mgt_cuda_set **out)
 {
     *out = NULL;
     try {
-        return set_open(ids, n, hooks, owners, out);
+        return set_open(ids, n, flags, hooks, owners, out);
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda: out of host memory opening %d device(s)", n);
     }
