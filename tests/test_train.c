@@ -1,7 +1,8 @@
 /* Tests of the multi-device trainer on mock devices: it learns a small image set, resume
    continues bit-identically (from an epoch end and from a stop mid-epoch), a failure on one
    device ends every thread with a message naming it, NaN losses and stalls are caught, and
-   bad flags are refused. */
+   bad flags are refused. Where a GPU exists, learning and resume also run on CUDA replicas
+   sharing it (ids 0,0,0,0); elsewhere those two say so and skip. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,9 +65,9 @@ static void base_config(mgt_train_config *c)
     c->out = mgt_test_quiet();
 }
 
-static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_result *res)
+/* Runs c on set and frees it; the run's error text survives the free. */
+static mgt_status train_on(mgt_train_config *c, mgt_devset *set, mgt_train_result *res)
 {
-    mgt_devset *set = mgt_test_open_mock(n, spec);
     c->lr.epochs = c->epochs;
     mgt_status st = mgt_train_run(c, set, res);
     char err[1024];
@@ -74,6 +75,27 @@ static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_
     mgt_devset_free(set);
     mgt_error_set(st, "%s", err);
     return st;
+}
+
+static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_result *res)
+{
+    return train_on(c, mgt_test_open_mock(n, spec), res);
+}
+
+/* n replicas on GPU 0, deterministic cuDNN algorithms (resume compares bits); skips the
+   running test where there is no GPU. */
+static mgt_devset *open_cuda_replicas(int n)
+{
+    if (mgt_device_kind_count(MGT_DEVICE_CUDA) == 0) {
+        print_message("no CUDA device (or no CUDA backend in this build): the trainer's CUDA "
+                      "runs are skipped\n");
+        skip();
+    }
+    int ids[MGT_MAX_DEVICES] = {0};
+    mgt_devset_options o = {.deterministic = true};
+    mgt_devset *set = NULL;
+    CHECK(mgt_devset_open_with(MGT_DEVICE_CUDA, ids, n, &o, &set));
+    return set;
 }
 
 static void ckpt_path(char *buf, size_t cap, const char *dir)
@@ -151,6 +173,47 @@ static void test_resume_is_bit_identical(void **state)
     assert_int_equal(res.epochs_done, 1);
     ckpt_path(a, sizeof a, "straight");
     ckpt_path(b, sizeof b, "split");
+    assert_same_checkpoints(a, b);
+}
+
+static void test_learns_on_cuda_replicas(void **state)
+{
+    (void)state;
+    mgt_devset *set = open_cuda_replicas(4);
+    mgt_train_config c;
+    base_config(&c);
+    c.epochs = 6;
+    c.augment = MGT_AUGMENT_NONE;
+    mgt_train_result res;
+    if (train_on(&c, set, &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_int_equal(res.epochs_done, 6);
+    assert_true(res.val_acc1 >= 75.0);
+}
+
+static void test_resume_is_bit_identical_on_cuda(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    char straight[400], split[400], a[512], b[512];
+    snprintf(straight, sizeof straight, "%s/cuda_straight", root);
+    snprintf(split, sizeof split, "%s/cuda_split", root);
+    base_config(&c);
+    c.checkpoint_dir = straight;
+    if (train_on(&c, open_cuda_replicas(2), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    base_config(&c);
+    c.epochs = 1;
+    c.checkpoint_dir = split;
+    assert_int_equal(train_on(&c, open_cuda_replicas(2), &res), MGT_OK);
+    base_config(&c);
+    c.checkpoint_dir = split;
+    c.resume = "auto";
+    if (train_on(&c, open_cuda_replicas(2), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    ckpt_path(a, sizeof a, "cuda_straight");
+    ckpt_path(b, sizeof b, "cuda_split");
     assert_same_checkpoints(a, b);
 }
 
@@ -384,6 +447,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learns_on_two_devices),
         cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_learns_on_cuda_replicas),
+        cmocka_unit_test(test_resume_is_bit_identical_on_cuda),
         cmocka_unit_test(test_stop_mid_epoch_then_resume),
         cmocka_unit_test(test_fault_on_one_device_ends_all),
         cmocka_unit_test(test_faults_in_every_phase),

@@ -1,7 +1,8 @@
 /* Measures GFLOP/s of the CPU fast path's gemm and convolutions per thread count. */
 
-/* The kernels run directly through mgt_cpu_run (no device streams); --ref also times the plain
-   reference for the convolutions. */
+/* The kernels run directly through mgt_cpu_run (no device streams). The convolutions run on
+   both paths of the fast kernels, oneDNN's direct kernels and mgtrain's im2col + gemm, side by
+   side; --ref also times the plain reference for them. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "mgt/thread.h"
 
 #define MAX_THREAD_COUNTS 8
+#define MAX_RESULTS (2 * MAX_THREAD_COUNTS + 1)
 #define MAX_REPEATS 1000
 
 typedef struct bench_case {
@@ -23,6 +25,7 @@ typedef struct bench_case {
 
 typedef struct result {
     int threads; /* 0: the reference */
+    bool im2col; /* the im2col + gemm path rather than oneDNN's */
     double median_s, gflops;
     double cpu_s; /* process CPU time of the median-wall run's peers: all threads, spinning too */
 } result;
@@ -44,8 +47,9 @@ static void usage(FILE *f)
             "  --repeats N     timed runs per case after one warm-up; the median is shown "
             "(default 7)\n"
             "  --ref           also time the plain reference once per convolution pass\n"
-            "The speed column is wall-time speed relative to the first row of each kernel.\n"
-            "  --json FILE     write the results as JSON to FILE\n");
+            "  --json FILE     write the results as JSON to FILE\n"
+            "The speed column is wall-time speed relative to the first row of each kernel;\n"
+            "'i2c' rows are the convolutions on the im2col + gemm path instead of oneDNN.\n");
 }
 
 static float *rand_buf(size_t n, unsigned *seed)
@@ -110,7 +114,7 @@ static int time_fast(mgt_cpu_ctx *ctx, const mgt_op *op, int repeats, double *me
 }
 
 static int write_json(const char *path, const bench_case *cases, int ncases,
-                      result res[][MAX_THREAD_COUNTS + 1], const int *nres, int repeats)
+                      result res[][MAX_RESULTS], const int *nres, int repeats)
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
@@ -127,7 +131,8 @@ static int write_json(const char *path, const bench_case *cases, int ncases,
                     "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.3f, "
                     "\"cpu_ms\": %.4f}",
                     first ? "" : ",\n", cases[c].name, cases[c].shape,
-                    x->threads ? "cpu" : "reference", x->threads ? x->threads : 1,
+                    !x->threads ? "reference" : x->im2col ? "im2col" : "cpu",
+                    x->threads ? x->threads : 1,
                     x->median_s * 1e3, x->gflops, x->cpu_s * 1e3);
             first = false;
         }
@@ -217,7 +222,7 @@ int main(int argc, char **argv)
             goto done;
         }
 
-    result res[4][MAX_THREAD_COUNTS + 1];
+    result res[4][MAX_RESULTS];
     int nres[4] = {0};
     for (int t = 0; t < nthreads; t++) {
         if (mgt_cpu_ctx_init(&ctx, threads[t]) != MGT_OK) {
@@ -225,12 +230,17 @@ int main(int argc, char **argv)
             goto done;
         }
         have_ctx = true;
-        for (int i = 0; i < ncases; i++) {
-            double med, cpu;
-            if (time_fast(&ctx, &cases[i].op, repeats, &med, &cpu) != 0)
-                goto done;
-            res[i][nres[i]++] =
-                (result){threads[t], med, mgt_op_flops(&cases[i].op) / med * 1e-9, cpu};
+        for (int path = 0; path < 2; path++) {
+            ctx.conv_im2col = path == 1;
+            for (int i = 0; i < ncases; i++) {
+                double med, cpu;
+                if (path == 1 && !cases[i].conv)
+                    continue;
+                if (time_fast(&ctx, &cases[i].op, repeats, &med, &cpu) != 0)
+                    goto done;
+                res[i][nres[i]++] = (result){threads[t], path == 1, med,
+                                             mgt_op_flops(&cases[i].op) / med * 1e-9, cpu};
+            }
         }
         mgt_cpu_ctx_destroy(&ctx);
         have_ctx = false;
@@ -246,24 +256,24 @@ int main(int argc, char **argv)
             }
             double s = mgt_time_now() - t0;
             res[i][nres[i]++] =
-                (result){0, s, mgt_op_flops(&cases[i].op) / s * 1e-9, cpu_now() - c0};
+                (result){0, false, s, mgt_op_flops(&cases[i].op) / s * 1e-9, cpu_now() - c0};
         }
 
     printf("CPU kernels, median of %d runs after one warm-up (%d cores online)\n", repeats,
            mgt_cpu_count());
     printf("GFLOP/s from wall time; cpu ms is the process's CPU time per run (all threads), "
            "which a busy machine inflates less\n\n");
-    printf("%-23s %-28s %-9s %9s %8s %8s %7s\n", "kernel", "shape", "impl", "wall ms", "GFLOP/s",
+    printf("%-23s %-28s %-10s %9s %8s %8s %7s\n", "kernel", "shape", "impl", "wall ms", "GFLOP/s",
            "cpu ms", "speed");
     for (int i = 0; i < ncases; i++)
         for (int r = 0; r < nres[i]; r++) {
             const result *x0 = &res[i][0], *xr = &res[i][r];
             char impl[24];
             if (xr->threads)
-                snprintf(impl, sizeof impl, "%d thr", xr->threads);
+                snprintf(impl, sizeof impl, "%d thr%s", xr->threads, xr->im2col ? " i2c" : "");
             else
                 snprintf(impl, sizeof impl, "reference");
-            printf("%-23s %-28s %-9s %9.2f %8.2f %8.2f %6.2fx\n", r == 0 ? cases[i].name : "",
+            printf("%-23s %-28s %-10s %9.2f %8.2f %8.2f %6.2fx\n", r == 0 ? cases[i].name : "",
                    r == 0 ? cases[i].shape : "", impl, xr->median_s * 1e3, xr->gflops,
                    xr->cpu_s * 1e3, x0->median_s / xr->median_s);
         }
