@@ -170,6 +170,26 @@ int mgt_app_cmd_bench(int argc, char **argv)
         fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
         return 2;
     }
+    /* A mock device is a fixed share of the machine, as a GPU is: every row gives each device
+       the same compute threads (the cores over the largest count), or efficiency would
+       measure the cores a lone device borrows rather than the scaling. */
+    char spec[1024];
+    int mock_threads = 0;
+    if (bd.kind == MGT_DEVICE_MOCK) {
+        const char *given = bd.mock ? bd.mock : getenv("MGT_MOCK");
+        mgt_mock_options mo;
+        if (mgt_mock_options_parse(&mo, given) != MGT_OK) {
+            fprintf(stderr, "mgtrain bench: --mock: %s\n", mgt_error_last());
+            return 2;
+        }
+        mock_threads = mo.threads_per_device;
+        if (mock_threads == 0) {
+            mock_threads = mgt_cpu_count() / bd.n > 1 ? mgt_cpu_count() / bd.n : 1;
+            snprintf(spec, sizeof spec, "%s%sthreads=%d", given ? given : "",
+                     given && *given ? ";" : "", mock_threads);
+            bd.mock = spec;
+        }
+    }
     FILE *devnull = fopen("/dev/null", "w");
     c.out = devnull;
     c.dummy_steps = (int)(c.warmup_steps + steps);
@@ -183,12 +203,17 @@ int mgt_app_cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(root, "allreduce", c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree");
     cJSON_AddNumberToObject(root, "steps", (double)steps);
     cJSON_AddNumberToObject(root, "warmup", c.warmup_steps);
+    if (mock_threads > 0)
+        cJSON_AddNumberToObject(root, "mock_threads_per_device", mock_threads);
     cJSON_AddItemToObject(root, "results", results);
     double xs[16], ips[16], eff[16], base = 0;
     printf("mgtrain bench: %s, %ld images per device per step, %ld timed steps after %d "
            "warm-up, %s all-reduce, %s devices\n",
            c.arch, per_dev, steps, c.warmup_steps,
            c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree", mgt_device_kind_name(bd.kind));
+    if (mock_threads > 0)
+        printf("mock devices: %d compute thread%s each in every row (--mock threads=N to "
+               "choose)\n", mock_threads, mock_threads == 1 ? "" : "s");
     printf("%7s %10s %8s %10s %9s | %-9s %8s %8s %8s %8s %8s\n", "devices", "images/s", "speedup",
            "efficiency", "step ms", "device", "data", "forward", "backward", "reduce*",
            "optim");
