@@ -281,6 +281,63 @@ static void test_stop_mid_epoch_then_resume(void **state)
         assert_same_checkpoints(a, b);
 }
 
+/* A checkpoint taken mid-epoch on 2 devices resumes on 3 (a smaller global batch: more steps
+   per epoch) and on 1 with a larger one (fewer), going on from the same image of the epoch,
+   saying so, and finishing the run. */
+static void test_resume_on_other_device_counts(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    char dir[400], ck[512];
+    snprintf(dir, sizeof dir, "%s/recount", root);
+    ckpt_path(ck, sizeof ck, "recount");
+    static const struct {
+        int devices, batch;
+    } next[] = {{3, 16}, {1, 40}};
+    for (int k = 0; k < 2; k++) {
+        atomic_int stop = 1; /* stops after the steps begun at once, mid-epoch */
+        base_config(&c);
+        c.checkpoint_dir = dir;
+        c.stop = &stop;
+        assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+        assert_true(res.interrupted);
+        mgt_st_file *f;
+        assert_int_equal(mgt_st_open(ck, &f), MGT_OK);
+        long saved = strtol(mgt_st_metadata_get(f, "step"), NULL, 10);
+        mgt_st_close(f);
+        assert_true(saved > 0);
+
+        char out_path[512];
+        snprintf(out_path, sizeof out_path, "%s/recount-%d.txt", root, k);
+        FILE *out = fopen(out_path, "w+");
+        assert_non_null(out);
+        base_config(&c);
+        c.checkpoint_dir = dir;
+        c.resume = "auto";
+        c.batch_size = next[k].batch;
+        c.out = out;
+        if (train(&c, next[k].devices, "threads=1", &res) != MGT_OK)
+            fail_msg("resume on %d devices: %s", next[k].devices, mgt_error_last());
+        assert_false(res.interrupted);
+        assert_int_equal(res.epochs_done, c.epochs);
+        char text[8192];
+        rewind(out);
+        size_t got = fread(text, 1, sizeof text - 1, out);
+        text[got] = '\0';
+        fclose(out);
+        char want[128];
+        int batch = next[k].batch / next[k].devices * next[k].devices;
+        snprintf(want, sizeof want, "goes on from image %ld: step %ld of %d-image steps",
+                 saved * 16 / batch * batch, saved * 16 / batch, batch);
+        if (!strstr(text, "warning: the checkpoint was trained with a global batch of 16") ||
+            !strstr(text, want))
+            fail_msg("resume on %d devices: expected \"%s\" in:\n%s", next[k].devices, want,
+                     text);
+        mgt_test_remove_tree(dir);
+    }
+}
+
 static void test_fault_on_one_device_ends_all(void **state)
 {
     (void)state;
@@ -450,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_learns_on_cuda_replicas),
         cmocka_unit_test(test_resume_is_bit_identical_on_cuda),
         cmocka_unit_test(test_stop_mid_epoch_then_resume),
+        cmocka_unit_test(test_resume_on_other_device_counts),
         cmocka_unit_test(test_fault_on_one_device_ends_all),
         cmocka_unit_test(test_faults_in_every_phase),
         cmocka_unit_test(test_bad_image),

@@ -746,11 +746,22 @@ static mgt_status load_checkpoint(run *r, const char *path, int *epoch, long *st
     *step = meta_long(f, "step", 0);
     long old_batch = meta_long(f, "batch_size", 0), old_devices = meta_long(f, "devices", 0);
     int batch = r->per_dev_batch * r->n;
-    if (old_batch > 0 && old_batch != batch)
+    if (old_batch > 0 && old_batch != batch) {
         fprintf(r->out, "=> warning: the checkpoint was trained with a global batch of %ld "
-                        "(%ld devices), this run uses %d (%d devices): the schedule goes on as "
-                        "saved, by epoch and step\n",
+                        "(%ld devices), this run uses %d (%d devices)\n",
                 old_batch, old_devices, batch, r->n);
+        /* A global step takes the next `batch` images of the epoch's one permutation, whatever
+           the device count, so the epoch goes on from the same image: the saved step's
+           images, counted in this run's batches (an image of a cut batch is seen twice,
+           none is skipped). */
+        if (*step > 0) {
+            long images = *step * old_batch, now = images / batch;
+            fprintf(r->out, "=> the epoch goes on from image %ld: step %ld of %d-image steps "
+                            "(saved: step %ld of %ld)\n",
+                    now * batch, now, batch, *step, old_batch);
+            *step = now;
+        }
+    }
     const char *best = mgt_st_metadata_get(f, "best_acc1");
     if (best)
         r->best_acc1 = strtod(best, NULL);
@@ -1225,6 +1236,10 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
                     start_epoch = ep;
                 else
                     start_step = 0;
+                if (start_step >= r->steps_per_epoch) { /* the epoch's images are all seen */
+                    start_epoch++;
+                    start_step = 0;
+                }
                 fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n",
                         path, start_epoch, start_step, r->best_acc1);
             }
