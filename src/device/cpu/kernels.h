@@ -41,8 +41,8 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx);
 /* Runs one checked op on host memory with the ctx's pool: gemm through oneDNN's sgemm,
    convolutions through oneDNN's blocked direct kernels (im2col/col2im + gemm where oneDNN has
    none, or where ctx->conv_im2col asks for it), depthwise ones as direct loops, the rest as
-   parallel loops. Returns
-   MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label out of range. */
+   parallel loops. Returns MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label
+   out of range (or a oneDNN failure). */
 mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
 
 #endif

@@ -54,6 +54,7 @@ struct mgt_onednn_plan {
     int chunk, chunks, parts;
     prim full, last; /* last.mb == 0 when chunks divide the batch */
     size_t per_thread, shared, dw_n, part_stride;
+    size_t off_b, off_o, off_w, off_sp; /* a thread's buffers after its a buffer, in floats */
     mgt_onednn_plan *next;
 };
 
@@ -182,26 +183,40 @@ static size_t md_floats(const dnnl_memory_desc_t *md)
     return dnnl_memory_desc_get_size(md) / sizeof(float);
 }
 
-/* A primitive from its descriptor, in user-scratchpad mode (each thread brings its own, so
-   threads can run the same primitive at once); *sp grows to its scratchpad. ref_ok: whether
-   oneDNN's reference implementation is acceptable (reorders), or means "not supported". */
-static dnnl_status_t make_prim(mgt_onednn *o, const_dnnl_op_desc_t desc, float sum,
-                               const_dnnl_primitive_desc_t hint, bool ref_ok,
-                               dnnl_primitive_desc_t *pd_out, dnnl_primitive_t *out, size_t *sp)
+/* Attributes in user-scratchpad mode (each thread brings its own scratchpad, so threads can
+   run the same primitive at once), with a sum post-op (dst = result + sum * dst) where
+   sum != 0. *attr is NULL on failure. */
+static dnnl_status_t make_attr(float sum, dnnl_primitive_attr_t *attr)
 {
-    dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+    dnnl_status_t s = dnnl_primitive_attr_create(attr);
     if (s == dnnl_success)
-        s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+        s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
     if (s == dnnl_success && sum != 0.0f) {
         s = dnnl_post_ops_create(&po);
         if (s == dnnl_success)
             s = dnnl_post_ops_append_sum(po, sum);
         if (s == dnnl_success)
-            s = dnnl_primitive_attr_set_post_ops(attr, po);
+            s = dnnl_primitive_attr_set_post_ops(*attr, po);
     }
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (s != dnnl_success && *attr) {
+        dnnl_primitive_attr_destroy(*attr);
+        *attr = NULL;
+    }
+    return s;
+}
+
+/* A primitive from its descriptor (see make_attr); *sp grows to its scratchpad. ref_ok:
+   whether oneDNN's reference implementation is acceptable, or means "not supported". */
+static dnnl_status_t make_prim(mgt_onednn *o, const_dnnl_op_desc_t desc, float sum,
+                               const_dnnl_primitive_desc_t hint, bool ref_ok,
+                               dnnl_primitive_desc_t *pd_out, dnnl_primitive_t *out, size_t *sp)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t s = make_attr(sum, &attr);
     if (s == dnnl_success)
         s = dnnl_primitive_desc_create(&pd, desc, attr, o->eng, hint);
     if (s == dnnl_success && !ref_ok) {
@@ -215,8 +230,6 @@ static dnnl_status_t make_prim(mgt_onednn *o, const_dnnl_op_desc_t desc, float s
         if (out)
             s = dnnl_primitive_create(out, pd);
     }
-    if (po)
-        dnnl_post_ops_destroy(po);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     if (pd && (s != dnnl_success || pd_out == NULL))
@@ -232,18 +245,8 @@ static dnnl_status_t make_reorder(mgt_onednn *o, const dnnl_memory_desc_t *from,
                                   size_t *sp)
 {
     dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t s = dnnl_primitive_attr_create(&attr);
-    if (s == dnnl_success)
-        s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (s == dnnl_success && sum != 0.0f) {
-        s = dnnl_post_ops_create(&po);
-        if (s == dnnl_success)
-            s = dnnl_post_ops_append_sum(po, sum);
-        if (s == dnnl_success)
-            s = dnnl_primitive_attr_set_post_ops(attr, po);
-    }
+    dnnl_status_t s = make_attr(sum, &attr);
     if (s == dnnl_success)
         s = dnnl_reorder_primitive_desc_create(&pd, from, o->eng, to, o->eng, attr);
     if (s == dnnl_success) {
@@ -252,8 +255,6 @@ static dnnl_status_t make_reorder(mgt_onednn *o, const dnnl_memory_desc_t *from,
     }
     if (pd)
         dnnl_primitive_desc_destroy(pd);
-    if (po)
-        dnnl_post_ops_destroy(po);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     return s;
@@ -417,8 +418,9 @@ static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, const mgt_co
            memcmp(&pl->sh, sh, sizeof *sh) == 0;
 }
 
-/* Chunks, parts and scratch of a plan whose primitives exist. */
-static void plan_layout(mgt_onednn_plan *pl, int threads)
+/* Scratch of a plan whose primitives exist: shared weights or parts, then per thread the
+   internal a, b, o and w buffers and the scratchpad, each the larger of the two primitives'. */
+static void plan_layout(mgt_onednn_plan *pl)
 {
     const prim *ps[2] = {&pl->full, pl->last.mb ? &pl->last : NULL};
     size_t fa = 0, fb = 0, fo = 0, fw = 0, fsp = 0;
@@ -430,7 +432,11 @@ static void plan_layout(mgt_onednn_plan *pl, int threads)
         if (pl->kind == K_BWD_FILTER)
             fw = max_z(fw, ps[i]->fw);
     }
-    pl->per_thread = align_up(fa) + align_up(fb) + align_up(fo) + align_up(fw) + align_up(fsp);
+    pl->off_b = align_up(fa);
+    pl->off_o = pl->off_b + align_up(fb);
+    pl->off_w = pl->off_o + align_up(fo);
+    pl->off_sp = pl->off_w + align_up(fw);
+    pl->per_thread = pl->off_sp + align_up(fsp);
     pl->dw_n = (size_t)pl->sh.k * pl->sh.c * pl->sh.r * pl->sh.s;
     if (pl->kind == K_BWD_FILTER) {
         pl->part_stride = align_up(pl->dw_n);
@@ -443,7 +449,6 @@ static void plan_layout(mgt_onednn_plan *pl, int threads)
             pl->shared += align_up(pl->last.fw);
         }
     }
-    (void)threads;
 }
 
 mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan **plan,
@@ -495,7 +500,7 @@ mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan
                 prim_free(o, &pl->full);
                 prim_free(o, &pl->last);
             } else {
-                plan_layout(pl, o->threads);
+                plan_layout(pl);
             }
         }
         pl->next = o->plans;
@@ -548,17 +553,8 @@ typedef struct bufs {
 static bufs bufs_of(const run_job *j, int t)
 {
     const mgt_onednn_plan *pl = j->pl;
-    const prim *ps[2] = {&pl->full, pl->last.mb ? &pl->last : &pl->full};
-    size_t fa = max_z(ps[0]->fa, ps[1]->fa), fb = max_z(ps[0]->fb, ps[1]->fb);
-    size_t fo = max_z(ps[0]->fo, ps[1]->fo);
-    size_t fw = pl->kind == K_BWD_FILTER ? max_z(ps[0]->fw, ps[1]->fw) : 0;
-    bufs b;
-    b.a = j->scratch + pl->shared + (size_t)t * pl->per_thread;
-    b.b = b.a + align_up(fa);
-    b.o = b.b + align_up(fb);
-    b.w = b.o + align_up(fo);
-    b.sp = b.w + align_up(fw);
-    return b;
+    float *a = j->scratch + pl->shared + (size_t)t * pl->per_thread;
+    return (bufs){a, a + pl->off_b, a + pl->off_o, a + pl->off_w, a + pl->off_sp};
 }
 
 /* Image offset and primitive of chunk i. */
