@@ -149,31 +149,49 @@ static void test_learns_on_two_devices(void **state)
     assert_int_equal(access(best, F_OK), 0);
 }
 
-static void test_resume_is_bit_identical(void **state)
+/* Two epochs straight, and one epoch then a resume for the second, on the devices open(run)
+   gives (run 0: straight, 1: the first epoch, 2: the resume): the checkpoints must match bit
+   for bit. tag names the folders. */
+static void check_resume_bit_identical(const char *tag, mgt_devset *(*open)(int run))
 {
-    (void)state;
     mgt_train_config c;
     mgt_train_result res;
-    char straight[400], split[400], a[512], b[512];
-    snprintf(straight, sizeof straight, "%s/straight", root);
-    snprintf(split, sizeof split, "%s/split", root);
+    char sname[64], pname[64], straight[400], split[400], a[512], b[512];
+    snprintf(sname, sizeof sname, "%s_straight", tag);
+    snprintf(pname, sizeof pname, "%s_split", tag);
+    snprintf(straight, sizeof straight, "%s/%s", root, sname);
+    snprintf(split, sizeof split, "%s/%s", root, pname);
     base_config(&c);
     c.checkpoint_dir = straight;
-    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+    if (train_on(&c, open(0), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
 
     base_config(&c);
     c.epochs = 1;
     c.checkpoint_dir = split;
-    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+    if (train_on(&c, open(1), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
     base_config(&c);
     c.checkpoint_dir = split;
     c.resume = "auto";
-    if (train(&c, 2, "threads=1;delay=50", &res) != MGT_OK)
+    if (train_on(&c, open(2), &res) != MGT_OK)
         fail_msg("%s", mgt_error_last());
     assert_int_equal(res.epochs_done, 1);
-    ckpt_path(a, sizeof a, "straight");
-    ckpt_path(b, sizeof b, "split");
+    ckpt_path(a, sizeof a, sname);
+    ckpt_path(b, sizeof b, pname);
     assert_same_checkpoints(a, b);
+}
+
+/* the resume runs with random delays before every queued op */
+static mgt_devset *open_two_mock(int run)
+{
+    return mgt_test_open_mock(2, run == 2 ? "threads=1;delay=50" : "threads=1");
+}
+
+static void test_resume_is_bit_identical(void **state)
+{
+    (void)state;
+    check_resume_bit_identical("mock", open_two_mock);
 }
 
 static void test_learns_on_cuda_replicas(void **state)
@@ -191,30 +209,16 @@ static void test_learns_on_cuda_replicas(void **state)
     assert_true(res.val_acc1 >= 75.0);
 }
 
+static mgt_devset *open_two_cuda(int run)
+{
+    (void)run;
+    return open_cuda_replicas(2);
+}
+
 static void test_resume_is_bit_identical_on_cuda(void **state)
 {
     (void)state;
-    mgt_train_config c;
-    mgt_train_result res;
-    char straight[400], split[400], a[512], b[512];
-    snprintf(straight, sizeof straight, "%s/cuda_straight", root);
-    snprintf(split, sizeof split, "%s/cuda_split", root);
-    base_config(&c);
-    c.checkpoint_dir = straight;
-    if (train_on(&c, open_cuda_replicas(2), &res) != MGT_OK)
-        fail_msg("%s", mgt_error_last());
-    base_config(&c);
-    c.epochs = 1;
-    c.checkpoint_dir = split;
-    assert_int_equal(train_on(&c, open_cuda_replicas(2), &res), MGT_OK);
-    base_config(&c);
-    c.checkpoint_dir = split;
-    c.resume = "auto";
-    if (train_on(&c, open_cuda_replicas(2), &res) != MGT_OK)
-        fail_msg("%s", mgt_error_last());
-    ckpt_path(a, sizeof a, "cuda_straight");
-    ckpt_path(b, sizeof b, "cuda_split");
-    assert_same_checkpoints(a, b);
+    check_resume_bit_identical("cuda", open_two_cuda);
 }
 
 typedef struct ctrl_c {
@@ -276,7 +280,7 @@ static void test_stop_mid_epoch_then_resume(void **state)
     if (train(&c, 2, "threads=1", &res) != MGT_OK)
         fail_msg("%s", mgt_error_last());
     assert_false(res.interrupted);
-    ckpt_path(a, sizeof a, "straight");
+    ckpt_path(a, sizeof a, "mock_straight"); /* test_resume_is_bit_identical's */
     if (access(a, F_OK) == 0)
         assert_same_checkpoints(a, b);
 }
