@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
+  clang-format-14       # the layout check (tools/check-format.sh)
   libdnnl-dev           # oneDNN: convolutions and gemm on the CPU mock devices
   libstb-dev            # image decoding (stb_image)
   libcjson-dev          # JSON: safetensors headers, --log, bench --json

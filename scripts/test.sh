@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc)
 
+echo "== layout (.clang-format) =="
+bash tools/check-format.sh
+
 echo "== plain build (MGT_CUDA=AUTO) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-configure.log ||
   { cat build-configure.log; exit 1; }

@@ -305,8 +305,8 @@ static void test_bad_config(void **state)
     CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, 2, NULL, &set));
     float *g[2] = {NULL, NULL};
     size_t ends[2] = {16, 8};
-    mgt_comm_config cfg = {.grads = g, .bytes = 16, .layer_ends = ends, .n_layer_ends = 2,
-                           .bucket_bytes = 1024};
+    mgt_comm_config cfg = {
+        .grads = g, .bytes = 16, .layer_ends = ends, .n_layer_ends = 2, .bucket_bytes = 1024};
     mgt_comm *c;
     assert_int_equal(mgt_comm_create(set, &cfg, &c), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "layer end"));

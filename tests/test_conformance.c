@@ -158,11 +158,10 @@ typedef struct backend {
 static bool backend_open(backend *be)
 {
     int id = 0;
-    mgt_status st =
-        mgt_devset_open(be->kind, &id, 1, be->has_opts ? &be->opts : NULL, &be->set);
+    mgt_status st = mgt_devset_open(be->kind, &id, 1, be->has_opts ? &be->opts : NULL, &be->set);
     if (st != MGT_OK) {
-        fprintf(stderr, "conformance: cannot open %s: %s: %s\n", be->label,
-                mgt_status_str(st), mgt_error_last());
+        fprintf(stderr, "conformance: cannot open %s: %s: %s\n", be->label, mgt_status_str(st),
+                mgt_error_last());
         return false;
     }
     be->dev = mgt_devset_device(be->set, 0);
@@ -214,9 +213,8 @@ static mgt_operand_role group_role(const mgt_operand ops[], void *const orig[], 
     mgt_operand_role role = MGT_OPERAND_IN;
     for (int j = 0; j < n; j++)
         if (orig[j] == orig[i] && ops[j].role != MGT_OPERAND_IN)
-            role = ops[j].role == MGT_OPERAND_INOUT || role == MGT_OPERAND_INOUT
-                       ? MGT_OPERAND_INOUT
-                       : MGT_OPERAND_OUT;
+            role = ops[j].role == MGT_OPERAND_INOUT || role == MGT_OPERAND_INOUT ? MGT_OPERAND_INOUT
+                                                                                 : MGT_OPERAND_OUT;
     return role;
 }
 
@@ -389,8 +387,7 @@ static mgt_status dev_run_inplace(backend *be, mgt_op *op, const char **what)
     mgt_status st = dev_exec(be, op, &dr, what);
     if (st == MGT_OK)
         for (int i = 0; i < dr.n; i++)
-            if (owner_of(dr.orig, i) == i &&
-                group_role(dr.ops, dr.orig, dr.n, i) != MGT_OPERAND_IN)
+            if (owner_of(dr.orig, i) == i && group_role(dr.ops, dr.orig, dr.n, i) != MGT_OPERAND_IN)
                 memcpy(dr.orig[i], dr.back[i] + GUARD, dr.count[i] * 4);
     devrun_free(&dr);
     return st;
@@ -399,8 +396,8 @@ static mgt_status dev_run_inplace(backend *be, mgt_op *op, const char **what)
 static void report_status(const char *opname, int idx, const char *desc, const backend *be,
                           const char *what, mgt_status st)
 {
-    fprintf(stderr, "FAIL %s case %d (%s) on %s: %s: %s: %s\n", opname, idx, desc, be->label,
-            what, mgt_status_str(st), mgt_error_last());
+    fprintf(stderr, "FAIL %s case %d (%s) on %s: %s: %s: %s\n", opname, idx, desc, be->label, what,
+            mgt_status_str(st), mgt_error_last());
 }
 
 /* Compares one device run with the reference: guards intact, IN operands unchanged, written
@@ -476,8 +473,7 @@ static int compare_run(const backend *be, const char *opname, int idx, const tca
                 continue;
             if (bits_of_f32(e[k]) == SENTINEL) {
                 if (lines++ < MAX_FAIL_LINES)
-                    fprintf(stderr,
-                            "FAIL %s case %d (%s): the reference left %s[%zu] unwritten\n",
+                    fprintf(stderr, "FAIL %s case %d (%s): the reference left %s[%zu] unwritten\n",
                             opname, idx, c->desc, name, k);
                 bad = true;
                 continue;
@@ -648,7 +644,7 @@ static void gemm_setup(tcase *c, rng *r, bool ta, bool tb, int m, int n, int k, 
 
 static bool gen_gemm(tcase *c, int idx, rng *r)
 {
-    static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},   {13, 1, 9}, {17, 19, 23},
+    static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},   {13, 1, 9},   {17, 19, 23},
                                     {64, 33, 1}, {5, 3, 130}, {31, 47, 64}, {40, 24, 17}};
     static const float betas[] = {0.0f, 1.0f, 0.5f};
     if (idx >= 20)
@@ -672,19 +668,19 @@ static bool gen_gemm(tcase *c, int idx, rng *r)
 
 /* n, c, h, w, k, r, s, stride h/w, pad h/w, groups */
 static const int conv_shapes[][12] = {
-    {1, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1, 1},     /* batch 1, non-square image */
-    {2, 5, 10, 9, 7, 3, 3, 2, 2, 1, 1, 1},    /* stride 2, uncovered last row */
-    {3, 4, 6, 11, 6, 1, 1, 1, 1, 0, 0, 1},    /* 1x1 */
-    {2, 6, 8, 7, 4, 3, 1, 1, 2, 1, 0, 2},     /* 3x1 filter, groups 2, mixed stride */
-    {1, 5, 10, 12, 5, 3, 3, 1, 1, 1, 1, 5},   /* depthwise */
-    {2, 8, 9, 7, 8, 3, 3, 2, 2, 1, 1, 8},     /* depthwise, stride 2 */
-    {2, 13, 5, 6, 9, 5, 3, 1, 1, 2, 1, 1},    /* 5x3 filter, 13 channels */
-    {2, 3, 12, 11, 16, 7, 7, 2, 2, 3, 3, 1},  /* a ResNet stem in small */
-    {1, 12, 6, 6, 18, 3, 3, 1, 1, 0, 0, 3},   /* groups 3, no padding */
-    {2, 16, 7, 7, 16, 3, 3, 1, 1, 1, 1, 1},   /* a ResNet block's conv in small */
-    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1},     /* everything 1 */
-    {3, 2, 4, 9, 3, 2, 4, 2, 3, 1, 2, 1},     /* even filter, stride 3 */
-    {2, 10, 9, 9, 15, 2, 2, 2, 2, 0, 0, 5},   /* 2x2 stride 2, groups 5 */
+    {1, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1, 1},    /* batch 1, non-square image */
+    {2, 5, 10, 9, 7, 3, 3, 2, 2, 1, 1, 1},   /* stride 2, uncovered last row */
+    {3, 4, 6, 11, 6, 1, 1, 1, 1, 0, 0, 1},   /* 1x1 */
+    {2, 6, 8, 7, 4, 3, 1, 1, 2, 1, 0, 2},    /* 3x1 filter, groups 2, mixed stride */
+    {1, 5, 10, 12, 5, 3, 3, 1, 1, 1, 1, 5},  /* depthwise */
+    {2, 8, 9, 7, 8, 3, 3, 2, 2, 1, 1, 8},    /* depthwise, stride 2 */
+    {2, 13, 5, 6, 9, 5, 3, 1, 1, 2, 1, 1},   /* 5x3 filter, 13 channels */
+    {2, 3, 12, 11, 16, 7, 7, 2, 2, 3, 3, 1}, /* a ResNet stem in small */
+    {1, 12, 6, 6, 18, 3, 3, 1, 1, 0, 0, 3},  /* groups 3, no padding */
+    {2, 16, 7, 7, 16, 3, 3, 1, 1, 1, 1, 1},  /* a ResNet block's conv in small */
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1},    /* everything 1 */
+    {3, 2, 4, 9, 3, 2, 4, 2, 3, 1, 2, 1},    /* even filter, stride 3 */
+    {2, 10, 9, 9, 15, 2, 2, 2, 2, 0, 0, 5},  /* 2x2 stride 2, groups 5 */
 };
 #define N_CONV_SHAPES ((int)(sizeof conv_shapes / sizeof conv_shapes[0]))
 
@@ -714,9 +710,18 @@ static void conv_shape_of(int idx, rng *r, mgt_conv2d_shape *sh)
 {
     if (idx < N_CONV_SHAPES) {
         const int *v = conv_shapes[idx];
-        *sh = (mgt_conv2d_shape){.n = v[0], .c = v[1], .h = v[2], .w = v[3], .k = v[4],
-                                 .r = v[5], .s = v[6], .stride_h = v[7], .stride_w = v[8],
-                                 .pad_h = v[9], .pad_w = v[10], .groups = v[11]};
+        *sh = (mgt_conv2d_shape){.n = v[0],
+                                 .c = v[1],
+                                 .h = v[2],
+                                 .w = v[3],
+                                 .k = v[4],
+                                 .r = v[5],
+                                 .s = v[6],
+                                 .stride_h = v[7],
+                                 .stride_w = v[8],
+                                 .pad_h = v[9],
+                                 .pad_w = v[10],
+                                 .groups = v[11]};
     } else {
         conv_random(r, sh);
     }
@@ -789,9 +794,9 @@ static bool gen_conv_bwd_filter(tcase *c, int idx, rng *r)
 }
 
 /* n, c, hw; n*hw > 1 as the training forward requires */
-static const int bn_shapes[][3] = {{1, 3, 7},  {2, 5, 1},  {4, 13, 9}, {3, 16, 49}, {8, 7, 3},
-                                   {2, 1, 100}, {5, 9, 4}, {1, 17, 25}, {16, 3, 1}, {2, 64, 16},
-                                   {3, 2, 2},  {1, 6, 2}};
+static const int bn_shapes[][3] = {{1, 3, 7},  {2, 5, 1},   {4, 13, 9}, {3, 16, 49},
+                                   {8, 7, 3},  {2, 1, 100}, {5, 9, 4},  {1, 17, 25},
+                                   {16, 3, 1}, {2, 64, 16}, {3, 2, 2},  {1, 6, 2}};
 #define N_BN_SHAPES ((int)(sizeof bn_shapes / sizeof bn_shapes[0]))
 
 static void bn_shape_of(int idx, rng *r, mgt_bn_shape *sh)
@@ -977,16 +982,16 @@ static bool gen_relu_bwd(tcase *c, int idx, rng *r)
 
 /* n, c, h, w, kh, kw, stride h/w, pad h/w */
 static const int pool_shapes[][10] = {
-    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},    /* ResNet's 3/2/1 */
-    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},    /* 2/2/0 */
-    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},    /* non-square window and stride */
-    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1},  /* overlapping windows */
-    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},    /* even window, half of it padding at the corner */
-    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},    /* 1x1 */
-    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},   /* stride equals window */
-    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1},  /* ResNet's, larger */
-    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},   /* tall window */
-    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},    /* one window covering everything */
+    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},   /* ResNet's 3/2/1 */
+    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},   /* 2/2/0 */
+    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},   /* non-square window and stride */
+    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1}, /* overlapping windows */
+    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},   /* even window, half of it padding at the corner */
+    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},   /* 1x1 */
+    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},  /* stride equals window */
+    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1}, /* ResNet's, larger */
+    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},  /* tall window */
+    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},   /* one window covering everything */
 };
 #define N_POOL_SHAPES ((int)(sizeof pool_shapes / sizeof pool_shapes[0]))
 
@@ -994,8 +999,15 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
 {
     if (idx < N_POOL_SHAPES) {
         const int *v = pool_shapes[idx];
-        *sh = (mgt_pool2d_shape){.n = v[0], .c = v[1], .h = v[2], .w = v[3], .kh = v[4],
-                                 .kw = v[5], .stride_h = v[6], .stride_w = v[7], .pad_h = v[8],
+        *sh = (mgt_pool2d_shape){.n = v[0],
+                                 .c = v[1],
+                                 .h = v[2],
+                                 .w = v[3],
+                                 .kh = v[4],
+                                 .kw = v[5],
+                                 .stride_h = v[6],
+                                 .stride_w = v[7],
+                                 .pad_h = v[8],
                                  .pad_w = v[9]};
         return;
     }
@@ -1084,9 +1096,8 @@ static bool gen_maxpool_bwd(tcase *c, int idx, rng *r)
     return true;
 }
 
-static const int avg_shapes[][3] = {{1, 1, 1},  {2, 3, 49}, {4, 13, 9}, {1, 512, 1},
-                                    {3, 7, 100}, {8, 64, 16}, {5, 1, 3}, {2, 33, 2},
-                                    {1, 10, 1000}, {7, 5, 7}};
+static const int avg_shapes[][3] = {{1, 1, 1},   {2, 3, 49}, {4, 13, 9}, {1, 512, 1},   {3, 7, 100},
+                                    {8, 64, 16}, {5, 1, 3},  {2, 33, 2}, {1, 10, 1000}, {7, 5, 7}};
 #define N_AVG_SHAPES ((int)(sizeof avg_shapes / sizeof avg_shapes[0]))
 
 static bool gen_avgpool(tcase *c, int idx, rng *r, bool fwd)
@@ -1132,7 +1143,7 @@ static bool gen_avgpool(tcase *c, int idx, rng *r, bool fwd)
 static bool gen_avgpool_fwd(tcase *c, int idx, rng *r) { return gen_avgpool(c, idx, r, true); }
 static bool gen_avgpool_bwd(tcase *c, int idx, rng *r) { return gen_avgpool(c, idx, r, false); }
 
-static const int bias_shapes[][2] = {{1, 1},   {1, 10},  {7, 1},   {33, 17}, {128, 10},
+static const int bias_shapes[][2] = {{1, 1},    {1, 10},  {7, 1},   {33, 17},  {128, 10},
                                      {5, 1000}, {64, 64}, {3, 513}, {1000, 3}, {9, 9}};
 #define N_BIAS_SHAPES ((int)(sizeof bias_shapes / sizeof bias_shapes[0]))
 
@@ -1175,14 +1186,12 @@ static bool gen_bias_fwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r,
 static bool gen_bias_bwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, false); }
 
 /* n, classes, smoothing x10, logit scale */
-static const int xent_shapes[][4] = {{1, 1, 0, 1},   {1, 10, 0, 1},   {4, 10, 1, 1},
-                                     {32, 10, 0, 3}, {7, 1000, 1, 2}, {3, 5, 1, 30},
-                                     {16, 100, 0, 1}, {2, 3, 0, 80},  {5, 7, 1, 1},
-                                     {64, 2, 1, 4},  {9, 37, 0, 10},  {1, 1, 1, 1}};
+static const int xent_shapes[][4] = {
+    {1, 1, 0, 1},    {1, 10, 0, 1}, {4, 10, 1, 1}, {32, 10, 0, 3}, {7, 1000, 1, 2}, {3, 5, 1, 30},
+    {16, 100, 0, 1}, {2, 3, 0, 80}, {5, 7, 1, 1},  {64, 2, 1, 4},  {9, 37, 0, 10},  {1, 1, 1, 1}};
 #define N_XENT_SHAPES ((int)(sizeof xent_shapes / sizeof xent_shapes[0]))
 
-static void xent_shape_of(int idx, rng *r, int *n, int *classes, float *smoothing,
-                          float *scale)
+static void xent_shape_of(int idx, rng *r, int *n, int *classes, float *smoothing, float *scale)
 {
     if (idx < N_XENT_SHAPES) {
         *n = xent_shapes[idx][0];
@@ -1260,11 +1269,10 @@ static bool gen_xent_bwd(tcase *c, int idx, rng *r)
 }
 
 /* n, classes, k, ties */
-static const int topk_shapes[][4] = {{1, 10, 1, 0},   {1, 10, 5, 0},  {8, 10, 1, 1},
-                                     {8, 10, 5, 1},   {32, 100, 5, 0}, {5, 5, 5, 1},
-                                     {7, 6, 5, 1},    {16, 1000, 1, 0}, {3, 1, 1, 0},
-                                     {50, 7, 1, 1},   {64, 20, 5, 1},  {2, 3, 1, 1},
-                                     {40, 1000, 5, 1}};
+static const int topk_shapes[][4] = {
+    {1, 10, 1, 0},  {1, 10, 5, 0}, {8, 10, 1, 1},    {8, 10, 5, 1}, {32, 100, 5, 0},
+    {5, 5, 5, 1},   {7, 6, 5, 1},  {16, 1000, 1, 0}, {3, 1, 1, 0},  {50, 7, 1, 1},
+    {64, 20, 5, 1}, {2, 3, 1, 1},  {40, 1000, 5, 1}};
 #define N_TOPK_SHAPES ((int)(sizeof topk_shapes / sizeof topk_shapes[0]))
 
 static bool gen_topk(tcase *c, int idx, rng *r)
@@ -1364,9 +1372,12 @@ static bool gen_sgd(tcase *c, int idx, rng *r)
     }
     c->op.u.sgd.grad = grad;
     c->op.u.sgd.n = (size_t)sc.n;
-    c->op.u.sgd.p = (mgt_sgd_params){.lr = sc.lr, .momentum = sc.momentum,
-                                     .dampening = sc.dampening, .weight_decay = sc.wd,
-                                     .grad_scale = sc.grad_scale, .nesterov = sc.nesterov,
+    c->op.u.sgd.p = (mgt_sgd_params){.lr = sc.lr,
+                                     .momentum = sc.momentum,
+                                     .dampening = sc.dampening,
+                                     .weight_decay = sc.wd,
+                                     .grad_scale = sc.grad_scale,
+                                     .nesterov = sc.nesterov,
                                      .first_step = sc.first_step};
     c->rtol = 2e-6;
     case_desc(c, "n=%d lr=%g m=%g damp=%g wd=%g scale=%g%s%s", sc.n, (double)sc.lr,
@@ -1864,23 +1875,23 @@ static int fd_gemm(backend *be, const char *opname)
         fill_unif(&r, a, na, -1, 1);
         fill_unif(&r, b, nb, -1, 1);
         fill_unif(&r, rw, ncm, -1, 1);
-        case_desc(&c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d alpha=%g", ta ? 'T' : 'N',
-                  tb ? 'T' : 'N', m, n, k, lda, ldb, (double)alpha);
+        case_desc(&c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d alpha=%g", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                  m, n, k, lda, ldb, (double)alpha);
         mgt_op fwd = {.kind = MGT_OP_GEMM};
         fwd.u.gemm = (__typeof__(fwd.u.gemm)){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n};
         mgt_op ga = {.kind = MGT_OP_GEMM}, gb = {.kind = MGT_OP_GEMM};
         if (!ta) /* dA [m,k] = alpha R op(B)^T */
-            ga.u.gemm = (__typeof__(ga.u.gemm)){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0,
-                                                da, lda};
+            ga.u.gemm =
+                (__typeof__(ga.u.gemm)){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0, da, lda};
         else /* dA [k,m] = alpha op(B) R^T */
-            ga.u.gemm = (__typeof__(ga.u.gemm)){tb, true, k, m, n, alpha, b, ldb, rw, n, 0,
-                                                da, lda};
+            ga.u.gemm =
+                (__typeof__(ga.u.gemm)){tb, true, k, m, n, alpha, b, ldb, rw, n, 0, da, lda};
         if (!tb) /* dB [k,n] = alpha op(A)^T R */
-            gb.u.gemm = (__typeof__(gb.u.gemm)){!ta, false, k, n, m, alpha, a, lda, rw, n, 0,
-                                                db, ldb};
+            gb.u.gemm =
+                (__typeof__(gb.u.gemm)){!ta, false, k, n, m, alpha, a, lda, rw, n, 0, db, ldb};
         else /* dB [n,k] = alpha R^T op(A) */
-            gb.u.gemm = (__typeof__(gb.u.gemm)){true, ta, n, k, m, alpha, rw, n, a, lda, 0,
-                                                db, ldb};
+            gb.u.gemm =
+                (__typeof__(gb.u.gemm)){true, ta, n, k, m, alpha, rw, n, a, lda, 0, db, ldb};
         fd_term term = {cm, rw, ncm};
         fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
         int bad = fd_backward(&f, &ga);

@@ -19,7 +19,7 @@
 
 /* Floats before and after every operand copy; a kernel that writes there is caught. */
 #define GUARD 16
-static const uint32_t GUARD_BITS = 0x7fc0dead; /* a NaN no kernel produces */
+static const uint32_t GUARD_BITS = 0x7fc0dead;   /* a NaN no kernel produces */
 static const uint32_t GARBAGE_BITS = 0x7fc00bad; /* what OUT operands start as: must vanish */
 
 static const int THREADS[] = {1, 3, 1, 3};
@@ -120,15 +120,15 @@ static void check_guards(const copy_set *cs, const char *what)
         size_t count = cs->ops[i].count;
         for (size_t j = 0; j < GUARD; j++)
             if (m[j] != GUARD_BITS || m[GUARD + count + j] != GUARD_BITS)
-                fail_msg("%s: operand %s written outside its %zu elements", what,
-                         cs->ops[i].name, count);
+                fail_msg("%s: operand %s written outside its %zu elements", what, cs->ops[i].name,
+                         count);
     }
 }
 
 /* Outputs agree when |fast - ref| <= rtol * max|ref| elementwise (rtol 0: bit-identical);
    NaN must meet NaN. Inputs must be untouched. */
-static void compare(const copy_set *ref, const copy_set *fast, const mgt_op *proto,
-                    double rtol, const char *what)
+static void compare(const copy_set *ref, const copy_set *fast, const mgt_op *proto, double rtol,
+                    const char *what)
 {
     mgt_op tmp = *proto; /* its operand list points at the caller's untouched buffers */
     copy_set orig;
@@ -165,15 +165,15 @@ static void compare(const copy_set *ref, const copy_set *fast, const mgt_op *pro
                 fail_msg("%s: %s[%zu] outside the matrix was written", what, o->name, j);
             if (isnan(rr[j]) || isnan(ff[j])) {
                 if (!(isnan(rr[j]) && isnan(ff[j])))
-                    fail_msg("%s: %s[%zu] = %g, reference %g", what, o->name, j,
-                             (double)ff[j], (double)rr[j]);
+                    fail_msg("%s: %s[%zu] = %g, reference %g", what, o->name, j, (double)ff[j],
+                             (double)rr[j]);
                 continue;
             }
             bool ok = rtol == 0 ? fb == rb : fabs((double)ff[j] - rr[j]) <= tol;
             if (!ok)
                 fail_msg("%s: %s[%zu] = %.9g, reference %.9g (|diff| %.3g > tol %.3g)", what,
-                         o->name, j, (double)ff[j], (double)rr[j],
-                         fabs((double)ff[j] - rr[j]), tol);
+                         o->name, j, (double)ff[j], (double)rr[j], fabs((double)ff[j] - rr[j]),
+                         tol);
         }
     }
 }
@@ -336,11 +336,20 @@ static void test_sgd(void **state)
     const size_t sizes[] = {5, 40001};
     mgt_sgd_params variants[] = {
         {.lr = 0.1f, .grad_scale = 1.0f},
-        {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .grad_scale = 0.5f,
+        {.lr = 0.1f,
+         .momentum = 0.9f,
+         .weight_decay = 1e-4f,
+         .grad_scale = 0.5f,
          .first_step = true},
-        {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 5e-4f,
+        {.lr = 0.05f,
+         .momentum = 0.9f,
+         .dampening = 0.1f,
+         .weight_decay = 5e-4f,
          .grad_scale = 0.25f},
-        {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f, .grad_scale = 1.0f,
+        {.lr = 0.05f,
+         .momentum = 0.9f,
+         .weight_decay = 5e-4f,
+         .grad_scale = 1.0f,
          .nesterov = true},
     };
     for (size_t si = 0; si < 2; si++)
@@ -366,8 +375,8 @@ static void gemm_case(int m, int n, int k, bool ta, bool tb, int pad, float alph
     mgt_op op = {.kind = MGT_OP_GEMM,
                  .u.gemm = {ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc}};
     char label[128];
-    snprintf(label, sizeof label, "gemm %dx%dx%d ta %d tb %d pad %d beta %g", m, n, k, ta, tb,
-             pad, (double)beta);
+    snprintf(label, sizeof label, "gemm %dx%dx%d ta %d tb %d pad %d beta %g", m, n, k, ta, tb, pad,
+             (double)beta);
     check_op(&op, 1e-5, label);
     free(a);
     free(b);
@@ -385,8 +394,8 @@ static void test_gemm(void **state)
         gemm_case(5, 3000, 100, ta, tb, 1, 2.0f, 1.0f); /* split by columns */
     }
     for (int i = 0; i < 6; i++)
-        gemm_case(rng_int(1, 90), rng_int(1, 90), rng_int(1, 200), rng_int(0, 1),
-                  rng_int(0, 1), rng_int(0, 3), 1.0f, i % 2 ? 1.0f : 0.0f);
+        gemm_case(rng_int(1, 90), rng_int(1, 90), rng_int(1, 200), rng_int(0, 1), rng_int(0, 1),
+                  rng_int(0, 3), 1.0f, i % 2 ? 1.0f : 0.0f);
 }
 
 /* ---- convolution ---- */
@@ -420,7 +429,7 @@ static void conv_case(const mgt_conv2d_shape *sh, const char *why)
 }
 
 #define SHAPE(n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_) \
-    (mgt_conv2d_shape){n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_}
+    (mgt_conv2d_shape) { n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_ }
 
 static void test_conv(void **state)
 {
@@ -458,8 +467,8 @@ static void test_conv(void **state)
         mgt_conv2d_shape sh = SHAPE(rng_int(1, 3), groups * rng_int(1, 5), rng_int(1, 12),
                                     rng_int(1, 12), groups * rng_int(1, 5), r, s, rng_int(1, 3),
                                     rng_int(1, 3), rng_int(0, r - 1), rng_int(0, s - 1), groups);
-        mgt_op op = {.kind = MGT_OP_CONV2D_FWD, .u.conv = {(float *)1, (float *)1,
-                                                          (float *)1, sh, 0}};
+        mgt_op op = {.kind = MGT_OP_CONV2D_FWD,
+                     .u.conv = {(float *)1, (float *)1, (float *)1, sh, 0}};
         if (mgt_op_check(&op) != MGT_OK)
             continue;
         conv_case(&sh, "random");
@@ -544,7 +553,7 @@ static void test_pooling(void **state)
 {
     (void)state;
     const mgt_pool2d_shape shapes[] = {
-        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0},  {1, 4, 9, 7, 3, 3, 2, 2, 1, 1},
+        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0},   {1, 4, 9, 7, 3, 3, 2, 2, 1, 1},
         {3, 2, 11, 13, 3, 2, 1, 2, 1, 1}, {2, 64, 16, 16, 3, 3, 2, 2, 1, 1},
         {1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
     };
@@ -735,8 +744,7 @@ static void test_scratch(void **state)
 static int ctx_setup(void **state)
 {
     (void)state;
-    for (int c = 0; c < NCTX; c++)
-    {
+    for (int c = 0; c < NCTX; c++) {
         if (mgt_cpu_ctx_init(&ctxs[c], THREADS[c]) != MGT_OK)
             return -1;
         ctxs[c].conv_im2col = IM2COL[c];

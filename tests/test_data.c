@@ -81,7 +81,8 @@ static void write_bytes(const char *path, const void *p, size_t n)
 static uint8_t *slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("%s: %s", path, strerror(errno));
+    if (!f)
+        fail_msg("%s: %s", path, strerror(errno));
     uint8_t *b = malloc(1 << 20);
     *n = fread(b, 1, 1 << 20, f);
     fclose(f);
@@ -119,9 +120,11 @@ static void png_chunk(FILE *f, const char *type, const uint8_t *data, uint32_t l
     be32(hdr, len);
     memcpy(hdr + 4, type, 4);
     fwrite(hdr, 1, 8, f);
-    if (len) fwrite(data, 1, len, f);
+    if (len)
+        fwrite(data, 1, len, f);
     uLong crc = crc32(0, (const Bytef *)type, 4);
-    if (len) crc = crc32(crc, data, len);
+    if (len)
+        crc = crc32(crc, data, len);
     uint8_t c[4];
     be32(c, (uint32_t)crc);
     fwrite(c, 1, 4, f);
@@ -142,7 +145,8 @@ static void png_raw(const char *path, int w, int h, int depth, int ctype, const 
     ihdr[8] = (uint8_t)depth;
     ihdr[9] = (uint8_t)ctype;
     png_chunk(f, "IHDR", ihdr, 13);
-    if (plte) png_chunk(f, "PLTE", plte, (uint32_t)(3 * nplte));
+    if (plte)
+        png_chunk(f, "PLTE", plte, (uint32_t)(3 * nplte));
     if (idat) {
         size_t rawn = (size_t)h * (rowbytes + 1);
         uint8_t *raw = malloc(rawn);
@@ -197,7 +201,8 @@ static void gif2(const char *path, int w, int h, const uint8_t pal[6], const uin
     codes[nc++] = 5;
     for (int i = 0; i < nc; i++, bits += 3)
         for (int k = 0; k < 3; k++)
-            if (codes[i] >> k & 1) data[(bits + k) / 8] |= (uint8_t)(1 << ((bits + k) % 8));
+            if (codes[i] >> k & 1)
+                data[(bits + k) / 8] |= (uint8_t)(1 << ((bits + k) % 8));
     size_t dn = (bits + 7) / 8;
     assert_true(dn < 255);
     b[n++] = (uint8_t)dn;
@@ -252,9 +257,10 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
 static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
 /* A path kept in a local array: P()'s buffers are reused after eight calls. */
-#define HOLD(name, ...)                                                                        \
-    char name[4096];                                                                           \
-    if ((size_t)snprintf(name, sizeof name, __VA_ARGS__) >= sizeof name) fail_msg("path too long")
+#define HOLD(name, ...)                                                  \
+    char name[4096];                                                     \
+    if ((size_t)snprintf(name, sizeof name, __VA_ARGS__) >= sizeof name) \
+    fail_msg("path too long")
 
 /* ---- fixtures: the trees, written once ---- */
 
@@ -262,14 +268,16 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(g_root, sizeof g_root, "/tmp/mgt_test_data_XXXXXX");
-    if (!mkdtemp(g_root)) return -1;
+    if (!mkdtemp(g_root))
+        return -1;
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (!getenv("MGT_KEEP_TEST_DIR")) nftw(g_root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    if (!getenv("MGT_KEEP_TEST_DIR"))
+        nftw(g_root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }
 
@@ -289,7 +297,8 @@ static void test_philox_kat(void **state)
     for (int i = 0; i < 3; i++) {
         uint32_t out[4];
         mgt_philox4x32_10(ctr[i], key[i], out);
-        for (int k = 0; k < 4; k++) assert_int_equal(out[k], want[i][k]);
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(out[k], want[i][k]);
     }
 }
 
@@ -299,12 +308,14 @@ static void test_rng_draws(void **state)
     mgt_rng a, b;
     mgt_rng_init(&a, 42, 3, 1000, MGT_RNG_AUGMENT);
     mgt_rng_init(&b, 42, 3, 1000, MGT_RNG_AUGMENT);
-    for (int i = 0; i < 100; i++) assert_int_equal(mgt_rng_u32(&a), mgt_rng_u32(&b));
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(mgt_rng_u32(&a), mgt_rng_u32(&b));
     /* the stream is the Philox block sequence of its key */
     mgt_rng_init(&a, 0x0000000500000007ull, 9, 0x0000000300000011ull, MGT_RNG_SHUFFLE);
     uint32_t ctr[4] = {0, 9, 0x11, 3 | (MGT_RNG_SHUFFLE << 24)}, key[2] = {7, 5}, out[4];
     mgt_philox4x32_10(ctr, key, out);
-    for (int k = 0; k < 4; k++) assert_int_equal(mgt_rng_u32(&a), out[k]);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(mgt_rng_u32(&a), out[k]);
     ctr[0] = 1;
     mgt_philox4x32_10(ctr, key, out);
     assert_int_equal(mgt_rng_u32(&a), out[0]);
@@ -327,13 +338,15 @@ static void test_rng_draws(void **state)
         int64_t r = mgt_rng_range(&a, -3, 4);
         assert_true(r >= -3 && r < 4);
     }
-    for (int k = 0; k < 7; k++) assert_true(abs(hist[k] - 10000) < 600);
+    for (int k = 0; k < 7; k++)
+        assert_true(abs(hist[k] - 10000) < 600);
     assert_true(mgt_rng_below(&a, (1ull << 40) + 3) < (1ull << 40) + 3);
     assert_int_equal(mgt_rng_below(&a, 1), 0);
 
     /* a shuffle is a permutation, keyed */
     size_t p[1000], q[1000];
-    for (size_t i = 0; i < 1000; i++) p[i] = q[i] = i;
+    for (size_t i = 0; i < 1000; i++)
+        p[i] = q[i] = i;
     mgt_rng_init(&a, 5, 1, 0, MGT_RNG_SHUFFLE);
     mgt_rng_shuffle(&a, p, 1000);
     mgt_rng_init(&a, 5, 1, 0, MGT_RNG_SHUFFLE);
@@ -401,8 +414,8 @@ static void test_scan_order_and_labels(void **state)
     static const char *want[] = {
         /* torchvision: sorted(os.walk) orders folders by path ("cat/a-b" < "cat/a/z" since
            '-' < '/'), then sorted file names within each */
-        "Zebra/z.png", "cat/Y.PNG", "cat/x.png", "cat/a/1.jpg", "cat/a-b/2.bmp", "cat/a/z/3.png",
-        "dog/b.JpEg.png", "dog/c.TGA",
+        "Zebra/z.png",   "cat/Y.PNG",     "cat/x.png",      "cat/a/1.jpg",
+        "cat/a-b/2.bmp", "cat/a/z/3.png", "dog/b.JpEg.png", "dog/c.TGA",
     };
     static const int labels[] = {0, 1, 1, 1, 1, 1, 2, 2};
     assert_int_equal(mgt_dataset_size(tr), 8);
@@ -460,11 +473,13 @@ static void test_dataset_errors(void **state)
     mkdirs(P("%s/noclass/train", r));
     mkdirs(P("%s/noclass/val", r));
     tagged_png(P("%s/noclass/train/loose.png", r), 2, 2, 1);
-    expect_open_error(P("%s/noclass", r), MGT_ERR_INVALID, P("%s/noclass/train", r), "no class folders");
+    expect_open_error(P("%s/noclass", r), MGT_ERR_INVALID, P("%s/noclass/train", r),
+                      "no class folders");
     tagged_png(P("%s/empty/train/a/1.png", r), 2, 2, 1);
     write_bytes(P("%s/empty/train/b/readme.txt", r), "x", 1);
     tagged_png(P("%s/empty/val/a/1.png", r), 2, 2, 1);
-    expect_open_error(P("%s/empty", r), MGT_ERR_INVALID, P("%s/empty/train/b", r), "no image files");
+    expect_open_error(P("%s/empty", r), MGT_ERR_INVALID, P("%s/empty/train/b", r),
+                      "no image files");
     tagged_png(P("%s/mismatch/train/a/1.png", r), 2, 2, 1);
     tagged_png(P("%s/mismatch/train/b/1.png", r), 2, 2, 1);
     tagged_png(P("%s/mismatch/val/a/1.png", r), 2, 2, 1);
@@ -500,7 +515,8 @@ static void test_dataset_errors(void **state)
 static void load_ok(const char *path, int channels, mgt_image *img)
 {
     mgt_status st = mgt_image_load(path, channels, img);
-    if (st != MGT_OK) fail_msg("%s: %s", path, mgt_error_last());
+    if (st != MGT_OK)
+        fail_msg("%s: %s", path, mgt_error_last());
     assert_int_equal(img->c, channels);
 }
 
@@ -519,7 +535,8 @@ static void test_decode_layouts(void **state)
     mgt_image_release(&img);
     load_ok(P("%s/gray.png", d), 3, &img);
     for (int i = 0; i < 6; i++)
-        for (int c = 0; c < 3; c++) assert_int_equal(img.pixels[3 * i + c], gray[i]);
+        for (int c = 0; c < 3; c++)
+            assert_int_equal(img.pixels[3 * i + c], gray[i]);
     mgt_image_release(&img);
     mgt_image_release(&img); /* twice is harmless */
 
@@ -554,7 +571,9 @@ static void test_decode_layouts(void **state)
     mgt_image_release(&img);
     load_ok(P("%s/rgba.png", d), 1, &img);
     for (int i = 0; i < 6; i++) {
-        unsigned l = (rgb[3 * i] * 19595u + rgb[3 * i + 1] * 38470u + rgb[3 * i + 2] * 7471u + 0x8000u) >> 16;
+        unsigned l =
+            (rgb[3 * i] * 19595u + rgb[3 * i + 1] * 38470u + rgb[3 * i + 2] * 7471u + 0x8000u) >>
+            16;
         assert_int_equal(img.pixels[i], l);
     }
     mgt_image_release(&img);
@@ -583,7 +602,8 @@ static void test_decode_layouts(void **state)
     const uint8_t idx[6] = {0, 1, 2, 2, 1, 0};
     png_raw(P("%s/pal.png", d), 3, 2, 8, 3, idx, 3, plte, 3, true);
     load_ok(P("%s/pal.png", d), 3, &img);
-    for (int i = 0; i < 6; i++) assert_memory_equal(img.pixels + 3 * i, plte + 3 * idx[i], 3);
+    for (int i = 0; i < 6; i++)
+        assert_memory_equal(img.pixels + 3 * i, plte + 3 * idx[i], 3);
     mgt_image_release(&img);
 
     /* the other formats ImageFolder accepts */
@@ -606,7 +626,8 @@ static void test_decode_layouts(void **state)
     gif2(P("%s/two.gif", d), 3, 2, gpal, gidx);
     load_ok(P("%s/two.gif", d), 3, &img);
     assert_int_equal(img.w, 3);
-    for (int i = 0; i < 6; i++) assert_memory_equal(img.pixels + 3 * i, gpal + 3 * gidx[i], 3);
+    for (int i = 0; i < 6; i++)
+        assert_memory_equal(img.pixels + 3 * i, gpal + 3 * gidx[i], 3);
     mgt_image_release(&img);
 }
 
@@ -626,7 +647,8 @@ static void make_bad_files(const char *d_arg)
     uint8_t junk[300];
     mgt_rng r;
     mgt_rng_init(&r, 3, 0, 0, MGT_RNG_OTHER);
-    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)mgt_rng_u32(&r);
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)mgt_rng_u32(&r);
     write_bytes(P("%s/junk.png", d), junk, sizeof junk);
     write_bytes(P("%s/empty.jpg", d), "", 0);
     uint8_t px[64 * 48 * 3];
@@ -674,10 +696,12 @@ static uint8_t *read_hex(FILE *f, size_t n)
     uint8_t *b = malloc(n ? n : 1);
     char two[2];
     int c;
-    while ((c = fgetc(f)) == '\n') {}
+    while ((c = fgetc(f)) == '\n') {
+    }
     ungetc(c, f);
     for (size_t i = 0; i < n; i++) {
-        if (fread(two, 1, 2, f) != 2) fail_msg("golden hex ends early");
+        if (fread(two, 1, 2, f) != 2)
+            fail_msg("golden hex ends early");
         b[i] = (uint8_t)(hexval(two[0]) << 4 | hexval(two[1]));
     }
     return b;
@@ -686,10 +710,13 @@ static uint8_t *read_hex(FILE *f, size_t n)
 static FILE *open_golden(const char *name)
 {
     FILE *f = fopen(P("%s/%s", GOLDEN_DIR, name), "r");
-    if (!f) fail_msg("%s/%s: %s (make it with scripts/make_data_goldens.py)", GOLDEN_DIR, name, strerror(errno));
+    if (!f)
+        fail_msg("%s/%s: %s (make it with scripts/make_data_goldens.py)", GOLDEN_DIR, name,
+                 strerror(errno));
     char line[1024];
     long pos = ftell(f);
-    while (fgets(line, sizeof line, f) && line[0] == '#') pos = ftell(f);
+    while (fgets(line, sizeof line, f) && line[0] == '#')
+        pos = ftell(f);
     fseek(f, pos, SEEK_SET);
     return f;
 }
@@ -728,12 +755,15 @@ static void test_jpeg_matches_libjpeg(void **state)
         for (size_t i = 0; i < (size_t)w * h * ch; i++) {
             double e = fabs((double)img.pixels[i] - want[i]);
             sum += e;
-            if (e > worst) worst = e;
+            if (e > worst)
+                worst = e;
         }
         double mean = sum / ((double)w * h * ch);
-        print_message("%s vs libjpeg: mean difference %.3f, worst %.0f levels\n", name, mean, worst);
+        print_message("%s vs libjpeg: mean difference %.3f, worst %.0f levels\n", name, mean,
+                      worst);
         /* two decoders: their IDCTs and chroma upsampling differ by a few levels */
-        if (mean > 0.5 || worst > 8) fail_msg("%s: stb and libjpeg disagree: mean %.3f worst %.0f", name, mean, worst);
+        if (mean > 0.5 || worst > 8)
+            fail_msg("%s: stb and libjpeg disagree: mean %.3f worst %.0f", name, mean, worst);
         mgt_image_release(&img);
         free(want);
         files++;
@@ -764,13 +794,15 @@ static void test_resize_matches_pil(void **state)
                     double ours = out[(size_t)k * ow * oh + (size_t)y * ow + x];
                     double pil = want[((size_t)y * ow + x) * c + k];
                     double e = fabs(ours - pil);
-                    if (e > case_worst) case_worst = e;
+                    if (e > case_worst)
+                        case_worst = e;
                 }
         /* PIL rounds to 8 bits after each pass; the float result may differ by that much */
         if (case_worst > 1.0 + 1e-3)
-            fail_msg("resize case %d (%dx%d box %d,%d %dx%d -> %dx%d): off by %.3f levels", cases, w,
-                     h, bl, bt, bw, bh, ow, oh, case_worst);
-        if (case_worst > worst) worst = case_worst;
+            fail_msg("resize case %d (%dx%d box %d,%d %dx%d -> %dx%d): off by %.3f levels", cases,
+                     w, h, bl, bt, bw, bh, ow, oh, case_worst);
+        if (case_worst > worst)
+            worst = case_worst;
         free(px);
         free(want);
         free(out);
@@ -796,11 +828,13 @@ static void test_resize_by_hand(void **state)
         for (int x = 0; x < 4; x++) {
             double v = 0;
             for (int sy = 0; sy < 2; sy++)
-                for (int sx = 0; sx < 2; sx++) v += up[y][sy] * up[x][sx] * px2[sy * 2 + sx];
+                for (int sx = 0; sx < 2; sx++)
+                    v += up[y][sy] * up[x][sx] * px2[sy * 2 + sx];
             assert_float_equal(out[y * 4 + x], v, 1e-3);
         }
     uint8_t px4[16];
-    for (int i = 0; i < 16; i++) px4[i] = (uint8_t)(i * 15 + (i % 3) * 7);
+    for (int i = 0; i < 16; i++)
+        px4[i] = (uint8_t)(i * 15 + (i % 3) * 7);
     img = (mgt_image){.pixels = px4, .w = 4, .h = 4, .c = 1};
     assert_int_equal(mgt_image_resize(&img, NULL, 2, 2, NULL, out), MGT_OK);
     const double down[2][4] = {{3 / 7., 3 / 7., 1 / 7., 0}, {0, 1 / 7., 3 / 7., 3 / 7.}};
@@ -808,7 +842,8 @@ static void test_resize_by_hand(void **state)
         for (int x = 0; x < 2; x++) {
             double v = 0;
             for (int sy = 0; sy < 4; sy++)
-                for (int sx = 0; sx < 4; sx++) v += down[y][sy] * down[x][sx] * px4[sy * 4 + sx];
+                for (int sx = 0; sx < 4; sx++)
+                    v += down[y][sy] * down[x][sx] * px4[sy * 4 + sx];
             assert_float_equal(out[y * 2 + x], v, 1e-3);
         }
     mgt_crop bad = {.top = 3, .left = 0, .h = 2, .w = 2};
@@ -895,10 +930,11 @@ static void test_rrc_params_golden(void **state)
         int got = mgt_transform_rrc_params(&d, w, h, smin, smax, rmin, rmax, &c);
         if (r.bad || r.pos != r.n || got != tries || c.top != top || c.left != left || c.h != ch ||
             c.w != cw)
-            fail_msg("rrc case %d (%dx%d): got %d,%d %dx%d tries %d (draws %d of %d%s); golden %d,%d "
-                     "%dx%d tries %d",
-                     cases, w, h, c.top, c.left, c.h, c.w, got, r.pos, r.n, r.bad ? ", mismatch" : "",
-                     top, left, ch, cw, tries);
+            fail_msg(
+                "rrc case %d (%dx%d): got %d,%d %dx%d tries %d (draws %d of %d%s); golden %d,%d "
+                "%dx%d tries %d",
+                cases, w, h, c.top, c.left, c.h, c.w, got, r.pos, r.n, r.bad ? ", mismatch" : "",
+                top, left, ch, cw, tries);
         fallbacks += tries == 0;
         cases++;
     }
@@ -942,7 +978,8 @@ static void fill_pattern(uint8_t *px, int w, int h, int c)
 {
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++)
-            for (int k = 0; k < c; k++) px[((size_t)y * w + x) * c + k] = (uint8_t)(1 + 10 * y + x + 100 * k);
+            for (int k = 0; k < c; k++)
+                px[((size_t)y * w + x) * c + k] = (uint8_t)(1 + 10 * y + x + 100 * k);
 }
 
 static void test_pad_crop_geometry(void **state)
@@ -974,7 +1011,8 @@ static void test_pad_crop_geometry(void **state)
             for (int y = 0; y < 4; y++)
                 for (int x = 0; x < 4; x++) {
                     int sx = (flip ? 3 - x : x) + j - 2, sy = y + i - 2;
-                    float want = sx < 0 || sy < 0 || sx >= 4 || sy >= 4 ? 0.0f : px[(sy * 4 + sx) * 3 + k];
+                    float want =
+                        sx < 0 || sy < 0 || sx >= 4 || sy >= 4 ? 0.0f : px[(sy * 4 + sx) * 3 + k];
                     assert_float_equal(out[k * 16 + y * 4 + x], want, 1e-3);
                 }
     }
@@ -996,7 +1034,8 @@ static void test_transform_outputs(void **state)
     assert_int_equal(mgt_transform_apply(&t, &img, NULL, NULL, out), MGT_OK);
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 25; i++)
-            assert_float_equal(out[k * 25 + i], (px[i * 3 + k] / 255.0f - t.mean[k]) / t.std[k], 1e-5);
+            assert_float_equal(out[k * 25 + i], (px[i * 3 + k] / 255.0f - t.mean[k]) / t.std[k],
+                               1e-5);
 
     /* RandomResizedCrop(32) of a photo-sized image: shape, range, determinism by key */
     int W = 120, H = 90;
@@ -1029,7 +1068,8 @@ static void test_transform_outputs(void **state)
 
     /* Resize(36) + CenterCrop(32), gray */
     uint8_t *g = malloc((size_t)W * H);
-    for (int i = 0; i < W * H; i++) g[i] = big[3 * i];
+    for (int i = 0; i < W * H; i++)
+        g[i] = big[3 * i];
     img = (mgt_image){.pixels = g, .w = W, .h = H, .c = 1};
     assert_int_equal(mgt_transform_init(&t, MGT_TRANSFORM_RESIZE_CROP, 32, 1), MGT_OK);
     assert_int_equal(t.resize, 36);
@@ -1041,14 +1081,16 @@ static void test_transform_outputs(void **state)
     mgt_transform_center_crop(48, 36, 32, &cc);
     for (int y = 0; y < 32; y++)
         for (int x = 0; x < 32; x++)
-            assert_float_equal(a[y * 32 + x],
-                               (full[(y + cc.top) * 48 + x + cc.left] / 255.0f - t.mean[0]) / t.std[0], 1e-4);
+            assert_float_equal(
+                a[y * 32 + x],
+                (full[(y + cc.top) * 48 + x + cc.left] / 255.0f - t.mean[0]) / t.std[0], 1e-4);
 
     /* refusals */
     mgt_rng r;
     mgt_rng_init(&r, 0, 0, 0, MGT_RNG_AUGMENT);
     assert_int_equal(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3), MGT_OK);
-    assert_int_equal(mgt_transform_apply(&t, &img, &r, &s, a), MGT_ERR_INVALID); /* 1 vs 3 channels */
+    assert_int_equal(mgt_transform_apply(&t, &img, &r, &s, a),
+                     MGT_ERR_INVALID); /* 1 vs 3 channels */
     assert_int_equal(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 1), MGT_OK);
     assert_int_equal(mgt_transform_apply(&t, &img, NULL, &s, a), MGT_ERR_INVALID); /* no rng */
     t.std[0] = 0;
@@ -1074,9 +1116,9 @@ static void test_sampler_golden(void **state)
     size_t *order = malloc(sizeof(size_t) * 200);
     while (fscanf(f, "%d %d %d %d %d", &n, &reps, &drop, &rank, &count) == 5) {
         mgt_sampler s;
-        assert_int_equal(mgt_sampler_init(&s, (size_t)n, reps, drop ? MGT_SPLIT_DROP : MGT_SPLIT_PAD,
-                                          false, 0),
-                         MGT_OK);
+        assert_int_equal(
+            mgt_sampler_init(&s, (size_t)n, reps, drop ? MGT_SPLIT_DROP : MGT_SPLIT_PAD, false, 0),
+            MGT_OK);
         mgt_sampler_order(&s, 0, order);
         assert_int_equal(mgt_sampler_count(&s, rank), count);
         for (int p = 0; p < count; p++) {
@@ -1085,7 +1127,8 @@ static void test_sampler_golden(void **state)
             if (mgt_sampler_pick(&s, order, rank, (size_t)p) != (size_t)want)
                 fail_msg("sampler n=%d replicas=%d drop_last=%d rank=%d: position %d is %zu, "
                          "DistributedSampler says %d",
-                         n, reps, drop, rank, p, mgt_sampler_pick(&s, order, rank, (size_t)p), want);
+                         n, reps, drop, rank, p, mgt_sampler_pick(&s, order, rank, (size_t)p),
+                         want);
         }
         lines++;
     }
@@ -1105,17 +1148,22 @@ static void test_sampler_properties(void **state)
             for (int mode = 0; mode < 3; mode++) {
                 size_t n = sizes[si];
                 mgt_sampler s;
-                assert_int_equal(mgt_sampler_init(&s, n, N, (mgt_split_mode)mode, mode != 2, 1234), MGT_OK);
+                assert_int_equal(mgt_sampler_init(&s, n, N, (mgt_split_mode)mode, mode != 2, 1234),
+                                 MGT_OK);
                 for (int64_t epoch = 0; epoch < 3; epoch++) {
                     mgt_sampler_order(&s, epoch, order);
                     memset(seen, 0, sizeof(int) * n);
                     size_t total = 0;
                     for (int r = 0; r < N; r++) {
                         size_t c = mgt_sampler_count(&s, r);
-                        if (mode == MGT_SPLIT_PAD) assert_int_equal(c, (n + N - 1) / N);
-                        if (mode == MGT_SPLIT_DROP) assert_int_equal(c, n / N);
-                        if (mode == MGT_SPLIT_EXACT) assert_true(c == n / N || c == n / N + 1);
-                        for (size_t p = 0; p < c; p++) seen[mgt_sampler_pick(&s, order, r, p)]++;
+                        if (mode == MGT_SPLIT_PAD)
+                            assert_int_equal(c, (n + N - 1) / N);
+                        if (mode == MGT_SPLIT_DROP)
+                            assert_int_equal(c, n / N);
+                        if (mode == MGT_SPLIT_EXACT)
+                            assert_true(c == n / N || c == n / N + 1);
+                        for (size_t p = 0; p < c; p++)
+                            seen[mgt_sampler_pick(&s, order, r, p)]++;
                         total += c;
                     }
                     size_t distinct = 0, dups = 0;
@@ -1156,7 +1204,8 @@ static void test_sampler_properties(void **state)
 static mgt_dataset *tagged_dataset(const char *name, int n)
 {
     HOLD(root, "%s/%s", g_root, name);
-    for (int i = 0; i < n; i++) tagged_png(P("%s/c%d/%03d.png", root, i % 3, i), 6, 6, (uint8_t)(1 + i));
+    for (int i = 0; i < n; i++)
+        tagged_png(P("%s/c%d/%03d.png", root, i % 3, i), 6, 6, (uint8_t)(1 + i));
     mgt_dataset *ds = NULL;
     assert_int_equal(mgt_dataset_scan(root, NULL, &ds), MGT_OK);
     assert_int_equal(mgt_dataset_size(ds), n);
@@ -1219,7 +1268,8 @@ static void test_loader_exact_once(void **state)
                     mgt_batch extra;
                     assert_int_equal(mgt_loader_next(l, r, NULL, &extra), MGT_ERR_INVALID);
                 }
-                for (int i = 0; i < 37; i++) assert_int_equal(seen[i], 1);
+                for (int i = 0; i < 37; i++)
+                    assert_int_equal(seen[i], 1);
             }
             long calls = 0;
             assert_true(mgt_loader_wait_total(l, 0, &calls) >= 0);
@@ -1251,8 +1301,12 @@ static void collect_epoch(const mgt_dataset *ds, int N, int workers, int batch, 
             assert_int_equal(mgt_loader_next(l, r, NULL, &bt), MGT_OK);
             for (int k = 0; k < bt.n; k++) {
                 size_t idx = bt.indices_host[k];
-                if (count[idx] == 0) memcpy(by_index + idx * floats, bt.images + (size_t)k * floats, floats * sizeof(float));
-                else assert_memory_equal(by_index + idx * floats, bt.images + (size_t)k * floats, floats * sizeof(float));
+                if (count[idx] == 0)
+                    memcpy(by_index + idx * floats, bt.images + (size_t)k * floats,
+                           floats * sizeof(float));
+                else
+                    assert_memory_equal(by_index + idx * floats, bt.images + (size_t)k * floats,
+                                        floats * sizeof(float));
                 count[idx]++;
             }
         }
@@ -1285,7 +1339,8 @@ static void test_loader_determinism(void **state)
     int c2[23] = {0};
     collect_epoch(ds, 2, 2, 4, 3, b, c2, floats); /* another epoch: other crops */
     int differ = 0;
-    for (size_t i = 0; i < n; i++) differ += memcmp(a + i * floats, b + i * floats, floats * sizeof(float)) != 0;
+    for (size_t i = 0; i < n; i++)
+        differ += memcmp(a + i * floats, b + i * floats, floats * sizeof(float)) != 0;
     assert_true(differ > 20);
     free(a);
     free(b);
@@ -1309,7 +1364,8 @@ static void test_loader_epochs_and_resume(void **state)
     size_t first[2][10];
     assert_int_equal(mgt_loader_set_epoch(l, 0, 0), MGT_OK);
     for (int e = 0; e < 2; e++) {
-        if (e == 1) assert_int_equal(mgt_loader_set_epoch(l, 1, 0), MGT_OK); /* keeps the prefetch */
+        if (e == 1)
+            assert_int_equal(mgt_loader_set_epoch(l, 1, 0), MGT_OK); /* keeps the prefetch */
         int got = 0;
         for (int b = 0; b < 4; b++)
             for (int r = 0; r < 2; r++) {
@@ -1317,7 +1373,8 @@ static void test_loader_epochs_and_resume(void **state)
                 assert_int_equal(mgt_loader_next(l, r, NULL, &bt), MGT_OK);
                 assert_int_equal(bt.epoch, e);
                 assert_int_equal(bt.n, b == 3 ? 1 : 3);
-                for (int k = 0; k < bt.n && r == 0; k++) first[e][got++] = bt.indices_host[k];
+                for (int k = 0; k < bt.n && r == 0; k++)
+                    first[e][got++] = bt.indices_host[k];
             }
         assert_int_equal(got, 10);
     }
@@ -1486,7 +1543,7 @@ typedef struct dev_worker {
     int rank;
     int epochs;
     const mgt_dataset *ds;
-    int *seen;            /* per dataset index, this rank's count */
+    int *seen; /* per dataset index, this rank's count */
     pthread_mutex_t *lock;
     mgt_status st;
     char err[256];
@@ -1499,22 +1556,30 @@ static void *dev_worker_main(void *p)
     float *host = NULL;
     size_t floats = 36 * 4 + 8;
     w->st = mgt_stream_create(w->dev, &s);
-    if (w->st == MGT_OK) w->st = mgt_host_alloc(w->dev, floats * sizeof(float), (void **)&host);
+    if (w->st == MGT_OK)
+        w->st = mgt_host_alloc(w->dev, floats * sizeof(float), (void **)&host);
     size_t nb = mgt_loader_batches(w->l, w->rank);
     for (size_t b = 0; w->st == MGT_OK && b < nb; b++) {
         mgt_batch bt;
-        if ((w->st = mgt_loader_next(w->l, w->rank, s, &bt)) != MGT_OK) break;
+        if ((w->st = mgt_loader_next(w->l, w->rank, s, &bt)) != MGT_OK)
+            break;
         /* read the batch back on the compute stream, as a kernel would */
-        if ((w->st = mgt_copy_d2h(s, host, bt.images, sizeof(float) * 36 * (size_t)bt.n)) != MGT_OK) break;
-        if ((w->st = mgt_copy_d2h(s, host + 36 * 4, bt.labels, sizeof(int32_t) * (size_t)bt.n)) != MGT_OK) break;
-        if ((w->st = mgt_stream_synchronize(s, NULL)) != MGT_OK) break;
+        if ((w->st = mgt_copy_d2h(s, host, bt.images, sizeof(float) * 36 * (size_t)bt.n)) != MGT_OK)
+            break;
+        if ((w->st = mgt_copy_d2h(s, host + 36 * 4, bt.labels, sizeof(int32_t) * (size_t)bt.n)) !=
+            MGT_OK)
+            break;
+        if ((w->st = mgt_stream_synchronize(s, NULL)) != MGT_OK)
+            break;
         const int32_t *lab = (const int32_t *)(host + 36 * 4);
         for (int k = 0; k < bt.n; k++) {
             size_t idx = bt.indices_host[k];
-            if (lab[k] != mgt_dataset_label(w->ds, idx) || host[k * 36 + 7] != (float)tag_of(w->ds, idx)) {
+            if (lab[k] != mgt_dataset_label(w->ds, idx) ||
+                host[k * 36 + 7] != (float)tag_of(w->ds, idx)) {
                 w->st = MGT_ERR_INVALID;
-                snprintf(w->err, sizeof w->err, "rank %d batch %zu sample %d: label %d pixel %g for index %zu",
-                         w->rank, b, k, lab[k], (double)host[k * 36 + 7], idx);
+                snprintf(w->err, sizeof w->err,
+                         "rank %d batch %zu sample %d: label %d pixel %g for index %zu", w->rank, b,
+                         k, lab[k], (double)host[k * 36 + 7], idx);
                 break;
             }
             pthread_mutex_lock(w->lock);
@@ -1522,8 +1587,10 @@ static void *dev_worker_main(void *p)
             pthread_mutex_unlock(w->lock);
         }
     }
-    if (w->st != MGT_OK && !w->err[0]) snprintf(w->err, sizeof w->err, "%s", mgt_error_last());
-    if (host) mgt_host_free(w->dev, host);
+    if (w->st != MGT_OK && !w->err[0])
+        snprintf(w->err, sizeof w->err, "%s", mgt_error_last());
+    if (host)
+        mgt_host_free(w->dev, host);
     mgt_stream_free(s);
     return NULL;
 }
@@ -1535,9 +1602,11 @@ static void test_loader_mock_devices(void **state)
     int ids[3] = {0, 1, 2};
     mgt_devset *set = NULL;
     mgt_status st = mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, NULL, &set);
-    if (st != MGT_OK) fail_msg("mock devices: %s", mgt_error_last());
+    if (st != MGT_OK)
+        fail_msg("mock devices: %s", mgt_error_last());
     mgt_device *devs[3];
-    for (int i = 0; i < 3; i++) devs[i] = mgt_devset_device(set, i);
+    for (int i = 0; i < 3; i++)
+        devs[i] = mgt_devset_device(set, i);
     mgt_transform t;
     plain_transform(&t, 6);
     mgt_loader_options o;
@@ -1548,7 +1617,8 @@ static void test_loader_mock_devices(void **state)
     o.shuffle = false;
     o.continuous = false;
     mgt_loader *l = NULL;
-    if (mgt_loader_create(&o, &l) != MGT_OK) fail_msg("loader: %s", mgt_error_last());
+    if (mgt_loader_create(&o, &l) != MGT_OK)
+        fail_msg("loader: %s", mgt_error_last());
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     for (int epoch = 0; epoch < 2; epoch++) {
         int seen[29] = {0};
@@ -1556,13 +1626,17 @@ static void test_loader_mock_devices(void **state)
         dev_worker w[3];
         pthread_t th[3];
         for (int r = 0; r < 3; r++) {
-            w[r] = (dev_worker){.l = l, .dev = devs[r], .rank = r, .ds = ds, .seen = seen, .lock = &lock};
+            w[r] = (dev_worker){
+                .l = l, .dev = devs[r], .rank = r, .ds = ds, .seen = seen, .lock = &lock};
             assert_int_equal(pthread_create(&th[r], NULL, dev_worker_main, &w[r]), 0);
         }
-        for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
         for (int r = 0; r < 3; r++)
-            if (w[r].st != MGT_OK) fail_msg("device worker %d: %s", r, w[r].err);
-        for (int i = 0; i < 29; i++) assert_int_equal(seen[i], 1);
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < 3; r++)
+            if (w[r].st != MGT_OK)
+                fail_msg("device worker %d: %s", r, w[r].err);
+        for (int i = 0; i < 29; i++)
+            assert_int_equal(seen[i], 1);
     }
     mgt_loader_free(l);
 
@@ -1572,7 +1646,8 @@ static void test_loader_mock_devices(void **state)
     assert_int_equal(mgt_mock_options_parse(&mo, "delay=2000;seed=3"), MGT_OK);
     mgt_devset_free(set);
     assert_int_equal(mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, &mo, &set), MGT_OK);
-    for (int i = 0; i < 3; i++) devs[i] = mgt_devset_device(set, i);
+    for (int i = 0; i < 3; i++)
+        devs[i] = mgt_devset_device(set, i);
     o.abort = &ab;
     o.continuous = true;
     o.split = MGT_SPLIT_PAD;
@@ -1584,20 +1659,23 @@ static void test_loader_mock_devices(void **state)
     pthread_t th[3];
     int seen[29] = {0};
     for (int r = 0; r < 3; r++) {
-        w[r] = (dev_worker){.l = l, .dev = devs[r], .rank = r, .ds = ds, .seen = seen, .lock = &lock};
+        w[r] =
+            (dev_worker){.l = l, .dev = devs[r], .rank = r, .ds = ds, .seen = seen, .lock = &lock};
         assert_int_equal(pthread_create(&th[r], NULL, dev_worker_main, &w[r]), 0);
     }
     usleep(3000);
     double raised = mgt_time_now();
     mgt_abort_raise(&ab);
-    for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 3; r++)
+        pthread_join(th[r], NULL);
     double joined = mgt_time_now() - raised;
     mgt_loader_free(l);
     double freed = mgt_time_now() - raised;
     print_message("mock devices abort: workers out %.1f ms, loader freed %.1f ms after the flag\n",
                   1e3 * joined, 1e3 * freed);
     assert_true(freed < 2.0);
-    for (int r = 0; r < 3; r++) assert_true(w[r].st == MGT_OK || w[r].st == MGT_ERR_ABORTED);
+    for (int r = 0; r < 3; r++)
+        assert_true(w[r].st == MGT_OK || w[r].st == MGT_ERR_ABORTED);
     mgt_devset_free(set);
     mgt_dataset_free(ds);
 }
@@ -1654,13 +1732,15 @@ static void test_check_and_stats(void **state)
 
 /* ---- IDX and the Fashion-MNIST import ---- */
 
-static void write_idx_gz(const char *path, const uint8_t *hdr, size_t hn, const uint8_t *data, size_t n)
+static void write_idx_gz(const char *path, const uint8_t *hdr, size_t hn, const uint8_t *data,
+                         size_t n)
 {
     parent_dirs(path);
     gzFile f = gzopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(gzwrite(f, hdr, (unsigned)hn), (int)hn);
-    if (n) assert_int_equal(gzwrite(f, data, (unsigned)n), (int)n);
+    if (n)
+        assert_int_equal(gzwrite(f, data, (unsigned)n), (int)n);
     assert_int_equal(gzclose(f), Z_OK);
 }
 
@@ -1670,8 +1750,10 @@ static void test_idx_and_import(void **state)
     HOLD(src, "%s/idxsrc", g_root);
     /* 12 training and 5 test images of 4 x 3, labels 0..9 cycling */
     uint8_t imgs[12 * 12], labs[12];
-    for (int i = 0; i < 12 * 12; i++) imgs[i] = (uint8_t)(i * 3);
-    for (int i = 0; i < 12; i++) labs[i] = (uint8_t)(i % 10);
+    for (int i = 0; i < 12 * 12; i++)
+        imgs[i] = (uint8_t)(i * 3);
+    for (int i = 0; i < 12; i++)
+        labs[i] = (uint8_t)(i % 10);
     const uint8_t ih[16] = {0, 0, 8, 3, 0, 0, 0, 12, 0, 0, 0, 3, 0, 0, 0, 4};
     const uint8_t lh[8] = {0, 0, 8, 1, 0, 0, 0, 12};
     write_idx_gz(P("%s/train-images-idx3-ubyte.gz", src), ih, 16, imgs, sizeof imgs);
@@ -1733,9 +1815,9 @@ static void test_idx_and_import(void **state)
     /* a second import does nothing */
     assert_int_equal(mgt_data_import_fashion_mnist(src, out, NULL, &already), MGT_OK);
     assert_true(already);
-    assert_int_equal(mgt_data_import_fashion_mnist(P("%s/nothere", g_root), P("%s/fm2", g_root), NULL,
-                                                   &already),
-                     MGT_ERR_IO);
+    assert_int_equal(
+        mgt_data_import_fashion_mnist(P("%s/nothere", g_root), P("%s/fm2", g_root), NULL, &already),
+        MGT_ERR_IO);
     assert_true(contains(mgt_error_last(), "dataset-fashion-mnist"));
 }
 

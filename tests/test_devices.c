@@ -15,17 +15,16 @@
 #include "mgt/device.h"
 
 /* The call must be refused with `want` and error text that contains `needle`. */
-#define EXPECT_FAIL(call, want, needle)                                                        \
-    do {                                                                                       \
-        mgt_status st_ = (call);                                                               \
-        if (st_ != (want))                                                                     \
-            fail_msg("%s: returned %s (%s), expected %s", #call, mgt_status_str(st_),           \
-                     mgt_error_last(), mgt_status_str(want));                                  \
-        if (!strstr(mgt_error_last(), (needle)))                                               \
-            fail_msg("%s: error text \"%s\" does not name \"%s\"", #call, mgt_error_last(),     \
-                     (needle));                                                                \
+#define EXPECT_FAIL(call, want, needle)                                                     \
+    do {                                                                                    \
+        mgt_status st_ = (call);                                                            \
+        if (st_ != (want))                                                                  \
+            fail_msg("%s: returned %s (%s), expected %s", #call, mgt_status_str(st_),       \
+                     mgt_error_last(), mgt_status_str(want));                               \
+        if (!strstr(mgt_error_last(), (needle)))                                            \
+            fail_msg("%s: error text \"%s\" does not name \"%s\"", #call, mgt_error_last(), \
+                     (needle));                                                             \
     } while (0)
-
 
 /* ---- the options spelling ---- */
 
@@ -70,8 +69,11 @@ static void test_options_accepted(void **state)
     static const struct {
         const char *spec;
         size_t bytes;
-    } sizes[] = {{"mem=512M", 512ull << 20}, {"mem=8G", 8ull << 30}, {"mem=4096K", 4096ull << 10},
-                 {"mem=1M", 1ull << 20},     {"mem=1048577", 1048577}};
+    } sizes[] = {{"mem=512M", 512ull << 20},
+                 {"mem=8G", 8ull << 30},
+                 {"mem=4096K", 4096ull << 10},
+                 {"mem=1M", 1ull << 20},
+                 {"mem=1048577", 1048577}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         o = parsed(sizes[i].spec);
         if (o.mem_limit != sizes[i].bytes)
@@ -160,8 +162,7 @@ static void test_options_rejected(void **state)
         mgt_error_clear();
         mgt_status st = mgt_mock_options_parse(&o, bad[i].spec);
         if (st != MGT_ERR_INVALID)
-            fail_msg("'%s' gave %s, expected invalid argument", bad[i].spec,
-                     mgt_status_str(st));
+            fail_msg("'%s' gave %s, expected invalid argument", bad[i].spec, mgt_status_str(st));
         if (!strstr(mgt_error_last(), bad[i].item))
             fail_msg("'%s': the message \"%s\" does not name the item '%s'", bad[i].spec,
                      mgt_error_last(), bad[i].item);
@@ -228,7 +229,8 @@ static void test_no_p2p_and_copy_rate(void **state)
         CHECK(mgt_devset_copy_rate(set, 1, 0, 4u << 20, 2, &rate));
         if (!(rate > 0) || (!staged && rate > 1.05e9))
             fail_msg("no_p2p %d: copy rate %.3g B/s (a 1 GB/s link: > 0, and at most the "
-                     "link's rate when direct)", staged, rate);
+                     "link's rate when direct)",
+                     staged, rate);
         mgt_error_clear();
         assert_int_equal(mgt_devset_copy_rate(set, 1, 1, 4096, 1, &rate), MGT_ERR_INVALID);
         free(want);
@@ -285,8 +287,11 @@ static void peer_round(const char *spec, const size_t *sizes, int nsizes)
         CHECK(mgt_stream_create(mgt_devset_device(set, i), &reader[i]));
         CHECK(mgt_buffer_alloc(mgt_devset_device(set, i), 64, &pad[i]));
     }
-    peer_job jobs[] = {{.src = 0, .dst = 1}, {.src = 1, .dst = 0}, {.src = 0, .dst = 2},
-                       {.src = 2, .dst = 3}, {.src = 3, .dst = 1}};
+    peer_job jobs[] = {{.src = 0, .dst = 1},
+                       {.src = 1, .dst = 0},
+                       {.src = 0, .dst = 2},
+                       {.src = 2, .dst = 3},
+                       {.src = 3, .dst = 1}};
     enum { NJ = sizeof jobs / sizeof jobs[0] };
     /* allocated once for the largest size: fresh pages cost more than the copies */
     for (int j = 0; j < NJ; j++) {
@@ -307,8 +312,7 @@ static void peer_round(const char *spec, const size_t *sizes, int nsizes)
         for (int j = 0; j < NJ; j++) {
             peer_job *p = &jobs[j];
             fill_bytes(p->want, bytes, (uint32_t)(j * 131 + bytes));
-            CHECK(mgt_copy_h2d(s[p->src], (char *)mgt_buffer_ptr(p->sbuf) + 1, p->want,
-                               bytes));
+            CHECK(mgt_copy_h2d(s[p->src], (char *)mgt_buffer_ptr(p->sbuf) + 1, p->want, bytes));
             CHECK(mgt_memset(s[p->dst], mgt_buffer_ptr(p->dbuf), 0xab, whole));
         }
         for (int j = 0; j < NJ; j++) {
@@ -341,8 +345,8 @@ static void peer_round(const char *spec, const size_t *sizes, int nsizes)
                 const unsigned char *after = got + PEER_GUARD + 3 + bytes;
                 for (size_t k = 0; k < PEER_GUARD + 3; k++)
                     if (got[k] != 0xab || (k < PEER_GUARD && after[k] != 0xab))
-                        fail_msg("%s: copy %d->%d of %zu bytes wrote outside its destination",
-                                 spec, p->src, p->dst, bytes);
+                        fail_msg("%s: copy %d->%d of %zu bytes wrote outside its destination", spec,
+                                 p->src, p->dst, bytes);
                 const unsigned char *g = got + PEER_GUARD + 3;
                 if (memcmp(g, p->want, bytes) != 0)
                     for (size_t k = 0; k < bytes; k++)
@@ -425,8 +429,18 @@ static void test_workspace_over_limit(void **state)
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
-    mgt_conv2d_shape sh = {.n = 1, .c = 64, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3,
-                           .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1};
+    mgt_conv2d_shape sh = {.n = 1,
+                           .c = 64,
+                           .h = 8,
+                           .w = 8,
+                           .k = 8,
+                           .r = 3,
+                           .s = 3,
+                           .stride_h = 1,
+                           .stride_w = 1,
+                           .pad_h = 1,
+                           .pad_w = 1,
+                           .groups = 1};
     mgt_buffer *bx, *bw, *by;
     CHECK(mgt_buffer_alloc(d, 64 * 64 * sizeof(float), &bx));
     CHECK(mgt_buffer_alloc(d, 8 * 64 * 9 * sizeof(float), &bw));
@@ -447,8 +461,7 @@ static void test_workspace_over_limit(void **state)
             fail_msg("conv over the limit gave %s: %s", mgt_status_str(st), mgt_error_last());
         if (!strstr(mgt_error_last(), mgt_device_name(d)) ||
             !strstr(mgt_error_last(), "conv2d_forward"))
-            fail_msg("error text \"%s\" does not name the device and the op",
-                     mgt_error_last());
+            fail_msg("error text \"%s\" does not name the device and the op", mgt_error_last());
         print_message("conv over the limit: %s\n", mgt_error_last());
     }
     mgt_buffer_free(bx);
@@ -564,8 +577,8 @@ static void test_bad_label_is_device_error(void **state)
     static const int32_t labels[4] = {0, 2, 3, 1}; /* 3 is out of range for 3 classes */
     CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(bl), labels, sizeof labels));
     CHECK(mgt_fill(s, mgt_buffer_ptr(bz), 0.5f, 12));
-    CHECK(mgt_softmax_xent_forward(s, mgt_buffer_ptr(bloss), mgt_buffer_ptr(bp),
-                                   mgt_buffer_ptr(bz), mgt_buffer_ptr(bl), 4, 3, 0.0f));
+    CHECK(mgt_softmax_xent_forward(s, mgt_buffer_ptr(bloss), mgt_buffer_ptr(bp), mgt_buffer_ptr(bz),
+                                   mgt_buffer_ptr(bl), 4, 3, 0.0f));
     EXPECT_FAIL(mgt_stream_synchronize(s, NULL), MGT_ERR_DEVICE, mgt_device_name(d));
     if (!strstr(mgt_error_last(), "softmax_xent_forward"))
         fail_msg("error text \"%s\" does not name the op", mgt_error_last());

@@ -36,10 +36,10 @@
 #define TOL_FWD 2e-5
 #define TOL_GRAD 5e-4
 
-#define OK(call) \
-    do { \
-        mgt_status st_ = (call); \
-        if (st_ != MGT_OK) \
+#define OK(call)                                                                   \
+    do {                                                                           \
+        mgt_status st_ = (call);                                                   \
+        if (st_ != MGT_OK)                                                         \
             fail_msg("%s: %s (%s)", #call, mgt_status_str(st_), mgt_error_last()); \
     } while (0)
 
@@ -260,17 +260,17 @@ static double write_hash_weights(const mgt_model *m, const char *path)
         else if (strncmp(name, "fc.", 3) == 0)
             scale = 2.0 / sqrt(fc_in), shift = 0.0;
         else if (t[e].ndim == 4)
-            scale = sqrt(12.0) * sqrt(2.0 / (double)(t[e].shape[0] * t[e].shape[2] *
-                                                     t[e].shape[3])),
+            scale =
+                sqrt(12.0) * sqrt(2.0 / (double)(t[e].shape[0] * t[e].shape[2] * t[e].shape[3])),
             shift = 0.0;
         else if (ends_with(name, ".weight"))
             scale = 0.2, shift = 0.3;
         else
             scale = 1.0, shift = 2.5;
         /* BN biases of a BN followed by its own ReLU: negative for u < 0.25 (dead channels) */
-        bool final_bn = strstr(name, ".downsample.1.") ||
-                        (strncmp(name, "layer", 5) == 0 &&
-                         strstr(name, bottleneck ? ".bn3." : ".bn2."));
+        bool final_bn =
+            strstr(name, ".downsample.1.") ||
+            (strncmp(name, "layer", 5) == 0 && strstr(name, bottleneck ? ".bn3." : ".bn2."));
         bool negate_low = ends_with(name, ".bias") && strncmp(name, "fc.", 3) != 0 && !final_bn;
         float *v = malloc(t[e].numel * sizeof *v);
         assert_non_null(v);
@@ -296,10 +296,15 @@ static double write_hash_weights(const mgt_model *m, const char *path)
 /* ---- error bookkeeping ---- */
 
 enum { G_EVAL, G_LOGITS, G_LOSS, G_GRAD, G_GRAD_NORM, G_STATS, G_STEP1, G_STEP2, G_NORM, G_N };
-static const char *const group_names[G_N] = {
-    "eval logits", "train logits (2 steps)", "loss (2 steps)",
-    "step-1 gradients", "gradient L2 norms", "BN running stats (2 steps)",
-    "params after step 1 (update)", "params after step 2 (update)", "param L2 norms"};
+static const char *const group_names[G_N] = {"eval logits",
+                                             "train logits (2 steps)",
+                                             "loss (2 steps)",
+                                             "step-1 gradients",
+                                             "gradient L2 norms",
+                                             "BN running stats (2 steps)",
+                                             "params after step 1 (update)",
+                                             "params after step 2 (update)",
+                                             "param L2 norms"};
 
 typedef struct errs {
     double abs[G_N], rel[G_N];
@@ -353,8 +358,8 @@ static void compare(errs *e, int g, const char *name, const float *got, const fl
 }
 
 /* |L2 norm of got - want|, relative to want or to scale_floor when that is larger. */
-static void compare_norm(errs *e, int g, const char *name, const float *got, size_t n,
-                         float want, double scale_floor)
+static void compare_norm(errs *e, int g, const char *name, const float *got, size_t n, float want,
+                         double scale_floor)
 {
     double s = 0;
     for (size_t i = 0; i < n; i++)
@@ -370,8 +375,8 @@ static void errs_print(const char *title, const errs *e)
                   title);
     for (int g = 0; g < G_N; g++)
         if (e->count[g])
-            print_message("  %-30s %3d tensors  max abs %.3g  max rel %.3g  (%s)\n",
-                          group_names[g], e->count[g], e->abs[g], e->rel[g], e->worst[g]);
+            print_message("  %-30s %3d tensors  max abs %.3g  max rel %.3g  (%s)\n", group_names[g],
+                          e->count[g], e->abs[g], e->rel[g], e->worst[g]);
 }
 
 static double group_tol(int g)
@@ -419,8 +424,7 @@ static void io_create(step_io *io, mgt_model *m, const float *x, size_t x_count,
 {
     size_t pb;
     mgt_model_params(m, &pb);
-    OK(mgt_buffer_alloc(E.dev, x_count * sizeof(float) + (size_t)batch * sizeof(int32_t),
-                        &io->in));
+    OK(mgt_buffer_alloc(E.dev, x_count * sizeof(float) + (size_t)batch * sizeof(int32_t), &io->in));
     OK(mgt_buffer_alloc(E.dev, pb, &io->mom));
     io->x = mgt_buffer_ptr(io->in);
     io->labels = (int32_t *)(io->x + x_count);
@@ -448,7 +452,10 @@ static void train_step(mgt_model *m, const step_io *io, bool first, float *logit
     OK(mgt_model_forward(m, E.s, io->x, io->batch, true, &logits));
     OK(mgt_model_loss(m, E.s, io->labels, SMOOTHING, NULL));
     OK(mgt_model_backward(m, E.s, hook ? log_ready : NULL, hook));
-    mgt_sgd_params sp = {.lr = LR, .momentum = MOMENTUM, .weight_decay = WD, .grad_scale = 1.0f,
+    mgt_sgd_params sp = {.lr = LR,
+                         .momentum = MOMENTUM,
+                         .weight_decay = WD,
+                         .grad_scale = 1.0f,
                          .first_step = first};
     OK(mgt_sgd_update(E.s, params, mgt_buffer_ptr(io->mom), mgt_model_grads(m, NULL),
                       pb / sizeof(float), &sp));
@@ -472,8 +479,10 @@ typedef struct golden_case {
 static void run_golden(const golden_case *c)
 {
     char path[512], wpath[512];
-    mgt_model_config cfg = {.arch = c->arch, .classes = c->classes,
-                            .in_channels = c->in_channels, .image_size = c->size,
+    mgt_model_config cfg = {.arch = c->arch,
+                            .classes = c->classes,
+                            .in_channels = c->in_channels,
+                            .image_size = c->size,
                             .batch = c->batch};
     mgt_model *m;
     OK(mgt_model_create(&cfg, E.dev, &m));
@@ -674,8 +683,8 @@ static void test_golden_resnet18(void **state)
 
 static void counts_of(const char *arch, int classes, int cin, int size, mgt_model_counts *c)
 {
-    mgt_model_config cfg = {.arch = arch, .classes = classes, .in_channels = cin,
-                            .image_size = size, .batch = 1};
+    mgt_model_config cfg = {
+        .arch = arch, .classes = classes, .in_channels = cin, .image_size = size, .batch = 1};
     mgt_model *m;
     OK(mgt_model_create(&cfg, NULL, &m));
     mgt_model_get_counts(m, c);
@@ -725,8 +734,8 @@ static void test_counts(void **state)
     assert_true(c.params > 1700000 && c.params < 1750000);
 
     mgt_model *m;
-    mgt_model_config bad = {.arch = "resnet19", .classes = 10, .in_channels = 3,
-                            .image_size = 32, .batch = 1};
+    mgt_model_config bad = {
+        .arch = "resnet19", .classes = 10, .in_channels = 3, .image_size = 32, .batch = 1};
     assert_int_equal(mgt_model_create(&bad, NULL, &m), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "resnet19"));
     bad.arch = "resnet20";
@@ -738,8 +747,11 @@ static void test_counts(void **state)
 
 static mgt_model *golden_resnet20(int classes, int cin, int batch)
 {
-    mgt_model_config cfg = {.arch = "resnet20", .classes = classes, .in_channels = cin,
-                            .image_size = 28, .batch = batch};
+    mgt_model_config cfg = {.arch = "resnet20",
+                            .classes = classes,
+                            .in_channels = cin,
+                            .image_size = 28,
+                            .batch = batch};
     mgt_model *m;
     OK(mgt_model_create(&cfg, E.dev, &m));
     return m;
@@ -948,8 +960,8 @@ static void test_partial_batch(void **state)
     mgt_model_free(m);
 
     /* a training batch of 1 where layer4 is 1x1: one value per BN channel, refused */
-    mgt_model_config c18 = {.arch = "resnet18", .classes = 10, .in_channels = 1,
-                            .image_size = 28, .batch = 2};
+    mgt_model_config c18 = {
+        .arch = "resnet18", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 2};
     OK(mgt_model_create(&c18, E.dev, &m));
     OK(mgt_model_init(m, E.s, 3));
     io_create(&io, m, x, 2 * 28 * 28, labels, 2);
@@ -968,8 +980,12 @@ static void test_partial_batch(void **state)
 static void test_init(void **state)
 {
     (void)state;
-    mgt_model_config cfg = {.arch = "resnet20", .classes = 10, .in_channels = 3,
-                            .image_size = 32, .batch = 1, .zero_init_residual = true};
+    mgt_model_config cfg = {.arch = "resnet20",
+                            .classes = 10,
+                            .in_channels = 3,
+                            .image_size = 32,
+                            .batch = 1,
+                            .zero_init_residual = true};
     mgt_model *a, *b;
     OK(mgt_model_create(&cfg, E.dev, &a));
     OK(mgt_model_create(&cfg, E.dev, &b));
@@ -1004,10 +1020,10 @@ static void test_init(void **state)
             assert_true(mx <= 1 / sqrt(64.0) && mx > 0.5 / sqrt(64.0));
         } else {
             bool last_bn = ends_with(e->name, "bn2.weight") && strncmp(e->name, "layer", 5) == 0;
-            float want = ends_with(e->name, "running_var") ||
-                                 (ends_with(e->name, ".weight") && !last_bn)
-                             ? 1.0f
-                             : 0.0f;
+            float want =
+                ends_with(e->name, "running_var") || (ends_with(e->name, ".weight") && !last_bn)
+                    ? 1.0f
+                    : 0.0f;
             for (size_t k = 0; k < e->numel; k++)
                 assert_true(v[k] == want);
         }
@@ -1038,8 +1054,8 @@ static void test_init(void **state)
 static void test_layout(void **state)
 {
     (void)state;
-    mgt_model_config cfg = {.arch = "resnet50", .classes = 1000, .in_channels = 3,
-                            .image_size = 224, .batch = 1};
+    mgt_model_config cfg = {
+        .arch = "resnet50", .classes = 1000, .in_channels = 3, .image_size = 224, .batch = 1};
     mgt_model *m;
     OK(mgt_model_create(&cfg, NULL, &m));
     int n;
@@ -1086,8 +1102,8 @@ static void test_torch_load(void **state)
     tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
     tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
     enum { B = 2, K = 10, C = 3, S = 64 };
-    mgt_model_config cfg = {.arch = "resnet50", .classes = K, .in_channels = C, .image_size = S,
-                            .batch = B};
+    mgt_model_config cfg = {
+        .arch = "resnet50", .classes = K, .in_channels = C, .image_size = S, .batch = B};
     mgt_model *m;
     OK(mgt_model_create(&cfg, E.dev, &m));
     write_hash_weights(m, wpath);
@@ -1130,7 +1146,7 @@ static void test_torch_load(void **state)
     OK(mgt_st_writer_set_metadata(w, "smoothing", smoothing));
     int n;
     const mgt_model_entry *t = mgt_model_table(m, &n);
-    float (*vals)[SAMPLES + 1] = calloc((size_t)n, sizeof *vals);
+    float(*vals)[SAMPLES + 1] = calloc((size_t)n, sizeof *vals);
     assert_non_null(vals);
     for (int i = 0; i < n; i++) {
         if (t[i].role == MGT_MODEL_COUNTER)

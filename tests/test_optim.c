@@ -50,8 +50,8 @@ static void test_cosine_schedule(void **state)
 static void test_warmup(void **state)
 {
     (void)state;
-    mgt_lr_config c = {.lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f,
-                       .warmup_epochs = 2};
+    mgt_lr_config c = {
+        .lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f, .warmup_epochs = 2};
     near(mgt_lr_at(&c, 0, 0, 10), 0.1 / 20);
     near(mgt_lr_at(&c, 0, 9, 10), 0.1 * 10 / 20);
     near(mgt_lr_at(&c, 1, 9, 10), 0.1);
@@ -130,10 +130,8 @@ static void test_sgd_rejects(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_step_schedule),
-        cmocka_unit_test(test_cosine_schedule),
-        cmocka_unit_test(test_warmup),
-        cmocka_unit_test(test_sgd_steps),
+        cmocka_unit_test(test_step_schedule), cmocka_unit_test(test_cosine_schedule),
+        cmocka_unit_test(test_warmup),        cmocka_unit_test(test_sgd_steps),
         cmocka_unit_test(test_sgd_rejects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -91,8 +91,7 @@ static golden_array *golden_find(golden *g, const char *name, size_t count, bool
         if (a->is_int != is_int)
             fail_msg("%s: %s is not %s", g->path, name, is_int ? "i32" : "f32");
         if (count && a->count != count)
-            fail_msg("%s: %s has %zu values, the test expects %zu", g->path, name, a->count,
-                     count);
+            fail_msg("%s: %s has %zu values, the test expects %zu", g->path, name, a->count, count);
         return a;
     }
     fail_msg("%s: no array %s", g->path, name);
@@ -175,12 +174,30 @@ static void test_names(void **state)
 {
     (void)state;
     static const char *const names[] = {
-        "fill", "scale", "axpy", "sum", "add", "gemm", "conv2d_forward",
-        "conv2d_backward_data", "conv2d_backward_filter", "batchnorm_forward_train",
-        "batchnorm_forward_eval", "batchnorm_backward", "relu_forward", "relu_backward",
-        "maxpool2d_forward", "maxpool2d_backward", "avgpool_forward", "avgpool_backward",
-        "bias_forward", "bias_backward", "softmax_xent_forward", "softmax_xent_backward",
-        "topk_correct", "sgd_update",
+        "fill",
+        "scale",
+        "axpy",
+        "sum",
+        "add",
+        "gemm",
+        "conv2d_forward",
+        "conv2d_backward_data",
+        "conv2d_backward_filter",
+        "batchnorm_forward_train",
+        "batchnorm_forward_eval",
+        "batchnorm_backward",
+        "relu_forward",
+        "relu_backward",
+        "maxpool2d_forward",
+        "maxpool2d_backward",
+        "avgpool_forward",
+        "avgpool_backward",
+        "bias_forward",
+        "bias_backward",
+        "softmax_xent_forward",
+        "softmax_xent_backward",
+        "topk_correct",
+        "sgd_update",
     };
     assert_int_equal(sizeof names / sizeof names[0], MGT_OP_COUNT);
     for (int i = 0; i < MGT_OP_COUNT; i++) {
@@ -276,8 +293,18 @@ static void conv_case(const char *file)
     golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 12);
     mgt_conv2d_shape sh = {
-        .n = s[0], .c = s[1], .h = s[2], .w = s[3], .k = s[4], .r = s[5], .s = s[6],
-        .stride_h = s[7], .stride_w = s[8], .pad_h = s[9], .pad_w = s[10], .groups = s[11],
+        .n = s[0],
+        .c = s[1],
+        .h = s[2],
+        .w = s[3],
+        .k = s[4],
+        .r = s[5],
+        .s = s[6],
+        .stride_h = s[7],
+        .stride_w = s[8],
+        .pad_h = s[9],
+        .pad_w = s[10],
+        .groups = s[11],
     };
     int P = mgt_conv2d_out_h(&sh), Q = mgt_conv2d_out_w(&sh);
     size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w, ny = (size_t)sh.n * sh.k * P * Q;
@@ -448,8 +475,16 @@ static void maxpool_case(const char *file)
     golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 10);
     mgt_pool2d_shape sh = {
-        .n = s[0], .c = s[1], .h = s[2], .w = s[3], .kh = s[4], .kw = s[5],
-        .stride_h = s[6], .stride_w = s[7], .pad_h = s[8], .pad_w = s[9],
+        .n = s[0],
+        .c = s[1],
+        .h = s[2],
+        .w = s[3],
+        .kh = s[4],
+        .kw = s[5],
+        .stride_h = s[6],
+        .stride_w = s[7],
+        .pad_h = s[8],
+        .pad_w = s[9],
     };
     size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w;
     size_t ny = (size_t)sh.n * sh.c * mgt_pool2d_out_h(&sh) * mgt_pool2d_out_w(&sh);
@@ -498,8 +533,8 @@ static void test_maxpool_ties(void **state)
     (void)state;
     float x[9] = {1, 5, 5, 5, 5, 0, -1, 5, 2};
     float dy[4] = {1, 10, 100, 1000}, dx[9], y[4];
-    mgt_pool2d_shape sh = {.n = 1, .c = 1, .h = 3, .w = 3, .kh = 2, .kw = 2,
-                           .stride_h = 1, .stride_w = 1};
+    mgt_pool2d_shape sh = {
+        .n = 1, .c = 1, .h = 3, .w = 3, .kh = 2, .kw = 2, .stride_h = 1, .stride_w = 1};
     mgt_op op = {.kind = MGT_OP_MAXPOOL_FWD};
     op.u.maxpool_fwd.y = y;
     op.u.maxpool_fwd.x = x;
@@ -518,8 +553,8 @@ static void test_maxpool_ties(void **state)
 
     /* All -inf: the first real element wins, so the gradient still lands somewhere. */
     float ninf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, g1[1] = {3}, d4[4], y1[1];
-    mgt_pool2d_shape one = {.n = 1, .c = 1, .h = 2, .w = 2, .kh = 2, .kw = 2,
-                            .stride_h = 2, .stride_w = 2};
+    mgt_pool2d_shape one = {
+        .n = 1, .c = 1, .h = 2, .w = 2, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
     op = (mgt_op){.kind = MGT_OP_MAXPOOL_FWD};
     op.u.maxpool_fwd.y = y1;
     op.u.maxpool_fwd.x = ninf;
@@ -663,8 +698,12 @@ static void sgd_case(const char *file)
     size_t n = (size_t)s[0];
     int steps = s[1];
     float *hp = gf(g, "lr_momentum_dampening_wd_scale_nesterov", 6);
-    mgt_sgd_params p = {.lr = hp[0], .momentum = hp[1], .dampening = hp[2],
-                        .weight_decay = hp[3], .grad_scale = hp[4], .nesterov = hp[5] != 0.0f,
+    mgt_sgd_params p = {.lr = hp[0],
+                        .momentum = hp[1],
+                        .dampening = hp[2],
+                        .weight_decay = hp[3],
+                        .grad_scale = hp[4],
+                        .nesterov = hp[5] != 0.0f,
                         .first_step = true};
     float *param = dup(gf(g, "p0", n), n), *buf = nans(n);
     char name[16], what[96];
@@ -819,10 +858,7 @@ static void test_topk_ties(void **state)
        row 2: label 3 is the unique largest: rank 0
        row 3: all equal, label 3: rank 3 */
     float logits[16] = {
-        6, 5, 5, 0,
-        4, 0, 9, 4,
-        0, 1, 2, 3,
-        7, 7, 7, 7,
+        6, 5, 5, 0, 4, 0, 9, 4, 0, 1, 2, 3, 7, 7, 7, 7,
     };
     int32_t labels[4] = {2, 0, 3, 3};
     int32_t want[5] = {0, 1, 2, 3, 4}; /* correct rows for k = 1..4, plus the starting 0 */
@@ -845,8 +881,17 @@ static void test_topk_ties(void **state)
 
 static mgt_conv2d_shape good_conv(void)
 {
-    return (mgt_conv2d_shape){.n = 2, .c = 4, .h = 8, .w = 8, .k = 6, .r = 3, .s = 3,
-                              .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
+    return (mgt_conv2d_shape){.n = 2,
+                              .c = 4,
+                              .h = 8,
+                              .w = 8,
+                              .k = 6,
+                              .r = 3,
+                              .s = 3,
+                              .stride_h = 1,
+                              .stride_w = 1,
+                              .pad_h = 1,
+                              .pad_w = 1,
                               .groups = 2};
 }
 
@@ -866,8 +911,8 @@ static void expect_invalid(const mgt_op *op, const char *text)
 {
     mgt_error_clear();
     assert_int_equal(mgt_op_check(op), MGT_ERR_INVALID);
-    if (!strstr(mgt_error_last(), text) || strncmp(mgt_error_last(), mgt_op_name(op->kind),
-                                                   strlen(mgt_op_name(op->kind))))
+    if (!strstr(mgt_error_last(), text) ||
+        strncmp(mgt_error_last(), mgt_op_name(op->kind), strlen(mgt_op_name(op->kind))))
         fail_msg("error text \"%s\" lacks \"%s\" or the op's name", mgt_error_last(), text);
 }
 
@@ -875,8 +920,8 @@ static void test_check_conv(void **state)
 {
     (void)state;
     mgt_op op = {.kind = MGT_OP_CONV2D_FWD};
-    op.u.conv = (__typeof__(op.u.conv)){.out = dummy, .in1 = dummy, .in2 = dummy,
-                                        .sh = good_conv()};
+    op.u.conv =
+        (__typeof__(op.u.conv)){.out = dummy, .in1 = dummy, .in2 = dummy, .sh = good_conv()};
     expect_ok(mgt_op_check(&op));
 
     mgt_conv2d_shape sh = good_conv();
@@ -913,8 +958,16 @@ static void test_check_other_ops(void **state)
 {
     (void)state;
     mgt_op op = {.kind = MGT_OP_GEMM};
-    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true, .m = 4, .n = 3, .k = 5, .a = dummy,
-                                        .lda = 4, .b = dummy, .ldb = 3, .c = dummy, .ldc = 3};
+    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true,
+                                        .m = 4,
+                                        .n = 3,
+                                        .k = 5,
+                                        .a = dummy,
+                                        .lda = 4,
+                                        .b = dummy,
+                                        .ldb = 3,
+                                        .c = dummy,
+                                        .ldc = 3};
     expect_ok(mgt_op_check(&op));
     op.u.gemm.lda = 3; /* A is stored [k, m] = [5, 4] */
     expect_invalid(&op, "lda 3 < row length 4 of A (transposed)");
@@ -928,8 +981,16 @@ static void test_check_other_ops(void **state)
     op.u.gemm.k = 0;
     expect_invalid(&op, "k 0 must be positive");
 
-    mgt_pool2d_shape ps = {.n = 1, .c = 1, .h = 8, .w = 8, .kh = 3, .kw = 3,
-                           .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    mgt_pool2d_shape ps = {.n = 1,
+                           .c = 1,
+                           .h = 8,
+                           .w = 8,
+                           .kh = 3,
+                           .kw = 3,
+                           .stride_h = 2,
+                           .stride_w = 2,
+                           .pad_h = 1,
+                           .pad_w = 1};
     op = (mgt_op){.kind = MGT_OP_MAXPOOL_FWD};
     op.u.maxpool_fwd.y = dummy;
     op.u.maxpool_fwd.x = dummy;
@@ -943,8 +1004,14 @@ static void test_check_other_ops(void **state)
 
     op = (mgt_op){.kind = MGT_OP_BN_FWD_TRAIN};
     op.u.bn_train = (__typeof__(op.u.bn_train)){
-        .y = dummy, .save_mean = dummy, .save_invstd = dummy, .running_mean = dummy,
-        .running_var = dummy, .x = dummy, .gamma = dummy, .beta = dummy,
+        .y = dummy,
+        .save_mean = dummy,
+        .save_invstd = dummy,
+        .running_mean = dummy,
+        .running_var = dummy,
+        .x = dummy,
+        .gamma = dummy,
+        .beta = dummy,
         .sh = {.n = 2, .c = 3, .hw = 4, .eps = 1e-5f, .momentum = 0.1f}};
     expect_ok(mgt_op_check(&op));
     op.u.bn_train.sh.eps = 0.0f;
@@ -962,8 +1029,12 @@ static void test_check_other_ops(void **state)
 
     int32_t labels[1] = {0};
     op = (mgt_op){.kind = MGT_OP_XENT_FWD};
-    op.u.xent_fwd = (__typeof__(op.u.xent_fwd)){.loss = dummy, .probs = dummy, .logits = dummy,
-                                                .labels = labels, .n = 1, .classes = 4,
+    op.u.xent_fwd = (__typeof__(op.u.xent_fwd)){.loss = dummy,
+                                                .probs = dummy,
+                                                .logits = dummy,
+                                                .labels = labels,
+                                                .n = 1,
+                                                .classes = 4,
                                                 .smoothing = 1.0f};
     expect_invalid(&op, "label smoothing 1 must be in [0, 1)");
     op.u.xent_fwd.smoothing = 0.1f;
@@ -971,8 +1042,8 @@ static void test_check_other_ops(void **state)
     expect_invalid(&op, "classes 0 must be positive");
 
     op = (mgt_op){.kind = MGT_OP_TOPK};
-    op.u.topk = (__typeof__(op.u.topk)){.count = labels, .logits = dummy, .labels = labels,
-                                        .n = 1, .classes = 4, .k = 0};
+    op.u.topk = (__typeof__(op.u.topk)){
+        .count = labels, .logits = dummy, .labels = labels, .n = 1, .classes = 4, .k = 0};
     expect_invalid(&op, "k 0 must be at least 1");
 
     op = (mgt_op){.kind = MGT_OP_FILL};
@@ -1017,8 +1088,16 @@ static void test_operands(void **state)
     /* gemm, A transposed: stored [k=5, m=4] with lda 6 -> 4*6 + 4; B [k=5, n=3] with ldb 7
        -> 4*7 + 3; C [m=4, n=3] with ldc 3 -> 12 */
     mgt_op op = {.kind = MGT_OP_GEMM};
-    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true, .m = 4, .n = 3, .k = 5, .a = a,
-                                        .lda = 6, .b = b, .ldb = 7, .c = c, .ldc = 3};
+    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true,
+                                        .m = 4,
+                                        .n = 3,
+                                        .k = 5,
+                                        .a = a,
+                                        .lda = 6,
+                                        .b = b,
+                                        .ldb = 7,
+                                        .c = c,
+                                        .ldc = 3};
     int n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "a")->count, 28);
@@ -1035,8 +1114,8 @@ static void test_operands(void **state)
 
     /* conv backward filter: dw [6, 4/2, 3, 3], dy [2, 6, 8, 8], x [2, 4, 8, 8] */
     op = (mgt_op){.kind = MGT_OP_CONV2D_BWD_FILTER};
-    op.u.conv = (__typeof__(op.u.conv)){.out = a, .in1 = b, .in2 = c, .sh = good_conv(),
-                                        .beta = 1.0f};
+    op.u.conv =
+        (__typeof__(op.u.conv)){.out = a, .in1 = b, .in2 = c, .sh = good_conv(), .beta = 1.0f};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "dw")->count, 6 * 2 * 3 * 3);
@@ -1048,9 +1127,15 @@ static void test_operands(void **state)
 
     /* batch norm backward: accumulating parameter gradients */
     op = (mgt_op){.kind = MGT_OP_BN_BWD};
-    op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){
-        .dx = a, .dgamma = a, .dbeta = a, .dy = a, .x = a, .gamma = a, .save_mean = a,
-        .save_invstd = a, .sh = {.n = 2, .c = 3, .hw = 5, .eps = 1e-5f}};
+    op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){.dx = a,
+                                            .dgamma = a,
+                                            .dbeta = a,
+                                            .dy = a,
+                                            .x = a,
+                                            .gamma = a,
+                                            .save_mean = a,
+                                            .save_invstd = a,
+                                            .sh = {.n = 2, .c = 3, .hw = 5, .eps = 1e-5f}};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 8);
     assert_int_equal(find_operand(o, n, "dx")->role, MGT_OPERAND_OUT);
@@ -1061,8 +1146,8 @@ static void test_operands(void **state)
     /* topk: an int32 counter that accumulates */
     int32_t cnt[1], lab[1];
     op = (mgt_op){.kind = MGT_OP_TOPK};
-    op.u.topk = (__typeof__(op.u.topk)){.count = cnt, .logits = a, .labels = lab, .n = 7,
-                                        .classes = 10, .k = 5};
+    op.u.topk = (__typeof__(op.u.topk)){
+        .count = cnt, .logits = a, .labels = lab, .n = 7, .classes = 10, .k = 5};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "count")->dtype, MGT_I32);
@@ -1073,8 +1158,8 @@ static void test_operands(void **state)
 
     /* SGD: the buffer is an operand only with momentum, and write-only on the first step */
     op = (mgt_op){.kind = MGT_OP_SGD};
-    op.u.sgd = (__typeof__(op.u.sgd)){.param = a, .momentum_buf = b, .grad = c, .n = 9,
-                                      .p = {.lr = 0.1f}};
+    op.u.sgd =
+        (__typeof__(op.u.sgd)){.param = a, .momentum_buf = b, .grad = c, .n = 9, .p = {.lr = 0.1f}};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 2);
     op.u.sgd.p.momentum = 0.9f;
@@ -1095,12 +1180,30 @@ static void test_operands(void **state)
 static void test_out_sizes(void **state)
 {
     (void)state;
-    mgt_conv2d_shape c = {.n = 1, .c = 1, .h = 224, .w = 223, .k = 1, .r = 7, .s = 7,
-                          .stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3, .groups = 1};
+    mgt_conv2d_shape c = {.n = 1,
+                          .c = 1,
+                          .h = 224,
+                          .w = 223,
+                          .k = 1,
+                          .r = 7,
+                          .s = 7,
+                          .stride_h = 2,
+                          .stride_w = 2,
+                          .pad_h = 3,
+                          .pad_w = 3,
+                          .groups = 1};
     assert_int_equal(mgt_conv2d_out_h(&c), 112);
     assert_int_equal(mgt_conv2d_out_w(&c), 112);
-    mgt_pool2d_shape p = {.n = 1, .c = 1, .h = 112, .w = 7, .kh = 3, .kw = 3,
-                          .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    mgt_pool2d_shape p = {.n = 1,
+                          .c = 1,
+                          .h = 112,
+                          .w = 7,
+                          .kh = 3,
+                          .kw = 3,
+                          .stride_h = 2,
+                          .stride_w = 2,
+                          .pad_h = 1,
+                          .pad_w = 1};
     assert_int_equal(mgt_pool2d_out_h(&p), 56);
     assert_int_equal(mgt_pool2d_out_w(&p), 4);
     c.h = 2; /* 2 + 6 - 7 = 1: one step of 2 fits once, plus the first */

@@ -156,16 +156,14 @@ static void test_round_trip(void **state)
                      MGT_OK);
     /* an odd-sized tensor before 4- and 8-byte ones leaves their data unaligned */
     assert_int_equal(mgt_st_writer_add(w, "odd.u8", MGT_ST_U8, 1, three, odd), MGT_OK);
-    assert_int_equal(
-        mgt_st_writer_add(w, "layer1.0.bn1.running_mean", MGT_ST_F32, 1, four, mean), MGT_OK);
-    assert_int_equal(mgt_st_writer_add(w, "bn1.num_batches_tracked", MGT_ST_I64, 0, NULL,
-                                       &tracked),
+    assert_int_equal(mgt_st_writer_add(w, "layer1.0.bn1.running_mean", MGT_ST_F32, 1, four, mean),
+                     MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "bn1.num_batches_tracked", MGT_ST_I64, 0, NULL, &tracked),
                      MGT_OK);
     assert_int_equal(mgt_st_writer_add(w, "fc.bias", MGT_ST_F16, 1, three, fc_bias_f16), MGT_OK);
     assert_int_equal(mgt_st_writer_add(w, "extra.f64", MGT_ST_F64, 1, two, f64), MGT_OK);
     assert_int_equal(mgt_st_writer_add(w, "extra.bool", MGT_ST_BOOL, 1, two, flags), MGT_OK);
-    assert_int_equal(mgt_st_writer_add(w, "extra.empty", MGT_ST_F32, 2, empty_shape, NULL),
-                     MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "extra.empty", MGT_ST_F32, 2, empty_shape, NULL), MGT_OK);
     assert_int_equal(mgt_st_writer_add(w, "n\u00e4me \"quoted\"\n", MGT_ST_I8, 1, two, flags),
                      MGT_OK);
     assert_int_equal(mgt_st_writer_set_metadata(w, "epoch", "1"), MGT_OK);
@@ -199,8 +197,7 @@ static void test_round_trip(void **state)
     expect_tensor(f, "conv1.weight", MGT_ST_F32, 4, conv_shape, conv_back, sizeof conv_back);
     assert_memory_equal(conv_back, conv_bits, sizeof conv_bits);
     float mean_back[4];
-    expect_tensor(f, "layer1.0.bn1.running_mean", MGT_ST_F32, 1, four, mean_back,
-                  sizeof mean_back);
+    expect_tensor(f, "layer1.0.bn1.running_mean", MGT_ST_F32, 1, four, mean_back, sizeof mean_back);
     assert_memory_equal(mean_back, mean, sizeof mean);
     int64_t tracked_back = 0;
     expect_tensor(f, "bn1.num_batches_tracked", MGT_ST_I64, 0, NULL, &tracked_back,
@@ -503,8 +500,8 @@ static void test_byte_flips(void **state)
     (void)state;
     size_t len;
     unsigned char *buf = read_all(DATA_DIR "/good/torch_like.safetensors", &len);
-    static const unsigned char replace[] = {0x00, 0x22, 0x2c, 0x30, 0x39, 0x5b, 0x5d, 0x7b,
-                                            0x7d, 0x80, 0xff};
+    static const unsigned char replace[] = {0x00, 0x22, 0x2c, 0x30, 0x39, 0x5b,
+                                            0x5d, 0x7b, 0x7d, 0x80, 0xff};
     int accepted = 0;
     for (size_t at = 0; at < len; at++) {
         for (size_t r = 0; r < sizeof replace; r++) {
@@ -565,8 +562,7 @@ static void test_writer_refuses(void **state)
     assert_int_equal(mgt_st_writer_add(w, "a", MGT_ST_F32, 1, two, x), MGT_OK);
     assert_int_equal(mgt_st_writer_add(w, "a", MGT_ST_F32, 1, two, x), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "added twice"));
-    assert_int_equal(mgt_st_writer_add(w, "__metadata__", MGT_ST_F32, 1, two, x),
-                     MGT_ERR_INVALID);
+    assert_int_equal(mgt_st_writer_add(w, "__metadata__", MGT_ST_F32, 1, two, x), MGT_ERR_INVALID);
     assert_int_equal(mgt_st_writer_add(w, "bad\xff", MGT_ST_F32, 1, two, x), MGT_ERR_INVALID);
     assert_int_equal(mgt_st_writer_add(w, "b", MGT_ST_F32, 1, neg, x), MGT_ERR_INVALID);
     assert_int_equal(mgt_st_writer_add(w, "b", MGT_ST_F32, 1, huge, x), MGT_ERR_INVALID);
@@ -698,18 +694,12 @@ static void test_save_relative_path(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_empty_writer),
-        cmocka_unit_test(test_golden_torch_like),
-        cmocka_unit_test(test_golden_sloppy),
-        cmocka_unit_test(test_bad_corpus),
-        cmocka_unit_test(test_truncations),
-        cmocka_unit_test(test_byte_flips),
-        cmocka_unit_test(test_open_errors),
-        cmocka_unit_test(test_writer_refuses),
-        cmocka_unit_test(test_save_into_missing_folder),
-        cmocka_unit_test(test_save_failing_midway),
-        cmocka_unit_test(test_save_relative_path),
+        cmocka_unit_test(test_round_trip),          cmocka_unit_test(test_empty_writer),
+        cmocka_unit_test(test_golden_torch_like),   cmocka_unit_test(test_golden_sloppy),
+        cmocka_unit_test(test_bad_corpus),          cmocka_unit_test(test_truncations),
+        cmocka_unit_test(test_byte_flips),          cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_writer_refuses),      cmocka_unit_test(test_save_into_missing_folder),
+        cmocka_unit_test(test_save_failing_midway), cmocka_unit_test(test_save_relative_path),
     };
     return cmocka_run_group_tests_name("safetensors", tests, NULL, NULL);
 }

@@ -16,7 +16,6 @@
 
 #include "mgt/device.h"
 
-
 static float *dev_floats(mgt_device *d, size_t n, mgt_buffer **b)
 {
     CHECK(mgt_buffer_alloc(d, n * sizeof(float), b));
@@ -329,8 +328,7 @@ static void test_event_query_elapsed(void **state)
     CHECK(mgt_event_elapsed_ms(e0, e1, &ms));
     /* 41 delays of 0..5 ms: far above 10 ms unless the delays did not happen */
     if (!(ms > 10.0f && ms <= wall_ms + 1.0))
-        fail_msg("elapsed %g ms between the events, %g ms on the host clock", (double)ms,
-                 wall_ms);
+        fail_msg("elapsed %g ms between the events, %g ms on the host clock", (double)ms, wall_ms);
     /* re-recording moves the event: it is pending again until the new record runs */
     CHECK(mgt_fill(s, x, 1.0f, 16));
     CHECK(mgt_fill(s, x, 2.0f, 16));

@@ -336,8 +336,7 @@ static void test_resume_on_other_device_counts(void **state)
                  saved * 16 / batch * batch, saved * 16 / batch, batch);
         if (!strstr(text, "warning: the checkpoint was trained with a global batch of 16") ||
             !strstr(text, want))
-            fail_msg("resume on %d devices: expected \"%s\" in:\n%s", next[k].devices, want,
-                     text);
+            fail_msg("resume on %d devices: expected \"%s\" in:\n%s", next[k].devices, want, text);
         mgt_test_remove_tree(dir);
     }
 }

@@ -41,15 +41,14 @@ static double cpu_now(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: bench_kernels [--threads 1,2] [--repeats N] [--ref] [--json FILE]\n"
-            "  --threads LIST  thread counts of the CPU kernel context (default 1,2)\n"
-            "  --repeats N     timed runs per case after one warm-up; the median is shown "
-            "(default 7)\n"
-            "  --ref           also time the plain reference once per convolution pass\n"
-            "  --json FILE     write the results as JSON to FILE\n"
-            "The speed column is wall-time speed relative to the first row of each kernel;\n"
-            "'i2c' rows are the convolutions on the im2col + gemm path instead of oneDNN.\n");
+    fprintf(f, "usage: bench_kernels [--threads 1,2] [--repeats N] [--ref] [--json FILE]\n"
+               "  --threads LIST  thread counts of the CPU kernel context (default 1,2)\n"
+               "  --repeats N     timed runs per case after one warm-up; the median is shown "
+               "(default 7)\n"
+               "  --ref           also time the plain reference once per convolution pass\n"
+               "  --json FILE     write the results as JSON to FILE\n"
+               "The speed column is wall-time speed relative to the first row of each kernel;\n"
+               "'i2c' rows are the convolutions on the im2col + gemm path instead of oneDNN.\n");
 }
 
 static float *rand_buf(size_t n, unsigned *seed)
@@ -131,9 +130,10 @@ static int write_json(const char *path, const bench_case *cases, int ncases,
                     "\"threads\": %d, \"median_ms\": %.4f, \"gflops\": %.3f, "
                     "\"cpu_ms\": %.4f}",
                     first ? "" : ",\n", cases[c].name, cases[c].shape,
-                    !x->threads ? "reference" : x->im2col ? "im2col" : "cpu",
-                    x->threads ? x->threads : 1,
-                    x->median_s * 1e3, x->gflops, x->cpu_s * 1e3);
+                    !x->threads ? "reference"
+                    : x->im2col ? "im2col"
+                                : "cpu",
+                    x->threads ? x->threads : 1, x->median_s * 1e3, x->gflops, x->cpu_s * 1e3);
             first = false;
         }
     fprintf(f, "\n  ]\n}\n");
@@ -158,16 +158,18 @@ int main(int argc, char **argv)
             with_ref = true;
         } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
             if (parse_threads(argv[++i], threads, &nthreads) != 0) {
-                fprintf(stderr, "bench_kernels: --threads wants a list such as 1,2 (each 1..1024,"
-                                " at most %d), got \"%s\"\n", MAX_THREAD_COUNTS, argv[i]);
+                fprintf(stderr,
+                        "bench_kernels: --threads wants a list such as 1,2 (each 1..1024,"
+                        " at most %d), got \"%s\"\n",
+                        MAX_THREAD_COUNTS, argv[i]);
                 return 2;
             }
         } else if (strcmp(a, "--repeats") == 0 && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
             if (*end != '\0' || v < 1 || v > MAX_REPEATS) {
-                fprintf(stderr, "bench_kernels: --repeats wants 1..%d, got \"%s\"\n",
-                        MAX_REPEATS, argv[i]);
+                fprintf(stderr, "bench_kernels: --repeats wants 1..%d, got \"%s\"\n", MAX_REPEATS,
+                        argv[i]);
                 return 2;
             }
             repeats = (int)v;
@@ -182,8 +184,18 @@ int main(int argc, char **argv)
 
     /* sgemm 1024^3 and a ResNet-style 3x3 16->16 layer at batch 128 on 28x28 */
     const int M = 1024;
-    mgt_conv2d_shape sh = {.n = 128, .c = 16, .h = 28, .w = 28, .k = 16, .r = 3, .s = 3,
-                           .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1, .groups = 1};
+    mgt_conv2d_shape sh = {.n = 128,
+                           .c = 16,
+                           .h = 28,
+                           .w = 28,
+                           .k = 16,
+                           .r = 3,
+                           .s = 3,
+                           .stride_h = 1,
+                           .stride_w = 1,
+                           .pad_h = 1,
+                           .pad_w = 1,
+                           .groups = 1};
     size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w;
     size_t ny = (size_t)sh.n * sh.k * mgt_conv2d_out_h(&sh) * mgt_conv2d_out_w(&sh);
     size_t nw = (size_t)sh.k * sh.c * sh.r * sh.s;
@@ -204,18 +216,21 @@ int main(int argc, char **argv)
         {.name = "sgemm",
          .op = {.kind = MGT_OP_GEMM,
                 .u.gemm = {false, false, M, M, M, 1.0f, a, M, b, M, 0.0f, c, M}}},
-        {.name = "conv2d_forward", .conv = true,
+        {.name = "conv2d_forward",
+         .conv = true,
          .op = {.kind = MGT_OP_CONV2D_FWD, .u.conv = {y, x, w, sh, 0.0f}}},
-        {.name = "conv2d_backward_data", .conv = true,
+        {.name = "conv2d_backward_data",
+         .conv = true,
          .op = {.kind = MGT_OP_CONV2D_BWD_DATA, .u.conv = {dx, y, w, sh, 0.0f}}},
-        {.name = "conv2d_backward_filter", .conv = true,
+        {.name = "conv2d_backward_filter",
+         .conv = true,
          .op = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {dw, y, x, sh, 0.0f}}},
     };
     const int ncases = 4;
     snprintf(cases[0].shape, sizeof cases[0].shape, "%dx%dx%d", M, M, M);
     for (int i = 1; i < ncases; i++)
-        snprintf(cases[i].shape, sizeof cases[i].shape, "n%d %d->%d %dx%d 3x3 s1 p1", sh.n,
-                 sh.c, sh.k, sh.h, sh.w);
+        snprintf(cases[i].shape, sizeof cases[i].shape, "n%d %d->%d %dx%d 3x3 s1 p1", sh.n, sh.c,
+                 sh.k, sh.h, sh.w);
     for (int i = 0; i < ncases; i++)
         if (mgt_op_check(&cases[i].op) != MGT_OK) {
             fprintf(stderr, "bench_kernels: %s\n", mgt_error_last());

@@ -40,7 +40,7 @@
 typedef struct mgt_dataset mgt_dataset;
 
 typedef struct mgt_scan_options {
-    FILE *progress;     /* where "scanning ...: N files, X files/s" goes, redrawn with \r
+    FILE *progress;         /* where "scanning ...: N files, X files/s" goes, redrawn with \r
                            about 4 times a second; NULL: silent. Pass stderr when it is a tty. */
     const mgt_abort *abort; /* (optional) leaves a long scan with MGT_ERR_ABORTED */
 } mgt_scan_options;
@@ -52,8 +52,8 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
 /* Scans DIR/train and DIR/val; also an error: DIR missing, the two class lists differ (the
    message names the first class that is in one and not the other). Either out pointer may be
    NULL to skip that split (then only the other is checked). */
-mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt,
-                                mgt_dataset **train, mgt_dataset **val);
+mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt, mgt_dataset **train,
+                                mgt_dataset **val);
 
 void mgt_dataset_free(mgt_dataset *ds); /* NULL is a no-op */
 
@@ -61,7 +61,7 @@ size_t mgt_dataset_size(const mgt_dataset *ds);
 int mgt_dataset_class_count(const mgt_dataset *ds);
 const char *mgt_dataset_class_name(const mgt_dataset *ds, int label); /* borrowed */
 int mgt_dataset_label(const mgt_dataset *ds, size_t i);
-const char *mgt_dataset_dir(const mgt_dataset *ds);   /* the split folder; borrowed */
+const char *mgt_dataset_dir(const mgt_dataset *ds); /* the split folder; borrowed */
 /* "class/sub/name.jpg", relative to the split folder; borrowed. */
 const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i);
 /* Writes "dir/class/sub/name.jpg" into buf; MGT_ERR_INVALID when cap is too small. */
@@ -121,14 +121,14 @@ typedef enum mgt_transform_kind {
    passes (at most about 1/255 before normalisation). */
 typedef struct mgt_transform {
     mgt_transform_kind kind;
-    int size;                   /* output height and width */
-    int channels;               /* 1 or 3 */
-    int resize;                 /* RESIZE_CROP: shorter side after resize; 0: no resize */
-    int padding;                /* PAD_CROP: zeros added on every side before the crop */
+    int size;                    /* output height and width */
+    int channels;                /* 1 or 3 */
+    int resize;                  /* RESIZE_CROP: shorter side after resize; 0: no resize */
+    int padding;                 /* PAD_CROP: zeros added on every side before the crop */
     double scale_min, scale_max; /* RRC: crop area as a fraction of the image (0.08, 1) */
     double ratio_min, ratio_max; /* RRC: crop aspect w/h range (3/4, 4/3) */
-    bool hflip;                 /* RRC, PAD_CROP: flip with probability 0.5 after the crop */
-    float mean[3], std[3];      /* per channel, on the 0..1 scale */
+    bool hflip;                  /* RRC, PAD_CROP: flip with probability 0.5 after the crop */
+    float mean[3], std[3];       /* per channel, on the 0..1 scale */
 } mgt_transform;
 
 /* ImageNet's normalisation (torchvision's reference scripts). For one channel the gray
@@ -186,9 +186,8 @@ mgt_draws mgt_draws_philox(mgt_rng *rng);
    ch = round(sqrt(area/ratio)) (round half to even, as Python), accepted when the crop fits,
    placed by randint; else the centre-crop fallback clamped to the ratio range. Returns the
    number of tries used, 0 when the fallback was taken. */
-int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min,
-                             double scale_max, double ratio_min, double ratio_max,
-                             mgt_crop *out);
+int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min, double scale_max,
+                             double ratio_min, double ratio_max, mgt_crop *out);
 
 /* Resize(resize) output size for an image of w x h (shorter side -> resize, the longer
    int(resize * long / short)), and CenterCrop's window of size x size on that (top/left
@@ -205,10 +204,10 @@ typedef enum mgt_split_mode {
 } mgt_split_mode;
 
 typedef struct mgt_sampler {
-    size_t n;          /* dataset size */
-    int replicas;      /* devices */
+    size_t n;     /* dataset size */
+    int replicas; /* devices */
     mgt_split_mode mode;
-    bool shuffle;      /* a new permutation per epoch (else the identity) */
+    bool shuffle; /* a new permutation per epoch (else the identity) */
     uint64_t seed;
     size_t num_samples; /* per replica: PyTorch's num_samples; EXACT: the largest rank's */
     size_t total_size;  /* num_samples * replicas (EXACT: n) */
@@ -240,31 +239,31 @@ typedef struct mgt_bad_policy {
 typedef struct mgt_loader mgt_loader;
 
 typedef struct mgt_loader_options {
-    const mgt_dataset *ds;     /* borrowed; outlives the loader */
+    const mgt_dataset *ds; /* borrowed; outlives the loader */
     mgt_transform transform;
-    int replicas;              /* shards (devices) */
+    int replicas;               /* shards (devices) */
     mgt_device *const *devices; /* (optional) replicas devices: batches are copied there;
                                   NULL: batches stay in host memory (tools, tests) */
-    int batch_size;            /* per replica */
-    int workers;               /* decode threads in total over all replicas (-j); 0: the
+    int batch_size;             /* per replica */
+    int workers;                /* decode threads in total over all replicas (-j); 0: the
                                   caller of next() decodes. Each loader has its own: a
                                   validation loader's threads sleep while training runs, and
                                   a non-continuous one's sleep once its epoch is ready. */
-    int prefetch;              /* ready batches queued per replica ahead of the consumer (2) */
+    int prefetch;               /* ready batches queued per replica ahead of the consumer (2) */
     mgt_split_mode split;
     bool shuffle;
-    bool drop_last_batch;      /* a short last batch of an epoch is dropped (else delivered) */
-    bool continuous;           /* after an epoch, go on preparing the next (training) */
+    bool drop_last_batch; /* a short last batch of an epoch is dropped (else delivered) */
+    bool continuous;      /* after an epoch, go on preparing the next (training) */
     uint64_t seed;
     mgt_bad_policy bad;
-    mgt_abort *abort;          /* (optional) the run's flag: raised on a fatal data error,
+    mgt_abort *abort; /* (optional) the run's flag: raised on a fatal data error,
                                   and every wait of the loader leaves when it is raised */
 } mgt_loader_options;
 
 /* Fills o with the defaults (prefetch 2, workers = cores, max_bad_frac 0.01, split PAD,
    shuffle on, continuous on) for a dataset, transform and replica count. */
-void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds,
-                             const mgt_transform *t, int replicas, int batch_size);
+void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds, const mgt_transform *t,
+                             int replicas, int batch_size);
 
 /* Allocates every buffer the loader will use (pinned host and device memory for
    (prefetch + 1) batches per replica) and starts the decode threads, which wait for
@@ -288,16 +287,16 @@ const mgt_sampler *mgt_loader_sampler(const mgt_loader *l);
 mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch);
 
 typedef struct mgt_batch {
-    float *images;          /* [n, channels, size, size]; device memory of the rank's device
+    float *images;              /* [n, channels, size, size]; device memory of the rank's device
                                (host memory without devices) */
-    int32_t *labels;        /* [n], beside the images */
-    const int32_t *labels_host;  /* [n], host copy */
-    const size_t *indices_host;  /* [n], the dataset index behind each slot (after any
+    int32_t *labels;            /* [n], beside the images */
+    const int32_t *labels_host; /* [n], host copy */
+    const size_t *indices_host; /* [n], the dataset index behind each slot (after any
                                     bad-file replacement) */
-    int n;                  /* samples in this batch (the last one of an epoch may be short) */
+    int n;                      /* samples in this batch (the last one of an epoch may be short) */
     int64_t epoch;
-    size_t index;           /* batch number within the epoch */
-    double wait_s;          /* how long this call blocked for the batch */
+    size_t index;  /* batch number within the epoch */
+    double wait_s; /* how long this call blocked for the batch */
 } mgt_batch;
 
 /* The rank's next batch. With devices, `compute` (the stream that will read the batch) is
@@ -328,8 +327,7 @@ uint64_t mgt_loader_images_done(const mgt_loader *l);
    For `mgtrain check-data`. */
 typedef void (*mgt_bad_report_fn)(void *ctx, size_t index, const char *reason);
 mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *abort,
-                          FILE *progress, mgt_bad_report_fn report, void *ctx,
-                          size_t *bad_count);
+                          FILE *progress, mgt_bad_report_fn report, void *ctx, size_t *bad_count);
 
 /* Per-channel mean and std (population) of pixel/255 over the decoded images (native size,
    `channels` channels) for `--normalize auto`. max_images > 0 looks at that many images
@@ -359,7 +357,7 @@ extern const char *const mgt_fashion_mnist_classes[10];
    (NNNNN = position in the IDX file). Idempotent: when out_dir/.mgtrain-import-done exists
    (written last, after everything is flushed) it does nothing and sets *already. progress
    may be NULL. */
-mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir,
-                                         FILE *progress, bool *already);
+mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, FILE *progress,
+                                         bool *already);
 
 #endif

@@ -87,7 +87,7 @@ mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec);
    names); a zeroed struct is the default. */
 typedef struct mgt_devset_options {
     const mgt_mock_options *mock; /* mock devices: NULL for the defaults (or MGT_MOCK) */
-    bool no_p2p;        /* every peer copy staged through pinned host memory */
+    bool no_p2p;                  /* every peer copy staged through pinned host memory */
     bool tf32;          /* CUDA: cuBLAS and cuDNN may use TF32 (mock devices: no effect) */
     bool deterministic; /* CUDA: only deterministic cuDNN algorithms (mock devices always are) */
 } mgt_devset_options;
@@ -172,8 +172,8 @@ mgt_status mgt_copy_d2d(mgt_stream *s, void *dst, const void *src, size_t bytes)
    the work enqueued so far on both streams, and work enqueued later on either stream runs
    after it. Direct where the pair has peer access; otherwise staged through pinned host
    memory in chunks, ordered by events. */
-mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream,
-                         const void *src, size_t bytes);
+mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream, const void *src,
+                         size_t bytes);
 
 /* ---- kernels ---- */
 
@@ -229,9 +229,9 @@ mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size
 
 /* C[m,n] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [m,k], op(B) is [k,n].
    lda, ldb, ldc are row strides of A, B, C as stored. */
-mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k,
-                    float alpha, const float *a, int lda, const float *b, int ldb,
-                    float beta, float *c, int ldc);
+mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                    int ldc);
 
 /* y = conv(x, w) + beta * y */
 mgt_status mgt_conv2d_forward(mgt_stream *s, float *y, const float *x, const float *w,
@@ -247,14 +247,13 @@ mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy,
    variance; saves mean and invstd [c] for backward; running_mean/var [c] move by momentum
    towards the batch mean and the unbiased variance. */
 mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
-                                       float *save_invstd, float *running_mean,
-                                       float *running_var, const float *x, const float *gamma,
-                                       const float *beta, const mgt_bn_shape *sh);
+                                       float *save_invstd, float *running_mean, float *running_var,
+                                       const float *x, const float *gamma, const float *beta,
+                                       const mgt_bn_shape *sh);
 /* Evaluation forward with the running statistics. */
-mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x,
-                                      const float *gamma, const float *beta,
-                                      const float *running_mean, const float *running_var,
-                                      const mgt_bn_shape *sh);
+mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
+                                      const float *beta, const float *running_mean,
+                                      const float *running_var, const mgt_bn_shape *sh);
 /* dx overwritten; dgamma, dbeta accumulate. */
 mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
                                   const float *dy, const float *x, const float *gamma,
@@ -286,9 +285,8 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
    eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
    over the batch; probs [n, classes] = softmax, kept for backward. Labels outside
    [0, classes) are a device error. */
-mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs,
-                                    const float *logits, const int32_t *labels, int n,
-                                    int classes, float smoothing);
+mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
+                                    const int32_t *labels, int n, int classes, float smoothing);
 /* dlogits = scale * (probs - target); scale is 1/n for the batch mean. */
 mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
                                      const int32_t *labels, int n, int classes, float smoothing,

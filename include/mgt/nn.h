@@ -36,12 +36,12 @@
 typedef struct mgt_model mgt_model;
 
 typedef struct mgt_model_config {
-    const char *arch; /* resnet18/34/50/101/152 (torchvision), resnet20/32/44/56/110 (CIFAR);
+    const char *arch;        /* resnet18/34/50/101/152 (torchvision), resnet20/32/44/56/110 (CIFAR);
                          copied */
-    int classes;      /* fc outputs, >= 1 */
-    int in_channels;  /* 1..4 (1 grey, 3 RGB) */
-    int image_size;   /* square input side, >= 1 */
-    int batch;        /* the most images one forward takes (sizes the activation arena) */
+    int classes;             /* fc outputs, >= 1 */
+    int in_channels;         /* 1..4 (1 grey, 3 RGB) */
+    int image_size;          /* square input side, >= 1 */
+    int batch;               /* the most images one forward takes (sizes the activation arena) */
     bool zero_init_residual; /* mgt_model_init sets each block's last BN weight to 0 */
     /* Frozen batch norm: a training forward normalises with each BN's running statistics,
        as evaluation does, and leaves them (and num_batches_tracked) alone; gamma and beta
@@ -81,8 +81,8 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed);
    backward has been enqueued (conv1's filter gradient reads it) and must not change before
    that work runs. Under freeze_bn the running statistics must not change between a training
    forward and its backward either (nothing in the step changes them). */
-mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch,
-                             bool train, const float **logits);
+mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch, bool train,
+                             const float **logits);
 
 /* Enqueues softmax cross-entropy of the last forward's logits against int32 labels [batch]
    (device; borrowed until backward) with label smoothing; the mean over the batch goes to
@@ -125,11 +125,11 @@ typedef enum mgt_model_role {
 } mgt_model_role;
 
 typedef struct mgt_model_entry {
-    char name[64];       /* torchvision's state_dict name */
+    char name[64]; /* torchvision's state_dict name */
     mgt_model_role role;
-    int ndim;            /* 0 for num_batches_tracked */
+    int ndim; /* 0 for num_batches_tracked */
     int64_t shape[4];
-    size_t offset;       /* bytes into its arena (COUNTER: an index) */
+    size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
 } mgt_model_entry;
 
@@ -140,25 +140,25 @@ const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n);
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[48];     /* "conv1", "layer1.0.bn2", "layer2.0" (the add + relu), "fc" */
-    const char *kind;  /* "conv", "bn", "relu", "maxpool", "add+relu", "avgpool", "linear" */
-    int c, h, w;       /* output shape per image (h = w = 1 for avgpool and fc) */
-    size_t params;     /* learnable parameters of this layer */
-    uint64_t macs;     /* per image, THOP's rules (see mgt_model_counts) */
+    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add + relu), "fc" */
+    const char *kind; /* "conv", "bn", "relu", "maxpool", "add+relu", "avgpool", "linear" */
+    int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
+    size_t params;    /* learnable parameters of this layer */
+    uint64_t macs;    /* per image, THOP's rules (see mgt_model_counts) */
 } mgt_model_layer;
 
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */
 
 typedef struct mgt_model_counts {
-    size_t params;           /* learnable parameters (torchvision's sum of numel) */
-    size_t buffer_floats;    /* BN running stats */
+    size_t params;        /* learnable parameters (torchvision's sum of numel) */
+    size_t buffer_floats; /* BN running stats */
     /* Forward multiply-accumulates per image as THOP counts them (the figure torchvision
        users quote: resnet18 1.82 G, resnet50 4.11 G at 224): conv out*(cin*r*s), linear
        in*out, BN 2 per element, global avgpool hw+1 per output, relu/maxpool/add 0. */
     uint64_t macs;
-    uint64_t macs_conv_fc;   /* the conv and linear part alone (1.81 G, 4.09 G) */
-    size_t act_bytes_per_image;   /* activation arena bytes that scale with the batch */
-    size_t act_bytes_fixed;       /* per-channel saved statistics and the loss */
+    uint64_t macs_conv_fc;      /* the conv and linear part alone (1.81 G, 4.09 G) */
+    size_t act_bytes_per_image; /* activation arena bytes that scale with the batch */
+    size_t act_bytes_fixed;     /* per-channel saved statistics and the loss */
 } mgt_model_counts;
 
 void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
@@ -197,8 +197,7 @@ mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *p
    after the last save) and adds every table entry to w, borrowing the snapshot, plus metadata
    arch, classes, in_channels and image_size. The caller may add more (optimizer state) before
    mgt_st_writer_save. Synchronises s. */
-mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w,
-                                   void **staging);
+mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w, void **staging);
 /* The state_dict alone, written atomically to path. */
 mgt_status mgt_model_save_safetensors(mgt_model *m, mgt_stream *s, const char *path);
 

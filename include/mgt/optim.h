@@ -15,7 +15,7 @@ typedef enum mgt_lr_kind {
 } mgt_lr_kind;
 
 typedef struct mgt_lr_config {
-    float lr;            /* the base rate */
+    float lr; /* the base rate */
     mgt_lr_kind kind;
     int step_epochs;     /* step: every this many epochs (30) */
     float gamma;         /* step: the factor (0.1) */

@@ -67,10 +67,10 @@ int mgt_st_find(const mgt_st_file *f, const char *name);
 
 const char *mgt_st_tensor_name(const mgt_st_file *f, int i); /* borrowed */
 mgt_st_dtype mgt_st_tensor_dtype(const mgt_st_file *f, int i);
-int mgt_st_tensor_ndim(const mgt_st_file *f, int i);          /* 0 for a scalar */
+int mgt_st_tensor_ndim(const mgt_st_file *f, int i);             /* 0 for a scalar */
 const int64_t *mgt_st_tensor_shape(const mgt_st_file *f, int i); /* borrowed; NULL if ndim 0 */
-uint64_t mgt_st_tensor_numel(const mgt_st_file *f, int i);    /* 1 for a scalar */
-size_t mgt_st_tensor_bytes(const mgt_st_file *f, int i);      /* numel * dtype size */
+uint64_t mgt_st_tensor_numel(const mgt_st_file *f, int i);       /* 1 for a scalar */
+size_t mgt_st_tensor_bytes(const mgt_st_file *f, int i);         /* numel * dtype size */
 
 /* The tensor's raw little-endian bytes (borrowed). The pointer is only as aligned as the file
    made it (a header length that is not a multiple of 8, or a 1-byte tensor before a 4-byte

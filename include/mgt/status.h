@@ -20,7 +20,13 @@ const char *mgt_status_str(mgt_status st);
 
 /* Sets this thread's error text (printf-style) and returns st, so that a failure reads
    `return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));`. */
-mgt_status mgt_error_set(mgt_status st, const char *fmt, ...)
+mgt_status mgt_error_set(mgt_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Puts context in front of this thread's error text, "CONTEXT: previous text", and returns
+   st: `return mgt_error_wrap(st, "--resume %s", path);`. The previous text is copied before
+   the context is formatted, so it may be passed nowhere else: never hand mgt_error_last() to
+   mgt_error_set or mgt_error_wrap as an argument (both write the buffer it points to). */
+mgt_status mgt_error_wrap(mgt_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* This thread's last error text; "" when none was set since the last clear. Borrowed. */

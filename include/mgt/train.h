@@ -23,14 +23,14 @@ typedef enum mgt_augment {
 } mgt_augment;
 
 typedef struct mgt_train_config {
-    const char *data_dir;   /* ImageFolder root (DIR/train, DIR/val); unused with dummy */
-    bool dummy;             /* synthetic data: fixed random batches, no files */
+    const char *data_dir; /* ImageFolder root (DIR/train, DIR/val); unused with dummy */
+    bool dummy;           /* synthetic data: fixed random batches, no files */
     const char *arch;
-    int workers;            /* decode threads in total; -1: one per core */
+    int workers; /* decode threads in total; -1: one per core */
     int epochs;
-    int start_epoch;        /* -1: 0, or the checkpoint's with resume */
-    int batch_size;         /* over all devices; each gets batch_size / devices */
-    mgt_lr_config lr;       /* lr.epochs is taken from epochs */
+    int start_epoch;  /* -1: 0, or the checkpoint's with resume */
+    int batch_size;   /* over all devices; each gets batch_size / devices */
+    mgt_lr_config lr; /* lr.epochs is taken from epochs */
     float momentum, weight_decay;
     bool nesterov;
     float label_smoothing;
@@ -42,16 +42,16 @@ typedef struct mgt_train_config {
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
     mgt_allreduce_algo allreduce; /* tree (the default) or ring */
-    const char *log_path;   /* JSON lines; NULL: none */
-    double time_limit_s;    /* stop (with a checkpoint) after this long; 0: none */
-    double step_timeout_s;  /* abort when no step finishes for this long; 0: none */
-    int image_size;         /* 0: 224 for the ImageNet ResNets, the images' size otherwise */
+    const char *log_path;         /* JSON lines; NULL: none */
+    double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
+    double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
+    int image_size;               /* 0: 224 for the ImageNet ResNets, the images' size otherwise */
     mgt_augment augment;
-    bool mean_std_set;      /* mean/std given; otherwise ImageNet's */
+    bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];
-    bool normalize_auto;    /* compute mean/std from the training images */
+    bool normalize_auto; /* compute mean/std from the training images */
     bool zero_init_residual;
-    bool freeze_bn;         /* BN normalises with its running statistics in training too and
+    bool freeze_bn; /* BN normalises with its running statistics in training too and
                                leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool strict_data;
     double max_bad_frac;
@@ -73,8 +73,8 @@ void mgt_train_config_defaults(mgt_train_config *c);
 
 /* Device time per step, averaged over the timed steps, from events on the compute stream. */
 typedef struct mgt_step_profile {
-    double data_s;           /* the host's wait for the batch */
-    double forward_s;        /* forward and loss */
+    double data_s;    /* the host's wait for the batch */
+    double forward_s; /* forward and loss */
     double backward_s;
     double reduce_exposed_s; /* the all-reduce's tail that backward did not hide */
     double optimizer_s;
@@ -82,17 +82,17 @@ typedef struct mgt_step_profile {
 } mgt_step_profile;
 
 typedef struct mgt_train_result {
-    int epochs_done;        /* complete epochs run in this call */
-    long steps;             /* training steps run in this call */
-    double train_loss;      /* the last epoch's mean training loss over all devices */
+    int epochs_done;                     /* complete epochs run in this call */
+    long steps;                          /* training steps run in this call */
+    double train_loss;                   /* the last epoch's mean training loss over all devices */
     double val_loss, val_acc1, val_acc5; /* the last validation */
     double best_acc1;
-    double images_per_s;    /* training images per second, the last epoch */
-    double timed_images_per_s; /* the same after the warm-up steps */
-    double timed_step_s;       /* seconds per step after the warm-up steps */
+    double images_per_s;                       /* training images per second, the last epoch */
+    double timed_images_per_s;                 /* the same after the warm-up steps */
+    double timed_step_s;                       /* seconds per step after the warm-up steps */
     mgt_step_profile profile[MGT_MAX_DEVICES]; /* with profile: per device, the last epoch */
-    bool interrupted;       /* stopped early by stop or the time limit, checkpoint saved */
-    char checkpoint[512];   /* the last checkpoint written ("" when none) */
+    bool interrupted;     /* stopped early by stop or the time limit, checkpoint saved */
+    char checkpoint[512]; /* the last checkpoint written ("" when none) */
 } mgt_train_result;
 
 /* Runs the training (or, with evaluate, one validation) on the devices of set. Errors carry

@@ -13,11 +13,13 @@ typedef struct app_command {
 
 static const app_command commands[] = {
     {"train", mgt_app_cmd_train, "train a classifier (the default: `mgtrain --data DIR ...`)"},
-    {"bench", mgt_app_cmd_bench, "measure training-step scaling over 1..N devices, or the all-reduce"},
+    {"bench", mgt_app_cmd_bench,
+     "measure training-step scaling over 1..N devices, or the all-reduce"},
     {"devices", mgt_app_cmd_devices, "list the devices, their memory and the peer-access matrix"},
     {"model", mgt_app_cmd_model, "print an architecture's layers, parameters and MACs"},
     {"check-data", mgt_app_cmd_check_data, "decode every image of a dataset and list bad files"},
-    {"import-idx", mgt_app_cmd_import_idx, "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
+    {"import-idx", mgt_app_cmd_import_idx,
+     "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
     {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
 };
 

@@ -49,43 +49,69 @@ static int device_counts(int n, int *counts)
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f,
-"usage: mgtrain bench [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC] [-a ARCH]\n"
-"                     [-b PER_DEVICE_BATCH] [--dummy | --data DIR] [--steps S] [--warmup W]\n"
-"                     [--image-size S] [--in-channels C] [--classes K] [--allreduce tree|ring]\n"
-"                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
-"                     [--no-p2p] [--tf32] [--deterministic]\n"
-"       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
-"                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
-"                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
-"Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
-"after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
-"at the same per-device batch, with each device's step broken down.\n");
+    fprintf(
+        f, "usage: mgtrain bench [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC] [-a ARCH]\n"
+           "                     [-b PER_DEVICE_BATCH] [--dummy | --data DIR] [--steps S] "
+           "[--warmup W]\n"
+           "                     [--image-size S] [--in-channels C] [--classes K] [--allreduce "
+           "tree|ring]\n"
+           "                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
+           "                     [--no-p2p] [--tf32] [--deterministic]\n"
+           "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
+           "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
+           "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
+           "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
+           "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
+           "at the same per-device batch, with each device's step broken down.\n");
 }
 
 static int bench_allreduce(int argc, char **argv);
 
-enum { B_DEVICE = 256, B_GPUS, B_MOCK, B_DUMMY, B_DATA, B_STEPS, B_WARMUP, B_SIZE, B_CHANNELS,
-       B_CLASSES, B_ALLREDUCE, B_BUCKET, B_JSON, B_PLOT, B_ALGO, B_MIN, B_MAX };
+enum {
+    B_DEVICE = 256,
+    B_GPUS,
+    B_MOCK,
+    B_DUMMY,
+    B_DATA,
+    B_STEPS,
+    B_WARMUP,
+    B_SIZE,
+    B_CHANNELS,
+    B_CLASSES,
+    B_ALLREDUCE,
+    B_BUCKET,
+    B_JSON,
+    B_PLOT,
+    B_ALGO,
+    B_MIN,
+    B_MAX
+};
 
 int mgt_app_cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "allreduce") == 0)
         return bench_allreduce(argc - 1, argv + 1);
     static const struct option longopts[] = {
-        {"device", required_argument, NULL, B_DEVICE}, {"gpus", required_argument, NULL, B_GPUS},
-        {"mock", required_argument, NULL, B_MOCK},     {"arch", required_argument, NULL, 'a'},
-        {"batch-size", required_argument, NULL, 'b'},  {"dummy", no_argument, NULL, B_DUMMY},
-        {"data", required_argument, NULL, B_DATA},     {"steps", required_argument, NULL, B_STEPS},
+        {"device", required_argument, NULL, B_DEVICE},
+        {"gpus", required_argument, NULL, B_GPUS},
+        {"mock", required_argument, NULL, B_MOCK},
+        {"arch", required_argument, NULL, 'a'},
+        {"batch-size", required_argument, NULL, 'b'},
+        {"dummy", no_argument, NULL, B_DUMMY},
+        {"data", required_argument, NULL, B_DATA},
+        {"steps", required_argument, NULL, B_STEPS},
         {"warmup", required_argument, NULL, B_WARMUP},
         {"image-size", required_argument, NULL, B_SIZE},
         {"in-channels", required_argument, NULL, B_CHANNELS},
         {"classes", required_argument, NULL, B_CLASSES},
         {"allreduce", required_argument, NULL, B_ALLREDUCE},
         {"bucket-mb", required_argument, NULL, B_BUCKET},
-        {"workers", required_argument, NULL, 'j'},     {"json", required_argument, NULL, B_JSON},
-        {"plot", required_argument, NULL, B_PLOT},     {"help", no_argument, NULL, 'h'},
-        MGT_APP_SWITCH_LONGOPTS,                       {NULL, 0, NULL, 0},
+        {"workers", required_argument, NULL, 'j'},
+        {"json", required_argument, NULL, B_JSON},
+        {"plot", required_argument, NULL, B_PLOT},
+        {"help", no_argument, NULL, 'h'},
+        MGT_APP_SWITCH_LONGOPTS,
+        {NULL, 0, NULL, 0},
     };
     mgt_devset_options sw = {0};
     mgt_train_config c;
@@ -116,8 +142,14 @@ int mgt_app_cmd_bench(int argc, char **argv)
         case B_MOCK: mock = optarg; break;
         case 'a': c.arch = optarg; break;
         case 'b': ok = mgt_app_flag_int("-b", optarg, 1, 1 << 20, &per_dev); break;
-        case B_DUMMY: c.dummy = true; c.data_dir = NULL; break;
-        case B_DATA: c.dummy = false; c.data_dir = optarg; break;
+        case B_DUMMY:
+            c.dummy = true;
+            c.data_dir = NULL;
+            break;
+        case B_DATA:
+            c.dummy = false;
+            c.data_dir = optarg;
+            break;
         case B_STEPS: ok = mgt_app_flag_int("--steps", optarg, 1, 1 << 20, &steps); break;
         case B_WARMUP:
             ok = mgt_app_flag_int("--warmup", optarg, 0, 1 << 20, &v);
@@ -144,7 +176,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
             ok = mgt_app_flag_float("--bucket-mb", optarg, 0.001, 4096, &x);
             c.bucket_bytes = (size_t)(x * 1024 * 1024);
             break;
-        case 'j': ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
+        case 'j':
+            ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v);
+            c.workers = (int)v;
+            break;
         case B_JSON: json = optarg; break;
         case B_PLOT: plot = optarg; break;
         case 'h': bench_usage(stdout); return 0;
@@ -213,10 +248,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
            c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree", mgt_device_kind_name(bd.kind));
     if (mock_threads > 0)
         printf("mock devices: %d compute thread%s each in every row (--mock threads=N to "
-               "choose)\n", mock_threads, mock_threads == 1 ? "" : "s");
+               "choose)\n",
+               mock_threads, mock_threads == 1 ? "" : "s");
     printf("%7s %10s %8s %10s %9s | %-9s %8s %8s %8s %8s %8s\n", "devices", "images/s", "speedup",
-           "efficiency", "step ms", "device", "data", "forward", "backward", "reduce*",
-           "optim");
+           "efficiency", "step ms", "device", "data", "forward", "backward", "reduce*", "optim");
     int rc = 0;
     for (int k = 0; k < nc; k++) {
         int n = counts[k];
@@ -255,9 +290,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
                        100 * efficiency, 1e3 * res.timed_step_s);
             else
                 printf("%7s %10s %8s %10s %9s | ", "", "", "", "", "");
-            printf("%-9s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 1e3 * p.data_s,
-                   1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.reduce_exposed_s,
-                   1e3 * p.optimizer_s);
+            printf("%-9s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 1e3 * p.data_s, 1e3 * p.forward_s,
+                   1e3 * p.backward_s, 1e3 * p.reduce_exposed_s, 1e3 * p.optimizer_s);
             cJSON *d = cJSON_CreateObject();
             cJSON_AddStringToObject(d, "name", name);
             cJSON_AddNumberToObject(d, "data_s", p.data_s);
@@ -322,8 +356,10 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
     else if (*end == 'G' || *end == 'g')
         mul = 1024.0 * 1024 * 1024, end++;
     if (end == v || *end || !(x > 0) || x * mul < 4 || x * mul > 4.0 * 1024 * 1024 * 1024) {
-        fprintf(stderr, "mgtrain bench allreduce: %s '%s': expected a size from 4 to 4G, "
-                        "e.g. 4K or 256M\n", flag, v);
+        fprintf(stderr,
+                "mgtrain bench allreduce: %s '%s': expected a size from 4 to 4G, "
+                "e.g. 4K or 256M\n",
+                flag, v);
         return false;
     }
     *out = (size_t)(x * mul) & ~(size_t)3;
@@ -331,13 +367,18 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
 }
 
 /* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a. */
-static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams,
-                                 size_t bytes, mgt_allreduce_algo a, double *seconds)
+static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
+                                 mgt_allreduce_algo a, double *seconds)
 {
     int n = mgt_devset_count(set);
     size_t ends[1] = {bytes};
-    mgt_comm_config cc = {.grads = bufs, .bytes = bytes, .layer_ends = ends, .n_layer_ends = 1,
-                          .bucket_bytes = bytes, .first_bucket_bytes = bytes, .algo = a};
+    mgt_comm_config cc = {.grads = bufs,
+                          .bytes = bytes,
+                          .layer_ends = ends,
+                          .n_layer_ends = 1,
+                          .bucket_bytes = bytes,
+                          .first_bucket_bytes = bytes,
+                          .algo = a};
     mgt_comm *c;
     mgt_status st = mgt_comm_create(set, &cc, &c);
     if (st != MGT_OK)
@@ -385,11 +426,16 @@ static double predict(mgt_allreduce_algo a, int n, size_t bytes, const mgt_mock_
 static int bench_allreduce(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"device", required_argument, NULL, B_DEVICE}, {"gpus", required_argument, NULL, B_GPUS},
-        {"mock", required_argument, NULL, B_MOCK},     {"algo", required_argument, NULL, B_ALGO},
-        {"min-bytes", required_argument, NULL, B_MIN}, {"max-bytes", required_argument, NULL, B_MAX},
-        {"json", required_argument, NULL, B_JSON},     {"plot", required_argument, NULL, B_PLOT},
-        {"help", no_argument, NULL, 'h'},              MGT_APP_SWITCH_LONGOPTS,
+        {"device", required_argument, NULL, B_DEVICE},
+        {"gpus", required_argument, NULL, B_GPUS},
+        {"mock", required_argument, NULL, B_MOCK},
+        {"algo", required_argument, NULL, B_ALGO},
+        {"min-bytes", required_argument, NULL, B_MIN},
+        {"max-bytes", required_argument, NULL, B_MAX},
+        {"json", required_argument, NULL, B_JSON},
+        {"plot", required_argument, NULL, B_PLOT},
+        {"help", no_argument, NULL, 'h'},
+        MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
     mgt_devset_options sw = {0};
@@ -412,8 +458,10 @@ static int bench_allreduce(int argc, char **argv)
         case B_ALGO:
             algo = optarg;
             if (strcmp(algo, "tree") && strcmp(algo, "ring") && strcmp(algo, "both")) {
-                fprintf(stderr, "mgtrain bench allreduce: --algo '%s': expected tree, ring or "
-                                "both\n", algo);
+                fprintf(stderr,
+                        "mgtrain bench allreduce: --algo '%s': expected tree, ring or "
+                        "both\n",
+                        algo);
                 ok = false;
             }
             break;
@@ -444,7 +492,8 @@ static int bench_allreduce(int argc, char **argv)
         return 1;
     }
     mgt_mock_options mo;
-    mgt_mock_options_parse(&mo, bd.kind == MGT_DEVICE_MOCK ? (mock ? mock : getenv("MGT_MOCK")) : NULL);
+    mgt_mock_options_parse(&mo,
+                           bd.kind == MGT_DEVICE_MOCK ? (mock ? mock : getenv("MGT_MOCK")) : NULL);
     int n = bd.n;
     mgt_buffer *buf[MGT_MAX_DEVICES] = {0};
     float *ptr[MGT_MAX_DEVICES];
@@ -470,11 +519,12 @@ static int bench_allreduce(int argc, char **argv)
            mgt_device_kind_name(bd.kind));
     if (mo.link_bytes_per_s > 0)
         printf("mock link model: %.3g GB/s, %.3g us per peer copy; 'model' = the time it "
-               "predicts\n", mo.link_bytes_per_s / 1e9, mo.link_latency_s * 1e6);
+               "predicts\n",
+               mo.link_bytes_per_s / 1e9, mo.link_latency_s * 1e6);
     printf("%12s", "size");
     for (int a = 0; a < na; a++)
-        printf(" | %-4s %9s %9s %9s%s", algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring",
-               "time us", "algbw", "busbw", mo.link_bytes_per_s > 0 ? "  model us" : "");
+        printf(" | %-4s %9s %9s %9s%s", algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring", "time us",
+               "algbw", "busbw", mo.link_bytes_per_s > 0 ? "  model us" : "");
     if (na == 2)
         printf(" | tree/ring%s", mo.link_bytes_per_s > 0 ? " (model)" : "");
     printf("\n");
@@ -540,8 +590,8 @@ static int bench_allreduce(int argc, char **argv)
                       .x_bytes = true,
                       .n_series = na};
         for (int a = 0; a < na; a++)
-            p.series[a] = (mgt_plot_series){algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring",
-                                            sizes, busbw[a], ns, 0};
+            p.series[a] = (mgt_plot_series){algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring", sizes,
+                                            busbw[a], ns, 0};
         if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
             fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
             rc = 1;

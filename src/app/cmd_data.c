@@ -12,7 +12,8 @@
 #include "app/commands.h"
 #include "mgt/data.h"
 
-static bool parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out)
+static bool parse_long(const char *cmd, const char *flag, const char *s, long lo, long hi,
+                       long *out)
 {
     char *end;
     errno = 0;
@@ -36,20 +37,21 @@ static bool is_dir(const char *path)
 
 static void import_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: mgtrain import-idx [--src DIR] [--out DIR] [-q]\n"
-            "\n"
-            "Writes Fashion-MNIST's IDX files as an ImageFolder tree of 28x28 gray PNGs:\n"
-            "OUT/train/<class>/NNNNN.png (60000) and OUT/val/<class>/NNNNN.png (10000), NNNNN being\n"
-            "the image's position in its IDX file. Classes, in the dataset's label order:\n"
-            "T-shirt_top Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag Ankle_boot\n"
-            "(ImageFolder numbers them alphabetically, as torchvision would on this tree).\n"
-            "Does nothing when OUT/.mgtrain-import-done says an import finished before.\n"
-            "\n"
-            "  --src DIR   the IDX files (default /usr/share/datasets/fashion-mnist, from Debian's\n"
-            "              dataset-fashion-mnist package)\n"
-            "  --out DIR   the tree to write (default data/fashion-mnist)\n"
-            "  -q, --quiet no progress line\n");
+    fprintf(
+        f,
+        "usage: mgtrain import-idx [--src DIR] [--out DIR] [-q]\n"
+        "\n"
+        "Writes Fashion-MNIST's IDX files as an ImageFolder tree of 28x28 gray PNGs:\n"
+        "OUT/train/<class>/NNNNN.png (60000) and OUT/val/<class>/NNNNN.png (10000), NNNNN being\n"
+        "the image's position in its IDX file. Classes, in the dataset's label order:\n"
+        "T-shirt_top Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag Ankle_boot\n"
+        "(ImageFolder numbers them alphabetically, as torchvision would on this tree).\n"
+        "Does nothing when OUT/.mgtrain-import-done says an import finished before.\n"
+        "\n"
+        "  --src DIR   the IDX files (default /usr/share/datasets/fashion-mnist, from Debian's\n"
+        "              dataset-fashion-mnist package)\n"
+        "  --out DIR   the tree to write (default data/fashion-mnist)\n"
+        "  -q, --quiet no progress line\n");
 }
 
 int mgt_app_cmd_import_idx(int argc, char **argv)
@@ -57,8 +59,10 @@ int mgt_app_cmd_import_idx(int argc, char **argv)
     const char *src = "/usr/share/datasets/fashion-mnist", *out = "data/fashion-mnist";
     bool quiet = false;
     static const struct option opts[] = {
-        {"src", required_argument, NULL, 's'}, {"out", required_argument, NULL, 'o'},
-        {"quiet", no_argument, NULL, 'q'},     {"help", no_argument, NULL, 'h'},
+        {"src", required_argument, NULL, 's'},
+        {"out", required_argument, NULL, 'o'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     optind = 0;
@@ -73,7 +77,8 @@ int mgt_app_cmd_import_idx(int argc, char **argv)
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "mgtrain import-idx: unexpected argument '%s' (try --help)\n", argv[optind]);
+        fprintf(stderr, "mgtrain import-idx: unexpected argument '%s' (try --help)\n",
+                argv[optind]);
         return 2;
     }
     bool already = false;
@@ -144,14 +149,16 @@ int mgt_app_cmd_check_data(int argc, char **argv)
         switch (c) {
         case 'd': dir = optarg; break;
         case 'j':
-            if (!parse_long("check-data", "-j", optarg, 1, 1024, &workers)) return 2;
+            if (!parse_long("check-data", "-j", optarg, 1, 1024, &workers))
+                return 2;
             break;
         case 'h': check_usage(stdout); return 0;
         default: fprintf(stderr, "mgtrain check-data: try --help\n"); return 2;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "mgtrain check-data: unexpected argument '%s' (try --help)\n", argv[optind]);
+        fprintf(stderr, "mgtrain check-data: unexpected argument '%s' (try --help)\n",
+                argv[optind]);
         return 2;
     }
     if (!dir) {
@@ -173,7 +180,8 @@ int mgt_app_cmd_check_data(int argc, char **argv)
             return 1;
         }
         rc = check_split(tr, (int)workers, progress, &bad);
-        if (rc == 0) rc = check_split(va, (int)workers, progress, &bad);
+        if (rc == 0)
+            rc = check_split(va, (int)workers, progress, &bad);
         mgt_dataset_free(tr);
         mgt_dataset_free(va);
     } else {
@@ -185,7 +193,8 @@ int mgt_app_cmd_check_data(int argc, char **argv)
         rc = check_split(ds, (int)workers, progress, &bad);
         mgt_dataset_free(ds);
     }
-    if (rc != 0) return rc;
+    if (rc != 0)
+        return rc;
     if (bad > 0) {
         printf("%s: %zu bad files\n", dir, bad);
         return 1;
@@ -227,11 +236,11 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
     const char *dir = NULL, *kind_s = "rrc";
     long size = 0, channels = 0, workers = mgt_cpu_count(), batch = 64, replicas = 1, seconds = 5;
     static const struct option opts[] = {
-        {"data", required_argument, NULL, 'd'},      {"transform", required_argument, NULL, 't'},
-        {"size", required_argument, NULL, 's'},      {"channels", required_argument, NULL, 'c'},
-        {"workers", required_argument, NULL, 'j'},   {"batch", required_argument, NULL, 'b'},
-        {"replicas", required_argument, NULL, 'r'},  {"seconds", required_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+        {"data", required_argument, NULL, 'd'},     {"transform", required_argument, NULL, 't'},
+        {"size", required_argument, NULL, 's'},     {"channels", required_argument, NULL, 'c'},
+        {"workers", required_argument, NULL, 'j'},  {"batch", required_argument, NULL, 'b'},
+        {"replicas", required_argument, NULL, 'r'}, {"seconds", required_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     optind = 0;
     int c;
@@ -242,7 +251,9 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
         case 'd': dir = optarg; break;
         case 't': kind_s = optarg; break;
         case 's': ok = parse_long(cmd, "--size", optarg, 1, 8192, &size); break;
-        case 'c': ok = parse_long(cmd, "--channels", optarg, 1, 3, &channels) && channels != 2; break;
+        case 'c':
+            ok = parse_long(cmd, "--channels", optarg, 1, 3, &channels) && channels != 2;
+            break;
         case 'j': ok = parse_long(cmd, "-j", optarg, 0, 1024, &workers); break;
         case 'b': ok = parse_long(cmd, "-b", optarg, 1, 65536, &batch); break;
         case 'r': ok = parse_long(cmd, "--replicas", optarg, 1, MGT_MAX_DEVICES, &replicas); break;
@@ -251,7 +262,8 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
         default: fprintf(stderr, "mgtrain bench-data: try --help\n"); return 2;
         }
         if (!ok) {
-            if (c == 'c') fprintf(stderr, "mgtrain bench-data: --channels must be 1 or 3\n");
+            if (c == 'c')
+                fprintf(stderr, "mgtrain bench-data: --channels must be 1 or 3\n");
             return 2;
         }
     }
@@ -261,37 +273,51 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
         return 2;
     }
     mgt_transform_kind kind;
-    if (strcmp(kind_s, "rrc") == 0) kind = MGT_TRANSFORM_RRC;
-    else if (strcmp(kind_s, "pad-crop") == 0) kind = MGT_TRANSFORM_PAD_CROP;
-    else if (strcmp(kind_s, "resize-crop") == 0) kind = MGT_TRANSFORM_RESIZE_CROP;
+    if (strcmp(kind_s, "rrc") == 0)
+        kind = MGT_TRANSFORM_RRC;
+    else if (strcmp(kind_s, "pad-crop") == 0)
+        kind = MGT_TRANSFORM_PAD_CROP;
+    else if (strcmp(kind_s, "resize-crop") == 0)
+        kind = MGT_TRANSFORM_RESIZE_CROP;
     else {
-        fprintf(stderr, "mgtrain bench-data: --transform '%s': expected rrc, pad-crop or resize-crop\n", kind_s);
+        fprintf(stderr,
+                "mgtrain bench-data: --transform '%s': expected rrc, pad-crop or resize-crop\n",
+                kind_s);
         return 2;
     }
 
     char split[4096];
     snprintf(split, sizeof split, "%s/train", dir);
-    if (!is_dir(split)) snprintf(split, sizeof split, "%s", dir);
+    if (!is_dir(split))
+        snprintf(split, sizeof split, "%s", dir);
     mgt_scan_options so = {.progress = isatty(fileno(stderr)) ? stderr : NULL};
     mgt_dataset *ds = NULL;
     mgt_loader *l = NULL;
     int rc = 1;
-    if (mgt_dataset_scan(split, &so, &ds) != MGT_OK) goto fail;
+    if (mgt_dataset_scan(split, &so, &ds) != MGT_OK)
+        goto fail;
     double scan_s = mgt_dataset_scan_seconds(ds);
-    printf("scan: %s: %zu files, %d classes in %.3f s (%.0f files/s)\n", split, mgt_dataset_size(ds),
-           mgt_dataset_class_count(ds), scan_s, scan_s > 0 ? (double)mgt_dataset_size(ds) / scan_s : 0.0);
+    printf("scan: %s: %zu files, %d classes in %.3f s (%.0f files/s)\n", split,
+           mgt_dataset_size(ds), mgt_dataset_class_count(ds), scan_s,
+           scan_s > 0 ? (double)mgt_dataset_size(ds) / scan_s : 0.0);
     int pw = 0, ph = 0, pc = 3;
-    if (mgt_dataset_probe(ds, 64, &pw, &ph, &pc) != MGT_OK) goto fail;
-    if (!channels) channels = pc;
-    if (!size) size = kind == MGT_TRANSFORM_PAD_CROP ? (pw < ph ? pw : ph) : 224;
+    if (mgt_dataset_probe(ds, 64, &pw, &ph, &pc) != MGT_OK)
+        goto fail;
+    if (!channels)
+        channels = pc;
+    if (!size)
+        size = kind == MGT_TRANSFORM_PAD_CROP ? (pw < ph ? pw : ph) : 224;
     mgt_transform t;
-    if (mgt_transform_init(&t, kind, (int)size, (int)channels) != MGT_OK) goto fail;
+    if (mgt_transform_init(&t, kind, (int)size, (int)channels) != MGT_OK)
+        goto fail;
     mgt_loader_options o;
     mgt_loader_options_init(&o, ds, &t, (int)replicas, (int)batch);
     o.workers = (int)workers;
     o.bad.warn = stderr;
-    if (mgt_loader_create(&o, &l) != MGT_OK) goto fail;
-    if (mgt_loader_set_epoch(l, 0, 0) != MGT_OK) goto fail;
+    if (mgt_loader_create(&o, &l) != MGT_OK)
+        goto fail;
+    if (mgt_loader_set_epoch(l, 0, 0) != MGT_OK)
+        goto fail;
 
     /* one consumer takes every replica's batches in turn, as lock-stepped devices would;
        on a shared machine wall time undercounts what a thread can do, so the process's CPU
@@ -304,7 +330,8 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
     for (;;) { /* a continuous loader runs on into the next epoch by itself */
         for (int r = 0; r < (int)replicas; r++) {
             mgt_batch b;
-            if (mgt_loader_next(l, r, NULL, &b) != MGT_OK) goto fail;
+            if (mgt_loader_next(l, r, NULL, &b) != MGT_OK)
+                goto fail;
             if (t_start > 0) {
                 waited += b.wait_s;
                 batches++;
@@ -330,7 +357,8 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
            batches ? 1e3 * waited / (double)batches : 0.0, mgt_loader_bad_count(l));
     rc = 0;
 fail:
-    if (rc != 0) fprintf(stderr, "mgtrain bench-data: %s\n", mgt_error_last());
+    if (rc != 0)
+        fprintf(stderr, "mgtrain bench-data: %s\n", mgt_error_last());
     mgt_loader_free(l);
     mgt_dataset_free(ds);
     return rc;

@@ -98,7 +98,7 @@ mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const c
     if (kind == MGT_DEVICE_MOCK && mock) {
         mgt_status st = mgt_mock_options_parse(&opts, mock);
         if (st != MGT_OK)
-            return mgt_error_set(st, "--mock: %s", mgt_error_last());
+            return mgt_error_wrap(st, "--mock");
         o.mock = &opts;
     }
     return mgt_devset_open_with(kind, ids, n, &o, out);
@@ -114,16 +114,15 @@ mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const ch
 
 static void devices_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: mgtrain devices [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC]\n"
-            "                       [--no-p2p] [--no-bandwidth] [--copy-mb N]\n"
-            "  --device               which devices to list (auto: CUDA where present, else\n"
-            "                         CPU mock)\n"
-            "  --gpus                 device ids, e.g. 0,1,2,3 (ids may repeat)\n"
-            "  --mock                 mock-device options, e.g. 'threads=1;mem=2G;peers=0-1'\n"
-            "                         (see README)\n"
-            "  --no-bandwidth         skip measuring the copy rate of every pair\n"
-            "  --copy-mb N            bytes per timed copy, in MiB (64)\n" MGT_APP_SWITCH_USAGE);
+    fprintf(f, "usage: mgtrain devices [--device auto|cuda|cpu] [--gpus LIST] [--mock SPEC]\n"
+               "                       [--no-p2p] [--no-bandwidth] [--copy-mb N]\n"
+               "  --device               which devices to list (auto: CUDA where present, else\n"
+               "                         CPU mock)\n"
+               "  --gpus                 device ids, e.g. 0,1,2,3 (ids may repeat)\n"
+               "  --mock                 mock-device options, e.g. 'threads=1;mem=2G;peers=0-1'\n"
+               "                         (see README)\n"
+               "  --no-bandwidth         skip measuring the copy rate of every pair\n"
+               "  --copy-mb N            bytes per timed copy, in MiB (64)\n" MGT_APP_SWITCH_USAGE);
 }
 
 int mgt_app_cmd_devices(int argc, char **argv)
@@ -225,8 +224,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
                     printf(" %7s", "-");
                 } else if (mgt_devset_copy_rate(set, i, j, bytes, 3, &rate) != MGT_OK) {
                     printf("\n");
-                    fprintf(stderr, "mgtrain devices: copy %d -> %d: %s\n", i, j,
-                            mgt_error_last());
+                    fprintf(stderr, "mgtrain devices: copy %d -> %d: %s\n", i, j, mgt_error_last());
                     rc = 1;
                     break;
                 } else {

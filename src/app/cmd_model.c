@@ -11,15 +11,14 @@
 
 static void model_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: mgtrain model --arch NAME [--classes K] [--in-channels C] [--size S] "
-            "[--params]\n"
-            "  --arch         resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision)\n"
-            "                 or resnet20, resnet32, resnet44, resnet56, resnet110 (CIFAR)\n"
-            "  --classes      fc outputs (default 1000; 10 for the CIFAR networks)\n"
-            "  --in-channels  1 or 3 (default 3)\n"
-            "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
-            "  --params       also list every tensor: name, shape, arena and byte offset\n");
+    fprintf(f, "usage: mgtrain model --arch NAME [--classes K] [--in-channels C] [--size S] "
+               "[--params]\n"
+               "  --arch         resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision)\n"
+               "                 or resnet20, resnet32, resnet44, resnet56, resnet110 (CIFAR)\n"
+               "  --classes      fc outputs (default 1000; 10 for the CIFAR networks)\n"
+               "  --in-channels  1 or 3 (default 3)\n"
+               "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
+               "  --params       also list every tensor: name, shape, arena and byte offset\n");
 }
 
 static bool parse_int(const char *flag, const char *s, int lo, int hi, int *out)
@@ -28,8 +27,8 @@ static bool parse_int(const char *flag, const char *s, int lo, int hi, int *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "mgtrain model: %s '%s': expected a whole number from %d to %d\n", flag,
-                s, lo, hi);
+        fprintf(stderr, "mgtrain model: %s '%s': expected a whole number from %d to %d\n", flag, s,
+                lo, hi);
         return false;
     }
     *out = (int)v;
@@ -119,8 +118,7 @@ int mgt_app_cmd_model(int argc, char **argv)
         case 'p': params = true; break;
         case 'h': model_usage(stdout); return 0;
         default:
-            fprintf(stderr, "mgtrain model: unknown or incomplete option '%s'\n",
-                    argv[optind - 1]);
+            fprintf(stderr, "mgtrain model: unknown or incomplete option '%s'\n", argv[optind - 1]);
             model_usage(stderr);
             return 2;
         }
@@ -139,9 +137,13 @@ int mgt_app_cmd_model(int argc, char **argv)
                  strcmp(arch, "resnet44") == 0 || strcmp(arch, "resnet56") == 0 ||
                  strcmp(arch, "resnet110") == 0;
     mgt_model_config cfg = {.arch = arch,
-                            .classes = classes ? classes : cifar ? 10 : 1000,
+                            .classes = classes ? classes
+                                       : cifar ? 10
+                                               : 1000,
                             .in_channels = in_channels,
-                            .image_size = size ? size : cifar ? 32 : 224,
+                            .image_size = size    ? size
+                                          : cifar ? 32
+                                                  : 224,
                             .batch = 1};
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {

@@ -27,55 +27,54 @@ static void on_sigint(int sig)
 
 static void train_usage(FILE *f)
 {
-    fprintf(f,
-"usage: mgtrain [train] --data DIR [options]      (or --dummy instead of --data)\n"
-"\n"
-"data\n"
-"  --data DIR             ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
-"  --dummy                synthetic data (fixed random batches), no files\n"
-"  -j, --workers N        image decode threads in total (default: one per core)\n"
-"  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
-"                         the images' own size for resnet20..110)\n"
-"  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
-"                         pad-crop for the CIFAR-style ones)\n"
-"  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
-"  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
-"  --normalize auto       compute mean and std from the training images first\n"
-"  --strict-data          any unreadable image is fatal\n"
-"  --max-bad-frac F       abort past this fraction of unreadable images (0.01)\n"
-"model\n"
-"  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
-"  --pretrained FILE      start from safetensors weights with torchvision names\n"
-"                         (fc.* skipped when the class count differs)\n"
-"  --zero-init-residual   zero the last BN weight of each residual block\n"
-"  --freeze-bn            batch norm uses its running statistics in training too\n"
-"optimisation\n"
-"  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
-"  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
-"  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
-"  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
-"  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
-"  --label-smoothing X    (0)\n"
-"  --seed N               (0)\n"
-"devices\n"
-"  --gpus LIST            device ids, e.g. 0,1,2,3; ids may repeat (default: all)\n"
-"  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
-"  --mock SPEC            mock-device options (see README)\n"
-"  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
-"  --allreduce tree|ring  the all-reduce algorithm (tree)\n"
-MGT_APP_SWITCH_USAGE
-"run\n"
-"  -p, --print-freq N     progress line every N steps (10)\n"
-"  -e, --evaluate         validate once and stop\n"
-"  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
-"  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
-"  --log FILE             JSON lines: one per progress line, one per epoch\n"
-"  --time-limit SECONDS   stop with a checkpoint after this long\n"
-"  --timeout SECONDS      abort when no step finishes for this long\n"
-"  --max-steps N          at most N training steps per epoch (quick runs)\n"
-"  --dummy-steps N        steps per epoch with --dummy (100)\n"
-"Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint; a second one\n"
-"quits at once.\n");
+    fprintf(
+        f,
+        "usage: mgtrain [train] --data DIR [options]      (or --dummy instead of --data)\n"
+        "\n"
+        "data\n"
+        "  --data DIR             ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
+        "  --dummy                synthetic data (fixed random batches), no files\n"
+        "  -j, --workers N        image decode threads in total (default: one per core)\n"
+        "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
+        "                         the images' own size for resnet20..110)\n"
+        "  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
+        "                         pad-crop for the CIFAR-style ones)\n"
+        "  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
+        "  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
+        "  --normalize auto       compute mean and std from the training images first\n"
+        "  --strict-data          any unreadable image is fatal\n"
+        "  --max-bad-frac F       abort past this fraction of unreadable images (0.01)\n"
+        "model\n"
+        "  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
+        "  --pretrained FILE      start from safetensors weights with torchvision names\n"
+        "                         (fc.* skipped when the class count differs)\n"
+        "  --zero-init-residual   zero the last BN weight of each residual block\n"
+        "  --freeze-bn            batch norm uses its running statistics in training too\n"
+        "optimisation\n"
+        "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
+        "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
+        "  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
+        "  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
+        "  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
+        "  --label-smoothing X    (0)\n"
+        "  --seed N               (0)\n"
+        "devices\n"
+        "  --gpus LIST            device ids, e.g. 0,1,2,3; ids may repeat (default: all)\n"
+        "  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
+        "  --mock SPEC            mock-device options (see README)\n"
+        "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
+        "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
+        "  -p, --print-freq N     progress line every N steps (10)\n"
+        "  -e, --evaluate         validate once and stop\n"
+        "  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
+        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
+        "  --log FILE             JSON lines: one per progress line, one per epoch\n"
+        "  --time-limit SECONDS   stop with a checkpoint after this long\n"
+        "  --timeout SECONDS      abort when no step finishes for this long\n"
+        "  --max-steps N          at most N training steps per epoch (quick runs)\n"
+        "  --dummy-steps N        steps per epoch with --dummy (100)\n"
+        "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint; a second one\n"
+        "quits at once.\n");
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -109,11 +108,42 @@ static bool parse_triple(const char *flag, const char *v, float out[3], bool pos
 }
 
 enum {
-    OPT_DATA = 256, OPT_DUMMY, OPT_IMAGE_SIZE, OPT_AUGMENT, OPT_MEAN, OPT_STD, OPT_NORMALIZE,
-    OPT_STRICT, OPT_MAX_BAD, OPT_PRETRAINED, OPT_ZIR, OPT_EPOCHS, OPT_START_EPOCH, OPT_LR,
-    OPT_MOMENTUM, OPT_WD, OPT_NESTEROV, OPT_SCHEDULE, OPT_LR_STEP, OPT_LR_GAMMA, OPT_WARMUP,
-    OPT_SMOOTHING, OPT_SEED, OPT_GPUS, OPT_DEVICE, OPT_MOCK, OPT_BUCKET, OPT_RESUME, OPT_CKPT,
-    OPT_LOG, OPT_TIME_LIMIT, OPT_TIMEOUT, OPT_MAX_STEPS, OPT_DUMMY_STEPS, OPT_ALLREDUCE, OPT_FREEZE_BN,
+    OPT_DATA = 256,
+    OPT_DUMMY,
+    OPT_IMAGE_SIZE,
+    OPT_AUGMENT,
+    OPT_MEAN,
+    OPT_STD,
+    OPT_NORMALIZE,
+    OPT_STRICT,
+    OPT_MAX_BAD,
+    OPT_PRETRAINED,
+    OPT_ZIR,
+    OPT_EPOCHS,
+    OPT_START_EPOCH,
+    OPT_LR,
+    OPT_MOMENTUM,
+    OPT_WD,
+    OPT_NESTEROV,
+    OPT_SCHEDULE,
+    OPT_LR_STEP,
+    OPT_LR_GAMMA,
+    OPT_WARMUP,
+    OPT_SMOOTHING,
+    OPT_SEED,
+    OPT_GPUS,
+    OPT_DEVICE,
+    OPT_MOCK,
+    OPT_BUCKET,
+    OPT_RESUME,
+    OPT_CKPT,
+    OPT_LOG,
+    OPT_TIME_LIMIT,
+    OPT_TIMEOUT,
+    OPT_MAX_STEPS,
+    OPT_DUMMY_STEPS,
+    OPT_ALLREDUCE,
+    OPT_FREEZE_BN,
 };
 
 int mgt_app_cmd_train(int argc, char **argv)
@@ -181,7 +211,10 @@ int mgt_app_cmd_train(int argc, char **argv)
         switch (opt) {
         case OPT_DATA: c.data_dir = optarg; break;
         case OPT_DUMMY: c.dummy = true; break;
-        case 'j': ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v); c.workers = (int)v; break;
+        case 'j':
+            ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v);
+            c.workers = (int)v;
+            break;
         case OPT_IMAGE_SIZE:
             ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
             c.image_size = (int)v;
@@ -199,8 +232,14 @@ int mgt_app_cmd_train(int argc, char **argv)
                 ok = false;
             }
             break;
-        case OPT_MEAN: ok = parse_triple("--mean", optarg, c.mean, false); c.mean_std_set = true; break;
-        case OPT_STD: ok = parse_triple("--std", optarg, c.std, true); c.mean_std_set = true; break;
+        case OPT_MEAN:
+            ok = parse_triple("--mean", optarg, c.mean, false);
+            c.mean_std_set = true;
+            break;
+        case OPT_STD:
+            ok = parse_triple("--std", optarg, c.std, true);
+            c.mean_std_set = true;
+            break;
         case OPT_NORMALIZE:
             if (strcmp(optarg, "auto") != 0) {
                 fprintf(stderr, "mgtrain: --normalize '%s': the only value is auto\n", optarg);
@@ -209,11 +248,16 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.normalize_auto = true;
             break;
         case OPT_STRICT: c.strict_data = true; break;
-        case OPT_MAX_BAD: ok = mgt_app_flag_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac); break;
+        case OPT_MAX_BAD:
+            ok = mgt_app_flag_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac);
+            break;
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
-        case OPT_EPOCHS: ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v); c.epochs = (int)v; break;
+        case OPT_EPOCHS:
+            ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v);
+            c.epochs = (int)v;
+            break;
         case OPT_START_EPOCH:
             ok = mgt_app_flag_int("--start-epoch", optarg, 0, 100000, &v);
             c.start_epoch = (int)v;
@@ -222,12 +266,18 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = mgt_app_flag_int("--batch-size", optarg, 1, 1 << 24, &v);
             c.batch_size = (int)v;
             break;
-        case OPT_LR: ok = mgt_app_flag_float("--lr", optarg, 0, 1e6, &x); c.lr.lr = (float)x; break;
+        case OPT_LR:
+            ok = mgt_app_flag_float("--lr", optarg, 0, 1e6, &x);
+            c.lr.lr = (float)x;
+            break;
         case OPT_MOMENTUM:
             ok = mgt_app_flag_float("--momentum", optarg, 0, 1, &x);
             c.momentum = (float)x;
             break;
-        case OPT_WD: ok = mgt_app_flag_float("--weight-decay", optarg, 0, 1, &x); c.weight_decay = (float)x; break;
+        case OPT_WD:
+            ok = mgt_app_flag_float("--weight-decay", optarg, 0, 1, &x);
+            c.weight_decay = (float)x;
+            break;
         case OPT_NESTEROV: c.nesterov = true; break;
         case OPT_SCHEDULE:
             if (mgt_lr_kind_parse(optarg, &c.lr.kind) != MGT_OK) {
@@ -239,7 +289,10 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = mgt_app_flag_int("--lr-step", optarg, 1, 100000, &v);
             c.lr.step_epochs = (int)v;
             break;
-        case OPT_LR_GAMMA: ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x); c.lr.gamma = (float)x; break;
+        case OPT_LR_GAMMA:
+            ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x);
+            c.lr.gamma = (float)x;
+            break;
         case OPT_WARMUP:
             ok = mgt_app_flag_float("--warmup-epochs", optarg, 0, 100000, &x);
             c.lr.warmup_epochs = (float)x;
@@ -271,14 +324,23 @@ int mgt_app_cmd_train(int argc, char **argv)
                 ok = false;
             }
             break;
-        case 'p': ok = mgt_app_flag_int("--print-freq", optarg, 1, 1 << 30, &v); c.print_freq = (int)v; break;
+        case 'p':
+            ok = mgt_app_flag_int("--print-freq", optarg, 1, 1 << 30, &v);
+            c.print_freq = (int)v;
+            break;
         case 'e': c.evaluate = true; break;
         case OPT_RESUME: c.resume = optarg; break;
         case OPT_CKPT: c.checkpoint_dir = optarg; break;
         case OPT_LOG: c.log_path = optarg; break;
-        case OPT_TIME_LIMIT: ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s); break;
-        case OPT_TIMEOUT: ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s); break;
-        case OPT_MAX_STEPS: ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps); break;
+        case OPT_TIME_LIMIT:
+            ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s);
+            break;
+        case OPT_TIMEOUT:
+            ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s);
+            break;
+        case OPT_MAX_STEPS:
+            ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps);
+            break;
         case OPT_DUMMY_STEPS:
             ok = mgt_app_flag_int("--dummy-steps", optarg, 1, 1L << 30, &v);
             c.dummy_steps = (int)v;

@@ -32,13 +32,15 @@ mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int 
    getopt codes (above any command's own), the entries for its long-option table, the lines
    for its usage text, and the handler that sets the switch code c names (false: not one). */
 enum { MGT_APP_OPT_NO_P2P = 0x1000, MGT_APP_OPT_TF32, MGT_APP_OPT_DETERMINISTIC };
-#define MGT_APP_SWITCH_LONGOPTS                                                               \
-    {"no-p2p", no_argument, NULL, MGT_APP_OPT_NO_P2P},                                        \
-        {"tf32", no_argument, NULL, MGT_APP_OPT_TF32},                                        \
-        {"deterministic", no_argument, NULL, MGT_APP_OPT_DETERMINISTIC}
-#define MGT_APP_SWITCH_USAGE                                                                  \
-    "  --no-p2p               stage every peer copy through pinned host memory\n"            \
-    "  --tf32                 CUDA: cuBLAS and cuDNN may use TF32 (default: exact FP32)\n"   \
+#define MGT_APP_SWITCH_LONGOPTS                                       \
+    {"no-p2p", no_argument, NULL, MGT_APP_OPT_NO_P2P},                \
+        {"tf32", no_argument, NULL, MGT_APP_OPT_TF32},                \
+    {                                                                 \
+        "deterministic", no_argument, NULL, MGT_APP_OPT_DETERMINISTIC \
+    }
+#define MGT_APP_SWITCH_USAGE                                                               \
+    "  --no-p2p               stage every peer copy through pinned host memory\n"          \
+    "  --tf32                 CUDA: cuBLAS and cuDNN may use TF32 (default: exact FP32)\n" \
     "  --deterministic        CUDA: only deterministic cuDNN algorithms\n"
 bool mgt_app_device_switch(int c, mgt_devset_options *sw);
 

@@ -12,8 +12,8 @@ bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *o
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "mgtrain: %s '%s': expected a whole number from %ld to %ld\n", flag, v,
-                lo, hi);
+        fprintf(stderr, "mgtrain: %s '%s': expected a whole number from %ld to %ld\n", flag, v, lo,
+                hi);
         return false;
     }
     *out = x;

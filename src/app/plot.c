@@ -51,12 +51,14 @@ static void panel(FILE *f, const mgt_plot *p, int which, double ox, double oy, d
         return;
     yhi = yhi > 0 ? yhi * 1.1 : 1;
     fprintf(f, "<g transform=\"translate(%.1f,%.1f)\">\n", ox, oy);
-    fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-               "stroke=\"#888\"/>\n", w, h);
+    fprintf(f,
+            "<rect x=\"0\" y=\"0\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            w, h);
     for (int t = 0; t <= 4; t++) {
         double y = yhi * t / 4, py = h - y / yhi * h;
-        fprintf(f, "<line x1=\"0\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", w,
-                py, py);
+        fprintf(f, "<line x1=\"0\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", w, py,
+                py);
         fprintf(f, "<text x=\"-6\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\">%.3g</text>\n",
                 py + 4, y);
     }
@@ -69,8 +71,10 @@ static void panel(FILE *f, const mgt_plot *p, int which, double ox, double oy, d
             char lab[32];
             fmt_x(p, p->series[s].x[i], lab, sizeof lab);
             double px = tx(p, p->series[s].x[i], xlo, xhi, w);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\">%s"
-                       "</text>\n", px, h + 14, lab);
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\">%s"
+                    "</text>\n",
+                    px, h + 14, lab);
         }
         break;
     }
@@ -104,9 +108,11 @@ mgt_status mgt_plot_write_svg(const mgt_plot *p, const char *path)
         return mgt_error_set(MGT_ERR_IO, "--plot %s: %s", path, strerror(errno));
     int panels = p->panels > 0 ? p->panels : 1;
     double w = 420, h = 260, W = 80 + panels * (w + 90), H = h + 110;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" "
-               "fill=\"white\"/>\n", W, H);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" "
+            "fill=\"white\"/>\n",
+            W, H);
     fprintf(f, "<text x=\"%.1f\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n",
             W / 2, p->title);
     for (int k = 0; k < panels; k++)

@@ -10,7 +10,7 @@ typedef struct mgt_plot_series {
     const char *name;
     const double *x, *y; /* borrowed, n points each */
     int n;
-    int panel;           /* which side-by-side panel it is drawn in */
+    int panel; /* which side-by-side panel it is drawn in */
 } mgt_plot_series;
 
 typedef struct mgt_plot {

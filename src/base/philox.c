@@ -57,10 +57,7 @@ uint32_t mgt_rng_u32(mgt_rng *r)
     return r->out[4 - r->avail--];
 }
 
-float mgt_rng_uniform(mgt_rng *r)
-{
-    return (float)(mgt_rng_u32(r) >> 8) * (1.0f / 16777216.0f);
-}
+float mgt_rng_uniform(mgt_rng *r) { return (float)(mgt_rng_u32(r) >> 8) * (1.0f / 16777216.0f); }
 
 double mgt_rng_uniform_double(mgt_rng *r)
 {

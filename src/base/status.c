@@ -1,6 +1,7 @@
 /* Status names and the per-thread error text that goes with a failed call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "mgt/status.h"
 
@@ -27,6 +28,19 @@ mgt_status mgt_error_set(mgt_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(error_text, sizeof error_text, fmt, ap);
     va_end(ap);
+    return st;
+}
+
+mgt_status mgt_error_wrap(mgt_status st, const char *fmt, ...)
+{
+    char prev[sizeof error_text];
+    memcpy(prev, error_text, sizeof prev);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(error_text, sizeof error_text, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof error_text && prev[0])
+        snprintf(error_text + n, sizeof error_text - (size_t)n, ": %s", prev);
     return st;
 }
 

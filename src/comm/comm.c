@@ -22,18 +22,18 @@ struct mgt_comm {
     size_t bytes;
     int nb;
     mgt_allreduce_algo algo;
-    size_t *begin, *end;      /* [nb] bucket byte ranges */
-    mgt_stream **stream;      /* [n] comm streams */
-    mgt_stream **send;        /* [n] ring only: the streams a device's sends are ordered on */
+    size_t *begin, *end;            /* [nb] bucket byte ranges */
+    mgt_stream **stream;            /* [n] comm streams */
+    mgt_stream **send;              /* [n] ring only: the streams a device's sends are ordered on */
     mgt_event **recv_ev, **send_ev; /* [n] ring only: a step's receives done, sends done */
-    mgt_buffer **recv;        /* [n] receive buffers, the largest bucket each */
-    mgt_event **ready, **done; /* [n * nb] */
+    mgt_buffer **recv;              /* [n] receive buffers, the largest bucket each */
+    mgt_event **ready, **done;      /* [n * nb] */
     pthread_mutex_t lock;
     pthread_cond_t cv;
-    int *arrived;             /* [nb] devices that marked the bucket in the current step */
-    int *next;                /* [n] next bucket each device has yet to mark */
-    long *steps;              /* [n] steps each device has ended */
-    long enqueued;            /* buckets enqueued over all steps */
+    int *arrived;  /* [nb] devices that marked the bucket in the current step */
+    int *next;     /* [n] next bucket each device has yet to mark */
+    long *steps;   /* [n] steps each device has ended */
+    long enqueued; /* buckets enqueued over all steps */
 };
 
 static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
@@ -59,8 +59,10 @@ static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
         }
     }
     if (start != cfg->bytes)
-        return mgt_error_set(MGT_ERR_INVALID, "comm: the last layer end %zu is not the arena's "
-                             "size %zu", start, cfg->bytes);
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "comm: the last layer end %zu is not the arena's "
+                             "size %zu",
+                             start, cfg->bytes);
     return MGT_OK;
 }
 
@@ -235,12 +237,12 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
             if (hi == lo)
                 continue;
             float *recv = mgt_buffer_ptr(c->recv[to]);
-            st = mgt_copy_peer(c->stream[to], recv, c->send[i],
-                               at(c->grads[i], off + lo * sizeof(float)),
-                               (hi - lo) * sizeof(float));
+            st =
+                mgt_copy_peer(c->stream[to], recv, c->send[i],
+                              at(c->grads[i], off + lo * sizeof(float)), (hi - lo) * sizeof(float));
             if (st == MGT_OK)
-                st = mgt_axpy(c->stream[to], at(c->grads[to], off + lo * sizeof(float)), 1.0f,
-                              recv, hi - lo);
+                st = mgt_axpy(c->stream[to], at(c->grads[to], off + lo * sizeof(float)), 1.0f, recv,
+                              hi - lo);
         }
     }
     for (int s = 0; s < n - 1 && st == MGT_OK; s++) {
@@ -252,8 +254,8 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
             if (hi == lo)
                 continue;
             size_t o = off + lo * sizeof(float);
-            st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i],
-                               at(c->grads[i], o), (hi - lo) * sizeof(float));
+            st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i], at(c->grads[i], o),
+                               (hi - lo) * sizeof(float));
         }
     }
     /* the gradients must not change (next step's backward) while a send still reads them */
@@ -338,8 +340,10 @@ mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mg
     while (c->enqueued < target) {
         if (mgt_abort_is_raised(abort)) {
             pthread_mutex_unlock(&c->lock);
-            return mgt_error_set(MGT_ERR_ABORTED, "comm: device %d's wait for the gradient "
-                                 "all-reduce aborted", dev);
+            return mgt_error_set(MGT_ERR_ABORTED,
+                                 "comm: device %d's wait for the gradient "
+                                 "all-reduce aborted",
+                                 dev);
         }
         mgt_cond_wait_slice(&c->cv, &c->lock);
     }

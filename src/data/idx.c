@@ -32,27 +32,32 @@ mgt_status mgt_idx_read(const char *path, mgt_idx *out)
 {
     memset(out, 0, sizeof *out);
     gzFile f = gzopen(path, "rb");
-    if (!f) return mgt_error_set(MGT_ERR_IO, "%s: %s", path, errno ? strerror(errno) : "cannot open");
+    if (!f)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", path, errno ? strerror(errno) : "cannot open");
     gzbuffer(f, 1 << 17);
     mgt_status st;
     uint8_t magic[4];
-    if ((st = read_exact(f, path, magic, 4, "header")) != MGT_OK) goto fail;
+    if ((st = read_exact(f, path, magic, 4, "header")) != MGT_OK)
+        goto fail;
     if (magic[0] != 0 || magic[1] != 0) {
         st = mgt_error_set(MGT_ERR_INVALID, "%s: not an IDX file (bad magic number)", path);
         goto fail;
     }
     if (magic[2] != 0x08) {
-        st = mgt_error_set(MGT_ERR_INVALID, "%s: IDX data type 0x%02x; only unsigned bytes (0x08) are read",
-                           path, magic[2]);
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: IDX data type 0x%02x; only unsigned bytes (0x08) are read", path,
+                           magic[2]);
         goto fail;
     }
     if (magic[3] < 1 || magic[3] > 4) {
-        st = mgt_error_set(MGT_ERR_INVALID, "%s: IDX with %d dimensions; 1..4 are read", path, magic[3]);
+        st = mgt_error_set(MGT_ERR_INVALID, "%s: IDX with %d dimensions; 1..4 are read", path,
+                           magic[3]);
         goto fail;
     }
     out->ndim = magic[3];
     uint8_t dims[16];
-    if ((st = read_exact(f, path, dims, 4 * (size_t)out->ndim, "header")) != MGT_OK) goto fail;
+    if ((st = read_exact(f, path, dims, 4 * (size_t)out->ndim, "header")) != MGT_OK)
+        goto fail;
     size_t size = 1;
     for (int d = 0; d < out->ndim; d++) {
         uint32_t v = (uint32_t)dims[4 * d] << 24 | (uint32_t)dims[4 * d + 1] << 16 |
@@ -70,7 +75,8 @@ mgt_status mgt_idx_read(const char *path, mgt_idx *out)
         st = mgt_error_set(MGT_ERR_OOM, "%s: out of memory for %zu bytes", path, size);
         goto fail;
     }
-    if ((st = read_exact(f, path, out->data, size, "data")) != MGT_OK) goto fail;
+    if ((st = read_exact(f, path, out->data, size, "data")) != MGT_OK)
+        goto fail;
     gzclose(f);
     return MGT_OK;
 fail:
@@ -81,7 +87,8 @@ fail:
 
 void mgt_idx_free(mgt_idx *idx)
 {
-    if (!idx) return;
+    if (!idx)
+        return;
     free(idx->data);
     memset(idx, 0, sizeof *idx);
 }

@@ -32,7 +32,8 @@ static mgt_status mkdir_p(const char *path)
     if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp)
         return mgt_error_set(MGT_ERR_INVALID, "%s: path too long", path);
     for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
+        if (*p != '/')
+            continue;
         *p = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
             return mgt_error_set(MGT_ERR_IO, "%s: %s", tmp, strerror(errno));
@@ -53,21 +54,25 @@ typedef struct png_out {
 static void png_write(void *ctx, void *data, int size)
 {
     png_out *o = ctx;
-    if (!o->failed && fwrite(data, 1, (size_t)size, o->f) != (size_t)size) o->failed = true;
+    if (!o->failed && fwrite(data, 1, (size_t)size, o->f) != (size_t)size)
+        o->failed = true;
 }
 
 static mgt_status write_png(const char *path, const uint8_t *px, int w, int h)
 {
     png_out o = {.f = fopen(path, "wb")};
-    if (!o.f) return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!o.f)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
     int ok = stbi_write_png_to_func(png_write, &o, w, h, 1, px, w);
     int saved = errno;
     if (fclose(o.f) != 0 && !o.failed) {
         o.failed = true;
         saved = errno;
     }
-    if (!ok) return mgt_error_set(MGT_ERR_IO, "%s: PNG encoding failed", path);
-    if (o.failed) return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(saved));
+    if (!ok)
+        return mgt_error_set(MGT_ERR_IO, "%s: PNG encoding failed", path);
+    if (o.failed)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(saved));
     return MGT_OK;
 }
 
@@ -78,7 +83,8 @@ static mgt_status find_idx(const char *dir, const char *prefix, const char *kind
     const char *ext[2] = {".gz", ""};
     for (int i = 0; i < 2; i++) {
         snprintf(path, cap, "%s/%s-%s-idx%d-ubyte%s", dir, prefix, kind, ndim, ext[i]);
-        if (access(path, R_OK) == 0) return MGT_OK;
+        if (access(path, R_OK) == 0)
+            return MGT_OK;
     }
     return mgt_error_set(MGT_ERR_IO,
                          "%s/%s-%s-idx%d-ubyte.gz: no such file (Debian's dataset-fashion-mnist "
@@ -92,18 +98,23 @@ static mgt_status import_split(const char *src, const char *prefix, const char *
 {
     char ipath[4096], lpath[4096];
     mgt_status st;
-    if ((st = find_idx(src, prefix, "images", 3, ipath, sizeof ipath)) != MGT_OK) return st;
-    if ((st = find_idx(src, prefix, "labels", 1, lpath, sizeof lpath)) != MGT_OK) return st;
+    if ((st = find_idx(src, prefix, "images", 3, ipath, sizeof ipath)) != MGT_OK)
+        return st;
+    if ((st = find_idx(src, prefix, "labels", 1, lpath, sizeof lpath)) != MGT_OK)
+        return st;
     mgt_idx im = {0}, lb = {0};
-    if ((st = mgt_idx_read(ipath, &im)) != MGT_OK) return st;
-    if ((st = mgt_idx_read(lpath, &lb)) != MGT_OK) goto done;
-    if (im.ndim != 3 || im.dims[1] == 0 || im.dims[2] == 0 || im.dims[1] > 4096 || im.dims[2] > 4096) {
+    if ((st = mgt_idx_read(ipath, &im)) != MGT_OK)
+        return st;
+    if ((st = mgt_idx_read(lpath, &lb)) != MGT_OK)
+        goto done;
+    if (im.ndim != 3 || im.dims[1] == 0 || im.dims[2] == 0 || im.dims[1] > 4096 ||
+        im.dims[2] > 4096) {
         st = mgt_error_set(MGT_ERR_INVALID, "%s: expected images [n, rows, cols]", ipath);
         goto done;
     }
     if (lb.ndim != 1 || lb.dims[0] != im.dims[0]) {
-        st = mgt_error_set(MGT_ERR_INVALID, "%s: %u labels for %u images in %s", lpath,
-                           lb.dims[0], im.dims[0], ipath);
+        st = mgt_error_set(MGT_ERR_INVALID, "%s: %u labels for %u images in %s", lpath, lb.dims[0],
+                           im.dims[0], ipath);
         goto done;
     }
     for (uint32_t i = 0; i < lb.dims[0]; i++)
@@ -115,7 +126,8 @@ static mgt_status import_split(const char *src, const char *prefix, const char *
     char dir[4096];
     for (int c = 0; c < 10; c++) {
         snprintf(dir, sizeof dir, "%s/%s/%s", out_dir, split, mgt_fashion_mnist_classes[c]);
-        if ((st = mkdir_p(dir)) != MGT_OK) goto done;
+        if ((st = mkdir_p(dir)) != MGT_OK)
+            goto done;
     }
     int h = (int)im.dims[1], w = (int)im.dims[2];
     double last = 0;
@@ -123,7 +135,8 @@ static mgt_status import_split(const char *src, const char *prefix, const char *
         char path[4096];
         snprintf(path, sizeof path, "%s/%s/%s/%05u.png", out_dir, split,
                  mgt_fashion_mnist_classes[lb.data[i]], i);
-        if ((st = write_png(path, im.data + (size_t)i * w * h, w, h)) != MGT_OK) goto done;
+        if ((st = write_png(path, im.data + (size_t)i * w * h, w, h)) != MGT_OK)
+            goto done;
         (*done)++;
         double now = mgt_time_now();
         if (progress && now - last > 0.25) {
@@ -148,12 +161,15 @@ static mgt_status write_marker(const char *out_dir, const char *text)
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", out_dir, IMPORT_MARKER);
     snprintf(final, sizeof final, "%s/%s", out_dir, IMPORT_MARKER);
     int dfd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return mgt_error_set(MGT_ERR_IO, "%s: %s", out_dir, strerror(errno));
+    if (dfd < 0)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", out_dir, strerror(errno));
     mgt_status st = MGT_OK;
     /* one syncfs instead of 70000 fsyncs */
-    if (syncfs(dfd) != 0) st = mgt_error_set(MGT_ERR_IO, "%s: sync: %s", out_dir, strerror(errno));
+    if (syncfs(dfd) != 0)
+        st = mgt_error_set(MGT_ERR_IO, "%s: sync: %s", out_dir, strerror(errno));
     int fd = st == MGT_OK ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
-    if (st == MGT_OK && fd < 0) st = mgt_error_set(MGT_ERR_IO, "%s: %s", tmp, strerror(errno));
+    if (st == MGT_OK && fd < 0)
+        st = mgt_error_set(MGT_ERR_IO, "%s: %s", tmp, strerror(errno));
     if (fd >= 0) {
         size_t len = strlen(text);
         if (write(fd, text, len) != (ssize_t)len || fsync(fd) != 0)
@@ -168,17 +184,19 @@ static mgt_status write_marker(const char *out_dir, const char *text)
     return st;
 }
 
-mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir,
-                                         FILE *progress, bool *already)
+mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, FILE *progress,
+                                         bool *already)
 {
-    if (already) *already = false;
+    if (already)
+        *already = false;
     if (!src_dir || !*src_dir || !out_dir || !*out_dir)
         return mgt_error_set(MGT_ERR_INVALID, "import: empty source or output folder");
     char marker[4096];
     if ((size_t)snprintf(marker, sizeof marker, "%s/%s", out_dir, IMPORT_MARKER) >= sizeof marker)
         return mgt_error_set(MGT_ERR_INVALID, "%s: path too long", out_dir);
     if (access(marker, F_OK) == 0) {
-        if (already) *already = true;
+        if (already)
+            *already = true;
         return MGT_OK;
     }
     struct stat sb;
@@ -187,16 +205,22 @@ mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_di
                              "%s: no such folder (install Debian's dataset-fashion-mnist package)",
                              src_dir);
     mgt_status st = mkdir_p(out_dir);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
     size_t done = 0, ntrain = 0, nval = 0, total = 70000;
-    if ((st = import_split(src_dir, "train", out_dir, "train", progress, &done, total, &ntrain)) != MGT_OK ||
-        (st = import_split(src_dir, "t10k", out_dir, "val", progress, &done, total, &nval)) != MGT_OK) {
-        if (progress) fputc('\n', progress);
+    if ((st = import_split(src_dir, "train", out_dir, "train", progress, &done, total, &ntrain)) !=
+            MGT_OK ||
+        (st = import_split(src_dir, "t10k", out_dir, "val", progress, &done, total, &nval)) !=
+            MGT_OK) {
+        if (progress)
+            fputc('\n', progress);
         return st;
     }
-    if (progress) fprintf(progress, "\rimported Fashion-MNIST into %s: %zu train and %zu val images\n",
-                          out_dir, ntrain, nval);
+    if (progress)
+        fprintf(progress, "\rimported Fashion-MNIST into %s: %zu train and %zu val images\n",
+                out_dir, ntrain, nval);
     char text[4300];
-    snprintf(text, sizeof text, "fashion-mnist from %s: train %zu, val %zu\n", src_dir, ntrain, nval);
+    snprintf(text, sizeof text, "fashion-mnist from %s: train %zu, val %zu\n", src_dir, ntrain,
+             nval);
     return write_marker(out_dir, text);
 }

@@ -23,34 +23,34 @@ enum slot_state { SLOT_FREE, SLOT_PREP, SLOT_FILL, SLOT_READY, SLOT_HELD };
 
 typedef struct slot {
     enum slot_state state;
-    unsigned gen;          /* the loader's generation when this batch was assigned */
-    int64_t ticket;        /* the rank's batch number since set_epoch */
+    unsigned gen;   /* the loader's generation when this batch was assigned */
+    int64_t ticket; /* the rank's batch number since set_epoch */
     int64_t epoch;
-    size_t batch;          /* within the epoch */
+    size_t batch; /* within the epoch */
     int n;
-    int next_sample;       /* first sample not yet claimed */
-    int done;              /* samples finished */
-    int outstanding;       /* claims (and a PREP) in flight */
-    bool copy_pending;     /* a copy out of host[] was enqueued and may not have run */
+    int next_sample;   /* first sample not yet claimed */
+    int done;          /* samples finished */
+    int outstanding;   /* claims (and a PREP) in flight */
+    bool copy_pending; /* a copy out of host[] was enqueued and may not have run */
     bool consumed_recorded;
-    uint8_t *host;         /* labels (aligned), then images */
+    uint8_t *host; /* labels (aligned), then images */
     int32_t *labels_host;
     float *images_host;
-    size_t *indices;       /* dataset index per sample (original, then replacement) */
+    size_t *indices; /* dataset index per sample (original, then replacement) */
     mgt_buffer *dev;
-    mgt_event *copied;     /* the H2D copy of this batch has run */
-    mgt_event *consumed;   /* the consumer's reads of this batch have run */
+    mgt_event *copied;   /* the H2D copy of this batch has run */
+    mgt_event *consumed; /* the consumer's reads of this batch have run */
 } slot;
 
 typedef struct rank_state {
     mgt_device *dev;
     mgt_stream *copy;
     slot *slots;
-    int64_t assign_next;   /* next ticket to assign */
-    int64_t consume_next;  /* next ticket the consumer takes */
-    int held;              /* slot held by the consumer, -1 none */
-    size_t count;          /* samples per epoch */
-    size_t batches;        /* batches per epoch */
+    int64_t assign_next;  /* next ticket to assign */
+    int64_t consume_next; /* next ticket the consumer takes */
+    int held;             /* slot held by the consumer, -1 none */
+    size_t count;         /* samples per epoch */
+    size_t batches;       /* batches per epoch */
     double wait_total;
     long calls;
 } rank_state;
@@ -72,33 +72,33 @@ typedef struct order_cache {
 struct mgt_loader {
     mgt_loader_options o;
     mgt_sampler sampler;
-    size_t n;               /* dataset size */
+    size_t n; /* dataset size */
     int nslots;
-    int chunk;              /* samples per claim */
-    size_t img_floats;      /* per sample */
-    size_t label_bytes;     /* the labels block at the head of a slot, aligned */
+    int chunk;          /* samples per claim */
+    size_t img_floats;  /* per sample */
+    size_t label_bytes; /* the labels block at the head of a slot, aligned */
     size_t slot_bytes;
     rank_state *ranks;
 
     pthread_mutex_t lock;
-    pthread_cond_t cond;    /* a slot changed state or work appeared */
+    pthread_cond_t cond; /* a slot changed state or work appeared */
     pthread_t *threads;
     int nthreads;
-    worker *workers;        /* nthreads, then one per rank for inline decoding */
-    mgt_abort quit;         /* raised by mgt_loader_free */
+    worker *workers; /* nthreads, then one per rank for inline decoding */
+    mgt_abort quit;  /* raised by mgt_loader_free */
 
     bool started;
     unsigned gen;
     int64_t base_epoch;
     size_t base_batch;
-    int64_t last_epoch;     /* non-continuous: the epoch set last */
+    int64_t last_epoch; /* non-continuous: the epoch set last */
     order_cache orders[2];
 
     _Atomic unsigned char *bad; /* n flags: known bad */
     size_t bad_count;
     atomic_uint_fast64_t images_done;
 
-    mgt_status err;         /* the first fatal error */
+    mgt_status err; /* the first fatal error */
     char errtext[1024];
 };
 
@@ -115,7 +115,8 @@ static void fail_locked(mgt_loader *l, mgt_status st, const char *text)
         l->err = st;
         snprintf(l->errtext, sizeof l->errtext, "%s", text);
     }
-    if (l->o.abort) mgt_abort_raise(l->o.abort);
+    if (l->o.abort)
+        mgt_abort_raise(l->o.abort);
     pthread_cond_broadcast(&l->cond);
 }
 
@@ -135,7 +136,8 @@ static int64_t min_consumer_epoch(const mgt_loader *l)
         int64_t e;
         size_t b;
         ticket_pos(l, &l->ranks[i], l->ranks[i].consume_next, &e, &b);
-        if (e < m) m = e;
+        if (e < m)
+            m = e;
     }
     return m;
 }
@@ -146,15 +148,18 @@ static int64_t min_consumer_epoch(const mgt_loader *l)
 static const size_t *epoch_order(mgt_loader *l, int64_t epoch, bool *identity)
 {
     *identity = !l->sampler.shuffle;
-    if (*identity) return NULL;
+    if (*identity)
+        return NULL;
     for (int i = 0; i < 2; i++)
-        if (l->orders[i].valid && l->orders[i].epoch == epoch) return l->orders[i].order;
+        if (l->orders[i].valid && l->orders[i].epoch == epoch)
+            return l->orders[i].order;
     int64_t minE = min_consumer_epoch(l);
     for (int i = 0; i < 2; i++) {
         order_cache *c = &l->orders[i];
         /* in use: the slowest consumer's epoch and the next (set_epoch may go back, so
            entries ahead of that are free too) */
-        if (c->valid && c->epoch >= minE && c->epoch <= minE + 1) continue;
+        if (c->valid && c->epoch >= minE && c->epoch <= minE + 1)
+            continue;
         /* O(n) under the lock, once per epoch: ~20 ms for a million samples */
         mgt_sampler_order(&l->sampler, epoch, c->order);
         c->epoch = epoch;
@@ -166,18 +171,21 @@ static const size_t *epoch_order(mgt_loader *l, int64_t epoch, bool *identity)
 
 static size_t pick(const mgt_loader *l, const size_t *order, bool identity, int rank, size_t p)
 {
-    if (identity) return ((size_t)rank + p * (size_t)l->o.replicas) % l->n;
+    if (identity)
+        return ((size_t)rank + p * (size_t)l->o.replicas) % l->n;
     return mgt_sampler_pick(&l->sampler, order, rank, p);
 }
 
 /* Whether a rank's ticket may be prepared now. */
 static bool producible(const mgt_loader *l, const rank_state *r, int64_t t, int64_t minE)
 {
-    if (t >= r->consume_next + l->o.prefetch) return false;
+    if (t >= r->consume_next + l->o.prefetch)
+        return false;
     int64_t e;
     size_t b;
     ticket_pos(l, r, t, &e, &b);
-    if (e > l->last_epoch) return false;
+    if (e > l->last_epoch)
+        return false;
     /* two cached orders: the slowest consumer's epoch and the one after it */
     return e <= minE + 1;
 }
@@ -186,7 +194,8 @@ static bool producible(const mgt_loader *l, const rank_state *r, int64_t t, int6
    copy to finish first (its PREP is the caller's job), or NULL. */
 static slot *assign(mgt_loader *l, int *prep_rank)
 {
-    if (!l->started) return NULL;
+    if (!l->started)
+        return NULL;
     int64_t minE = min_consumer_epoch(l);
     slot *prep = NULL;
     bool progress = true;
@@ -196,24 +205,29 @@ static slot *assign(mgt_loader *l, int *prep_rank)
         progress = false;
         for (int ri = 0; ri < l->o.replicas; ri++) {
             rank_state *r = &l->ranks[ri];
-            if (!producible(l, r, r->assign_next, minE)) continue;
+            if (!producible(l, r, r->assign_next, minE))
+                continue;
             slot *s = NULL;
             for (int k = 0; k < l->nslots; k++)
                 if (r->slots[k].state == SLOT_FREE) {
                     s = &r->slots[k];
                     break;
                 }
-            if (!s) continue;
+            if (!s)
+                continue;
             int64_t t = r->assign_next, e;
             size_t b;
             ticket_pos(l, r, t, &e, &b);
             bool identity;
             const size_t *order = epoch_order(l, e, &identity);
-            if (!order && !identity) continue;
+            if (!order && !identity)
+                continue;
             size_t first = b * (size_t)l->o.batch_size;
             size_t n = r->count - first;
-            if (n > (size_t)l->o.batch_size) n = (size_t)l->o.batch_size;
-            for (size_t p = 0; p < n; p++) s->indices[p] = pick(l, order, identity, ri, first + p);
+            if (n > (size_t)l->o.batch_size)
+                n = (size_t)l->o.batch_size;
+            for (size_t p = 0; p < n; p++)
+                s->indices[p] = pick(l, order, identity, ri, first + p);
             s->gen = l->gen;
             s->ticket = t;
             s->epoch = e;
@@ -257,16 +271,19 @@ static void prepare(mgt_loader *l, slot *s)
     pthread_mutex_unlock(&l->lock);
     for (;;) {
         bool done = false;
-        if (mgt_event_query(s->copied, &done) != MGT_OK) break; /* sticky device error:
+        if (mgt_event_query(s->copied, &done) != MGT_OK)
+            break; /* sticky device error:
                                                                    the consumer reports it */
-        if (done || mgt_abort_is_raised(&l->quit) || mgt_abort_is_raised(l->o.abort)) break;
+        if (done || mgt_abort_is_raised(&l->quit) || mgt_abort_is_raised(l->o.abort))
+            break;
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
     pthread_mutex_lock(&l->lock);
     s->outstanding--;
     if (s->gen != l->gen) {
-        if (s->outstanding == 0) s->state = SLOT_FREE;
+        if (s->outstanding == 0)
+            s->state = SLOT_FREE;
         return;
     }
     s->copy_pending = false;
@@ -281,7 +298,8 @@ static slot *claimable(mgt_loader *l, int *rank)
     for (int ri = 0; ri < l->o.replicas; ri++)
         for (int k = 0; k < l->nslots; k++) {
             slot *s = &l->ranks[ri].slots[k];
-            if (s->state != SLOT_FILL || s->gen != l->gen || s->next_sample >= s->n) continue;
+            if (s->state != SLOT_FILL || s->gen != l->gen || s->next_sample >= s->n)
+                continue;
             if (!best || s->ticket < best->ticket) {
                 best = s;
                 *rank = ri;
@@ -295,10 +313,13 @@ static void finish_batch(mgt_loader *l, rank_state *r, slot *s)
 {
     if (r->dev) {
         mgt_status st = MGT_OK;
-        if (s->consumed_recorded) st = mgt_stream_wait_event(r->copy, s->consumed);
+        if (s->consumed_recorded)
+            st = mgt_stream_wait_event(r->copy, s->consumed);
         size_t bytes = l->label_bytes + (size_t)s->n * l->img_floats * sizeof(float);
-        if (st == MGT_OK) st = mgt_copy_h2d(r->copy, mgt_buffer_ptr(s->dev), s->host, bytes);
-        if (st == MGT_OK) st = mgt_event_record(s->copied, r->copy);
+        if (st == MGT_OK)
+            st = mgt_copy_h2d(r->copy, mgt_buffer_ptr(s->dev), s->host, bytes);
+        if (st == MGT_OK)
+            st = mgt_event_record(s->copied, r->copy);
         if (st != MGT_OK) {
             char text[512];
             snprintf(text, sizeof text, "loader: copy of a batch to %s: %s",
@@ -349,12 +370,15 @@ static bool process(worker *w, slot *s, int pos)
     float *dst = s->images_host + (size_t)pos * l->img_floats;
     char path[8192];
     for (size_t tries = 0; tries < l->n; tries++, idx = (idx + 1) % l->n) {
-        if (atomic_load(&l->bad[idx])) continue;
+        if (atomic_load(&l->bad[idx]))
+            continue;
         mgt_image img = {0};
         size_t len = 0;
         mgt_status st = mgt_dataset_path(l->o.ds, idx, path, sizeof path);
-        if (st == MGT_OK) st = mgt_data_read_file(path, &w->file, &w->file_cap, &len);
-        if (st == MGT_OK) st = mgt_image_decode(w->file, len, path, l->o.transform.channels, &img);
+        if (st == MGT_OK)
+            st = mgt_data_read_file(path, &w->file, &w->file_cap, &len);
+        if (st == MGT_OK)
+            st = mgt_image_decode(w->file, len, path, l->o.transform.channels, &img);
         if (st == MGT_OK) {
             st = mgt_transform_apply(&l->o.transform, &img, &rng, &w->ts, dst);
             mgt_image_release(&img);
@@ -386,7 +410,8 @@ static bool process(worker *w, slot *s, int pos)
         pthread_mutex_lock(&l->lock);
         bool dead = l->err != MGT_OK;
         pthread_mutex_unlock(&l->lock);
-        if (dead) return false;
+        if (dead)
+            return false;
     }
     pthread_mutex_lock(&l->lock);
     fail_locked(l, MGT_ERR_INVALID, "every image of the split is bad");
@@ -405,7 +430,8 @@ static bool work_once(mgt_loader *l, worker *w)
         return true;
     }
     s = claimable(l, &ri);
-    if (!s) return false;
+    if (!s)
+        return false;
     int first = s->next_sample;
     int k = s->n - first < l->chunk ? s->n - first : l->chunk;
     s->next_sample += k;
@@ -414,19 +440,24 @@ static bool work_once(mgt_loader *l, worker *w)
     pthread_mutex_unlock(&l->lock);
     bool ok = true;
     for (int i = 0; i < k && ok; i++) {
-        if (mgt_abort_is_raised(&l->quit) || mgt_abort_is_raised(l->o.abort)) ok = false;
-        else ok = process(w, s, first + i);
+        if (mgt_abort_is_raised(&l->quit) || mgt_abort_is_raised(l->o.abort))
+            ok = false;
+        else
+            ok = process(w, s, first + i);
     }
     pthread_mutex_lock(&l->lock);
     s->outstanding--;
     if (s->gen != gen || gen != l->gen) { /* dropped by set_epoch meanwhile */
-        if (s->outstanding == 0 && s->state != SLOT_HELD) s->state = SLOT_FREE;
+        if (s->outstanding == 0 && s->state != SLOT_HELD)
+            s->state = SLOT_FREE;
         pthread_cond_broadcast(&l->cond);
         return true;
     }
-    if (!ok) return true;
+    if (!ok)
+        return true;
     s->done += k;
-    if (s->done == s->n) finish_batch(l, &l->ranks[ri], s);
+    if (s->done == s->n)
+        finish_batch(l, &l->ranks[ri], s);
     return true;
 }
 
@@ -436,7 +467,8 @@ static void *worker_main(void *arg)
     mgt_loader *l = w->l;
     pthread_mutex_lock(&l->lock);
     while (!stopping(l)) {
-        if (!work_once(l, w)) mgt_cond_wait_slice(&l->cond, &l->lock);
+        if (!work_once(l, w))
+            mgt_cond_wait_slice(&l->cond, &l->lock);
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;
@@ -444,12 +476,13 @@ static void *worker_main(void *arg)
 
 /* ---- public ---- */
 
-void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds,
-                             const mgt_transform *t, int replicas, int batch_size)
+void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds, const mgt_transform *t,
+                             int replicas, int batch_size)
 {
     memset(o, 0, sizeof *o);
     o->ds = ds;
-    if (t) o->transform = *t;
+    if (t)
+        o->transform = *t;
     o->replicas = replicas;
     o->batch_size = batch_size;
     o->workers = mgt_cpu_count();
@@ -462,9 +495,11 @@ void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds,
 
 static mgt_status check_options(const mgt_loader_options *o)
 {
-    if (!o->ds) return mgt_error_set(MGT_ERR_INVALID, "loader: no dataset");
+    if (!o->ds)
+        return mgt_error_set(MGT_ERR_INVALID, "loader: no dataset");
     mgt_status st = mgt_transform_check(&o->transform);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
     if (o->replicas < 1 || o->replicas > MGT_MAX_DEVICES)
         return mgt_error_set(MGT_ERR_INVALID, "loader: %d devices is not in 1..%d", o->replicas,
                              MGT_MAX_DEVICES);
@@ -485,10 +520,14 @@ static mgt_status alloc_slot(mgt_loader *l, rank_state *r, slot *s)
 {
     mgt_status st;
     if (r->dev) {
-        if ((st = mgt_host_alloc(r->dev, l->slot_bytes, (void **)&s->host)) != MGT_OK) return st;
-        if ((st = mgt_buffer_alloc(r->dev, l->slot_bytes, &s->dev)) != MGT_OK) return st;
-        if ((st = mgt_event_create(r->dev, &s->copied)) != MGT_OK) return st;
-        if ((st = mgt_event_create(r->dev, &s->consumed)) != MGT_OK) return st;
+        if ((st = mgt_host_alloc(r->dev, l->slot_bytes, (void **)&s->host)) != MGT_OK)
+            return st;
+        if ((st = mgt_buffer_alloc(r->dev, l->slot_bytes, &s->dev)) != MGT_OK)
+            return st;
+        if ((st = mgt_event_create(r->dev, &s->copied)) != MGT_OK)
+            return st;
+        if ((st = mgt_event_create(r->dev, &s->consumed)) != MGT_OK)
+            return st;
     } else if (posix_memalign((void **)&s->host, 64, l->slot_bytes) != 0) {
         s->host = NULL;
         return mgt_error_set(MGT_ERR_OOM, "loader: out of memory for a batch (%zu bytes)",
@@ -497,7 +536,8 @@ static mgt_status alloc_slot(mgt_loader *l, rank_state *r, slot *s)
     s->labels_host = (int32_t *)s->host;
     s->images_host = (float *)(s->host + l->label_bytes);
     s->indices = calloc((size_t)l->o.batch_size, sizeof *s->indices);
-    if (!s->indices) return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
+    if (!s->indices)
+        return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
     return MGT_OK;
 }
 
@@ -505,19 +545,20 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
 {
     *out = NULL;
     mgt_status st = check_options(o);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
     mgt_loader *l = calloc(1, sizeof *l);
-    if (!l) return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
+    if (!l)
+        return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
     l->o = *o;
     l->n = mgt_dataset_size(o->ds);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
     atomic_init(&l->images_done, 0);
     const char *dir = mgt_dataset_dir(o->ds);
-    if ((st = mgt_sampler_init(&l->sampler, l->n, o->replicas, o->split, o->shuffle, o->seed)) != MGT_OK) {
-        char why[512]; /* the error text is the buffer mgt_error_set writes into */
-        snprintf(why, sizeof why, "%s", mgt_error_last());
-        st = mgt_error_set(st, "%s: %s", dir, why);
+    if ((st = mgt_sampler_init(&l->sampler, l->n, o->replicas, o->split, o->shuffle, o->seed)) !=
+        MGT_OK) {
+        st = mgt_error_wrap(st, "%s", dir);
         goto fail;
     }
     l->nslots = o->prefetch + 1;
@@ -526,8 +567,10 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     l->slot_bytes = l->label_bytes + (size_t)o->batch_size * l->img_floats * sizeof(float);
     int nthreads = o->workers;
     l->chunk = o->batch_size / (2 * (nthreads > 0 ? nthreads : 1));
-    if (l->chunk < 1) l->chunk = 1;
-    if (l->chunk > 16) l->chunk = 16;
+    if (l->chunk < 1)
+        l->chunk = 1;
+    if (l->chunk > 16)
+        l->chunk = 16;
     l->last_epoch = o->continuous ? INT64_MAX : -1;
 
     if (!(l->bad = calloc(l->n, sizeof *l->bad))) {
@@ -548,13 +591,15 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
         rank_state *r = &l->ranks[ri];
         r->held = -1;
         r->count = mgt_sampler_count(&l->sampler, ri);
-        r->batches = o->drop_last_batch ? r->count / (size_t)o->batch_size
-                                        : (r->count + (size_t)o->batch_size - 1) / (size_t)o->batch_size;
+        r->batches = o->drop_last_batch
+                         ? r->count / (size_t)o->batch_size
+                         : (r->count + (size_t)o->batch_size - 1) / (size_t)o->batch_size;
         if (r->batches == 0) {
-            st = mgt_error_set(MGT_ERR_INVALID,
-                               "%s: a device gets %zu samples per epoch, fewer than its batch of %d "
-                               "(with the short last batch dropped, no batch is left)",
-                               dir, r->count, o->batch_size);
+            st =
+                mgt_error_set(MGT_ERR_INVALID,
+                              "%s: a device gets %zu samples per epoch, fewer than its batch of %d "
+                              "(with the short last batch dropped, no batch is left)",
+                              dir, r->count, o->batch_size);
             goto fail;
         }
         r->dev = o->devices ? o->devices[ri] : NULL;
@@ -562,13 +607,15 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
             st = mgt_error_set(MGT_ERR_INVALID, "loader: device %d is missing", ri);
             goto fail;
         }
-        if (r->dev && (st = mgt_stream_create(r->dev, &r->copy)) != MGT_OK) goto fail;
+        if (r->dev && (st = mgt_stream_create(r->dev, &r->copy)) != MGT_OK)
+            goto fail;
         if (!(r->slots = calloc((size_t)l->nslots, sizeof *r->slots))) {
             st = mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
             goto fail;
         }
         for (int k = 0; k < l->nslots; k++)
-            if ((st = alloc_slot(l, r, &r->slots[k])) != MGT_OK) goto fail;
+            if ((st = alloc_slot(l, r, &r->slots[k])) != MGT_OK)
+                goto fail;
     }
 
     l->workers = calloc((size_t)(nthreads + o->replicas), sizeof *l->workers);
@@ -591,23 +638,24 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     }
     *out = l;
     return MGT_OK;
-fail:
-    {
-        char text[512];
-        snprintf(text, sizeof text, "%s", mgt_error_last());
-        mgt_loader_free(l);
-        return mgt_error_set(st, "%s", text);
-    }
+fail : {
+    char text[512];
+    snprintf(text, sizeof text, "%s", mgt_error_last());
+    mgt_loader_free(l);
+    return mgt_error_set(st, "%s", text);
+}
 }
 
 void mgt_loader_free(mgt_loader *l)
 {
-    if (!l) return;
+    if (!l)
+        return;
     mgt_abort_raise(&l->quit);
     pthread_mutex_lock(&l->lock);
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
-    for (int i = 0; i < l->nthreads; i++) pthread_join(l->threads[i], NULL);
+    for (int i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
     if (l->ranks)
         for (int ri = 0; ri < l->o.replicas; ri++) {
             rank_state *r = &l->ranks[ri];
@@ -618,8 +666,10 @@ void mgt_loader_free(mgt_loader *l)
                     mgt_event_free(s->copied);
                     mgt_event_free(s->consumed);
                     mgt_buffer_free(s->dev);
-                    if (r->dev) mgt_host_free(r->dev, s->host);
-                    else free(s->host);
+                    if (r->dev)
+                        mgt_host_free(r->dev, s->host);
+                    else
+                        free(s->host);
                     free(s->indices);
                 }
             free(r->slots);
@@ -649,7 +699,8 @@ const mgt_sampler *mgt_loader_sampler(const mgt_loader *l) { return &l->sampler;
 
 mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch)
 {
-    if (epoch < 0) return mgt_error_set(MGT_ERR_INVALID, "loader: epoch %lld", (long long)epoch);
+    if (epoch < 0)
+        return mgt_error_set(MGT_ERR_INVALID, "loader: epoch %lld", (long long)epoch);
     pthread_mutex_lock(&l->lock);
     for (int ri = 0; ri < l->o.replicas; ri++)
         if (first_batch >= l->ranks[ri].batches) {
@@ -672,8 +723,10 @@ mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch
             rank_state *r = &l->ranks[ri];
             for (int k = 0; k < l->nslots; k++) {
                 slot *s = &r->slots[k];
-                if (s->state == SLOT_HELD) continue;
-                if (s->outstanding == 0) s->state = SLOT_FREE;
+                if (s->state == SLOT_HELD)
+                    continue;
+                if (s->outstanding == 0)
+                    s->state = SLOT_FREE;
             }
             r->assign_next = 0;
             r->consume_next = 0;
@@ -681,7 +734,8 @@ mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch
         l->base_epoch = epoch;
         l->base_batch = first_batch;
     }
-    if (!l->o.continuous) l->last_epoch = epoch;
+    if (!l->o.continuous)
+        l->last_epoch = epoch;
     l->started = true;
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
@@ -705,7 +759,8 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
         return mgt_error_set(MGT_ERR_INVALID, "loader: rank %d of %d", rank, l->o.replicas);
     rank_state *r = &l->ranks[rank];
     if (r->dev && !compute)
-        return mgt_error_set(MGT_ERR_INVALID, "loader: next() needs the stream that reads the batch");
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "loader: next() needs the stream that reads the batch");
     pthread_mutex_lock(&l->lock);
     mgt_status st = MGT_OK;
     if (!l->started) {
@@ -740,9 +795,11 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
     for (;;) {
         for (int k = 0; k < l->nslots; k++) {
             slot *s = &r->slots[k];
-            if (s->state == SLOT_READY && s->gen == l->gen && s->ticket == t) got = s;
+            if (s->state == SLOT_READY && s->gen == l->gen && s->ticket == t)
+                got = s;
         }
-        if (got) break;
+        if (got)
+            break;
         if (l->err != MGT_OK) {
             st = mgt_error_set(l->err, "%s", l->errtext);
             break;
@@ -753,7 +810,8 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
         }
         /* -j 0: the consumer decodes; with threads it could too, but its time belongs to
            the device it feeds */
-        if (l->nthreads == 0 && work_once(l, &l->workers[l->nthreads + rank])) continue;
+        if (l->nthreads == 0 && work_once(l, &l->workers[l->nthreads + rank]))
+            continue;
         mgt_cond_wait_slice(&l->cond, &l->lock);
     }
     if (st != MGT_OK) {
@@ -767,9 +825,11 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
     r->wait_total += waited;
     r->calls++;
     pthread_cond_broadcast(&l->cond); /* the window moved: more work may be assigned */
-    if (r->dev) st = mgt_stream_wait_event(compute, got->copied);
+    if (r->dev)
+        st = mgt_stream_wait_event(compute, got->copied);
     pthread_mutex_unlock(&l->lock);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
 
     if (r->dev) {
         uint8_t *base = mgt_buffer_ptr(got->dev);
@@ -790,10 +850,12 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
 
 double mgt_loader_wait_total(const mgt_loader *l, int rank, long *calls)
 {
-    if (rank < 0 || rank >= l->o.replicas) return 0;
+    if (rank < 0 || rank >= l->o.replicas)
+        return 0;
     pthread_mutex_lock((pthread_mutex_t *)&l->lock);
     double w = l->ranks[rank].wait_total;
-    if (calls) *calls = l->ranks[rank].calls;
+    if (calls)
+        *calls = l->ranks[rank].calls;
     pthread_mutex_unlock((pthread_mutex_t *)&l->lock);
     return w;
 }

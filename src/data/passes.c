@@ -27,14 +27,16 @@ static void *pfor_main(void *arg)
     pfor_arg *a = arg;
     pfor *p = a->p;
     for (;;) {
-        if (atomic_load(&p->result) != 0) break;
+        if (atomic_load(&p->result) != 0)
+            break;
         if (mgt_abort_is_raised(p->abort)) {
             int zero = 0;
             atomic_compare_exchange_strong(&p->result, &zero, (int)MGT_ERR_ABORTED);
             break;
         }
         size_t i0 = atomic_fetch_add(&p->next, p->chunk);
-        if (i0 >= p->n) break;
+        if (i0 >= p->n)
+            break;
         size_t i1 = i0 + p->chunk < p->n ? i0 + p->chunk : p->n;
         for (size_t i = i0; i < i1; i++) {
             int r = p->fn(p->ctx, a->worker, i);
@@ -52,12 +54,15 @@ static void *pfor_main(void *arg)
 int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_data_for_fn fn,
                           void *ctx)
 {
-    if (workers < 1) workers = 1;
+    if (workers < 1)
+        workers = 1;
     pfor p = {.n = n, .abort = abort, .fn = fn, .ctx = ctx};
     /* chunks small enough to balance, big enough that the counter is not contended */
     p.chunk = n / ((size_t)workers * 64);
-    if (p.chunk < 1) p.chunk = 1;
-    if (p.chunk > 64) p.chunk = 64;
+    if (p.chunk < 1)
+        p.chunk = 1;
+    if (p.chunk > 64)
+        p.chunk = 64;
     atomic_init(&p.next, 0);
     atomic_init(&p.result, 0);
     pthread_t *th = calloc((size_t)workers, sizeof *th);
@@ -70,16 +75,19 @@ int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_dat
     int started = 0;
     for (int w = 1; w < workers; w++) {
         args[w] = (pfor_arg){&p, w};
-        if (pthread_create(&th[w], NULL, pfor_main, &args[w]) != 0) break;
+        if (pthread_create(&th[w], NULL, pfor_main, &args[w]) != 0)
+            break;
         started = w;
     }
     args[0] = (pfor_arg){&p, 0};
     pfor_main(&args[0]);
-    for (int w = 1; w <= started; w++) pthread_join(th[w], NULL);
+    for (int w = 1; w <= started; w++)
+        pthread_join(th[w], NULL);
     free(th);
     free(args);
     int r = atomic_load(&p.result);
-    if (r != 0 && r != MGT_ERR_ABORTED) mgt_error_set((mgt_status)r, "%s", p.err);
+    if (r != 0 && r != MGT_ERR_ABORTED)
+        mgt_error_set((mgt_status)r, "%s", p.err);
     return r;
 }
 
@@ -87,7 +95,7 @@ int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_dat
 
 typedef struct check_ctx {
     const mgt_dataset *ds;
-    char **reasons;        /* n, NULL for a good file */
+    char **reasons; /* n, NULL for a good file */
     uint8_t **bufs;
     size_t *caps;
     atomic_size_t done, bad;
@@ -103,14 +111,18 @@ static int check_one(void *arg, int worker, size_t i)
     size_t len = 0;
     mgt_image img = {0};
     mgt_status st = mgt_dataset_path(c->ds, i, path, sizeof path);
-    if (st == MGT_OK) st = mgt_data_read_file(path, &c->bufs[worker], &c->caps[worker], &len);
+    if (st == MGT_OK)
+        st = mgt_data_read_file(path, &c->bufs[worker], &c->caps[worker], &len);
     /* 3 channels decodes every layout the training can ask for */
-    if (st == MGT_OK) st = mgt_image_decode(c->bufs[worker], len, path, 3, &img);
+    if (st == MGT_OK)
+        st = mgt_image_decode(c->bufs[worker], len, path, 3, &img);
     mgt_image_release(&img);
-    if (st == MGT_ERR_OOM) return (int)st;
+    if (st == MGT_ERR_OOM)
+        return (int)st;
     if (st != MGT_OK) {
         char *r = strdup(mgt_error_last());
-        if (!r) return (int)mgt_error_set(MGT_ERR_OOM, "check: out of memory");
+        if (!r)
+            return (int)mgt_error_set(MGT_ERR_OOM, "check: out of memory");
         mgt_data_sanitize(r);
         c->reasons[i] = r;
         atomic_fetch_add(&c->bad, 1);
@@ -130,11 +142,11 @@ static int check_one(void *arg, int worker, size_t i)
 }
 
 mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *abort,
-                          FILE *progress, mgt_bad_report_fn report, void *ctx,
-                          size_t *bad_count)
+                          FILE *progress, mgt_bad_report_fn report, void *ctx, size_t *bad_count)
 {
     size_t n = mgt_dataset_size(ds);
-    if (workers <= 0) workers = mgt_cpu_count();
+    if (workers <= 0)
+        workers = mgt_cpu_count();
     check_ctx c = {.ds = ds, .progress = progress, .t0 = mgt_time_now()};
     atomic_init(&c.done, 0);
     atomic_init(&c.bad, 0);
@@ -143,9 +155,12 @@ mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *a
     c.bufs = calloc((size_t)workers, sizeof *c.bufs);
     c.caps = calloc((size_t)workers, sizeof *c.caps);
     mgt_status st = MGT_OK;
-    if (!c.reasons || !c.bufs || !c.caps) st = mgt_error_set(MGT_ERR_OOM, "check: out of memory");
-    if (st == MGT_OK) st = (mgt_status)mgt_data_parallel_for(n, workers, abort, check_one, &c);
-    if (st == MGT_ERR_ABORTED) mgt_error_set(st, "check of %s aborted", mgt_dataset_dir(ds));
+    if (!c.reasons || !c.bufs || !c.caps)
+        st = mgt_error_set(MGT_ERR_OOM, "check: out of memory");
+    if (st == MGT_OK)
+        st = (mgt_status)mgt_data_parallel_for(n, workers, abort, check_one, &c);
+    if (st == MGT_ERR_ABORTED)
+        mgt_error_set(st, "check of %s aborted", mgt_dataset_dir(ds));
     if (progress && n > 0) {
         double dt = mgt_time_now() - c.t0;
         fprintf(progress, "\rchecked %s: %zu files, %zu bad, %.1f s (%.0f files/s)\n",
@@ -156,14 +171,17 @@ mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *a
     for (size_t i = 0; c.reasons && i < n; i++)
         if (c.reasons[i]) {
             bad++;
-            if (report && st == MGT_OK) report(ctx, i, c.reasons[i]);
+            if (report && st == MGT_OK)
+                report(ctx, i, c.reasons[i]);
             free(c.reasons[i]);
         }
-    for (int w = 0; c.bufs && w < workers; w++) free(c.bufs[w]);
+    for (int w = 0; c.bufs && w < workers; w++)
+        free(c.bufs[w]);
     free(c.reasons);
     free(c.bufs);
     free(c.caps);
-    if (bad_count) *bad_count = bad;
+    if (bad_count)
+        *bad_count = bad;
     return st;
 }
 
@@ -192,10 +210,14 @@ static int stats_one(void *arg, int worker, size_t k)
     size_t len = 0;
     mgt_image img = {0};
     mgt_status st = mgt_dataset_path(c->ds, i, path, sizeof path);
-    if (st == MGT_OK) st = mgt_data_read_file(path, &a->buf, &a->cap, &len);
-    if (st == MGT_OK) st = mgt_image_decode(a->buf, len, path, c->channels, &img);
-    if (st == MGT_ERR_OOM) return (int)st;
-    if (st != MGT_OK) return 0; /* bad files are check-data's business */
+    if (st == MGT_OK)
+        st = mgt_data_read_file(path, &a->buf, &a->cap, &len);
+    if (st == MGT_OK)
+        st = mgt_image_decode(a->buf, len, path, c->channels, &img);
+    if (st == MGT_ERR_OOM)
+        return (int)st;
+    if (st != MGT_OK)
+        return 0; /* bad files are check-data's business */
     size_t px = (size_t)img.w * img.h;
     for (int ch = 0; ch < c->channels; ch++) {
         /* integer sums per image are exact; the double totals then lose nothing that
@@ -219,13 +241,16 @@ mgt_status mgt_data_stats(const mgt_dataset *ds, int channels, size_t max_images
 {
     if (channels != 1 && channels != 3)
         return mgt_error_set(MGT_ERR_INVALID, "stats: channels must be 1 or 3, not %d", channels);
-    if (workers <= 0) workers = mgt_cpu_count();
+    if (workers <= 0)
+        workers = mgt_cpu_count();
     stats_ctx c = {.ds = ds, .channels = channels, .n = mgt_dataset_size(ds)};
     c.m = max_images > 0 && max_images < c.n ? max_images : c.n;
     c.acc = calloc((size_t)workers, sizeof *c.acc);
-    if (!c.acc) return mgt_error_set(MGT_ERR_OOM, "stats: out of memory");
+    if (!c.acc)
+        return mgt_error_set(MGT_ERR_OOM, "stats: out of memory");
     mgt_status st = (mgt_status)mgt_data_parallel_for(c.m, workers, abort, stats_one, &c);
-    if (st == MGT_ERR_ABORTED) mgt_error_set(st, "statistics of %s aborted", mgt_dataset_dir(ds));
+    if (st == MGT_ERR_ABORTED)
+        mgt_error_set(st, "statistics of %s aborted", mgt_dataset_dir(ds));
     double sum[3] = {0}, sumsq[3] = {0}, count = 0;
     for (int w = 0; w < workers; w++) {
         for (int ch = 0; ch < channels; ch++) {
@@ -236,7 +261,8 @@ mgt_status mgt_data_stats(const mgt_dataset *ds, int channels, size_t max_images
         free(c.acc[w].buf);
     }
     free(c.acc);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
     if (count == 0)
         return mgt_error_set(MGT_ERR_INVALID, "%s: no readable image to compute mean and std from",
                              mgt_dataset_dir(ds));

@@ -14,9 +14,9 @@ struct mgt_dataset {
     int nclasses;
     char **class_names; /* nclasses strings, each its own allocation */
     size_t n;
-    size_t *path_off;   /* n offsets into paths */
-    int32_t *labels;    /* n */
-    char *paths;        /* "class/sub/name\0" ... */
+    size_t *path_off; /* n offsets into paths */
+    int32_t *labels;  /* n */
+    char *paths;      /* "class/sub/name\0" ... */
     size_t paths_len;
     double scan_s;
 };
@@ -34,9 +34,11 @@ static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
 {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
+        while (cap < b->len + n + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
-        if (!p) return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for file names");
+        if (!p)
+            return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for file names");
         b->p = p;
         b->cap = cap;
     }
@@ -57,7 +59,8 @@ static mgt_status offvec_push(offvec *o, size_t x)
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 256;
         size_t *v = realloc(o->v, cap * sizeof *v);
-        if (!v) return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for the file list");
+        if (!v)
+            return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for the file list");
         o->v = v;
         o->cap = cap;
     }
@@ -68,22 +71,27 @@ static mgt_status offvec_push(offvec *o, size_t x)
 bool mgt_data_has_image_ext(const char *name)
 {
     const char *dot = strrchr(name, '.');
-    if (!dot || dot == name) return false;
+    if (!dot || dot == name)
+        return false;
     dot++;
     size_t len = strlen(dot);
-    if (len < 3 || len > 4) return false;
+    if (len < 3 || len > 4)
+        return false;
     char low[5];
-    for (size_t i = 0; i < len; i++) low[i] = (char)tolower((unsigned char)dot[i]);
+    for (size_t i = 0; i < len; i++)
+        low[i] = (char)tolower((unsigned char)dot[i]);
     low[len] = '\0';
     for (size_t i = 0; i < sizeof image_exts / sizeof image_exts[0]; i++)
-        if (strcmp(low, image_exts[i]) == 0) return true;
+        if (strcmp(low, image_exts[i]) == 0)
+            return true;
     return false;
 }
 
 void mgt_data_sanitize(char *s)
 {
     for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f) *s = '?';
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
 }
 
 /* ---- the walk ---- */
@@ -92,9 +100,12 @@ typedef enum entry_kind { ENTRY_OTHER, ENTRY_FILE, ENTRY_DIR } entry_kind;
 
 static entry_kind classify(const char *parent, const struct dirent *e, dev_t *dev, ino_t *ino)
 {
-    if (e->d_type == DT_REG) return ENTRY_FILE;
-    if (e->d_type == DT_DIR && !dev) return ENTRY_DIR;
-    if (e->d_type != DT_DIR && e->d_type != DT_LNK && e->d_type != DT_UNKNOWN) return ENTRY_OTHER;
+    if (e->d_type == DT_REG)
+        return ENTRY_FILE;
+    if (e->d_type == DT_DIR && !dev)
+        return ENTRY_DIR;
+    if (e->d_type != DT_DIR && e->d_type != DT_LNK && e->d_type != DT_UNKNOWN)
+        return ENTRY_OTHER;
     /* symlinks and file systems without d_type need a stat; os.walk(followlinks=True)
        follows links, and a broken link to "x.jpg" counts as a file (it fails at decode,
        as it would in torchvision) */
@@ -102,33 +113,36 @@ static entry_kind classify(const char *parent, const struct dirent *e, dev_t *de
     if ((size_t)snprintf(path, sizeof path, "%s/%s", parent, e->d_name) >= sizeof path)
         return ENTRY_OTHER;
     struct stat st;
-    if (stat(path, &st) != 0) return e->d_type == DT_DIR ? ENTRY_OTHER : ENTRY_FILE;
+    if (stat(path, &st) != 0)
+        return e->d_type == DT_DIR ? ENTRY_OTHER : ENTRY_FILE;
     if (dev) {
         *dev = st.st_dev;
         *ino = st.st_ino;
     }
-    if (S_ISDIR(st.st_mode)) return ENTRY_DIR;
-    if (S_ISREG(st.st_mode)) return ENTRY_FILE;
+    if (S_ISDIR(st.st_mode))
+        return ENTRY_DIR;
+    if (S_ISREG(st.st_mode))
+        return ENTRY_FILE;
     return ENTRY_OTHER;
 }
 
 /* One visited folder of a class: its path relative to the split and its files. */
 typedef struct walk_dir {
-    size_t rel_off;    /* in walk.names */
+    size_t rel_off;      /* in walk.names */
     size_t first, count; /* range of walk.files */
 } walk_dir;
 
 typedef struct walk {
-    const char *root;           /* the split folder */
-    strbuf names;               /* folder relpaths and file names */
-    offvec files;               /* offsets of file names in names */
+    const char *root; /* the split folder */
+    strbuf names;     /* folder relpaths and file names */
+    offvec files;     /* offsets of file names in names */
     walk_dir *dirs;
     size_t ndirs, dircap;
     /* the folders from the class folder down to the current one, to stop symlink cycles */
     dev_t stack_dev[64];
     ino_t stack_ino[64];
     int depth;
-    size_t total;               /* files found in the whole split so far */
+    size_t total; /* files found in the whole split so far */
     double t0, last_print;
     const mgt_scan_options *opt;
 } walk;
@@ -138,9 +152,11 @@ static const char *walk_str(const walk *w, size_t off) { return w->names.p + off
 static void progress(walk *w, bool final)
 {
     FILE *f = w->opt ? w->opt->progress : NULL;
-    if (!f) return;
+    if (!f)
+        return;
     double now = mgt_time_now();
-    if (!final && now - w->last_print < 0.25) return;
+    if (!final && now - w->last_print < 0.25)
+        return;
     w->last_print = now;
     double dt = now - w->t0;
     fprintf(f, "\rscanning %s: %zu files (%.0f files/s)%s", w->root, w->total,
@@ -160,11 +176,13 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
     if ((size_t)snprintf(path, sizeof path, "%s/%s", w->root, rel) >= sizeof path)
         return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", w->root, rel);
     DIR *d = opendir(path);
-    if (!d) return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!d)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
 
     mgt_status st = MGT_OK;
     size_t rel_off;
-    if ((st = strbuf_add(&w->names, rel, strlen(rel), &rel_off)) != MGT_OK) goto done;
+    if ((st = strbuf_add(&w->names, rel, strlen(rel), &rel_off)) != MGT_OK)
+        goto done;
     if (w->ndirs == w->dircap) {
         size_t cap = w->dircap ? w->dircap * 2 : 64;
         walk_dir *p = realloc(w->dirs, cap * sizeof *p);
@@ -182,12 +200,14 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
     struct dirent *e;
     errno = 0;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue; /* ".", "..", hidden */
+        if (e->d_name[0] == '.')
+            continue; /* ".", "..", hidden */
         dev_t dev = 0;
         ino_t ino = 0;
         entry_kind k = classify(path, e, &dev, &ino);
         if (k == ENTRY_FILE) {
-            if (!mgt_data_has_image_ext(e->d_name)) continue;
+            if (!mgt_data_has_image_ext(e->d_name))
+                continue;
             size_t off;
             if ((st = strbuf_add(&w->names, e->d_name, strlen(e->d_name), &off)) != MGT_OK ||
                 (st = offvec_push(&w->files, off)) != MGT_OK)
@@ -205,10 +225,13 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
             bool cycle = false;
             if (dev != 0 || ino != 0)
                 for (int i = 0; i < w->depth; i++)
-                    if (w->stack_dev[i] == dev && w->stack_ino[i] == ino) cycle = true;
-            if (cycle) continue;
+                    if (w->stack_dev[i] == dev && w->stack_ino[i] == ino)
+                        cycle = true;
+            if (cycle)
+                continue;
             char sub[4096];
-            if ((size_t)snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name) >= sizeof sub) continue;
+            if ((size_t)snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name) >= sizeof sub)
+                continue;
             size_t off;
             if ((st = strbuf_add(&w->names, sub, strlen(sub), &off)) != MGT_OK ||
                 (st = offvec_push(&subdirs, off)) != MGT_OK)
@@ -244,7 +267,8 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
     }
     free(subdirs.v);
 done:
-    if (d) closedir(d);
+    if (d)
+        closedir(d);
     return st;
 }
 
@@ -266,12 +290,14 @@ static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths,
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", w->root, cls);
     struct stat st;
-    if (stat(path, &st) != 0) return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
+    if (stat(path, &st) != 0)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
     w->stack_dev[0] = st.st_dev;
     w->stack_ino[0] = st.st_ino;
     w->depth = 1;
     mgt_status s = walk_dir_rec(w, cls);
-    if (s != MGT_OK) return s;
+    if (s != MGT_OK)
+        return s;
     if (w->files.n == 0)
         return mgt_error_set(MGT_ERR_INVALID,
                              "%s: class folder has no image files (extensions: jpg jpeg png "
@@ -290,7 +316,8 @@ static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths,
             size_t name_len = strlen(name);
             char full[8192];
             if (rel_len + 1 + name_len + 1 > sizeof full)
-                return mgt_error_set(MGT_ERR_INVALID, "%s/%s/%s: path too long", w->root, rel, name);
+                return mgt_error_set(MGT_ERR_INVALID, "%s/%s/%s: path too long", w->root, rel,
+                                     name);
             memcpy(full, rel, rel_len);
             full[rel_len] = '/';
             memcpy(full + rel_len + 1, name, name_len + 1);
@@ -301,7 +328,8 @@ static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths,
             if (offs->n > *labcap) {
                 size_t cap = *labcap ? *labcap * 2 : 256;
                 int32_t *p = realloc(*labels, cap * sizeof *p);
-                if (!p) return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
+                if (!p)
+                    return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
                 *labels = p;
                 *labcap = cap;
             }
@@ -322,15 +350,18 @@ static mgt_status list_classes(mgt_dataset *ds)
     if (!d) {
         if (errno == ENOENT)
             return mgt_error_set(MGT_ERR_IO, "%s: no such folder", ds->dir);
-        if (errno == ENOTDIR) return mgt_error_set(MGT_ERR_INVALID, "%s: not a folder", ds->dir);
+        if (errno == ENOTDIR)
+            return mgt_error_set(MGT_ERR_INVALID, "%s: not a folder", ds->dir);
         return mgt_error_set(MGT_ERR_IO, "%s: %s", ds->dir, strerror(errno));
     }
     mgt_status st = MGT_OK;
     int cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        if (classify(ds->dir, e, NULL, NULL) != ENTRY_DIR) continue;
+        if (e->d_name[0] == '.')
+            continue;
+        if (classify(ds->dir, e, NULL, NULL) != ENTRY_DIR)
+            continue;
         if (ds->nclasses == cap) {
             cap = cap ? cap * 2 : 64;
             char **p = realloc(ds->class_names, (size_t)cap * sizeof *p);
@@ -351,7 +382,8 @@ static mgt_status list_classes(mgt_dataset *ds)
         }
     }
     closedir(d);
-    if (st != MGT_OK) return st;
+    if (st != MGT_OK)
+        return st;
     if (ds->nclasses == 0)
         return mgt_error_set(MGT_ERR_INVALID,
                              "%s: no class folders (expected %s/<class>/<image files>)", ds->dir,
@@ -363,12 +395,15 @@ static mgt_status list_classes(mgt_dataset *ds)
 mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_dataset **out)
 {
     *out = NULL;
-    if (!dir || !*dir) return mgt_error_set(MGT_ERR_INVALID, "dataset folder: empty path");
+    if (!dir || !*dir)
+        return mgt_error_set(MGT_ERR_INVALID, "dataset folder: empty path");
     mgt_dataset *ds = calloc(1, sizeof *ds);
-    if (!ds) return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
+    if (!ds)
+        return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
     mgt_status st;
     size_t dl = strlen(dir);
-    while (dl > 1 && dir[dl - 1] == '/') dl--; /* "data/train/" names files as "data/train/x" */
+    while (dl > 1 && dir[dl - 1] == '/')
+        dl--; /* "data/train/" names files as "data/train/x" */
     if (!(ds->dir = strndup(dir, dl))) {
         free(ds);
         return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
@@ -379,9 +414,11 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
     offvec offs = {0};
     size_t labcap = 0;
 
-    if ((st = list_classes(ds)) != MGT_OK) goto fail;
+    if ((st = list_classes(ds)) != MGT_OK)
+        goto fail;
     for (int c = 0; c < ds->nclasses; c++)
-        if ((st = scan_class(&w, ds, c, &paths, &offs, &ds->labels, &labcap)) != MGT_OK) goto fail;
+        if ((st = scan_class(&w, ds, c, &paths, &offs, &ds->labels, &labcap)) != MGT_OK)
+            goto fail;
     progress(&w, true);
 
     ds->n = offs.n;
@@ -396,7 +433,8 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
     return MGT_OK;
 
 fail:
-    if (w.total > 0 && opt && opt->progress) fputc('\n', opt->progress);
+    if (w.total > 0 && opt && opt->progress)
+        fputc('\n', opt->progress);
     free(w.names.p);
     free(w.files.v);
     free(w.dirs);
@@ -408,8 +446,10 @@ fail:
 
 void mgt_dataset_free(mgt_dataset *ds)
 {
-    if (!ds) return;
-    for (int c = 0; c < ds->nclasses; c++) free(ds->class_names[c]);
+    if (!ds)
+        return;
+    for (int c = 0; c < ds->nclasses; c++)
+        free(ds->class_names[c]);
     free(ds->class_names);
     free(ds->path_off);
     free(ds->labels);
@@ -420,9 +460,11 @@ void mgt_dataset_free(mgt_dataset *ds)
 
 bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b)
 {
-    if (a->nclasses != b->nclasses) return false;
+    if (a->nclasses != b->nclasses)
+        return false;
     for (int c = 0; c < a->nclasses; c++)
-        if (strcmp(a->class_names[c], b->class_names[c]) != 0) return false;
+        if (strcmp(a->class_names[c], b->class_names[c]) != 0)
+            return false;
     return true;
 }
 
@@ -431,8 +473,9 @@ static const char *first_difference(const mgt_dataset *a, const mgt_dataset *b, 
 {
     int i = 0, j = 0;
     while (i < a->nclasses || j < b->nclasses) {
-        int c = i >= a->nclasses ? 1 : j >= b->nclasses ? -1
-                                                         : strcmp(a->class_names[i], b->class_names[j]);
+        int c = i >= a->nclasses   ? 1
+                : j >= b->nclasses ? -1
+                                   : strcmp(a->class_names[i], b->class_names[j]);
         if (c < 0) {
             *in_a = true;
             return a->class_names[i];
@@ -447,18 +490,23 @@ static const char *first_difference(const mgt_dataset *a, const mgt_dataset *b, 
     return NULL;
 }
 
-mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt,
-                                mgt_dataset **train, mgt_dataset **val)
+mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt, mgt_dataset **train,
+                                mgt_dataset **val)
 {
-    if (train) *train = NULL;
-    if (val) *val = NULL;
-    if (!dir || !*dir) return mgt_error_set(MGT_ERR_INVALID, "--data: empty path");
+    if (train)
+        *train = NULL;
+    if (val)
+        *val = NULL;
+    if (!dir || !*dir)
+        return mgt_error_set(MGT_ERR_INVALID, "--data: empty path");
     struct stat st;
     if (stat(dir, &st) != 0) {
-        if (errno == ENOENT) return mgt_error_set(MGT_ERR_IO, "%s: no such folder", dir);
+        if (errno == ENOENT)
+            return mgt_error_set(MGT_ERR_IO, "%s: no such folder", dir);
         return mgt_error_set(MGT_ERR_IO, "%s: %s", dir, strerror(errno));
     }
-    if (!S_ISDIR(st.st_mode)) return mgt_error_set(MGT_ERR_INVALID, "%s: not a folder", dir);
+    if (!S_ISDIR(st.st_mode))
+        return mgt_error_set(MGT_ERR_INVALID, "%s: not a folder", dir);
 
     char path[4096];
     mgt_dataset *tr = NULL, *va = NULL;
@@ -467,17 +515,20 @@ mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt,
        after a ten-minute scan of train would be rude */
     const char *splits[2] = {train ? "train" : NULL, val ? "val" : NULL};
     for (int i = 0; i < 2; i++) {
-        if (!splits[i]) continue;
+        if (!splits[i])
+            continue;
         snprintf(path, sizeof path, "%s/%s", dir, splits[i]);
         if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-            return mgt_error_set(MGT_ERR_IO,
-                                 "%s: no such folder (an ImageFolder dataset has %s/train/<class>/* "
-                                 "and %s/val/<class>/*)",
-                                 path, dir, dir);
+            return mgt_error_set(
+                MGT_ERR_IO,
+                "%s: no such folder (an ImageFolder dataset has %s/train/<class>/* "
+                "and %s/val/<class>/*)",
+                path, dir, dir);
     }
     if (train) {
         snprintf(path, sizeof path, "%s/train", dir);
-        if ((s = mgt_dataset_scan(path, opt, &tr)) != MGT_OK) return s;
+        if ((s = mgt_dataset_scan(path, opt, &tr)) != MGT_OK)
+            return s;
     }
     if (val) {
         snprintf(path, sizeof path, "%s/val", dir);
@@ -489,16 +540,18 @@ mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt,
     if (tr && va && !mgt_dataset_same_classes(tr, va)) {
         bool in_train = false;
         const char *c = first_difference(tr, va, &in_train);
-        s = mgt_error_set(MGT_ERR_INVALID,
-                          "%s/train and %s/val have different classes (%d and %d): '%s' is only in %s/%s",
-                          dir, dir, tr->nclasses, va->nclasses, c ? c : "?", dir,
-                          in_train ? "train" : "val");
+        s = mgt_error_set(
+            MGT_ERR_INVALID,
+            "%s/train and %s/val have different classes (%d and %d): '%s' is only in %s/%s", dir,
+            dir, tr->nclasses, va->nclasses, c ? c : "?", dir, in_train ? "train" : "val");
         mgt_dataset_free(tr);
         mgt_dataset_free(va);
         return s;
     }
-    if (train) *train = tr;
-    if (val) *val = va;
+    if (train)
+        *train = tr;
+    if (val)
+        *val = va;
     return MGT_OK;
 }
 
@@ -521,7 +574,8 @@ const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i)
 
 mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap)
 {
-    if (i >= ds->n) return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
+    if (i >= ds->n)
+        return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
     if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, ds->paths + ds->path_off[i]) >= cap)
         return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir,
                              ds->paths + ds->path_off[i]);

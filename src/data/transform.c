@@ -41,19 +41,24 @@ mgt_status mgt_transform_check(const mgt_transform *t)
         t->kind != MGT_TRANSFORM_RESIZE_CROP)
         return mgt_error_set(MGT_ERR_INVALID, "transform: unknown kind %d", (int)t->kind);
     if (t->size < 1 || t->size > 8192)
-        return mgt_error_set(MGT_ERR_INVALID, "transform: image size %d is not in 1..8192", t->size);
+        return mgt_error_set(MGT_ERR_INVALID, "transform: image size %d is not in 1..8192",
+                             t->size);
     if (t->channels != 1 && t->channels != 3)
-        return mgt_error_set(MGT_ERR_INVALID, "transform: channels must be 1 or 3, not %d", t->channels);
+        return mgt_error_set(MGT_ERR_INVALID, "transform: channels must be 1 or 3, not %d",
+                             t->channels);
     if (t->resize < 0 || t->resize > 65536)
         return mgt_error_set(MGT_ERR_INVALID, "transform: resize %d is not in 0..65536", t->resize);
     if (t->padding < 0 || t->padding > 4096)
-        return mgt_error_set(MGT_ERR_INVALID, "transform: padding %d is not in 0..4096", t->padding);
+        return mgt_error_set(MGT_ERR_INVALID, "transform: padding %d is not in 0..4096",
+                             t->padding);
     if (t->kind == MGT_TRANSFORM_RRC) {
         if (!(t->scale_min > 0 && t->scale_min <= t->scale_max && t->scale_max <= 1.0))
-            return mgt_error_set(MGT_ERR_INVALID, "transform: crop scale %g..%g is not within (0, 1]",
-                                 t->scale_min, t->scale_max);
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "transform: crop scale %g..%g is not within (0, 1]", t->scale_min,
+                                 t->scale_max);
         if (!(t->ratio_min > 0 && t->ratio_min <= t->ratio_max && isfinite(t->ratio_max)))
-            return mgt_error_set(MGT_ERR_INVALID, "transform: crop ratio %g..%g is not a range of positive numbers",
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "transform: crop ratio %g..%g is not a range of positive numbers",
                                  t->ratio_min, t->ratio_max);
     }
     for (int c = 0; c < t->channels; c++) {
@@ -68,7 +73,8 @@ mgt_status mgt_transform_check(const mgt_transform *t)
 
 void mgt_transform_scratch_free(mgt_transform_scratch *s)
 {
-    if (!s) return;
+    if (!s)
+        return;
     free(s->buf);
     s->buf = NULL;
     s->cap = 0;
@@ -93,9 +99,8 @@ mgt_draws mgt_draws_philox(mgt_rng *rng)
     return (mgt_draws){.uniform = philox_uniform, .randint = philox_randint, .ctx = rng};
 }
 
-int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min,
-                             double scale_max, double ratio_min, double ratio_max,
-                             mgt_crop *out)
+int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min, double scale_max,
+                             double ratio_min, double ratio_max, mgt_crop *out)
 {
     double area = (double)w * h;
     /* torch.log(torch.tensor(ratio)): the bounds are float32 and so are their logs */
@@ -168,7 +173,8 @@ void mgt_transform_center_crop(int w, int h, int size, mgt_crop *out)
 /* PIL's bilinear kernel ("triangle"); support 1 before widening. */
 static double triangle(double x)
 {
-    if (x < 0) x = -x;
+    if (x < 0)
+        x = -x;
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
@@ -185,7 +191,8 @@ typedef struct axis {
 
 static int axis_ksize(int bsize, int osize)
 {
-    if (bsize == osize) return 1;
+    if (bsize == osize)
+        return 1;
     double scale = (double)bsize / osize;
     double support = scale > 1.0 ? scale : 1.0;
     return (int)ceil(support) * 2 + 1;
@@ -208,13 +215,17 @@ static void axis_weights(axis *a, int b0, int bsize, int osize, int o0, int n)
         int o = o0 + k;
         double center = (o + 0.5) * scale;
         int xmin = (int)(center - support + 0.5);
-        if (xmin < 0) xmin = 0;
+        if (xmin < 0)
+            xmin = 0;
         int xmax = (int)(center + support + 0.5);
-        if (xmax > bsize) xmax = bsize;
+        if (xmax > bsize)
+            xmax = bsize;
         int cnt = xmax - xmin;
-        if (cnt > a->ksize) cnt = a->ksize;
+        if (cnt > a->ksize)
+            cnt = a->ksize;
         double total = 0;
-        for (int x = 0; x < cnt; x++) total += triangle((x + xmin - center + 0.5) * ss);
+        for (int x = 0; x < cnt; x++)
+            total += triangle((x + xmin - center + 0.5) * ss);
         float *dst = a->wt + (size_t)k * a->ksize;
         for (int x = 0; x < cnt; x++) {
             double w = triangle((x + xmin - center + 0.5) * ss);
@@ -244,14 +255,16 @@ static void axpy_row(float *restrict acc, float w, const float *restrict r, size
         memcpy(acc + i, &a0, 16);
         memcpy(acc + i + 4, &a1, 16);
     }
-    for (; i < n; i++) acc[i] += w * r[i];
+    for (; i < n; i++)
+        acc[i] += w * r[i];
 }
 
 static void *scratch_get(mgt_transform_scratch *s, size_t bytes)
 {
     if (bytes > s->cap) {
         void *p = realloc(s->buf, bytes);
-        if (!p) return NULL;
+        if (!p)
+            return NULL;
         s->buf = p;
         s->cap = bytes;
     }
@@ -263,9 +276,9 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 /* The fused core. The source box (bx, by, bw, bh) of img is scaled to sw x sh; the output
    is the size x size window at (wx, wy) of the scaled image (pixels outside it are zero
    before normalisation, torchvision's fill), optionally mirrored, normalised into CHW. */
-static mgt_status render(const mgt_image *img, const float a[3], const float b[3], int bx,
-                         int by, int bw, int bh, int sw, int sh, int wx, int wy, int OW, int OH,
-                         bool flip, mgt_transform_scratch *scratch, float *out)
+static mgt_status render(const mgt_image *img, const float a[3], const float b[3], int bx, int by,
+                         int bw, int bh, int sw, int sh, int wx, int wy, int OW, int OH, bool flip,
+                         mgt_transform_scratch *scratch, float *out)
 {
     const int C = img->c;
     /* outputs inside the scaled image: columns [cx0, cx1), rows [cy0, cy1) of the window */
@@ -276,9 +289,11 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
     if (partial)
         for (int c = 0; c < C; c++) {
             float *o = out + (size_t)c * OW * OH;
-            for (size_t i = 0; i < (size_t)OW * OH; i++) o[i] = b[c];
+            for (size_t i = 0; i < (size_t)OW * OH; i++)
+                o[i] = b[c];
         }
-    if (empty) return MGT_OK;
+    if (empty)
+        return MGT_OK;
     int nx = cx1 - cx0, ny = cy1 - cy0;
 
     axis ax = {.ksize = axis_ksize(bw, sw)}, ay = {.ksize = axis_ksize(bh, sh)};
@@ -296,9 +311,11 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
     /* the horizontal pass keeps every source row the vertical taps touch: at most bh */
     size_t bytes = off_tmp + sizeof(float) * (size_t)bh * nx * C;
     mgt_transform_scratch local = {0};
-    if (!scratch) scratch = &local;
+    if (!scratch)
+        scratch = &local;
     char *base = scratch_get(scratch, bytes);
-    if (!base) return mgt_error_set(MGT_ERR_OOM, "transform: out of memory (%zu bytes)", bytes);
+    if (!base)
+        return mgt_error_set(MGT_ERR_OOM, "transform: out of memory (%zu bytes)", bytes);
     ax.first = (int *)(base + off_ax_first);
     ax.count = (int *)(base + off_ax_count);
     ax.wt = (float *)(base + off_ax_wt);
@@ -313,16 +330,20 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
     axis_weights(&ay, by, bh, sh, wy + cy0, ny);
     int r0 = ay.first[0], r1 = ay.first[0];
     for (int k = 0; k < ny; k++) {
-        if (ay.first[k] < r0) r0 = ay.first[k];
-        if (ay.first[k] + ay.count[k] > r1) r1 = ay.first[k] + ay.count[k];
+        if (ay.first[k] < r0)
+            r0 = ay.first[k];
+        if (ay.first[k] + ay.count[k] > r1)
+            r1 = ay.first[k] + ay.count[k];
     }
 
     /* horizontal pass over the rows r0..r1-1: tmp[row][x][c] */
     const size_t stride = (size_t)img->w * C;
     int c0 = ax.first[0], c1 = ax.first[0]; /* source columns the taps touch */
     for (int k = 0; k < nx; k++) {
-        if (ax.first[k] < c0) c0 = ax.first[k];
-        if (ax.first[k] + ax.count[k] > c1) c1 = ax.first[k] + ax.count[k];
+        if (ax.first[k] < c0)
+            c0 = ax.first[k];
+        if (ax.first[k] + ax.count[k] > c1)
+            c1 = ax.first[k] + ax.count[k];
     }
     for (int r = r0; r < r1; r++) {
         const uint8_t *src = img->pixels + (size_t)r * stride;
@@ -332,8 +353,10 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
                red, never stored) */
             const uint8_t *s8 = src + (size_t)c0 * 3;
             size_t n = (size_t)(c1 - c0) * 3;
-            for (size_t i = 0; i < n; i++) srow[i] = s8[i];
-            for (size_t i = n; i < n + 4; i++) srow[i] = 0;
+            for (size_t i = 0; i < n; i++)
+                srow[i] = s8[i];
+            for (size_t i = n; i < n + 4; i++)
+                srow[i] = 0;
             for (int k = 0; k < nx; k++) {
                 const float *w = ax.wt + (size_t)k * ax.ksize;
                 const float *p = srow + (size_t)(ax.first[k] - c0) * 3;
@@ -352,7 +375,8 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
                 const float *w = ax.wt + (size_t)k * ax.ksize;
                 const uint8_t *p = src + ax.first[k];
                 float s0 = 0;
-                for (int x = 0; x < ax.count[k]; x++) s0 += w[x] * p[x];
+                for (int x = 0; x < ax.count[k]; x++)
+                    s0 += w[x] * p[x];
                 dst[k] = s0;
             }
         }
@@ -366,14 +390,17 @@ static mgt_status render(const mgt_image *img, const float a[3], const float b[3
         const float *w = ay.wt + (size_t)k * ay.ksize;
         const float *rows = tmp + (size_t)(ay.first[k] - r0) * rowlen;
         int cnt = ay.count[k];
-        for (size_t x = 0; x < rowlen; x++) acc[x] = 0;
+        for (size_t x = 0; x < rowlen; x++)
+            acc[x] = 0;
         for (int y = 0; y < cnt; y++)
             axpy_row(acc, w[y], rows + (size_t)y * rowlen, rowlen);
         size_t orow = (size_t)(cy0 + k) * OW;
         for (int x = 0; x < nx; x++) {
             int ox = cx0 + x;
-            if (flip) ox = OW - 1 - ox;
-            for (int c = 0; c < C; c++) out[c * plane + orow + ox] = acc[(size_t)x * C + c] * a[c] + b[c];
+            if (flip)
+                ox = OW - 1 - ox;
+            for (int c = 0; c < C; c++)
+                out[c * plane + orow + ox] = acc[(size_t)x * C + c] * a[c] + b[c];
         }
     }
     mgt_transform_scratch_free(&local);
@@ -397,7 +424,8 @@ mgt_status mgt_transform_apply(const mgt_transform *t, const mgt_image *img, mgt
         b[c] = -t->mean[c] / t->std[c];
     }
     mgt_draws d = {0};
-    if (rng) d = mgt_draws_philox(rng);
+    if (rng)
+        d = mgt_draws_philox(rng);
     switch (t->kind) {
     case MGT_TRANSFORM_RRC: {
         mgt_crop c;
@@ -438,11 +466,13 @@ mgt_status mgt_image_resize(const mgt_image *img, const mgt_crop *box, int out_w
     if (!img->pixels || img->w < 1 || img->h < 1 || img->c < 1 || img->c > 3)
         return mgt_error_set(MGT_ERR_INVALID, "resize: empty image");
     mgt_crop whole = {0, 0, img->h, img->w};
-    if (!box) box = &whole;
+    if (!box)
+        box = &whole;
     if (box->left < 0 || box->top < 0 || box->w < 1 || box->h < 1 || box->left + box->w > img->w ||
         box->top + box->h > img->h)
-        return mgt_error_set(MGT_ERR_INVALID, "resize: box %d,%d %dx%d is not inside the %dx%d image",
-                             box->left, box->top, box->w, box->h, img->w, img->h);
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "resize: box %d,%d %dx%d is not inside the %dx%d image", box->left,
+                             box->top, box->w, box->h, img->w, img->h);
     if (out_w < 1 || out_h < 1 || out_w > 65536 || out_h > 65536)
         return mgt_error_set(MGT_ERR_INVALID, "resize: output %dx%d", out_w, out_h);
     const float a[3] = {1, 1, 1}, b[3] = {0, 0, 0};

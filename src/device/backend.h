@@ -51,8 +51,7 @@ typedef struct mgt_backend_i {
     mgt_status (*event_elapsed_ms)(mgt_event *start, mgt_event *end, float *ms);
 
     mgt_status (*memset)(mgt_stream *s, void *dst, int value, size_t bytes);
-    mgt_status (*copy)(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
-                       size_t bytes);
+    mgt_status (*copy)(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src, size_t bytes);
     /* a direct copy between devices that can_access_peer allows, enqueued on s (the
        destination's stream); ordering with the source stream is the dispatch layer's */
     mgt_status (*copy_peer)(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
@@ -66,11 +65,11 @@ typedef struct mgt_backend_i {
 
 struct mgt_device {
     mgt_devset *set;
-    int index;           /* position in the set */
-    int id;              /* the id it was opened with */
-    char name[128];      /* filled by the backend */
-    size_t total_mem;    /* the limit; filled by the backend, lowered by a mock limit */
-    atomic_size_t used;  /* bytes of live buffers and backend workspace */
+    int index;          /* position in the set */
+    int id;             /* the id it was opened with */
+    char name[128];     /* filled by the backend */
+    size_t total_mem;   /* the limit; filled by the backend, lowered by a mock limit */
+    atomic_size_t used; /* bytes of live buffers and backend workspace */
     void *impl;
 };
 

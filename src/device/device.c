@@ -32,27 +32,27 @@ static mgt_status bad_arg(const char *call, const char *what)
 }
 
 /* The set's registry of live handles: a doubly linked list per kind, under reg_lock. */
-#define REG_LINK(set, head, x)                                                                 \
-    do {                                                                                       \
-        pthread_mutex_lock(&(set)->reg_lock);                                                  \
-        (x)->reg_prev = NULL;                                                                  \
-        (x)->reg_next = (set)->head;                                                           \
-        if ((set)->head)                                                                       \
-            (set)->head->reg_prev = (x);                                                       \
-        (set)->head = (x);                                                                     \
-        pthread_mutex_unlock(&(set)->reg_lock);                                                \
+#define REG_LINK(set, head, x)                  \
+    do {                                        \
+        pthread_mutex_lock(&(set)->reg_lock);   \
+        (x)->reg_prev = NULL;                   \
+        (x)->reg_next = (set)->head;            \
+        if ((set)->head)                        \
+            (set)->head->reg_prev = (x);        \
+        (set)->head = (x);                      \
+        pthread_mutex_unlock(&(set)->reg_lock); \
     } while (0)
 
-#define REG_UNLINK(set, head, x)                                                               \
-    do {                                                                                       \
-        pthread_mutex_lock(&(set)->reg_lock);                                                  \
-        if ((x)->reg_prev)                                                                     \
-            (x)->reg_prev->reg_next = (x)->reg_next;                                           \
-        else                                                                                   \
-            (set)->head = (x)->reg_next;                                                       \
-        if ((x)->reg_next)                                                                     \
-            (x)->reg_next->reg_prev = (x)->reg_prev;                                           \
-        pthread_mutex_unlock(&(set)->reg_lock);                                                \
+#define REG_UNLINK(set, head, x)                     \
+    do {                                             \
+        pthread_mutex_lock(&(set)->reg_lock);        \
+        if ((x)->reg_prev)                           \
+            (x)->reg_prev->reg_next = (x)->reg_next; \
+        else                                         \
+            (set)->head = (x)->reg_next;             \
+        if ((x)->reg_next)                           \
+            (x)->reg_next->reg_prev = (x)->reg_prev; \
+        pthread_mutex_unlock(&(set)->reg_lock);      \
     } while (0)
 
 /* ---- devices ---- */
@@ -158,7 +158,7 @@ mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
     if (!mock) {
         mgt_status st = mgt_mock_options_parse(&env_opts, getenv("MGT_MOCK"));
         if (st != MGT_OK)
-            return mgt_error_set(st, "MGT_MOCK: %s", mgt_error_last());
+            return mgt_error_wrap(st, "MGT_MOCK");
         mock = &env_opts;
     }
     o.mock = mock;
@@ -585,8 +585,8 @@ static mgt_status copy_staged(mgt_stream *dst_s, char *dst, mgt_stream *src_s, c
     return st;
 }
 
-mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream,
-                         const void *src, size_t bytes)
+mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream, const void *src,
+                         size_t bytes)
 {
     if (!dst_stream || !src_stream || ((!dst || !src) && bytes))
         return bad_arg("copy peer", "no stream, source or destination");
@@ -626,11 +626,11 @@ mgt_status mgt_op_launch(mgt_stream *s, const mgt_op *op)
     return iface->launch(s, op);
 }
 
-#define LAUNCH(KIND, FIELD, ...)                                                               \
-    do {                                                                                       \
-        mgt_op op_ = {.kind = KIND};                                                          \
-        op_.u.FIELD = (__typeof__(op_.u.FIELD)){__VA_ARGS__};                                  \
-        return mgt_op_launch(s, &op_);                                                         \
+#define LAUNCH(KIND, FIELD, ...)                              \
+    do {                                                      \
+        mgt_op op_ = {.kind = KIND};                          \
+        op_.u.FIELD = (__typeof__(op_.u.FIELD)){__VA_ARGS__}; \
+        return mgt_op_launch(s, &op_);                        \
     } while (0)
 
 mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n)
@@ -658,9 +658,8 @@ mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size
     LAUNCH(MGT_OP_ADD, add, y, a, b, n);
 }
 
-mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k,
-                    float alpha, const float *a, int lda, const float *b, int ldb,
-                    float beta, float *c, int ldc)
+mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
     LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -698,20 +697,19 @@ mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy,
 }
 
 mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
-                                       float *save_invstd, float *running_mean,
-                                       float *running_var, const float *x, const float *gamma,
-                                       const float *beta, const mgt_bn_shape *sh)
+                                       float *save_invstd, float *running_mean, float *running_var,
+                                       const float *x, const float *gamma, const float *beta,
+                                       const mgt_bn_shape *sh)
 {
     if (!sh)
         return bad_arg("batchnorm_forward_train", "no shape");
-    LAUNCH(MGT_OP_BN_FWD_TRAIN, bn_train, y, save_mean, save_invstd, running_mean, running_var,
-           x, gamma, beta, *sh);
+    LAUNCH(MGT_OP_BN_FWD_TRAIN, bn_train, y, save_mean, save_invstd, running_mean, running_var, x,
+           gamma, beta, *sh);
 }
 
-mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x,
-                                      const float *gamma, const float *beta,
-                                      const float *running_mean, const float *running_var,
-                                      const mgt_bn_shape *sh)
+mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
+                                      const float *beta, const float *running_mean,
+                                      const float *running_var, const mgt_bn_shape *sh)
 {
     if (!sh)
         return bad_arg("batchnorm_forward_eval", "no shape");
@@ -774,9 +772,8 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
-mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs,
-                                    const float *logits, const int32_t *labels, int n,
-                                    int classes, float smoothing)
+mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
+                                    const int32_t *labels, int n, int classes, float smoothing)
 {
     LAUNCH(MGT_OP_XENT_FWD, xent_fwd, loss, probs, logits, labels, n, classes, smoothing);
 }

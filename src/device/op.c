@@ -91,15 +91,15 @@ int mgt_pool2d_out_w(const mgt_pool2d_shape *sh)
 #define INVALID(op, fmt, ...) \
     mgt_error_set(MGT_ERR_INVALID, "%s: " fmt, mgt_op_name((op)->kind), __VA_ARGS__)
 
-#define NEED_PTR(op, p, what) \
-    do { \
-        if (!(p)) \
+#define NEED_PTR(op, p, what)                       \
+    do {                                            \
+        if (!(p))                                   \
             return INVALID(op, "%s is NULL", what); \
     } while (0)
 
-#define NEED_POS(op, v, what) \
-    do { \
-        if ((v) <= 0) \
+#define NEED_POS(op, v, what)                                                     \
+    do {                                                                          \
+        if ((v) <= 0)                                                             \
             return INVALID(op, "%s %lld must be positive", what, (long long)(v)); \
     } while (0)
 
@@ -154,19 +154,20 @@ static mgt_status check_conv(const mgt_op *op)
     if (sh->groups < 1)
         return INVALID(op, "groups %d must be at least 1", sh->groups);
     if (sh->c % sh->groups != 0 || sh->k % sh->groups != 0)
-        return INVALID(op, "groups %d must divide channels %d and filters %d", sh->groups,
-                       sh->c, sh->k);
+        return INVALID(op, "groups %d must divide channels %d and filters %d", sh->groups, sh->c,
+                       sh->k);
     int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh);
     if (p < 1 || q < 1)
-        return INVALID(op, "output %dx%d is empty (input %dx%d, filter %dx%d, padding %dx%d)",
-                       p, q, sh->h, sh->w, sh->r, sh->s, sh->pad_h, sh->pad_w);
+        return INVALID(op, "output %dx%d is empty (input %dx%d, filter %dx%d, padding %dx%d)", p, q,
+                       sh->h, sh->w, sh->r, sh->s, sh->pad_h, sh->pad_w);
     if (!product_fits(sh->n, sh->c, sh->h, sh->w) || !product_fits(sh->n, sh->k, p, q) ||
         !product_fits(sh->k, sh->c / sh->groups, sh->r, sh->s))
-        return INVALID(op, "tensor sizes overflow (n %d, c %d, h %d, w %d, k %d)", sh->n,
-                       sh->c, sh->h, sh->w, sh->k);
-    NEED_PTR(op, op->u.conv.out, op->kind == MGT_OP_CONV2D_FWD        ? "y"
-                                 : op->kind == MGT_OP_CONV2D_BWD_DATA ? "dx"
-                                                                      : "dw");
+        return INVALID(op, "tensor sizes overflow (n %d, c %d, h %d, w %d, k %d)", sh->n, sh->c,
+                       sh->h, sh->w, sh->k);
+    NEED_PTR(op, op->u.conv.out,
+             op->kind == MGT_OP_CONV2D_FWD        ? "y"
+             : op->kind == MGT_OP_CONV2D_BWD_DATA ? "dx"
+                                                  : "dw");
     NEED_PTR(op, op->u.conv.in1, op->kind == MGT_OP_CONV2D_FWD ? "x" : "dy");
     NEED_PTR(op, op->u.conv.in2, op->kind == MGT_OP_CONV2D_BWD_FILTER ? "x" : "w");
     return MGT_OK;
@@ -207,11 +208,11 @@ static mgt_status check_pool(const mgt_op *op, const mgt_pool2d_shape *sh)
         return INVALID(op, "padding %d > half the window width %d", sh->pad_w, sh->kw);
     int p = mgt_pool2d_out_h(sh), q = mgt_pool2d_out_w(sh);
     if (p < 1 || q < 1)
-        return INVALID(op, "output %dx%d is empty (input %dx%d, window %dx%d, padding %dx%d)",
-                       p, q, sh->h, sh->w, sh->kh, sh->kw, sh->pad_h, sh->pad_w);
+        return INVALID(op, "output %dx%d is empty (input %dx%d, window %dx%d, padding %dx%d)", p, q,
+                       sh->h, sh->w, sh->kh, sh->kw, sh->pad_h, sh->pad_w);
     if (!product_fits(sh->n, sh->c, sh->h, sh->w))
-        return INVALID(op, "tensor size overflows (n %d, c %d, h %d, w %d)", sh->n, sh->c,
-                       sh->h, sh->w);
+        return INVALID(op, "tensor size overflows (n %d, c %d, h %d, w %d)", sh->n, sh->c, sh->h,
+                       sh->w);
     return MGT_OK;
 }
 
@@ -286,12 +287,8 @@ mgt_status mgt_op_check(const mgt_op *op)
         return mgt_error_set(MGT_ERR_INVALID, "op is NULL");
     mgt_status st = MGT_OK;
     switch (op->kind) {
-    case MGT_OP_FILL:
-        NEED_PTR(op, op->u.fill.x, "x");
-        return check_n(op, op->u.fill.n);
-    case MGT_OP_SCALE:
-        NEED_PTR(op, op->u.scale.x, "x");
-        return check_n(op, op->u.scale.n);
+    case MGT_OP_FILL: NEED_PTR(op, op->u.fill.x, "x"); return check_n(op, op->u.fill.n);
+    case MGT_OP_SCALE: NEED_PTR(op, op->u.scale.x, "x"); return check_n(op, op->u.scale.n);
     case MGT_OP_AXPY:
         NEED_PTR(op, op->u.axpy.y, "y");
         NEED_PTR(op, op->u.axpy.x, "x");
@@ -305,12 +302,10 @@ mgt_status mgt_op_check(const mgt_op *op)
         NEED_PTR(op, op->u.add.a, "a");
         NEED_PTR(op, op->u.add.b, "b");
         return check_n(op, op->u.add.n);
-    case MGT_OP_GEMM:
-        return check_gemm(op);
+    case MGT_OP_GEMM: return check_gemm(op);
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
-    case MGT_OP_CONV2D_BWD_FILTER:
-        return check_conv(op);
+    case MGT_OP_CONV2D_BWD_FILTER: return check_conv(op);
     case MGT_OP_BN_FWD_TRAIN:
         if ((st = check_bn_shape(op, &op->u.bn_train.sh)) != MGT_OK)
             return st;
@@ -435,10 +430,8 @@ mgt_status mgt_op_check(const mgt_op *op)
         NEED_PTR(op, op->u.topk.logits, "logits");
         NEED_PTR(op, op->u.topk.labels, "labels");
         return MGT_OK;
-    case MGT_OP_SGD:
-        return check_sgd(op);
-    case MGT_OP_COUNT:
-        break;
+    case MGT_OP_SGD: return check_sgd(op);
+    case MGT_OP_COUNT: break;
     }
     return mgt_error_set(MGT_ERR_INVALID, "unknown op kind %d", (int)op->kind);
 }
@@ -479,15 +472,10 @@ static mgt_operand_role beta_role(float beta)
 int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS])
 {
     operand_list l = {out, 0};
-    const mgt_operand_role IN = MGT_OPERAND_IN, OUT = MGT_OPERAND_OUT,
-                           INOUT = MGT_OPERAND_INOUT;
+    const mgt_operand_role IN = MGT_OPERAND_IN, OUT = MGT_OPERAND_OUT, INOUT = MGT_OPERAND_INOUT;
     switch (op->kind) {
-    case MGT_OP_FILL:
-        ADD(&l, op->u.fill.x, "x", op->u.fill.n, MGT_F32, OUT);
-        break;
-    case MGT_OP_SCALE:
-        ADD(&l, op->u.scale.x, "x", op->u.scale.n, MGT_F32, INOUT);
-        break;
+    case MGT_OP_FILL: ADD(&l, op->u.fill.x, "x", op->u.fill.n, MGT_F32, OUT); break;
+    case MGT_OP_SCALE: ADD(&l, op->u.scale.x, "x", op->u.scale.n, MGT_F32, INOUT); break;
     case MGT_OP_AXPY:
         ADD(&l, op->u.axpy.y, "y", op->u.axpy.n, MGT_F32, INOUT);
         ADD(&l, op->u.axpy.x, "x", op->u.axpy.n, MGT_F32, IN);
@@ -649,13 +637,11 @@ int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS])
         /* With momentum 0 the buffer is never touched, so it is no operand even when given;
            on the first step it is written before it is read. */
         if (s->p.momentum != 0.0f)
-            ADD(&l, s->momentum_buf, "momentum_buf", s->n, MGT_F32,
-                s->p.first_step ? OUT : INOUT);
+            ADD(&l, s->momentum_buf, "momentum_buf", s->n, MGT_F32, s->p.first_step ? OUT : INOUT);
         ADD(&l, s->grad, "grad", s->n, MGT_F32, IN);
         break;
     }
-    case MGT_OP_COUNT:
-        break;
+    case MGT_OP_COUNT: break;
     }
     return l.n;
 }
@@ -665,8 +651,7 @@ int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS])
 double mgt_op_flops(const mgt_op *op)
 {
     switch (op->kind) {
-    case MGT_OP_GEMM:
-        return 2.0 * op->u.gemm.m * op->u.gemm.n * op->u.gemm.k;
+    case MGT_OP_GEMM: return 2.0 * op->u.gemm.m * op->u.gemm.n * op->u.gemm.k;
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER: {
@@ -676,7 +661,6 @@ double mgt_op_flops(const mgt_op *op)
         return 2.0 * sh->n * sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh) *
                (double)(sh->c / groups) * sh->r * sh->s;
     }
-    default:
-        return 0.0;
+    default: return 0.0;
     }
 }

@@ -41,11 +41,32 @@ typedef enum mgt_op_kind {
 typedef struct mgt_op {
     mgt_op_kind kind;
     union {
-        struct { float *x; float value; size_t n; } fill;
-        struct { float *x; float alpha; size_t n; } scale;
-        struct { float *y; float alpha; const float *x; size_t n; } axpy;
-        struct { float *out; const float *x; size_t n; } sum;
-        struct { float *y; const float *a, *b; size_t n; } add;
+        struct {
+            float *x;
+            float value;
+            size_t n;
+        } fill;
+        struct {
+            float *x;
+            float alpha;
+            size_t n;
+        } scale;
+        struct {
+            float *y;
+            float alpha;
+            const float *x;
+            size_t n;
+        } axpy;
+        struct {
+            float *out;
+            const float *x;
+            size_t n;
+        } sum;
+        struct {
+            float *y;
+            const float *a, *b;
+            size_t n;
+        } add;
         struct {
             bool trans_a, trans_b;
             int m, n, k;
@@ -60,7 +81,12 @@ typedef struct mgt_op {
         } gemm;
         /* forward: out = y, in1 = x, in2 = w; backward data: out = dx, in1 = dy, in2 = w;
            backward filter: out = dw, in1 = dy, in2 = x */
-        struct { float *out; const float *in1, *in2; mgt_conv2d_shape sh; float beta; } conv;
+        struct {
+            float *out;
+            const float *in1, *in2;
+            mgt_conv2d_shape sh;
+            float beta;
+        } conv;
         struct {
             float *y, *save_mean, *save_invstd, *running_mean, *running_var;
             const float *x, *gamma, *beta;
@@ -76,14 +102,46 @@ typedef struct mgt_op {
             const float *dy, *x, *gamma, *save_mean, *save_invstd;
             mgt_bn_shape sh;
         } bn_bwd;
-        struct { float *y; const float *x; size_t n; } relu_fwd;
-        struct { float *dx; const float *dy, *y; size_t n; } relu_bwd;
-        struct { float *y; const float *x; mgt_pool2d_shape sh; } maxpool_fwd;
-        struct { float *dx; const float *dy, *x, *y; mgt_pool2d_shape sh; } maxpool_bwd;
-        struct { float *y; const float *x; int n, c, hw; } avgpool_fwd;
-        struct { float *dx; const float *dy; int n, c, hw; } avgpool_bwd;
-        struct { float *y; const float *bias; int rows, cols; } bias_fwd;
-        struct { float *dbias; const float *dy; int rows, cols; } bias_bwd;
+        struct {
+            float *y;
+            const float *x;
+            size_t n;
+        } relu_fwd;
+        struct {
+            float *dx;
+            const float *dy, *y;
+            size_t n;
+        } relu_bwd;
+        struct {
+            float *y;
+            const float *x;
+            mgt_pool2d_shape sh;
+        } maxpool_fwd;
+        struct {
+            float *dx;
+            const float *dy, *x, *y;
+            mgt_pool2d_shape sh;
+        } maxpool_bwd;
+        struct {
+            float *y;
+            const float *x;
+            int n, c, hw;
+        } avgpool_fwd;
+        struct {
+            float *dx;
+            const float *dy;
+            int n, c, hw;
+        } avgpool_bwd;
+        struct {
+            float *y;
+            const float *bias;
+            int rows, cols;
+        } bias_fwd;
+        struct {
+            float *dbias;
+            const float *dy;
+            int rows, cols;
+        } bias_bwd;
         struct {
             float *loss, *probs;
             const float *logits;

@@ -23,25 +23,20 @@ typedef struct arch_def {
 } arch_def;
 
 static const arch_def archs[] = {
-    {"resnet18", false, false, 4, {2, 2, 2, 2}},
-    {"resnet34", false, false, 4, {3, 4, 6, 3}},
-    {"resnet50", true, false, 4, {3, 4, 6, 3}},
-    {"resnet101", true, false, 4, {3, 4, 23, 3}},
-    {"resnet152", true, false, 4, {3, 8, 36, 3}},
-    {"resnet20", false, true, 3, {3, 3, 3}},
-    {"resnet32", false, true, 3, {5, 5, 5}},
-    {"resnet44", false, true, 3, {7, 7, 7}},
-    {"resnet56", false, true, 3, {9, 9, 9}},
-    {"resnet110", false, true, 3, {18, 18, 18}},
+    {"resnet18", false, false, 4, {2, 2, 2, 2}},  {"resnet34", false, false, 4, {3, 4, 6, 3}},
+    {"resnet50", true, false, 4, {3, 4, 6, 3}},   {"resnet101", true, false, 4, {3, 4, 23, 3}},
+    {"resnet152", true, false, 4, {3, 8, 36, 3}}, {"resnet20", false, true, 3, {3, 3, 3}},
+    {"resnet32", false, true, 3, {5, 5, 5}},      {"resnet44", false, true, 3, {7, 7, 7}},
+    {"resnet56", false, true, 3, {9, 9, 9}},      {"resnet110", false, true, 3, {18, 18, 18}},
 };
 
 #define N_ARCHS (sizeof archs / sizeof *archs)
 
 const char *const *mgt_model_arch_names(void)
 {
-    static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101",
-                                        "resnet152", "resnet20", "resnet32", "resnet44",
-                                        "resnet56", "resnet110", NULL};
+    static const char *const names[] = {"resnet18",  "resnet34",  "resnet50", "resnet101",
+                                        "resnet152", "resnet20",  "resnet32", "resnet44",
+                                        "resnet56",  "resnet110", NULL};
     static_assert(sizeof names / sizeof *names == N_ARCHS + 1, "names[] lists archs[]");
     return names;
 }
@@ -65,9 +60,9 @@ mgt_status nn_need_device(const mgt_model *m, const char *what)
 typedef struct builder {
     mgt_model *m;
     bool oom;
-    size_t act_next;   /* bytes of the activation arena so far */
-    size_t act_image;  /* floats per image */
-    size_t act_fixed;  /* floats independent of the batch */
+    size_t act_next;  /* bytes of the activation arena so far */
+    size_t act_image; /* floats per image */
+    size_t act_fixed; /* floats independent of the batch */
 } builder;
 
 static int add_entry(builder *b, const char *name, mgt_model_role role, int ndim,
@@ -164,9 +159,18 @@ static void build_cbn(builder *b, nn_cbn *u, const char *conv_name, const char *
 {
     mgt_model *m = b->m;
     char name[64];
-    u->conv = (mgt_conv2d_shape){.n = m->cfg.batch, .c = c, .h = h, .w = h, .k = k, .r = r,
-                                 .s = r, .stride_h = stride, .stride_w = stride, .pad_h = pad,
-                                 .pad_w = pad, .groups = 1};
+    u->conv = (mgt_conv2d_shape){.n = m->cfg.batch,
+                                 .c = c,
+                                 .h = h,
+                                 .w = h,
+                                 .k = k,
+                                 .r = r,
+                                 .s = r,
+                                 .stride_h = stride,
+                                 .stride_w = stride,
+                                 .pad_h = pad,
+                                 .pad_w = pad,
+                                 .groups = 1};
     u->p = mgt_conv2d_out_h(&u->conv);
     u->q = mgt_conv2d_out_w(&u->conv);
     u->relu = relu;
@@ -206,9 +210,8 @@ static void build_cbn(builder *b, nn_cbn *u, const char *conv_name, const char *
 }
 
 /* One residual block on c x h x h input; returns its output channels and side. */
-static void build_block(builder *b, nn_block *blk, const char *prefix, bool bottleneck,
-                        int c, int h, int planes, int stride, size_t in_off, int *c_out,
-                        int *h_out)
+static void build_block(builder *b, nn_block *blk, const char *prefix, bool bottleneck, int c,
+                        int h, int planes, int stride, size_t in_off, int *c_out, int *h_out)
 {
     char cn[48], bn[48], rn[48];
     int out_c = bottleneck ? planes * 4 : planes;
@@ -289,8 +292,16 @@ static mgt_status build(mgt_model *m, const arch_def *a)
     size_t cur = m->stem.y_off;
     if (!a->cifar) {
         m->has_maxpool = true;
-        m->mp = (mgt_pool2d_shape){.n = cfg->batch, .c = c, .h = h, .w = h, .kh = 3, .kw = 3,
-                                   .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+        m->mp = (mgt_pool2d_shape){.n = cfg->batch,
+                                   .c = c,
+                                   .h = h,
+                                   .w = h,
+                                   .kh = 3,
+                                   .kw = 3,
+                                   .stride_h = 2,
+                                   .stride_w = 2,
+                                   .pad_h = 1,
+                                   .pad_w = 1};
         h = mgt_pool2d_out_h(&m->mp);
         m->mp_off = act_image(&b, (size_t)c * h * h);
         note_act(m, (size_t)c * h * h);
@@ -312,8 +323,8 @@ static mgt_status build(mgt_model *m, const arch_def *a)
             char prefix[32];
             snprintf(prefix, sizeof prefix, "layer%d.%d", s + 1, j);
             nn_block *blk = &m->blocks[bi++];
-            build_block(&b, blk, prefix, a->bottleneck, c, h, planes,
-                        j == 0 && s > 0 ? 2 : 1, cur, &c, &h);
+            build_block(&b, blk, prefix, a->bottleneck, c, h, planes, j == 0 && s > 0 ? 2 : 1, cur,
+                        &c, &h);
             cur = blk->u[blk->units - 1].y_off;
         }
     }
@@ -367,8 +378,8 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
                              "resnet110)",
                              cfg->arch);
     if (cfg->classes < 1 || cfg->classes > (1 << 24))
-        return mgt_error_set(MGT_ERR_INVALID, "model %s: %d classes (expected 1 to %d)",
-                             cfg->arch, cfg->classes, 1 << 24);
+        return mgt_error_set(MGT_ERR_INVALID, "model %s: %d classes (expected 1 to %d)", cfg->arch,
+                             cfg->classes, 1 << 24);
     if (cfg->in_channels < 1 || cfg->in_channels > 4)
         return mgt_error_set(MGT_ERR_INVALID, "model %s: %d input channels (expected 1 to 4)",
                              cfg->arch, cfg->in_channels);
@@ -377,8 +388,8 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
         return mgt_error_set(MGT_ERR_INVALID, "model %s: image size %d (expected 1 to 8192)",
                              cfg->arch, cfg->image_size);
     if (cfg->batch < 1 || cfg->batch > (1 << 20))
-        return mgt_error_set(MGT_ERR_INVALID, "model %s: batch %d (expected 1 to %d)",
-                             cfg->arch, cfg->batch, 1 << 20);
+        return mgt_error_set(MGT_ERR_INVALID, "model %s: batch %d (expected 1 to %d)", cfg->arch,
+                             cfg->batch, 1 << 20);
 
     mgt_model *m = calloc(1, sizeof *m);
     if (!m)
@@ -417,9 +428,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
         mgt_stream_free(s);
         if (st != MGT_OK && st != MGT_ERR_OOM) {
             /* keep the cause, add which model it was */
-            char why[400];
-            snprintf(why, sizeof why, "%s", mgt_error_last());
-            mgt_error_set(st, "model %s: %s", m->arch, why);
+            mgt_error_wrap(st, "model %s", m->arch);
         } else if (st == MGT_ERR_OOM) {
             char why[300];
             snprintf(why, sizeof why, "%s", mgt_error_last());
@@ -597,18 +606,18 @@ static mgt_status frozen_bn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u
     if (st == MGT_OK)
         st = mgt_copy_d2d(s, nn_act(m, u->mean_off), rmean, (size_t)bsh->c * sizeof(float));
     if (st == MGT_OK)
-        st = mgt_batchnorm_forward_eval(s, nn_act(m, u->invstd_off), ones, ones, zeros, zeros,
-                                        rvar, &one);
+        st = mgt_batchnorm_forward_eval(s, nn_act(m, u->invstd_off), ones, ones, zeros, zeros, rvar,
+                                        &one);
     return st;
 }
 
-static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, const float *x,
-                              int n, bool train)
+static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, const float *x, int n,
+                              bool train)
 {
     mgt_conv2d_shape sh = u->conv;
     sh.n = n;
-    mgt_bn_shape bsh = {.n = n, .c = sh.k, .hw = u->p * u->q, .eps = BN_EPS,
-                        .momentum = BN_MOMENTUM};
+    mgt_bn_shape bsh = {
+        .n = n, .c = sh.k, .hw = u->p * u->q, .eps = BN_EPS, .momentum = BN_MOMENTUM};
     float *c = nn_act(m, u->c_off), *y = nn_act(m, u->y_off);
     const float *gamma = nn_param(m, u->bn_entry), *beta = nn_param(m, u->bn_entry + 1);
     mgt_status st = mgt_conv2d_forward(s, c, x, nn_param(m, u->w_entry), &sh, 0.0f);
@@ -617,9 +626,9 @@ static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, cons
     if (train && m->cfg.freeze_bn) {
         st = frozen_bn_forward(m, s, u, y, c, &bsh);
     } else if (train) {
-        st = mgt_batchnorm_forward_train(s, y, nn_act(m, u->mean_off),
-                                         nn_act(m, u->invstd_off), nn_buf(m, u->bn_entry + 2),
-                                         nn_buf(m, u->bn_entry + 3), c, gamma, beta, &bsh);
+        st = mgt_batchnorm_forward_train(s, y, nn_act(m, u->mean_off), nn_act(m, u->invstd_off),
+                                         nn_buf(m, u->bn_entry + 2), nn_buf(m, u->bn_entry + 3), c,
+                                         gamma, beta, &bsh);
         m->bn_counts[u->counter]++;
     } else {
         st = mgt_batchnorm_forward_eval(s, y, c, gamma, beta, nn_buf(m, u->bn_entry + 2),
@@ -630,8 +639,7 @@ static mgt_status cbn_forward(mgt_model *m, mgt_stream *s, const nn_cbn *u, cons
     return st;
 }
 
-static mgt_status block_forward(mgt_model *m, mgt_stream *s, const nn_block *blk, int n,
-                                bool train)
+static mgt_status block_forward(mgt_model *m, mgt_stream *s, const nn_block *blk, int n, bool train)
 {
     const float *in = nn_act(m, blk->in_off);
     const float *x = in;
@@ -655,8 +663,8 @@ static mgt_status block_forward(mgt_model *m, mgt_stream *s, const nn_block *blk
     return st;
 }
 
-mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch,
-                             bool train, const float **logits)
+mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch, bool train,
+                             const float **logits)
 {
     mgt_status st = nn_need_device(m, "model forward");
     if (st != MGT_OK)
@@ -706,8 +714,8 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
         st = mgt_avgpool_forward(s, pooled, feat, n, c, m->feat_hw);
     /* logits [n,k] = pooled [n,c] . fc.weight [k,c]^T + fc.bias */
     if (st == MGT_OK)
-        st = mgt_gemm(s, false, true, n, k, c, 1.0f, pooled, c, nn_param(m, m->fcw_entry), c,
-                      0.0f, out, k);
+        st = mgt_gemm(s, false, true, n, k, c, 1.0f, pooled, c, nn_param(m, m->fcw_entry), c, 0.0f,
+                      out, k);
     if (st == MGT_OK)
         st = mgt_bias_forward(s, out, nn_param(m, m->fcw_entry + 1), n, k);
     if (st != MGT_OK)
@@ -751,8 +759,8 @@ mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, fl
 
 /* Marks the table entries [e, e + count) complete; they must be the next ones in the grad
    arena (place_params and the backward below walk the same order). */
-static mgt_status grads_ready(mgt_model *m, mgt_stream *s, int e, int count,
-                              mgt_grad_ready_fn hook, void *ctx)
+static mgt_status grads_ready(mgt_model *m, mgt_stream *s, int e, int count, mgt_grad_ready_fn hook,
+                              void *ctx)
 {
     for (int i = e; i < e + count; i++) {
         assert(m->table[i].role == MGT_MODEL_PARAM && m->table[i].offset == m->ready);
@@ -775,16 +783,16 @@ static mgt_status cbn_backward(mgt_model *m, mgt_stream *s, const nn_cbn *u, con
 {
     mgt_conv2d_shape sh = u->conv;
     sh.n = m->n;
-    mgt_bn_shape bsh = {.n = m->n, .c = sh.k, .hw = u->p * u->q, .eps = BN_EPS,
-                        .momentum = BN_MOMENTUM};
+    mgt_bn_shape bsh = {
+        .n = m->n, .c = sh.k, .hw = u->p * u->q, .eps = BN_EPS, .momentum = BN_MOMENTUM};
     const float *gamma = nn_param(m, u->bn_entry);
     mgt_status st = mgt_batchnorm_backward(
         s, tmp, nn_grad(m, u->bn_entry), nn_grad(m, u->bn_entry + 1), dy, nn_act(m, u->c_off),
         gamma, nn_act(m, u->mean_off), nn_act(m, u->invstd_off), &bsh);
     if (st == MGT_OK && m->cfg.freeze_bn) {
         const float *zeros = nn_act(m, m->zeros_off);
-        st = mgt_batchnorm_forward_eval(s, tmp, dy, gamma, zeros, zeros,
-                                        nn_buf(m, u->bn_entry + 3), &bsh);
+        st = mgt_batchnorm_forward_eval(s, tmp, dy, gamma, zeros, zeros, nn_buf(m, u->bn_entry + 3),
+                                        &bsh);
     }
     if (st == MGT_OK)
         st = grads_ready(m, s, u->bn_entry, 2, hook, ctx);
@@ -828,8 +836,8 @@ static mgt_status block_backward(mgt_model *m, mgt_stream *s, const nn_block *bl
     int from = S;
     for (int i = blk->units - 1; i >= 1 && st == MGT_OK; i--) {
         const nn_cbn *prev = &blk->u[i - 1];
-        st = cbn_backward(m, s, &blk->u[i], nn_act(m, prev->y_off), g[from], g[Q], g[Y], 0.0f,
-                          hook, ctx);
+        st = cbn_backward(m, s, &blk->u[i], nn_act(m, prev->y_off), g[from], g[Q], g[Y], 0.0f, hook,
+                          ctx);
         if (st == MGT_OK)
             st = mgt_relu_backward(s, g[Y], g[Y], nn_act(m, prev->y_off),
                                    (size_t)m->n * prev->conv.k * prev->p * prev->q);
@@ -863,8 +871,8 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
                                    m->smoothing, 1.0f / (float)n);
     /* fc: dW [k,c] += dlogits^T [k,n] . pooled [n,c]; db += column sums; dpooled = dlogits . W */
     if (st == MGT_OK)
-        st = mgt_gemm(s, true, false, k, c, n, 1.0f, dlogits, k, nn_act(m, m->pool_off), c,
-                      1.0f, nn_grad(m, m->fcw_entry), c);
+        st = mgt_gemm(s, true, false, k, c, n, 1.0f, dlogits, k, nn_act(m, m->pool_off), c, 1.0f,
+                      nn_grad(m, m->fcw_entry), c);
     if (st == MGT_OK)
         st = mgt_bias_backward(s, nn_grad(m, m->fcw_entry + 1), dlogits, n, k);
     if (st == MGT_OK)
@@ -886,8 +894,8 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
         mgt_pool2d_shape mp = m->mp;
         mp.n = n;
         if (st == MGT_OK)
-            st = mgt_maxpool2d_backward(s, g[a], g[cur], nn_act(m, u->y_off),
-                                        nn_act(m, m->mp_off), &mp);
+            st = mgt_maxpool2d_backward(s, g[a], g[cur], nn_act(m, u->y_off), nn_act(m, m->mp_off),
+                                        &mp);
         dy = g[a];
         tmp = g[b];
     }

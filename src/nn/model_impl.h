@@ -63,16 +63,16 @@ struct mgt_model {
        let batchnorm_forward_eval compute 1/sqrt(var + eps) and gamma * invstd * dy, as the
        device interface has no per-channel scale or rsqrt of its own */
     size_t ones_off, zeros_off;
-    int fcw_entry;       /* fc.weight; fc.bias is the next entry */
+    int fcw_entry; /* fc.weight; fc.bias is the next entry */
     size_t pool_off, logits_off, probs_off, dlogits_off, dpool_off, loss_off;
     size_t scratch_off[3]; /* gradient scratch, each max_act floats per image */
     size_t max_act;        /* floats per image of the largest gradient-carrying tensor */
 
     /* the step in flight */
-    int n;              /* images in the last forward */
-    bool trained;       /* the last forward was a training one */
-    bool have_loss;     /* mgt_model_loss ran after it */
-    const float *x;     /* the last forward's input (borrowed) */
+    int n;          /* images in the last forward */
+    bool trained;   /* the last forward was a training one */
+    bool have_loss; /* mgt_model_loss ran after it */
+    const float *x; /* the last forward's input (borrowed) */
     const int32_t *labels;
     float smoothing;
     size_t ready; /* grad bytes backward has completed so far */
@@ -93,15 +93,9 @@ static inline float *nn_buf(const mgt_model *m, int e)
     return (float *)(m->bufs + m->table[e].offset);
 }
 
-static inline float *nn_act(const mgt_model *m, size_t off)
-{
-    return (float *)(m->acts + off);
-}
+static inline float *nn_act(const mgt_model *m, size_t off) { return (float *)(m->acts + off); }
 
-static inline size_t nn_align(size_t bytes)
-{
-    return (bytes + NN_ALIGN - 1) / NN_ALIGN * NN_ALIGN;
-}
+static inline size_t nn_align(size_t bytes) { return (bytes + NN_ALIGN - 1) / NN_ALIGN * NN_ALIGN; }
 
 /* Refuses the calls that need memory on a describing model. */
 mgt_status nn_need_device(const mgt_model *m, const char *what);

@@ -73,8 +73,9 @@ static mgt_status mismatch_error(const mgt_model *m, const text *t)
         p += len + (nl ? 1 : 0);
     }
     brief[n] = '\0';
-    return mgt_error_set(MGT_ERR_INVALID, "weights do not fit %s (%d classes, %d channels): "
-                                          "%d mismatch%s: %s%s",
+    return mgt_error_set(MGT_ERR_INVALID,
+                         "weights do not fit %s (%d classes, %d channels): "
+                         "%d mismatch%s: %s%s",
                          m->arch, m->cfg.classes, m->cfg.in_channels, t->lines,
                          t->lines == 1 ? "" : "es", brief,
                          shown < t->lines ? "; ... (the load report lists all)" : "");
@@ -128,8 +129,8 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
             shape_str(b, sizeof b, te->ndim, te->shape);
             text_add(&t, "%s: shape %s in the file, %s expected", te->name, a, b);
         } else if (got != want) {
-            text_add(&t, "%s: dtype %s in the file, %s expected", te->name,
-                     mgt_st_dtype_name(got), mgt_st_dtype_name(want));
+            text_add(&t, "%s: dtype %s in the file, %s expected", te->name, mgt_st_dtype_name(got),
+                     mgt_st_dtype_name(want));
         } else {
             where[e] = i;
         }
@@ -179,8 +180,9 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     if (st == MGT_OK)
         st = st2;
     if (st == MGT_OK && rep.skipped) {
-        text_add(&note, "kept the model's own fc.weight and fc.bias (%d classes); the file's "
-                        "fc.* were not loaded (fine-tuning)",
+        text_add(&note,
+                 "kept the model's own fc.weight and fc.bias (%d classes); the file's "
+                 "fc.* were not loaded (fine-tuning)",
                  m->cfg.classes);
         rep.text = note.s;
         note.s = NULL;
@@ -213,15 +215,12 @@ mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *p
     st = mgt_model_load(m, s, f, opts, report);
     mgt_st_close(f);
     if (st != MGT_OK) {
-        char why[480];
-        snprintf(why, sizeof why, "%s", mgt_error_last());
-        mgt_error_set(st, "%s: %s", path, why);
+        mgt_error_wrap(st, "%s", path);
     }
     return st;
 }
 
-mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w,
-                                   void **staging)
+mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w, void **staging)
 {
     *staging = NULL;
     mgt_status st = nn_need_device(m, "model save");
@@ -244,8 +243,7 @@ mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w
         const void *data = te->role == MGT_MODEL_PARAM    ? (const void *)(hp + te->offset)
                            : te->role == MGT_MODEL_BUFFER ? (const void *)(hb + te->offset)
                                                           : (const void *)(hc + te->offset * 8);
-        st = mgt_st_writer_add(w, te->name,
-                               te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32,
+        st = mgt_st_writer_add(w, te->name, te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32,
                                te->ndim, te->shape, data);
     }
     char num[3][16];

@@ -28,9 +28,9 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_table[] = {
-    [MGT_ST_F64] = {"F64", 8}, [MGT_ST_F32] = {"F32", 4}, [MGT_ST_F16] = {"F16", 2},
+    [MGT_ST_F64] = {"F64", 8},   [MGT_ST_F32] = {"F32", 4}, [MGT_ST_F16] = {"F16", 2},
     [MGT_ST_BF16] = {"BF16", 2}, [MGT_ST_I64] = {"I64", 8}, [MGT_ST_I32] = {"I32", 4},
-    [MGT_ST_I16] = {"I16", 2}, [MGT_ST_I8] = {"I8", 1}, [MGT_ST_U8] = {"U8", 1},
+    [MGT_ST_I16] = {"I16", 2},   [MGT_ST_I8] = {"I8", 1},   [MGT_ST_U8] = {"U8", 1},
     [MGT_ST_BOOL] = {"BOOL", 1},
 };
 #define ST_NDTYPES ((int)(sizeof dtype_table / sizeof dtype_table[0]))
@@ -268,7 +268,8 @@ static const cJSON *json_field(const cJSON *obj, const char *key, int *count)
 {
     const cJSON *found = NULL, *it;
     *count = 0;
-    cJSON_ArrayForEach(it, obj) {
+    cJSON_ArrayForEach(it, obj)
+    {
         if (strcmp(it->string, key) == 0) {
             if (found == NULL)
                 found = it;
@@ -337,12 +338,13 @@ static mgt_status parse_tensor(mgt_st_file *f, const cJSON *item, st_tensor *t, 
     t->numel = 1;
     const cJSON *it;
     bool overflow = false;
-    cJSON_ArrayForEach(it, v[1]) {
+    cJSON_ArrayForEach(it, v[1])
+    {
         uint64_t d = 0;
         st_uint_problem p = json_uint(it, &d);
         if (p != ST_UINT_OK)
-            return mgt_error_set(MGT_ERR_INVALID, "%s: tensor \"%.*s\": shape entry %d is %s",
-                                 what, ST_NAME_SHOWN, name, t->ndim, uint_problem_text(p));
+            return mgt_error_set(MGT_ERR_INVALID, "%s: tensor \"%.*s\": shape entry %d is %s", what,
+                                 ST_NAME_SHOWN, name, t->ndim, uint_problem_text(p));
         /* like the reference reader, an overflow counts even if a later dim is 0 */
         if (!overflow && __builtin_mul_overflow(t->numel, d, &t->numel))
             overflow = true;
@@ -379,8 +381,8 @@ static mgt_status parse_tensor(mgt_st_file *f, const cJSON *item, st_tensor *t, 
                              what, ST_NAME_SHOWN, name, off[0], off[1], f->data_len);
     if (off[1] - off[0] != bytes)
         return mgt_error_set(MGT_ERR_INVALID,
-                             "%s: tensor \"%.*s\": data_offsets span %" PRIu64
-                             " bytes but %" PRIu64 " element(s) of %s need %" PRIu64,
+                             "%s: tensor \"%.*s\": data_offsets span %" PRIu64 " bytes but %" PRIu64
+                             " element(s) of %s need %" PRIu64,
                              what, ST_NAME_SHOWN, name, off[1] - off[0], t->numel,
                              dtype_table[dt].name, bytes);
     t->begin = off[0];
@@ -397,7 +399,8 @@ static mgt_status parse_metadata(mgt_st_file *f, const cJSON *item, const char *
     if (f->meta == NULL)
         return mgt_error_set(MGT_ERR_OOM, "%s: no memory for the metadata", what);
     const cJSON *it;
-    cJSON_ArrayForEach(it, item) {
+    cJSON_ArrayForEach(it, item)
+    {
         if (!cJSON_IsString(it))
             return mgt_error_set(MGT_ERR_INVALID,
                                  "%s: metadata \"%.*s\" is not a string (values must be)", what,
@@ -438,10 +441,9 @@ static mgt_status check_tiling(const mgt_st_file *f, const char *what)
     for (int i = 0; i < f->n && st == MGT_OK; i++) {
         const st_tensor *t = &f->tensors[spans[i].ix];
         if (t->begin < cursor) {
-            st = mgt_error_set(MGT_ERR_INVALID,
-                               "%s: tensors \"%.*s\" and \"%.*s\" overlap in the data section",
-                               what, ST_NAME_SHOWN, f->tensors[spans[i - 1].ix].name,
-                               ST_NAME_SHOWN, t->name);
+            st = mgt_error_set(
+                MGT_ERR_INVALID, "%s: tensors \"%.*s\" and \"%.*s\" overlap in the data section",
+                what, ST_NAME_SHOWN, f->tensors[spans[i - 1].ix].name, ST_NAME_SHOWN, t->name);
         } else if (t->begin > cursor) {
             st = mgt_error_set(MGT_ERR_INVALID,
                                "%s: data bytes [%" PRIu64 ", %" PRIu64
@@ -459,8 +461,7 @@ static mgt_status check_tiling(const mgt_st_file *f, const char *what)
 }
 
 /* Validates the file in buf, which it takes over (freed on failure). */
-static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what,
-                              mgt_st_file **out)
+static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what, mgt_st_file **out)
 {
     mgt_status st = MGT_OK;
     char *text = NULL;
@@ -510,8 +511,7 @@ static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what,
     /* a NUL-terminated copy: cJSON then cannot read past the header whatever it does */
     text = malloc(hlen + 1);
     if (f == NULL || text == NULL) {
-        st = mgt_error_set(MGT_ERR_OOM, "%s: no memory for a %" PRIu64 "-byte header", what,
-                           hlen);
+        st = mgt_error_set(MGT_ERR_OOM, "%s: no memory for a %" PRIu64 "-byte header", what, hlen);
         goto done;
     }
     memcpy(text, header, hlen);
@@ -551,7 +551,8 @@ static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what,
     }
     bool have_meta = false;
     const cJSON *it;
-    cJSON_ArrayForEach(it, f->json) {
+    cJSON_ArrayForEach(it, f->json)
+    {
         if (strcmp(it->string, "__metadata__") == 0) {
             if (have_meta) {
                 st = mgt_error_set(MGT_ERR_INVALID, "%s: __metadata__ appears twice", what);
@@ -588,8 +589,7 @@ done:
     return st;
 }
 
-mgt_status mgt_st_parse(const void *buf, size_t len, const char *name_for_errors,
-                        mgt_st_file **out)
+mgt_status mgt_st_parse(const void *buf, size_t len, const char *name_for_errors, mgt_st_file **out)
 {
     const char *what = name_for_errors ? name_for_errors : "<memory>";
     *out = NULL;
@@ -826,8 +826,8 @@ mgt_status mgt_st_writer_add(mgt_st_writer *w, const char *name, mgt_st_dtype dt
         w->t = p;
         w->cap = cap;
     }
-    st_wtensor t = {.name = strdup(name), .dtype = dtype, .ndim = ndim, .data = data,
-                    .bytes = bytes};
+    st_wtensor t = {
+        .name = strdup(name), .dtype = dtype, .ndim = ndim, .data = data, .bytes = bytes};
     t.shape = malloc((ndim ? (size_t)ndim : 1) * sizeof *t.shape);
     if (t.name == NULL || t.shape == NULL) {
         free(t.name);
@@ -943,9 +943,9 @@ static void out_write(st_out *o, const void *p, size_t n)
 static int fsync_parent(const char *path)
 {
     const char *slash = strrchr(path, '/');
-    char *dir = slash == NULL ? strdup(".")
-              : slash == path ? strdup("/")
-                              : strndup(path, (size_t)(slash - path));
+    char *dir = slash == NULL   ? strdup(".")
+                : slash == path ? strdup("/")
+                                : strndup(path, (size_t)(slash - path));
     if (dir == NULL)
         return ENOMEM;
     int err = 0, fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -987,7 +987,8 @@ mgt_status mgt_st_writer_save(const mgt_st_writer *w, const char *path)
     size_t pad = (8 - text_len % 8) % 8;
     uint64_t hlen = text_len + pad;
     if (hlen > MGT_ST_MAX_HEADER_BYTES) {
-        st = mgt_error_set(MGT_ERR_INVALID, "%s: the header would be %" PRIu64
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: the header would be %" PRIu64
                            " bytes, over the %u-byte limit readers enforce",
                            path, hlen, MGT_ST_MAX_HEADER_BYTES);
         goto done;
@@ -1034,8 +1035,7 @@ mgt_status mgt_st_writer_save(const mgt_st_writer *w, const char *path)
     if (fclose(o.fp) != 0 && o.err == 0)
         o.err = errno;
     if (o.err != 0) {
-        st = mgt_error_set(MGT_ERR_IO, "%s: writing %s failed: %s", path, tmp,
-                           strerror(o.err));
+        st = mgt_error_set(MGT_ERR_IO, "%s: writing %s failed: %s", path, tmp, strerror(o.err));
         goto done;
     }
     if (rename(tmp, path) != 0) {
@@ -1046,8 +1046,8 @@ mgt_status mgt_st_writer_save(const mgt_st_writer *w, const char *path)
     tmp_exists = false;
     int err = fsync_parent(path);
     if (err != 0)
-        st = mgt_error_set(MGT_ERR_IO, "%s: written, but its folder could not be synced: %s",
-                           path, strerror(err));
+        st = mgt_error_set(MGT_ERR_IO, "%s: written, but its folder could not be synced: %s", path,
+                           strerror(err));
 
 done:
     if (tmp_exists)

@@ -57,9 +57,8 @@ mgt_status mgt_sgd_step(mgt_sgd *o, mgt_stream *s, float *params, const float *g
         .nesterov = o->nesterov,
         .first_step = !o->started,
     };
-    mgt_status st = mgt_sgd_update(s, params, o->momentum_buf ? mgt_buffer_ptr(o->momentum_buf)
-                                                              : NULL,
-                                   grads, o->floats, &p);
+    mgt_status st = mgt_sgd_update(
+        s, params, o->momentum_buf ? mgt_buffer_ptr(o->momentum_buf) : NULL, grads, o->floats, &p);
     if (st == MGT_OK)
         o->started = true;
     return st;

@@ -40,8 +40,8 @@
 typedef struct step_acc {
     double loss_sum; /* sum over devices of loss * n */
     long n, c1, c5;
-    double data_s;   /* the slowest device's wait for this step's batch */
-    int reported;    /* devices that added to it */
+    double data_s; /* the slowest device's wait for this step's batch */
+    int reported;  /* devices that added to it */
 } step_acc;
 
 typedef struct run run;
@@ -55,8 +55,8 @@ typedef struct worker {
     mgt_model *model;
     mgt_sgd *sgd;
     /* metrics */
-    float *host_loss;      /* pinned [SLOTS] */
-    int32_t *host_correct; /* pinned [SLOTS][2] */
+    float *host_loss;        /* pinned [SLOTS] */
+    int32_t *host_correct;   /* pinned [SLOTS][2] */
     mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
     mgt_buffer *dev_val;     /* [1] float: validation loss sum */
     mgt_event *slot_ev[SLOTS];
@@ -90,11 +90,11 @@ struct run {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     enum { PHASE_TRAIN, PHASE_VAL, PHASE_EXIT } phase_kind;
-    long phase;         /* bumped by main to start a phase */
-    int done_in_phase;  /* workers finished with the current phase */
+    long phase;        /* bumped by main to start a phase */
+    int done_in_phase; /* workers finished with the current phase */
     int epoch;
-    long first_step;    /* the epoch's first step (resume mid-epoch) */
-    long stop_at;       /* steps of the epoch to run (lowered by a stop) */
+    long first_step; /* the epoch's first step (resume mid-epoch) */
+    long stop_at;    /* steps of the epoch to run (lowered by a stop) */
     /* failure */
     mgt_abort abort;
     bool failed;
@@ -224,8 +224,8 @@ static void complete_step(run *r, long k, const step_acc *a)
             "Epoch: [%d][%*ld/%ld]  Time %6.3f (%6.3f)  Data %6.3f (%6.3f)  Loss %.4e (%.4e)  "
             "Acc@1 %6.2f (%6.2f)  Acc@5 %6.2f (%6.2f)  lr %.4g  %.1f img/s  ETA %s\n",
             r->epoch, width, k, r->steps_per_epoch, step_now, step_s, a->data_s,
-            r->ep_data_s / (double)done, loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg, lr,
-            img_s, eta_s);
+            r->ep_data_s / (double)done, loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg, lr, img_s,
+            eta_s);
     fflush(r->out);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", "train");
@@ -370,8 +370,8 @@ static mgt_status train_step(worker *w, long k, const char **where)
     size_t pbytes;
     float *params = mgt_model_params(w->model, &pbytes);
     float lr = mgt_lr_at(&c->lr, r->epoch, (int)k, (int)r->steps_per_epoch);
-    st = mgt_sgd_step(w->sgd, w->s, params, mgt_model_grads(w->model, NULL), lr,
-                      1.0f / (float)r->n);
+    st =
+        mgt_sgd_step(w->sgd, w->s, params, mgt_model_grads(w->model, NULL), lr, 1.0f / (float)r->n);
     if (st == MGT_OK && c->profile)
         st = mgt_event_record(pe[4], w->s);
     if (st != MGT_OK)
@@ -657,12 +657,9 @@ static mgt_status save_checkpoint(run *r, int next_epoch, long next_step, bool i
         double v;
         const char *fmt;
     } meta[] = {
-        {"epoch", next_epoch, "%.0f"},
-        {"step", (double)next_step, "%.0f"},
-        {"best_acc1", r->best_acc1, "%.6f"},
-        {"seed", (double)c->seed, "%.0f"},
-        {"batch_size", c->batch_size, "%.0f"},
-        {"devices", r->n, "%.0f"},
+        {"epoch", next_epoch, "%.0f"},         {"step", (double)next_step, "%.0f"},
+        {"best_acc1", r->best_acc1, "%.6f"},   {"seed", (double)c->seed, "%.0f"},
+        {"batch_size", c->batch_size, "%.0f"}, {"devices", r->n, "%.0f"},
     };
     for (size_t i = 0; i < sizeof meta / sizeof *meta && st == MGT_OK; i++) {
         snprintf(buf, sizeof buf, meta[i].fmt, meta[i].v);
@@ -722,7 +719,7 @@ static mgt_status load_checkpoint(run *r, const char *path, int *epoch, long *st
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK) {
         mgt_st_close(f);
-        return mgt_error_set(st, "--resume %s: %s", path, mgt_error_last());
+        return mgt_error_wrap(st, "--resume %s", path);
     }
     size_t mfloats = 0;
     float *mom = w0->sgd ? mgt_sgd_momentum(w0->sgd, &mfloats) : NULL;
@@ -747,8 +744,9 @@ static mgt_status load_checkpoint(run *r, const char *path, int *epoch, long *st
     long old_batch = meta_long(f, "batch_size", 0), old_devices = meta_long(f, "devices", 0);
     int batch = r->per_dev_batch * r->n;
     if (old_batch > 0 && old_batch != batch) {
-        fprintf(r->out, "=> warning: the checkpoint was trained with a global batch of %ld "
-                        "(%ld devices), this run uses %d (%d devices)\n",
+        fprintf(r->out,
+                "=> warning: the checkpoint was trained with a global batch of %ld "
+                "(%ld devices), this run uses %d (%d devices)\n",
                 old_batch, old_devices, batch, r->n);
         /* A global step takes the next `batch` images of the epoch's one permutation, whatever
            the device count, so the epoch goes on from the same image: the saved step's
@@ -756,8 +754,9 @@ static mgt_status load_checkpoint(run *r, const char *path, int *epoch, long *st
            none is skipped). */
         if (*step > 0) {
             long images = *step * old_batch, now = images / batch;
-            fprintf(r->out, "=> the epoch goes on from image %ld: step %ld of %d-image steps "
-                            "(saved: step %ld of %ld)\n",
+            fprintf(r->out,
+                    "=> the epoch goes on from image %ld: step %ld of %d-image steps "
+                    "(saved: step %ld of %ld)\n",
                     now * batch, now, batch, *step, old_batch);
             *step = now;
         }
@@ -811,8 +810,7 @@ static mgt_status open_data(run *r)
         r->steps_per_epoch = c->dummy_steps;
         return MGT_OK;
     }
-    mgt_scan_options so = {.progress = isatty(fileno(stderr)) ? stderr : NULL,
-                           .abort = &r->abort};
+    mgt_scan_options so = {.progress = isatty(fileno(stderr)) ? stderr : NULL, .abort = &r->abort};
     mgt_status st = mgt_imagefolder_open(c->data_dir, &so, &r->train_ds, &r->val_ds);
     if (st != MGT_OK)
         return st;
@@ -833,10 +831,9 @@ static mgt_status open_data(run *r)
         if (aug == MGT_AUGMENT_NONE)
             tt = vt;
         else
-            st = mgt_transform_init(&tt,
-                                    aug == MGT_AUGMENT_RRC ? MGT_TRANSFORM_RRC
-                                                           : MGT_TRANSFORM_PAD_CROP,
-                                    r->size, r->channels);
+            st = mgt_transform_init(
+                &tt, aug == MGT_AUGMENT_RRC ? MGT_TRANSFORM_RRC : MGT_TRANSFORM_PAD_CROP, r->size,
+                r->channels);
     }
     if (st != MGT_OK)
         return st;
@@ -872,10 +869,9 @@ static mgt_status open_data(run *r)
     /* A last batch of one image would give batch norm one value per channel, which it cannot
        train on (PyTorch refuses it too): drop that batch, keep every other short one. */
     mgt_sampler smp;
-    st = mgt_sampler_init(&smp, mgt_dataset_size(r->train_ds), r->n, lo.split, lo.shuffle,
-                          c->seed);
+    st = mgt_sampler_init(&smp, mgt_dataset_size(r->train_ds), r->n, lo.split, lo.shuffle, c->seed);
     if (st != MGT_OK)
-        return mgt_error_set(st, "%s: %s", mgt_dataset_dir(r->train_ds), mgt_error_last());
+        return mgt_error_wrap(st, "%s", mgt_dataset_dir(r->train_ds));
     lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)r->per_dev_batch == 1;
     if (c->workers >= 0)
         lo.workers = c->workers;
@@ -961,8 +957,8 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
         r->buffers[i] = mgt_model_buffers(w->model, NULL);
-        st = mgt_sgd_create(w->d, pbytes / sizeof(float), c->momentum, c->weight_decay,
-                            c->nesterov, &w->sgd);
+        st = mgt_sgd_create(w->d, pbytes / sizeof(float), c->momentum, c->weight_decay, c->nesterov,
+                            &w->sgd);
     }
     if (st == MGT_OK)
         r->momenta[i] = mgt_sgd_momentum(w->sgd, NULL);
@@ -1058,7 +1054,7 @@ static mgt_status check_config(const mgt_train_config *c, int n)
                              c->batch_size, n);
     if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
         return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
-                             "positive");
+                                              "positive");
     return MGT_OK;
 }
 
@@ -1073,8 +1069,7 @@ static void print_start(run *r, int start_epoch)
             r->per_dev_batch * r->n);
     if (r->per_dev_batch * r->n != c->batch_size)
         fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
-    fprintf(o, "\n=> lr %g, %s schedule", c->lr.lr,
-            c->lr.kind == MGT_LR_STEP ? "step" : "cosine");
+    fprintf(o, "\n=> lr %g, %s schedule", c->lr.lr, c->lr.kind == MGT_LR_STEP ? "step" : "cosine");
     if (c->lr.kind == MGT_LR_STEP)
         fprintf(o, " (x%g every %d epochs)", c->lr.gamma, c->lr.step_epochs);
     if (c->lr.warmup_epochs > 0)
@@ -1085,14 +1080,16 @@ static void print_start(run *r, int start_epoch)
         fprintf(o, "=> data: synthetic (--dummy), %d classes, %dx%dx%d, %ld steps per epoch\n",
                 r->classes, r->channels, r->size, r->size, r->steps_per_epoch);
     else
-        fprintf(o, "=> data: %s: %zu training and %zu validation images, %d classes, "
-                   "%dx%dx%d, %ld steps per epoch\n",
+        fprintf(o,
+                "=> data: %s: %zu training and %zu validation images, %d classes, "
+                "%dx%dx%d, %ld steps per epoch\n",
                 c->data_dir, r->train_samples, r->val_samples, r->classes, r->channels, r->size,
                 r->size, r->steps_per_epoch);
     mgt_model_counts mc;
     mgt_model_get_counts(r->w[0].model, &mc);
-    fprintf(o, "=> model: %s, %zu parameters, %.3f GMACs per image, %.1f MiB activations per "
-               "device\n",
+    fprintf(o,
+            "=> model: %s, %zu parameters, %.3f GMACs per image, %.1f MiB activations per "
+            "device\n",
             c->arch, mc.params, (double)mc.macs / 1e9,
             (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
     fprintf(o, "=> epochs %d to %d\n", start_epoch, c->epochs - 1);
@@ -1176,9 +1173,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
     r->per_dev_batch = c->batch_size / r->n;
     double run_start = mgt_time_now();
     /* a checkpoint folder that cannot be written is found now, not after the first epoch */
-    if (c->checkpoint_dir &&
-        ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
-         access(c->checkpoint_dir, W_OK | X_OK) != 0)) {
+    if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
+                              access(c->checkpoint_dir, W_OK | X_OK) != 0)) {
         st = mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
                            strerror(errno));
         run_free(r);
@@ -1240,8 +1236,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
                     start_epoch++;
                     start_step = 0;
                 }
-                fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n",
-                        path, start_epoch, start_step, r->best_acc1);
+                fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path,
+                        start_epoch, start_step, r->best_acc1);
             }
         }
     }
@@ -1260,7 +1256,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
     bool ok = true;
     if (c->evaluate) {
         if (c->dummy) {
-            run_fail(r, MGT_ERR_INVALID, "--evaluate needs --data: dummy data has no "
+            run_fail(r, MGT_ERR_INVALID,
+                     "--evaluate needs --data: dummy data has no "
                      "validation split");
             ok = false;
         } else {
@@ -1309,9 +1306,9 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
         for (int i = 0; i < r->n; i++) {
             mgt_step_profile p = r->w[i].prof;
             double k = p.steps ? (double)p.steps : 1;
-            res->profile[i] = (mgt_step_profile){p.data_s / k, p.forward_s / k, p.backward_s / k,
-                                                 p.reduce_exposed_s / k, p.optimizer_s / k,
-                                                 p.steps};
+            res->profile[i] =
+                (mgt_step_profile){p.data_s / k,           p.forward_s / k,   p.backward_s / k,
+                                   p.reduce_exposed_s / k, p.optimizer_s / k, p.steps};
         }
         if (r->stop_at < r->steps_per_epoch) {
             res->interrupted = true;
@@ -1323,9 +1320,10 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
                          mgt_error_last());
                 ok = false;
             } else {
-                fprintf(r->out, "=> stopped at epoch %d step %ld; checkpoint %s\n", ep,
-                        r->stop_at, res->checkpoint[0] ? res->checkpoint : "(none: no "
-                                                                           "--checkpoint-dir)");
+                fprintf(r->out, "=> stopped at epoch %d step %ld; checkpoint %s\n", ep, r->stop_at,
+                        res->checkpoint[0] ? res->checkpoint
+                                           : "(none: no "
+                                             "--checkpoint-dir)");
             }
             break;
         }
@@ -1350,7 +1348,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_r
         cJSON_AddStringToObject(o, "type", "epoch");
         cJSON_AddNumberToObject(o, "epoch", ep);
         cJSON_AddNumberToObject(o, "train_loss", res->train_loss);
-        cJSON_AddNumberToObject(o, "train_acc1", r->ep_n ? 100.0 * (double)r->ep_c1 / (double)r->ep_n : 0);
+        cJSON_AddNumberToObject(o, "train_acc1",
+                                r->ep_n ? 100.0 * (double)r->ep_c1 / (double)r->ep_n : 0);
         cJSON_AddNumberToObject(o, "images_per_s", res->images_per_s);
         cJSON_AddNumberToObject(o, "epoch_s", ep_s);
         if (r->val_ld) {

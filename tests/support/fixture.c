@@ -38,8 +38,8 @@ void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *
                         int v = pixel(c, x, y, h);
                         px[y * side + x] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
                     }
-                snprintf(path, sizeof path, "%s/data/%s/%s/%03d.png", root, split[s],
-                         classes[c], k);
+                snprintf(path, sizeof path, "%s/data/%s/%s/%03d.png", root, split[s], classes[c],
+                         k);
                 assert_true(stbi_write_png(path, side, side, 1, px, side));
             }
         }

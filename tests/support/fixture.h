@@ -11,11 +11,11 @@
 
 /* Fails the running cmocka test when a call does not return MGT_OK, with the call, the
    status and the error text. Include <cmocka.h> first. */
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        mgt_status st_ = (call);                                                               \
-        if (st_ != MGT_OK)                                                                     \
-            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last());              \
+#define CHECK(call)                                                               \
+    do {                                                                          \
+        mgt_status st_ = (call);                                                  \
+        if (st_ != MGT_OK)                                                        \
+            fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last()); \
     } while (0)
 
 /* The grey value (before clamping to 0..255) of pixel (x, y) of an image of class `cls`;

@@ -46,10 +46,7 @@ static void item_range(size_t n, size_t per, int i, size_t *lo, size_t *hi)
 }
 
 /* Whole units (planes, rows) per item such that an item holds about CHUNK elements. */
-static size_t units_per_item(size_t unit_elems)
-{
-    return max_z(1, CHUNK / max_z(1, unit_elems));
-}
+static size_t units_per_item(size_t unit_elems) { return max_z(1, CHUNK / max_z(1, unit_elems)); }
 
 static void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                   const float *b, int ldb, float beta, float *c, int ldc)
@@ -411,13 +408,13 @@ static void gemm_item(void *c, int i, int t)
         item_range((size_t)g->m, (size_t)j->per, i, &lo, &hi);
         /* rows of op(A) are rows of A, or columns of A when it is stored transposed */
         const float *a = g->a + (g->trans_a ? lo : lo * (size_t)g->lda);
-        sgemm(g->trans_a, g->trans_b, (int)(hi - lo), g->n, g->k, g->alpha, a, g->lda, g->b,
-              g->ldb, g->beta, g->c + lo * (size_t)g->ldc, g->ldc);
+        sgemm(g->trans_a, g->trans_b, (int)(hi - lo), g->n, g->k, g->alpha, a, g->lda, g->b, g->ldb,
+              g->beta, g->c + lo * (size_t)g->ldc, g->ldc);
     } else {
         item_range((size_t)g->n, (size_t)j->per, i, &lo, &hi);
         const float *b = g->b + (g->trans_b ? lo * (size_t)g->ldb : lo);
-        sgemm(g->trans_a, g->trans_b, g->m, (int)(hi - lo), g->k, g->alpha, g->a, g->lda, b,
-              g->ldb, g->beta, g->c + lo, g->ldc);
+        sgemm(g->trans_a, g->trans_b, g->m, (int)(hi - lo), g->k, g->alpha, g->a, g->lda, b, g->ldb,
+              g->beta, g->c + lo, g->ldc);
     }
 }
 
@@ -458,8 +455,17 @@ typedef struct conv_geom {
 static conv_geom conv_geom_of(const mgt_conv2d_shape *sh)
 {
     conv_geom g = {
-        .n = sh->n, .c = sh->c, .h = sh->h, .w = sh->w, .k = sh->k, .r = sh->r, .s = sh->s,
-        .sh = sh->stride_h, .sw = sh->stride_w, .ph = sh->pad_h, .pw = sh->pad_w,
+        .n = sh->n,
+        .c = sh->c,
+        .h = sh->h,
+        .w = sh->w,
+        .k = sh->k,
+        .r = sh->r,
+        .s = sh->s,
+        .sh = sh->stride_h,
+        .sw = sh->stride_w,
+        .ph = sh->pad_h,
+        .pw = sh->pad_w,
         .groups = sh->groups,
     };
     g.p = mgt_conv2d_out_h(sh);
@@ -503,8 +509,8 @@ static void pixel_rows(const conv_geom *g, size_t o0, size_t o1, int *oya, int *
    output pixels o = oy*q + ox in [o0, o1), channels ci < nch of x (one image's planes).
    The divisions stay out of the per-row loop: on a 28x28 layer with 16 channels the
    division-bound first version spent as long here as in the gemm. */
-static void im2col(float *col, size_t ld, const float *x, int nch, const conv_geom *g,
-                   size_t o0, size_t o1)
+static void im2col(float *col, size_t ld, const float *x, int nch, const conv_geom *g, size_t o0,
+                   size_t o1)
 {
     int oya, oxa, oyb, oxb;
     pixel_rows(g, o0, o1, &oya, &oxa, &oyb, &oxb);
@@ -606,7 +612,7 @@ typedef struct conv_job {
     int parts;         /* backward filter: partitions of the (image, pixel) range */
     float *partial;    /* backward filter: parts accumulators of k*crs floats, aligned */
     size_t part_stride;
-    size_t units;      /* planes / channels per item for the direct loops */
+    size_t units; /* planes / channels per item for the direct loops */
 } conv_job;
 
 /* Item (image, group, pixel tile): y tile = W_g x col(tile) + beta * y tile. */
@@ -628,8 +634,8 @@ static void conv_fwd_item(void *c, int i, int t)
     }
     float *col = j->scratch + (size_t)t * j->per_thread;
     im2col(col, (size_t)tw, x, g->cg, g, o0, o1);
-    sgemm(false, false, g->kg, tw, (int)g->crs, 1.0f, w, (int)g->crs, col, tw,
-          j->op->u.conv.beta, y, (int)g->pq);
+    sgemm(false, false, g->kg, tw, (int)g->crs, 1.0f, w, (int)g->crs, col, tw, j->op->u.conv.beta,
+          y, (int)g->pq);
 }
 
 /* Depthwise forward over whole planes; the accumulator plane in scratch lets the innermost
@@ -727,8 +733,8 @@ static void conv_bwd_data_item(void *c, int i, int t)
     const float *w = j->op->u.conv.in2 + (size_t)gi * g->kg * g->crs + (size_t)c0 * g->rs;
     float *dx = j->op->u.conv.out + ((size_t)ni * g->c + (size_t)gi * g->cg + c0) * g->hw;
     if (g->direct) {
-        sgemm(true, false, nch, (int)g->pq, g->kg, 1.0f, w, (int)g->crs, dy, (int)g->pq, beta,
-              dx, (int)g->hw);
+        sgemm(true, false, nch, (int)g->pq, g->kg, 1.0f, w, (int)g->crs, dy, (int)g->pq, beta, dx,
+              (int)g->hw);
         return;
     }
     scale_out(dx, (size_t)nch * g->hw, beta);
@@ -737,8 +743,8 @@ static void conv_bwd_data_item(void *c, int i, int t)
     for (size_t o0 = 0; o0 < g->pq; o0 += j->tw) {
         size_t o1 = min_z(g->pq, o0 + j->tw);
         int tw = (int)(o1 - o0);
-        sgemm(true, false, rows, tw, g->kg, 1.0f, w, (int)g->crs, dy + o0, (int)g->pq, 0.0f,
-              col, tw);
+        sgemm(true, false, rows, tw, g->kg, 1.0f, w, (int)g->crs, dy + o0, (int)g->pq, 0.0f, col,
+              tw);
         col2im_add(dx, col, (size_t)tw, nch, g, o0, o1);
     }
 }
@@ -785,14 +791,12 @@ static mgt_status run_conv_bwd_data(mgt_cpu_ctx *ctx, const mgt_op *op)
     const conv_geom *g = &j.g;
     if (g->depthwise) {
         j.units = units_per_item(g->pq * g->rs);
-        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_bwd_data_item,
-                         &j);
+        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_bwd_data_item, &j);
         return MGT_OK;
     }
     size_t outer = (size_t)g->n * g->groups;
     /* Few images: split each group's channels so that every thread has work. */
-    j.tiles = outer >= (size_t)threads ? 1
-                                       : (int)min_z((size_t)g->cg, ceil_div(threads, outer));
+    j.tiles = outer >= (size_t)threads ? 1 : (int)min_z((size_t)g->cg, ceil_div(threads, outer));
     size_t per = ceil_div((size_t)g->cg, (size_t)j.tiles);
     j.tiles = (int)ceil_div((size_t)g->cg, per);
     if (!g->direct) {
@@ -825,10 +829,8 @@ static void conv_bwd_filter_item(void *c, int i, int t)
         size_t o1 = min_z(min_z(g->pq, o0 + (e1 - e)), o0 + j->tw);
         int tw = (int)(o1 - o0);
         for (int gi = 0; gi < g->groups; gi++) {
-            const float *x =
-                j->op->u.conv.in2 + (ni * g->c + (size_t)gi * g->cg) * g->hw;
-            const float *dy =
-                j->op->u.conv.in1 + (ni * g->k + (size_t)gi * g->kg) * g->pq + o0;
+            const float *x = j->op->u.conv.in2 + (ni * g->c + (size_t)gi * g->cg) * g->hw;
+            const float *dy = j->op->u.conv.in1 + (ni * g->k + (size_t)gi * g->kg) * g->pq + o0;
             const float *b;
             int ldb;
             if (g->direct) {
@@ -1362,14 +1364,11 @@ static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
     case MGT_OP_AXPY:
         mgt_cpu_pool_for(pool, items_of(op->u.axpy.n, CHUNK), axpy_item, o);
         return MGT_OK;
-    case MGT_OP_SUM:
-        return run_sum(ctx, op);
+    case MGT_OP_SUM: return run_sum(ctx, op);
     case MGT_OP_ADD:
         mgt_cpu_pool_for(pool, items_of(op->u.add.n, CHUNK), add_item, o);
         return MGT_OK;
-    case MGT_OP_GEMM:
-        run_gemm(ctx, op);
-        return MGT_OK;
+    case MGT_OP_GEMM: run_gemm(ctx, op); return MGT_OK;
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER:
@@ -1383,14 +1382,11 @@ static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
         return MGT_OK;
     case MGT_OP_BN_FWD_EVAL: {
         plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c,
-                                        j.units),
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units),
                          bn_eval_item, &j);
         return MGT_OK;
     }
-    case MGT_OP_BN_BWD:
-        mgt_cpu_pool_for(pool, op->u.bn_bwd.sh.c, bn_bwd_item, o);
-        return MGT_OK;
+    case MGT_OP_BN_BWD: mgt_cpu_pool_for(pool, op->u.bn_bwd.sh.c, bn_bwd_item, o); return MGT_OK;
     case MGT_OP_RELU_FWD:
         mgt_cpu_pool_for(pool, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, o);
         return MGT_OK;
@@ -1413,32 +1409,27 @@ static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
     }
     case MGT_OP_AVGPOOL_FWD: {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw)};
-        mgt_cpu_pool_for(pool,
-                         items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
                          avgpool_fwd_item, &j);
         return MGT_OK;
     }
     case MGT_OP_AVGPOOL_BWD: {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw)};
-        mgt_cpu_pool_for(pool,
-                         items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
                          avgpool_bwd_item, &j);
         return MGT_OK;
     }
     case MGT_OP_BIAS_FWD: {
         plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item,
-                         &j);
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item, &j);
         return MGT_OK;
     }
     case MGT_OP_BIAS_BWD: {
         plane_job j = {op, BIAS_COLS};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item,
-                         &j);
+        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
         return MGT_OK;
     }
-    case MGT_OP_XENT_FWD:
-        return run_xent_fwd(ctx, op);
+    case MGT_OP_XENT_FWD: return run_xent_fwd(ctx, op);
     case MGT_OP_XENT_BWD: {
         const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
         if ((st = check_labels(op, x->labels, x->n, x->classes)) != MGT_OK)
@@ -1460,8 +1451,7 @@ static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
     case MGT_OP_SGD:
         mgt_cpu_pool_for(pool, items_of(op->u.sgd.n, CHUNK), sgd_item, o);
         return MGT_OK;
-    case MGT_OP_COUNT:
-        break;
+    case MGT_OP_COUNT: break;
     }
     return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: unknown op kind %d", (int)op->kind);
 }

@@ -17,8 +17,7 @@ int mgt_cpu_pool_threads(const mgt_cpu_pool *p);
 /* Runs fn(ctx, i, thread) for every i in [0, n), spread over the pool's threads with the
    caller as thread 0; returns when all have run. thread < mgt_cpu_pool_threads(p), so it can
    index per-thread scratch. One parallel-for at a time per pool (callers serialise). */
-void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread),
-                      void *ctx);
+void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
 
 /* What a device's kernels run with. The owner (the mock device) fills pool, reserve and
    owner; scratch grows on demand and is kept, so a steady step loop allocates nothing. */

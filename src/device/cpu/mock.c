@@ -21,7 +21,7 @@
 #include "device/backend.h"
 #include "device/cpu/kernels.h"
 
-#define MOCK_RING 1024       /* commands queued per stream before enqueue blocks */
+#define MOCK_RING 1024 /* commands queued per stream before enqueue blocks */
 #define MOCK_ALIGN 64
 
 typedef struct mock_event mock_event;
@@ -32,9 +32,21 @@ typedef struct cmd {
     cmd_kind kind;
     union {
         mgt_op op;
-        struct { void *dst; const void *src; size_t n; bool peer; } copy;
-        struct { void *dst; int value; size_t n; } set;
-        struct { mock_event *e; uint64_t gen; } ev;
+        struct {
+            void *dst;
+            const void *src;
+            size_t n;
+            bool peer;
+        } copy;
+        struct {
+            void *dst;
+            int value;
+            size_t n;
+        } set;
+        struct {
+            mock_event *e;
+            uint64_t gen;
+        } ev;
     } u;
 } cmd;
 
@@ -94,10 +106,10 @@ struct mock_event {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     uint64_t recorded;
-    uint64_t upto;      /* records 1..upto have all run */
-    uint64_t *beyond;   /* records above upto that have run */
+    uint64_t upto;    /* records 1..upto have all run */
+    uint64_t *beyond; /* records above upto that have run */
     int nbeyond, cap_beyond;
-    uint64_t time_gen;  /* the newest record that has run, and when */
+    uint64_t time_gen; /* the newest record that has run, and when */
     double time;
 };
 
@@ -161,8 +173,8 @@ static mgt_status check_owned(mock_dev *md, const void *p, size_t bytes, const c
     if (mock_owns(md, p, bytes))
         return MGT_OK;
     return mgt_error_set(MGT_ERR_INVALID,
-                         "%s: %s: %s (%zu bytes at %p) is not memory of this device",
-                         md->dev->name, what, arg, bytes, p);
+                         "%s: %s: %s (%zu bytes at %p) is not memory of this device", md->dev->name,
+                         what, arg, bytes, p);
 }
 
 static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
@@ -176,8 +188,8 @@ static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
                              d->name, n, bytes);
     void *p = NULL;
     if (posix_memalign(&p, MOCK_ALIGN, bytes) != 0)
-        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu bytes",
-                             d->name, bytes);
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu bytes", d->name,
+                             bytes);
     /* GPU memory comes back uninitialised; all-ones bytes are NaN floats, so code that
        forgets to initialise a buffer fails here too instead of reading convenient zeros. */
     memset(p, 0xff, bytes);
@@ -525,10 +537,7 @@ static mgt_status mock_event_create(mgt_event *e)
     return MGT_OK;
 }
 
-static void mock_event_destroy(mgt_event *e)
-{
-    event_release(e->impl);
-}
+static void mock_event_destroy(mgt_event *e) { event_release(e->impl); }
 
 /* A record refused by enqueue (a failed device) still counts as run. */
 static void run_unqueued(const cmd *c)
@@ -582,8 +591,7 @@ static mgt_status mock_event_synchronize(mgt_event *e, const mgt_abort *abort)
     while (!event_done(me, gen)) {
         if (mgt_abort_is_raised(abort)) {
             pthread_mutex_unlock(&me->lock);
-            return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for an event aborted",
-                                 e->dev->name);
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for an event aborted", e->dev->name);
         }
         mgt_cond_wait_slice(&me->cv, &me->lock);
     }
@@ -696,8 +704,7 @@ static void mock_unreserve(void *owner, size_t bytes) { mgt_device_unreserve(own
 
 static void mock_devset_close(mgt_devset *set);
 
-static mgt_status mock_devset_open(mgt_devset *set, const int *ids,
-                                   const mgt_devset_options *opts)
+static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_devset_options *opts)
 {
     const mgt_mock_options *opt = opts->mock;
     mock_set *ms = calloc(1, sizeof *ms);
@@ -718,8 +725,8 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids,
         mgt_device *d = &set->devs[i];
         if (ids[i] < 0 || ids[i] >= MGT_MAX_DEVICES) {
             mock_devset_close(set);
-            return mgt_error_set(MGT_ERR_INVALID, "mock device id %d: ids run from 0 to %d",
-                                 ids[i], MGT_MAX_DEVICES - 1);
+            return mgt_error_set(MGT_ERR_INVALID, "mock device id %d: ids run from 0 to %d", ids[i],
+                                 MGT_MAX_DEVICES - 1);
         }
         mock_dev *md = calloc(1, sizeof *md);
         if (!md) {
@@ -742,8 +749,8 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids,
         md->link_lat = opt->link_latency_s;
         if (mgt_cpu_ctx_init(&md->ctx, threads) != MGT_OK) {
             mock_devset_close(set);
-            return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads",
-                                 d->name, threads);
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads", d->name,
+                                 threads);
         }
         md->ctx.conv_im2col = opt->conv_im2col;
         md->ctx.reserve = mock_reserve;

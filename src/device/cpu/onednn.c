@@ -79,12 +79,12 @@ static void single_threaded(void)
 static size_t align_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
-void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
-                      int lda, const float *b, int ldb, float beta, float *c, int ldc)
+void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                      const float *b, int ldb, float beta, float *c, int ldc)
 {
     single_threaded();
-    dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                                 beta, c, ldc);
+    dnnl_status_t s =
+        dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     /* op.c has checked every shape and leading dimension: a refusal is a broken invariant */
     assert(s == dnnl_success);
     (void)s;
@@ -317,9 +317,8 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
             s = dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &x_any,
                                                          &w_any, &y_any, strides, pad_l, pad_r);
         else if (s == dnnl_success)
-            s = dnnl_convolution_backward_weights_desc_init(&bd, dnnl_convolution_direct, &x_any,
-                                                            &w_any, NULL, &y_any, strides,
-                                                            pad_l, pad_r);
+            s = dnnl_convolution_backward_weights_desc_init(
+                &bd, dnnl_convolution_direct, &x_any, &w_any, NULL, &y_any, strides, pad_l, pad_r);
         if (s == dnnl_success)
             s = make_prim(o, &bd, 0.0f, fpd, false, &pd, &p->conv, &sp);
     }
@@ -414,8 +413,7 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
 static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, const mgt_conv2d_shape *sh,
                          uint32_t beta_bits)
 {
-    return pl->kind == kind && pl->beta_bits == beta_bits &&
-           memcmp(&pl->sh, sh, sizeof *sh) == 0;
+    return pl->kind == kind && pl->beta_bits == beta_bits && memcmp(&pl->sh, sh, sizeof *sh) == 0;
 }
 
 /* Scratch of a plan whose primitives exist: shared weights or parts, then per thread the
@@ -662,8 +660,8 @@ static void reduce_item(void *c, int i, int t)
     (void)t;
     run_job *j = c;
     const mgt_onednn_plan *pl = j->pl;
-    size_t lo = (size_t)i * REDUCE_ITEM, hi = lo + REDUCE_ITEM < pl->dw_n ? lo + REDUCE_ITEM
-                                                                          : pl->dw_n;
+    size_t lo = (size_t)i * REDUCE_ITEM,
+           hi = lo + REDUCE_ITEM < pl->dw_n ? lo + REDUCE_ITEM : pl->dw_n;
     float *dw = j->op->u.conv.out, beta = j->op->u.conv.beta;
     for (size_t e = lo; e < hi; e++) {
         float s = j->scratch[e];
@@ -682,8 +680,8 @@ mgt_status mgt_onednn_conv_run(mgt_onednn *o, mgt_onednn_plan *pl, mgt_cpu_pool 
     if (pl->kind == K_BWD_FILTER) {
         mgt_cpu_pool_for(pool, pl->parts, filter_item, &j);
         if (atomic_load(&j.failed) == dnnl_success)
-            mgt_cpu_pool_for(pool, (int)((pl->dw_n + REDUCE_ITEM - 1) / REDUCE_ITEM),
-                             reduce_item, &j);
+            mgt_cpu_pool_for(pool, (int)((pl->dw_n + REDUCE_ITEM - 1) / REDUCE_ITEM), reduce_item,
+                             &j);
     } else {
         /* the weights once, on this thread, for the primitive(s) that want them blocked */
         const prim *ps[2] = {&pl->full, pl->last.mb ? &pl->last : NULL};

@@ -19,8 +19,8 @@ void mgt_onednn_free(mgt_onednn *o);
 
 /* Row-major C = alpha op(A) op(B) + beta C on the calling thread only (oneDNN's own threads
    are off for every thread that calls in here: the pool splits the work). */
-void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
-                      int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                      const float *b, int ldb, float beta, float *c, int ldc);
 
 /* The plan for a conv op (forward, backward data or backward filter), made on first use.
    MGT_ERR_UNSUPPORTED (no error text) where oneDNN has no kernel for it (grouped shapes, or

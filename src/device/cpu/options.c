@@ -218,8 +218,8 @@ static mgt_status parse_item(mgt_mock_options *o, char *item)
         else
             o->seed = (uint64_t)v;
     } else {
-        st = bad(shown,
-                 "unknown item (known: threads, mem, peers, fault, delay, seed, link, conv)");
+        st =
+            bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed, link, conv)");
     }
     return st;
 }

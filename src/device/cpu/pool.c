@@ -81,8 +81,8 @@ static void *worker_main(void *arg)
     mgt_cpu_pool *p = wa.pool;
     unsigned seen = 0;
     for (;;) {
-        for (int i = 0; i < POOL_SPIN && atomic_load(&p->gen) == seen &&
-                        !atomic_load(&p->stop); i++)
+        for (int i = 0; i < POOL_SPIN && atomic_load(&p->gen) == seen && !atomic_load(&p->stop);
+             i++)
             cpu_relax();
         if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
             pthread_mutex_lock(&p->mu);
@@ -185,8 +185,7 @@ void mgt_cpu_pool_free(mgt_cpu_pool *p)
 
 int mgt_cpu_pool_threads(const mgt_cpu_pool *p) { return p->threads; }
 
-void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread),
-                      void *ctx)
+void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx)
 {
     if (n <= 0)
         return;

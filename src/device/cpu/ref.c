@@ -394,27 +394,13 @@ mgt_status mgt_ref_run(const mgt_op *op)
         for (size_t i = 0; i < op->u.add.n; i++)
             op->u.add.y[i] = op->u.add.a[i] + op->u.add.b[i];
         return MGT_OK;
-    case MGT_OP_GEMM:
-        ref_gemm(op);
-        return MGT_OK;
-    case MGT_OP_CONV2D_FWD:
-        ref_conv_fwd(op);
-        return MGT_OK;
-    case MGT_OP_CONV2D_BWD_DATA:
-        ref_conv_bwd_data(op);
-        return MGT_OK;
-    case MGT_OP_CONV2D_BWD_FILTER:
-        ref_conv_bwd_filter(op);
-        return MGT_OK;
-    case MGT_OP_BN_FWD_TRAIN:
-        ref_bn_train(op);
-        return MGT_OK;
-    case MGT_OP_BN_FWD_EVAL:
-        ref_bn_eval(op);
-        return MGT_OK;
-    case MGT_OP_BN_BWD:
-        ref_bn_bwd(op);
-        return MGT_OK;
+    case MGT_OP_GEMM: ref_gemm(op); return MGT_OK;
+    case MGT_OP_CONV2D_FWD: ref_conv_fwd(op); return MGT_OK;
+    case MGT_OP_CONV2D_BWD_DATA: ref_conv_bwd_data(op); return MGT_OK;
+    case MGT_OP_CONV2D_BWD_FILTER: ref_conv_bwd_filter(op); return MGT_OK;
+    case MGT_OP_BN_FWD_TRAIN: ref_bn_train(op); return MGT_OK;
+    case MGT_OP_BN_FWD_EVAL: ref_bn_eval(op); return MGT_OK;
+    case MGT_OP_BN_BWD: ref_bn_bwd(op); return MGT_OK;
     case MGT_OP_RELU_FWD:
         /* NaN stays NaN, as in torch.relu, so a diverging run still shows in the loss. */
         for (size_t i = 0; i < op->u.relu_fwd.n; i++) {
@@ -426,12 +412,8 @@ mgt_status mgt_ref_run(const mgt_op *op)
         for (size_t i = 0; i < op->u.relu_bwd.n; i++)
             op->u.relu_bwd.dx[i] = op->u.relu_bwd.y[i] > 0.0f ? op->u.relu_bwd.dy[i] : 0.0f;
         return MGT_OK;
-    case MGT_OP_MAXPOOL_FWD:
-        ref_maxpool_fwd(op);
-        return MGT_OK;
-    case MGT_OP_MAXPOOL_BWD:
-        ref_maxpool_bwd(op);
-        return MGT_OK;
+    case MGT_OP_MAXPOOL_FWD: ref_maxpool_fwd(op); return MGT_OK;
+    case MGT_OP_MAXPOOL_BWD: ref_maxpool_bwd(op); return MGT_OK;
     case MGT_OP_AVGPOOL_FWD: {
         const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
         for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
@@ -466,17 +448,11 @@ mgt_status mgt_ref_run(const mgt_op *op)
         }
         return MGT_OK;
     }
-    case MGT_OP_XENT_FWD:
-        return ref_xent_fwd(op);
-    case MGT_OP_XENT_BWD:
-        return ref_xent_bwd(op);
-    case MGT_OP_TOPK:
-        return ref_topk(op);
-    case MGT_OP_SGD:
-        ref_sgd(op);
-        return MGT_OK;
-    case MGT_OP_COUNT:
-        break;
+    case MGT_OP_XENT_FWD: return ref_xent_fwd(op);
+    case MGT_OP_XENT_BWD: return ref_xent_bwd(op);
+    case MGT_OP_TOPK: return ref_topk(op);
+    case MGT_OP_SGD: ref_sgd(op); return MGT_OK;
+    case MGT_OP_COUNT: break;
     }
     return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
 }

@@ -52,8 +52,7 @@ static void unreserve_hook(void *owner, size_t bytes) { mgt_device_unreserve(own
 
 static int cuda_device_count(void) { return mgt_cuda_device_count(); }
 
-static mgt_status cuda_devset_open(mgt_devset *set, const int *ids,
-                                   const mgt_devset_options *opts)
+static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_devset_options *opts)
 {
     const mgt_cuda_flags flags = {opts->no_p2p, opts->tf32, opts->deterministic};
     static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook};
@@ -260,16 +259,12 @@ static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
     mgt_cuda_stream *cs = s->impl;
     switch (op->kind) {
-    case MGT_OP_FILL:
-        return mgt_cuda_fill(cs, op->u.fill.x, op->u.fill.value, op->u.fill.n);
-    case MGT_OP_SCALE:
-        return mgt_cuda_scale(cs, op->u.scale.x, op->u.scale.alpha, op->u.scale.n);
+    case MGT_OP_FILL: return mgt_cuda_fill(cs, op->u.fill.x, op->u.fill.value, op->u.fill.n);
+    case MGT_OP_SCALE: return mgt_cuda_scale(cs, op->u.scale.x, op->u.scale.alpha, op->u.scale.n);
     case MGT_OP_AXPY:
         return mgt_cuda_axpy(cs, op->u.axpy.y, op->u.axpy.alpha, op->u.axpy.x, op->u.axpy.n);
-    case MGT_OP_SUM:
-        return mgt_cuda_sum(cs, op->u.sum.out, op->u.sum.x, op->u.sum.n);
-    case MGT_OP_ADD:
-        return mgt_cuda_add(cs, op->u.add.y, op->u.add.a, op->u.add.b, op->u.add.n);
+    case MGT_OP_SUM: return mgt_cuda_sum(cs, op->u.sum.out, op->u.sum.x, op->u.sum.n);
+    case MGT_OP_ADD: return mgt_cuda_add(cs, op->u.add.y, op->u.add.a, op->u.add.b, op->u.add.n);
     case MGT_OP_GEMM:
         return mgt_cuda_gemm(cs, op->u.gemm.trans_a, op->u.gemm.trans_b, op->u.gemm.m, op->u.gemm.n,
                              op->u.gemm.k, op->u.gemm.alpha, op->u.gemm.a, op->u.gemm.lda,
@@ -350,8 +345,7 @@ static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
         return mgt_cuda_sgd_update(cs, op->u.sgd.param, op->u.sgd.momentum_buf, op->u.sgd.grad,
                                    op->u.sgd.n, &g);
     }
-    case MGT_OP_COUNT:
-        break;
+    case MGT_OP_COUNT: break;
     }
     return mgt_error_set(MGT_ERR_UNSUPPORTED, "cuda: op kind %d is not supported", (int)op->kind);
 }

@@ -23,8 +23,14 @@ enum mgt_cuda_flag_code {
 };
 // Slots of the flag array: the code is stored last so the host never sees it without the
 // row and label beside it.
-enum { MGT_CUDA_FLAG_CODE, MGT_CUDA_FLAG_ROW, MGT_CUDA_FLAG_LABEL, MGT_CUDA_FLAG_CLASSES,
-       MGT_CUDA_FLAG_CLAIM, MGT_CUDA_FLAG_SLOTS = 8 };
+enum {
+    MGT_CUDA_FLAG_CODE,
+    MGT_CUDA_FLAG_ROW,
+    MGT_CUDA_FLAG_LABEL,
+    MGT_CUDA_FLAG_CLASSES,
+    MGT_CUDA_FLAG_CLAIM,
+    MGT_CUDA_FLAG_SLOTS = 8
+};
 
 struct mgt_cuda_options {
     bool no_p2p;        // MGT_NO_P2P=1: every peer copy is staged by the dispatch layer
@@ -111,28 +117,28 @@ struct mgt_cuda_event {
 // report faults of earlier work and so make the replica's error sticky.
 mgt_status mgt_cuda_fail_rt(mgt_cuda_dev *d, cudaError_t e, const char *call, const char *file,
                             int line, bool waiting);
-mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call,
-                              const char *file, int line);
-mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
-                             const char *file, int line);
+mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call, const char *file,
+                              int line);
+mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call, const char *file,
+                             int line);
 
-#define MGT_CUDA_TRY(d, call)                                                                 \
-    do {                                                                                      \
-        cudaError_t mgt_e_ = (call);                                                          \
-        if (mgt_e_ != cudaSuccess)                                                            \
-            return mgt_cuda_fail_rt((d), mgt_e_, #call, __FILE__, __LINE__, false);           \
+#define MGT_CUDA_TRY(d, call)                                                       \
+    do {                                                                            \
+        cudaError_t mgt_e_ = (call);                                                \
+        if (mgt_e_ != cudaSuccess)                                                  \
+            return mgt_cuda_fail_rt((d), mgt_e_, #call, __FILE__, __LINE__, false); \
     } while (0)
-#define MGT_CUBLAS_TRY(d, call)                                                               \
-    do {                                                                                      \
-        cublasStatus_t mgt_e_ = (call);                                                       \
-        if (mgt_e_ != CUBLAS_STATUS_SUCCESS)                                                  \
-            return mgt_cuda_fail_blas((d), mgt_e_, #call, __FILE__, __LINE__);               \
+#define MGT_CUBLAS_TRY(d, call)                                                \
+    do {                                                                       \
+        cublasStatus_t mgt_e_ = (call);                                        \
+        if (mgt_e_ != CUBLAS_STATUS_SUCCESS)                                   \
+            return mgt_cuda_fail_blas((d), mgt_e_, #call, __FILE__, __LINE__); \
     } while (0)
-#define MGT_CUDNN_TRY(d, call)                                                                \
-    do {                                                                                      \
-        cudnnStatus_t mgt_e_ = (call);                                                        \
-        if (mgt_e_ != CUDNN_STATUS_SUCCESS)                                                   \
-            return mgt_cuda_fail_dnn((d), mgt_e_, #call, __FILE__, __LINE__);                \
+#define MGT_CUDNN_TRY(d, call)                                                \
+    do {                                                                      \
+        cudnnStatus_t mgt_e_ = (call);                                        \
+        if (mgt_e_ != CUDNN_STATUS_SUCCESS)                                   \
+            return mgt_cuda_fail_dnn((d), mgt_e_, #call, __FILE__, __LINE__); \
     } while (0)
 
 // Returns the replica's sticky error (or a raised kernel flag, made sticky) if any; every

@@ -73,8 +73,7 @@ typedef struct mgt_cuda_flags {
    replica i. Reads MGT_NO_P2P, MGT_TF32, MGT_DETERMINISTIC, MGT_CUDA_SYNC and
    MGT_CUDNN_WORKSPACE_MB from the environment. Verifies peer access between distinct GPUs. */
 mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
-                             const mgt_cuda_hooks *hooks, void *const *owners,
-                             mgt_cuda_set **out);
+                             const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out);
 /* Frees everything the set made (streams and events must be gone). NULL is a no-op. */
 void mgt_cuda_set_close(mgt_cuda_set *set);
 mgt_cuda_dev *mgt_cuda_set_dev(mgt_cuda_set *set, int i);
@@ -113,8 +112,8 @@ mgt_status mgt_cuda_event_elapsed(mgt_cuda_event *start, mgt_cuda_event *end, fl
 mgt_status mgt_cuda_memset(mgt_cuda_stream *s, void *dst, int value, size_t bytes);
 mgt_status mgt_cuda_copy(mgt_cuda_stream *s, int kind, void *dst, const void *src, size_t bytes);
 /* dst on s's replica, src on src_dev's replica; plain D2D when both sit on one GPU. */
-mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev,
-                              const void *src, size_t bytes);
+mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev, const void *src,
+                              size_t bytes);
 
 /* ---- own kernels (kernels.cu); semantics exactly those of mgt/device.h ---- */
 
@@ -124,23 +123,22 @@ mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, float *y, float alpha, const float 
 mgt_status mgt_cuda_sum(mgt_cuda_stream *s, float *out, const float *x, size_t n);
 mgt_status mgt_cuda_add(mgt_cuda_stream *s, float *y, const float *a, const float *b, size_t n);
 mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, float *y, const float *x, size_t n);
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy,
-                                  const float *y, size_t n);
+mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *y,
+                                  size_t n);
 mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, float *y, const float *x,
                                     const mgt_cuda_pool *sh);
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy,
-                                     const float *x, const mgt_cuda_pool *sh);
+mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *x,
+                                     const mgt_cuda_pool *sh);
 mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, float *y, const float *x, int n, int c,
                                     int hw);
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n,
-                                     int c, int hw);
+mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n, int c,
+                                     int hw);
 mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, float *y, const float *bias, int rows,
                                  int cols);
 mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, float *dbias, const float *dy, int rows,
                                   int cols);
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs,
-                                 const float *logits, const int32_t *labels, int n, int classes,
-                                 float smoothing);
+mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs, const float *logits,
+                                 const int32_t *labels, int n, int classes, float smoothing);
 mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, float *dlogits, const float *probs,
                                   const int32_t *labels, int n, int classes, float smoothing,
                                   float scale);
@@ -152,16 +150,16 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, float *param, float *momentum
 /* ---- library kernels (dnn.cu) ---- */
 
 mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, int trans_a, int trans_b, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc);
+                         float alpha, const float *a, int lda, const float *b, int ldb, float beta,
+                         float *c, int ldc);
 /* dir MGT_CUDA_CONV_*: fwd out=y in1=x in2=w; bwd data out=dx in1=dy in2=w; bwd filter
    out=dw in1=dy in2=x (as mgt_op's conv arguments). out = conv + beta * out. */
 mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
                            const float *in2, const mgt_cuda_conv *sh, float beta);
 mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_mean,
-                                     float *save_invstd, float *running_mean,
-                                     float *running_var, const float *x, const float *gamma,
-                                     const float *beta, const mgt_cuda_bn *sh);
+                                     float *save_invstd, float *running_mean, float *running_var,
+                                     const float *x, const float *gamma, const float *beta,
+                                     const mgt_cuda_bn *sh);
 mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, float *y, const float *x,
                                     const float *gamma, const float *beta,
                                     const float *running_mean, const float *running_var,

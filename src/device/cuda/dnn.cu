@@ -6,11 +6,11 @@
 
 #include "device/cuda/common.cuh"
 
-#define MGT_ENTER(s)                                                                          \
-    do {                                                                                      \
-        mgt_status st_ = mgt_cuda_enter(s);                                                   \
-        if (st_ != MGT_OK)                                                                    \
-            return st_;                                                                       \
+#define MGT_ENTER(s)                        \
+    do {                                    \
+        mgt_status st_ = mgt_cuda_enter(s); \
+        if (st_ != MGT_OK)                  \
+            return st_;                     \
     } while (0)
 
 // ---- handles, made on first use per stream ----
@@ -26,8 +26,8 @@ static mgt_status ensure_blas(mgt_cuda_stream *s)
     cublasStatus_t e = cublasSetStream(h, s->stream);
     if (e == CUBLAS_STATUS_SUCCESS)
         // FP32 stays FP32 unless MGT_TF32=1: results must match the CPU reference.
-        e = cublasSetMathMode(h, d->set->opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                  : CUBLAS_DEFAULT_MATH);
+        e = cublasSetMathMode(h,
+                              d->set->opt.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     if (e != CUBLAS_STATUS_SUCCESS) {
         cublasDestroy(h);
         return mgt_cuda_fail_blas(d, e, "cublasSetStream/cublasSetMathMode", __FILE__, __LINE__);
@@ -74,16 +74,16 @@ static mgt_status ensure_dnn(mgt_cuda_stream *s)
 // i.e. cuBLAS's "A" is our B (ldb) with our trans_b, its "B" is our A (lda) with our
 // trans_a, and its M, N, K are our n, m, k.
 mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, int trans_a, int trans_b, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *c, int ldc)
+                         float alpha, const float *a, int lda, const float *b, int ldb, float beta,
+                         float *c, int ldc)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_blas(s);
     if (st != MGT_OK)
         return st;
     MGT_CUBLAS_TRY(s->dev, cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                       ldb, a, lda, &beta, c, ldc));
+                                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+                                       a, lda, &beta, c, ldc));
     return MGT_CUDA_AFTER(s, "gemm (cublasSgemm)");
 }
 
@@ -146,8 +146,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
                                 __LINE__, true);
     r = cudaMalloc(&tmp, out_bytes);
     if (r != cudaSuccess)
-        return mgt_cuda_fail_rt(d, r, "cudaMalloc (cudnnFind output)", __FILE__, __LINE__,
-                                false);
+        return mgt_cuda_fail_rt(d, r, "cudaMalloc (cudnnFind output)", __FILE__, __LINE__, false);
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
         free_b = 0;
     ws_bytes = std::min(opt.find_ws_cap, free_b / 2);
@@ -161,8 +160,8 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
 
     if (dir == MGT_CUDA_CONV_FWD) {
         e = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, s->xd, in1, s->wd, in2, s->cd, s->yd,
-                                                   tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-                                                   fwd, ws, ws_bytes);
+                                                   tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd,
+                                                   ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
             keep_results(fwd, got, opt, out);
     } else if (dir == MGT_CUDA_CONV_BWD_DATA) {
@@ -198,15 +197,26 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
 // The candidates for this shape, from the set's cache or a new search. The lock is held
 // through the search so that replicas of one GPU search once and then share the choice
 // (and so run identical kernels).
-static mgt_status conv_algos(mgt_cuda_stream *s, int dir, const mgt_cuda_conv *sh,
-                             size_t out_bytes, const void *in1, const void *in2,
-                             std::vector<mgt_cuda_algo> *out)
+static mgt_status conv_algos(mgt_cuda_stream *s, int dir, const mgt_cuda_conv *sh, size_t out_bytes,
+                             const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out)
 {
     mgt_cuda_dev *d = s->dev;
     mgt_cuda_set *set = d->set;
-    std::vector<int> key = {d->gpu,       dir,         sh->n,     sh->c,       sh->h,
-                            sh->w,        sh->k,       sh->r,     sh->s,       sh->stride_h,
-                            sh->stride_w, sh->pad_h,   sh->pad_w, sh->groups,  (int)set->opt.tf32,
+    std::vector<int> key = {d->gpu,
+                            dir,
+                            sh->n,
+                            sh->c,
+                            sh->h,
+                            sh->w,
+                            sh->k,
+                            sh->r,
+                            sh->s,
+                            sh->stride_h,
+                            sh->stride_w,
+                            sh->pad_h,
+                            sh->pad_w,
+                            sh->groups,
+                            (int)set->opt.tf32,
                             (int)set->opt.deterministic};
     std::lock_guard<std::mutex> g(set->algo_lock);
     auto it = set->algos.find(key);
@@ -261,8 +271,8 @@ static cudnnStatus_t conv_run(mgt_cuda_stream *s, int dir, const mgt_cuda_algo &
     switch (dir) {
     case MGT_CUDA_CONV_FWD: // y = conv(x = in1, w = in2) + beta*y
         return cudnnConvolutionForward(s->dnn, &one, s->xd, in1, s->wd, in2, s->cd,
-                                       (cudnnConvolutionFwdAlgo_t)a.algo, s->ws, s->ws_bytes,
-                                       &beta, s->yd, out);
+                                       (cudnnConvolutionFwdAlgo_t)a.algo, s->ws, s->ws_bytes, &beta,
+                                       s->yd, out);
     case MGT_CUDA_CONV_BWD_DATA: // dx = conv_transpose(dy = in1, w = in2) + beta*dx
         return cudnnConvolutionBackwardData(s->dnn, &one, s->wd, in2, s->yd, in1, s->cd,
                                             (cudnnConvolutionBwdDataAlgo_t)a.algo, s->ws,
@@ -285,26 +295,25 @@ static mgt_status conv2d(mgt_cuda_stream *s, int dir, float *out, const float *i
     const int p = (sh->h + 2 * sh->pad_h - sh->r) / sh->stride_h + 1;
     const int q = (sh->w + 2 * sh->pad_w - sh->s) / sh->stride_w + 1;
     // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], all NCHW fp32, no dilation.
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                sh->n, sh->c, sh->h, sh->w));
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                sh->n, sh->k, p, q));
-    MGT_CUDNN_TRY(d, cudnnSetFilter4dDescriptor(s->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                                sh->k, sh->c / sh->groups, sh->r, sh->s));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
+                                                sh->c, sh->h, sh->w));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
+                                                sh->k, p, q));
+    MGT_CUDNN_TRY(d, cudnnSetFilter4dDescriptor(s->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, sh->k,
+                                                sh->c / sh->groups, sh->r, sh->s));
     // Our conv is torch's: cross-correlation (no kernel flip).
     MGT_CUDNN_TRY(d, cudnnSetConvolution2dDescriptor(s->cd, sh->pad_h, sh->pad_w, sh->stride_h,
-                                                     sh->stride_w, 1, 1,
-                                                     CUDNN_CROSS_CORRELATION,
+                                                     sh->stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
                                                      CUDNN_DATA_FLOAT));
     MGT_CUDNN_TRY(d, cudnnSetConvolutionGroupCount(s->cd, sh->groups));
     // CUDNN_DEFAULT_MATH would let cuDNN use TF32 on Ampere and later; FMA math keeps FP32.
     MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
                                                                          : CUDNN_FMA_MATH));
 
-    size_t out_elems = dir == MGT_CUDA_CONV_FWD        ? (size_t)sh->n * sh->k * p * q
-                       : dir == MGT_CUDA_CONV_BWD_DATA ? (size_t)sh->n * sh->c * sh->h * sh->w
-                                                       : (size_t)sh->k * (sh->c / sh->groups) *
-                                                             sh->r * sh->s;
+    size_t out_elems = dir == MGT_CUDA_CONV_FWD ? (size_t)sh->n * sh->k * p * q
+                       : dir == MGT_CUDA_CONV_BWD_DATA
+                           ? (size_t)sh->n * sh->c * sh->h * sh->w
+                           : (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
     std::vector<mgt_cuda_algo> cands;
     st = conv_algos(s, dir, sh, out_elems * sizeof(float), in1, in2, &cands);
     if (st != MGT_OK)
@@ -336,8 +345,8 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float 
     try {
         return conv2d(s, dir, out, in1, in2, sh, beta);
     } catch (...) {
-        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s",
-                             s->dev->index, conv_name(dir));
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
+                             conv_name(dir));
     }
 }
 
@@ -351,17 +360,17 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float 
 static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_cuda_bn *sh)
 {
     mgt_cuda_dev *d = s->dev;
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                sh->n, sh->c, sh->hw, 1));
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->bnd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
-                                                sh->c, 1, 1));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
+                                                sh->c, sh->hw, 1));
+    MGT_CUDNN_TRY(
+        d, cudnnSetTensor4dDescriptor(s->bnd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, sh->c, 1, 1));
     return MGT_OK;
 }
 
 mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_mean,
-                                     float *save_invstd, float *running_mean,
-                                     float *running_var, const float *x, const float *gamma,
-                                     const float *beta, const mgt_cuda_bn *sh)
+                                     float *save_invstd, float *running_mean, float *running_var,
+                                     const float *x, const float *gamma, const float *beta,
+                                     const mgt_cuda_bn *sh)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_dnn(s);
@@ -372,8 +381,8 @@ mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_m
     const float one = 1.0f, zero = 0.0f;
     MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationForwardTraining(
                               s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, x, s->xd, y,
-                              s->bnd, gamma, beta, (double)sh->momentum, running_mean,
-                              running_var, (double)sh->eps, save_mean, save_invstd));
+                              s->bnd, gamma, beta, (double)sh->momentum, running_mean, running_var,
+                              (double)sh->eps, save_mean, save_invstd));
     return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
 }
 
@@ -409,9 +418,9 @@ mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, float *dx, float *dgamma, fl
     // dx is overwritten (data beta 0); dgamma and dbeta accumulate (parameter beta 1), as
     // parameter gradients do everywhere in mgtrain.
     const float one = 1.0f, zero = 0.0f;
-    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(
-                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, s->xd, x,
-                              s->xd, dy, s->xd, dx, s->bnd, gamma, dgamma, dbeta,
-                              (double)sh->eps, save_mean, save_invstd));
+    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(s->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
+                                                          &zero, &one, &one, s->xd, x, s->xd, dy,
+                                                          s->xd, dx, s->bnd, gamma, dgamma, dbeta,
+                                                          (double)sh->eps, save_mean, save_invstd));
     return MGT_CUDA_AFTER(s, "batchnorm_backward");
 }

@@ -10,7 +10,7 @@
 
 namespace {
 
-const int kThreads = 256;        // threads per block of the 1-D kernels
+const int kThreads = 256; // threads per block of the 1-D kernels
 const int kWarpsPerBlock = kThreads / 32;
 const unsigned kFullMask = 0xffffffffu;
 
@@ -436,11 +436,11 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
 
 // ---- launchers ----
 
-#define MGT_ENTER(s)                                                                          \
-    do {                                                                                      \
-        mgt_status st_ = mgt_cuda_enter(s);                                                   \
-        if (st_ != MGT_OK)                                                                    \
-            return st_;                                                                       \
+#define MGT_ENTER(s)                        \
+    do {                                    \
+        mgt_status st_ = mgt_cuda_enter(s); \
+        if (st_ != MGT_OK)                  \
+            return st_;                     \
     } while (0)
 
 mgt_status mgt_cuda_fill(mgt_cuda_stream *s, float *x, float value, size_t n)
@@ -495,8 +495,8 @@ mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, float *y, const float *x, s
     return MGT_CUDA_AFTER(s, "relu_forward");
 }
 
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy,
-                                  const float *y, size_t n)
+mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *y,
+                                  size_t n)
 {
     MGT_ENTER(s);
     k_relu_bwd<<<blocks_for(n), kThreads, 0, s->stream>>>(dx, dy, y, n);
@@ -531,8 +531,8 @@ mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, float *y, const float *x
     return MGT_CUDA_AFTER(s, "maxpool2d_forward");
 }
 
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy,
-                                     const float *x, const mgt_cuda_pool *sh)
+mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *x,
+                                     const mgt_cuda_pool *sh)
 {
     MGT_ENTER(s);
     pool_dims d = pool_dims_of(sh);
@@ -550,8 +550,8 @@ mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, float *y, const float *x
     return MGT_CUDA_AFTER(s, "avgpool_forward");
 }
 
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n,
-                                     int c, int hw)
+mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n, int c,
+                                     int hw)
 {
     MGT_ENTER(s);
     size_t total = (size_t)n * c * hw;
@@ -578,9 +578,8 @@ mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, float *dbias, const float 
     return MGT_CUDA_AFTER(s, "bias_backward");
 }
 
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs,
-                                 const float *logits, const int32_t *labels, int n, int classes,
-                                 float smoothing)
+mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs, const float *logits,
+                                 const int32_t *labels, int n, int classes, float smoothing)
 {
     MGT_ENTER(s);
     mgt_status st = mgt_cuda_scratch(s, (size_t)n * sizeof(float));
@@ -599,8 +598,8 @@ mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, float *dlogits, const floa
 {
     MGT_ENTER(s);
     size_t total = (size_t)n * classes;
-    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
-        dlogits, probs, labels, n, classes, smoothing, scale, s->dev->flag_dev);
+    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dlogits, probs, labels, n, classes,
+                                                              smoothing, scale, s->dev->flag_dev);
     return MGT_CUDA_AFTER(s, "softmax_xent_backward");
 }
 
@@ -608,8 +607,8 @@ mgt_status mgt_cuda_topk(mgt_cuda_stream *s, int32_t *count, const float *logits
                          const int32_t *labels, int n, int classes, int k)
 {
     MGT_ENTER(s);
-    k_topk<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(count, logits, labels, n, classes,
-                                                             k, s->dev->flag_dev);
+    k_topk<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(count, logits, labels, n, classes, k,
+                                                           s->dev->flag_dev);
     return MGT_CUDA_AFTER(s, "topk_correct");
 }
 

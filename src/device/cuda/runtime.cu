@@ -33,10 +33,8 @@ static bool is_sticky_error(cudaError_t e)
     case cudaErrorECCUncorrectable:
     case cudaErrorNvlinkUncorrectable:
     case cudaErrorContained:
-    case cudaErrorTensorMemoryLeak:
-        return true;
-    default:
-        return false;
+    case cudaErrorTensorMemoryLeak: return true;
+    default: return false;
     }
 }
 
@@ -75,8 +73,8 @@ mgt_status mgt_cuda_fail_rt(mgt_cuda_dev *d, cudaError_t e, const char *call, co
                          cudaGetErrorString(e), base_name(file), line, hint);
 }
 
-mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call,
-                              const char *file, int line)
+mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *call, const char *file,
+                              int line)
 {
     (void)cudaGetLastError();
     mgt_status st = e == CUBLAS_STATUS_ALLOC_FAILED ? MGT_ERR_OOM : MGT_ERR_DEVICE;
@@ -84,8 +82,8 @@ mgt_status mgt_cuda_fail_blas(mgt_cuda_dev *d, cublasStatus_t e, const char *cal
                          cublasGetStatusString(e), base_name(file), line);
 }
 
-mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
-                             const char *file, int line)
+mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call, const char *file,
+                             int line)
 {
     (void)cudaGetLastError();
     char detail[256];
@@ -94,9 +92,9 @@ mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
                      e == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
                         ? MGT_ERR_OOM
                         : MGT_ERR_DEVICE;
-    return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s%s%s [%s:%d]", d->index, d->gpu,
-                         call, cudnnGetErrorString(e), detail[0] ? ": " : "", detail,
-                         base_name(file), line);
+    return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s%s%s [%s:%d]", d->index, d->gpu, call,
+                         cudnnGetErrorString(e), detail[0] ? ": " : "", detail, base_name(file),
+                         line);
 }
 
 static const char *flag_op_name(int code)
@@ -259,10 +257,9 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     char share[48] = "";
     if (replicas > 1)
         snprintf(share, sizeof share, ", shared by %d replicas", replicas);
-    snprintf(d->name, sizeof d->name, "%.48s (gpu %d, pci %04x:%02x:%02x.0, %.1f GiB%s)",
-             prop.name, gpu, (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID,
-             (unsigned)prop.pciDeviceID, (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024),
-             share);
+    snprintf(d->name, sizeof d->name, "%.48s (gpu %d, pci %04x:%02x:%02x.0, %.1f GiB%s)", prop.name,
+             gpu, (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID, (unsigned)prop.pciDeviceID,
+             (double)prop.totalGlobalMem / (1024.0 * 1024 * 1024), share);
 
     void *flag = NULL;
     MGT_CUDA_TRY(d, cudaHostAlloc(&flag, MGT_CUDA_FLAG_SLOTS * sizeof(int),
@@ -422,8 +419,7 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
         return mgt_error_set(MGT_ERR_UNSUPPORTED, "no CUDA device was found (%s)",
-                             e != cudaSuccess ? cudaGetErrorString(e)
-                                              : "the driver reports none");
+                             e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
     }
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= count)
@@ -458,8 +454,7 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
 }
 
 mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
-                             const mgt_cuda_hooks *hooks,
-                             void *const *owners, mgt_cuda_set **out)
+                             const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out)
 {
     *out = NULL;
     try {
@@ -577,8 +572,8 @@ void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
     if (cudaSetDevice(d->gpu) == cudaSuccess) {
         cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess)
-            mgt_cuda_fail_rt(d, e, "cudaDeviceSynchronize (freeing a buffer)", __FILE__,
-                             __LINE__, true);
+            mgt_cuda_fail_rt(d, e, "cudaDeviceSynchronize (freeing a buffer)", __FILE__, __LINE__,
+                             true);
     }
     (void)cudaGetLastError();
     std::lock_guard<std::mutex> g(d->mem_lock);
@@ -606,8 +601,8 @@ mgt_status mgt_cuda_host_alloc(mgt_cuda_dev *d, size_t bytes, void **out)
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return mgt_error_set(e == cudaErrorMemoryAllocation ? MGT_ERR_OOM : MGT_ERR_DEVICE,
-                             "cuda device %d (gpu %d): cudaHostAlloc of %zu bytes: %s",
-                             d->index, d->gpu, bytes, cudaGetErrorString(e));
+                             "cuda device %d (gpu %d): cudaHostAlloc of %zu bytes: %s", d->index,
+                             d->gpu, bytes, cudaGetErrorString(e));
     }
     *out = p;
     return MGT_OK;
@@ -889,8 +884,8 @@ mgt_status mgt_cuda_copy(mgt_cuda_stream *s, int kind, void *dst, const void *sr
     return MGT_CUDA_AFTER(s, "cudaMemcpyAsync");
 }
 
-mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev,
-                              const void *src, size_t bytes)
+mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev, const void *src,
+                              size_t bytes)
 {
     mgt_status st = mgt_cuda_enter(s);
     if (st != MGT_OK)
@@ -899,8 +894,7 @@ mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_d
     if (st != MGT_OK)
         return st;
     if (src_dev->gpu == s->dev->gpu) {
-        MGT_CUDA_TRY(s->dev,
-                     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
+        MGT_CUDA_TRY(s->dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
         return MGT_CUDA_AFTER(s, "cudaMemcpyAsync (replicas on one gpu)");
     }
     MGT_CUDA_TRY(s->dev,
