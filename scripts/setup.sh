@@ -6,10 +6,12 @@ packages=(
   build-essential cmake pkg-config
   clang-format-14       # the layout check (tools/check-format.sh)
   libdnnl-dev           # oneDNN: convolutions and gemm on the CPU mock devices
-  libstb-dev            # image decoding (stb_image)
+  libstb-dev            # image decoding (stb_image): PNG, BMP, GIF, TGA, PNM
+  libturbojpeg0-dev     # JPEG decode and encode (libjpeg-turbo's TurboJPEG API)
+  libjpeg62-turbo-dev   # JPEG region decodes at a DCT scale (libjpeg-turbo's libjpeg API)
   libcjson-dev          # JSON: safetensors headers, --log, bench --json
   libcmocka-dev         # test assertions
-  zlib1g-dev            # gzip-compressed IDX files (Fashion-MNIST import)
+  zlib1g-dev            # gzip-compressed IDX files (Fashion-MNIST import), pack checksums
   dataset-fashion-mnist # the bundled real data set
 )
 

@@ -85,13 +85,16 @@ typedef struct mgt_image {
     int w, h, c;
 } mgt_image;
 
-/* Decodes an image file's bytes into `channels` (1 or 3) channels. Layout rules, as PIL's
-   convert() used by torchvision's loader: gray -> RGB repeats it; alpha is dropped (not
-   composited); RGB -> gray is PIL's L = R*299/1000 + G*587/1000 + B*114/1000, computed as
-   PIL does (weights 19595/38470/7471 of 65536, rounded), so bit-exact with PIL; palette
-   images are expanded; 16-bit PNGs keep the high byte; GIFs give their first frame; CMYK
-   and YCCK JPEGs are converted by stb. `name` is used in error messages (the path). Errors:
-   MGT_ERR_INVALID with "name: reason" (stb's reason, a truncated JPEG, too large). */
+/* Decodes an image file's bytes into `channels` (1 or 3) channels, whole and at full size,
+   with the pixels torchvision's loader (PIL's open + convert) gets. JPEG is decoded by
+   libjpeg-turbo with PIL's settings (PIL links the same library): bit-identical, CMYK and
+   YCCK included (PIL's inverted-CMYK reading and its cmyk2rgb). PNG, BMP, GIF, TGA and PNM
+   by stb_image, with PIL's layout rules: gray -> RGB repeats it; alpha is dropped (not
+   composited); palette images are expanded; 16-bit PNGs keep the high byte; GIFs give
+   their first frame. RGB -> gray is PIL's L = R*299/1000 + G*587/1000 + B*114/1000,
+   computed as PIL does (weights 19595/38470/7471 of 65536, rounded), so bit-exact with
+   PIL. `name` is used in error messages (the path). Errors: MGT_ERR_INVALID with
+   "name: reason" (the decoder's reason, a truncated JPEG, too large). */
 mgt_status mgt_image_decode(const void *bytes, size_t len, const char *name, int channels,
                             mgt_image *out);
 
@@ -100,6 +103,71 @@ mgt_status mgt_image_load(const char *path, int channels, mgt_image *out);
 
 /* Frees the pixels and zeroes *img; safe on a zeroed image. */
 void mgt_image_release(mgt_image *img);
+
+/* ---- decoders: one per thread, reusing their buffers ---- */
+
+/* What a file's header says. */
+typedef struct mgt_image_header {
+    int w, h;
+    int c;     /* 1: gray (with or without alpha), 3: colour */
+    bool jpeg; /* decoded by libjpeg-turbo (else stb_image) */
+    bool cmyk; /* a CMYK or YCCK JPEG */
+} mgt_image_header;
+
+/* The part of an image a transform needs. A JPEG is decoded at 1/scale of its size by
+   libjpeg-turbo's scaled IDCT, and only as far as the rectangle [x0, x1) x [y0, y1) of the
+   scaled image needs: rows above it are skipped (jpeg_skip_scanlines: no IDCT, no colour
+   conversion), columns outside it cropped (jpeg_crop_scanline, to the iMCU), and decoding
+   stops after row y1. Other formats are decoded whole at full scale. */
+typedef struct mgt_decode_region {
+    int scale; /* 1, 2, 4 or 8 */
+    int x0, y0, x1, y1;
+} mgt_decode_region;
+
+/* Decoded pixels, borrowed from the decoder until its next call: rows y0 .. y0+h-1 and
+   columns x0 .. x0+w-1 of an image of full_w x full_h (the size at 1/scale), c channels,
+   `stride` bytes from one row to the next. */
+typedef struct mgt_image_view {
+    const uint8_t *px;
+    size_t stride;
+    int x0, y0, w, h;
+    int full_w, full_h;
+    int c;
+    int scale;
+} mgt_image_view;
+
+/* What a decoder has done: `growths` counts the times one of its buffers had to grow (the
+   pixel buffer, the stb_image arena), so that a steady state shows 0 new growths. (libjpeg
+   itself takes its per-image work memory from malloc inside the library: a few blocks of
+   about 10 KiB each per image, which glibc serves from its free lists.) */
+typedef struct mgt_decoder_stats {
+    uint64_t growths;
+    uint64_t jpeg_whole;  /* whole JPEGs at full scale (TurboJPEG) */
+    uint64_t jpeg_region; /* region decodes (libjpeg API) */
+    uint64_t jpeg_scaled; /* of those, at a DCT scale below 1 */
+    uint64_t stb;         /* other formats */
+} mgt_decoder_stats;
+
+typedef struct mgt_decoder mgt_decoder;
+
+mgt_status mgt_decoder_create(mgt_decoder **out);
+void mgt_decoder_free(mgt_decoder *d); /* NULL is a no-op */
+const mgt_decoder_stats *mgt_decoder_stats_get(const mgt_decoder *d);
+
+/* The header of a whole file's bytes (errors as mgt_image_decode's: empty, unknown format,
+   truncated JPEG, too many pixels). */
+mgt_status mgt_decoder_header(mgt_decoder *d, const void *bytes, size_t len, const char *name,
+                              mgt_image_header *out);
+
+/* Decodes into the decoder's buffer. hd: the header from mgt_decoder_header (NULL: read it
+   here). region NULL: the whole image at full scale with mgt_image_decode's pixels
+   (torchvision's). With a region, a JPEG's pixels inside it equal the whole decode's at
+   scale 1, except that a gray result from a colour JPEG is the file's luma, not PIL's L
+   of the decoded RGB (at most 1 level apart); at scale 1/2..1/8 they are libjpeg's
+   scaled IDCT. */
+mgt_status mgt_decoder_decode(mgt_decoder *d, const void *bytes, size_t len, const char *name,
+                              int channels, const mgt_image_header *hd,
+                              const mgt_decode_region *region, mgt_image_view *out);
 
 /* ---- transforms ---- */
 
@@ -114,22 +182,113 @@ typedef enum mgt_transform_kind {
     MGT_TRANSFORM_RESIZE_CROP,
 } mgt_transform_kind;
 
+/* The interpolation of resizes and of the policies' geometric ops (--interpolation), as
+   PIL's: bilinear (the default), bicubic (Keys, a = -0.5) or nearest. */
+typedef enum mgt_interp {
+    MGT_INTERP_BILINEAR,
+    MGT_INTERP_NEAREST,
+    MGT_INTERP_BICUBIC,
+} mgt_interp;
+
+/* torchvision's automatic augmentation policies (--auto-augment), applied after the crop
+   and flip: TrivialAugmentWide (one op of 14 at a random magnitude of 31), RandAugment (2
+   ops at magnitude 9 of 31) and AutoAugment's ImageNet policy (one of 25 pairs of ops with
+   their probabilities and magnitudes), each op at torchvision 0.14's magnitudes and with
+   PIL's arithmetic; the choices are drawn from the sample's Philox stream. */
+typedef enum mgt_auto_augment {
+    MGT_AUTO_AUGMENT_NONE,
+    MGT_AUTO_AUGMENT_TA_WIDE,
+    MGT_AUTO_AUGMENT_RA,
+    MGT_AUTO_AUGMENT_IMAGENET,
+} mgt_auto_augment;
+
+/* "bilinear"|"nearest"|"bicubic" and "none"|"ta_wide"|"ra"|"imagenet"; MGT_ERR_INVALID
+   with a message naming the accepted words. */
+mgt_status mgt_interp_parse(const char *s, mgt_interp *out);
+mgt_status mgt_auto_augment_parse(const char *s, mgt_auto_augment *out);
+const char *mgt_auto_augment_name(mgt_auto_augment a);
+const char *mgt_interp_name(mgt_interp m);
+
 /* The transform of one split. Output: float [channels, size, size], normalized as
-   torchvision's ToTensor + Normalize: (pixel/255 - mean) / std. Resizing is PIL's bilinear
-   resampling with antialias (a triangle filter widened by the scale factor when shrinking),
+   torchvision's ToTensor + Normalize: (pixel/255 - mean) / std. Resizing is PIL's
+   resampling with antialias (the filter widened by the scale factor when shrinking),
    computed in float: results match torchvision up to PIL's 8-bit rounding between the two
-   passes (at most about 1/255 before normalisation). */
+   passes (at most about 1/255 before normalisation). Order, as torchvision's references
+   recipe: crop (+ resize) -> flip -> auto-augment policy (8-bit) -> normalise -> random
+   erasing. */
 typedef struct mgt_transform {
     mgt_transform_kind kind;
-    int size;                    /* output height and width */
-    int channels;                /* 1 or 3 */
-    int resize;                  /* RESIZE_CROP: shorter side after resize; 0: no resize */
-    int padding;                 /* PAD_CROP: zeros added on every side before the crop */
-    double scale_min, scale_max; /* RRC: crop area as a fraction of the image (0.08, 1) */
-    double ratio_min, ratio_max; /* RRC: crop aspect w/h range (3/4, 4/3) */
-    bool hflip;                  /* RRC, PAD_CROP: flip with probability 0.5 after the crop */
-    float mean[3], std[3];       /* per channel, on the 0..1 scale */
+    int size;                      /* output height and width */
+    int channels;                  /* 1 or 3 */
+    int resize;                    /* RESIZE_CROP: shorter side after resize; 0: no resize */
+    int padding;                   /* PAD_CROP: zeros added on every side before the crop */
+    double scale_min, scale_max;   /* RRC: crop area as a fraction of the image (0.08, 1) */
+    double ratio_min, ratio_max;   /* RRC: crop aspect w/h range (3/4, 4/3) */
+    bool hflip;                    /* RRC, PAD_CROP: flip with probability 0.5 after the crop */
+    float mean[3], std[3];         /* per channel, on the 0..1 scale */
+    mgt_interp interp;             /* resizes and geometric policy ops (bilinear) */
+    mgt_auto_augment auto_augment; /* training kinds only (none) */
+    float random_erase;            /* RandomErasing's probability (0: off) */
+    bool exact_decode; /* JPEGs decoded whole at full scale, torchvision's pixels (else at the
+                          smallest DCT scale that covers the crop at the output size, and
+                          only the crop's region) */
 } mgt_transform;
+
+/* Scratch memory of one thread's transforms, kept between calls so that a steady state makes
+   no allocation. Zero-initialise; free with mgt_transform_scratch_free. */
+typedef struct mgt_transform_scratch {
+    void *buf; /* the resampling's taps and rows */
+    size_t cap;
+    void *img[2]; /* 8-bit images of the policies */
+    size_t img_cap[2];
+    uint64_t growths; /* times a buffer grew */
+} mgt_transform_scratch;
+void mgt_transform_scratch_free(mgt_transform_scratch *s);
+
+/* The ops of the policies, torchvision's names (mgt_aug_op_name). */
+typedef enum mgt_aug_op {
+    MGT_AUG_IDENTITY,
+    MGT_AUG_SHEAR_X,
+    MGT_AUG_SHEAR_Y,
+    MGT_AUG_TRANSLATE_X,
+    MGT_AUG_TRANSLATE_Y,
+    MGT_AUG_ROTATE,
+    MGT_AUG_BRIGHTNESS,
+    MGT_AUG_COLOR,
+    MGT_AUG_CONTRAST,
+    MGT_AUG_SHARPNESS,
+    MGT_AUG_POSTERIZE,
+    MGT_AUG_SOLARIZE,
+    MGT_AUG_AUTOCONTRAST,
+    MGT_AUG_EQUALIZE,
+    MGT_AUG_INVERT,
+    MGT_AUG_OP_COUNT
+} mgt_aug_op;
+
+#define MGT_AUG_MAX_SIDE 8192
+
+const char *mgt_aug_op_name(mgt_aug_op op);
+mgt_status mgt_aug_op_parse(const char *s, mgt_aug_op *out);
+
+/* One op on an 8-bit w x h image of c (1 or 3) channels, in place, as torchvision 0.14's
+   _apply_op(img, name, magnitude, interpolation, fill=None) on the PIL image: `magnitude`
+   is the signed value it is handed (a shear's slope, pixels, degrees, an enhancement's
+   factor - 1, bits, a threshold). */
+mgt_status mgt_augment_op(mgt_aug_op op, double magnitude, mgt_interp interp, uint8_t *px, int w,
+                          int h, int c, mgt_transform_scratch *scratch);
+
+/* The magnitude of bin i of `bins` of an op in a policy's _augmentation_space for an
+   img_h x img_w image (0 for ops without one); *signed_op: whether a sign is drawn. */
+float mgt_augment_magnitude(mgt_auto_augment policy, mgt_aug_op op, int bins, int i, int img_h,
+                            int img_w, bool *signed_op);
+
+/* AutoAugmentPolicy.IMAGENET's sub-policies: (op, probability, magnitude bin; -1 none). */
+typedef struct mgt_aa_step {
+    mgt_aug_op op;
+    float p;
+    int bin;
+} mgt_aa_step;
+extern const mgt_aa_step mgt_aa_imagenet[25][2];
 
 /* ImageNet's normalisation (torchvision's reference scripts). For one channel the gray
    equivalents by the L formula: mean 0.4590, std 0.2256. */
@@ -143,14 +302,6 @@ mgt_status mgt_transform_init(mgt_transform *t, mgt_transform_kind kind, int siz
 
 /* Checks a transform's fields (ranges, std > 0); the message names the bad field. */
 mgt_status mgt_transform_check(const mgt_transform *t);
-
-/* Scratch memory of one thread's transforms, kept between calls so that a steady state makes
-   no allocation. Zero-initialise; free with mgt_transform_scratch_free. */
-typedef struct mgt_transform_scratch {
-    void *buf;
-    size_t cap; /* bytes */
-} mgt_transform_scratch;
-void mgt_transform_scratch_free(mgt_transform_scratch *s);
 
 /* Applies t to img (which must have t->channels channels) and writes channels*size*size
    floats to out. rng supplies the randomness of the training kinds (NULL: RESIZE_CROP only).
@@ -168,6 +319,9 @@ typedef struct mgt_crop {
    (not normalised). For tests and tools. */
 mgt_status mgt_image_resize(const mgt_image *img, const mgt_crop *box, int out_w, int out_h,
                             mgt_transform_scratch *scratch, float *out);
+/* The same with another interpolation. */
+mgt_status mgt_image_resize_with(const mgt_image *img, const mgt_crop *box, int out_w, int out_h,
+                                 mgt_interp interp, mgt_transform_scratch *scratch, float *out);
 
 /* Where random numbers come from when computing crop parameters: Philox in a run, recorded
    draws in the golden tests. uniform returns a value in [lo, hi) rounded to float (as
@@ -188,6 +342,13 @@ mgt_draws mgt_draws_philox(mgt_rng *rng);
    number of tries used, 0 when the fallback was taken. */
 int mgt_transform_rrc_params(const mgt_draws *d, int w, int h, double scale_min, double scale_max,
                              double ratio_min, double ratio_max, mgt_crop *out);
+
+/* RandomErasing.get_params for a w x h image with value 0: up to 10 tries of
+   area = w*h*U(scale), aspect = exp(U(log ratio)), eh = round(sqrt(area*aspect)),
+   ew = round(sqrt(area/aspect)), accepted when eh < h and ew < w, placed by randint. Returns
+   the tries used, 0 when none fitted (then nothing is erased). */
+int mgt_erase_params(const mgt_draws *d, int w, int h, double scale_lo, double scale_hi,
+                     double ratio_lo, double ratio_hi, mgt_crop *out);
 
 /* Resize(resize) output size for an image of w x h (shorter side -> resize, the longer
    int(resize * long / short)), and CenterCrop's window of size x size on that (top/left

@@ -27,4 +27,83 @@ bool mgt_data_has_image_ext(const char *name);
 /* The printable form of a path for a one-line message: control characters as '?'. */
 void mgt_data_sanitize(char *s);
 
+/* The header of a file from its first 64 KiB (*buf, *cap: a reusable read buffer). */
+mgt_status mgt_data_file_header(mgt_decoder *d, const char *path, uint8_t **buf, size_t *cap,
+                                mgt_image_header *out);
+
+/* ---- a transform in steps: geometry, the pixels it reads, resampling, the rest ---- */
+
+/* Where a transform's output comes from, in the source image's pixel coordinates. The box
+   [box0, box2) x [box1, box3) maps onto sw x sh pixels, of which the output is the ow x oh
+   window at (wx, wy) (outside the scaled image: zero fill). The filter taps clamp to
+   [lim0, lim2) x [lim1, lim3): the crop for RandomResizedCrop (torchvision crops, then
+   resizes), the whole image for Resize. */
+typedef struct mgt_geom {
+    double box[4];
+    int lim[4];
+    int sw, sh;
+    int wx, wy;
+    int ow, oh;
+    bool flip;
+} mgt_geom;
+
+/* The geometry of t on a w x h image; the random draws (crop, flip) come from rng first. */
+mgt_status mgt_transform_geometry(const mgt_transform *t, int w, int h, mgt_rng *rng, mgt_geom *g);
+/* The smallest DCT scale 1/k (k = 1, 2, 4, 8) at which the box still has at least sw x sh
+   pixels; and g moved into the coordinates of the image at that scale (full_w x full_h). */
+int mgt_geom_dct_scale(const mgt_geom *g);
+void mgt_geom_scale(mgt_geom *g, int k, int full_w, int full_h);
+
+typedef struct mgt_axis {
+    int ksize;
+    int *first, *count;
+    float *wt;
+} mgt_axis;
+
+/* A planned resampling: its taps, in the scratch, and src = [c0, r0, c1, r1), the source
+   pixels they read (what the decoder must deliver). */
+typedef struct mgt_resample {
+    mgt_geom g;
+    mgt_interp interp;
+    int c;
+    bool empty, partial; /* no interior / some fill */
+    int cx0, cy0, nx, ny;
+    mgt_axis ax, ay;
+    float *acc, *srow, *tmp;
+    int src[4];
+} mgt_resample;
+
+/* Where a resampling writes: f (float CHW, value * a[c] + b[c], fill b[c]) or u8 (HWC,
+   rounded, fill 0). */
+typedef struct mgt_resample_out {
+    float *f;
+    float a[3], b[3];
+    uint8_t *u8;
+} mgt_resample_out;
+
+mgt_status mgt_resample_plan(const mgt_geom *g, mgt_interp m, int channels,
+                             mgt_transform_scratch *s, mgt_resample *rs);
+mgt_status mgt_resample_run(const mgt_resample *rs, const mgt_image_view *v,
+                            const mgt_resample_out *o);
+
+/* Scratch buffer `which` (0: the resampling's, 1 and 2: 8-bit images) of at least `bytes`. */
+void *mgt_scratch_get(mgt_transform_scratch *s, int which, size_t bytes);
+
+/* ToTensor + Normalize as out = pixel * a[c] + b[c]. */
+void mgt_transform_norm(const mgt_transform *t, float a[3], float b[3]);
+
+/* Resampling into the output, then the policy, normalisation and erasing (the rest of the
+   sample's draws come from rng); and plan + finish in one call. */
+mgt_status mgt_transform_finish(const mgt_transform *t, const mgt_resample *rs,
+                                const mgt_image_view *v, mgt_rng *rng, mgt_transform_scratch *s,
+                                float *out);
+mgt_status mgt_transform_render(const mgt_transform *t, const mgt_geom *g, const mgt_image_view *v,
+                                mgt_rng *rng, mgt_transform_scratch *s, float *out);
+
+/* The auto-augment policy of t on an 8-bit w x h image of c channels, in place. */
+mgt_status mgt_augment_policy(const mgt_transform *t, uint8_t *px, int w, int h, int c,
+                              mgt_rng *rng, mgt_transform_scratch *s);
+/* RandomErasing(p) on a normalised CHW tensor (value 0, torchvision's default). */
+void mgt_augment_erase(float p, float *chw, int w, int h, int c, mgt_rng *rng);
+
 #endif
