@@ -20,11 +20,13 @@
 #include <cmocka.h>
 
 #include <stb/stb_image_write.h>
+#include <turbojpeg.h>
 
 #include "app/commands.h"
 #include "mgt/data.h"
 #include "mgt/device.h"
 #include "mgt/rng.h"
+#include "support/fixture.h"
 
 #define GOLDEN_DIR MGT_TEST_DATA_DIR "/pipeline"
 
@@ -769,6 +771,214 @@ static void test_jpeg_matches_pil(void **state)
     }
     fclose(f);
     assert_int_equal(files, 5);
+}
+
+/* A photo-like w x h RGB image: smooth gradients, a few hard-edged shapes, a little noise. */
+static void photo_rgb(uint8_t *px, int w, int h, uint64_t seed)
+{
+    mgt_rng r;
+    mgt_rng_init(&r, seed, 0, 0, MGT_RNG_OTHER);
+    double f1 = 7 + mgt_rng_below(&r, 30), f2 = 9 + mgt_rng_below(&r, 30);
+    int cx = (int)mgt_rng_below(&r, (uint64_t)w), cy = (int)mgt_rng_below(&r, (uint64_t)h);
+    int rad = h / 5 + (int)mgt_rng_below(&r, (uint64_t)h / 4);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            uint8_t *p = px + ((size_t)y * w + x) * 3;
+            double v[3] = {128 + 100 * sin(x / f1), 128 + 100 * cos(y / f2),
+                           128 + 90 * sin((x + y) / (f1 + f2))};
+            bool in = (x - cx) * (x - cx) + (y - cy) * (y - cy) < rad * rad;
+            bool bar = x > w / 3 && x < w / 3 + 12;
+            for (int c = 0; c < 3; c++) {
+                double q = in ? 40 + 70 * c : bar ? 250 - 100 * c : v[c];
+                q += (double)(mgt_rng_u32(&r) % 9) - 4;
+                p[c] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+            }
+        }
+}
+
+/* The image as a JPEG written by TurboJPEG (quality 90; subsampling TJSAMP_*). */
+static void write_jpeg(const char *path, const uint8_t *px, int w, int h, int c, int samp)
+{
+    tjhandle tj = tjInitCompress();
+    assert_non_null(tj);
+    unsigned char *buf = NULL;
+    unsigned long len = 0;
+    assert_int_equal(tjCompress2(tj, px, w, 0, h, c == 1 ? TJPF_GRAY : TJPF_RGB, &buf, &len,
+                                 c == 1 ? TJSAMP_GRAY : samp, 90, 0),
+                     0);
+    write_bytes(path, buf, len);
+    tjFree(buf);
+    tjDestroy(tj);
+}
+
+/* Region decodes: at scale 1 a rectangle's pixels equal the whole decode's, bit for bit (the
+   column of margin keeps libjpeg's smooth chroma upsampling away from the cut), in every
+   layout; at 1/2..1/8 a rectangle equals the whole image decoded at that scale; a gray
+   result from a colour file is the luma, close to PIL's L. */
+static void test_region_decode(void **state)
+{
+    (void)state;
+    HOLD(d, "%s/regions", g_root);
+    mkdirs(d);
+    uint8_t *px = malloc(500 * 375 * 3);
+    photo_rgb(px, 500, 375, 5);
+    write_jpeg(P("%s/p420.jpg", d), px, 500, 375, 3, TJSAMP_420);
+    write_jpeg(P("%s/p422.jpg", d), px, 500, 375, 3, TJSAMP_422);
+    const char *files[] = {P("%s/p420.jpg", d),           P("%s/p422.jpg", d),
+                           GOLDEN_DIR "/photo444.jpg",    GOLDEN_DIR "/photo420.jpg",
+                           GOLDEN_DIR "/progressive.jpg", GOLDEN_DIR "/gray.jpg",
+                           GOLDEN_DIR "/cmyk.jpg"};
+    HOLD(f0, "%s", files[0]);
+    HOLD(f1, "%s", files[1]);
+    files[0] = f0;
+    files[1] = f1;
+    mgt_decoder *whole, *part;
+    CHECK(mgt_decoder_create(&whole));
+    CHECK(mgt_decoder_create(&part));
+    mgt_rng r;
+    mgt_rng_init(&r, 17, 0, 0, MGT_RNG_OTHER);
+    int checked = 0;
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+        size_t len;
+        uint8_t *b = slurp(files[f], &len);
+        for (int ch = 1; ch <= 3; ch += 2) {
+            for (int scale = 1; scale <= 8; scale *= 2) {
+                mgt_image_view wv, pv;
+                mgt_decode_region all = {scale, 0, 0, 1 << 20, 1 << 20};
+                if (scale == 1)
+                    CHECK(mgt_decoder_decode(whole, b, len, files[f], ch, NULL, NULL, &wv));
+                else
+                    CHECK(mgt_decoder_decode(whole, b, len, files[f], ch, NULL, &all, &wv));
+                for (int k = 0; k < 6; k++) {
+                    int x0 = (int)mgt_rng_below(&r, (uint64_t)wv.full_w);
+                    int y0 = (int)mgt_rng_below(&r, (uint64_t)wv.full_h);
+                    int x1 = x0 + 1 + (int)mgt_rng_below(&r, (uint64_t)(wv.full_w - x0));
+                    int y1 = y0 + 1 + (int)mgt_rng_below(&r, (uint64_t)(wv.full_h - y0));
+                    mgt_decode_region reg = {scale, x0, y0, x1, y1};
+                    CHECK(mgt_decoder_decode(part, b, len, files[f], ch, NULL, &reg, &pv));
+                    assert_true(pv.x0 <= x0 && pv.y0 <= y0 && pv.x0 + pv.w >= x1 &&
+                                pv.y0 + pv.h >= y1);
+                    assert_int_equal(pv.full_w, wv.full_w);
+                    /* gray from colour at scale 1: the luma against PIL's L of the RGB */
+                    bool luma = ch == 1 && scale == 1 && !strstr(files[f], "gray");
+                    int worst = 0;
+                    for (int y = y0; y < y1; y++)
+                        for (int x = x0 * ch; x < x1 * ch; x++) {
+                            int a = pv.px[(size_t)(y - pv.y0) * pv.stride + (x - pv.x0 * ch)];
+                            int e = wv.px[(size_t)y * wv.stride + x];
+                            worst = abs(a - e) > worst ? abs(a - e) : worst;
+                        }
+                    if (worst > (luma ? 8 : 0))
+                        fail_msg("%s, %d channel(s), scale 1/%d, rows %d..%d cols %d..%d: %d "
+                                 "levels from the whole decode",
+                                 files[f], ch, scale, y0, y1, x0, x1, worst);
+                    checked++;
+                }
+            }
+        }
+        free(b);
+    }
+    print_message("region decodes: %d rectangles equal to the whole decodes\n", checked);
+    const mgt_decoder_stats *st = mgt_decoder_stats_get(part);
+    assert_true(st->jpeg_region > 0 && st->jpeg_scaled > 0);
+    mgt_decoder_free(whole);
+    mgt_decoder_free(part);
+    free(px);
+}
+
+/* Runs one epoch of t over ds on one decode thread and keeps every image by index; returns
+   the loader's buffer growths after the first and after the third epoch in g1, g3. */
+static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *by_index,
+                         uint64_t *g1, uint64_t *g3)
+{
+    size_t n = mgt_dataset_size(ds), floats = (size_t)t->channels * t->size * t->size;
+    mgt_loader_options o;
+    mgt_loader_options_init(&o, ds, t, 1, 4);
+    o.workers = 1;
+    o.shuffle = false;
+    o.split = MGT_SPLIT_EXACT;
+    o.continuous = false;
+    mgt_loader *l = NULL;
+    CHECK(mgt_loader_create(&o, &l));
+    for (int epoch = 0; epoch < 3; epoch++) {
+        CHECK(mgt_loader_set_epoch(l, 0, 0));
+        for (size_t b = 0; b < mgt_loader_batches(l, 0); b++) {
+            mgt_batch bt;
+            CHECK(mgt_loader_next(l, 0, NULL, &bt));
+            for (int k = 0; k < bt.n; k++)
+                memcpy(by_index + bt.indices_host[k] * floats, bt.images + (size_t)k * floats,
+                       floats * sizeof(float));
+        }
+        if (epoch == 0 && g1)
+            *g1 = mgt_loader_buffer_growths(l);
+    }
+    if (g3)
+        *g3 = mgt_loader_buffer_growths(l);
+    assert_int_equal(mgt_loader_images_done(l), 3 * n);
+    mgt_loader_free(l);
+}
+
+/* The fast JPEG path (DCT scale, region) against --exact-decode's (whole image, full scale,
+   torchvision's pixels) on photo-sized JPEGs. Stated tolerance: where no DCT scale applies
+   (RandomResizedCrop(224) of 500x375 images, whose crops are never twice the output) the two
+   are identical; at a DCT scale the mean difference is under 1.5 levels of 255 in every
+   image and under 1 over all, single pixels at hard edges up to 80 levels (the scaled IDCT
+   is a box filter where torchvision's antialias is a triangle). A steady state makes no
+   allocation: no buffer grows after the first epoch. */
+static void test_fast_decode_tolerance(void **state)
+{
+    (void)state;
+    HOLD(root, "%s/jpegs500", g_root);
+    uint8_t *px = malloc(500 * 375 * 3);
+    for (int i = 0; i < 8; i++) {
+        photo_rgb(px, 500, 375, 100 + (uint64_t)i);
+        write_jpeg(P("%s/c%d/%02d.jpg", root, i % 2, i), px, 500, 375, 3, TJSAMP_420);
+    }
+    free(px);
+    mgt_dataset *ds;
+    CHECK(mgt_dataset_scan(root, NULL, &ds));
+    struct {
+        mgt_transform_kind kind;
+        int size;
+        bool scaled;
+    } cases[] = {{MGT_TRANSFORM_RRC, 224, false},
+                 {MGT_TRANSFORM_RRC, 64, true},
+                 {MGT_TRANSFORM_RESIZE_CROP, 64, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        mgt_transform t;
+        CHECK(mgt_transform_init(&t, cases[c].kind, cases[c].size, 3));
+        size_t floats = (size_t)3 * t.size * t.size;
+        float *fast = malloc(8 * floats * sizeof(float)),
+              *exact = malloc(8 * floats * sizeof(float));
+        uint64_t g1, g3;
+        epoch_images(ds, &t, fast, &g1, &g3);
+        assert_int_equal(g1, g3);
+        t.exact_decode = true;
+        epoch_images(ds, &t, exact, NULL, NULL);
+        double all = 0, worst_mean = 0, worst = 0;
+        for (int i = 0; i < 8; i++) {
+            double sum = 0;
+            for (size_t k = 0; k < floats; k++) {
+                double d = fabs(fast[i * floats + k] - exact[i * floats + k]) * 255 *
+                           t.std[k / ((size_t)t.size * t.size)];
+                sum += d;
+                worst = d > worst ? d : worst;
+            }
+            worst_mean = sum / floats > worst_mean ? sum / floats : worst_mean;
+            all += sum / floats / 8;
+        }
+        print_message("fast vs exact decode, %s %d: mean %.3f levels, worst image %.3f, worst "
+                      "pixel %.1f\n",
+                      cases[c].kind == MGT_TRANSFORM_RRC ? "rrc" : "resize-crop", t.size, all,
+                      worst_mean, worst);
+        if (!cases[c].scaled)
+            assert_true(worst == 0);
+        else
+            assert_true(all > 0 && all < 1.0 && worst_mean < 1.5 && worst < 80);
+        free(fast);
+        free(exact);
+    }
+    mgt_dataset_free(ds);
 }
 
 /* ---- transforms ---- */
@@ -1790,7 +2000,7 @@ static void test_idx_and_import(void **state)
 
     HOLD(out, "%s/fm", g_root);
     bool already = true;
-    assert_int_equal(mgt_data_import_fashion_mnist(src, out, NULL, &already), MGT_OK);
+    assert_int_equal(mgt_data_import_fashion_mnist(src, out, 0, NULL, &already), MGT_OK);
     assert_false(already);
     mgt_image img;
     load_ok(P("%s/train/Trouser/00001.png", out), 1, &img); /* image 1 has label 1 */
@@ -1812,11 +2022,11 @@ static void test_idx_and_import(void **state)
     assert_string_equal(mgt_dataset_class_name(tr, 8), "T-shirt_top");
     mgt_dataset_free(tr);
     /* a second import does nothing */
-    assert_int_equal(mgt_data_import_fashion_mnist(src, out, NULL, &already), MGT_OK);
+    assert_int_equal(mgt_data_import_fashion_mnist(src, out, 0, NULL, &already), MGT_OK);
     assert_true(already);
-    assert_int_equal(
-        mgt_data_import_fashion_mnist(P("%s/nothere", g_root), P("%s/fm2", g_root), NULL, &already),
-        MGT_ERR_IO);
+    assert_int_equal(mgt_data_import_fashion_mnist(P("%s/nothere", g_root), P("%s/fm2", g_root), 0,
+                                                   NULL, &already),
+                     MGT_ERR_IO);
     assert_true(contains(mgt_error_last(), "dataset-fashion-mnist"));
 }
 
@@ -1831,6 +2041,8 @@ int main(void)
         cmocka_unit_test(test_decode_errors),
         cmocka_unit_test(test_gray_matches_pil),
         cmocka_unit_test(test_jpeg_matches_pil),
+        cmocka_unit_test(test_region_decode),
+        cmocka_unit_test(test_fast_decode_tolerance),
         cmocka_unit_test(test_resize_matches_pil),
         cmocka_unit_test(test_resize_by_hand),
         cmocka_unit_test(test_resize_and_center_crop_sizes),

@@ -38,6 +38,7 @@
    Unlike torchvision, names starting with '.' (files and folders) are skipped: editors and
    notebooks leave such folders (.ipynb_checkpoints) inside class folders. */
 typedef struct mgt_dataset mgt_dataset;
+typedef struct mgt_pack mgt_pack;
 
 typedef struct mgt_scan_options {
     FILE *progress;         /* where "scanning ...: N files, X files/s" goes, redrawn with \r
@@ -76,6 +77,59 @@ bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b);
    without alpha), else 3. Unreadable files are passed over. MGT_ERR_INVALID when none of
    the probed files is readable. */
 mgt_status mgt_dataset_probe(const mgt_dataset *ds, int probe, int *w, int *h, int *channels);
+
+/* ---- packs ---- */
+
+/* A pack: the splits of an ImageFolder tree in one file (format in src/data/pack.c and the
+   README): an index, labels, class names and each image either kept as its JPEG, re-encoded
+   as JPEG at a maximum side, or stored as raw pixels; every record with a CRC-32. Read
+   memory-mapped. A file that was bad when packed is kept as a bad record holding the reason,
+   and is skipped (or fatal under --strict-data) as it would be in the folder. */
+typedef enum mgt_pack_format {
+    MGT_PACK_JPEG, /* JPEGs that fit the maximum side as they are; the rest re-encoded */
+    MGT_PACK_RAW,  /* 8-bit pixels (for small images: Fashion-MNIST's 784 bytes) */
+} mgt_pack_format;
+
+typedef struct mgt_pack_options {
+    mgt_pack_format format;
+    int max_side; /* the longer side at most this (resized as Resize would); 0: as they are */
+    int quality;  /* JPEG quality of re-encoded images (90) */
+    int workers;  /* threads (0: cores) */
+    FILE *progress;
+    const mgt_abort *abort;
+    void (*bad)(void *ctx, const char *reason); /* each bad file, in index order */
+    void *bad_ctx;
+} mgt_pack_options;
+
+typedef struct mgt_pack_stats {
+    size_t records, bad, reencoded;
+    uint64_t bytes_in_records, file_bytes;
+} mgt_pack_stats;
+
+/* Writes the splits (their names: "train", "val"; at most 15 characters) into out_path
+   atomically (a temp file beside it, fsync, rename, fsync of the folder): on any error the
+   temp file is removed and an existing out_path is left as it was. The same folders and
+   options give the same bytes. */
+mgt_status mgt_pack_write(const mgt_pack_options *o, const mgt_dataset *const *splits,
+                          const char *const *names, int nsplits, const char *out_path,
+                          mgt_pack_stats *stats);
+
+/* One split of a pack file as a dataset. Errors name the file and what is wrong with it
+   (not a pack, another version, a checksum or an offset that does not hold, no such
+   split). */
+mgt_status mgt_pack_open(const char *path, const char *split, mgt_dataset **out);
+
+/* Whether path is a readable pack holding a split of that name. */
+bool mgt_pack_has_split(const char *path, const char *split);
+
+/* Whether ds is read from a pack. */
+bool mgt_dataset_is_pack(const mgt_dataset *ds);
+
+/* What `--data PATH` names: a pack file (its train and val splits), a folder holding
+   train.pack and val.pack, or an ImageFolder tree (mgt_imagefolder_open). Either out
+   pointer may be NULL to skip that split. The classes of the two splits must agree. */
+mgt_status mgt_data_open(const char *path, const mgt_scan_options *opt, mgt_dataset **train,
+                         mgt_dataset **val);
 
 /* ---- images ---- */
 
@@ -419,10 +473,11 @@ typedef struct mgt_loader_options {
     mgt_bad_policy bad;
     mgt_abort *abort; /* (optional) the run's flag: raised on a fatal data error,
                                   and every wait of the loader leaves when it is raised */
+    bool pin_threads; /* decode thread i runs on the i-th CPU of the process's mask (on) */
 } mgt_loader_options;
 
 /* Fills o with the defaults (prefetch 2, workers = cores, max_bad_frac 0.01, split PAD,
-   shuffle on, continuous on) for a dataset, transform and replica count. */
+   shuffle on, continuous on, threads pinned) for a dataset, transform and replica count. */
 void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds, const mgt_transform *t,
                              int replicas, int batch_size);
 
@@ -480,6 +535,10 @@ double mgt_loader_wait_total(const mgt_loader *l, int rank, long *calls);
 size_t mgt_loader_bad_count(const mgt_loader *l);
 /* Images decoded and transformed so far, all threads. */
 uint64_t mgt_loader_images_done(const mgt_loader *l);
+/* Times a decode thread's buffers (file, decoder, transform scratch) had to grow, all
+   threads: it stops rising once the largest image has been seen, so a steady state
+   allocates nothing per image. */
+uint64_t mgt_loader_buffer_growths(const mgt_loader *l);
 
 /* ---- whole-split passes ---- */
 
@@ -515,10 +574,12 @@ void mgt_idx_free(mgt_idx *idx);
 extern const char *const mgt_fashion_mnist_classes[10];
 
 /* Writes src_dir's train-* and t10k-* IDX files as out_dir/{train,val}/<class>/NNNNN.png
-   (NNNNN = position in the IDX file). Idempotent: when out_dir/.mgtrain-import-done exists
-   (written last, after everything is flushed) it does nothing and sets *already. progress
-   may be NULL. */
-mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, FILE *progress,
-                                         bool *already);
+   (NNNNN = position in the IDX file); per_class > 0 keeps only the first per_class images
+   of each class of each file (data/sample's 30). The PNGs are stb_image_write's, a function
+   of the pixels: the same files every time. Idempotent: when out_dir/.mgtrain-import-done
+   exists (written last, after everything is flushed) it does nothing and sets *already.
+   progress may be NULL. */
+mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, size_t per_class,
+                                         FILE *progress, bool *already);
 
 #endif

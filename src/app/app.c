@@ -21,6 +21,7 @@ static const app_command commands[] = {
     {"import-idx", mgt_app_cmd_import_idx,
      "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
     {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
+    {"pack", mgt_app_cmd_pack, "pack an ImageFolder tree into one memory-mapped file"},
 };
 
 static void usage(FILE *f)

@@ -93,8 +93,8 @@ static mgt_status find_idx(const char *dir, const char *prefix, const char *kind
 }
 
 static mgt_status import_split(const char *src, const char *prefix, const char *out_dir,
-                               const char *split, FILE *progress, size_t *done, size_t total,
-                               size_t *count)
+                               const char *split, size_t per_class, FILE *progress, size_t *done,
+                               size_t total, size_t *count)
 {
     char ipath[4096], lpath[4096];
     mgt_status st;
@@ -131,7 +131,12 @@ static mgt_status import_split(const char *src, const char *prefix, const char *
     }
     int h = (int)im.dims[1], w = (int)im.dims[2];
     double last = 0;
+    size_t taken[10] = {0}, n = 0;
     for (uint32_t i = 0; i < im.dims[0]; i++) {
+        /* per_class: the first images of each class in the file's order */
+        if (per_class > 0 && taken[lb.data[i]]++ >= per_class)
+            continue;
+        n++;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s/%s/%05u.png", out_dir, split,
                  mgt_fashion_mnist_classes[lb.data[i]], i);
@@ -146,7 +151,7 @@ static mgt_status import_split(const char *src, const char *prefix, const char *
             fflush(progress);
         }
     }
-    *count = im.dims[0];
+    *count = n;
 done:
     mgt_idx_free(&im);
     mgt_idx_free(&lb);
@@ -184,8 +189,8 @@ static mgt_status write_marker(const char *out_dir, const char *text)
     return st;
 }
 
-mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, FILE *progress,
-                                         bool *already)
+mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_dir, size_t per_class,
+                                         FILE *progress, bool *already)
 {
     if (already)
         *already = false;
@@ -207,11 +212,11 @@ mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_di
     mgt_status st = mkdir_p(out_dir);
     if (st != MGT_OK)
         return st;
-    size_t done = 0, ntrain = 0, nval = 0, total = 70000;
-    if ((st = import_split(src_dir, "train", out_dir, "train", progress, &done, total, &ntrain)) !=
-            MGT_OK ||
-        (st = import_split(src_dir, "t10k", out_dir, "val", progress, &done, total, &nval)) !=
-            MGT_OK) {
+    size_t done = 0, ntrain = 0, nval = 0, total = per_class ? 20 * per_class : 70000;
+    if ((st = import_split(src_dir, "train", out_dir, "train", per_class, progress, &done, total,
+                           &ntrain)) != MGT_OK ||
+        (st = import_split(src_dir, "t10k", out_dir, "val", per_class, progress, &done, total,
+                           &nval)) != MGT_OK) {
         if (progress)
             fputc('\n', progress);
         return st;

@@ -8,6 +8,48 @@
 
 #include "mgt/data.h"
 
+/* A split: an ImageFolder scan, or a split of a memory-mapped pack. */
+struct mgt_dataset {
+    char *dir; /* the split folder, or "PACK[split]" */
+    int nclasses;
+    char **class_names; /* nclasses strings, each its own allocation */
+    size_t n;
+    int32_t *labels; /* n */
+    /* a folder */
+    size_t *path_off; /* n offsets into paths */
+    char *paths;      /* "class/sub/name\0" ... */
+    size_t paths_len;
+    /* a pack (pack != NULL) */
+    mgt_pack *pack;         /* shared, reference-counted */
+    const uint8_t *entries; /* n entries of 32 bytes, in the map */
+    const char *strings;
+    double scan_s;
+};
+
+/* A sample's bytes: an image file (from a folder or a pack) or raw pixels (a pack). */
+typedef struct mgt_record {
+    const uint8_t *bytes;
+    size_t len;
+    bool raw;
+    int w, h, c; /* raw: the pixels' layout */
+} mgt_record;
+
+/* Maps a pack file (the header and split table checked); release drops a reference. */
+mgt_status mgt_pack_map(const char *path, mgt_pack **out);
+void mgt_pack_release(mgt_pack *p);
+/* A split of a mapped pack as a dataset (which holds its own reference). */
+mgt_status mgt_pack_open_split(mgt_pack *p, const char *split, mgt_dataset **out);
+const char *mgt_pack_relpath(const mgt_dataset *ds, size_t i);
+void mgt_pack_entry_size(const mgt_dataset *ds, size_t i, int *w, int *h, int *c);
+/* A pack record, its CRC checked (MGT_ERR_INVALID naming the pack, record and file when it
+   does not match, or with the reason when the file was bad at packing time). */
+mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, mgt_record *out);
+
+/* Sample i's bytes: a folder's file read into *buf (grown as needed), or a pointer into a
+   pack. name gets "path" for messages. */
+mgt_status mgt_dataset_fetch(const mgt_dataset *ds, size_t i, uint8_t **buf, size_t *cap,
+                             mgt_record *out, char *name, size_t name_cap);
+
 /* Reads a whole file into *buf (grown with realloc as needed; *cap its size), so that a
    thread reading many files allocates only when a file is bigger than any before.
    MGT_ERR_IO with "path: strerror" on failure. */
@@ -105,5 +147,33 @@ mgt_status mgt_augment_policy(const mgt_transform *t, uint8_t *px, int w, int h,
                               mgt_rng *rng, mgt_transform_scratch *s);
 /* RandomErasing(p) on a normalised CHW tensor (value 0, torchvision's default). */
 void mgt_augment_erase(float p, float *chw, int w, int h, int c, mgt_rng *rng);
+
+/* ---- one sample, start to end ---- */
+
+/* What a thread that handles samples keeps between them. */
+typedef struct mgt_sample_worker {
+    mgt_decoder *dec;
+    uint8_t *file; /* a folder's file */
+    size_t file_cap;
+    uint8_t *conv; /* a raw record in other channels */
+    size_t conv_cap;
+    mgt_transform_scratch ts;
+    uint64_t growths;
+    char name[8192]; /* the sample's path, for messages */
+} mgt_sample_worker;
+
+mgt_status mgt_sample_worker_init(mgt_sample_worker *w);
+void mgt_sample_worker_free(mgt_sample_worker *w);
+/* Times any of the worker's buffers grew (0 more in a steady state). */
+uint64_t mgt_sample_worker_growths(const mgt_sample_worker *w);
+
+/* Sample idx of ds through t into out (channels x size x size floats); the random draws come
+   from rng. JPEGs are decoded at the smallest DCT scale that covers the crop at the output
+   size, and only the region the resampling reads, unless t->exact_decode. */
+mgt_status mgt_sample_transform(mgt_sample_worker *w, const mgt_dataset *ds, size_t idx,
+                                const mgt_transform *t, mgt_rng *rng, float *out);
+/* Sample idx decoded whole at full scale (a view valid until the worker's next call). */
+mgt_status mgt_sample_decode(mgt_sample_worker *w, const mgt_dataset *ds, size_t idx, int channels,
+                             mgt_image_view *v);
 
 #endif

@@ -12,6 +12,7 @@
  * FREE at the consumer's next call, which records on its stream when the device copy may be
  * overwritten.
  */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +59,9 @@ typedef struct rank_state {
 typedef struct worker {
     mgt_loader *l;
     int id;
-    uint8_t *file;
-    size_t file_cap;
-    mgt_transform_scratch ts;
+    bool ready;                   /* sw initialised */
+    mgt_sample_worker sw;         /* decoder and buffers, reused */
+    atomic_uint_fast64_t growths; /* sw's, published after each sample */
 } worker;
 
 typedef struct order_cache {
@@ -85,7 +86,8 @@ struct mgt_loader {
     pthread_t *threads;
     int nthreads;
     worker *workers; /* nthreads, then one per rank for inline decoding */
-    mgt_abort quit;  /* raised by mgt_loader_free */
+    int nworkers;
+    mgt_abort quit; /* raised by mgt_loader_free */
 
     bool started;
     unsigned gen;
@@ -365,37 +367,22 @@ static bool process(worker *w, slot *s, int pos)
 {
     mgt_loader *l = w->l;
     size_t idx = s->indices[pos];
-    mgt_rng rng;
-    mgt_rng_init(&rng, l->o.seed, (uint64_t)s->epoch, idx, MGT_RNG_AUGMENT);
     float *dst = s->images_host + (size_t)pos * l->img_floats;
-    char path[8192];
     for (size_t tries = 0; tries < l->n; tries++, idx = (idx + 1) % l->n) {
         if (atomic_load(&l->bad[idx]))
             continue;
-        mgt_image img = {0};
-        size_t len = 0;
-        mgt_status st = mgt_dataset_path(l->o.ds, idx, path, sizeof path);
-        if (st == MGT_OK)
-            st = mgt_data_read_file(path, &w->file, &w->file_cap, &len);
-        if (st == MGT_OK)
-            st = mgt_image_decode(w->file, len, path, l->o.transform.channels, &img);
+        /* the stream is keyed by the sample's first index: a replacement keeps its draws */
+        mgt_rng rng;
+        mgt_rng_init(&rng, l->o.seed, (uint64_t)s->epoch, s->indices[pos], MGT_RNG_AUGMENT);
+        mgt_status st = mgt_sample_transform(&w->sw, l->o.ds, idx, &l->o.transform, &rng, dst);
+        atomic_store_explicit(&w->growths, mgt_sample_worker_growths(&w->sw), memory_order_relaxed);
         if (st == MGT_OK) {
-            st = mgt_transform_apply(&l->o.transform, &img, &rng, &w->ts, dst);
-            mgt_image_release(&img);
-            if (st != MGT_OK) { /* out of memory, not the file's fault */
-                char text[512];
-                snprintf(text, sizeof text, "%s", mgt_error_last());
-                pthread_mutex_lock(&l->lock);
-                fail_locked(l, st, text);
-                pthread_mutex_unlock(&l->lock);
-                return false;
-            }
             s->labels_host[pos] = mgt_dataset_label(l->o.ds, idx);
             s->indices[pos] = idx;
             atomic_fetch_add(&l->images_done, 1);
             return true;
         }
-        if (st == MGT_ERR_OOM) {
+        if (st == MGT_ERR_OOM) { /* not the file's fault */
             char text[512];
             snprintf(text, sizeof text, "%s", mgt_error_last());
             pthread_mutex_lock(&l->lock);
@@ -461,10 +448,33 @@ static bool work_once(mgt_loader *l, worker *w)
     return true;
 }
 
+/* Pins decode thread `id` to the id-th CPU of the process's affinity mask (round robin):
+   a thread that stays on one core keeps its decoder's tables and buffers in that core's
+   caches. Failure is harmless (the thread just floats). */
+static void pin_thread(int id)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return;
+    int n = CPU_COUNT(&allowed);
+    if (n < 1)
+        return;
+    int want = id % n;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &allowed) && want-- == 0) {
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+            return;
+        }
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
     mgt_loader *l = w->l;
+    if (l->o.pin_threads)
+        pin_thread(w->id);
     pthread_mutex_lock(&l->lock);
     while (!stopping(l)) {
         if (!work_once(l, w))
@@ -491,6 +501,7 @@ void mgt_loader_options_init(mgt_loader_options *o, const mgt_dataset *ds, const
     o->shuffle = true;
     o->continuous = true;
     o->bad.max_bad_frac = 0.01;
+    o->pin_threads = true;
 }
 
 static mgt_status check_options(const mgt_loader_options *o)
@@ -618,6 +629,7 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
                 goto fail;
     }
 
+    l->nworkers = nthreads + o->replicas;
     l->workers = calloc((size_t)(nthreads + o->replicas), sizeof *l->workers);
     l->threads = calloc((size_t)(nthreads > 0 ? nthreads : 1), sizeof *l->threads);
     if (!l->workers || !l->threads) {
@@ -627,6 +639,10 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     for (int i = 0; i < nthreads + o->replicas; i++) {
         l->workers[i].l = l;
         l->workers[i].id = i;
+        atomic_init(&l->workers[i].growths, 0);
+        if ((st = mgt_sample_worker_init(&l->workers[i].sw)) != MGT_OK)
+            goto fail;
+        l->workers[i].ready = true;
     }
     for (int i = 0; i < nthreads; i++) {
         if (pthread_create(&l->threads[i], NULL, worker_main, &l->workers[i]) != 0) {
@@ -675,10 +691,9 @@ void mgt_loader_free(mgt_loader *l)
             free(r->slots);
         }
     if (l->workers)
-        for (int i = 0; i < l->nthreads + l->o.replicas; i++) {
-            free(l->workers[i].file);
-            mgt_transform_scratch_free(&l->workers[i].ts);
-        }
+        for (int i = 0; i < l->nworkers; i++)
+            if (l->workers[i].ready)
+                mgt_sample_worker_free(&l->workers[i].sw);
     free(l->workers);
     free(l->threads);
     free(l->ranks);
@@ -871,4 +886,12 @@ size_t mgt_loader_bad_count(const mgt_loader *l)
 uint64_t mgt_loader_images_done(const mgt_loader *l)
 {
     return atomic_load(&((mgt_loader *)l)->images_done);
+}
+
+uint64_t mgt_loader_buffer_growths(const mgt_loader *l)
+{
+    uint64_t g = 0;
+    for (int i = 0; i < l->nworkers; i++)
+        g += atomic_load_explicit(&l->workers[i].growths, memory_order_relaxed);
+    return g;
 }

@@ -96,8 +96,7 @@ int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_dat
 typedef struct check_ctx {
     const mgt_dataset *ds;
     char **reasons; /* n, NULL for a good file */
-    uint8_t **bufs;
-    size_t *caps;
+    mgt_sample_worker *sw;
     atomic_size_t done, bad;
     FILE *progress;
     double t0;
@@ -107,16 +106,9 @@ typedef struct check_ctx {
 static int check_one(void *arg, int worker, size_t i)
 {
     check_ctx *c = arg;
-    char path[8192];
-    size_t len = 0;
-    mgt_image img = {0};
-    mgt_status st = mgt_dataset_path(c->ds, i, path, sizeof path);
-    if (st == MGT_OK)
-        st = mgt_data_read_file(path, &c->bufs[worker], &c->caps[worker], &len);
+    mgt_image_view v;
     /* 3 channels decodes every layout the training can ask for */
-    if (st == MGT_OK)
-        st = mgt_image_decode(c->bufs[worker], len, path, 3, &img);
-    mgt_image_release(&img);
+    mgt_status st = mgt_sample_decode(&c->sw[worker], c->ds, i, 3, &v);
     if (st == MGT_ERR_OOM)
         return (int)st;
     if (st != MGT_OK) {
@@ -152,11 +144,12 @@ mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *a
     atomic_init(&c.bad, 0);
     atomic_init(&c.last_print_ms, 0);
     c.reasons = calloc(n, sizeof *c.reasons);
-    c.bufs = calloc((size_t)workers, sizeof *c.bufs);
-    c.caps = calloc((size_t)workers, sizeof *c.caps);
+    c.sw = calloc((size_t)workers, sizeof *c.sw);
     mgt_status st = MGT_OK;
-    if (!c.reasons || !c.bufs || !c.caps)
+    if (!c.reasons || !c.sw)
         st = mgt_error_set(MGT_ERR_OOM, "check: out of memory");
+    for (int w = 0; st == MGT_OK && w < workers; w++)
+        st = mgt_sample_worker_init(&c.sw[w]);
     if (st == MGT_OK)
         st = (mgt_status)mgt_data_parallel_for(n, workers, abort, check_one, &c);
     if (st == MGT_ERR_ABORTED)
@@ -175,11 +168,10 @@ mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *a
                 report(ctx, i, c.reasons[i]);
             free(c.reasons[i]);
         }
-    for (int w = 0; c.bufs && w < workers; w++)
-        free(c.bufs[w]);
+    for (int w = 0; c.sw && w < workers; w++)
+        mgt_sample_worker_free(&c.sw[w]);
     free(c.reasons);
-    free(c.bufs);
-    free(c.caps);
+    free(c.sw);
     if (bad_count)
         *bad_count = bad;
     return st;
@@ -189,8 +181,7 @@ mgt_status mgt_data_check(const mgt_dataset *ds, int workers, const mgt_abort *a
 
 typedef struct stats_acc {
     double sum[3], sumsq[3], count;
-    uint8_t *buf;
-    size_t cap;
+    mgt_sample_worker sw;
     char pad[64]; /* keeps workers' accumulators off one cache line */
 } stats_acc;
 
@@ -206,14 +197,8 @@ static int stats_one(void *arg, int worker, size_t k)
     stats_ctx *c = arg;
     size_t i = (size_t)((double)k * (double)c->n / (double)c->m);
     stats_acc *a = &c->acc[worker];
-    char path[8192];
-    size_t len = 0;
-    mgt_image img = {0};
-    mgt_status st = mgt_dataset_path(c->ds, i, path, sizeof path);
-    if (st == MGT_OK)
-        st = mgt_data_read_file(path, &a->buf, &a->cap, &len);
-    if (st == MGT_OK)
-        st = mgt_image_decode(a->buf, len, path, c->channels, &img);
+    mgt_image_view img;
+    mgt_status st = mgt_sample_decode(&a->sw, c->ds, i, c->channels, &img);
     if (st == MGT_ERR_OOM)
         return (int)st;
     if (st != MGT_OK)
@@ -223,16 +208,16 @@ static int stats_one(void *arg, int worker, size_t k)
         /* integer sums per image are exact; the double totals then lose nothing that
            matters for a mean and a std */
         uint64_t s = 0, s2 = 0;
-        for (size_t p = 0; p < px; p++) {
-            unsigned v = img.pixels[p * (size_t)c->channels + (size_t)ch];
-            s += v;
-            s2 += v * v;
-        }
+        for (int y = 0; y < img.h; y++)
+            for (int x = 0; x < img.w; x++) {
+                unsigned v = img.px[(size_t)y * img.stride + (size_t)x * c->channels + ch];
+                s += v;
+                s2 += v * v;
+            }
         a->sum[ch] += (double)s / 255.0;
         a->sumsq[ch] += (double)s2 / (255.0 * 255.0);
     }
     a->count += (double)px;
-    mgt_image_release(&img);
     return 0;
 }
 
@@ -248,7 +233,11 @@ mgt_status mgt_data_stats(const mgt_dataset *ds, int channels, size_t max_images
     c.acc = calloc((size_t)workers, sizeof *c.acc);
     if (!c.acc)
         return mgt_error_set(MGT_ERR_OOM, "stats: out of memory");
-    mgt_status st = (mgt_status)mgt_data_parallel_for(c.m, workers, abort, stats_one, &c);
+    mgt_status st = MGT_OK;
+    for (int w = 0; st == MGT_OK && w < workers; w++)
+        st = mgt_sample_worker_init(&c.acc[w].sw);
+    if (st == MGT_OK)
+        st = (mgt_status)mgt_data_parallel_for(c.m, workers, abort, stats_one, &c);
     if (st == MGT_ERR_ABORTED)
         mgt_error_set(st, "statistics of %s aborted", mgt_dataset_dir(ds));
     double sum[3] = {0}, sumsq[3] = {0}, count = 0;
@@ -258,7 +247,7 @@ mgt_status mgt_data_stats(const mgt_dataset *ds, int channels, size_t max_images
             sumsq[ch] += c.acc[w].sumsq[ch];
         }
         count += c.acc[w].count;
-        free(c.acc[w].buf);
+        mgt_sample_worker_free(&c.acc[w].sw);
     }
     free(c.acc);
     if (st != MGT_OK)

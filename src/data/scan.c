@@ -9,18 +9,6 @@
 
 #include "data/internal.h"
 
-struct mgt_dataset {
-    char *dir;
-    int nclasses;
-    char **class_names; /* nclasses strings, each its own allocation */
-    size_t n;
-    size_t *path_off; /* n offsets into paths */
-    int32_t *labels;  /* n */
-    char *paths;      /* "class/sub/name\0" ... */
-    size_t paths_len;
-    double scan_s;
-};
-
 static const char *const image_exts[] = {"jpg", "jpeg", "png", "bmp", "gif", "pgm", "ppm", "tga"};
 
 /* ---- small growable containers; every growth doubles, so a million files cost ~20 moves ---- */
@@ -448,6 +436,7 @@ void mgt_dataset_free(mgt_dataset *ds)
 {
     if (!ds)
         return;
+    mgt_pack_release(ds->pack);
     for (int c = 0; c < ds->nclasses; c++)
         free(ds->class_names[c]);
     free(ds->class_names);
@@ -569,72 +558,17 @@ int mgt_dataset_label(const mgt_dataset *ds, size_t i) { return i < ds->n ? ds->
 
 const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i)
 {
-    return i < ds->n ? ds->paths + ds->path_off[i] : NULL;
+    if (i >= ds->n)
+        return NULL;
+    return ds->pack ? mgt_pack_relpath(ds, i) : ds->paths + ds->path_off[i];
 }
 
 mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap)
 {
     if (i >= ds->n)
         return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
-    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, ds->paths + ds->path_off[i]) >= cap)
-        return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir,
-                             ds->paths + ds->path_off[i]);
+    const char *rel = mgt_dataset_relpath(ds, i);
+    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, rel) >= cap)
+        return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir, rel);
     return MGT_OK;
-}
-
-mgt_status mgt_dataset_probe(const mgt_dataset *ds, int probe, int *w, int *h, int *channels)
-{
-    size_t n = mgt_dataset_size(ds);
-    if (probe < 1)
-        probe = 1;
-    if ((size_t)probe > n)
-        probe = (int)n;
-    int *ws = malloc(sizeof(int) * 2 * (size_t)probe);
-    mgt_decoder *dec = NULL;
-    if (!ws || mgt_decoder_create(&dec) != MGT_OK) {
-        free(ws);
-        return mgt_error_set(MGT_ERR_OOM, "probe: out of memory");
-    }
-    int *hs = ws + probe;
-    int got = 0;
-    bool color = false;
-    char path[8192];
-    uint8_t *buf = NULL;
-    size_t cap = 0;
-    for (int k = 0; k < probe; k++) {
-        size_t i = (size_t)((double)k * (double)n / probe);
-        mgt_image_header hd;
-        if (mgt_dataset_path(ds, i, path, sizeof path) != MGT_OK ||
-            mgt_data_file_header(dec, path, &buf, &cap, &hd) != MGT_OK)
-            continue;
-        if (hd.c == 3)
-            color = true;
-        ws[got] = hd.w;
-        hs[got] = hd.h;
-        got++;
-    }
-    free(buf);
-    mgt_decoder_free(dec);
-    mgt_status st = MGT_OK;
-    if (got == 0) {
-        st = mgt_error_set(MGT_ERR_INVALID, "%s: none of %d probed image files could be read",
-                           mgt_dataset_dir(ds), probe);
-    } else {
-        /* the most common size; a few hundred probes make quadratic counting cheap */
-        int best = 0, best_count = 0;
-        for (int a = 0; a < got; a++) {
-            int c = 0;
-            for (int b = 0; b < got; b++)
-                c += ws[a] == ws[b] && hs[a] == hs[b];
-            if (c > best_count) {
-                best_count = c;
-                best = a;
-            }
-        }
-        *w = ws[best];
-        *h = hs[best];
-        *channels = color ? 3 : 1;
-    }
-    free(ws);
-    return st;
 }

@@ -315,11 +315,16 @@ static double filter_support(mgt_interp m) { return m == MGT_INTERP_BICUBIC ? 2.
    (antialias), windows clamp to [lim0, lim1) and the weights renormalise. NEAREST is PIL's
    affine scale (a running sum of the step, floored). A box of exactly osize whole pixels is
    copied (PIL skips that pass). */
-static int axis_ksize(mgt_interp m, double bsize, int osize)
+static bool axis_identity(mgt_interp m, double in0, double in1, int osize)
 {
-    if (m == MGT_INTERP_NEAREST || (bsize == osize && bsize == floor(bsize)))
+    return m != MGT_INTERP_NEAREST && in1 - in0 == osize && in0 == floor(in0);
+}
+
+static int axis_ksize(mgt_interp m, double in0, double in1, int osize)
+{
+    if (m == MGT_INTERP_NEAREST || axis_identity(m, in0, in1, osize))
         return 1;
-    double scale = bsize / osize;
+    double scale = (in1 - in0) / osize;
     double support = filter_support(m) * (scale > 1.0 ? scale : 1.0);
     return (int)ceil(support) * 2 + 1;
 }
@@ -328,7 +333,7 @@ static void axis_weights(mgt_axis *a, mgt_interp m, double in0, double in1, int 
                          int osize, int o0, int n)
 {
     double bsize = in1 - in0, base = floor(in0), frac = in0 - base;
-    if (m != MGT_INTERP_NEAREST && bsize == osize && frac == 0 && bsize == floor(bsize)) {
+    if (axis_identity(m, in0, in1, osize)) {
         for (int k = 0; k < n; k++) {
             a->first[k] = (int)base + o0 + k;
             a->count[k] = 1;
@@ -445,8 +450,8 @@ mgt_status mgt_resample_plan(const mgt_geom *g, mgt_interp m, int channels,
     rs->nx = cx1 - cx0;
     rs->ny = cy1 - cy0;
     const int nx = rs->nx, ny = rs->ny, C = channels;
-    rs->ax.ksize = axis_ksize(m, g->box[2] - g->box[0], g->sw);
-    rs->ay.ksize = axis_ksize(m, g->box[3] - g->box[1], g->sh);
+    rs->ax.ksize = axis_ksize(m, g->box[0], g->box[2], g->sw);
+    rs->ay.ksize = axis_ksize(m, g->box[1], g->box[3], g->sh);
     int lw = g->lim[2] - g->lim[0], lh = g->lim[3] - g->lim[1];
     if (lw < 1 || lh < 1)
         return mgt_error_set(MGT_ERR_INVALID, "transform: empty source box");
@@ -594,12 +599,18 @@ mgt_status mgt_resample_run(const mgt_resample *rs, const mgt_image_view *v,
                 }
             }
         } else {
-            for (int x = 0; x < nx; x++) {
-                int ox = rs->cx0 + x;
+            /* plane by plane: the planes of a 224x224 output lie a multiple of 4 KiB apart,
+               and three interleaved store streams at one page offset stall on 4K aliasing
+               (a third of the resampling's time) */
+            for (int c = 0; c < C; c++) {
+                float *dst = o->f + c * plane + orow;
+                const float a = o->a[c], b = o->b[c];
                 if (rs->g.flip)
-                    ox = OW - 1 - ox;
-                for (int c = 0; c < C; c++)
-                    o->f[c * plane + orow + ox] = acc[(size_t)x * C + c] * o->a[c] + o->b[c];
+                    for (int x = 0; x < nx; x++)
+                        dst[OW - 1 - (rs->cx0 + x)] = acc[(size_t)x * C + c] * a + b;
+                else
+                    for (int x = 0; x < nx; x++)
+                        dst[rs->cx0 + x] = acc[(size_t)x * C + c] * a + b;
             }
         }
     }

@@ -1,7 +1,8 @@
 # Writes a small synthetic ImageFolder tree of JPEGs (train/<class>/*.jpg) with PIL for the data-loading comparison in tools/compare-pytorch.sh.
 """Makes DIR/train/class_K/NNNNN.jpg: smooth colour gradients plus noise and a few shapes,
 so that the JPEGs have realistic entropy (pure noise or flat colour would make decode
-unrealistically slow or fast). Sizes vary around --size so crops and resizes do real work.
+unrealistically slow or fast). Sizes vary around --size so crops and resizes do real work;
+--width and --height give every image that size instead (500x375: ImageNet's typical photo).
 Deterministic for a given --seed; skips work when the tree already has the requested count.
 """
 
@@ -16,6 +17,8 @@ def main():
     p.add_argument("--count", type=int, default=400)
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--size", type=int, default=256)
+    p.add_argument("--width", type=int, default=0, help="every image this wide (0: around --size)")
+    p.add_argument("--height", type=int, default=0, help="every image this high (0: around --size)")
     p.add_argument("--quality", type=int, default=90)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -25,7 +28,8 @@ def main():
 
     root = os.path.join(a.dir, "train")
     have = sum(len(fs) for _, _, fs in os.walk(root)) if os.path.isdir(root) else 0
-    if have == a.count:
+    marker = os.path.join(a.dir, ".made-%dx%d-q%d-s%d" % (a.width, a.height, a.quality, a.size))
+    if have == a.count and (os.path.exists(marker) or not (a.width and a.height)):
         print("make_images.py: %s already has %d images" % (root, have))
         return
     rng = random.Random(a.seed)
@@ -35,6 +39,8 @@ def main():
         os.makedirs(os.path.join(root, cls), exist_ok=True)
         w = a.size + rng.randint(-a.size // 8, a.size // 4)
         h = a.size + rng.randint(-a.size // 8, a.size // 8)
+        if a.width and a.height:
+            w, h = a.width, a.height
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         base = np.stack([
             128 + 100 * np.sin(xx / rng.uniform(8, 60) + rng.uniform(0, 6)),
@@ -51,6 +57,7 @@ def main():
             (d.ellipse if rng.random() < 0.5 else d.rectangle)([x0, y0, x1, y1], fill=colour)
         img = img.filter(ImageFilter.GaussianBlur(0.6))
         img.save(os.path.join(root, cls, "%05d.jpg" % i), quality=a.quality)
+    open(marker, "w").close()
     print("make_images.py: wrote %d JPEGs under %s" % (a.count, root))
 
 
