@@ -156,8 +156,7 @@ static mgt_status open_data(const char *dir, const mgt_scan_options *so, mgt_dat
     snprintf(p3, sizeof p3, "%s/train.pack", dir);
     snprintf(p4, sizeof p4, "%s/val.pack", dir);
     if (is_file(dir)) /* a pack: its val split when it has one */
-        return mgt_data_open(dir, so, train,
-                             val && mgt_pack_has_split(dir, "val") ? val : NULL);
+        return mgt_data_open(dir, so, train, val && mgt_pack_has_split(dir, "val") ? val : NULL);
     if (is_file(p3) || is_file(p4))
         return mgt_data_open(dir, so, is_file(p3) ? train : NULL, is_file(p4) && val ? val : NULL);
     if (is_dir(p1) || is_dir(p2))
