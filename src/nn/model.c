@@ -504,6 +504,37 @@ const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n)
     return m->table;
 }
 
+/* A layer's tensors share the name up to the last dot (conv1.weight, bn1.weight + bn1.bias):
+   backward reports each layer once its last tensor's gradient is enqueued. */
+static bool same_layer(const char *a, const char *b)
+{
+    const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+    size_t la = da ? (size_t)(da - a) : strlen(a), lb = db ? (size_t)(db - b) : strlen(b);
+    return la == lb && strncmp(a, b, la) == 0;
+}
+
+int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap)
+{
+    /* Params are placed back to back in arena order (place_params): walk them by offset. */
+    int n = 0;
+    size_t at = 0;
+    const mgt_model_entry *prev = NULL;
+    while (at < m->params_bytes) {
+        const mgt_model_entry *e = NULL;
+        for (int i = 0; i < m->n_table && !e; i++)
+            if (m->table[i].role == MGT_MODEL_PARAM && m->table[i].offset == at)
+                e = &m->table[i];
+        assert(e);
+        if (prev && !same_layer(prev->name, e->name))
+            n++;
+        at += nn_align(e->numel * sizeof(float));
+        if (n < cap)
+            ends[n] = at;
+        prev = e;
+    }
+    return prev ? n + 1 : 0;
+}
+
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n)
 {
     if (n)
