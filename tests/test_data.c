@@ -403,7 +403,7 @@ static void test_scan_order_and_labels(void **state)
     char *progress_buf = NULL;
     size_t progress_len = 0;
     FILE *pf = open_memstream(&progress_buf, &progress_len);
-    mgt_scan_options so = {.progress = pf};
+    mgt_scan_options so = {.progress = pf, .warn = mgt_test_quiet()};
     assert_int_equal(mgt_imagefolder_open(root, &so, &tr, &va), MGT_OK);
     fclose(pf);
     assert_true(contains(progress_buf, "files/s"));
@@ -445,9 +445,61 @@ static void test_scan_order_and_labels(void **state)
     mgt_dataset_free(NULL);
 
     /* a trailing slash changes nothing */
-    assert_int_equal(mgt_dataset_scan(P("%s/train/", root), NULL, &tr), MGT_OK);
+    so.progress = NULL;
+    assert_int_equal(mgt_dataset_scan(P("%s/train/", root), &so, &tr), MGT_OK);
     assert_string_equal(mgt_dataset_dir(tr), P("%s/train", root));
     mgt_dataset_free(tr);
+}
+
+/* Issue 17: symbolic links that loop. Each class folder of this val split holds a link to
+   the split ("up" -> ..); one also a link to itself, one to another class, one a link one
+   level up from a subfolder, and two links to one real subfolder. os.walk(followlinks=True)
+   would count the split again inside every class (a 15-image split counted as 80 and more);
+   the scan enters each folder once and names every link it does not follow. */
+static void test_scan_symlink_loops(void **state)
+{
+    (void)state;
+    HOLD(v, "%s/loops/val", g_root);
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < 5; i++)
+            tagged_png(P("%s/c%d/%d.png", v, c, i), 4, 4, (uint8_t)(10 * c + i));
+        assert_int_equal(symlink("..", P("%s/c%d/up", v, c)), 0);
+    }
+    assert_int_equal(symlink(".", P("%s/c0/loop", v)), 0);
+    assert_int_equal(symlink("../c2", P("%s/c1/other", v)), 0);
+    tagged_png(P("%s/c1/sub/s.png", v), 4, 4, 40);
+    assert_int_equal(symlink("..", P("%s/c1/sub/back", v)), 0);
+    tagged_png(P("%s/c2/real/r1.png", v), 4, 4, 50);
+    tagged_png(P("%s/c2/real/r2.png", v), 4, 4, 51);
+    assert_int_equal(symlink("real", P("%s/c2/e1", v)), 0);
+    assert_int_equal(symlink("real", P("%s/c2/e2", v)), 0);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *wf = open_memstream(&buf, &len);
+    mgt_scan_options so = {.warn = wf};
+    mgt_dataset *ds;
+    CHECK(mgt_dataset_scan(v, &so, &ds));
+    fclose(wf);
+    /* 15 images, c1/sub/s.png, and c2's two in real/ once (reached first as e1, in sorted
+       order) */
+    assert_int_equal(mgt_dataset_size(ds), 18);
+    assert_string_equal(mgt_dataset_relpath(ds, 17), "c2/e1/r2.png");
+    int per_class[3] = {0};
+    for (size_t i = 0; i < mgt_dataset_size(ds); i++)
+        per_class[mgt_dataset_label(ds, i)]++;
+    assert_int_equal(per_class[0], 5);
+    assert_int_equal(per_class[1], 6);
+    assert_int_equal(per_class[2], 7);
+    /* not followed: three "up", c0/loop, c1/other, c1/sub/back, c2/e2, c2/real */
+    assert_int_equal(mgt_dataset_links_skipped(ds), 8);
+    assert_true(contains(buf, P("%s/c0/loop: a symbolic link loop (back to %s/c0)", v, v)));
+    assert_true(contains(buf, P("%s/c0/up: a symbolic link loop (back to %s/)", v, v)));
+    assert_true(contains(buf, P("%s/c1/sub/back: a symbolic link loop (back to %s/c1)", v, v)));
+    assert_true(contains(buf, P("%s/c1/other: leads to a folder already scanned (%s/c2)", v, v)));
+    assert_true(contains(buf, P("%s/c2/e2: leads to a folder already scanned (%s/c2/e1)", v, v)));
+    free(buf);
+    mgt_dataset_free(ds);
 }
 
 static void expect_open_error(const char *dir, mgt_status want, const char *needle1,
@@ -2036,6 +2088,7 @@ int main(void)
         cmocka_unit_test(test_philox_kat),
         cmocka_unit_test(test_rng_draws),
         cmocka_unit_test(test_scan_order_and_labels),
+        cmocka_unit_test(test_scan_symlink_loops),
         cmocka_unit_test(test_dataset_errors),
         cmocka_unit_test(test_decode_layouts),
         cmocka_unit_test(test_decode_errors),

@@ -33,7 +33,12 @@
 
 /* One split (DIR/train or DIR/val) as torchvision's ImageFolder sees it: classes are the
    immediate subfolders sorted by strcmp (Python's sorted), label = position; a class's files
-   are found recursively (symlinks followed) and ordered as sorted(os.walk) then sorted(files).
+   are found recursively (symlinks followed, as os.walk(followlinks=True)) and ordered as
+   sorted(os.walk) then sorted(files). Unlike os.walk, each folder is entered once (by device
+   and inode): a link back to a folder above it (a loop), to another class folder, to the
+   split folder, or to a folder already entered another way is not followed, with a
+   warning naming the link and where it leads; subfolders are entered in sorted order, so
+   which way to a folder counts is the same on every file system.
    Files count when their extension is one of jpg jpeg png bmp gif pgm ppm tga (any case).
    Unlike torchvision, names starting with '.' (files and folders) are skipped: editors and
    notebooks leave such folders (.ipynb_checkpoints) inside class folders. */
@@ -44,6 +49,7 @@ typedef struct mgt_scan_options {
     FILE *progress;         /* where "scanning ...: N files, X files/s" goes, redrawn with \r
                            about 4 times a second; NULL: silent. Pass stderr when it is a tty. */
     const mgt_abort *abort; /* (optional) leaves a long scan with MGT_ERR_ABORTED */
+    FILE *warn;             /* warnings (links not followed); NULL: stderr */
 } mgt_scan_options;
 
 /* Scans one split folder. Errors (naming the path): the folder is missing or unreadable, it
@@ -69,6 +75,8 @@ const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i);
 mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap);
 /* Seconds the scan took (files/s = size / seconds). */
 double mgt_dataset_scan_seconds(const mgt_dataset *ds);
+/* Symbolic links to folders already entered that the scan did not follow (each warned). */
+size_t mgt_dataset_links_skipped(const mgt_dataset *ds);
 /* Whether two splits have the same class names in the same order. */
 bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b);
 

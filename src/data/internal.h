@@ -19,6 +19,7 @@ struct mgt_dataset {
     size_t *path_off; /* n offsets into paths */
     char *paths;      /* "class/sub/name\0" ... */
     size_t paths_len;
+    size_t links_skipped; /* symbolic links to folders already entered, not followed */
     /* a pack (pack != NULL) */
     mgt_pack *pack;         /* shared, reference-counted */
     const uint8_t *entries; /* n entries of 32 bytes, in the map */

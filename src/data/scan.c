@@ -114,6 +114,66 @@ static entry_kind classify(const char *parent, const struct dirent *e, dev_t *de
     return ENTRY_OTHER;
 }
 
+/* The folders scanned so far in a split, by device and inode, so that each is entered once:
+   a symbolic link back into a folder above it (a loop, which os.walk(followlinks=True)
+   follows until the path is too long) or to a folder already scanned (another class, the
+   split itself) is reported and not followed. Open addressing, grown at half full. */
+typedef struct seen_dir {
+    dev_t dev;
+    ino_t ino;
+    size_t name; /* offset of its path relative to the split in walk.seen_names; 0 = unused */
+} seen_dir;
+
+typedef struct seen_set {
+    seen_dir *v;
+    size_t cap, n;
+} seen_set;
+
+static size_t seen_hash(dev_t dev, ino_t ino, size_t cap)
+{
+    uint64_t h = ((uint64_t)dev * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ino * 0xC2B2AE3D27D4EB4Full);
+    return (size_t)(h ^ (h >> 29)) & (cap - 1);
+}
+
+/* The entry of (dev, ino), or NULL. */
+static const seen_dir *seen_find(const seen_set *s, dev_t dev, ino_t ino)
+{
+    if (!s->cap)
+        return NULL;
+    for (size_t i = seen_hash(dev, ino, s->cap);; i = (i + 1) & (s->cap - 1)) {
+        if (!s->v[i].name)
+            return NULL;
+        if (s->v[i].dev == dev && s->v[i].ino == ino)
+            return &s->v[i];
+    }
+}
+
+static mgt_status seen_add(seen_set *s, dev_t dev, ino_t ino, size_t name)
+{
+    if (2 * (s->n + 1) > s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 256;
+        seen_dir *v = calloc(cap, sizeof *v);
+        if (!v)
+            return mgt_error_set(MGT_ERR_OOM, "scan: out of memory");
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->v[i].name) {
+                size_t j = seen_hash(s->v[i].dev, s->v[i].ino, cap);
+                while (v[j].name)
+                    j = (j + 1) & (cap - 1);
+                v[j] = s->v[i];
+            }
+        free(s->v);
+        s->v = v;
+        s->cap = cap;
+    }
+    size_t i = seen_hash(dev, ino, s->cap);
+    while (s->v[i].name)
+        i = (i + 1) & (s->cap - 1);
+    s->v[i] = (seen_dir){dev, ino, name};
+    s->n++;
+    return MGT_OK;
+}
+
 /* One visited folder of a class: its path relative to the split and its files. */
 typedef struct walk_dir {
     size_t rel_off;      /* in walk.names */
@@ -126,9 +186,9 @@ typedef struct walk {
     offvec files;     /* offsets of file names in names */
     walk_dir *dirs;
     size_t ndirs, dircap;
-    /* the folders from the class folder down to the current one, to stop symlink cycles */
-    dev_t stack_dev[64];
-    ino_t stack_ino[64];
+    seen_set seen;     /* every folder entered in the split */
+    strbuf seen_names; /* their relative paths ("" for the split; offset 0 is a pad) */
+    size_t links_skipped;
     int depth;
     size_t total; /* files found in the whole split so far */
     double t0, last_print;
@@ -209,14 +269,6 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
                 }
             }
         } else if (k == ENTRY_DIR) {
-            /* a link back to a folder we are inside would recurse for ever */
-            bool cycle = false;
-            if (dev != 0 || ino != 0)
-                for (int i = 0; i < w->depth; i++)
-                    if (w->stack_dev[i] == dev && w->stack_ino[i] == ino)
-                        cycle = true;
-            if (cycle)
-                continue;
             char sub[4096];
             if ((size_t)snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name) >= sizeof sub)
                 continue;
@@ -233,6 +285,9 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
     d = NULL;
     w->dirs[me].count = w->files.n - w->dirs[me].first;
 
+    /* entered in sorted order, so that which of two ways to one folder is taken (the first)
+       does not depend on the file system's order */
+    qsort_r(subdirs.v, subdirs.n, sizeof(size_t), cmp_str_at, w->names.p);
     for (size_t i = 0; st == MGT_OK && i < subdirs.n; i++) {
         if (w->depth >= 64) {
             st = mgt_error_set(MGT_ERR_INVALID, "%s/%s: folders nested too deep", w->root,
@@ -247,8 +302,32 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
         if ((size_t)snprintf(subpath, sizeof subpath, "%s/%s", w->root, sub) >= sizeof subpath ||
             stat(subpath, &sst) != 0)
             continue;
-        w->stack_dev[w->depth] = sst.st_dev;
-        w->stack_ino[w->depth] = sst.st_ino;
+        const seen_dir *was = seen_find(&w->seen, sst.st_dev, sst.st_ino);
+        if (was) {
+            const char *prev = w->seen_names.p + was->name;
+            size_t pl = strlen(prev);
+            bool loop = pl == 0 || (strncmp(sub, prev, pl) == 0 && sub[pl] == '/');
+            FILE *f = w->opt && w->opt->warn ? w->opt->warn : stderr;
+            char shown[4096];
+            snprintf(shown, sizeof shown, "%s", sub);
+            mgt_data_sanitize(shown);
+            if (loop)
+                fprintf(f,
+                        "mgtrain: warning: %s/%s: a symbolic link loop (back to %s/%s); not "
+                        "followed\n",
+                        w->root, shown, w->root, prev);
+            else
+                fprintf(f,
+                        "mgtrain: warning: %s/%s: leads to a folder already scanned (%s/%s); "
+                        "not followed, so that its files count once\n",
+                        w->root, shown, w->root, prev);
+            w->links_skipped++;
+            continue;
+        }
+        size_t off;
+        if ((st = strbuf_add(&w->seen_names, sub, strlen(sub), &off)) != MGT_OK ||
+            (st = seen_add(&w->seen, sst.st_dev, sst.st_ino, off)) != MGT_OK)
+            break;
         w->depth++;
         st = walk_dir_rec(w, sub);
         w->depth--;
@@ -280,8 +359,6 @@ static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths,
     struct stat st;
     if (stat(path, &st) != 0)
         return mgt_error_set(MGT_ERR_IO, "%s: %s", path, strerror(errno));
-    w->stack_dev[0] = st.st_dev;
-    w->stack_ino[0] = st.st_ino;
     w->depth = 1;
     mgt_status s = walk_dir_rec(w, cls);
     if (s != MGT_OK)
@@ -380,6 +457,30 @@ static mgt_status list_classes(mgt_dataset *ds)
     return MGT_OK;
 }
 
+/* The split folder and every class folder count as entered before any class is walked: a
+   link from one class into another, or up to the split, is not followed. */
+static mgt_status register_roots(walk *w, const mgt_dataset *ds)
+{
+    size_t pad, off;
+    mgt_status st = strbuf_add(&w->seen_names, "", 0, &pad); /* offset 0 means unused */
+    struct stat sb;
+    if (st == MGT_OK && stat(ds->dir, &sb) == 0 &&
+        (st = strbuf_add(&w->seen_names, "", 0, &off)) == MGT_OK)
+        st = seen_add(&w->seen, sb.st_dev, sb.st_ino, off);
+    for (int c = 0; st == MGT_OK && c < ds->nclasses; c++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", ds->dir, ds->class_names[c]);
+        if (stat(path, &sb) != 0)
+            continue; /* scan_class reports it */
+        const char *name = ds->class_names[c];
+        if (seen_find(&w->seen, sb.st_dev, sb.st_ino))
+            continue; /* two class names for one folder: walked under the first */
+        if ((st = strbuf_add(&w->seen_names, name, strlen(name), &off)) == MGT_OK)
+            st = seen_add(&w->seen, sb.st_dev, sb.st_ino, off);
+    }
+    return st;
+}
+
 mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_dataset **out)
 {
     *out = NULL;
@@ -402,12 +503,13 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
     offvec offs = {0};
     size_t labcap = 0;
 
-    if ((st = list_classes(ds)) != MGT_OK)
+    if ((st = list_classes(ds)) != MGT_OK || (st = register_roots(&w, ds)) != MGT_OK)
         goto fail;
     for (int c = 0; c < ds->nclasses; c++)
         if ((st = scan_class(&w, ds, c, &paths, &offs, &ds->labels, &labcap)) != MGT_OK)
             goto fail;
     progress(&w, true);
+    ds->links_skipped = w.links_skipped;
 
     ds->n = offs.n;
     ds->path_off = offs.v;
@@ -417,6 +519,8 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
     free(w.names.p);
     free(w.files.v);
     free(w.dirs);
+    free(w.seen.v);
+    free(w.seen_names.p);
     *out = ds;
     return MGT_OK;
 
@@ -426,6 +530,8 @@ fail:
     free(w.names.p);
     free(w.files.v);
     free(w.dirs);
+    free(w.seen.v);
+    free(w.seen_names.p);
     free(paths.p);
     free(offs.v);
     mgt_dataset_free(ds);
@@ -548,6 +654,7 @@ size_t mgt_dataset_size(const mgt_dataset *ds) { return ds->n; }
 int mgt_dataset_class_count(const mgt_dataset *ds) { return ds->nclasses; }
 const char *mgt_dataset_dir(const mgt_dataset *ds) { return ds->dir; }
 double mgt_dataset_scan_seconds(const mgt_dataset *ds) { return ds->scan_s; }
+size_t mgt_dataset_links_skipped(const mgt_dataset *ds) { return ds->links_skipped; }
 
 const char *mgt_dataset_class_name(const mgt_dataset *ds, int label)
 {
