@@ -225,7 +225,12 @@ mgt_status mgt_data_import_fashion_mnist(const char *src_dir, const char *out_di
         fprintf(progress, "\rimported Fashion-MNIST into %s: %zu train and %zu val images\n",
                 out_dir, ntrain, nval);
     char text[4300];
-    snprintf(text, sizeof text, "fashion-mnist from %s: train %zu, val %zu\n", src_dir, ntrain,
-             nval);
+    if (per_class > 0)
+        snprintf(text, sizeof text,
+                 "fashion-mnist from %s, the first %zu of each class: train %zu, val %zu\n",
+                 src_dir, per_class, ntrain, nval);
+    else
+        snprintf(text, sizeof text, "fashion-mnist from %s: train %zu, val %zu\n", src_dir, ntrain,
+                 nval);
     return write_marker(out_dir, text);
 }
