@@ -1096,6 +1096,27 @@ static void test_fast_decode_tolerance(void **state)
     mgt_dataset_free(ds);
 }
 
+/* One decoder for a file that fails and then a good one: TurboJPEG 2.1's handle, reused after
+   a failure, read the next header as 0 x 0; the decoder starts a new handle instead. */
+static void test_decoder_after_error(void **state)
+{
+    (void)state;
+    size_t n;
+    uint8_t *good = slurp(GOLDEN_DIR "/photo420.jpg", &n);
+    mgt_decoder *d;
+    CHECK(mgt_decoder_create(&d));
+    for (int k = 0; k < 3; k++) {
+        mgt_image_view v;
+        size_t cut = k == 0 ? n / 8 : n / 2; /* before the SOS marker, and in the scan */
+        assert_int_equal(mgt_decoder_decode(d, good, cut, "cut.jpg", 3, NULL, NULL, &v),
+                         MGT_ERR_INVALID);
+        CHECK(mgt_decoder_decode(d, good, n, "good.jpg", 3, NULL, NULL, &v));
+        assert_true(v.w == 64 && v.h == 48);
+    }
+    mgt_decoder_free(d);
+    free(good);
+}
+
 /* ---- transforms ---- */
 
 static void test_resize_matches_pil(void **state)
@@ -2159,6 +2180,7 @@ int main(void)
         cmocka_unit_test(test_gray_matches_pil),
         cmocka_unit_test(test_jpeg_matches_pil),
         cmocka_unit_test(test_region_decode),
+        cmocka_unit_test(test_decoder_after_error),
         cmocka_unit_test(test_fast_decode_tolerance),
         cmocka_unit_test(test_resize_matches_pil),
         cmocka_unit_test(test_resize_by_hand),

@@ -198,6 +198,19 @@ void mgt_decoder_free(mgt_decoder *d)
 
 const mgt_decoder_stats *mgt_decoder_stats_get(const mgt_decoder *d) { return &d->stats; }
 
+/* A fresh TurboJPEG handle. After a failed call, TurboJPEG 2.1's handle can report the
+   next header as 0 x 0 (seen with a cut JPEG followed by a good one), so a failure always
+   costs a new handle: rare, and a few microseconds. */
+static mgt_status tj_reset(mgt_decoder *d)
+{
+    if (d->tj)
+        tjDestroy(d->tj);
+    d->tj = tjInitDecompress();
+    if (!d->tj)
+        return mgt_error_set(MGT_ERR_OOM, "decoder: TurboJPEG: %s", tjGetErrorStr2(NULL));
+    return MGT_OK;
+}
+
 /* The decoder's pixel buffer at `bytes` or more; growing it is counted. */
 static uint8_t *px_get(mgt_decoder *d, size_t bytes)
 {
@@ -310,8 +323,13 @@ static mgt_status parse_header(mgt_decoder *d, const uint8_t *b, size_t len, con
         return mgt_error_set(MGT_ERR_INVALID, "%s: file too large", name);
     if (is_jpeg(b, len)) {
         int w, h, sub, cs;
-        if (tjDecompressHeader3(d->tj, b, (unsigned long)len, &w, &h, &sub, &cs) != 0)
-            return mgt_error_set(MGT_ERR_INVALID, "%s: %s", name, tjGetErrorStr2(d->tj));
+        if (!d->tj && tj_reset(d) != MGT_OK)
+            return MGT_ERR_OOM;
+        if (tjDecompressHeader3(d->tj, b, (unsigned long)len, &w, &h, &sub, &cs) != 0) {
+            mgt_status st = mgt_error_set(MGT_ERR_INVALID, "%s: %s", name, tjGetErrorStr2(d->tj));
+            tj_reset(d);
+            return st;
+        }
         mgt_status st = check_size(name, w, h);
         if (st != MGT_OK)
             return st;
@@ -389,8 +407,11 @@ static mgt_status jpeg_whole(mgt_decoder *d, const uint8_t *b, size_t len, const
     if (!px)
         return mgt_error_set(MGT_ERR_OOM, "%s: out of memory for %dx%d pixels", name, hd->w, hd->h);
     if (tjDecompress2(d->tj, b, (unsigned long)len, px, hd->w, 0, hd->h, pf, 0) != 0 &&
-        tjGetErrorCode(d->tj) != TJERR_WARNING)
-        return mgt_error_set(MGT_ERR_INVALID, "%s: %s", name, tjGetErrorStr2(d->tj));
+        tjGetErrorCode(d->tj) != TJERR_WARNING) {
+        mgt_status st = mgt_error_set(MGT_ERR_INVALID, "%s: %s", name, tjGetErrorStr2(d->tj));
+        tj_reset(d);
+        return st;
+    }
     if (hd->cmyk)
         cmyk_to_rgb(px, px, n);
     if (channels == 1 && pf != TJPF_GRAY)

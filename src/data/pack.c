@@ -364,8 +364,8 @@ mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, mgt_record *out)
                              ds->dir, mgt_pack_relpath(ds, i), i, got, want);
     if (e[24] == KIND_BAD) {
         int n = len > 400 ? 400 : (int)len;
-        return mgt_error_set(MGT_ERR_INVALID, "%.*s (a bad file when it was packed)", n,
-                             (const char *)bytes);
+        return mgt_error_set(MGT_ERR_INVALID, "%s/%s: %.*s (a bad file when it was packed)",
+                             ds->dir, mgt_pack_relpath(ds, i), n, (const char *)bytes);
     }
     out->bytes = bytes;
     out->len = len;
@@ -474,8 +474,13 @@ static int pack_one(void *arg, int wi, size_t k)
     if (st == MGT_ERR_OOM)
         return (int)st;
     if (st != MGT_OK) {
+        /* the reason without the folder's path: the pack names the file itself */
+        const char *why = mgt_error_last();
+        size_t pl = strlen(path);
+        if (strncmp(why, path, pl) == 0 && strncmp(why + pl, ": ", 2) == 0)
+            why += pl + 2;
         char reason[1024];
-        snprintf(reason, sizeof reason, "%s", mgt_error_last());
+        snprintf(reason, sizeof reason, "%s", why);
         mgt_data_sanitize(reason);
         return (int)make_bad(m, reason);
     }
@@ -614,8 +619,12 @@ static mgt_status pack_split(const mgt_pack_options *o, pack_worker *workers, sp
                 memcpy(sm->strings + at, mgt_dataset_relpath(ds, i), l);
                 at += l;
                 out_write(out, m->bytes, m->len);
-                if (m->kind == KIND_BAD && o->bad)
-                    o->bad(o->bad_ctx, (const char *)m->bytes);
+                if (m->kind == KIND_BAD && o->bad) {
+                    char text[1400];
+                    snprintf(text, sizeof text, "%s/%s: %s", mgt_dataset_dir(ds),
+                             mgt_dataset_relpath(ds, i), (const char *)m->bytes);
+                    o->bad(o->bad_ctx, text);
+                }
                 stats->records++;
                 stats->bad += m->kind == KIND_BAD;
                 stats->reencoded += m->reencoded;
