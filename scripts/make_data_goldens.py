@@ -20,6 +20,14 @@ What each file checks, and against what:
   generator and the crop from torchvision itself; otherwise (as on Debian 12 without
   python3-torchvision) from random.Random and a transcription of torchvision's published
   get_params (v0.14, torchvision/transforms/transforms.py), which the header line says.
+- augment_ops.txt.gz: torchvision 0.14's autoaugment._apply_op (the ops of TrivialAugmentWide,
+  RandAugment and AutoAugment) on fixed 8-bit PIL images, each op at fixed magnitudes and,
+  for the geometric ones, with nearest, bilinear and bicubic interpolation: the output
+  pixels (mgtrain must match exactly: the ops are PIL's arithmetic).
+- augment_space.txt: the magnitude tables of the three policies' _augmentation_space and
+  AutoAugmentPolicy.IMAGENET's sub-policies, from torchvision itself.
+- erase.txt: RandomErasing.get_params replayed like rrc.txt (draws from torch's generator,
+  the rectangle from torchvision).
 - sampler.txt: torch.utils.data.DistributedSampler with shuffle=False for several (n,
   replicas, drop_last): the padding and striding act on the permutation, so on the identity
   they show every index each rank gets. From torch itself when importable, else from a
@@ -335,6 +343,147 @@ def write_jpegs(outdir):
     return len(files)
 
 
+# ---------------------------------------------------------------- policy ops
+
+
+def aug_images():
+    """Small fixed images: colour (not square), colour (square, for the exact 90-degree
+    rotations), gray; gradients, a bright bar and noise, so that every op changes them."""
+    rs = np.random.RandomState(2024)
+    out = []
+    for (w, h, c) in [(20, 14, 3), (12, 12, 3), (20, 14, 1)]:
+        y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+        img = np.zeros((h, w, 3))
+        img[..., 0] = 60 + 120 * x / w
+        img[..., 1] = 40 + 150 * y / h
+        img[..., 2] = 128 + 80 * np.sin(x / 3.0 + y / 4.0)
+        img[h // 3, :, :] = 235
+        img += rs.randint(-12, 13, img.shape)
+        img = np.clip(img, 0, 255).astype(np.uint8)
+        out.append(img if c == 3 else np.asarray(Image.fromarray(img, "RGB").convert("L")))
+    return out
+
+
+def write_augment_ops(path):
+    import gzip
+    from torchvision.transforms import InterpolationMode as IM
+    from torchvision.transforms.autoaugment import _apply_op
+
+    imgs = aug_images()
+    interps = [("nearest", IM.NEAREST), ("bilinear", IM.BILINEAR), ("bicubic", IM.BICUBIC)]
+    geometric = [("ShearX", [0.3, -0.17, 0.99]), ("ShearY", [0.3, -0.17, 0.99]),
+                 ("TranslateX", [5.7, -3.2, 12.0]), ("TranslateY", [5.7, -3.2, 12.0]),
+                 ("Rotate", [30.0, -13.5, 90.0, -90.0, 135.0, 180.0])]
+    enhance = [(op, [0.9, -0.5, 0.33, -0.99, 0.0])
+               for op in ("Brightness", "Color", "Contrast", "Sharpness")]
+    lut = [("Posterize", [8.0, 4.0, 2.0, 0.0]), ("Solarize", [255.0, 128.0, 100.5, 0.0]),
+           ("AutoContrast", [0.0]), ("Equalize", [0.0]), ("Invert", [0.0]), ("Identity", [0.0])]
+    cases = []
+    for k, img in enumerate(imgs):
+        for op, mags in geometric:
+            for iname, imode in interps:
+                for m in mags:
+                    cases.append((op, iname, imode, m, k))
+        for op, mags in enhance + lut:
+            for m in mags:
+                cases.append((op, "bilinear", IM.BILINEAR, m, k))
+    with gzip.GzipFile(path, "wb", mtime=0) as gz:
+        def line(t):
+            gz.write((t + "\n").encode())
+        line("# torchvision %s autoaugment._apply_op on PIL %s images, by "
+             "scripts/make_data_goldens.py" % (torchvision.__version__, Image.__version__))
+        line("# images: count, then per image 'w h c' and its pixels (HWC, hex); cases: count, "
+             "then per case 'op interpolation magnitude image' and the output pixels")
+        line("%d" % len(imgs))
+        for img in imgs:
+            h, w = img.shape[:2]
+            c = 1 if img.ndim == 2 else 3
+            line("%d %d %d" % (w, h, c))
+            line(img.tobytes().hex())
+        line("%d" % len(cases))
+        for op, iname, imode, m, k in cases:
+            pil = Image.fromarray(imgs[k], "L" if imgs[k].ndim == 2 else "RGB")
+            out = np.asarray(_apply_op(pil, op, m, interpolation=imode, fill=None))
+            line("%s %s %.17g %d" % (op, iname, m, k))
+            line(out.tobytes().hex())
+    return len(cases)
+
+
+def write_augment_space(path):
+    from torchvision.transforms import autoaugment as A
+
+    with open(path, "w") as f:
+        f.write("# torchvision %s: _augmentation_space of each policy and AutoAugmentPolicy.IMAGENET, "
+                "by scripts/make_data_goldens.py\n" % torchvision.__version__)
+        f.write("# space POLICY BINS H W OPS, then per op 'name signed count values...'; "
+                "then 'imagenet 25' and per sub-policy 'op p bin op p bin' (bin -1: none)\n")
+        spaces = [("ta_wide", 31, 0, 0, A.TrivialAugmentWide()._augmentation_space(31)),
+                  ("ra", 31, 30, 40, A.RandAugment()._augmentation_space(31, (30, 40))),
+                  ("ra", 31, 224, 224, A.RandAugment()._augmentation_space(31, (224, 224))),
+                  ("imagenet", 10, 30, 40, A.AutoAugment()._augmentation_space(10, (30, 40)))]
+        for name, bins, h, w, space in spaces:
+            f.write("space %s %d %d %d %d\n" % (name, bins, h, w, len(space)))
+            for op, (mags, signed) in space.items():
+                vals = [float(v) for v in mags.reshape(-1).tolist()] if mags.ndim > 0 else []
+                f.write("%s %d %d %s\n" % (op, int(signed), len(vals),
+                                           " ".join("%.9g" % v for v in vals)))
+        pol = A.AutoAugment(A.AutoAugmentPolicy.IMAGENET).policies
+        f.write("imagenet %d\n" % len(pol))
+        for (a, b) in pol:
+            f.write("%s %.9g %d %s %.9g %d\n" % (a[0], a[1], -1 if a[2] is None else a[2],
+                                                b[0], b[1], -1 if b[2] is None else b[2]))
+    return len(spaces)
+
+
+def write_erase(path):
+    cases = []
+    seed = 1000
+    for (w, h) in [(224, 224), (32, 32), (20, 14), (3, 2), (1, 1), (300, 7)]:
+        for _ in range(8):
+            seed += 1
+            torch.manual_seed(seed)
+            draws = []
+            area = h * w
+            scale, ratio = (0.02, 0.33), (0.3, 3.3)
+            log_ratio = torch.log(torch.tensor(ratio))
+            res = None
+            for attempt in range(10):
+                s = torch.empty(1).uniform_(scale[0], scale[1]).item()
+                draws.append(("u", f32(scale[0]), f32(scale[1]), s))
+                lr = torch.empty(1).uniform_(log_ratio[0], log_ratio[1])
+                draws.append(("u", log_ratio[0].item(), log_ratio[1].item(), lr.item()))
+                aspect = torch.exp(lr).item()
+                eh = int(round(math.sqrt(area * s * aspect)))
+                ew = int(round(math.sqrt(area * s / aspect)))
+                if not (eh < h and ew < w):
+                    continue
+                i = torch.randint(0, h - eh + 1, size=(1,)).item()
+                draws.append(("i", 0, h - eh + 1, i))
+                j = torch.randint(0, w - ew + 1, size=(1,)).item()
+                draws.append(("i", 0, w - ew + 1, j))
+                res = (i, j, eh, ew, attempt + 1)
+                break
+            torch.manual_seed(seed)
+            img = torch.zeros(3, h, w)
+            i, j, eh, ew, _v = T.RandomErasing.get_params(img, scale=scale, ratio=ratio, value=[0])
+            if res is None:
+                res = (i, j, eh, ew, 0)
+            assert (i, j, eh, ew) == res[:4], "replay disagrees with torchvision"
+            cases.append((w, h, draws, res))
+    with open(path, "w") as f:
+        f.write("# RandomErasing.get_params(scale=(0.02, 0.33), ratio=(0.3, 3.3), value=[0]) from torch "
+                "%s / torchvision %s, by scripts/make_data_goldens.py\n" % (torch.__version__,
+                                                                           torchvision.__version__))
+        f.write("# W H ndraws {u lo hi value | i lo hi value}... top left h w tries\n")
+        for (w, h, draws, res) in cases:
+            toks = ["%d %d %d" % (w, h, len(draws))]
+            for d in draws:
+                toks.append(("u %.9g %.9g %.9g" if d[0] == "u" else "i %d %d %d") % d[1:])
+            toks.append("%d %d %d %d %d" % res)
+            f.write(" ".join(toks) + "\n")
+    return len(cases)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     print("rrc.txt: %d cases" % write_rrc(os.path.join(OUT, "rrc.txt")))
@@ -345,6 +494,13 @@ def main():
         print("jpeg.txt: %d files" % write_jpegs(OUT))
     else:
         print("PIL missing (apt-get install python3-pil): resize.txt and gray.txt left as they are",
+              file=sys.stderr)
+    if HAVE_TORCH and HAVE_PIL:
+        print("augment_ops.txt.gz: %d cases" % write_augment_ops(os.path.join(OUT, "augment_ops.txt.gz")))
+        print("augment_space.txt: %d spaces" % write_augment_space(os.path.join(OUT, "augment_space.txt")))
+        print("erase.txt: %d cases" % write_erase(os.path.join(OUT, "erase.txt")))
+    else:
+        print("torch/torchvision missing: the augmentation goldens are left as they are",
               file=sys.stderr)
     if not HAVE_TORCH:
         print("torch/torchvision missing: rrc.txt and sampler.txt come from transcriptions of "

@@ -1,0 +1,368 @@
+/* Tests of the augmentations of torchvision's references recipe: every policy op against
+   torchvision 0.14's own _apply_op on fixed images (exact), the policies' magnitude tables
+   and AutoAugment's ImageNet sub-policies against torchvision's, RandomErasing's parameters
+   replayed from torch's generator, and the policies and erasing inside the transform. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "mgt/data.h"
+#include "mgt/rng.h"
+#include "support/fixture.h"
+
+#define GOLDEN_DIR MGT_TEST_DATA_DIR "/pipeline"
+
+static int hexval(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
+
+/* A line of the gzipped golden (growing buf as needed), without its newline. */
+static char *gz_line(gzFile g, char **buf, size_t *cap)
+{
+    size_t len = 0;
+    for (;;) {
+        if (len + 4096 > *cap) {
+            *cap = *cap ? *cap * 2 : 65536;
+            *buf = realloc(*buf, *cap);
+        }
+        if (!gzgets(g, *buf + len, (int)(*cap - len)))
+            return len ? *buf : NULL;
+        len += strlen(*buf + len);
+        if (len && (*buf)[len - 1] == '\n') {
+            (*buf)[len - 1] = 0;
+            return *buf;
+        }
+    }
+}
+
+static char *gz_data_line(gzFile g, char **buf, size_t *cap)
+{
+    char *l;
+    while ((l = gz_line(g, buf, cap)) && l[0] == '#') {
+    }
+    return l;
+}
+
+static void unhex(const char *s, uint8_t *out, size_t n)
+{
+    if (strlen(s) != 2 * n)
+        fail_msg("golden: %zu hex digits where %zu bytes were expected", strlen(s), n);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint8_t)(hexval(s[2 * i]) << 4 | hexval(s[2 * i + 1]));
+}
+
+typedef struct gimg {
+    int w, h, c;
+    uint8_t *px;
+} gimg;
+
+/* Every op of the three policies, as torchvision 0.14's _apply_op gives it on a PIL image,
+   at fixed magnitudes (signs included) and every interpolation: pixel for pixel. */
+static void test_policy_ops_golden(void **state)
+{
+    (void)state;
+    gzFile g = gzopen(GOLDEN_DIR "/augment_ops.txt.gz", "rb");
+    if (!g)
+        fail_msg("%s/augment_ops.txt.gz missing (make it with scripts/make_data_goldens.py)",
+                 GOLDEN_DIR);
+    char *buf = NULL;
+    size_t cap = 0;
+    int nimg = atoi(gz_data_line(g, &buf, &cap));
+    gimg imgs[4];
+    assert_true(nimg > 0 && nimg <= 4);
+    for (int k = 0; k < nimg; k++) {
+        assert_int_equal(
+            sscanf(gz_line(g, &buf, &cap), "%d %d %d", &imgs[k].w, &imgs[k].h, &imgs[k].c), 3);
+        imgs[k].px = malloc((size_t)imgs[k].w * imgs[k].h * imgs[k].c);
+        unhex(gz_line(g, &buf, &cap), imgs[k].px, (size_t)imgs[k].w * imgs[k].h * imgs[k].c);
+    }
+    int ncases = atoi(gz_line(g, &buf, &cap));
+    mgt_transform_scratch s = {0};
+    int failed = 0, per_op[MGT_AUG_OP_COUNT] = {0};
+    for (int i = 0; i < ncases; i++) {
+        char opname[32], iname[16];
+        double mag;
+        int k;
+        assert_int_equal(
+            sscanf(gz_line(g, &buf, &cap), "%31s %15s %lf %d", opname, iname, &mag, &k), 4);
+        mgt_aug_op op;
+        mgt_interp interp;
+        CHECK(mgt_aug_op_parse(opname, &op));
+        CHECK(mgt_interp_parse(iname, &interp));
+        size_t n = (size_t)imgs[k].w * imgs[k].h * imgs[k].c;
+        uint8_t *want = malloc(n), *got = malloc(n);
+        unhex(gz_line(g, &buf, &cap), want, n);
+        memcpy(got, imgs[k].px, n);
+        CHECK(mgt_augment_op(op, mag, interp, got, imgs[k].w, imgs[k].h, imgs[k].c, &s));
+        int diff = 0, worst = 0;
+        for (size_t q = 0; q < n; q++)
+            if (got[q] != want[q]) {
+                diff++;
+                worst = abs(got[q] - want[q]) > worst ? abs(got[q] - want[q]) : worst;
+            }
+        if (diff) {
+            print_message("%s %s %g on image %d (%dx%dx%d): %d of %zu values differ, worst %d\n",
+                          opname, iname, mag, k, imgs[k].w, imgs[k].h, imgs[k].c, diff, n, worst);
+            failed++;
+        }
+        per_op[op]++;
+        free(want);
+        free(got);
+    }
+    gzclose(g);
+    for (int op = 0; op < MGT_AUG_OP_COUNT; op++)
+        assert_true(per_op[op] > 0); /* every op has cases */
+    print_message("policy ops: %d cases against torchvision, %d differ\n", ncases, failed);
+    assert_int_equal(failed, 0);
+    for (int k = 0; k < nimg; k++)
+        free(imgs[k].px);
+    free(buf);
+    mgt_transform_scratch_free(&s);
+}
+
+/* The magnitudes each policy draws from, and AutoAugment's ImageNet sub-policies, as
+   torchvision's own tables (within one float ulp: torch's linspace computes a few middle
+   values with a vector loop whose last bit depends on the CPU). */
+static void test_augment_space_golden(void **state)
+{
+    (void)state;
+    FILE *f = fopen(GOLDEN_DIR "/augment_space.txt", "r");
+    assert_non_null(f);
+    char line[8192];
+    int spaces = 0, values = 0, ulps = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#')
+            continue;
+        char name[32];
+        int bins, h, w, nops;
+        if (sscanf(line, "space %31s %d %d %d %d", name, &bins, &h, &w, &nops) == 5) {
+            mgt_auto_augment pol;
+            CHECK(mgt_auto_augment_parse(name, &pol));
+            for (int o = 0; o < nops; o++) {
+                char opname[32];
+                int sg, count, at;
+                assert_non_null(fgets(line, sizeof line, f));
+                assert_int_equal(sscanf(line, "%31s %d %d%n", opname, &sg, &count, &at), 3);
+                mgt_aug_op op;
+                CHECK(mgt_aug_op_parse(opname, &op));
+                const char *p = line + at;
+                for (int b = 0; b < (count ? count : 1); b++) {
+                    double want = 0;
+                    int used = 0;
+                    if (count)
+                        assert_int_equal(sscanf(p, "%lf%n", &want, &used), 1);
+                    p += used;
+                    bool signed_op;
+                    float got = mgt_augment_magnitude(pol, op, bins, b, h, w, &signed_op);
+                    assert_int_equal(signed_op, sg);
+                    float wf = (float)want;
+                    if (got != wf) {
+                        if (nextafterf(got, wf) != wf)
+                            fail_msg("%s %s bin %d: %.9g, torchvision %.9g", name, opname, b,
+                                     (double)got, want);
+                        ulps++;
+                    }
+                    values++;
+                }
+            }
+            spaces++;
+        } else if (sscanf(line, "imagenet %d", &nops) == 1) {
+            assert_int_equal(nops, 25);
+            for (int i = 0; i < 25; i++) {
+                char a[32], b[32];
+                double pa, pb;
+                int ba, bb;
+                assert_non_null(fgets(line, sizeof line, f));
+                assert_int_equal(sscanf(line, "%31s %lf %d %31s %lf %d", a, &pa, &ba, b, &pb, &bb),
+                                 6);
+                mgt_aug_op oa, ob;
+                CHECK(mgt_aug_op_parse(a, &oa));
+                CHECK(mgt_aug_op_parse(b, &ob));
+                assert_int_equal(mgt_aa_imagenet[i][0].op, oa);
+                assert_int_equal(mgt_aa_imagenet[i][1].op, ob);
+                assert_true(mgt_aa_imagenet[i][0].p == (float)pa);
+                assert_true(mgt_aa_imagenet[i][1].p == (float)pb);
+                assert_int_equal(mgt_aa_imagenet[i][0].bin, ba);
+                assert_int_equal(mgt_aa_imagenet[i][1].bin, bb);
+            }
+        }
+    }
+    fclose(f);
+    print_message("policy magnitudes: %d spaces, %d values, %d one ulp off\n", spaces, values,
+                  ulps);
+    assert_int_equal(spaces, 4);
+    assert_true(ulps <= values / 20);
+}
+
+/* recorded draws, as test_data.c's RandomResizedCrop replay */
+typedef struct replay {
+    int n, pos;
+    char kind[64];
+    double lo[64], hi[64], v[64];
+    bool bad;
+} replay;
+
+static double replay_uniform(void *ctx, double lo, double hi)
+{
+    replay *r = ctx;
+    if (r->pos >= r->n || r->kind[r->pos] != 'u' || fabs(lo - r->lo[r->pos]) > 1e-6 ||
+        fabs(hi - r->hi[r->pos]) > 1e-6) {
+        r->bad = true;
+        return lo;
+    }
+    return r->v[r->pos++];
+}
+
+static int64_t replay_randint(void *ctx, int64_t lo, int64_t hi)
+{
+    replay *r = ctx;
+    if (r->pos >= r->n || r->kind[r->pos] != 'i' || lo != (int64_t)r->lo[r->pos] ||
+        hi != (int64_t)r->hi[r->pos]) {
+        r->bad = true;
+        return lo;
+    }
+    return (int64_t)r->v[r->pos++];
+}
+
+static void test_erase_params_golden(void **state)
+{
+    (void)state;
+    FILE *f = fopen(GOLDEN_DIR "/erase.txt", "r");
+    assert_non_null(f);
+    char line[16384];
+    int cases = 0, erased = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#')
+            continue;
+        replay r = {0};
+        int w, h, at, used;
+        assert_int_equal(sscanf(line, "%d %d %d%n", &w, &h, &r.n, &at), 3);
+        const char *p = line + at;
+        for (int i = 0; i < r.n; i++) {
+            char k;
+            assert_int_equal(sscanf(p, " %c %lf %lf %lf%n", &k, &r.lo[i], &r.hi[i], &r.v[i], &used),
+                             4);
+            r.kind[i] = k;
+            p += used;
+        }
+        int top, left, eh, ew, tries;
+        assert_int_equal(sscanf(p, "%d %d %d %d %d", &top, &left, &eh, &ew, &tries), 5);
+        mgt_draws d = {.uniform = replay_uniform, .randint = replay_randint, .ctx = &r};
+        mgt_crop c;
+        int got = mgt_erase_params(&d, w, h, 0.02, 0.33, 0.3, 3.3, &c);
+        assert_false(r.bad);
+        assert_int_equal(r.pos, r.n);
+        assert_int_equal(got, tries);
+        assert_int_equal(c.top, top);
+        assert_int_equal(c.left, left);
+        assert_int_equal(c.h, eh);
+        assert_int_equal(c.w, ew);
+        erased += tries > 0;
+        cases++;
+    }
+    fclose(f);
+    assert_int_equal(cases, 48);
+    assert_true(erased > 20 && erased < 48); /* both outcomes are covered */
+}
+
+/* The policies and erasing inside the training transform: the same key gives the same
+   image, other keys other images; pixels stay in range; erasing writes zeros (the
+   normalised value 0) over a rectangle. */
+static void test_policies_in_transform(void **state)
+{
+    (void)state;
+    int W = 60, H = 45;
+    uint8_t *px = malloc((size_t)W * H * 3);
+    for (int i = 0; i < W * H * 3; i++)
+        px[i] = (uint8_t)((i * 37 + (i / 7) * 11) & 0xff);
+    mgt_image img = {.pixels = px, .w = W, .h = H, .c = 3};
+    const mgt_auto_augment pols[] = {MGT_AUTO_AUGMENT_NONE, MGT_AUTO_AUGMENT_TA_WIDE,
+                                     MGT_AUTO_AUGMENT_RA, MGT_AUTO_AUGMENT_IMAGENET};
+    float *a = malloc(sizeof(float) * 3 * 32 * 32), *b = malloc(sizeof(float) * 3 * 32 * 32),
+          *base = malloc(sizeof(float) * 3 * 32 * 32);
+    mgt_transform_scratch s = {0};
+    for (size_t p = 0; p < 4; p++) {
+        mgt_transform t;
+        CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
+        t.auto_augment = pols[p];
+        t.random_erase = p == 3 ? 1.0f : 0.0f;
+        CHECK(mgt_transform_check(&t));
+        int changed = 0, differ = 0, zeros = 0;
+        for (uint64_t idx = 0; idx < 40; idx++) {
+            mgt_rng r1, r2, r0;
+            mgt_rng_init(&r1, 7, 0, idx, MGT_RNG_AUGMENT);
+            mgt_rng_init(&r2, 7, 0, idx, MGT_RNG_AUGMENT);
+            CHECK(mgt_transform_apply(&t, &img, &r1, &s, a));
+            CHECK(mgt_transform_apply(&t, &img, &r2, &s, b));
+            assert_memory_equal(a, b, sizeof(float) * 3 * 32 * 32);
+            /* without the policy, from the same key: the crop and flip are drawn first, so
+               the policy changes the image, not the crop */
+            mgt_transform plain = t;
+            plain.auto_augment = MGT_AUTO_AUGMENT_NONE;
+            plain.random_erase = 0;
+            mgt_rng_init(&r0, 7, 0, idx, MGT_RNG_AUGMENT);
+            CHECK(mgt_transform_apply(&plain, &img, &r0, &s, base));
+            /* the policy path rounds to 8 bits as PIL does: an identity op moves a value by
+               at most half a level */
+            float worst = 0;
+            for (int i = 0; i < 3 * 32 * 32; i++)
+                worst = fmaxf(worst, fabsf(a[i] - base[i]) * t.std[i / 1024] * 255);
+            changed += worst > 0.51f;
+            mgt_rng_init(&r2, 7, 0, idx + 1000, MGT_RNG_AUGMENT);
+            CHECK(mgt_transform_apply(&t, &img, &r2, &s, b));
+            differ += memcmp(a, b, sizeof(float) * 3 * 32 * 32) != 0;
+            for (int c = 0; c < 3; c++)
+                for (int i = 0; i < 32 * 32; i++) {
+                    float v = a[c * 1024 + i];
+                    assert_true(v >= (0 - t.mean[c]) / t.std[c] - 1e-4f &&
+                                v <= (1 - t.mean[c]) / t.std[c] + 1e-4f);
+                    zeros += v == 0.0f;
+                }
+        }
+        print_message("%s: %d of 40 images changed by the policy\n", mgt_auto_augment_name(pols[p]),
+                      changed);
+        if (p == 0)
+            assert_int_equal(changed, 0);
+        else
+            /* some draws are identity ops, a zero magnitude, or (AutoAugment) fail their p;
+               TrivialAugmentWide's one op is an identity about one time in ten */
+            assert_true(changed >= 20 && (p != 1 || changed < 40));
+        assert_true(differ >= 36);
+        if (p == 3) /* erased rectangles: at least 2% of the area in most images */
+            assert_true(zeros > 40 * 3 * 20);
+    }
+    mgt_transform t;
+    CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RESIZE_CROP, 32, 3));
+    t.auto_augment = MGT_AUTO_AUGMENT_RA;
+    assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);
+    CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
+    t.random_erase = 1.5f;
+    assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);
+    mgt_auto_augment aa;
+    assert_int_equal(mgt_auto_augment_parse("augmix", &aa), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "ta_wide, ra, imagenet"));
+    mgt_interp m;
+    assert_int_equal(mgt_interp_parse("lanczos", &m), MGT_ERR_INVALID);
+    mgt_transform_scratch_free(&s);
+    free(px);
+    free(a);
+    free(b);
+    free(base);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_policy_ops_golden),
+        cmocka_unit_test(test_augment_space_golden),
+        cmocka_unit_test(test_erase_params_golden),
+        cmocka_unit_test(test_policies_in_transform),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
