@@ -9,6 +9,8 @@ What each file checks, and against what:
   (Image.crop(box).resize(size, Image.BILINEAR), exactly what torchvision's resized_crop and
   Resize do to a PIL image). mgtrain resamples in float, PIL in 8 bits with a rounding
   between its two passes, so the test allows about one level of difference.
+- resize_interp.txt: the same with Image.NEAREST and Image.BICUBIC (--interpolation): nearest
+  must match exactly, bicubic within PIL's rounding between the passes.
 - gray.txt: RGB pixels and PIL's convert("L") of them (mgtrain must match exactly).
 - *.jpg and jpeg.txt: JPEG files written by libjpeg through PIL (baseline 4:4:4 and 4:2:0,
   progressive, gray, Adobe CMYK) and PIL's decoding of each, for stb_image's decoding (the
@@ -289,6 +291,36 @@ def write_resize(path):
     return len(cases)
 
 
+def write_resize_interp(path):
+    rs = np.random.RandomState(4321)
+    cases = [
+        (3, 23, 17, None, 7, 5), (3, 23, 17, None, 40, 30), (3, 23, 17, (3, 2, 15, 11), 8, 8),
+        (1, 64, 48, (10, 7, 40, 33), 12, 12), (1, 9, 13, None, 31, 29), (3, 50, 37, None, 50, 20),
+        (1, 5, 5, (1, 1, 3, 3), 60, 60), (3, 31, 29, (4, 5, 20, 19), 13, 21),
+    ]
+    modes = [("nearest", Image.NEAREST), ("bicubic", Image.BICUBIC)]
+    n = 0
+    with open(path, "w") as f:
+        f.write("# PIL %s: img.crop(box).resize((out_w, out_h), NEAREST or BICUBIC), by "
+                "scripts/make_data_goldens.py\n" % Image.__version__)
+        f.write("# interp C W H left top bw bh out_w out_h, then the input pixels (HWC, hex), then "
+                "the output\n")
+        for (c, w, h, box, ow, oh) in cases:
+            px = rs.randint(0, 256, size=(h, w, c)).astype(np.uint8)
+            px[h // 3, :, :] = 255
+            px[:, w // 2, :] = 0
+            img = Image.fromarray(px[:, :, 0] if c == 1 else px, "L" if c == 1 else "RGB")
+            bl, bt, bw, bh = box if box else (0, 0, w, h)
+            for name, mode in modes:
+                res = img.crop((bl, bt, bl + bw, bt + bh)).resize((ow, oh), mode)
+                out = np.asarray(res).reshape(oh, ow, c)
+                f.write("%s %d %d %d %d %d %d %d %d %d\n" % (name, c, w, h, bl, bt, bw, bh, ow, oh))
+                f.write(px.tobytes().hex() + "\n")
+                f.write(out.tobytes().hex() + "\n")
+                n += 1
+    return n
+
+
 def write_gray(path):
     rs = np.random.RandomState(99)
     rgb = rs.randint(0, 256, size=(1, 250, 3)).astype(np.uint8)
@@ -490,6 +522,7 @@ def main():
     print("sampler.txt: %d lines" % write_sampler(os.path.join(OUT, "sampler.txt")))
     if HAVE_PIL:
         print("resize.txt: %d cases" % write_resize(os.path.join(OUT, "resize.txt")))
+        print("resize_interp.txt: %d cases" % write_resize_interp(os.path.join(OUT, "resize_interp.txt")))
         print("gray.txt: %d pixels" % write_gray(os.path.join(OUT, "gray.txt")))
         print("jpeg.txt: %d files" % write_jpegs(OUT))
     else:

@@ -1159,6 +1159,49 @@ static void test_resize_matches_pil(void **state)
     mgt_transform_scratch_free(&scratch);
 }
 
+/* --interpolation nearest and bicubic against PIL's crop + resize: nearest exactly; bicubic
+   within PIL's 8-bit rounding and clipping between its two passes. */
+static void test_resize_interp_matches_pil(void **state)
+{
+    (void)state;
+    FILE *f = open_golden("resize_interp.txt");
+    char name[16];
+    int c, w, h, bl, bt, bw, bh, ow, oh, cases = 0;
+    mgt_transform_scratch scratch = {0};
+    double worst[3] = {0};
+    while (fscanf(f, "%15s %d %d %d %d %d %d %d %d %d", name, &c, &w, &h, &bl, &bt, &bw, &bh, &ow,
+                  &oh) == 10) {
+        mgt_interp m;
+        CHECK(mgt_interp_parse(name, &m));
+        uint8_t *px = read_hex(f, (size_t)w * h * c), *want = read_hex(f, (size_t)ow * oh * c);
+        mgt_image img = {.pixels = px, .w = w, .h = h, .c = c};
+        mgt_crop box = {.top = bt, .left = bl, .h = bh, .w = bw};
+        float *out = malloc(sizeof(float) * (size_t)ow * oh * c);
+        CHECK(mgt_image_resize_with(&img, &box, ow, oh, m, &scratch, out));
+        double cw = 0;
+        for (int y = 0; y < oh; y++)
+            for (int x = 0; x < ow; x++)
+                for (int k = 0; k < c; k++) {
+                    double ours = out[(size_t)k * ow * oh + (size_t)y * ow + x];
+                    double e = fabs(fmin(255, fmax(0, ours)) - want[((size_t)y * ow + x) * c + k]);
+                    cw = e > cw ? e : cw;
+                }
+        if (cw > (m == MGT_INTERP_NEAREST ? 0 : 1.0 + 1e-3))
+            fail_msg("%s case %d (%dx%d box %d,%d %dx%d -> %dx%d): off by %.3f levels", name, cases,
+                     w, h, bl, bt, bw, bh, ow, oh, cw);
+        worst[m] = cw > worst[m] ? cw : worst[m];
+        free(px);
+        free(want);
+        free(out);
+        cases++;
+    }
+    fclose(f);
+    assert_int_equal(cases, 16);
+    print_message("nearest and bicubic vs PIL: %d cases, worst %.3f and %.3f of 255\n", cases,
+                  worst[MGT_INTERP_NEAREST], worst[MGT_INTERP_BICUBIC]);
+    mgt_transform_scratch_free(&scratch);
+}
+
 static void test_resize_by_hand(void **state)
 {
     (void)state;
@@ -2183,6 +2226,7 @@ int main(void)
         cmocka_unit_test(test_decoder_after_error),
         cmocka_unit_test(test_fast_decode_tolerance),
         cmocka_unit_test(test_resize_matches_pil),
+        cmocka_unit_test(test_resize_interp_matches_pil),
         cmocka_unit_test(test_resize_by_hand),
         cmocka_unit_test(test_resize_and_center_crop_sizes),
         cmocka_unit_test(test_rrc_params_golden),

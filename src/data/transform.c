@@ -529,7 +529,7 @@ mgt_status mgt_resample_run(const mgt_resample *rs, const mgt_image_view *v,
                              rs->src[0], rs->src[2]);
     const int nx = rs->nx, ny = rs->ny, c0 = rs->src[0], r0 = rs->src[1], r1 = rs->src[3];
     const mgt_axis *ax = &rs->ax, *ay = &rs->ay;
-    const bool clip = rs->interp == MGT_INTERP_BICUBIC; /* PIL clips between the passes */
+    const bool clip = rs->interp == MGT_INTERP_BICUBIC; /* PIL's 8 bits between the passes */
     float *tmp = rs->tmp, *srow = rs->srow, *acc = rs->acc;
 
     /* horizontal pass over the rows r0..r1-1: tmp[row][x][c] */
@@ -568,9 +568,9 @@ mgt_status mgt_resample_run(const mgt_resample *rs, const mgt_image_view *v,
                 dst[k] = s0;
             }
         }
-        if (clip)
+        if (clip) /* and rounds: bicubic's negative lobes would amplify the difference */
             for (int i = 0; i < nx * C; i++)
-                dst[i] = dst[i] < 0 ? 0 : dst[i] > 255 ? 255 : dst[i];
+                dst[i] = dst[i] <= 0 ? 0 : dst[i] >= 255 ? 255 : floorf(dst[i] + 0.5f);
     }
 
     /* vertical pass (whole rows at a time, so the inner loop runs over contiguous floats),
