@@ -30,6 +30,12 @@ What each file checks, and against what:
   AutoAugmentPolicy.IMAGENET's sub-policies, from torchvision itself.
 - erase.txt: RandomErasing.get_params replayed like rrc.txt (draws from torch's generator,
   the rectangle from torchvision).
+- mix.txt: mixup and cutmix as torchvision's references recipe does them
+  (references/classification/transforms.py, RandomMixup and RandomCutmix, v0.14; not part
+  of the python3-torchvision package, so transcribed below with their random draws passed
+  in): a batch of three float images, its mixed images and soft targets for given lambdas and
+  boxes; and torch's CrossEntropyLoss(label_smoothing) with such soft targets, its mean and
+  its gradient for the logits (the mixed-label softmax cross-entropy op must match both).
 - sampler.txt: torch.utils.data.DistributedSampler with shuffle=False for several (n,
   replicas, drop_last): the padding and striding act on the permutation, so on the identity
   they show every index each rank gets. From torch itself when importable, else from a
@@ -516,6 +522,92 @@ def write_erase(path):
     return len(cases)
 
 
+# ---------------------------------------------------------------- mixup, cutmix, the loss
+
+
+def references_mixup(batch, target, num_classes, lam):
+    # references/classification/transforms.py (v0.14) RandomMixup.forward after its draws
+    # (p = 1, inplace False); lambda_param comes in instead of torch._sample_dirichlet
+    batch = batch.clone()
+    target = target.clone()
+    target = torch.nn.functional.one_hot(target, num_classes=num_classes).to(dtype=batch.dtype)
+    batch_rolled = batch.roll(1, 0)
+    target_rolled = target.roll(1, 0)
+    lambda_param = float(lam)
+    batch_rolled.mul_(1.0 - lambda_param)
+    batch.mul_(lambda_param).add_(batch_rolled)
+    target_rolled.mul_(1.0 - lambda_param)
+    target.mul_(lambda_param).add_(target_rolled)
+    return batch, target
+
+
+def references_cutmix(batch, target, num_classes, lam, r_x, r_y):
+    # RandomCutmix.forward after its draws; r_x, r_y come in instead of torch.randint
+    batch = batch.clone()
+    target = target.clone()
+    target = torch.nn.functional.one_hot(target, num_classes=num_classes).to(dtype=batch.dtype)
+    batch_rolled = batch.roll(1, 0)
+    target_rolled = target.roll(1, 0)
+    lambda_param = float(lam)
+    _, H, W = batch.shape[-3:]
+    r = 0.5 * math.sqrt(1.0 - lambda_param)
+    r_w_half = int(r * W)
+    r_h_half = int(r * H)
+    x1 = int(torch.clamp(torch.tensor(r_x - r_w_half), min=0))
+    y1 = int(torch.clamp(torch.tensor(r_y - r_h_half), min=0))
+    x2 = int(torch.clamp(torch.tensor(r_x + r_w_half), max=W))
+    y2 = int(torch.clamp(torch.tensor(r_y + r_h_half), max=H))
+    batch[:, :, y1:y2, x1:x2] = batch_rolled[:, :, y1:y2, x1:x2]
+    lambda_param = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
+    target_rolled.mul_(1.0 - lambda_param)
+    target.mul_(lambda_param).add_(target_rolled)
+    return batch, target, lambda_param
+
+
+def hexf(t):
+    return t.detach().contiguous().numpy().astype("<f4").tobytes().hex()
+
+
+def write_mix(path):
+    g = torch.Generator().manual_seed(77)
+    batch = torch.randn(3, 2, 5, 6, generator=g)
+    target = torch.tensor([1, 3, 3])
+    K = 4
+    with open(path, "w") as f:
+        f.write("# mixup/cutmix (a transcription of torchvision %s's references RandomMixup and "
+                "RandomCutmix) and torch %s's CrossEntropyLoss with soft targets, by "
+                "scripts/make_data_goldens.py\n" % (torchvision.__version__, torch.__version__))
+        f.write("# batch N C H W K, the images (float32 hex) and labels; 'mixup lam' or 'cutmix lam "
+                "rx ry lam_out', then the images and targets [N,K]; 'loss n K eps', logits, "
+                "labels a, labels b, weights, then the mean loss and dloss/dlogits\n")
+        f.write("batch 3 2 5 6 %d\n%s\n%s\n" % (K, hexf(batch), " ".join(map(str, target.tolist()))))
+        n = 0
+        for lam in (0.3, 0.7771, 1.0, 0.0):
+            out, tgt = references_mixup(batch, target, K, lam)
+            f.write("mixup %.17g\n%s\n%s\n" % (lam, hexf(out), hexf(tgt)))
+            n += 1
+        for lam, rx, ry in ((0.3, 2, 1), (0.9, 5, 4), (0.05, 0, 0), (0.6, 3, 2)):
+            out, tgt, lo = references_cutmix(batch, target, K, lam, rx, ry)
+            f.write("cutmix %.17g %d %d %.17g\n%s\n%s\n" % (lam, rx, ry, lo, hexf(out), hexf(tgt)))
+            n += 1
+        for (rows, classes, eps) in ((5, 7, 0.0), (5, 7, 0.1), (16, 10, 0.2), (3, 2, 0.0)):
+            logits = (torch.randn(rows, classes, generator=g) * 2).requires_grad_(True)
+            a = torch.randint(classes, (rows,), generator=g)
+            b = torch.randint(classes, (rows,), generator=g)
+            b[0] = a[0]
+            w = torch.rand(rows, generator=g)
+            w[1] = 0.5
+            soft = w[:, None] * torch.nn.functional.one_hot(a, classes).float() + \
+                (1 - w[:, None]) * torch.nn.functional.one_hot(b, classes).float()
+            loss = torch.nn.CrossEntropyLoss(label_smoothing=eps)(logits, soft)
+            loss.backward()
+            f.write("loss %d %d %.9g\n%s\n%s\n%s\n%s\n%.9g\n%s\n" % (
+                rows, classes, eps, hexf(logits), " ".join(map(str, a.tolist())),
+                " ".join(map(str, b.tolist())), hexf(w), loss.item(), hexf(logits.grad)))
+            n += 1
+    return n
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     print("rrc.txt: %d cases" % write_rrc(os.path.join(OUT, "rrc.txt")))
@@ -532,6 +624,7 @@ def main():
         print("augment_ops.txt.gz: %d cases" % write_augment_ops(os.path.join(OUT, "augment_ops.txt.gz")))
         print("augment_space.txt: %d spaces" % write_augment_space(os.path.join(OUT, "augment_space.txt")))
         print("erase.txt: %d cases" % write_erase(os.path.join(OUT, "erase.txt")))
+        print("mix.txt: %d cases" % write_mix(os.path.join(OUT, "mix.txt")))
     else:
         print("torch/torchvision missing: the augmentation goldens are left as they are",
               file=sys.stderr)

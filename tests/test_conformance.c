@@ -1279,6 +1279,85 @@ static bool gen_xent_bwd(tcase *c, int idx, rng *r)
     return true;
 }
 
+/* The mixed-label form: second labels equal to the first in some rows (the whole weight on
+   one class), weights 0, 1 and 1/2 among random ones. */
+static void fill_mix(rng *r, int32_t *a, int32_t *b, float *w, int n, int classes)
+{
+    fill_labels(r, a, n, classes);
+    fill_labels(r, b, n, classes);
+    for (int i = 0; i < n; i++) {
+        int k = rng_int(r, 0, 5);
+        w[i] = k == 0 ? 0.0f : k == 1 ? 1.0f : k == 2 ? 0.5f : rng_unif(r, 0, 1);
+        if (rng_int(r, 0, 4) == 0)
+            b[i] = a[i];
+    }
+}
+
+static bool gen_xmix_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_XENT_SHAPES + 3)
+        return false;
+    int n, classes;
+    float smoothing, scale;
+    xent_shape_of(idx, r, &n, &classes, &smoothing, &scale);
+    size_t nc = (size_t)n * classes;
+    float *logits = case_f32(c, nc), *w = case_f32(c, n);
+    int32_t *la = case_i32(c, n), *lb = case_i32(c, n);
+    fill_unif(r, logits, nc, -scale, scale);
+    fill_mix(r, la, lb, w, n, classes);
+    c->op.kind = MGT_OP_XENT_MIX_FWD;
+    c->op.u.xmix_fwd.loss = case_f32(c, 1);
+    c->op.u.xmix_fwd.probs = case_f32(c, nc);
+    c->op.u.xmix_fwd.logits = logits;
+    c->op.u.xmix_fwd.labels_a = la;
+    c->op.u.xmix_fwd.labels_b = lb;
+    c->op.u.xmix_fwd.weights = w;
+    c->op.u.xmix_fwd.n = n;
+    c->op.u.xmix_fwd.classes = classes;
+    c->op.u.xmix_fwd.smoothing = smoothing;
+    c->rtol = tol_for(classes) * 4;
+    case_desc(c, "n=%d classes=%d smoothing=%g logits=+-%g", n, classes, (double)smoothing,
+              (double)scale);
+    return true;
+}
+
+static bool gen_xmix_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_XENT_SHAPES + 3)
+        return false;
+    int n, classes;
+    float smoothing, lscale;
+    xent_shape_of(idx, r, &n, &classes, &smoothing, &lscale);
+    size_t nc = (size_t)n * classes;
+    float *probs = case_f32(c, nc), *w = case_f32(c, n);
+    int32_t *la = case_i32(c, n), *lb = case_i32(c, n);
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        float *p = probs + (size_t)i * classes;
+        for (int j = 0; j < classes; j++)
+            s += (p[j] = (float)exp(rng_unif(r, -lscale, lscale)));
+        for (int j = 0; j < classes; j++)
+            p[j] = (float)(p[j] / s);
+    }
+    fill_mix(r, la, lb, w, n, classes);
+    static const float scales[] = {0, 1.0f, 0.37f};
+    float scale = idx % 3 == 0 ? 1.0f / n : scales[idx % 3];
+    c->op.kind = MGT_OP_XENT_MIX_BWD;
+    c->op.u.xmix_bwd.dlogits = case_f32(c, nc);
+    c->op.u.xmix_bwd.probs = probs;
+    c->op.u.xmix_bwd.labels_a = la;
+    c->op.u.xmix_bwd.labels_b = lb;
+    c->op.u.xmix_bwd.weights = w;
+    c->op.u.xmix_bwd.n = n;
+    c->op.u.xmix_bwd.classes = classes;
+    c->op.u.xmix_bwd.smoothing = smoothing;
+    c->op.u.xmix_bwd.scale = scale;
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d classes=%d smoothing=%g scale=%g", n, classes, (double)smoothing,
+              (double)scale);
+    return true;
+}
+
 /* n, classes, k, ties */
 static const int topk_shapes[][4] = {
     {1, 10, 1, 0},  {1, 10, 5, 0}, {8, 10, 1, 1},    {8, 10, 5, 1}, {32, 100, 5, 0},
@@ -1863,6 +1942,64 @@ static int fd_xent(backend *be, const char *opname)
     return fails;
 }
 
+/* The mixed-label form, as fd_xent: its backward with scale 1/n is the gradient of its
+   forward's mean loss. */
+static int fd_xmix(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 10, 0}, {4, 10, 1}, {3, 5, 1}, {8, 7, 0}, {2, 1, 0}};
+    int fails = 0;
+    for (int t = 0; t < 5; t++) {
+        tcase c = {0};
+        rng r = rng_for(710, t, 7);
+        int n = shapes[t][0], classes = shapes[t][1];
+        float smoothing = shapes[t][2] ? 0.1f : 0.0f;
+        size_t nc = (size_t)n * classes;
+        float *logits = case_f32(&c, nc), *probs = case_f32(&c, nc), *loss = case_f32(&c, 1);
+        float *dl = case_f32(&c, nc), *one = case_f32(&c, 1), *w = case_f32(&c, n);
+        int32_t *la = case_i32(&c, n), *lb = case_i32(&c, n);
+        fill_unif(&r, logits, nc, -2, 2);
+        fill_mix(&r, la, lb, w, n, classes);
+        one[0] = 1;
+        case_desc(&c, "n=%d classes=%d smoothing=%g", n, classes, (double)smoothing);
+        mgt_op fwd = {.kind = MGT_OP_XENT_MIX_FWD};
+        fwd.u.xmix_fwd.loss = loss;
+        fwd.u.xmix_fwd.probs = probs;
+        fwd.u.xmix_fwd.logits = logits;
+        fwd.u.xmix_fwd.labels_a = la;
+        fwd.u.xmix_fwd.labels_b = lb;
+        fwd.u.xmix_fwd.weights = w;
+        fwd.u.xmix_fwd.n = n;
+        fwd.u.xmix_fwd.classes = classes;
+        fwd.u.xmix_fwd.smoothing = smoothing;
+        mgt_op bwd = {.kind = MGT_OP_XENT_MIX_BWD};
+        bwd.u.xmix_bwd.dlogits = dl;
+        bwd.u.xmix_bwd.probs = probs;
+        bwd.u.xmix_bwd.labels_a = la;
+        bwd.u.xmix_bwd.labels_b = lb;
+        bwd.u.xmix_bwd.weights = w;
+        bwd.u.xmix_bwd.n = n;
+        bwd.u.xmix_bwd.classes = classes;
+        bwd.u.xmix_bwd.smoothing = smoothing;
+        bwd.u.xmix_bwd.scale = 1.0f / n;
+        fd_term term = {loss, one, 1};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 5e-2f};
+        const char *what;
+        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        int bad = 0;
+        if (st != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, st);
+            bad = 1;
+        }
+        if (!bad)
+            bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, logits, nc, dl, "logits", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
 /* Gemm: C = alpha op(A) op(B) with loss weights R [m,n]; the gradients for A and B as stored
    are themselves gemms, run on the same device:
      dA = alpha R op(B)^T (or its transpose when A is stored transposed),
@@ -1954,6 +2091,8 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_BIAS_BWD] = {gen_bias_bwd, fd_bias},
     [MGT_OP_XENT_FWD] = {gen_xent_fwd, NULL},
     [MGT_OP_XENT_BWD] = {gen_xent_bwd, fd_xent},
+    [MGT_OP_XENT_MIX_FWD] = {gen_xmix_fwd, NULL},
+    [MGT_OP_XENT_MIX_BWD] = {gen_xmix_bwd, fd_xmix},
     [MGT_OP_TOPK] = {gen_topk, NULL},
     [MGT_OP_SGD] = {gen_sgd, NULL},
 };

@@ -1701,6 +1701,83 @@ static void collect_epoch(const mgt_dataset *ds, int N, int workers, int batch, 
     mgt_loader_free(l);
 }
 
+/* Mixup and cutmix in the loader: a sample's partner is the sample one place before it in
+   the epoch's order, its label the partner's and its weight the lambda the image was mixed
+   with; and all of it is the same whether 1, 2 or 3 devices share the epoch. */
+static void test_loader_mix_device_count(void **state)
+{
+    (void)state;
+    mgt_dataset *ds = tagged_dataset("tagged31mix", 31);
+    size_t n = 31;
+    mgt_transform t;
+    plain_transform(&t, 6);
+    float img[3][31][36], wts[3][31];
+    int32_t lab_b[3][31];
+    size_t order[31];
+    for (int N = 1; N <= 3; N++) {
+        mgt_loader_options o;
+        mgt_loader_options_init(&o, ds, &t, N, 4);
+        o.workers = 2;
+        o.seed = 5;
+        o.continuous = false;
+        o.mix = (mgt_mix){.mixup_alpha = 0.4f, .cutmix_alpha = 1.0f};
+        mgt_loader *l;
+        CHECK(mgt_loader_create(&o, &l));
+        CHECK(mgt_loader_set_epoch(l, 1, 0));
+        mgt_sampler_order(mgt_loader_sampler(l), 1, order);
+        bool seen[31] = {false};
+        for (size_t b = 0; b < mgt_loader_batches(l, 0); b++)
+            for (int r = 0; r < N; r++) {
+                mgt_batch bt;
+                CHECK(mgt_loader_next(l, r, NULL, &bt));
+                assert_true(bt.mixed);
+                for (int k = 0; k < bt.n; k++) {
+                    size_t i = bt.indices_host[k];
+                    if (seen[i]) { /* a padded repeat: mixed as its first appearance */
+                        assert_memory_equal(img[N - 1][i], bt.images + (size_t)k * 36,
+                                            sizeof img[0][0]);
+                        continue;
+                    }
+                    seen[i] = true;
+                    memcpy(img[N - 1][i], bt.images + (size_t)k * 36, sizeof img[0][0]);
+                    wts[N - 1][i] = bt.weights_host[k];
+                    lab_b[N - 1][i] = bt.labels_b_host[k];
+                    assert_int_equal(bt.labels_host[k], mgt_dataset_label(ds, i));
+                }
+            }
+        for (size_t i = 0; i < n; i++)
+            assert_true(seen[i]);
+        mgt_loader_free(l);
+    }
+    int cutmixed = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = order[k], p = order[(k + n - 1) % n];
+        assert_int_equal(lab_b[0][i], mgt_dataset_label(ds, p));
+        float w = wts[0][i], a = (float)tag_of(ds, i), b = (float)tag_of(ds, p);
+        int own = 0;
+        bool cut = false;
+        for (int q = 0; q < 36; q++) {
+            float v = img[0][i][q];
+            if (fabsf(v - a) < 1e-4f)
+                own++;
+            else if (fabsf(v - b) < 1e-4f)
+                cut = true;
+            else
+                assert_float_equal(v, w * a + (1 - w) * b, 1e-3);
+        }
+        if (cut) { /* cutmix: the weight is the share of the sample's own pixels */
+            cutmixed++;
+            assert_float_equal(w, own / 36.0f, 1e-6);
+        }
+        for (int N = 2; N <= 3; N++) {
+            assert_memory_equal(img[N - 1][i], img[0][i], sizeof img[0][0]);
+            assert_true(wts[N - 1][i] == w && lab_b[N - 1][i] == lab_b[0][i]);
+        }
+    }
+    assert_true(cutmixed > 3 && cutmixed < 28);
+    mgt_dataset_free(ds);
+}
+
 static void test_loader_determinism(void **state)
 {
     (void)state;
@@ -2237,6 +2314,7 @@ int main(void)
         cmocka_unit_test(test_sampler_properties),
         cmocka_unit_test(test_loader_exact_once),
         cmocka_unit_test(test_loader_determinism),
+        cmocka_unit_test(test_loader_mix_device_count),
         cmocka_unit_test(test_loader_epochs_and_resume),
         cmocka_unit_test(test_loader_bad_files),
         cmocka_unit_test(test_loader_abort),

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "mgt/data.h"
+#include "mgt/device.h"
 #include "mgt/rng.h"
 #include "support/fixture.h"
 
@@ -356,13 +357,184 @@ static void test_policies_in_transform(void **state)
     free(base);
 }
 
+static void read_floats_hex(FILE *f, float *out, size_t n)
+{
+    static char line[1 << 16];
+    assert_non_null(fgets(line, sizeof line, f));
+    uint8_t *b = (uint8_t *)out;
+    for (size_t i = 0; i < 4 * n; i++)
+        b[i] = (uint8_t)(hexval(line[2 * i]) << 4 | hexval(line[2 * i + 1]));
+}
+
+static void read_ints(FILE *f, int32_t *out, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(fscanf(f, "%d", &out[i]), 1);
+    int c;
+    while ((c = fgetc(f)) != '\n' && c != EOF) {
+    }
+}
+
+/* Mixup and cutmix against a transcription of torchvision's references RandomMixup and
+   RandomCutmix (a batch rolled by one: image i's partner is image i-1), for given lambdas
+   and boxes: the images bit for bit, the soft targets lam * onehot(label) + (1 - lam) *
+   onehot(partner's) as the loss op builds them; and the mixed-label softmax cross-entropy
+   (forward and backward on mock devices) against torch's CrossEntropyLoss with those soft
+   targets and label smoothing. */
+static void test_mix_golden(void **state)
+{
+    (void)state;
+    FILE *f = fopen(GOLDEN_DIR "/mix.txt", "r");
+    assert_non_null(f);
+    char line[256];
+    do
+        assert_non_null(fgets(line, sizeof line, f));
+    while (line[0] == '#');
+    int N, C, H, W, K;
+    assert_int_equal(sscanf(line, "batch %d %d %d %d %d", &N, &C, &H, &W, &K), 5);
+    size_t img = (size_t)C * H * W;
+    float *batch = malloc(sizeof(float) * N * img), *want = malloc(sizeof(float) * N * img);
+    float *tgt = malloc(sizeof(float) * N * K), *mine = malloc(sizeof(float) * img);
+    int32_t labels[8];
+    read_floats_hex(f, batch, (size_t)N * img);
+    read_ints(f, labels, N);
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1");
+    mgt_device *dev = mgt_devset_device(set, 0);
+    mgt_stream *st;
+    CHECK(mgt_stream_create(dev, &st));
+    int cases = 0;
+    while (fgets(line, sizeof line, f)) {
+        double lam, lam_out = 0;
+        int rx = 0, ry = 0;
+        bool cut = sscanf(line, "cutmix %lf %d %d %lf", &lam, &rx, &ry, &lam_out) == 4;
+        if (cut || sscanf(line, "mixup %lf", &lam) == 1) {
+            read_floats_hex(f, want, (size_t)N * img);
+            read_floats_hex(f, tgt, (size_t)N * K);
+            for (int i = 0; i < N; i++) {
+                int p = (i + N - 1) % N;
+                memcpy(mine, batch + (size_t)i * img, sizeof(float) * img);
+                double w = lam;
+                if (cut) {
+                    mgt_crop box;
+                    mgt_cutmix_box(lam, rx, ry, W, H, &box, &w);
+                    assert_true(w == lam_out);
+                    mgt_cutmix_images(mine, batch + (size_t)p * img, C, H, W, &box);
+                } else {
+                    mgt_mixup_images(mine, batch + (size_t)p * img, img, lam);
+                }
+                assert_memory_equal(mine, want + (size_t)i * img, sizeof(float) * img);
+                for (int k = 0; k < K; k++) {
+                    double t = (k == labels[i] ? w : 0.0) + (k == labels[p] ? 1.0 - w : 0.0);
+                    assert_float_equal(tgt[i * K + k], t, 1e-6);
+                }
+            }
+            cases++;
+            continue;
+        }
+        int n, classes;
+        double eps;
+        if (sscanf(line, "loss %d %d %lf", &n, &classes, &eps) != 3)
+            continue;
+        size_t nc = (size_t)n * classes;
+        float *logits = malloc(sizeof(float) * nc), *grad = malloc(sizeof(float) * nc);
+        float *w = malloc(sizeof(float) * n);
+        int32_t *a = malloc(sizeof(int32_t) * n), *b = malloc(sizeof(int32_t) * n);
+        read_floats_hex(f, logits, nc);
+        read_ints(f, a, n);
+        read_ints(f, b, n);
+        read_floats_hex(f, w, (size_t)n);
+        double want_loss;
+        assert_int_equal(fscanf(f, "%lf", &want_loss), 1);
+        assert_non_null(fgets(line, sizeof line, f));
+        read_floats_hex(f, grad, nc);
+        /* on the device: logits, labels, weights in; loss, probs, dlogits out */
+        size_t bytes = sizeof(float) * (3 * nc + 1 + n) + sizeof(int32_t) * 2 * n;
+        mgt_buffer *buf;
+        CHECK(mgt_buffer_alloc(dev, bytes, &buf));
+        float *dz = mgt_buffer_ptr(buf), *dp = dz + nc, *dd = dp + nc, *dl = dd + nc;
+        float *dw = dl + 1;
+        int32_t *da = (int32_t *)(dw + n), *db = da + n;
+        CHECK(mgt_copy_h2d(st, dz, logits, sizeof(float) * nc));
+        CHECK(mgt_copy_h2d(st, dw, w, sizeof(float) * n));
+        CHECK(mgt_copy_h2d(st, da, a, sizeof(int32_t) * n));
+        CHECK(mgt_copy_h2d(st, db, b, sizeof(int32_t) * n));
+        CHECK(mgt_softmax_xent_mix_forward(st, dl, dp, dz, da, db, dw, n, classes, (float)eps));
+        CHECK(mgt_softmax_xent_mix_backward(st, dd, dp, da, db, dw, n, classes, (float)eps,
+                                            1.0f / n));
+        float loss, *got = malloc(sizeof(float) * nc);
+        CHECK(mgt_copy_d2h(st, &loss, dl, sizeof loss));
+        CHECK(mgt_copy_d2h(st, got, dd, sizeof(float) * nc));
+        CHECK(mgt_stream_synchronize(st, NULL));
+        assert_float_equal(loss, want_loss, 2e-6 * fabs(want_loss) + 1e-7);
+        for (size_t q = 0; q < nc; q++)
+            assert_float_equal(got[q], grad[q], 1e-6);
+        mgt_buffer_free(buf);
+        free(logits);
+        free(grad);
+        free(w);
+        free(a);
+        free(b);
+        free(got);
+        cases++;
+    }
+    fclose(f);
+    assert_int_equal(cases, 12);
+    mgt_stream_free(st);
+    mgt_devset_free(set);
+    free(batch);
+    free(want);
+    free(tgt);
+    free(mine);
+}
+
+/* The draws: lambda ~ Beta(alpha, alpha) (mean 1/2, variance 1 / (4 (2 alpha + 1))), the
+   choice between mixup and cutmix even, a box that leaves the lambda it reports; all a
+   function of (seed, epoch, place). */
+static void test_mix_draws(void **state)
+{
+    (void)state;
+    const double alphas[] = {0.2, 1.0, 4.0};
+    for (int k = 0; k < 3; k++) {
+        double a = alphas[k], s = 0, s2 = 0;
+        int n = 20000;
+        for (int i = 0; i < n; i++) {
+            mgt_rng r;
+            mgt_rng_init(&r, 3, 0, (uint64_t)i, MGT_RNG_MIX);
+            double x = mgt_beta_draw(&r, a);
+            assert_true(x >= 0 && x <= 1);
+            s += x;
+            s2 += x * x;
+        }
+        double mean = s / n, var = s2 / n - mean * mean, want = 1.0 / (4 * (2 * a + 1));
+        print_message("Beta(%g, %g): mean %.4f (0.5), variance %.4f (%.4f)\n", a, a, mean, var,
+                      want);
+        assert_true(fabs(mean - 0.5) < 0.01 && fabs(var - want) < 0.1 * want);
+    }
+    mgt_mix m = {.mixup_alpha = 0.2f, .cutmix_alpha = 1.0f};
+    int cut = 0;
+    for (size_t place = 0; place < 2000; place++) {
+        mgt_mix_draws d1, d2;
+        mgt_mix_draw(&m, 5, 2, place, 32, 48, &d1);
+        mgt_mix_draw(&m, 5, 2, place, 32, 48, &d2);
+        assert_true(d1.cutmix == d2.cutmix && d1.lam == d2.lam);
+        assert_memory_equal(&d1.box, &d2.box, sizeof d1.box);
+        if (d1.cutmix) {
+            cut++;
+            double left = 1.0 - (double)d1.box.w * d1.box.h / (32.0 * 48);
+            assert_true(fabs(left - d1.lam) < 1e-12);
+            assert_true(d1.box.left >= 0 && d1.box.left + d1.box.w <= 48 && d1.box.top >= 0 &&
+                        d1.box.top + d1.box.h <= 32);
+        }
+    }
+    assert_true(cut > 900 && cut < 1100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_policy_ops_golden),
-        cmocka_unit_test(test_augment_space_golden),
-        cmocka_unit_test(test_erase_params_golden),
-        cmocka_unit_test(test_policies_in_transform),
+        cmocka_unit_test(test_policy_ops_golden),   cmocka_unit_test(test_augment_space_golden),
+        cmocka_unit_test(test_erase_params_golden), cmocka_unit_test(test_policies_in_transform),
+        cmocka_unit_test(test_mix_golden),          cmocka_unit_test(test_mix_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

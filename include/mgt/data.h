@@ -457,6 +457,37 @@ typedef struct mgt_bad_policy {
     FILE *warn;          /* one line per bad file, once; NULL: stderr */
 } mgt_bad_policy;
 
+/* ---- mixup and cutmix ---- */
+
+/* Batch-level mixing of torchvision's references recipe (--mixup-alpha, --cutmix-alpha:
+   RandomMixup and RandomCutmix with p = 1, one of them chosen with even odds when both are
+   on), drawn per sample so that nothing depends on the device count or the local batch: a
+   sample's partner is the sample one place before it in the epoch's order (the last for the
+   first), as torchvision's batch rolled by one, and its choice, lambda ~ Beta(alpha, alpha)
+   and cutmix box come from Philox keyed by (seed, epoch, its place in the order). The
+   target is lambda * onehot(label) + (1 - lambda) * onehot(partner's label). */
+typedef struct mgt_mix {
+    float mixup_alpha, cutmix_alpha; /* 0: off */
+} mgt_mix;
+
+typedef struct mgt_mix_draws {
+    bool cutmix;
+    double lam;   /* the weight of the sample's own image and label */
+    mgt_crop box; /* cutmix: the partner's rectangle pasted in */
+} mgt_mix_draws;
+
+/* The draws of the sample at `place` of the epoch's order for an h x w output. */
+void mgt_mix_draw(const mgt_mix *m, uint64_t seed, int64_t epoch, size_t place, int h, int w,
+                  mgt_mix_draws *out);
+/* Beta(alpha, alpha) from two Gamma draws (Marsaglia-Tsang). */
+double mgt_beta_draw(mgt_rng *r, double alpha);
+/* RandomCutmix's box around (rx, ry) for lambda, and the lambda the box leaves. */
+void mgt_cutmix_box(double lam, int rx, int ry, int w, int h, mgt_crop *box, double *lam_out);
+/* a = lam * a + (1 - lam) * b (n floats), as torch's float arithmetic does it; and the box of
+   b pasted into a (c planes of h x w). */
+void mgt_mixup_images(float *a, const float *b, size_t n, double lam);
+void mgt_cutmix_images(float *a, const float *b, int c, int h, int w, const mgt_crop *box);
+
 /* ---- the loader ---- */
 
 typedef struct mgt_loader mgt_loader;
@@ -482,6 +513,7 @@ typedef struct mgt_loader_options {
     mgt_abort *abort; /* (optional) the run's flag: raised on a fatal data error,
                                   and every wait of the loader leaves when it is raised */
     bool pin_threads; /* decode thread i runs on the i-th CPU of the process's mask (on) */
+    mgt_mix mix;      /* mixup / cutmix (training; off by default) */
 } mgt_loader_options;
 
 /* Fills o with the defaults (prefetch 2, workers = cores, max_bad_frac 0.01, split PAD,
@@ -514,7 +546,12 @@ typedef struct mgt_batch {
     float *images;              /* [n, channels, size, size]; device memory of the rank's device
                                (host memory without devices) */
     int32_t *labels;            /* [n], beside the images */
-    const int32_t *labels_host; /* [n], host copy */
+    int32_t *labels_b;          /* [n], the mixing partner's label (else = labels) */
+    float *weights;             /* [n], the weight of labels (lambda; else 1) */
+    const int32_t *labels_host; /* [n], host copies of the three */
+    const int32_t *labels_b_host;
+    const float *weights_host;
+    bool mixed;                 /* the loader mixes (labels_b and weights mean something) */
     const size_t *indices_host; /* [n], the dataset index behind each slot (after any
                                     bad-file replacement) */
     int n;                      /* samples in this batch (the last one of an epoch may be short) */

@@ -294,6 +294,21 @@ mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float 
                                      const int32_t *labels, int n, int classes, float smoothing,
                                      float scale);
 
+/* The mixed-label form for mixup and cutmix: row i's target is
+   (1-eps) (w_i onehot(a_i) + (1 - w_i) onehot(b_i)) + eps/classes, as torch's
+   CrossEntropyLoss(label_smoothing=eps) with that soft target; weights in [0, 1]. loss[0] =
+   mean over the batch; probs = softmax, kept for backward. A label outside [0, classes) is
+   a device error. */
+mgt_status mgt_softmax_xent_mix_forward(mgt_stream *s, float *loss, float *probs,
+                                        const float *logits, const int32_t *labels_a,
+                                        const int32_t *labels_b, const float *weights, int n,
+                                        int classes, float smoothing);
+/* dlogits = scale * (probs - target) */
+mgt_status mgt_softmax_xent_mix_backward(mgt_stream *s, float *dlogits, const float *probs,
+                                         const int32_t *labels_a, const int32_t *labels_b,
+                                         const float *weights, int n, int classes, float smoothing,
+                                         float scale);
+
 /* count[0] += number of rows whose label is among the k largest logits. Ties rank the
    lower class index first: the label's rank is the number of classes with a larger logit
    plus those with an equal logit and a smaller index. */

@@ -21,6 +21,7 @@ typedef enum mgt_rng_purpose {
     MGT_RNG_AUGMENT = 2, /* a sample's random crop and flip */
     MGT_RNG_INIT = 3,    /* parameter initialisation */
     MGT_RNG_OTHER = 4,   /* anything else (tests, synthetic data) */
+    MGT_RNG_MIX = 5,     /* a sample's mixup / cutmix draws (keyed by its place in the epoch) */
 } mgt_rng_purpose;
 
 typedef struct mgt_rng {

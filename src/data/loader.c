@@ -34,8 +34,12 @@ typedef struct slot {
     int outstanding;   /* claims (and a PREP) in flight */
     bool copy_pending; /* a copy out of host[] was enqueued and may not have run */
     bool consumed_recorded;
-    uint8_t *host; /* labels (aligned), then images */
+    uint8_t *host; /* labels, partners' labels, mix weights (each block aligned), images */
     int32_t *labels_host;
+    int32_t *labels_b_host; /* the partner's label (mixing; else the sample's own) */
+    float *weights_host;    /* the weight of labels_host (mixing; else 1) */
+    size_t *partners;       /* with mixing: the partner's dataset index */
+    size_t *places;         /* with mixing: the sample's place in the epoch's order */
     float *images_host;
     size_t *indices; /* dataset index per sample (original, then replacement) */
     mgt_buffer *dev;
@@ -61,6 +65,7 @@ typedef struct worker {
     int id;
     bool ready;                   /* sw initialised */
     mgt_sample_worker sw;         /* decoder and buffers, reused */
+    float *partner;               /* with mixing: the partner's image */
     atomic_uint_fast64_t growths; /* sw's, published after each sample */
 } worker;
 
@@ -77,7 +82,9 @@ struct mgt_loader {
     int nslots;
     int chunk;          /* samples per claim */
     size_t img_floats;  /* per sample */
-    size_t label_bytes; /* the labels block at the head of a slot, aligned */
+    size_t block_bytes; /* one of the three label blocks at a slot's head, aligned */
+    size_t label_bytes; /* the three of them */
+    bool mixing;
     size_t slot_bytes;
     rank_state *ranks;
 
@@ -228,8 +235,18 @@ static slot *assign(mgt_loader *l, int *prep_rank)
             size_t n = r->count - first;
             if (n > (size_t)l->o.batch_size)
                 n = (size_t)l->o.batch_size;
-            for (size_t p = 0; p < n; p++)
+            for (size_t p = 0; p < n; p++) {
                 s->indices[p] = pick(l, order, identity, ri, first + p);
+                if (l->mixing) {
+                    /* the place in the epoch's order, modulo the dataset (a padded repeat
+                       is mixed as its first appearance), and the partner: the sample one
+                       place before (the last for the first), as a batch rolled by one */
+                    size_t k = ((size_t)ri + (first + p) * (size_t)l->o.replicas) % l->n;
+                    size_t kp = (k + l->n - 1) % l->n;
+                    s->places[p] = k;
+                    s->partners[p] = identity ? kp : order[kp];
+                }
+            }
             s->gen = l->gen;
             s->ticket = t;
             s->epoch = e;
@@ -361,24 +378,22 @@ static void mark_bad(mgt_loader *l, size_t idx, const char *reason)
     pthread_mutex_unlock(&l->lock);
 }
 
-/* Decodes and transforms sample pos of a claimed batch (no lock held). A bad file gives
-   its place to the next index, deterministically. Returns false on a fatal error. */
-static bool process(worker *w, slot *s, int pos)
+/* Decodes and transforms dataset sample `first` into dst (no lock held). A bad file gives
+   its place to the next index, deterministically, and keeps the first index's random draws;
+   *used gets the index whose image it is. Returns false on a fatal error. */
+static bool transform_sample(worker *w, int64_t epoch, size_t first, float *dst, size_t *used)
 {
     mgt_loader *l = w->l;
-    size_t idx = s->indices[pos];
-    float *dst = s->images_host + (size_t)pos * l->img_floats;
+    size_t idx = first;
     for (size_t tries = 0; tries < l->n; tries++, idx = (idx + 1) % l->n) {
         if (atomic_load(&l->bad[idx]))
             continue;
-        /* the stream is keyed by the sample's first index: a replacement keeps its draws */
         mgt_rng rng;
-        mgt_rng_init(&rng, l->o.seed, (uint64_t)s->epoch, s->indices[pos], MGT_RNG_AUGMENT);
+        mgt_rng_init(&rng, l->o.seed, (uint64_t)epoch, first, MGT_RNG_AUGMENT);
         mgt_status st = mgt_sample_transform(&w->sw, l->o.ds, idx, &l->o.transform, &rng, dst);
         atomic_store_explicit(&w->growths, mgt_sample_worker_growths(&w->sw), memory_order_relaxed);
         if (st == MGT_OK) {
-            s->labels_host[pos] = mgt_dataset_label(l->o.ds, idx);
-            s->indices[pos] = idx;
+            *used = idx;
             atomic_fetch_add(&l->images_done, 1);
             return true;
         }
@@ -404,6 +419,39 @@ static bool process(worker *w, slot *s, int pos)
     fail_locked(l, MGT_ERR_INVALID, "every image of the split is bad");
     pthread_mutex_unlock(&l->lock);
     return false;
+}
+
+/* Sample pos of a claimed batch: its image, and with mixing its partner's, mixed. The
+   partner's image is the one the partner gets as a sample itself (the same key, the same
+   replacement of a bad file), computed again here: mixing costs a second decode and
+   transform per sample, the price of a partner that does not depend on which device or
+   local batch holds it. */
+static bool process(worker *w, slot *s, int pos)
+{
+    mgt_loader *l = w->l;
+    float *dst = s->images_host + (size_t)pos * l->img_floats;
+    size_t used;
+    if (!transform_sample(w, s->epoch, s->indices[pos], dst, &used))
+        return false;
+    s->labels_host[pos] = mgt_dataset_label(l->o.ds, used);
+    s->labels_b_host[pos] = s->labels_host[pos];
+    s->weights_host[pos] = 1.0f;
+    if (l->mixing) {
+        size_t pused;
+        if (!transform_sample(w, s->epoch, s->partners[pos], w->partner, &pused))
+            return false;
+        const mgt_transform *t = &l->o.transform;
+        mgt_mix_draws md;
+        mgt_mix_draw(&l->o.mix, l->o.seed, s->epoch, s->places[pos], t->size, t->size, &md);
+        if (md.cutmix)
+            mgt_cutmix_images(dst, w->partner, t->channels, t->size, t->size, &md.box);
+        else
+            mgt_mixup_images(dst, w->partner, l->img_floats, md.lam);
+        s->labels_b_host[pos] = mgt_dataset_label(l->o.ds, pused);
+        s->weights_host[pos] = (float)md.lam;
+    }
+    s->indices[pos] = used;
+    return true;
 }
 
 /* One unit of work, if there is any: a PREP or a claim of a few samples. Lock held on
@@ -521,6 +569,10 @@ static mgt_status check_options(const mgt_loader_options *o)
         return mgt_error_set(MGT_ERR_INVALID, "loader: -j %d is not in 0..1024", o->workers);
     if (o->prefetch < 1 || o->prefetch > 64)
         return mgt_error_set(MGT_ERR_INVALID, "loader: prefetch %d is not in 1..64", o->prefetch);
+    if (!(o->mix.mixup_alpha >= 0 && o->mix.mixup_alpha <= 1e4 && o->mix.cutmix_alpha >= 0 &&
+          o->mix.cutmix_alpha <= 1e4))
+        return mgt_error_set(MGT_ERR_INVALID, "loader: mixup/cutmix alpha %g/%g is not in 0..1e4",
+                             (double)o->mix.mixup_alpha, (double)o->mix.cutmix_alpha);
     if (!(o->bad.max_bad_frac >= 0 && o->bad.max_bad_frac <= 1))
         return mgt_error_set(MGT_ERR_INVALID, "loader: --max-bad-frac %g is not in 0..1",
                              o->bad.max_bad_frac);
@@ -545,7 +597,15 @@ static mgt_status alloc_slot(mgt_loader *l, rank_state *r, slot *s)
                              l->slot_bytes);
     }
     s->labels_host = (int32_t *)s->host;
+    s->labels_b_host = (int32_t *)(s->host + l->block_bytes);
+    s->weights_host = (float *)(s->host + 2 * l->block_bytes);
     s->images_host = (float *)(s->host + l->label_bytes);
+    if (l->mixing) {
+        s->partners = calloc((size_t)l->o.batch_size, sizeof *s->partners);
+        s->places = calloc((size_t)l->o.batch_size, sizeof *s->places);
+        if (!s->partners || !s->places)
+            return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
+    }
     s->indices = calloc((size_t)l->o.batch_size, sizeof *s->indices);
     if (!s->indices)
         return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
@@ -574,7 +634,9 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     }
     l->nslots = o->prefetch + 1;
     l->img_floats = (size_t)o->transform.channels * o->transform.size * o->transform.size;
-    l->label_bytes = ((size_t)o->batch_size * sizeof(int32_t) + 255) & ~(size_t)255;
+    l->block_bytes = ((size_t)o->batch_size * sizeof(int32_t) + 255) & ~(size_t)255;
+    l->label_bytes = 3 * l->block_bytes;
+    l->mixing = o->mix.mixup_alpha > 0 || o->mix.cutmix_alpha > 0;
     l->slot_bytes = l->label_bytes + (size_t)o->batch_size * l->img_floats * sizeof(float);
     int nthreads = o->workers;
     l->chunk = o->batch_size / (2 * (nthreads > 0 ? nthreads : 1));
@@ -640,6 +702,10 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
         l->workers[i].l = l;
         l->workers[i].id = i;
         atomic_init(&l->workers[i].growths, 0);
+        if (l->mixing && !(l->workers[i].partner = malloc(l->img_floats * sizeof(float)))) {
+            st = mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
+            goto fail;
+        }
         if ((st = mgt_sample_worker_init(&l->workers[i].sw)) != MGT_OK)
             goto fail;
         l->workers[i].ready = true;
@@ -687,13 +753,17 @@ void mgt_loader_free(mgt_loader *l)
                     else
                         free(s->host);
                     free(s->indices);
+                    free(s->partners);
+                    free(s->places);
                 }
             free(r->slots);
         }
     if (l->workers)
-        for (int i = 0; i < l->nworkers; i++)
+        for (int i = 0; i < l->nworkers; i++) {
             if (l->workers[i].ready)
                 mgt_sample_worker_free(&l->workers[i].sw);
+            free(l->workers[i].partner);
+        }
     free(l->workers);
     free(l->threads);
     free(l->ranks);
@@ -849,12 +919,19 @@ mgt_status mgt_loader_next(mgt_loader *l, int rank, mgt_stream *compute, mgt_bat
     if (r->dev) {
         uint8_t *base = mgt_buffer_ptr(got->dev);
         out->labels = (int32_t *)base;
+        out->labels_b = (int32_t *)(base + l->block_bytes);
+        out->weights = (float *)(base + 2 * l->block_bytes);
         out->images = (float *)(base + l->label_bytes);
     } else {
         out->labels = got->labels_host;
+        out->labels_b = got->labels_b_host;
+        out->weights = got->weights_host;
         out->images = got->images_host;
     }
     out->labels_host = got->labels_host;
+    out->labels_b_host = got->labels_b_host;
+    out->weights_host = got->weights_host;
+    out->mixed = l->mixing;
     out->indices_host = got->indices;
     out->n = got->n;
     out->epoch = got->epoch;

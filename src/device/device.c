@@ -785,6 +785,24 @@ mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float 
     LAUNCH(MGT_OP_XENT_BWD, xent_bwd, dlogits, probs, labels, n, classes, smoothing, scale);
 }
 
+mgt_status mgt_softmax_xent_mix_forward(mgt_stream *s, float *loss, float *probs,
+                                        const float *logits, const int32_t *labels_a,
+                                        const int32_t *labels_b, const float *weights, int n,
+                                        int classes, float smoothing)
+{
+    LAUNCH(MGT_OP_XENT_MIX_FWD, xmix_fwd, loss, probs, logits, labels_a, labels_b, weights, n,
+           classes, smoothing);
+}
+
+mgt_status mgt_softmax_xent_mix_backward(mgt_stream *s, float *dlogits, const float *probs,
+                                         const int32_t *labels_a, const int32_t *labels_b,
+                                         const float *weights, int n, int classes, float smoothing,
+                                         float scale)
+{
+    LAUNCH(MGT_OP_XENT_MIX_BWD, xmix_bwd, dlogits, probs, labels_a, labels_b, weights, n, classes,
+           smoothing, scale);
+}
+
 mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
                             const int32_t *labels, int n, int classes, int k)
 {

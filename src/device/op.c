@@ -526,6 +526,41 @@ static void operands_xent_bwd(mgt_op *op, operand_list *l)
     ADD(l, x->labels, "labels", (size_t)x->n, MGT_I32, IN);
 }
 
+static mgt_status check_xmix_fwd(const mgt_op *op)
+{
+    mgt_status st = check_rows(op, op->u.xmix_fwd.n, op->u.xmix_fwd.classes);
+    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_fwd.smoothing);
+}
+
+static void operands_xmix_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
+    size_t nc = zmul(x->n, x->classes, 1, 1);
+    ADD(l, x->loss, "loss", 1, MGT_F32, OUT);
+    ADD(l, x->probs, "probs", nc, MGT_F32, OUT);
+    ADD(l, x->logits, "logits", nc, MGT_F32, IN);
+    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
+    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
+    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
+}
+
+static mgt_status check_xmix_bwd(const mgt_op *op)
+{
+    mgt_status st = check_rows(op, op->u.xmix_bwd.n, op->u.xmix_bwd.classes);
+    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_bwd.smoothing);
+}
+
+static void operands_xmix_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
+    size_t nc = zmul(x->n, x->classes, 1, 1);
+    ADD(l, x->dlogits, "dlogits", nc, MGT_F32, OUT);
+    ADD(l, x->probs, "probs", nc, MGT_F32, IN);
+    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
+    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
+    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
+}
+
 static mgt_status check_topk(const mgt_op *op)
 {
     mgt_status st = check_rows(op, op->u.topk.n, op->u.topk.classes);

@@ -27,30 +27,32 @@
    mgt_op's union that holds its arguments. Ops sharing an argument struct (the three
    convolution passes) share its check and operand entries, which look at the kind.
    Order is free: nothing stores kinds as numbers. */
-#define MGT_OP_LIST(X)                                 \
-    X(FILL, fill, fill)                                \
-    X(SCALE, scale, scale)                             \
-    X(AXPY, axpy, axpy)                                \
-    X(SUM, sum, sum)                                   \
-    X(ADD, add, add)                                   \
-    X(GEMM, gemm, gemm)                                \
-    X(CONV2D_FWD, conv2d_forward, conv)                \
-    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)     \
-    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv) \
-    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train) \
-    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)    \
-    X(BN_BWD, batchnorm_backward, bn_bwd)              \
-    X(RELU_FWD, relu_forward, relu_fwd)                \
-    X(RELU_BWD, relu_backward, relu_bwd)               \
-    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)     \
-    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)    \
-    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)       \
-    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)      \
-    X(BIAS_FWD, bias_forward, bias_fwd)                \
-    X(BIAS_BWD, bias_backward, bias_bwd)               \
-    X(XENT_FWD, softmax_xent_forward, xent_fwd)        \
-    X(XENT_BWD, softmax_xent_backward, xent_bwd)       \
-    X(TOPK, topk_correct, topk)                        \
+#define MGT_OP_LIST(X)                                   \
+    X(FILL, fill, fill)                                  \
+    X(SCALE, scale, scale)                               \
+    X(AXPY, axpy, axpy)                                  \
+    X(SUM, sum, sum)                                     \
+    X(ADD, add, add)                                     \
+    X(GEMM, gemm, gemm)                                  \
+    X(CONV2D_FWD, conv2d_forward, conv)                  \
+    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)       \
+    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv)   \
+    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train)   \
+    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)      \
+    X(BN_BWD, batchnorm_backward, bn_bwd)                \
+    X(RELU_FWD, relu_forward, relu_fwd)                  \
+    X(RELU_BWD, relu_backward, relu_bwd)                 \
+    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)       \
+    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)      \
+    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)         \
+    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)        \
+    X(BIAS_FWD, bias_forward, bias_fwd)                  \
+    X(BIAS_BWD, bias_backward, bias_bwd)                 \
+    X(XENT_FWD, softmax_xent_forward, xent_fwd)          \
+    X(XENT_BWD, softmax_xent_backward, xent_bwd)         \
+    X(XENT_MIX_FWD, softmax_xent_mix_forward, xmix_fwd)  \
+    X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
+    X(TOPK, topk_correct, topk)                          \
     X(SGD, sgd_update, sgd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
@@ -176,6 +178,23 @@ typedef struct mgt_op {
             int n, classes;
             float smoothing, scale;
         } xent_bwd;
+        /* the mixed-label form: target = w onehot(a) + (1 - w) onehot(b), then smoothing */
+        struct {
+            float *loss, *probs;
+            const float *logits;
+            const int32_t *labels_a, *labels_b;
+            const float *weights;
+            int n, classes;
+            float smoothing;
+        } xmix_fwd;
+        struct {
+            float *dlogits;
+            const float *probs;
+            const int32_t *labels_a, *labels_b;
+            const float *weights;
+            int n, classes;
+            float smoothing, scale;
+        } xmix_bwd;
         struct {
             int32_t *count;
             const float *logits;

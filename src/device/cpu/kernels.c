@@ -1322,6 +1322,91 @@ static void xent_bwd_item(void *c, int i, int t)
     }
 }
 
+/* The mixed-label form, per row in double as xent_fwd_item: loss = lse - (1-eps)(w z_a +
+   (1-w) z_b) - eps/classes sum z. */
+static void xmix_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const xent_job *j = c;
+    const __typeof__(j->op->u.xmix_fwd) *x = &j->op->u.xmix_fwd;
+    size_t classes = (size_t)x->classes, lo, hi;
+    item_range((size_t)x->n, j->units, i, &lo, &hi);
+    double eps = x->smoothing;
+    for (size_t r = lo; r < hi; r++) {
+        const float *l = x->logits + r * classes;
+        float *pr = x->probs + r * classes;
+        float mx = l[0];
+        for (size_t e = 1; e < classes; e++)
+            if (l[e] > mx)
+                mx = l[e];
+        double se = 0, sl = 0;
+        for (size_t e = 0; e < classes; e++) {
+            se += exp((double)l[e] - mx);
+            sl += l[e];
+        }
+        double lse = mx + log(se), w = x->weights[r];
+        for (size_t e = 0; e < classes; e++)
+            pr[e] = (float)exp((double)l[e] - lse);
+        double mixed = w * l[x->labels_a[r]] + (1.0 - w) * l[x->labels_b[r]];
+        j->row_loss[r] = lse - (1.0 - eps) * mixed - eps / (double)classes * sl;
+    }
+}
+
+static mgt_status run_xmix_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
+    mgt_status st = check_labels(op, x->labels_a, x->n, x->classes);
+    if (st == MGT_OK)
+        st = check_labels(op, x->labels_b, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    if ((st = scratch_ensure(ctx, op, (size_t)x->n * 2)) != MGT_OK)
+        return st;
+    xent_job j = {op, units_per_item((size_t)x->classes * 4), (double *)(void *)ctx->scratch};
+    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xmix_fwd_item, &j);
+    double s = 0;
+    for (int r = 0; r < x->n; r++)
+        s += j.row_loss[r];
+    x->loss[0] = (float)(s / x->n);
+    return MGT_OK;
+}
+
+static void xmix_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.xmix_bwd) *x = &j->op->u.xmix_bwd;
+    size_t classes = (size_t)x->classes, lo, hi;
+    item_range((size_t)x->n, j->units, i, &lo, &hi);
+    float off = x->smoothing / (float)x->classes, keep = 1.0f - x->smoothing;
+    for (size_t r = lo; r < hi; r++) {
+        const float *p = x->probs + r * classes;
+        float *d = x->dlogits + r * classes;
+        for (size_t e = 0; e < classes; e++)
+            d[e] = x->scale * (p[e] - off);
+        size_t a = (size_t)x->labels_a[r], b = (size_t)x->labels_b[r];
+        float w = x->weights[r];
+        /* a == b: the whole weight on one class */
+        float ta = off + keep * (a == b ? 1.0f : w), tb = off + keep * (1.0f - w);
+        d[a] = x->scale * (p[a] - ta);
+        if (b != a)
+            d[b] = x->scale * (p[b] - tb);
+    }
+}
+
+static mgt_status run_xmix_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
+    mgt_status st = check_labels(op, x->labels_a, x->n, x->classes);
+    if (st == MGT_OK)
+        st = check_labels(op, x->labels_b, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    plane_job j = {op, units_per_item((size_t)x->classes)};
+    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xmix_bwd_item, &j);
+    return MGT_OK;
+}
+
 typedef struct topk_job {
     const mgt_op *op;
     size_t units;
@@ -1524,6 +1609,8 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_BIAS_BWD] = run_bias_bwd,
     [MGT_OP_XENT_FWD] = run_xent_fwd,
     [MGT_OP_XENT_BWD] = run_xent_bwd,
+    [MGT_OP_XENT_MIX_FWD] = run_xmix_fwd,
+    [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
 };

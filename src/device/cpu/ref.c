@@ -335,6 +335,55 @@ static mgt_status ref_xent_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* The mixed target t = (1-eps)(w onehot(a) + (1-w) onehot(b)) + eps/C: a row's loss is
+   -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
+static mgt_status ref_xmix_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
+    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
+    if (st == MGT_OK)
+        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    double eps = x->smoothing, total = 0.0;
+    for (int i = 0; i < x->n; i++) {
+        const float *z = x->logits + (size_t)i * x->classes;
+        float *pr = x->probs + (size_t)i * x->classes;
+        double lse = row_logsumexp(z, x->classes), w = x->weights[i];
+        double smooth = 0.0;
+        for (int j = 0; j < x->classes; j++) {
+            pr[j] = (float)exp((double)z[j] - lse);
+            smooth += lse - z[j];
+        }
+        total +=
+            (1.0 - eps) * (w * (lse - z[x->labels_a[i]]) + (1.0 - w) * (lse - z[x->labels_b[i]])) +
+            eps / x->classes * smooth;
+    }
+    x->loss[0] = (float)(total / x->n);
+    return MGT_OK;
+}
+
+static mgt_status ref_xmix_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
+    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
+    if (st == MGT_OK)
+        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    double eps = x->smoothing;
+    for (int i = 0; i < x->n; i++) {
+        double w = x->weights[i];
+        for (int j = 0; j < x->classes; j++) {
+            size_t ij = (size_t)i * x->classes + j;
+            double t = eps / x->classes + (1.0 - eps) * ((j == x->labels_a[i] ? w : 0.0) +
+                                                         (j == x->labels_b[i] ? 1.0 - w : 0.0));
+            x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
+        }
+    }
+    return MGT_OK;
+}
+
 static mgt_status ref_topk(const mgt_op *op)
 {
     const __typeof__(op->u.topk) *t = &op->u.topk;
@@ -498,6 +547,8 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_BIAS_BWD] = ref_bias_bwd,
     [MGT_OP_XENT_FWD] = ref_xent_fwd,
     [MGT_OP_XENT_BWD] = ref_xent_bwd,
+    [MGT_OP_XENT_MIX_FWD] = ref_xmix_fwd,
+    [MGT_OP_XENT_MIX_BWD] = ref_xmix_bwd,
     [MGT_OP_TOPK] = ref_topk,
     [MGT_OP_SGD] = ref_sgd,
 };

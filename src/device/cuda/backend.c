@@ -222,6 +222,8 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_BIAS_BWD] = mgt_cuda_bias_backward,
     [MGT_OP_XENT_FWD] = mgt_cuda_xent_forward,
     [MGT_OP_XENT_BWD] = mgt_cuda_xent_backward,
+    [MGT_OP_XENT_MIX_FWD] = mgt_cuda_xent_mix_forward,
+    [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
     [MGT_OP_TOPK] = mgt_cuda_topk,
     [MGT_OP_SGD] = mgt_cuda_sgd_update,
 };

@@ -109,6 +109,8 @@ mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
 
