@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #include "mgt/status.h"
-#include "mgt/thread.h"
 
 #define MGT_MAX_DEVICES 64
 
@@ -29,6 +28,9 @@ typedef struct mgt_device mgt_device; /* borrowed from its devset */
 typedef struct mgt_stream mgt_stream; /* an in-order queue of work on one device */
 typedef struct mgt_event mgt_event;   /* a marker in a stream that others can wait for */
 typedef struct mgt_buffer mgt_buffer; /* one allocation of device memory */
+/* The abort flag of the waits below (mgt/thread.h). Only declared here, so that this header
+   pulls in neither pthread nor stdatomic and compiles as C++ for the CUDA backend. */
+typedef struct mgt_abort mgt_abort;
 
 typedef enum mgt_device_kind {
     MGT_DEVICE_AUTO, /* CUDA where a GPU is usable, mock devices otherwise */

@@ -8,9 +8,10 @@
 
 /* Raised once by whoever fails first; every wait that is handed it leaves with
    MGT_ERR_ABORTED soon after (within MGT_WAIT_SLICE_MS). Zero-initialise to use. */
-typedef struct mgt_abort {
+typedef struct mgt_abort mgt_abort;
+struct mgt_abort {
     atomic_int raised;
-} mgt_abort;
+};
 
 /* How long a blocked wait sleeps before it looks at its abort flag again. */
 #define MGT_WAIT_SLICE_MS 5

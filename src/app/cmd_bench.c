@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/plot.h"
 #include "mgt/comm.h"
+#include "mgt/thread.h"
 #include "mgt/train.h"
 
 typedef struct bench_devices {

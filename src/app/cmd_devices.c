@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "app/commands.h"
+#include "mgt/thread.h"
 
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n)
 {

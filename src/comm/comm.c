@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "mgt/comm.h"
+#include "mgt/thread.h"
 
 struct mgt_comm {
     mgt_devset *set;

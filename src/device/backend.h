@@ -8,6 +8,7 @@
 
 #include "device/op.h"
 #include "mgt/device.h"
+#include "mgt/thread.h"
 
 typedef enum mgt_copy_kind {
     MGT_COPY_H2D,

@@ -1,5 +1,17 @@
 /* Kernel calls as values: what the dispatch layer hands a backend, what a mock stream queues,
-   and what the conformance suite runs on every backend and on the reference. */
+   and what the conformance suite runs on every backend and on the reference.
+
+   Adding an op: one line in MGT_OP_LIST below; its argument struct in mgt_op's union (or an
+   existing one it shares); in op.c its check_<args> (sizes and parameters only) and
+   operands_<args> (every pointer with its element count, type and role; the NULL checks and
+   the mock's pointer checks come from these); one function per backend, each entered in that
+   backend's table indexed by kind: ref_ops in cpu/ref.c (plain loops, the truth), cpu_ops in
+   cpu/kernels.c (the mock devices' fast path), cuda_ops in cuda/backend.c (declared in
+   cuda/cuda_impl.h, defined in a .cu file, which can include this header); a public wrapper
+   in mgt/device.h and device.c where layers call it; and its case generator (plus a
+   finite-difference check for a backward) in specs[] of tests/test_conformance.c. A backend
+   table without the entry refuses the op with MGT_ERR_UNSUPPORTED; op.c does not compile
+   without check_ and operands_; CTest picks up conformance.<name> from the list by itself. */
 #ifndef MGT_DEVICE_OP_H
 #define MGT_DEVICE_OP_H
 
@@ -9,33 +21,41 @@
 
 #include "mgt/device.h"
 
-typedef enum mgt_op_kind {
-    MGT_OP_FILL,
-    MGT_OP_SCALE,
-    MGT_OP_AXPY,
-    MGT_OP_SUM,
-    MGT_OP_ADD,
-    MGT_OP_GEMM,
-    MGT_OP_CONV2D_FWD,
-    MGT_OP_CONV2D_BWD_DATA,
-    MGT_OP_CONV2D_BWD_FILTER,
-    MGT_OP_BN_FWD_TRAIN,
-    MGT_OP_BN_FWD_EVAL,
-    MGT_OP_BN_BWD,
-    MGT_OP_RELU_FWD,
-    MGT_OP_RELU_BWD,
-    MGT_OP_MAXPOOL_FWD,
-    MGT_OP_MAXPOOL_BWD,
-    MGT_OP_AVGPOOL_FWD,
-    MGT_OP_AVGPOOL_BWD,
-    MGT_OP_BIAS_FWD,
-    MGT_OP_BIAS_BWD,
-    MGT_OP_XENT_FWD,
-    MGT_OP_XENT_BWD,
-    MGT_OP_TOPK,
-    MGT_OP_SGD,
-    MGT_OP_COUNT
-} mgt_op_kind;
+/* The op list, one line per op: X(KIND, name, args). KIND makes the enumerator MGT_OP_<KIND>;
+   name is what the op is called everywhere (error texts, the mock's fault=kernel@D:N:name,
+   `test_conformance --list` and so the CTest case conformance.<name>); args is the member of
+   mgt_op's union that holds its arguments. Ops sharing an argument struct (the three
+   convolution passes) share its check and operand entries, which look at the kind.
+   Order is free: nothing stores kinds as numbers. */
+#define MGT_OP_LIST(X)                                 \
+    X(FILL, fill, fill)                                \
+    X(SCALE, scale, scale)                             \
+    X(AXPY, axpy, axpy)                                \
+    X(SUM, sum, sum)                                   \
+    X(ADD, add, add)                                   \
+    X(GEMM, gemm, gemm)                                \
+    X(CONV2D_FWD, conv2d_forward, conv)                \
+    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)     \
+    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv) \
+    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train) \
+    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)    \
+    X(BN_BWD, batchnorm_backward, bn_bwd)              \
+    X(RELU_FWD, relu_forward, relu_fwd)                \
+    X(RELU_BWD, relu_backward, relu_bwd)               \
+    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)     \
+    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)    \
+    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)       \
+    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)      \
+    X(BIAS_FWD, bias_forward, bias_fwd)                \
+    X(BIAS_BWD, bias_backward, bias_bwd)               \
+    X(XENT_FWD, softmax_xent_forward, xent_fwd)        \
+    X(XENT_BWD, softmax_xent_backward, xent_bwd)       \
+    X(TOPK, topk_correct, topk)                        \
+    X(SGD, sgd_update, sgd)
+
+#define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
+typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
+#undef MGT_OP_ENUM_
 
 /* Arguments of each kind; names and meanings as in the mgt_* wrappers of mgt/device.h. */
 typedef struct mgt_op {
@@ -195,11 +215,14 @@ const char *mgt_op_name(mgt_op_kind kind);
 /* The kind with that name, or MGT_OP_COUNT. */
 mgt_op_kind mgt_op_kind_from_name(const char *name);
 
-/* Checks sizes and parameters (positive dims, padding smaller than the window, ...) and
-   that no required pointer is NULL; sets the error text and returns MGT_ERR_INVALID. */
+/* Checks sizes and parameters (positive dims, padding smaller than the window, ...), then
+   that no operand mgt_op_operands lists is NULL; sets the error text and returns
+   MGT_ERR_INVALID. */
 mgt_status mgt_op_check(const mgt_op *op);
 
-/* Lists the op's pointer operands (NULL optional ones left out); returns how many. */
+/* Lists the op's pointer operands, every one the op reads or writes (an optional pointer only
+   where the op uses it); returns how many. Counts are only meaningful for an op whose sizes
+   pass mgt_op_check. */
 int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS]);
 
 /* Multiply-adds times two, for GFLOP/s figures; 0 for ops that are not compute-bound. */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "mgt/device.h"
+#include "mgt/thread.h" /* the abort flags and clocks the tests use beside the devices */
 
 /* Fails the running cmocka test when a call does not return MGT_OK, with the call, the
    status and the error text. Include <cmocka.h> first. */

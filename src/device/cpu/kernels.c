@@ -421,7 +421,7 @@ static void gemm_item(void *c, int i, int t)
 /* Blocks of C's rows (or columns, when C is wide and short), each one sgemm call. Each block
    repacks the shared operand, which costs O(k*n) against O(m*n*k/blocks) of work. Two blocks
    per thread where the matrix allows, so a thread the OS delays does not hold up the rest. */
-static void run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
     int threads = pool_threads(ctx);
@@ -429,7 +429,7 @@ static void run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
     if (threads == 1 || macs < GEMM_SPLIT_MACS || (g->m < 16 && g->n < 16)) {
         sgemm(g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->a, g->lda, g->b, g->ldb,
               g->beta, g->c, g->ldc);
-        return;
+        return MGT_OK;
     }
     gemm_job j = {op, g->m >= g->n, 0};
     size_t dim = (size_t)(j.by_rows ? g->m : g->n);
@@ -438,6 +438,7 @@ static void run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
     per = (per + 7) / 8 * 8; /* whole micro-kernel panels */
     j.per = (int)per;
     mgt_cpu_pool_for(ctx->pool, items_of(dim, per), gemm_item, &j);
+    return MGT_OK;
 }
 
 /* ---- convolution ---- */
@@ -1349,117 +1350,196 @@ static void topk_item(void *c, int i, int t)
 
 /* ---- dispatch ---- */
 
-static mgt_status run_op(mgt_cpu_ctx *ctx, const mgt_op *op)
+/* The items read the op only. */
+#define POOL_FOR(ctx, items, fn, op) mgt_cpu_pool_for((ctx)->pool, (items), (fn), (void *)(op))
+
+static mgt_status run_fill(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    mgt_cpu_pool *pool = ctx->pool;
-    void *o = (void *)op; /* the items read the op only */
+    POOL_FOR(ctx, items_of(op->u.fill.n, CHUNK), fill_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_scale(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.scale.n, CHUNK), scale_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_axpy(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.axpy.n, CHUNK), axpy_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_add(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.add.n, CHUNK), add_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_relu_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
+    return MGT_OK;
+}
+
+/* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise), the
+   im2col path for the rest. */
+static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
     mgt_status st;
-    switch (op->kind) {
-    case MGT_OP_FILL:
-        mgt_cpu_pool_for(pool, items_of(op->u.fill.n, CHUNK), fill_item, o);
-        return MGT_OK;
-    case MGT_OP_SCALE:
-        mgt_cpu_pool_for(pool, items_of(op->u.scale.n, CHUNK), scale_item, o);
-        return MGT_OK;
-    case MGT_OP_AXPY:
-        mgt_cpu_pool_for(pool, items_of(op->u.axpy.n, CHUNK), axpy_item, o);
-        return MGT_OK;
-    case MGT_OP_SUM: return run_sum(ctx, op);
-    case MGT_OP_ADD:
-        mgt_cpu_pool_for(pool, items_of(op->u.add.n, CHUNK), add_item, o);
-        return MGT_OK;
-    case MGT_OP_GEMM: run_gemm(ctx, op); return MGT_OK;
-    case MGT_OP_CONV2D_FWD:
-    case MGT_OP_CONV2D_BWD_DATA:
-    case MGT_OP_CONV2D_BWD_FILTER:
-        if (!ctx->conv_im2col && (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
-            return st;
-        return op->kind == MGT_OP_CONV2D_FWD        ? run_conv_fwd(ctx, op)
-               : op->kind == MGT_OP_CONV2D_BWD_DATA ? run_conv_bwd_data(ctx, op)
-                                                    : run_conv_bwd_filter(ctx, op);
-    case MGT_OP_BN_FWD_TRAIN:
-        mgt_cpu_pool_for(pool, op->u.bn_train.sh.c, bn_train_item, o);
-        return MGT_OK;
-    case MGT_OP_BN_FWD_EVAL: {
-        plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units),
-                         bn_eval_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_BN_BWD: mgt_cpu_pool_for(pool, op->u.bn_bwd.sh.c, bn_bwd_item, o); return MGT_OK;
-    case MGT_OP_RELU_FWD:
-        mgt_cpu_pool_for(pool, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, o);
-        return MGT_OK;
-    case MGT_OP_RELU_BWD:
-        mgt_cpu_pool_for(pool, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, o);
-        return MGT_OK;
-    case MGT_OP_MAXPOOL_FWD: {
-        const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
-        size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
-        plane_job j = {op, units_per_item(work)};
-        mgt_cpu_pool_for(pool, items_of((size_t)sh->n * sh->c, j.units), maxpool_fwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_MAXPOOL_BWD: {
-        const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
-        size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
-        plane_job j = {op, units_per_item(work)};
-        mgt_cpu_pool_for(pool, items_of((size_t)sh->n * sh->c, j.units), maxpool_bwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_AVGPOOL_FWD: {
-        plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
-                         avgpool_fwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_AVGPOOL_BWD: {
-        plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
-                         avgpool_bwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_BIAS_FWD: {
-        plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_BIAS_BWD: {
-        plane_job j = {op, BIAS_COLS};
-        mgt_cpu_pool_for(pool, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_XENT_FWD: return run_xent_fwd(ctx, op);
-    case MGT_OP_XENT_BWD: {
-        const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
-        if ((st = check_labels(op, x->labels, x->n, x->classes)) != MGT_OK)
-            return st;
-        plane_job j = {op, units_per_item((size_t)x->classes)};
-        mgt_cpu_pool_for(pool, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
-        return MGT_OK;
-    }
-    case MGT_OP_TOPK: {
-        const __typeof__(op->u.topk) *k = &op->u.topk;
-        if ((st = check_labels(op, k->labels, k->n, k->classes)) != MGT_OK)
-            return st;
-        topk_job j = {.op = op, .units = units_per_item((size_t)k->classes)};
-        atomic_init(&j.hits, 0);
-        mgt_cpu_pool_for(pool, items_of((size_t)k->n, j.units), topk_item, &j);
-        k->count[0] += atomic_load(&j.hits);
-        return MGT_OK;
-    }
-    case MGT_OP_SGD:
-        mgt_cpu_pool_for(pool, items_of(op->u.sgd.n, CHUNK), sgd_item, o);
-        return MGT_OK;
-    case MGT_OP_COUNT: break;
-    }
-    return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: unknown op kind %d", (int)op->kind);
+    if (!ctx->conv_im2col && (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
+        return st;
+    return op->kind == MGT_OP_CONV2D_FWD        ? run_conv_fwd(ctx, op)
+           : op->kind == MGT_OP_CONV2D_BWD_DATA ? run_conv_bwd_data(ctx, op)
+                                                : run_conv_bwd_filter(ctx, op);
+}
+
+static mgt_status run_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units), bn_eval_item,
+             &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool2d_shape *sh,
+                              void (*item)(void *, int, int))
+{
+    size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
+    plane_job j = {op, units_per_item(work)};
+    POOL_FOR(ctx, items_of((size_t)sh->n * sh->c, j.units), item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_maxpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_maxpool(ctx, op, &op->u.maxpool_fwd.sh, maxpool_fwd_item);
+}
+
+static mgt_status run_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_maxpool(ctx, op, &op->u.maxpool_bwd.sh, maxpool_bwd_item);
+}
+
+static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
+             avgpool_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
+             avgpool_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
+    POOL_FOR(ctx, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, BIAS_COLS};
+    POOL_FOR(ctx, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    mgt_status st = check_labels(op, x->labels, x->n, x->classes);
+    if (st != MGT_OK)
+        return st;
+    plane_job j = {op, units_per_item((size_t)x->classes)};
+    POOL_FOR(ctx, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.topk) *k = &op->u.topk;
+    mgt_status st = check_labels(op, k->labels, k->n, k->classes);
+    if (st != MGT_OK)
+        return st;
+    topk_job j = {.op = op, .units = units_per_item((size_t)k->classes)};
+    atomic_init(&j.hits, 0);
+    POOL_FOR(ctx, items_of((size_t)k->n, j.units), topk_item, &j);
+    k->count[0] += atomic_load(&j.hits);
+    return MGT_OK;
+}
+
+/* One function per kind; a kind left out is one the mock devices refuse as unsupported. */
+static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op) = {
+    [MGT_OP_FILL] = run_fill,
+    [MGT_OP_SCALE] = run_scale,
+    [MGT_OP_AXPY] = run_axpy,
+    [MGT_OP_SUM] = run_sum,
+    [MGT_OP_ADD] = run_add,
+    [MGT_OP_GEMM] = run_gemm,
+    [MGT_OP_CONV2D_FWD] = run_conv,
+    [MGT_OP_CONV2D_BWD_DATA] = run_conv,
+    [MGT_OP_CONV2D_BWD_FILTER] = run_conv,
+    [MGT_OP_BN_FWD_TRAIN] = run_bn_train,
+    [MGT_OP_BN_FWD_EVAL] = run_bn_eval,
+    [MGT_OP_BN_BWD] = run_bn_bwd,
+    [MGT_OP_RELU_FWD] = run_relu_fwd,
+    [MGT_OP_RELU_BWD] = run_relu_bwd,
+    [MGT_OP_MAXPOOL_FWD] = run_maxpool_fwd,
+    [MGT_OP_MAXPOOL_BWD] = run_maxpool_bwd,
+    [MGT_OP_AVGPOOL_FWD] = run_avgpool_fwd,
+    [MGT_OP_AVGPOOL_BWD] = run_avgpool_bwd,
+    [MGT_OP_BIAS_FWD] = run_bias_fwd,
+    [MGT_OP_BIAS_BWD] = run_bias_bwd,
+    [MGT_OP_XENT_FWD] = run_xent_fwd,
+    [MGT_OP_XENT_BWD] = run_xent_bwd,
+    [MGT_OP_TOPK] = run_topk,
+    [MGT_OP_SGD] = run_sgd,
+};
+
+bool mgt_cpu_supports(mgt_op_kind kind)
+{
+    return (unsigned)kind < MGT_OP_COUNT && cpu_ops[kind] != NULL;
 }
 
 mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (!mgt_cpu_supports(op->kind))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: %s is not supported",
+                             mgt_op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
-    mgt_status st = run_op(ctx, op);
+    mgt_status st = cpu_ops[op->kind](ctx, op);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

@@ -43,5 +43,7 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx);
    parallel loops. Returns MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label
    out of range (or a oneDNN failure). */
 mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
+/* Whether mgt_cpu_run has a kernel for the kind (MGT_ERR_UNSUPPORTED otherwise). */
+bool mgt_cpu_supports(mgt_op_kind kind);
 
 #endif

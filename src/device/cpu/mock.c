@@ -674,6 +674,12 @@ static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
     return enqueue(s, &c);
 }
 
+static bool mock_supports_op(mgt_device *d, const mgt_op *op)
+{
+    (void)d;
+    return mgt_cpu_supports(op->kind);
+}
+
 static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
 {
     mock_dev *md = dev_of(s->dev);
@@ -817,7 +823,7 @@ static const mgt_backend_i mock_backend = {
     .memset = mock_memset,
     .copy = mock_copy,
     .copy_peer = mock_copy_peer,
-    .supports_op = NULL,
+    .supports_op = mock_supports_op,
     .launch = mock_launch,
 };
 

@@ -15,7 +15,7 @@ static float with_beta(double v, float beta, float old)
     return beta == 0.0f ? (float)v : (float)(v + (double)beta * old);
 }
 
-static void ref_gemm(const mgt_op *op)
+static mgt_status ref_gemm(const mgt_op *op)
 {
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
     for (int i = 0; i < g->m; i++) {
@@ -30,6 +30,7 @@ static void ref_gemm(const mgt_op *op)
             *c = with_beta((double)g->alpha * acc, g->beta, *c);
         }
     }
+    return MGT_OK;
 }
 
 /* Index helpers for NCHW tensors and KCRS filters. */
@@ -38,7 +39,7 @@ static size_t at4(int d1, int d2, int d3, int i0, int i1, int i2, int i3)
     return (((size_t)i0 * d1 + i1) * d2 + i2) * d3 + i3;
 }
 
-static void ref_conv_fwd(const mgt_op *op)
+static mgt_status ref_conv_fwd(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     const float *x = op->u.conv.in1, *w = op->u.conv.in2;
@@ -65,11 +66,12 @@ static void ref_conv_fwd(const mgt_op *op)
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
         }
+    return MGT_OK;
 }
 
 /* The transpose of the forward, written as a gather: each input pixel sums the outputs whose
    window covered it. */
-static void ref_conv_bwd_data(const mgt_op *op)
+static mgt_status ref_conv_bwd_data(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     const float *dy = op->u.conv.in1, *w = op->u.conv.in2;
@@ -99,9 +101,10 @@ static void ref_conv_bwd_data(const mgt_op *op)
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
         }
+    return MGT_OK;
 }
 
-static void ref_conv_bwd_filter(const mgt_op *op)
+static mgt_status ref_conv_bwd_filter(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     const float *dy = op->u.conv.in1, *x = op->u.conv.in2;
@@ -128,6 +131,7 @@ static void ref_conv_bwd_filter(const mgt_op *op)
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
     }
+    return MGT_OK;
 }
 
 /* Element i of channel c in an [n, c, hw] tensor. */
@@ -136,7 +140,7 @@ static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
     return ((size_t)n * sh->c + c) * sh->hw + i;
 }
 
-static void ref_bn_train(const mgt_op *op)
+static mgt_status ref_bn_train(const mgt_op *op)
 {
     const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
     const mgt_bn_shape *sh = &b->sh;
@@ -168,9 +172,10 @@ static void ref_bn_train(const mgt_op *op)
         b->running_mean[c] = (float)((1.0 - mom) * b->running_mean[c] + mom * mean);
         b->running_var[c] = (float)((1.0 - mom) * b->running_var[c] + mom * ss / (m - 1.0));
     }
+    return MGT_OK;
 }
 
-static void ref_bn_eval(const mgt_op *op)
+static mgt_status ref_bn_eval(const mgt_op *op)
 {
     const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
     const mgt_bn_shape *sh = &b->sh;
@@ -183,13 +188,14 @@ static void ref_bn_eval(const mgt_op *op)
                                   b->beta[c]);
             }
     }
+    return MGT_OK;
 }
 
 /* With xhat = (x - mean) * invstd and m values per channel:
    dbeta = sum dy, dgamma = sum dy*xhat,
    dx = gamma * invstd / m * (m*dy - dbeta - xhat*dgamma) (this batch's sums, not the
    accumulated outputs). */
-static void ref_bn_bwd(const mgt_op *op)
+static mgt_status ref_bn_bwd(const mgt_op *op)
 {
     const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
     const mgt_bn_shape *sh = &b->sh;
@@ -212,6 +218,7 @@ static void ref_bn_bwd(const mgt_op *op)
         b->dgamma[c] = (float)(b->dgamma[c] + sdyx);
         b->dbeta[c] = (float)(b->dbeta[c] + sdy);
     }
+    return MGT_OK;
 }
 
 /* The window of output (p, q) clipped to the input; -inf padding can never be a window's
@@ -232,7 +239,7 @@ static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *plane, int p,
     return best;
 }
 
-static void ref_maxpool_fwd(const mgt_op *op)
+static mgt_status ref_maxpool_fwd(const mgt_op *op)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
     int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
@@ -244,10 +251,11 @@ static void ref_maxpool_fwd(const mgt_op *op)
             for (int q = 0; q < Q; q++)
                 y[(size_t)p * Q + q] = x[pool_argmax(sh, x, p, q)];
     }
+    return MGT_OK;
 }
 
 /* The window's winner is found again from x; y is not needed for that and is not read. */
-static void ref_maxpool_bwd(const mgt_op *op)
+static mgt_status ref_maxpool_bwd(const mgt_op *op)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
     int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
@@ -262,6 +270,7 @@ static void ref_maxpool_bwd(const mgt_op *op)
             for (int q = 0; q < Q; q++)
                 dx[pool_argmax(sh, x, p, q)] += dy[(size_t)p * Q + q];
     }
+    return MGT_OK;
 }
 
 /* log(sum exp z), shifted by the row's maximum so that large logits do not overflow exp. */
@@ -349,7 +358,7 @@ static mgt_status ref_topk(const mgt_op *op)
 
 /* In float and in torch.optim.SGD's order of operations, so that it tracks PyTorch step for
    step rather than drifting by a rounding a step. */
-static void ref_sgd(const mgt_op *op)
+static mgt_status ref_sgd(const mgt_op *op)
 {
     const __typeof__(op->u.sgd) *s = &op->u.sgd;
     const mgt_sgd_params *p = &s->p;
@@ -366,93 +375,139 @@ static void ref_sgd(const mgt_op *op)
         }
         s->param[i] -= p->lr * d;
     }
+    return MGT_OK;
 }
+
+static mgt_status ref_fill(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.fill.n; i++)
+        op->u.fill.x[i] = op->u.fill.value;
+    return MGT_OK;
+}
+
+static mgt_status ref_scale(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.scale.n; i++)
+        op->u.scale.x[i] *= op->u.scale.alpha;
+    return MGT_OK;
+}
+
+static mgt_status ref_axpy(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.axpy.n; i++)
+        op->u.axpy.y[i] += op->u.axpy.alpha * op->u.axpy.x[i];
+    return MGT_OK;
+}
+
+static mgt_status ref_sum(const mgt_op *op)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < op->u.sum.n; i++)
+        s += op->u.sum.x[i];
+    op->u.sum.out[0] = (float)s;
+    return MGT_OK;
+}
+
+static mgt_status ref_add(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.add.n; i++)
+        op->u.add.y[i] = op->u.add.a[i] + op->u.add.b[i];
+    return MGT_OK;
+}
+
+/* NaN stays NaN, as in torch.relu, so a diverging run still shows in the loss. */
+static mgt_status ref_relu_fwd(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.relu_fwd.n; i++) {
+        float v = op->u.relu_fwd.x[i];
+        op->u.relu_fwd.y[i] = (v > 0.0f || isnan(v)) ? v : 0.0f;
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_relu_bwd(const mgt_op *op)
+{
+    for (size_t i = 0; i < op->u.relu_bwd.n; i++)
+        op->u.relu_bwd.dx[i] = op->u.relu_bwd.y[i] > 0.0f ? op->u.relu_bwd.dy[i] : 0.0f;
+    return MGT_OK;
+}
+
+static mgt_status ref_avgpool_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+        double s = 0.0;
+        for (int i = 0; i < a->hw; i++)
+            s += a->x[nc * a->hw + i];
+        a->y[nc] = (float)(s / a->hw);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_avgpool_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++)
+        for (int i = 0; i < a->hw; i++)
+            a->dx[nc * a->hw + i] = (float)((double)a->dy[nc] / a->hw);
+    return MGT_OK;
+}
+
+static mgt_status ref_bias_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.bias_fwd) *b = &op->u.bias_fwd;
+    for (int r = 0; r < b->rows; r++)
+        for (int j = 0; j < b->cols; j++)
+            b->y[(size_t)r * b->cols + j] += b->bias[j];
+    return MGT_OK;
+}
+
+static mgt_status ref_bias_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.bias_bwd) *b = &op->u.bias_bwd;
+    for (int j = 0; j < b->cols; j++) {
+        double s = 0.0;
+        for (int r = 0; r < b->rows; r++)
+            s += b->dy[(size_t)r * b->cols + j];
+        b->dbias[j] = (float)(b->dbias[j] + s);
+    }
+    return MGT_OK;
+}
+
+/* One function per kind; a kind left out has no reference and is reported so. */
+static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
+    [MGT_OP_FILL] = ref_fill,
+    [MGT_OP_SCALE] = ref_scale,
+    [MGT_OP_AXPY] = ref_axpy,
+    [MGT_OP_SUM] = ref_sum,
+    [MGT_OP_ADD] = ref_add,
+    [MGT_OP_GEMM] = ref_gemm,
+    [MGT_OP_CONV2D_FWD] = ref_conv_fwd,
+    [MGT_OP_CONV2D_BWD_DATA] = ref_conv_bwd_data,
+    [MGT_OP_CONV2D_BWD_FILTER] = ref_conv_bwd_filter,
+    [MGT_OP_BN_FWD_TRAIN] = ref_bn_train,
+    [MGT_OP_BN_FWD_EVAL] = ref_bn_eval,
+    [MGT_OP_BN_BWD] = ref_bn_bwd,
+    [MGT_OP_RELU_FWD] = ref_relu_fwd,
+    [MGT_OP_RELU_BWD] = ref_relu_bwd,
+    [MGT_OP_MAXPOOL_FWD] = ref_maxpool_fwd,
+    [MGT_OP_MAXPOOL_BWD] = ref_maxpool_bwd,
+    [MGT_OP_AVGPOOL_FWD] = ref_avgpool_fwd,
+    [MGT_OP_AVGPOOL_BWD] = ref_avgpool_bwd,
+    [MGT_OP_BIAS_FWD] = ref_bias_fwd,
+    [MGT_OP_BIAS_BWD] = ref_bias_bwd,
+    [MGT_OP_XENT_FWD] = ref_xent_fwd,
+    [MGT_OP_XENT_BWD] = ref_xent_bwd,
+    [MGT_OP_TOPK] = ref_topk,
+    [MGT_OP_SGD] = ref_sgd,
+};
 
 mgt_status mgt_ref_run(const mgt_op *op)
 {
-    switch (op->kind) {
-    case MGT_OP_FILL:
-        for (size_t i = 0; i < op->u.fill.n; i++)
-            op->u.fill.x[i] = op->u.fill.value;
-        return MGT_OK;
-    case MGT_OP_SCALE:
-        for (size_t i = 0; i < op->u.scale.n; i++)
-            op->u.scale.x[i] *= op->u.scale.alpha;
-        return MGT_OK;
-    case MGT_OP_AXPY:
-        for (size_t i = 0; i < op->u.axpy.n; i++)
-            op->u.axpy.y[i] += op->u.axpy.alpha * op->u.axpy.x[i];
-        return MGT_OK;
-    case MGT_OP_SUM: {
-        double s = 0.0;
-        for (size_t i = 0; i < op->u.sum.n; i++)
-            s += op->u.sum.x[i];
-        op->u.sum.out[0] = (float)s;
-        return MGT_OK;
-    }
-    case MGT_OP_ADD:
-        for (size_t i = 0; i < op->u.add.n; i++)
-            op->u.add.y[i] = op->u.add.a[i] + op->u.add.b[i];
-        return MGT_OK;
-    case MGT_OP_GEMM: ref_gemm(op); return MGT_OK;
-    case MGT_OP_CONV2D_FWD: ref_conv_fwd(op); return MGT_OK;
-    case MGT_OP_CONV2D_BWD_DATA: ref_conv_bwd_data(op); return MGT_OK;
-    case MGT_OP_CONV2D_BWD_FILTER: ref_conv_bwd_filter(op); return MGT_OK;
-    case MGT_OP_BN_FWD_TRAIN: ref_bn_train(op); return MGT_OK;
-    case MGT_OP_BN_FWD_EVAL: ref_bn_eval(op); return MGT_OK;
-    case MGT_OP_BN_BWD: ref_bn_bwd(op); return MGT_OK;
-    case MGT_OP_RELU_FWD:
-        /* NaN stays NaN, as in torch.relu, so a diverging run still shows in the loss. */
-        for (size_t i = 0; i < op->u.relu_fwd.n; i++) {
-            float v = op->u.relu_fwd.x[i];
-            op->u.relu_fwd.y[i] = (v > 0.0f || isnan(v)) ? v : 0.0f;
-        }
-        return MGT_OK;
-    case MGT_OP_RELU_BWD:
-        for (size_t i = 0; i < op->u.relu_bwd.n; i++)
-            op->u.relu_bwd.dx[i] = op->u.relu_bwd.y[i] > 0.0f ? op->u.relu_bwd.dy[i] : 0.0f;
-        return MGT_OK;
-    case MGT_OP_MAXPOOL_FWD: ref_maxpool_fwd(op); return MGT_OK;
-    case MGT_OP_MAXPOOL_BWD: ref_maxpool_bwd(op); return MGT_OK;
-    case MGT_OP_AVGPOOL_FWD: {
-        const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
-        for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
-            double s = 0.0;
-            for (int i = 0; i < a->hw; i++)
-                s += a->x[nc * a->hw + i];
-            a->y[nc] = (float)(s / a->hw);
-        }
-        return MGT_OK;
-    }
-    case MGT_OP_AVGPOOL_BWD: {
-        const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
-        for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++)
-            for (int i = 0; i < a->hw; i++)
-                a->dx[nc * a->hw + i] = (float)((double)a->dy[nc] / a->hw);
-        return MGT_OK;
-    }
-    case MGT_OP_BIAS_FWD: {
-        const __typeof__(op->u.bias_fwd) *b = &op->u.bias_fwd;
-        for (int r = 0; r < b->rows; r++)
-            for (int j = 0; j < b->cols; j++)
-                b->y[(size_t)r * b->cols + j] += b->bias[j];
-        return MGT_OK;
-    }
-    case MGT_OP_BIAS_BWD: {
-        const __typeof__(op->u.bias_bwd) *b = &op->u.bias_bwd;
-        for (int j = 0; j < b->cols; j++) {
-            double s = 0.0;
-            for (int r = 0; r < b->rows; r++)
-                s += b->dy[(size_t)r * b->cols + j];
-            b->dbias[j] = (float)(b->dbias[j] + s);
-        }
-        return MGT_OK;
-    }
-    case MGT_OP_XENT_FWD: return ref_xent_fwd(op);
-    case MGT_OP_XENT_BWD: return ref_xent_bwd(op);
-    case MGT_OP_TOPK: return ref_topk(op);
-    case MGT_OP_SGD: ref_sgd(op); return MGT_OK;
-    case MGT_OP_COUNT: break;
-    }
-    return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
+    if ((unsigned)op->kind >= MGT_OP_COUNT)
+        return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
+    if (!ref_ops[op->kind])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "reference: %s has no reference",
+                             mgt_op_name(op->kind));
+    return ref_ops[op->kind](op);
 }

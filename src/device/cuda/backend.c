@@ -198,156 +198,44 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 
 /* ---- kernels ---- */
 
-static mgt_cuda_conv conv_of(const mgt_conv2d_shape *sh)
+/* One function per kind; a kind left out is refused as unsupported at launch. */
+static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
+    [MGT_OP_FILL] = mgt_cuda_fill,
+    [MGT_OP_SCALE] = mgt_cuda_scale,
+    [MGT_OP_AXPY] = mgt_cuda_axpy,
+    [MGT_OP_SUM] = mgt_cuda_sum,
+    [MGT_OP_ADD] = mgt_cuda_add,
+    [MGT_OP_GEMM] = mgt_cuda_gemm,
+    [MGT_OP_CONV2D_FWD] = mgt_cuda_conv2d,
+    [MGT_OP_CONV2D_BWD_DATA] = mgt_cuda_conv2d,
+    [MGT_OP_CONV2D_BWD_FILTER] = mgt_cuda_conv2d,
+    [MGT_OP_BN_FWD_TRAIN] = mgt_cuda_bn_forward_train,
+    [MGT_OP_BN_FWD_EVAL] = mgt_cuda_bn_forward_eval,
+    [MGT_OP_BN_BWD] = mgt_cuda_bn_backward,
+    [MGT_OP_RELU_FWD] = mgt_cuda_relu_forward,
+    [MGT_OP_RELU_BWD] = mgt_cuda_relu_backward,
+    [MGT_OP_MAXPOOL_FWD] = mgt_cuda_maxpool_forward,
+    [MGT_OP_MAXPOOL_BWD] = mgt_cuda_maxpool_backward,
+    [MGT_OP_AVGPOOL_FWD] = mgt_cuda_avgpool_forward,
+    [MGT_OP_AVGPOOL_BWD] = mgt_cuda_avgpool_backward,
+    [MGT_OP_BIAS_FWD] = mgt_cuda_bias_forward,
+    [MGT_OP_BIAS_BWD] = mgt_cuda_bias_backward,
+    [MGT_OP_XENT_FWD] = mgt_cuda_xent_forward,
+    [MGT_OP_XENT_BWD] = mgt_cuda_xent_backward,
+    [MGT_OP_TOPK] = mgt_cuda_topk,
+    [MGT_OP_SGD] = mgt_cuda_sgd_update,
+};
+
+static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 {
-    mgt_cuda_conv c = {
-        .n = sh->n,
-        .c = sh->c,
-        .h = sh->h,
-        .w = sh->w,
-        .k = sh->k,
-        .r = sh->r,
-        .s = sh->s,
-        .stride_h = sh->stride_h,
-        .stride_w = sh->stride_w,
-        .pad_h = sh->pad_h,
-        .pad_w = sh->pad_w,
-        .groups = sh->groups,
-    };
-    return c;
+    (void)d;
+    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL;
 }
 
-static mgt_cuda_pool pool_of(const mgt_pool2d_shape *sh)
-{
-    mgt_cuda_pool p = {
-        .n = sh->n,
-        .c = sh->c,
-        .h = sh->h,
-        .w = sh->w,
-        .kh = sh->kh,
-        .kw = sh->kw,
-        .stride_h = sh->stride_h,
-        .stride_w = sh->stride_w,
-        .pad_h = sh->pad_h,
-        .pad_w = sh->pad_w,
-    };
-    return p;
-}
-
-static mgt_cuda_bn bn_of(const mgt_bn_shape *sh)
-{
-    mgt_cuda_bn b = {
-        .n = sh->n, .c = sh->c, .hw = sh->hw, .eps = sh->eps, .momentum = sh->momentum};
-    return b;
-}
-
-static mgt_cuda_sgd sgd_of(const mgt_sgd_params *p)
-{
-    mgt_cuda_sgd g = {
-        .lr = p->lr,
-        .momentum = p->momentum,
-        .dampening = p->dampening,
-        .weight_decay = p->weight_decay,
-        .grad_scale = p->grad_scale,
-        .nesterov = p->nesterov ? 1 : 0,
-        .first_step = p->first_step ? 1 : 0,
-    };
-    return g;
-}
-
+/* Called only for ops cuda_supports_op accepted. */
 static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
-    mgt_cuda_stream *cs = s->impl;
-    switch (op->kind) {
-    case MGT_OP_FILL: return mgt_cuda_fill(cs, op->u.fill.x, op->u.fill.value, op->u.fill.n);
-    case MGT_OP_SCALE: return mgt_cuda_scale(cs, op->u.scale.x, op->u.scale.alpha, op->u.scale.n);
-    case MGT_OP_AXPY:
-        return mgt_cuda_axpy(cs, op->u.axpy.y, op->u.axpy.alpha, op->u.axpy.x, op->u.axpy.n);
-    case MGT_OP_SUM: return mgt_cuda_sum(cs, op->u.sum.out, op->u.sum.x, op->u.sum.n);
-    case MGT_OP_ADD: return mgt_cuda_add(cs, op->u.add.y, op->u.add.a, op->u.add.b, op->u.add.n);
-    case MGT_OP_GEMM:
-        return mgt_cuda_gemm(cs, op->u.gemm.trans_a, op->u.gemm.trans_b, op->u.gemm.m, op->u.gemm.n,
-                             op->u.gemm.k, op->u.gemm.alpha, op->u.gemm.a, op->u.gemm.lda,
-                             op->u.gemm.b, op->u.gemm.ldb, op->u.gemm.beta, op->u.gemm.c,
-                             op->u.gemm.ldc);
-    case MGT_OP_CONV2D_FWD:
-    case MGT_OP_CONV2D_BWD_DATA:
-    case MGT_OP_CONV2D_BWD_FILTER: {
-        int dir = op->kind == MGT_OP_CONV2D_FWD        ? MGT_CUDA_CONV_FWD
-                  : op->kind == MGT_OP_CONV2D_BWD_DATA ? MGT_CUDA_CONV_BWD_DATA
-                                                       : MGT_CUDA_CONV_BWD_FILTER;
-        mgt_cuda_conv c = conv_of(&op->u.conv.sh);
-        return mgt_cuda_conv2d(cs, dir, op->u.conv.out, op->u.conv.in1, op->u.conv.in2, &c,
-                               op->u.conv.beta);
-    }
-    case MGT_OP_BN_FWD_TRAIN: {
-        mgt_cuda_bn b = bn_of(&op->u.bn_train.sh);
-        return mgt_cuda_bn_forward_train(cs, op->u.bn_train.y, op->u.bn_train.save_mean,
-                                         op->u.bn_train.save_invstd, op->u.bn_train.running_mean,
-                                         op->u.bn_train.running_var, op->u.bn_train.x,
-                                         op->u.bn_train.gamma, op->u.bn_train.beta, &b);
-    }
-    case MGT_OP_BN_FWD_EVAL: {
-        mgt_cuda_bn b = bn_of(&op->u.bn_eval.sh);
-        return mgt_cuda_bn_forward_eval(cs, op->u.bn_eval.y, op->u.bn_eval.x, op->u.bn_eval.gamma,
-                                        op->u.bn_eval.beta, op->u.bn_eval.running_mean,
-                                        op->u.bn_eval.running_var, &b);
-    }
-    case MGT_OP_BN_BWD: {
-        mgt_cuda_bn b = bn_of(&op->u.bn_bwd.sh);
-        return mgt_cuda_bn_backward(cs, op->u.bn_bwd.dx, op->u.bn_bwd.dgamma, op->u.bn_bwd.dbeta,
-                                    op->u.bn_bwd.dy, op->u.bn_bwd.x, op->u.bn_bwd.gamma,
-                                    op->u.bn_bwd.save_mean, op->u.bn_bwd.save_invstd, &b);
-    }
-    case MGT_OP_RELU_FWD:
-        return mgt_cuda_relu_forward(cs, op->u.relu_fwd.y, op->u.relu_fwd.x, op->u.relu_fwd.n);
-    case MGT_OP_RELU_BWD:
-        return mgt_cuda_relu_backward(cs, op->u.relu_bwd.dx, op->u.relu_bwd.dy, op->u.relu_bwd.y,
-                                      op->u.relu_bwd.n);
-    case MGT_OP_MAXPOOL_FWD: {
-        mgt_cuda_pool p = pool_of(&op->u.maxpool_fwd.sh);
-        return mgt_cuda_maxpool_forward(cs, op->u.maxpool_fwd.y, op->u.maxpool_fwd.x, &p);
-    }
-    case MGT_OP_MAXPOOL_BWD: {
-        /* y is not needed: the argmax is recomputed from x with the raster-order tie rule. */
-        mgt_cuda_pool p = pool_of(&op->u.maxpool_bwd.sh);
-        return mgt_cuda_maxpool_backward(cs, op->u.maxpool_bwd.dx, op->u.maxpool_bwd.dy,
-                                         op->u.maxpool_bwd.x, &p);
-    }
-    case MGT_OP_AVGPOOL_FWD:
-        return mgt_cuda_avgpool_forward(cs, op->u.avgpool_fwd.y, op->u.avgpool_fwd.x,
-                                        op->u.avgpool_fwd.n, op->u.avgpool_fwd.c,
-                                        op->u.avgpool_fwd.hw);
-    case MGT_OP_AVGPOOL_BWD:
-        return mgt_cuda_avgpool_backward(cs, op->u.avgpool_bwd.dx, op->u.avgpool_bwd.dy,
-                                         op->u.avgpool_bwd.n, op->u.avgpool_bwd.c,
-                                         op->u.avgpool_bwd.hw);
-    case MGT_OP_BIAS_FWD:
-        return mgt_cuda_bias_forward(cs, op->u.bias_fwd.y, op->u.bias_fwd.bias, op->u.bias_fwd.rows,
-                                     op->u.bias_fwd.cols);
-    case MGT_OP_BIAS_BWD:
-        return mgt_cuda_bias_backward(cs, op->u.bias_bwd.dbias, op->u.bias_bwd.dy,
-                                      op->u.bias_bwd.rows, op->u.bias_bwd.cols);
-    case MGT_OP_XENT_FWD:
-        return mgt_cuda_xent_forward(cs, op->u.xent_fwd.loss, op->u.xent_fwd.probs,
-                                     op->u.xent_fwd.logits, op->u.xent_fwd.labels, op->u.xent_fwd.n,
-                                     op->u.xent_fwd.classes, op->u.xent_fwd.smoothing);
-    case MGT_OP_XENT_BWD:
-        return mgt_cuda_xent_backward(cs, op->u.xent_bwd.dlogits, op->u.xent_bwd.probs,
-                                      op->u.xent_bwd.labels, op->u.xent_bwd.n,
-                                      op->u.xent_bwd.classes, op->u.xent_bwd.smoothing,
-                                      op->u.xent_bwd.scale);
-    case MGT_OP_TOPK:
-        return mgt_cuda_topk(cs, op->u.topk.count, op->u.topk.logits, op->u.topk.labels,
-                             op->u.topk.n, op->u.topk.classes, op->u.topk.k);
-    case MGT_OP_SGD: {
-        mgt_cuda_sgd g = sgd_of(&op->u.sgd.p);
-        return mgt_cuda_sgd_update(cs, op->u.sgd.param, op->u.sgd.momentum_buf, op->u.sgd.grad,
-                                   op->u.sgd.n, &g);
-    }
-    case MGT_OP_COUNT: break;
-    }
-    return mgt_error_set(MGT_ERR_UNSUPPORTED, "cuda: op kind %d is not supported", (int)op->kind);
+    return cuda_ops[op->kind](s->impl, op);
 }
 
 static const mgt_backend_i cuda_backend = {
@@ -374,7 +262,7 @@ static const mgt_backend_i cuda_backend = {
     .memset = cuda_memset,
     .copy = cuda_copy,
     .copy_peer = cuda_copy_peer,
-    .supports_op = NULL,
+    .supports_op = cuda_supports_op,
     .launch = cuda_launch,
 };
 

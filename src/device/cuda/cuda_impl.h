@@ -2,9 +2,9 @@
 #ifndef MGT_DEVICE_CUDA_IMPL_H
 #define MGT_DEVICE_CUDA_IMPL_H
 
-/* Plain C types only: the .cu files cannot include backend.h, op.h or mgt/device.h (they pull
-   in <stdatomic.h>, which C++17 does not have), so shapes travel as the mirror structs below
-   and handles as opaque pointers. status.h is plain C and safe on both sides. */
+/* Plain C only: op.h and mgt/device.h compile as C++ too (mgt/device.h only declares the abort
+   flag, so no <stdatomic.h>), so kernels receive the op itself; handles travel as opaque
+   pointers. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +13,8 @@
 extern "C" {
 #endif
 
-/* Inside the C linkage block: status.h has no guards of its own for C++. */
+/* Inside the C linkage block: these headers have no guards of their own for C++. */
+#include "device/op.h"
 #include "mgt/status.h"
 
 typedef struct mgt_cuda_set mgt_cuda_set;       /* one per devset: peers, algorithm cache */
@@ -28,35 +29,7 @@ typedef struct mgt_cuda_hooks {
     void (*unreserve)(void *owner, size_t bytes);
 } mgt_cuda_hooks;
 
-/* Mirrors of mgt_conv2d_shape, mgt_pool2d_shape, mgt_bn_shape and mgt_sgd_params (same
-   fields, same meaning; backend.c copies field by field). */
-typedef struct mgt_cuda_conv {
-    int n, c, h, w;
-    int k, r, s;
-    int stride_h, stride_w;
-    int pad_h, pad_w;
-    int groups;
-} mgt_cuda_conv;
-
-typedef struct mgt_cuda_pool {
-    int n, c, h, w;
-    int kh, kw;
-    int stride_h, stride_w;
-    int pad_h, pad_w;
-} mgt_cuda_pool;
-
-typedef struct mgt_cuda_bn {
-    int n, c, hw;
-    float eps, momentum;
-} mgt_cuda_bn;
-
-typedef struct mgt_cuda_sgd {
-    float lr, momentum, dampening, weight_decay, grad_scale;
-    int nesterov, first_step;
-} mgt_cuda_sgd;
-
 enum { MGT_CUDA_COPY_H2D, MGT_CUDA_COPY_D2H, MGT_CUDA_COPY_D2D };
-enum { MGT_CUDA_CONV_FWD, MGT_CUDA_CONV_BWD_DATA, MGT_CUDA_CONV_BWD_FILTER };
 
 /* ---- devices (runtime.cu) ---- */
 
@@ -115,59 +88,37 @@ mgt_status mgt_cuda_copy(mgt_cuda_stream *s, int kind, void *dst, const void *sr
 mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev, const void *src,
                               size_t bytes);
 
-/* ---- own kernels (kernels.cu); semantics exactly those of mgt/device.h ---- */
+/* ---- kernels: one per op kind, each given a checked op on s's replica ----
+   Semantics exactly those of mgt/device.h; backend.c's table maps kinds to them. */
 
-mgt_status mgt_cuda_fill(mgt_cuda_stream *s, float *x, float value, size_t n);
-mgt_status mgt_cuda_scale(mgt_cuda_stream *s, float *x, float alpha, size_t n);
-mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, float *y, float alpha, const float *x, size_t n);
-mgt_status mgt_cuda_sum(mgt_cuda_stream *s, float *out, const float *x, size_t n);
-mgt_status mgt_cuda_add(mgt_cuda_stream *s, float *y, const float *a, const float *b, size_t n);
-mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, float *y, const float *x, size_t n);
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *y,
-                                  size_t n);
-mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, float *y, const float *x,
-                                    const mgt_cuda_pool *sh);
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *x,
-                                     const mgt_cuda_pool *sh);
-mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, float *y, const float *x, int n, int c,
-                                    int hw);
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n, int c,
-                                     int hw);
-mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, float *y, const float *bias, int rows,
-                                 int cols);
-mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, float *dbias, const float *dy, int rows,
-                                  int cols);
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs, const float *logits,
-                                 const int32_t *labels, int n, int classes, float smoothing);
-mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, float *dlogits, const float *probs,
-                                  const int32_t *labels, int n, int classes, float smoothing,
-                                  float scale);
-mgt_status mgt_cuda_topk(mgt_cuda_stream *s, int32_t *count, const float *logits,
-                         const int32_t *labels, int n, int classes, int k);
-mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, float *param, float *momentum_buf,
-                               const float *grad, size_t n, const mgt_cuda_sgd *p);
+typedef mgt_status (*mgt_cuda_op_fn)(mgt_cuda_stream *s, const mgt_op *op);
 
-/* ---- library kernels (dnn.cu) ---- */
+/* own kernels (kernels.cu) */
+mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_scale(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
 
-mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, int trans_a, int trans_b, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb, float beta,
-                         float *c, int ldc);
-/* dir MGT_CUDA_CONV_*: fwd out=y in1=x in2=w; bwd data out=dx in1=dy in2=w; bwd filter
-   out=dw in1=dy in2=x (as mgt_op's conv arguments). out = conv + beta * out. */
-mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
-                           const float *in2, const mgt_cuda_conv *sh, float beta);
-mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_mean,
-                                     float *save_invstd, float *running_mean, float *running_var,
-                                     const float *x, const float *gamma, const float *beta,
-                                     const mgt_cuda_bn *sh);
-mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, float *y, const float *x,
-                                    const float *gamma, const float *beta,
-                                    const float *running_mean, const float *running_var,
-                                    const mgt_cuda_bn *sh);
-mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, float *dx, float *dgamma, float *dbeta,
-                                const float *dy, const float *x, const float *gamma,
-                                const float *save_mean, const float *save_invstd,
-                                const mgt_cuda_bn *sh);
+/* library kernels (dnn.cu): gemm on cuBLAS; the three convolution passes (the kind says
+   which) and batch norm on cuDNN */
+mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op);
 
 #ifdef __cplusplus
 }

@@ -73,30 +73,20 @@ static mgt_status ensure_dnn(mgt_cuda_stream *s)
 //   C^T = op(B)^T op(A)^T   (column-major, C^T [n, m], ldc)
 // i.e. cuBLAS's "A" is our B (ldb) with our trans_b, its "B" is our A (lda) with our
 // trans_a, and its M, N, K are our n, m, k.
-mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, int trans_a, int trans_b, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb, float beta,
-                         float *c, int ldc)
+mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_blas(s);
     if (st != MGT_OK)
         return st;
-    MGT_CUBLAS_TRY(s->dev, cublasSgemm(s->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
-                                       a, lda, &beta, c, ldc));
+    const auto &g = op->u.gemm;
+    MGT_CUBLAS_TRY(s->dev, cublasSgemm(s->blas, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k,
+                                       &g.alpha, g.b, g.ldb, g.a, g.lda, &g.beta, g.c, g.ldc));
     return MGT_CUDA_AFTER(s, "gemm (cublasSgemm)");
 }
 
 // ---- convolution ----
-
-static const char *conv_name(int dir)
-{
-    switch (dir) {
-    case MGT_CUDA_CONV_FWD: return "conv2d_forward";
-    case MGT_CUDA_CONV_BWD_DATA: return "conv2d_backward_data";
-    default: return "conv2d_backward_filter";
-    }
-}
 
 // Keeps the successful results of a cudnnFind*Ex call, fastest first (cuDNN sorts them):
 // deterministic ones only under MGT_DETERMINISTIC, and without TF32 tensor-core math unless
@@ -125,7 +115,7 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
 // Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
 // a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
 // inputs are the real ones, read only. Runs once per shape, so plain cudaMalloc is fine.
-static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, const void *in1,
+static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_bytes, const void *in1,
                              const void *in2, std::vector<mgt_cuda_algo> *out)
 {
     mgt_cuda_dev *d = s->dev;
@@ -158,13 +148,13 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
     if (ws == NULL)
         ws_bytes = 0;
 
-    if (dir == MGT_CUDA_CONV_FWD) {
+    if (dir == MGT_OP_CONV2D_FWD) {
         e = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, s->xd, in1, s->wd, in2, s->cd, s->yd,
                                                    tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd,
                                                    ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
             keep_results(fwd, got, opt, out);
-    } else if (dir == MGT_CUDA_CONV_BWD_DATA) {
+    } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
         e = cudnnFindConvolutionBackwardDataAlgorithmEx(
             s->dnn, s->wd, in2, s->yd, in1, s->cd, s->xd, tmp,
             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data, ws, ws_bytes);
@@ -188,7 +178,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
         return mgt_error_set(opt.deterministic ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
                              "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this "
                              "shape within %zu MiB of workspace",
-                             d->index, d->gpu, conv_name(dir),
+                             d->index, d->gpu, mgt_op_name(dir),
                              opt.deterministic ? "deterministic (--deterministic) " : "",
                              ws_bytes >> 20);
     return MGT_OK;
@@ -197,8 +187,9 @@ static mgt_status find_algos(mgt_cuda_stream *s, int dir, size_t out_bytes, cons
 // The candidates for this shape, from the set's cache or a new search. The lock is held
 // through the search so that replicas of one GPU search once and then share the choice
 // (and so run identical kernels).
-static mgt_status conv_algos(mgt_cuda_stream *s, int dir, const mgt_cuda_conv *sh, size_t out_bytes,
-                             const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out)
+static mgt_status conv_algos(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_conv2d_shape *sh,
+                             size_t out_bytes, const void *in1, const void *in2,
+                             std::vector<mgt_cuda_algo> *out)
 {
     mgt_cuda_dev *d = s->dev;
     mgt_cuda_set *set = d->set;
@@ -264,16 +255,16 @@ static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
     return MGT_OK;
 }
 
-static cudnnStatus_t conv_run(mgt_cuda_stream *s, int dir, const mgt_cuda_algo &a, float *out,
-                              const float *in1, const float *in2, float beta)
+static cudnnStatus_t conv_run(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cuda_algo &a,
+                              float *out, const float *in1, const float *in2, float beta)
 {
     const float one = 1.0f;
     switch (dir) {
-    case MGT_CUDA_CONV_FWD: // y = conv(x = in1, w = in2) + beta*y
+    case MGT_OP_CONV2D_FWD: // y = conv(x = in1, w = in2) + beta*y
         return cudnnConvolutionForward(s->dnn, &one, s->xd, in1, s->wd, in2, s->cd,
                                        (cudnnConvolutionFwdAlgo_t)a.algo, s->ws, s->ws_bytes, &beta,
                                        s->yd, out);
-    case MGT_CUDA_CONV_BWD_DATA: // dx = conv_transpose(dy = in1, w = in2) + beta*dx
+    case MGT_OP_CONV2D_BWD_DATA: // dx = conv_transpose(dy = in1, w = in2) + beta*dx
         return cudnnConvolutionBackwardData(s->dnn, &one, s->wd, in2, s->yd, in1, s->cd,
                                             (cudnnConvolutionBwdDataAlgo_t)a.algo, s->ws,
                                             s->ws_bytes, &beta, s->xd, out);
@@ -284,16 +275,15 @@ static cudnnStatus_t conv_run(mgt_cuda_stream *s, int dir, const mgt_cuda_algo &
     }
 }
 
-static mgt_status conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
-                         const float *in2, const mgt_cuda_conv *sh, float beta)
+static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const float *in1,
+                         const float *in2, const mgt_conv2d_shape *sh, float beta)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_dnn(s);
     if (st != MGT_OK)
         return st;
     mgt_cuda_dev *d = s->dev;
-    const int p = (sh->h + 2 * sh->pad_h - sh->r) / sh->stride_h + 1;
-    const int q = (sh->w + 2 * sh->pad_w - sh->s) / sh->stride_w + 1;
+    const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh);
     // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], all NCHW fp32, no dilation.
     MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
                                                 sh->c, sh->h, sh->w));
@@ -310,8 +300,8 @@ static mgt_status conv2d(mgt_cuda_stream *s, int dir, float *out, const float *i
     MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
                                                                          : CUDNN_FMA_MATH));
 
-    size_t out_elems = dir == MGT_CUDA_CONV_FWD ? (size_t)sh->n * sh->k * p * q
-                       : dir == MGT_CUDA_CONV_BWD_DATA
+    size_t out_elems = dir == MGT_OP_CONV2D_FWD ? (size_t)sh->n * sh->k * p * q
+                       : dir == MGT_OP_CONV2D_BWD_DATA
                            ? (size_t)sh->n * sh->c * sh->h * sh->w
                            : (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
     std::vector<mgt_cuda_algo> cands;
@@ -335,18 +325,21 @@ static mgt_status conv2d(mgt_cuda_stream *s, int dir, float *out, const float *i
     if (st != MGT_OK && e != CUDNN_STATUS_SUCCESS)
         return st;
     if (e != CUDNN_STATUS_SUCCESS)
-        return mgt_cuda_fail_dnn(d, e, conv_name(dir), __FILE__, __LINE__);
-    return MGT_CUDA_AFTER(s, conv_name(dir));
+        return mgt_cuda_fail_dnn(d, e, mgt_op_name(dir), __FILE__, __LINE__);
+    return MGT_CUDA_AFTER(s, mgt_op_name(dir));
 }
 
-mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float *in1,
-                           const float *in2, const mgt_cuda_conv *sh, float beta)
+// The kind says which pass: forward out=y in1=x in2=w; backward data out=dx in1=dy in2=w;
+// backward filter out=dw in1=dy in2=x. out = conv + beta * out.
+mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
 {
+    const mgt_op_kind dir = op->kind;
+    const auto &c = op->u.conv;
     try {
-        return conv2d(s, dir, out, in1, in2, sh, beta);
+        return conv2d(s, dir, c.out, c.in1, c.in2, &c.sh, c.beta);
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
-                             conv_name(dir));
+                             mgt_op_name(dir));
     }
 }
 
@@ -357,7 +350,7 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, int dir, float *out, const float 
 // running = (1 - factor)*running + factor*batch with factor = momentum; the saved "inverse
 // variance" is 1/sqrt(var + eps), our invstd.
 
-static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_cuda_bn *sh)
+static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
 {
     mgt_cuda_dev *d = s->dev;
     MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
@@ -367,60 +360,55 @@ static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_cuda_bn *sh)
     return MGT_OK;
 }
 
-mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, float *y, float *save_mean,
-                                     float *save_invstd, float *running_mean, float *running_var,
-                                     const float *x, const float *gamma, const float *beta,
-                                     const mgt_cuda_bn *sh)
+mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
+    const auto &b = op->u.bn_train;
     mgt_status st = ensure_dnn(s);
     if (st == MGT_OK)
-        st = bn_descs(s, sh);
+        st = bn_descs(s, &b.sh);
     if (st != MGT_OK)
         return st;
     const float one = 1.0f, zero = 0.0f;
     MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationForwardTraining(
-                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, x, s->xd, y,
-                              s->bnd, gamma, beta, (double)sh->momentum, running_mean, running_var,
-                              (double)sh->eps, save_mean, save_invstd));
+                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, b.x, s->xd, b.y,
+                              s->bnd, b.gamma, b.beta, (double)b.sh.momentum, b.running_mean,
+                              b.running_var, (double)b.sh.eps, b.save_mean, b.save_invstd));
     return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
 }
 
-mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, float *y, const float *x,
-                                    const float *gamma, const float *beta,
-                                    const float *running_mean, const float *running_var,
-                                    const mgt_cuda_bn *sh)
+mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
+    const auto &b = op->u.bn_eval;
     mgt_status st = ensure_dnn(s);
     if (st == MGT_OK)
-        st = bn_descs(s, sh);
+        st = bn_descs(s, &b.sh);
     if (st != MGT_OK)
         return st;
     const float one = 1.0f, zero = 0.0f;
-    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationForwardInference(
-                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, x, s->xd, y,
-                              s->bnd, gamma, beta, running_mean, running_var, (double)sh->eps));
+    MGT_CUDNN_TRY(s->dev,
+                  cudnnBatchNormalizationForwardInference(
+                      s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, b.x, s->xd, b.y, s->bnd,
+                      b.gamma, b.beta, b.running_mean, b.running_var, (double)b.sh.eps));
     return MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
 }
 
-mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, float *dx, float *dgamma, float *dbeta,
-                                const float *dy, const float *x, const float *gamma,
-                                const float *save_mean, const float *save_invstd,
-                                const mgt_cuda_bn *sh)
+mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
+    const auto &b = op->u.bn_bwd;
     mgt_status st = ensure_dnn(s);
     if (st == MGT_OK)
-        st = bn_descs(s, sh);
+        st = bn_descs(s, &b.sh);
     if (st != MGT_OK)
         return st;
     // dx is overwritten (data beta 0); dgamma and dbeta accumulate (parameter beta 1), as
     // parameter gradients do everywhere in mgtrain.
     const float one = 1.0f, zero = 0.0f;
-    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(s->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
-                                                          &zero, &one, &one, s->xd, x, s->xd, dy,
-                                                          s->xd, dx, s->bnd, gamma, dgamma, dbeta,
-                                                          (double)sh->eps, save_mean, save_invstd));
+    MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(
+                              s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, s->xd, b.x,
+                              s->xd, b.dy, s->xd, b.dx, s->bnd, b.gamma, b.dgamma, b.dbeta,
+                              (double)b.sh.eps, b.save_mean, b.save_invstd));
     return MGT_CUDA_AFTER(s, "batchnorm_backward");
 }

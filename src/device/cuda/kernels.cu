@@ -418,7 +418,7 @@ __global__ void k_topk(int32_t *count, const float *logits, const int32_t *label
 //   momentum != 0: buf = first ? d : m*buf + (1-dampening)*d;  d = nesterov ? d + m*buf : buf
 //   p -= lr*d
 // With momentum 0 the buffer is never read or written (it may be NULL).
-__global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt_cuda_sgd p)
+__global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt_sgd_params p)
 {
     for (size_t i = thread_index(); i < n; i += thread_stride()) {
         const float w = param[i];
@@ -443,67 +443,73 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
             return st_;                     \
     } while (0)
 
-mgt_status mgt_cuda_fill(mgt_cuda_stream *s, float *x, float value, size_t n)
+mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_fill<<<blocks_for(n), kThreads, 0, s->stream>>>(x, value, n);
+    const auto &a = op->u.fill;
+    k_fill<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.x, a.value, a.n);
     return MGT_CUDA_AFTER(s, "fill");
 }
 
-mgt_status mgt_cuda_scale(mgt_cuda_stream *s, float *x, float alpha, size_t n)
+mgt_status mgt_cuda_scale(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_scale<<<blocks_for(n), kThreads, 0, s->stream>>>(x, alpha, n);
+    const auto &a = op->u.scale;
+    k_scale<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.x, a.alpha, a.n);
     return MGT_CUDA_AFTER(s, "scale");
 }
 
-mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, float *y, float alpha, const float *x, size_t n)
+mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_axpy<<<blocks_for(n), kThreads, 0, s->stream>>>(y, alpha, x, n);
+    const auto &a = op->u.axpy;
+    k_axpy<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.y, a.alpha, a.x, a.n);
     return MGT_CUDA_AFTER(s, "axpy");
 }
 
-mgt_status mgt_cuda_sum(mgt_cuda_stream *s, float *out, const float *x, size_t n)
+mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
+    const auto &a = op->u.sum;
     // The block count depends on n alone, so the order of additions (and the result) is
     // the same on every GPU.
-    unsigned parts = blocks_for(n);
+    unsigned parts = blocks_for(a.n);
     if (parts > 1024)
         parts = 1024;
     mgt_status st = mgt_cuda_scratch(s, parts * sizeof(double));
     if (st != MGT_OK)
         return st;
     double *partial = (double *)s->scratch;
-    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, x, n);
-    k_sum_final<<<1, kThreads, 0, s->stream>>>(out, partial, (int)parts, 1.0);
+    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n);
+    k_sum_final<<<1, kThreads, 0, s->stream>>>(a.out, partial, (int)parts, 1.0);
     return MGT_CUDA_AFTER(s, "sum");
 }
 
-mgt_status mgt_cuda_add(mgt_cuda_stream *s, float *y, const float *a, const float *b, size_t n)
+mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_add<<<blocks_for(n), kThreads, 0, s->stream>>>(y, a, b, n);
+    const auto &a = op->u.add;
+    k_add<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.y, a.a, a.b, a.n);
     return MGT_CUDA_AFTER(s, "add");
 }
 
-mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, float *y, const float *x, size_t n)
+mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_relu_fwd<<<blocks_for(n), kThreads, 0, s->stream>>>(y, x, n);
+    const auto &a = op->u.relu_fwd;
+    k_relu_fwd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.y, a.x, a.n);
     return MGT_CUDA_AFTER(s, "relu_forward");
 }
 
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *y,
-                                  size_t n)
+mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_relu_bwd<<<blocks_for(n), kThreads, 0, s->stream>>>(dx, dy, y, n);
+    const auto &a = op->u.relu_bwd;
+    k_relu_bwd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.dx, a.dy, a.y, a.n);
     return MGT_CUDA_AFTER(s, "relu_backward");
 }
 
-static pool_dims pool_dims_of(const mgt_cuda_pool *sh)
+static pool_dims pool_dims_of(const mgt_pool2d_shape *sh)
 {
     pool_dims d;
     d.n = sh->n;
@@ -516,106 +522,106 @@ static pool_dims pool_dims_of(const mgt_cuda_pool *sh)
     d.sw = sh->stride_w;
     d.ph = sh->pad_h;
     d.pw = sh->pad_w;
-    d.p = (sh->h + 2 * sh->pad_h - sh->kh) / sh->stride_h + 1;
-    d.q = (sh->w + 2 * sh->pad_w - sh->kw) / sh->stride_w + 1;
+    d.p = mgt_pool2d_out_h(sh);
+    d.q = mgt_pool2d_out_w(sh);
     return d;
 }
 
-mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, float *y, const float *x,
-                                    const mgt_cuda_pool *sh)
+mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    pool_dims d = pool_dims_of(sh);
+    const auto &a = op->u.maxpool_fwd;
+    pool_dims d = pool_dims_of(&a.sh);
     size_t total = (size_t)d.n * d.c * d.p * d.q;
-    k_maxpool_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(y, x, d);
+    k_maxpool_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, d);
     return MGT_CUDA_AFTER(s, "maxpool2d_forward");
 }
 
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, const float *x,
-                                     const mgt_cuda_pool *sh)
+// y is not needed: the argmax is recomputed from x with the raster-order tie rule.
+mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    pool_dims d = pool_dims_of(sh);
+    const auto &a = op->u.maxpool_bwd;
+    pool_dims d = pool_dims_of(&a.sh);
     size_t total = (size_t)d.n * d.c * d.h * d.w;
-    k_maxpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dx, dy, x, d);
+    k_maxpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, d);
     return MGT_CUDA_AFTER(s, "maxpool2d_backward");
 }
 
-mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, float *y, const float *x, int n, int c,
-                                    int hw)
+mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    long rows = (long)n * c;
-    k_avgpool_fwd<<<blocks_for_rows(rows), kThreads, 0, s->stream>>>(y, x, rows, hw);
+    const auto &a = op->u.avgpool_fwd;
+    long rows = (long)a.n * a.c;
+    k_avgpool_fwd<<<blocks_for_rows(rows), kThreads, 0, s->stream>>>(a.y, a.x, rows, a.hw);
     return MGT_CUDA_AFTER(s, "avgpool_forward");
 }
 
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, float *dx, const float *dy, int n, int c,
-                                     int hw)
+mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    size_t total = (size_t)n * c * hw;
-    k_avgpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dx, dy, total, hw);
+    const auto &a = op->u.avgpool_bwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_avgpool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.hw);
     return MGT_CUDA_AFTER(s, "avgpool_backward");
 }
 
-mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, float *y, const float *bias, int rows,
-                                 int cols)
+mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    size_t total = (size_t)rows * cols;
-    k_bias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(y, bias, total, cols);
+    const auto &a = op->u.bias_fwd;
+    size_t total = (size_t)a.rows * a.cols;
+    k_bias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.bias, total, a.cols);
     return MGT_CUDA_AFTER(s, "bias_forward");
 }
 
-mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, float *dbias, const float *dy, int rows,
-                                  int cols)
+mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
+    const auto &a = op->u.bias_bwd;
     dim3 block(32, 8);
-    unsigned grid = (unsigned)((cols + 31) / 32);
-    k_bias_bwd<<<grid, block, 0, s->stream>>>(dbias, dy, rows, cols);
+    unsigned grid = (unsigned)((a.cols + 31) / 32);
+    k_bias_bwd<<<grid, block, 0, s->stream>>>(a.dbias, a.dy, a.rows, a.cols);
     return MGT_CUDA_AFTER(s, "bias_backward");
 }
 
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, float *loss, float *probs, const float *logits,
-                                 const int32_t *labels, int n, int classes, float smoothing)
+mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    mgt_status st = mgt_cuda_scratch(s, (size_t)n * sizeof(float));
+    const auto &a = op->u.xent_fwd;
+    mgt_status st = mgt_cuda_scratch(s, (size_t)a.n * sizeof(float));
     if (st != MGT_OK)
         return st;
     float *rowloss = (float *)s->scratch;
-    k_xent_rows<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(
-        rowloss, probs, logits, labels, n, classes, smoothing, s->dev->flag_dev);
-    k_mean_rows<<<1, kThreads, 0, s->stream>>>(loss, rowloss, n, (double)n);
+    k_xent_rows<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
+        rowloss, a.probs, a.logits, a.labels, a.n, a.classes, a.smoothing, s->dev->flag_dev);
+    k_mean_rows<<<1, kThreads, 0, s->stream>>>(a.loss, rowloss, a.n, (double)a.n);
     return MGT_CUDA_AFTER(s, "softmax_xent_forward");
 }
 
-mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, float *dlogits, const float *probs,
-                                  const int32_t *labels, int n, int classes, float smoothing,
-                                  float scale)
+mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    size_t total = (size_t)n * classes;
-    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(dlogits, probs, labels, n, classes,
-                                                              smoothing, scale, s->dev->flag_dev);
+    const auto &a = op->u.xent_bwd;
+    size_t total = (size_t)a.n * a.classes;
+    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.dlogits, a.probs, a.labels, a.n, a.classes, a.smoothing, a.scale, s->dev->flag_dev);
     return MGT_CUDA_AFTER(s, "softmax_xent_backward");
 }
 
-mgt_status mgt_cuda_topk(mgt_cuda_stream *s, int32_t *count, const float *logits,
-                         const int32_t *labels, int n, int classes, int k)
+mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_topk<<<blocks_for_rows(n), kThreads, 0, s->stream>>>(count, logits, labels, n, classes, k,
-                                                           s->dev->flag_dev);
+    const auto &a = op->u.topk;
+    k_topk<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(a.count, a.logits, a.labels, a.n,
+                                                             a.classes, a.k, s->dev->flag_dev);
     return MGT_CUDA_AFTER(s, "topk_correct");
 }
 
-mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, float *param, float *momentum_buf,
-                               const float *grad, size_t n, const mgt_cuda_sgd *p)
+mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
-    k_sgd<<<blocks_for(n), kThreads, 0, s->stream>>>(param, momentum_buf, grad, n, *p);
+    const auto &a = op->u.sgd;
+    k_sgd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.momentum_buf, a.grad, a.n, a.p);
     return MGT_CUDA_AFTER(s, "sgd_update");
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "mgt/device.h"
+#include "mgt/thread.h"
 
 static int failures;
 
