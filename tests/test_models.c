@@ -561,8 +561,8 @@ static void run_golden(const golden_case *c)
     assert_int_equal(hook.n, layers_with_params);
     assert_int_equal(hook.ready[hook.n - 1], pb);
     /* and the model announces those points beforehand */
-    int n_ends;
-    const size_t *ends = mgt_model_layer_ends(m, &n_ends);
+    size_t ends[4096];
+    int n_ends = mgt_model_layer_ends(m, ends, 4096);
     assert_int_equal(n_ends, hook.n);
     for (int i = 0; i < n_ends; i++)
         assert_int_equal(ends[i], hook.ready[i]);
@@ -1112,9 +1112,6 @@ static void test_layout(void **state)
         assert_int_equal(name[len], '.');
         assert_int_equal(t[i].classifier, strncmp(name, "fc.", 3) == 0);
     }
-    assert_string_equal(mgt_model_arch_family("resnext50_32x4d"), "resnet");
-    assert_string_equal(mgt_model_arch_family("resnet56"), "resnet-cifar");
-    assert_null(mgt_model_arch_family("resnet19"));
     mgt_model_free(m);
 }
 

@@ -59,9 +59,37 @@ typedef struct mgt_model_config {
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */
 const char *const *mgt_model_arch_names(void);
-/* The family an architecture belongs to ("resnet", "resnet-cifar", ...; static), or NULL for
-   a name mgt_model_create does not know. */
-const char *mgt_model_arch_family(const char *arch);
+
+/* ---- architecture policy (arch.c) ---- */
+
+typedef enum mgt_arch_augment {
+    MGT_ARCH_AUGMENT_RRC,      /* RandomResizedCrop + flip (torchvision's ImageNet recipe) */
+    MGT_ARCH_AUGMENT_PAD_CROP, /* RandomCrop(size, padding 4) + flip (the CIFAR recipe) */
+} mgt_arch_augment;
+
+typedef enum mgt_arch_eval {
+    MGT_ARCH_EVAL_RESIZE_CROP, /* Resize(size * 256 / 224) + CenterCrop(size) */
+    MGT_ARCH_EVAL_NATIVE,      /* the images as they are; resized to size (shorter side) and
+                                  centre-cropped only when they are not size x size */
+} mgt_arch_eval;
+
+/* What an architecture is trained and validated with unless the user says otherwise. */
+typedef struct mgt_arch_info {
+    const char *name;         /* as mgt_model_create takes it */
+    const char *family;       /* "resnet" (torchvision), "cifar_resnet" (He et al. 2016) */
+    int image_size;           /* the default input side; 0: the images' own (their shorter side) */
+    int synthetic_size;       /* the input side of synthetic (--dummy) data */
+    int synthetic_classes;    /* the class count of synthetic data */
+    mgt_arch_augment augment; /* the default training augmentation */
+    mgt_arch_eval eval;       /* the validation transform */
+} mgt_arch_info;
+
+/* The policy of every architecture, in table order (static); *n gets the count. */
+const mgt_arch_info *mgt_arch_list(int *n);
+/* The policy of the architecture called name, or NULL when there is none. */
+const mgt_arch_info *mgt_arch_find(const char *name);
+/* The input side to train a at on width x height images: its default, or their shorter side. */
+int mgt_arch_image_size(const mgt_arch_info *a, int width, int height);
 
 /* Builds the model's layout and, when d is not NULL, allocates its arenas on d (parameters
    zeroed, not initialised: call mgt_model_init or a load). With d NULL the model only
@@ -161,6 +189,12 @@ typedef struct mgt_model_entry {
    not monotonic in this order; sort by offset for the arena order). Borrowed. */
 const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n);
 
+/* Where gradient buckets may end: the byte offsets into the grad arena at which backward has
+   completed a layer's parameter gradients (the ready_bytes the backward hook reports), in
+   arena order, increasing, the last equal to the arena's bytes. Writes the first cap of them
+   to ends (ends may be NULL when cap is 0) and returns how many there are. */
+int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
+
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
@@ -172,11 +206,6 @@ typedef struct mgt_model_layer {
 } mgt_model_layer;
 
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */
-
-/* The successive ready_bytes values the backward hook reports (one per layer with
-   parameters, increasing, the last = the grad arena's bytes): where a bucket may end so that
-   it fills as backward completes layers. n gets the count. Borrowed. */
-const size_t *mgt_model_layer_ends(const mgt_model *m, int *n);
 
 typedef struct mgt_model_counts {
     size_t params;        /* learnable parameters (torchvision's sum of numel) */
@@ -202,6 +231,9 @@ typedef struct mgt_model_load_options {
     /* Tensors in the file that the model lacks are ignored (a checkpoint that also holds
        optimizer state) instead of being errors. */
     bool allow_unexpected;
+    /* (optional, NULL-terminated) file tensors whose names start with one of these are
+       ignored and counted in report->ignored (a training checkpoint's "optimizer." state). */
+    const char *const *ignore_prefixes;
 } mgt_model_load_options;
 
 typedef struct mgt_model_load_report {
@@ -215,8 +247,10 @@ typedef struct mgt_model_load_report {
 } mgt_model_load_report;
 
 /* Loads every table entry from an open file: each name must be there with the table's shape
-   and dtype (F32, I64 for num_batches_tracked), and (unless allowed) no other name may be.
-   Nothing changes unless everything matches. Synchronises s. opts and report may be NULL. */
+   and dtype (F32, I64 for num_batches_tracked), and (unless allowed) no other name may be;
+   every F32 value loaded must be finite (a NaN or Inf is refused naming the tensor and the
+   element, as it would only fail later as a device error). Nothing changes unless everything
+   passes. Synchronises s. opts and report may be NULL. */
 mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
                           const mgt_model_load_options *opts, mgt_model_load_report *report);
 mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *path,

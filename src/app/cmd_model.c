@@ -85,20 +85,19 @@ static void print_params(const mgt_model *m)
     }
 }
 
-/* The natural input of an architecture: the CIFAR networks at 32x32 with 10 classes, the
-   others at torchvision's 224x224 with 1000; a flag given wins. */
+/* The natural input of an architecture (its policy's synthetic input: the CIFAR networks at
+   32x32 with 10 classes, the others at torchvision's 224x224 with 1000); a flag given wins. */
 static mgt_model_config default_config(const char *arch, int classes, int in_channels, int size)
 {
-    const char *family = mgt_model_arch_family(arch);
-    bool cifar = family && strcmp(family, "resnet-cifar") == 0;
+    const mgt_arch_info *a = mgt_arch_find(arch);
     return (mgt_model_config){.arch = arch,
                               .classes = classes ? classes
-                                         : cifar ? 10
+                                         : a     ? a->synthetic_classes
                                                  : 1000,
                               .in_channels = in_channels,
-                              .image_size = size    ? size
-                                            : cifar ? 32
-                                                    : 224,
+                              .image_size = size ? size
+                                            : a  ? a->synthetic_size
+                                                 : 224,
                               .batch = 1};
 }
 
@@ -117,7 +116,8 @@ static int list_archs(int classes, int in_channels, int size)
         mgt_model_counts c;
         mgt_model_get_counts(m, &c);
         snprintf(b, sizeof b, "%dx%dx%d", cfg.in_channels, cfg.image_size, cfg.image_size);
-        printf("%-20s %-14s %-13s %14s %10.3f %14.2f\n", *n, mgt_model_arch_family(*n), b,
+        const mgt_arch_info *ai = mgt_arch_find(*n);
+        printf("%-20s %-14s %-13s %14s %10.3f %14.2f\n", *n, ai ? ai->family : "?", b,
                grouped(a, sizeof a, c.params), c.macs / 1e9, c.act_bytes_per_image / 1048576.0);
         mgt_model_free(m);
     }

@@ -48,12 +48,6 @@ const char *const *mgt_model_arch_names(void)
     return arch_names;
 }
 
-const char *mgt_model_arch_family(const char *arch)
-{
-    const nn_arch *a = arch ? find_arch(arch) : NULL;
-    return a ? a->family : NULL;
-}
-
 mgt_status nn_need_device(const mgt_model *m, const char *what)
 {
     if (!m)
@@ -214,18 +208,19 @@ const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n)
     return m->table;
 }
 
+/* The graph's plan has them: one per node with parameters, in backward's order. */
+int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap)
+{
+    for (int i = 0; i < m->n_layer_ends && i < cap; i++)
+        ends[i] = m->layer_ends[i];
+    return m->n_layer_ends;
+}
+
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n)
 {
     if (n)
         *n = m->n_nodes;
     return m->layers;
-}
-
-const size_t *mgt_model_layer_ends(const mgt_model *m, int *n)
-{
-    if (n)
-        *n = m->n_layer_ends;
-    return m->layer_ends;
 }
 
 void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out) { *out = m->counts; }

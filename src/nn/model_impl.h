@@ -219,7 +219,7 @@ typedef mgt_status (*nn_family_build_fn)(mgt_model *m, const void *arg);
 
 typedef struct nn_arch {
     const char *name;
-    const char *family; /* what mgt_model_arch_family says */
+    const char *family; /* as arch.c's policy table names it */
     nn_family_build_fn build;
     const void *arg; /* the family's description of this member */
 } nn_arch;
