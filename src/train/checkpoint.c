@@ -264,6 +264,15 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
 
 /* ---- load ---- */
 
+/* "--resume PATH: cause" from an error whose text starts with the path, as every error of the
+   loads below does: the flag goes in front with a space, the way the user typed them. */
+static mgt_status flag_error(mgt_status st, const char *flag)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", mgt_error_last());
+    return mgt_error_set(st, "%s %s", flag, why);
+}
+
 static const char *const opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
 
 /* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
@@ -375,10 +384,7 @@ mgt_status train_resume(run *r, int *epoch, long *step)
     const char *path = c->resume;
     if (!path)
         return MGT_OK;
-    if (strcmp(path, "auto") == 0) {
-        if (!c->checkpoint_dir)
-            return mgt_error_set(MGT_ERR_INVALID, "--resume auto: there is nothing to resume "
-                                                  "from without --checkpoint-dir");
+    if (strcmp(path, "auto") == 0) { /* check_config made sure of checkpoint_dir */
         snprintf(auto_path, sizeof auto_path, "%s/checkpoint.safetensors", c->checkpoint_dir);
         if (access(auto_path, F_OK) != 0) {
             fprintf(r->out, "=> --resume auto: no checkpoint at %s, starting afresh\n", auto_path);
@@ -395,7 +401,7 @@ mgt_status train_resume(run *r, int *epoch, long *step)
     mgt_st_close(f);
     /* every text above starts with the path: one prefix names the flag */
     if (st != MGT_OK)
-        return mgt_error_wrap(st, "--resume");
+        return flag_error(st, "--resume");
     if (c->start_epoch < 0) {
         *epoch = saved_epoch;
         *step = saved_step;
@@ -474,5 +480,5 @@ mgt_status train_load_pretrained(run *r)
         say_pretrained(r, f, &s, &rep);
     free(rep.text);
     mgt_st_close(f);
-    return st != MGT_OK ? mgt_error_wrap(st, "--pretrained") : MGT_OK;
+    return st != MGT_OK ? flag_error(st, "--pretrained") : MGT_OK;
 }
