@@ -487,6 +487,10 @@ static void test_bad_input(void **state)
     c.batch_size = 1;
     assert_int_equal(train(&c, 2, "threads=1", &res), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "-b 1"));
+    mgt_devset *set = mgt_test_open_mock(2, "threads=1"); /* no controls: the defaults */
+    assert_int_equal(mgt_train_run(&c, NULL, set, &res), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "-b 1"));
+    mgt_devset_free(set);
     base_config(&c);
     char bad[512];
     snprintf(bad, sizeof bad, "%s/not-a-checkpoint.safetensors", root);
