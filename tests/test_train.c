@@ -1,8 +1,10 @@
 /* Tests of the multi-device trainer on mock devices: it learns a small image set, resume
    continues bit-identically (from an epoch end and from a stop mid-epoch), a failure on one
    device ends every thread with a message naming it, NaN losses and stalls are caught, and
-   bad flags are refused. Where a GPU exists, learning and resume also run on CUDA replicas
-   sharing it (ids 0,0,0,0); elsewhere those two say so and skip. */
+   bad flags are refused; the architecture policy covers every model, the layer ends match
+   backward, and a library caller's cosine schedule spans its epochs. Where a GPU exists,
+   learning and resume also run on CUDA replicas sharing it (ids 0,0,0,0); elsewhere those two
+   say so and skip. (Checkpoint files: test_checkpoint.c; the command line: test_app.c.) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -485,6 +487,10 @@ static void test_bad_input(void **state)
     c.batch_size = 1;
     assert_int_equal(train(&c, 2, "threads=1", &res), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "-b 1"));
+    mgt_devset *set = mgt_test_open_mock(2, "threads=1"); /* no controls: the defaults */
+    assert_int_equal(mgt_train_run(&c, NULL, set, &res), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "-b 1"));
+    mgt_devset_free(set);
     base_config(&c);
     char bad[512];
     snprintf(bad, sizeof bad, "%s/not-a-checkpoint.safetensors", root);
@@ -494,6 +500,12 @@ static void test_bad_input(void **state)
     c.resume = bad;
     assert_int_equal(train(&c, 1, "threads=1", &res), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "not-a-checkpoint"));
+
+    /* a library caller gets the refusal too, not a silent fresh start */
+    base_config(&c);
+    c.resume = "auto";
+    assert_int_equal(train(&c, 1, "threads=1", &res), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "nothing to resume from without --checkpoint-dir"));
 
     char *argv1[] = {"mgtrain", "--data", data_dir, "--lr", "fast", NULL};
     assert_int_equal(mgt_app_main(5, argv1), 2);
@@ -601,7 +613,8 @@ static void test_layer_ends_match_backward(void **state)
 
 /* A library caller that sets `epochs` and a cosine schedule, and not lr.epochs, gets the
    schedule over those epochs: every logged lr is mgt_lr_at's over 2 epochs (before the fix
-   the second epoch ran at lr 0, the schedule being over 1). */
+   the second epoch ran at lr 0, the schedule being over 1). Two devices with random delays
+   complete the steps, and the log still lists every step once, in order. */
 static void test_library_cosine_spans_epochs(void **state)
 {
     (void)state;
@@ -619,7 +632,7 @@ static void test_library_cosine_spans_epochs(void **state)
     c.lr.kind = MGT_LR_COSINE;
     c.log_path = log;
     assert_int_equal(c.lr.epochs, 0); /* the defaults leave it to the trainer */
-    CHECK(train(&c, 1, "threads=1", &res));
+    CHECK(train(&c, 2, "threads=1;delay=200", &res));
     mgt_lr_config want = c.lr;
     want.epochs = 2;
     FILE *f = fopen(log, "r");
@@ -635,6 +648,9 @@ static void test_library_cosine_spans_epochs(void **state)
             int k = cJSON_GetObjectItem(o, "step")->valueint;
             double lr = cJSON_GetObjectItem(o, "lr")->valuedouble;
             double expect = mgt_lr_at(&want, ep, k, 3);
+            /* lines are written after the lock, yet in step order, whichever device wrote */
+            if (ep * 3 + k != seen)
+                fail_msg("log line %d is epoch %d step %d", seen, ep, k);
             if (fabs(lr - expect) > 1e-7 || (ep == 1 && !(lr > 0)))
                 fail_msg("epoch %d step %d: lr %g, the schedule over 2 epochs gives %g", ep, k, lr,
                          expect);

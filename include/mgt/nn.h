@@ -1,22 +1,27 @@
-/* The ResNet family on the device interface: build by name, initialise, forward, loss, backward
+/* Image classifiers on the device interface: build by name, initialise, forward, loss, backward
  * with a gradient-ready hook, and weights in torchvision's names through safetensors.
+ *
+ * A model is a graph of layers (src/nn/model_impl.h) that a family's constructor builds in
+ * forward order, each layer with its torchvision module name; the ResNets are one family.
  *
  * A model owns four device allocations made once at creation, none in the step loop:
  *   params   every learnable tensor, each at a 256-byte aligned offset (zero padding between);
  *   grads    the same layout; backward accumulates (+=) into it, mgt_model_zero_grad clears it;
  *   buffers  BN running_mean and running_var;
- *   acts     activations and what backward needs (conv outputs, BN outputs and save_mean /
- *            save_invstd, max-pool output, logits, probabilities, the loss, three gradient
- *            scratch tensors; under freeze_bn a constant ones and zeros vector), sized for
- *            config.batch images.
+ *   acts     activations and what backward needs (every layer output that is not computed
+ *            in place over its input, BN save_mean / save_invstd, probabilities, the loss,
+ *            the gradient slots backward cycles through; under freeze_bn a constant ones and
+ *            zeros vector), sized for config.batch images.
  * BN num_batches_tracked lives on the host (int64, one per BN), counted per training forward
  * (not under freeze_bn).
  *
- * Parameter offsets follow the order in which backward completes layers: fc first, then the
- * blocks from the last to the first (in a block: the downsample BN and conv, then the main
- * path's BN and conv pairs from the last), conv1/bn1 last. So the gradients ready so far are
- * always the prefix [0, ready) of the grad arena, and the backward hook reports `ready` as
- * each layer's parameter gradients are enqueued: the all-reduce can start on buckets early.
+ * Parameter offsets follow the order in which backward completes layers, the reverse of the
+ * forward order (for a ResNet: fc first, then the blocks from the last to the first, in a
+ * block the downsample BN and conv, then the main path's BN and conv pairs from the last,
+ * conv1/bn1 last). So the gradients ready so far are always the prefix [0, ready) of the
+ * grad arena, and the backward hook reports `ready` as each layer's parameter gradients are
+ * enqueued (mgt_model_layer_ends lists those points): the all-reduce can start on buckets
+ * early, for every family.
  *
  * Every call that enqueues work takes the stream it runs on; a model is used by one host
  * thread at a time. Pointers into the model (mgt_model_params, logits, ...) are borrowed and
@@ -36,8 +41,7 @@
 typedef struct mgt_model mgt_model;
 
 typedef struct mgt_model_config {
-    const char *arch;        /* resnet18/34/50/101/152 (torchvision), resnet20/32/44/56/110 (CIFAR);
-                         copied */
+    const char *arch;        /* one of mgt_model_arch_names(); copied */
     int classes;             /* fc outputs, >= 1 */
     int in_channels;         /* 1..4 (1 grey, 3 RGB) */
     int image_size;          /* square input side, >= 1 */
@@ -155,10 +159,27 @@ typedef enum mgt_model_role {
     MGT_MODEL_COUNTER, /* num_batches_tracked: host int64, offset = index into bn_counts */
 } mgt_model_role;
 
+/* What a tensor is, so that optimizers can group parameters (weight decay for norms and
+   biases, ...) without parsing names. */
+typedef enum mgt_model_what {
+    MGT_TENSOR_CONV_WEIGHT,
+    MGT_TENSOR_LINEAR_WEIGHT,
+    MGT_TENSOR_BIAS,        /* of a convolution or a linear layer */
+    MGT_TENSOR_NORM_WEIGHT, /* batch norm (or layer norm) gamma */
+    MGT_TENSOR_NORM_BIAS,   /* beta */
+    MGT_TENSOR_SCALE,       /* a learnable per-channel multiplier (ConvNeXt's layer_scale) */
+    MGT_TENSOR_RUNNING_MEAN,
+    MGT_TENSOR_RUNNING_VAR,
+    MGT_TENSOR_NUM_BATCHES, /* num_batches_tracked */
+} mgt_model_what;
+
 typedef struct mgt_model_entry {
     char name[64]; /* torchvision's state_dict name */
     mgt_model_role role;
-    int ndim; /* 0 for num_batches_tracked */
+    mgt_model_what what;
+    int layer;       /* index into mgt_model_layers of the layer that owns it */
+    bool classifier; /* its shape depends on the class count (the last linear layer) */
+    int ndim;        /* 0 for num_batches_tracked */
     int64_t shape[4];
     size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
@@ -177,8 +198,8 @@ int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add + relu), "fc" */
-    const char *kind; /* "conv", "bn", "relu", "maxpool", "add+relu", "avgpool", "linear" */
+    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
+    const char *kind; /* "conv", "bn", "relu", "maxpool", "add", "avgpool", "linear", ... */
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */
     uint64_t macs;    /* per image, THOP's rules (see mgt_model_counts) */
@@ -203,8 +224,9 @@ void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
 /* ---- weights ---- */
 
 typedef struct mgt_model_load_options {
-    /* Fine-tuning with another class count: fc.* of the model keep their values and fc.* in
-       the file are ignored; the report says so. */
+    /* Fine-tuning with another class count: the classifier tensors of the model (entries
+       with `classifier` set: fc.* of a ResNet) keep their values and those in the file are
+       ignored; the report says so. */
     bool skip_fc;
     /* Tensors in the file that the model lacks are ignored (a checkpoint that also holds
        optimizer state) instead of being errors. */

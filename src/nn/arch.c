@@ -20,11 +20,13 @@
     }
 
 static const mgt_arch_info archs[] = {
-    IMAGENET("resnet18", "resnet"),    IMAGENET("resnet34", "resnet"),
-    IMAGENET("resnet50", "resnet"),    IMAGENET("resnet101", "resnet"),
-    IMAGENET("resnet152", "resnet"),   CIFAR("resnet20", "cifar_resnet"),
-    CIFAR("resnet32", "cifar_resnet"), CIFAR("resnet44", "cifar_resnet"),
-    CIFAR("resnet56", "cifar_resnet"), CIFAR("resnet110", "cifar_resnet"),
+    IMAGENET("resnet18", "resnet"),         IMAGENET("resnet34", "resnet"),
+    IMAGENET("resnet50", "resnet"),         IMAGENET("resnet101", "resnet"),
+    IMAGENET("resnet152", "resnet"),        IMAGENET("resnext50_32x4d", "resnet"),
+    IMAGENET("resnext101_32x8d", "resnet"), IMAGENET("wide_resnet50_2", "resnet"),
+    CIFAR("resnet20", "cifar_resnet"),      CIFAR("resnet32", "cifar_resnet"),
+    CIFAR("resnet44", "cifar_resnet"),      CIFAR("resnet56", "cifar_resnet"),
+    CIFAR("resnet110", "cifar_resnet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

@@ -51,7 +51,14 @@ static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
         snprintf(buf + n, size - n, "]");
 }
 
-static bool is_fc(const char *name) { return strncmp(name, "fc.", 3) == 0; }
+/* Whether name is one of the model's classifier tensors (what skip_fc leaves alone). */
+static bool is_classifier(const mgt_model *m, const char *name)
+{
+    for (int e = 0; e < m->n_table; e++)
+        if (m->table[e].classifier && strcmp(m->table[e].name, name) == 0)
+            return true;
+    return false;
+}
 
 static bool has_prefix(const char *name, const char *const *prefixes)
 {
@@ -134,7 +141,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     for (int e = 0; e < m->n_table; e++) {
         const mgt_model_entry *te = &m->table[e];
         where[e] = -1;
-        if (opts->skip_fc && is_fc(te->name)) {
+        if (opts->skip_fc && te->classifier) {
             rep.skipped++;
             continue;
         }
@@ -167,7 +174,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         if (used[i])
             continue;
         const char *name = mgt_st_tensor_name(f, i);
-        if ((opts->skip_fc && is_fc(name)) || opts->allow_unexpected ||
+        if ((opts->skip_fc && is_classifier(m, name)) || opts->allow_unexpected ||
             has_prefix(name, opts->ignore_prefixes))
             rep.ignored++;
         else
@@ -215,10 +222,16 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     if (st == MGT_OK)
         st = st2;
     if (st == MGT_OK && rep.skipped) {
+        char names[160] = "";
+        size_t len = 0;
+        for (int e = 0; e < m->n_table && len < sizeof names; e++)
+            if (m->table[e].classifier)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? " and " : "",
+                                        m->table[e].name);
         text_add(&note,
-                 "kept the model's own fc.weight and fc.bias (%d classes); the file's "
-                 "fc.* were not loaded (fine-tuning)",
-                 m->cfg.classes);
+                 "kept the model's own %s (%d classes); the file's were not loaded "
+                 "(fine-tuning)",
+                 names, m->cfg.classes);
         rep.text = note.s;
         note.s = NULL;
     }

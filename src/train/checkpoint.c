@@ -1,6 +1,6 @@
-/* Checkpoints: the training state as one typed struct, saved and loaded through one table of
- * its metadata fields (so save and load cannot drift apart), beside the model's
- * torchvision-named state_dict and the optimizer's state tensors; --resume and --pretrained.
+/* Checkpoints: the training state (train_state, train_impl.h) saved and loaded through one
+ * table of its metadata fields (so save and load cannot drift apart), beside the model's
+ * torchvision-named state_dict and the optimizer's state tensors; --resume.
  *
  * Format 2 (this one) keeps "format": "pt", as PyTorch's safetensors writer stores it, and
  * says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
@@ -21,19 +21,6 @@
 
 #define CKPT_FORMAT 2
 #define CKPT_FORMAT_1 "mgtrain checkpoint 1"
-
-typedef struct train_state {
-    int format;       /* on load: the file's format */
-    int epoch;        /* the epoch to run next */
-    long step;        /* the steps of that epoch already done */
-    double best_acc1; /* the best validation top-1 so far */
-    uint64_t seed;
-    int batch_size;        /* the global batch of the run that saved it */
-    int devices;           /* its device count */
-    char optimizer[16];    /* the kind whose state tensors the file holds */
-    char lr_schedule[160]; /* what the schedule was, for people (not read back) */
-    char sampler[96];      /* where the sampler stood, for people (not read back) */
-} train_state;
 
 typedef enum field_kind { F_INT, F_LONG, F_U64, F_DOUBLE, F_TEXT } field_kind;
 
@@ -164,8 +151,7 @@ static mgt_status read_format(const mgt_st_file *f, const char *path, int *forma
     return MGT_OK;
 }
 
-/* The training state of an open file; format 0 (and nothing else set) when it has none. */
-static mgt_status read_state(const mgt_st_file *f, const char *path, train_state *s)
+mgt_status train_state_read(const mgt_st_file *f, const char *path, train_state *s)
 {
     memset(s, 0, sizeof *s);
     mgt_status st = read_format(f, path, &s->format);
@@ -264,7 +250,14 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
 
 /* ---- load ---- */
 
-static const char *const opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
+mgt_status train_flag_error(mgt_status st, const char *flag)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", mgt_error_last());
+    return mgt_error_set(st, "%s %s", flag, why);
+}
+
+const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
 
 /* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
    A file without it (saved before the first step, or with momentum 0) leaves it fresh. */
@@ -337,7 +330,7 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
                                   long *step)
 {
     train_state s;
-    mgt_status st = read_state(f, path, &s);
+    mgt_status st = train_state_read(f, path, &s);
     if (st != MGT_OK)
         return st;
     if (s.format == 0)
@@ -355,7 +348,7 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
         return mgt_error_set(MGT_ERR_INVALID, "%s: a checkpoint of %s; this run trains %s", path,
                              arch, r->c->arch);
     worker *w0 = &r->w[0];
-    mgt_model_load_options lo = {.ignore_prefixes = opt_prefixes};
+    mgt_model_load_options lo = {.ignore_prefixes = train_opt_prefixes};
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", path);
@@ -375,10 +368,7 @@ mgt_status train_resume(run *r, int *epoch, long *step)
     const char *path = c->resume;
     if (!path)
         return MGT_OK;
-    if (strcmp(path, "auto") == 0) {
-        if (!c->checkpoint_dir)
-            return mgt_error_set(MGT_ERR_INVALID, "--resume auto: there is nothing to resume "
-                                                  "from without --checkpoint-dir");
+    if (strcmp(path, "auto") == 0) { /* check_config made sure of checkpoint_dir */
         snprintf(auto_path, sizeof auto_path, "%s/checkpoint.safetensors", c->checkpoint_dir);
         if (access(auto_path, F_OK) != 0) {
             fprintf(r->out, "=> --resume auto: no checkpoint at %s, starting afresh\n", auto_path);
@@ -395,7 +385,7 @@ mgt_status train_resume(run *r, int *epoch, long *step)
     mgt_st_close(f);
     /* every text above starts with the path: one prefix names the flag */
     if (st != MGT_OK)
-        return mgt_error_wrap(st, "--resume");
+        return train_flag_error(st, "--resume");
     if (c->start_epoch < 0) {
         *epoch = saved_epoch;
         *step = saved_step;
@@ -409,70 +399,4 @@ mgt_status train_resume(run *r, int *epoch, long *step)
     fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path, *epoch,
             *step, r->best_acc1);
     return MGT_OK;
-}
-
-/* Whether the file's fc.weight has another shape than the model's (another class count):
-   then fc keeps the model's initialisation, as fine-tuning wants. */
-static bool fc_differs(const mgt_model *m, const mgt_st_file *f)
-{
-    int i = mgt_st_find(f, "fc.weight"), n;
-    const mgt_model_entry *t = mgt_model_table(m, &n);
-    for (int e = 0; e < n && i >= 0; e++) {
-        if (strcmp(t[e].name, "fc.weight") != 0)
-            continue;
-        if (mgt_st_tensor_ndim(f, i) != t[e].ndim)
-            return true;
-        for (int d = 0; d < t[e].ndim; d++)
-            if (mgt_st_tensor_shape(f, i)[d] != t[e].shape[d])
-                return true;
-    }
-    return false;
-}
-
-/* Prints what --pretrained took; for an mgtrain checkpoint, the one line saying what it left. */
-static void say_pretrained(run *r, const mgt_st_file *f, const train_state *s,
-                           const mgt_model_load_report *rep)
-{
-    const char *path = r->c->pretrained;
-    fprintf(r->out, "=> loaded pretrained weights from %s (%d tensors)\n", path, rep->loaded);
-    if (rep->text)
-        fprintf(r->out, "%s\n", rep->text);
-    if (s->format == 0)
-        return;
-    int opt = 0;
-    for (int i = 0; i < mgt_st_count(f); i++)
-        opt += strncmp(mgt_st_tensor_name(f, i), TRAIN_OPT_PREFIX, strlen(TRAIN_OPT_PREFIX)) == 0;
-    fprintf(r->out,
-            "=> %s is an mgtrain checkpoint: --pretrained took its weights and buffers and "
-            "ignored its optimizer state (%d tensor%s) and training metadata (epoch %d step "
-            "%ld); --resume would continue that run\n",
-            path, opt, opt == 1 ? "" : "s", s->epoch, s->step);
-}
-
-mgt_status train_load_pretrained(run *r)
-{
-    const char *path = r->c->pretrained;
-    if (!path)
-        return MGT_OK;
-    worker *w0 = &r->w[0];
-    mgt_st_file *f = NULL;
-    mgt_model_load_report rep = {0};
-    train_state s = {0};
-    mgt_status st = mgt_st_open(path, &f);
-    if (st == MGT_OK) {
-        /* a malformed training state is no reason to refuse the weights: it is only shown */
-        if (read_format(f, path, &s.format) == MGT_OK && s.format > 0)
-            read_state(f, path, &s);
-        mgt_error_clear();
-        mgt_model_load_options lo = {.skip_fc = fc_differs(w0->model, f),
-                                     .ignore_prefixes = opt_prefixes};
-        st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
-        if (st != MGT_OK)
-            mgt_error_wrap(st, "%s", path);
-    }
-    if (st == MGT_OK)
-        say_pretrained(r, f, &s, &rep);
-    free(rep.text);
-    mgt_st_close(f);
-    return st != MGT_OK ? mgt_error_wrap(st, "--pretrained") : MGT_OK;
 }

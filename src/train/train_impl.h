@@ -3,7 +3,8 @@
  *   setup.c      data, replicas, communication, broadcasts and the replica check;
  *   step.c       worker threads, the phase protocol, the training and validation steps, failure;
  *   metrics.c    the per-step ring, the epoch's totals and the reporters (progress, JSON log);
- *   checkpoint.c the training state and its symmetric save and load, resume, pretrained;
+ *   checkpoint.c the training state and its symmetric save and load, --resume;
+ *   pretrained.c --pretrained: weights from torchvision files or mgtrain checkpoints;
  *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
  *
  * Threads. The main thread prepares data, replicas and communication, then drives phases
@@ -244,10 +245,36 @@ void train_reports_flush(train_reports *rep); /* never with the run's lock held 
 void train_text_add(train_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* checkpoint.c */
+
+/* The training state a checkpoint holds beside the weights and the optimizer's tensors: one
+   member here and one row in checkpoint.c's fields[] each (with the format that adds it). */
+typedef struct train_state {
+    int format;       /* on load: the file's format */
+    int epoch;        /* the epoch to run next */
+    long step;        /* the steps of that epoch already done */
+    double best_acc1; /* the best validation top-1 so far */
+    uint64_t seed;
+    int batch_size;        /* the global batch of the run that saved it */
+    int devices;           /* its device count */
+    char optimizer[16];    /* the kind whose state tensors the file holds */
+    char lr_schedule[160]; /* what the schedule was, for people (not read back) */
+    char sampler[96];      /* where the sampler stood, for people (not read back) */
+} train_state;
+
+/* The training state of an open file; format 0 (nothing else set) when it holds none. Errors
+   name the file and the key. */
+mgt_status train_state_read(const mgt_st_file *f, const char *path, train_state *s);
+/* "--resume PATH: cause" from an error whose text starts with the path, as every error of the
+   loads does: the flag goes in front with a space, the way the user typed them. */
+mgt_status train_flag_error(mgt_status st, const char *flag);
+/* The tensor name prefixes of the training state, NULL-terminated: a model load ignores them. */
+extern const char *const train_opt_prefixes[];
 mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best);
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);
+
+/* pretrained.c */
 mgt_status train_load_pretrained(run *r);
 
 #endif
