@@ -126,6 +126,12 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct);
 const float *mgt_model_loss_ptr(const mgt_model *m); /* device float [1] */
+/* The same against mixup/cutmix targets w onehot(labels) + (1 - w) onehot(labels_b) (device
+   int32 [batch] twice, float [batch]; borrowed until backward), smoothing on top; the
+   accuracy counts `labels`, the sample's own. */
+mgt_status mgt_model_loss_mixed(mgt_model *m, mgt_stream *s, const int32_t *labels,
+                                const int32_t *labels_b, const float *weights, float smoothing,
+                                int32_t *correct);
 
 /* Called on the host while backward enqueues, each time a layer's parameter gradients have
    been enqueued on s: grads [0, ready_bytes) are then final once s reaches this point. The

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "mgt/comm.h"
+#include "mgt/data.h"
 #include "mgt/device.h"
 #include "mgt/optim.h"
 
@@ -25,7 +26,8 @@ typedef enum mgt_augment {
 /* What a user sets: the recipe, the data, the checkpoints. Every field has the meaning of the
    mgtrain flag of the same name (mgtrain train --help). */
 typedef struct mgt_train_config {
-    const char *data_dir; /* ImageFolder root (DIR/train, DIR/val); unused with dummy */
+    const char *data_dir; /* ImageFolder root (DIR/train, DIR/val), a pack file or a folder
+                             of train.pack and val.pack (mgt_data_open); unused with dummy */
     bool dummy;           /* synthetic data: fixed random batches, no files */
     int dummy_classes;    /* with dummy: 0 = the architecture's synthetic_classes */
     int dummy_steps;      /* with dummy: steps per epoch (100) */
@@ -61,6 +63,15 @@ typedef struct mgt_train_config {
                        leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool strict_data;
     double max_bad_frac;
+    /* torchvision's references recipe (mgt/data.h) */
+    mgt_interp interpolation;        /* resizes and geometric policy ops (bilinear) */
+    mgt_auto_augment auto_augment;   /* after the crop and flip (none) */
+    float random_erase;              /* RandomErasing's probability (0) */
+    float mixup_alpha, cutmix_alpha; /* batch mixing (0: off) */
+    int val_resize_size;             /* the shorter side before the centre crop (0: the arch's) */
+    int val_crop_size;               /* 0: the training size; the model takes one input size,
+                                      so another is refused */
+    bool exact_decode;               /* JPEGs whole at full scale: torchvision's pixels */
 } mgt_train_config;
 
 /* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */

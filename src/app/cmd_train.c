@@ -35,7 +35,8 @@ static void train_usage(FILE *f)
         "usage: mgtrain [train] DIR [options]     (or --data DIR, or --dummy for no data)\n"
         "\n"
         "data\n"
-        "  DIR, --data DIR        ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
+        "  DIR, --data DIR        ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*;\n"
+        "                         or a pack (mgtrain pack), or a folder of train.pack, val.pack\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
         "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
@@ -47,6 +48,20 @@ static void train_usage(FILE *f)
         "  --normalize auto       compute mean and std from the training images first\n"
         "  --strict-data          any unreadable image is fatal\n"
         "  --max-bad-frac F       abort past this fraction of unreadable images (0.01)\n"
+        "  --exact-decode         JPEGs decoded whole at full scale, torchvision's pixels "
+        "(default:\n"
+        "                         at the DCT scale that covers the crop, only the crop's region)\n"
+        "torchvision's references recipe\n"
+        "  --train-crop-size S    the training crop (= --image-size)\n"
+        "  --val-resize-size S    validation: the shorter side before the centre crop\n"
+        "  --val-crop-size S      validation crop (must equal the training size)\n"
+        "  --interpolation M      bilinear | bicubic | nearest, resizes and policy ops (bilinear)\n"
+        "  --auto-augment P       ta_wide | ra | imagenet: TrivialAugmentWide, RandAugment,\n"
+        "                         AutoAugment's ImageNet policy (none)\n"
+        "  --random-erase P       RandomErasing's probability (0)\n"
+        "  --mixup-alpha A        mixup with lambda ~ Beta(A, A) (0: off)\n"
+        "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
+        "                         the two per sample, even odds)\n"
         "model\n"
         "  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
         "  --pretrained FILE      start from safetensors weights with torchvision names\n"
@@ -148,6 +163,14 @@ enum {
     OPT_DUMMY_STEPS,
     OPT_ALLREDUCE,
     OPT_FREEZE_BN,
+    OPT_EXACT_DECODE,
+    OPT_VAL_RESIZE,
+    OPT_VAL_CROP,
+    OPT_INTERP,
+    OPT_AUTO_AUGMENT,
+    OPT_RANDOM_ERASE,
+    OPT_MIXUP,
+    OPT_CUTMIX,
 };
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
@@ -238,6 +261,15 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
         {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
+        {"exact-decode", no_argument, NULL, OPT_EXACT_DECODE},
+        {"train-crop-size", required_argument, NULL, OPT_IMAGE_SIZE},
+        {"val-resize-size", required_argument, NULL, OPT_VAL_RESIZE},
+        {"val-crop-size", required_argument, NULL, OPT_VAL_CROP},
+        {"interpolation", required_argument, NULL, OPT_INTERP},
+        {"auto-augment", required_argument, NULL, OPT_AUTO_AUGMENT},
+        {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
+        {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
+        {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
         MGT_APP_SWITCH_LONGOPTS,
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
@@ -354,6 +386,33 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.lr.warmup_epochs = (float)x;
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
+        case OPT_EXACT_DECODE: c.exact_decode = true; break;
+        case OPT_VAL_RESIZE:
+            ok = mgt_app_flag_int("--val-resize-size", optarg, 1, 65536, &v);
+            c.val_resize_size = (int)v;
+            break;
+        case OPT_VAL_CROP:
+            ok = mgt_app_flag_int("--val-crop-size", optarg, 8, 4096, &v);
+            c.val_crop_size = (int)v;
+            break;
+        case OPT_INTERP:
+        case OPT_AUTO_AUGMENT:
+            if ((opt == OPT_INTERP ? mgt_interp_parse(optarg, &c.interpolation)
+                                   : mgt_auto_augment_parse(optarg, &c.auto_augment)) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_RANDOM_ERASE:
+            ok = mgt_app_flag_float("--random-erase", optarg, 0, 1, &x);
+            c.random_erase = (float)x;
+            break;
+        case OPT_MIXUP:
+        case OPT_CUTMIX:
+            ok = mgt_app_flag_float(opt == OPT_MIXUP ? "--mixup-alpha" : "--cutmix-alpha", optarg,
+                                    0, 1000, &x);
+            *(opt == OPT_MIXUP ? &c.mixup_alpha : &c.cutmix_alpha) = (float)x;
+            break;
         case OPT_SMOOTHING:
             ok = mgt_app_flag_float("--label-smoothing", optarg, 0, 0.999, &x);
             c.label_smoothing = (float)x;

@@ -336,6 +336,13 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct)
 {
+    return mgt_model_loss_mixed(m, s, labels, NULL, NULL, smoothing, correct);
+}
+
+mgt_status mgt_model_loss_mixed(mgt_model *m, mgt_stream *s, const int32_t *labels,
+                                const int32_t *labels_b, const float *weights, float smoothing,
+                                int32_t *correct)
+{
     mgt_status st = nn_need_device(m, "model loss");
     if (st != MGT_OK)
         return st;
@@ -348,8 +355,14 @@ mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, fl
                              (double)smoothing);
     int n = m->n, k = m->cfg.classes;
     const float *logits = nn_logits(m);
-    st = mgt_softmax_xent_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off), logits,
-                                  labels, n, k, smoothing);
+    if ((labels_b == NULL) != (weights == NULL))
+        return mgt_error_set(MGT_ERR_INVALID, "model loss: mixed labels without weights");
+    if (weights)
+        st = mgt_softmax_xent_mix_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off),
+                                          logits, labels, labels_b, weights, n, k, smoothing);
+    else
+        st = mgt_softmax_xent_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off), logits,
+                                      labels, n, k, smoothing);
     if (st == MGT_OK && correct)
         st = mgt_topk_correct(s, correct, logits, labels, n, k, 1);
     if (st == MGT_OK && correct)
@@ -357,6 +370,8 @@ mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, fl
     if (st != MGT_OK)
         return st;
     m->labels = labels;
+    m->labels_b = labels_b;
+    m->weights = weights;
     m->smoothing = smoothing;
     m->have_loss = true;
     return MGT_OK;
@@ -379,8 +394,13 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
     m->hook_ctx = ctx;
     /* A second backward without a forward would read the slots this one overwrites. */
     m->have_loss = false;
-    st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels, m->n,
-                                   m->cfg.classes, m->smoothing, 1.0f / (float)m->n);
+    if (m->weights)
+        st = mgt_softmax_xent_mix_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
+                                           m->labels_b, m->weights, m->n, m->cfg.classes,
+                                           m->smoothing, 1.0f / (float)m->n);
+    else
+        st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
+                                       m->n, m->cfg.classes, m->smoothing, 1.0f / (float)m->n);
     if (st == MGT_OK)
         st = nn_graph_backward(m, s);
     if (st == MGT_OK)

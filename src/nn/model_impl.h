@@ -139,6 +139,8 @@ struct mgt_model {
     bool have_loss; /* mgt_model_loss ran after it */
     const float *x; /* the last forward's input (borrowed) */
     const int32_t *labels;
+    const int32_t *labels_b; /* mixed targets (mgt_model_loss_mixed); NULL: one-hot */
+    const float *weights;
     float smoothing;
     size_t ready;           /* grad bytes backward has completed so far */
     mgt_grad_ready_fn hook; /* backward's hook and its context */

@@ -58,6 +58,12 @@ static mgt_status check_config(run *r)
                                               "positive");
     if (c->dummy && c->dummy_steps < 1)
         return mgt_error_set(MGT_ERR_INVALID, "--dummy-steps must be positive");
+    if (!(c->random_erase >= 0 && c->random_erase <= 1))
+        return mgt_error_set(MGT_ERR_INVALID, "--random-erase %g is not a probability",
+                             (double)c->random_erase);
+    if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
+        return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
+                                              "negative");
     return MGT_OK;
 }
 

@@ -35,9 +35,18 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     mgt_augment aug = c->augment;
     if (aug == MGT_AUGMENT_DEFAULT)
         aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
+    if (c->val_crop_size > 0 && c->val_crop_size != d->size)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--val-crop-size %d differs from the training size %d: the model "
+                             "is planned for one input size",
+                             c->val_crop_size, d->size);
     mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, d->size, d->channels);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
         vt->resize = (w == d->size && h == d->size) ? 0 : d->size;
+    if (st == MGT_OK && c->val_resize_size > 0)
+        vt->resize = c->val_resize_size;
+    vt->interp = c->interpolation;
+    vt->exact_decode = c->exact_decode;
     if (st == MGT_OK && aug == MGT_AUGMENT_NONE)
         *tt = *vt;
     else if (st == MGT_OK)
@@ -45,6 +54,18 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
                                 aug == MGT_AUGMENT_RRC ? MGT_TRANSFORM_RRC : MGT_TRANSFORM_PAD_CROP,
                                 d->size, d->channels);
     if (st != MGT_OK)
+        return st;
+    /* the recipe's additions act on the training transform */
+    if (c->auto_augment != MGT_AUTO_AUGMENT_NONE && aug == MGT_AUGMENT_NONE)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--auto-augment %s works after a random crop: not "
+                             "with --augment none",
+                             mgt_auto_augment_name(c->auto_augment));
+    tt->interp = c->interpolation;
+    tt->exact_decode = c->exact_decode;
+    tt->auto_augment = c->auto_augment;
+    tt->random_erase = c->random_erase;
+    if ((st = mgt_transform_check(tt)) != MGT_OK)
         return st;
     float mean[3], stdv[3];
     if (c->mean_std_set) {
@@ -90,6 +111,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     mgt_loader_options lo;
     mgt_loader_options_init(&lo, d->train_ds, tt, r->n, d->per_dev_batch);
     loader_common(r, &lo, devs);
+    lo.mix = (mgt_mix){.mixup_alpha = r->c->mixup_alpha, .cutmix_alpha = r->c->cutmix_alpha};
     /* A last batch of one image would give batch norm one value per channel, which it cannot
        train on (PyTorch refuses it too): drop that batch, keep every other short one. */
     mgt_sampler smp;
@@ -125,7 +147,7 @@ mgt_status train_open_data(run *r)
         return MGT_OK;
     }
     mgt_scan_options so = {.progress = isatty(fileno(stderr)) ? stderr : NULL, .abort = &r->abort};
-    mgt_status st = mgt_imagefolder_open(r->c->data_dir, &so, &d->train_ds, &d->val_ds);
+    mgt_status st = mgt_data_open(r->c->data_dir, &so, &d->train_ds, &d->val_ds);
     if (st != MGT_OK)
         return st;
     d->classes = mgt_dataset_class_count(d->train_ds);

@@ -107,6 +107,8 @@ typedef struct step_batch {
     const int32_t *y;
     int n;
     double wait_s;
+    const int32_t *y_b; /* mixup / cutmix: the partners' labels and the weights of y */
+    const float *w;     /* NULL: no mixing */
 } step_batch;
 
 /* With profile, an event marking the end of a stage (0: the step's start). */
@@ -119,14 +121,23 @@ static mgt_status next_batch(worker *w, step_batch *b)
 {
     run *r = w->r;
     if (!r->data.train_ld) {
-        *b = (step_batch){mgt_buffer_ptr(w->dummy_x), mgt_buffer_ptr(w->dummy_y),
-                          r->data.per_dev_batch, 0};
+        *b = (step_batch){mgt_buffer_ptr(w->dummy_x),
+                          mgt_buffer_ptr(w->dummy_y),
+                          r->data.per_dev_batch,
+                          0,
+                          NULL,
+                          NULL};
         return MGT_OK;
     }
     mgt_batch lb;
     mgt_status st = mgt_loader_next(r->data.train_ld, w->dev, w->s, &lb);
     if (st == MGT_OK)
-        *b = (step_batch){lb.images, lb.labels, lb.n, lb.wait_s};
+        *b = (step_batch){lb.images,
+                          lb.labels,
+                          lb.n,
+                          lb.wait_s,
+                          lb.mixed ? lb.labels_b : NULL,
+                          lb.mixed ? lb.weights : NULL};
     return st;
 }
 
@@ -139,7 +150,8 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     *where = "forward";
     mgt_status st = mgt_model_forward(w->model, w->s, b->x, b->n, true, NULL);
     if (st == MGT_OK)
-        st = mgt_model_loss(w->model, w->s, b->y, r->c->label_smoothing, correct);
+        st = mgt_model_loss_mixed(w->model, w->s, b->y, b->y_b, b->w, r->c->label_smoothing,
+                                  correct);
     if (st == MGT_OK)
         st = mark(w, slot, 1);
     if (st != MGT_OK)
