@@ -287,7 +287,8 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
 
     /* entered in sorted order, so that which of two ways to one folder is taken (the first)
        does not depend on the file system's order */
-    qsort_r(subdirs.v, subdirs.n, sizeof(size_t), cmp_str_at, w->names.p);
+    if (subdirs.n > 1)
+        qsort_r(subdirs.v, subdirs.n, sizeof(size_t), cmp_str_at, w->names.p);
     for (size_t i = 0; st == MGT_OK && i < subdirs.n; i++) {
         if (w->depth >= 64) {
             st = mgt_error_set(MGT_ERR_INVALID, "%s/%s: folders nested too deep", w->root,

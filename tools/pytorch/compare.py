@@ -10,7 +10,15 @@ Parts (--parts, comma-separated; default all):
          PyTorch DDP (gloo, 2 processes, 1 thread each) against 1 plain process, 1 thread
   data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
          ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
-         generated JPEG tree, RandomCrop(28, padding=4) + flip on Fashion-MNIST's PNGs
+         generated tree of 500x375 JPEGs read three ways by mgtrain (the folder, a JPEG pack
+         at --max-side 256, a raw pack at --max-side 256) and as a folder by torchvision
+         (which has no pack: the folder is what a pack replaces); RandomCrop(28, padding=4) +
+         flip on Fashion-MNIST's PNGs (folder, and a raw pack for mgtrain). torchvision runs
+         with jemalloc (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=dirty_decay_ms:-1,
+         muzzy_decay_ms:-1) where it is installed: glibc's malloc returns its buffers to the
+         system and faults them back, which costs PyTorch up to 2x here. Beside images/s per
+         thread (wall time) both report images per CPU-second, which a loaded machine
+         disturbs less.
 
 Each comparison runs --rounds rounds; a round runs both tools, mgtrain first in even rounds
 and PyTorch first in odd ones (A B B A ...), so slow drift in the machine's load falls on
@@ -136,10 +144,12 @@ class Ctx:
         cmd = [self.a.mgtrain, "bench-data", "--data", data, "--transform", transform,
                "--size", str(size), "-j", str(threads), "-b", "64", "--seconds", str(seconds)]
         out, load, wall = self.run("mgtrain bench-data", cmd)
-        m = re.search(r"loader: ([0-9.]+) images/s, ([0-9.]+) images/s per decode thread", out)
+        m = re.search(r"loader: ([0-9.]+) images/s, ([0-9.]+) images/s per decode thread, "
+                      r"([0-9.]+) images per CPU-second", out)
         if not m:
             raise RunError("mgtrain bench-data: no 'loader: N images/s' line in:\n" + out)
-        res = {"images_per_s": float(m.group(1)), "images_per_s_per_thread": float(m.group(2))}
+        res = {"images_per_s": float(m.group(1)), "images_per_s_per_thread": float(m.group(2)),
+               "images_per_cpu_s": float(m.group(3))}
         self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": res, "stdout": out})
         return res, load
 
@@ -147,7 +157,11 @@ class Ctx:
         cmd = [sys.executable, os.path.join(HERE, "bench_data.py"), "--data", data,
                "--transform", transform, "--size", str(size), "--channels", str(channels),
                "--workers", str(workers), "-b", "64", "--seconds", str(seconds)]
-        out, load, wall = self.run("bench_data.py", cmd, self.torch_env(1))
+        env = self.torch_env(1)
+        if self.a.jemalloc:
+            env["LD_PRELOAD"] = self.a.jemalloc
+            env["MALLOC_CONF"] = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+        out, load, wall = self.run("bench_data.py", cmd, env)
         out = json.loads(out.strip().splitlines()[-1])
         self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
         return out, load
@@ -291,43 +305,76 @@ def warm_page_cache(path):
                 pass
 
 
+def find_jemalloc():
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        p = os.path.join(d, "libjemalloc.so.2")
+        if os.path.exists(p):
+            return p
+    return ""
+
+
+def make_pack(ctx, src, out, fmt, max_side):
+    """mgtrain pack, once (the pack is kept beside the tree and made again when missing)."""
+    if os.path.exists(out):
+        return True
+    p = subprocess.run([ctx.a.mgtrain, "pack", "--data", src, "--out", out, "--format", fmt,
+                        "--max-side", str(max_side), "-q"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        print("- data: could not pack %s: %s" % (src, p.stdout.strip()))
+        return False
+    return True
+
+
 def part_data(ctx, rows, summary):
     a = ctx.a
     if not a.have_torchvision:
         print("- data: skipped (torchvision is not installed)")
         return
     seconds = 2 if a.quick else 3
-    sets = []
+    a.jemalloc = find_jemalloc()
+    sets = []  # label, mgtrain's data, torchvision's data, transform, size, channels
     if not a.images:
-        a.images = os.path.join(tempfile.gettempdir(), "mgt-compare-jpeg")
+        a.images = os.path.join(tempfile.gettempdir(), "mgt-compare-jpeg500")
     gen = subprocess.run([sys.executable, os.path.join(HERE, "make_images.py"), a.images,
-                          "--count", "400"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+                          "--count", "400", "--width", "500", "--height", "375"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if gen.returncode != 0:
         print("- data: could not generate the JPEG tree: %s" % gen.stdout.strip())
     else:
-        sets.append(("JPEG rrc224", a.images, "rrc", 224, 3))
+        sets.append(("folder JPEG rrc224", a.images, a.images, "rrc", 224, 3))
+        jp, rp = a.images + "-jpeg256.pack", a.images + "-raw256.pack"
+        if make_pack(ctx, a.images, jp, "jpeg", 256):
+            sets.append(("packed JPEG (256) rrc224", jp, a.images, "rrc", 224, 3))
+        if make_pack(ctx, a.images, rp, "raw", 256):
+            sets.append(("packed raw (256) rrc224", rp, a.images, "rrc", 224, 3))
     if a.fmnist and os.path.isdir(a.fmnist):
-        sets.append(("Fashion-MNIST pad-crop28", a.fmnist, "pad-crop", 28, 1))
+        sets.append(("Fashion-MNIST PNG pad-crop28", a.fmnist, a.fmnist, "pad-crop", 28, 1))
+        fp = os.path.join(tempfile.gettempdir(), "mgt-compare-fmnist-raw.pack")
+        if make_pack(ctx, a.fmnist, fp, "raw", 0):
+            sets.append(("Fashion-MNIST packed raw pad-crop28", fp, a.fmnist, "pad-crop", 28, 1))
     else:
         print("- data: no Fashion-MNIST tree at %s (mgtrain import-idx makes one); skipped"
               % a.fmnist)
-    print("- data: images/s per thread; 'JPEG rrc224': %s, 400 generated ~270x260 JPEGs, "
-          "RandomResizedCrop(224) + flip + ToTensor + Normalize, RGB; 'Fashion-MNIST "
-          "pad-crop28': %s, 28x28 gray PNGs, RandomCrop(28, padding=4) + flip + ToTensor + "
-          "Normalize; torchvision 1 thread = num_workers 0, 2 threads = num_workers 2"
-          % (a.images, a.fmnist))
-    for name, path, transform, size, chans in sets:
-        train = os.path.join(path, "train")
-        warm_page_cache(train if os.path.isdir(train) else path)
+    print("- data: images/s per thread; JPEG rows: %s, 400 generated 500x375 JPEGs (quality 90), "
+          "RandomResizedCrop(224) + flip + ToTensor + Normalize, RGB; packs by mgtrain pack "
+          "--max-side 256 (the images' longer side 256); torchvision reads the folder in every "
+          "JPEG row. Fashion-MNIST rows: %s, 28x28 gray PNGs, RandomCrop(28, padding=4) + flip + "
+          "ToTensor + Normalize. torchvision 1 thread = num_workers 0, 2 threads = num_workers 2; "
+          "%s" % (a.images, a.fmnist, "jemalloc for torchvision: %s" % a.jemalloc if a.jemalloc
+                  else "jemalloc not found: torchvision on glibc's malloc"))
+    for name, mpath, tpath, transform, size, chans in sets:
+        for path in (mpath, tpath):
+            train = os.path.join(path, "train")
+            warm_page_cache(train if os.path.isdir(train) else path)
         for threads in (1, 2):
             label = "data %s %d thread%s" % (name, threads, "s" if threads > 1 else "")
             print("- %s: %d rounds of %g s" % (label, a.rounds, seconds), flush=True)
             try:
                 m, t, loads = alternate(
                     ctx, a.rounds,
-                    lambda: ctx.mgt_data(path, transform, size, threads, seconds),
-                    lambda: ctx.torch_data(path, transform, size, chans,
+                    lambda: ctx.mgt_data(mpath, transform, size, threads, seconds),
+                    lambda: ctx.torch_data(tpath, transform, size, chans,
                                            0 if threads == 1 else threads, seconds))
             except (RunError, subprocess.TimeoutExpired) as e:
                 print("  FAILED: %s" % e)
@@ -335,14 +382,22 @@ def part_data(ctx, rows, summary):
                 continue
             mi = [r["images_per_s_per_thread"] for r in m]
             ti = [r["images_per_s_per_thread"] for r in t]
+            mc = [r.get("images_per_cpu_s") for r in m]
+            tc = [r.get("images_per_cpu_s") for r in t]
             ratio = med(mi) / med(ti)
+            cpu_ratio = med(mc) / med(tc) if med(mc) and med(tc) else None
             rows.append({"section": "data", "label": label, "mgtrain": mi, "pytorch": ti,
-                         "ratio": ratio, "loads": loads})
-            print("  mgtrain %s, torchvision %s img/s/thread, ratio %.2f"
-                  % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio),
+                         "ratio": ratio, "loads": loads, "cpu_ratio": cpu_ratio,
+                         "mgtrain_cpu": mc, "pytorch_cpu": tc})
+            print("  mgtrain %s, torchvision %s img/s/thread, ratio %.2f; per CPU-second %s and "
+                  "%s, ratio %s"
+                  % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio,
+                     fmt(med(mc)), fmt(med(tc)), "%.2f" % cpu_ratio if cpu_ratio else "-"),
                   flush=True)
             summary.append("%s: mgtrain %s img/s/thread, torchvision %s img/s/thread, "
-                           "ratio %.2f" % (label, fmt(med(mi)), fmt(med(ti)), ratio))
+                           "ratio %.2f (per CPU-second %s)" % (label, fmt(med(mi)), fmt(med(ti)),
+                                                               ratio, "%.2f" % cpu_ratio
+                                                               if cpu_ratio else "-"))
 
 
 def print_table(rows):
@@ -372,6 +427,9 @@ def print_table(rows):
         label = r["label"] + (" /thread" if r["section"] == "data" else "")
         print("%-48s %-24s %-24s %6.2f  %s" % (label, runs(r["mgtrain"]), runs(r["pytorch"]),
                                                r["ratio"], ld))
+        if r["section"] == "data" and r.get("cpu_ratio"):
+            print("%-48s %-24s %-24s %6.2f" % ("  images per CPU-second", runs(r["mgtrain_cpu"]),
+                                               runs(r["pytorch_cpu"]), r["cpu_ratio"]))
         if r["section"] == "train":
             mp, tp = r["mgt_phases"], r["torch_phases"]
             def phases(ph):
@@ -391,7 +449,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")
     p.add_argument("--rounds", type=int, default=0, help="rounds per comparison (default 3; --quick 1)")
     p.add_argument("--scale-batch", type=int, default=64, help="per-device batch of the scaling part (64)")
-    p.add_argument("--images", default="", help="JPEG tree for the data part (generated; default /tmp/mgt-compare-jpeg)")
+    p.add_argument("--images", default="", help="JPEG tree for the data part (generated; default /tmp/mgt-compare-jpeg500)")
     p.add_argument("--fmnist", default=os.path.join(ROOT, "data", "fashion-mnist"),
                    help="Fashion-MNIST ImageFolder tree (default data/fashion-mnist)")
     p.add_argument("--torch-env", action="append", default=[], metavar="VAR=VALUE",
