@@ -200,8 +200,8 @@ typedef struct mgt_image_view {
 
 /* What a decoder has done: `growths` counts the times one of its buffers had to grow (the
    pixel buffer, the stb_image arena), so that a steady state shows 0 new growths. (libjpeg
-   itself takes its per-image work memory from malloc inside the library: a few blocks of
-   about 10 KiB each per image, which glibc serves from its free lists.) */
+   itself takes its per-image work memory from malloc inside the library, freed when the
+   image is done; that is not ours to reuse.) */
 typedef struct mgt_decoder_stats {
     uint64_t growths;
     uint64_t jpeg_whole;  /* whole JPEGs at full scale (TurboJPEG) */
@@ -225,7 +225,7 @@ mgt_status mgt_decoder_header(mgt_decoder *d, const void *bytes, size_t len, con
    here). region NULL: the whole image at full scale with mgt_image_decode's pixels
    (torchvision's). With a region, a JPEG's pixels inside it equal the whole decode's at
    scale 1, except that a gray result from a colour JPEG is the file's luma, not PIL's L
-   of the decoded RGB (at most 1 level apart); at scale 1/2..1/8 they are libjpeg's
+   of the decoded RGB (the tests allow 8 levels: they differ where a colour clips); at scale 1/2..1/8 they are libjpeg's
    scaled IDCT. */
 mgt_status mgt_decoder_decode(mgt_decoder *d, const void *bytes, size_t len, const char *name,
                               int channels, const mgt_image_header *hd,
@@ -245,7 +245,8 @@ typedef enum mgt_transform_kind {
 } mgt_transform_kind;
 
 /* The interpolation of resizes and of the policies' geometric ops (--interpolation), as
-   PIL's: bilinear (the default), bicubic (Keys, a = -0.5) or nearest. */
+   PIL's: bilinear (the default), bicubic (Keys, a = -0.5; within 0.5 of 255 of PIL, whose
+   8-bit pass between is rounded here too) or nearest (exactly PIL's). */
 typedef enum mgt_interp {
     MGT_INTERP_BILINEAR,
     MGT_INTERP_NEAREST,
