@@ -1,15 +1,17 @@
-/* The data pipeline: ImageFolder scan, image decoding, torchvision-equivalent transforms,
- * DistributedSampler, the prefetching loader, and the Fashion-MNIST IDX import.
+/* The data pipeline: ImageFolder scan, packs, image decoding, torchvision-equivalent
+ * transforms and the references recipe's augmentations, DistributedSampler, the prefetching
+ * loader (with mixup and cutmix), and the Fashion-MNIST IDX import.
  *
- * Order of things in a run: mgt_imagefolder_open -> mgt_transform_init -> mgt_loader_create
- * (one loader per split, shared by all devices) -> per epoch mgt_loader_set_epoch, then each
- * device's thread calls mgt_loader_next once per step.
+ * Order of things in a run: mgt_data_open (a tree or a pack) -> mgt_transform_init ->
+ * mgt_loader_create (one loader per split, shared by all devices) -> per epoch
+ * mgt_loader_set_epoch, then each device's thread calls mgt_loader_next once per step.
  *
- * Randomness: a sample's crop and flip come from the Philox stream keyed by (seed, epoch,
- * dataset index, MGT_RNG_AUGMENT); an epoch's order from (seed + epoch, MGT_RNG_SHUFFLE).
- * Nothing depends on thread timing or on the device count, except which device a sample
- * lands on. (So the few samples that PAD repeats at an epoch's end get the same crop twice,
- * where PyTorch would draw two.)
+ * Randomness: a sample's crop, flip, policy ops and erasing come from the Philox stream keyed
+ * by (seed, epoch, dataset index, MGT_RNG_AUGMENT); its mixing (partner, choice, lambda, box)
+ * from (seed, epoch, its place in the epoch's order, MGT_RNG_MIX); an epoch's order from
+ * (seed + epoch, MGT_RNG_SHUFFLE). Nothing depends on thread timing or on the device count,
+ * except which device a sample lands on. (So the few samples that PAD repeats at an epoch's
+ * end get the same crop twice, where PyTorch would draw two.)
  */
 #ifndef MGT_DATA_H
 #define MGT_DATA_H
