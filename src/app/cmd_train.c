@@ -381,7 +381,8 @@ int mgt_app_cmd_train(int argc, char **argv)
     c.lr.epochs = c.epochs;
     c.stop = &stop_requested;
     mgt_devset *set;
-    if (mgt_app_open_devices(kind, gpus, mock, &sw, &set) != MGT_OK) {
+    mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
+    if (mgt_app_open_devices(&devs, 0, &set) != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
         return 1;
     }
