@@ -53,6 +53,9 @@ static int teardown(void **state)
     return mgt_test_remove_tree(root);
 }
 
+/* The switches of the next run (set by base_config, changed by a test before run_on). */
+static mgt_train_controls ctl;
+
 /* lr 0.05, momentum 0.9, wd 1e-4, pad-crop (keyed by dataset index, so the same on any
    device count), global batch 12, STEPS steps of one epoch, no validation. */
 static void base_config(mgt_train_config *c, bool freeze_bn, const char *ckpt_dir)
@@ -63,24 +66,21 @@ static void base_config(mgt_train_config *c, bool freeze_bn, const char *ckpt_di
     c->batch_size = BATCH;
     c->epochs = 1;
     c->lr.lr = 0.05f;
-    c->lr.epochs = 1;
     c->momentum = 0.9f;
     c->weight_decay = 1e-4f;
     c->augment = MGT_AUGMENT_PAD_CROP;
-    c->max_steps = STEPS;
-    c->no_validation = true;
     c->workers = 2;
     c->print_freq = 100;
     c->seed = 11;
     c->freeze_bn = freeze_bn;
     c->checkpoint_dir = ckpt_dir;
-    c->out = mgt_test_quiet();
+    ctl = (mgt_train_controls){.out = mgt_test_quiet(), .max_steps = STEPS, .no_validation = true};
 }
 
 static void run_on(mgt_train_config *c, int n, mgt_train_result *res)
 {
     mgt_devset *set = mgt_test_open_mock(n, "threads=1");
-    mgt_status st = mgt_train_run(c, set, res);
+    mgt_status st = mgt_train_run(c, &ctl, set, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", mgt_error_last());
     mgt_devset_free(set);
@@ -231,10 +231,9 @@ static void test_validation_same_on_any_device_count(void **state)
     for (int e = 1; e <= 8 && !mixed; e++) {
         base_config(&c, false, dir);
         c.epochs = e;
-        c.lr.epochs = 8;
-        c.max_steps = 0;
+        ctl.max_steps = 0;
         c.augment = MGT_AUGMENT_NONE;
-        c.no_validation = false;
+        ctl.no_validation = false;
         c.resume = e > 1 ? ckpt : NULL;
         run_on(&c, 2, &res);
         mixed = res.val_acc1 > 40.0 && res.val_acc1 < 100.0;
@@ -246,7 +245,7 @@ static void test_validation_same_on_any_device_count(void **state)
     double acc1 = 0, acc5 = 0, loss = 0;
     for (int n = 1; n <= 4; n++) {
         base_config(&c, false, NULL);
-        c.no_validation = false;
+        ctl.no_validation = false;
         c.evaluate = true;
         c.resume = ckpt;
         mgt_train_result res;

@@ -560,6 +560,12 @@ static void run_golden(const golden_case *c)
     assert_true(hook.ordered);
     assert_int_equal(hook.n, layers_with_params);
     assert_int_equal(hook.ready[hook.n - 1], pb);
+    /* and the model announces those points beforehand */
+    size_t ends[4096];
+    int n_ends = mgt_model_layer_ends(m, ends, 4096);
+    assert_int_equal(n_ends, hook.n);
+    for (int i = 0; i < n_ends; i++)
+        assert_int_equal(ends[i], hook.ready[i]);
 
     /* Gradients are compared relative to their layer's largest golden gradient: a BN's bias
        gradient is a sum over n*h*w values that mostly cancel (its weight gradient, the same
@@ -732,6 +738,13 @@ static void test_counts(void **state)
     assert_int_equal(c.params, 60192808);
     counts_of("resnet110", 10, 3, 32, &c);
     assert_true(c.params > 1700000 && c.params < 1750000);
+    /* grouped and wide Bottlenecks (torchvision's sum of numel) */
+    counts_of("resnext50_32x4d", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 25028904);
+    counts_of("resnext101_32x8d", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 88791336);
+    counts_of("wide_resnet50_2", 1000, 3, 224, &c);
+    assert_int_equal(c.params, 68883240);
 
     mgt_model *m;
     mgt_model_config bad = {
@@ -1079,6 +1092,26 @@ static void test_layout(void **state)
     }
     assert_int_equal(fc, 0);
     assert_true(fc < l4 && l4 < ds && ds < l4c3 && l4c3 < l1 && l1 < conv1);
+    /* every entry says what it is (for optimizer groups) and which layer owns it */
+    int nl;
+    const mgt_model_layer *ly = mgt_model_layers(m, &nl);
+    for (int i = 0; i < n; i++) {
+        const char *name = t[i].name;
+        mgt_model_what want = ends_with(name, "running_mean")          ? MGT_TENSOR_RUNNING_MEAN
+                              : ends_with(name, "running_var")         ? MGT_TENSOR_RUNNING_VAR
+                              : ends_with(name, "num_batches_tracked") ? MGT_TENSOR_NUM_BATCHES
+                              : !strcmp(name, "fc.weight")             ? MGT_TENSOR_LINEAR_WEIGHT
+                              : !strcmp(name, "fc.bias")               ? MGT_TENSOR_BIAS
+                              : t[i].ndim == 4                         ? MGT_TENSOR_CONV_WEIGHT
+                              : ends_with(name, ".weight")             ? MGT_TENSOR_NORM_WEIGHT
+                                                                       : MGT_TENSOR_NORM_BIAS;
+        assert_int_equal(t[i].what, want);
+        assert_true(t[i].layer >= 0 && t[i].layer < nl);
+        size_t len = strlen(ly[t[i].layer].name);
+        assert_int_equal(strncmp(name, ly[t[i].layer].name, len), 0);
+        assert_int_equal(name[len], '.');
+        assert_int_equal(t[i].classifier, strncmp(name, "fc.", 3) == 0);
+    }
     mgt_model_free(m);
 }
 

@@ -15,10 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "app/app.h"
 #include "support/fixture.h"
+#include "mgt/nn.h"
 #include "mgt/safetensors.h"
 #include "mgt/train.h"
 
@@ -50,6 +52,9 @@ static int teardown(void **state)
     return mgt_test_remove_tree(root);
 }
 
+/* The switches of the next run (reset by base_config, changed by a test before it runs). */
+static mgt_train_controls ctl;
+
 static void base_config(mgt_train_config *c)
 {
     mgt_train_config_defaults(c);
@@ -58,18 +63,16 @@ static void base_config(mgt_train_config *c)
     c->batch_size = 16;
     c->epochs = 2;
     c->lr.lr = 0.05f;
-    c->lr.epochs = c->epochs;
     c->workers = 2;
     c->print_freq = 5;
     c->seed = 7;
-    c->out = mgt_test_quiet();
+    ctl = (mgt_train_controls){.out = mgt_test_quiet()};
 }
 
 /* Runs c on set and frees it; the run's error text survives the free. */
 static mgt_status train_on(mgt_train_config *c, mgt_devset *set, mgt_train_result *res)
 {
-    c->lr.epochs = c->epochs;
-    mgt_status st = mgt_train_run(c, set, res);
+    mgt_status st = mgt_train_run(c, &ctl, set, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", mgt_error_last());
     mgt_devset_free(set);
@@ -262,7 +265,7 @@ static void test_stop_mid_epoch_then_resume(void **state)
     base_config(&c);
     c.checkpoint_dir = dir;
     c.log_path = log;
-    c.stop = &stop;
+    ctl.stop = &stop;
     mgt_status st = train(&c, 2, "threads=1", &res);
     pthread_join(t, NULL);
     if (st != MGT_OK)
@@ -303,7 +306,7 @@ static void test_resume_on_other_device_counts(void **state)
         atomic_int stop = 1; /* stops after the steps begun at once, mid-epoch */
         base_config(&c);
         c.checkpoint_dir = dir;
-        c.stop = &stop;
+        ctl.stop = &stop;
         assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
         assert_true(res.interrupted);
         mgt_st_file *f;
@@ -320,7 +323,7 @@ static void test_resume_on_other_device_counts(void **state)
         c.checkpoint_dir = dir;
         c.resume = "auto";
         c.batch_size = next[k].batch;
-        c.out = out;
+        ctl.out = out;
         if (train(&c, next[k].devices, "threads=1", &res) != MGT_OK)
             fail_msg("resume on %d devices: %s", next[k].devices, mgt_error_last());
         assert_false(res.interrupted);
@@ -389,7 +392,7 @@ static void test_faults_in_every_phase(void **state)
                 mgt_train_result res;
                 base_config(&c);
                 c.epochs = 1;
-                c.no_validation = true;
+                ctl.no_validation = true;
                 double t0 = mgt_time_now();
                 mgt_status st = train(&c, 2, spec, &res);
                 double took = mgt_time_now() - t0;
@@ -499,7 +502,148 @@ static void test_bad_input(void **state)
     char *argv3[] = {"mgtrain", "--epochs", "3", NULL};
     assert_int_equal(mgt_app_main(3, argv3), 2);
     char *argv4[] = {"mgtrain", "--data", data_dir, "--gpus", "0,,1", "--device", "cpu", NULL};
-    assert_int_equal(mgt_app_main(7, argv4), 1);
+    assert_int_equal(mgt_app_main(7, argv4), 2); /* a bad value */
+}
+
+/* Every architecture the model builds has a policy row and no row names one it cannot build;
+   the two families keep the recipes the README states. */
+static void test_arch_policy_covers_every_model(void **state)
+{
+    (void)state;
+    const char *const *names = mgt_model_arch_names();
+    int n_names = 0;
+    for (; names[n_names]; n_names++)
+        if (!mgt_arch_find(names[n_names]))
+            fail_msg("%s has no policy in src/nn/arch.c", names[n_names]);
+    int n;
+    const mgt_arch_info *a = mgt_arch_list(&n);
+    assert_int_equal(n, n_names);
+    for (int i = 0; i < n; i++) {
+        mgt_model_config mc = {
+            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 32, .batch = 1};
+        mgt_model *m = NULL;
+        CHECK(mgt_model_create(&mc, NULL, &m));
+        mgt_model_free(m);
+    }
+    const mgt_arch_info *r18 = mgt_arch_find("resnet18"), *r20 = mgt_arch_find("resnet20");
+    assert_int_equal(r18->image_size, 224);
+    assert_int_equal(r18->augment, MGT_ARCH_AUGMENT_RRC);
+    assert_int_equal(r18->eval, MGT_ARCH_EVAL_RESIZE_CROP);
+    assert_int_equal(mgt_arch_image_size(r18, 28, 28), 224);
+    assert_int_equal(r20->augment, MGT_ARCH_AUGMENT_PAD_CROP);
+    assert_int_equal(r20->eval, MGT_ARCH_EVAL_NATIVE);
+    assert_int_equal(mgt_arch_image_size(r20, 28, 30), 28);
+    assert_null(mgt_arch_find("resnet19"));
+}
+
+typedef struct ready_log {
+    size_t at[512];
+    int n;
+} ready_log;
+
+static mgt_status log_ready(void *ctx, mgt_stream *s, size_t ready)
+{
+    (void)s;
+    ready_log *l = ctx;
+    if (l->n < 512)
+        l->at[l->n++] = ready;
+    return MGT_OK;
+}
+
+/* The layer ends the model gives the all-reduce are exactly the points its backward reports,
+   in arena order, the last at the arena's end; for an ImageNet and a CIFAR ResNet. */
+static void test_layer_ends_match_backward(void **state)
+{
+    (void)state;
+    static const char *const archs[] = {"resnet20", "resnet18"};
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    for (int a = 0; a < 2; a++) {
+        int side = 32, batch = 2, classes = 3;
+        mgt_model_config mc = {.arch = archs[a],
+                               .classes = classes,
+                               .in_channels = 1,
+                               .image_size = side,
+                               .batch = batch};
+        mgt_model *m;
+        CHECK(mgt_model_create(&mc, d, &m));
+        CHECK(mgt_model_init(m, s, 1));
+        mgt_buffer *x, *y;
+        CHECK(mgt_buffer_alloc(d, (size_t)batch * side * side * sizeof(float), &x));
+        CHECK(mgt_buffer_alloc(d, (size_t)batch * sizeof(int32_t), &y));
+        CHECK(mgt_fill(s, mgt_buffer_ptr(x), 0.5f, (size_t)batch * side * side));
+        CHECK(mgt_memset(s, mgt_buffer_ptr(y), 0, (size_t)batch * sizeof(int32_t)));
+        ready_log log = {.n = 0};
+        CHECK(mgt_model_forward(m, s, mgt_buffer_ptr(x), batch, true, NULL));
+        CHECK(mgt_model_loss(m, s, mgt_buffer_ptr(y), 0.0f, NULL));
+        CHECK(mgt_model_backward(m, s, log_ready, &log));
+        CHECK(mgt_stream_synchronize(s, NULL));
+        int n = mgt_model_layer_ends(m, NULL, 0);
+        size_t ends[512], bytes;
+        assert_true(n > 0 && n <= 512);
+        assert_int_equal(mgt_model_layer_ends(m, ends, n), n);
+        mgt_model_grads(m, &bytes);
+        assert_int_equal(n, log.n);
+        for (int i = 0; i < n; i++)
+            if (ends[i] != log.at[i] || (i > 0 && ends[i] <= ends[i - 1]))
+                fail_msg("%s: layer end %d is %zu, backward reported %zu", archs[a], i, ends[i],
+                         log.at[i]);
+        assert_int_equal(ends[n - 1], bytes);
+        mgt_buffer_free(x);
+        mgt_buffer_free(y);
+        mgt_model_free(m);
+    }
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+}
+
+/* A library caller that sets `epochs` and a cosine schedule, and not lr.epochs, gets the
+   schedule over those epochs: every logged lr is mgt_lr_at's over 2 epochs (before the fix
+   the second epoch ran at lr 0, the schedule being over 1). */
+static void test_library_cosine_spans_epochs(void **state)
+{
+    (void)state;
+    char log[512];
+    snprintf(log, sizeof log, "%s/cosine.jsonl", root);
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.dummy = true;
+    c.data_dir = NULL;
+    c.dummy_steps = 3;
+    c.batch_size = 4;
+    c.epochs = 2;
+    c.print_freq = 1;
+    c.lr.kind = MGT_LR_COSINE;
+    c.log_path = log;
+    assert_int_equal(c.lr.epochs, 0); /* the defaults leave it to the trainer */
+    CHECK(train(&c, 1, "threads=1", &res));
+    mgt_lr_config want = c.lr;
+    want.epochs = 2;
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[1024];
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        const cJSON *type = cJSON_GetObjectItem(o, "type");
+        if (strcmp(cJSON_GetStringValue((cJSON *)type), "train") == 0) {
+            int ep = cJSON_GetObjectItem(o, "epoch")->valueint;
+            int k = cJSON_GetObjectItem(o, "step")->valueint;
+            double lr = cJSON_GetObjectItem(o, "lr")->valuedouble;
+            double expect = mgt_lr_at(&want, ep, k, 3);
+            if (fabs(lr - expect) > 1e-7 || (ep == 1 && !(lr > 0)))
+                fail_msg("epoch %d step %d: lr %g, the schedule over 2 epochs gives %g", ep, k, lr,
+                         expect);
+            seen++;
+        }
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    assert_int_equal(seen, 6);
 }
 
 int main(void)
@@ -517,6 +661,9 @@ int main(void)
         cmocka_unit_test(test_nan_loss_stops_the_run),
         cmocka_unit_test(test_stalled_step_times_out),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_arch_policy_covers_every_model),
+        cmocka_unit_test(test_layer_ends_match_backward),
+        cmocka_unit_test(test_library_cosine_spans_epochs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,22 +1,27 @@
-/* The ResNet family on the device interface: build by name, initialise, forward, loss, backward
+/* Image classifiers on the device interface: build by name, initialise, forward, loss, backward
  * with a gradient-ready hook, and weights in torchvision's names through safetensors.
+ *
+ * A model is a graph of layers (src/nn/model_impl.h) that a family's constructor builds in
+ * forward order, each layer with its torchvision module name; the ResNets are one family.
  *
  * A model owns four device allocations made once at creation, none in the step loop:
  *   params   every learnable tensor, each at a 256-byte aligned offset (zero padding between);
  *   grads    the same layout; backward accumulates (+=) into it, mgt_model_zero_grad clears it;
  *   buffers  BN running_mean and running_var;
- *   acts     activations and what backward needs (conv outputs, BN outputs and save_mean /
- *            save_invstd, max-pool output, logits, probabilities, the loss, three gradient
- *            scratch tensors; under freeze_bn a constant ones and zeros vector), sized for
- *            config.batch images.
+ *   acts     activations and what backward needs (every layer output that is not computed
+ *            in place over its input, BN save_mean / save_invstd, probabilities, the loss,
+ *            the gradient slots backward cycles through; under freeze_bn a constant ones and
+ *            zeros vector), sized for config.batch images.
  * BN num_batches_tracked lives on the host (int64, one per BN), counted per training forward
  * (not under freeze_bn).
  *
- * Parameter offsets follow the order in which backward completes layers: fc first, then the
- * blocks from the last to the first (in a block: the downsample BN and conv, then the main
- * path's BN and conv pairs from the last), conv1/bn1 last. So the gradients ready so far are
- * always the prefix [0, ready) of the grad arena, and the backward hook reports `ready` as
- * each layer's parameter gradients are enqueued: the all-reduce can start on buckets early.
+ * Parameter offsets follow the order in which backward completes layers, the reverse of the
+ * forward order (for a ResNet: fc first, then the blocks from the last to the first, in a
+ * block the downsample BN and conv, then the main path's BN and conv pairs from the last,
+ * conv1/bn1 last). So the gradients ready so far are always the prefix [0, ready) of the
+ * grad arena, and the backward hook reports `ready` as each layer's parameter gradients are
+ * enqueued (mgt_model_layer_ends lists those points): the all-reduce can start on buckets
+ * early, for every family.
  *
  * Every call that enqueues work takes the stream it runs on; a model is used by one host
  * thread at a time. Pointers into the model (mgt_model_params, logits, ...) are borrowed and
@@ -36,8 +41,7 @@
 typedef struct mgt_model mgt_model;
 
 typedef struct mgt_model_config {
-    const char *arch;        /* resnet18/34/50/101/152 (torchvision), resnet20/32/44/56/110 (CIFAR);
-                         copied */
+    const char *arch;        /* one of mgt_model_arch_names(); copied */
     int classes;             /* fc outputs, >= 1 */
     int in_channels;         /* 1..4 (1 grey, 3 RGB) */
     int image_size;          /* square input side, >= 1 */
@@ -55,6 +59,37 @@ typedef struct mgt_model_config {
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */
 const char *const *mgt_model_arch_names(void);
+
+/* ---- architecture policy (arch.c) ---- */
+
+typedef enum mgt_arch_augment {
+    MGT_ARCH_AUGMENT_RRC,      /* RandomResizedCrop + flip (torchvision's ImageNet recipe) */
+    MGT_ARCH_AUGMENT_PAD_CROP, /* RandomCrop(size, padding 4) + flip (the CIFAR recipe) */
+} mgt_arch_augment;
+
+typedef enum mgt_arch_eval {
+    MGT_ARCH_EVAL_RESIZE_CROP, /* Resize(size * 256 / 224) + CenterCrop(size) */
+    MGT_ARCH_EVAL_NATIVE,      /* the images as they are; resized to size (shorter side) and
+                                  centre-cropped only when they are not size x size */
+} mgt_arch_eval;
+
+/* What an architecture is trained and validated with unless the user says otherwise. */
+typedef struct mgt_arch_info {
+    const char *name;         /* as mgt_model_create takes it */
+    const char *family;       /* "resnet" (torchvision), "cifar_resnet" (He et al. 2016) */
+    int image_size;           /* the default input side; 0: the images' own (their shorter side) */
+    int synthetic_size;       /* the input side of synthetic (--dummy) data */
+    int synthetic_classes;    /* the class count of synthetic data */
+    mgt_arch_augment augment; /* the default training augmentation */
+    mgt_arch_eval eval;       /* the validation transform */
+} mgt_arch_info;
+
+/* The policy of every architecture, in table order (static); *n gets the count. */
+const mgt_arch_info *mgt_arch_list(int *n);
+/* The policy of the architecture called name, or NULL when there is none. */
+const mgt_arch_info *mgt_arch_find(const char *name);
+/* The input side to train a at on width x height images: its default, or their shorter side. */
+int mgt_arch_image_size(const mgt_arch_info *a, int width, int height);
 
 /* Builds the model's layout and, when d is not NULL, allocates its arenas on d (parameters
    zeroed, not initialised: call mgt_model_init or a load). With d NULL the model only
@@ -124,10 +159,27 @@ typedef enum mgt_model_role {
     MGT_MODEL_COUNTER, /* num_batches_tracked: host int64, offset = index into bn_counts */
 } mgt_model_role;
 
+/* What a tensor is, so that optimizers can group parameters (weight decay for norms and
+   biases, ...) without parsing names. */
+typedef enum mgt_model_what {
+    MGT_TENSOR_CONV_WEIGHT,
+    MGT_TENSOR_LINEAR_WEIGHT,
+    MGT_TENSOR_BIAS,        /* of a convolution or a linear layer */
+    MGT_TENSOR_NORM_WEIGHT, /* batch norm (or layer norm) gamma */
+    MGT_TENSOR_NORM_BIAS,   /* beta */
+    MGT_TENSOR_SCALE,       /* a learnable per-channel multiplier (ConvNeXt's layer_scale) */
+    MGT_TENSOR_RUNNING_MEAN,
+    MGT_TENSOR_RUNNING_VAR,
+    MGT_TENSOR_NUM_BATCHES, /* num_batches_tracked */
+} mgt_model_what;
+
 typedef struct mgt_model_entry {
     char name[64]; /* torchvision's state_dict name */
     mgt_model_role role;
-    int ndim; /* 0 for num_batches_tracked */
+    mgt_model_what what;
+    int layer;       /* index into mgt_model_layers of the layer that owns it */
+    bool classifier; /* its shape depends on the class count (the last linear layer) */
+    int ndim;        /* 0 for num_batches_tracked */
     int64_t shape[4];
     size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
@@ -137,11 +189,17 @@ typedef struct mgt_model_entry {
    not monotonic in this order; sort by offset for the arena order). Borrowed. */
 const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n);
 
+/* Where gradient buckets may end: the byte offsets into the grad arena at which backward has
+   completed a layer's parameter gradients (the ready_bytes the backward hook reports), in
+   arena order, increasing, the last equal to the arena's bytes. Writes the first cap of them
+   to ends (ends may be NULL when cap is 0) and returns how many there are. */
+int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
+
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add + relu), "fc" */
-    const char *kind; /* "conv", "bn", "relu", "maxpool", "add+relu", "avgpool", "linear" */
+    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
+    const char *kind; /* "conv", "bn", "relu", "maxpool", "add", "avgpool", "linear", ... */
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */
     uint64_t macs;    /* per image, THOP's rules (see mgt_model_counts) */
@@ -166,12 +224,16 @@ void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
 /* ---- weights ---- */
 
 typedef struct mgt_model_load_options {
-    /* Fine-tuning with another class count: fc.* of the model keep their values and fc.* in
-       the file are ignored; the report says so. */
+    /* Fine-tuning with another class count: the classifier tensors of the model (entries
+       with `classifier` set: fc.* of a ResNet) keep their values and those in the file are
+       ignored; the report says so. */
     bool skip_fc;
     /* Tensors in the file that the model lacks are ignored (a checkpoint that also holds
        optimizer state) instead of being errors. */
     bool allow_unexpected;
+    /* (optional, NULL-terminated) file tensors whose names start with one of these are
+       ignored and counted in report->ignored (a training checkpoint's "optimizer." state). */
+    const char *const *ignore_prefixes;
 } mgt_model_load_options;
 
 typedef struct mgt_model_load_report {
@@ -185,8 +247,10 @@ typedef struct mgt_model_load_report {
 } mgt_model_load_report;
 
 /* Loads every table entry from an open file: each name must be there with the table's shape
-   and dtype (F32, I64 for num_batches_tracked), and (unless allowed) no other name may be.
-   Nothing changes unless everything matches. Synchronises s. opts and report may be NULL. */
+   and dtype (F32, I64 for num_batches_tracked), and (unless allowed) no other name may be;
+   every F32 value loaded must be finite (a NaN or Inf is refused naming the tensor and the
+   element, as it would only fail later as a device error). Nothing changes unless everything
+   passes. Synchronises s. opts and report may be NULL. */
 mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
                           const mgt_model_load_options *opts, mgt_model_load_report *report);
 mgt_status mgt_model_load_safetensors(mgt_model *m, mgt_stream *s, const char *path,

@@ -16,28 +16,34 @@
 #include "mgt/optim.h"
 
 typedef enum mgt_augment {
-    MGT_AUGMENT_DEFAULT,  /* rrc for the ImageNet ResNets, pad-crop for the CIFAR-style ones */
+    MGT_AUGMENT_DEFAULT,  /* the architecture's (mgt_arch_info.augment, mgt/nn.h) */
     MGT_AUGMENT_RRC,      /* RandomResizedCrop + flip */
     MGT_AUGMENT_PAD_CROP, /* RandomCrop(size, padding 4) + flip */
     MGT_AUGMENT_NONE,     /* the evaluation transform for training too */
 } mgt_augment;
 
+/* What a user sets: the recipe, the data, the checkpoints. Every field has the meaning of the
+   mgtrain flag of the same name (mgtrain train --help). */
 typedef struct mgt_train_config {
     const char *data_dir; /* ImageFolder root (DIR/train, DIR/val); unused with dummy */
     bool dummy;           /* synthetic data: fixed random batches, no files */
+    int dummy_classes;    /* with dummy: 0 = the architecture's synthetic_classes */
+    int dummy_steps;      /* with dummy: steps per epoch (100) */
+    int dummy_channels;   /* with dummy: image channels (3) */
     const char *arch;
-    int workers; /* decode threads in total; -1: one per core */
-    int epochs;
+    int workers;      /* decode threads in total; -1: one per core */
+    int epochs;       /* the run's length, and the length of the lr schedule */
     int start_epoch;  /* -1: 0, or the checkpoint's with resume */
     int batch_size;   /* over all devices; each gets batch_size / devices */
-    mgt_lr_config lr; /* lr.epochs is taken from epochs */
+    mgt_lr_config lr; /* lr.epochs is ignored: the schedule spans `epochs` */
     float momentum, weight_decay;
     bool nesterov;
     float label_smoothing;
     int print_freq;
     const char *resume;     /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
     bool evaluate;          /* validate once and stop */
-    const char *pretrained; /* safetensors weights with torchvision names */
+    const char *pretrained; /* safetensors weights with torchvision names (or an mgtrain
+                               checkpoint, whose optimizer state and metadata are ignored) */
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
@@ -45,31 +51,34 @@ typedef struct mgt_train_config {
     const char *log_path;         /* JSON lines; NULL: none */
     double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
     double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
-    int image_size;               /* 0: 224 for the ImageNet ResNets, the images' size otherwise */
+    int image_size;               /* 0: the architecture's (mgt_arch_info.image_size) */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];
     bool normalize_auto; /* compute mean/std from the training images */
     bool zero_init_residual;
     bool freeze_bn; /* BN normalises with its running statistics in training too and
-                               leaves them alone; gamma and beta still train (mgt/nn.h) */
+                       leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool strict_data;
     double max_bad_frac;
-    long max_steps;         /* training steps per epoch at most; 0: all (tests, quick runs) */
-    int dummy_classes;      /* with dummy: 0 = 1000 for the ImageNet ResNets, 10 otherwise */
-    int dummy_steps;        /* with dummy: steps per epoch (100) */
-    int dummy_channels;     /* with dummy: image channels (3) */
+} mgt_train_config;
+
+/* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
+void mgt_train_config_defaults(mgt_train_config *c);
+
+/* What the caller of a run switches, which is no part of the recipe: where the output goes,
+   how the run is stopped and cut short, what is measured. Zeroed (or a NULL pointer to
+   mgt_train_run): progress to stdout, no stop flag, whole epochs, validation, no profile. */
+typedef struct mgt_train_controls {
+    FILE *out;              /* progress lines; NULL: stdout */
+    const atomic_int *stop; /* (optional) raised by Ctrl-C: stop at a step boundary, save */
+    long max_steps;         /* training steps per epoch at most; 0: all (--max-steps, tests) */
     int warmup_steps;       /* steps of each epoch left out of the timed throughput and the
                                profile (the first steps grow caches and fault pages in) */
     bool no_validation;     /* skip validation (benchmarks) */
     bool profile;           /* time forward, backward, exposed reduction and optimizer on
                                each device with events (for mgtrain bench) */
-    FILE *out;              /* progress lines; NULL: stdout */
-    const atomic_int *stop; /* (optional) raised by Ctrl-C: stop at a step boundary, save */
-} mgt_train_config;
-
-/* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
-void mgt_train_config_defaults(mgt_train_config *c);
+} mgt_train_controls;
 
 /* Device time per step, averaged over the timed steps, from events on the compute stream. */
 typedef struct mgt_step_profile {
@@ -95,8 +104,10 @@ typedef struct mgt_train_result {
     char checkpoint[512]; /* the last checkpoint written ("" when none) */
 } mgt_train_result;
 
-/* Runs the training (or, with evaluate, one validation) on the devices of set. Errors carry
-   one line naming the device, the step and the cause; the last good checkpoint is kept. */
-mgt_status mgt_train_run(const mgt_train_config *c, mgt_devset *set, mgt_train_result *r);
+/* Runs the training (or, with evaluate, one validation) on the devices of set; ctl may be
+   NULL. Errors carry one line naming the device, the step and the cause (bad configuration:
+   MGT_ERR_INVALID naming the field's flag); the last good checkpoint is kept. */
+mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
+                         mgt_train_result *r);
 
 #endif

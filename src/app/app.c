@@ -1,6 +1,8 @@
-/* mgtrain's subcommands: the table that maps a name to its handler, and the top-level help. */
+/* mgtrain's subcommands: the table that maps a name to its handler, the top-level help, and
+   `mgtrain DIR ...` (a dataset folder as the first argument trains, as `python main.py DIR`). */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "app/app.h"
 #include "app/commands.h"
@@ -23,13 +25,21 @@ static const app_command commands[] = {
     {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
 };
 
+int mgt_app_device_exit(mgt_status st)
+{
+    return st == MGT_ERR_INVALID ? MGT_APP_EXIT_USAGE : MGT_APP_EXIT_FAILED;
+}
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: mgtrain [train] --data DIR [OPTIONS]\n       mgtrain COMMAND [OPTIONS]\n\n"
+    fprintf(f, "usage: mgtrain [train] DIR [OPTIONS]     (or --data DIR)\n"
+               "       mgtrain COMMAND [OPTIONS]\n\n"
                "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n`mgtrain COMMAND --help` describes a command's options.\n");
+    fprintf(f, "\n`mgtrain COMMAND --help` describes a command's options. Exit status: 0 done, 1 a "
+               "run that\ncannot be done or failed, 2 a bad command line, 128 + N stopped by "
+               "signal N.\n");
 }
 
 int mgt_app_main(int argc, char **argv)
@@ -49,6 +59,12 @@ int mgt_app_main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "mgtrain: unknown command '%s' (try mgtrain --help)\n", argv[1]);
-    return 2;
+    /* `mgtrain DIR --epochs 1`: the dataset as the first argument; train's flag parser takes
+       it as its positional argument */
+    struct stat sb;
+    if (stat(argv[1], &sb) == 0)
+        return mgt_app_cmd_train(argc, argv);
+    fprintf(stderr, "mgtrain: unknown command or dataset folder '%s' (try mgtrain --help)\n",
+            argv[1]);
+    return MGT_APP_EXIT_USAGE;
 }

@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "app/plot.h"
 #include "mgt/comm.h"
+#include "mgt/nn.h"
 #include "mgt/thread.h"
 #include "mgt/train.h"
 
@@ -98,9 +99,9 @@ int mgt_app_cmd_bench(int argc, char **argv)
     c.epochs = 1;
     c.lr.lr = 0.01f;
     c.print_freq = 1 << 30;
-    c.profile = true;
-    c.warmup_steps = 3;
-    c.no_validation = true;
+    /* the harness's switches: profile every device's step after 3 warm-up steps, no
+       validation, output to nowhere */
+    mgt_train_controls ctl = {.profile = true, .warmup_steps = 3, .no_validation = true};
     long per_dev = 32, steps = 20, v;
     double x;
     const char *gpus = NULL, *mock = NULL, *json = NULL, *plot = NULL;
@@ -131,7 +132,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
         case B_STEPS: ok = mgt_app_flag_int("--steps", optarg, 1, 1 << 20, &steps); break;
         case B_WARMUP:
             ok = mgt_app_flag_int("--warmup", optarg, 0, 1 << 20, &v);
-            c.warmup_steps = (int)v;
+            ctl.warmup_steps = (int)v;
             break;
         case B_SIZE:
             ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
@@ -180,8 +181,14 @@ int mgt_app_cmd_bench(int argc, char **argv)
     }
     /* resolved once, so that every device count opens a prefix of one list */
     mgt_app_devices bd = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
-    if (mgt_app_resolve_devices(&bd) != MGT_OK) {
+    mgt_status rst = mgt_app_resolve_devices(&bd);
+    if (rst != MGT_OK) {
         fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+        return mgt_app_device_exit(rst);
+    }
+    if (!mgt_arch_find(c.arch)) {
+        fprintf(stderr, "mgtrain bench: --arch '%s': unknown architecture (mgtrain --help)\n",
+                c.arch);
         return 2;
     }
     /* A mock device is a fixed share of the machine, as a GPU is: every row gives each device
@@ -196,9 +203,9 @@ int mgt_app_cmd_bench(int argc, char **argv)
         }
     }
     FILE *devnull = fopen("/dev/null", "w");
-    c.out = devnull;
-    c.dummy_steps = (int)(c.warmup_steps + steps);
-    c.max_steps = c.warmup_steps + steps;
+    ctl.out = devnull;
+    c.dummy_steps = (int)(ctl.warmup_steps + steps);
+    ctl.max_steps = ctl.warmup_steps + steps;
     int counts[16];
     int nc = device_counts(bd.n, counts);
     cJSON *root = cJSON_CreateObject(), *results = cJSON_CreateArray();
@@ -207,14 +214,14 @@ int mgt_app_cmd_bench(int argc, char **argv)
     cJSON_AddStringToObject(root, "device_kind", mgt_device_kind_name(bd.kind));
     cJSON_AddStringToObject(root, "allreduce", c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree");
     cJSON_AddNumberToObject(root, "steps", (double)steps);
-    cJSON_AddNumberToObject(root, "warmup", c.warmup_steps);
+    cJSON_AddNumberToObject(root, "warmup", ctl.warmup_steps);
     if (mock_threads > 0)
         cJSON_AddNumberToObject(root, "mock_threads_per_device", mock_threads);
     cJSON_AddItemToObject(root, "results", results);
     double xs[16], ips[16], eff[16], base = 0;
     printf("mgtrain bench: %s, %ld images per device per step, %ld timed steps after %d "
            "warm-up, %s all-reduce, %s devices\n",
-           c.arch, per_dev, steps, c.warmup_steps,
+           c.arch, per_dev, steps, ctl.warmup_steps,
            c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree", mgt_device_kind_name(bd.kind));
     if (mock_threads > 0)
         printf("mock devices: %d compute thread%s each in every row (--mock threads=N to "
@@ -226,14 +233,15 @@ int mgt_app_cmd_bench(int argc, char **argv)
     for (int k = 0; k < nc; k++) {
         int n = counts[k];
         mgt_devset *set;
-        if (mgt_app_open_devices(&bd, n, &set) != MGT_OK) {
+        mgt_status ost = mgt_app_open_devices(&bd, n, &set);
+        if (ost != MGT_OK) {
             fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
-            rc = 1;
+            rc = mgt_app_device_exit(ost);
             break;
         }
         c.batch_size = (int)per_dev * n;
         mgt_train_result res;
-        mgt_status st = mgt_train_run(&c, set, &res);
+        mgt_status st = mgt_train_run(&c, &ctl, set, &res);
         if (st != MGT_OK) {
             fprintf(stderr, "mgtrain bench: %d devices: %s\n", n, mgt_error_last());
             mgt_devset_free(set);
@@ -456,9 +464,10 @@ static int bench_allreduce(int argc, char **argv)
     }
     mgt_app_devices bd = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     mgt_devset *set = NULL;
-    if (mgt_app_open_devices(&bd, 0, &set) != MGT_OK) {
+    mgt_status ost = mgt_app_open_devices(&bd, 0, &set);
+    if (ost != MGT_OK) {
         fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
-        return 1;
+        return mgt_app_device_exit(ost);
     }
     const mgt_mock_options mo = bd.mock_opts; /* zeroed unless mock devices */
     int n = bd.n;

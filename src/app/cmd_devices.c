@@ -203,9 +203,10 @@ int mgt_app_cmd_devices(int argc, char **argv)
     if (cuda > 0)
         printf("CUDA devices: %d\n", cuda);
     mgt_devset *set;
-    if (mgt_app_open_devices(&devs, 0, &set) != MGT_OK) {
+    mgt_status st = mgt_app_open_devices(&devs, 0, &set);
+    if (st != MGT_OK) {
         fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
-        return 1;
+        return mgt_app_device_exit(st);
     }
     int n = mgt_devset_count(set);
     bool is_mock = mgt_devset_kind(set) == MGT_DEVICE_MOCK;

@@ -1,5 +1,6 @@
 /* `mgtrain model`: a model's layers with their output shapes, its parameter count, forward
-   multiply-accumulates and activation memory per image, without touching any device. */
+   multiply-accumulates and activation memory per image, without touching any device; with no
+   architecture, every architecture with its counts. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -11,11 +12,11 @@
 
 static void model_usage(FILE *f)
 {
-    fprintf(f, "usage: mgtrain model --arch NAME [--classes K] [--in-channels C] [--size S] "
+    fprintf(f, "usage: mgtrain model [-a NAME] [--classes K] [--in-channels C] [--size S] "
                "[--params]\n"
-               "  --arch         resnet18, resnet34, resnet50, resnet101, resnet152 (torchvision)\n"
-               "                 or resnet20, resnet32, resnet44, resnet56, resnet110 (CIFAR)\n"
-               "  --classes      fc outputs (default 1000; 10 for the CIFAR networks)\n"
+               "  -a, --arch     the architecture (without it: every architecture, with its "
+               "counts)\n"
+               "  --classes      classifier outputs (default 1000; 10 for the CIFAR networks)\n"
                "  --in-channels  1 or 3 (default 3)\n"
                "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
                "  --params       also list every tensor: name, shape, arena and byte offset\n");
@@ -84,6 +85,47 @@ static void print_params(const mgt_model *m)
     }
 }
 
+/* The natural input of an architecture (its policy's synthetic input: the CIFAR networks at
+   32x32 with 10 classes, the others at torchvision's 224x224 with 1000); a flag given wins. */
+static mgt_model_config default_config(const char *arch, int classes, int in_channels, int size)
+{
+    const mgt_arch_info *a = mgt_arch_find(arch);
+    return (mgt_model_config){.arch = arch,
+                              .classes = classes ? classes
+                                         : a     ? a->synthetic_classes
+                                                 : 1000,
+                              .in_channels = in_channels,
+                              .image_size = size ? size
+                                            : a  ? a->synthetic_size
+                                                 : 224,
+                              .batch = 1};
+}
+
+static int list_archs(int classes, int in_channels, int size)
+{
+    char a[32], b[32];
+    printf("%-20s %-14s %-13s %14s %10s %14s\n", "architecture", "family", "input", "parameters",
+           "GMACs", "act MiB/image");
+    for (const char *const *n = mgt_model_arch_names(); *n; n++) {
+        mgt_model_config cfg = default_config(*n, classes, in_channels, size);
+        mgt_model *m;
+        if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
+            fprintf(stderr, "mgtrain model: %s\n", mgt_error_last());
+            return 2;
+        }
+        mgt_model_counts c;
+        mgt_model_get_counts(m, &c);
+        snprintf(b, sizeof b, "%dx%dx%d", cfg.in_channels, cfg.image_size, cfg.image_size);
+        const mgt_arch_info *ai = mgt_arch_find(*n);
+        printf("%-20s %-14s %-13s %14s %10.3f %14.2f\n", *n, ai ? ai->family : "?", b,
+               grouped(a, sizeof a, c.params), c.macs / 1e9, c.act_bytes_per_image / 1048576.0);
+        mgt_model_free(m);
+    }
+    printf("\n(parameters as torchvision counts them, sum of numel; MACs by THOP's rules; `mgtrain "
+           "model -a NAME` for the layers)\n");
+    return 0;
+}
+
 int mgt_app_cmd_model(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -100,7 +142,7 @@ int mgt_app_cmd_model(int argc, char **argv)
     bool params = false;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "ha:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'a': arch = optarg; break;
         case 'k':
@@ -127,24 +169,9 @@ int mgt_app_cmd_model(int argc, char **argv)
         fprintf(stderr, "mgtrain model: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!arch) {
-        fprintf(stderr, "mgtrain model: --arch is required\n");
-        model_usage(stderr);
-        return 2;
-    }
-    /* The CIFAR networks are the ones without a 7x7 stem; their natural defaults differ. */
-    bool cifar = strcmp(arch, "resnet20") == 0 || strcmp(arch, "resnet32") == 0 ||
-                 strcmp(arch, "resnet44") == 0 || strcmp(arch, "resnet56") == 0 ||
-                 strcmp(arch, "resnet110") == 0;
-    mgt_model_config cfg = {.arch = arch,
-                            .classes = classes ? classes
-                                       : cifar ? 10
-                                               : 1000,
-                            .in_channels = in_channels,
-                            .image_size = size    ? size
-                                          : cifar ? 32
-                                                  : 224,
-                            .batch = 1};
+    if (!arch)
+        return list_archs(classes, in_channels, size);
+    mgt_model_config cfg = default_config(arch, classes, in_channels, size);
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
         fprintf(stderr, "mgtrain model: %s\n", mgt_error_last());
@@ -167,9 +194,9 @@ int mgt_app_cmd_model(int argc, char **argv)
            "batch-norm element, average pool; convolutions and fc alone %s = %.2f %s)\n",
            c.macs / unit, un, grouped(a, sizeof a, c.macs), grouped(b, sizeof b, c.macs_conv_fc),
            c.macs_conv_fc / unit, un);
-    printf("activation memory / image: %.2f MiB (%s bytes: conv and BN outputs, pooling, "
-           "logits and the 3 gradient scratch tensors backward needs; plus %s bytes of "
-           "per-channel statistics per batch)\n",
+    printf("activation memory / image: %.2f MiB (%s bytes: the layer outputs not computed in "
+           "place, probabilities and the gradient slots backward cycles through; plus %s bytes "
+           "of per-channel statistics per batch)\n",
            c.act_bytes_per_image / 1048576.0, grouped(a, sizeof a, c.act_bytes_per_image),
            grouped(b, sizeof b, c.act_bytes_fixed));
     mgt_model_free(m);

@@ -1,5 +1,6 @@
-/* `mgtrain train` (also `mgtrain --data DIR ...` without a command): the trainer's flags,
-   each validated with a message naming it, Ctrl-C as a stop at the next step boundary. */
+/* `mgtrain train` (also `mgtrain --data DIR ...` or `mgtrain DIR ...` without a command): the
+   trainer's flags, each validated with a message naming it (exit 2), the run (exit 1 when it
+   cannot be done or fails), Ctrl-C as a stop at the next step boundary (exit 128 + signal). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -9,8 +10,10 @@
 #include <string.h>
 
 #include "app/commands.h"
+#include "mgt/nn.h"
 #include "mgt/train.h"
 
+/* The signal that asked for a stop (0: none). */
 static atomic_int stop_requested;
 
 /* SIGINT (Ctrl-C) and SIGTERM: stop at the next step boundary with a checkpoint. */
@@ -22,17 +25,17 @@ static void on_sigint(int sig)
         raise(sig);
         return;
     }
-    atomic_store(&stop_requested, 1);
+    atomic_store(&stop_requested, sig);
 }
 
 static void train_usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: mgtrain [train] --data DIR [options]      (or --dummy instead of --data)\n"
+        "usage: mgtrain [train] DIR [options]     (or --data DIR, or --dummy for no data)\n"
         "\n"
         "data\n"
-        "  --data DIR             ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
+        "  DIR, --data DIR        ImageFolder tree: DIR/train/<class>/*, DIR/val/<class>/*\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
         "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
@@ -73,8 +76,9 @@ static void train_usage(FILE *f)
         "  --timeout SECONDS      abort when no step finishes for this long\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
-        "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint; a second one\n"
-        "quits at once.\n");
+        "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint (exit status\n"
+        "128 + the signal: 130, 143); a second one quits at once. Bad flags exit 2; a run that\n"
+        "cannot be done or fails exits 1.\n");
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -146,6 +150,57 @@ enum {
     OPT_FREEZE_BN,
 };
 
+/* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
+   argument), the architecture, and the combinations that contradict each other. */
+static bool check_flags(mgt_train_config *c, int argc, char **argv)
+{
+    if (optind < argc) {
+        if (optind + 1 < argc) {
+            fprintf(stderr, "mgtrain: unexpected argument '%s' (one dataset folder at most)\n",
+                    argv[optind + 1]);
+            return false;
+        }
+        if (c->data_dir) {
+            fprintf(stderr, "mgtrain: the dataset is given twice: '%s' and --data %s\n",
+                    argv[optind], c->data_dir);
+            return false;
+        }
+        c->data_dir = argv[optind];
+    }
+    if (!c->data_dir && !c->dummy) {
+        fprintf(stderr, "mgtrain: a dataset folder is required (mgtrain DIR, --data DIR, or "
+                        "--dummy for synthetic data)\n");
+        return false;
+    }
+    if (c->data_dir && c->dummy) {
+        fprintf(stderr, "mgtrain: --data and --dummy exclude each other\n");
+        return false;
+    }
+    if (c->normalize_auto && c->mean_std_set) {
+        fprintf(stderr, "mgtrain: --normalize auto and --mean/--std exclude each other\n");
+        return false;
+    }
+    if (c->evaluate && c->dummy) {
+        fprintf(stderr, "mgtrain: --evaluate needs a dataset: --dummy has no validation split\n");
+        return false;
+    }
+    if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir) {
+        fprintf(stderr, "mgtrain: --resume auto: there is nothing to resume from without "
+                        "--checkpoint-dir\n");
+        return false;
+    }
+    if (!mgt_arch_find(c->arch)) {
+        int n;
+        const mgt_arch_info *a = mgt_arch_list(&n);
+        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture (expected", c->arch);
+        for (int i = 0; i < n; i++)
+            fprintf(stderr, "%s %s", i ? "," : "", a[i].name);
+        fprintf(stderr, ")\n");
+        return false;
+    }
+    return true;
+}
+
 int mgt_app_cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -198,6 +253,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     };
     mgt_train_config c;
     mgt_train_config_defaults(&c);
+    mgt_train_controls ctl = {0};
     const char *gpus = NULL, *mock = NULL;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
     mgt_devset_options sw = {0};
@@ -205,7 +261,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     double x;
     bool ok = true;
     int opt;
-    optind = 1;
+    optind = 0; /* 0, not 1: glibc then also resets its permutation of a positional DIR */
     opterr = 0;
     while (ok && (opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, NULL)) != -1) {
         switch (opt) {
@@ -339,7 +395,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s);
             break;
         case OPT_MAX_STEPS:
-            ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &c.max_steps);
+            ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &ctl.max_steps);
             break;
         case OPT_DUMMY_STEPS:
             ok = mgt_app_flag_int("--dummy-steps", optarg, 1, 1L << 30, &v);
@@ -360,36 +416,29 @@ int mgt_app_cmd_train(int argc, char **argv)
     }
     if (!ok)
         return 2;
-    if (optind < argc) {
-        fprintf(stderr, "mgtrain: unexpected argument '%s'\n", argv[optind]);
+    if (!check_flags(&c, argc, argv))
         return 2;
-    }
-    if (!c.data_dir && !c.dummy) {
-        fprintf(stderr, "mgtrain: --data DIR is required (or --dummy for synthetic data)\n");
-        return 2;
-    }
-    if (c.data_dir && c.dummy) {
-        fprintf(stderr, "mgtrain: --data and --dummy exclude each other\n");
-        return 2;
-    }
-    if (c.normalize_auto && c.mean_std_set) {
-        fprintf(stderr, "mgtrain: --normalize auto and --mean/--std exclude each other\n");
-        return 2;
-    }
-    if (c.max_steps > 0 && c.dummy)
-        c.dummy_steps = c.max_steps < c.dummy_steps ? (int)c.max_steps : c.dummy_steps;
-    c.lr.epochs = c.epochs;
-    c.stop = &stop_requested;
     mgt_devset *set;
     mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
-    if (mgt_app_open_devices(&devs, 0, &set) != MGT_OK) {
+    mgt_status st = mgt_app_open_devices(&devs, 0, &set);
+    if (st != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
-        return 1;
+        return mgt_app_device_exit(st);
     }
+    if (c.batch_size < mgt_devset_count(set)) {
+        fprintf(stderr,
+                "mgtrain: -b %d is smaller than the device count %d: -b is the total "
+                "batch over all devices\n",
+                c.batch_size, mgt_devset_count(set));
+        mgt_devset_free(set);
+        return 2;
+    }
+    atomic_store(&stop_requested, 0);
+    ctl.stop = &stop_requested;
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
     mgt_train_result res;
-    mgt_status st = mgt_train_run(&c, set, &res);
+    st = mgt_train_run(&c, &ctl, set, &res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     mgt_devset_free(set);
@@ -397,6 +446,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
         return 1;
     }
-    /* Ctrl-C ends as an interrupted program does; a time limit is a planned stop */
-    return res.interrupted && atomic_load(&stop_requested) ? 130 : 0;
+    /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */
+    int sig = atomic_load(&stop_requested);
+    return res.interrupted && sig ? 128 + sig : 0;
 }

@@ -15,6 +15,18 @@ int mgt_app_cmd_check_data(int argc, char **argv);
 int mgt_app_cmd_bench_data(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
 
+/* Exit statuses, the same in every command: 0 done; 1 a run that cannot be done or failed
+   (missing or corrupt data or checkpoint, no GPU for --device cuda, a device error, a NaN
+   loss, a timeout); 2 a bad command line (unknown flag, bad value, unknown --arch, bad
+   --mock value, contradictory flags); 128 + N a run stopped by signal N (Ctrl-C: 130), its
+   checkpoint saved. */
+enum { MGT_APP_EXIT_OK = 0, MGT_APP_EXIT_FAILED = 1, MGT_APP_EXIT_USAGE = 2 };
+
+/* The exit status for devices that could not be opened: a value the flags gave that is
+   wrong (--gpus, --mock, MGT_MOCK: MGT_ERR_INVALID) is a bad command line, anything else
+   (no GPU, a device that fails) a run that cannot be done. */
+int mgt_app_device_exit(mgt_status st);
+
 /* A flag's whole-number or real value within [lo, hi]; on failure prints
    "mgtrain: FLAG 'VALUE': expected ..." to stderr and returns false. */
 bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out);

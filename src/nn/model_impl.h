@@ -1,5 +1,7 @@
-/* The ResNet model's private layout, shared by the building and step code (model.c) and the
-   weights code (model_io.c). */
+/* A model's private layout: the layer graph the families build (nodes over values), the plan
+   made from it (activation regions, in-place outputs, gradient slots, parameter arena order),
+   shared by the builder and step code (graph.c), the layer kinds (layers.c), the families
+   (resnet.c, ...), initialisation and weights (model.c, model_io.c). */
 #ifndef MGT_NN_MODEL_IMPL_H
 #define MGT_NN_MODEL_IMPL_H
 
@@ -9,33 +11,95 @@
    the vector loads of cuDNN and cuBLAS kernels. Costs at most 252 bytes per tensor. */
 #define NN_ALIGN 256
 
-/* A convolution, its batch norm and (when relu) a ReLU applied in place on the BN output. */
-typedef struct nn_cbn {
-    mgt_conv2d_shape conv; /* n is set per call */
-    int p, q;              /* output side */
-    bool relu;
-    int w_entry;  /* table index of the conv weight */
-    int bn_entry; /* table index of the BN weight; bias, running_mean, running_var and
-                     num_batches_tracked follow it, in torchvision's state_dict order */
-    int counter;  /* this BN's num_batches_tracked in bn_counts */
-    /* activation arena offsets (bytes): conv output (BN input, kept for BN backward), BN
-       output (the ReLU output too), per-channel saved mean and 1/std */
-    size_t c_off, y_off, mean_off, invstd_off;
-} nn_cbn;
+#define NN_MAX_IN 4      /* inputs of one node */
+#define NN_MAX_ENTRIES 6 /* table entries of one node (BN: 2 params, 2 buffers, a counter) */
 
-/* A residual block: units 2 (BasicBlock) or 3 (Bottleneck); output = relu(last BN + identity),
-   computed in place in the last unit's y. */
-typedef struct nn_block {
-    int units;
-    nn_cbn u[3];
-    bool has_ds; /* downsample: 1x1 conv with the block's stride + BN, where the shape changes */
-    nn_cbn ds;
-    size_t in_off; /* the block's input (the previous block's or the stem's output) */
-} nn_block;
+/* ---- the graph ---- */
+
+/* What a node computes. Each kind is a forward/backward pair in layers.c (nn_kinds[]). */
+typedef enum nn_kind {
+    NN_CONV,    /* conv2d of in[0] (optional bias) */
+    NN_BN,      /* batch norm 2d of in[0], eps and momentum per node */
+    NN_RELU,    /* max(x, 0) */
+    NN_MAXPOOL, /* max pooling */
+    NN_ADD,     /* in[0] + in[1] */
+    NN_GAP,     /* global average pool: [c, h, w] -> [c, 1, 1] */
+    NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
+    NN_KIND_COUNT
+} nn_kind;
+
+/* A tensor some node produces (or the model input, value 0): c x h x w per image. */
+typedef struct nn_value {
+    int c, h, w;
+    int producer;    /* node index, -1 for the model input */
+    int consumers;   /* how many node inputs read it */
+    bool needs_grad; /* some parameter lies before it */
+    int storage;     /* the value whose activation region holds it (itself, or an input that
+                        an in-place node overwrote) */
+    size_t off;      /* its region in the activation arena (bytes), when storage is itself */
+    int gslot;       /* backward: the gradient slot it ends up in (planning scratch) */
+} nn_value;
+
+/* How a node's backward delivers the gradient of one input (planned once, see graph.c). */
+typedef enum nn_gmode {
+    NN_G_NONE,      /* the input needs no gradient */
+    NN_G_WRITE,     /* the kernel writes it (beta 0) */
+    NN_G_ACCUM,     /* the kernel adds onto it (beta 1: conv, linear) */
+    NN_G_ACCUM_TMP, /* the kernel writes a temporary slot, then it is added on */
+    NN_G_ALIAS,     /* it is the output's gradient itself (an add passes it through) */
+} nn_gmode;
+
+typedef struct nn_node {
+    nn_kind kind;
+    char name[48]; /* the torchvision module name: "layer1.0.conv1", "fc" */
+    int in[NN_MAX_IN], n_in;
+    int out;
+    /* table entries: the parameters first (n_params of them, in arena order), then buffers
+       and the counter */
+    int entry[NN_MAX_ENTRIES], n_entries, n_params;
+    union {
+        struct {
+            mgt_conv2d_shape sh; /* n is set per call */
+            bool bias;
+        } conv;
+        struct {
+            float eps, momentum;
+            int counter;     /* index into bn_counts */
+            size_t save_off; /* save_mean [c] then save_invstd [c] (bytes into acts) */
+            size_t save_stride;
+        } bn;
+        mgt_pool2d_shape pool; /* n is set per call */
+        struct {
+            int in, out;
+        } linear;
+    } u;
+    /* the plan */
+    bool inplace; /* out is written over in[0]'s storage */
+    int gout;     /* slot of the output's gradient */
+    int gin[NN_MAX_IN];
+    unsigned char gmode[NN_MAX_IN];
+    int unshare[NN_MAX_IN]; /* >= 0: before backward, slot gin[i] gets a copy of this slot */
+    int gtmp;               /* the temporary slot of NN_G_ACCUM_TMP, or -1 */
+} nn_node;
+
+/* How a parameter is initialised (torchvision's rule for its module; see mgt_model_init). */
+typedef enum nn_init {
+    NN_INIT_NONE, /* buffers and counters: their own rule */
+    NN_INIT_CONST,
+    NN_INIT_NORMAL,  /* mean 0, std = arg (kaiming_normal_ gives std = gain / sqrt(fan)) */
+    NN_INIT_UNIFORM, /* in [-arg, arg) (PyTorch's default for Linear and Conv2d) */
+} nn_init;
+
+typedef struct nn_entry_init {
+    nn_init kind;
+    double arg;
+} nn_entry_init;
+
+/* ---- the model ---- */
 
 struct mgt_model {
     mgt_model_config cfg;
-    char arch[16];
+    char arch[32];
     mgt_device *dev;
 
     mgt_buffer *params_buf, *grads_buf, *bufs_buf, *acts_buf;
@@ -43,30 +107,31 @@ struct mgt_model {
     size_t params_bytes, bufs_bytes, acts_bytes;
 
     mgt_model_entry *table;
+    nn_entry_init *init; /* one per table entry */
     int n_table, cap_table;
     int64_t *bn_counts;
     int n_bn;
-    mgt_model_layer *layers;
-    int n_layers, cap_layers;
+    mgt_model_layer *layers; /* one per node */
     mgt_model_counts counts;
+    size_t *layer_ends; /* the hook's ready_bytes, in arena order */
+    int n_layer_ends;
 
-    nn_cbn stem;
-    bool has_maxpool;
-    mgt_pool2d_shape mp; /* n is set per call */
-    size_t mp_off;
-    nn_block *blocks;
-    int n_blocks;
-    int feat_c, feat_hw; /* the last block's output: channels and h*w */
-    int min_bn_hw;       /* the smallest h*w any BN normalises over, per image */
-    int max_bn_c;        /* the most channels any BN has */
+    nn_node *nodes;
+    int n_nodes, cap_nodes;
+    nn_value *values;
+    int n_values, cap_values;
+    bool oom; /* a building allocation failed: checked once at the end */
+
+    int min_bn_hw; /* the smallest h*w any BN normalises over, per image */
+    int max_bn_c;  /* the most channels any BN has */
     /* freeze_bn only: [max_bn_c] constant 1s and 0s (set at each training forward), which
        let batchnorm_forward_eval compute 1/sqrt(var + eps) and gamma * invstd * dy, as the
        device interface has no per-channel scale or rsqrt of its own */
     size_t ones_off, zeros_off;
-    int fcw_entry; /* fc.weight; fc.bias is the next entry */
-    size_t pool_off, logits_off, probs_off, dlogits_off, dpool_off, loss_off;
-    size_t scratch_off[3]; /* gradient scratch, each max_act floats per image */
-    size_t max_act;        /* floats per image of the largest gradient-carrying tensor */
+    size_t probs_off, loss_off;
+    int n_slots;
+    size_t *slot_floats; /* per image */
+    size_t *slot_off;    /* bytes into acts */
 
     /* the step in flight */
     int n;          /* images in the last forward */
@@ -75,7 +140,9 @@ struct mgt_model {
     const float *x; /* the last forward's input (borrowed) */
     const int32_t *labels;
     float smoothing;
-    size_t ready; /* grad bytes backward has completed so far */
+    size_t ready;           /* grad bytes backward has completed so far */
+    mgt_grad_ready_fn hook; /* backward's hook and its context */
+    void *hook_ctx;
 };
 
 static inline float *nn_param(const mgt_model *m, int e)
@@ -97,7 +164,110 @@ static inline float *nn_act(const mgt_model *m, size_t off) { return (float *)(m
 
 static inline size_t nn_align(size_t bytes) { return (bytes + NN_ALIGN - 1) / NN_ALIGN * NN_ALIGN; }
 
+static inline size_t nn_value_floats(const nn_value *v) { return (size_t)v->c * v->h * v->w; }
+
 /* Refuses the calls that need memory on a describing model. */
 mgt_status nn_need_device(const mgt_model *m, const char *what);
+
+/* ---- building (graph.c): families call these in forward order ---- */
+
+/* The model input, value 0: in_channels x image_size x image_size. */
+int nn_input(mgt_model *m);
+/* A table entry named "<prefix>.<suffix>" of a role and meaning; returns its index. */
+int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model_role role,
+                 mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init);
+
+/* Each returns the node's output value (or -1 once an allocation has failed). */
+int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
+            bool bias);
+int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
+int nn_relu(mgt_model *m, const char *name, int x);
+int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad);
+int nn_add(mgt_model *m, const char *name, int a, int b);
+int nn_gap(mgt_model *m, const char *name, int x);
+int nn_linear(mgt_model *m, const char *name, int x, int out);
+
+/* The node that produced value v. */
+static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
+
+/* Plans the graph once the family has built it: in-place outputs, activation regions,
+   gradient slots, the parameter arena (backward's completion order), counts and layers. */
+mgt_status nn_plan(mgt_model *m);
+
+/* The walks of a step over the nodes (m->n images, m->x the input): forward in order,
+   backward in reverse with the logits' gradient already in the last node's output slot. */
+mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train);
+mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s);
+
+/* The slot holding the gradient of the model's output (the logits). */
+static inline float *nn_logits_grad(const mgt_model *m)
+{
+    return nn_act(m, m->slot_off[m->nodes[m->n_nodes - 1].gout]);
+}
+
+/* The model's output, the logits [n, classes]. */
+static inline float *nn_logits(const mgt_model *m)
+{
+    const nn_value *v = &m->values[m->nodes[m->n_nodes - 1].out];
+    return nn_act(m, m->values[v->storage].off);
+}
+
+/* ---- the families (resnet.c, ...) ---- */
+
+/* Builds the graph of cfg->arch; m->cfg is filled. */
+typedef mgt_status (*nn_family_build_fn)(mgt_model *m, const void *arg);
+
+typedef struct nn_arch {
+    const char *name;
+    const char *family; /* as arch.c's policy table names it */
+    nn_family_build_fn build;
+    const void *arg; /* the family's description of this member */
+} nn_arch;
+
+/* The architectures of each family, NULL-name terminated. */
+extern const nn_arch nn_resnet_archs[];
+
+/* ---- the layer kinds (layers.c) ---- */
+
+/* One node's call: flat device arrays for the kind's forward or backward. */
+typedef struct nn_call {
+    mgt_model *m;
+    mgt_stream *s;
+    const nn_node *node;
+    int n;      /* images */
+    bool train; /* forward: training mode */
+    const float *x[NN_MAX_IN];
+    float *y;
+    /* backward */
+    const float *dy;
+    float *dx[NN_MAX_IN]; /* NULL: that input needs no gradient */
+    float dx_beta[NN_MAX_IN];
+    float *p[NN_MAX_ENTRIES], *g[NN_MAX_ENTRIES]; /* params (and grads), buffers (g NULL) */
+} nn_call;
+
+enum {
+    NN_F_INPLACE = 1 << 0,     /* forward may write y over x[0] */
+    NN_F_NEEDS_X = 1 << 1,     /* backward reads the inputs' values */
+    NN_F_NEEDS_Y = 1 << 2,     /* backward reads the output's value */
+    NN_F_DX_BETA = 1 << 3,     /* backward can add dx onto what is there (dx_beta 1) */
+    NN_F_DX_ON_DY = 1 << 4,    /* backward may write dx over dy */
+    NN_F_PASSTHROUGH = 1 << 5, /* every input's gradient is dy itself */
+};
+
+typedef struct nn_kind_i {
+    const char *label; /* "conv", "bn", ... (mgt_model_layer.kind) */
+    unsigned flags;
+    mgt_status (*forward)(nn_call *c);
+    /* Enqueues the parameter gradients (accumulated) and calls nn_params_ready once they are
+       enqueued, then the inputs' gradients into dx[] (where not NULL). NULL for a kind
+       whose gradients are all NN_F_PASSTHROUGH. */
+    mgt_status (*backward)(nn_call *c);
+    uint64_t (*macs)(const mgt_model *m, const nn_node *node); /* per image, THOP's rules */
+} nn_kind_i;
+
+extern const nn_kind_i nn_kinds[NN_KIND_COUNT];
+
+/* Reports the node's parameter gradients as enqueued (the backward hook). */
+mgt_status nn_params_ready(nn_call *c);
 
 #endif

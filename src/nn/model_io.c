@@ -1,5 +1,6 @@
 /* A model's weights to and from safetensors files in torchvision's names, staged through host
    memory: load checks the whole file against the table before it changes anything. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,41 @@ static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
         snprintf(buf + n, size - n, "]");
 }
 
-static bool is_fc(const char *name) { return strncmp(name, "fc.", 3) == 0; }
+/* Whether name is one of the model's classifier tensors (what skip_fc leaves alone). */
+static bool is_classifier(const mgt_model *m, const char *name)
+{
+    for (int e = 0; e < m->n_table; e++)
+        if (m->table[e].classifier && strcmp(m->table[e].name, name) == 0)
+            return true;
+    return false;
+}
+
+static bool has_prefix(const char *name, const char *const *prefixes)
+{
+    for (; prefixes && *prefixes; prefixes++)
+        if (strncmp(name, *prefixes, strlen(*prefixes)) == 0)
+            return true;
+    return false;
+}
+
+/* The first value of an F32 tensor that is not finite: a NaN or Inf in the weights only
+   shows up steps later as a NaN loss (a device error), far from the file that held it. One
+   pass over the weights on the host, which the load copies anyway. */
+static mgt_status check_finite(const char *name, const void *data, size_t floats)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < floats; i++) {
+        float v;
+        memcpy(&v, p + i * sizeof v, sizeof v); /* the file's data may be unaligned */
+        if (!isfinite(v))
+            return mgt_error_set(MGT_ERR_INVALID, "%s holds %s at element %zu of %zu", name,
+                                 isnan(v) ? "NaN"
+                                 : v > 0  ? "+Inf"
+                                          : "-Inf",
+                                 i, floats);
+    }
+    return MGT_OK;
+}
 
 /* The error text holds the first mismatches that fit in it (mgt_error_set keeps 512 bytes);
    report->text holds them all. */
@@ -106,7 +141,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     for (int e = 0; e < m->n_table; e++) {
         const mgt_model_entry *te = &m->table[e];
         where[e] = -1;
-        if (opts->skip_fc && is_fc(te->name)) {
+        if (opts->skip_fc && te->classifier) {
             rep.skipped++;
             continue;
         }
@@ -139,7 +174,8 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         if (used[i])
             continue;
         const char *name = mgt_st_tensor_name(f, i);
-        if ((opts->skip_fc && is_fc(name)) || opts->allow_unexpected)
+        if ((opts->skip_fc && is_classifier(m, name)) || opts->allow_unexpected ||
+            has_prefix(name, opts->ignore_prefixes))
             rep.ignored++;
         else
             text_add(&t, "%s: unexpected (the model has no such tensor)", name);
@@ -150,6 +186,12 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         t.s = NULL;
         goto done;
     }
+
+    for (int e = 0; e < m->n_table && st == MGT_OK; e++)
+        if (where[e] >= 0 && m->table[e].role != MGT_MODEL_COUNTER)
+            st = check_finite(m->table[e].name, mgt_st_tensor_data(f, where[e]), m->table[e].numel);
+    if (st != MGT_OK)
+        goto done;
 
     /* The device's current values first, so that what the file does not set (skip_fc) stays. */
     st = mgt_copy_d2h(s, hp, m->params, m->params_bytes);
@@ -180,10 +222,16 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     if (st == MGT_OK)
         st = st2;
     if (st == MGT_OK && rep.skipped) {
+        char names[160] = "";
+        size_t len = 0;
+        for (int e = 0; e < m->n_table && len < sizeof names; e++)
+            if (m->table[e].classifier)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? " and " : "",
+                                        m->table[e].name);
         text_add(&note,
-                 "kept the model's own fc.weight and fc.bias (%d classes); the file's "
-                 "fc.* were not loaded (fine-tuning)",
-                 m->cfg.classes);
+                 "kept the model's own %s (%d classes); the file's were not loaded "
+                 "(fine-tuning)",
+                 names, m->cfg.classes);
         rep.text = note.s;
         note.s = NULL;
     }

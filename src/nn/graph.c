@@ -1,0 +1,623 @@
+/* The layer graph: the calls families build it with, the plan made from it once (in-place
+   outputs, activation regions, gradient slots, the parameter arena in backward's completion
+   order), and the forward and backward walks that hand each node its flat device arrays. */
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/model_impl.h"
+
+/* ---- building ---- */
+
+static bool grow(mgt_model *m, void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    int c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) {
+        m->oom = true;
+        return false;
+    }
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static int new_value(mgt_model *m, int c, int h, int w, int producer)
+{
+    if (!grow(m, (void **)&m->values, &m->cap_values, m->n_values + 1, sizeof *m->values))
+        return -1;
+    nn_value *v = &m->values[m->n_values];
+    memset(v, 0, sizeof *v);
+    v->c = c;
+    v->h = h;
+    v->w = w;
+    v->producer = producer;
+    v->storage = m->n_values;
+    v->gslot = -1;
+    return m->n_values++;
+}
+
+int nn_input(mgt_model *m)
+{
+    assert(m->n_values == 0);
+    return new_value(m, m->cfg.in_channels, m->cfg.image_size, m->cfg.image_size, -1);
+}
+
+int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model_role role,
+                 mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init)
+{
+    int cap = m->cap_table;
+    if (!grow(m, (void **)&m->table, &cap, m->n_table + 1, sizeof *m->table))
+        return -1;
+    if (cap != m->cap_table) {
+        int icap = m->cap_table;
+        if (!grow(m, (void **)&m->init, &icap, cap, sizeof *m->init))
+            return -1;
+        m->cap_table = cap;
+    }
+    mgt_model_entry *e = &m->table[m->n_table];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s.%s", prefix, suffix);
+    e->role = role;
+    e->what = what;
+    e->layer = m->n_nodes;
+    e->ndim = ndim;
+    e->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        e->shape[i] = shape[i];
+        e->numel *= (size_t)shape[i];
+    }
+    if (role == MGT_MODEL_BUFFER) {
+        e->offset = m->bufs_bytes;
+        m->bufs_bytes += nn_align(e->numel * sizeof(float));
+        m->counts.buffer_floats += e->numel;
+    } else if (role == MGT_MODEL_COUNTER) {
+        e->offset = (size_t)m->n_bn++;
+    } else {
+        m->counts.params += e->numel;
+    }
+    m->init[m->n_table] = init;
+    return m->n_table++;
+}
+
+/* A node of `kind` reading in[0..n_in) and producing a c x h x w value; NULL after a failed
+   allocation (the caller returns -1 then). */
+static nn_node *new_node(mgt_model *m, nn_kind kind, const char *name, const int *in, int n_in,
+                         int c, int h, int w)
+{
+    for (int i = 0; i < n_in; i++)
+        if (in[i] < 0)
+            return NULL; /* an earlier call failed */
+    if (!grow(m, (void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes))
+        return NULL;
+    int out = new_value(m, c, h, w, m->n_nodes);
+    if (out < 0)
+        return NULL;
+    nn_node *nd = &m->nodes[m->n_nodes++];
+    memset(nd, 0, sizeof *nd);
+    nd->kind = kind;
+    snprintf(nd->name, sizeof nd->name, "%s", name);
+    assert(n_in <= NN_MAX_IN);
+    for (int i = 0; i < n_in; i++)
+        nd->in[i] = in[i];
+    nd->n_in = n_in;
+    nd->out = out;
+    nd->gtmp = -1;
+    for (int i = 0; i < NN_MAX_IN; i++)
+        nd->unshare[i] = -1;
+    return nd;
+}
+
+/* Adds an entry to the node being built (the last one). */
+static void node_entry(mgt_model *m, nn_node *nd, const char *suffix, mgt_model_role role,
+                       mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init)
+{
+    int e = nn_add_entry(m, nd->name, suffix, role, what, ndim, shape, init);
+    if (e < 0)
+        return;
+    m->table[e].layer = (int)(nd - m->nodes);
+    assert(nd->n_entries < NN_MAX_ENTRIES);
+    nd->entry[nd->n_entries++] = e;
+    if (role == MGT_MODEL_PARAM) {
+        assert(nd->n_params == nd->n_entries - 1); /* parameters come first */
+        nd->n_params++;
+    }
+}
+
+static nn_entry_init init_const(double v) { return (nn_entry_init){NN_INIT_CONST, v}; }
+
+int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
+            bool bias)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    mgt_conv2d_shape sh = {.n = m->cfg.batch,
+                           .c = v->c,
+                           .h = v->h,
+                           .w = v->w,
+                           .k = k,
+                           .r = r,
+                           .s = r,
+                           .stride_h = stride,
+                           .stride_w = stride,
+                           .pad_h = pad,
+                           .pad_w = pad,
+                           .groups = groups};
+    nn_node *nd =
+        new_node(m, NN_CONV, name, &x, 1, k, mgt_conv2d_out_h(&sh), mgt_conv2d_out_w(&sh));
+    if (!nd)
+        return -1;
+    nd->u.conv.sh = sh;
+    nd->u.conv.bias = bias;
+    /* PyTorch's default for Conv2d (kaiming_uniform_ with a = sqrt(5)): U(+-1/sqrt(fan_in));
+       families that initialise otherwise say so */
+    double fan_in = (double)(sh.c / groups) * r * r;
+    nn_entry_init u = {NN_INIT_UNIFORM, 1.0 / sqrt(fan_in)};
+    int64_t ws[4] = {k, sh.c / groups, r, r}, bs[1] = {k};
+    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_CONV_WEIGHT, 4, ws, u);
+    if (bias)
+        node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
+    return nd->out;
+}
+
+int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    int c = v->c, hw = v->h * v->w;
+    nn_node *nd = new_node(m, NN_BN, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.bn.eps = eps;
+    nd->u.bn.momentum = momentum;
+    nd->u.bn.counter = m->n_bn;
+    int64_t cs[1] = {c};
+    nn_entry_init none = {NN_INIT_NONE, 0};
+    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
+    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
+    node_entry(m, nd, "running_mean", MGT_MODEL_BUFFER, MGT_TENSOR_RUNNING_MEAN, 1, cs, none);
+    node_entry(m, nd, "running_var", MGT_MODEL_BUFFER, MGT_TENSOR_RUNNING_VAR, 1, cs, none);
+    node_entry(m, nd, "num_batches_tracked", MGT_MODEL_COUNTER, MGT_TENSOR_NUM_BATCHES, 0, NULL,
+               none);
+    if (m->min_bn_hw == 0 || hw < m->min_bn_hw)
+        m->min_bn_hw = hw;
+    if (c > m->max_bn_c)
+        m->max_bn_c = c;
+    return nd->out;
+}
+
+int nn_relu(mgt_model *m, const char *name, int x)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_RELU, name, &x, 1, v->c, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
+int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    mgt_pool2d_shape sh = {.n = m->cfg.batch,
+                           .c = v->c,
+                           .h = v->h,
+                           .w = v->w,
+                           .kh = k,
+                           .kw = k,
+                           .stride_h = stride,
+                           .stride_w = stride,
+                           .pad_h = pad,
+                           .pad_w = pad};
+    nn_node *nd =
+        new_node(m, NN_MAXPOOL, name, &x, 1, v->c, mgt_pool2d_out_h(&sh), mgt_pool2d_out_w(&sh));
+    if (!nd)
+        return -1;
+    nd->u.pool = sh;
+    return nd->out;
+}
+
+int nn_add(mgt_model *m, const char *name, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    const nn_value *v = &m->values[a];
+    assert(nn_value_floats(v) == nn_value_floats(&m->values[b]));
+    int in[2] = {a, b};
+    nn_node *nd = new_node(m, NN_ADD, name, in, 2, v->c, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
+int nn_gap(mgt_model *m, const char *name, int x)
+{
+    if (x < 0)
+        return -1;
+    nn_node *nd = new_node(m, NN_GAP, name, &x, 1, m->values[x].c, 1, 1);
+    return nd ? nd->out : -1;
+}
+
+int nn_linear(mgt_model *m, const char *name, int x, int out)
+{
+    if (x < 0)
+        return -1;
+    int in = (int)nn_value_floats(&m->values[x]);
+    nn_node *nd = new_node(m, NN_LINEAR, name, &x, 1, out, 1, 1);
+    if (!nd)
+        return -1;
+    nd->u.linear.in = in;
+    nd->u.linear.out = out;
+    /* PyTorch's default for Linear: U(+-1/sqrt(in_features)) for weight and bias */
+    nn_entry_init u = {NN_INIT_UNIFORM, 1.0 / sqrt((double)in)};
+    int64_t ws[2] = {out, in}, bs[1] = {out};
+    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, ws, u);
+    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
+    return nd->out;
+}
+
+/* ---- planning ---- */
+
+typedef struct planner {
+    mgt_model *m;
+    size_t act_next;  /* bytes of the activation arena so far */
+    size_t act_image; /* floats per image */
+    size_t act_fixed; /* floats independent of the batch */
+    int *slot_ref;    /* live values holding each gradient slot */
+    int *free_slots, n_free;
+    int cap_slots;
+} planner;
+
+static size_t act_image(planner *p, size_t floats)
+{
+    size_t off = p->act_next;
+    p->act_next += nn_align((size_t)p->m->cfg.batch * floats * sizeof(float));
+    p->act_image += floats;
+    return off;
+}
+
+static size_t act_fixed(planner *p, size_t floats)
+{
+    size_t off = p->act_next;
+    p->act_next += nn_align(floats * sizeof(float));
+    p->act_fixed += floats;
+    return off;
+}
+
+/* A gradient slot of at least `floats` per image: a free one (the most recently freed) or a
+   new one. Slot sizes grow to the largest value they ever hold. */
+static int slot_take(planner *p, size_t floats)
+{
+    mgt_model *m = p->m;
+    int s;
+    if (p->n_free > 0) {
+        s = p->free_slots[--p->n_free];
+    } else {
+        int cap = p->cap_slots;
+        if (!grow(m, (void **)&m->slot_floats, &cap, m->n_slots + 1, sizeof *m->slot_floats))
+            return -1;
+        if (cap != p->cap_slots) {
+            int c2 = p->cap_slots, c3 = p->cap_slots;
+            if (!grow(m, (void **)&p->slot_ref, &c2, cap, sizeof *p->slot_ref) ||
+                !grow(m, (void **)&p->free_slots, &c3, cap, sizeof *p->free_slots))
+                return -1;
+            p->cap_slots = cap;
+        }
+        s = m->n_slots++;
+        m->slot_floats[s] = 0;
+        p->slot_ref[s] = 0;
+    }
+    if (floats > m->slot_floats[s])
+        m->slot_floats[s] = floats;
+    p->slot_ref[s] = 1;
+    return s;
+}
+
+static void slot_release(planner *p, int s)
+{
+    assert(p->slot_ref[s] > 0);
+    if (--p->slot_ref[s] == 0)
+        p->free_slots[p->n_free++] = s;
+}
+
+/* Which outputs overwrite their input: the kind allows it, the input is read by nothing
+   else, and neither the input's producer nor this node needs the overwritten values in
+   backward. Applied in forward order, this keeps every chain of in-place outputs safe: each
+   earlier member was checked the same way when its successor went in place. */
+static void plan_inplace(mgt_model *m)
+{
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        const nn_kind_i *k = &nn_kinds[nd->kind];
+        nn_value *x = &m->values[nd->in[0]], *y = &m->values[nd->out];
+        if (!(k->flags & NN_F_INPLACE) || nd->in[0] == 0 || x->consumers != 1 ||
+            (k->flags & NN_F_NEEDS_X) || nn_value_floats(x) != nn_value_floats(y))
+            continue;
+        if (nn_kinds[m->nodes[x->producer].kind].flags & NN_F_NEEDS_Y)
+            continue;
+        nd->inplace = true;
+        y->storage = x->storage;
+    }
+}
+
+/* Gradient slots, by walking backward as the step will: each value's gradient lives in a
+   slot from when its last reader's backward produces it until its producer's backward has
+   read it. An add passes its output's slot on to its inputs (no copy); a ReLU's backward
+   writes over its output's gradient where nothing else holds that slot. A value whose
+   gradient already exists gets the later contributions added on; if it shares the slot with
+   another live value, it first moves to a slot of its own (a copy; the families built here
+   never need one). */
+static mgt_status plan_grads(planner *p)
+{
+    mgt_model *m = p->m;
+    nn_node *last = &m->nodes[m->n_nodes - 1];
+    nn_value *logits = &m->values[last->out];
+    logits->gslot = slot_take(p, nn_value_floats(logits));
+    for (int i = m->n_nodes - 1; i >= 0 && !m->oom; i--) {
+        nn_node *nd = &m->nodes[i];
+        const nn_kind_i *k = &nn_kinds[nd->kind];
+        nn_value *o = &m->values[nd->out];
+        if (o->gslot < 0)
+            return mgt_error_set(MGT_ERR_INVALID, "model %s: layer %s does not reach the output",
+                                 m->arch, nd->name);
+        nd->gout = o->gslot;
+        bool out_taken = false; /* an input already writes over the output's slot */
+        for (int j = 0; j < nd->n_in; j++) {
+            nn_value *x = &m->values[nd->in[j]];
+            for (int q = 0; q < j; q++)
+                assert(nd->in[q] != nd->in[j]);
+            if (!x->needs_grad) {
+                nd->gmode[j] = NN_G_NONE;
+                continue;
+            }
+            if (x->gslot >= 0) {
+                if (p->slot_ref[x->gslot] > 1) {
+                    int t = slot_take(p, nn_value_floats(x));
+                    if (t < 0)
+                        break;
+                    nd->unshare[j] = x->gslot;
+                    slot_release(p, x->gslot);
+                    x->gslot = t;
+                }
+                if (k->flags & (NN_F_DX_BETA | NN_F_PASSTHROUGH)) {
+                    nd->gmode[j] = NN_G_ACCUM;
+                } else {
+                    assert(nd->gtmp < 0); /* one input per node needs the temporary */
+                    nd->gmode[j] = NN_G_ACCUM_TMP;
+                    nd->gtmp = slot_take(p, nn_value_floats(x));
+                }
+            } else if (k->flags & NN_F_PASSTHROUGH) {
+                x->gslot = o->gslot;
+                p->slot_ref[o->gslot]++;
+                nd->gmode[j] = NN_G_ALIAS;
+            } else if ((k->flags & NN_F_DX_ON_DY) && !out_taken && p->slot_ref[o->gslot] == 1) {
+                x->gslot = o->gslot;
+                p->slot_ref[o->gslot]++;
+                if (nn_value_floats(x) > m->slot_floats[o->gslot])
+                    m->slot_floats[o->gslot] = nn_value_floats(x);
+                nd->gmode[j] = NN_G_WRITE;
+                out_taken = true;
+            } else {
+                x->gslot = slot_take(p, nn_value_floats(x));
+                nd->gmode[j] = NN_G_WRITE;
+            }
+            nd->gin[j] = x->gslot;
+        }
+        slot_release(p, o->gslot);
+        if (nd->gtmp >= 0)
+            slot_release(p, nd->gtmp);
+    }
+    return m->oom ? mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch) : MGT_OK;
+}
+
+/* The parameter arena in the order backward completes nodes: the reverse of the forward
+   order, each node's parameters in their own order. */
+static void plan_arena(mgt_model *m)
+{
+    for (int i = m->n_nodes - 1; i >= 0; i--) {
+        const nn_node *nd = &m->nodes[i];
+        for (int j = 0; j < nd->n_params; j++) {
+            mgt_model_entry *e = &m->table[nd->entry[j]];
+            e->offset = m->params_bytes;
+            m->params_bytes += nn_align(e->numel * sizeof(float));
+        }
+        if (nd->n_params)
+            m->layer_ends[m->n_layer_ends++] = m->params_bytes;
+    }
+}
+
+mgt_status nn_plan(mgt_model *m)
+{
+    if (m->oom || m->n_nodes == 0)
+        return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    nn_node *last = &m->nodes[m->n_nodes - 1];
+    nn_value *lv = &m->values[last->out];
+    if (lv->c != m->cfg.classes || lv->h != 1 || lv->w != 1)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: the last layer %s gives %dx%dx%d, not %d "
+                             "logits",
+                             m->arch, last->name, lv->c, lv->h, lv->w, m->cfg.classes);
+
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        bool g = nd->n_params > 0;
+        for (int j = 0; j < nd->n_in; j++) {
+            m->values[nd->in[j]].consumers++;
+            g |= m->values[nd->in[j]].needs_grad;
+        }
+        m->values[nd->out].needs_grad = g;
+    }
+    /* the last layer with parameters is the classifier, whose shapes follow the class count */
+    for (int i = m->n_nodes - 1; i >= 0; i--)
+        if (m->nodes[i].n_params) {
+            for (int j = 0; j < m->nodes[i].n_entries; j++)
+                m->table[m->nodes[i].entry[j]].classifier = true;
+            break;
+        }
+
+    plan_inplace(m);
+    planner p = {.m = m};
+    for (int v = 1; v < m->n_values; v++)
+        if (m->values[v].storage == v)
+            m->values[v].off = act_image(&p, nn_value_floats(&m->values[v]));
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_BN) {
+            size_t c = (size_t)m->values[nd->out].c;
+            nd->u.bn.save_off = act_fixed(&p, c);
+            nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
+        }
+    }
+    m->probs_off = act_image(&p, (size_t)m->cfg.classes);
+    m->loss_off = act_fixed(&p, 1);
+    mgt_status st = plan_grads(&p);
+    if (st == MGT_OK) {
+        m->slot_off = malloc((size_t)m->n_slots * sizeof *m->slot_off);
+        if (!m->slot_off)
+            st = mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    }
+    for (int s = 0; st == MGT_OK && s < m->n_slots; s++)
+        m->slot_off[s] = act_image(&p, m->slot_floats[s]);
+    if (st == MGT_OK && m->cfg.freeze_bn) {
+        m->ones_off = act_fixed(&p, (size_t)m->max_bn_c);
+        m->zeros_off = act_fixed(&p, (size_t)m->max_bn_c);
+    }
+    free(p.slot_ref);
+    free(p.free_slots);
+    if (st != MGT_OK)
+        return st;
+    m->acts_bytes = p.act_next;
+    m->counts.act_bytes_per_image = p.act_image * sizeof(float);
+    m->counts.act_bytes_fixed = p.act_fixed * sizeof(float);
+
+    m->layer_ends = malloc((size_t)m->n_nodes * sizeof *m->layer_ends);
+    m->layers = calloc((size_t)m->n_nodes, sizeof *m->layers);
+    m->bn_counts = calloc((size_t)(m->n_bn ? m->n_bn : 1), sizeof *m->bn_counts);
+    if (!m->layer_ends || !m->layers || !m->bn_counts)
+        return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    plan_arena(m);
+
+    for (int i = 0; i < m->n_nodes; i++) {
+        const nn_node *nd = &m->nodes[i];
+        const nn_value *v = &m->values[nd->out];
+        mgt_model_layer *l = &m->layers[i];
+        snprintf(l->name, sizeof l->name, "%s", nd->name);
+        l->kind = nn_kinds[nd->kind].label;
+        l->c = v->c;
+        l->h = v->h;
+        l->w = v->w;
+        for (int j = 0; j < nd->n_params; j++)
+            l->params += m->table[nd->entry[j]].numel;
+        l->macs = nn_kinds[nd->kind].macs ? nn_kinds[nd->kind].macs(m, nd) : 0;
+        m->counts.macs += l->macs;
+        if (nd->kind == NN_CONV || nd->kind == NN_LINEAR)
+            m->counts.macs_conv_fc += l->macs;
+    }
+    return MGT_OK;
+}
+
+/* ---- the step ---- */
+
+static const float *value_ptr(const mgt_model *m, int v)
+{
+    if (v == 0)
+        return m->x;
+    return nn_act(m, m->values[m->values[v].storage].off);
+}
+
+static float *slot_ptr(const mgt_model *m, int s) { return nn_act(m, m->slot_off[s]); }
+
+static void call_params(nn_call *c, const nn_node *nd)
+{
+    const mgt_model *m = c->m;
+    for (int j = 0; j < nd->n_entries; j++) {
+        const mgt_model_entry *e = &m->table[nd->entry[j]];
+        if (e->role == MGT_MODEL_PARAM) {
+            c->p[j] = nn_param(m, nd->entry[j]);
+            c->g[j] = nn_grad(m, nd->entry[j]);
+        } else if (e->role == MGT_MODEL_BUFFER) {
+            c->p[j] = nn_buf(m, nd->entry[j]);
+        }
+    }
+}
+
+static void call_values(nn_call *c, const nn_node *nd)
+{
+    for (int j = 0; j < nd->n_in; j++)
+        c->x[j] = value_ptr(c->m, nd->in[j]);
+    c->y = (float *)value_ptr(c->m, nd->out);
+}
+
+mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train)
+{
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < m->n_nodes && st == MGT_OK; i++) {
+        const nn_node *nd = &m->nodes[i];
+        nn_call c = {.m = m, .s = s, .node = nd, .n = m->n, .train = train};
+        call_values(&c, nd);
+        call_params(&c, nd);
+        st = nn_kinds[nd->kind].forward(&c);
+    }
+    return st;
+}
+
+mgt_status nn_params_ready(nn_call *c)
+{
+    mgt_model *m = c->m;
+    const nn_node *nd = c->node;
+    if (nd->n_params == 0)
+        return MGT_OK;
+    for (int j = 0; j < nd->n_params; j++) {
+        const mgt_model_entry *e = &m->table[nd->entry[j]];
+        assert(e->role == MGT_MODEL_PARAM && e->offset == m->ready);
+        m->ready += nn_align(e->numel * sizeof(float));
+    }
+    return m->hook ? m->hook(m->hook_ctx, c->s, m->ready) : MGT_OK;
+}
+
+/* The gradient of the logits is in the last node's output slot when this is called. */
+mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
+{
+    mgt_status st = MGT_OK;
+    for (int i = m->n_nodes - 1; i >= 0 && st == MGT_OK; i--) {
+        const nn_node *nd = &m->nodes[i];
+        const nn_kind_i *k = &nn_kinds[nd->kind];
+        nn_call c = {.m = m, .s = s, .node = nd, .n = m->n, .train = true};
+        call_values(&c, nd);
+        call_params(&c, nd);
+        c.dy = slot_ptr(m, nd->gout);
+        for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
+            size_t bytes = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]) * sizeof(float);
+            if (nd->unshare[j] >= 0)
+                st = mgt_copy_d2d(s, slot_ptr(m, nd->gin[j]), slot_ptr(m, nd->unshare[j]), bytes);
+            switch ((nn_gmode)nd->gmode[j]) {
+            case NN_G_NONE:
+            case NN_G_ALIAS: break;
+            case NN_G_WRITE: c.dx[j] = slot_ptr(m, nd->gin[j]); break;
+            case NN_G_ACCUM:
+                c.dx[j] = slot_ptr(m, nd->gin[j]);
+                c.dx_beta[j] = 1.0f;
+                break;
+            case NN_G_ACCUM_TMP: c.dx[j] = slot_ptr(m, nd->gtmp); break;
+            }
+        }
+        if (st == MGT_OK && k->backward)
+            st = k->backward(&c);
+        for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
+            size_t count = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]);
+            float *g = slot_ptr(m, nd->gin[j]);
+            if (nd->gmode[j] == NN_G_ACCUM_TMP)
+                st = mgt_add(s, g, g, slot_ptr(m, nd->gtmp), count);
+            else if (nd->gmode[j] == NN_G_ACCUM && (k->flags & NN_F_PASSTHROUGH))
+                st = mgt_add(s, g, g, c.dy, count);
+        }
+    }
+    return st;
+}

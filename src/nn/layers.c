@@ -1,0 +1,256 @@
+/* The layer kinds: each a forward/backward pair over flat device arrays (the node's inputs,
+   output, parameters and gradients, handed in by graph.c), their planning flags and their
+   multiply-accumulate counts. Convolutions and linear layers each go through one forward and
+   one backward function here, the places where a lower-precision path would cast. */
+#include <assert.h>
+#include <stddef.h>
+
+#include "nn/model_impl.h"
+
+static size_t out_count(const nn_call *c)
+{
+    return (size_t)c->n * nn_value_floats(&c->m->values[c->node->out]);
+}
+
+static uint64_t out_floats(const mgt_model *m, const nn_node *nd)
+{
+    return nn_value_floats(&m->values[nd->out]);
+}
+
+/* ---- convolution ---- */
+
+static mgt_conv2d_shape conv_shape(const nn_call *c)
+{
+    mgt_conv2d_shape sh = c->node->u.conv.sh;
+    sh.n = c->n;
+    return sh;
+}
+
+static mgt_status conv_forward(nn_call *c)
+{
+    mgt_conv2d_shape sh = conv_shape(c);
+    assert(!c->node->u.conv.bias);
+    return mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+}
+
+/* The filter gradient first (so the all-reduce can take it), then the input gradient. */
+static mgt_status conv_backward(nn_call *c)
+{
+    mgt_conv2d_shape sh = conv_shape(c);
+    mgt_status st = mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    if (st == MGT_OK && c->dx[0])
+        st = mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
+    return st;
+}
+
+static uint64_t conv_macs(const mgt_model *m, const nn_node *nd)
+{
+    const mgt_conv2d_shape *sh = &nd->u.conv.sh;
+    return out_floats(m, nd) * (uint64_t)(sh->c / sh->groups) * (uint64_t)sh->r * (uint64_t)sh->s;
+}
+
+/* ---- batch norm ----
+   The training forward is one device call today: batch statistics, normalisation and the
+   running-statistics update. A synchronised BN splits exactly this function (statistics,
+   an all-reduce of them through the trainer, then normalisation) and its backward
+   (the two per-channel sums, their all-reduce, then dx); nothing outside these two changes. */
+
+static mgt_bn_shape bn_shape(const nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return (mgt_bn_shape){.n = c->n,
+                          .c = v->c,
+                          .hw = v->h * v->w,
+                          .eps = c->node->u.bn.eps,
+                          .momentum = c->node->u.bn.momentum};
+}
+
+static float *bn_save_mean(const nn_call *c) { return nn_act(c->m, c->node->u.bn.save_off); }
+
+static float *bn_save_invstd(const nn_call *c)
+{
+    return nn_act(c->m, c->node->u.bn.save_off + c->node->u.bn.save_stride);
+}
+
+/* The training forward of a frozen BN: the evaluation forward, plus the saved mean and invstd
+   that backward's parameter gradients read, taken from the running statistics (nothing is
+   counted, nothing moves). invstd comes out of batchnorm_forward_eval run on one value per
+   channel: gamma 1 times (1 - mean 0) times 1/sqrt(var + eps), plus beta 0 -- the same
+   expression, rounded the same way, as the scale the forward itself applies. */
+static mgt_status bn_forward_frozen(nn_call *c, const mgt_bn_shape *bsh)
+{
+    const mgt_model *m = c->m;
+    const float *ones = nn_act(m, m->ones_off), *zeros = nn_act(m, m->zeros_off);
+    const float *rmean = c->p[2], *rvar = c->p[3];
+    mgt_bn_shape one = *bsh;
+    one.n = 1;
+    one.hw = 1;
+    mgt_status st =
+        mgt_batchnorm_forward_eval(c->s, c->y, c->x[0], c->p[0], c->p[1], rmean, rvar, bsh);
+    if (st == MGT_OK)
+        st = mgt_copy_d2d(c->s, bn_save_mean(c), rmean, (size_t)bsh->c * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_batchnorm_forward_eval(c->s, bn_save_invstd(c), ones, ones, zeros, zeros, rvar,
+                                        &one);
+    return st;
+}
+
+static mgt_status bn_forward(nn_call *c)
+{
+    mgt_bn_shape bsh = bn_shape(c);
+    if (c->train && c->m->cfg.freeze_bn)
+        return bn_forward_frozen(c, &bsh);
+    if (c->train) {
+        c->m->bn_counts[c->node->u.bn.counter]++;
+        return mgt_batchnorm_forward_train(c->s, c->y, bn_save_mean(c), bn_save_invstd(c), c->p[2],
+                                           c->p[3], c->x[0], c->p[0], c->p[1], &bsh);
+    }
+    return mgt_batchnorm_forward_eval(c->s, c->y, c->x[0], c->p[0], c->p[1], c->p[2], c->p[3],
+                                      &bsh);
+}
+
+/* A frozen BN still goes through batchnorm_backward, which with the running statistics as
+   the saved ones gives exactly its dgamma = sum dy*xhat and dbeta = sum dy; the
+   batch-statistics dx it writes is then replaced by the frozen one, gamma * invstd * dy,
+   which is batchnorm_forward_eval of dy with mean 0 and beta 0. */
+static mgt_status bn_backward(nn_call *c)
+{
+    mgt_bn_shape bsh = bn_shape(c);
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a batch norm needs its input's "
+                             "gradient",
+                             c->node->name);
+    assert(c->dx_beta[0] == 0.0f);
+    mgt_status st = mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0],
+                                           c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
+    if (st == MGT_OK && c->m->cfg.freeze_bn) {
+        const float *zeros = nn_act(c->m, c->m->zeros_off);
+        st =
+            mgt_batchnorm_forward_eval(c->s, c->dx[0], c->dy, c->p[0], zeros, zeros, c->p[3], &bsh);
+    }
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    return st;
+}
+
+static uint64_t bn_macs(const mgt_model *m, const nn_node *nd) { return 2 * out_floats(m, nd); }
+
+/* ---- elementwise ---- */
+
+static mgt_status relu_forward(nn_call *c)
+{
+    return mgt_relu_forward(c->s, c->y, c->x[0], out_count(c));
+}
+
+static mgt_status relu_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_relu_backward(c->s, c->dx[0], c->dy, c->y, out_count(c));
+}
+
+static mgt_status add_forward(nn_call *c)
+{
+    return mgt_add(c->s, c->y, c->x[0], c->x[1], out_count(c));
+}
+
+/* ---- pooling ---- */
+
+static mgt_pool2d_shape pool_shape(const nn_call *c)
+{
+    mgt_pool2d_shape sh = c->node->u.pool;
+    sh.n = c->n;
+    return sh;
+}
+
+static mgt_status maxpool_forward(nn_call *c)
+{
+    mgt_pool2d_shape sh = pool_shape(c);
+    return mgt_maxpool2d_forward(c->s, c->y, c->x[0], &sh);
+}
+
+static mgt_status maxpool_backward(nn_call *c)
+{
+    mgt_pool2d_shape sh = pool_shape(c);
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_maxpool2d_backward(c->s, c->dx[0], c->dy, c->x[0], c->y, &sh);
+}
+
+static void gap_dims(const nn_call *c, int *ch, int *hw)
+{
+    const nn_value *v = &c->m->values[c->node->in[0]];
+    *ch = v->c;
+    *hw = v->h * v->w;
+}
+
+static mgt_status gap_forward(nn_call *c)
+{
+    int ch, hw;
+    gap_dims(c, &ch, &hw);
+    return mgt_avgpool_forward(c->s, c->y, c->x[0], c->n, ch, hw);
+}
+
+static mgt_status gap_backward(nn_call *c)
+{
+    int ch, hw;
+    gap_dims(c, &ch, &hw);
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, ch, hw);
+}
+
+/* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the whole plane */
+static uint64_t gap_macs(const mgt_model *m, const nn_node *nd)
+{
+    const nn_value *v = &m->values[nd->in[0]];
+    return (uint64_t)v->c * ((uint64_t)v->h * v->w + 1);
+}
+
+/* ---- linear ---- */
+
+/* y [n,out] = x [n,in] . W [out,in]^T + b */
+static mgt_status linear_forward(nn_call *c)
+{
+    int in = c->node->u.linear.in, out = c->node->u.linear.out;
+    mgt_status st =
+        mgt_gemm(c->s, false, true, c->n, out, in, 1.0f, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
+    if (st == MGT_OK)
+        st = mgt_bias_forward(c->s, c->y, c->p[1], c->n, out);
+    return st;
+}
+
+/* dW [out,in] += dy^T [out,n] . x [n,in]; db += column sums; dx = dy . W */
+static mgt_status linear_backward(nn_call *c)
+{
+    int in = c->node->u.linear.in, out = c->node->u.linear.out;
+    mgt_status st = mgt_gemm(c->s, true, false, out, in, c->n, 1.0f, c->dy, out, c->x[0], in, 1.0f,
+                             c->g[0], in);
+    if (st == MGT_OK)
+        st = mgt_bias_backward(c->s, c->g[1], c->dy, c->n, out);
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    if (st == MGT_OK && c->dx[0])
+        st = mgt_gemm(c->s, false, false, c->n, in, out, 1.0f, c->dy, out, c->p[0], in,
+                      c->dx_beta[0], c->dx[0], in);
+    return st;
+}
+
+static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
+{
+    (void)m;
+    return (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
+}
+
+const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
+    [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
+    [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
+    [NN_RELU] = {"relu", NN_F_INPLACE | NN_F_NEEDS_Y | NN_F_DX_ON_DY, relu_forward, relu_backward,
+                 NULL},
+    [NN_MAXPOOL] = {"maxpool", NN_F_NEEDS_X | NN_F_NEEDS_Y, maxpool_forward, maxpool_backward,
+                    NULL},
+    [NN_ADD] = {"add", NN_F_INPLACE | NN_F_PASSTHROUGH, add_forward, NULL, NULL},
+    [NN_GAP] = {"avgpool", 0, gap_forward, gap_backward, gap_macs},
+    [NN_LINEAR] = {"linear", NN_F_NEEDS_X | NN_F_DX_BETA, linear_forward, linear_backward,
+                   linear_macs},
+};

@@ -1,0 +1,478 @@
+/* Checkpoints: the training state as one typed struct, saved and loaded through one table of
+ * its metadata fields (so save and load cannot drift apart), beside the model's
+ * torchvision-named state_dict and the optimizer's state tensors; --resume and --pretrained.
+ *
+ * Format 2 (this one) keeps "format": "pt", as PyTorch's safetensors writer stores it, and
+ * says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
+ * SGD) is still read. Every field is parsed strictly: a malformed or missing value is an
+ * error naming the file and the key, never a silent 0. New state (a loss scale, a rank) is
+ * one field in train_state and one row in fields[], with the format it first appears in.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "train/train_impl.h"
+
+#define CKPT_FORMAT 2
+#define CKPT_FORMAT_1 "mgtrain checkpoint 1"
+
+typedef struct train_state {
+    int format;       /* on load: the file's format */
+    int epoch;        /* the epoch to run next */
+    long step;        /* the steps of that epoch already done */
+    double best_acc1; /* the best validation top-1 so far */
+    uint64_t seed;
+    int batch_size;        /* the global batch of the run that saved it */
+    int devices;           /* its device count */
+    char optimizer[16];    /* the kind whose state tensors the file holds */
+    char lr_schedule[160]; /* what the schedule was, for people (not read back) */
+    char sampler[96];      /* where the sampler stood, for people (not read back) */
+} train_state;
+
+typedef enum field_kind { F_INT, F_LONG, F_U64, F_DOUBLE, F_TEXT } field_kind;
+
+typedef struct state_field {
+    const char *key;
+    field_kind kind;
+    size_t offset, size;
+    int since;      /* the first format that has it; required from then on */
+    double lo, hi;  /* the numbers allowed */
+    bool info_only; /* written for people, never required */
+} state_field;
+
+#define FIELD(key, kind, member, since, lo, hi)                                                  \
+    {                                                                                            \
+        key, kind, offsetof(train_state, member), sizeof(((train_state *)0)->member), since, lo, \
+            hi, false                                                                            \
+    }
+#define INFO(key, member)                                                                        \
+    {                                                                                            \
+        key, F_TEXT, offsetof(train_state, member), sizeof(((train_state *)0)->member), 1, 0, 0, \
+            true                                                                                 \
+    }
+
+static const state_field fields[] = {
+    FIELD("epoch", F_INT, epoch, 1, 0, 1e9),
+    FIELD("step", F_LONG, step, 1, 0, 1e15),
+    FIELD("best_acc1", F_DOUBLE, best_acc1, 1, 0, 100),
+    FIELD("seed", F_U64, seed, 1, 0, 1.8e19),
+    FIELD("batch_size", F_INT, batch_size, 1, 1, 1 << 30),
+    FIELD("devices", F_INT, devices, 1, 1, 1 << 20),
+    FIELD("optimizer", F_TEXT, optimizer, 2, 0, 0),
+    INFO("lr_schedule", lr_schedule),
+    INFO("sampler", sampler),
+};
+
+static mgt_status field_write(mgt_st_writer *w, const state_field *f, const train_state *s)
+{
+    const char *p = (const char *)s + f->offset;
+    char buf[192];
+    switch (f->kind) {
+    case F_INT: snprintf(buf, sizeof buf, "%d", *(const int *)p); break;
+    case F_LONG: snprintf(buf, sizeof buf, "%ld", *(const long *)p); break;
+    case F_U64: snprintf(buf, sizeof buf, "%" PRIu64, *(const uint64_t *)p); break;
+    case F_DOUBLE: snprintf(buf, sizeof buf, "%.6f", *(const double *)p); break;
+    case F_TEXT: snprintf(buf, sizeof buf, "%s", p); break;
+    }
+    return mgt_st_writer_set_metadata(w, f->key, buf);
+}
+
+static mgt_status field_read(const mgt_st_file *file, const char *path, const state_field *f,
+                             train_state *s)
+{
+    const char *v = mgt_st_metadata_get(file, f->key);
+    char *p = (char *)s + f->offset;
+    if (!v) {
+        if (f->info_only || s->format < f->since)
+            return MGT_OK;
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: metadata \"%s\" is missing (an mgtrain checkpoint of format %d "
+                             "has it)",
+                             path, f->key, s->format);
+    }
+    if (f->kind == F_TEXT) {
+        if (strlen(v) >= f->size)
+            return mgt_error_set(MGT_ERR_INVALID, "%s: metadata \"%s\" is longer than %zu bytes",
+                                 path, f->key, f->size - 1);
+        memcpy(p, v, strlen(v) + 1);
+        return MGT_OK;
+    }
+    char *end;
+    errno = 0;
+    double x = 0;
+    uint64_t u = 0;
+    long long i = 0;
+    if (f->kind == F_DOUBLE)
+        x = strtod(v, &end);
+    else if (f->kind == F_U64 && *v != '-')
+        x = (double)(u = strtoull(v, &end, 10));
+    else
+        x = (double)(i = strtoll(v, &end, 10));
+    bool whole = f->kind != F_DOUBLE;
+    if (errno || end == v || *end || !isfinite(x) || x < f->lo || x > f->hi ||
+        (f->kind == F_U64 && *v == '-'))
+        return mgt_error_set(
+            MGT_ERR_INVALID, "%s: metadata \"%s\" is '%.40s': expected %s from %.0f to %.*g", path,
+            f->key, v, whole ? "a whole number" : "a number", f->lo, whole ? 20 : 6, f->hi);
+    switch (f->kind) {
+    case F_INT: *(int *)p = (int)i; break;
+    case F_LONG: *(long *)p = (long)i; break;
+    case F_U64: *(uint64_t *)p = u; break;
+    case F_DOUBLE: *(double *)p = x; break;
+    case F_TEXT: break;
+    }
+    return MGT_OK;
+}
+
+/* The file's format: 2 says so in mgtrain_format; 1 in "format". A file with neither holds
+   no training state (torchvision weights, mgtrain's own model export). */
+static mgt_status read_format(const mgt_st_file *f, const char *path, int *format)
+{
+    const char *v = mgt_st_metadata_get(f, "mgtrain_format");
+    const char *old = mgt_st_metadata_get(f, "format");
+    *format = 0;
+    if (!v) {
+        if (old && strcmp(old, CKPT_FORMAT_1) == 0)
+            *format = 1;
+        else if (old && strncmp(old, "mgtrain checkpoint", 18) == 0)
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "%s: metadata \"format\" is '%.40s', a format this mgtrain does "
+                                 "not know (it reads 1 to %d)",
+                                 path, old, CKPT_FORMAT);
+        return MGT_OK;
+    }
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < 1)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: metadata \"mgtrain_format\" is '%.40s': expected a whole "
+                             "number from 1",
+                             path, v);
+    if (x > CKPT_FORMAT)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "%s: written by a newer mgtrain (checkpoint format %ld; this one "
+                             "reads 1 to %d)",
+                             path, x, CKPT_FORMAT);
+    *format = (int)x;
+    return MGT_OK;
+}
+
+/* The training state of an open file; format 0 (and nothing else set) when it has none. */
+static mgt_status read_state(const mgt_st_file *f, const char *path, train_state *s)
+{
+    memset(s, 0, sizeof *s);
+    mgt_status st = read_format(f, path, &s->format);
+    if (st != MGT_OK || s->format == 0)
+        return st;
+    if (s->format == 1)
+        snprintf(s->optimizer, sizeof s->optimizer, "sgd"); /* format 1 knew no other */
+    for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
+        st = field_read(f, path, &fields[i], s);
+    return st;
+}
+
+/* ---- save ---- */
+
+/* Copies the optimizer's live state to host buffers (*host, malloc'd) and adds it to w. */
+static mgt_status add_optimizer(run *r, mgt_st_writer *wr, float **host)
+{
+    worker *w0 = &r->w[0];
+    train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
+    int nt = train_optim_live(&w0->opt) ? train_optim_state(&w0->opt, t) : 0;
+    size_t total = 0;
+    for (int k = 0; k < nt; k++)
+        total += t[k].floats;
+    *host = malloc((total ? total : 1) * sizeof(float));
+    if (!*host)
+        return mgt_error_set(MGT_ERR_OOM, "checkpoint: host memory exhausted");
+    mgt_status st = MGT_OK;
+    float *at = *host;
+    for (int k = 0; k < nt && st == MGT_OK; k++) {
+        st = mgt_copy_d2h(w0->s, at, t[k].dev, t[k].floats * sizeof(float));
+        int64_t shape[1] = {(int64_t)t[k].floats};
+        if (st == MGT_OK) /* the writer borrows the host copy, filled by the sync below */
+            st = mgt_st_writer_add(wr, t[k].name, MGT_ST_F32, 1, shape, at);
+        at += t[k].floats;
+    }
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w0->s, &r->abort);
+    return st;
+}
+
+static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
+{
+    const mgt_lr_config *lr = &r->lr;
+    *s = (train_state){.format = CKPT_FORMAT,
+                       .epoch = next_epoch,
+                       .step = next_step,
+                       .best_acc1 = r->best_acc1,
+                       .seed = r->c->seed,
+                       .batch_size = r->data.per_dev_batch * r->n,
+                       .devices = r->n};
+    snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
+    snprintf(s->lr_schedule, sizeof s->lr_schedule, "%s lr %g step %d gamma %g epochs %d warmup %g",
+             lr->kind == MGT_LR_STEP ? "step" : "cosine", lr->lr, lr->step_epochs, lr->gamma,
+             lr->epochs, lr->warmup_epochs);
+    /* the epoch's shuffle is seed + epoch, and `step` batches of every shard are done */
+    snprintf(s->sampler, sizeof s->sampler, "epoch %d batch %ld of %ld", next_epoch, next_step,
+             r->data.steps_per_epoch);
+}
+
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best)
+{
+    const char *dir = r->c->checkpoint_dir;
+    if (!dir)
+        return MGT_OK;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", dir, strerror(errno));
+    worker *w0 = &r->w[0];
+    mgt_st_writer *wr = NULL;
+    void *staging = NULL;
+    float *opt_host = NULL;
+    train_state s;
+    fill_state(r, next_epoch, next_step, &s);
+    char path[512], best[512];
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    snprintf(best, sizeof best, "%s/model_best.safetensors", dir);
+    mgt_status st = mgt_st_writer_create(&wr);
+    if (st == MGT_OK)
+        st = mgt_model_add_to_writer(w0->model, w0->s, wr, &staging);
+    if (st == MGT_OK)
+        st = add_optimizer(r, wr, &opt_host);
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "2");
+    for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
+        st = field_write(wr, &fields[i], &s);
+    if (st == MGT_OK)
+        st = mgt_st_writer_save(wr, path);
+    if (st == MGT_OK && is_best)
+        st = mgt_st_writer_save(wr, best);
+    if (st == MGT_OK)
+        snprintf(r->res->checkpoint, sizeof r->res->checkpoint, "%s", path);
+    mgt_st_writer_free(wr);
+    free(staging);
+    free(opt_host);
+    return st;
+}
+
+/* ---- load ---- */
+
+static const char *const opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
+
+/* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
+   A file without it (saved before the first step, or with momentum 0) leaves it fresh. */
+static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
+{
+    worker *w0 = &r->w[0];
+    train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
+    int nt = train_optim_state(&w0->opt, t), found = 0;
+    mgt_status st = MGT_OK;
+    for (int k = 0; k < nt && st == MGT_OK; k++) {
+        int i = mgt_st_find(f, t[k].name);
+        if (i < 0)
+            continue;
+        found++;
+        if (mgt_st_tensor_dtype(f, i) != MGT_ST_F32 ||
+            mgt_st_tensor_bytes(f, i) != t[k].floats * sizeof(float))
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "%s: %s does not fit this model (%zu bytes of %s, expected %zu "
+                                 "of F32)",
+                                 path, t[k].name, mgt_st_tensor_bytes(f, i),
+                                 mgt_st_dtype_name(mgt_st_tensor_dtype(f, i)),
+                                 t[k].floats * sizeof(float));
+        const unsigned char *data = mgt_st_tensor_data(f, i);
+        for (size_t e = 0; e < t[k].floats; e++) {
+            float v;
+            memcpy(&v, data + e * sizeof v, sizeof v);
+            if (!isfinite(v))
+                return mgt_error_set(MGT_ERR_INVALID, "%s: %s holds %s at element %zu of %zu", path,
+                                     t[k].name, isnan(v) ? "NaN" : "Inf", e, t[k].floats);
+        }
+        st = mgt_copy_h2d(w0->s, t[k].dev, data, t[k].floats * sizeof(float));
+    }
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w0->s, &r->abort);
+    if (st == MGT_OK && found > 0 && found < nt)
+        st = mgt_error_set(MGT_ERR_INVALID, "%s: holds %d of the %d optimizer state tensors", path,
+                           found, nt);
+    if (st == MGT_OK)
+        train_optim_set_live(&w0->opt, found > 0);
+    return st;
+}
+
+/* A global step takes the next `batch` images of the epoch's one permutation, whatever the
+   device count, so a run with another global batch goes on from the same image: the saved
+   step's images, counted in this run's batches (an image of a cut batch is seen twice, none
+   is skipped). */
+static long rescale_step(run *r, const train_state *s)
+{
+    long batch = (long)r->data.per_dev_batch * r->n, step = s->step;
+    if (s->batch_size == batch)
+        return step;
+    fprintf(r->out,
+            "=> warning: the checkpoint was trained with a global batch of %d (%d devices), "
+            "this run uses %ld (%d devices)\n",
+            s->batch_size, s->devices, batch, r->n);
+    if (step > 0) {
+        long images = step * s->batch_size, now = images / batch;
+        fprintf(r->out,
+                "=> the epoch goes on from image %ld: step %ld of %ld-image steps (saved: step "
+                "%ld of %d)\n",
+                now * batch, now, batch, step, s->batch_size);
+        step = now;
+    }
+    return step;
+}
+
+/* The checkpoint at path into replica 0: weights, optimizer state, where to go on. Errors
+   start with path. */
+static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f, int *epoch,
+                                  long *step)
+{
+    train_state s;
+    mgt_status st = read_state(f, path, &s);
+    if (st != MGT_OK)
+        return st;
+    if (s.format == 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: not an mgtrain checkpoint (its metadata holds no training "
+                             "state); --pretrained starts from its weights",
+                             path);
+    const char *kind = train_optim_kind(&r->w[0].opt);
+    if (strcmp(s.optimizer, kind) != 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: holds the state of optimizer %s; this run uses %s", path,
+                             s.optimizer, kind);
+    const char *arch = mgt_st_metadata_get(f, "arch");
+    if (arch && strcmp(arch, r->c->arch) != 0)
+        return mgt_error_set(MGT_ERR_INVALID, "%s: a checkpoint of %s; this run trains %s", path,
+                             arch, r->c->arch);
+    worker *w0 = &r->w[0];
+    mgt_model_load_options lo = {.ignore_prefixes = opt_prefixes};
+    st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "%s", path);
+    st = load_optimizer(r, f, path);
+    if (st != MGT_OK)
+        return st;
+    *epoch = s.epoch;
+    *step = rescale_step(r, &s);
+    r->best_acc1 = s.best_acc1;
+    return MGT_OK;
+}
+
+mgt_status train_resume(run *r, int *epoch, long *step)
+{
+    const mgt_train_config *c = r->c;
+    char auto_path[512];
+    const char *path = c->resume;
+    if (!path)
+        return MGT_OK;
+    if (strcmp(path, "auto") == 0) {
+        if (!c->checkpoint_dir)
+            return mgt_error_set(MGT_ERR_INVALID, "--resume auto: there is nothing to resume "
+                                                  "from without --checkpoint-dir");
+        snprintf(auto_path, sizeof auto_path, "%s/checkpoint.safetensors", c->checkpoint_dir);
+        if (access(auto_path, F_OK) != 0) {
+            fprintf(r->out, "=> --resume auto: no checkpoint at %s, starting afresh\n", auto_path);
+            return MGT_OK;
+        }
+        path = auto_path;
+    }
+    mgt_st_file *f = NULL;
+    int saved_epoch = 0;
+    long saved_step = 0;
+    mgt_status st = mgt_st_open(path, &f);
+    if (st == MGT_OK)
+        st = load_checkpoint(r, path, f, &saved_epoch, &saved_step);
+    mgt_st_close(f);
+    /* every text above starts with the path: one prefix names the flag */
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "--resume");
+    if (c->start_epoch < 0) {
+        *epoch = saved_epoch;
+        *step = saved_step;
+    } else {
+        *step = 0; /* --start-epoch given: that epoch from its start */
+    }
+    if (*step >= r->data.steps_per_epoch) { /* the epoch's images are all seen */
+        ++*epoch;
+        *step = 0;
+    }
+    fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path, *epoch,
+            *step, r->best_acc1);
+    return MGT_OK;
+}
+
+/* Whether the file's fc.weight has another shape than the model's (another class count):
+   then fc keeps the model's initialisation, as fine-tuning wants. */
+static bool fc_differs(const mgt_model *m, const mgt_st_file *f)
+{
+    int i = mgt_st_find(f, "fc.weight"), n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    for (int e = 0; e < n && i >= 0; e++) {
+        if (strcmp(t[e].name, "fc.weight") != 0)
+            continue;
+        if (mgt_st_tensor_ndim(f, i) != t[e].ndim)
+            return true;
+        for (int d = 0; d < t[e].ndim; d++)
+            if (mgt_st_tensor_shape(f, i)[d] != t[e].shape[d])
+                return true;
+    }
+    return false;
+}
+
+/* Prints what --pretrained took; for an mgtrain checkpoint, the one line saying what it left. */
+static void say_pretrained(run *r, const mgt_st_file *f, const train_state *s,
+                           const mgt_model_load_report *rep)
+{
+    const char *path = r->c->pretrained;
+    fprintf(r->out, "=> loaded pretrained weights from %s (%d tensors)\n", path, rep->loaded);
+    if (rep->text)
+        fprintf(r->out, "%s\n", rep->text);
+    if (s->format == 0)
+        return;
+    int opt = 0;
+    for (int i = 0; i < mgt_st_count(f); i++)
+        opt += strncmp(mgt_st_tensor_name(f, i), TRAIN_OPT_PREFIX, strlen(TRAIN_OPT_PREFIX)) == 0;
+    fprintf(r->out,
+            "=> %s is an mgtrain checkpoint: --pretrained took its weights and buffers and "
+            "ignored its optimizer state (%d tensor%s) and training metadata (epoch %d step "
+            "%ld); --resume would continue that run\n",
+            path, opt, opt == 1 ? "" : "s", s->epoch, s->step);
+}
+
+mgt_status train_load_pretrained(run *r)
+{
+    const char *path = r->c->pretrained;
+    if (!path)
+        return MGT_OK;
+    worker *w0 = &r->w[0];
+    mgt_st_file *f = NULL;
+    mgt_model_load_report rep = {0};
+    train_state s = {0};
+    mgt_status st = mgt_st_open(path, &f);
+    if (st == MGT_OK) {
+        /* a malformed training state is no reason to refuse the weights: it is only shown */
+        if (read_format(f, path, &s.format) == MGT_OK && s.format > 0)
+            read_state(f, path, &s);
+        mgt_error_clear();
+        mgt_model_load_options lo = {.skip_fc = fc_differs(w0->model, f),
+                                     .ignore_prefixes = opt_prefixes};
+        st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
+        if (st != MGT_OK)
+            mgt_error_wrap(st, "%s", path);
+    }
+    if (st == MGT_OK)
+        say_pretrained(r, f, &s, &rep);
+    free(rep.text);
+    mgt_st_close(f);
+    return st != MGT_OK ? mgt_error_wrap(st, "--pretrained") : MGT_OK;
+}

@@ -1,0 +1,332 @@
+/* The trainer's driver: checks the configuration, builds the run's parts in order, trains
+   epoch by epoch (or validates once), and frees everything on one cleanup path whatever
+   happened. Each epoch: the training phase, the replica check, validation, the epoch's
+   records, the checkpoint. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "train/train_impl.h"
+
+void mgt_train_config_defaults(mgt_train_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = "resnet18";
+    c->workers = -1;
+    c->epochs = 90;
+    c->start_epoch = -1;
+    c->batch_size = 256;
+    c->lr = (mgt_lr_config){.lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f};
+    c->momentum = 0.9f;
+    c->weight_decay = 1e-4f;
+    c->print_freq = 10;
+    c->bucket_bytes = 25u << 20;
+    c->max_bad_frac = 0.01;
+    c->dummy_steps = 100;
+}
+
+/* What the run cannot start with, each named by its flag. */
+static mgt_status check_config(run *r)
+{
+    const mgt_train_config *c = r->c;
+    if (!c->arch)
+        return mgt_error_set(MGT_ERR_INVALID, "--arch is missing");
+    r->arch = mgt_arch_find(c->arch);
+    if (!r->arch)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--arch '%s': unknown architecture (mgtrain model "
+                             "--help lists them)",
+                             c->arch);
+    if (!c->dummy && !c->data_dir)
+        return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
+    if (c->evaluate && c->dummy)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--evaluate needs --data: dummy data has no validation split");
+    if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--resume auto: there is nothing to resume from without "
+                             "--checkpoint-dir");
+    if (c->batch_size < r->n)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "-b %d is smaller than the device count %d: -b is the total batch "
+                             "over all devices",
+                             c->batch_size, r->n);
+    if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
+                                              "positive");
+    if (c->dummy && c->dummy_steps < 1)
+        return mgt_error_set(MGT_ERR_INVALID, "--dummy-steps must be positive");
+    return MGT_OK;
+}
+
+/* A checkpoint folder that cannot be written is found now, not after the first epoch. */
+static mgt_status open_outputs(run *r)
+{
+    const mgt_train_config *c = r->c;
+    if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
+                              access(c->checkpoint_dir, W_OK | X_OK) != 0))
+        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
+                             strerror(errno));
+    if (c->log_path) {
+        r->log = fopen(c->log_path, "a");
+        if (!r->log)
+            return mgt_error_set(MGT_ERR_IO, "--log %s: %s", c->log_path, strerror(errno));
+    }
+    train_reports_init(&r->reports, r->out, r->log);
+    return MGT_OK;
+}
+
+static void print_start(run *r, int start_epoch)
+{
+    const mgt_train_config *c = r->c;
+    const train_data *d = &r->data;
+    FILE *o = r->out;
+    fprintf(o, "=> devices (%d, %s):", r->n, mgt_device_kind_name(mgt_devset_kind(r->set)));
+    for (int i = 0; i < r->n; i++)
+        fprintf(o, " %s", mgt_device_name(mgt_devset_device(r->set, i)));
+    fprintf(o, "\n=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->n,
+            d->per_dev_batch * r->n);
+    if (d->per_dev_batch * r->n != c->batch_size)
+        fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
+    fprintf(o, "\n=> lr %g, %s schedule", r->lr.lr, r->lr.kind == MGT_LR_STEP ? "step" : "cosine");
+    if (r->lr.kind == MGT_LR_STEP)
+        fprintf(o, " (x%g every %d epochs)", r->lr.gamma, r->lr.step_epochs);
+    if (r->lr.warmup_epochs > 0)
+        fprintf(o, ", %g warm-up epochs", r->lr.warmup_epochs);
+    fprintf(o, ", momentum %g%s, weight decay %g, label smoothing %g\n", c->momentum,
+            c->nesterov ? " (nesterov)" : "", c->weight_decay, c->label_smoothing);
+    if (c->dummy)
+        fprintf(o, "=> data: synthetic (--dummy), %d classes, %dx%dx%d, %ld steps per epoch\n",
+                d->classes, d->channels, d->size, d->size, d->steps_per_epoch);
+    else
+        fprintf(o,
+                "=> data: %s: %zu training and %zu validation images, %d classes, "
+                "%dx%dx%d, %ld steps per epoch\n",
+                c->data_dir, d->train_samples, d->val_samples, d->classes, d->channels, d->size,
+                d->size, d->steps_per_epoch);
+    mgt_model_counts mc;
+    mgt_model_get_counts(r->w[0].model, &mc);
+    fprintf(o,
+            "=> model: %s (%s), %zu parameters, %.3f GMACs per image, %.1f MiB activations per "
+            "device\n",
+            c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
+            (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
+    fprintf(o, "=> epochs %d to %d\n", start_epoch, c->epochs - 1);
+    fflush(o);
+}
+
+/* The validation phase; its numbers go to the result and to s. */
+static bool validate(run *r, train_summary *s)
+{
+    train_metrics *m = &r->m;
+    m->val_loss_sum = 0;
+    m->val_n = m->val_c1 = m->val_c5 = 0;
+    mgt_status st = train_broadcast(r, false, false);
+    if (st == MGT_OK)
+        st = mgt_loader_set_epoch(r->data.val_ld, 0, 0);
+    if (st != MGT_OK) {
+        train_fail(r, mgt_error_wrap(st, "validation of epoch %d", r->epoch));
+        return false;
+    }
+    if (!train_run_phase(r, PHASE_VAL))
+        return false;
+    double n = (double)(m->val_n ? m->val_n : 1);
+    r->res->val_loss = m->val_loss_sum / n;
+    r->res->val_acc1 = 100.0 * (double)m->val_c1 / n;
+    r->res->val_acc5 = 100.0 * (double)m->val_c5 / n;
+    s->validated = true;
+    s->val_loss = r->res->val_loss;
+    s->val_acc1 = r->res->val_acc1;
+    s->val_acc5 = r->res->val_acc5;
+    s->val_images = m->val_n;
+    return true;
+}
+
+static bool evaluate(run *r, int epoch)
+{
+    r->epoch = epoch;
+    train_summary s = {.epoch = epoch};
+    if (!validate(r, &s))
+        return false;
+    train_reports_summary(&r->reports, &s);
+    train_reports_flush(&r->reports);
+    return true;
+}
+
+static bool begin_epoch(run *r, int ep, long first)
+{
+    r->epoch = ep;
+    r->first_step = first;
+    r->stop_at = r->data.steps_per_epoch;
+    train_metrics_epoch_begin(r);
+    for (int i = 0; i < r->n; i++) {
+        memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
+        r->w[i].started = r->w[i].metered = first;
+    }
+    mgt_status st =
+        r->data.train_ld ? mgt_loader_set_epoch(r->data.train_ld, ep, (size_t)first) : MGT_OK;
+    if (st != MGT_OK)
+        train_fail(r, mgt_error_wrap(st, "data for epoch %d", ep));
+    return st == MGT_OK;
+}
+
+/* The training phase's figures into the result and s. */
+static void epoch_results(run *r, double ep_s, train_summary *s)
+{
+    mgt_train_result *res = r->res;
+    const train_metrics *m = &r->m;
+    res->steps += r->stop_at - r->first_step;
+    res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
+    res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
+    double timed_s = m->last_complete - m->timed_start;
+    res->timed_images_per_s = timed_s > 0 ? (double)m->timed_n / timed_s : 0;
+    res->timed_step_s = m->timed_steps ? timed_s / (double)m->timed_steps : 0;
+    for (int i = 0; i < r->n; i++) {
+        mgt_step_profile p = r->w[i].prof;
+        double k = p.steps ? (double)p.steps : 1;
+        res->profile[i] =
+            (mgt_step_profile){p.data_s / k,           p.forward_s / k,   p.backward_s / k,
+                               p.reduce_exposed_s / k, p.optimizer_s / k, p.steps};
+    }
+    *s = (train_summary){.epoch = r->epoch,
+                         .trained = true,
+                         .train_loss = res->train_loss,
+                         .train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0,
+                         .images_per_s = res->images_per_s,
+                         .epoch_s = ep_s};
+}
+
+/* A stop mid-epoch: the checkpoint says where, so that --resume goes on from there. */
+static bool save_stopped(run *r)
+{
+    r->res->interrupted = true;
+    mgt_status st = train_broadcast(r, false, false);
+    if (st == MGT_OK)
+        st = train_checkpoint_save(r, r->epoch, r->stop_at, false);
+    if (st != MGT_OK) {
+        train_fail(r, mgt_error_wrap(st, "checkpoint at epoch %d step %ld", r->epoch, r->stop_at));
+        return false;
+    }
+    fprintf(r->out, "=> stopped at epoch %d step %ld; checkpoint %s\n", r->epoch, r->stop_at,
+            r->res->checkpoint[0] ? r->res->checkpoint : "(none: no --checkpoint-dir)");
+    return true;
+}
+
+typedef enum epoch_end { EPOCH_DONE, EPOCH_STOPPED, EPOCH_FAILED } epoch_end;
+
+static epoch_end run_epoch(run *r, int ep, long first)
+{
+    if (!begin_epoch(r, ep, first) || !train_run_phase(r, PHASE_TRAIN))
+        return EPOCH_FAILED;
+    double ep_s = mgt_time_now() - r->m.start;
+    mgt_status st = train_check_replicas(r);
+    if (st != MGT_OK) {
+        train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
+        return EPOCH_FAILED;
+    }
+    train_summary s;
+    epoch_results(r, ep_s, &s);
+    if (r->stop_at < r->data.steps_per_epoch)
+        return save_stopped(r) ? EPOCH_STOPPED : EPOCH_FAILED;
+    bool is_best = false;
+    if (r->data.val_ld) {
+        if (!validate(r, &s))
+            return EPOCH_FAILED;
+        is_best = s.val_acc1 > r->best_acc1;
+        if (is_best)
+            r->best_acc1 = s.val_acc1;
+    } else if ((st = train_broadcast(r, false, false)) != MGT_OK) {
+        train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
+        return EPOCH_FAILED;
+    }
+    r->res->epochs_done++;
+    train_reports_summary(&r->reports, &s);
+    train_reports_flush(&r->reports);
+    st = train_checkpoint_save(r, ep + 1, 0, is_best);
+    if (st != MGT_OK) {
+        train_fail(r, mgt_error_wrap(st, "checkpoint after epoch %d", ep));
+        return EPOCH_FAILED;
+    }
+    if (r->ctl.stop && atomic_load(r->ctl.stop)) {
+        r->res->interrupted = true;
+        return EPOCH_STOPPED;
+    }
+    return EPOCH_DONE;
+}
+
+static bool train_epochs(run *r, int start_epoch, long start_step)
+{
+    for (int ep = start_epoch; ep < r->c->epochs; ep++) {
+        epoch_end e = run_epoch(r, ep, ep == start_epoch ? start_step : 0);
+        if (e != EPOCH_DONE)
+            return e == EPOCH_STOPPED;
+    }
+    return true;
+}
+
+/* The one cleanup path: stops the workers, frees every part, and leaves st's text (the
+   run's first failure, or the set-up error) as this thread's error text. */
+static mgt_status run_finish(run *r, mgt_status st)
+{
+    char text[sizeof r->fail_text];
+    snprintf(text, sizeof text, "%s", r->failed ? r->fail_text : mgt_error_last());
+    if (r->failed)
+        st = r->fail_status != MGT_OK ? r->fail_status : MGT_ERR_DEVICE;
+    if (st != MGT_OK)
+        mgt_abort_raise(&r->abort);
+    train_workers_stop(r);
+    train_free_parts(r);
+    if (r->reports.n)
+        train_reports_free(&r->reports);
+    if (r->log)
+        fclose(r->log);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->cv);
+    return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
+}
+
+mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
+                         mgt_train_result *res)
+{
+    memset(res, 0, sizeof *res);
+    run R = {.c = c, .set = set, .n = mgt_devset_count(set), .res = res};
+    run *r = &R;
+    if (ctl)
+        r->ctl = *ctl;
+    r->out = r->ctl.out ? r->ctl.out : stdout;
+    r->lr = c->lr;
+    r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */
+    r->start_s = mgt_time_now();
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    int start_epoch = c->start_epoch > 0 ? c->start_epoch : 0;
+    long start_step = 0;
+    mgt_status st = check_config(r);
+    r->data.per_dev_batch = r->n > 0 ? c->batch_size / r->n : 0;
+    if (st == MGT_OK)
+        st = open_outputs(r);
+    if (st == MGT_OK)
+        st = train_open_data(r);
+    if (st == MGT_OK)
+        st = train_make_workers(r);
+    if (st == MGT_OK)
+        st = train_make_comm(r);
+    if (st == MGT_OK)
+        st = train_load_pretrained(r);
+    if (st == MGT_OK)
+        st = train_resume(r, &start_epoch, &start_step);
+    if (st == MGT_OK)
+        st = train_broadcast(r, true, true);
+    if (st == MGT_OK)
+        st = train_workers_start(r);
+    if (st == MGT_OK) {
+        print_start(r, start_epoch);
+        bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
+        if (!ok)
+            st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */
+    }
+    res->best_acc1 = r->best_acc1;
+    return run_finish(r, st);
+}

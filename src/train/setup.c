@@ -1,0 +1,368 @@
+/* What a run is made of before its first step: the data (transforms from the architecture's
+   policy, loaders, or synthetic batches), one replica per device with its optimizer and
+   metric slots, the gradient all-reduce over the model's layer ends; and the two operations
+   on replicas between phases: replica 0's state to every device, and the check that they
+   still agree bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mgt/rng.h"
+#include "train/train_impl.h"
+
+/* ---- data ---- */
+
+static void open_synthetic(run *r)
+{
+    const mgt_train_config *c = r->c;
+    train_data *d = &r->data;
+    d->classes = c->dummy_classes > 0 ? c->dummy_classes : r->arch->synthetic_classes;
+    d->channels = c->dummy_channels > 0 ? c->dummy_channels : 3;
+    d->size = c->image_size > 0 ? c->image_size : r->arch->synthetic_size;
+    d->train_samples = (size_t)c->dummy_steps * (size_t)d->per_dev_batch * (size_t)r->n;
+    d->val_samples = 0;
+    d->steps_per_epoch = c->dummy_steps;
+    if (r->ctl.max_steps > 0 && r->ctl.max_steps < d->steps_per_epoch)
+        d->steps_per_epoch = r->ctl.max_steps;
+}
+
+/* The training and validation transforms: the architecture's policy unless the user chose,
+   normalised by the given, computed or ImageNet's mean and std. */
+static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_transform *vt)
+{
+    const mgt_train_config *c = r->c;
+    train_data *d = &r->data;
+    mgt_augment aug = c->augment;
+    if (aug == MGT_AUGMENT_DEFAULT)
+        aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
+    mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, d->size, d->channels);
+    if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
+        vt->resize = (w == d->size && h == d->size) ? 0 : d->size;
+    if (st == MGT_OK && aug == MGT_AUGMENT_NONE)
+        *tt = *vt;
+    else if (st == MGT_OK)
+        st = mgt_transform_init(tt,
+                                aug == MGT_AUGMENT_RRC ? MGT_TRANSFORM_RRC : MGT_TRANSFORM_PAD_CROP,
+                                d->size, d->channels);
+    if (st != MGT_OK)
+        return st;
+    float mean[3], stdv[3];
+    if (c->mean_std_set) {
+        memcpy(mean, c->mean, sizeof mean);
+        memcpy(stdv, c->std, sizeof stdv);
+    } else if (c->normalize_auto) {
+        fprintf(r->out, "=> computing mean/std over the training images\n");
+        st = mgt_data_stats(d->train_ds, d->channels, 0, c->workers, &r->abort, mean, stdv);
+        if (st != MGT_OK)
+            return st;
+        if (d->channels == 1)
+            fprintf(r->out, "=> mean %.4f std %.4f\n", mean[0], stdv[0]);
+        else
+            fprintf(r->out, "=> mean %.4f %.4f %.4f std %.4f %.4f %.4f\n", mean[0], mean[1],
+                    mean[2], stdv[0], stdv[1], stdv[2]);
+    } else {
+        return MGT_OK; /* mgt_transform_init's ImageNet mean and std */
+    }
+    memcpy(tt->mean, mean, sizeof mean);
+    memcpy(tt->std, stdv, sizeof stdv);
+    memcpy(vt->mean, mean, sizeof mean);
+    memcpy(vt->std, stdv, sizeof stdv);
+    return MGT_OK;
+}
+
+static void loader_common(run *r, mgt_loader_options *o, mgt_device **devs)
+{
+    o->devices = devs;
+    if (r->c->workers >= 0)
+        o->workers = r->c->workers;
+    o->seed = r->c->seed;
+    o->bad.strict = r->c->strict_data;
+    o->bad.max_bad_frac = r->c->max_bad_frac;
+    o->abort = &r->abort;
+}
+
+static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transform *vt)
+{
+    train_data *d = &r->data;
+    mgt_device *devs[MGT_MAX_DEVICES];
+    for (int i = 0; i < r->n; i++)
+        devs[i] = mgt_devset_device(r->set, i);
+    mgt_loader_options lo;
+    mgt_loader_options_init(&lo, d->train_ds, tt, r->n, d->per_dev_batch);
+    loader_common(r, &lo, devs);
+    /* A last batch of one image would give batch norm one value per channel, which it cannot
+       train on (PyTorch refuses it too): drop that batch, keep every other short one. */
+    mgt_sampler smp;
+    mgt_status st = mgt_sampler_init(&smp, mgt_dataset_size(d->train_ds), r->n, lo.split,
+                                     lo.shuffle, r->c->seed);
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "%s", mgt_dataset_dir(d->train_ds));
+    lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)d->per_dev_batch == 1;
+    st = mgt_loader_create(&lo, &d->train_ld);
+    if (st != MGT_OK)
+        return st;
+    d->train_samples = mgt_dataset_size(d->train_ds);
+    d->val_samples = mgt_dataset_size(d->val_ds);
+    d->steps_per_epoch = (long)mgt_loader_batches(d->train_ld, 0);
+    if (r->ctl.max_steps > 0 && r->ctl.max_steps < d->steps_per_epoch)
+        d->steps_per_epoch = r->ctl.max_steps;
+    if (r->ctl.no_validation)
+        return MGT_OK;
+    mgt_loader_options vo;
+    mgt_loader_options_init(&vo, d->val_ds, vt, r->n, d->per_dev_batch);
+    loader_common(r, &vo, devs);
+    vo.split = MGT_SPLIT_EXACT;
+    vo.shuffle = false;
+    vo.continuous = false;
+    return mgt_loader_create(&vo, &d->val_ld);
+}
+
+mgt_status train_open_data(run *r)
+{
+    train_data *d = &r->data;
+    if (r->c->dummy) {
+        open_synthetic(r);
+        return MGT_OK;
+    }
+    mgt_scan_options so = {.progress = isatty(fileno(stderr)) ? stderr : NULL, .abort = &r->abort};
+    mgt_status st = mgt_imagefolder_open(r->c->data_dir, &so, &d->train_ds, &d->val_ds);
+    if (st != MGT_OK)
+        return st;
+    d->classes = mgt_dataset_class_count(d->train_ds);
+    int w, h;
+    st = mgt_dataset_probe(d->train_ds, 64, &w, &h, &d->channels);
+    if (st != MGT_OK)
+        return st;
+    d->size = r->c->image_size > 0 ? r->c->image_size : mgt_arch_image_size(r->arch, w, h);
+    mgt_transform tt, vt;
+    st = make_transforms(r, w, h, &tt, &vt);
+    return st == MGT_OK ? make_loaders(r, &tt, &vt) : st;
+}
+
+/* ---- replicas ---- */
+
+static mgt_status make_dummy_batch(run *r, worker *w)
+{
+    const train_data *d = &r->data;
+    size_t nx = (size_t)d->channels * (size_t)d->size * (size_t)d->size * (size_t)d->per_dev_batch;
+    size_t ny = (size_t)d->per_dev_batch;
+    float *x = malloc(nx * sizeof(float));
+    int32_t *y = malloc(ny * sizeof(int32_t));
+    mgt_status st = MGT_OK;
+    if (!x || !y)
+        st = mgt_error_set(MGT_ERR_OOM, "dummy data: host memory exhausted");
+    if (st == MGT_OK) {
+        mgt_rng g;
+        mgt_rng_init(&g, r->c->seed, 0, (uint64_t)w->dev, MGT_RNG_OTHER);
+        for (size_t i = 0; i < nx; i++)
+            x[i] = 2.0f * mgt_rng_uniform(&g) - 1.0f;
+        for (size_t i = 0; i < ny; i++)
+            y[i] = (int32_t)mgt_rng_below(&g, (uint64_t)d->classes);
+        st = mgt_buffer_alloc(w->d, nx * sizeof(float), &w->dummy_x);
+    }
+    if (st == MGT_OK)
+        st = mgt_buffer_alloc(w->d, ny * sizeof(int32_t), &w->dummy_y);
+    if (st == MGT_OK)
+        st = mgt_copy_h2d(w->s, mgt_buffer_ptr(w->dummy_x), x, nx * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_h2d(w->s, mgt_buffer_ptr(w->dummy_y), y, ny * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    free(x);
+    free(y);
+    return st;
+}
+
+/* The metric slots and events of a worker. */
+static mgt_status make_slots(run *r, worker *w)
+{
+    mgt_status st = mgt_host_alloc(w->d, SLOTS * sizeof(float), (void **)&w->host_loss);
+    if (st == MGT_OK)
+        st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
+    if (st == MGT_OK)
+        st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
+    if (st == MGT_OK)
+        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+    for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
+        st = mgt_event_create(w->d, &w->slot_ev[k]);
+        for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
+            st = mgt_event_create(w->d, &w->prof_ev[k][p]);
+    }
+    return st;
+}
+
+static mgt_status make_worker(run *r, int i)
+{
+    const mgt_train_config *c = r->c;
+    worker *w = &r->w[i];
+    w->r = r;
+    w->dev = i;
+    w->d = mgt_devset_device(r->set, i);
+    mgt_status st = mgt_stream_create(w->d, &w->s);
+    mgt_model_config mc = {.arch = c->arch,
+                           .classes = r->data.classes,
+                           .in_channels = r->data.channels,
+                           .image_size = r->data.size,
+                           .batch = r->data.per_dev_batch,
+                           .zero_init_residual = c->zero_init_residual,
+                           .freeze_bn = c->freeze_bn};
+    if (st == MGT_OK)
+        st = mgt_model_create(&mc, w->d, &w->model);
+    size_t pbytes = 0;
+    if (st == MGT_OK) {
+        r->params[i] = mgt_model_params(w->model, &pbytes);
+        r->buffers[i] = mgt_model_buffers(w->model, NULL);
+        st = train_optim_create(&w->opt, w->d, pbytes / sizeof(float), c);
+    }
+    if (st == MGT_OK)
+        st = make_slots(r, w);
+    if (st == MGT_OK && c->dummy)
+        st = make_dummy_batch(r, w);
+    if (st == MGT_OK && i == 0)
+        st = mgt_model_init(w->model, w->s, c->seed);
+    return st;
+}
+
+static void free_worker(worker *w)
+{
+    if (w->s)
+        mgt_stream_synchronize(w->s, NULL);
+    for (int k = 0; k < SLOTS; k++) {
+        mgt_event_free(w->slot_ev[k]);
+        for (int p = 0; p < PROF_MARKS; p++)
+            mgt_event_free(w->prof_ev[k][p]);
+    }
+    mgt_buffer_free(w->dummy_x);
+    mgt_buffer_free(w->dummy_y);
+    mgt_buffer_free(w->dev_correct);
+    mgt_buffer_free(w->dev_val);
+    if (w->host_loss)
+        mgt_host_free(w->d, w->host_loss);
+    if (w->host_correct)
+        mgt_host_free(w->d, w->host_correct);
+    train_optim_free(&w->opt);
+    mgt_model_free(w->model);
+    mgt_stream_free(w->s);
+}
+
+mgt_status train_make_workers(run *r)
+{
+    r->w = calloc((size_t)r->n, sizeof *r->w);
+    r->params = calloc((size_t)r->n, sizeof *r->params);
+    r->buffers = calloc((size_t)r->n, sizeof *r->buffers);
+    if (!r->w || !r->params || !r->buffers)
+        return mgt_error_set(MGT_ERR_OOM, "trainer: host memory exhausted");
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < r->n && st == MGT_OK; i++)
+        st = make_worker(r, i);
+    return st;
+}
+
+mgt_status train_make_comm(run *r)
+{
+    int ne = mgt_model_layer_ends(r->w[0].model, NULL, 0);
+    size_t *ends = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *ends);
+    if (!ends)
+        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    mgt_model_layer_ends(r->w[0].model, ends, ne);
+    float *grads[MGT_MAX_DEVICES];
+    for (int i = 0; i < r->n; i++)
+        grads[i] = mgt_model_grads(r->w[i].model, NULL);
+    size_t bytes;
+    mgt_model_grads(r->w[0].model, &bytes);
+    mgt_comm_config cc = {.grads = grads,
+                          .bytes = bytes,
+                          .layer_ends = ends,
+                          .n_layer_ends = ne,
+                          .bucket_bytes = r->c->bucket_bytes,
+                          .first_bucket_bytes = 1u << 20,
+                          .algo = r->c->allreduce};
+    mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
+    free(ends);
+    return st;
+}
+
+void train_free_parts(run *r)
+{
+    mgt_loader_free(r->data.train_ld);
+    mgt_loader_free(r->data.val_ld);
+    mgt_comm_free(r->comm);
+    for (int i = 0; r->w && i < r->n; i++)
+        free_worker(&r->w[i]);
+    free(r->w);
+    free(r->params);
+    free(r->buffers);
+    mgt_dataset_free(r->data.train_ds);
+    mgt_dataset_free(r->data.val_ds);
+}
+
+/* ---- between phases ---- */
+
+mgt_status train_broadcast(run *r, bool params, bool optimizer)
+{
+    if (r->n == 1)
+        return MGT_OK;
+    mgt_stream *streams[MGT_MAX_DEVICES];
+    for (int i = 0; i < r->n; i++)
+        streams[i] = r->w[i].s;
+    size_t pb, bb;
+    mgt_model_params(r->w[0].model, &pb);
+    mgt_model_buffers(r->w[0].model, &bb);
+    mgt_status st = MGT_OK;
+    if (params)
+        st = mgt_comm_broadcast(r->comm, streams, r->params, pb, 0);
+    if (st == MGT_OK)
+        st = mgt_comm_broadcast(r->comm, streams, r->buffers, bb, 0);
+    bool live = optimizer && train_optim_live(&r->w[0].opt);
+    train_opt_tensor t[MGT_MAX_DEVICES][TRAIN_MAX_OPT_TENSORS];
+    int nt = 0;
+    for (int i = 0; i < r->n && live; i++)
+        nt = train_optim_state(&r->w[i].opt, t[i]);
+    for (int k = 0; k < nt && st == MGT_OK; k++) {
+        float *bufs[MGT_MAX_DEVICES];
+        for (int i = 0; i < r->n; i++)
+            bufs[i] = t[i][k].dev;
+        st = mgt_comm_broadcast(r->comm, streams, bufs, t[0][k].floats * sizeof(float), 0);
+    }
+    int nbn;
+    int64_t *counts0 = mgt_model_bn_counts(r->w[0].model, &nbn);
+    for (int i = 1; i < r->n; i++) {
+        int m;
+        memcpy(mgt_model_bn_counts(r->w[i].model, &m), counts0, (size_t)nbn * sizeof *counts0);
+        if (optimizer)
+            train_optim_set_live(&r->w[i].opt, train_optim_live(&r->w[0].opt));
+    }
+    for (int i = 0; i < r->n && st == MGT_OK; i++)
+        st = mgt_stream_synchronize(streams[i], &r->abort);
+    return st;
+}
+
+/* Every replica's parameters must equal replica 0's, to the bit: each applies the same update
+   to the same weights from the same summed gradients. A difference means a reduction or
+   broadcast went wrong, and training on would silently average different models. */
+mgt_status train_check_replicas(run *r)
+{
+    if (r->n == 1)
+        return MGT_OK;
+    size_t bytes;
+    float *p0 = mgt_model_params(r->w[0].model, &bytes);
+    char *a = malloc(bytes), *b = malloc(bytes);
+    mgt_status st = a && b ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(r->w[0].s, a, p0, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    for (int i = 1; i < r->n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(r->w[i].s, b, mgt_model_params(r->w[i].model, NULL), bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(r->w[i].s, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "the parameters of %s differ from those of %s after the epoch: "
+                               "the replicas have diverged",
+                               mgt_device_name(r->w[i].d), mgt_device_name(r->w[0].d));
+    }
+    free(a);
+    free(b);
+    return st;
+}

@@ -1,0 +1,402 @@
+/* The trainer's threads: one worker per device running the phases the main thread starts
+   (an epoch's training steps, a validation pass), the step itself in stages, the main
+   thread's watch over a phase (stop, time limit, step timeout), and failure, which raises the
+   abort flag so that every wait ends. See train_impl.h for the protocol. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/train_impl.h"
+
+/* ---- failure ---- */
+
+void train_fail(run *r, mgt_status st)
+{
+    pthread_mutex_lock(&r->lock);
+    if (!r->failed) {
+        snprintf(r->fail_text, sizeof r->fail_text, "%s", mgt_error_last());
+        r->failed = true;
+        r->fail_status = st;
+    }
+    pthread_mutex_unlock(&r->lock);
+    mgt_abort_raise(&r->abort);
+    pthread_mutex_lock(&r->lock);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* A worker's failure: the device, where it was, and the cause. An abort caused by another
+   thread's failure is not a cause of its own. */
+static void worker_fail(worker *w, mgt_status st, const char *where)
+{
+    if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&w->r->abort))
+        return;
+    train_fail(w->r, mgt_error_wrap(st, "%s: %s", mgt_device_name(w->d), where));
+}
+
+/* The abort flag was raised without a failure on record: the data loaders raise it
+   themselves on a fatal data error, so the cause is theirs. */
+static void blame_abort(run *r)
+{
+    mgt_loader *lds[2] = {r->data.train_ld, r->data.val_ld};
+    for (int i = 0; i < 2; i++) {
+        mgt_status st = lds[i] ? mgt_loader_error(lds[i]) : MGT_OK;
+        if (st != MGT_OK) {
+            train_fail(r, mgt_error_wrap(st, "epoch %d: data", r->epoch));
+            return;
+        }
+    }
+    train_fail(r, mgt_error_set(MGT_ERR_ABORTED, "epoch %d: the run was aborted", r->epoch));
+}
+
+/* ---- the training step ---- */
+
+/* Reads step k's slot (waiting for it) and reports it; a NaN loss fails the run. */
+static mgt_status meter_step(worker *w, long k)
+{
+    run *r = w->r;
+    int slot = (int)(k % SLOTS);
+    mgt_status st = mgt_event_synchronize(w->slot_ev[slot], &r->abort);
+    if (st != MGT_OK)
+        return st;
+    float loss = w->host_loss[slot];
+    if (r->ctl.profile && k - r->first_step >= r->ctl.warmup_steps) {
+        float ms[PROF_MARKS - 1];
+        for (int p = 0; p < PROF_MARKS - 1 && st == MGT_OK; p++)
+            st = mgt_event_elapsed_ms(w->prof_ev[slot][p], w->prof_ev[slot][p + 1], &ms[p]);
+        if (st != MGT_OK)
+            return st;
+        w->prof.data_s += w->slot_wait[slot];
+        w->prof.forward_s += 1e-3 * ms[0];
+        w->prof.backward_s += 1e-3 * ms[1];
+        w->prof.reduce_exposed_s += 1e-3 * ms[2];
+        w->prof.optimizer_s += 1e-3 * ms[3];
+        w->prof.steps++;
+    }
+    if (!isfinite(loss))
+        return mgt_error_set(MGT_ERR_DEVICE, "the loss is %s at epoch %d step %ld",
+                             isnan(loss) ? "NaN" : "infinite", r->epoch, k);
+    pthread_mutex_lock(&r->lock);
+    train_metrics_add(r, w, k, slot, loss);
+    pthread_mutex_unlock(&r->lock);
+    train_reports_flush(&r->reports);
+    return MGT_OK;
+}
+
+static mgt_status grads_ready(void *ctx, mgt_stream *s, size_t ready)
+{
+    worker *w = ctx;
+    return mgt_comm_grads_ready(w->r->comm, w->dev, s, ready);
+}
+
+/* Whether step k may begin: false once a stop has been decided below it. */
+static bool begin_step(worker *w, long k)
+{
+    run *r = w->r;
+    pthread_mutex_lock(&r->lock);
+    bool go = k < r->stop_at;
+    if (go)
+        w->started = k + 1;
+    pthread_mutex_unlock(&r->lock);
+    return go;
+}
+
+/* One step's batch on the device. */
+typedef struct step_batch {
+    const float *x;
+    const int32_t *y;
+    int n;
+    double wait_s;
+} step_batch;
+
+/* With profile, an event marking the end of a stage (0: the step's start). */
+static mgt_status mark(worker *w, int slot, int stage)
+{
+    return w->r->ctl.profile ? mgt_event_record(w->prof_ev[slot][stage], w->s) : MGT_OK;
+}
+
+static mgt_status next_batch(worker *w, step_batch *b)
+{
+    run *r = w->r;
+    if (!r->data.train_ld) {
+        *b = (step_batch){mgt_buffer_ptr(w->dummy_x), mgt_buffer_ptr(w->dummy_y),
+                          r->data.per_dev_batch, 0};
+        return MGT_OK;
+    }
+    mgt_batch lb;
+    mgt_status st = mgt_loader_next(r->data.train_ld, w->dev, w->s, &lb);
+    if (st == MGT_OK)
+        *b = (step_batch){lb.images, lb.labels, lb.n, lb.wait_s};
+    return st;
+}
+
+/* Forward, loss and backward of one batch; the gradients accumulate in the grad arena and
+   each layer's are handed to the all-reduce as backward completes them. */
+static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *correct, int slot,
+                                   const char **where)
+{
+    run *r = w->r;
+    *where = "forward";
+    mgt_status st = mgt_model_forward(w->model, w->s, b->x, b->n, true, NULL);
+    if (st == MGT_OK)
+        st = mgt_model_loss(w->model, w->s, b->y, r->c->label_smoothing, correct);
+    if (st == MGT_OK)
+        st = mark(w, slot, 1);
+    if (st != MGT_OK)
+        return st;
+    *where = "backward";
+    st = mgt_comm_step_begin(r->comm, w->dev);
+    if (st == MGT_OK)
+        st = mgt_model_backward(w->model, w->s, grads_ready, w);
+    if (st == MGT_OK)
+        st = mark(w, slot, 2);
+    return st;
+}
+
+/* The summed gradients, then every replica's identical update. */
+static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
+{
+    run *r = w->r;
+    *where = "gradient all-reduce";
+    mgt_status st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
+    if (st == MGT_OK)
+        st = mark(w, slot, 3);
+    if (st != MGT_OK)
+        return st;
+    *where = "optimizer";
+    float lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)r->data.steps_per_epoch);
+    st = train_optim_step(&w->opt, w->s, mgt_model_params(w->model, NULL),
+                          mgt_model_grads(w->model, NULL), lr, 1.0f / (float)r->n);
+    if (st == MGT_OK)
+        st = mark(w, slot, 4);
+    return st;
+}
+
+static mgt_status train_step(worker *w, long k, const char **where)
+{
+    int slot = (int)(k % SLOTS);
+    step_batch b;
+    *where = "loading data";
+    mgt_status st = next_batch(w, &b);
+    if (st != MGT_OK)
+        return st;
+    int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
+    *where = "forward";
+    st = mark(w, slot, 0);
+    if (st == MGT_OK)
+        st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_model_zero_grad(w->model, w->s);
+    if (st == MGT_OK)
+        st = forward_backward(w, &b, correct, slot, where);
+    if (st == MGT_OK)
+        st = reduce_update(w, k, slot, where);
+    if (st != MGT_OK)
+        return st;
+    *where = "metrics";
+    st = mgt_copy_d2h(w->s, &w->host_loss[slot], mgt_model_loss_ptr(w->model), sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_event_record(w->slot_ev[slot], w->s);
+    w->slot_n[slot] = b.n;
+    w->slot_wait[slot] = b.wait_s;
+    return st;
+}
+
+static void train_phase(worker *w)
+{
+    run *r = w->r;
+    long first = r->first_step;
+    long k = first;
+    const char *where = "starting";
+    mgt_status st = MGT_OK;
+    for (; begin_step(w, k); k++) {
+        if (k - first >= LAG) {
+            where = "reading metrics";
+            st = meter_step(w, k - LAG);
+            if (st != MGT_OK)
+                break;
+        }
+        st = train_step(w, k, &where);
+        if (st != MGT_OK)
+            break;
+    }
+    if (st == MGT_OK) {
+        where = "reading metrics";
+        for (long j = k - LAG > first ? k - LAG : first; j < k && st == MGT_OK; j++)
+            st = meter_step(w, j);
+    }
+    if (st != MGT_OK) {
+        char at[96];
+        snprintf(at, sizeof at, "epoch %d step %ld (%s)", r->epoch, k, where);
+        worker_fail(w, st, at);
+    }
+}
+
+/* ---- validation ---- */
+
+static void val_phase(worker *w)
+{
+    run *r = w->r;
+    int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * SLOTS;
+    float *loss_sum = mgt_buffer_ptr(w->dev_val);
+    size_t batches = mgt_loader_batches(r->data.val_ld, w->dev);
+    mgt_status st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_fill(w->s, loss_sum, 0.0f, 1);
+    long images = 0;
+    size_t i = 0;
+    for (; i < batches && st == MGT_OK; i++) {
+        mgt_batch b;
+        st = mgt_loader_next(r->data.val_ld, w->dev, w->s, &b);
+        if (st == MGT_OK)
+            st = mgt_model_forward(w->model, w->s, b.images, b.n, false, NULL);
+        if (st == MGT_OK)
+            st = mgt_model_loss(w->model, w->s, b.labels, 0.0f, correct);
+        if (st == MGT_OK)
+            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(w->model), 1);
+        images += b.n;
+    }
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, &w->host_loss[0], loss_sum, sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, &w->host_correct[0], correct, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK) {
+        char at[96];
+        snprintf(at, sizeof at, "validation of epoch %d, batch %zu", r->epoch, i);
+        worker_fail(w, st, at);
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->m.val_loss_sum += w->host_loss[0];
+    r->m.val_n += images;
+    r->m.val_c1 += w->host_correct[0];
+    r->m.val_c5 += w->host_correct[1];
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- the workers ---- */
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    run *r = w->r;
+    long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        while (r->phase == seen && !mgt_abort_is_raised(&r->abort))
+            mgt_cond_wait_slice(&r->cv, &r->lock);
+        if (mgt_abort_is_raised(&r->abort) || r->phase_kind == PHASE_EXIT) {
+            pthread_mutex_unlock(&r->lock);
+            return NULL;
+        }
+        seen = r->phase;
+        enum train_phase kind = r->phase_kind;
+        pthread_mutex_unlock(&r->lock);
+        if (kind == PHASE_TRAIN)
+            train_phase(w);
+        else
+            val_phase(w);
+        pthread_mutex_lock(&r->lock);
+        r->done_in_phase++;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->lock);
+    }
+}
+
+mgt_status train_workers_start(run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        if (pthread_create(&r->w[i].thread, NULL, worker_main, &r->w[i]) != 0)
+            return mgt_error_set(MGT_ERR_DEVICE, "cannot start the worker thread of device %d", i);
+        r->w[i].thread_started = true;
+    }
+    return MGT_OK;
+}
+
+void train_workers_stop(run *r)
+{
+    if (!r->w)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->phase_kind = PHASE_EXIT;
+    r->phase++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->lock);
+    for (int i = 0; i < r->n; i++)
+        if (r->w[i].thread_started)
+            pthread_join(r->w[i].thread, NULL);
+    /* after an abort the devices may still hold queued work that uses what is freed next */
+    for (int i = 0; i < r->n; i++)
+        mgt_device_synchronize(mgt_devset_device(r->set, i), NULL);
+}
+
+/* ---- phases, driven by the main thread ---- */
+
+/* Decides a stop: the steps every worker has begun will be finished, no more. r->lock held. */
+static void request_stop(run *r)
+{
+    long most = r->first_step;
+    for (int i = 0; i < r->n; i++)
+        if (r->w[i].started > most)
+            most = r->w[i].started;
+    if (most < r->stop_at)
+        r->stop_at = most;
+}
+
+/* The step timeout: the stalled devices are those that have not reported the step being
+   waited for. r->lock held; released around the failure, which takes it. */
+static void time_out(run *r)
+{
+    char who[256] = "";
+    for (int i = 0; i < r->n; i++)
+        if (r->w[i].metered <= r->m.next_complete && strlen(who) < sizeof who - 40)
+            snprintf(who + strlen(who), sizeof who - strlen(who), "%s%s", who[0] ? ", " : "",
+                     mgt_device_name(r->w[i].d));
+    long step = r->m.next_complete;
+    pthread_mutex_unlock(&r->lock);
+    train_fail(r,
+               mgt_error_set(MGT_ERR_TIMEOUT,
+                             "%s: no training step finished within --timeout %g s (epoch %d "
+                             "step %ld): the device or its data loader stalled",
+                             who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step));
+    pthread_mutex_lock(&r->lock);
+}
+
+bool train_run_phase(run *r, enum train_phase kind)
+{
+    const mgt_train_config *c = r->c;
+    pthread_mutex_lock(&r->lock);
+    r->phase_kind = kind;
+    r->done_in_phase = 0;
+    r->phase++;
+    r->m.last_progress = mgt_time_now();
+    pthread_cond_broadcast(&r->cv);
+    bool stopping = false;
+    /* a raised abort without a recorded failure (a loader's fatal error) also ends the phase:
+       workers that see the flag before the phase starts never report to it */
+    while (r->done_in_phase < r->n && !r->failed && !mgt_abort_is_raised(&r->abort)) {
+        mgt_cond_wait_slice(&r->cv, &r->lock);
+        double now = mgt_time_now();
+        if (kind == PHASE_TRAIN && !stopping &&
+            ((r->ctl.stop && atomic_load(r->ctl.stop)) ||
+             (c->time_limit_s > 0 && now - r->start_s > c->time_limit_s))) {
+            stopping = true;
+            request_stop(r);
+        }
+        if (c->step_timeout_s > 0 && kind == PHASE_TRAIN &&
+            now - r->m.last_progress > c->step_timeout_s)
+            time_out(r);
+    }
+    bool ok = !r->failed;
+    pthread_mutex_unlock(&r->lock);
+    if (ok && mgt_abort_is_raised(&r->abort)) {
+        blame_abort(r);
+        ok = false;
+    }
+    train_reports_flush(&r->reports);
+    return ok;
+}

@@ -1,0 +1,253 @@
+/* The trainer's private parts, shared by its files:
+ *   run.c        the driver: configuration, the epoch loop, one cleanup path;
+ *   setup.c      data, replicas, communication, broadcasts and the replica check;
+ *   step.c       worker threads, the phase protocol, the training and validation steps, failure;
+ *   metrics.c    the per-step ring, the epoch's totals and the reporters (progress, JSON log);
+ *   checkpoint.c the training state and its symmetric save and load, resume, pretrained;
+ *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
+ *
+ * Threads. The main thread prepares data, replicas and communication, then drives phases
+ * (an epoch's training, a validation) by bumping a phase counter that the workers wait on;
+ * while a phase runs it only watches: the stop request, the time limit, the step timeout.
+ * Worker i owns replica i, its streams and its optimizer state, and runs every step of the
+ * phase. Any failure goes through train_fail(): the first one's text is kept, the abort flag
+ * is raised, and every wait (loader, all-reduce, device, phase) leaves soon after.
+ *
+ * Metrics without stalls. A step's loss and top-1/top-5 counts are copied to pinned host
+ * slots on the device's stream; the worker reads step k's slot at the start of step k+LAG,
+ * after waiting for its event, so the device keeps two steps queued while the host still
+ * learns every loss (and stops on a NaN within two steps). Each worker adds the step's
+ * numbers to a shared per-step accumulator under the run's lock; the worker that completes a
+ * step (the last device to report it) folds it into the epoch's totals, in step order, and
+ * formats the progress records when due. The text is written after the lock is released.
+ */
+#ifndef MGT_TRAIN_IMPL_H
+#define MGT_TRAIN_IMPL_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "mgt/comm.h"
+#include "mgt/data.h"
+#include "mgt/nn.h"
+#include "mgt/optim.h"
+#include "mgt/safetensors.h"
+#include "mgt/train.h"
+
+#define LAG 2        /* steps a worker's host runs ahead of reading their metrics */
+#define SLOTS 4      /* metric slots per worker (> LAG) */
+#define STEP_RING 16 /* per-step accumulators shared by the workers */
+#define PROF_MARKS 5 /* profile events per step: start, forward, backward, reduce, optimizer */
+
+typedef struct run run;
+
+/* ---- optimizer.c ---- */
+
+/* One tensor of optimizer state, as checkpoints and broadcasts see it: a flat F32 array on
+   the worker's device, the same length on every replica. */
+typedef struct train_opt_tensor {
+    const char *name; /* the checkpoint's tensor name, "optimizer.<...>" (static) */
+    float *dev;
+    size_t floats;
+} train_opt_tensor;
+
+#define TRAIN_OPT_PREFIX "optimizer."
+#define TRAIN_MAX_OPT_TENSORS 4
+
+/* A replica's optimizer. A new optimizer is a kind here, its update in train_optim_step and
+   its state tensors in train_optim_state; checkpoints and broadcasts follow the table. */
+typedef struct train_optim {
+    mgt_sgd *sgd;
+} train_optim;
+
+mgt_status train_optim_create(train_optim *o, mgt_device *d, size_t floats,
+                              const mgt_train_config *c);
+void train_optim_free(train_optim *o);
+/* The name the checkpoint's "optimizer" metadata holds ("sgd"). */
+const char *train_optim_kind(const train_optim *o);
+mgt_status train_optim_step(train_optim *o, mgt_stream *s, float *params, const float *grads,
+                            float lr, float grad_scale);
+/* Fills t (TRAIN_MAX_OPT_TENSORS long) with the state tensors; returns their count. */
+int train_optim_state(const train_optim *o, train_opt_tensor *t);
+/* Whether the state holds values yet (SGD's momentum buffer after its first step), and
+   marking restored or broadcast state as live. */
+bool train_optim_live(const train_optim *o);
+void train_optim_set_live(train_optim *o, bool live);
+
+/* ---- the run's parts ---- */
+
+typedef struct step_acc {
+    double loss_sum; /* sum over devices of loss * n */
+    long n, c1, c5;
+    double data_s; /* the slowest device's wait for this step's batch */
+    int reported;  /* devices that added to it */
+} step_acc;
+
+typedef struct worker {
+    run *r;
+    int dev;
+    pthread_t thread;
+    bool thread_started;
+    mgt_device *d;
+    mgt_stream *s;
+    mgt_model *model;
+    train_optim opt;
+    /* metrics */
+    float *host_loss;        /* pinned [SLOTS] */
+    int32_t *host_correct;   /* pinned [SLOTS][2] */
+    mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
+    mgt_buffer *dev_val;     /* [1] float: validation loss sum */
+    mgt_event *slot_ev[SLOTS];
+    mgt_event *prof_ev[SLOTS][PROF_MARKS]; /* with profile */
+    mgt_step_profile prof;
+    int slot_n[SLOTS];
+    double slot_wait[SLOTS];
+    /* dummy data */
+    mgt_buffer *dummy_x, *dummy_y;
+    long started; /* steps begun in this phase, under r->lock */
+    long metered; /* steps whose metrics this worker has read, under r->lock */
+} worker;
+
+typedef struct train_data {
+    mgt_dataset *train_ds, *val_ds;
+    mgt_loader *train_ld, *val_ld;
+    int classes, channels, size;
+    int per_dev_batch;
+    size_t train_samples, val_samples;
+    long steps_per_epoch; /* training batches per device this run takes per epoch */
+} train_data;
+
+/* The current epoch's numbers (metrics.c), under the run's lock. */
+typedef struct train_metrics {
+    step_acc ring[STEP_RING];
+    long next_complete; /* the next step to complete */
+    double loss_sum;
+    long n, c1, c5;
+    double data_s;
+    double start, last_progress, last_complete;
+    double timed_start;
+    long timed_n, timed_steps;
+    /* validation totals */
+    double val_loss_sum;
+    long val_n, val_c1, val_c5;
+} train_metrics;
+
+/* What one progress line says. */
+typedef struct train_progress {
+    int epoch;
+    long step, steps;
+    double step_s, step_avg_s, data_s, data_avg_s;
+    double loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg;
+    double lr, images_per_s, eta_s;
+} train_progress;
+
+/* What the end of an epoch (or a lone validation) says. */
+typedef struct train_summary {
+    int epoch;
+    bool trained, validated;
+    double train_loss, train_acc1, images_per_s, epoch_s;
+    double val_loss, val_acc1, val_acc5;
+    long val_images;
+} train_summary;
+
+/* A growing text; a failed allocation drops what did not fit (output, never state). */
+typedef struct train_text {
+    char *s;
+    size_t len, cap;
+} train_text;
+
+/* A reporter formats records as text, without I/O: it runs under the run's lock. Each entry
+   may be NULL (nothing to say about that record). */
+typedef struct train_reporter_i {
+    void (*progress)(train_text *out, const train_progress *p);
+    void (*summary)(train_text *out, const train_summary *s);
+} train_reporter_i;
+
+extern const train_reporter_i train_text_reporter; /* the progress lines, " * Acc@1 ..." */
+extern const train_reporter_i train_json_reporter; /* JSON lines, "type": "train" / "epoch" */
+
+/* The reporters of a run and the text they have formatted but not yet written. Formatting
+   appends under queue_lock (taken inside the run's lock); writing takes write_lock, then
+   queue_lock only to take the queued text, so the devices never wait on a write and lines
+   come out in the order they were formatted. */
+typedef struct train_reports {
+    struct {
+        const train_reporter_i *i;
+        FILE *f;
+        train_text queued;
+    } sink[2];
+    int n;
+    pthread_mutex_t queue_lock, write_lock;
+} train_reports;
+
+/* ---- the run ---- */
+
+enum train_phase { PHASE_TRAIN, PHASE_VAL, PHASE_EXIT };
+
+struct run {
+    const mgt_train_config *c;
+    mgt_train_controls ctl; /* the caller's, or the defaults */
+    mgt_lr_config lr;       /* c->lr spanning c->epochs */
+    const mgt_arch_info *arch;
+    mgt_devset *set;
+    int n;
+    FILE *out;
+    FILE *log;
+    worker *w;
+    mgt_comm *comm;
+    float **params, **buffers; /* per device, for broadcasts */
+    train_data data;
+    /* the phase protocol (step.c), under lock */
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    enum train_phase phase_kind;
+    long phase;        /* bumped by main to start a phase */
+    int done_in_phase; /* workers finished with the current phase */
+    int epoch;
+    long first_step; /* the epoch's first step (resume mid-epoch) */
+    long stop_at;    /* steps of the epoch to run (lowered by a stop) */
+    /* failure */
+    mgt_abort abort;
+    bool failed;
+    mgt_status fail_status;
+    char fail_text[768];
+    train_metrics m;
+    train_reports reports;
+    double best_acc1;
+    double start_s;
+    mgt_train_result *res;
+};
+
+/* step.c */
+void train_fail(run *r, mgt_status st); /* records this thread's error text; first one wins */
+mgt_status train_workers_start(run *r);
+void train_workers_stop(run *r);
+bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
+
+/* setup.c */
+mgt_status train_open_data(run *r);
+mgt_status train_make_workers(run *r);
+mgt_status train_make_comm(run *r);
+void train_free_parts(run *r);
+mgt_status train_broadcast(run *r, bool params, bool optimizer);
+mgt_status train_check_replicas(run *r);
+
+/* metrics.c */
+void train_metrics_epoch_begin(run *r);
+/* Adds worker w's numbers for step k (slot) and completes the step when w is the last to
+   report it. r->lock held. */
+void train_metrics_add(run *r, worker *w, long k, int slot, float loss);
+void train_reports_init(train_reports *rep, FILE *out, FILE *log);
+void train_reports_free(train_reports *rep);
+void train_reports_summary(train_reports *rep, const train_summary *s);
+void train_reports_flush(train_reports *rep); /* never with the run's lock held */
+void train_text_add(train_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* checkpoint.c */
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best);
+/* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
+   start the flags give) get where to go on; untouched when there is nothing to resume. */
+mgt_status train_resume(run *r, int *epoch, long *step);
+mgt_status train_load_pretrained(run *r);
+
+#endif
