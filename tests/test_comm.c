@@ -48,7 +48,7 @@ static void fixture_open(fixture *f, int n, const char *mock, size_t floats, siz
         ids[i] = i;
     mgt_mock_options o;
     CHECK(mgt_mock_options_parse(&o, mock));
-    CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &f->set));
+    CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &(mgt_devset_options){.mock = &o}, &f->set));
     f->n = n;
     f->floats = floats;
     for (int i = 0; i < n; i++) {

@@ -169,7 +169,8 @@ typedef struct backend {
 static bool backend_open(backend *be)
 {
     int id = 0;
-    mgt_status st = mgt_devset_open(be->kind, &id, 1, be->has_opts ? &be->opts : NULL, &be->set);
+    mgt_devset_options o = {.mock = be->has_opts ? &be->opts : NULL};
+    mgt_status st = mgt_devset_open(be->kind, &id, 1, &o, &be->set);
     if (st != MGT_OK) {
         fprintf(stderr, "conformance: cannot open %s: %s: %s\n", be->label, mgt_status_str(st),
                 mgt_error_last());

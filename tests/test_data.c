@@ -2110,7 +2110,8 @@ static void test_loader_mock_devices(void **state)
     mgt_mock_options mo;
     assert_int_equal(mgt_mock_options_parse(&mo, "delay=2000;seed=3"), MGT_OK);
     mgt_devset_free(set);
-    assert_int_equal(mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, &mo, &set), MGT_OK);
+    assert_int_equal(
+        mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, &(mgt_devset_options){.mock = &mo}, &set), MGT_OK);
     for (int i = 0; i < 3; i++)
         devs[i] = mgt_devset_device(set, i);
     o.abort = &ab;

@@ -1,4 +1,4 @@
-/* Mock devices: the options spelling, the peer-access matrix and peer copies with and without it, the memory limit, injected allocation and kernel faults, and pointer validation. */
+/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation and kernel faults, ordering-only events, and pointer validation. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,10 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include <cmocka.h>
 
 #include "support/fixture.h"
 
+#include "app/app.h"
 #include "mgt/device.h"
 
 /* The call must be refused with `want` and error text that contains `needle`. */
@@ -202,7 +205,7 @@ static void test_no_p2p_and_copy_rate(void **state)
     for (int staged = 0; staged < 2; staged++) {
         mgt_devset_options o = {.mock = &mo, .no_p2p = staged == 1};
         mgt_devset *set = NULL;
-        CHECK(mgt_devset_open_with(MGT_DEVICE_MOCK, ids, 3, &o, &set));
+        CHECK(mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, &o, &set));
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 3; j++)
                 if (i != j && mgt_devset_can_access_peer(set, i, j) != !staged)
@@ -637,6 +640,190 @@ static void test_pointer_validation(void **state)
     mgt_devset_free(set);
 }
 
+/* ---- specs that name what does not exist (issue 17) ---- */
+
+/* A fault or a peer pair naming a device the set does not open, and a fault naming an op
+   that does not exist, are refused at open (or parse) with the item and the reason; before,
+   they were accepted and the run trained as if they were not there. */
+static void test_spec_names_missing_device_or_op(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec, *needle;
+    } bad[] = {
+        {"fault=kernel@7:5", "'fault=kernel@7:5': no device 7 among the 2 opened (ids 0, 1)"},
+        {"fault=alloc@2:1", "'fault=alloc@2:1': no device 2 among the 2 opened"},
+        {"fault=kernel@3:1:axpy", "'fault=kernel@3:1:axpy': no device 3"},
+        {"peers=0-9", "'peers=0-9': no device 9 among the 2 opened (ids 0, 1)"},
+        {"peers=0-1,1-5", "no device 5"},
+    };
+    int ids[] = {0, 1};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mgt_mock_options mo;
+        CHECK(mgt_mock_options_parse(&mo, bad[i].spec));
+        mgt_devset *set = NULL;
+        mgt_devset_options o = {.mock = &mo};
+        EXPECT_FAIL(mgt_devset_open(MGT_DEVICE_MOCK, ids, 2, &o, &set), MGT_ERR_INVALID,
+                    bad[i].needle);
+        assert_null(set);
+    }
+    /* the same specs are fine where the devices exist, whatever their order in the set */
+    int all[] = {9, 0, 5, 7, 2, 1, 3};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mgt_mock_options mo;
+        CHECK(mgt_mock_options_parse(&mo, bad[i].spec));
+        mgt_devset *set = NULL;
+        mgt_devset_options o = {.mock = &mo};
+        CHECK(mgt_devset_open(MGT_DEVICE_MOCK, all, 7, &o, &set));
+        mgt_devset_free(set);
+    }
+
+    mgt_mock_options mo;
+    EXPECT_FAIL(mgt_mock_options_parse(&mo, "fault=kernel@0:5:bogus_op"), MGT_ERR_INVALID,
+                "'fault=kernel@0:5:bogus_op': no op is named 'bogus_op' (ops: fill, scale");
+    EXPECT_FAIL(mgt_mock_options_parse(&mo, "fault=kernel@0:5:conv2d"), MGT_ERR_INVALID,
+                "no op is named 'conv2d'");
+    CHECK(mgt_mock_options_parse(&mo, "fault=kernel@0:5:conv2d_backward_filter"));
+    assert_string_equal(mo.fault_op, "conv2d_backward_filter");
+}
+
+/* How often `needle` occurs in `hay`. */
+static int occurrences(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Runs `mgtrain ARGS` in this process with stdout discarded and stderr captured into err;
+   returns the exit status. */
+static int run_mgtrain(char **argv, char *err, size_t cap)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    fflush(stdout);
+    fflush(stderr);
+    FILE *cap_f = tmpfile(), *null_f = fopen("/dev/null", "w");
+    assert_non_null(cap_f);
+    assert_non_null(null_f);
+    int saved_out = dup(1), saved_err = dup(2);
+    dup2(fileno(null_f), 1);
+    dup2(fileno(cap_f), 2);
+    int rc = mgt_app_main(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+    close(saved_out);
+    close(saved_err);
+    rewind(cap_f);
+    size_t got = fread(err, 1, cap - 1, cap_f);
+    err[got] = '\0';
+    fclose(cap_f);
+    fclose(null_f);
+    return rc;
+}
+
+/* A bad --mock or MGT_MOCK reaches the user as one line with one prefix saying where the spec
+   came from, through every command that opens devices (before: "--mock: mock options: ...",
+   "--mock: --mock: ions: ...", and bench called MGT_MOCK's spec --mock). */
+static void test_spec_errors_have_one_prefix(void **state)
+{
+    (void)state;
+    char *cmds[][12] = {
+        {"mgtrain", "train", "--dummy", "-a", "resnet20", "--gpus", "0,1", NULL},
+        {"mgtrain", "devices", "--gpus", "0,1", "--no-bandwidth", NULL},
+        {"mgtrain", "bench", "--dummy", "-a", "resnet20", "--gpus", "0,1", NULL},
+        {"mgtrain", "bench", "allreduce", "--gpus", "0,1", NULL},
+    };
+    static const struct {
+        const char *flag, *env, *want;
+    } cases[] = {
+        {"mem=abc", NULL, "--mock: 'mem=abc': expected a size such as 512M or 8G\n"},
+        {"fault=kernel@7:5", NULL,
+         "--mock: 'fault=kernel@7:5': no device 7 among the 2 opened (ids 0, 1)\n"},
+        {"peers=0-9", NULL, "--mock: 'peers=0-9': no device 9 among the 2 opened (ids 0, 1)\n"},
+        {"fault=kernel@0:5:bogus_op", NULL, "--mock: 'fault=kernel@0:5:bogus_op': no op is named"},
+        {NULL, "garbage", "MGT_MOCK: 'garbage': expected key=value\n"},
+        {NULL, "peers=0-3", "MGT_MOCK: 'peers=0-3': no device 3 among the 2 opened"},
+    };
+    char err[4096];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+            char *argv[16];
+            int argc = 0;
+            for (; cmds[c][argc]; argc++)
+                argv[argc] = cmds[c][argc];
+            argv[argc++] = "--device";
+            argv[argc++] = "cpu";
+            if (cases[k].flag) {
+                argv[argc++] = "--mock";
+                argv[argc++] = (char *)cases[k].flag;
+            }
+            argv[argc] = NULL;
+            if (cases[k].env)
+                setenv("MGT_MOCK", cases[k].env, 1);
+            else
+                unsetenv("MGT_MOCK");
+            int rc = run_mgtrain(argv, err, sizeof err);
+            unsetenv("MGT_MOCK");
+            const char *source = cases[k].flag ? "--mock" : "MGT_MOCK";
+            if (rc == 0 || !strstr(err, cases[k].want) || occurrences(err, source) != 1 ||
+                occurrences(err, cases[k].flag ? "MGT_MOCK" : "--mock") != 0 ||
+                strstr(err, "mock options"))
+                fail_msg("mgtrain %s %s with %s %s: exit %d, stderr:\n%s(wanted one line with "
+                         "\"%s\" and one %s)",
+                         cmds[c][1], cmds[c][2] ? cmds[c][2] : "", source,
+                         cases[k].flag ? cases[k].flag : cases[k].env, rc, err, cases[k].want,
+                         source);
+        }
+    }
+}
+
+/* ---- ordering-only events ---- */
+
+static void test_ordering_event(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(2, "threads=1");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0 = NULL, *s1 = NULL;
+    mgt_event *ord = NULL, *t0 = NULL, *t1 = NULL;
+    mgt_buffer *b = NULL;
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    CHECK(mgt_event_create_ordering(d0, &ord));
+    CHECK(mgt_event_create(d0, &t0));
+    CHECK(mgt_event_create(d0, &t1));
+    CHECK(mgt_buffer_alloc(d0, 4096, &b));
+    /* it orders as any event: s1 waits for s0's fill */
+    CHECK(mgt_event_record(t0, s0));
+    CHECK(mgt_fill(s0, mgt_buffer_ptr(b), 3.0f, 1024));
+    CHECK(mgt_event_record(ord, s0));
+    CHECK(mgt_event_record(t1, s0));
+    CHECK(mgt_stream_wait_event(s1, ord));
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    bool done = false;
+    CHECK(mgt_event_query(ord, &done));
+    assert_true(done);
+    CHECK(mgt_event_synchronize(ord, NULL));
+    float ms = -1;
+    CHECK(mgt_event_elapsed_ms(t0, t1, &ms));
+    assert_true(ms >= 0);
+    /* but keeps no time */
+    EXPECT_FAIL(mgt_event_elapsed_ms(t0, ord, &ms), MGT_ERR_INVALID, "ordering-only");
+    EXPECT_FAIL(mgt_event_elapsed_ms(ord, t1, &ms), MGT_ERR_INVALID, "ordering-only");
+    mgt_buffer_free(b);
+    mgt_event_free(ord);
+    mgt_event_free(t0);
+    mgt_event_free(t1);
+    mgt_stream_free(s0);
+    mgt_stream_free(s1);
+    mgt_devset_free(set);
+}
+
 /* An argument picks the tests to run by name pattern (cmocka's filter), e.g. '*peer*'. */
 int main(int argc, char **argv)
 {
@@ -654,6 +841,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fault_kernel),
         cmocka_unit_test(test_bad_label_is_device_error),
         cmocka_unit_test(test_pointer_validation),
+        cmocka_unit_test(test_spec_names_missing_device_or_op),
+        cmocka_unit_test(test_spec_errors_have_one_prefix),
+        cmocka_unit_test(test_ordering_event),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

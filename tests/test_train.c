@@ -99,7 +99,7 @@ static mgt_devset *open_cuda_replicas(int n)
     int ids[MGT_MAX_DEVICES] = {0};
     mgt_devset_options o = {.deterministic = true};
     mgt_devset *set = NULL;
-    CHECK(mgt_devset_open_with(MGT_DEVICE_CUDA, ids, n, &o, &set));
+    CHECK(mgt_devset_open(MGT_DEVICE_CUDA, ids, n, &o, &set));
     return set;
 }
 

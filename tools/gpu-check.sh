@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: builds mgtrain with the CUDA backend and runs the CUDA checks within 8 minutes.
+# One command for a GPU machine: builds mgtrain with the CUDA backend and runs the CUDA checks within 450 seconds.
 #
 #   tools/gpu-check.sh               on the GPU machine, from the repository root
 #   tools/gpu-check.sh --fetch-deps  on a Debian 12 machine with apt, beforehand
 #
 # The GPU machine may have CUDA and the Python wheels' cuDNN/cuBLAS but none of Debian's
-# development packages the build needs (oneDNN, cJSON, cmocka, stb, pkg-config). Where
+# development packages the build needs (oneDNN, cJSON, cmocka, stb, zlib, pkg-config). Where
 # they are missing, the script unpacks the .deb files of .gpu-deps/ (made by --fetch-deps;
 # git ignores the folder: carry it to the machine) into a private prefix beside the build
-# folder and points the build at it; nothing is installed into the system. Without cmocka
-# the tests cannot be built: the build goes on with MGT_BUILD_TESTS=OFF and says so.
+# folder and points the build at it; nothing is installed into the system.
 # MGT_GPU_CHECK_USE_DEBS=1 takes the carried .debs even where the system has the packages.
+# A piece still missing after that (no GPU, no nvcc, no cuDNN or cuBLAS, a package neither
+# the system nor .gpu-deps has) stops the script before it configures, with a line naming it.
 #
-# Steps, each under its own timeout and all under one deadline: configure, build,
-# cuda_smoke (the backend's plumbing), the conformance suite (every op, CUDA beside the CPU
-# reference), `mgtrain devices` on CUDA, the kernel benchmark, then the remaining tests.
-# Writes $OUT/gpu-check.log (everything), $OUT/summary.json and, when the benchmark ran,
-# $OUT/bench.json; OUT defaults to ./gpu-check-out.
+# Steps, each under its own timeout and all under one deadline (420 s, so that a step's kill
+# grace and the summary still fit in 450 s): configure, build, cuda_smoke (the backend's
+# plumbing, asynchronous and under MGT_CUDA_SYNC=1), the conformance suite (every op, CUDA
+# beside the CPU reference), the CUDA training tests (train, models), `mgtrain devices` on
+# CUDA, the kernel benchmark, then the remaining tests. Test timeouts are the build's
+# MGT_TEST_TIMEOUT (each test's TIMEOUT property, which `ctest --timeout` does not
+# override). Writes $OUT/gpu-check.log (everything), $OUT/summary.json and, when the
+# benchmark ran, $OUT/bench.json; OUT defaults to ./gpu-check-out.
 set -u
 
 # libdnnl2 also needs libc6, libgcc-s1, libstdc++6 and libgomp1, which every machine with GCC
 # has; the build's -lgomp and omp.h are GCC's own (libgcc-N-dev), which no .deb here replaces,
 # and an older libgomp.so.1 on LD_LIBRARY_PATH would shadow the compiler's: libgomp1 stays out.
 DEB_PACKAGES="libdnnl-dev libdnnl2 ocl-icd-libopencl1 libcjson-dev libcjson1 libcmocka-dev
-libcmocka0 libstb-dev libstb0 pkgconf pkgconf-bin libpkgconf3"
+libcmocka0 libstb-dev libstb0 zlib1g-dev zlib1g pkgconf pkgconf-bin libpkgconf3"
 
 if [ "${1:-}" = "--fetch-deps" ]; then
     # apt-get download fetches single .deb files into the current folder; no root needed
@@ -48,7 +52,10 @@ LOG=$OUT/gpu-check.log
 WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
 BUILD=$REPO/build-gpu
 START=$(date +%s)
-DEADLINE=$((START + 470)) # 8 minutes less a margin for the summary
+# 450 s in all: the steps end by 420 s; a step killed at the deadline gets 10 s of grace
+# (timeout --kill-after), and the summary needs a few more.
+DEADLINE=$((START + 420))
+TEST_TIMEOUT=100 # each test's TIMEOUT (MGT_TEST_TIMEOUT), under the steps' own limits
 
 log() { echo "gpu-check: $*" | tee -a "$LOG"; }
 
@@ -63,6 +70,61 @@ add_step() { # name status rc seconds detail
     entry=$(printf '{"name": "%s", "status": "%s", "rc": %s, "seconds": %s, "detail": "%s"}' \
         "$1" "$2" "$3" "$4" "$(json_escape "$5")")
     STEPS_JSON="${STEPS_JSON:+$STEPS_JSON, }$entry"
+}
+
+# write_summary: $OUT/summary.json from what the steps left (also after an early stop).
+write_summary() {
+    TOTAL=$(($(date +%s) - START))
+    cat >"$OUT/summary.json" <<EOF
+{
+  "started": "$(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ 2>/dev/null)",
+  "total_seconds": $TOTAL,
+  "gpus": "$(json_escape "$GPU_INFO")",
+  "cuda_root": "$(json_escape "$CUDA_ROOT")",
+  "cudnn": {"header": "$(json_escape "$CUDNN_H")", "library": "$(json_escape "$CUDNN_SO")"},
+  "cublas": "$(json_escape "$CUBLAS_SO")",
+  "onednn": {"include_dir": "$(json_escape "$DNNL_INC")", "library": "$(json_escape "$DNNL_SO")"},
+  "zlib": {"include_dir": "$(json_escape "$ZLIB_INC")", "library": "$(json_escape "$ZLIB_SO")"},
+  "nccl": "$(json_escape "$NCCL_SO")",
+  "dependencies": "$(json_escape "$DEPS_NOTE")",
+  "missing": "$(json_escape "${MISSING# }")",
+  "fatal": "$(json_escape "$FATAL")",
+  "cuda_smoke_rc": $SMOKE_RC,
+  "conformance": {"passed": $CONF_PASSED, "failed": $CONF_FAILED, "total": $CONF_TOTAL},
+  "cuda_training_tests": {"passed": $TRAIN_PASSED, "failed": $TRAIN_FAILED, "total": $TRAIN_TOTAL},
+  "other_tests": {"passed": $TESTS_PASSED, "failed": $TESTS_FAILED, "total": $TESTS_TOTAL},
+  "steps": [$STEPS_JSON]
+}
+EOF
+}
+
+GPU_INFO="" CUDA_ROOT="" CUDNN_H="" CUDNN_SO="" CUBLAS_SO="" CUBLAS_H="" NCCL_SO=""
+DNNL_INC="" DNNL_SO="" ZLIB_INC="" ZLIB_SO="" DEPS_NOTE="" MISSING="" FATAL="" SMOKE_RC=null
+CONF_PASSED=null CONF_FAILED=null CONF_TOTAL=null TRAIN_PASSED=null TRAIN_FAILED=null
+TRAIN_TOTAL=null TESTS_PASSED=null TESTS_FAILED=null TESTS_TOTAL=null
+
+# fatal WHAT: the check cannot run; says so, writes the summary and stops (exit 1).
+fatal() {
+    FATAL="$*"
+    log "FATAL: $*"
+    add_step preflight fail 1 0 "$*"
+    write_summary
+    log "stopped after $(($(date +%s) - START))s; summary in $OUT/summary.json"
+    rm -rf "$WORK"
+    exit 1
+}
+
+# ctest_counts OUTPUT: "PASSED FAILED TOTAL" from ctest's last line, or "null null null".
+ctest_counts() {
+    local line failed total
+    line=$(printf '%s\n' "$1" | grep -E 'tests passed, [0-9]+ tests? failed out of' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "null null null"
+        return
+    fi
+    failed=$(echo "$line" | sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/')
+    total=$(echo "$line" | sed -E 's/.*failed out of ([0-9]+).*/\1/')
+    echo "$((total - failed)) $failed $total"
 }
 
 # run_step NAME MAX_SECONDS COMMAND...: runs under min(MAX, time left), output to the log.
@@ -98,7 +160,7 @@ run_step() {
 # ---- the machine ----
 
 log "started $(date -u +%Y-%m-%dT%H:%M:%SZ) in $REPO, output in $OUT"
-GPU_INFO="" CC_ARCH=""
+CC_ARCH=""
 if command -v nvidia-smi >/dev/null 2>&1; then
     GPU_INFO=$(nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,driver_version,compute_cap \
         --format=csv,noheader 2>&1)
@@ -106,6 +168,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     CC_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
 fi
 log "gpus: ${GPU_INFO:-none (no nvidia-smi)}"
+if ! printf '%s' "$GPU_INFO" | grep -qE '^ *[0-9]+ *,'; then
+    fatal "no NVIDIA GPU answers (nvidia-smi: ${GPU_INFO:-not found})"
+fi
 JOBS=$(nproc 2>/dev/null || echo 4)
 
 # ---- CUDA, cuDNN, cuBLAS, NCCL: the toolkit first, then the Python wheels' folders ----
@@ -160,6 +225,11 @@ NCCL_SO=$(find_first 'libnccl.so*' $SYS_LIB $(WHEEL_LIB nccl))
 log "cudnn: header ${CUDNN_H:-not found}, library ${CUDNN_SO:-not found}"
 log "cublas: header ${CUBLAS_H:-not found}, library ${CUBLAS_SO:-not found}"
 log "nccl: ${NCCL_SO:-not found} (not used by the build)"
+[ -n "$CUDA_ROOT" ] || fatal "no CUDA toolkit (nvcc) in CUDA_HOME, CUDA_PATH, /usr/local/cuda* or PATH"
+[ -n "$CUDNN_H" ] && [ -n "$CUDNN_SO" ] ||
+    fatal "cuDNN not found (header: ${CUDNN_H:-none}, library: ${CUDNN_SO:-none}) in the toolkit, the system or a Python wheel (nvidia-cudnn-cu*)"
+[ -n "$CUBLAS_SO" ] && [ -n "$CUBLAS_H" ] ||
+    fatal "cuBLAS not found (header: ${CUBLAS_H:-none}, library: ${CUBLAS_SO:-none})"
 
 CMAKE_ARGS=(-DMGT_CUDA=ON -DCMAKE_BUILD_TYPE=Release)
 # The GPU's own architecture only: half the compile time of the default 80;90.
@@ -199,10 +269,25 @@ have_dnnl() {
     DNNL_SO=$(find_first libdnnl.so "${libs[@]}")
     [ -n "$DNNL_INC" ] && [ -n "$DNNL_SO" ]
 }
+# have_zlib ROOT: zlib's header and library under ROOT (empty: the system's); sets ZLIB_INC
+# and ZLIB_SO, which CMake then takes as they are (FindZLIB would not look in ROOT).
+have_zlib() {
+    local r=$1 d
+    ZLIB_INC="" ZLIB_SO=""
+    [ -f "$r/usr/include/zlib.h" ] && ZLIB_INC=$r/usr/include
+    for d in "$r/usr/lib/x86_64-linux-gnu" "$r/lib/x86_64-linux-gnu" "$r/usr/lib64" "$r/usr/lib"; do
+        ZLIB_SO=$(find_first 'libz.so' "$d")
+        # -e follows the link: zlib1g-dev's libz.so points into the system's /lib
+        [ -n "$ZLIB_SO" ] && [ -e "$ZLIB_SO" ] && break
+        ZLIB_SO=""
+    done
+    [ -n "$ZLIB_INC" ] && [ -n "$ZLIB_SO" ]
+}
 STB_DIR=""
 [ -f /usr/include/stb/stb_image.h ] && STB_DIR=/usr/include
 MISSING=""
 have_dnnl "" || MISSING="$MISSING onednn"
+have_zlib "" || MISSING="$MISSING zlib"
 have_pc libcjson || MISSING="$MISSING cjson"
 have_pc cmocka || MISSING="$MISSING cmocka"
 [ -n "$STB_DIR" ] || MISSING="$MISSING stb"
@@ -226,6 +311,12 @@ if [ -n "$MISSING" ]; then
                 (cd "$WORK" && ar x "$deb" && tar -xf data.tar.* -C "$ROOT" && rm -f data.tar.* control.tar.* debian-binary)
             fi
         done
+        # Absolute links (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) name
+        # the system, which may have another version: point them into the prefix instead.
+        find "$ROOT" -type l | while read -r l; do
+            t=$(readlink "$l")
+            case "$t" in /*) [ -e "$ROOT$t" ] && ln -sfn "$ROOT$t" "$l" ;; esac
+        done
         # Debian's .pc files name absolute /usr paths; point them into the private prefix.
         find "$ROOT" -name '*.pc' -exec sed -i -e "s#=/usr/#=$ROOT/usr/#" -e "s#=/usr\$#=$ROOT/usr#" {} +
         ML=$ROOT/usr/lib/x86_64-linux-gnu
@@ -242,6 +333,7 @@ if [ -n "$MISSING" ]; then
         DEPS_NOTE="unpacked from .gpu-deps ($(echo "$DEBS" | wc -w) packages)"
         MISSING=""
         have_dnnl "$ROOT" || have_dnnl "" || MISSING="$MISSING onednn"
+        have_zlib "$ROOT" || have_zlib "" || MISSING="$MISSING zlib"
         have_pc libcjson || MISSING="$MISSING cjson"
         have_pc cmocka || MISSING="$MISSING cmocka"
         [ -n "$STB_DIR" ] || MISSING="$MISSING stb"
@@ -250,6 +342,8 @@ if [ -n "$MISSING" ]; then
     fi
 fi
 [ -n "$STB_DIR" ] && CMAKE_ARGS+=("-DSTB_INCLUDE_DIR=$STB_DIR")
+[ -n "$ZLIB_INC" ] && [ -n "$ZLIB_SO" ] && CMAKE_ARGS+=("-DZLIB_INCLUDE_DIR=$ZLIB_INC" "-DZLIB_LIBRARY=$ZLIB_SO")
+log "zlib: header folder ${ZLIB_INC:-not found}, library ${ZLIB_SO:-not found}"
 # Both given, as found here: find_path and find_library would not look again past a cached answer.
 [ -n "$DNNL_INC" ] && [ -n "$DNNL_SO" ] && CMAKE_ARGS+=("-DDNNL_INCLUDE_DIR=$DNNL_INC" "-DDNNL_LIB=$DNNL_SO")
 log "onednn: header folder ${DNNL_INC:-not found}, library ${DNNL_SO:-not found}"
@@ -259,13 +353,11 @@ case "$GOMP_SO" in
 /*) ;;
 *) log "warning: the C compiler (${CC:-cc}) has no libgomp.so: linking mgt_core (-lgomp) will fail" ;;
 esac
-case "$MISSING" in
-*cmocka*)
-    CMAKE_ARGS+=(-DMGT_BUILD_TESTS=OFF)
-    log "cmocka is missing: building without tests (no conformance run)"
-    ;;
-esac
 log "dependencies: $DEPS_NOTE; still missing:${MISSING:- nothing}"
+# Without any of them the build (or, cmocka, every test) cannot happen: say so now, not after
+# minutes of configure and build.
+[ -z "$MISSING" ] || fatal "missing:$MISSING ($DEPS_NOTE)"
+CMAKE_ARGS+=("-DMGT_TEST_TIMEOUT=$TEST_TIMEOUT")
 # No empty entry: one would put the current folder on the search path.
 LIBDIRS=${LIBDIRS#:}
 [ -n "$LIBDIRS" ] && export LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -286,43 +378,43 @@ fi
 
 # ---- build and run ----
 
-run_step configure 90 cmake -S "$REPO" -B "$BUILD" "${CMAKE_ARGS[@]}"
+run_step configure 60 cmake -S "$REPO" -B "$BUILD" "${CMAKE_ARGS[@]}"
 CONFIGURED=$STEP_RC
 BUILT=1
 if [ "$CONFIGURED" -eq 0 ]; then
-    run_step build 300 cmake --build "$BUILD" -j "$JOBS"
+    run_step build 240 cmake --build "$BUILD" -j "$JOBS"
     BUILT=$STEP_RC
     if [ "$BUILT" -ne 0 ] && [ "$STEP_RC" -ne 124 ]; then
         # Other people's half-written files can break the full build: the backend and the
         # smoke test alone still say whether the CUDA code builds and runs.
-        run_step build-cuda-only 120 cmake --build "$BUILD" -j "$JOBS" --target cuda_smoke
+        run_step build-cuda-only 90 cmake --build "$BUILD" -j "$JOBS" --target cuda_smoke
     fi
 fi
 
 if [ -x "$BUILD/cuda_smoke" ]; then
-    run_step cuda_smoke 60 "$BUILD/cuda_smoke"
+    run_step cuda_smoke 45 "$BUILD/cuda_smoke"
     SMOKE_RC=$STEP_RC
     run_step cuda_smoke_sync 60 env MGT_CUDA_SYNC=1 "$BUILD/cuda_smoke"
-else
-    SMOKE_RC=null
+    [ "$SMOKE_RC" -eq 0 ] && SMOKE_RC=$STEP_RC
 fi
 
-CONF_PASSED=null CONF_FAILED=null CONF_TOTAL=null
 if [ -x "$BUILD/tests/test_conformance" ]; then
     # One op directly: its output says whether CUDA took part ("cuda: skipped" if not).
-    run_step conformance-probe 30 "$BUILD/tests/test_conformance" fill
-    run_step conformance 150 ctest --test-dir "$BUILD" -L conformance -j 8 --timeout 120 --output-on-failure
-    LINE=$(printf '%s\n' "$STEP_OUT" | grep -E 'tests passed, [0-9]+ tests? failed out of' | tail -n 1)
-    if [ -n "$LINE" ]; then
-        CONF_FAILED=$(echo "$LINE" | sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/')
-        CONF_TOTAL=$(echo "$LINE" | sed -E 's/.*failed out of ([0-9]+).*/\1/')
-        CONF_PASSED=$((CONF_TOTAL - CONF_FAILED))
-    fi
+    run_step conformance-probe 20 "$BUILD/tests/test_conformance" fill
+    run_step conformance 90 ctest --test-dir "$BUILD" -L conformance -j 8 --output-on-failure
+    read -r CONF_PASSED CONF_FAILED CONF_TOTAL <<<"$(ctest_counts "$STEP_OUT")"
+fi
+
+if [ -f "$BUILD/CTestTestfile.cmake" ] && [ "$BUILT" -eq 0 ]; then
+    # The trainer on CUDA replicas (learning, bit-identical resume) and the models against
+    # PyTorch's goldens on CUDA, before the benchmark (which times the CPU path).
+    run_step cuda-training-tests 100 ctest --test-dir "$BUILD" -L 'train|models' -j 4 --output-on-failure
+    read -r TRAIN_PASSED TRAIN_FAILED TRAIN_TOTAL <<<"$(ctest_counts "$STEP_OUT")"
 fi
 
 if [ -x "$BUILD/mgtrain" ]; then
-    run_step devices 30 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
-    run_step devices-no-p2p 30 env MGT_NO_P2P=1 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
+    run_step devices 20 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
+    run_step devices-no-p2p 20 env MGT_NO_P2P=1 "$BUILD/mgtrain" devices --device cuda --gpus 0,0
 fi
 
 if [ -x "$BUILD/bench_kernels" ]; then
@@ -333,45 +425,21 @@ if [ -x "$BUILD/bench_kernels" ]; then
     else
         BENCH_ARGS+=(--threads "$JOBS" --repeats 3)
     fi
-    run_step bench_kernels 60 "$BUILD/bench_kernels" "${BENCH_ARGS[@]}"
+    run_step bench_kernels 45 "$BUILD/bench_kernels" "${BENCH_ARGS[@]}"
 fi
 
-TESTS_PASSED=null TESTS_FAILED=null TESTS_TOTAL=null
 if [ -f "$BUILD/CTestTestfile.cmake" ] && [ "$BUILT" -eq 0 ]; then
-    # The multi-device tests and the rest; they use CUDA where they are written to.
-    run_step other-tests 120 ctest --test-dir "$BUILD" -LE conformance -j 8 --timeout 100 --output-on-failure
-    LINE=$(printf '%s\n' "$STEP_OUT" | grep -E 'tests passed, [0-9]+ tests? failed out of' | tail -n 1)
-    if [ -n "$LINE" ]; then
-        TESTS_FAILED=$(echo "$LINE" | sed -E 's/.* ([0-9]+) tests? failed out of.*/\1/')
-        TESTS_TOTAL=$(echo "$LINE" | sed -E 's/.*failed out of ([0-9]+).*/\1/')
-        TESTS_PASSED=$((TESTS_TOTAL - TESTS_FAILED))
-    fi
+    # What is left: the device, stream, collective, data and other tests.
+    run_step other-tests 90 ctest --test-dir "$BUILD" -LE 'conformance|train|models' -j 8 --output-on-failure
+    read -r TESTS_PASSED TESTS_FAILED TESTS_TOTAL <<<"$(ctest_counts "$STEP_OUT")"
 fi
 
 # ---- summary ----
 
-TOTAL=$(($(date +%s) - START))
-cat >"$OUT/summary.json" <<EOF
-{
-  "started": "$(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ 2>/dev/null)",
-  "total_seconds": $TOTAL,
-  "gpus": "$(json_escape "$GPU_INFO")",
-  "cuda_root": "$(json_escape "$CUDA_ROOT")",
-  "cudnn": {"header": "$(json_escape "$CUDNN_H")", "library": "$(json_escape "$CUDNN_SO")"},
-  "cublas": "$(json_escape "$CUBLAS_SO")",
-  "onednn": {"include_dir": "$(json_escape "$DNNL_INC")", "library": "$(json_escape "$DNNL_SO")"},
-  "nccl": "$(json_escape "$NCCL_SO")",
-  "dependencies": "$(json_escape "$DEPS_NOTE")",
-  "missing": "$(json_escape "${MISSING# }")",
-  "cuda_smoke_rc": $SMOKE_RC,
-  "conformance": {"passed": $CONF_PASSED, "failed": $CONF_FAILED, "total": $CONF_TOTAL},
-  "other_tests": {"passed": $TESTS_PASSED, "failed": $TESTS_FAILED, "total": $TESTS_TOTAL},
-  "steps": [$STEPS_JSON]
-}
-EOF
+write_summary
 log "done in ${TOTAL}s; summary in $OUT/summary.json"
 printf 'step summary:\n'
-grep -E '^gpu-check: [a-z_-]+: (ok|fail|timeout|skipped)' "$LOG" | sed 's/^gpu-check: /  /'
+grep -E '^gpu-check: [a-z0-9_-]+: (ok|fail|timeout|skipped)' "$LOG" | sed 's/^gpu-check: /  /'
 rm -rf "$WORK"
-FAILED=$(grep -cE '^gpu-check: [a-z_-]+: (fail|timeout)' "$LOG")
+FAILED=$(grep -cE '^gpu-check: [a-z0-9_-]+: (fail|timeout)' "$LOG")
 [ "$FAILED" -eq 0 ]

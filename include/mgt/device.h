@@ -54,10 +54,10 @@ typedef enum mgt_fault_kind {
    the --mock flag, items separated by ';' (see mgt_mock_options_parse):
      threads=N           compute threads per device (default: cores / devices, at least 1)
      mem=SIZE            memory per device, e.g. 512M, 8G (default: the machine's memory)
-     peers=all|none|0-1,2-3   which pairs reach each other directly
-     fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1)
+     peers=all|none|0-1,2-3   which pairs reach each other directly (ids of opened devices)
+     fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1; D opened)
      fault=kernel@D:N    the Nth kernel on device D fails
-     fault=kernel@D:N:OP the Nth OP kernel (e.g. axpy, sgd_update) on device D fails
+     fault=kernel@D:N:OP the Nth OP kernel (an op name, e.g. axpy, sgd_update) on D fails
      delay=USEC          a random delay of 0..USEC microseconds before every queued op
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
@@ -80,8 +80,15 @@ typedef struct mgt_mock_options {
     bool conv_im2col; /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
 } mgt_mock_options;
 
-/* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). */
+/* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). A bad
+   item is MGT_ERR_INVALID with text that quotes it and says why ("'mem=abc': expected a size
+   such as 512M or 8G"); the caller puts where the spec came from in front (mgt_error_wrap
+   with "--mock" or "MGT_MOCK"). An op name in fault=kernel@D:N:OP must be one of the op list. */
 mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec);
+/* Checks a parsed spec against the ids of the devices being opened: a fault or a peer pair
+   naming a device that is not among them is MGT_ERR_INVALID naming the item and the device.
+   mgt_devset_open runs it; a caller that wants the error labelled by its source runs it first. */
+mgt_status mgt_mock_options_check(const mgt_mock_options *o, const int *ids, int n);
 
 /* ---- devices ---- */
 
@@ -94,15 +101,15 @@ typedef struct mgt_devset_options {
     bool deterministic; /* CUDA: only deterministic cuDNN algorithms (mock devices always are) */
 } mgt_devset_options;
 
-/* Opens n devices of a kind. ids name physical devices and may repeat for CUDA (several
-   replicas on one GPU); mock ids are 0..n-1 in any order. `mock` may be NULL (defaults,
-   overridden by the MGT_MOCK environment variable when set). MGT_DEVICE_AUTO opens CUDA
-   devices when the build has CUDA and a GPU answers, mock devices otherwise. */
+/* Opens n devices of a kind, the one way to open devices. ids name physical devices and may
+   repeat for CUDA (several replicas on one GPU); mock ids run from 0 to MGT_MAX_DEVICES - 1 in
+   any order. opts may be NULL (every switch off); opts->mock NULL means the defaults,
+   overridden by the MGT_MOCK environment variable when set (its errors then start
+   "MGT_MOCK: "). Mock options that name a device not among ids are refused
+   (mgt_mock_options_check). MGT_DEVICE_AUTO opens CUDA devices when the build has CUDA and
+   a GPU answers, mock devices otherwise. */
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
-                           const mgt_mock_options *mock, mgt_devset **out);
-/* The same with the backend-independent switches (opts may be NULL: all off). */
-mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
-                                const mgt_devset_options *opts, mgt_devset **out);
+                           const mgt_devset_options *opts, mgt_devset **out);
 /* Waits for all work, then frees every device, stream and event of the set. NULL is a no-op. */
 void mgt_devset_free(mgt_devset *set);
 int mgt_devset_count(const mgt_devset *set);
@@ -152,6 +159,10 @@ mgt_device *mgt_stream_device(const mgt_stream *s);
 mgt_status mgt_stream_synchronize(mgt_stream *s, const mgt_abort *abort);
 
 mgt_status mgt_event_create(mgt_device *d, mgt_event **out);
+/* An event for ordering streams only: records and waits as any event, but
+   mgt_event_elapsed_ms refuses it. Cheaper where recording takes a timestamp (CUDA creates it
+   with cudaEventDisableTiming); what the dispatch layer's peer-copy ordering uses. */
+mgt_status mgt_event_create_ordering(mgt_device *d, mgt_event **out);
 void mgt_event_free(mgt_event *e);
 /* Marks the current end of stream `s` (which must be on the event's device). */
 mgt_status mgt_event_record(mgt_event *e, mgt_stream *s);
@@ -161,7 +172,7 @@ mgt_status mgt_stream_wait_event(mgt_stream *s, mgt_event *e);
 mgt_status mgt_event_synchronize(mgt_event *e, const mgt_abort *abort);
 /* *done = whether the latest record has run; never blocks. */
 mgt_status mgt_event_query(mgt_event *e, bool *done);
-/* Milliseconds between two completed records. */
+/* Milliseconds between two completed records of events made by mgt_event_create. */
 mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms);
 
 /* ---- copies (all enqueued) ---- */

@@ -16,29 +16,6 @@
 #include "mgt/thread.h"
 #include "mgt/train.h"
 
-typedef struct bench_devices {
-    mgt_device_kind kind;
-    const char *mock;
-    mgt_devset_options sw;
-    int ids[MGT_MAX_DEVICES];
-    int n;
-} bench_devices;
-
-/* --device/--gpus resolved once, so that every device count opens a prefix of one list. */
-static mgt_status resolve_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                  const mgt_devset_options *sw, bench_devices *out)
-{
-    out->kind = kind;
-    out->mock = mock;
-    out->sw = *sw;
-    return mgt_app_resolve_devices(&out->kind, gpus, out->ids, &out->n);
-}
-
-static mgt_status open_prefix(const bench_devices *bd, int n, mgt_devset **set)
-{
-    return mgt_app_open_ids(bd->kind, bd->ids, n, bd->mock, &bd->sw, set);
-}
-
 /* 1, 2, 4, ... below n, then n */
 static int device_counts(int n, int *counts)
 {
@@ -202,8 +179,9 @@ int mgt_app_cmd_bench(int argc, char **argv)
         fprintf(stderr, "mgtrain bench: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    bench_devices bd;
-    mgt_status rst = resolve_devices(kind, gpus, mock, &sw, &bd);
+    /* resolved once, so that every device count opens a prefix of one list */
+    mgt_app_devices bd = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
+    mgt_status rst = mgt_app_resolve_devices(&bd);
     if (rst != MGT_OK) {
         fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
         return mgt_app_device_exit(rst);
@@ -216,21 +194,12 @@ int mgt_app_cmd_bench(int argc, char **argv)
     /* A mock device is a fixed share of the machine, as a GPU is: every row gives each device
        the same compute threads (the cores over the largest count), or efficiency would
        measure the cores a lone device borrows rather than the scaling. */
-    char spec[1024];
     int mock_threads = 0;
     if (bd.kind == MGT_DEVICE_MOCK) {
-        const char *given = bd.mock ? bd.mock : getenv("MGT_MOCK");
-        mgt_mock_options mo;
-        if (mgt_mock_options_parse(&mo, given) != MGT_OK) {
-            fprintf(stderr, "mgtrain bench: --mock: %s\n", mgt_error_last());
-            return 2;
-        }
-        mock_threads = mo.threads_per_device;
+        mock_threads = bd.mock_opts.threads_per_device;
         if (mock_threads == 0) {
             mock_threads = mgt_cpu_count() / bd.n > 1 ? mgt_cpu_count() / bd.n : 1;
-            snprintf(spec, sizeof spec, "%s%sthreads=%d", given ? given : "",
-                     given && *given ? ";" : "", mock_threads);
-            bd.mock = spec;
+            bd.mock_opts.threads_per_device = mock_threads;
         }
     }
     FILE *devnull = fopen("/dev/null", "w");
@@ -264,7 +233,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
     for (int k = 0; k < nc; k++) {
         int n = counts[k];
         mgt_devset *set;
-        mgt_status ost = open_prefix(&bd, n, &set);
+        mgt_status ost = mgt_app_open_devices(&bd, n, &set);
         if (ost != MGT_OK) {
             fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
             rc = mgt_app_device_exit(ost);
@@ -493,18 +462,14 @@ static int bench_allreduce(int argc, char **argv)
         fprintf(stderr, "mgtrain bench allreduce: --min-bytes is above --max-bytes\n");
         return 2;
     }
-    bench_devices bd;
+    mgt_app_devices bd = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     mgt_devset *set = NULL;
-    mgt_status ost = resolve_devices(kind, gpus, mock, &sw, &bd);
-    if (ost == MGT_OK)
-        ost = open_prefix(&bd, bd.n, &set);
+    mgt_status ost = mgt_app_open_devices(&bd, 0, &set);
     if (ost != MGT_OK) {
         fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
         return mgt_app_device_exit(ost);
     }
-    mgt_mock_options mo;
-    mgt_mock_options_parse(&mo,
-                           bd.kind == MGT_DEVICE_MOCK ? (mock ? mock : getenv("MGT_MOCK")) : NULL);
+    const mgt_mock_options mo = bd.mock_opts; /* zeroed unless mock devices */
     int n = bd.n;
     mgt_buffer *buf[MGT_MAX_DEVICES] = {0};
     float *ptr[MGT_MAX_DEVICES];

@@ -48,38 +48,6 @@ mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind)
     return MGT_OK;
 }
 
-mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int *ids, int *n)
-{
-    *n = 0;
-    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
-    if (*kind == MGT_DEVICE_CUDA && cuda == 0)
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "--device cuda: no CUDA device was found");
-    if (*kind == MGT_DEVICE_AUTO) {
-        *kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
-        if (*kind == MGT_DEVICE_MOCK)
-            fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
-    }
-    if (gpus && *gpus) {
-        mgt_status st = mgt_app_parse_gpus(gpus, ids, n);
-        if (st != MGT_OK)
-            return st;
-    } else {
-        *n = *kind == MGT_DEVICE_CUDA ? cuda : mgt_cpu_count();
-        if (*n > 8 && *kind == MGT_DEVICE_MOCK)
-            *n = 8;
-        for (int i = 0; i < *n; i++)
-            ids[i] = i;
-    }
-    if (*kind == MGT_DEVICE_CUDA)
-        for (int i = 0; i < *n; i++)
-            if (ids[i] >= cuda)
-                return mgt_error_set(MGT_ERR_INVALID,
-                                     "--gpus: device %d does not exist (this machine has %d "
-                                     "CUDA device%s: 0 to %d)",
-                                     ids[i], cuda, cuda == 1 ? "" : "s", cuda - 1);
-    return MGT_OK;
-}
-
 bool mgt_app_device_switch(int c, mgt_devset_options *sw)
 {
     switch (c) {
@@ -90,27 +58,84 @@ bool mgt_app_device_switch(int c, mgt_devset_options *sw)
     }
 }
 
-mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
-                            const mgt_devset_options *sw, mgt_devset **out)
+mgt_status mgt_app_resolve_devices(mgt_app_devices *d)
 {
-    mgt_devset_options o = sw ? *sw : (mgt_devset_options){0};
-    mgt_mock_options opts;
-    o.mock = NULL;
-    if (kind == MGT_DEVICE_MOCK && mock) {
-        mgt_status st = mgt_mock_options_parse(&opts, mock);
-        if (st != MGT_OK)
-            return mgt_error_wrap(st, "--mock");
-        o.mock = &opts;
+    if (d->resolved)
+        return MGT_OK;
+    d->n = 0;
+    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
+    if (d->kind == MGT_DEVICE_CUDA && cuda == 0)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "--device cuda: no CUDA device was found");
+    if (d->kind == MGT_DEVICE_AUTO) {
+        d->kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+        if (d->kind == MGT_DEVICE_MOCK)
+            fprintf(stderr, "mgtrain: no CUDA device found; using CPU mock devices\n");
     }
-    return mgt_devset_open_with(kind, ids, n, &o, out);
+    if (d->gpus && *d->gpus) {
+        mgt_status st = mgt_app_parse_gpus(d->gpus, d->ids, &d->n);
+        if (st != MGT_OK)
+            return st;
+    } else {
+        d->n = d->kind == MGT_DEVICE_CUDA ? cuda : mgt_cpu_count();
+        if (d->n > 8 && d->kind == MGT_DEVICE_MOCK)
+            d->n = 8;
+        for (int i = 0; i < d->n; i++)
+            d->ids[i] = i;
+    }
+    if (d->kind == MGT_DEVICE_CUDA)
+        for (int i = 0; i < d->n; i++)
+            if (d->ids[i] >= cuda)
+                return mgt_error_set(MGT_ERR_INVALID,
+                                     "--gpus: device %d does not exist (this machine has %d "
+                                     "CUDA device%s: 0 to %d)",
+                                     d->ids[i], cuda, cuda == 1 ? "" : "s", cuda - 1);
+    if (d->kind == MGT_DEVICE_MOCK) {
+        /* parsed and checked here, against every id, so that the error names the flag or the
+           variable the spec came from */
+        const char *source = d->mock ? "--mock" : "MGT_MOCK";
+        mgt_status st =
+            mgt_mock_options_parse(&d->mock_opts, d->mock ? d->mock : getenv("MGT_MOCK"));
+        if (st == MGT_OK)
+            st = mgt_mock_options_check(&d->mock_opts, d->ids, d->n);
+        if (st != MGT_OK)
+            return mgt_error_wrap(st, "%s", source);
+    }
+    d->resolved = true;
+    return MGT_OK;
 }
 
-mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                const mgt_devset_options *sw, mgt_devset **out)
+static bool among(const int *ids, int n, int id)
 {
-    int ids[MGT_MAX_DEVICES], n;
-    mgt_status st = mgt_app_resolve_devices(&kind, gpus, ids, &n);
-    return st != MGT_OK ? st : mgt_app_open_ids(kind, ids, n, mock, sw, out);
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+mgt_status mgt_app_open_devices(mgt_app_devices *d, int count, mgt_devset **out)
+{
+    *out = NULL;
+    mgt_status st = mgt_app_resolve_devices(d);
+    if (st != MGT_OK)
+        return st;
+    if (count <= 0 || count > d->n)
+        count = d->n;
+    mgt_devset_options o = d->sw;
+    o.mock = NULL;
+    if (d->kind == MGT_DEVICE_MOCK) {
+        /* The spec was checked against the whole list; of a prefix, the pairs and the fault
+           of devices left out do not apply. */
+        mgt_mock_options mo = d->mock_opts;
+        for (int a = 0; a < MGT_MAX_DEVICES; a++)
+            for (int b = 0; b < MGT_MAX_DEVICES; b++)
+                if (!among(d->ids, count, a) || !among(d->ids, count, b))
+                    mo.peer[a][b] = 0;
+        if (!among(d->ids, count, mo.fault_device))
+            mo.fault_kind = MGT_FAULT_NONE;
+        o.mock = &mo;
+        return mgt_devset_open(d->kind, d->ids, count, &o, out);
+    }
+    return mgt_devset_open(d->kind, d->ids, count, &o, out);
 }
 
 static void devices_usage(FILE *f)
@@ -138,9 +163,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
         MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
-    const char *gpus = NULL, *mock = NULL;
-    mgt_device_kind kind = MGT_DEVICE_AUTO;
-    mgt_devset_options sw = {0};
+    mgt_app_devices devs = {0};
     bool bandwidth = true;
     long copy_mb = 64;
     int c;
@@ -149,13 +172,13 @@ int mgt_app_cmd_devices(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'd':
-            if (mgt_app_parse_device_kind(optarg, &kind) != MGT_OK) {
+            if (mgt_app_parse_device_kind(optarg, &devs.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
                 return 2;
             }
             break;
-        case 'g': gpus = optarg; break;
-        case 'm': mock = optarg; break;
+        case 'g': devs.gpus = optarg; break;
+        case 'm': devs.mock = optarg; break;
         case 'B': bandwidth = false; break;
         case 'C':
             if (!mgt_app_flag_int("--copy-mb", optarg, 1, 4096, &copy_mb))
@@ -163,7 +186,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
             break;
         case 'h': devices_usage(stdout); return 0;
         default:
-            if (mgt_app_device_switch(c, &sw))
+            if (mgt_app_device_switch(c, &devs.sw))
                 break;
             fprintf(stderr, "mgtrain devices: unknown or incomplete option '%s'\n",
                     argv[optind - 1]);
@@ -180,7 +203,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
     if (cuda > 0)
         printf("CUDA devices: %d\n", cuda);
     mgt_devset *set;
-    mgt_status st = mgt_app_open_devices(kind, gpus, mock, &sw, &set);
+    mgt_status st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {
         fprintf(stderr, "mgtrain devices: %s\n", mgt_error_last());
         return mgt_app_device_exit(st);
@@ -200,7 +223,7 @@ int mgt_app_cmd_devices(int argc, char **argv)
        ways at start), H: staged */
     printf("peer access (row copies to column; P = direct peer copy, verified at start, H = "
            "staged through pinned host memory%s):\n      ",
-           sw.no_p2p ? "; --no-p2p stages every pair" : "");
+           devs.sw.no_p2p ? "; --no-p2p stages every pair" : "");
     for (int j = 0; j < n; j++)
         printf(" %3d", j);
     printf("\n");

@@ -478,7 +478,8 @@ int mgt_app_cmd_train(int argc, char **argv)
     if (!check_flags(&c, argc, argv))
         return 2;
     mgt_devset *set;
-    mgt_status st = mgt_app_open_devices(kind, gpus, mock, &sw, &set);
+    mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
+    mgt_status st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
         return mgt_app_device_exit(st);

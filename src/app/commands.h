@@ -38,10 +38,6 @@ bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, d
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);
 /* Parses --device auto|cuda|cpu. */
 mgt_status mgt_app_parse_device_kind(const char *s, mgt_device_kind *kind);
-/* What --device and --gpus name: *kind resolved (AUTO becomes CUDA or MOCK, with the one-line
-   notice), ids[*n] checked against the machine. An empty gpus list means every CUDA device,
-   or one mock device per core (at most 8) where there is none. */
-mgt_status mgt_app_resolve_devices(mgt_device_kind *kind, const char *gpus, int *ids, int *n);
 /* --no-p2p, --tf32 and --deterministic, which every command that opens devices takes: their
    getopt codes (above any command's own), the entries for its long-option table, the lines
    for its usage text, and the handler that sets the switch code c names (false: not one). */
@@ -58,14 +54,27 @@ enum { MGT_APP_OPT_NO_P2P = 0x1000, MGT_APP_OPT_TF32, MGT_APP_OPT_DETERMINISTIC 
     "  --deterministic        CUDA: only deterministic cuDNN algorithms\n"
 bool mgt_app_device_switch(int c, mgt_devset_options *sw);
 
-/* Opens resolved devices, with the --mock options (NULL: MGT_MOCK or the defaults) and the
-   switches of sw (NULL: none; its mock field is not read). */
-mgt_status mgt_app_open_ids(mgt_device_kind kind, const int *ids, int n, const char *mock,
-                            const mgt_devset_options *sw, mgt_devset **out);
-/* Resolves and opens the devices the flags name, printing the one-line notice when AUTO falls back to
-   mock devices. An empty gpus list means every CUDA device, or one mock device per core
-   (at most 8) where there is none. */
-mgt_status mgt_app_open_devices(mgt_device_kind kind, const char *gpus, const char *mock,
-                                const mgt_devset_options *sw, mgt_devset **out);
+/* The devices a command's flags name: --device, --gpus, --mock and the switches, as given
+   (a zeroed struct: --device auto and nothing else), then what mgt_app_resolve_devices made
+   of them. */
+typedef struct mgt_app_devices {
+    mgt_device_kind kind;  /* --device; resolved: CUDA or MOCK */
+    const char *gpus;      /* --gpus LIST, or NULL: every CUDA device, else a mock per core */
+    const char *mock;      /* --mock SPEC, or NULL: MGT_MOCK or the defaults */
+    mgt_devset_options sw; /* --no-p2p, --tf32, --deterministic (its mock field unused) */
+    bool resolved;
+    int ids[MGT_MAX_DEVICES]; /* resolved: the device ids, n of them */
+    int n;
+    mgt_mock_options mock_opts; /* resolved (mock devices): --mock, else MGT_MOCK, parsed */
+} mgt_app_devices;
+
+/* Resolves the flags once (later calls do nothing): AUTO becomes CUDA or MOCK, with the
+   one-line notice when it falls back to mock devices; --gpus is parsed and checked against
+   the machine (empty: every CUDA device, or one mock device per core, at most 8); --mock is
+   parsed and checked against the ids. Errors name the flag ("--mock: 'mem=abc': ..."). */
+mgt_status mgt_app_resolve_devices(mgt_app_devices *d);
+/* Resolves (if not yet) and opens the first `count` of the devices (0: all of them); the mock
+   options apply to those of them that the spec names (bench opens prefixes of one list). */
+mgt_status mgt_app_open_devices(mgt_app_devices *d, int count, mgt_devset **out);
 
 #endif

@@ -43,7 +43,7 @@ typedef struct mgt_backend_i {
     mgt_status (*stream_synchronize)(mgt_stream *s, const mgt_abort *abort);
     mgt_status (*device_synchronize)(mgt_device *d, const mgt_abort *abort);
 
-    mgt_status (*event_create)(mgt_event *e); /* fills e->impl */
+    mgt_status (*event_create)(mgt_event *e); /* fills e->impl; e->timing says if it keeps time */
     void (*event_destroy)(mgt_event *e);
     mgt_status (*event_record)(mgt_event *e, mgt_stream *s);
     mgt_status (*stream_wait_event)(mgt_stream *s, mgt_event *e);
@@ -101,6 +101,7 @@ struct mgt_stream {
 struct mgt_event {
     mgt_device *dev;
     void *impl;
+    bool timing; /* false: ordering only (no timestamp; elapsed_ms refuses it) */
     mgt_event *reg_prev, *reg_next;
 };
 

@@ -121,7 +121,7 @@ static mgt_status staging_create(mgt_devset *set)
         for (int k = 0; k < 2; k++) {
             mgt_status st = mgt_host_alloc(&set->devs[i], STAGING_CHUNK, &sd[i].slot[k].host);
             if (st == MGT_OK)
-                st = mgt_event_create(&set->devs[i], &sd[i].slot[k].full);
+                st = mgt_event_create_ordering(&set->devs[i], &sd[i].slot[k].full);
             if (st != MGT_OK)
                 return st;
         }
@@ -130,14 +130,7 @@ static mgt_status staging_create(mgt_devset *set)
 }
 
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
-                           const mgt_mock_options *mock, mgt_devset **out)
-{
-    mgt_devset_options o = {.mock = mock};
-    return mgt_devset_open_with(kind, ids, n, &o, out);
-}
-
-mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
-                                const mgt_devset_options *opts, mgt_devset **out)
+                           const mgt_devset_options *opts, mgt_devset **out)
 {
     *out = NULL;
     mgt_devset_options o = opts ? *opts : (mgt_devset_options){0};
@@ -155,11 +148,18 @@ mgt_status mgt_devset_open_with(mgt_device_kind kind, const int *ids, int n,
                              "cuda devices: this build has no CUDA backend (configure with "
                              "MGT_CUDA=ON where the CUDA toolkit and cuDNN are installed)");
     mgt_mock_options env_opts;
+    const char *source = NULL; /* set when the spec is the environment's */
     if (!mock) {
         mgt_status st = mgt_mock_options_parse(&env_opts, getenv("MGT_MOCK"));
         if (st != MGT_OK)
             return mgt_error_wrap(st, "MGT_MOCK");
         mock = &env_opts;
+        source = "MGT_MOCK";
+    }
+    if (kind == MGT_DEVICE_MOCK) {
+        mgt_status st = mgt_mock_options_check(mock, ids, n);
+        if (st != MGT_OK)
+            return source ? mgt_error_wrap(st, "%s", source) : st;
     }
     o.mock = mock;
     mgt_devset *set = calloc(1, sizeof *set);
@@ -390,7 +390,7 @@ mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out)
     pthread_mutex_init(&s->aux_lock, NULL);
     mgt_status st = d->set->iface->stream_create(s);
     if (st == MGT_OK) {
-        st = mgt_event_create(d, &s->aux);
+        st = mgt_event_create_ordering(d, &s->aux);
         if (st != MGT_OK)
             d->set->iface->stream_destroy(s);
     }
@@ -425,7 +425,7 @@ mgt_status mgt_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
     return s->dev->set->iface->stream_synchronize(s, abort);
 }
 
-mgt_status mgt_event_create(mgt_device *d, mgt_event **out)
+static mgt_status event_create(mgt_device *d, bool timing, mgt_event **out)
 {
     *out = NULL;
     if (!d)
@@ -434,6 +434,7 @@ mgt_status mgt_event_create(mgt_device *d, mgt_event **out)
     if (!e)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
     e->dev = d;
+    e->timing = timing;
     mgt_status st = d->set->iface->event_create(e);
     if (st != MGT_OK) {
         free(e);
@@ -442,6 +443,13 @@ mgt_status mgt_event_create(mgt_device *d, mgt_event **out)
     REG_LINK(d->set, events, e);
     *out = e;
     return MGT_OK;
+}
+
+mgt_status mgt_event_create(mgt_device *d, mgt_event **out) { return event_create(d, true, out); }
+
+mgt_status mgt_event_create_ordering(mgt_device *d, mgt_event **out)
+{
+    return event_create(d, false, out);
 }
 
 void mgt_event_free(mgt_event *e)
@@ -491,6 +499,9 @@ mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
 {
     if (!start || !end || !ms)
         return bad_arg("event elapsed", "no event");
+    if (!start->timing || !end->timing)
+        return bad_arg("event elapsed",
+                       "an ordering-only event (mgt_event_create_ordering) keeps no time");
     return start->dev->set->iface->event_elapsed_ms(start, end, ms);
 }
 
@@ -560,7 +571,7 @@ static mgt_status copy_staged(mgt_stream *dst_s, char *dst, mgt_stream *src_s, c
         staging_slot *slot = &sd->slot[k];
         mgt_event **read_done = &sd->read_done[2 * di + k];
         if (!*read_done)
-            st = mgt_event_create(dst_s->dev, read_done);
+            st = mgt_event_create_ordering(dst_s->dev, read_done);
         if (st == MGT_OK && slot->last_read)
             st = mgt_stream_wait_event(src_s, slot->last_read);
         if (st == MGT_OK)

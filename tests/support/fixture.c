@@ -62,7 +62,7 @@ mgt_devset *mgt_test_open_mock(int n, const char *spec)
     mgt_mock_options o;
     assert_int_equal(mgt_mock_options_parse(&o, spec), MGT_OK);
     mgt_devset *set;
-    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &o, &set) != MGT_OK)
+    if (mgt_devset_open(MGT_DEVICE_MOCK, ids, n, &(mgt_devset_options){.mock = &o}, &set) != MGT_OK)
         fail_msg("open: %s", mgt_error_last());
     return set;
 }

@@ -1,4 +1,5 @@
-/* Parses the mock-device options string (MGT_MOCK, --mock) into mgt_mock_options. */
+/* Parses the mock-device options string (MGT_MOCK, --mock) into mgt_mock_options, one table
+   entry per item, and checks a parsed spec against the devices a set opens. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -6,11 +7,14 @@
 #include <string.h>
 #include <strings.h>
 
+#include "device/op.h"
 #include "mgt/device.h"
 
+/* The text names the item and the reason only: the caller puts where the spec came from
+   (--mock, MGT_MOCK) in front, once. */
 static mgt_status bad(const char *item, const char *why)
 {
-    return mgt_error_set(MGT_ERR_INVALID, "mock options: '%s': %s", item, why);
+    return mgt_error_set(MGT_ERR_INVALID, "'%s': %s", item, why);
 }
 
 /* A whole non-negative decimal number, nothing after it. */
@@ -123,6 +127,15 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
     if (op) {
         if (o->fault_kind != MGT_FAULT_KERNEL || !op[1] || strlen(op + 1) >= sizeof o->fault_op)
             return bad(item, "an op name follows N only for kernel faults, e.g. kernel@0:1:axpy");
+        if (mgt_op_kind_from_name(op + 1) == MGT_OP_COUNT) {
+            char names[1024] = "";
+            size_t len = 0;
+            for (int k = 0; k < MGT_OP_COUNT && len < sizeof names; k++)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "",
+                                        mgt_op_name((mgt_op_kind)k));
+            return mgt_error_set(MGT_ERR_INVALID, "'%s': no op is named '%s' (ops: %s)", item,
+                                 op + 1, names);
+        }
         snprintf(o->fault_op, sizeof o->fault_op, "%s", op + 1);
     }
     o->fault_device = (int)d;
@@ -169,6 +182,67 @@ static mgt_status parse_link(mgt_mock_options *o, const char *item, const char *
     return MGT_OK;
 }
 
+static mgt_status parse_threads(mgt_mock_options *o, const char *item, const char *val)
+{
+    long v;
+    if (!parse_long(val, &v) || v < 1 || v > 1024)
+        return bad(item, "threads is a whole number from 1 to 1024");
+    o->threads_per_device = (int)v;
+    return MGT_OK;
+}
+
+static mgt_status parse_mem(mgt_mock_options *o, const char *item, const char *val)
+{
+    return parse_size(val, &o->mem_limit) ? MGT_OK
+                                          : bad(item, "expected a size such as 512M or 8G");
+}
+
+/* microseconds, with or without "us" */
+static mgt_status parse_delay(mgt_mock_options *o, const char *item, const char *val)
+{
+    size_t n = strlen(val);
+    char num[32];
+    long v;
+    if (n >= 2 && strcmp(val + n - 2, "us") == 0)
+        n -= 2;
+    if (n == 0 || n >= sizeof num)
+        return bad(item, "expected microseconds, e.g. delay=200");
+    memcpy(num, val, n);
+    num[n] = '\0';
+    if (!parse_long(num, &v) || v > 10000000)
+        return bad(item, "expected microseconds up to 10000000, e.g. delay=200");
+    o->delay_us = (unsigned)v;
+    return MGT_OK;
+}
+
+static mgt_status parse_seed(mgt_mock_options *o, const char *item, const char *val)
+{
+    long v;
+    if (!parse_long(val, &v))
+        return bad(item, "expected a whole number");
+    o->seed = (uint64_t)v;
+    return MGT_OK;
+}
+
+static mgt_status parse_conv(mgt_mock_options *o, const char *item, const char *val)
+{
+    if (strcmp(val, "onednn") != 0 && strcmp(val, "im2col") != 0)
+        return bad(item, "expected conv=onednn (the default) or conv=im2col");
+    o->conv_im2col = strcmp(val, "im2col") == 0;
+    return MGT_OK;
+}
+
+/* The items, in the order the help and the unknown-item message list them. A new item is one
+   entry here, its parse function and its field in mgt_mock_options. */
+static const struct mock_item {
+    const char *key;
+    mgt_status (*parse)(mgt_mock_options *o, const char *item, const char *val);
+} mock_items[] = {
+    {"threads", parse_threads}, {"mem", parse_mem},     {"peers", parse_peers},
+    {"fault", parse_fault},     {"delay", parse_delay}, {"seed", parse_seed},
+    {"link", parse_link},       {"conv", parse_conv},
+};
+
 static mgt_status parse_item(mgt_mock_options *o, char *item)
 {
     char *eq = strchr(item, '=');
@@ -176,52 +250,18 @@ static mgt_status parse_item(mgt_mock_options *o, char *item)
         return bad(item, "expected key=value");
     *eq = '\0';
     const char *key = item, *val = eq + 1;
-    mgt_status st = MGT_OK;
-    long v;
     char shown[160];
     snprintf(shown, sizeof shown, "%s=%s", key, val);
-    if (strcmp(key, "threads") == 0) {
-        if (!parse_long(val, &v) || v < 1 || v > 1024)
-            st = bad(shown, "threads is a whole number from 1 to 1024");
-        else
-            o->threads_per_device = (int)v;
-    } else if (strcmp(key, "mem") == 0) {
-        if (!parse_size(val, &o->mem_limit))
-            st = bad(shown, "expected a size such as 512M or 8G");
-    } else if (strcmp(key, "peers") == 0) {
-        st = parse_peers(o, shown, val);
-    } else if (strcmp(key, "fault") == 0) {
-        st = parse_fault(o, shown, val);
-    } else if (strcmp(key, "delay") == 0) {
-        size_t n = strlen(val);
-        char num[32];
-        if (n >= 2 && strcmp(val + n - 2, "us") == 0)
-            n -= 2;
-        if (n == 0 || n >= sizeof num)
-            return bad(shown, "expected microseconds, e.g. delay=200");
-        memcpy(num, val, n);
-        num[n] = '\0';
-        if (!parse_long(num, &v) || v > 10000000)
-            st = bad(shown, "expected microseconds up to 10000000, e.g. delay=200");
-        else
-            o->delay_us = (unsigned)v;
-    } else if (strcmp(key, "link") == 0) {
-        st = parse_link(o, shown, val);
-    } else if (strcmp(key, "conv") == 0) {
-        if (strcmp(val, "onednn") == 0 || strcmp(val, "im2col") == 0)
-            o->conv_im2col = strcmp(val, "im2col") == 0;
-        else
-            st = bad(shown, "expected conv=onednn (the default) or conv=im2col");
-    } else if (strcmp(key, "seed") == 0) {
-        if (!parse_long(val, &v))
-            st = bad(shown, "expected a whole number");
-        else
-            o->seed = (uint64_t)v;
-    } else {
-        st =
-            bad(shown, "unknown item (known: threads, mem, peers, fault, delay, seed, link, conv)");
-    }
-    return st;
+    size_t count = sizeof mock_items / sizeof mock_items[0];
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(key, mock_items[i].key) == 0)
+            return mock_items[i].parse(o, shown, val);
+    char known[256] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < count && len < sizeof known; i++)
+        len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "",
+                                mock_items[i].key);
+    return mgt_error_set(MGT_ERR_INVALID, "'%s': unknown item (known: %s)", shown, known);
 }
 
 mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec)
@@ -233,7 +273,7 @@ mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec)
         return MGT_OK;
     char *copy = strdup(spec);
     if (!copy)
-        return mgt_error_set(MGT_ERR_OOM, "mock options: out of host memory");
+        return mgt_error_set(MGT_ERR_OOM, "out of host memory parsing '%s'", spec);
     mgt_status st = MGT_OK;
     char *save = NULL;
     for (char *item = strtok_r(copy, ";", &save); item && st == MGT_OK;
@@ -245,4 +285,57 @@ mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec)
     }
     free(copy);
     return st;
+}
+
+/* Whether device `id` is one of the set's. */
+static bool opened(const int *ids, int n, long id)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+static void list_ids(char *out, size_t cap, const int *ids, int n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? ", " : "", ids[i]);
+}
+
+mgt_status mgt_mock_options_check(const mgt_mock_options *o, const int *ids, int n)
+{
+    char have[256];
+    list_ids(have, sizeof have, ids, n);
+    if (o->fault_kind != MGT_FAULT_NONE && !opened(ids, n, o->fault_device)) {
+        char item[96];
+        snprintf(item, sizeof item, "fault=%s@%d:%ld%s%s",
+                 o->fault_kind == MGT_FAULT_ALLOC ? "alloc" : "kernel", o->fault_device,
+                 o->fault_nth, o->fault_op[0] ? ":" : "", o->fault_op);
+        return mgt_error_set(MGT_ERR_INVALID, "'%s': no device %d among the %d opened (ids %s)",
+                             item, o->fault_device, n, have);
+    }
+    if (o->peer_mode != MGT_PEER_LIST)
+        return MGT_OK;
+    /* the pairs as peers= lists them, to quote the item */
+    char item[512] = "peers=";
+    size_t len = strlen(item);
+    int missing = -1;
+    for (int a = 0; a < MGT_MAX_DEVICES; a++)
+        for (int b = a + 1; b < MGT_MAX_DEVICES; b++) {
+            if (!o->peer[a][b])
+                continue;
+            if (len < sizeof item)
+                len += (size_t)snprintf(item + len, sizeof item - len, "%s%d-%d",
+                                        item[len - 1] == '=' ? "" : ",", a, b);
+            if (missing < 0 && !opened(ids, n, a))
+                missing = a;
+            if (missing < 0 && !opened(ids, n, b))
+                missing = b;
+        }
+    if (missing >= 0)
+        return mgt_error_set(MGT_ERR_INVALID, "'%s': no device %d among the %d opened (ids %s)",
+                             item, missing, n, have);
+    return MGT_OK;
 }

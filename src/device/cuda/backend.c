@@ -134,7 +134,7 @@ static mgt_status cuda_device_synchronize(mgt_device *d, const mgt_abort *abort)
 static mgt_status cuda_event_create(mgt_event *e)
 {
     mgt_cuda_event *impl = NULL;
-    mgt_status st = mgt_cuda_event_create(e->dev->impl, &impl);
+    mgt_status st = mgt_cuda_event_create(e->dev->impl, e->timing, &impl);
     if (st == MGT_OK)
         e->impl = impl;
     return st;

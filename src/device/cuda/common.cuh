@@ -30,7 +30,6 @@ enum {
     MGT_CUDA_FLAG_ROW,
     MGT_CUDA_FLAG_LABEL,
     MGT_CUDA_FLAG_CLASSES,
-    MGT_CUDA_FLAG_CLAIM,
     MGT_CUDA_FLAG_SLOTS = 8
 };
 
@@ -42,7 +41,8 @@ struct mgt_cuda_options {
     size_t find_ws_cap; // most workspace a cuDNN algorithm search may try (bytes)
 };
 
-// One cached convolution algorithm choice: the candidates in order of measured speed.
+// One candidate convolution algorithm of a shape (dnn.cu keeps them in its process-wide cache,
+// in the order of preference: measured speed, or cuDNN's heuristic order).
 struct mgt_cuda_algo {
     int algo;
     size_t memory;
@@ -55,10 +55,6 @@ struct mgt_cuda_set {
     mgt_cuda_options opt;
     std::vector<unsigned char> peer; // n*n, replica i -> j may copy directly
     std::vector<double> peer_gbps;   // n*n, measured at open where direct
-    // Algorithms per (gpu, direction, shape): chosen once by cudnnFind*Ex and shared by
-    // every replica, so replicas on one GPU run the same kernels.
-    std::mutex algo_lock;
-    std::map<std::vector<int>, std::vector<mgt_cuda_algo>> algos;
 };
 
 struct mgt_cuda_dev {
@@ -67,6 +63,7 @@ struct mgt_cuda_dev {
     int gpu;   // CUDA device ordinal
     int replicas_on_gpu;
     char name[128];
+    char model[96]; // "NVIDIA H200 sm_90": what --deterministic's algorithm cache is keyed by
     size_t total_mem;
     mgt_cuda_hooks hooks;
     void *owner;
@@ -85,6 +82,10 @@ struct mgt_cuda_dev {
     // host reads them without a copy after a wait. Slots as MGT_CUDA_FLAG_*.
     int *flag_host;
     int *flag_dev;
+    // The one-writer claim for the flag, an int in device memory: atomics on mapped host
+    // memory go over PCIe (system-scope atomics, which not every platform supports), while
+    // a device-memory atomicCAS is an ordinary L2 operation.
+    int *claim_dev;
 
     // A failure while work ran is sticky, as CUDA's own faults are.
     std::atomic<int> sticky;

@@ -75,7 +75,8 @@ void mgt_cuda_stream_destroy(mgt_cuda_stream *s);
 /* *done = 1 when everything enqueued so far has run; then also reports a device error flag. */
 mgt_status mgt_cuda_stream_query(mgt_cuda_stream *s, int *done);
 
-mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, mgt_cuda_event **out);
+/* timing false: cudaEventDisableTiming (ordering only, cheaper to record and wait on) */
+mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, bool timing, mgt_cuda_event **out);
 void mgt_cuda_event_destroy(mgt_cuda_event *e);
 mgt_status mgt_cuda_event_record(mgt_cuda_event *e, mgt_cuda_stream *s);
 mgt_status mgt_cuda_stream_wait_event(mgt_cuda_stream *s, mgt_cuda_event *e);

@@ -1,7 +1,13 @@
 // The CUDA backend's library kernels: gemm through cuBLAS, convolution and batch norm
 // through cuDNN's legacy API, with algorithms chosen once per shape and cached.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "device/cuda/common.cuh"
@@ -88,11 +94,56 @@ mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
 
 // ---- convolution ----
 
-// Keeps the successful results of a cudnnFind*Ex call, fastest first (cuDNN sorts them):
-// deterministic ones only under MGT_DETERMINISTIC, and without TF32 tensor-core math unless
-// MGT_TF32 allows it.
+// ---- convolution algorithms ----
+//
+// Two ways to choose, cached per process (not per device set, so a later set, a resume or a
+// validation pass in the same process runs the same kernels):
+// - by default, cuDNN's timed search (cudnnFind*Ex) on the GPU, once per GPU and shape, the
+//   candidates fastest first; the lock is the GPU's own, so GPUs search in parallel;
+// - under --deterministic, a fixed rule: cuDNN's heuristic order (cudnnGet*Algorithm_v7)
+//   filtered to deterministic algorithms within the workspace cap, once per GPU model and
+//   shape. Two deterministic algorithms still differ in their bits, and timing would pick
+//   either from run to run and GPU to GPU; the heuristics depend on the model and the shape
+//   alone, so every replica and every run of the same model picks the same one.
+// The key leaves the batch size out: the last, short batch of an epoch and validation reuse
+// the choice; the workspace is asked of cuDNN for the actual shape on each call, and an
+// algorithm cuDNN refuses for a batch size is remembered for it instead of tried again.
+
+namespace {
+
+struct conv_entry {
+    std::vector<mgt_cuda_algo> cands;      // in the order of preference; fixed once made
+    std::set<std::pair<int, int>> refused; // (batch, candidate) that cuDNN refused
+};
+
+struct algo_cache {
+    std::mutex lock; // held through a timed search: replicas of one GPU search once
+    std::map<std::vector<int>, conv_entry> entries;
+};
+
+std::mutex g_caches_lock;
+// "gpu N" for timed choices, "model NAME" for deterministic ones. std::map nodes never move
+// and are never erased, so the pointers handed out stay valid for the process.
+std::map<std::string, algo_cache> g_caches;
+
+algo_cache *cache_for(const mgt_cuda_dev *d, bool by_model)
+{
+    char name[160];
+    if (by_model)
+        snprintf(name, sizeof name, "model %s", d->model);
+    else
+        snprintf(name, sizeof name, "gpu %d", d->gpu);
+    std::lock_guard<std::mutex> g(g_caches_lock);
+    return &g_caches[name];
+}
+
+} // namespace
+
+// Keeps the usable results of a cudnnFind*Ex or cudnnGet*_v7 call in the order cuDNN gave
+// them: deterministic ones only under --deterministic, without TF32 tensor-core math unless
+// --tf32 allows it, and (max_ws > 0) within that much workspace.
 template <typename Perf>
-static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
+static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt, size_t max_ws,
                          std::vector<mgt_cuda_algo> *out)
 {
     for (int i = 0; i < got; i++) {
@@ -103,18 +154,61 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
             continue;
         if (!opt.tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
             continue;
+        if (max_ws > 0 && p.memory > max_ws)
+            continue;
         mgt_cuda_algo a;
         a.algo = (int)p.algo;
         a.memory = p.memory;
-        // Without TF32 every run is pinned to FMA math, whatever the search reported.
+        // Without TF32 every run is pinned to FMA math, whatever cuDNN reported.
         a.math = opt.tf32 ? p.mathType : CUDNN_FMA_MATH;
         out->push_back(a);
     }
 }
 
+static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, size_t ws_bytes)
+{
+    const mgt_cuda_options &opt = d->set->opt;
+    return mgt_error_set(opt.deterministic ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
+                         "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this shape "
+                         "within %zu MiB of workspace",
+                         d->index, d->gpu, mgt_op_name(dir),
+                         opt.deterministic ? "deterministic (--deterministic) " : "",
+                         ws_bytes >> 20);
+}
+
+// The fixed rule of --deterministic: cuDNN's heuristic order for the shape described by s's
+// descriptors, deterministic algorithms within the workspace cap. Nothing runs on the GPU.
+static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir,
+                                  std::vector<mgt_cuda_algo> *out)
+{
+    mgt_cuda_dev *d = s->dev;
+    const mgt_cuda_options &opt = d->set->opt;
+    int got = 0;
+    if (dir == MGT_OP_CONV2D_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        MGT_CUDNN_TRY(d, cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, s->xd, s->wd, s->cd, s->yd,
+                                                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                                &got, perf));
+        keep_results(perf, got, opt, opt.find_ws_cap, out);
+    } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                             s->dnn, s->wd, s->yd, s->cd, s->xd,
+                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+        keep_results(perf, got, opt, opt.find_ws_cap, out);
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                             s->dnn, s->xd, s->yd, s->cd, s->wd,
+                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+        keep_results(perf, got, opt, opt.find_ws_cap, out);
+    }
+    return out->empty() ? no_algorithm(d, dir, opt.find_ws_cap) : MGT_OK;
+}
+
 // Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
 // a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
-// inputs are the real ones, read only. Runs once per shape, so plain cudaMalloc is fine.
+// inputs are the real ones, read only. Runs once per GPU and shape, so plain cudaMalloc is fine.
 static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_bytes, const void *in1,
                              const void *in2, std::vector<mgt_cuda_algo> *out)
 {
@@ -153,19 +247,19 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_byt
                                                    tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd,
                                                    ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(fwd, got, opt, out);
+            keep_results(fwd, got, opt, 0, out);
     } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
         e = cudnnFindConvolutionBackwardDataAlgorithmEx(
             s->dnn, s->wd, in2, s->yd, in1, s->cd, s->xd, tmp,
             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data, ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(bwd_data, got, opt, out);
+            keep_results(bwd_data, got, opt, 0, out);
     } else {
         e = cudnnFindConvolutionBackwardFilterAlgorithmEx(
             s->dnn, s->xd, in2, s->yd, in1, s->cd, s->wd, tmp,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter, ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(bwd_filter, got, opt, out);
+            keep_results(bwd_filter, got, opt, 0, out);
     }
     // cudaFree waits for the search's kernels before releasing their buffers.
     cudaFree(tmp);
@@ -174,54 +268,56 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_byt
     (void)cudaGetLastError();
     if (e != CUDNN_STATUS_SUCCESS)
         return mgt_cuda_fail_dnn(d, e, "cudnnFindConvolution*AlgorithmEx", __FILE__, __LINE__);
-    if (out->empty())
-        return mgt_error_set(opt.deterministic ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
-                             "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this "
-                             "shape within %zu MiB of workspace",
-                             d->index, d->gpu, mgt_op_name(dir),
-                             opt.deterministic ? "deterministic (--deterministic) " : "",
-                             ws_bytes >> 20);
+    return out->empty() ? no_algorithm(d, dir, ws_bytes) : MGT_OK;
+}
+
+// The cache entry of this shape, made on first use by the rule the options ask for.
+static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_conv2d_shape *sh,
+                                 size_t out_bytes, const void *in1, const void *in2,
+                                 algo_cache **cache_out, conv_entry **out)
+{
+    mgt_cuda_dev *d = s->dev;
+    const mgt_cuda_options &opt = d->set->opt;
+    algo_cache *cache = cache_for(d, opt.deterministic);
+    // Not the batch: see above. tf32 and deterministic change the candidates.
+    std::vector<int> key = {(int)dir,      sh->c,
+                            sh->h,         sh->w,
+                            sh->k,         sh->r,
+                            sh->s,         sh->stride_h,
+                            sh->stride_w,  sh->pad_h,
+                            sh->pad_w,     sh->groups,
+                            (int)opt.tf32, (int)opt.deterministic};
+    std::lock_guard<std::mutex> g(cache->lock);
+    *cache_out = cache;
+    auto it = cache->entries.find(key);
+    if (it != cache->entries.end()) {
+        *out = &it->second;
+        return MGT_OK;
+    }
+    conv_entry entry;
+    mgt_status st = opt.deterministic ? heuristic_algos(s, dir, &entry.cands)
+                                      : find_algos(s, dir, out_bytes, in1, in2, &entry.cands);
+    if (st != MGT_OK)
+        return st;
+    *out = &cache->entries.emplace(key, std::move(entry)).first->second;
     return MGT_OK;
 }
 
-// The candidates for this shape, from the set's cache or a new search. The lock is held
-// through the search so that replicas of one GPU search once and then share the choice
-// (and so run identical kernels).
-static mgt_status conv_algos(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_conv2d_shape *sh,
-                             size_t out_bytes, const void *in1, const void *in2,
-                             std::vector<mgt_cuda_algo> *out)
+// The workspace candidate a needs for the shape of s's descriptors.
+static cudnnStatus_t conv_ws_size(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cuda_algo &a,
+                                  size_t *bytes)
 {
-    mgt_cuda_dev *d = s->dev;
-    mgt_cuda_set *set = d->set;
-    std::vector<int> key = {d->gpu,
-                            dir,
-                            sh->n,
-                            sh->c,
-                            sh->h,
-                            sh->w,
-                            sh->k,
-                            sh->r,
-                            sh->s,
-                            sh->stride_h,
-                            sh->stride_w,
-                            sh->pad_h,
-                            sh->pad_w,
-                            sh->groups,
-                            (int)set->opt.tf32,
-                            (int)set->opt.deterministic};
-    std::lock_guard<std::mutex> g(set->algo_lock);
-    auto it = set->algos.find(key);
-    if (it != set->algos.end()) {
-        *out = it->second;
-        return MGT_OK;
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD:
+        return cudnnGetConvolutionForwardWorkspaceSize(s->dnn, s->xd, s->wd, s->cd, s->yd,
+                                                       (cudnnConvolutionFwdAlgo_t)a.algo, bytes);
+    case MGT_OP_CONV2D_BWD_DATA:
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            s->dnn, s->wd, s->yd, s->cd, s->xd, (cudnnConvolutionBwdDataAlgo_t)a.algo, bytes);
+    default:
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            s->dnn, s->xd, s->yd, s->cd, s->wd, (cudnnConvolutionBwdFilterAlgo_t)a.algo, bytes);
     }
-    std::vector<mgt_cuda_algo> found;
-    mgt_status st = find_algos(s, dir, out_bytes, in1, in2, &found);
-    if (st != MGT_OK)
-        return st;
-    set->algos.emplace(key, found);
-    *out = found;
-    return MGT_OK;
 }
 
 // Makes the stream's cuDNN workspace at least `bytes`. Growing waits for the GPU (the old
@@ -304,26 +400,61 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const 
                        : dir == MGT_OP_CONV2D_BWD_DATA
                            ? (size_t)sh->n * sh->c * sh->h * sh->w
                            : (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
-    std::vector<mgt_cuda_algo> cands;
-    st = conv_algos(s, dir, sh, out_elems * sizeof(float), in1, in2, &cands);
+    algo_cache *cache = NULL;
+    conv_entry *entry = NULL;
+    st = conv_entry_for(s, dir, sh, out_elems * sizeof(float), in1, in2, &cache, &entry);
     if (st != MGT_OK)
         return st;
+    const std::vector<mgt_cuda_algo> &cands = entry->cands; // fixed once made: no lock
+    std::vector<char> skip(cands.size(), 0);
+    {
+        std::lock_guard<std::mutex> g(cache->lock);
+        for (size_t i = 0; i < cands.size(); i++)
+            skip[i] = entry->refused.count(std::make_pair(sh->n, (int)i)) != 0;
+    }
+    auto refuse = [&](size_t i) {
+        std::lock_guard<std::mutex> g(cache->lock);
+        entry->refused.emplace(sh->n, (int)i);
+    };
 
-    // The fastest candidate whose workspace we can have; a candidate cuDNN then refuses
-    // (not supported with the math type we pin) yields to the next.
+    // The first candidate cuDNN accepts for this shape and whose workspace we can have. A
+    // refusal (not supported for this batch size with the math we pin) is remembered. Out of
+    // memory for one workspace yields to a smaller one, except under --deterministic, where
+    // running another algorithm than the rule's would change the bits silently.
     cudnnStatus_t e = CUDNN_STATUS_NOT_SUPPORTED;
     st = MGT_OK;
-    for (const mgt_cuda_algo &a : cands) {
-        st = ensure_ws(s, a.memory);
-        if (st != MGT_OK)
+    for (size_t i = 0; i < cands.size(); i++) {
+        if (skip[i])
             continue;
+        const mgt_cuda_algo &a = cands[i];
         MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, a.math));
+        size_t need = 0;
+        e = conv_ws_size(s, dir, a, &need);
+        if (CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED) {
+            refuse(i);
+            continue;
+        }
+        if (e != CUDNN_STATUS_SUCCESS)
+            return mgt_cuda_fail_dnn(d, e, "cudnnGetConvolution*WorkspaceSize", __FILE__, __LINE__);
+        st = ensure_ws(s, need);
+        if (st != MGT_OK) {
+            if (d->set->opt.deterministic)
+                return st;
+            e = CUDNN_STATUS_NOT_SUPPORTED;
+            continue;
+        }
         e = conv_run(s, dir, a, out, in1, in2, beta);
         if (CUDNN_STATUS_CATEGORY(e) != CUDNN_STATUS_NOT_SUPPORTED)
             break;
+        refuse(i);
     }
     if (st != MGT_OK && e != CUDNN_STATUS_SUCCESS)
         return st;
+    if (CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "cuda device %d (gpu %d): %s: cuDNN refuses all %zu candidate "
+                             "algorithms for batch %d of this shape",
+                             d->index, d->gpu, mgt_op_name(dir), cands.size(), sh->n);
     if (e != CUDNN_STATUS_SUCCESS)
         return mgt_cuda_fail_dnn(d, e, mgt_op_name(dir), __FILE__, __LINE__);
     return MGT_CUDA_AFTER(s, mgt_op_name(dir));

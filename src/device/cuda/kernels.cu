@@ -63,11 +63,11 @@ __device__ inline float warp_max(float v)
 }
 
 // Records the first bad label of the replica in its mapped flag; the host turns it into
-// MGT_ERR_DEVICE at the next wait. The claim slot picks one writer; the code slot is
-// written last, after a fence that makes row and label visible to the host first.
-__device__ void raise_label_error(int *flag, int code, int row, int label, int classes)
+// MGT_ERR_DEVICE at the next wait. The claim (in device memory) picks one writer; the code
+// slot is written last, after a fence that makes row and label visible to the host first.
+__device__ void raise_label_error(int *flag, int *claim, int code, int row, int label, int classes)
 {
-    if (atomicCAS(&flag[MGT_CUDA_FLAG_CLAIM], 0, 1) != 0)
+    if (atomicCAS(claim, 0, 1) != 0)
         return;
     flag[MGT_CUDA_FLAG_ROW] = row;
     flag[MGT_CUDA_FLAG_LABEL] = label;
@@ -323,7 +323,8 @@ __global__ void k_bias_bwd(float *dbias, const float *dy, int rows, int cols)
 // which is -(sum_j target_j * log p_j) for target = (1-eps) one-hot + eps/classes, written
 // with differences from m so that no large terms cancel. rowloss [n] feeds the mean.
 __global__ void k_xent_rows(float *rowloss, float *probs, const float *logits,
-                            const int32_t *labels, int n, int classes, float eps, int *flag)
+                            const int32_t *labels, int n, int classes, float eps, int *flag,
+                            int *claim)
 {
     const int lane = threadIdx.x & 31;
     const long warp = (long)(thread_index() >> 5);
@@ -349,7 +350,7 @@ __global__ void k_xent_rows(float *rowloss, float *probs, const float *logits,
             const int y = labels[row];
             float loss = 0.0f;
             if (y < 0 || y >= classes) {
-                raise_label_error(flag, MGT_CUDA_FLAG_XENT_FWD_LABEL, (int)row, y, classes);
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_FWD_LABEL, (int)row, y, classes);
             } else {
                 const float log_s = logf(s);
                 loss = (1.0f - eps) * (log_s - (z[y] - m));
@@ -364,7 +365,7 @@ __global__ void k_xent_rows(float *rowloss, float *probs, const float *logits,
 // One thread per element i = row*classes + j:
 //   dlogits = scale * (probs - target), target = (1-eps)*[j == y] + eps/classes.
 __global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *labels, int n,
-                           int classes, float eps, float scale, int *flag)
+                           int classes, float eps, float scale, int *flag, int *claim)
 {
     const size_t total = (size_t)n * classes;
     const float smooth = eps / (float)classes;
@@ -375,7 +376,7 @@ __global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *la
         float t = smooth;
         if (y < 0 || y >= classes) {
             if (j == 0)
-                raise_label_error(flag, MGT_CUDA_FLAG_XENT_BWD_LABEL, row, y, classes);
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_BWD_LABEL, row, y, classes);
         } else if (j == y) {
             t = (1.0f - eps) + smooth;
         }
@@ -456,7 +457,7 @@ __global__ void k_xmix_bwd(float *dlogits, const float *probs, const int32_t *la
 // One warp per row: rank = #{j : z_j > z_y} + #{j < y : z_j == z_y} (ties rank the lower
 // class first), counted over lanes and summed; integer atomics are exact.
 __global__ void k_topk(int32_t *count, const float *logits, const int32_t *labels, int n,
-                       int classes, int k, int *flag)
+                       int classes, int k, int *flag, int *claim)
 {
     const int lane = threadIdx.x & 31;
     const long warp = (long)(thread_index() >> 5);
@@ -465,7 +466,7 @@ __global__ void k_topk(int32_t *count, const float *logits, const int32_t *label
         const int y = labels[row]; // the same for every lane: the branch below is uniform
         if (y < 0 || y >= classes) {
             if (lane == 0)
-                raise_label_error(flag, MGT_CUDA_FLAG_TOPK_LABEL, (int)row, y, classes);
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_TOPK_LABEL, (int)row, y, classes);
             continue;
         }
         const float *z = logits + (size_t)row * classes;
@@ -662,7 +663,8 @@ mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
         return st;
     float *rowloss = (float *)s->scratch;
     k_xent_rows<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
-        rowloss, a.probs, a.logits, a.labels, a.n, a.classes, a.smoothing, s->dev->flag_dev);
+        rowloss, a.probs, a.logits, a.labels, a.n, a.classes, a.smoothing, s->dev->flag_dev,
+        s->dev->claim_dev);
     k_mean_rows<<<1, kThreads, 0, s->stream>>>(a.loss, rowloss, a.n, (double)a.n);
     return MGT_CUDA_AFTER(s, "softmax_xent_forward");
 }
@@ -672,8 +674,9 @@ mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.xent_bwd;
     size_t total = (size_t)a.n * a.classes;
-    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
-        a.dlogits, a.probs, a.labels, a.n, a.classes, a.smoothing, a.scale, s->dev->flag_dev);
+    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dlogits, a.probs, a.labels, a.n,
+                                                              a.classes, a.smoothing, a.scale,
+                                                              s->dev->flag_dev, s->dev->claim_dev);
     return MGT_CUDA_AFTER(s, "softmax_xent_backward");
 }
 
@@ -707,8 +710,8 @@ mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.topk;
-    k_topk<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(a.count, a.logits, a.labels, a.n,
-                                                             a.classes, a.k, s->dev->flag_dev);
+    k_topk<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
+        a.count, a.logits, a.labels, a.n, a.classes, a.k, s->dev->flag_dev, s->dev->claim_dev);
     return MGT_CUDA_AFTER(s, "topk_correct");
 }
 

@@ -215,6 +215,8 @@ static void dev_destroy(mgt_cuda_dev *d)
             cudaFree(b.first);
         if (d->flag_host != NULL)
             cudaFreeHost(d->flag_host);
+        if (d->claim_dev != NULL)
+            cudaFree(d->claim_dev);
         (void)cudaGetLastError();
     }
     delete d;
@@ -246,6 +248,7 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     d->cached_bytes = 0;
     d->flag_host = NULL;
     d->flag_dev = NULL;
+    d->claim_dev = NULL;
     d->sticky.store(0);
     d->sticky_text[0] = '\0';
     *out = d; // owned by the set from here on, also on failure below
@@ -256,6 +259,7 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     cudaDeviceProp prop;
     MGT_CUDA_TRY(d, cudaGetDeviceProperties(&prop, gpu));
     d->total_mem = prop.totalGlobalMem / (size_t)replicas;
+    snprintf(d->model, sizeof d->model, "%.80s sm_%d%d", prop.name, prop.major, prop.minor);
     char share[48] = "";
     if (replicas > 1)
         snprintf(share, sizeof share, ", shared by %d replicas", replicas);
@@ -271,6 +275,12 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     void *flag_dev = NULL;
     MGT_CUDA_TRY(d, cudaHostGetDevicePointer(&flag_dev, flag, 0));
     d->flag_dev = (int *)flag_dev;
+    void *claim = NULL;
+    MGT_CUDA_TRY(d, cudaMalloc(&claim, sizeof(int)));
+    d->claim_dev = (int *)claim;
+    MGT_CUDA_TRY(d, cudaMemset(claim, 0, sizeof(int)));
+    // The memset runs on the legacy stream, which our non-blocking streams do not wait for.
+    MGT_CUDA_TRY(d, cudaDeviceSynchronize());
     return MGT_OK;
 }
 
@@ -783,15 +793,17 @@ mgt_status mgt_cuda_dev_query(mgt_cuda_dev *d, int *done)
 
 // ---- events ----
 
-mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, mgt_cuda_event **out)
+mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, bool timing, mgt_cuda_event **out)
 {
     MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
     mgt_cuda_event *e = new (std::nothrow) mgt_cuda_event();
     if (e == NULL)
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory", d->index);
     e->dev = d;
-    // Timing stays enabled: event_elapsed_ms works on any event.
-    cudaError_t r = cudaEventCreateWithFlags(&e->event, cudaEventDefault);
+    // Events that only order streams take no timestamp: recording them is cheaper, and a
+    // wait on them need not wait for the timestamp write.
+    cudaError_t r =
+        cudaEventCreateWithFlags(&e->event, timing ? cudaEventDefault : cudaEventDisableTiming);
     if (r != cudaSuccess) {
         delete e;
         return mgt_cuda_fail_rt(d, r, "cudaEventCreateWithFlags", __FILE__, __LINE__, false);
