@@ -388,7 +388,7 @@ __global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *la
 // (in differences from m: log s - (w (z_a - m) + (1-w)(z_b - m))).
 __global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
                             const int32_t *labels_a, const int32_t *labels_b, const float *weights,
-                            int n, int classes, float eps, int *flag)
+                            int n, int classes, float eps, int *flag, int *claim)
 {
     const int lane = threadIdx.x & 31;
     const long warp = (long)(thread_index() >> 5);
@@ -415,7 +415,7 @@ __global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
             const float w = weights[row];
             float loss = 0.0f;
             if (a < 0 || a >= classes || b < 0 || b >= classes) {
-                raise_label_error(flag, MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL, (int)row,
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL, (int)row,
                                   a < 0 || a >= classes ? a : b, classes);
             } else {
                 const float log_s = logf(s);
@@ -431,7 +431,7 @@ __global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
 // dlogits = scale * (probs - target), target = (1-eps)(w [j == a] + (1-w) [j == b]) + eps/C.
 __global__ void k_xmix_bwd(float *dlogits, const float *probs, const int32_t *labels_a,
                            const int32_t *labels_b, const float *weights, int n, int classes,
-                           float eps, float scale, int *flag)
+                           float eps, float scale, int *flag, int *claim)
 {
     const size_t total = (size_t)n * classes;
     const float smooth = eps / (float)classes;
@@ -443,7 +443,7 @@ __global__ void k_xmix_bwd(float *dlogits, const float *probs, const int32_t *la
         float t = smooth;
         if (a < 0 || a >= classes || b < 0 || b >= classes) {
             if (j == 0)
-                raise_label_error(flag, MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL, row,
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL, row,
                                   a < 0 || a >= classes ? a : b, classes);
         } else {
             t += (1.0f - eps) * ((j == a ? w : 0.0f) + (j == b ? 1.0f - w : 0.0f));
@@ -690,7 +690,7 @@ mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op)
     float *rowloss = (float *)s->scratch;
     k_xmix_rows<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
         rowloss, a.probs, a.logits, a.labels_a, a.labels_b, a.weights, a.n, a.classes, a.smoothing,
-        s->dev->flag_dev);
+        s->dev->flag_dev, s->dev->claim_dev);
     k_mean_rows<<<1, kThreads, 0, s->stream>>>(a.loss, rowloss, a.n, (double)a.n);
     return MGT_CUDA_AFTER(s, "softmax_xent_mix_forward");
 }
@@ -702,7 +702,7 @@ mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op)
     size_t total = (size_t)a.n * a.classes;
     k_xmix_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
         a.dlogits, a.probs, a.labels_a, a.labels_b, a.weights, a.n, a.classes, a.smoothing, a.scale,
-        s->dev->flag_dev);
+        s->dev->flag_dev, s->dev->claim_dev);
     return MGT_CUDA_AFTER(s, "softmax_xent_mix_backward");
 }
 
