@@ -935,10 +935,10 @@ static void test_region_decode(void **state)
     (void)state;
     HOLD(d, "%s/regions", g_root);
     mkdirs(d);
-    uint8_t *px = malloc(500 * 375 * 3);
-    photo_rgb(px, 500, 375, 5);
-    write_jpeg(P("%s/p420.jpg", d), px, 500, 375, 3, TJSAMP_420);
-    write_jpeg(P("%s/p422.jpg", d), px, 500, 375, 3, TJSAMP_422);
+    uint8_t *px = malloc(320 * 240 * 3);
+    photo_rgb(px, 320, 240, 5);
+    write_jpeg(P("%s/p420.jpg", d), px, 320, 240, 3, TJSAMP_420);
+    write_jpeg(P("%s/p422.jpg", d), px, 320, 240, 3, TJSAMP_422);
     const char *files[] = {P("%s/p420.jpg", d),           P("%s/p422.jpg", d),
                            GOLDEN_DIR "/photo444.jpg",    GOLDEN_DIR "/photo420.jpg",
                            GOLDEN_DIR "/progressive.jpg", GOLDEN_DIR "/gray.jpg",
@@ -964,7 +964,7 @@ static void test_region_decode(void **state)
                     CHECK(mgt_decoder_decode(whole, b, len, files[f], ch, NULL, NULL, &wv));
                 else
                     CHECK(mgt_decoder_decode(whole, b, len, files[f], ch, NULL, &all, &wv));
-                for (int k = 0; k < 6; k++) {
+                for (int k = 0; k < 4; k++) {
                     int x0 = (int)mgt_rng_below(&r, (uint64_t)wv.full_w);
                     int y0 = (int)mgt_rng_below(&r, (uint64_t)wv.full_h);
                     int x1 = x0 + 1 + (int)mgt_rng_below(&r, (uint64_t)(wv.full_w - x0));
@@ -1001,8 +1001,8 @@ static void test_region_decode(void **state)
     free(px);
 }
 
-/* Runs one epoch of t over ds on one decode thread and keeps every image by index; returns
-   the loader's buffer growths after the first and after the third epoch in g1, g3. */
+/* Runs two epochs of t over ds on one decode thread and keeps every image by index; returns
+   the loader's buffer growths after the first and after the second epoch in g1, g2. */
 static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *by_index,
                          uint64_t *g1, uint64_t *g3)
 {
@@ -1015,7 +1015,7 @@ static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *b
     o.continuous = false;
     mgt_loader *l = NULL;
     CHECK(mgt_loader_create(&o, &l));
-    for (int epoch = 0; epoch < 3; epoch++) {
+    for (int epoch = 0; epoch < 2; epoch++) {
         CHECK(mgt_loader_set_epoch(l, 0, 0));
         for (size_t b = 0; b < mgt_loader_batches(l, 0); b++) {
             mgt_batch bt;
@@ -1029,13 +1029,13 @@ static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *b
     }
     if (g3)
         *g3 = mgt_loader_buffer_growths(l);
-    assert_int_equal(mgt_loader_images_done(l), 3 * n);
+    assert_int_equal(mgt_loader_images_done(l), 2 * n);
     mgt_loader_free(l);
 }
 
 /* The fast JPEG path (DCT scale, region) against --exact-decode's (whole image, full scale,
    torchvision's pixels) on photo-sized JPEGs. Stated tolerance: where no DCT scale applies
-   (RandomResizedCrop(224) of 500x375 images, whose crops are never twice the output) the two
+   (RandomResizedCrop(224) of 320x240 images, whose crops are never twice the output) the two
    are identical; at a DCT scale the mean difference is under 1.5 levels of 255 in every
    image and under 1 over all, single pixels at hard edges up to 80 levels (the scaled IDCT
    is a box filter where torchvision's antialias is a triangle). A steady state makes no
@@ -1043,11 +1043,11 @@ static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *b
 static void test_fast_decode_tolerance(void **state)
 {
     (void)state;
-    HOLD(root, "%s/jpegs500", g_root);
-    uint8_t *px = malloc(500 * 375 * 3);
+    HOLD(root, "%s/jpegs320", g_root);
+    uint8_t *px = malloc(320 * 240 * 3);
     for (int i = 0; i < 8; i++) {
-        photo_rgb(px, 500, 375, 100 + (uint64_t)i);
-        write_jpeg(P("%s/c%d/%02d.jpg", root, i % 2, i), px, 500, 375, 3, TJSAMP_420);
+        photo_rgb(px, 320, 240, 100 + (uint64_t)i);
+        write_jpeg(P("%s/c%d/%02d.jpg", root, i % 2, i), px, 320, 240, 3, TJSAMP_420);
     }
     free(px);
     mgt_dataset *ds;
@@ -1946,12 +1946,13 @@ static void *next_thread(void *p)
 static void test_loader_abort(void **state)
 {
     (void)state;
-    /* noise PNGs of 600 x 400 decode slowly enough that a batch of 16 takes a while */
+    /* noise PNGs of 400 x 300 decode slowly enough that a batch of 16 takes a while (and
+       are small enough that writing them stays quick under the thread sanitizer) */
     HOLD(root, "%s/slow", g_root);
-    uint8_t *px = malloc(600 * 400 * 3);
+    uint8_t *px = malloc(400 * 300 * 3);
     for (int i = 0; i < 16; i++) {
-        noise_rgb(px, 600, 400, (uint64_t)i + 100);
-        png8(P("%s/c/%d.png", root, i), 600, 400, 3, px);
+        noise_rgb(px, 400, 300, (uint64_t)i + 100);
+        png8(P("%s/c/%d.png", root, i), 400, 300, 3, px);
     }
     free(px);
     mgt_dataset *ds = NULL;
@@ -1967,7 +1968,7 @@ static void test_loader_abort(void **state)
     mgt_loader *l = NULL;
     assert_int_equal(mgt_loader_create(&o, &l), MGT_OK);
     assert_int_equal(mgt_loader_set_epoch(l, 0, 0), MGT_OK);
-    /* the first batch takes 16 slow decodes (30 ms and more on any machine); a consumer
+    /* the first batch takes 16 slow decodes (20 ms and more on any machine); a consumer
        waits for it and the flag goes up long before it can be ready */
     next_arg a = {.l = l, .rank = 0};
     pthread_t th;
@@ -1985,7 +1986,9 @@ static void test_loader_abort(void **state)
     double freed = mgt_time_now() - t0;
     print_message("loader abort: next() left %.3f ms after the flag, free took %.1f ms\n",
                   1e3 * (a.returned_at - raised), 1e3 * freed);
-    assert_true(freed < 2.0);
+    /* a hang check, not a timing: one image in hand, which under the thread sanitizer on a
+       loaded machine can take a second to decode */
+    assert_true(freed < 10.0);
 
     /* free while the queues are full and nobody consumes, without any flag */
     o.abort = NULL;
@@ -1996,7 +1999,7 @@ static void test_loader_abort(void **state)
     usleep(20000);
     t0 = mgt_time_now();
     mgt_loader_free(l);
-    assert_true(mgt_time_now() - t0 < 2.0);
+    assert_true(mgt_time_now() - t0 < 10.0);
     mgt_dataset_free(ds);
 }
 
@@ -2139,7 +2142,9 @@ static void test_loader_mock_devices(void **state)
     double freed = mgt_time_now() - raised;
     print_message("mock devices abort: workers out %.1f ms, loader freed %.1f ms after the flag\n",
                   1e3 * joined, 1e3 * freed);
-    assert_true(freed < 2.0);
+    /* a hang check, not a timing: one image in hand, which under the thread sanitizer on a
+       loaded machine can take a second to decode */
+    assert_true(freed < 10.0);
     for (int r = 0; r < 3; r++)
         assert_true(w[r].st == MGT_OK || w[r].st == MGT_ERR_ABORTED);
     mgt_devset_free(set);
