@@ -809,6 +809,8 @@ static void test_ordering_event(void **state)
     CHECK(mgt_event_query(ord, &done));
     assert_true(done);
     CHECK(mgt_event_synchronize(ord, NULL));
+    /* t1 comes after ord on s0: wait for it too, or it may not have run yet */
+    CHECK(mgt_event_synchronize(t1, NULL));
     float ms = -1;
     CHECK(mgt_event_elapsed_ms(t0, t1, &ms));
     assert_true(ms >= 0);
