@@ -25,6 +25,7 @@ typedef enum nn_kind {
     NN_ADD,     /* in[0] + in[1] */
     NN_GAP,     /* global average pool: [c, h, w] -> [c, 1, 1] */
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
+    NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -72,6 +73,10 @@ typedef struct nn_node {
         struct {
             int in, out;
         } linear;
+        struct {
+            float p;
+            uint32_t stream; /* this layer's place among the model's dropout layers */
+        } dropout;
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -121,6 +126,9 @@ struct mgt_model {
     nn_value *values;
     int n_values, cap_values;
     bool oom; /* a building allocation failed: checked once at the end */
+
+    int n_dropout;            /* dropout layers so far (their streams) */
+    mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
 
     int min_bn_hw; /* the smallest h*w any BN normalises over, per image */
     int max_bn_c;  /* the most channels any BN has */
@@ -188,6 +196,7 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
 int nn_add(mgt_model *m, const char *name, int a, int b);
 int nn_gap(mgt_model *m, const char *name, int x);
 int nn_linear(mgt_model *m, const char *name, int x, int out);
+int nn_dropout(mgt_model *m, const char *name, int x, float p);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }

@@ -226,6 +226,9 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
     [MGT_OP_TOPK] = mgt_cuda_topk,
     [MGT_OP_SGD] = mgt_cuda_sgd_update,
+    [MGT_OP_CHBIAS_FWD] = mgt_cuda_channel_bias_forward,
+    [MGT_OP_CHBIAS_BWD] = mgt_cuda_channel_bias_backward,
+    [MGT_OP_DROPOUT] = mgt_cuda_dropout,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
