@@ -1358,6 +1358,52 @@ static bool gen_apool(tcase *c, int idx, rng *r, bool fwd)
 static bool gen_apool_fwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, true); }
 static bool gen_apool_bwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, false); }
 
+/* n, rows, count, y_stride, y_row, x_stride, x_row: a channel slice into a concatenation and
+   back out, a shuffle of 2 groups, contiguous, one element */
+static const int scopy_shapes[][7] = {{2, 1, 12, 30, 12, 12, 12}, {3, 1, 8, 20, 8, 20, 8},
+                                      {2, 4, 5, 40, 10, 20, 5},   {1, 1, 100, 100, 100, 100, 100},
+                                      {1, 1, 1, 1, 1, 1, 1},      {4, 3, 7, 50, 14, 21, 7}};
+#define N_SCOPY_SHAPES ((int)(sizeof scopy_shapes / sizeof scopy_shapes[0]))
+
+static bool gen_scopy(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_SCOPY_SHAPES + 3)
+        return false;
+    int n, rows;
+    size_t count, ys, yr, xs, xr;
+    if (idx < N_SCOPY_SHAPES) {
+        const int *v = scopy_shapes[idx];
+        n = v[0], rows = v[1], count = (size_t)v[2], ys = (size_t)v[3], yr = (size_t)v[4];
+        xs = (size_t)v[5], xr = (size_t)v[6];
+    } else {
+        n = rng_int(r, 1, 5);
+        rows = rng_int(r, 1, 6);
+        count = (size_t)rng_int(r, 1, 20);
+        yr = count + (size_t)rng_int(r, 0, 9);
+        xr = (size_t)rng_int(r, 0, 25);
+        ys = (size_t)rows * yr + (size_t)rng_int(r, 0, 9);
+        xs = (size_t)rng_int(r, 0, 200);
+    }
+    size_t ny = (size_t)(n - 1) * ys + (size_t)(rows - 1) * yr + count;
+    size_t nx = (size_t)(n - 1) * xs + (size_t)(rows - 1) * xr + count;
+    float *y = case_f32(c, ny), *x = case_f32(c, nx);
+    fill_unif(r, y, ny, -1, 1);
+    fill_unif(r, x, nx, -1, 1);
+    c->op.kind = MGT_OP_STRIDED_COPY;
+    c->op.u.scopy.y = y;
+    c->op.u.scopy.x = x;
+    c->op.u.scopy.n = n;
+    c->op.u.scopy.rows = rows;
+    c->op.u.scopy.count = count;
+    c->op.u.scopy.y_stride = ys;
+    c->op.u.scopy.y_row = yr;
+    c->op.u.scopy.x_stride = xs;
+    c->op.u.scopy.x_row = xr;
+    c->rtol = 0;
+    case_desc(c, "n=%d rows=%d count=%zu y %zu/%zu x %zu/%zu", n, rows, count, ys, yr, xs, xr);
+    return true;
+}
+
 /* n, classes, smoothing x10, logit scale */
 static const int xent_shapes[][4] = {
     {1, 1, 0, 1},    {1, 10, 0, 1}, {4, 10, 1, 1}, {32, 10, 0, 3}, {7, 1000, 1, 2}, {3, 5, 1, 30},
@@ -2416,6 +2462,7 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},
     [MGT_OP_APOOL_FWD] = {gen_apool_fwd, NULL},
     [MGT_OP_APOOL_BWD] = {gen_apool_bwd, fd_apool},
+    [MGT_OP_STRIDED_COPY] = {gen_scopy, NULL},
 };
 
 #define MAX_BACKENDS 3

@@ -312,6 +312,17 @@ mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x,
 mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
                                          int h, int w, int oh, int ow);
 
+/* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n, r < rows,
+   k < count (floats): a channel slice of an NCHW tensor into another's, or a channel shuffle.
+   Source and destination must not overlap. */
+typedef struct mgt_strided_copy_shape {
+    int n, rows;
+    size_t count, y_stride, y_row, x_stride, x_row;
+} mgt_strided_copy_shape;
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh);
+
 /* What a dropout mask is a function of. Image i of a call is the sample at global index
    g = sample0 + i * sample_stride (its place in the epoch's order, so the mask does not depend
    on how a batch is split over devices); step counts the run's training steps; stream tells

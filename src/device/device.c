@@ -807,6 +807,15 @@ mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *
     LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
 }
 
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh)
+{
+    if (!sh)
+        return bad_arg("strided_copy", "no shape");
+    LAUNCH(MGT_OP_STRIDED_COPY, scopy, y, x, sh->n, sh->rows, sh->count, sh->y_stride, sh->y_row,
+           sh->x_stride, sh->x_row);
+}
+
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key)
 {

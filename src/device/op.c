@@ -714,6 +714,46 @@ static void operands_apool_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
 }
 
+/* The floats a strided region spans: the last image's last row ends it. */
+static size_t scopy_extent(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    return (size_t)(n - 1) * stride + (size_t)(rows - 1) * row + count;
+}
+
+static bool scopy_fits(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    size_t a, b, t;
+    return !__builtin_mul_overflow((size_t)(n - 1), stride, &a) &&
+           !__builtin_mul_overflow((size_t)(rows - 1), row, &b) &&
+           !__builtin_add_overflow(a, b, &t) && !__builtin_add_overflow(t, count, &t) &&
+           t <= SIZE_MAX / sizeof(float);
+}
+
+static mgt_status check_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    NEED_POS(op, c->n, "batch n");
+    NEED_POS(op, c->rows, "rows");
+    NEED_POS(op, c->count, "count");
+    if (!scopy_fits(c->n, c->rows, c->count, c->y_stride, c->y_row) ||
+        !scopy_fits(c->n, c->rows, c->count, c->x_stride, c->x_row))
+        return INVALID(op, "size overflows (n %d, rows %d, count %zu)", c->n, c->rows, c->count);
+    /* rows of one image, and images, must not overlap in y (each element written once) */
+    if ((c->rows > 1 && c->y_row < c->count) ||
+        (c->n > 1 && c->y_stride < scopy_extent(1, c->rows, c->count, 0, c->y_row)))
+        return INVALID(op, "destination rows overlap (count %zu, row %zu, stride %zu)", c->count,
+                       c->y_row, c->y_stride);
+    return MGT_OK;
+}
+
+static void operands_scopy(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.scopy) *c = &op->u.scopy;
+    /* INOUT: the floats between the rows are in the extent and are left as they are */
+    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
+    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
+}
+
 uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
 
 void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4])

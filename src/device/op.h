@@ -58,7 +58,8 @@
     X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
     X(DROPOUT, dropout, dropout)                         \
     X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
-    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
+    X(STRIDED_COPY, strided_copy, scopy)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -248,6 +249,15 @@ typedef struct mgt_op {
             const float *dy;
             int n, c, h, w, oh, ow;
         } apool_bwd;
+        /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
+           r < rows, k < count: channel slices of NCHW (concatenation, split) and channel
+           shuffles; the regions must not overlap */
+        struct {
+            float *y;
+            const float *x;
+            int n, rows;
+            size_t count, y_stride, y_row, x_stride, x_row;
+        } scopy;
     } u;
 } mgt_op;
 

@@ -1338,6 +1338,21 @@ static void apool_bwd_item(void *c, int i, int t)
     }
 }
 
+/* Rows (of all images) in parallel, a memcpy each. */
+static void scopy_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.scopy) *a = &jb->op->u.scopy;
+    size_t lo, hi;
+    item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
+    for (size_t q = lo; q < hi; q++) {
+        size_t im = q / (size_t)a->rows, r = q % (size_t)a->rows;
+        memcpy(a->y + im * a->y_stride + r * a->y_row, a->x + im * a->x_stride + r * a->x_row,
+               a->count * sizeof(float));
+    }
+}
+
 /* ---- softmax cross-entropy, top-k ---- */
 
 static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
@@ -1698,6 +1713,14 @@ static mgt_status run_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *a = &op->u.scopy;
+    plane_job j = {op, units_per_item(a->count)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->rows, j.units), scopy_item, &j);
+    return MGT_OK;
+}
+
 static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
@@ -1755,6 +1778,7 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_DROPOUT] = run_dropout,
     [MGT_OP_APOOL_FWD] = run_apool_fwd,
     [MGT_OP_APOOL_BWD] = run_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = run_scopy,
 };
 
 bool mgt_cpu_supports(mgt_op_kind kind)

@@ -602,6 +602,17 @@ static mgt_status ref_apool_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status ref_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    for (int i = 0; i < c->n; i++)
+        for (int r = 0; r < c->rows; r++)
+            for (size_t k = 0; k < c->count; k++)
+                c->y[(size_t)i * c->y_stride + (size_t)r * c->y_row + k] =
+                    c->x[(size_t)i * c->x_stride + (size_t)r * c->x_row + k];
+    return MGT_OK;
+}
+
 /* One function per kind; a kind left out has no reference and is reported so. */
 static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_FILL] = ref_fill,
@@ -635,6 +646,7 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_DROPOUT] = ref_dropout,
     [MGT_OP_APOOL_FWD] = ref_apool_fwd,
     [MGT_OP_APOOL_BWD] = ref_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = ref_scopy,
 };
 
 mgt_status mgt_ref_run(const mgt_op *op)

@@ -580,6 +580,18 @@ __global__ void k_apool_bwd(float *dx, const float *dy, size_t total, int h, int
     }
 }
 
+// ---- strided copy: one thread per element of the n * rows * count copied ----
+
+__global__ void k_scopy(float *y, const float *x, size_t total, int rows, size_t count, size_t ys,
+                        size_t yr, size_t xs, size_t xr)
+{
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const size_t k = e % count, q = e / count;
+        const size_t r = q % (size_t)rows, im = q / (size_t)rows;
+        y[im * ys + r * yr + k] = x[im * xs + r * xr + k];
+    }
+}
+
 // ---- dropout: the mask of mgt_dropout_key, word for word ----
 
 struct dropout_key {
@@ -814,6 +826,16 @@ mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *
     k_apool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.h, a.w, a.oh,
                                                                a.ow);
     return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
+}
+
+mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.scopy;
+    size_t total = (size_t)a.n * a.rows * a.count;
+    k_scopy<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.y, a.x, total, a.rows, a.count, a.y_stride, a.y_row, a.x_stride, a.x_row);
+    return MGT_CUDA_AFTER(s, "strided_copy");
 }
 
 mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
