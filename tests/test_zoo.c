@@ -19,6 +19,7 @@
 
 #include "mgt/device.h"
 #include "mgt/nn.h"
+#include "mgt/safetensors.h"
 #include "support/fixture.h"
 
 #define TABLE MGT_TEST_DATA_DIR "/zoo/torchvision_archs.txt"
@@ -239,6 +240,256 @@ static void test_learn(void **state)
     free(x);
 }
 
+/* ---- goldens (scripts/make_zoo_goldens.py) ---- */
+
+/* The golden cases: architecture and input side, as the script's CASES. */
+static const struct {
+    const char *arch;
+    int size;
+} golden_cases[] = {
+    {"vgg11", 32}, {"vgg11_bn", 32}, {"alexnet", 63}, {"squeezenet1_0", 32}, {"squeezenet1_1", 32}};
+
+#define LR 0.1f
+#define MOMENTUM 0.9f
+#define WD 5e-4f
+#define SMOOTHING 0.1f
+/* as tests/test_models.c's ResNet goldens: forward values relative to their tensor's largest,
+   gradients and updates relative to their tensor's largest golden gradient */
+#define TOL_FWD 2e-5
+#define TOL_GRAD 5e-4
+#define SAMPLES 64
+
+static uint32_t fnv1a(const char *s)
+{
+    uint32_t h = 0x811C9DC5u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x01000193u;
+    return h;
+}
+
+static uint32_t fmix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    return x ^ (x >> 16);
+}
+
+static double hash_uniform(uint32_t salt, size_t i)
+{
+    return (double)(fmix32((uint32_t)i * 0x9E3779B1u + salt) >> 8) / 16777216.0;
+}
+
+static size_t sample_index(const char *name, size_t numel, size_t idx[SAMPLES])
+{
+    if (numel <= SAMPLES) {
+        for (size_t i = 0; i < numel; i++)
+            idx[i] = i;
+        return numel;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "sample:%s", name);
+    uint32_t salt = fnv1a(key);
+    for (size_t i = 0; i < SAMPLES; i++) {
+        size_t j = (size_t)(int64_t)(hash_uniform(salt, i) * (double)numel);
+        idx[i] = j < numel ? j : numel - 1;
+    }
+    return SAMPLES;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* The script's weights(): v = (u - 0.5) * scale + shift in double, rounded to float. */
+static void formula_tensor(const mgt_model_entry *t, float *v)
+{
+    double scale, shift = 0.0;
+    if (ends_with(t->name, "running_var"))
+        scale = 0.5, shift = 1.0;
+    else if (ends_with(t->name, "running_mean"))
+        scale = 0.2;
+    else if (t->ndim >= 2)
+        scale = sqrt(12.0) * sqrt(2.0 / (double)(t->numel / (size_t)t->shape[0]));
+    else if (ends_with(t->name, ".bias"))
+        scale = 0.2;
+    else
+        scale = 0.4, shift = 1.0;
+    uint32_t salt = fnv1a(t->name);
+    for (size_t i = 0; i < t->numel; i++)
+        v[i] = (float)((hash_uniform(salt, i) - 0.5) * scale + shift);
+}
+
+static const float *golden(const mgt_st_file *g, const char *name, uint64_t n)
+{
+    int i = mgt_st_find(g, name);
+    if (i < 0)
+        fail_msg("the golden lacks %s", name);
+    if (mgt_st_tensor_numel(g, i) != n)
+        fail_msg("golden %s has %llu values, expected %llu", name,
+                 (unsigned long long)mgt_st_tensor_numel(g, i), (unsigned long long)n);
+    return mgt_st_tensor_data(g, i);
+}
+
+static double max_abs(const float *v, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(v[i]));
+    return m;
+}
+
+static int n_bad;
+
+/* got[idx[i]] against want[i] within tol * scale (+ a float rounding of the value). */
+static void close_to(const char *what, const float *got, const size_t *idx, const float *want,
+                     size_t n, double tol, double scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        double g = got[idx ? idx[i] : i], w = want[i];
+        if (!(fabs(g - w) <= tol * scale + 2e-7 * fabs(w))) {
+            if (n_bad++ < 12)
+                print_message("%s[%zu]: %.9g, golden %.9g (tolerance %.3g)\n", what,
+                              idx ? idx[i] : i, g, w, tol * scale);
+            return;
+        }
+    }
+}
+
+static float *to_host(mgt_stream *s, const float *d, size_t bytes)
+{
+    float *h = malloc(bytes ? bytes : 1);
+    assert_non_null(h);
+    CHECK(mgt_copy_d2h(s, h, d, bytes));
+    CHECK(mgt_stream_synchronize(s, NULL));
+    return h;
+}
+
+static void test_golden(void **state)
+{
+    (void)state;
+    int size = 0;
+    for (size_t i = 0; i < sizeof golden_cases / sizeof *golden_cases; i++)
+        if (arg && strcmp(golden_cases[i].arch, arg) == 0)
+            size = golden_cases[i].size;
+    if (!size)
+        fail_msg("no golden case for '%s'", arg ? arg : "(none)");
+    char path[512];
+    snprintf(path, sizeof path, "%s/zoo/%s_3x%dx%d.golden.safetensors", MGT_TEST_DATA_DIR, arg,
+             size, size);
+    mgt_st_file *g;
+    CHECK(mgt_st_open(path, &g));
+    int classes = atoi(mgt_st_metadata_get(g, "classes")),
+        batch = atoi(mgt_st_metadata_get(g, "batch"));
+    mgt_devset *set = mgt_test_open_mock(1, "");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    mgt_model_config cfg = {
+        .arch = arg, .classes = classes, .in_channels = 3, .image_size = size, .batch = batch};
+    mgt_model *m;
+    CHECK(mgt_model_create(&cfg, d, &m));
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t pb, bb;
+    float *params = mgt_model_params(m, &pb), *bufs = mgt_model_buffers(m, &bb);
+    float *hp = calloc(1, pb), *hb = calloc(1, bb ? bb : 1);
+    assert_non_null(hp);
+    assert_non_null(hb);
+    for (int e = 0; e < n; e++)
+        if (t[e].role != MGT_MODEL_COUNTER)
+            formula_tensor(
+                &t[e], (float *)((char *)(t[e].role == MGT_MODEL_PARAM ? hp : hb) + t[e].offset));
+    CHECK(mgt_copy_h2d(s, params, hp, pb));
+    if (bb)
+        CHECK(mgt_copy_h2d(s, bufs, hb, bb));
+
+    size_t nx = (size_t)batch * 3 * size * size, nl = (size_t)batch * classes;
+    mgt_buffer *io, *mom;
+    CHECK(mgt_buffer_alloc(d, nx * sizeof(float) + 64 * sizeof(int32_t), &io));
+    CHECK(mgt_buffer_alloc(d, pb, &mom));
+    float *x = mgt_buffer_ptr(io);
+    int32_t *labels = (int32_t *)(x + nx);
+    CHECK(mgt_copy_h2d(s, x, golden(g, "input", nx), nx * sizeof(float)));
+    CHECK(mgt_copy_h2d(s, labels, golden(g, "labels", (uint64_t)batch),
+                       (size_t)batch * sizeof(int32_t)));
+    n_bad = 0;
+
+    const float *logits;
+    CHECK(mgt_model_forward(m, s, x, batch, false, &logits));
+    float *hl = to_host(s, logits, nl * sizeof(float));
+    const float *want = golden(g, "eval_logits", nl);
+    close_to("eval_logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    free(hl);
+
+    mgt_dropout_key key = {.seed = 7, .step = 1, .sample0 = 0, .sample_stride = 1};
+    mgt_model_set_dropout_key(m, &key);
+    CHECK(mgt_model_zero_grad(m, s));
+    CHECK(mgt_model_forward(m, s, x, batch, true, &logits));
+    CHECK(mgt_model_loss(m, s, labels, SMOOTHING, NULL));
+    hl = to_host(s, logits, nl * sizeof(float));
+    want = golden(g, "step1.logits", nl);
+    close_to("step1.logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    free(hl);
+    float *loss = to_host(s, mgt_model_loss_ptr(m), sizeof(float));
+    want = golden(g, "step1.loss", 1);
+    close_to("step1.loss", loss, NULL, want, 1, TOL_FWD, fabs(want[0]));
+    free(loss);
+    CHECK(mgt_model_backward(m, s, NULL, NULL));
+    float *hg = to_host(s, mgt_model_grads(m, NULL), pb);
+    mgt_sgd_params sp = {
+        .lr = LR, .momentum = MOMENTUM, .weight_decay = WD, .grad_scale = 1.0f, .first_step = true};
+    CHECK(mgt_sgd_update(s, params, mgt_buffer_ptr(mom), mgt_model_grads(m, NULL),
+                         pb / sizeof(float), &sp));
+    float *hp1 = to_host(s, params, pb), *hb1 = to_host(s, bufs, bb);
+    for (int e = 0; e < n; e++) {
+        if (t[e].role == MGT_MODEL_COUNTER)
+            continue;
+        char name[160];
+        size_t idx[SAMPLES], k = sample_index(t[e].name, t[e].numel, idx);
+        bool par = t[e].role == MGT_MODEL_PARAM;
+        const float *v1 = (const float *)((char *)(par ? hp1 : hb1) + t[e].offset);
+        double gscale = 0;
+        if (par) {
+            const float *gv = (const float *)((char *)hg + t[e].offset);
+            snprintf(name, sizeof name, "grad.%s.samples", t[e].name);
+            const float *gw = golden(g, name, k);
+            gscale = max_abs(gw, k);
+            close_to(name, gv, idx, gw, k, TOL_GRAD, gscale);
+            double sq = 0;
+            for (size_t i = 0; i < t[e].numel; i++)
+                sq += (double)gv[i] * gv[i];
+            float norm = (float)sqrt(sq);
+            snprintf(name, sizeof name, "grad.%s.norm", t[e].name);
+            const float *nw = golden(g, name, 1);
+            close_to(name, &norm, NULL, nw, 1, TOL_GRAD, nw[0]);
+        }
+        snprintf(name, sizeof name, "step1.%s.samples", t[e].name);
+        const float *sw = golden(g, name, k);
+        /* the update moves by lr * (g + wd p): its error is the gradient's, times lr */
+        close_to(name, v1, idx, sw, k, 1.0, TOL_FWD * max_abs(sw, k) + TOL_GRAD * LR * gscale);
+    }
+    if (n_bad)
+        fail_msg("%s: %d tensors outside the tolerances", arg, n_bad);
+    print_message("%s: eval and training logits, loss, %d tensors' gradients and SGD step match "
+                  "PyTorch\n",
+                  arg, n);
+    free(hg);
+    free(hp1);
+    free(hb1);
+    free(hp);
+    free(hb);
+    mgt_buffer_free(io);
+    mgt_buffer_free(mom);
+    mgt_model_free(m);
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+    mgt_st_close(g);
+}
+
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "tables";
@@ -251,6 +502,10 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {cmocka_unit_test(test_learn)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
-    fprintf(stderr, "usage: test_zoo tables | learn FAMILY\n");
+    if (strcmp(what, "golden") == 0) {
+        const struct CMUnitTest t[] = {cmocka_unit_test(test_golden)};
+        return cmocka_run_group_tests(t, NULL, NULL);
+    }
+    fprintf(stderr, "usage: test_zoo tables | learn FAMILY | golden ARCH\n");
     return 2;
 }
