@@ -536,11 +536,14 @@ int mgt_app_cmd_train(int argc, char **argv)
     st = mgt_train_run(&c, &ctl, set, &res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    /* the run's line, before closing the devices (which may set a text of their own) */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mgt_error_last());
     mgt_devset_free(set);
     if (quiet)
         fclose(quiet);
     if (st != MGT_OK) {
-        train_fail_line(world, mgt_error_last());
+        train_fail_line(world, why);
         mgt_world_close(world, true);
         return 1;
     }
