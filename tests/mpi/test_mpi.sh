@@ -89,6 +89,27 @@ kill)
     [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
     echo "stopped $(($(date +%s) - start)) s after the kill, rc $rc"
     ;;
+sigint)
+    # Ctrl-C on the launcher (mpirun forwards SIGINT to every rank): the nodes agree on the
+    # step to stop at, node 0 saves, and the checkpoint goes on (here on 1x4)
+    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --print-freq 1 \
+        --checkpoint-dir "$tmp/ck" >"$tmp/out.txt" 2>&1 &
+    mp=$!
+    for _ in $(seq 1 300); do grep -q '^Epoch: \[0\]\[ *3/' "$tmp/out.txt" && break; sleep 0.1; done
+    kill -INT $mp
+    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $mp 2>/dev/null; then
+        kill -9 $mp
+        fail "still running 20 s after SIGINT"
+    fi
+    wait $mp
+    grep -q '^=> stopped at epoch .* step .*; checkpoint .*checkpoint.safetensors' "$tmp/out.txt" ||
+        fail "no stop with a checkpoint: $(tail -5 "$tmp/out.txt")"
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 4 --checkpoint-dir "$tmp/ck" \
+        --resume auto >"$tmp/resume.txt" 2>&1 || fail "resume: $(tail -3 "$tmp/resume.txt")"
+    grep -q 'resumed from' "$tmp/resume.txt" || fail "did not resume: $(tail -3 "$tmp/resume.txt")"
+    echo "$(grep '^=> stopped' "$tmp/out.txt"); resumed on 1x4"
+    ;;
 bad_env)
     # nodes with different local device counts: a clear error, no hang
     timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
