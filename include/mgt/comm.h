@@ -46,6 +46,9 @@ typedef struct mgt_comm_config {
        world's devices, so N nodes x L devices give the bytes of one node with N*L. */
     mgt_world *world;
     mgt_abort *abort; /* with world: raised when a cross-node exchange fails */
+    bool flat;        /* with world: no shards (for comparison, mgtrain bench allreduce): the
+                         node's sum on device 0, exchanged whole by device 0 alone, handed
+                         back down; the same order of additions, one device's link */
 } mgt_comm_config;
 
 /* Creates one comm stream, a receive buffer and events per device of the set. */

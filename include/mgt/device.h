@@ -62,6 +62,9 @@ typedef enum mgt_fault_kind {
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
                          (BW in B, KB, MB or GB per second; LAT in us or ms)
+     xlink=BW,LAT        the link between nodes of a multi-node run (mgt/world.h): each
+                         device's exchange with the other nodes takes at least
+                         (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path */
 typedef struct mgt_mock_options {
@@ -77,7 +80,9 @@ typedef struct mgt_mock_options {
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
     double link_latency_s;
-    bool conv_im2col; /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
+    bool conv_im2col;         /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
+    double xlink_bytes_per_s; /* xlink=: 0, no inter-node link model */
+    double xlink_latency_s;
 } mgt_mock_options;
 
 /* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). A bad

@@ -45,6 +45,11 @@ const char *mgt_world_host(const mgt_world *w);
 /* Time a wait may take before it fails with MGT_ERR_TIMEOUT (0: no limit; --timeout). */
 void mgt_world_set_timeout(mgt_world *w, double seconds);
 
+/* The inter-node link model of mock runs (--mock xlink=BW,LAT): each channel all-gather of
+   b bytes then takes at least (nodes - 1) x (latency + b / bandwidth), the time a ring
+   all-gather over one link per device would. 0: none. */
+void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s);
+
 /* Every node must bring the same number of local devices: MGT_ERR_INVALID otherwise,
    naming the nodes and their counts. Collective. */
 mgt_status mgt_world_check_devices(mgt_world *w, int local_devices);

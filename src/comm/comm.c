@@ -49,6 +49,8 @@ struct mgt_comm {
     mgt_world *world;
     mgt_abort *abort;
     int nodes;
+    bool flat;                 /* device 0 exchanges whole buckets (mgt_comm_config.flat) */
+    int shards;                /* devices that exchange a shard: n, or 1 when flat */
     size_t *shard_off;         /* [nb] float offset of a bucket's shard slot in the staging */
     size_t stage_floats;       /* floats of one device's send staging (the sum of the slots) */
     float **stage, **gathered; /* [n] pinned: own shards; every node's shards */
@@ -106,6 +108,18 @@ static mgt_status enqueue_nodes_begin(mgt_comm *c, int b);
 /* Floats [*lo, *hi) of chunk k when `count` floats are cut into n nearly equal chunks. */
 static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi);
 
+/* Floats [*lo, *hi) of bucket b that device j exchanges with the other nodes. */
+static void shard_range(const mgt_comm *c, int b, int j, size_t *lo, size_t *hi)
+{
+    size_t count = (c->end[b] - c->begin[b]) / sizeof(float);
+    if (c->flat) {
+        *lo = 0;
+        *hi = j == 0 ? count : 0;
+    } else {
+        ring_chunk(count, c->n, j, lo, hi);
+    }
+}
+
 /* The staging, events and comm threads of a multi-node run, allocated once. */
 static mgt_status make_nodes(mgt_comm *c)
 {
@@ -121,7 +135,7 @@ static mgt_status make_nodes(mgt_comm *c)
     size_t total = 0;
     for (int b = 0; b < c->nb; b++) {
         size_t lo, hi;
-        ring_chunk((c->end[b] - c->begin[b]) / sizeof(float), c->n, 0, &lo, &hi);
+        shard_range(c, b, 0, &lo, &hi);
         c->shard_off[b] = total;
         total += hi - lo; /* chunk 0 is the largest */
     }
@@ -141,7 +155,7 @@ static mgt_status make_nodes(mgt_comm *c)
         if (st == MGT_OK && !c->threads[i].queue)
             st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     }
-    for (int i = 0; i < c->n && st == MGT_OK; i++) {
+    for (int i = 0; i < c->shards && st == MGT_OK; i++) {
         if (pthread_create(&c->threads[i].thread, NULL, comm_thread_main, &c->threads[i]) != 0)
             st =
                 mgt_error_set(MGT_ERR_DEVICE, "comm: cannot start the comm thread of device %d", i);
@@ -167,6 +181,8 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     c->world = cfg->world;
     c->abort = cfg->abort;
     c->nodes = mgt_world_size(cfg->world);
+    c->flat = cfg->flat;
+    c->shards = cfg->flat ? 1 : c->n;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cv, NULL);
     mgt_status st = plan_buckets(c, cfg);
@@ -459,12 +475,11 @@ static mgt_status gather_shard(mgt_comm *c, size_t off, int j, size_t lo, size_t
    its device's staging, and the bucket queued to every comm thread. c->lock held. */
 static mgt_status enqueue_nodes_begin(mgt_comm *c, int b)
 {
-    size_t off = c->begin[b], count = (c->end[b] - c->begin[b]) / sizeof(float);
-    size_t nb = (size_t)c->nb;
+    size_t off = c->begin[b], nb = (size_t)c->nb;
     mgt_status st = MGT_OK;
-    for (int j = 0; j < c->n && st == MGT_OK; j++) {
+    for (int j = 0; j < c->shards && st == MGT_OK; j++) {
         size_t lo, hi;
-        ring_chunk(count, c->n, j, &lo, &hi);
+        shard_range(c, b, j, &lo, &hi);
         if (hi > lo && c->n > 1)
             st = reduce_shard(c, off, j, lo, hi);
         if (st == MGT_OK && hi > lo)
@@ -473,7 +488,7 @@ static mgt_status enqueue_nodes_begin(mgt_comm *c, int b)
         if (st == MGT_OK)
             st = mgt_event_record(c->staged[(size_t)j * nb + (size_t)b], c->stream[j]);
     }
-    for (int j = 0; j < c->n && st == MGT_OK; j++) {
+    for (int j = 0; j < c->shards && st == MGT_OK; j++) {
         struct comm_thread *t = &c->threads[j];
         t->queue[(t->head + t->count) % c->nb] = b;
         t->count++;
@@ -486,12 +501,11 @@ static mgt_status enqueue_nodes_begin(mgt_comm *c, int b)
    bucket's done events. c->lock held. */
 static mgt_status enqueue_nodes_end(mgt_comm *c, int b)
 {
-    size_t off = c->begin[b], count = (c->end[b] - c->begin[b]) / sizeof(float);
-    size_t nb = (size_t)c->nb;
+    size_t off = c->begin[b], nb = (size_t)c->nb;
     mgt_status st = MGT_OK;
-    for (int j = 0; j < c->n && st == MGT_OK && c->n > 1; j++) {
+    for (int j = 0; j < c->shards && st == MGT_OK && c->n > 1; j++) {
         size_t lo, hi;
-        ring_chunk(count, c->n, j, &lo, &hi);
+        shard_range(c, b, j, &lo, &hi);
         if (hi > lo)
             st = gather_shard(c, off, j, lo, hi);
     }
@@ -537,7 +551,7 @@ static void *comm_thread_main(void *arg)
         t->count--;
         pthread_mutex_unlock(&c->lock);
         size_t lo, hi;
-        ring_chunk((c->end[b] - c->begin[b]) / sizeof(float), c->n, t->dev, &lo, &hi);
+        shard_range(c, b, t->dev, &lo, &hi);
         size_t m = hi - lo;
         float *mine = c->stage[t->dev] + c->shard_off[b];
         float *all = c->gathered[t->dev] + c->shard_off[b] * nodes;
@@ -564,7 +578,7 @@ static void *comm_thread_main(void *arg)
             st = mgt_copy_h2d(c->stream[t->dev],
                               at(c->grads[t->dev], c->begin[b] + lo * sizeof(float)), all,
                               m * sizeof(float));
-        if (st == MGT_OK && ++c->landed[b] == c->n) {
+        if (st == MGT_OK && ++c->landed[b] == c->shards) {
             c->landed[b] = 0;
             st = enqueue_nodes_end(c, b);
         }

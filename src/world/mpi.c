@@ -23,6 +23,7 @@ struct mgt_world {
     int rank, size;
     char host[MPI_MAX_PROCESSOR_NAME + 1];
     double timeout_s;
+    double link_bw, link_lat; /* the mock inter-node link model (0: none) */
     MPI_Comm comm, ctrl;
     MPI_Comm *chan;
     int nchan;
@@ -124,6 +125,11 @@ int mgt_world_rank(const mgt_world *w) { return w ? w->rank : 0; }
 int mgt_world_size(const mgt_world *w) { return w ? w->size : 1; }
 const char *mgt_world_host(const mgt_world *w) { return w ? w->host : "localhost"; }
 void mgt_world_set_timeout(mgt_world *w, double seconds) { w->timeout_s = seconds; }
+void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s)
+{
+    w->link_bw = bytes_per_s;
+    w->link_lat = latency_s;
+}
 
 /* The main thread's look at the failure line: sets remote_failed for every thread. */
 static bool poll_fail(mgt_world *w)
@@ -282,7 +288,18 @@ mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, si
     }
     if (chan < 0 || chan >= w->nchan)
         return mgt_error_set(MGT_ERR_INVALID, "world: no channel %d (of %d)", chan, w->nchan);
-    return allgather_on(w, w->chan[chan], mine, bytes, all, abort, false);
+    double t0 = mgt_time_now();
+    mgt_status st = allgather_on(w, w->chan[chan], mine, bytes, all, abort, false);
+    if (st == MGT_OK && w->link_bw > 0) {
+        /* the link model: what shared memory did faster is slept off */
+        double left =
+            (w->size - 1) * (w->link_lat + (double)bytes / w->link_bw) - (mgt_time_now() - t0);
+        if (left > 0) {
+            struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return st;
 }
 
 void mgt_world_notify_failure(mgt_world *w, const char *text)

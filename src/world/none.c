@@ -43,6 +43,10 @@ int mgt_world_rank(const mgt_world *w) { return w ? 0 : 0; }
 int mgt_world_size(const mgt_world *w) { return w ? 1 : 1; }
 const char *mgt_world_host(const mgt_world *w) { return w ? w->host : "localhost"; }
 void mgt_world_set_timeout(mgt_world *w, double seconds) { (void)w, (void)seconds; }
+void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s)
+{
+    (void)w, (void)bytes_per_s, (void)latency_s;
+}
 
 mgt_status mgt_world_check_devices(mgt_world *w, int local_devices)
 {
