@@ -193,6 +193,25 @@ mgt_status mgt_copy_d2d(mgt_stream *s, void *dst, const void *src, size_t bytes)
 mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream, const void *src,
                          size_t bytes);
 
+/* ---- across processes ---- */
+
+/* A collective between devices of different processes that the backend does itself (NCCL on
+   CUDA), one communicator per device; where the backend has none (mock devices, CUDA
+   without NCCL) callers stage through host memory and MPI (mgt/world.h). */
+typedef struct mgt_xcomm mgt_xcomm;
+#define MGT_XCOMM_ID_MAX 256
+bool mgt_xcomm_available(const mgt_devset *set);
+/* A new id (at most MGT_XCOMM_ID_MAX bytes) that every rank passes to mgt_xcomm_create. */
+mgt_status mgt_xcomm_id(mgt_devset *set, void *id, size_t *len);
+/* Joins communicator `id` as `rank` of `nranks` on device d; blocks until all have joined. */
+mgt_status mgt_xcomm_create(mgt_device *d, const void *id, size_t len, int nranks, int rank,
+                            mgt_xcomm **out);
+/* Enqueued on s (a stream of the communicator's device): recv gets rank r's n floats at
+   r * n. */
+mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, float *recv,
+                               size_t n);
+void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
+
 /* ---- kernels ---- */
 
 /* Convolution of x [n,c,h,w] with w [k, c/groups, r, s] into y [n,k,p,q],

@@ -18,6 +18,10 @@
  * order on the host, copied back), and the comm thread that lands a bucket's last shard
  * enqueues the all-gather inside the node. The comm threads keep MPI off the worker threads,
  * so backward keeps enqueueing while shards travel, and no MPI call runs under the lock.
+ * Where the backend has its own collective across processes (NCCL on CUDA: mgt_xcomm), the
+ * exchange is enqueued on device j's comm stream instead: an all-gather of the shards into
+ * device memory, the same node-order additions on the device, no host staging and no comm
+ * threads.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +68,8 @@ struct mgt_comm {
         int *queue; /* [nb] buckets to exchange, a ring */
         int head, count;
     } * threads;
+    mgt_xcomm **xc;    /* [n] with a backend collective: device j's communicator */
+    mgt_buffer **xbuf; /* [n] every node's shard of a bucket, on the device */
     bool quit;
     bool failed;
     mgt_status fail_status;
@@ -104,6 +110,9 @@ static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
 
 static void *comm_thread_main(void *arg);
 static mgt_status enqueue_nodes_begin(mgt_comm *c, int b);
+static mgt_status enqueue_nodes_end(mgt_comm *c, int b);
+static float *at(float *base, size_t byte_off);
+static mgt_status reduce_shard(mgt_comm *c, size_t off, int j, size_t lo, size_t hi);
 
 /* Floats [*lo, *hi) of chunk k when `count` floats are cut into n nearly equal chunks. */
 static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi);
@@ -118,6 +127,71 @@ static void shard_range(const mgt_comm *c, int b, int j, size_t *lo, size_t *hi)
     } else {
         ring_chunk(count, c->n, j, lo, hi);
     }
+}
+
+/* The backend's communicators (one per device, across the nodes: the id from node 0 through
+   the world) and the device buffers the shards are gathered into. */
+static mgt_status make_xcomm(mgt_comm *c)
+{
+    size_t largest = 0;
+    for (int b = 0; b < c->nb; b++) {
+        size_t lo, hi;
+        shard_range(c, b, 0, &lo, &hi);
+        if (hi - lo > largest)
+            largest = hi - lo;
+    }
+    c->xc = calloc((size_t)c->n, sizeof *c->xc);
+    c->xbuf = calloc((size_t)c->n, sizeof *c->xbuf);
+    if (!c->xc || !c->xbuf)
+        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->n && st == MGT_OK; j++) {
+        mgt_device *d = mgt_devset_device(c->set, j);
+        unsigned char id[MGT_XCOMM_ID_MAX + sizeof(uint64_t)];
+        uint64_t len = 0;
+        size_t l = 0;
+        if (mgt_world_rank(c->world) == 0) {
+            st = mgt_xcomm_id(c->set, id + sizeof len, &l);
+            len = l;
+        }
+        memcpy(id, &len, sizeof len);
+        /* node 0's failure to make an id reaches the others as its failure line */
+        if (st == MGT_OK)
+            st = mgt_world_bcast(c->world, id, sizeof id, 0, c->abort);
+        memcpy(&len, id, sizeof len);
+        if (st == MGT_OK)
+            st = mgt_xcomm_create(d, id + sizeof len, (size_t)len, c->nodes,
+                                  mgt_world_rank(c->world), &c->xc[j]);
+        if (st == MGT_OK)
+            st = mgt_buffer_alloc(d, (largest ? largest : 1) * (size_t)c->nodes * sizeof(float),
+                                  &c->xbuf[j]);
+    }
+    return st;
+}
+
+/* Bucket b across the nodes on the backend's collective, enqueued on the comm streams right
+   after the reduce-scatter. c->lock held. */
+static mgt_status enqueue_xcomm(mgt_comm *c, int b)
+{
+    mgt_status st = MGT_OK;
+    size_t nodes = (size_t)c->nodes;
+    for (int j = 0; j < c->n && st == MGT_OK; j++) {
+        size_t lo, hi;
+        shard_range(c, b, j, &lo, &hi);
+        size_t m = hi - lo;
+        float *g = at(c->grads[j], c->begin[b] + lo * sizeof(float));
+        float *all = mgt_buffer_ptr(c->xbuf[j]);
+        if (m == 0)
+            continue;
+        st = mgt_xcomm_allgather(c->xc[j], c->stream[j], g, all, m);
+        /* the tree over the nodes, as on the host path */
+        for (size_t k = 1; k < nodes && st == MGT_OK; k *= 2)
+            for (size_t r = 0; r + k < nodes && st == MGT_OK; r += 2 * k)
+                st = mgt_axpy(c->stream[j], all + r * m, 1.0f, all + (r + k) * m, m);
+        if (st == MGT_OK)
+            st = mgt_copy_d2d(c->stream[j], g, all, m * sizeof(float));
+    }
+    return st;
 }
 
 /* The staging, events and comm threads of a multi-node run, allocated once. */
@@ -140,6 +214,8 @@ static mgt_status make_nodes(mgt_comm *c)
         total += hi - lo; /* chunk 0 is the largest */
     }
     c->stage_floats = total;
+    if (!c->flat && mgt_xcomm_available(c->set))
+        return make_xcomm(c);
     mgt_status st = mgt_world_channels(c->world, c->n);
     for (int i = 0; i < c->n && st == MGT_OK; i++) {
         mgt_device *d = mgt_devset_device(c->set, i);
@@ -254,6 +330,12 @@ void mgt_comm_free(mgt_comm *c)
     }
     for (int i = 0; c->stream && i < c->n; i++)
         mgt_stream_synchronize(c->stream[i], NULL);
+    for (int i = 0; c->xc && i < c->n; i++) {
+        mgt_xcomm_free(c->xc[i]);
+        mgt_buffer_free(c->xbuf[i]);
+    }
+    free(c->xc);
+    free(c->xbuf);
     for (size_t k = 0; c->staged && k < (size_t)c->n * (size_t)c->nb; k++)
         mgt_event_free(c->staged[k]);
     free(c->staged);
@@ -482,11 +564,18 @@ static mgt_status enqueue_nodes_begin(mgt_comm *c, int b)
         shard_range(c, b, j, &lo, &hi);
         if (hi > lo && c->n > 1)
             st = reduce_shard(c, off, j, lo, hi);
+        if (c->xc)
+            continue;
         if (st == MGT_OK && hi > lo)
             st = mgt_copy_d2h(c->stream[j], c->stage[j] + c->shard_off[b],
                               at(c->grads[j], off + lo * sizeof(float)), (hi - lo) * sizeof(float));
         if (st == MGT_OK)
             st = mgt_event_record(c->staged[(size_t)j * nb + (size_t)b], c->stream[j]);
+    }
+    if (c->xc) {
+        if (st == MGT_OK)
+            st = enqueue_xcomm(c, b);
+        return st == MGT_OK ? enqueue_nodes_end(c, b) : st;
     }
     for (int j = 0; j < c->shards && st == MGT_OK; j++) {
         struct comm_thread *t = &c->threads[j];
