@@ -41,7 +41,10 @@ static void bench_usage(FILE *f)
            "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
            "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
            "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
-           "at the same per-device batch, with each device's step broken down.\n");
+           "at the same per-device batch, with each device's step broken down.\n"
+           "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
+           "and compares the hierarchical all-reduce (--algo tree: hier) with the flat one\n"
+           "(--algo ring: flat); --mock xlink=BW,LAT models the link between nodes.\n");
 }
 
 static int bench_allreduce(int argc, char **argv);
@@ -505,8 +508,11 @@ static int bench_allreduce(int argc, char **argv)
     }
     const mgt_mock_options mo = bd.mock_opts; /* zeroed unless mock devices */
     mgt_world_set_link(world, mo.xlink_bytes_per_s, mo.xlink_latency_s);
-    if (mgt_world_rank(world) != 0 && !freopen("/dev/null", "w", stdout)) /* node 0 reports */
+    if (mgt_world_rank(world) != 0) { /* node 0 reports */
         json = plot = NULL;
+        if (!freopen("/dev/null", "w", stdout))
+            clearerr(stdout);
+    }
     int n = bd.n, wn = n * nodes;
     bool model = nodes > 1 ? mo.xlink_bytes_per_s > 0 : mo.link_bytes_per_s > 0;
     mgt_buffer *buf[MGT_MAX_DEVICES] = {0};

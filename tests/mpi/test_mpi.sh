@@ -112,6 +112,17 @@ sigint)
     grep -q 'resumed from' "$tmp/resume.txt" || fail "did not resume: $(tail -3 "$tmp/resume.txt")"
     echo "$(grep '^=> stopped' "$tmp/out.txt"); resumed on 1x4"
     ;;
+bench)
+    # bench allreduce across 2 ranks: a row per size with both variants, the model beside them
+    timeout 120 "${MPIRUN[@]}" -np 2 "$mgtrain" bench allreduce --device cpu --gpus 0,1 \
+        --mock 'link=25GB/s,10us;xlink=1GB/s,20us' --min-bytes 64K --max-bytes 256K \
+        --json "$tmp/b.json" >"$tmp/out.txt" 2>&1 || fail "bench: $(tail -5 "$tmp/out.txt")"
+    grep -q '2 nodes x 2 mock devices = 4' "$tmp/out.txt" || fail "no world line: $(head -3 "$tmp/out.txt")"
+    [ "$(grep -cE '^ +(65536|131072|262144) \|' "$tmp/out.txt")" = 3 ] || fail "not 3 rows: $(cat "$tmp/out.txt")"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and d["devices"]==4 and len(r)==3 and all(x["hier"]["time_s"]>0 and x["flat"]["model_s"]>0 for x in r)' \
+        "$tmp/b.json" || fail "bad --json: $(cat "$tmp/b.json")"
+    echo "$(grep -E '^ +262144' "$tmp/out.txt")"
+    ;;
 bad_env)
     # nodes with different local device counts: a clear error, no hang
     timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
