@@ -201,14 +201,15 @@ static mgt_status train_step(worker *w, long k, const char **where)
     mgt_status st = next_batch(w, &b);
     if (st != MGT_OK)
         return st;
-    /* image i of this replica is the sample k*B + dev + i*N of the epoch's order (the
-       sampler's layout), so the masks are those of any other device count */
-    uint64_t global_batch = (uint64_t)r->data.per_dev_batch * (uint64_t)r->n;
-    b.drop = (mgt_dropout_key){.seed = r->c->seed,
-                               .step = (uint64_t)r->epoch * (uint64_t)r->data.steps_per_epoch +
-                                       (uint64_t)k,
-                               .sample0 = (uint64_t)k * global_batch + (uint64_t)w->dev,
-                               .sample_stride = (uint64_t)r->n};
+    /* image i of this replica (world rank wfirst + dev of wn) is the sample
+       k*B + rank + i*wn of the epoch's order (the sampler's layout), so the masks are those of
+       any other device or node count */
+    uint64_t global_batch = (uint64_t)r->data.per_dev_batch * (uint64_t)r->wn;
+    b.drop = (mgt_dropout_key){
+        .seed = r->c->seed,
+        .step = (uint64_t)r->epoch * (uint64_t)r->data.steps_per_epoch + (uint64_t)k,
+        .sample0 = (uint64_t)k * global_batch + (uint64_t)(r->wfirst + w->dev),
+        .sample_stride = (uint64_t)r->wn};
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
     *where = "forward";
     st = mark(w, slot, 0);
