@@ -92,6 +92,30 @@ kill)
     [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
     echo "stopped $(($(date +%s) - start)) s after the kill, rc $rc"
     ;;
+stall)
+    # rank 1 stopped (SIGSTOP: alive, so mpirun does not react): rank 0 ends after --timeout
+    # with a line saying so, and its MPI_Abort takes the stopped rank too
+    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --timeout 3 \
+        >"$tmp/out.txt" 2>&1 &
+    mp=$!
+    for _ in $(seq 1 600); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
+    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
+    for p in $(pgrep -P $mp); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -STOP "$p"
+    done
+    start=$(date +%s)
+    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $mp 2>/dev/null; then
+        pkill -9 -P $mp
+        kill -9 $mp
+        fail "still running 20 s after rank 1 stalled"
+    fi
+    wait $mp
+    # the step timeout, or a wait of the main thread's (validation's totals) running out
+    grep -q '^mgtrain: node 0 of 2 .*within --timeout 3 s' "$tmp/out.txt" ||
+        fail "no timeout line: $(grep '^mgtrain' "$tmp/out.txt")"
+    echo "ended $(($(date +%s) - start)) s after the stall: $(grep '^mgtrain' "$tmp/out.txt")"
+    ;;
 sigint)
     # Ctrl-C on the launcher (mpirun forwards SIGINT to every rank): the nodes agree on the
     # step to stop at, node 0 saves, and the checkpoint goes on (here on 1x4)
