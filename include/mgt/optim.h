@@ -1,5 +1,8 @@
-/* SGD with PyTorch's semantics over a whole parameter arena, and the learning-rate schedules
-   of the ImageNet example (step), with cosine and linear warm-up as options. */
+/* The optimizers of torchvision's references (SGD, SGD with Nesterov momentum, AdamW,
+   RMSprop) with PyTorch 1.13's semantics over a whole parameter arena split into weight-decay
+   groups, and the learning-rate schedules: the ImageNet example's (step), mgtrain's per-step
+   cosine and linear warm-up, and the references' per-epoch ones (StepLR, CosineAnnealingLR,
+   ExponentialLR after a LinearLR or ConstantLR warm-up, as SequentialLR chains them). */
 #ifndef MGT_OPTIM_H
 #define MGT_OPTIM_H
 
@@ -51,5 +54,60 @@ mgt_status mgt_sgd_step(mgt_sgd *o, mgt_stream *s, float *params, const float *g
 float *mgt_sgd_momentum(const mgt_sgd *o, size_t *floats);
 bool mgt_sgd_started(const mgt_sgd *o);
 void mgt_sgd_set_started(mgt_sgd *o, bool started);
+
+/* ---- the references' optimizers over weight-decay groups ---- */
+
+typedef enum mgt_opt_kind {
+    MGT_OPT_SGD,          /* torch.optim.SGD(momentum, weight_decay) */
+    MGT_OPT_SGD_NESTEROV, /* the same with nesterov=True */
+    MGT_OPT_ADAMW,        /* torch.optim.AdamW(weight_decay), betas 0.9, 0.999, eps 1e-8 */
+    MGT_OPT_RMSPROP,      /* torch.optim.RMSprop(momentum, weight_decay, eps=0.0316, alpha=0.9) */
+} mgt_opt_kind;
+
+/* "sgd", "sgd_nesterov", "adamw", "rmsprop" (as --opt names them) */
+mgt_status mgt_opt_kind_parse(const char *s, mgt_opt_kind *out);
+const char *mgt_opt_kind_name(mgt_opt_kind k);
+
+typedef struct mgt_opt_config {
+    mgt_opt_kind kind;
+    float momentum;          /* sgd, rmsprop */
+    float beta1, beta2, eps; /* adamw; eps also rmsprop's */
+    float alpha;             /* rmsprop's smoothing constant */
+} mgt_opt_config;
+
+/* The references' constants for kind (train.py: AdamW's defaults, RMSprop eps 0.0316 and
+   alpha 0.9) with the given momentum. */
+void mgt_opt_config_defaults(mgt_opt_config *c, mgt_opt_kind kind, float momentum);
+
+/* A run of the arena [offset, offset + floats) (in floats) sharing one weight decay: a
+   parameter group of torch.optim, cut at tensor boundaries. */
+typedef struct mgt_opt_group {
+    size_t offset, floats;
+    float weight_decay;
+} mgt_opt_group;
+
+typedef struct mgt_optimizer mgt_optimizer;
+
+#define MGT_OPT_MAX_STATE 2
+
+/* State for `floats` parameters on d; groups (copied) must tile [0, floats) in order. */
+mgt_status mgt_optimizer_create(mgt_device *d, size_t floats, const mgt_opt_config *c,
+                                const mgt_opt_group *groups, int ngroups, mgt_optimizer **out);
+void mgt_optimizer_free(mgt_optimizer *o); /* NULL is a no-op */
+
+/* Enqueues one update of params from grads scaled by grad_scale, one fused kernel per group.
+   The first step (steps() == 0) starts from zero state, as torch's lazily made state does
+   (SGD's momentum buffer takes the first gradient). */
+mgt_status mgt_optimizer_step(mgt_optimizer *o, mgt_stream *s, float *params, const float *grads,
+                              float lr, float grad_scale);
+
+/* The state tensors (device, floats long each) and their names in torch's state dict
+   ("momentum_buffer"; "exp_avg", "exp_avg_sq"; "square_avg", "momentum_buffer"): fills
+   names and dev (MGT_OPT_MAX_STATE long), returns the count (SGD without momentum: 0). */
+int mgt_optimizer_state(const mgt_optimizer *o, const char **names, float **dev, size_t *floats);
+/* Updates done (torch's per-parameter "step"; AdamW's bias correction counts it). Setting it
+   marks restored state as live (> 0) or as to be started afresh (0). */
+long mgt_optimizer_steps(const mgt_optimizer *o);
+void mgt_optimizer_set_steps(mgt_optimizer *o, long steps);
 
 #endif

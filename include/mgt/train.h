@@ -40,6 +40,9 @@ typedef struct mgt_train_config {
     mgt_lr_config lr; /* lr.epochs is ignored: the schedule spans `epochs` */
     float momentum, weight_decay;
     bool nesterov;
+    mgt_opt_kind opt;        /* --opt (sgd); sgd with nesterov is sgd_nesterov */
+    float norm_weight_decay; /* norm layers' weight and bias; < 0: weight_decay (not given) */
+    float bias_weight_decay; /* every "bias" parameter, norms' too; < 0: not given */
     float label_smoothing;
     int print_freq;
     const char *resume;     /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */

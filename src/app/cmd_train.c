@@ -72,6 +72,11 @@ static void train_usage(FILE *f)
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
         "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
         "  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
+        "  --opt NAME             sgd | sgd_nesterov | adamw | rmsprop, PyTorch's (sgd); adamw:\n"
+        "                         betas 0.9, 0.999, eps 1e-8, decoupled decay; rmsprop: alpha\n"
+        "                         0.9, eps 0.0316, --momentum (torchvision's references)\n"
+        "  --norm-weight-decay X  weight decay of norm layers' weights and biases (--wd)\n"
+        "  --bias-weight-decay X  weight decay of every bias, norms' too (--wd)\n"
         "  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
         "  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
         "  --label-smoothing X    (0)\n"
@@ -171,6 +176,9 @@ enum {
     OPT_RANDOM_ERASE,
     OPT_MIXUP,
     OPT_CUTMIX,
+    OPT_OPT,
+    OPT_NORM_WD,
+    OPT_BIAS_WD,
 };
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
@@ -210,6 +218,15 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
     if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir) {
         fprintf(stderr, "mgtrain: --resume auto: there is nothing to resume from without "
                         "--checkpoint-dir\n");
+        return false;
+    }
+    if (c->nesterov && c->opt != MGT_OPT_SGD && c->opt != MGT_OPT_SGD_NESTEROV) {
+        fprintf(stderr, "mgtrain: --nesterov is SGD's: --opt %s has no Nesterov form\n",
+                mgt_opt_kind_name(c->opt));
+        return false;
+    }
+    if ((c->nesterov || c->opt == MGT_OPT_SGD_NESTEROV) && c->momentum <= 0) {
+        fprintf(stderr, "mgtrain: Nesterov momentum needs --momentum above 0\n");
         return false;
     }
     if (!mgt_arch_find(c->arch)) {
@@ -270,6 +287,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
         {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
+        {"opt", required_argument, NULL, OPT_OPT},
+        {"norm-weight-decay", required_argument, NULL, OPT_NORM_WD},
+        {"bias-weight-decay", required_argument, NULL, OPT_BIAS_WD},
         MGT_APP_SWITCH_LONGOPTS,
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
@@ -367,6 +387,19 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.weight_decay = (float)x;
             break;
         case OPT_NESTEROV: c.nesterov = true; break;
+        case OPT_OPT:
+            if (mgt_opt_kind_parse(optarg, &c.opt) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_NORM_WD:
+        case OPT_BIAS_WD:
+            ok = mgt_app_flag_float(opt == OPT_NORM_WD ? "--norm-weight-decay"
+                                                       : "--bias-weight-decay",
+                                    optarg, 0, 1, &x);
+            *(opt == OPT_NORM_WD ? &c.norm_weight_decay : &c.bias_weight_decay) = (float)x;
+            break;
         case OPT_SCHEDULE:
             if (mgt_lr_kind_parse(optarg, &c.lr.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());

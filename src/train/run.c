@@ -21,6 +21,9 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->lr = (mgt_lr_config){.lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f};
     c->momentum = 0.9f;
     c->weight_decay = 1e-4f;
+    c->opt = MGT_OPT_SGD;
+    c->norm_weight_decay = -1;
+    c->bias_weight_decay = -1;
     c->print_freq = 10;
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
@@ -101,8 +104,16 @@ static void print_start(run *r, int start_epoch)
         fprintf(o, " (x%g every %d epochs)", r->lr.gamma, r->lr.step_epochs);
     if (r->lr.warmup_epochs > 0)
         fprintf(o, ", %g warm-up epochs", r->lr.warmup_epochs);
-    fprintf(o, ", momentum %g%s, weight decay %g, label smoothing %g\n", c->momentum,
-            c->nesterov ? " (nesterov)" : "", c->weight_decay, c->label_smoothing);
+    fprintf(o, "\n=> optimizer %s", train_optim_kind(&r->w[0].opt));
+    if (c->opt != MGT_OPT_ADAMW)
+        fprintf(o, ", momentum %g", c->momentum);
+    fprintf(o, ", weight decay %g", c->weight_decay);
+    if (c->norm_weight_decay >= 0)
+        fprintf(o, " (norms %g)", c->norm_weight_decay);
+    if (c->bias_weight_decay >= 0)
+        fprintf(o, " (biases %g)", c->bias_weight_decay);
+    fprintf(o, " over %d run%s of the arena, label smoothing %g\n", r->w[0].opt.groups,
+            r->w[0].opt.groups == 1 ? "" : "s", c->label_smoothing);
     if (c->dummy)
         fprintf(o, "=> data: synthetic (--dummy), %d classes, %dx%dx%d, %ld steps per epoch\n",
                 d->classes, d->channels, d->size, d->size, d->steps_per_epoch);

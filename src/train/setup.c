@@ -234,7 +234,7 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
         r->buffers[i] = mgt_model_buffers(w->model, NULL);
-        st = train_optim_create(&w->opt, w->d, pbytes / sizeof(float), c);
+        st = train_optim_create(&w->opt, w->d, w->model, c);
     }
     if (st == MGT_OK)
         st = make_slots(r, w);
@@ -352,7 +352,7 @@ mgt_status train_broadcast(run *r, bool params, bool optimizer)
         int m;
         memcpy(mgt_model_bn_counts(r->w[i].model, &m), counts0, (size_t)nbn * sizeof *counts0);
         if (optimizer)
-            train_optim_set_live(&r->w[i].opt, train_optim_live(&r->w[0].opt));
+            train_optim_set_steps(&r->w[i].opt, train_optim_steps(&r->w[0].opt));
     }
     for (int i = 0; i < r->n && st == MGT_OK; i++)
         st = mgt_stream_synchronize(streams[i], &r->abort);

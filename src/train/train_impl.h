@@ -55,25 +55,31 @@ typedef struct train_opt_tensor {
 #define TRAIN_OPT_PREFIX "optimizer."
 #define TRAIN_MAX_OPT_TENSORS 4
 
-/* A replica's optimizer. A new optimizer is a kind here, its update in train_optim_step and
-   its state tensors in train_optim_state; checkpoints and broadcasts follow the table. */
+/* A replica's optimizer. A new optimizer is a kind in mgt/optim.h; its state tensors come
+   through train_optim_state, and checkpoints and broadcasts follow that table. */
 typedef struct train_optim {
-    mgt_sgd *sgd;
+    mgt_optimizer *o;
+    mgt_opt_kind kind;
+    int groups; /* weight-decay groups the arena is cut into */
+    char names[MGT_OPT_MAX_STATE][48];
 } train_optim;
 
-mgt_status train_optim_create(train_optim *o, mgt_device *d, size_t floats,
+/* --opt with --nesterov folded in (sgd + --nesterov is sgd_nesterov). */
+mgt_opt_kind train_optim_kind_of(const mgt_train_config *c);
+mgt_status train_optim_create(train_optim *o, mgt_device *d, const mgt_model *m,
                               const mgt_train_config *c);
 void train_optim_free(train_optim *o);
-/* The name the checkpoint's "optimizer" metadata holds ("sgd"). */
+/* The name the checkpoint's "optimizer" metadata holds (mgt_opt_kind_name). */
 const char *train_optim_kind(const train_optim *o);
 mgt_status train_optim_step(train_optim *o, mgt_stream *s, float *params, const float *grads,
                             float lr, float grad_scale);
 /* Fills t (TRAIN_MAX_OPT_TENSORS long) with the state tensors; returns their count. */
 int train_optim_state(const train_optim *o, train_opt_tensor *t);
-/* Whether the state holds values yet (SGD's momentum buffer after its first step), and
-   marking restored or broadcast state as live. */
+/* Updates done so far (0: the state holds nothing yet); setting it marks restored or
+   broadcast state as live. train_optim_live: steps > 0. */
+long train_optim_steps(const train_optim *o);
+void train_optim_set_steps(train_optim *o, long steps);
 bool train_optim_live(const train_optim *o);
-void train_optim_set_live(train_optim *o, bool live);
 
 /* ---- the run's parts ---- */
 
@@ -215,6 +221,7 @@ struct run {
     train_metrics m;
     train_reports reports;
     double best_acc1;
+    long ema_n_averaged; /* --model-ema: AveragedModel's n_averaged */
     double start_s;
     mgt_train_result *res;
 };
@@ -257,6 +264,8 @@ typedef struct train_state {
     int batch_size;        /* the global batch of the run that saved it */
     int devices;           /* its device count */
     char optimizer[16];    /* the kind whose state tensors the file holds */
+    long optimizer_steps;  /* (3) updates done: torch's per-parameter "step" */
+    long ema_n_averaged;   /* (3) the EMA model's n_averaged (0 without --model-ema) */
     char lr_schedule[160]; /* what the schedule was, for people (not read back) */
     char sampler[96];      /* where the sampler stood, for people (not read back) */
 } train_state;
