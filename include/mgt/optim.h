@@ -13,27 +13,52 @@
 
 typedef enum mgt_lr_kind {
     MGT_LR_STEP,   /* lr * gamma^(epoch // step_epochs), changed at epoch starts */
-    MGT_LR_COSINE, /* 0.5 * lr * (1 + cos(pi * p)), p the fraction of the run after warm-up
-                      done, per step (CosineAnnealingLR stepped every iteration) */
+    MGT_LR_COSINE, /* mgtrain's own: 0.5 * lr * (1 + cos(pi * p)), p the fraction of the run
+                      after warm-up done, per step (CosineAnnealingLR stepped every iteration) */
+    /* torchvision's references (--lr-scheduler), stepped once per epoch, after an optional
+       warm-up of warmup_epochs whole epochs (LinearLR or ConstantLR) chained by SequentialLR,
+       which starts the main scheduler afresh at the milestone: */
+    MGT_LR_STEPLR,            /* StepLR(step_size = step_epochs, gamma) */
+    MGT_LR_COSINEANNEALINGLR, /* CosineAnnealingLR(T_max = epochs - warm-up, eta_min = lr_min) */
+    MGT_LR_EXPONENTIALLR,     /* ExponentialLR(gamma) */
 } mgt_lr_kind;
+
+typedef enum mgt_lr_warmup {
+    MGT_LR_WARMUP_PER_STEP, /* mgtrain's own linear ramp per step (step and cosine) */
+    MGT_LR_WARMUP_LINEAR,   /* LinearLR(start_factor = warmup_decay, total_iters = warm-up) */
+    MGT_LR_WARMUP_CONSTANT, /* ConstantLR(factor = warmup_decay, total_iters = warm-up) */
+} mgt_lr_warmup;
 
 typedef struct mgt_lr_config {
     float lr; /* the base rate */
     mgt_lr_kind kind;
-    int step_epochs;     /* step: every this many epochs (30) */
-    float gamma;         /* step: the factor (0.1) */
-    int epochs;          /* cosine: the run's length */
-    float warmup_epochs; /* length of the linear warm-up, per step (see mgt_lr_at); may be a
-                            fraction of an epoch; 0: none */
+    int step_epochs;             /* step: every this many epochs (30) */
+    float gamma;                 /* step: the factor (0.1) */
+    int epochs;                  /* cosine: the run's length */
+    float warmup_epochs;         /* length of the warm-up; step and cosine: linear per step (see
+                            mgt_lr_at), fractions allowed; the references' kinds: whole
+                            epochs; 0: none */
+    mgt_lr_warmup warmup_method; /* the references' kinds: linear or constant */
+    float warmup_decay;          /* their warm-up's start factor (0.01) */
+    float lr_min;                /* cosineannealinglr's eta_min (0) */
 } mgt_lr_config;
 
-/* "step" or "cosine" */
+/* "step" or "cosine" (--lr-schedule, mgtrain's) */
 mgt_status mgt_lr_kind_parse(const char *s, mgt_lr_kind *out);
+/* "steplr", "cosineannealinglr" or "exponentiallr" (--lr-scheduler, the references') */
+mgt_status mgt_lr_scheduler_parse(const char *s, mgt_lr_kind *out);
+/* "linear" or "constant" (--lr-warmup-method) */
+mgt_status mgt_lr_warmup_parse(const char *s, mgt_lr_warmup *out);
+/* "step", "cosine", "steplr", ...; whether the kind is a per-epoch one of the references */
+const char *mgt_lr_kind_name(mgt_lr_kind k);
+bool mgt_lr_per_epoch(mgt_lr_kind k);
 
 /* The rate for step `iter` (0-based) of epoch `epoch` (0-based) of `iters_per_epoch` steps.
    Warm-up, when set, scales the rate by (epoch * iters + iter + 1) / (warmup_epochs * iters)
    until that reaches 1 (Goyal et al.). The step schedule counts epochs from the start of the
-   run, warm-up included, as the example's does; cosine decays over the steps after warm-up. */
+   run, warm-up included, as the example's does; cosine decays over the steps after warm-up.
+   The references' kinds depend on the epoch alone: the closed forms of what their schedulers
+   give after `epoch` calls of step(). */
 float mgt_lr_at(const mgt_lr_config *c, int epoch, int iter, int iters_per_epoch);
 
 typedef struct mgt_sgd mgt_sgd;

@@ -206,11 +206,16 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .batch_size = r->data.per_dev_batch * r->n,
                        .devices = r->n,
                        .optimizer_steps = train_optim_steps(&r->w[0].opt),
-                       .ema_n_averaged = r->ema_n_averaged};
+                       .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
-    snprintf(s->lr_schedule, sizeof s->lr_schedule, "%s lr %g step %d gamma %g epochs %d warmup %g",
-             lr->kind == MGT_LR_STEP ? "step" : "cosine", lr->lr, lr->step_epochs, lr->gamma,
-             lr->epochs, lr->warmup_epochs);
+    snprintf(s->lr_schedule, sizeof s->lr_schedule,
+             "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
+             mgt_lr_kind_name(lr->kind), lr->lr, lr->step_epochs, lr->gamma, lr->lr_min, lr->epochs,
+             lr->warmup_epochs,
+             lr->warmup_method == MGT_LR_WARMUP_PER_STEP ? "per step"
+             : lr->warmup_method == MGT_LR_WARMUP_LINEAR ? "linear"
+                                                         : "constant",
+             lr->warmup_decay);
     /* the epoch's shuffle is seed + epoch, and `step` batches of every shard are done */
     snprintf(s->sampler, sizeof s->sampler, "epoch %d batch %ld of %ld", next_epoch, next_step,
              r->data.steps_per_epoch);
@@ -227,6 +232,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer *wr = NULL;
     void *staging = NULL;
     float *opt_host = NULL;
+    void *ema_host = NULL;
     train_state s;
     fill_state(r, next_epoch, next_step, &s);
     char path[512], best[512];
@@ -237,6 +243,8 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_model_add_to_writer(w0->model, w0->s, wr, &staging);
     if (st == MGT_OK)
         st = add_optimizer(r, wr, &opt_host);
+    if (st == MGT_OK)
+        st = train_ema_add_to_writer(r, wr, &ema_host);
     if (st == MGT_OK)
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
@@ -250,6 +258,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer_free(wr);
     free(staging);
     free(opt_host);
+    free(ema_host);
     return st;
 }
 
@@ -262,7 +271,7 @@ mgt_status train_flag_error(mgt_status st, const char *flag)
     return mgt_error_set(st, "%s %s", flag, why);
 }
 
-const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
+const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, TRAIN_EMA_PREFIX, NULL};
 
 /* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
    A file without it (saved before the first step, or with momentum 0) leaves it fresh. */
@@ -366,6 +375,8 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", path);
     st = load_optimizer(r, f, path, &s);
+    if (st == MGT_OK)
+        st = train_ema_load(r, f, path, s.ema_n_averaged);
     if (st != MGT_OK)
         return st;
     *epoch = s.epoch;

@@ -198,13 +198,14 @@ static mgt_status make_dummy_batch(run *r, worker *w)
 /* The metric slots and events of a worker. */
 static mgt_status make_slots(run *r, worker *w)
 {
-    mgt_status st = mgt_host_alloc(w->d, SLOTS * sizeof(float), (void **)&w->host_loss);
+    /* one more float than the slots: the gradients' sum of squares for --clip-grad-norm */
+    mgt_status st = mgt_host_alloc(w->d, (SLOTS + 1) * sizeof(float), (void **)&w->host_loss);
     if (st == MGT_OK)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
     if (st == MGT_OK)
-        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+        st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
@@ -237,6 +238,8 @@ static mgt_status make_worker(run *r, int i)
         st = train_optim_create(&w->opt, w->d, w->model, c);
     }
     if (st == MGT_OK)
+        st = train_ema_create(r, w);
+    if (st == MGT_OK)
         st = make_slots(r, w);
     if (st == MGT_OK && c->dummy)
         st = make_dummy_batch(r, w);
@@ -263,6 +266,7 @@ static void free_worker(worker *w)
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
     train_optim_free(&w->opt);
+    train_ema_free(w);
     mgt_model_free(w->model);
     mgt_stream_free(w->s);
 }

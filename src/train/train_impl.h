@@ -90,6 +90,15 @@ typedef struct step_acc {
     int reported;  /* devices that added to it */
 } step_acc;
 
+/* --model-ema on one replica (ema.c): the averages in arenas laid out as the model's, and
+   where the model's own weights wait while the EMA ones are validated. */
+typedef struct train_ema {
+    mgt_buffer *params, *buffers;
+    mgt_buffer *stash_params, *stash_buffers;
+    int64_t *counts, *stash_counts; /* num_batches_tracked, host */
+    long n_averaged;                /* AveragedModel's; 0: the next update copies */
+} train_ema;
+
 typedef struct worker {
     run *r;
     int dev;
@@ -99,6 +108,7 @@ typedef struct worker {
     mgt_stream *s;
     mgt_model *model;
     train_optim opt;
+    train_ema ema;
     /* metrics */
     float *host_loss;        /* pinned [SLOTS] */
     int32_t *host_correct;   /* pinned [SLOTS][2] */
@@ -155,6 +165,8 @@ typedef struct train_summary {
     double train_loss, train_acc1, images_per_s, epoch_s;
     double val_loss, val_acc1, val_acc5;
     long val_images;
+    bool ema_validated; /* --model-ema: the EMA model's numbers too */
+    double ema_val_loss, ema_val_acc1, ema_val_acc5;
 } train_summary;
 
 /* A growing text; a failed allocation drops what did not fit (output, never state). */
@@ -221,12 +233,16 @@ struct run {
     train_metrics m;
     train_reports reports;
     double best_acc1;
-    long ema_n_averaged; /* --model-ema: AveragedModel's n_averaged */
+    double ema_decay; /* --model-ema: the adjusted decay (train_ema_decay) */
     double start_s;
     mgt_train_result *res;
 };
 
 /* step.c */
+/* --clip-grad-norm's factor from the sum of squares of summed gradients, mean_scale the
+   factor that makes them the mean (torch.nn.utils.clip_grad_norm_: max_norm / (norm +
+   1e-6), at most 1). */
+float train_clip_coef(float sum_squares, double mean_scale, float max_norm);
 void train_fail(run *r, mgt_status st); /* records this thread's error text; first one wins */
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
@@ -282,6 +298,22 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);
+
+/* ema.c */
+#define TRAIN_EMA_PREFIX "model_ema."
+double train_ema_decay(const mgt_train_config *c, int global_batch);
+mgt_status train_ema_create(run *r, worker *w); /* nothing without --model-ema */
+void train_ema_free(worker *w);
+/* After an optimizer step, on w's stream: the references' update_parameters. */
+mgt_status train_ema_update(worker *w);
+/* The EMA weights into every replica's model (its own kept aside), replica 0's statistics
+   broadcast; and back. Both between phases. */
+mgt_status train_ema_swap_in(run *r);
+mgt_status train_ema_swap_out(run *r);
+/* Replica 0's EMA as "model_ema." tensors borrowing *host (malloc'd; free after the save). */
+mgt_status train_ema_add_to_writer(run *r, mgt_st_writer *wr, void **host);
+/* The file's EMA into every replica (none in the file: the EMA starts afresh). */
+mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n_averaged);
 
 /* pretrained.c */
 mgt_status train_load_pretrained(run *r);
