@@ -135,4 +135,18 @@ int mgt_optimizer_state(const mgt_optimizer *o, const char **names, float **dev,
 long mgt_optimizer_steps(const mgt_optimizer *o);
 void mgt_optimizer_set_steps(mgt_optimizer *o, long steps);
 
+/* ---- clipping and the EMA model ---- */
+
+/* torch.nn.utils.clip_grad_norm_'s factor, max_norm / (norm + 1e-6) at most 1, where norm =
+   sqrt(sum_squares) * mean_scale: sum_squares of summed gradients, mean_scale what makes
+   them the mean that torch clips. */
+float mgt_clip_coef(float sum_squares, double mean_scale, float max_norm);
+
+/* The EMA decay train.py uses: 1 - min(1, (1 - decay) * images_per_update * every / epochs)
+   (adjust = world_size * batch_size * model_ema_steps / epochs). */
+double mgt_ema_decay(double decay, long images_per_update, int every, int epochs);
+
+/* avg = decay * avg + (1 - decay) * x over n floats (AveragedModel's ema_avg). */
+mgt_status mgt_ema_average(mgt_stream *s, float *avg, const float *x, size_t n, double decay);
+
 #endif

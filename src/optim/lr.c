@@ -1,5 +1,6 @@
 /* Learning-rate schedules: the ImageNet example's step decay, mgtrain's per-step cosine and
-   warm-up, and torchvision's references' per-epoch schedulers with their warm-up. */
+   warm-up, and torchvision's references' per-epoch schedulers with their warm-up; and the
+   recipe's small formulas beside them (clip_grad_norm_'s factor, the EMA's decay). */
 #include <math.h>
 #include <string.h>
 
@@ -102,4 +103,28 @@ float mgt_lr_at(const mgt_lr_config *c, int epoch, int iter, int iters_per_epoch
             lr *= done / span;
     }
     return (float)lr;
+}
+
+float mgt_clip_coef(float sum_squares, double mean_scale, float max_norm)
+{
+    double total = sqrt((double)sum_squares) * mean_scale;
+    double coef = (double)max_norm / (total + 1e-6);
+    return (float)(coef < 1.0 ? coef : 1.0);
+}
+
+double mgt_ema_decay(double decay, long images_per_update, int every, int epochs)
+{
+    double adjust = (double)images_per_update * every / (epochs > 0 ? epochs : 1);
+    double alpha = (1.0 - decay) * adjust;
+    return 1.0 - (alpha < 1.0 ? alpha : 1.0);
+}
+
+mgt_status mgt_ema_average(mgt_stream *s, float *avg, const float *x, size_t n, double decay)
+{
+    if (n == 0)
+        return MGT_OK;
+    mgt_status st = mgt_scale(s, avg, (float)decay, n);
+    if (st == MGT_OK)
+        st = mgt_axpy(s, avg, (float)(1.0 - decay), x, n);
+    return st;
 }

@@ -9,16 +9,6 @@
 
 #include "train/train_impl.h"
 
-/* train.py: adjust = world_size * batch_size * model_ema_steps / epochs; alpha = min(1,
-   (1 - decay) * adjust); the EMA's decay is 1 - alpha. Images per optimizer step stand for
-   world_size * batch_size (with --accum-steps, every micro-batch's). */
-double train_ema_decay(const mgt_train_config *c, int global_batch)
-{
-    double adjust = (double)global_batch * c->accum_steps * c->model_ema_steps / c->epochs;
-    double alpha = (1.0 - (double)c->model_ema_decay) * adjust;
-    return 1.0 - (alpha < 1.0 ? alpha : 1.0);
-}
-
 mgt_status train_ema_create(run *r, worker *w)
 {
     if (!r->c->model_ema)
@@ -55,18 +45,6 @@ void train_ema_free(worker *w)
 
 static void *ptr_or_null(mgt_buffer *b) { return b ? mgt_buffer_ptr(b) : NULL; }
 
-/* avg = decay * avg + (1 - decay) * model over an arena, as AveragedModel's ema_avg does. */
-static mgt_status average(mgt_stream *s, float *avg, const float *model, size_t bytes, double decay)
-{
-    size_t n = bytes / sizeof(float);
-    if (n == 0)
-        return MGT_OK;
-    mgt_status st = mgt_scale(s, avg, (float)decay, n);
-    if (st == MGT_OK)
-        st = mgt_axpy(s, avg, (float)(1.0 - decay), model, n);
-    return st;
-}
-
 mgt_status train_ema_update(worker *w)
 {
     run *r = w->r;
@@ -82,9 +60,9 @@ mgt_status train_ema_update(worker *w)
             st = mgt_copy_d2d(w->s, eb, b, bb);
         memcpy(w->ema.counts, counts, (size_t)nbn * sizeof *counts);
     } else {
-        st = average(w->s, ep, p, pb, r->ema_decay);
+        st = mgt_ema_average(w->s, ep, p, pb / sizeof(float), r->ema_decay);
         if (st == MGT_OK && bb)
-            st = average(w->s, eb, b, bb, r->ema_decay);
+            st = mgt_ema_average(w->s, eb, b, bb / sizeof(float), r->ema_decay);
         /* num_batches_tracked is averaged too: int64 * float gives float32, copied back
            into int64 (truncated), as torch does */
         float d = (float)r->ema_decay, k = (float)(1.0 - r->ema_decay);

@@ -379,8 +379,11 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */
-    r->ema_decay =
-        c->epochs > 0 ? train_ema_decay(c, (c->batch_size / (r->n ? r->n : 1)) * r->n) : 1;
+    /* train.py's adjust: images per update for world_size * batch_size (with --accum-steps,
+       every micro-batch's) */
+    r->ema_decay = mgt_ema_decay(c->model_ema_decay,
+                                 (long)(c->batch_size / (r->n ? r->n : 1)) * r->n * c->accum_steps,
+                                 c->model_ema_steps, c->epochs);
     r->start_s = mgt_time_now();
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cv, NULL);

@@ -51,15 +51,6 @@ static void blame_abort(run *r)
 
 /* ---- the training step ---- */
 
-float train_clip_coef(float sum_squares, double mean_scale, float max_norm)
-{
-    /* clip_grad_norm_: total = ||g||, coef = max_norm / (total + 1e-6), clamped to 1; the
-       gradients here are sums, mean_scale times them the mean torch clips */
-    double total = sqrt((double)sum_squares) * mean_scale;
-    double coef = (double)max_norm / (total + 1e-6);
-    return (float)(coef < 1.0 ? coef : 1.0);
-}
-
 /* Reads step k's slot (waiting for it) and reports it; a NaN loss fails the run. */
 static mgt_status meter_step(worker *w, long k)
 {
@@ -208,7 +199,7 @@ static mgt_status clip_factor(worker *w, const float *grads, size_t floats, doub
         st = mgt_stream_synchronize(w->s, &r->abort);
     if (st != MGT_OK)
         return st;
-    *factor = train_clip_coef(*host, mean_scale, r->c->clip_grad_norm);
+    *factor = mgt_clip_coef(*host, mean_scale, r->c->clip_grad_norm);
     return MGT_OK;
 }
 

@@ -239,10 +239,6 @@ struct run {
 };
 
 /* step.c */
-/* --clip-grad-norm's factor from the sum of squares of summed gradients, mean_scale the
-   factor that makes them the mean (torch.nn.utils.clip_grad_norm_: max_norm / (norm +
-   1e-6), at most 1). */
-float train_clip_coef(float sum_squares, double mean_scale, float max_norm);
 void train_fail(run *r, mgt_status st); /* records this thread's error text; first one wins */
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
@@ -301,7 +297,6 @@ mgt_status train_resume(run *r, int *epoch, long *step);
 
 /* ema.c */
 #define TRAIN_EMA_PREFIX "model_ema."
-double train_ema_decay(const mgt_train_config *c, int global_batch);
 mgt_status train_ema_create(run *r, worker *w); /* nothing without --model-ema */
 void train_ema_free(worker *w);
 /* After an optimizer step, on w's stream: the references' update_parameters. */
