@@ -388,6 +388,23 @@ static void test_checkpoint_loads_in_pytorch(void **state)
              "'%s'",
              base_ckpt);
     assert_int_equal(system(cmd), 0);
+    /* with --model-ema and AdamW: the EMA model loads strictly too */
+    mgt_train_config c;
+    mgt_train_result res;
+    char dir[400], path[512];
+    snprintf(dir, sizeof dir, "%s/ema", root);
+    base_config(&c);
+    c.opt = MGT_OPT_ADAMW;
+    c.model_ema = true;
+    c.model_ema_steps = 1;
+    c.checkpoint_dir = dir;
+    CHECK(run(&c, &res));
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 " MGT_TEST_DATA_DIR "/../../scripts/check_checkpoint_torch.py "
+             "'%s' | grep -q 'EMA model loaded'",
+             path);
+    assert_int_equal(system(cmd), 0);
 }
 
 int main(void)
