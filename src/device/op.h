@@ -53,7 +53,10 @@
     X(XENT_MIX_FWD, softmax_xent_mix_forward, xmix_fwd)  \
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
-    X(SGD, sgd_update, sgd)
+    X(SGD, sgd_update, sgd)                              \
+    X(ADAMW, adamw_update, adamw)                        \
+    X(RMSPROP, rmsprop_update, rmsprop)                  \
+    X(SUMSQ, sum_squares, sum)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -207,6 +210,18 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        struct {
+            float *param, *exp_avg, *exp_avg_sq;
+            const float *grad;
+            size_t n;
+            mgt_adamw_params p;
+        } adamw;
+        struct {
+            float *param, *square_avg, *momentum_buf;
+            const float *grad;
+            size_t n;
+            mgt_rmsprop_params p;
+        } rmsprop;
     } u;
 } mgt_op;
 

@@ -226,6 +226,9 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
     [MGT_OP_TOPK] = mgt_cuda_topk,
     [MGT_OP_SGD] = mgt_cuda_sgd_update,
+    [MGT_OP_ADAMW] = mgt_cuda_adamw_update,
+    [MGT_OP_RMSPROP] = mgt_cuda_rmsprop_update,
+    [MGT_OP_SUMSQ] = mgt_cuda_sum,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
