@@ -294,6 +294,42 @@ mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows
 /* dbias[j] += sum over r of dy[r, j] */
 mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols);
 
+/* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
+   hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
+   sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */
+typedef enum mgt_act {
+    MGT_ACT_RELU6,
+    MGT_ACT_HARDSIGMOID,
+    MGT_ACT_HARDSWISH,
+    MGT_ACT_SILU,
+    MGT_ACT_SIGMOID,
+    MGT_ACT_GELU,
+    MGT_ACT_COUNT
+} mgt_act;
+
+/* "relu6", "hardswish", ...; "unknown" past the list. */
+const char *mgt_act_name(mgt_act act);
+
+/* y = act(x) over n floats; y may alias x */
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act);
+/* dx = dy * act'(x), from the forward's input (the derivatives torch's backward uses at the
+   kinks: relu6 and hardsigmoid pass only strictly inside, hardswish's is x/3 + 1/2 on
+   [-3, 3]); dx may alias dy */
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act);
+
+/* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
+   squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:
+   ConvNeXt's layer scale). c = 1 with hw a whole image scales each image (stochastic depth). */
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared);
+/* dx = dy * scale (overwritten; dx may alias dy); dscale (optional, NULL: not wanted) gets
+   sum over j of dy * x per image and channel, overwritten, or with shared, that sum over the
+   images too, added on (a parameter's gradient). */
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared);
+
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
    eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
    over the batch; probs [n, classes] = softmax, kept for backward. Labels outside

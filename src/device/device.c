@@ -783,6 +783,40 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
+const char *mgt_act_name(mgt_act act)
+{
+    static const char *const names[MGT_ACT_COUNT] = {
+        [MGT_ACT_RELU6] = "relu6",         [MGT_ACT_HARDSIGMOID] = "hardsigmoid",
+        [MGT_ACT_HARDSWISH] = "hardswish", [MGT_ACT_SILU] = "silu",
+        [MGT_ACT_SIGMOID] = "sigmoid",     [MGT_ACT_GELU] = "gelu",
+    };
+    return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
+}
+
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_FWD, act_fwd, y, x, n, act);
+}
+
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_BWD, act_bwd, dx, dy, x, n, act);
+}
+
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
                                     const int32_t *labels, int n, int classes, float smoothing)
 {

@@ -614,6 +614,69 @@ static void operands_sgd(mgt_op *op, operand_list *l)
     ADD(l, s->grad, "grad", s->n, MGT_F32, IN);
 }
 
+/* ---- activations, channel scaling ---- */
+
+static mgt_status check_act(const mgt_op *op, size_t n, mgt_act act)
+{
+    if ((unsigned)act >= MGT_ACT_COUNT)
+        return INVALID(op, "unknown activation %d", (int)act);
+    return check_n(op, n);
+}
+
+static mgt_status check_act_fwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_fwd.n, op->u.act_fwd.act);
+}
+
+static void operands_act_fwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_act_bwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_bwd.n, op->u.act_bwd.act);
+}
+
+static void operands_act_bwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_chscale_fwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_fwd.n, op->u.chscale_fwd.c, op->u.chscale_fwd.hw);
+}
+
+static void operands_chscale_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
+}
+
+static mgt_status check_chscale_bwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_bwd.n, op->u.chscale_bwd.c, op->u.chscale_bwd.hw);
+}
+
+static void operands_chscale_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    if (a->dscale)
+        ADD(l, a->dscale, "dscale", ns, MGT_F32, a->shared ? INOUT : OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    if (a->dscale)
+        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", ns, MGT_F32, IN);
+}
+
 /* ---- the table ---- */
 
 typedef struct op_info {

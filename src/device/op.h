@@ -53,7 +53,11 @@
     X(XENT_MIX_FWD, softmax_xent_mix_forward, xmix_fwd)  \
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
-    X(SGD, sgd_update, sgd)
+    X(SGD, sgd_update, sgd)                              \
+    X(ACT_FWD, activation_forward, act_fwd)              \
+    X(ACT_BWD, activation_backward, act_bwd)             \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -207,6 +211,31 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        struct {
+            float *y;
+            const float *x;
+            size_t n;
+            mgt_act act;
+        } act_fwd;
+        struct {
+            float *dx;
+            const float *dy, *x;
+            size_t n;
+            mgt_act act;
+        } act_bwd;
+        /* scale [n, c] per image, or [c] with shared */
+        struct {
+            float *y;
+            const float *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_fwd;
+        struct {
+            float *dx, *dscale; /* dscale NULL: not computed */
+            const float *dy, *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_bwd;
     } u;
 } mgt_op;
 

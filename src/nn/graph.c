@@ -263,6 +263,29 @@ int nn_linear(mgt_model *m, const char *name, int x, int out)
     return nd->out;
 }
 
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_ACT, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.act = act;
+    return nd->out;
+}
+
+int nn_scale(mgt_model *m, const char *name, int x, int s)
+{
+    if (x < 0 || s < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(m->values[s].c == v->c && m->values[s].h == 1 && m->values[s].w == 1);
+    int in[2] = {x, s};
+    nn_node *nd = new_node(m, NN_SCALE, name, in, 2, v->c, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
 /* ---- planning ---- */
 
 typedef struct planner {

@@ -242,6 +242,38 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
     return (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
 }
 
+/* ---- activations, squeeze-excite scaling ---- */
+
+static mgt_status act_forward(nn_call *c)
+{
+    return mgt_activation_forward(c->s, c->y, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status act_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_activation_backward(c->s, c->dx[0], c->dy, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status scale_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->x[1], c->n, v->c, v->h * v->w, false);
+}
+
+/* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
+   gradient (a convolution's output), the gate's is skipped where nothing before it learns. */
+static mgt_status scale_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a channel scale needs its input's gradient", c->node->name);
+    assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
+    return mgt_channel_scale_backward(c->s, c->dx[0], c->dx[1], c->dy, c->x[0], c->x[1], c->n, v->c,
+                                      v->h * v->w, false);
+}
+
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
     [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
@@ -253,4 +285,7 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_GAP] = {"avgpool", 0, gap_forward, gap_backward, gap_macs},
     [NN_LINEAR] = {"linear", NN_F_NEEDS_X | NN_F_DX_BETA, linear_forward, linear_backward,
                    linear_macs},
+    [NN_ACT] = {"act", NN_F_NEEDS_X | NN_F_DX_ON_DY, act_forward, act_backward, NULL},
+    /* no MACs: THOP does not count the functional product of a squeeze-excite */
+    [NN_SCALE] = {"scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, scale_forward, scale_backward, NULL},
 };

@@ -25,6 +25,8 @@ typedef enum nn_kind {
     NN_ADD,     /* in[0] + in[1] */
     NN_GAP,     /* global average pool: [c, h, w] -> [c, 1, 1] */
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
+    NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
+    NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -72,6 +74,7 @@ typedef struct nn_node {
         struct {
             int in, out;
         } linear;
+        mgt_act act;
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -188,6 +191,9 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
 int nn_add(mgt_model *m, const char *name, int a, int b);
 int nn_gap(mgt_model *m, const char *name, int x);
 int nn_linear(mgt_model *m, const char *name, int x, int out);
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
+/* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
+int nn_scale(mgt_model *m, const char *name, int x, int s);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
@@ -228,6 +234,7 @@ typedef struct nn_arch {
 
 /* The architectures of each family, NULL-name terminated. */
 extern const nn_arch nn_resnet_archs[];
+extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 
 /* ---- the layer kinds (layers.c) ---- */
 

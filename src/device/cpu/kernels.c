@@ -1239,6 +1239,150 @@ static void bias_bwd_item(void *c, int i, int t)
         b->dbias[e] += (float)acc[e - lo];
 }
 
+/* ---- activations, channel scaling ---- */
+
+/* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
+   exp); within a few ulp of the reference's double. */
+static inline float act_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MGT_ACT_GELU: return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static inline float act_grad_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    case MGT_ACT_GELU:
+        return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
+               x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+/* The switch sits outside the loop (each case its own loop), so each loop is straight-line. */
+#define ACT_LOOP(ACT, BODY)                \
+    case ACT:                              \
+        for (size_t j = lo; j < hi; j++) { \
+            BODY;                          \
+        }                                  \
+        break;
+
+static void act_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->y[j] = act_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID, a->y[j] = act_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->y[j] = act_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->y[j] = act_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->y[j] = act_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->y[j] = act_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+static void act_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID,
+                 a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+#undef ACT_LOOP
+
+/* One item per run of whole planes (image, channel). */
+static void chscale_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chscale_fwd) *a = &j->op->u.chscale_fwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *x = a->x + pl * hw;
+        float *y = a->y + pl * hw;
+        for (size_t e = 0; e < hw; e++)
+            y[e] = x[e] * sc;
+    }
+}
+
+/* Per plane: dx, and the plane's sum of dy * x in double (fixed order); with shared, the
+   planes of one channel are summed over the images in order afterwards, so no result
+   depends on threads. */
+typedef struct chscale_job {
+    const mgt_op *op;
+    size_t units;
+    double *sums; /* with shared: one sum per plane */
+} chscale_job;
+
+static void chscale_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const chscale_job *j = c;
+    const __typeof__(j->op->u.chscale_bwd) *a = &j->op->u.chscale_bwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    double *sums = j->sums;
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *dy = a->dy + pl * hw, *x = a->x + pl * hw;
+        float *dx = a->dx + pl * hw;
+        if (a->dscale) {
+            double s0 = 0.0, s1 = 0.0;
+            size_t e = 0;
+            for (; e + 2 <= hw; e += 2) {
+                s0 += (double)dy[e] * x[e];
+                s1 += (double)dy[e + 1] * x[e + 1];
+            }
+            for (; e < hw; e++)
+                s0 += (double)dy[e] * x[e];
+            if (a->shared)
+                sums[pl] = s0 + s1;
+            else
+                a->dscale[pl] = (float)(s0 + s1);
+        }
+        for (size_t e = 0; e < hw; e++)
+            dx[e] = dy[e] * sc;
+    }
+}
+
 /* ---- softmax cross-entropy, top-k ---- */
 
 static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
@@ -1585,6 +1729,51 @@ static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    plane_job j = {op, units_per_item((size_t)a->hw)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), chscale_fwd_item, &j);
+    return MGT_OK;
+}
+
+/* The shared form's per-plane sums take n * c doubles of host memory per call: a parameter's
+   layer scale has few channels and the call is not in a hot loop of its own. */
+static mgt_status run_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t planes = (size_t)a->n * a->c;
+    chscale_job j = {op, units_per_item((size_t)a->hw), NULL};
+    if (a->dscale && a->shared) {
+        j.sums = malloc(planes * sizeof *j.sums);
+        if (!j.sums)
+            return mgt_error_set(MGT_ERR_OOM, "channel_scale_backward: out of host memory");
+    }
+    POOL_FOR(ctx, items_of(planes, j.units), chscale_bwd_item, &j);
+    if (j.sums) {
+        for (int ch = 0; ch < a->c; ch++) {
+            double s = 0.0;
+            for (int i = 0; i < a->n; i++)
+                s += j.sums[(size_t)i * a->c + ch];
+            a->dscale[ch] = (float)(a->dscale[ch] + s);
+        }
+        free(j.sums);
+    }
+    return MGT_OK;
+}
+
 /* One function per kind; a kind left out is one the mock devices refuse as unsupported. */
 static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op) = {
     [MGT_OP_FILL] = run_fill,
@@ -1613,6 +1802,10 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
+    [MGT_OP_ACT_FWD] = run_act_fwd,
+    [MGT_OP_ACT_BWD] = run_act_bwd,
+    [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
+    [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
 };
 
 bool mgt_cpu_supports(mgt_op_kind kind)

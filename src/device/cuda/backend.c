@@ -226,6 +226,10 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
     [MGT_OP_TOPK] = mgt_cuda_topk,
     [MGT_OP_SGD] = mgt_cuda_sgd_update,
+    [MGT_OP_ACT_FWD] = mgt_cuda_act_forward,
+    [MGT_OP_ACT_BWD] = mgt_cuda_act_backward,
+    [MGT_OP_CHSCALE_FWD] = mgt_cuda_chscale_forward,
+    [MGT_OP_CHSCALE_BWD] = mgt_cuda_chscale_backward,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)

@@ -114,6 +114,10 @@ mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op);
 
 /* library kernels (dnn.cu): gemm on cuBLAS; the three convolution passes (the kind says
    which) and batch norm on cuDNN */

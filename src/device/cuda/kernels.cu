@@ -501,6 +501,102 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- activations (mgt_act) and channel scaling ----
+
+// The same float formulas as the CPU fast path.
+template <int ACT> __device__ inline float act_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    default: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    }
+}
+
+template <int ACT> __device__ inline float act_grad_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    default:
+        return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+               x * expf(-0.5f * x * x) * 0.39894228040143268f;
+    }
+}
+
+// y may alias x
+template <int ACT> __global__ void k_act_fwd(float *y, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        y[i] = act_f<ACT>(x[i]);
+}
+
+// dx may alias dy
+template <int ACT> __global__ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        dx[i] = dy[i] * act_grad_f<ACT>(x[i]);
+}
+
+__global__ void k_chscale_fwd(float *y, const float *x, const float *scale, size_t total, int c,
+                              int hw, bool shared)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        size_t pl = i / (size_t)hw;
+        y[i] = x[i] * scale[shared ? pl % (size_t)c : pl];
+    }
+}
+
+// One block per plane (image, channel), or with shared one per channel walking the images in
+// order: dx = dy * scale, and the sum of dy * x in double, each thread's part then a fixed
+// tree, written (per image) or added onto dscale (shared).
+__global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const float *x,
+                              const float *scale, int n, int c, int hw, bool shared)
+{
+    __shared__ double part[kThreads];
+    const int b = blockIdx.x, t = threadIdx.x;
+    const int images = shared ? n : 1;
+    double acc = 0.0;
+    for (int im = 0; im < images; im++) {
+        size_t pl = shared ? (size_t)im * c + b : (size_t)b;
+        float sc = scale[shared ? b : pl];
+        const size_t base = pl * (size_t)hw;
+        for (int e = t; e < hw; e += kThreads) {
+            float g = dy[base + e];
+            if (dscale)
+                acc += (double)g * x[base + e];
+            dx[base + e] = g * sc;
+        }
+    }
+    if (!dscale)
+        return;
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+        if (t < w)
+            part[t] += part[t + w];
+        __syncthreads();
+    }
+    if (t == 0) {
+        if (shared)
+            dscale[b] = (float)(dscale[b] + part[0]);
+        else
+            dscale[b] = (float)part[0];
+    }
+}
+
 } // namespace
 
 // ---- launchers ----
@@ -721,4 +817,74 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.sgd;
     k_sgd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.momentum_buf, a.grad, a.n, a.p);
     return MGT_CUDA_AFTER(s, "sgd_update");
+}
+
+mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_fwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_fwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_fwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_fwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_SILU: k_act_fwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    case MGT_ACT_SIGMOID:
+        k_act_fwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    default: k_act_fwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_forward");
+}
+
+mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_bwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_bwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_bwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_bwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SILU:
+        k_act_bwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SIGMOID:
+        k_act_bwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    default: k_act_bwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_backward");
+}
+
+mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_fwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_chscale_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.scale, total, a.c,
+                                                                 a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_forward");
+}
+
+mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_bwd;
+    unsigned grid = (unsigned)(a.shared ? a.c : a.n * a.c);
+    k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
+                                                    a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_backward");
 }
