@@ -1197,6 +1197,105 @@ static bool gen_bias(tcase *c, int idx, rng *r, bool fwd)
 static bool gen_bias_fwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, true); }
 static bool gen_bias_bwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, false); }
 
+/* n, c, hw */
+static const int chbias_shapes[][3] = {{1, 1, 1},   {2, 3, 49},  {4, 13, 9}, {1, 512, 1},
+                                       {3, 7, 100}, {8, 64, 16}, {5, 1, 3},  {2, 33, 2}};
+#define N_CHBIAS_SHAPES ((int)(sizeof chbias_shapes / sizeof chbias_shapes[0]))
+
+static bool gen_chbias(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_CHBIAS_SHAPES + 2)
+        return false;
+    int n, ch, hw;
+    if (idx < N_CHBIAS_SHAPES) {
+        n = chbias_shapes[idx][0];
+        ch = chbias_shapes[idx][1];
+        hw = chbias_shapes[idx][2];
+    } else {
+        n = rng_int(r, 1, 9);
+        ch = rng_int(r, 1, 40);
+        hw = rng_int(r, 1, 60);
+    }
+    size_t ny = (size_t)n * ch * hw;
+    float *big = case_f32(c, ny), *vec = case_f32(c, ch);
+    fill_unif(r, big, ny, -1, 1);
+    fill_unif(r, vec, ch, -1, 1);
+    if (fwd) {
+        c->op.kind = MGT_OP_CHBIAS_FWD;
+        c->op.u.chbias_fwd.y = big;
+        c->op.u.chbias_fwd.bias = vec;
+        c->op.u.chbias_fwd.n = n;
+        c->op.u.chbias_fwd.c = ch;
+        c->op.u.chbias_fwd.hw = hw;
+        c->rtol = 1e-6;
+    } else {
+        c->op.kind = MGT_OP_CHBIAS_BWD;
+        c->op.u.chbias_bwd.dbias = vec;
+        c->op.u.chbias_bwd.dy = big;
+        c->op.u.chbias_bwd.n = n;
+        c->op.u.chbias_bwd.c = ch;
+        c->op.u.chbias_bwd.hw = hw;
+        c->rtol = tol_for((double)n * hw);
+    }
+    case_desc(c, "n=%d c=%d hw=%d", n, ch, hw);
+    return true;
+}
+
+static bool gen_chbias_fwd(tcase *c, int idx, rng *r) { return gen_chbias(c, idx, r, true); }
+static bool gen_chbias_bwd(tcase *c, int idx, rng *r) { return gen_chbias(c, idx, r, false); }
+
+/* n, per image, p x100, sample0, stride; per-image sizes that are and are not multiples of
+   four (the mask's blocks), p = 0 (identity) and large */
+static const int dropout_shapes[][5] = {
+    {1, 1, 50, 0, 1},   {2, 7, 50, 3, 2},    {4, 4096, 50, 0, 4}, {3, 4097, 10, 9, 3},
+    {1, 1000, 0, 0, 1}, {8, 33, 90, 100, 8}, {5, 6, 20, 1, 1}};
+#define N_DROPOUT_SHAPES ((int)(sizeof dropout_shapes / sizeof dropout_shapes[0]))
+
+static void dropout_op(mgt_op *op, float *y, const float *x, int n, size_t per, float p,
+                       uint64_t s0, uint64_t stride, uint64_t step, uint32_t stream)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = MGT_OP_DROPOUT;
+    op->u.dropout.y = y;
+    op->u.dropout.x = x;
+    op->u.dropout.n = n;
+    op->u.dropout.per_image = per;
+    op->u.dropout.p = p;
+    op->u.dropout.seed = 0x123456789abcull;
+    op->u.dropout.step = step;
+    op->u.dropout.sample0 = s0;
+    op->u.dropout.sample_stride = stride;
+    op->u.dropout.stream = stream;
+}
+
+static bool gen_dropout(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_DROPOUT_SHAPES + 2)
+        return false;
+    int n, per, pc, s0, stride;
+    if (idx < N_DROPOUT_SHAPES) {
+        n = dropout_shapes[idx][0];
+        per = dropout_shapes[idx][1];
+        pc = dropout_shapes[idx][2];
+        s0 = dropout_shapes[idx][3];
+        stride = dropout_shapes[idx][4];
+    } else {
+        n = rng_int(r, 1, 9);
+        per = rng_int(r, 1, 300);
+        pc = rng_int(r, 0, 95);
+        s0 = rng_int(r, 0, 1000);
+        stride = rng_int(r, 1, 8);
+    }
+    size_t nx = (size_t)n * per;
+    float *x = case_f32(c, nx);
+    fill_unif(r, x, nx, -1, 1);
+    dropout_op(&c->op, case_f32(c, nx), x, n, (size_t)per, (float)pc / 100.0f, (uint64_t)s0,
+               (uint64_t)stride, (uint64_t)idx * 7 + 1, (uint32_t)(idx % 3));
+    c->rtol = 1e-6;
+    case_desc(c, "n=%d per_image=%d p=%.2f sample0=%d stride=%d", n, per, pc / 100.0, s0, stride);
+    return true;
+}
+
 /* n, classes, smoothing x10, logit scale */
 static const int xent_shapes[][4] = {
     {1, 1, 0, 1},    {1, 10, 0, 1}, {4, 10, 1, 1}, {32, 10, 0, 3}, {7, 1000, 1, 2}, {3, 5, 1, 30},
@@ -1888,6 +1987,123 @@ static int fd_bias(backend *be, const char *opname)
     return fails;
 }
 
+/* Channel bias: y += bias over n and hw; dL/dbias[ch] = the sum of r over its planes. */
+static int fd_chbias(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {2, 3, 5}, {3, 4, 7}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(610, t, 7);
+        int n = shapes[t][0], ch = shapes[t][1], hw = shapes[t][2];
+        size_t ny = (size_t)n * ch * hw;
+        float *y = case_f32(&c, ny), *bias = case_f32(&c, ch), *rw = case_f32(&c, ny);
+        float *db = case_f32(&c, ch);
+        fill_unif(&r, y, ny, -1, 1);
+        fill_unif(&r, bias, ch, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d", n, ch, hw);
+        mgt_op fwd = {.kind = MGT_OP_CHBIAS_FWD};
+        fwd.u.chbias_fwd.y = y;
+        fwd.u.chbias_fwd.bias = bias;
+        fwd.u.chbias_fwd.n = n;
+        fwd.u.chbias_fwd.c = ch;
+        fwd.u.chbias_fwd.hw = hw;
+        mgt_op bwd = {.kind = MGT_OP_CHBIAS_BWD};
+        bwd.u.chbias_bwd.dbias = db;
+        bwd.u.chbias_bwd.dy = rw;
+        bwd.u.chbias_bwd.n = n;
+        bwd.u.chbias_bwd.c = ch;
+        bwd.u.chbias_bwd.hw = hw;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, bias, (size_t)ch, db, "bias", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Dropout is its own backward: run on r with the same key it must give dL/dx of the forward.
+   Beside the finite differences, what the key promises: the kept fraction is near 1 - p, the
+   kept values are x / (1 - p), and a batch split into two calls (sample0 and the stride moved
+   on) gives the same mask as one call, while another step or stream gives another one. */
+static int fd_dropout(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 9, 50}, {2, 13, 30}, {4, 2000, 50}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(620, t, 7);
+        int n = shapes[t][0], per = shapes[t][1];
+        float p = (float)shapes[t][2] / 100.0f;
+        size_t nx = (size_t)n * per;
+        float *x = case_f32(&c, nx), *y = case_f32(&c, nx), *rw = case_f32(&c, nx);
+        float *dx = case_f32(&c, nx);
+        fill_unif(&r, x, nx, 0.5f, 1.0f); /* never 0, so a dropped element shows as 0 */
+        fill_unif(&r, rw, nx, -1, 1);
+        case_desc(&c, "n=%d per_image=%d p=%.2f", n, per, (double)p);
+        mgt_op fwd, bwd;
+        dropout_op(&fwd, y, x, n, (size_t)per, p, 5, 3, 11, 1);
+        dropout_op(&bwd, dx, rw, n, (size_t)per, p, 5, 3, 11, 1);
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
+        const char *what;
+        if (!bad && dev_run_inplace(be, &fwd, &what) != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, MGT_ERR_DEVICE);
+            bad = 1;
+        }
+        size_t kept = 0;
+        for (size_t i = 0; !bad && i < nx; i++) {
+            if (y[i] != 0.0f) {
+                kept++;
+                if (y[i] != x[i] * (1.0f / (1.0f - p))) {
+                    printf("FAIL %s fd %d (%s) %s: kept y[%zu] = %g, x / (1 - p) = %g\n", opname, t,
+                           c.desc, be->label, i, (double)y[i], (double)(x[i] / (1.0f - p)));
+                    bad = 1;
+                }
+            }
+        }
+        /* 6 standard deviations of a binomial */
+        double mean = (double)nx * (1.0 - p), sd = sqrt((double)nx * p * (1.0 - p));
+        if (!bad && fabs((double)kept - mean) > 6.0 * sd + 1.0) {
+            printf("FAIL %s fd %d (%s) %s: kept %zu of %zu at p=%g\n", opname, t, c.desc, be->label,
+                   kept, nx, (double)p);
+            bad = 1;
+        }
+        if (!bad && n > 1) {
+            /* the first image alone, then the rest from sample 5 + 3 */
+            float *y2 = case_f32(&c, nx), *y3 = case_f32(&c, nx);
+            mgt_op a, b2, other;
+            dropout_op(&a, y2, x, 1, (size_t)per, p, 5, 3, 11, 1);
+            dropout_op(&b2, y2 + per, x + per, n - 1, (size_t)per, p, 8, 3, 11, 1);
+            dropout_op(&other, y3, x, n, (size_t)per, p, 5, 3, 12, 1);
+            if (dev_run_inplace(be, &a, &what) != MGT_OK ||
+                dev_run_inplace(be, &b2, &what) != MGT_OK ||
+                dev_run_inplace(be, &other, &what) != MGT_OK) {
+                report_status(opname, t, c.desc, be, what, MGT_ERR_DEVICE);
+                bad = 1;
+            } else if (memcmp(y2, y, nx * sizeof *y) != 0) {
+                printf("FAIL %s fd %d (%s) %s: a batch split in two calls gets another mask\n",
+                       opname, t, c.desc, be->label);
+                bad = 1;
+            } else if (nx > 64 && memcmp(y3, y, nx * sizeof *y) == 0) {
+                printf("FAIL %s fd %d (%s) %s: the next step has the same mask\n", opname, t,
+                       c.desc, be->label);
+                bad = 1;
+            }
+        }
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
 /* Softmax cross-entropy: L = the forward's mean loss; the backward with scale 1/n is its
    gradient for the logits. A larger step: the loss is smooth, and one float of it carries
    all the signal. */
@@ -2305,6 +2521,9 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_ACT_BWD] = {gen_act_bwd, fd_act},
     [MGT_OP_CHSCALE_FWD] = {gen_chscale_fwd, NULL},
     [MGT_OP_CHSCALE_BWD] = {gen_chscale_bwd, fd_chscale},
+    [MGT_OP_CHBIAS_FWD] = {gen_chbias_fwd, NULL},
+    [MGT_OP_CHBIAS_BWD] = {gen_chbias_bwd, fd_chbias},
+    [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},
 };
 
 #define MAX_BACKENDS 3

@@ -294,6 +294,31 @@ mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows
 /* dbias[j] += sum over r of dy[r, j] */
 mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols);
 
+/* y[i, ch, j] += bias[ch] over n images of c channels of hw (a convolution's bias) */
+mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
+                                    int hw);
+/* dbias[ch] += sum over i < n, j < hw of dy[i, ch, j] */
+mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
+                                     int hw);
+
+/* What a dropout mask is a function of. Image i of a call is the sample at global index
+   g = sample0 + i * sample_stride (its place in the epoch's order, so the mask does not depend
+   on how a batch is split over devices); step counts the run's training steps; stream tells
+   the dropout layers of one model apart. Element j of that image is kept iff
+   (w >> 8) >= ceil(p * 2^24), w being word j % 4 of the Philox4x32-10 block with counter
+   {j / 4, step, g & 0xffffffff, ((g >> 32) & 0xffffff) | MGT_RNG_DROPOUT << 24} and key
+   {seed & 0xffffffff, (seed >> 32) ^ (stream * 0x9E3779B9)}. */
+typedef struct mgt_dropout_key {
+    uint64_t seed, step, sample0, sample_stride;
+    uint32_t stream;
+} mgt_dropout_key;
+
+/* y = x * keep / (1 - p) (kept elements scaled by the float 1 / (1 - p), the others 0) over n
+   images of per_image floats, p in [0, 1); y may be x. Run on dy with the same key it is the
+   backward: dx = dy * keep / (1 - p). */
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key);
+
 /* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
    hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
    sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */

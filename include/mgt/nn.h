@@ -119,6 +119,13 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed);
 mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch, bool train,
                              const float **logits);
 
+/* The key of the next training forwards' dropout masks (and so of their backward): seed,
+   step, and the global sample index of image 0 and the distance between images (the key's
+   stream is each dropout layer's own). With the sampler's layout, image i of replica r at
+   step k of a global batch B is the sample k*B + r + i*N of the epoch (N replicas), so the
+   masks do not depend on the device count. Until set: all zero. */
+void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key);
+
 /* Enqueues softmax cross-entropy of the last forward's logits against int32 labels [batch]
    (device; borrowed until backward) with label smoothing; the mean over the batch goes to
    mgt_model_loss_ptr. correct (device int32 [2], may be NULL) accumulates top-1 and top-5

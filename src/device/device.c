@@ -783,6 +783,27 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
+mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
+                                    int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_FWD, chbias_fwd, y, bias, n, c, hw);
+}
+
+mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
+                                     int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
+}
+
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key)
+{
+    if (!key)
+        return bad_arg("dropout", "no key");
+    LAUNCH(MGT_OP_DROPOUT, dropout, y, x, n, per_image, p, key->seed, key->step, key->sample0,
+           key->sample_stride, key->stream);
+}
+
 const char *mgt_act_name(mgt_act act)
 {
     static const char *const names[MGT_ACT_COUNT] = {

@@ -1,9 +1,11 @@
 /* Kernel calls as values: names, argument checks, operand lists and FLOP counts of every op. */
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "device/op.h"
+#include "mgt/rng.h"
 
 /* ---- output sizes ---- */
 
@@ -612,6 +614,67 @@ static void operands_sgd(mgt_op *op, operand_list *l)
     if (s->p.momentum != 0.0f)
         ADD(l, s->momentum_buf, "momentum_buf", s->n, MGT_F32, s->p.first_step ? OUT : INOUT);
     ADD(l, s->grad, "grad", s->n, MGT_F32, IN);
+}
+
+/* ---- channel bias, dropout ---- */
+
+static mgt_status check_chbias_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    return check_planes(op, b->n, b->c, b->hw);
+}
+
+static void operands_chbias_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), MGT_F32, INOUT);
+    ADD(l, b->bias, "bias", (size_t)b->c, MGT_F32, IN);
+}
+
+static mgt_status check_chbias_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    return check_planes(op, b->n, b->c, b->hw);
+}
+
+static void operands_chbias_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    ADD(l, b->dbias, "dbias", (size_t)b->c, MGT_F32, INOUT);
+    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), MGT_F32, IN);
+}
+
+static mgt_status check_dropout(const mgt_op *op)
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    NEED_POS(op, d->n, "batch n");
+    NEED_POS(op, d->per_image, "per-image size");
+    /* the mask's counter holds j / 4 in 32 bits */
+    if (d->per_image > ((size_t)1 << 33) || !product_fits(d->n, (long long)d->per_image, 1, 1))
+        return INVALID(op, "size overflows (n %d, per image %zu)", d->n, d->per_image);
+    if (!(d->p >= 0.0f && d->p < 1.0f))
+        return INVALID(op, "probability %g must be in [0, 1)", (double)d->p);
+    return MGT_OK;
+}
+
+static void operands_dropout(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.dropout) *d = &op->u.dropout;
+    size_t n = (size_t)d->n * d->per_image;
+    ADD(l, d->y, "y", n, MGT_F32, OUT);
+    ADD(l, d->x, "x", n, MGT_F32, IN);
+}
+
+uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
+
+void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4])
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    uint64_t g = d->sample0 + (uint64_t)image * d->sample_stride;
+    uint32_t ctr[4] = {block, (uint32_t)d->step, (uint32_t)g,
+                       ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
+    uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32) ^ (d->stream * 0x9E3779B9u)};
+    mgt_philox4x32_10(ctr, key, out);
 }
 
 /* ---- activations, channel scaling ---- */

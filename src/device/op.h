@@ -54,6 +54,9 @@
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
     X(SGD, sgd_update, sgd)                              \
+    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
+    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
+    X(DROPOUT, dropout, dropout)                         \
     X(ACT_FWD, activation_forward, act_fwd)              \
     X(ACT_BWD, activation_backward, act_bwd)             \
     X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
@@ -211,6 +214,30 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        /* y [n, c, hw] += bias[c] (a convolution's bias) */
+        struct {
+            float *y;
+            const float *bias;
+            int n, c, hw;
+        } chbias_fwd;
+        /* dbias[c] += sum over n and hw of dy [n, c, hw] */
+        struct {
+            float *dbias;
+            const float *dy;
+            int n, c, hw;
+        } chbias_bwd;
+        /* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
+           backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
+           see mgt_dropout in mgt/device.h */
+        struct {
+            float *y;
+            const float *x;
+            int n;
+            size_t per_image;
+            float p;
+            uint64_t seed, step, sample0, sample_stride;
+            uint32_t stream;
+        } dropout;
         struct {
             float *y;
             const float *x;
@@ -275,6 +302,12 @@ int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS]);
 
 /* Multiply-adds times two, for GFLOP/s figures; 0 for ops that are not compute-bound. */
 double mgt_op_flops(const mgt_op *op);
+
+/* Dropout's mask (mgt_dropout_key in mgt/device.h): the threshold ceil(p * 2^24) that the top
+   24 bits of a word must reach for its element to be kept, and the Philox block `block` of
+   image `image` of a dropout op (elements 4 * block .. 4 * block + 3). */
+uint32_t mgt_dropout_threshold(float p);
+void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4]);
 
 /* Checks the op and enqueues it on s (the path every mgt_* kernel wrapper takes); what a
    generic harness calls. MGT_ERR_UNSUPPORTED where the backend cannot run it. */

@@ -263,6 +263,19 @@ int nn_linear(mgt_model *m, const char *name, int x, int out)
     return nd->out;
 }
 
+int nn_dropout(mgt_model *m, const char *name, int x, float p)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_DROPOUT, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.dropout.p = p;
+    nd->u.dropout.stream = (uint32_t)m->n_dropout++;
+    return nd->out;
+}
+
 int nn_activation(mgt_model *m, const char *name, int x, mgt_act act)
 {
     if (x < 0)

@@ -26,18 +26,29 @@ static mgt_conv2d_shape conv_shape(const nn_call *c)
     return sh;
 }
 
+static int conv_out_hw(const nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return v->h * v->w;
+}
+
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    assert(!c->node->u.conv.bias);
-    return mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    mgt_status st = mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    if (st == MGT_OK && c->node->u.conv.bias)
+        st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+    return st;
 }
 
-/* The filter gradient first (so the all-reduce can take it), then the input gradient. */
+/* The filter (and bias) gradients first, so the all-reduce can take them, then the input
+   gradient. */
 static mgt_status conv_backward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_status st = mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    if (st == MGT_OK && c->node->u.conv.bias)
+        st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
@@ -154,6 +165,36 @@ static mgt_status relu_backward(nn_call *c)
 static mgt_status add_forward(nn_call *c)
 {
     return mgt_add(c->s, c->y, c->x[0], c->x[1], out_count(c));
+}
+
+/* Training: the mask of the model's key for this layer's stream; evaluation: the identity
+   (nothing to do in place). Backward is the same mask on dy. */
+static mgt_status dropout_run(nn_call *c, float *y, const float *x)
+{
+    const nn_node *nd = c->node;
+    mgt_dropout_key k = c->m->drop_key;
+    k.stream = nd->u.dropout.stream;
+    return mgt_dropout(c->s, y, x, c->n, nn_value_floats(&c->m->values[nd->out]), nd->u.dropout.p,
+                       &k);
+}
+
+static mgt_status dropout_forward(nn_call *c)
+{
+    if (c->train && c->node->u.dropout.p > 0.0f)
+        return dropout_run(c, c->y, c->x[0]);
+    if (c->y == c->x[0])
+        return MGT_OK;
+    return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+}
+
+static mgt_status dropout_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    if (c->node->u.dropout.p > 0.0f)
+        return dropout_run(c, c->dx[0], c->dy);
+    if (c->dx[0] == c->dy)
+        return MGT_OK;
+    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
 }
 
 /* ---- pooling ---- */
@@ -288,4 +329,6 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_ACT] = {"act", NN_F_NEEDS_X | NN_F_DX_ON_DY, act_forward, act_backward, NULL},
     /* no MACs: THOP does not count the functional product of a squeeze-excite */
     [NN_SCALE] = {"scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, scale_forward, scale_backward, NULL},
+    [NN_DROPOUT] = {"dropout", NN_F_INPLACE | NN_F_DX_ON_DY, dropout_forward, dropout_backward,
+                    NULL},
 };

@@ -333,6 +333,8 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
     return MGT_OK;
 }
 
+void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key) { m->drop_key = *key; }
+
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct)
 {

@@ -27,6 +27,7 @@ typedef enum nn_kind {
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
     NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
+    NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -74,6 +75,10 @@ typedef struct nn_node {
         struct {
             int in, out;
         } linear;
+        struct {
+            float p;
+            uint32_t stream; /* this layer's place among the model's dropout layers */
+        } dropout;
         mgt_act act;
     } u;
     /* the plan */
@@ -124,6 +129,9 @@ struct mgt_model {
     nn_value *values;
     int n_values, cap_values;
     bool oom; /* a building allocation failed: checked once at the end */
+
+    int n_dropout;            /* dropout layers so far (their streams) */
+    mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
 
     int min_bn_hw; /* the smallest h*w any BN normalises over, per image */
     int max_bn_c;  /* the most channels any BN has */
@@ -183,6 +191,9 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
                  mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init);
 
 /* Each returns the node's output value (or -1 once an allocation has failed). */
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
+/* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
+int nn_scale(mgt_model *m, const char *name, int x, int s);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
@@ -191,9 +202,7 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
 int nn_add(mgt_model *m, const char *name, int a, int b);
 int nn_gap(mgt_model *m, const char *name, int x);
 int nn_linear(mgt_model *m, const char *name, int x, int out);
-int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
-/* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
-int nn_scale(mgt_model *m, const char *name, int x, int s);
+int nn_dropout(mgt_model *m, const char *name, int x, float p);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }

@@ -1239,6 +1239,58 @@ static void bias_bwd_item(void *c, int i, int t)
         b->dbias[e] += (float)acc[e - lo];
 }
 
+/* ---- channel bias, dropout ---- */
+
+static void chbias_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chbias_fwd) *b = &j->op->u.chbias_fwd;
+    size_t hw = (size_t)b->hw, lo, hi;
+    item_range((size_t)b->n * b->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float *y = b->y + pl * hw, v = b->bias[pl % (size_t)b->c];
+        for (size_t e = 0; e < hw; e++)
+            y[e] += v;
+    }
+}
+
+/* One channel per item, images in order: the sum does not depend on threads. */
+static void chbias_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chbias_bwd) *b = &j->op->u.chbias_bwd;
+    size_t hw = (size_t)b->hw;
+    double acc = 0.0;
+    for (int im = 0; im < b->n; im++)
+        acc += sum_f(b->dy + ((size_t)im * b->c + (size_t)i) * hw, hw);
+    b->dbias[i] += (float)acc;
+}
+
+static void dropout_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    size_t lo, hi;
+    item_range((size_t)d->n * d->per_image, CHUNK, i, &lo, &hi);
+    uint32_t thr = mgt_dropout_threshold(d->p), w[4];
+    float scale = 1.0f / (1.0f - d->p);
+    int im = (int)(lo / d->per_image);
+    size_t j = lo % d->per_image;
+    mgt_dropout_block(op, im, (uint32_t)(j / 4), w);
+    for (size_t e = lo; e < hi; e++) {
+        d->y[e] = (w[j % 4] >> 8) >= thr ? d->x[e] * scale : 0.0f;
+        if (++j == d->per_image) {
+            j = 0;
+            im++;
+        }
+        if (j % 4 == 0 && e + 1 < hi)
+            mgt_dropout_block(op, im, (uint32_t)(j / 4), w);
+    }
+}
+
 /* ---- activations, channel scaling ---- */
 
 /* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
@@ -1705,6 +1757,28 @@ static mgt_status run_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.chbias_fwd.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.chbias_fwd.n * op->u.chbias_fwd.c, j.units),
+             chbias_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_chbias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, 1};
+    POOL_FOR(ctx, op->u.chbias_bwd.c, chbias_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of((size_t)op->u.dropout.n * op->u.dropout.per_image, CHUNK), dropout_item,
+             op);
+    return MGT_OK;
+}
+
 static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
@@ -1806,6 +1880,9 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_ACT_BWD] = run_act_bwd,
     [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
     [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
+    [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
+    [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
+    [MGT_OP_DROPOUT] = run_dropout,
 };
 
 bool mgt_cpu_supports(mgt_op_kind kind)

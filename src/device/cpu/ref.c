@@ -523,6 +523,44 @@ static mgt_status ref_bias_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status ref_chbias_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    for (int i = 0; i < b->n; i++)
+        for (int ch = 0; ch < b->c; ch++)
+            for (int j = 0; j < b->hw; j++)
+                b->y[((size_t)i * b->c + ch) * b->hw + j] += b->bias[ch];
+    return MGT_OK;
+}
+
+static mgt_status ref_chbias_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    for (int ch = 0; ch < b->c; ch++) {
+        double s = 0.0;
+        for (int i = 0; i < b->n; i++)
+            for (int j = 0; j < b->hw; j++)
+                s += b->dy[((size_t)i * b->c + ch) * b->hw + j];
+        b->dbias[ch] = (float)(b->dbias[ch] + s);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_dropout(const mgt_op *op)
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    uint32_t t = mgt_dropout_threshold(d->p);
+    float scale = 1.0f / (1.0f - d->p);
+    for (int i = 0; i < d->n; i++)
+        for (size_t j = 0; j < d->per_image; j++) {
+            uint32_t w[4];
+            mgt_dropout_block(op, i, (uint32_t)(j / 4), w);
+            size_t e = (size_t)i * d->per_image + j;
+            d->y[e] = (w[j % 4] >> 8) >= t ? d->x[e] * scale : 0.0f;
+        }
+    return MGT_OK;
+}
+
 /* The activations in double, straight from their definitions (mgt_activation_forward);
    the float result is the double one rounded. */
 static double ref_act(mgt_act act, double x)
@@ -646,6 +684,9 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_ACT_BWD] = ref_act_bwd,
     [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,
     [MGT_OP_CHSCALE_BWD] = ref_chscale_bwd,
+    [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
+    [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
+    [MGT_OP_DROPOUT] = ref_dropout,
 };
 
 mgt_status mgt_ref_run(const mgt_op *op)

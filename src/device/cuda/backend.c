@@ -230,6 +230,9 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_ACT_BWD] = mgt_cuda_act_backward,
     [MGT_OP_CHSCALE_FWD] = mgt_cuda_chscale_forward,
     [MGT_OP_CHSCALE_BWD] = mgt_cuda_chscale_backward,
+    [MGT_OP_CHBIAS_FWD] = mgt_cuda_channel_bias_forward,
+    [MGT_OP_CHBIAS_BWD] = mgt_cuda_channel_bias_backward,
+    [MGT_OP_DROPOUT] = mgt_cuda_dropout,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "device/cuda/common.cuh"
+#include "mgt/rng.h"
 
 namespace {
 
@@ -501,6 +502,83 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
+
+__global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride())
+        y[i] += bias[(i / (size_t)hw) % (size_t)c];
+}
+
+// One block per channel: threads stride over the channel's n*hw values in a fixed order,
+// then a fixed-shape tree in shared memory; accumulated into dbias[ch].
+__global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw)
+{
+    __shared__ float sh[kThreads];
+    const int ch = blockIdx.x;
+    const size_t total = (size_t)n * hw;
+    float acc = 0.0f;
+    for (size_t k = threadIdx.x; k < total; k += blockDim.x) {
+        size_t im = k / (size_t)hw, j = k % (size_t)hw;
+        acc += dy[(im * c + ch) * hw + j];
+    }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        dbias[ch] += sh[0];
+}
+
+// ---- dropout: the mask of mgt_dropout_key, word for word ----
+
+struct dropout_key {
+    uint32_t k0, k1, step;
+    unsigned long long sample0, stride;
+    size_t per_image;
+    uint32_t thr;
+    float scale;
+};
+
+__device__ inline void philox10(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int round = 0; round < 10; round++) {
+        uint32_t lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
+        uint32_t lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+// One thread per block of four elements (one Philox call each).
+__global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
+{
+    const size_t blocks_per_image = (k.per_image + 3) / 4;
+    const size_t total = (size_t)n * blocks_per_image;
+    for (size_t b = thread_index(); b < total; b += thread_stride()) {
+        size_t im = b / blocks_per_image, blk = b % blocks_per_image;
+        unsigned long long g = k.sample0 + (unsigned long long)im * k.stride;
+        uint32_t c[4] = {(uint32_t)blk, k.step, (uint32_t)g,
+                         ((uint32_t)(g >> 32) & 0x00FFFFFFu) | (6u << 24)};
+        philox10(c, k.k0, k.k1);
+        for (int q = 0; q < 4; q++) {
+            size_t j = blk * 4 + q;
+            if (j >= k.per_image)
+                break;
+            size_t e = im * k.per_image + j;
+            y[e] = (c[q] >> 8) >= k.thr ? x[e] * k.scale : 0.0f;
+        }
+    }
+}
+
 // ---- activations (mgt_act) and channel scaling ----
 
 // The same float formulas as the CPU fast path.
@@ -748,6 +826,42 @@ mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
     unsigned grid = (unsigned)((a.cols + 31) / 32);
     k_bias_bwd<<<grid, block, 0, s->stream>>>(a.dbias, a.dy, a.rows, a.cols);
     return MGT_CUDA_AFTER(s, "bias_backward");
+}
+
+mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chbias_fwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_chbias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.bias, total, a.c, a.hw);
+    return MGT_CUDA_AFTER(s, "channel_bias_forward");
+}
+
+mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chbias_bwd;
+    k_chbias_bwd<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dbias, a.dy, a.n, a.c, a.hw);
+    return MGT_CUDA_AFTER(s, "channel_bias_backward");
+}
+
+mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.dropout;
+    static_assert(MGT_RNG_DROPOUT == 6, "k_dropout's purpose word");
+    dropout_key k;
+    k.k0 = (uint32_t)a.seed;
+    k.k1 = (uint32_t)(a.seed >> 32) ^ (a.stream * 0x9E3779B9u);
+    k.step = (uint32_t)a.step;
+    k.sample0 = a.sample0;
+    k.stride = a.sample_stride;
+    k.per_image = a.per_image;
+    k.thr = mgt_dropout_threshold(a.p);
+    k.scale = 1.0f / (1.0f - a.p);
+    size_t total = (size_t)a.n * ((a.per_image + 3) / 4);
+    k_dropout<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.n, k);
+    return MGT_CUDA_AFTER(s, "dropout");
 }
 
 mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
