@@ -299,6 +299,19 @@ int nn_scale(mgt_model *m, const char *name, int x, int s)
     return nd ? nd->out : -1;
 }
 
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_SDEPTH, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.sdepth.p = p;
+    nd->u.sdepth.stream = (uint32_t)m->n_dropout++;
+    return nd->out;
+}
+
 /* ---- planning ---- */
 
 typedef struct planner {
@@ -510,6 +523,8 @@ mgt_status nn_plan(mgt_model *m)
             nd->u.bn.save_off = act_fixed(&p, c);
             nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
         }
+        if (nd->kind == NN_SDEPTH)
+            nd->u.sdepth.mask_off = act_image(&p, 1);
     }
     m->probs_off = act_image(&p, (size_t)m->cfg.classes);
     m->loss_off = act_fixed(&p, 1);

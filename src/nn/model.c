@@ -13,7 +13,7 @@
 #include "nn/model_impl.h"
 
 /* Every family's architectures, in the order `mgtrain model` lists them. */
-static const nn_arch *const families[] = {nn_resnet_archs};
+static const nn_arch *const families[] = {nn_resnet_archs, nn_mobile_archs};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 

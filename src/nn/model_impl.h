@@ -27,6 +27,7 @@ typedef enum nn_kind {
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
     NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
+    NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
     NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
     NN_KIND_COUNT
 } nn_kind;
@@ -80,6 +81,11 @@ typedef struct nn_node {
             uint32_t stream; /* this layer's place among the model's dropout layers */
         } dropout;
         mgt_act act;
+        struct {
+            float p;
+            uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
+            size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
+        } sdepth;
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -194,6 +200,8 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
 int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
 /* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
 int nn_scale(mgt_model *m, const char *name, int x, int s);
+/* torchvision's StochasticDepth(p, "row") */
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
