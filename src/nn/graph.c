@@ -271,7 +271,7 @@ int nn_dropout(mgt_model *m, const char *name, int x, float p)
     nn_node *nd = new_node(m, NN_DROPOUT, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
-    nd->u.dropout.p = p;
+    nd->u.dropout.p = m->cfg.no_dropout ? 0.0f : p;
     nd->u.dropout.stream = (uint32_t)m->n_dropout++;
     return nd->out;
 }
@@ -307,7 +307,7 @@ int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
     nn_node *nd = new_node(m, NN_SDEPTH, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
-    nd->u.sdepth.p = p;
+    nd->u.sdepth.p = m->cfg.no_dropout ? 0.0f : p;
     nd->u.sdepth.stream = (uint32_t)m->n_dropout++;
     return nd->out;
 }
