@@ -993,17 +993,20 @@ static bool gen_relu_bwd(tcase *c, int idx, rng *r)
 }
 
 /* n, c, h, w, kh, kw, stride h/w, pad h/w */
-static const int pool_shapes[][10] = {
-    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},   /* ResNet's 3/2/1 */
-    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},   /* 2/2/0 */
-    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},   /* non-square window and stride */
-    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1}, /* overlapping windows */
-    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},   /* even window, half of it padding at the corner */
-    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},   /* 1x1 */
-    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},  /* stride equals window */
-    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1}, /* ResNet's, larger */
-    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},  /* tall window */
-    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},   /* one window covering everything */
+static const int pool_shapes[][11] = {
+    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},      /* ResNet's 3/2/1 */
+    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},      /* 2/2/0 */
+    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},      /* non-square window and stride */
+    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1},    /* overlapping windows */
+    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},      /* even window, half of it padding at the corner */
+    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},      /* 1x1 */
+    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},     /* stride equals window */
+    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1},    /* ResNet's, larger */
+    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},     /* tall window */
+    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},      /* one window covering everything */
+    {2, 3, 14, 14, 3, 3, 2, 2, 0, 0, 1}, /* SqueezeNet's ceil_mode: a last clipped window */
+    {1, 2, 8, 7, 3, 3, 2, 2, 1, 1, 1},   /* ceil_mode with padding */
+    {1, 2, 6, 6, 2, 2, 2, 2, 0, 0, 1},   /* ceil_mode where it rounds nothing */
 };
 #define N_POOL_SHAPES ((int)(sizeof pool_shapes / sizeof pool_shapes[0]))
 
@@ -1020,7 +1023,8 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
                                  .stride_h = v[6],
                                  .stride_w = v[7],
                                  .pad_h = v[8],
-                                 .pad_w = v[9]};
+                                 .pad_w = v[9],
+                                 .ceil_mode = v[10] != 0};
         return;
     }
     sh->n = rng_int(r, 1, 3);
@@ -1033,6 +1037,7 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
     sh->w = rng_int(r, sh->kw - 2 * sh->pad_w > 1 ? sh->kw - 2 * sh->pad_w : 1, 12);
     sh->stride_h = rng_int(r, 1, 3);
     sh->stride_w = rng_int(r, 1, 3);
+    sh->ceil_mode = rng_int(r, 0, 1);
 }
 
 static size_t pool_x_len(const mgt_pool2d_shape *sh)
@@ -1055,9 +1060,9 @@ static void fill_pool_x(rng *r, float *x, size_t n, bool ties)
 
 static void pool_desc(tcase *c, const mgt_pool2d_shape *sh, bool ties)
 {
-    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s", sh->n, sh->c, sh->h, sh->w,
+    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s%s", sh->n, sh->c, sh->h, sh->w,
               sh->kh, sh->kw, sh->stride_h, sh->stride_w, sh->pad_h, sh->pad_w,
-              ties ? " ties" : "");
+              sh->ceil_mode ? " ceil" : "", ties ? " ties" : "");
 }
 
 static bool gen_maxpool_fwd(tcase *c, int idx, rng *r)
@@ -1293,6 +1298,109 @@ static bool gen_dropout(tcase *c, int idx, rng *r)
                (uint64_t)stride, (uint64_t)idx * 7 + 1, (uint32_t)(idx % 3));
     c->rtol = 1e-6;
     case_desc(c, "n=%d per_image=%d p=%.2f sample0=%d stride=%d", n, per, pc / 100.0, s0, stride);
+    return true;
+}
+
+/* n, c, h, w, oh, ow: VGG's 7x7 from 1x1 (replication), AlexNet's 6x6 from 13x13 (overlapping
+   windows), exact divisions, 1x1 (global), growing and shrinking */
+static const int apool_shapes[][6] = {{2, 3, 1, 1, 7, 7}, {1, 4, 13, 13, 6, 6}, {2, 5, 8, 8, 4, 4},
+                                      {3, 2, 7, 5, 1, 1}, {1, 3, 5, 7, 3, 2},   {2, 2, 2, 3, 5, 4},
+                                      {1, 1, 9, 9, 9, 9}, {4, 6, 14, 14, 7, 7}};
+#define N_APOOL_SHAPES ((int)(sizeof apool_shapes / sizeof apool_shapes[0]))
+
+static bool gen_apool(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_APOOL_SHAPES + 3)
+        return false;
+    int v[6];
+    for (int k = 0; k < 6; k++)
+        v[k] = idx < N_APOOL_SHAPES ? apool_shapes[idx][k] : 0;
+    if (idx >= N_APOOL_SHAPES) {
+        v[0] = rng_int(r, 1, 4);
+        v[1] = rng_int(r, 1, 9);
+        v[2] = rng_int(r, 1, 15);
+        v[3] = rng_int(r, 1, 15);
+        v[4] = rng_int(r, 1, 8);
+        v[5] = rng_int(r, 1, 8);
+    }
+    size_t nx = (size_t)v[0] * v[1] * v[2] * v[3], ny = (size_t)v[0] * v[1] * v[4] * v[5];
+    if (fwd) {
+        float *x = case_f32(c, nx);
+        fill_unif(r, x, nx, -1, 1);
+        c->op.kind = MGT_OP_APOOL_FWD;
+        c->op.u.apool_fwd.y = case_f32(c, ny);
+        c->op.u.apool_fwd.x = x;
+        c->op.u.apool_fwd.n = v[0];
+        c->op.u.apool_fwd.c = v[1];
+        c->op.u.apool_fwd.h = v[2];
+        c->op.u.apool_fwd.w = v[3];
+        c->op.u.apool_fwd.oh = v[4];
+        c->op.u.apool_fwd.ow = v[5];
+        c->rtol = tol_for((double)v[2] * v[3]);
+    } else {
+        float *dy = case_f32(c, ny);
+        fill_unif(r, dy, ny, -1, 1);
+        c->op.kind = MGT_OP_APOOL_BWD;
+        c->op.u.apool_bwd.dx = case_f32(c, nx);
+        c->op.u.apool_bwd.dy = dy;
+        c->op.u.apool_bwd.n = v[0];
+        c->op.u.apool_bwd.c = v[1];
+        c->op.u.apool_bwd.h = v[2];
+        c->op.u.apool_bwd.w = v[3];
+        c->op.u.apool_bwd.oh = v[4];
+        c->op.u.apool_bwd.ow = v[5];
+        c->rtol = tol_for((double)v[4] * v[5]);
+    }
+    case_desc(c, "n=%d c=%d %dx%d -> %dx%d", v[0], v[1], v[2], v[3], v[4], v[5]);
+    return true;
+}
+
+static bool gen_apool_fwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, true); }
+static bool gen_apool_bwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, false); }
+
+/* n, rows, count, y_stride, y_row, x_stride, x_row: a channel slice into a concatenation and
+   back out, a shuffle of 2 groups, contiguous, one element */
+static const int scopy_shapes[][7] = {{2, 1, 12, 30, 12, 12, 12}, {3, 1, 8, 20, 8, 20, 8},
+                                      {2, 4, 5, 40, 10, 20, 5},   {1, 1, 100, 100, 100, 100, 100},
+                                      {1, 1, 1, 1, 1, 1, 1},      {4, 3, 7, 50, 14, 21, 7}};
+#define N_SCOPY_SHAPES ((int)(sizeof scopy_shapes / sizeof scopy_shapes[0]))
+
+static bool gen_scopy(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_SCOPY_SHAPES + 3)
+        return false;
+    int n, rows;
+    size_t count, ys, yr, xs, xr;
+    if (idx < N_SCOPY_SHAPES) {
+        const int *v = scopy_shapes[idx];
+        n = v[0], rows = v[1], count = (size_t)v[2], ys = (size_t)v[3], yr = (size_t)v[4];
+        xs = (size_t)v[5], xr = (size_t)v[6];
+    } else {
+        n = rng_int(r, 1, 5);
+        rows = rng_int(r, 1, 6);
+        count = (size_t)rng_int(r, 1, 20);
+        yr = count + (size_t)rng_int(r, 0, 9);
+        xr = (size_t)rng_int(r, 0, 25);
+        ys = (size_t)rows * yr + (size_t)rng_int(r, 0, 9);
+        xs = (size_t)rng_int(r, 0, 200);
+    }
+    size_t ny = (size_t)(n - 1) * ys + (size_t)(rows - 1) * yr + count;
+    size_t nx = (size_t)(n - 1) * xs + (size_t)(rows - 1) * xr + count;
+    float *y = case_f32(c, ny), *x = case_f32(c, nx);
+    fill_unif(r, y, ny, -1, 1);
+    fill_unif(r, x, nx, -1, 1);
+    c->op.kind = MGT_OP_STRIDED_COPY;
+    c->op.u.scopy.y = y;
+    c->op.u.scopy.x = x;
+    c->op.u.scopy.n = n;
+    c->op.u.scopy.rows = rows;
+    c->op.u.scopy.count = count;
+    c->op.u.scopy.y_stride = ys;
+    c->op.u.scopy.y_row = yr;
+    c->op.u.scopy.x_stride = xs;
+    c->op.u.scopy.x_row = xr;
+    c->rtol = 0;
+    case_desc(c, "n=%d rows=%d count=%zu y %zu/%zu x %zu/%zu", n, rows, count, ys, yr, xs, xr);
     return true;
 }
 
@@ -1863,7 +1971,7 @@ static int fd_relu(backend *be, const char *opname)
    winner. */
 static int fd_maxpool(backend *be, const char *opname)
 {
-    static const int pick[] = {0, 2, 3, 4, 8};
+    static const int pick[] = {0, 2, 3, 4, 8, 10, 11};
     int fails = 0;
     for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
         tcase c = {0};
@@ -2098,6 +2206,43 @@ static int fd_dropout(backend *be, const char *opname)
                 bad = 1;
             }
         }
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+static int fd_apool(backend *be, const char *opname)
+{
+    static const int shapes[][6] = {{1, 2, 13, 13, 6, 6}, {2, 1, 1, 1, 3, 3}, {1, 3, 5, 7, 3, 2}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(630, t, 7);
+        const int *v = shapes[t];
+        size_t nx = (size_t)v[0] * v[1] * v[2] * v[3], ny = (size_t)v[0] * v[1] * v[4] * v[5];
+        float *x = case_f32(&c, nx), *y = case_f32(&c, ny), *rw = case_f32(&c, ny);
+        float *dx = case_f32(&c, nx);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "n=%d c=%d %dx%d -> %dx%d", v[0], v[1], v[2], v[3], v[4], v[5]);
+        mgt_op fwd = {.kind = MGT_OP_APOOL_FWD};
+        fwd.u.apool_fwd.y = y;
+        fwd.u.apool_fwd.x = x;
+        mgt_op bwd = {.kind = MGT_OP_APOOL_BWD};
+        bwd.u.apool_bwd.dx = dx;
+        bwd.u.apool_bwd.dy = rw;
+        fwd.u.apool_fwd.n = bwd.u.apool_bwd.n = v[0];
+        fwd.u.apool_fwd.c = bwd.u.apool_bwd.c = v[1];
+        fwd.u.apool_fwd.h = bwd.u.apool_bwd.h = v[2];
+        fwd.u.apool_fwd.w = bwd.u.apool_bwd.w = v[3];
+        fwd.u.apool_fwd.oh = bwd.u.apool_bwd.oh = v[4];
+        fwd.u.apool_fwd.ow = bwd.u.apool_bwd.ow = v[5];
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
         fails += bad;
         case_free(&c);
     }
@@ -2524,6 +2669,9 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_CHBIAS_FWD] = {gen_chbias_fwd, NULL},
     [MGT_OP_CHBIAS_BWD] = {gen_chbias_bwd, fd_chbias},
     [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},
+    [MGT_OP_APOOL_FWD] = {gen_apool_fwd, NULL},
+    [MGT_OP_APOOL_BWD] = {gen_apool_bwd, fd_apool},
+    [MGT_OP_STRIDED_COPY] = {gen_scopy, NULL},
 };
 
 #define MAX_BACKENDS 3

@@ -561,7 +561,7 @@ static void test_arch_policy_covers_every_model(void **state)
     assert_int_equal(n, n_names);
     for (int i = 0; i < n; i++) {
         mgt_model_config mc = {
-            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 32, .batch = 1};
+            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 64, .batch = 1};
         mgt_model *m = NULL;
         CHECK(mgt_model_create(&mc, NULL, &m));
         mgt_model_free(m);

@@ -206,6 +206,9 @@ typedef struct mgt_pool2d_shape {
     int kh, kw;
     int stride_h, stride_w;
     int pad_h, pad_w;
+    /* torch's ceil_mode: the output side rounds up, keeping a last window that starts on
+       the input (or the left padding) and runs past its end (clipped) */
+    bool ceil_mode;
 } mgt_pool2d_shape;
 
 /* Batch norm over x [n,c,hw]: statistics per channel over n*hw values. */
@@ -300,6 +303,25 @@ mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, 
 /* dbias[ch] += sum over i < n, j < hw of dy[i, ch, j] */
 mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
                                      int hw);
+
+/* torch's AdaptiveAvgPool2d: y [n, c, oh, ow] from x [n, c, h, w], output (i, j) the mean of
+   rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1 and the columns likewise; the backward
+   spreads each dy over its window (dx written, not accumulated). */
+mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
+                                        int h, int w, int oh, int ow);
+mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
+                                         int h, int w, int oh, int ow);
+
+/* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n, r < rows,
+   k < count (floats): a channel slice of an NCHW tensor into another's, or a channel shuffle.
+   Source and destination must not overlap. */
+typedef struct mgt_strided_copy_shape {
+    int n, rows;
+    size_t count, y_stride, y_row, x_stride, x_row;
+} mgt_strided_copy_shape;
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh);
 
 /* What a dropout mask is a function of. Image i of a call is the sample at global index
    g = sample0 + i * sample_stride (its place in the epoch's order, so the mask does not depend

@@ -795,6 +795,27 @@ mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *d
     LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
 }
 
+mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
+                                        int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_FWD, apool_fwd, y, x, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
+                                         int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh)
+{
+    if (!sh)
+        return bad_arg("strided_copy", "no shape");
+    LAUNCH(MGT_OP_STRIDED_COPY, scopy, y, x, sh->n, sh->rows, sh->count, sh->y_stride, sh->y_row,
+           sh->x_stride, sh->x_row);
+}
+
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key)
 {

@@ -11,15 +11,23 @@
 
 /* Computed in 64 bits so that absurd paddings cannot overflow an int; a window that does not
    fit even once gives 0, which mgt_op_check then rejects. */
-static int out_size(int in, int window, int stride, int pad)
+static int out_size_mode(int in, int window, int stride, int pad, bool ceil_mode)
 {
     if (stride < 1 || window < 1)
         return 0;
     long long span = (long long)in + 2LL * pad - window;
     if (span < 0)
         return 0;
-    long long out = span / stride + 1;
+    long long out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+    /* torch: the last window must start inside the input or its left padding */
+    if (ceil_mode && (out - 1) * stride >= (long long)in + pad)
+        out--;
     return out > INT32_MAX ? INT32_MAX : (int)out;
+}
+
+static int out_size(int in, int window, int stride, int pad)
+{
+    return out_size_mode(in, window, stride, pad, false);
 }
 
 int mgt_conv2d_out_h(const mgt_conv2d_shape *sh)
@@ -34,12 +42,12 @@ int mgt_conv2d_out_w(const mgt_conv2d_shape *sh)
 
 int mgt_pool2d_out_h(const mgt_pool2d_shape *sh)
 {
-    return out_size(sh->h, sh->kh, sh->stride_h, sh->pad_h);
+    return out_size_mode(sh->h, sh->kh, sh->stride_h, sh->pad_h, sh->ceil_mode);
 }
 
 int mgt_pool2d_out_w(const mgt_pool2d_shape *sh)
 {
-    return out_size(sh->w, sh->kw, sh->stride_w, sh->pad_w);
+    return out_size_mode(sh->w, sh->kw, sh->stride_w, sh->pad_w, sh->ceil_mode);
 }
 
 /* ---- checks and operands, per argument struct ----
@@ -663,6 +671,87 @@ static void operands_dropout(mgt_op *op, operand_list *l)
     size_t n = (size_t)d->n * d->per_image;
     ADD(l, d->y, "y", n, MGT_F32, OUT);
     ADD(l, d->x, "x", n, MGT_F32, IN);
+}
+
+static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int oh, int ow)
+{
+    mgt_status st = check_planes(op, n, c, 1);
+    if (st != MGT_OK)
+        return st;
+    NEED_POS(op, h, "height h");
+    NEED_POS(op, w, "width w");
+    NEED_POS(op, oh, "output height");
+    NEED_POS(op, ow, "output width");
+    if (!product_fits(n, c, h, w) || !product_fits(n, c, oh, ow))
+        return INVALID(op, "tensor size overflows (n %d, c %d, %dx%d -> %dx%d)", n, c, h, w, oh,
+                       ow);
+    return MGT_OK;
+}
+
+static mgt_status check_apool_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+}
+
+static void operands_apool_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), MGT_F32, IN);
+}
+
+static mgt_status check_apool_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+}
+
+static void operands_apool_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), MGT_F32, OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
+}
+
+/* The floats a strided region spans: the last image's last row ends it. */
+static size_t scopy_extent(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    return (size_t)(n - 1) * stride + (size_t)(rows - 1) * row + count;
+}
+
+static bool scopy_fits(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    size_t a, b, t;
+    return !__builtin_mul_overflow((size_t)(n - 1), stride, &a) &&
+           !__builtin_mul_overflow((size_t)(rows - 1), row, &b) &&
+           !__builtin_add_overflow(a, b, &t) && !__builtin_add_overflow(t, count, &t) &&
+           t <= SIZE_MAX / sizeof(float);
+}
+
+static mgt_status check_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    NEED_POS(op, c->n, "batch n");
+    NEED_POS(op, c->rows, "rows");
+    NEED_POS(op, c->count, "count");
+    if (!scopy_fits(c->n, c->rows, c->count, c->y_stride, c->y_row) ||
+        !scopy_fits(c->n, c->rows, c->count, c->x_stride, c->x_row))
+        return INVALID(op, "size overflows (n %d, rows %d, count %zu)", c->n, c->rows, c->count);
+    /* rows of one image, and images, must not overlap in y (each element written once) */
+    if ((c->rows > 1 && c->y_row < c->count) ||
+        (c->n > 1 && c->y_stride < scopy_extent(1, c->rows, c->count, 0, c->y_row)))
+        return INVALID(op, "destination rows overlap (count %zu, row %zu, stride %zu)", c->count,
+                       c->y_row, c->y_stride);
+    return MGT_OK;
+}
+
+static void operands_scopy(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.scopy) *c = &op->u.scopy;
+    /* INOUT: the floats between the rows are in the extent and are left as they are */
+    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
+    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
 }
 
 uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }

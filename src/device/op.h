@@ -57,6 +57,9 @@
     X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
     X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
     X(DROPOUT, dropout, dropout)                         \
+    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
+    X(STRIDED_COPY, strided_copy, scopy)                 \
     X(ACT_FWD, activation_forward, act_fwd)              \
     X(ACT_BWD, activation_backward, act_bwd)             \
     X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
@@ -238,6 +241,27 @@ typedef struct mgt_op {
             uint64_t seed, step, sample0, sample_stride;
             uint32_t stream;
         } dropout;
+        /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
+           averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
+        struct {
+            float *y;
+            const float *x;
+            int n, c, h, w, oh, ow;
+        } apool_fwd;
+        struct {
+            float *dx;
+            const float *dy;
+            int n, c, h, w, oh, ow;
+        } apool_bwd;
+        /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
+           r < rows, k < count: channel slices of NCHW (concatenation, split) and channel
+           shuffles; the regions must not overlap */
+        struct {
+            float *y;
+            const float *x;
+            int n, rows;
+            size_t count, y_stride, y_row, x_stride, x_row;
+        } scopy;
         struct {
             float *y;
             const float *x;
@@ -307,6 +331,13 @@ double mgt_op_flops(const mgt_op *op);
    24 bits of a word must reach for its element to be kept, and the Philox block `block` of
    image `image` of a dropout op (elements 4 * block .. 4 * block + 3). */
 uint32_t mgt_dropout_threshold(float p);
+
+/* Adaptive pooling's window along one side: [*lo, *hi) of `in` for output i of `out`. */
+static inline void mgt_apool_range(int i, int in, int out, int *lo, int *hi)
+{
+    *lo = (int)((long long)i * in / out);
+    *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
+}
 void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4]);
 
 /* Checks the op and enqueues it on s (the path every mgt_* kernel wrapper takes); what a

@@ -203,7 +203,8 @@ int nn_relu(mgt_model *m, const char *name, int x)
     return nd ? nd->out : -1;
 }
 
-int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+static int maxpool_mode(mgt_model *m, const char *name, int x, int k, int stride, int pad,
+                        bool ceil_mode)
 {
     if (x < 0)
         return -1;
@@ -217,13 +218,51 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
                            .stride_h = stride,
                            .stride_w = stride,
                            .pad_h = pad,
-                           .pad_w = pad};
+                           .pad_w = pad,
+                           .ceil_mode = ceil_mode};
     nn_node *nd =
         new_node(m, NN_MAXPOOL, name, &x, 1, v->c, mgt_pool2d_out_h(&sh), mgt_pool2d_out_w(&sh));
     if (!nd)
         return -1;
     nd->u.pool = sh;
     return nd->out;
+}
+
+int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    return maxpool_mode(m, name, x, k, stride, pad, false);
+}
+
+int nn_maxpool_ceil(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    return maxpool_mode(m, name, x, k, stride, pad, true);
+}
+
+int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow)
+{
+    if (x < 0)
+        return -1;
+    nn_node *nd = new_node(m, NN_APOOL, name, &x, 1, m->values[x].c, oh, ow);
+    if (!nd)
+        return -1;
+    nd->u.apool.oh = oh;
+    nd->u.apool.ow = ow;
+    return nd->out;
+}
+
+int nn_concat(mgt_model *m, const char *name, const int *in, int n)
+{
+    assert(n >= 1 && n <= NN_MAX_IN);
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        if (in[i] < 0)
+            return -1;
+        assert(m->values[in[i]].h == m->values[in[0]].h &&
+               m->values[in[i]].w == m->values[in[0]].w);
+        c += m->values[in[i]].c;
+    }
+    nn_node *nd = new_node(m, NN_CONCAT, name, in, n, c, m->values[in[0]].h, m->values[in[0]].w);
+    return nd ? nd->out : -1;
 }
 
 int nn_add(mgt_model *m, const char *name, int a, int b)

@@ -197,6 +197,57 @@ static mgt_status dropout_backward(nn_call *c)
     return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
 }
 
+/* ---- concatenation ----
+   Each input is copied into its channel slice of the output, one strided copy per input (not
+   per image); backward copies the slices of dy back out. */
+
+static mgt_strided_copy_shape concat_slice(const nn_call *c, int j, size_t *off)
+{
+    const mgt_model *m = c->m;
+    const nn_node *nd = c->node;
+    size_t plane = (size_t)m->values[nd->out].h * m->values[nd->out].w;
+    *off = 0;
+    for (int i = 0; i < j; i++)
+        *off += (size_t)m->values[nd->in[i]].c * plane;
+    size_t part = (size_t)m->values[nd->in[j]].c * plane;
+    size_t whole = nn_value_floats(&m->values[nd->out]);
+    return (mgt_strided_copy_shape){.n = c->n,
+                                    .rows = 1,
+                                    .count = part,
+                                    .y_stride = whole,
+                                    .y_row = part,
+                                    .x_stride = part,
+                                    .x_row = part};
+}
+
+static mgt_status concat_forward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        size_t off;
+        mgt_strided_copy_shape sh = concat_slice(c, j, &off);
+        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+    }
+    return st;
+}
+
+static mgt_status concat_backward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        if (!c->dx[j])
+            continue;
+        assert(c->dx_beta[j] == 0.0f);
+        size_t off;
+        mgt_strided_copy_shape sh = concat_slice(c, j, &off);
+        size_t t = sh.x_stride;
+        sh.x_stride = sh.y_stride;
+        sh.y_stride = t;
+        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+    }
+    return st;
+}
+
 /* ---- pooling ---- */
 
 static mgt_pool2d_shape pool_shape(const nn_call *c)
@@ -239,6 +290,31 @@ static mgt_status gap_backward(nn_call *c)
     gap_dims(c, &ch, &hw);
     assert(c->dx_beta[0] == 0.0f);
     return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, ch, hw);
+}
+
+static mgt_status apool_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->in[0]];
+    return mgt_adaptive_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h, v->w,
+                                        c->node->u.apool.oh, c->node->u.apool.ow);
+}
+
+static mgt_status apool_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->in[0]];
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_adaptive_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h, v->w,
+                                         c->node->u.apool.oh, c->node->u.apool.ow);
+}
+
+/* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window
+   (torch's ceil(h / oh) x ceil(w / ow)) */
+static uint64_t apool_macs(const mgt_model *m, const nn_node *nd)
+{
+    const nn_value *v = &m->values[nd->in[0]];
+    uint64_t kh = (uint64_t)(v->h + nd->u.apool.oh - 1) / (uint64_t)nd->u.apool.oh;
+    uint64_t kw = (uint64_t)(v->w + nd->u.apool.ow - 1) / (uint64_t)nd->u.apool.ow;
+    return out_floats(m, nd) * (kh * kw + 1);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the whole plane */
@@ -375,4 +451,6 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
                    sdepth_backward, NULL},
     [NN_DROPOUT] = {"dropout", NN_F_INPLACE | NN_F_DX_ON_DY, dropout_forward, dropout_backward,
                     NULL},
+    [NN_APOOL] = {"avgpool", 0, apool_forward, apool_backward, apool_macs},
+    [NN_CONCAT] = {"concat", 0, concat_forward, concat_backward, NULL},
 };

@@ -25,10 +25,12 @@ typedef enum nn_kind {
     NN_ADD,     /* in[0] + in[1] */
     NN_GAP,     /* global average pool: [c, h, w] -> [c, 1, 1] */
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
+    NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
+    NN_APOOL,   /* adaptive average pool to oh x ow (torch's AdaptiveAvgPool2d) */
+    NN_CONCAT,  /* the inputs side by side along channels (torch.cat(dim=1)) */
     NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
     NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
-    NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -80,6 +82,9 @@ typedef struct nn_node {
             float p;
             uint32_t stream; /* this layer's place among the model's dropout layers */
         } dropout;
+        struct {
+            int oh, ow;
+        } apool;
         mgt_act act;
         struct {
             float p;
@@ -211,6 +216,11 @@ int nn_add(mgt_model *m, const char *name, int a, int b);
 int nn_gap(mgt_model *m, const char *name, int x);
 int nn_linear(mgt_model *m, const char *name, int x, int out);
 int nn_dropout(mgt_model *m, const char *name, int x, float p);
+/* max pooling with torch's ceil_mode */
+int nn_maxpool_ceil(mgt_model *m, const char *name, int x, int k, int stride, int pad);
+int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow);
+/* in[0..n) concatenated along channels (same h x w), n <= NN_MAX_IN */
+int nn_concat(mgt_model *m, const char *name, const int *in, int n);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
@@ -251,6 +261,9 @@ typedef struct nn_arch {
 
 /* The architectures of each family, NULL-name terminated. */
 extern const nn_arch nn_resnet_archs[];
+extern const nn_arch nn_vgg_archs[];
+extern const nn_arch nn_alexnet_archs[];
+extern const nn_arch nn_squeezenet_archs[];
 extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 
 /* ---- the layer kinds (layers.c) ---- */

@@ -1291,6 +1291,68 @@ static void dropout_item(void *c, int i, int t)
     }
 }
 
+/* Adaptive average pooling: planes in parallel, each in the reference's order. */
+static void apool_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.apool_fwd) *a = &jb->op->u.apool_fwd;
+    size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
+    item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = a->x + pl * in;
+        for (int oy = 0; oy < a->oh; oy++)
+            for (int ox = 0; ox < a->ow; ox++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(oy, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(ox, a->w, a->ow, &x0, &x1);
+                double s = 0.0;
+                for (int y = y0; y < y1; y++)
+                    s += sum_f(x + (size_t)y * a->w + x0, (size_t)(x1 - x0));
+                a->y[pl * out + (size_t)oy * a->ow + ox] = (float)(s / ((y1 - y0) * (x1 - x0)));
+            }
+    }
+}
+
+static void apool_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.apool_bwd) *a = &jb->op->u.apool_bwd;
+    size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
+    item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float *dx = a->dx + pl * in;
+        memset(dx, 0, in * sizeof(float));
+        for (int oy = 0; oy < a->oh; oy++)
+            for (int ox = 0; ox < a->ow; ox++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(oy, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(ox, a->w, a->ow, &x0, &x1);
+                float g =
+                    a->dy[pl * out + (size_t)oy * a->ow + ox] / (float)((y1 - y0) * (x1 - x0));
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        dx[(size_t)y * a->w + xx] += g;
+            }
+    }
+}
+
+/* Rows (of all images) in parallel, a memcpy each. */
+static void scopy_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.scopy) *a = &jb->op->u.scopy;
+    size_t lo, hi;
+    item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
+    for (size_t q = lo; q < hi; q++) {
+        size_t im = q / (size_t)a->rows, r = q % (size_t)a->rows;
+        memcpy(a->y + im * a->y_stride + r * a->y_row, a->x + im * a->x_stride + r * a->x_row,
+               a->count * sizeof(float));
+    }
+}
+
 /* ---- activations, channel scaling ---- */
 
 /* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
@@ -1779,6 +1841,30 @@ static mgt_status run_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    plane_job j = {op, units_per_item((size_t)a->h * a->w)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    plane_job j = {op, units_per_item((size_t)a->h * a->w)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *a = &op->u.scopy;
+    plane_job j = {op, units_per_item(a->count)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->rows, j.units), scopy_item, &j);
+    return MGT_OK;
+}
+
 static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
@@ -1883,6 +1969,9 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
     [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
     [MGT_OP_DROPOUT] = run_dropout,
+    [MGT_OP_APOOL_FWD] = run_apool_fwd,
+    [MGT_OP_APOOL_BWD] = run_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = run_scopy,
 };
 
 bool mgt_cpu_supports(mgt_op_kind kind)

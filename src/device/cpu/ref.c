@@ -561,6 +561,58 @@ static mgt_status ref_dropout(const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status ref_apool_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+        const float *x = a->x + nc * a->h * a->w;
+        for (int i = 0; i < a->oh; i++)
+            for (int j = 0; j < a->ow; j++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                double s = 0.0;
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        s += x[(size_t)y * a->w + xx];
+                a->y[(nc * a->oh + i) * a->ow + j] = (float)(s / ((y1 - y0) * (x1 - x0)));
+            }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_apool_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+        float *dx = a->dx + nc * a->h * a->w;
+        for (size_t k = 0; k < (size_t)a->h * a->w; k++)
+            dx[k] = 0.0f;
+        for (int i = 0; i < a->oh; i++)
+            for (int j = 0; j < a->ow; j++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                float g = a->dy[(nc * a->oh + i) * a->ow + j] / (float)((y1 - y0) * (x1 - x0));
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        dx[(size_t)y * a->w + xx] += g;
+            }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    for (int i = 0; i < c->n; i++)
+        for (int r = 0; r < c->rows; r++)
+            for (size_t k = 0; k < c->count; k++)
+                c->y[(size_t)i * c->y_stride + (size_t)r * c->y_row + k] =
+                    c->x[(size_t)i * c->x_stride + (size_t)r * c->x_row + k];
+    return MGT_OK;
+}
+
 /* The activations in double, straight from their definitions (mgt_activation_forward);
    the float result is the double one rounded. */
 static double ref_act(mgt_act act, double x)
@@ -687,6 +739,9 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
     [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
     [MGT_OP_DROPOUT] = ref_dropout,
+    [MGT_OP_APOOL_FWD] = ref_apool_fwd,
+    [MGT_OP_APOOL_BWD] = ref_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = ref_scopy,
 };
 
 mgt_status mgt_ref_run(const mgt_op *op)

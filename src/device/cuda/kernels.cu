@@ -533,6 +533,65 @@ __global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw
         dbias[ch] += sh[0];
 }
 
+// ---- adaptive average pool: x [n*c][h][w] <-> y [n*c][oh][ow] ----
+
+__device__ inline void apool_range(int i, int in, int out, int *lo, int *hi)
+{
+    *lo = (int)((long long)i * in / out);
+    *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
+}
+
+__global__ void k_apool_fwd(float *y, const float *x, size_t total, int h, int w, int oh, int ow)
+{
+    for (size_t o = thread_index(); o < total; o += thread_stride()) {
+        const int j = (int)(o % ow), i = (int)((o / ow) % oh);
+        const float *xp = x + (o / ((size_t)oh * ow)) * h * w;
+        int y0, y1, x0, x1;
+        apool_range(i, h, oh, &y0, &y1);
+        apool_range(j, w, ow, &x0, &x1);
+        float s = 0.0f;
+        for (int yy = y0; yy < y1; yy++)
+            for (int xx = x0; xx < x1; xx++)
+                s += xp[(size_t)yy * w + xx];
+        y[o] = s / (float)((y1 - y0) * (x1 - x0));
+    }
+}
+
+// Gather form, one thread per input element: the windows containing it, in raster order.
+__global__ void k_apool_bwd(float *dx, const float *dy, size_t total, int h, int w, int oh, int ow)
+{
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const int ix = (int)(e % w), iy = (int)((e / w) % h);
+        const float *dyp = dy + (e / ((size_t)h * w)) * oh * ow;
+        float acc = 0.0f;
+        for (int i = 0; i < oh; i++) {
+            int y0, y1;
+            apool_range(i, h, oh, &y0, &y1);
+            if (iy < y0 || iy >= y1)
+                continue;
+            for (int j = 0; j < ow; j++) {
+                int x0, x1;
+                apool_range(j, w, ow, &x0, &x1);
+                if (ix >= x0 && ix < x1)
+                    acc += dyp[(size_t)i * ow + j] / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+        dx[e] = acc;
+    }
+}
+
+// ---- strided copy: one thread per element of the n * rows * count copied ----
+
+__global__ void k_scopy(float *y, const float *x, size_t total, int rows, size_t count, size_t ys,
+                        size_t yr, size_t xs, size_t xr)
+{
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const size_t k = e % count, q = e / count;
+        const size_t r = q % (size_t)rows, im = q / (size_t)rows;
+        y[im * ys + r * yr + k] = x[im * xs + r * xr + k];
+    }
+}
+
 // ---- dropout: the mask of mgt_dropout_key, word for word ----
 
 struct dropout_key {
@@ -843,6 +902,36 @@ mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.chbias_bwd;
     k_chbias_bwd<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dbias, a.dy, a.n, a.c, a.hw);
     return MGT_CUDA_AFTER(s, "channel_bias_backward");
+}
+
+mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.apool_fwd;
+    size_t total = (size_t)a.n * a.c * a.oh * a.ow;
+    k_apool_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, total, a.h, a.w, a.oh,
+                                                               a.ow);
+    return MGT_CUDA_AFTER(s, "adaptive_avgpool_forward");
+}
+
+mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.apool_bwd;
+    size_t total = (size_t)a.n * a.c * a.h * a.w;
+    k_apool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.h, a.w, a.oh,
+                                                               a.ow);
+    return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
+}
+
+mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.scopy;
+    size_t total = (size_t)a.n * a.rows * a.count;
+    k_scopy<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.y, a.x, total, a.rows, a.count, a.y_stride, a.y_row, a.x_stride, a.x_row);
+    return MGT_CUDA_AFTER(s, "strided_copy");
 }
 
 mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
