@@ -154,6 +154,35 @@ static void test_learns_on_two_devices(void **state)
     assert_int_equal(access(best, F_OK), 0);
 }
 
+/* The inverted-residual families learn the quadrant task (12x12 images resized to 32) on two
+   mock devices (dropout and stochastic depth live: the trainer's key drives them); measured:
+   mobilenet_v2 loss 0.53 and 100% top-1, efficientnet_b0 1.04 and 81%, mobilenet_v3_small
+   0.23 and 25% (see below). The arch is the state. */
+static void test_family_learns(void **state)
+{
+    mgt_train_config c;
+    base_config(&c);
+    c.arch = *state;
+    c.epochs = 6;
+    c.image_size = 32;
+    c.lr.lr = 0.01f; /* 0.05 (resnet20's) diverges here */
+    c.augment = MGT_AUGMENT_NONE;
+    mgt_train_result res;
+    mgt_status st = train(&c, 2, "threads=1", &res);
+    if (st != MGT_OK)
+        fail_msg("%s: %s", c.arch, mgt_error_last());
+    print_message("%s: last epoch's train loss %.3f, val top-1 %.1f%%\n", c.arch, res.train_loss,
+                  res.val_acc1);
+    assert_int_equal(res.epochs_done, 6);
+    /* 4 classes: chance is 25% and a loss of log 4 = 1.386. MobileNet V3's BN momentum of
+       0.01 (torchvision's) leaves the running statistics near their start after 60 steps, so
+       its evaluation stays at chance here (measured 25%) while it learns: only its training
+       loss is held to the bar. */
+    assert_true(res.train_loss < 1.2);
+    if (strncmp(c.arch, "mobilenet_v3", 12) != 0)
+        assert_true(res.val_acc1 >= 75.0);
+}
+
 /* Two epochs straight, and one epoch then a resume for the second, on the devices open(run)
    gives (run 0: straight, 1: the first epoch, 2: the resume): the checkpoints must match bit
    for bit. tag names the folders. */
@@ -692,7 +721,7 @@ static void test_arch_policy_covers_every_model(void **state)
     assert_int_equal(n, n_names);
     for (int i = 0; i < n; i++) {
         mgt_model_config mc = {
-            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 32, .batch = 1};
+            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 64, .batch = 1};
         mgt_model *m = NULL;
         CHECK(mgt_model_create(&mc, NULL, &m));
         mgt_model_free(m);
@@ -826,6 +855,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learns_on_two_devices),
+        cmocka_unit_test_prestate(test_family_learns, (void *)"mobilenet_v2"),
+        cmocka_unit_test_prestate(test_family_learns, (void *)"mobilenet_v3_small"),
+        cmocka_unit_test_prestate(test_family_learns, (void *)"efficientnet_b0"),
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_resume_is_bit_identical_with_the_recipe),
         cmocka_unit_test(test_accumulation_matches_a_large_batch),

@@ -111,8 +111,9 @@ typedef struct step_batch {
     const int32_t *y;
     int n;
     double wait_s;
-    const int32_t *y_b; /* mixup / cutmix: the partners' labels and the weights of y */
-    const float *w;     /* NULL: no mixing */
+    const int32_t *y_b;   /* mixup / cutmix: the partners' labels and the weights of y */
+    const float *w;       /* NULL: no mixing */
+    mgt_dropout_key drop; /* the step's and these samples' dropout key */
 } step_batch;
 
 /* With profile, an event marking the end of a stage (0: the step's start). */
@@ -130,7 +131,8 @@ static mgt_status next_batch(worker *w, step_batch *b)
                           r->data.per_dev_batch,
                           0,
                           NULL,
-                          NULL};
+                          NULL,
+                          {0}};
         return MGT_OK;
     }
     mgt_batch lb;
@@ -141,7 +143,8 @@ static mgt_status next_batch(worker *w, step_batch *b)
                           lb.n,
                           lb.wait_s,
                           lb.mixed ? lb.labels_b : NULL,
-                          lb.mixed ? lb.weights : NULL};
+                          lb.mixed ? lb.weights : NULL,
+                          {0}};
     return st;
 }
 
@@ -169,6 +172,7 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
 {
     run *r = w->r;
     *where = "forward";
+    mgt_model_set_dropout_key(w->model, &b->drop);
     mgt_status st = mgt_model_forward(w->model, w->s, b->x, b->n, true, NULL);
     if (st == MGT_OK)
         st = mgt_model_loss_mixed(w->model, w->s, b->y, b->y_b, b->w, r->c->label_smoothing,
@@ -248,6 +252,14 @@ static mgt_status train_step(worker *w, long k, const char **where)
     mgt_status st = next_batch(w, &b);
     if (st != MGT_OK)
         return st;
+    /* image i of this replica is the sample k*B + dev + i*N of the epoch's order (the
+       sampler's layout), so the masks are those of any other device count */
+    uint64_t global_batch = (uint64_t)r->data.per_dev_batch * (uint64_t)r->n;
+    b.drop = (mgt_dropout_key){.seed = r->c->seed,
+                               .step = (uint64_t)r->epoch * (uint64_t)r->data.steps_per_epoch +
+                                       (uint64_t)k,
+                               .sample0 = (uint64_t)k * global_batch + (uint64_t)w->dev,
+                               .sample_stride = (uint64_t)r->n};
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
     bool reduce = window_last(r, k);
     *where = "forward";
