@@ -600,6 +600,29 @@ static bool gen_sum(tcase *c, int idx, rng *r)
     return true;
 }
 
+static bool gen_sum_squares(tcase *c, int idx, rng *r)
+{
+    static const size_t ns[] = {1, 2, 17, 1000, 65537, 300007, 4096, 77};
+    if (idx >= 8)
+        return false;
+    size_t n = ns[idx];
+    float *x = case_f32(c, n);
+    /* one case of large values, whose squares a float accumulator would round away */
+    float half = idx == 6 ? 100.0f : 1.0f;
+    fill_unif(r, x, n, -half, half);
+    double mag = 0;
+    for (size_t i = 0; i < n; i++)
+        mag += (double)x[i] * x[i];
+    c->op.kind = MGT_OP_SUMSQ;
+    c->op.u.sum.out = case_f32(c, 1);
+    c->op.u.sum.x = x;
+    c->op.u.sum.n = n;
+    c->rtol = 1e-6;
+    c->mag = mag;
+    case_desc(c, "n=%zu range=+-%g", n, (double)half);
+    return true;
+}
+
 static bool gen_add(tcase *c, int idx, rng *r)
 {
     if (idx >= (int)N_VEC_SIZES)
@@ -1684,6 +1707,78 @@ static bool gen_sgd(tcase *c, int idx, rng *r)
     return true;
 }
 
+/* AdamW from step t with moments drawn as a run would have them (v >= 0); the bias
+   corrections worked out as mgt/optim.h's optimizer does. */
+static bool gen_adamw(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    static const int steps[] = {1, 2, 10, 1, 1000, 3};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    int t = idx < 6 ? steps[idx] : rng_int(r, 1, 50);
+    double lr = idx < 6 ? 1e-3 * (idx + 1) : rng_unif(r, 0, 0.01f);
+    double wd = idx % 2 ? 0.05 : idx == 4 ? 0 : 1e-4;
+    float b1 = idx == 5 ? 0.5f : 0.9f, b2 = idx == 5 ? 0.9f : 0.999f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n);
+    float *m = case_f32(c, n), *v = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, m, n, -0.1f, 0.1f);
+    fill_unif(r, v, n, 0, 0.01f);
+    if (t == 1) /* the first step starts from zero moments */
+        for (int i = 0; i < n; i++)
+            m[i] = v[i] = 0;
+    c->op.kind = MGT_OP_ADAMW;
+    c->op.u.adamw.param = param;
+    c->op.u.adamw.exp_avg = m;
+    c->op.u.adamw.exp_avg_sq = v;
+    c->op.u.adamw.grad = grad;
+    c->op.u.adamw.n = (size_t)n;
+    c->op.u.adamw.p = (mgt_adamw_params){.beta1 = b1,
+                                         .beta2 = b2,
+                                         .eps = 1e-8f,
+                                         .grad_scale = idx == 2 ? 0.25f : 1.0f,
+                                         .decay = (float)(1 - lr * wd),
+                                         .step_size = (float)(lr / (1 - pow(b1, t))),
+                                         .bc2_sqrt = (float)sqrt(1 - pow(b2, t))};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d t=%d lr=%g wd=%g betas=%g,%g", n, t, lr, wd, (double)b1, (double)b2);
+    return true;
+}
+
+static bool gen_rmsprop(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    float momentum = idx % 3 == 0 ? 0.0f : 0.9f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n), *sq = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, sq, n, 0, idx == 1 ? 0.0f : 0.01f);
+    c->op.kind = MGT_OP_RMSPROP;
+    c->op.u.rmsprop.param = param;
+    c->op.u.rmsprop.square_avg = sq;
+    if (momentum != 0) {
+        c->op.u.rmsprop.momentum_buf = case_f32(c, n);
+        fill_unif(r, c->op.u.rmsprop.momentum_buf, n, -0.1f, 0.1f);
+    }
+    c->op.u.rmsprop.grad = grad;
+    c->op.u.rmsprop.n = (size_t)n;
+    c->op.u.rmsprop.p = (mgt_rmsprop_params){.lr = idx < 6 ? 0.01f * (idx + 1) : 0.05f,
+                                             .alpha = 0.9f,
+                                             .eps = idx == 4 ? 1e-8f : 0.0316f,
+                                             .weight_decay = idx % 2 ? 1e-4f : 0.0f,
+                                             .momentum = momentum,
+                                             .grad_scale = idx == 2 ? 0.5f : 1.0f};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d lr=%g m=%g wd=%g eps=%g", n, (double)c->op.u.rmsprop.p.lr, (double)momentum,
+              (double)c->op.u.rmsprop.p.weight_decay, (double)c->op.u.rmsprop.p.eps);
+    return true;
+}
+
 /* ---- finite differences ---- */
 
 /* One output of the forward in the loss sum(r * y). */
@@ -2662,6 +2757,9 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = {gen_xmix_bwd, fd_xmix},
     [MGT_OP_TOPK] = {gen_topk, NULL},
     [MGT_OP_SGD] = {gen_sgd, NULL},
+    [MGT_OP_ADAMW] = {gen_adamw, NULL},
+    [MGT_OP_RMSPROP] = {gen_rmsprop, NULL},
+    [MGT_OP_SUMSQ] = {gen_sum_squares, NULL},
     [MGT_OP_ACT_FWD] = {gen_act_fwd, NULL},
     [MGT_OP_ACT_BWD] = {gen_act_bwd, fd_act},
     [MGT_OP_CHSCALE_FWD] = {gen_chscale_fwd, NULL},

@@ -251,6 +251,23 @@ typedef struct mgt_sgd_params {
     bool first_step;
 } mgt_sgd_params;
 
+/* PyTorch 1.13's AdamW (torch.optim.AdamW, amsgrad off), one step: g = s*grad;
+   p *= decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p += -step_size * m / (sqrt(v) /
+   bc2_sqrt + eps). The caller works out, in double from the step count t as torch does in
+   Python: decay = 1 - lr*wd (decoupled), step_size = lr / (1 - b1^t), bc2_sqrt =
+   sqrt(1 - b2^t). m and v start at zero. */
+typedef struct mgt_adamw_params {
+    float beta1, beta2, eps, grad_scale;
+    float decay, step_size, bc2_sqrt;
+} mgt_adamw_params;
+
+/* PyTorch 1.13's RMSprop (centered off): g = s*grad + wd*p; sq = alpha*sq + (1-alpha)*g*g;
+   avg = sqrt(sq) + eps; momentum > 0: buf = m*buf + g/avg, p -= lr*buf; else p -= lr*g/avg.
+   sq and buf start at zero; with momentum 0, buf is not touched (may be NULL). */
+typedef struct mgt_rmsprop_params {
+    float lr, alpha, eps, weight_decay, momentum, grad_scale;
+} mgt_rmsprop_params;
+
 int mgt_conv2d_out_h(const mgt_conv2d_shape *sh);
 int mgt_conv2d_out_w(const mgt_conv2d_shape *sh);
 int mgt_pool2d_out_h(const mgt_pool2d_shape *sh);
@@ -264,6 +281,8 @@ mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n);
 mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n);
 /* out[0] = sum of x (accumulated in double on the CPU) */
 mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n);
+/* out[0] = sum of x[i]^2, accumulated in double as mgt_sum (gradient norms for clipping) */
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n);
 /* y[i] = a[i] + b[i]; y may alias a or b */
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n);
 
@@ -435,5 +454,9 @@ mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
 
 mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
                           size_t n, const mgt_sgd_params *p);
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p);
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p);
 
 #endif

@@ -664,6 +664,11 @@ mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n)
     LAUNCH(MGT_OP_SUM, sum, out, x, n);
 }
 
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUMSQ, sum, out, x, n);
+}
+
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
 {
     LAUNCH(MGT_OP_ADD, add, y, a, b, n);
@@ -902,6 +907,22 @@ mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, cons
     if (!p)
         return bad_arg("sgd_update", "no parameters");
     LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
+}
+
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p)
+{
+    if (!p)
+        return bad_arg("adamw_update", "no parameters");
+    LAUNCH(MGT_OP_ADAMW, adamw, param, exp_avg, exp_avg_sq, grad, n, *p);
+}
+
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p)
+{
+    if (!p)
+        return bad_arg("rmsprop_update", "no parameters");
+    LAUNCH(MGT_OP_RMSPROP, rmsprop, param, square_avg, momentum_buf, grad, n, *p);
 }
 
 /* ---- across processes ---- */

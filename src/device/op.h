@@ -54,6 +54,9 @@
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
     X(SGD, sgd_update, sgd)                              \
+    X(ADAMW, adamw_update, adamw)                        \
+    X(RMSPROP, rmsprop_update, rmsprop)                  \
+    X(SUMSQ, sum_squares, sum)                           \
     X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
     X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
     X(DROPOUT, dropout, dropout)                         \
@@ -217,6 +220,18 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        struct {
+            float *param, *exp_avg, *exp_avg_sq;
+            const float *grad;
+            size_t n;
+            mgt_adamw_params p;
+        } adamw;
+        struct {
+            float *param, *square_avg, *momentum_buf;
+            const float *grad;
+            size_t n;
+            mgt_rmsprop_params p;
+        } rmsprop;
         /* y [n, c, hw] += bias[c] (a convolution's bias) */
         struct {
             float *y;

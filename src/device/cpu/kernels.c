@@ -327,6 +327,25 @@ static double sum_f(const float *x, size_t n)
     return hsum_d2x4(a0, a1, a2, a3) + s;
 }
 
+/* The same for x[i]^2, each square taken in double. */
+static double sum_sq_f(const float *x, size_t n)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0;
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        vd2 b0 = vld_d2(x + j), b1 = vld_d2(x + j + 2), b2 = vld_d2(x + j + 4),
+            b3 = vld_d2(x + j + 6);
+        a0 += b0 * b0;
+        a1 += b1 * b1;
+        a2 += b2 * b2;
+        a3 += b3 * b3;
+    }
+    double s = 0;
+    for (; j < n; j++)
+        s += (double)x[j] * x[j];
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
 typedef struct sum_job {
     const mgt_op *op;
     double *part;
@@ -338,7 +357,8 @@ static void sum_item(void *c, int i, int t)
     sum_job *j = c;
     size_t lo, hi;
     item_range(j->op->u.sum.n, CHUNK, i, &lo, &hi);
-    j->part[i] = sum_f(j->op->u.sum.x + lo, hi - lo);
+    const float *x = j->op->u.sum.x + lo;
+    j->part[i] = j->op->kind == MGT_OP_SUMSQ ? sum_sq_f(x, hi - lo) : sum_f(x, hi - lo);
 }
 
 /* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
@@ -387,6 +407,53 @@ static void sgd_item(void *c, int i, int t)
             d = p->nesterov ? d + m * b : b;
         }
         param[e] -= lr * d;
+    }
+}
+
+/* AdamW and RMSprop: scalar loops over each chunk (sqrt has no vector-extension form), the
+   reference's operations in its order, so the bits match it. */
+static void adamw_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float b1 = p->beta1, b2 = p->beta2, k1 = 1.0f - b1, k2 = 1.0f - b2;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e];
+        float w = a->param[e] * p->decay;
+        float m = a->exp_avg[e] * b1 + k1 * g;
+        float v = a->exp_avg_sq[e] * b2 + k2 * (g * g);
+        a->exp_avg[e] = m;
+        a->exp_avg_sq[e] = v;
+        float denom = sqrtf(v) / p->bc2_sqrt + p->eps;
+        a->param[e] = w + -p->step_size * (m / denom);
+    }
+}
+
+static void rmsprop_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float keep = 1.0f - p->alpha;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e] + p->weight_decay * a->param[e];
+        float sq = a->square_avg[e] * p->alpha + keep * (g * g);
+        a->square_avg[e] = sq;
+        float avg = sqrtf(sq) + p->eps;
+        if (p->momentum > 0.0f) {
+            float b = a->momentum_buf[e] * p->momentum + g / avg;
+            a->momentum_buf[e] = b;
+            a->param[e] += -p->lr * b;
+        } else {
+            a->param[e] += -p->lr * (g / avg);
+        }
     }
 }
 
@@ -1732,6 +1799,18 @@ static mgt_status run_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.adamw.n, CHUNK), adamw_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.rmsprop.n, CHUNK), rmsprop_item, op);
+    return MGT_OK;
+}
+
 static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
@@ -1962,6 +2041,9 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
+    [MGT_OP_ADAMW] = run_adamw,
+    [MGT_OP_RMSPROP] = run_rmsprop,
+    [MGT_OP_SUMSQ] = run_sum,
     [MGT_OP_ACT_FWD] = run_act_fwd,
     [MGT_OP_ACT_BWD] = run_act_bwd,
     [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,

@@ -427,6 +427,53 @@ static mgt_status ref_sgd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* AdamW and RMSprop in float, in torch's order of operations (see mgt/device.h). */
+static mgt_status ref_adamw(const mgt_op *op)
+{
+    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_params *p = &a->p;
+    for (size_t i = 0; i < a->n; i++) {
+        float g = p->grad_scale * a->grad[i];
+        float w = a->param[i] * p->decay;
+        float m = a->exp_avg[i] * p->beta1 + (1.0f - p->beta1) * g;
+        float v = a->exp_avg_sq[i] * p->beta2 + (1.0f - p->beta2) * (g * g);
+        a->exp_avg[i] = m;
+        a->exp_avg_sq[i] = v;
+        float denom = sqrtf(v) / p->bc2_sqrt + p->eps;
+        a->param[i] = w + -p->step_size * (m / denom);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_rmsprop(const mgt_op *op)
+{
+    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_params *p = &a->p;
+    for (size_t i = 0; i < a->n; i++) {
+        float g = p->grad_scale * a->grad[i] + p->weight_decay * a->param[i];
+        float sq = a->square_avg[i] * p->alpha + (1.0f - p->alpha) * (g * g);
+        a->square_avg[i] = sq;
+        float avg = sqrtf(sq) + p->eps;
+        if (p->momentum > 0.0f) {
+            float b = a->momentum_buf[i] * p->momentum + g / avg;
+            a->momentum_buf[i] = b;
+            a->param[i] += -p->lr * b;
+        } else {
+            a->param[i] += -p->lr * (g / avg);
+        }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_sum_squares(const mgt_op *op)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < op->u.sum.n; i++)
+        s += (double)op->u.sum.x[i] * op->u.sum.x[i];
+    op->u.sum.out[0] = (float)s;
+    return MGT_OK;
+}
+
 static mgt_status ref_fill(const mgt_op *op)
 {
     for (size_t i = 0; i < op->u.fill.n; i++)
@@ -732,6 +779,9 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_XENT_MIX_BWD] = ref_xmix_bwd,
     [MGT_OP_TOPK] = ref_topk,
     [MGT_OP_SGD] = ref_sgd,
+    [MGT_OP_ADAMW] = ref_adamw,
+    [MGT_OP_RMSPROP] = ref_rmsprop,
+    [MGT_OP_SUMSQ] = ref_sum_squares,
     [MGT_OP_ACT_FWD] = ref_act_fwd,
     [MGT_OP_ACT_BWD] = ref_act_bwd,
     [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,

@@ -129,6 +129,8 @@ mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op);

@@ -124,12 +124,13 @@ __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
 
 // Pass 1: thread t of block b adds x[i] for i = b*256 + t, then every grid stride, in
 // double (the reference accumulates in double); the block then adds its 256 sums as a tree.
-__global__ void k_sum_partial(double *partial, const float *x, size_t n)
+// With square, each x[i]^2 (in double) instead: sum_squares.
+__global__ void k_sum_partial(double *partial, const float *x, size_t n, bool square)
 {
     __shared__ double sh[kThreads];
     double acc = 0.0;
     for (size_t i = thread_index(); i < n; i += thread_stride())
-        acc += (double)x[i];
+        acc += square ? (double)x[i] * (double)x[i] : (double)x[i];
     sh[threadIdx.x] = acc;
     __syncthreads();
     for (int w = kThreads / 2; w > 0; w >>= 1) {
@@ -502,6 +503,43 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- AdamW and RMSprop, PyTorch 1.13's (mgt/device.h), in the reference's order ----
+__global__ void k_adamw(float *param, float *m, float *v, const float *grad, size_t n,
+                        mgt_adamw_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g = __fmul_rn(p.grad_scale, grad[i]);
+        const float w = __fmul_rn(param[i], p.decay);
+        const float mi = __fadd_rn(__fmul_rn(m[i], p.beta1), __fmul_rn(1.0f - p.beta1, g));
+        const float vi =
+            __fadd_rn(__fmul_rn(v[i], p.beta2), __fmul_rn(1.0f - p.beta2, __fmul_rn(g, g)));
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), p.bc2_sqrt), p.eps);
+        param[i] = __fadd_rn(w, __fmul_rn(-p.step_size, __fdiv_rn(mi, denom)));
+    }
+}
+
+__global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad, size_t n,
+                          mgt_rmsprop_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g =
+            __fadd_rn(__fmul_rn(p.grad_scale, grad[i]), __fmul_rn(p.weight_decay, param[i]));
+        const float s2 =
+            __fadd_rn(__fmul_rn(sq[i], p.alpha), __fmul_rn(1.0f - p.alpha, __fmul_rn(g, g)));
+        sq[i] = s2;
+        const float avg = __fadd_rn(__fsqrt_rn(s2), p.eps);
+        if (p.momentum > 0.0f) {
+            const float b = __fadd_rn(__fmul_rn(buf[i], p.momentum), __fdiv_rn(g, avg));
+            buf[i] = b;
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, b));
+        } else {
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, __fdiv_rn(g, avg)));
+        }
+    }
+}
+
 // ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
 
 __global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
@@ -782,9 +820,10 @@ mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
     if (st != MGT_OK)
         return st;
     double *partial = (double *)s->scratch;
-    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n);
+    const bool square = op->kind == MGT_OP_SUMSQ;
+    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n, square);
     k_sum_final<<<1, kThreads, 0, s->stream>>>(a.out, partial, (int)parts, 1.0);
-    return MGT_CUDA_AFTER(s, "sum");
+    return MGT_CUDA_AFTER(s, square ? "sum_squares" : "sum");
 }
 
 mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
@@ -1020,6 +1059,24 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.sgd;
     k_sgd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.momentum_buf, a.grad, a.n, a.p);
     return MGT_CUDA_AFTER(s, "sgd_update");
+}
+
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.adamw;
+    k_adamw<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.exp_avg, a.exp_avg_sq, a.grad,
+                                                         a.n, a.p);
+    return MGT_CUDA_AFTER(s, "adamw_update");
+}
+
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.rmsprop;
+    k_rmsprop<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.square_avg, a.momentum_buf,
+                                                           a.grad, a.n, a.p);
+    return MGT_CUDA_AFTER(s, "rmsprop_update");
 }
 
 mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
