@@ -51,6 +51,8 @@ static const mgt_arch_info archs[] = {
     /* torchvision's weights for b1 are evaluated at 240 (resize 255); the trainer's recipe
        keeps the 224 of the reference scripts' default */
     IMAGENET("efficientnet_b1", "efficientnet"),
+    IMAGENET("regnet_x_400mf", "regnet"),
+    IMAGENET("regnet_y_400mf", "regnet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

@@ -1,8 +1,10 @@
 /* The inverted-residual families as layer graphs, as torchvision 0.14 defines them:
    mobilenet_v2 (ReLU6, depthwise 3x3), mobilenet_v3_small/large (hardswish, squeeze-excite
    gated by hardsigmoid, BN eps 1e-3 momentum 0.01) and efficientnet_b0/b1 (SiLU, sigmoid
-   squeeze-excite, stochastic depth growing linearly over the blocks). Module names are
-   torchvision's (features.3.conv.1.0, features.4.block.2.fc1, classifier.1, ...). */
+   squeeze-excite, stochastic depth growing linearly over the blocks), and regnet_x_400mf and
+   regnet_y_400mf (grouped 3x3 bottlenecks, Y with squeeze-excite), which share the conv-BN-act
+   and squeeze-excite units. Module names are torchvision's (features.3.conv.1.0,
+   features.4.block.2.fc1, trunk_output.block2.block2-0.f.se.fc1, classifier.1, ...). */
 #include <math.h>
 #include <stdio.h>
 
@@ -70,16 +72,18 @@ static int make_divisible(double v)
 }
 
 /* The families' shared initialisation: kaiming_normal_(mode='fan_out') on every conv, zero
-   biases, BN 1 and 0 (as built); Linear weights N(0, 0.01) (MobileNets) or
-   U(+-1/sqrt(out_features)) (EfficientNet). */
-static void init_mobile(mgt_model *m, bool linear_uniform)
+   biases (conv biases left at PyTorch's default with conv_bias_default), BN 1 and 0 (as
+   built); Linear weights N(0, 0.01) (MobileNets, RegNet) or U(+-1/sqrt(out_features))
+   (EfficientNet). */
+static void init_mobile(mgt_model *m, bool linear_uniform, bool conv_bias_default)
 {
     for (int e = 0; e < m->n_table; e++) {
         const mgt_model_entry *t = &m->table[e];
         if (t->what == MGT_TENSOR_CONV_WEIGHT)
             m->init[e] = (nn_entry_init){
                 NN_INIT_NORMAL, sqrt(2.0 / (double)(t->shape[0] * t->shape[2] * t->shape[3]))};
-        else if (t->what == MGT_TENSOR_BIAS)
+        else if (t->what == MGT_TENSOR_BIAS &&
+                 !(conv_bias_default && m->nodes[t->layer].kind == NN_CONV))
             m->init[e] = (nn_entry_init){NN_INIT_CONST, 0.0};
         else if (t->what == MGT_TENSOR_LINEAR_WEIGHT)
             m->init[e] = linear_uniform
@@ -127,7 +131,7 @@ static mgt_status build_mobilenet_v2(mgt_model *m, const void *arg)
     x = cna(m, p, x, 1280, 1, 1, 1, MGT_ACT_RELU6, bn_default);
     x = nn_dropout(m, "classifier.0", nn_gap(m, "avgpool", x), 0.2f);
     nn_linear(m, "classifier.1", x, m->cfg.classes);
-    init_mobile(m, false);
+    init_mobile(m, false, false);
     return MGT_OK;
 }
 
@@ -203,7 +207,7 @@ static mgt_status build_mobilenet_v3(mgt_model *m, const void *arg)
     x = nn_activation(m, "classifier.1", x, MGT_ACT_HARDSWISH);
     x = nn_dropout(m, "classifier.2", x, 0.2f);
     nn_linear(m, "classifier.3", x, m->cfg.classes);
-    init_mobile(m, false);
+    init_mobile(m, false, false);
     return MGT_OK;
 }
 
@@ -263,7 +267,57 @@ static mgt_status build_efficientnet(mgt_model *m, const void *arg)
     x = cna(m, p, x, 4 * m->values[x].c, 1, 1, 1, MGT_ACT_SILU, bn_default);
     x = nn_dropout(m, "classifier.0", nn_gap(m, "avgpool", x), d->dropout);
     nn_linear(m, "classifier.1", x, m->cfg.classes);
-    init_mobile(m, true);
+    init_mobile(m, true, false);
+    return MGT_OK;
+}
+
+/* ---- RegNet X/Y 400MF ---- */
+
+typedef struct regnet_def {
+    int depths[4], widths[4];
+    int group_width;
+    bool se; /* se_ratio 0.25 */
+} regnet_def;
+
+/* torchvision's BlockParams.from_init_params for the two 400MF models, already expanded (the
+   widths need no group adjustment; bottleneck 1, every stage stride 2):
+   X: depth 22, w_0 24, w_a 24.48, w_m 2.54, group width 16;
+   Y: depth 16, w_0 48, w_a 27.89, w_m 2.09, group width 8, se_ratio 0.25 */
+static const regnet_def rx400 = {{1, 2, 7, 12}, {32, 64, 160, 400}, 16, false};
+static const regnet_def ry400 = {{1, 3, 6, 6}, {48, 104, 208, 440}, 8, true};
+
+static mgt_status build_regnet(mgt_model *m, const void *arg)
+{
+    const regnet_def *d = arg;
+    char p[64], q[64];
+    int x = cna(m, "stem", nn_input(m), 32, 3, 2, 1, ACT_RELU, bn_default);
+    for (int st = 0; st < 4; st++)
+        for (int i = 0; i < d->depths[st]; i++) {
+            char blk[48];
+            snprintf(blk, sizeof blk, "trunk_output.block%d.block%d-%d", st + 1, st + 1, i);
+            int w_in = m->values[x].c, w_out = d->widths[st], stride = i == 0 ? 2 : 1;
+            int identity = x;
+            if (w_in != w_out || stride != 1) {
+                snprintf(p, sizeof p, "%s.proj", blk);
+                identity = cna(m, p, x, w_out, 1, stride, 1, ACT_NONE, bn_default);
+            }
+            snprintf(p, sizeof p, "%s.f.a", blk);
+            int y = cna(m, p, x, w_out, 1, 1, 1, ACT_RELU, bn_default);
+            snprintf(p, sizeof p, "%s.f.b", blk);
+            y = cna(m, p, y, w_out, 3, stride, w_out / d->group_width, ACT_RELU, bn_default);
+            if (d->se) {
+                snprintf(p, sizeof p, "%s.f.se", blk);
+                y = squeeze_excite(m, p, y, (int)lround(0.25 * w_in), ACT_RELU, MGT_ACT_SIGMOID);
+            }
+            snprintf(p, sizeof p, "%s.f.c", blk);
+            y = cna(m, p, y, w_out, 1, 1, 1, ACT_NONE, bn_default);
+            snprintf(q, sizeof q, "%s.activation", blk);
+            x = nn_relu(m, q, nn_add(m, blk, identity, y));
+        }
+    nn_linear(m, "fc", nn_gap(m, "avgpool", x), m->cfg.classes);
+    /* conv N(0, sqrt(2 / (k k out))), BN 1 and 0, Linear N(0, 0.01) and 0: init_mobile's; the
+       squeeze-excite convs' biases keep PyTorch's default (RegNet's init leaves them) */
+    init_mobile(m, false, true);
     return MGT_OK;
 }
 
@@ -276,5 +330,7 @@ const nn_arch nn_mobile_archs[] = {
     {"mobilenet_v3_small", "mobilenet", build_mobilenet_v3, &v3_small_def},
     {"efficientnet_b0", "efficientnet", build_efficientnet, &b0},
     {"efficientnet_b1", "efficientnet", build_efficientnet, &b1},
+    {"regnet_x_400mf", "regnet", build_regnet, &rx400},
+    {"regnet_y_400mf", "regnet", build_regnet, &ry400},
     {NULL, NULL, NULL, NULL},
 };

@@ -503,6 +503,43 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- AdamW and RMSprop, PyTorch 1.13's (mgt/device.h), in the reference's order ----
+__global__ void k_adamw(float *param, float *m, float *v, const float *grad, size_t n,
+                        mgt_adamw_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g = __fmul_rn(p.grad_scale, grad[i]);
+        const float w = __fmul_rn(param[i], p.decay);
+        const float mi = __fadd_rn(__fmul_rn(m[i], p.beta1), __fmul_rn(1.0f - p.beta1, g));
+        const float vi =
+            __fadd_rn(__fmul_rn(v[i], p.beta2), __fmul_rn(1.0f - p.beta2, __fmul_rn(g, g)));
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), p.bc2_sqrt), p.eps);
+        param[i] = __fadd_rn(w, __fmul_rn(-p.step_size, __fdiv_rn(mi, denom)));
+    }
+}
+
+__global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad, size_t n,
+                          mgt_rmsprop_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g =
+            __fadd_rn(__fmul_rn(p.grad_scale, grad[i]), __fmul_rn(p.weight_decay, param[i]));
+        const float s2 =
+            __fadd_rn(__fmul_rn(sq[i], p.alpha), __fmul_rn(1.0f - p.alpha, __fmul_rn(g, g)));
+        sq[i] = s2;
+        const float avg = __fadd_rn(__fsqrt_rn(s2), p.eps);
+        if (p.momentum > 0.0f) {
+            const float b = __fadd_rn(__fmul_rn(buf[i], p.momentum), __fdiv_rn(g, avg));
+            buf[i] = b;
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, b));
+        } else {
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, __fdiv_rn(g, avg)));
+        }
+    }
+}
+
 // ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
 
 __global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
@@ -732,43 +769,6 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
             dscale[b] = (float)(dscale[b] + part[0]);
         else
             dscale[b] = (float)part[0];
-    }
-}
-
-// ---- AdamW and RMSprop, PyTorch 1.13's (mgt/device.h), in the reference's order ----
-__global__ void k_adamw(float *param, float *m, float *v, const float *grad, size_t n,
-                        mgt_adamw_params p)
-{
-    for (size_t i = thread_index(); i < n; i += thread_stride()) {
-        const float g = __fmul_rn(p.grad_scale, grad[i]);
-        const float w = __fmul_rn(param[i], p.decay);
-        const float mi = __fadd_rn(__fmul_rn(m[i], p.beta1), __fmul_rn(1.0f - p.beta1, g));
-        const float vi =
-            __fadd_rn(__fmul_rn(v[i], p.beta2), __fmul_rn(1.0f - p.beta2, __fmul_rn(g, g)));
-        m[i] = mi;
-        v[i] = vi;
-        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), p.bc2_sqrt), p.eps);
-        param[i] = __fadd_rn(w, __fmul_rn(-p.step_size, __fdiv_rn(mi, denom)));
-    }
-}
-
-__global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad, size_t n,
-                          mgt_rmsprop_params p)
-{
-    for (size_t i = thread_index(); i < n; i += thread_stride()) {
-        const float g =
-            __fadd_rn(__fmul_rn(p.grad_scale, grad[i]), __fmul_rn(p.weight_decay, param[i]));
-        const float s2 =
-            __fadd_rn(__fmul_rn(sq[i], p.alpha), __fmul_rn(1.0f - p.alpha, __fmul_rn(g, g)));
-        sq[i] = s2;
-        const float avg = __fadd_rn(__fsqrt_rn(s2), p.eps);
-        if (p.momentum > 0.0f) {
-            const float b = __fadd_rn(__fmul_rn(buf[i], p.momentum), __fdiv_rn(g, avg));
-            buf[i] = b;
-            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, b));
-        } else {
-            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, __fdiv_rn(g, avg)));
-        }
     }
 }
 
@@ -1061,6 +1061,24 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "sgd_update");
 }
 
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.adamw;
+    k_adamw<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.exp_avg, a.exp_avg_sq, a.grad,
+                                                         a.n, a.p);
+    return MGT_CUDA_AFTER(s, "adamw_update");
+}
+
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.rmsprop;
+    k_rmsprop<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.square_avg, a.momentum_buf,
+                                                           a.grad, a.n, a.p);
+    return MGT_CUDA_AFTER(s, "rmsprop_update");
+}
+
 mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
@@ -1129,22 +1147,4 @@ mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
     k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
                                                     a.hw, a.shared);
     return MGT_CUDA_AFTER(s, "channel_scale_backward");
-}
-
-mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
-{
-    MGT_ENTER(s);
-    const auto &a = op->u.adamw;
-    k_adamw<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.exp_avg, a.exp_avg_sq, a.grad,
-                                                         a.n, a.p);
-    return MGT_CUDA_AFTER(s, "adamw_update");
-}
-
-mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
-{
-    MGT_ENTER(s);
-    const auto &a = op->u.rmsprop;
-    k_rmsprop<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.square_avg, a.momentum_buf,
-                                                           a.grad, a.n, a.p);
-    return MGT_CUDA_AFTER(s, "rmsprop_update");
 }
