@@ -600,6 +600,29 @@ static bool gen_sum(tcase *c, int idx, rng *r)
     return true;
 }
 
+static bool gen_sum_squares(tcase *c, int idx, rng *r)
+{
+    static const size_t ns[] = {1, 2, 17, 1000, 65537, 300007, 4096, 77};
+    if (idx >= 8)
+        return false;
+    size_t n = ns[idx];
+    float *x = case_f32(c, n);
+    /* one case of large values, whose squares a float accumulator would round away */
+    float half = idx == 6 ? 100.0f : 1.0f;
+    fill_unif(r, x, n, -half, half);
+    double mag = 0;
+    for (size_t i = 0; i < n; i++)
+        mag += (double)x[i] * x[i];
+    c->op.kind = MGT_OP_SUMSQ;
+    c->op.u.sum.out = case_f32(c, 1);
+    c->op.u.sum.x = x;
+    c->op.u.sum.n = n;
+    c->rtol = 1e-6;
+    c->mag = mag;
+    case_desc(c, "n=%zu range=+-%g", n, (double)half);
+    return true;
+}
+
 static bool gen_add(tcase *c, int idx, rng *r)
 {
     if (idx >= (int)N_VEC_SIZES)
@@ -1684,6 +1707,78 @@ static bool gen_sgd(tcase *c, int idx, rng *r)
     return true;
 }
 
+/* AdamW from step t with moments drawn as a run would have them (v >= 0); the bias
+   corrections worked out as mgt/optim.h's optimizer does. */
+static bool gen_adamw(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    static const int steps[] = {1, 2, 10, 1, 1000, 3};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    int t = idx < 6 ? steps[idx] : rng_int(r, 1, 50);
+    double lr = idx < 6 ? 1e-3 * (idx + 1) : rng_unif(r, 0, 0.01f);
+    double wd = idx % 2 ? 0.05 : idx == 4 ? 0 : 1e-4;
+    float b1 = idx == 5 ? 0.5f : 0.9f, b2 = idx == 5 ? 0.9f : 0.999f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n);
+    float *m = case_f32(c, n), *v = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, m, n, -0.1f, 0.1f);
+    fill_unif(r, v, n, 0, 0.01f);
+    if (t == 1) /* the first step starts from zero moments */
+        for (int i = 0; i < n; i++)
+            m[i] = v[i] = 0;
+    c->op.kind = MGT_OP_ADAMW;
+    c->op.u.adamw.param = param;
+    c->op.u.adamw.exp_avg = m;
+    c->op.u.adamw.exp_avg_sq = v;
+    c->op.u.adamw.grad = grad;
+    c->op.u.adamw.n = (size_t)n;
+    c->op.u.adamw.p = (mgt_adamw_params){.beta1 = b1,
+                                         .beta2 = b2,
+                                         .eps = 1e-8f,
+                                         .grad_scale = idx == 2 ? 0.25f : 1.0f,
+                                         .decay = (float)(1 - lr * wd),
+                                         .step_size = (float)(lr / (1 - pow(b1, t))),
+                                         .bc2_sqrt = (float)sqrt(1 - pow(b2, t))};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d t=%d lr=%g wd=%g betas=%g,%g", n, t, lr, wd, (double)b1, (double)b2);
+    return true;
+}
+
+static bool gen_rmsprop(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    float momentum = idx % 3 == 0 ? 0.0f : 0.9f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n), *sq = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, sq, n, 0, idx == 1 ? 0.0f : 0.01f);
+    c->op.kind = MGT_OP_RMSPROP;
+    c->op.u.rmsprop.param = param;
+    c->op.u.rmsprop.square_avg = sq;
+    if (momentum != 0) {
+        c->op.u.rmsprop.momentum_buf = case_f32(c, n);
+        fill_unif(r, c->op.u.rmsprop.momentum_buf, n, -0.1f, 0.1f);
+    }
+    c->op.u.rmsprop.grad = grad;
+    c->op.u.rmsprop.n = (size_t)n;
+    c->op.u.rmsprop.p = (mgt_rmsprop_params){.lr = idx < 6 ? 0.01f * (idx + 1) : 0.05f,
+                                             .alpha = 0.9f,
+                                             .eps = idx == 4 ? 1e-8f : 0.0316f,
+                                             .weight_decay = idx % 2 ? 1e-4f : 0.0f,
+                                             .momentum = momentum,
+                                             .grad_scale = idx == 2 ? 0.5f : 1.0f};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d lr=%g m=%g wd=%g eps=%g", n, (double)c->op.u.rmsprop.p.lr, (double)momentum,
+              (double)c->op.u.rmsprop.p.weight_decay, (double)c->op.u.rmsprop.p.eps);
+    return true;
+}
+
 /* ---- finite differences ---- */
 
 /* One output of the forward in the loss sum(r * y). */
@@ -2423,6 +2518,211 @@ static int fd_gemm(backend *be, const char *opname)
     return fails;
 }
 
+/* ---- activations, channel scaling ---- */
+
+static const size_t act_sizes[] = {1, 7, 1000, 65539};
+#define N_ACT_SIZES ((int)(sizeof act_sizes / sizeof act_sizes[0]))
+
+/* x over [-8, 8] with every kink (0, 6, +-3) and both zeros present exactly. */
+static void fill_act_x(rng *r, float *x, size_t n)
+{
+    static const float kinks[] = {0.0f, -0.0f, 6.0f, 3.0f, -3.0f};
+    fill_unif(r, x, n, -8, 8);
+    for (size_t i = 0; i < n; i += 7)
+        x[i] = kinks[(i / 7) % 5];
+}
+
+/* Cases: every activation at every size; y = x (or dx = dy) on every third. Tolerance: a few
+   ulp of the result, or of 1 where it is small (gelu's and silu's tails cancel in float, as
+   in PyTorch's float kernels). */
+static bool gen_act(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_ACT_SIZES * MGT_ACT_COUNT)
+        return false;
+    size_t n = act_sizes[idx % N_ACT_SIZES];
+    mgt_act act = (mgt_act)(idx / N_ACT_SIZES);
+    bool alias = idx % 3 == 2;
+    float *x = case_f32(c, n);
+    fill_act_x(r, x, n);
+    if (fwd) {
+        c->op.kind = MGT_OP_ACT_FWD;
+        c->op.u.act_fwd.y = alias ? x : case_f32(c, n);
+        c->op.u.act_fwd.x = x;
+        c->op.u.act_fwd.n = n;
+        c->op.u.act_fwd.act = act;
+    } else {
+        float *dy = case_f32(c, n);
+        fill_unif(r, dy, n, -1, 1);
+        c->op.kind = MGT_OP_ACT_BWD;
+        c->op.u.act_bwd.dx = alias ? dy : case_f32(c, n);
+        c->op.u.act_bwd.dy = dy;
+        c->op.u.act_bwd.x = x;
+        c->op.u.act_bwd.n = n;
+        c->op.u.act_bwd.act = act;
+    }
+    c->rtol = 4e-6;
+    c->mag = 1;
+    case_desc(c, "%s n=%zu%s", mgt_act_name(act), n, alias ? (fwd ? " y=x" : " dx=dy") : "");
+    return true;
+}
+
+static bool gen_act_fwd(tcase *c, int idx, rng *r) { return gen_act(c, idx, r, true); }
+static bool gen_act_bwd(tcase *c, int idx, rng *r) { return gen_act(c, idx, r, false); }
+
+/* Each activation away from its kinks (0 and 6, +-3) by 0.05 or more, so x +- h never
+   crosses one; inputs over [-5, 7]. */
+static int fd_act(backend *be, const char *opname)
+{
+    static const float kinks[] = {0.0f, 6.0f, 3.0f, -3.0f};
+    int fails = 0;
+    for (int t = 0; t < MGT_ACT_COUNT * 2; t++) {
+        tcase c = {0};
+        rng r = rng_for(800, t, 7);
+        mgt_act act = (mgt_act)(t / 2);
+        size_t n = t % 2 ? 257 : 9;
+        float *x = case_f32(&c, n), *y = case_f32(&c, n), *rw = case_f32(&c, n);
+        float *dx = case_f32(&c, n);
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            bool near;
+            do {
+                v = rng_unif(&r, -5, 7);
+                near = false;
+                for (int k = 0; k < 4; k++)
+                    near = near || fabsf(v - kinks[k]) < 0.05f;
+            } while (near);
+            x[i] = v;
+        }
+        fill_unif(&r, rw, n, -1, 1);
+        case_desc(&c, "%s n=%zu", mgt_act_name(act), n);
+        mgt_op fwd = {.kind = MGT_OP_ACT_FWD};
+        fwd.u.act_fwd.y = y;
+        fwd.u.act_fwd.x = x;
+        fwd.u.act_fwd.n = n;
+        fwd.u.act_fwd.act = act;
+        mgt_op bwd = {.kind = MGT_OP_ACT_BWD};
+        bwd.u.act_bwd.dx = dx;
+        bwd.u.act_bwd.dy = rw;
+        bwd.u.act_bwd.x = x;
+        bwd.u.act_bwd.n = n;
+        bwd.u.act_bwd.act = act;
+        fd_term term = {y, rw, n};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, n, dx, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* n, c, hw, shared */
+static const int chscale_shapes[][4] = {
+    {1, 1, 1, 0},  {2, 3, 5, 0}, {2, 16, 49, 0}, {4, 1, 300, 0}, /* c = 1: per image */
+    {3, 40, 1, 0}, {1, 1, 1, 1}, {2, 3, 5, 1},   {2, 16, 49, 1}, {5, 96, 196, 1}, {2, 7, 4099, 0},
+};
+#define N_CHSCALE_SHAPES ((int)(sizeof chscale_shapes / sizeof chscale_shapes[0]))
+
+/* Every shape; backward also without dscale (the stochastic-depth use) and with dx = dy. */
+static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
+{
+    int reps = fwd ? 1 : 3;
+    if (idx >= N_CHSCALE_SHAPES * reps)
+        return false;
+    const int *shp = chscale_shapes[idx % N_CHSCALE_SHAPES];
+    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / N_CHSCALE_SHAPES;
+    bool shared = shp[3] != 0;
+    size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
+    float *x = case_f32(c, nx), *sc = case_f32(c, ns);
+    fill_unif(r, x, nx, -2, 2);
+    fill_unif(r, sc, ns, -1.5f, 1.5f);
+    if (fwd) {
+        c->op.kind = MGT_OP_CHSCALE_FWD;
+        c->op.u.chscale_fwd.y = case_f32(c, nx);
+        c->op.u.chscale_fwd.x = x;
+        c->op.u.chscale_fwd.scale = sc;
+        c->op.u.chscale_fwd.n = n;
+        c->op.u.chscale_fwd.c = ch;
+        c->op.u.chscale_fwd.hw = hw;
+        c->op.u.chscale_fwd.shared = shared;
+        c->rtol = 0;
+    } else {
+        float *dy = case_f32(c, nx), *ds = variant == 1 ? NULL : case_f32(c, ns);
+        fill_unif(r, dy, nx, -1, 1);
+        if (ds)
+            fill_unif(r, ds, ns, -1, 1); /* accumulated onto with shared */
+        c->op.kind = MGT_OP_CHSCALE_BWD;
+        c->op.u.chscale_bwd.dx = variant == 2 ? dy : case_f32(c, nx);
+        c->op.u.chscale_bwd.dscale = ds;
+        c->op.u.chscale_bwd.dy = dy;
+        c->op.u.chscale_bwd.x = x;
+        c->op.u.chscale_bwd.scale = sc;
+        c->op.u.chscale_bwd.n = n;
+        c->op.u.chscale_bwd.c = ch;
+        c->op.u.chscale_bwd.hw = hw;
+        c->op.u.chscale_bwd.shared = shared;
+        c->rtol = tol_for((double)hw * (shared ? n : 1)) * 2;
+        c->mag = 1;
+    }
+    case_desc(c, "n=%d c=%d hw=%d%s%s", n, ch, hw, shared ? " shared" : "",
+              fwd            ? ""
+              : variant == 1 ? " no dscale"
+              : variant == 2 ? " dx=dy"
+                             : "");
+    return true;
+}
+
+static bool gen_chscale_fwd(tcase *c, int idx, rng *r) { return gen_chscale(c, idx, r, true); }
+static bool gen_chscale_bwd(tcase *c, int idx, rng *r) { return gen_chscale(c, idx, r, false); }
+
+/* y = x * scale: dx and dscale (per image and shared) against differences of the forward. */
+static int fd_chscale(backend *be, const char *opname)
+{
+    static const int pick[] = {1, 2, 3, 6, 7};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(900, t, 7);
+        const int *shp = chscale_shapes[pick[t]];
+        int n = shp[0], ch = shp[1], hw = shp[2];
+        bool shared = shp[3] != 0;
+        size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
+        float *x = case_f32(&c, nx), *sc = case_f32(&c, ns), *y = case_f32(&c, nx);
+        float *rw = case_f32(&c, nx), *dx = case_f32(&c, nx), *ds = case_f32(&c, ns);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, sc, ns, -1, 1);
+        fill_unif(&r, rw, nx, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d%s", n, ch, hw, shared ? " shared" : "");
+        mgt_op fwd = {.kind = MGT_OP_CHSCALE_FWD};
+        fwd.u.chscale_fwd.y = y;
+        fwd.u.chscale_fwd.x = x;
+        fwd.u.chscale_fwd.scale = sc;
+        fwd.u.chscale_fwd.n = n;
+        fwd.u.chscale_fwd.c = ch;
+        fwd.u.chscale_fwd.hw = hw;
+        fwd.u.chscale_fwd.shared = shared;
+        mgt_op bwd = {.kind = MGT_OP_CHSCALE_BWD};
+        bwd.u.chscale_bwd.dx = dx;
+        bwd.u.chscale_bwd.dscale = ds;
+        bwd.u.chscale_bwd.dy = rw;
+        bwd.u.chscale_bwd.x = x;
+        bwd.u.chscale_bwd.scale = sc;
+        bwd.u.chscale_bwd.n = n;
+        bwd.u.chscale_bwd.c = ch;
+        bwd.u.chscale_bwd.hw = hw;
+        bwd.u.chscale_bwd.shared = shared;
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r) + fd_check(&f, sc, ns, ds, "scale", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
 /* ---- the driver ---- */
 
 typedef struct op_spec {
@@ -2457,6 +2757,13 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = {gen_xmix_bwd, fd_xmix},
     [MGT_OP_TOPK] = {gen_topk, NULL},
     [MGT_OP_SGD] = {gen_sgd, NULL},
+    [MGT_OP_ADAMW] = {gen_adamw, NULL},
+    [MGT_OP_RMSPROP] = {gen_rmsprop, NULL},
+    [MGT_OP_SUMSQ] = {gen_sum_squares, NULL},
+    [MGT_OP_ACT_FWD] = {gen_act_fwd, NULL},
+    [MGT_OP_ACT_BWD] = {gen_act_bwd, fd_act},
+    [MGT_OP_CHSCALE_FWD] = {gen_chscale_fwd, NULL},
+    [MGT_OP_CHSCALE_BWD] = {gen_chscale_bwd, fd_chscale},
     [MGT_OP_CHBIAS_FWD] = {gen_chbias_fwd, NULL},
     [MGT_OP_CHBIAS_BWD] = {gen_chbias_bwd, fd_chbias},
     [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},

@@ -122,6 +122,9 @@ static const learn_case learn_cases[] = {
     {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f},
     {"alexnet", "alexnet", 63, 4, 4, 8, 0.05f},
     {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f},
+    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f},
+    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f},
+    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))

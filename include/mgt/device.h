@@ -251,6 +251,23 @@ typedef struct mgt_sgd_params {
     bool first_step;
 } mgt_sgd_params;
 
+/* PyTorch 1.13's AdamW (torch.optim.AdamW, amsgrad off), one step: g = s*grad;
+   p *= decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p += -step_size * m / (sqrt(v) /
+   bc2_sqrt + eps). The caller works out, in double from the step count t as torch does in
+   Python: decay = 1 - lr*wd (decoupled), step_size = lr / (1 - b1^t), bc2_sqrt =
+   sqrt(1 - b2^t). m and v start at zero. */
+typedef struct mgt_adamw_params {
+    float beta1, beta2, eps, grad_scale;
+    float decay, step_size, bc2_sqrt;
+} mgt_adamw_params;
+
+/* PyTorch 1.13's RMSprop (centered off): g = s*grad + wd*p; sq = alpha*sq + (1-alpha)*g*g;
+   avg = sqrt(sq) + eps; momentum > 0: buf = m*buf + g/avg, p -= lr*buf; else p -= lr*g/avg.
+   sq and buf start at zero; with momentum 0, buf is not touched (may be NULL). */
+typedef struct mgt_rmsprop_params {
+    float lr, alpha, eps, weight_decay, momentum, grad_scale;
+} mgt_rmsprop_params;
+
 int mgt_conv2d_out_h(const mgt_conv2d_shape *sh);
 int mgt_conv2d_out_w(const mgt_conv2d_shape *sh);
 int mgt_pool2d_out_h(const mgt_pool2d_shape *sh);
@@ -264,6 +281,8 @@ mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n);
 mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n);
 /* out[0] = sum of x (accumulated in double on the CPU) */
 mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n);
+/* out[0] = sum of x[i]^2, accumulated in double as mgt_sum (gradient norms for clipping) */
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n);
 /* y[i] = a[i] + b[i]; y may alias a or b */
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n);
 
@@ -365,6 +384,42 @@ typedef struct mgt_dropout_key {
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key);
 
+/* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
+   hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
+   sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */
+typedef enum mgt_act {
+    MGT_ACT_RELU6,
+    MGT_ACT_HARDSIGMOID,
+    MGT_ACT_HARDSWISH,
+    MGT_ACT_SILU,
+    MGT_ACT_SIGMOID,
+    MGT_ACT_GELU,
+    MGT_ACT_COUNT
+} mgt_act;
+
+/* "relu6", "hardswish", ...; "unknown" past the list. */
+const char *mgt_act_name(mgt_act act);
+
+/* y = act(x) over n floats; y may alias x */
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act);
+/* dx = dy * act'(x), from the forward's input (the derivatives torch's backward uses at the
+   kinks: relu6 and hardsigmoid pass only strictly inside, hardswish's is x/3 + 1/2 on
+   [-3, 3]); dx may alias dy */
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act);
+
+/* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
+   squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:
+   ConvNeXt's layer scale). c = 1 with hw a whole image scales each image (stochastic depth). */
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared);
+/* dx = dy * scale (overwritten; dx may alias dy); dscale (optional, NULL: not wanted) gets
+   sum over j of dy * x per image and channel, overwritten, or with shared, that sum over the
+   images too, added on (a parameter's gradient). */
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared);
+
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
    eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
    over the batch; probs [n, classes] = softmax, kept for backward. Labels outside
@@ -399,5 +454,9 @@ mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
 
 mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
                           size_t n, const mgt_sgd_params *p);
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p);
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p);
 
 #endif

@@ -55,6 +55,9 @@ typedef struct mgt_model_config {
        split, so N replicas at global batch B step exactly as one at B does (to float
        rounding), and a training batch of one image is allowed. */
     bool freeze_bn;
+    /* Every dropout and stochastic-depth layer built with p = 0 (the deterministic form that
+       PyTorch goldens compare against; the masks have tests of their own). */
+    bool no_dropout;
 } mgt_model_config;
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */

@@ -664,6 +664,11 @@ mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n)
     LAUNCH(MGT_OP_SUM, sum, out, x, n);
 }
 
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUMSQ, sum, out, x, n);
+}
+
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
 {
     LAUNCH(MGT_OP_ADD, add, y, a, b, n);
@@ -825,6 +830,40 @@ mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t pe
            key->sample_stride, key->stream);
 }
 
+const char *mgt_act_name(mgt_act act)
+{
+    static const char *const names[MGT_ACT_COUNT] = {
+        [MGT_ACT_RELU6] = "relu6",         [MGT_ACT_HARDSIGMOID] = "hardsigmoid",
+        [MGT_ACT_HARDSWISH] = "hardswish", [MGT_ACT_SILU] = "silu",
+        [MGT_ACT_SIGMOID] = "sigmoid",     [MGT_ACT_GELU] = "gelu",
+    };
+    return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
+}
+
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_FWD, act_fwd, y, x, n, act);
+}
+
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_BWD, act_bwd, dx, dy, x, n, act);
+}
+
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
                                     const int32_t *labels, int n, int classes, float smoothing)
 {
@@ -868,6 +907,22 @@ mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, cons
     if (!p)
         return bad_arg("sgd_update", "no parameters");
     LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
+}
+
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p)
+{
+    if (!p)
+        return bad_arg("adamw_update", "no parameters");
+    LAUNCH(MGT_OP_ADAMW, adamw, param, exp_avg, exp_avg_sq, grad, n, *p);
+}
+
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p)
+{
+    if (!p)
+        return bad_arg("rmsprop_update", "no parameters");
+    LAUNCH(MGT_OP_RMSPROP, rmsprop, param, square_avg, momentum_buf, grad, n, *p);
 }
 
 /* ---- across processes ---- */

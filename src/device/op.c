@@ -624,6 +624,62 @@ static void operands_sgd(mgt_op *op, operand_list *l)
     ADD(l, s->grad, "grad", s->n, MGT_F32, IN);
 }
 
+/* ---- AdamW and RMSprop ---- */
+
+static mgt_status check_adamw(const mgt_op *op)
+{
+    const mgt_adamw_params *p = &op->u.adamw.p;
+    mgt_status st = check_n(op, op->u.adamw.n);
+    if (st != MGT_OK)
+        return st;
+    /* torch.optim.AdamW refuses the same betas and eps */
+    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f && p->beta2 >= 0.0f && p->beta2 < 1.0f))
+        return INVALID(op, "betas %g, %g must lie in [0, 1)", (double)p->beta1, (double)p->beta2);
+    if (!(p->eps >= 0.0f) || !(p->step_size >= 0.0f) || !(p->bc2_sqrt > 0.0f))
+        return INVALID(op,
+                       "eps %g and step size %g must not be negative, the bias correction %g "
+                       "must be positive",
+                       (double)p->eps, (double)p->step_size, (double)p->bc2_sqrt);
+    return MGT_OK;
+}
+
+static void operands_adamw(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.adamw) *a = &op->u.adamw;
+    ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
+    ADD(l, a->exp_avg, "exp_avg", a->n, MGT_F32, INOUT);
+    ADD(l, a->exp_avg_sq, "exp_avg_sq", a->n, MGT_F32, INOUT);
+    ADD(l, a->grad, "grad", a->n, MGT_F32, IN);
+}
+
+static mgt_status check_rmsprop(const mgt_op *op)
+{
+    const mgt_rmsprop_params *p = &op->u.rmsprop.p;
+    mgt_status st = check_n(op, op->u.rmsprop.n);
+    if (st != MGT_OK)
+        return st;
+    if (!(p->lr >= 0.0f) || !(p->eps >= 0.0f) || !(p->alpha >= 0.0f) || !(p->momentum >= 0.0f) ||
+        !(p->weight_decay >= 0.0f))
+        return INVALID(op,
+                       "lr %g, alpha %g, eps %g, momentum %g and weight decay %g must not be "
+                       "negative",
+                       (double)p->lr, (double)p->alpha, (double)p->eps, (double)p->momentum,
+                       (double)p->weight_decay);
+    if (p->momentum != 0.0f && !op->u.rmsprop.momentum_buf)
+        return INVALID(op, "momentum_buf is NULL with momentum %g", (double)p->momentum);
+    return MGT_OK;
+}
+
+static void operands_rmsprop(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
+    ADD(l, a->square_avg, "square_avg", a->n, MGT_F32, INOUT);
+    if (a->p.momentum != 0.0f)
+        ADD(l, a->momentum_buf, "momentum_buf", a->n, MGT_F32, INOUT);
+    ADD(l, a->grad, "grad", a->n, MGT_F32, IN);
+}
+
 /* ---- channel bias, dropout ---- */
 
 static mgt_status check_chbias_fwd(const mgt_op *op)
@@ -764,6 +820,69 @@ void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out
                        ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
     uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32) ^ (d->stream * 0x9E3779B9u)};
     mgt_philox4x32_10(ctr, key, out);
+}
+
+/* ---- activations, channel scaling ---- */
+
+static mgt_status check_act(const mgt_op *op, size_t n, mgt_act act)
+{
+    if ((unsigned)act >= MGT_ACT_COUNT)
+        return INVALID(op, "unknown activation %d", (int)act);
+    return check_n(op, n);
+}
+
+static mgt_status check_act_fwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_fwd.n, op->u.act_fwd.act);
+}
+
+static void operands_act_fwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_act_bwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_bwd.n, op->u.act_bwd.act);
+}
+
+static void operands_act_bwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_chscale_fwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_fwd.n, op->u.chscale_fwd.c, op->u.chscale_fwd.hw);
+}
+
+static void operands_chscale_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
+}
+
+static mgt_status check_chscale_bwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_bwd.n, op->u.chscale_bwd.c, op->u.chscale_bwd.hw);
+}
+
+static void operands_chscale_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    if (a->dscale)
+        ADD(l, a->dscale, "dscale", ns, MGT_F32, a->shared ? INOUT : OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    if (a->dscale)
+        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
 /* ---- the table ---- */

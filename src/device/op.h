@@ -54,12 +54,19 @@
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
     X(SGD, sgd_update, sgd)                              \
+    X(ADAMW, adamw_update, adamw)                        \
+    X(RMSPROP, rmsprop_update, rmsprop)                  \
+    X(SUMSQ, sum_squares, sum)                           \
     X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
     X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
     X(DROPOUT, dropout, dropout)                         \
     X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
     X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
-    X(STRIDED_COPY, strided_copy, scopy)
+    X(STRIDED_COPY, strided_copy, scopy)                 \
+    X(ACT_FWD, activation_forward, act_fwd)              \
+    X(ACT_BWD, activation_backward, act_bwd)             \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -213,6 +220,18 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        struct {
+            float *param, *exp_avg, *exp_avg_sq;
+            const float *grad;
+            size_t n;
+            mgt_adamw_params p;
+        } adamw;
+        struct {
+            float *param, *square_avg, *momentum_buf;
+            const float *grad;
+            size_t n;
+            mgt_rmsprop_params p;
+        } rmsprop;
         /* y [n, c, hw] += bias[c] (a convolution's bias) */
         struct {
             float *y;
@@ -258,6 +277,31 @@ typedef struct mgt_op {
             int n, rows;
             size_t count, y_stride, y_row, x_stride, x_row;
         } scopy;
+        struct {
+            float *y;
+            const float *x;
+            size_t n;
+            mgt_act act;
+        } act_fwd;
+        struct {
+            float *dx;
+            const float *dy, *x;
+            size_t n;
+            mgt_act act;
+        } act_bwd;
+        /* scale [n, c] per image, or [c] with shared */
+        struct {
+            float *y;
+            const float *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_fwd;
+        struct {
+            float *dx, *dscale; /* dscale NULL: not computed */
+            const float *dy, *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_bwd;
     } u;
 } mgt_op;
 

@@ -44,6 +44,15 @@ static const mgt_arch_info archs[] = {
     IMAGENET("alexnet", "alexnet"),
     IMAGENET("squeezenet1_0", "squeezenet"),
     IMAGENET("squeezenet1_1", "squeezenet"),
+    IMAGENET("mobilenet_v2", "mobilenet"),
+    IMAGENET("mobilenet_v3_large", "mobilenet"),
+    IMAGENET("mobilenet_v3_small", "mobilenet"),
+    IMAGENET("efficientnet_b0", "efficientnet"),
+    /* torchvision's weights for b1 are evaluated at 240 (resize 255); the trainer's recipe
+       keeps the 224 of the reference scripts' default */
+    IMAGENET("efficientnet_b1", "efficientnet"),
+    IMAGENET("regnet_x_400mf", "regnet"),
+    IMAGENET("regnet_y_400mf", "regnet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

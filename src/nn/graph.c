@@ -310,8 +310,44 @@ int nn_dropout(mgt_model *m, const char *name, int x, float p)
     nn_node *nd = new_node(m, NN_DROPOUT, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
-    nd->u.dropout.p = p;
+    nd->u.dropout.p = m->cfg.no_dropout ? 0.0f : p;
     nd->u.dropout.stream = (uint32_t)m->n_dropout++;
+    return nd->out;
+}
+
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_ACT, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.act = act;
+    return nd->out;
+}
+
+int nn_scale(mgt_model *m, const char *name, int x, int s)
+{
+    if (x < 0 || s < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(m->values[s].c == v->c && m->values[s].h == 1 && m->values[s].w == 1);
+    int in[2] = {x, s};
+    nn_node *nd = new_node(m, NN_SCALE, name, in, 2, v->c, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_SDEPTH, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.sdepth.p = m->cfg.no_dropout ? 0.0f : p;
+    nd->u.sdepth.stream = (uint32_t)m->n_dropout++;
     return nd->out;
 }
 
@@ -526,6 +562,8 @@ mgt_status nn_plan(mgt_model *m)
             nd->u.bn.save_off = act_fixed(&p, c);
             nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
         }
+        if (nd->kind == NN_SDEPTH)
+            nd->u.sdepth.mask_off = act_image(&p, 1);
     }
     m->probs_off = act_image(&p, (size_t)m->cfg.classes);
     m->loss_off = act_fixed(&p, 1);

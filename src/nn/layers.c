@@ -359,6 +359,80 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
     return (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
 }
 
+/* ---- activations, squeeze-excite scaling ---- */
+
+static mgt_status act_forward(nn_call *c)
+{
+    return mgt_activation_forward(c->s, c->y, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status act_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_activation_backward(c->s, c->dx[0], c->dy, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status scale_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->x[1], c->n, v->c, v->h * v->w, false);
+}
+
+/* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
+   gradient (a convolution's output), the gate's is skipped where nothing before it learns. */
+static mgt_status scale_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a channel scale needs its input's gradient", c->node->name);
+    assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
+    return mgt_channel_scale_backward(c->s, c->dx[0], c->dx[1], c->dy, c->x[0], c->x[1], c->n, v->c,
+                                      v->h * v->w, false);
+}
+
+/* ---- stochastic depth ----
+   torchvision's row mode: each image's residual branch is kept with probability 1 - p and
+   then scaled by 1 / (1 - p). The per-image factors are dropout's mask over a vector of ones
+   (one element per image, so keyed by the global sample index as dropout is: the same on
+   any device count), kept for backward; the branch is scaled by them as c = 1 planes. */
+
+static bool sdepth_active(const nn_call *c) { return c->node->u.sdepth.p > 0.0f; }
+
+static mgt_status sdepth_forward(nn_call *c)
+{
+    const nn_node *nd = c->node;
+    int floats = (int)nn_value_floats(&c->m->values[nd->out]);
+    if (!c->train || !sdepth_active(c)) {
+        if (c->y == c->x[0])
+            return MGT_OK;
+        return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+    }
+    float *mask = nn_act(c->m, nd->u.sdepth.mask_off);
+    mgt_dropout_key k = c->m->drop_key;
+    k.stream = nd->u.sdepth.stream;
+    mgt_status st = mgt_fill(c->s, mask, 1.0f, (size_t)c->n);
+    if (st == MGT_OK)
+        st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
+    if (st == MGT_OK)
+        st = mgt_channel_scale_forward(c->s, c->y, c->x[0], mask, c->n, 1, floats, false);
+    return st;
+}
+
+static mgt_status sdepth_backward(nn_call *c)
+{
+    const nn_node *nd = c->node;
+    assert(c->dx_beta[0] == 0.0f);
+    if (!sdepth_active(c)) {
+        if (c->dx[0] == c->dy)
+            return MGT_OK;
+        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+    }
+    int floats = (int)nn_value_floats(&c->m->values[nd->out]);
+    return mgt_channel_scale_backward(c->s, c->dx[0], NULL, c->dy, NULL,
+                                      nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats, false);
+}
+
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
     [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
@@ -370,6 +444,11 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_GAP] = {"avgpool", 0, gap_forward, gap_backward, gap_macs},
     [NN_LINEAR] = {"linear", NN_F_NEEDS_X | NN_F_DX_BETA, linear_forward, linear_backward,
                    linear_macs},
+    [NN_ACT] = {"act", NN_F_NEEDS_X | NN_F_DX_ON_DY, act_forward, act_backward, NULL},
+    /* no MACs: THOP does not count the functional product of a squeeze-excite */
+    [NN_SCALE] = {"scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, scale_forward, scale_backward, NULL},
+    [NN_SDEPTH] = {"stochastic_depth", NN_F_INPLACE | NN_F_DX_ON_DY, sdepth_forward,
+                   sdepth_backward, NULL},
     [NN_DROPOUT] = {"dropout", NN_F_INPLACE | NN_F_DX_ON_DY, dropout_forward, dropout_backward,
                     NULL},
     [NN_APOOL] = {"avgpool", 0, apool_forward, apool_backward, apool_macs},

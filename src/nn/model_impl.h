@@ -28,6 +28,9 @@ typedef enum nn_kind {
     NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
     NN_APOOL,   /* adaptive average pool to oh x ow (torch's AdaptiveAvgPool2d) */
     NN_CONCAT,  /* the inputs side by side along channels (torch.cat(dim=1)) */
+    NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
+    NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
+    NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -82,6 +85,12 @@ typedef struct nn_node {
         struct {
             int oh, ow;
         } apool;
+        mgt_act act;
+        struct {
+            float p;
+            uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
+            size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
+        } sdepth;
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -193,6 +202,11 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
                  mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init);
 
 /* Each returns the node's output value (or -1 once an allocation has failed). */
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
+/* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
+int nn_scale(mgt_model *m, const char *name, int x, int s);
+/* torchvision's StochasticDepth(p, "row") */
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
@@ -250,6 +264,7 @@ extern const nn_arch nn_resnet_archs[];
 extern const nn_arch nn_vgg_archs[];
 extern const nn_arch nn_alexnet_archs[];
 extern const nn_arch nn_squeezenet_archs[];
+extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 
 /* ---- the layer kinds (layers.c) ---- */
 

@@ -2,8 +2,9 @@
  * table of its metadata fields (so save and load cannot drift apart), beside the model's
  * torchvision-named state_dict and the optimizer's state tensors; --resume.
  *
- * Format 2 (this one) keeps "format": "pt", as PyTorch's safetensors writer stores it, and
- * says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
+ * Format 3 (this one) adds the optimizer's step count (AdamW's bias correction needs it) and
+ * the EMA model's n_averaged beside its "model_ema." tensors. Format 2 keeps "format": "pt",
+ * as PyTorch's safetensors writer stores it, and says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
  * SGD) is still read. Every field is parsed strictly: a malformed or missing value is an
  * error naming the file and the key, never a silent 0. New state (a loss scale, a rank) is
  * one field in train_state and one row in fields[], with the format it first appears in.
@@ -19,7 +20,7 @@
 
 #include "train/train_impl.h"
 
-#define CKPT_FORMAT 2
+#define CKPT_FORMAT 3
 #define CKPT_FORMAT_1 "mgtrain checkpoint 1"
 
 typedef enum field_kind { F_INT, F_LONG, F_U64, F_DOUBLE, F_TEXT } field_kind;
@@ -52,6 +53,8 @@ static const state_field fields[] = {
     FIELD("batch_size", F_INT, batch_size, 1, 1, 1 << 30),
     FIELD("devices", F_INT, devices, 1, 1, 1 << 20),
     FIELD("optimizer", F_TEXT, optimizer, 2, 0, 0),
+    FIELD("optimizer_steps", F_LONG, optimizer_steps, 3, 0, 1e15),
+    FIELD("model_ema_n_averaged", F_LONG, ema_n_averaged, 3, 0, 1e15),
     INFO("lr_schedule", lr_schedule),
     INFO("sampler", sampler),
 };
@@ -201,11 +204,18 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .best_acc1 = r->best_acc1,
                        .seed = r->c->seed,
                        .batch_size = r->data.per_dev_batch * r->wn,
-                       .devices = r->wn};
+                       .devices = r->wn,
+                       .optimizer_steps = train_optim_steps(&r->w[0].opt),
+                       .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
-    snprintf(s->lr_schedule, sizeof s->lr_schedule, "%s lr %g step %d gamma %g epochs %d warmup %g",
-             lr->kind == MGT_LR_STEP ? "step" : "cosine", lr->lr, lr->step_epochs, lr->gamma,
-             lr->epochs, lr->warmup_epochs);
+    snprintf(s->lr_schedule, sizeof s->lr_schedule,
+             "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
+             mgt_lr_kind_name(lr->kind), lr->lr, lr->step_epochs, lr->gamma, lr->lr_min, lr->epochs,
+             lr->warmup_epochs,
+             lr->warmup_method == MGT_LR_WARMUP_PER_STEP ? "per step"
+             : lr->warmup_method == MGT_LR_WARMUP_LINEAR ? "linear"
+                                                         : "constant",
+             lr->warmup_decay);
     /* the epoch's shuffle is seed + epoch, and `step` batches of every shard are done */
     snprintf(s->sampler, sizeof s->sampler, "epoch %d batch %ld of %ld", next_epoch, next_step,
              r->data.steps_per_epoch);
@@ -222,6 +232,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer *wr = NULL;
     void *staging = NULL;
     float *opt_host = NULL;
+    void *ema_host = NULL;
     train_state s;
     fill_state(r, next_epoch, next_step, &s);
     char path[512], best[512];
@@ -233,7 +244,9 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     if (st == MGT_OK)
         st = add_optimizer(r, wr, &opt_host);
     if (st == MGT_OK)
-        st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "2");
+        st = train_ema_add_to_writer(r, wr, &ema_host);
+    if (st == MGT_OK)
+        st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
         st = field_write(wr, &fields[i], &s);
     if (st == MGT_OK)
@@ -245,6 +258,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer_free(wr);
     free(staging);
     free(opt_host);
+    free(ema_host);
     return st;
 }
 
@@ -257,11 +271,12 @@ mgt_status train_flag_error(mgt_status st, const char *flag)
     return mgt_error_set(st, "%s %s", flag, why);
 }
 
-const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
+const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, TRAIN_EMA_PREFIX, NULL};
 
 /* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
    A file without it (saved before the first step, or with momentum 0) leaves it fresh. */
-static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
+static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path,
+                                 const train_state *s)
 {
     worker *w0 = &r->w[0];
     train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
@@ -295,8 +310,13 @@ static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
     if (st == MGT_OK && found > 0 && found < nt)
         st = mgt_error_set(MGT_ERR_INVALID, "%s: holds %d of the %d optimizer state tensors", path,
                            found, nt);
+    if (st == MGT_OK && found == 0 && nt > 0 && s->format >= 3 && s->optimizer_steps > 0)
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: says %ld optimizer steps were done but holds no optimizer state",
+                           path, s->optimizer_steps);
+    /* before format 3 only SGD was saved, whose state is live once it is there */
     if (st == MGT_OK)
-        train_optim_set_live(&w0->opt, found > 0);
+        train_optim_set_steps(&w0->opt, s->format >= 3 ? s->optimizer_steps : found > 0);
     return st;
 }
 
@@ -339,7 +359,9 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
                              "state); --pretrained starts from its weights",
                              path);
     const char *kind = train_optim_kind(&r->w[0].opt);
-    if (strcmp(s.optimizer, kind) != 0)
+    /* plain and Nesterov SGD keep the same momentum buffer (format 2 called both "sgd") */
+    bool both_sgd = strncmp(s.optimizer, "sgd", 3) == 0 && strncmp(kind, "sgd", 3) == 0;
+    if (strcmp(s.optimizer, kind) != 0 && !both_sgd)
         return mgt_error_set(MGT_ERR_INVALID,
                              "%s: holds the state of optimizer %s; this run uses %s", path,
                              s.optimizer, kind);
@@ -352,7 +374,9 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", path);
-    st = load_optimizer(r, f, path);
+    st = load_optimizer(r, f, path, &s);
+    if (st == MGT_OK)
+        st = train_ema_load(r, f, path, s.ema_n_averaged);
     if (st != MGT_OK)
         return st;
     *epoch = s.epoch;

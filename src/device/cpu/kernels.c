@@ -327,6 +327,25 @@ static double sum_f(const float *x, size_t n)
     return hsum_d2x4(a0, a1, a2, a3) + s;
 }
 
+/* The same for x[i]^2, each square taken in double. */
+static double sum_sq_f(const float *x, size_t n)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0;
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        vd2 b0 = vld_d2(x + j), b1 = vld_d2(x + j + 2), b2 = vld_d2(x + j + 4),
+            b3 = vld_d2(x + j + 6);
+        a0 += b0 * b0;
+        a1 += b1 * b1;
+        a2 += b2 * b2;
+        a3 += b3 * b3;
+    }
+    double s = 0;
+    for (; j < n; j++)
+        s += (double)x[j] * x[j];
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
 typedef struct sum_job {
     const mgt_op *op;
     double *part;
@@ -338,7 +357,8 @@ static void sum_item(void *c, int i, int t)
     sum_job *j = c;
     size_t lo, hi;
     item_range(j->op->u.sum.n, CHUNK, i, &lo, &hi);
-    j->part[i] = sum_f(j->op->u.sum.x + lo, hi - lo);
+    const float *x = j->op->u.sum.x + lo;
+    j->part[i] = j->op->kind == MGT_OP_SUMSQ ? sum_sq_f(x, hi - lo) : sum_f(x, hi - lo);
 }
 
 /* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
@@ -387,6 +407,53 @@ static void sgd_item(void *c, int i, int t)
             d = p->nesterov ? d + m * b : b;
         }
         param[e] -= lr * d;
+    }
+}
+
+/* AdamW and RMSprop: scalar loops over each chunk (sqrt has no vector-extension form), the
+   reference's operations in its order, so the bits match it. */
+static void adamw_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float b1 = p->beta1, b2 = p->beta2, k1 = 1.0f - b1, k2 = 1.0f - b2;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e];
+        float w = a->param[e] * p->decay;
+        float m = a->exp_avg[e] * b1 + k1 * g;
+        float v = a->exp_avg_sq[e] * b2 + k2 * (g * g);
+        a->exp_avg[e] = m;
+        a->exp_avg_sq[e] = v;
+        float denom = sqrtf(v) / p->bc2_sqrt + p->eps;
+        a->param[e] = w + -p->step_size * (m / denom);
+    }
+}
+
+static void rmsprop_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float keep = 1.0f - p->alpha;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e] + p->weight_decay * a->param[e];
+        float sq = a->square_avg[e] * p->alpha + keep * (g * g);
+        a->square_avg[e] = sq;
+        float avg = sqrtf(sq) + p->eps;
+        if (p->momentum > 0.0f) {
+            float b = a->momentum_buf[e] * p->momentum + g / avg;
+            a->momentum_buf[e] = b;
+            a->param[e] += -p->lr * b;
+        } else {
+            a->param[e] += -p->lr * (g / avg);
+        }
     }
 }
 
@@ -1353,6 +1420,150 @@ static void scopy_item(void *c, int i, int t)
     }
 }
 
+/* ---- activations, channel scaling ---- */
+
+/* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
+   exp); within a few ulp of the reference's double. */
+static inline float act_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MGT_ACT_GELU: return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static inline float act_grad_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    case MGT_ACT_GELU:
+        return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
+               x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+/* The switch sits outside the loop (each case its own loop), so each loop is straight-line. */
+#define ACT_LOOP(ACT, BODY)                \
+    case ACT:                              \
+        for (size_t j = lo; j < hi; j++) { \
+            BODY;                          \
+        }                                  \
+        break;
+
+static void act_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->y[j] = act_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID, a->y[j] = act_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->y[j] = act_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->y[j] = act_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->y[j] = act_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->y[j] = act_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+static void act_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID,
+                 a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+#undef ACT_LOOP
+
+/* One item per run of whole planes (image, channel). */
+static void chscale_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chscale_fwd) *a = &j->op->u.chscale_fwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *x = a->x + pl * hw;
+        float *y = a->y + pl * hw;
+        for (size_t e = 0; e < hw; e++)
+            y[e] = x[e] * sc;
+    }
+}
+
+/* Per plane: dx, and the plane's sum of dy * x in double (fixed order); with shared, the
+   planes of one channel are summed over the images in order afterwards, so no result
+   depends on threads. */
+typedef struct chscale_job {
+    const mgt_op *op;
+    size_t units;
+    double *sums; /* with shared: one sum per plane */
+} chscale_job;
+
+static void chscale_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const chscale_job *j = c;
+    const __typeof__(j->op->u.chscale_bwd) *a = &j->op->u.chscale_bwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    double *sums = j->sums;
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *dy = a->dy + pl * hw, *x = a->x + pl * hw;
+        float *dx = a->dx + pl * hw;
+        if (a->dscale) {
+            double s0 = 0.0, s1 = 0.0;
+            size_t e = 0;
+            for (; e + 2 <= hw; e += 2) {
+                s0 += (double)dy[e] * x[e];
+                s1 += (double)dy[e + 1] * x[e + 1];
+            }
+            for (; e < hw; e++)
+                s0 += (double)dy[e] * x[e];
+            if (a->shared)
+                sums[pl] = s0 + s1;
+            else
+                a->dscale[pl] = (float)(s0 + s1);
+        }
+        for (size_t e = 0; e < hw; e++)
+            dx[e] = dy[e] * sc;
+    }
+}
+
 /* ---- softmax cross-entropy, top-k ---- */
 
 static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
@@ -1588,6 +1799,18 @@ static mgt_status run_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.adamw.n, CHUNK), adamw_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.rmsprop.n, CHUNK), rmsprop_item, op);
+    return MGT_OK;
+}
+
 static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
@@ -1745,6 +1968,51 @@ static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    plane_job j = {op, units_per_item((size_t)a->hw)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), chscale_fwd_item, &j);
+    return MGT_OK;
+}
+
+/* The shared form's per-plane sums take n * c doubles of host memory per call: a parameter's
+   layer scale has few channels and the call is not in a hot loop of its own. */
+static mgt_status run_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t planes = (size_t)a->n * a->c;
+    chscale_job j = {op, units_per_item((size_t)a->hw), NULL};
+    if (a->dscale && a->shared) {
+        j.sums = malloc(planes * sizeof *j.sums);
+        if (!j.sums)
+            return mgt_error_set(MGT_ERR_OOM, "channel_scale_backward: out of host memory");
+    }
+    POOL_FOR(ctx, items_of(planes, j.units), chscale_bwd_item, &j);
+    if (j.sums) {
+        for (int ch = 0; ch < a->c; ch++) {
+            double s = 0.0;
+            for (int i = 0; i < a->n; i++)
+                s += j.sums[(size_t)i * a->c + ch];
+            a->dscale[ch] = (float)(a->dscale[ch] + s);
+        }
+        free(j.sums);
+    }
+    return MGT_OK;
+}
+
 /* One function per kind; a kind left out is one the mock devices refuse as unsupported. */
 static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op) = {
     [MGT_OP_FILL] = run_fill,
@@ -1773,6 +2041,13 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
+    [MGT_OP_ADAMW] = run_adamw,
+    [MGT_OP_RMSPROP] = run_rmsprop,
+    [MGT_OP_SUMSQ] = run_sum,
+    [MGT_OP_ACT_FWD] = run_act_fwd,
+    [MGT_OP_ACT_BWD] = run_act_bwd,
+    [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
+    [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
     [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
     [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
     [MGT_OP_DROPOUT] = run_dropout,

@@ -124,12 +124,13 @@ __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
 
 // Pass 1: thread t of block b adds x[i] for i = b*256 + t, then every grid stride, in
 // double (the reference accumulates in double); the block then adds its 256 sums as a tree.
-__global__ void k_sum_partial(double *partial, const float *x, size_t n)
+// With square, each x[i]^2 (in double) instead: sum_squares.
+__global__ void k_sum_partial(double *partial, const float *x, size_t n, bool square)
 {
     __shared__ double sh[kThreads];
     double acc = 0.0;
     for (size_t i = thread_index(); i < n; i += thread_stride())
-        acc += (double)x[i];
+        acc += square ? (double)x[i] * (double)x[i] : (double)x[i];
     sh[threadIdx.x] = acc;
     __syncthreads();
     for (int w = kThreads / 2; w > 0; w >>= 1) {
@@ -502,6 +503,43 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- AdamW and RMSprop, PyTorch 1.13's (mgt/device.h), in the reference's order ----
+__global__ void k_adamw(float *param, float *m, float *v, const float *grad, size_t n,
+                        mgt_adamw_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g = __fmul_rn(p.grad_scale, grad[i]);
+        const float w = __fmul_rn(param[i], p.decay);
+        const float mi = __fadd_rn(__fmul_rn(m[i], p.beta1), __fmul_rn(1.0f - p.beta1, g));
+        const float vi =
+            __fadd_rn(__fmul_rn(v[i], p.beta2), __fmul_rn(1.0f - p.beta2, __fmul_rn(g, g)));
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), p.bc2_sqrt), p.eps);
+        param[i] = __fadd_rn(w, __fmul_rn(-p.step_size, __fdiv_rn(mi, denom)));
+    }
+}
+
+__global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad, size_t n,
+                          mgt_rmsprop_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g =
+            __fadd_rn(__fmul_rn(p.grad_scale, grad[i]), __fmul_rn(p.weight_decay, param[i]));
+        const float s2 =
+            __fadd_rn(__fmul_rn(sq[i], p.alpha), __fmul_rn(1.0f - p.alpha, __fmul_rn(g, g)));
+        sq[i] = s2;
+        const float avg = __fadd_rn(__fsqrt_rn(s2), p.eps);
+        if (p.momentum > 0.0f) {
+            const float b = __fadd_rn(__fmul_rn(buf[i], p.momentum), __fdiv_rn(g, avg));
+            buf[i] = b;
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, b));
+        } else {
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, __fdiv_rn(g, avg)));
+        }
+    }
+}
+
 // ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
 
 __global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
@@ -638,6 +676,102 @@ __global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
     }
 }
 
+// ---- activations (mgt_act) and channel scaling ----
+
+// The same float formulas as the CPU fast path.
+template <int ACT> __device__ inline float act_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    default: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    }
+}
+
+template <int ACT> __device__ inline float act_grad_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    default:
+        return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+               x * expf(-0.5f * x * x) * 0.39894228040143268f;
+    }
+}
+
+// y may alias x
+template <int ACT> __global__ void k_act_fwd(float *y, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        y[i] = act_f<ACT>(x[i]);
+}
+
+// dx may alias dy
+template <int ACT> __global__ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        dx[i] = dy[i] * act_grad_f<ACT>(x[i]);
+}
+
+__global__ void k_chscale_fwd(float *y, const float *x, const float *scale, size_t total, int c,
+                              int hw, bool shared)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        size_t pl = i / (size_t)hw;
+        y[i] = x[i] * scale[shared ? pl % (size_t)c : pl];
+    }
+}
+
+// One block per plane (image, channel), or with shared one per channel walking the images in
+// order: dx = dy * scale, and the sum of dy * x in double, each thread's part then a fixed
+// tree, written (per image) or added onto dscale (shared).
+__global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const float *x,
+                              const float *scale, int n, int c, int hw, bool shared)
+{
+    __shared__ double part[kThreads];
+    const int b = blockIdx.x, t = threadIdx.x;
+    const int images = shared ? n : 1;
+    double acc = 0.0;
+    for (int im = 0; im < images; im++) {
+        size_t pl = shared ? (size_t)im * c + b : (size_t)b;
+        float sc = scale[shared ? b : pl];
+        const size_t base = pl * (size_t)hw;
+        for (int e = t; e < hw; e += kThreads) {
+            float g = dy[base + e];
+            if (dscale)
+                acc += (double)g * x[base + e];
+            dx[base + e] = g * sc;
+        }
+    }
+    if (!dscale)
+        return;
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+        if (t < w)
+            part[t] += part[t + w];
+        __syncthreads();
+    }
+    if (t == 0) {
+        if (shared)
+            dscale[b] = (float)(dscale[b] + part[0]);
+        else
+            dscale[b] = (float)part[0];
+    }
+}
+
 } // namespace
 
 // ---- launchers ----
@@ -686,9 +820,10 @@ mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
     if (st != MGT_OK)
         return st;
     double *partial = (double *)s->scratch;
-    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n);
+    const bool square = op->kind == MGT_OP_SUMSQ;
+    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n, square);
     k_sum_final<<<1, kThreads, 0, s->stream>>>(a.out, partial, (int)parts, 1.0);
-    return MGT_CUDA_AFTER(s, "sum");
+    return MGT_CUDA_AFTER(s, square ? "sum_squares" : "sum");
 }
 
 mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
@@ -924,4 +1059,92 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.sgd;
     k_sgd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.momentum_buf, a.grad, a.n, a.p);
     return MGT_CUDA_AFTER(s, "sgd_update");
+}
+
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.adamw;
+    k_adamw<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.exp_avg, a.exp_avg_sq, a.grad,
+                                                         a.n, a.p);
+    return MGT_CUDA_AFTER(s, "adamw_update");
+}
+
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.rmsprop;
+    k_rmsprop<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.square_avg, a.momentum_buf,
+                                                           a.grad, a.n, a.p);
+    return MGT_CUDA_AFTER(s, "rmsprop_update");
+}
+
+mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_fwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_fwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_fwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_fwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_SILU: k_act_fwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    case MGT_ACT_SIGMOID:
+        k_act_fwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    default: k_act_fwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_forward");
+}
+
+mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_bwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_bwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_bwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_bwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SILU:
+        k_act_bwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SIGMOID:
+        k_act_bwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    default: k_act_bwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_backward");
+}
+
+mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_fwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_chscale_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.scale, total, a.c,
+                                                                 a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_forward");
+}
+
+mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_bwd;
+    unsigned grid = (unsigned)(a.shared ? a.c : a.n * a.c);
+    k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
+                                                    a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_backward");
 }
