@@ -436,11 +436,11 @@ static void time_out(run *r)
                      mgt_device_name(r->w[i].d));
     long step = r->m.next_complete;
     pthread_mutex_unlock(&r->lock);
-    train_fail(r,
-               mgt_error_set(MGT_ERR_TIMEOUT,
-                             "%s: no training step finished within --timeout %g s (epoch %d "
-                             "step %ld): the device or its data loader stalled",
-                             who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step));
+    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
+                                "%s: no training step finished within --timeout %g s (epoch %d "
+                                "step %ld): the device or its data loader stalled%s",
+                                who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step,
+                                r->nodes > 1 ? ", or another node stopped answering" : ""));
     pthread_mutex_lock(&r->lock);
 }
 
