@@ -974,6 +974,77 @@ static bool gen_bn_bwd(tcase *c, int idx, rng *r)
     return true;
 }
 
+static bool gen_bn_stats(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_BN_SHAPES + 3)
+        return false;
+    mgt_bn_shape sh;
+    bn_shape_of(idx, r, &sh);
+    size_t nx = (size_t)sh.n * sh.c * sh.hw;
+    c->op.kind = MGT_OP_BN_STATS;
+    __typeof__(c->op.u.bn_stats) *b = &c->op.u.bn_stats;
+    float *x = case_f32(c, nx);
+    fill_bn_x(r, x, &sh);
+    b->mean = case_f32(c, sh.c);
+    b->var = case_f32(c, sh.c);
+    b->x = x;
+    b->sh = sh;
+    c->rtol = tol_for((double)sh.n * sh.hw) * 4;
+    bn_desc(c, &sh);
+    return true;
+}
+
+/* The shard's own sums with its own count (then it is bn_bwd's dx, which fd_bn checks), or
+   (odd cases, and where two values per channel would leave dx all cancellation) sums and a
+   count that also hold another shard's: random sums over as many values again. */
+static bool gen_bn_bwd_elemt(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_BN_SHAPES + 3)
+        return false;
+    mgt_bn_shape sh;
+    bn_shape_of(idx, r, &sh);
+    size_t nx = (size_t)sh.n * sh.c * sh.hw;
+    c->op.kind = MGT_OP_BN_BWD_ELEMT;
+    __typeof__(c->op.u.bn_bwd_elemt) *b = &c->op.u.bn_bwd_elemt;
+    b->dx = case_f32(c, nx);
+    float *dy = case_f32(c, nx), *x = case_f32(c, nx), *gamma = case_f32(c, sh.c);
+    float *mean = case_f32(c, sh.c), *invstd = case_f32(c, sh.c);
+    float *sdy = case_f32(c, sh.c), *sdyx = case_f32(c, sh.c);
+    fill_unif(r, dy, nx, -1, 1);
+    fill_bn_x(r, x, &sh);
+    fill_unif(r, gamma, sh.c, -1.5f, 1.5f);
+    bn_stats(x, &sh, mean, invstd);
+    double m = (double)sh.n * sh.hw;
+    bool other = idx % 2 || m <= 2;
+    for (int ch = 0; ch < sh.c; ch++) {
+        double s1 = 0, s2 = 0;
+        for (int n = 0; n < sh.n; n++)
+            for (int i = 0; i < sh.hw; i++) {
+                size_t j = ((size_t)n * sh.c + ch) * sh.hw + i;
+                s1 += dy[j];
+                s2 += dy[j] * ((x[j] - mean[ch]) * (double)invstd[ch]);
+            }
+        if (other) {
+            s1 += m * (rng_unit(r) - 0.5);
+            s2 += m * (rng_unit(r) - 0.5);
+        }
+        sdy[ch] = (float)s1;
+        sdyx[ch] = (float)s2;
+    }
+    b->dy = dy;
+    b->x = x;
+    b->gamma = gamma;
+    b->mean = mean;
+    b->invstd = invstd;
+    b->sum_dy = sdy;
+    b->sum_dy_xhat = sdyx;
+    b->count = other ? 2 * m : m;
+    b->sh = sh;
+    c->rtol = tol_for(m) * 4;
+    bn_desc(c, &sh);
+    return true;
+}
+
 static bool gen_relu_fwd(tcase *c, int idx, rng *r)
 {
     if (idx >= (int)N_VEC_SIZES)
@@ -2743,6 +2814,8 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_BN_FWD_TRAIN] = {gen_bn_train, NULL},
     [MGT_OP_BN_FWD_EVAL] = {gen_bn_eval, NULL},
     [MGT_OP_BN_BWD] = {gen_bn_bwd, fd_bn},
+    [MGT_OP_BN_STATS] = {gen_bn_stats, NULL},
+    [MGT_OP_BN_BWD_ELEMT] = {gen_bn_bwd_elemt, NULL},
     [MGT_OP_RELU_FWD] = {gen_relu_fwd, NULL},
     [MGT_OP_RELU_BWD] = {gen_relu_bwd, fd_relu},
     [MGT_OP_MAXPOOL_FWD] = {gen_maxpool_fwd, NULL},

@@ -74,6 +74,13 @@ mgt_status mgt_comm_grads_ready(mgt_comm *c, int dev, mgt_stream *compute, size_
    this the device's gradient arena holds the sum over devices (not the mean). */
 mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mgt_abort *abort);
 
+/* Synchronised batch norm's exchange: every device's thread calls it with its own `n`
+   numbers; `all` receives every device's, in device order ([dev * n]), so each replica merges
+   the same values in the same order. Blocks until every device has called it, abortably.
+   One node only for now (MGT_ERR_UNSUPPORTED with nodes > 1). */
+mgt_status mgt_comm_bn_gather(mgt_comm *c, int dev, const double *mine, double *all, size_t n,
+                              const mgt_abort *abort);
+
 /* Copies `bytes` at bufs[root] to bufs[i] for every other device, down the tree, after the
    work enqueued so far on each streams[i]; later work on streams[i] follows it. Called from
    one thread. */

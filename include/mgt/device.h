@@ -319,6 +319,16 @@ mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float
                                   const float *save_mean, const float *save_invstd,
                                   const mgt_bn_shape *sh);
 
+/* Synchronised BN's pieces (PyTorch's batch_norm_stats and batch_norm_backward_elemt): one
+   shard's per-channel mean and biased variance; and dx from the shard's dy and x given the
+   merged mean, invstd, the summed sum(dy), sum(dy*xhat) and the count of every shard. */
+mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,
+                        const mgt_bn_shape *sh);
+mgt_status mgt_bn_backward_elemt(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                 const float *gamma, const float *mean, const float *invstd,
+                                 const float *sum_dy, const float *sum_dy_xhat, double count,
+                                 const mgt_bn_shape *sh);
+
 /* y = max(x, 0); y may alias x */
 mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n);
 /* dx = y > 0 ? dy : 0, from the forward's output; dx may alias dy */

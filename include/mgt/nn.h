@@ -58,7 +58,21 @@ typedef struct mgt_model_config {
     /* Every dropout and stochastic-depth layer built with p = 0 (the deterministic form that
        PyTorch goldens compare against; the masks have tests of their own). */
     bool no_dropout;
+    /* Synchronised batch norm (PyTorch's SyncBatchNorm): a training BN normalises with the
+       statistics of every replica's batch, through the hook mgt_model_set_bn_sync installs
+       (none installed: this replica alone). Ignored under freeze_bn. */
+    bool sync_bn;
 } mgt_model_config;
+
+/* How a sync_bn model reaches the other replicas without knowing them: gather(ctx, mine,
+   all, n) returns every replica's n numbers in all[replica * n], the same order in every
+   replica; replicas counts them (this one included). */
+typedef struct mgt_bn_sync {
+    mgt_status (*gather)(void *ctx, const double *mine, double *all, size_t n);
+    void *ctx;
+    int replicas;
+    const mgt_abort *abort; /* the host waits for the device's numbers abortably */
+} mgt_bn_sync;
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */
 const char *const *mgt_model_arch_names(void);
@@ -128,6 +142,9 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
    step k of a global batch B is the sample k*B + r + i*N of the epoch (N replicas), so the
    masks do not depend on the device count. Until set: all zero. */
 void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key);
+
+/* Installs the sync_bn exchange (copied); host memory for it is sized here. */
+mgt_status mgt_model_set_bn_sync(mgt_model *m, const mgt_bn_sync *sync);
 
 /* Enqueues softmax cross-entropy of the last forward's logits against int32 labels [batch]
    (device; borrowed until backward) with label smoothing; the mean over the batch goes to

@@ -70,6 +70,7 @@ typedef struct mgt_train_config {
     bool zero_init_residual;
     bool freeze_bn; /* BN normalises with its running statistics in training too and
                        leaves them alone; gamma and beta still train (mgt/nn.h) */
+    bool sync_bn;   /* BN statistics over every device's batch (SyncBatchNorm; one node) */
     bool strict_data;
     double max_bad_frac;
     /* torchvision's references recipe (mgt/data.h) */

@@ -88,6 +88,8 @@ static void train_usage(FILE *f)
         "                         (fc.* skipped when the class count differs)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
+        "  --sync-bn              batch norm statistics over every device's batch together\n"
+        "                         (PyTorch's SyncBatchNorm; the devices of one node)\n"
         "optimisation\n"
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
         "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
@@ -203,6 +205,7 @@ enum {
     OPT_DUMMY_STEPS,
     OPT_ALLREDUCE,
     OPT_FREEZE_BN,
+    OPT_SYNC_BN,
     OPT_EXACT_DECODE,
     OPT_VAL_RESIZE,
     OPT_VAL_CROP,
@@ -329,6 +332,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
         {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
+        {"sync-bn", no_argument, NULL, OPT_SYNC_BN},
         {"exact-decode", no_argument, NULL, OPT_EXACT_DECODE},
         {"train-crop-size", required_argument, NULL, OPT_IMAGE_SIZE},
         {"val-resize-size", required_argument, NULL, OPT_VAL_RESIZE},
@@ -525,6 +529,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.lr.warmup_epochs = (float)x;
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
+        case OPT_SYNC_BN: c.sync_bn = true; break;
         case OPT_EXACT_DECODE: c.exact_decode = true; break;
         case OPT_VAL_RESIZE:
             ok = mgt_app_flag_int("--val-resize-size", optarg, 1, 65536, &v);

@@ -70,6 +70,12 @@ struct mgt_comm {
     } * threads;
     mgt_xcomm **xc;    /* [n] with a backend collective: device j's communicator */
     mgt_buffer **xbuf; /* [n] every node's shard of a bucket, on the device */
+    /* mgt_comm_bn_gather: a two-phase barrier over the devices of this process */
+    pthread_mutex_t bn_lock;
+    pthread_cond_t bn_cv;
+    const double **bn_src; /* [n] each device's numbers for the gather in progress */
+    int bn_in, bn_out;     /* devices arrived in phase 1, left in phase 2 */
+    long bn_gen1, bn_gen2;
     bool quit;
     bool failed;
     mgt_status fail_status;
@@ -261,6 +267,8 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     c->shards = cfg->flat ? 1 : c->n;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cv, NULL);
+    pthread_mutex_init(&c->bn_lock, NULL);
+    pthread_cond_init(&c->bn_cv, NULL);
     mgt_status st = plan_buckets(c, cfg);
     size_t n = (size_t)c->n, nb = (size_t)c->nb;
     if (st == MGT_OK) {
@@ -275,8 +283,9 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         c->send = calloc(n, sizeof *c->send);
         c->recv_ev = calloc(n, sizeof *c->recv_ev);
         c->send_ev = calloc(n, sizeof *c->send_ev);
-        if (!c->grads || !c->stream || !c->recv || !c->ready || !c->done || !c->arrived ||
-            !c->next || !c->steps || !c->send || !c->recv_ev || !c->send_ev)
+        c->bn_src = calloc(n, sizeof *c->bn_src);
+        if (!c->bn_src || !c->grads || !c->stream || !c->recv || !c->ready || !c->done ||
+            !c->arrived || !c->next || !c->steps || !c->send || !c->recv_ev || !c->send_ev)
             st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     }
     size_t largest = 0;
@@ -378,6 +387,9 @@ void mgt_comm_free(mgt_comm *c)
     free(c->end);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cv);
+    free(c->bn_src);
+    pthread_mutex_destroy(&c->bn_lock);
+    pthread_cond_destroy(&c->bn_cv);
     free(c);
 }
 
@@ -759,5 +771,43 @@ mgt_status mgt_comm_broadcast(mgt_comm *c, mgt_stream **streams, float **bufs, s
             int from = (v + root) % c->n, to = (v + k + root) % c->n;
             st = mgt_copy_peer(streams[to], bufs[to], streams[from], bufs[from], bytes);
         }
+    return st;
+}
+
+/* One phase of the gather's barrier: the last device to arrive moves the generation on;
+   the others wait for it, abortably. Called and returns with bn_lock held. */
+static mgt_status bn_phase(mgt_comm *c, int *count, long *gen, const mgt_abort *abort)
+{
+    long g = *gen;
+    if (++*count == c->n) {
+        *count = 0;
+        ++*gen;
+        pthread_cond_broadcast(&c->bn_cv);
+        return MGT_OK;
+    }
+    while (*gen == g) {
+        if (abort && mgt_abort_is_raised(abort))
+            return mgt_error_set(MGT_ERR_ABORTED, "comm: batch-norm exchange aborted");
+        mgt_cond_wait_slice(&c->bn_cv, &c->bn_lock);
+    }
+    return MGT_OK;
+}
+
+mgt_status mgt_comm_bn_gather(mgt_comm *c, int dev, const double *mine, double *all, size_t n,
+                              const mgt_abort *abort)
+{
+    if (c->nodes > 1)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "comm: the batch-norm exchange spans the devices of one node only");
+    pthread_mutex_lock(&c->bn_lock);
+    c->bn_src[dev] = mine;
+    mgt_status st = bn_phase(c, &c->bn_in, &c->bn_gen1, abort);
+    if (st == MGT_OK) {
+        /* every source stays put until every device has copied it (phase 2) */
+        for (int j = 0; j < c->n; j++)
+            memcpy(all + (size_t)j * n, c->bn_src[j], n * sizeof *all);
+        st = bn_phase(c, &c->bn_out, &c->bn_gen2, abort);
+    }
+    pthread_mutex_unlock(&c->bn_lock);
     return st;
 }

@@ -742,6 +742,25 @@ mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float
     LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, x, gamma, save_mean, save_invstd, *sh);
 }
 
+mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,
+                        const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("bn_stats", "no shape");
+    LAUNCH(MGT_OP_BN_STATS, bn_stats, mean, var, x, *sh);
+}
+
+mgt_status mgt_bn_backward_elemt(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                 const float *gamma, const float *mean, const float *invstd,
+                                 const float *sum_dy, const float *sum_dy_xhat, double count,
+                                 const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("bn_backward_elemt", "no shape");
+    LAUNCH(MGT_OP_BN_BWD_ELEMT, bn_bwd_elemt, dx, dy, x, gamma, mean, invstd, sum_dy, sum_dy_xhat,
+           *sh, count);
+}
+
 mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n)
 {
     LAUNCH(MGT_OP_RELU_FWD, relu_fwd, y, x, n);

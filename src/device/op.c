@@ -357,6 +357,46 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, IN);
 }
 
+static mgt_status check_bn_stats(const mgt_op *op)
+{
+    return check_bn_shape(op, &op->u.bn_stats.sh);
+}
+
+static void operands_bn_stats(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
+    ADD(l, b->mean, "mean", c, MGT_F32, OUT);
+    ADD(l, b->var, "var", c, MGT_F32, OUT);
+    ADD(l, b->x, "x", x, MGT_F32, IN);
+}
+
+static mgt_status check_bn_bwd_elemt(const mgt_op *op)
+{
+    mgt_status st = check_bn_shape(op, &op->u.bn_bwd_elemt.sh);
+    if (st != MGT_OK)
+        return st;
+    /* !(x >= ...) refuses NaN too; the shard's own values are part of the count */
+    if (!(op->u.bn_bwd_elemt.count >= (double)op->u.bn_bwd_elemt.sh.n * op->u.bn_bwd_elemt.sh.hw))
+        return INVALID(op, "count %g is less than this shard's %d x %d values",
+                       op->u.bn_bwd_elemt.count, op->u.bn_bwd_elemt.sh.n, op->u.bn_bwd_elemt.sh.hw);
+    return MGT_OK;
+}
+
+static void operands_bn_bwd_elemt(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
+    ADD(l, b->dx, "dx", x, MGT_F32, OUT);
+    ADD(l, b->dy, "dy", x, MGT_F32, IN);
+    ADD(l, b->x, "x", x, MGT_F32, IN);
+    ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
+    ADD(l, b->mean, "mean", c, MGT_F32, IN);
+    ADD(l, b->invstd, "invstd", c, MGT_F32, IN);
+    ADD(l, b->sum_dy, "sum_dy", c, MGT_F32, IN);
+    ADD(l, b->sum_dy_xhat, "sum_dy_xhat", c, MGT_F32, IN);
+}
+
 /* ---- pooling ---- */
 
 static mgt_status check_pool(const mgt_op *op, const mgt_pool2d_shape *sh)

@@ -66,7 +66,9 @@
     X(ACT_FWD, activation_forward, act_fwd)              \
     X(ACT_BWD, activation_backward, act_bwd)             \
     X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
-    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)  \
+    X(BN_STATS, bn_stats, bn_stats)                      \
+    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -137,6 +139,17 @@ typedef struct mgt_op {
             const float *dy, *x, *gamma, *save_mean, *save_invstd;
             mgt_bn_shape sh;
         } bn_bwd;
+        struct {
+            float *mean, *var; /* this shard's per-channel mean and biased variance */
+            const float *x;
+            mgt_bn_shape sh;
+        } bn_stats;
+        struct {
+            float *dx;
+            const float *dy, *x, *gamma, *mean, *invstd, *sum_dy, *sum_dy_xhat;
+            mgt_bn_shape sh;
+            double count; /* values per channel the sums were taken over (every shard's) */
+        } bn_bwd_elemt;
         struct {
             float *y;
             const float *x;

@@ -579,6 +579,8 @@ mgt_status nn_plan(mgt_model *m)
         m->ones_off = act_fixed(&p, (size_t)m->max_bn_c);
         m->zeros_off = act_fixed(&p, (size_t)m->max_bn_c);
     }
+    if (st == MGT_OK && m->cfg.sync_bn && !m->cfg.freeze_bn && m->max_bn_c > 0)
+        m->bnsync_off = act_fixed(&p, 2 * (size_t)m->max_bn_c);
     free(p.slot_ref);
     free(p.free_slots);
     if (st != MGT_OK)

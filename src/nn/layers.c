@@ -3,6 +3,7 @@
    multiply-accumulate counts. Convolutions and linear layers each go through one forward and
    one backward function here, the places where a lower-precision path would cast. */
 #include <assert.h>
+#include <math.h>
 #include <stddef.h>
 
 #include "nn/model_impl.h"
@@ -108,6 +109,140 @@ static mgt_status bn_forward_frozen(nn_call *c, const mgt_bn_shape *bsh)
     return st;
 }
 
+/* ---- synchronised batch norm (cfg.sync_bn with a hook) ----
+   PyTorch's SyncBatchNorm: this shard's per-channel mean and biased variance with its count
+   (bn_stats), gathered from every replica through the hook, merged on the host in replica
+   order (Chan's pairwise update in double, which is batch_norm_gather_stats_with_counts's
+   Welford merge), the running statistics moved with the unbiased variance of the whole
+   batch, then y normalised with the merged statistics (batchnorm_forward_eval with them as
+   its mean and variance). Backward: batchnorm_backward with the merged statistics gives this
+   shard's sum(dy*xhat) and sum(dy) (its parameter gradients, added to g), their sums over
+   the replicas in replica order, then bn_backward_elemt with every replica's count. Every
+   replica does the same arithmetic on the same gathered numbers, so they stay identical. */
+static bool bn_synced(const nn_call *c)
+{
+    return c->m->cfg.sync_bn && !c->m->cfg.freeze_bn && c->m->bn_sync.gather;
+}
+
+static mgt_status bn_host_wait(nn_call *c)
+{
+    return mgt_stream_synchronize(c->s, c->m->bn_sync.abort);
+}
+
+static mgt_status bn_forward_synced(nn_call *c, const mgt_bn_shape *bsh)
+{
+    mgt_model *m = c->m;
+    size_t C = (size_t)bsh->c, per = 1 + 2 * C;
+    float *hf = m->bn_hf, *mean = bn_save_mean(c), *invstd = bn_save_invstd(c);
+    mgt_status st = mgt_bn_stats(c->s, mean, invstd, c->x[0], bsh);
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(c->s, hf, mean, C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(c->s, hf + C, invstd, C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(c->s, hf + 2 * C, c->p[2], C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(c->s, hf + 3 * C, c->p[3], C * sizeof(float));
+    if (st == MGT_OK)
+        st = bn_host_wait(c);
+    if (st != MGT_OK)
+        return st;
+    double *mine = m->bn_mine, *all = m->bn_all;
+    mine[0] = (double)bsh->n * bsh->hw;
+    for (size_t k = 0; k < C; k++) {
+        mine[1 + k] = hf[k];
+        mine[1 + C + k] = hf[C + k];
+    }
+    st = m->bn_sync.gather(m->bn_sync.ctx, mine, all, per);
+    if (st != MGT_OK)
+        return st;
+    double total = 0;
+    for (int r = 0; r < m->bn_sync.replicas; r++)
+        total += all[(size_t)r * per];
+    m->bn_sync_count[c->node->u.bn.counter] = total;
+    double mom = bsh->momentum;
+    for (size_t k = 0; k < C; k++) {
+        double na = 0, mu = 0, m2 = 0;
+        for (int r = 0; r < m->bn_sync.replicas; r++) {
+            const double *a = all + (size_t)r * per;
+            double nb = a[0], mb = a[1 + k], vb = a[1 + C + k];
+            if (nb <= 0)
+                continue;
+            double tot = na + nb, d = mb - mu;
+            mu += d * nb / tot;
+            m2 += vb * nb + d * d * na * nb / tot;
+            na = tot;
+        }
+        double var = m2 / na;
+        hf[k] = (float)mu;
+        hf[C + k] = (float)var;
+        hf[2 * C + k] = (float)((1.0 - mom) * hf[2 * C + k] + mom * mu);
+        hf[3 * C + k] = (float)((1.0 - mom) * hf[3 * C + k] + mom * m2 / (na - 1.0));
+    }
+    st = mgt_copy_h2d(c->s, mean, hf, C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_h2d(c->s, invstd, hf + C, C * sizeof(float)); /* the variance, first */
+    if (st == MGT_OK)
+        st = mgt_copy_h2d(c->s, c->p[2], hf + 2 * C, C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_h2d(c->s, c->p[3], hf + 3 * C, C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_batchnorm_forward_eval(c->s, c->y, c->x[0], c->p[0], c->p[1], mean, invstd, bsh);
+    if (st == MGT_OK)
+        st = bn_host_wait(c);
+    if (st != MGT_OK)
+        return st;
+    for (size_t k = 0; k < C; k++)
+        hf[C + k] = (float)(1.0 / sqrt((double)hf[C + k] + bsh->eps));
+    st = mgt_copy_h2d(c->s, invstd, hf + C, C * sizeof(float));
+    if (st == MGT_OK)
+        st = bn_host_wait(c);
+    return st;
+}
+
+static mgt_status bn_backward_synced(nn_call *c, const mgt_bn_shape *bsh)
+{
+    mgt_model *m = c->m;
+    size_t C = (size_t)bsh->c;
+    float *hf = m->bn_hf, *sums = nn_act(m, m->bnsync_off); /* sum(dy*xhat) then sum(dy) */
+    mgt_status st = mgt_memset(c->s, sums, 0, 2 * C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_batchnorm_backward(c->s, c->dx[0], sums, sums + C, c->dy, c->x[0], c->p[0],
+                                    bn_save_mean(c), bn_save_invstd(c), bsh);
+    if (st == MGT_OK)
+        st = mgt_axpy(c->s, c->g[0], 1.0f, sums, C);
+    if (st == MGT_OK)
+        st = mgt_axpy(c->s, c->g[1], 1.0f, sums + C, C);
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(c->s, hf, sums, 2 * C * sizeof(float));
+    if (st == MGT_OK)
+        st = bn_host_wait(c);
+    if (st != MGT_OK)
+        return st;
+    double *mine = m->bn_mine, *all = m->bn_all;
+    for (size_t k = 0; k < 2 * C; k++)
+        mine[k] = hf[k];
+    st = m->bn_sync.gather(m->bn_sync.ctx, mine, all, 2 * C);
+    if (st != MGT_OK)
+        return st;
+    for (size_t k = 0; k < 2 * C; k++) {
+        double sum = 0;
+        for (int r = 0; r < m->bn_sync.replicas; r++)
+            sum += all[(size_t)r * 2 * C + k];
+        hf[k] = (float)sum;
+    }
+    st = mgt_copy_h2d(c->s, sums, hf, 2 * C * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_bn_backward_elemt(c->s, c->dx[0], c->dy, c->x[0], c->p[0], bn_save_mean(c),
+                                   bn_save_invstd(c), sums + C, sums,
+                                   m->bn_sync_count[c->node->u.bn.counter], bsh);
+    if (st == MGT_OK)
+        st = bn_host_wait(c);
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    return st;
+}
+
 static mgt_status bn_forward(nn_call *c)
 {
     mgt_bn_shape bsh = bn_shape(c);
@@ -115,6 +250,8 @@ static mgt_status bn_forward(nn_call *c)
         return bn_forward_frozen(c, &bsh);
     if (c->train) {
         c->m->bn_counts[c->node->u.bn.counter]++;
+        if (bn_synced(c))
+            return bn_forward_synced(c, &bsh);
         return mgt_batchnorm_forward_train(c->s, c->y, bn_save_mean(c), bn_save_invstd(c), c->p[2],
                                            c->p[3], c->x[0], c->p[0], c->p[1], &bsh);
     }
@@ -135,6 +272,8 @@ static mgt_status bn_backward(nn_call *c)
                              "gradient",
                              c->node->name);
     assert(c->dx_beta[0] == 0.0f);
+    if (bn_synced(c))
+        return bn_backward_synced(c, &bsh);
     mgt_status st = mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0],
                                            c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {

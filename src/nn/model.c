@@ -160,6 +160,10 @@ void mgt_model_free(mgt_model *m)
     free(m->values);
     free(m->slot_floats);
     free(m->slot_off);
+    free(m->bn_hf);
+    free(m->bn_mine);
+    free(m->bn_all);
+    free(m->bn_sync_count);
     free(m->layer_ends);
     free(m->bn_counts);
     free(m->layers);
@@ -335,6 +339,28 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
 }
 
 void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key) { m->drop_key = *key; }
+
+mgt_status mgt_model_set_bn_sync(mgt_model *m, const mgt_bn_sync *sync)
+{
+    if (!m->cfg.sync_bn || !sync->gather || sync->replicas < 1)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: a bn sync needs a sync_bn model, "
+                             "a gather and at least one replica",
+                             m->arch);
+    size_t c = (size_t)(m->max_bn_c > 0 ? m->max_bn_c : 1), per = 1 + 2 * c;
+    free(m->bn_hf);
+    free(m->bn_mine);
+    free(m->bn_all);
+    free(m->bn_sync_count);
+    m->bn_hf = malloc(4 * c * sizeof *m->bn_hf);
+    m->bn_mine = malloc(per * sizeof *m->bn_mine);
+    m->bn_all = malloc((size_t)sync->replicas * per * sizeof *m->bn_all);
+    m->bn_sync_count = calloc((size_t)(m->n_bn ? m->n_bn : 1), sizeof *m->bn_sync_count);
+    if (!m->bn_hf || !m->bn_mine || !m->bn_all || !m->bn_sync_count)
+        return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    m->bn_sync = *sync;
+    return MGT_OK;
+}
 
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct)

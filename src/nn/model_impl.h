@@ -150,6 +150,14 @@ struct mgt_model {
        let batchnorm_forward_eval compute 1/sqrt(var + eps) and gamma * invstd * dy, as the
        device interface has no per-channel scale or rsqrt of its own */
     size_t ones_off, zeros_off;
+    /* sync_bn only: [2 * max_bn_c] device floats for the backward sums; the exchange; its
+       host staging; and each BN's count over every replica from the last forward */
+    size_t bnsync_off;
+    mgt_bn_sync bn_sync;
+    float *bn_hf;          /* [4 * max_bn_c] */
+    double *bn_mine;       /* [1 + 2 * max_bn_c] */
+    double *bn_all;        /* [replicas * (1 + 2 * max_bn_c)] */
+    double *bn_sync_count; /* [n_bn] */
     size_t probs_off, loss_off;
     int n_slots;
     size_t *slot_floats; /* per image */

@@ -230,7 +230,8 @@ static mgt_status make_worker(run *r, int i)
                            .image_size = r->data.size,
                            .batch = r->data.per_dev_batch,
                            .zero_init_residual = c->zero_init_residual,
-                           .freeze_bn = c->freeze_bn};
+                           .freeze_bn = c->freeze_bn,
+                           .sync_bn = c->sync_bn};
     if (st == MGT_OK)
         st = mgt_model_create(&mc, w->d, &w->model);
     size_t pbytes = 0;
@@ -286,6 +287,13 @@ mgt_status train_make_workers(run *r)
     return st;
 }
 
+/* --sync-bn's exchange for worker w's model: every local device's numbers, in device order. */
+static mgt_status worker_bn_gather(void *ctx, const double *mine, double *all, size_t n)
+{
+    worker *w = ctx;
+    return mgt_comm_bn_gather(w->r->comm, w->dev, mine, all, n, &w->r->abort);
+}
+
 mgt_status train_make_comm(run *r)
 {
     int ne = mgt_model_layer_ends(r->w[0].model, NULL, 0);
@@ -309,6 +317,11 @@ mgt_status train_make_comm(run *r)
                           .abort = &r->abort};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     free(ends);
+    for (int i = 0; st == MGT_OK && r->c->sync_bn && i < r->n; i++) {
+        mgt_bn_sync bs = {
+            .gather = worker_bn_gather, .ctx = &r->w[i], .replicas = r->n, .abort = &r->abort};
+        st = mgt_model_set_bn_sync(r->w[i].model, &bs);
+    }
     return st;
 }
 

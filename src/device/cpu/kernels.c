@@ -1191,6 +1191,50 @@ static void bn_bwd_item(void *c, int ch, int t)
     }
 }
 
+/* bn_train's statistics alone: one pass over shifted data, the same sums. */
+static void bn_stats_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    const float *x = b->x + (size_t)ch * hw;
+    size_t count = (size_t)b->sh.n * hw;
+    float first = x[0];
+    double s1 = 0, s2 = 0;
+    for (int ni = 0; ni < b->sh.n; ni++)
+        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+    double ss = s2 - s1 * s1 / (double)count;
+    if (ss < 0)
+        ss = 0;
+    b->mean[ch] = (float)(first + s1 / (double)count);
+    b->var[ch] = (float)(ss / (double)count);
+}
+
+/* bn_bwd's dx with the sums and count given. */
+static void bn_bwd_elemt_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    size_t off = (size_t)ch * hw;
+    double invstd = b->invstd[ch];
+    float k = b->gamma[ch] * (float)invstd;
+    float mdy = (float)(b->sum_dy[ch] / b->count);
+    float kx = (float)(b->sum_dy_xhat[ch] / b->count * invstd);
+    float fm = b->mean[ch];
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
+        float *dx = b->dx + off + ni * stride;
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(dx + e, k * (vld(dy + e) - mdy - (vld(x + e) - fm) * kx));
+        for (; e < hw; e++)
+            dx[e] = k * (dy[e] - mdy - (x[e] - fm) * kx);
+    }
+}
+
 /* ---- pooling, bias ---- */
 
 /* The first maximum of window (oy, ox) in raster order, clipped to the plane (mgt_op_check
@@ -1849,6 +1893,18 @@ static mgt_status run_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_bn_stats(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_stats.sh.c, bn_stats_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_bwd_elemt(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_bwd_elemt.sh.c, bn_bwd_elemt_item, op);
+    return MGT_OK;
+}
+
 static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool2d_shape *sh,
                               void (*item)(void *, int, int))
 {
@@ -2027,6 +2083,8 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_BN_FWD_TRAIN] = run_bn_train,
     [MGT_OP_BN_FWD_EVAL] = run_bn_eval,
     [MGT_OP_BN_BWD] = run_bn_bwd,
+    [MGT_OP_BN_STATS] = run_bn_stats,
+    [MGT_OP_BN_BWD_ELEMT] = run_bn_bwd_elemt,
     [MGT_OP_RELU_FWD] = run_relu_fwd,
     [MGT_OP_RELU_BWD] = run_relu_bwd,
     [MGT_OP_MAXPOOL_FWD] = run_maxpool_fwd,

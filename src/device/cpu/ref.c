@@ -221,6 +221,49 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* One shard's per-channel mean and biased variance, two passes in double as bn_train. */
+static mgt_status ref_bn_stats(const mgt_op *op)
+{
+    const __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    const mgt_bn_shape *sh = &b->sh;
+    double m = (double)sh->n * sh->hw;
+    for (int c = 0; c < sh->c; c++) {
+        double sum = 0.0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++)
+                sum += b->x[bn_at(sh, n, c, i)];
+        double mean = sum / m, ss = 0.0;
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                double d = b->x[bn_at(sh, n, c, i)] - mean;
+                ss += d * d;
+            }
+        b->mean[c] = (float)mean;
+        b->var[c] = (float)(ss / m);
+    }
+    return MGT_OK;
+}
+
+/* bn_bwd's dx with sums and a count given (every shard's): with xhat = (x - mean) * invstd,
+   dx = gamma * invstd / count * (count*dy - sum_dy - xhat*sum_dy_xhat). */
+static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
+{
+    const __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    const mgt_bn_shape *sh = &b->sh;
+    double m = b->count;
+    for (int c = 0; c < sh->c; c++) {
+        double mean = b->mean[c], invstd = b->invstd[c];
+        for (int n = 0; n < sh->n; n++)
+            for (int i = 0; i < sh->hw; i++) {
+                size_t j = bn_at(sh, n, c, i);
+                double xhat = (b->x[j] - mean) * invstd;
+                b->dx[j] = (float)(b->gamma[c] * invstd / m *
+                                   (m * b->dy[j] - b->sum_dy[c] - xhat * b->sum_dy_xhat[c]));
+            }
+    }
+    return MGT_OK;
+}
+
 /* The window of output (p, q) clipped to the input; -inf padding can never be a window's
    maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
    maximum is the first in raster order: a later value must be strictly larger to win. */
@@ -765,6 +808,8 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_BN_FWD_TRAIN] = ref_bn_train,
     [MGT_OP_BN_FWD_EVAL] = ref_bn_eval,
     [MGT_OP_BN_BWD] = ref_bn_bwd,
+    [MGT_OP_BN_STATS] = ref_bn_stats,
+    [MGT_OP_BN_BWD_ELEMT] = ref_bn_bwd_elemt,
     [MGT_OP_RELU_FWD] = ref_relu_fwd,
     [MGT_OP_RELU_BWD] = ref_relu_bwd,
     [MGT_OP_MAXPOOL_FWD] = ref_maxpool_fwd,
