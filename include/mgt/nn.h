@@ -55,6 +55,11 @@ typedef struct mgt_model_config {
        split, so N replicas at global batch B step exactly as one at B does (to float
        rounding), and a training batch of one image is allowed. */
     bool freeze_bn;
+    /* Mixed precision as PyTorch's autocast runs it: MGT_PREC_BF16 or FP16 puts convolutions
+       and linear layers (forward and both backward products) on their _lp kernels, inputs
+       rounded to 16 bits, products summed and results kept in fp32; batch norm, the loss and
+       every parameter, gradient and statistic stay fp32. MGT_PREC_F32 (0): plain fp32. */
+    mgt_precision amp;
 } mgt_model_config;
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */

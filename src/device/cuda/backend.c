@@ -226,6 +226,13 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
     [MGT_OP_TOPK] = mgt_cuda_topk,
     [MGT_OP_SGD] = mgt_cuda_sgd_update,
+    [MGT_OP_GEMM_LP] = mgt_cuda_gemm_lp,
+    [MGT_OP_CONV_FWD_LP] = mgt_cuda_conv2d_lp,
+    [MGT_OP_CONV_BWD_DATA_LP] = mgt_cuda_conv2d_lp,
+    [MGT_OP_CONV_BWD_FILT_LP] = mgt_cuda_conv2d_lp,
+    [MGT_OP_CAST_TO_16] = mgt_cuda_cast,
+    [MGT_OP_CAST_FROM_16] = mgt_cuda_cast,
+    [MGT_OP_NONFINITE] = mgt_cuda_nonfinite,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
