@@ -172,7 +172,7 @@ static void test_checkpoint_contents(void **state)
     mgt_st_file *f;
     CHECK(mgt_st_open(base_ckpt, &f));
     static const char *const meta[][2] = {
-        {"format", "pt"},    {"mgtrain_format", "2"}, {"optimizer", "sgd"},
+        {"format", "pt"},    {"mgtrain_format", "3"}, {"optimizer", "sgd"},
         {"epoch", "1"},      {"step", "0"},           {"seed", "3"},
         {"batch_size", "8"}, {"devices", "1"},        {"arch", "resnet20"}};
     for (size_t i = 0; i < sizeof meta / sizeof *meta; i++) {
@@ -266,9 +266,23 @@ static void test_resume_formats(void **state)
     CHECK(run(&c, &res));
     assert_int_equal(res.epochs_done, 1); /* epoch 1 of 2, after the saved epoch 0 */
 
-    path = variant("format3.safetensors", &(change){.meta = {{"mgtrain_format", "3"}}});
+    /* format 2: no loss-scaling state, which then starts afresh */
+    path = variant("format2.safetensors", &(change){.meta = {{"mgtrain_format", "2"},
+                                                             {"loss_scale", NULL},
+                                                             {"loss_scale_growth", NULL}}});
+    char v2[512];
+    snprintf(v2, sizeof v2, "%s", path);
+    c.resume = v2;
+    CHECK(run(&c, &res));
+    assert_int_equal(res.epochs_done, 1);
+    /* format 3 requires them */
+    path = variant("format3_noscale.safetensors", &(change){.meta = {{"loss_scale", NULL}}});
+    expect_resume_error(path, MGT_ERR_INVALID,
+                        (const char *const[]){"loss_scale", "is missing", NULL});
+
+    path = variant("format4.safetensors", &(change){.meta = {{"mgtrain_format", "4"}}});
     expect_resume_error(path, MGT_ERR_UNSUPPORTED,
-                        (const char *const[]){"newer mgtrain", "format 3", NULL});
+                        (const char *const[]){"newer mgtrain", "format 4", NULL});
     path =
         variant("format9.safetensors",
                 &(change){.meta = {{"format", "mgtrain checkpoint 9"}, {"mgtrain_format", NULL}}});

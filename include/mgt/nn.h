@@ -148,6 +148,10 @@ typedef mgt_status (*mgt_grad_ready_fn)(void *ctx, mgt_stream *s, size_t ready_b
    parameter gradients accumulate into the grad arena. hook may be NULL. */
 mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hook, void *ctx);
 
+/* Backward starts from scale times the loss's gradient (fp16 loss scaling: the parameter
+   gradients come out multiplied by scale); 1 until set. */
+void mgt_model_set_loss_scale(mgt_model *m, float scale);
+
 /* One memset over the whole grad arena. */
 mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s);
 

@@ -35,7 +35,8 @@ static void bench_usage(FILE *f)
            "                     [--image-size S] [--in-channels C] [--classes K] [--allreduce "
            "tree|ring]\n"
            "                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
-           "                     [--no-p2p] [--tf32] [--deterministic]\n"
+           "                     [--no-p2p] [--tf32] [--deterministic] [--amp bf16|fp16]\n"
+           "                     [--grad-dtype f32|bf16]\n"
            "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
            "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
            "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
@@ -63,7 +64,9 @@ enum {
     B_PLOT,
     B_ALGO,
     B_MIN,
-    B_MAX
+    B_MAX,
+    B_AMP,
+    B_GRAD_DTYPE,
 };
 
 int mgt_app_cmd_bench(int argc, char **argv)
@@ -89,6 +92,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
         {"json", required_argument, NULL, B_JSON},
         {"plot", required_argument, NULL, B_PLOT},
         {"help", no_argument, NULL, 'h'},
+        {"amp", required_argument, NULL, B_AMP},
+        {"grad-dtype", required_argument, NULL, B_GRAD_DTYPE},
         MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
@@ -161,6 +166,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
             break;
         case B_JSON: json = optarg; break;
         case B_PLOT: plot = optarg; break;
+        case B_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
+        case B_GRAD_DTYPE:
+            ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
+            break;
         case 'h': bench_usage(stdout); return 0;
         case ':':
             fprintf(stderr, "mgtrain bench: %s needs a value\n", argv[optind - 1]);
