@@ -248,6 +248,27 @@ static void test_amp_learns(void **state)
     }
 }
 
+/* A scale far too large (2^40: the scaled loss gradient overflows fp16) backs off step by
+   step: those steps change nothing, then training goes on with a finite loss. */
+static void test_fp16_overflow_backs_off(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    base_config(&c);
+    c.epochs = 4;
+    c.augment = MGT_AUGMENT_NONE;
+    c.amp = MGT_PREC_FP16;
+    c.loss_scale_init = 0x1p40f;
+    mgt_train_result res;
+    if (train(&c, 2, "threads=1", &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    print_message("fp16 from 2^40: %ld of %ld steps skipped, loss scale %g, top-1 %.1f\n",
+                  res.skipped_steps, res.steps, (double)res.loss_scale, res.val_acc1);
+    assert_true(res.skipped_steps >= 10 && res.skipped_steps < res.steps);
+    assert_true(res.loss_scale == ldexpf(0x1p40f, -(int)res.skipped_steps));
+    assert_true(isfinite(res.train_loss));
+}
+
 /* fp16 with its loss scaler resumes bit for bit, scaler included. */
 static void test_resume_fp16_is_bit_identical(void **state)
 {
@@ -725,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_amp_learns),
         cmocka_unit_test(test_resume_fp16_is_bit_identical),
+        cmocka_unit_test(test_fp16_overflow_backs_off),
         cmocka_unit_test(test_learns_on_cuda_replicas),
         cmocka_unit_test(test_resume_is_bit_identical_on_cuda),
         cmocka_unit_test(test_stop_mid_epoch_then_resume),

@@ -76,6 +76,8 @@ typedef struct mgt_train_config {
        with dynamic loss scaling (MGT_SCALER_*) */
     mgt_precision amp;
     mgt_precision grad_dtype; /* the all-reduce's values: F32, or BF16 (rounded to bf16) */
+    float loss_scale_init;    /* fp16: the first loss scale (GradScaler's init_scale); 0:
+                                 MGT_SCALER_INIT */
 } mgt_train_config;
 
 /* fp16 loss scaling, torch.cuda.amp.GradScaler's defaults: the first scale, the factor after

@@ -43,6 +43,9 @@ static mgt_status check_config(run *r)
         return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
     if (c->amp != MGT_PREC_F32 && c->amp != MGT_PREC_BF16 && c->amp != MGT_PREC_FP16)
         return mgt_error_set(MGT_ERR_INVALID, "--amp: unknown precision %d", (int)c->amp);
+    if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
+        return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
+                             (double)c->loss_scale_init);
     if (c->grad_dtype != MGT_PREC_F32)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "--grad-dtype %s: a compressed all-reduce is not implemented yet "
@@ -326,7 +329,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */
     r->start_s = mgt_time_now();
-    r->scaler = (train_scaler){.scale = MGT_SCALER_INIT};
+    r->scaler =
+        (train_scaler){.scale = c->loss_scale_init > 0 ? c->loss_scale_init : MGT_SCALER_INIT};
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cv, NULL);
     int start_epoch = c->start_epoch > 0 ? c->start_epoch : 0;
