@@ -269,11 +269,13 @@ static void test_fp16_overflow_backs_off(void **state)
     assert_true(isfinite(res.train_loss));
 }
 
-/* fp16 with its loss scaler resumes bit for bit, scaler included. */
+/* fp16 with its loss scaler resumes bit for bit, scaler included; bf16 (oneDNN's bf16
+   kernels where the CPU has them) too. */
 static void test_resume_fp16_is_bit_identical(void **state)
 {
     (void)state;
     check_resume_amp("fp16", open_two_mock, MGT_PREC_FP16);
+    check_resume_amp("bf16", open_two_mock, MGT_PREC_BF16);
 }
 
 static void test_learns_on_cuda_replicas(void **state)

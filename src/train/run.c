@@ -135,11 +135,13 @@ static void print_start(run *r, int start_epoch)
                 "fp32 sums, results, batch norm, loss, weights and momentum%s\n",
                 mgt_precision_name(c->amp), mgt_precision_name(c->amp),
                 c->amp == MGT_PREC_FP16 ? "; dynamic loss scaling" : "");
-    if (c->amp != MGT_PREC_F32 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
-        fprintf(o,
-                "=> %s on mock devices is emulated: inputs rounded, then the fp32 kernels (the "
-                "numbers of the real thing, not its speed)\n",
-                mgt_precision_name(c->amp));
+    if (c->amp == MGT_PREC_BF16 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
+        fprintf(o, "=> bf16 on mock devices: oneDNN's bf16 convolutions where the CPU has them "
+                   "(AVX512-BF16, AMX); elsewhere, and for linear layers, emulated (inputs "
+                   "rounded, then the fp32 kernels: the same numbers, not the speed)\n");
+    if (c->amp == MGT_PREC_FP16 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
+        fprintf(o, "=> fp16 on mock devices is emulated (inputs rounded, then the fp32 kernels: "
+                   "the numbers of the real thing, not its speed)\n");
     if (c->amp == MGT_PREC_FP16)
         fprintf(o, "=> loss scale %g, %d clean steps towards the next growth\n",
                 (double)r->scaler.scale, r->scaler.growth);

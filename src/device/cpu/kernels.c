@@ -1626,8 +1626,18 @@ static void round_item(void *c, int i, int t)
 
 static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op);
 
+static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op);
+
 static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    /* bf16 convolutions natively where oneDNN has a bf16 kernel for them (AVX512-BF16 or
+       AMX): its reorders round the inputs, its kernels sum in fp32; else the emulation */
+    if (op->prec == MGT_PREC_BF16 && op->kind != MGT_OP_GEMM_LP && !ctx->conv_im2col &&
+        op->u.conv.sh.groups == 1) {
+        mgt_status st = run_conv_onednn(ctx, op);
+        if (st != MGT_ERR_UNSUPPORTED)
+            return st;
+    }
     mgt_op f = *op;
     f.kind = mgt_op_fp32_kind(op->kind);
     f.prec = MGT_PREC_F32;
