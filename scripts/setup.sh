@@ -13,6 +13,8 @@ packages=(
   libcmocka-dev         # test assertions
   zlib1g-dev            # gzip-compressed IDX files (Fashion-MNIST import), pack checksums
   dataset-fashion-mnist # the bundled real data set
+  libopenmpi-dev        # multi-node runs: one process per node on Open MPI (-DMGT_MPI)
+  openmpi-bin           # mpirun, for those runs and their tests
 )
 
 missing=()

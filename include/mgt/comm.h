@@ -1,5 +1,6 @@
 /* Collectives across the devices of one process: broadcast, and the bucketed gradient
- * all-reduce that overlaps backward (a tree over peer copies, adds on the devices).
+ * all-reduce that overlaps backward (a tree over peer copies, adds on the devices); across
+ * nodes (a world of several processes, mgt/world.h) the same all-reduce made hierarchical.
  *
  * All work is enqueued on one comm stream per device and ordered by events; host threads
  * block only where a device's work must wait for another thread's enqueue (the end of the
@@ -11,6 +12,7 @@
 #include <stddef.h>
 
 #include "mgt/device.h"
+#include "mgt/world.h"
 
 typedef struct mgt_comm mgt_comm;
 
@@ -35,6 +37,18 @@ typedef struct mgt_comm_config {
     size_t bucket_bytes;       /* cap of a bucket (DDP's 25 MiB) */
     size_t first_bucket_bytes; /* cap of the first bucket, small so reduction starts early */
     mgt_allreduce_algo algo;
+    /* (optional) the nodes of a multi-node run. With more than one, each bucket is reduced
+       hierarchically: a reduce-scatter inside the node over peer copies (device j ends with
+       shard j summed over the node's devices), shard j across the nodes on device j's own
+       thread and communicator (staged through pinned host memory, gathered and added in
+       node order), then an all-gather inside the node. With a power-of-two device count per
+       node every element is summed in the order of the single-process tree over all the
+       world's devices, so N nodes x L devices give the bytes of one node with N*L. */
+    mgt_world *world;
+    mgt_abort *abort; /* with world: raised when a cross-node exchange fails */
+    bool flat;        /* with world: no shards (for comparison, mgtrain bench allreduce): the
+                         node's sum on device 0, exchanged whole by device 0 alone, handed
+                         back down; the same order of additions, one device's link */
 } mgt_comm_config;
 
 /* Creates one comm stream, a receive buffer and events per device of the set. */

@@ -517,6 +517,9 @@ typedef struct mgt_loader_options {
                                   and every wait of the loader leaves when it is raised */
     bool pin_threads; /* decode thread i runs on the i-th CPU of the process's mask (on) */
     mgt_mix mix;      /* mixup / cutmix (training; off by default) */
+    /* (optional) a multi-node run: the sampler shards over world_replicas (0: replicas), and
+       this loader's replica i is shard world_first + i */
+    int world_replicas, world_first;
 } mgt_loader_options;
 
 /* Fills o with the defaults (prefetch 2, workers = cores, max_bad_frac 0.01, split PAD,

@@ -62,6 +62,9 @@ typedef enum mgt_fault_kind {
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
                          (BW in B, KB, MB or GB per second; LAT in us or ms)
+     xlink=BW,LAT        the link between nodes of a multi-node run (mgt/world.h): each
+                         device's exchange with the other nodes takes at least
+                         (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path */
 typedef struct mgt_mock_options {
@@ -77,7 +80,9 @@ typedef struct mgt_mock_options {
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
     double link_latency_s;
-    bool conv_im2col; /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
+    bool conv_im2col;         /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
+    double xlink_bytes_per_s; /* xlink=: 0, no inter-node link model */
+    double xlink_latency_s;
 } mgt_mock_options;
 
 /* Zeroes *o (all defaults) and then applies `spec` (NULL or "" leave the defaults). A bad
@@ -187,6 +192,25 @@ mgt_status mgt_copy_d2d(mgt_stream *s, void *dst, const void *src, size_t bytes)
    memory in chunks, ordered by events. */
 mgt_status mgt_copy_peer(mgt_stream *dst_stream, void *dst, mgt_stream *src_stream, const void *src,
                          size_t bytes);
+
+/* ---- across processes ---- */
+
+/* A collective between devices of different processes that the backend does itself (NCCL on
+   CUDA), one communicator per device; where the backend has none (mock devices, CUDA
+   without NCCL) callers stage through host memory and MPI (mgt/world.h). */
+typedef struct mgt_xcomm mgt_xcomm;
+#define MGT_XCOMM_ID_MAX 256
+bool mgt_xcomm_available(const mgt_devset *set);
+/* A new id (at most MGT_XCOMM_ID_MAX bytes) that every rank passes to mgt_xcomm_create. */
+mgt_status mgt_xcomm_id(mgt_devset *set, void *id, size_t *len);
+/* Joins communicator `id` as `rank` of `nranks` on device d; blocks until all have joined. */
+mgt_status mgt_xcomm_create(mgt_device *d, const void *id, size_t len, int nranks, int rank,
+                            mgt_xcomm **out);
+/* Enqueued on s (a stream of the communicator's device): recv gets rank r's n floats at
+   r * n. */
+mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, float *recv,
+                               size_t n);
+void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 
 /* ---- kernels ---- */
 

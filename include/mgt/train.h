@@ -15,6 +15,7 @@
 #include "mgt/data.h"
 #include "mgt/device.h"
 #include "mgt/optim.h"
+#include "mgt/world.h"
 
 typedef enum mgt_augment {
     MGT_AUGMENT_DEFAULT,  /* the architecture's (mgt_arch_info.augment, mgt/nn.h) */
@@ -103,6 +104,13 @@ typedef struct mgt_train_controls {
     bool no_validation;     /* skip validation (benchmarks) */
     bool profile;           /* time forward, backward, exposed reduction and optimizer on
                                each device with events (for mgtrain bench) */
+    mgt_world *world;       /* (optional) the nodes of a multi-node run, each running this
+                               with the same flags and local device count: the replicas are
+                               the world's devices (node rank x local devices + local index),
+                               -b is over all of them, node 0's replica 0 is the source of
+                               every broadcast, only node 0 writes logs and checkpoints
+                               (progress lines go to `out` on every node: the caller silences
+                               the others). NULL: this process alone */
 } mgt_train_controls;
 
 /* Device time per step, averaged over the timed steps, from events on the compute stream. */

@@ -42,7 +42,10 @@ static void bench_usage(FILE *f)
            "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
            "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
            "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
-           "at the same per-device batch, with each device's step broken down.\n");
+           "at the same per-device batch, with each device's step broken down.\n"
+           "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
+           "and compares the hierarchical all-reduce (--algo tree: hier) with the flat one\n"
+           "(--algo ring: flat); --mock xlink=BW,LAT models the link between nodes.\n");
 }
 
 static int bench_allreduce(int argc, char **argv);
@@ -355,7 +358,7 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
 
 /* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a. */
 static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
-                                 mgt_allreduce_algo a, double *seconds)
+                                 mgt_allreduce_algo a, mgt_world *world, bool flat, double *seconds)
 {
     int n = mgt_devset_count(set);
     size_t ends[1] = {bytes};
@@ -365,11 +368,15 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
                           .n_layer_ends = 1,
                           .bucket_bytes = bytes,
                           .first_bucket_bytes = bytes,
-                          .algo = a};
+                          .algo = a,
+                          .world = world,
+                          .flat = flat};
     mgt_comm *c;
     mgt_status st = mgt_comm_create(set, &cc, &c);
     if (st != MGT_OK)
         return st;
+    /* the nodes start together; each iteration's exchange keeps them so */
+    st = mgt_world_barrier(world, NULL);
     int iters = 0, warm = 2;
     double t0 = 0, now = 0;
     /* at least 5 timed iterations and 0.3 s, at most 1000 */
@@ -387,7 +394,11 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
             st = mgt_stream_synchronize(streams[i], NULL);
         iters++;
         now = mgt_time_now();
-        if (iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + 1000))
+        /* every node must run as many: node 0's count decides, once the minimum is met */
+        int more = !(iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + 1000));
+        if (st == MGT_OK && mgt_world_size(world) > 1 && iters >= warm + 5)
+            st = mgt_world_bcast(world, &more, sizeof more, 0, NULL);
+        if (!more)
             break;
     }
     *seconds = (now - t0) / (iters - warm);
@@ -408,6 +419,22 @@ static double predict(mgt_allreduce_algo a, int n, size_t bytes, const mgt_mock_
         return 2.0 * levels * (o->link_latency_s + (double)bytes / o->link_bytes_per_s);
     }
     return 2.0 * (n - 1) * (o->link_latency_s + (double)bytes / n / o->link_bytes_per_s);
+}
+
+/* Across nodes: the reduce-scatter and all-gather inside the node over the mock link (log2
+   L levels each, the shards side by side, or the whole bucket with flat) and the exchange
+   over the inter-node link, (N - 1) x (latency + shard / bandwidth). */
+static double predict_nodes(bool flat, int nodes, int n, size_t bytes, const mgt_mock_options *o)
+{
+    if (o->xlink_bytes_per_s <= 0)
+        return 0;
+    double shard = flat ? (double)bytes : (double)bytes / n, t = 0;
+    int levels = 0;
+    while ((1 << levels) < n)
+        levels++;
+    if (o->link_bytes_per_s > 0)
+        t += 2.0 * levels * (o->link_latency_s + shard / o->link_bytes_per_s);
+    return t + (nodes - 1) * (o->xlink_latency_s + shard / o->xlink_bytes_per_s);
 }
 
 static int bench_allreduce(int argc, char **argv)
@@ -471,15 +498,32 @@ static int bench_allreduce(int argc, char **argv)
         fprintf(stderr, "mgtrain bench allreduce: --min-bytes is above --max-bytes\n");
         return 2;
     }
+    mgt_world *world;
+    if (mgt_world_open(&world) != MGT_OK) {
+        fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+        return 1;
+    }
+    int nodes = mgt_world_size(world);
     mgt_app_devices bd = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     mgt_devset *set = NULL;
     mgt_status ost = mgt_app_open_devices(&bd, 0, &set);
+    if (ost == MGT_OK)
+        ost = mgt_world_check_devices(world, bd.n);
     if (ost != MGT_OK) {
         fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+        mgt_devset_free(set);
+        mgt_world_close(world, true);
         return mgt_app_device_exit(ost);
     }
     const mgt_mock_options mo = bd.mock_opts; /* zeroed unless mock devices */
-    int n = bd.n;
+    mgt_world_set_link(world, mo.xlink_bytes_per_s, mo.xlink_latency_s);
+    if (mgt_world_rank(world) != 0) { /* node 0 reports */
+        json = plot = NULL;
+        if (!freopen("/dev/null", "w", stdout))
+            clearerr(stdout);
+    }
+    int n = bd.n, wn = n * nodes;
+    bool model = nodes > 1 ? mo.xlink_bytes_per_s > 0 : mo.link_bytes_per_s > 0;
     mgt_buffer *buf[MGT_MAX_DEVICES] = {0};
     float *ptr[MGT_MAX_DEVICES];
     mgt_stream *streams[MGT_MAX_DEVICES] = {0};
@@ -494,27 +538,48 @@ static int bench_allreduce(int argc, char **argv)
             st = mgt_fill(streams[i], ptr[i], 1e-3f, hi / sizeof(float));
         }
     }
+    /* one node: tree and ring; several: hierarchical (hier) and flat (both trees) */
     mgt_allreduce_algo algos[2];
+    bool flat[2] = {false, nodes > 1};
+    const char *names[2];
     int na = 0;
-    if (strcmp(algo, "ring") != 0)
-        algos[na++] = MGT_ALLREDUCE_TREE;
-    if (strcmp(algo, "tree") != 0)
-        algos[na++] = MGT_ALLREDUCE_RING;
-    printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests)\n", n,
-           mgt_device_kind_name(bd.kind));
+    if (nodes > 1) {
+        bool ring = strcmp(algo, "ring") == 0; /* "tree"/"ring" choose hier/flat here */
+        if (strcmp(algo, "both") == 0 || !ring)
+            names[na] = "hier", flat[na] = false, algos[na++] = MGT_ALLREDUCE_TREE;
+        if (strcmp(algo, "both") == 0 || ring)
+            names[na] = "flat", flat[na] = true, algos[na++] = MGT_ALLREDUCE_TREE;
+    } else {
+        if (strcmp(algo, "ring") != 0)
+            names[na] = "tree", flat[na] = false, algos[na++] = MGT_ALLREDUCE_TREE;
+        if (strcmp(algo, "tree") != 0)
+            names[na] = "ring", flat[na] = false, algos[na++] = MGT_ALLREDUCE_RING;
+    }
+    if (nodes > 1)
+        printf("mgtrain bench allreduce: %d nodes x %d %s devices = %d; busbw = algbw * 2(n-1)/n "
+               "(nccl-tests); hier: shards across nodes, flat: device 0's whole buffer\n",
+               nodes, n, mgt_device_kind_name(bd.kind), wn);
+    else
+        printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests)\n", n,
+               mgt_device_kind_name(bd.kind));
     if (mo.link_bytes_per_s > 0)
         printf("mock link model: %.3g GB/s, %.3g us per peer copy; 'model' = the time it "
                "predicts\n",
                mo.link_bytes_per_s / 1e9, mo.link_latency_s * 1e6);
+    if (nodes > 1 && mo.xlink_bytes_per_s > 0)
+        printf("mock inter-node link: %.3g GB/s, %.3g us per device; model = 2 log2(L) (lat + "
+               "shard/bw) + (N-1) (xlat + shard/xbw)\n",
+               mo.xlink_bytes_per_s / 1e9, mo.xlink_latency_s * 1e6);
     printf("%12s", "size");
     for (int a = 0; a < na; a++)
-        printf(" | %-4s %9s %9s %9s%s", algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring", "time us",
-               "algbw", "busbw", mo.link_bytes_per_s > 0 ? "  model us" : "");
+        printf(" | %-4s %9s %9s %9s%s", names[a], "time us", "algbw", "busbw",
+               model ? "  model us" : "");
     if (na == 2)
-        printf(" | tree/ring%s", mo.link_bytes_per_s > 0 ? " (model)" : "");
+        printf(" | %s/%s%s", names[0], names[1], model ? " (model)" : "");
     printf("\n");
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
-    cJSON_AddNumberToObject(root, "devices", n);
+    cJSON_AddNumberToObject(root, "devices", wn);
+    cJSON_AddNumberToObject(root, "nodes", nodes);
     cJSON_AddStringToObject(root, "device_kind", mgt_device_kind_name(bd.kind));
     cJSON_AddItemToObject(root, "results", rows);
     double sizes[64], busbw[2][64];
@@ -525,25 +590,29 @@ static int bench_allreduce(int argc, char **argv)
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "bytes", (double)bytes);
         for (int a = 0; a < na && st == MGT_OK; a++) {
-            st = time_allreduce(set, ptr, streams, bytes, algos[a], &t[a]);
-            double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (n - 1) / n;
-            double model = predict(algos[a], n, bytes, &mo);
+            st = time_allreduce(set, ptr, streams, bytes, algos[a], world, flat[a], &t[a]);
+            double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (wn - 1) / wn;
+            double pm = nodes > 1 ? predict_nodes(flat[a], nodes, n, bytes, &mo)
+                                  : predict(algos[a], n, bytes, &mo);
             printf(" | %-4s %9.1f %8.3gG %8.3gG", "", t[a] * 1e6, alg, bus);
-            if (mo.link_bytes_per_s > 0)
-                printf(" %9.1f", model * 1e6);
+            if (model)
+                printf(" %9.1f", pm * 1e6);
             busbw[a][ns] = bus;
-            const char *name = algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring";
+            const char *name = names[a];
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "time_s", t[a]);
             cJSON_AddNumberToObject(o, "algbw_gbs", alg);
             cJSON_AddNumberToObject(o, "busbw_gbs", bus);
-            if (mo.link_bytes_per_s > 0)
-                cJSON_AddNumberToObject(o, "model_s", model);
+            if (model)
+                cJSON_AddNumberToObject(o, "model_s", pm);
             cJSON_AddItemToObject(row, name, o);
         }
         if (na == 2 && st == MGT_OK) {
             printf(" | %6.2f", t[0] / t[1]);
-            if (mo.link_bytes_per_s > 0)
+            if (model && nodes > 1)
+                printf(" (%.2f)", predict_nodes(false, nodes, n, bytes, &mo) /
+                                      predict_nodes(true, nodes, n, bytes, &mo));
+            else if (model)
                 printf(" (%.2f)", predict(MGT_ALLREDUCE_TREE, n, bytes, &mo) /
                                       predict(MGT_ALLREDUCE_RING, n, bytes, &mo));
         }
@@ -575,8 +644,7 @@ static int bench_allreduce(int argc, char **argv)
                       .x_bytes = true,
                       .n_series = na};
         for (int a = 0; a < na; a++)
-            p.series[a] = (mgt_plot_series){algos[a] == MGT_ALLREDUCE_TREE ? "tree" : "ring", sizes,
-                                            busbw[a], ns, 0};
+            p.series[a] = (mgt_plot_series){names[a], sizes, busbw[a], ns, 0};
         if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
             fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
             rc = 1;
@@ -588,5 +656,6 @@ static int bench_allreduce(int argc, char **argv)
         mgt_buffer_free(buf[i]);
     }
     mgt_devset_free(set);
+    mgt_world_close(world, rc != 0);
     return rc;
 }

@@ -28,6 +28,26 @@ static void on_sigint(int sig)
     atomic_store(&stop_requested, sig);
 }
 
+/* A failed run's one line. On several nodes it names the node, goes to the others (which
+   then stop without a line of their own), and a failure that was another node's prints
+   nothing here. */
+static void train_fail_line(mgt_world *w, const char *text)
+{
+    char other[8];
+    if (mgt_world_poll_failure(w, other, sizeof other))
+        return;
+    if (mgt_world_size(w) == 1) {
+        fprintf(stderr, "mgtrain: %s\n", text);
+        return;
+    }
+    char line[1024];
+    snprintf(line, sizeof line, "node %d of %d (%s): %s", mgt_world_rank(w), mgt_world_size(w),
+             mgt_world_host(w), text);
+    fprintf(stderr, "mgtrain: %s\n", line);
+    fflush(stderr);
+    mgt_world_notify_failure(w, line);
+}
+
 static void train_usage(FILE *f)
 {
     fprintf(
@@ -489,20 +509,36 @@ int mgt_app_cmd_train(int argc, char **argv)
         return 2;
     if (!check_flags(&c, argc, argv))
         return 2;
-    mgt_devset *set;
-    mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
-    mgt_status st = mgt_app_open_devices(&devs, 0, &set);
+    /* under mpirun or srun: this process is one node of the run */
+    mgt_world *world;
+    mgt_status st = mgt_world_open(&world);
     if (st != MGT_OK) {
         fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+        return 1;
+    }
+    mgt_devset *set;
+    mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
+    st = mgt_app_open_devices(&devs, 0, &set);
+    if (st != MGT_OK) {
+        train_fail_line(world, mgt_error_last());
+        mgt_world_close(world, true);
         return mgt_app_device_exit(st);
     }
-    if (c.batch_size < mgt_devset_count(set)) {
+    int replicas = mgt_devset_count(set) * mgt_world_size(world);
+    if (c.batch_size < replicas) {
         fprintf(stderr,
                 "mgtrain: -b %d is smaller than the device count %d: -b is the total "
-                "batch over all devices\n",
-                c.batch_size, mgt_devset_count(set));
+                "batch over all devices%s\n",
+                c.batch_size, replicas, mgt_world_size(world) > 1 ? " of all nodes" : "");
         mgt_devset_free(set);
+        mgt_world_close(world, true);
         return 2;
+    }
+    ctl.world = world;
+    FILE *quiet = NULL;
+    if (mgt_world_rank(world) != 0) { /* node 0 speaks for the world */
+        quiet = fopen("/dev/null", "w");
+        ctl.out = quiet;
     }
     atomic_store(&stop_requested, 0);
     ctl.stop = &stop_requested;
@@ -512,11 +548,18 @@ int mgt_app_cmd_train(int argc, char **argv)
     st = mgt_train_run(&c, &ctl, set, &res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    /* the run's line, before closing the devices (which may set a text of their own) */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mgt_error_last());
     mgt_devset_free(set);
+    if (quiet)
+        fclose(quiet);
     if (st != MGT_OK) {
-        fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+        train_fail_line(world, why);
+        mgt_world_close(world, true);
         return 1;
     }
+    mgt_world_close(world, false);
     /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */
     int sig = atomic_load(&stop_requested);
     return res.interrupted && sig ? 128 + sig : 0;

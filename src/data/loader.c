@@ -178,11 +178,14 @@ static const size_t *epoch_order(mgt_loader *l, int64_t epoch, bool *identity)
     return NULL;
 }
 
+/* The sampler's shard of this loader's replica ri (they differ in a multi-node run). */
+static int shard_of(const mgt_loader *l, int ri) { return l->o.world_first + ri; }
+
 static size_t pick(const mgt_loader *l, const size_t *order, bool identity, int rank, size_t p)
 {
     if (identity)
-        return ((size_t)rank + p * (size_t)l->o.replicas) % l->n;
-    return mgt_sampler_pick(&l->sampler, order, rank, p);
+        return ((size_t)shard_of(l, rank) + p * (size_t)l->sampler.replicas) % l->n;
+    return mgt_sampler_pick(&l->sampler, order, shard_of(l, rank), p);
 }
 
 /* Whether a rank's ticket may be prepared now. */
@@ -241,7 +244,9 @@ static slot *assign(mgt_loader *l, int *prep_rank)
                     /* the place in the epoch's order, modulo the dataset (a padded repeat
                        is mixed as its first appearance), and the partner: the sample one
                        place before (the last for the first), as a batch rolled by one */
-                    size_t k = ((size_t)ri + (first + p) * (size_t)l->o.replicas) % l->n;
+                    size_t k =
+                        ((size_t)shard_of(l, ri) + (first + p) * (size_t)l->sampler.replicas) %
+                        l->n;
                     size_t kp = (k + l->n - 1) % l->n;
                     s->places[p] = k;
                     s->partners[p] = identity ? kp : order[kp];
@@ -627,7 +632,13 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     pthread_cond_init(&l->cond, NULL);
     atomic_init(&l->images_done, 0);
     const char *dir = mgt_dataset_dir(o->ds);
-    if ((st = mgt_sampler_init(&l->sampler, l->n, o->replicas, o->split, o->shuffle, o->seed)) !=
+    int shards = o->world_replicas > 0 ? o->world_replicas : o->replicas;
+    if (o->world_first < 0 || o->world_first + o->replicas > shards) {
+        st = mgt_error_set(MGT_ERR_INVALID, "loader: shards %d..%d are not within the world's %d",
+                           o->world_first, o->world_first + o->replicas - 1, shards);
+        goto fail;
+    }
+    if ((st = mgt_sampler_init(&l->sampler, l->n, shards, o->split, o->shuffle, o->seed)) !=
         MGT_OK) {
         st = mgt_error_wrap(st, "%s", dir);
         goto fail;
@@ -663,7 +674,7 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
     for (int ri = 0; ri < o->replicas; ri++) {
         rank_state *r = &l->ranks[ri];
         r->held = -1;
-        r->count = mgt_sampler_count(&l->sampler, ri);
+        r->count = mgt_sampler_count(&l->sampler, shard_of(l, ri));
         r->batches = o->drop_last_batch
                          ? r->count / (size_t)o->batch_size
                          : (r->count + (size_t)o->batch_size - 1) / (size_t)o->batch_size;

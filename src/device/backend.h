@@ -62,6 +62,17 @@ typedef struct mgt_backend_i {
     bool (*supports_op)(mgt_device *d, const mgt_op *op);
     /* enqueues one checked kernel */
     mgt_status (*launch)(mgt_stream *s, const mgt_op *op);
+
+    /* (optional, all four or none) a collective across processes (NCCL on CUDA): one
+       communicator per device, made from an id that one rank creates and every rank gets
+       (through the world); NULL: none, callers stage through host memory */
+    mgt_status (*xcomm_id)(void *id, size_t cap, size_t *len);
+    mgt_status (*xcomm_create)(mgt_device *d, const void *id, size_t len, int nranks, int rank,
+                               void **comm);
+    /* enqueued on s: recv gets rank r's n floats at r * n */
+    mgt_status (*xcomm_allgather)(void *comm, mgt_stream *s, const float *send, float *recv,
+                                  size_t n);
+    void (*xcomm_free)(void *comm);
 } mgt_backend_i;
 
 struct mgt_device {

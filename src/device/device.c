@@ -901,3 +901,67 @@ mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, cons
         return bad_arg("sgd_update", "no parameters");
     LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
 }
+
+/* ---- across processes ---- */
+
+struct mgt_xcomm {
+    mgt_device *dev;
+    void *impl;
+};
+
+bool mgt_xcomm_available(const mgt_devset *set)
+{
+    const mgt_backend_i *b = set->iface;
+    return b->xcomm_id && b->xcomm_create && b->xcomm_allgather && b->xcomm_free;
+}
+
+mgt_status mgt_xcomm_id(mgt_devset *set, void *id, size_t *len)
+{
+    if (!mgt_xcomm_available(set))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "%s devices have no collective across "
+                             "processes",
+                             set->iface->name);
+    return set->iface->xcomm_id(id, MGT_XCOMM_ID_MAX, len);
+}
+
+mgt_status mgt_xcomm_create(mgt_device *d, const void *id, size_t len, int nranks, int rank,
+                            mgt_xcomm **out)
+{
+    *out = NULL;
+    if (!mgt_xcomm_available(d->set))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "%s: no collective across processes", d->name);
+    if (nranks < 1 || rank < 0 || rank >= nranks || !id || len == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "%s: rank %d of %d is not a communicator place",
+                             d->name, rank, nranks);
+    mgt_xcomm *x = calloc(1, sizeof *x);
+    if (!x)
+        return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    x->dev = d;
+    mgt_status st = d->set->iface->xcomm_create(d, id, len, nranks, rank, &x->impl);
+    if (st != MGT_OK) {
+        free(x);
+        return st;
+    }
+    *out = x;
+    return MGT_OK;
+}
+
+mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, float *recv,
+                               size_t n)
+{
+    if (!x || !s || s->dev != x->dev)
+        return mgt_error_set(MGT_ERR_INVALID, "xcomm: the stream is not on the communicator's "
+                                              "device");
+    if (n == 0)
+        return MGT_OK;
+    return x->dev->set->iface->xcomm_allgather(x->impl, s, send, recv, n);
+}
+
+void mgt_xcomm_free(mgt_xcomm *x)
+{
+    if (!x)
+        return;
+    x->dev->set->iface->xcomm_free(x->impl);
+    free(x);
+}

@@ -207,8 +207,8 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .step = next_step,
                        .best_acc1 = r->best_acc1,
                        .seed = r->c->seed,
-                       .batch_size = r->data.per_dev_batch * r->n,
-                       .devices = r->n,
+                       .batch_size = r->data.per_dev_batch * r->wn,
+                       .devices = r->wn,
                        .loss_scale = r->scaler.scale,
                        .loss_scale_growth = r->scaler.growth};
     snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
@@ -224,7 +224,7 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
 mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best)
 {
     const char *dir = r->c->checkpoint_dir;
-    if (!dir)
+    if (!dir || !r->primary) /* node 0 writes the world's (every replica holds the same) */
         return MGT_OK;
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", dir, strerror(errno));
@@ -316,13 +316,13 @@ static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
    is skipped). */
 static long rescale_step(run *r, const train_state *s)
 {
-    long batch = (long)r->data.per_dev_batch * r->n, step = s->step;
+    long batch = (long)r->data.per_dev_batch * r->wn, step = s->step;
     if (s->batch_size == batch)
         return step;
     fprintf(r->out,
             "=> warning: the checkpoint was trained with a global batch of %d (%d devices), "
             "this run uses %ld (%d devices)\n",
-            s->batch_size, s->devices, batch, r->n);
+            s->batch_size, s->devices, batch, r->wn);
     if (step > 0) {
         long images = step * s->batch_size, now = images / batch;
         fprintf(r->out,

@@ -58,11 +58,11 @@ static mgt_status check_config(run *r)
         return mgt_error_set(MGT_ERR_INVALID,
                              "--resume auto: there is nothing to resume from without "
                              "--checkpoint-dir");
-    if (c->batch_size < r->n)
+    if (c->batch_size < r->wn)
         return mgt_error_set(MGT_ERR_INVALID,
                              "-b %d is smaller than the device count %d: -b is the total batch "
-                             "over all devices",
-                             c->batch_size, r->n);
+                             "over all devices%s",
+                             c->batch_size, r->wn, r->nodes > 1 ? " of all nodes" : "");
     if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
         return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
                                               "positive");
@@ -81,6 +81,10 @@ static mgt_status check_config(run *r)
 static mgt_status open_outputs(run *r)
 {
     const mgt_train_config *c = r->c;
+    if (!r->primary) { /* node 0 writes for the world */
+        train_reports_init(&r->reports, r->out, NULL);
+        return MGT_OK;
+    }
     if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
                               access(c->checkpoint_dir, W_OK | X_OK) != 0))
         return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
@@ -102,9 +106,12 @@ static void print_start(run *r, int start_epoch)
     fprintf(o, "=> devices (%d, %s):", r->n, mgt_device_kind_name(mgt_devset_kind(r->set)));
     for (int i = 0; i < r->n; i++)
         fprintf(o, " %s", mgt_device_name(mgt_devset_device(r->set, i)));
-    fprintf(o, "\n=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->n,
-            d->per_dev_batch * r->n);
-    if (d->per_dev_batch * r->n != c->batch_size)
+    if (r->nodes > 1)
+        fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
+                r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
+    fprintf(o, "\n=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->wn,
+            d->per_dev_batch * r->wn);
+    if (d->per_dev_batch * r->wn != c->batch_size)
         fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
     fprintf(o, "\n=> lr %g, %s schedule", r->lr.lr, r->lr.kind == MGT_LR_STEP ? "step" : "cosine");
     if (r->lr.kind == MGT_LR_STEP)
@@ -164,6 +171,19 @@ static bool validate(run *r, train_summary *s)
     }
     if (!train_run_phase(r, PHASE_VAL))
         return false;
+    if (r->nodes > 1) { /* every image was counted once, on one node */
+        double v[4] = {m->val_loss_sum, (double)m->val_n, (double)m->val_c1, (double)m->val_c5};
+        st = mgt_world_sum(r->world, v, 4, &r->abort);
+        if (st != MGT_OK) {
+            train_fail(r,
+                       mgt_error_wrap(st, "validation of epoch %d: the nodes' totals", r->epoch));
+            return false;
+        }
+        m->val_loss_sum = v[0];
+        m->val_n = (long)v[1];
+        m->val_c1 = (long)v[2];
+        m->val_c5 = (long)v[3];
+    }
     double n = (double)(m->val_n ? m->val_n : 1);
     r->res->val_loss = m->val_loss_sum / n;
     r->res->val_acc1 = 100.0 * (double)m->val_c1 / n;
@@ -281,7 +301,18 @@ static epoch_end run_epoch(run *r, int ep, long first)
         train_fail(r, mgt_error_wrap(st, "checkpoint after epoch %d", ep));
         return EPOCH_FAILED;
     }
-    if (r->ctl.stop && atomic_load(r->ctl.stop)) {
+    double stop = r->ctl.stop && atomic_load(r->ctl.stop);
+    if (r->nodes > 1) { /* a stop after the epoch is every node's or none's */
+        bool requested;
+        long agreed;
+        mgt_world_stop_poll(r->world, &requested, &agreed);
+        stop = stop || requested;
+        if ((st = mgt_world_sum(r->world, &stop, 1, &r->abort)) != MGT_OK) {
+            train_fail(r, mgt_error_wrap(st, "after epoch %d", ep));
+            return EPOCH_FAILED;
+        }
+    }
+    if (stop > 0) {
         r->res->interrupted = true;
         return EPOCH_STOPPED;
     }
@@ -327,6 +358,14 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     run *r = &R;
     if (ctl)
         r->ctl = *ctl;
+    r->world = r->ctl.world;
+    r->node = mgt_world_rank(r->world);
+    r->nodes = mgt_world_size(r->world);
+    r->wn = r->nodes * r->n;
+    r->wfirst = r->node * r->n;
+    r->primary = r->node == 0;
+    if (r->world)
+        mgt_world_set_timeout(r->world, c->step_timeout_s);
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */
@@ -337,8 +376,10 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     pthread_cond_init(&r->cv, NULL);
     int start_epoch = c->start_epoch > 0 ? c->start_epoch : 0;
     long start_step = 0;
-    mgt_status st = check_config(r);
-    r->data.per_dev_batch = r->n > 0 ? c->batch_size / r->n : 0;
+    mgt_status st = r->world ? mgt_world_check_devices(r->world, r->n) : MGT_OK;
+    if (st == MGT_OK)
+        st = check_config(r);
+    r->data.per_dev_batch = r->wn > 0 ? c->batch_size / r->wn : 0;
     if (st == MGT_OK)
         st = open_outputs(r);
     if (st == MGT_OK)
@@ -351,12 +392,15 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = train_load_pretrained(r);
     if (st == MGT_OK)
         st = train_resume(r, &start_epoch, &start_step);
+    if (st == MGT_OK && r->nodes > 1) /* where node 0 goes on from */
+        st = train_world_position(r, &start_epoch, &start_step);
     if (st == MGT_OK)
         st = train_broadcast(r, true, true);
     if (st == MGT_OK)
         st = train_workers_start(r);
     if (st == MGT_OK) {
-        print_start(r, start_epoch);
+        if (r->primary)
+            print_start(r, start_epoch);
         bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
         if (!ok)
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */

@@ -19,7 +19,7 @@ static void open_synthetic(run *r)
     d->classes = c->dummy_classes > 0 ? c->dummy_classes : r->arch->synthetic_classes;
     d->channels = c->dummy_channels > 0 ? c->dummy_channels : 3;
     d->size = c->image_size > 0 ? c->image_size : r->arch->synthetic_size;
-    d->train_samples = (size_t)c->dummy_steps * (size_t)d->per_dev_batch * (size_t)r->n;
+    d->train_samples = (size_t)c->dummy_steps * (size_t)d->per_dev_batch * (size_t)r->wn;
     d->val_samples = 0;
     d->steps_per_epoch = c->dummy_steps;
     if (r->ctl.max_steps > 0 && r->ctl.max_steps < d->steps_per_epoch)
@@ -100,6 +100,8 @@ static void loader_common(run *r, mgt_loader_options *o, mgt_device **devs)
     o->bad.strict = r->c->strict_data;
     o->bad.max_bad_frac = r->c->max_bad_frac;
     o->abort = &r->abort;
+    o->world_replicas = r->wn;
+    o->world_first = r->wfirst;
 }
 
 static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transform *vt)
@@ -115,7 +117,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     /* A last batch of one image would give batch norm one value per channel, which it cannot
        train on (PyTorch refuses it too): drop that batch, keep every other short one. */
     mgt_sampler smp;
-    mgt_status st = mgt_sampler_init(&smp, mgt_dataset_size(d->train_ds), r->n, lo.split,
+    mgt_status st = mgt_sampler_init(&smp, mgt_dataset_size(d->train_ds), r->wn, lo.split,
                                      lo.shuffle, r->c->seed);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", mgt_dataset_dir(d->train_ds));
@@ -175,7 +177,7 @@ static mgt_status make_dummy_batch(run *r, worker *w)
         st = mgt_error_set(MGT_ERR_OOM, "dummy data: host memory exhausted");
     if (st == MGT_OK) {
         mgt_rng g;
-        mgt_rng_init(&g, r->c->seed, 0, (uint64_t)w->dev, MGT_RNG_OTHER);
+        mgt_rng_init(&g, r->c->seed, 0, (uint64_t)(r->wfirst + w->dev), MGT_RNG_OTHER);
         for (size_t i = 0; i < nx; i++)
             x[i] = 2.0f * mgt_rng_uniform(&g) - 1.0f;
         for (size_t i = 0; i < ny; i++)
@@ -306,7 +308,9 @@ mgt_status train_make_comm(run *r)
                           .n_layer_ends = ne,
                           .bucket_bytes = r->c->bucket_bytes,
                           .first_bucket_bytes = 1u << 20,
-                          .algo = r->c->allreduce};
+                          .algo = r->c->allreduce,
+                          .world = r->world,
+                          .abort = &r->abort};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     free(ends);
     return st;
@@ -328,8 +332,75 @@ void train_free_parts(run *r)
 
 /* ---- between phases ---- */
 
+/* n floats of replica 0 from node 0's to every node's, through host memory (between
+   phases: the staging is allocated here). */
+static mgt_status world_bcast_dev(run *r, float *dev, size_t floats)
+{
+    size_t bytes = floats * sizeof(float);
+    char *h = malloc(bytes ? bytes : 1);
+    mgt_status st = h ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK && r->primary)
+        st = mgt_copy_d2h(r->w[0].s, h, dev, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_world_bcast(r->world, h, bytes, 0, &r->abort);
+    if (st == MGT_OK && !r->primary)
+        st = mgt_copy_h2d(r->w[0].s, dev, h, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    free(h);
+    return st;
+}
+
+/* Node 0's replica 0 to replica 0 of every node: what the broadcast inside the node then
+   hands on. */
+static mgt_status world_broadcast(run *r, bool params, bool optimizer)
+{
+    size_t pb, bb;
+    float *p0 = mgt_model_params(r->w[0].model, &pb);
+    float *b0 = mgt_model_buffers(r->w[0].model, &bb);
+    mgt_status st = MGT_OK;
+    if (params)
+        st = world_bcast_dev(r, p0, pb / sizeof(float));
+    if (st == MGT_OK)
+        st = world_bcast_dev(r, b0, bb / sizeof(float));
+    int live = optimizer && train_optim_live(&r->w[0].opt);
+    if (st == MGT_OK && optimizer)
+        st = mgt_world_bcast(r->world, &live, sizeof live, 0, &r->abort);
+    if (st == MGT_OK && optimizer)
+        train_optim_set_live(&r->w[0].opt, live != 0);
+    train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
+    int nt = live ? train_optim_state(&r->w[0].opt, t) : 0;
+    for (int k = 0; k < nt && st == MGT_OK; k++)
+        st = world_bcast_dev(r, t[k].dev, t[k].floats);
+    int nbn;
+    int64_t *counts0 = mgt_model_bn_counts(r->w[0].model, &nbn);
+    if (st == MGT_OK && nbn > 0)
+        st = mgt_world_bcast(r->world, counts0, (size_t)nbn * sizeof *counts0, 0, &r->abort);
+    return st;
+}
+
+mgt_status train_world_position(run *r, int *epoch, long *step)
+{
+    int64_t v[3] = {*epoch, *step, 0};
+    double best = r->best_acc1;
+    mgt_status st = mgt_world_bcast(r->world, v, sizeof v, 0, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_world_bcast(r->world, &best, sizeof best, 0, &r->abort);
+    *epoch = (int)v[0];
+    *step = (long)v[1];
+    r->best_acc1 = best;
+    return st;
+}
+
 mgt_status train_broadcast(run *r, bool params, bool optimizer)
 {
+    if (r->nodes > 1) {
+        mgt_status st = world_broadcast(r, params, optimizer);
+        if (st != MGT_OK)
+            return st;
+    }
     if (r->n == 1)
         return MGT_OK;
     mgt_stream *streams[MGT_MAX_DEVICES];
@@ -372,7 +443,7 @@ mgt_status train_broadcast(run *r, bool params, bool optimizer)
    broadcast went wrong, and training on would silently average different models. */
 mgt_status train_check_replicas(run *r)
 {
-    if (r->n == 1)
+    if (r->n == 1 && r->nodes == 1)
         return MGT_OK;
     size_t bytes;
     float *p0 = mgt_model_params(r->w[0].model, &bytes);
@@ -382,6 +453,16 @@ mgt_status train_check_replicas(run *r)
         st = mgt_copy_d2h(r->w[0].s, a, p0, bytes);
     if (st == MGT_OK)
         st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    if (st == MGT_OK && r->nodes > 1) { /* the check spans the nodes: node 0's bytes to all */
+        if (r->primary)
+            memcpy(b, a, bytes);
+        st = mgt_world_bcast(r->world, b, bytes, 0, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "node %d: the parameters of %s differ from those of node 0's "
+                               "first device after the epoch: the replicas have diverged",
+                               r->node, mgt_device_name(r->w[0].d));
+    }
     for (int i = 1; i < r->n && st == MGT_OK; i++) {
         st = mgt_copy_d2h(r->w[i].s, b, mgt_model_params(r->w[i].model, NULL), bytes);
         if (st == MGT_OK)

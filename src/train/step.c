@@ -94,7 +94,11 @@ static bool begin_step(worker *w, long k)
 {
     run *r = w->r;
     pthread_mutex_lock(&r->lock);
-    bool go = k < r->stop_at;
+    /* while the nodes agree on a stop, a step at or past this node's proposal waits: the
+       agreed step may be later (another node's devices are further on) */
+    while (r->stop_world && k >= r->stop_at && !mgt_abort_is_raised(&r->abort))
+        mgt_cond_wait_slice(&r->cv, &r->lock);
+    bool go = k < r->stop_at && !mgt_abort_is_raised(&r->abort);
     if (go)
         w->started = k + 1;
     pthread_mutex_unlock(&r->lock);
@@ -210,9 +214,9 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
         return st;
     *where = "optimizer";
     float lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)r->data.steps_per_epoch);
-    /* the gradients' sum over replicas, of the loss times the scale: 1 / (n scale) makes
+    /* the gradients' sum over the world's replicas, of the loss times the scale: 1 / (wn scale) makes
        them the mean's gradient again (the scale is a power of two: exact) */
-    float grad_scale = 1.0f / (float)r->n;
+    float grad_scale = 1.0f / (float)r->wn;
     if (r->c->amp == MGT_PREC_FP16) {
         bool skip = false;
         grad_scale /= w->scaler.scale;
@@ -426,6 +430,40 @@ static void time_out(run *r)
     pthread_mutex_lock(&r->lock);
 }
 
+/* A multi-node run's watch, each slice of a phase: another node's failure ends this one
+   (quietly: that node prints the line), and a stop anywhere is agreed on by all. r->lock
+   held; released around a failure, which takes it. */
+static void watch_world(run *r, enum train_phase kind, bool *stopping)
+{
+    char text[sizeof r->fail_text];
+    if (!r->failed && mgt_world_poll_failure(r->world, text, sizeof text)) {
+        r->remote_failed = true;
+        pthread_mutex_unlock(&r->lock);
+        train_fail(r, mgt_error_set(MGT_ERR_ABORTED, "another node failed: %s", text));
+        pthread_mutex_lock(&r->lock);
+        return;
+    }
+    if (kind != PHASE_TRAIN)
+        return;
+    bool requested;
+    long agreed = 0;
+    bool done = mgt_world_stop_poll(r->world, &requested, &agreed);
+    if (requested && !*stopping) {
+        /* this node's proposal: the steps its devices have begun; they begin no more until
+           the nodes agree */
+        *stopping = true;
+        r->stop_world = true;
+        request_stop(r);
+        mgt_world_stop_propose(r->world, r->stop_at);
+        done = mgt_world_stop_poll(r->world, &requested, &agreed);
+    }
+    if (done && r->stop_world) {
+        r->stop_world = false;
+        r->stop_at = agreed < r->data.steps_per_epoch ? agreed : r->data.steps_per_epoch;
+        pthread_cond_broadcast(&r->cv);
+    }
+}
+
 bool train_run_phase(run *r, enum train_phase kind)
 {
     const mgt_train_config *c = r->c;
@@ -444,15 +482,26 @@ bool train_run_phase(run *r, enum train_phase kind)
         if (kind == PHASE_TRAIN && !stopping &&
             ((r->ctl.stop && atomic_load(r->ctl.stop)) ||
              (c->time_limit_s > 0 && now - r->start_s > c->time_limit_s))) {
+            if (r->nodes > 1) {
+                r->stop_world = true;
+                request_stop(r);
+                mgt_world_stop_propose(r->world, r->stop_at);
+            } else {
+                request_stop(r);
+            }
             stopping = true;
-            request_stop(r);
         }
+        if (r->nodes > 1)
+            watch_world(r, kind, &stopping);
         if (c->step_timeout_s > 0 && kind == PHASE_TRAIN &&
             now - r->m.last_progress > c->step_timeout_s)
             time_out(r);
     }
     bool ok = !r->failed;
+    bool tell = r->failed && !r->remote_failed && r->nodes > 1;
     pthread_mutex_unlock(&r->lock);
+    if (tell) /* the other nodes stop now, not at their next wait's timeout */
+        mgt_world_notify_failure(r->world, r->fail_text);
     if (ok && mgt_abort_is_raised(&r->abort)) {
         blame_abort(r);
         ok = false;

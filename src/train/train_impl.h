@@ -205,6 +205,10 @@ struct run {
     const mgt_arch_info *arch;
     mgt_devset *set;
     int n;
+    /* the world: nodes x n replicas; this node's are world ranks wfirst .. wfirst + n - 1 */
+    mgt_world *world;
+    int node, nodes, wn, wfirst;
+    bool primary; /* node 0: logs, checkpoints, the broadcasts' source */
     FILE *out;
     FILE *log;
     worker *w;
@@ -225,6 +229,8 @@ struct run {
     bool failed;
     mgt_status fail_status;
     char fail_text[768];
+    bool remote_failed; /* the failure is another node's, which prints its line */
+    bool stop_world;    /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
     double best_acc1;
@@ -246,6 +252,8 @@ mgt_status train_make_comm(run *r);
 void train_free_parts(run *r);
 mgt_status train_broadcast(run *r, bool params, bool optimizer);
 mgt_status train_check_replicas(run *r);
+/* A multi-node run's start (epoch, step, best top-1) from node 0, where --resume found it. */
+mgt_status train_world_position(run *r, int *epoch, long *step);
 
 /* metrics.c */
 void train_metrics_epoch_begin(run *r);

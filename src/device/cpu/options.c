@@ -182,6 +182,20 @@ static mgt_status parse_link(mgt_mock_options *o, const char *item, const char *
     return MGT_OK;
 }
 
+/* The inter-node link of a multi-node run, as link= spells it; the world applies it. */
+static mgt_status parse_xlink(mgt_mock_options *o, const char *item, const char *val)
+{
+    double bw = o->link_bytes_per_s, lat = o->link_latency_s;
+    mgt_status st = parse_link(o, item, val);
+    o->xlink_bytes_per_s = o->link_bytes_per_s;
+    o->xlink_latency_s = o->link_latency_s;
+    o->link_bytes_per_s = bw;
+    o->link_latency_s = lat;
+    if (st != MGT_OK)
+        o->xlink_bytes_per_s = o->xlink_latency_s = 0;
+    return st;
+}
+
 static mgt_status parse_threads(mgt_mock_options *o, const char *item, const char *val)
 {
     long v;
@@ -240,7 +254,7 @@ static const struct mock_item {
 } mock_items[] = {
     {"threads", parse_threads}, {"mem", parse_mem},     {"peers", parse_peers},
     {"fault", parse_fault},     {"delay", parse_delay}, {"seed", parse_seed},
-    {"link", parse_link},       {"conv", parse_conv},
+    {"link", parse_link},       {"conv", parse_conv},   {"xlink", parse_xlink},
 };
 
 static mgt_status parse_item(mgt_mock_options *o, char *item)

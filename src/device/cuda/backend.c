@@ -247,6 +247,22 @@ static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
     return cuda_ops[op->kind](s->impl, op);
 }
 
+/* ---- across processes ---- */
+
+static mgt_status cuda_xcomm_create(mgt_device *d, const void *id, size_t len, int nranks, int rank,
+                                    void **comm)
+{
+    return mgt_cuda_xcomm_create(d->impl, id, len, nranks, rank, (mgt_cuda_xcomm **)comm);
+}
+
+static mgt_status cuda_xcomm_allgather(void *comm, mgt_stream *s, const float *send, float *recv,
+                                       size_t n)
+{
+    return mgt_cuda_xcomm_allgather(comm, s->impl, send, recv, n);
+}
+
+static void cuda_xcomm_free(void *comm) { mgt_cuda_xcomm_free(comm); }
+
 static const mgt_backend_i cuda_backend = {
     .name = "cuda",
     .device_count = cuda_device_count,
@@ -273,6 +289,12 @@ static const mgt_backend_i cuda_backend = {
     .copy_peer = cuda_copy_peer,
     .supports_op = cuda_supports_op,
     .launch = cuda_launch,
+#ifdef MGT_HAVE_NCCL
+    .xcomm_id = mgt_cuda_xcomm_id,
+    .xcomm_create = cuda_xcomm_create,
+    .xcomm_allgather = cuda_xcomm_allgather,
+    .xcomm_free = cuda_xcomm_free,
+#endif
 };
 
 const mgt_backend_i *mgt_backend_cuda(void) { return &cuda_backend; }

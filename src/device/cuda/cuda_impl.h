@@ -89,6 +89,21 @@ mgt_status mgt_cuda_copy(mgt_cuda_stream *s, int kind, void *dst, const void *sr
 mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev, const void *src,
                               size_t bytes);
 
+/* ---- across processes (nccl.cu): one NCCL communicator per replica, built with NCCL only
+   (mgt_cuda_have_nccl; without it the backend table leaves these out) ---- */
+
+typedef struct mgt_cuda_xcomm mgt_cuda_xcomm;
+bool mgt_cuda_have_nccl(void);
+/* ncclGetUniqueId into id (cap bytes), its length into *len */
+mgt_status mgt_cuda_xcomm_id(void *id, size_t cap, size_t *len);
+/* ncclCommInitRank on d's GPU: blocks until all nranks have joined */
+mgt_status mgt_cuda_xcomm_create(mgt_cuda_dev *d, const void *id, size_t len, int nranks, int rank,
+                                 mgt_cuda_xcomm **out);
+/* ncclAllGather of n floats per rank on s: recv gets rank r's at r * n */
+mgt_status mgt_cuda_xcomm_allgather(mgt_cuda_xcomm *x, mgt_cuda_stream *s, const float *send,
+                                    float *recv, size_t n);
+void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x); /* NULL is a no-op */
+
 /* ---- kernels: one per op kind, each given a checked op on s's replica ----
    Semantics exactly those of mgt/device.h; backend.c's table maps kinds to them. */
 

@@ -1,0 +1,87 @@
+// Collectives across processes on CUDA: one NCCL communicator per replica, spanning the
+// nodes of a multi-node run (the replica of the same local index on every node), made from
+// an id that node 0 creates and the world broadcasts. Built when the toolkit has NCCL
+// (MGT_HAVE_NCCL); otherwise every entry says so and the backend table leaves them out.
+#include <string.h>
+
+#include "device/cuda/common.cuh"
+
+#ifdef MGT_HAVE_NCCL
+#include <nccl.h>
+
+struct mgt_cuda_xcomm {
+    mgt_cuda_dev *dev;
+    ncclComm_t comm;
+};
+
+static mgt_status nccl_fail(mgt_cuda_dev *d, ncclResult_t r, const char *call)
+{
+    return mgt_error_set(MGT_ERR_DEVICE, "%s: %s: %s", d ? d->name : "nccl", call,
+                         ncclGetErrorString(r));
+}
+
+extern "C" mgt_status mgt_cuda_xcomm_id(void *id, size_t cap, size_t *len)
+{
+    if (cap < sizeof(ncclUniqueId))
+        return mgt_error_set(MGT_ERR_INVALID, "nccl: an id needs %zu bytes", sizeof(ncclUniqueId));
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return nccl_fail(NULL, r, "ncclGetUniqueId");
+    memcpy(id, &u, sizeof u);
+    *len = sizeof u;
+    return MGT_OK;
+}
+
+extern "C" mgt_status mgt_cuda_xcomm_create(mgt_cuda_dev *d, const void *id, size_t len, int nranks,
+                                            int rank, mgt_cuda_xcomm **out)
+{
+    *out = NULL;
+    if (len != sizeof(ncclUniqueId))
+        return mgt_error_set(MGT_ERR_INVALID, "nccl: an id of %zu bytes, not %zu", len,
+                             sizeof(ncclUniqueId));
+    MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    mgt_cuda_xcomm *x = new mgt_cuda_xcomm();
+    x->dev = d;
+    // blocks until every rank of this replica's communicator has called it
+    ncclResult_t r = ncclCommInitRank(&x->comm, nranks, u, rank);
+    if (r != ncclSuccess) {
+        delete x;
+        return nccl_fail(d, r, "ncclCommInitRank");
+    }
+    *out = x;
+    return MGT_OK;
+}
+
+extern "C" mgt_status mgt_cuda_xcomm_allgather(mgt_cuda_xcomm *x, mgt_cuda_stream *s,
+                                               const float *send, float *recv, size_t n)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    ncclResult_t r = ncclAllGather(send, recv, n, ncclFloat, x->comm, s->stream);
+    if (r != ncclSuccess)
+        return nccl_fail(s->dev, r, "ncclAllGather");
+    return MGT_CUDA_AFTER(s, "ncclAllGather");
+}
+
+extern "C" void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x)
+{
+    if (!x)
+        return;
+    cudaSetDevice(x->dev->gpu);
+    // ncclCommAbort, not ncclCommDestroy: after a failure the peers may be gone, and a
+    // destroy would wait for them
+    ncclCommAbort(x->comm);
+    delete x;
+}
+
+extern "C" bool mgt_cuda_have_nccl(void) { return true; }
+
+#else
+
+extern "C" bool mgt_cuda_have_nccl(void) { return false; }
+
+#endif

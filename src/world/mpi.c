@@ -1,0 +1,380 @@
+/* The world on Open MPI (or any MPI-3 library): MPI_THREAD_MULTIPLE, the world communicator
+   for the main thread's collectives, one duplicate per local device for the gradient shards,
+   one for control messages (a failure's line, a stop's step). Every wait is a non-blocking
+   request polled with MPI_Test between short sleeps, so the abort flag, a failure message
+   from another rank and the timeout all end it; nothing here blocks inside MPI. */
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "world/world_impl.h"
+
+#define FAIL_TEXT 768
+enum { TAG_FAIL = 1, TAG_STOP = 2 };
+
+struct mgt_world {
+    bool mpi; /* MPI was initialised (launched with more than one rank) */
+    int rank, size;
+    char host[MPI_MAX_PROCESSOR_NAME + 1];
+    double timeout_s;
+    double link_bw, link_lat; /* the mock inter-node link model (0: none) */
+    MPI_Comm comm, ctrl;
+    MPI_Comm *chan;
+    int nchan;
+    /* control: one receive of a failure line from anyone, one of a stop step from anyone */
+    MPI_Request fail_req, stop_req;
+    char fail_in[FAIL_TEXT];
+    long stop_in;
+    atomic_int remote_failed; /* set by the main thread's poll, read by device threads */
+    char fail_text[FAIL_TEXT];
+    bool stop_requested, stop_proposed, notified;
+    int stop_count;
+    long stop_max;
+    long stop_out; /* the proposal being sent (alive until the world closes) */
+};
+
+bool mgt_world_have_mpi(void) { return true; }
+
+static mgt_status mpi_error(int rc, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    return mgt_error_set(MGT_ERR_DEVICE, "MPI: %s: %.*s", what, len, s);
+}
+
+mgt_status mgt_world_open(mgt_world **out)
+{
+    *out = NULL;
+    mgt_world *w = calloc(1, sizeof *w);
+    if (!w)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    w->size = 1;
+    atomic_init(&w->remote_failed, 0);
+    const char *var;
+    if (world_env_size(&var) <= 1) {
+        /* a single process: exactly as without MPI, no MPI_Init at all */
+        if (gethostname(w->host, sizeof w->host - 1) != 0)
+            strcpy(w->host, "localhost");
+        *out = w;
+        return MGT_OK;
+    }
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) {
+        free(w);
+        return mpi_error(rc, "MPI_Init_thread");
+    }
+    w->mpi = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+        mgt_world_close(w, false);
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "MPI: the library offers thread level %d, not MPI_THREAD_MULTIPLE "
+                             "(each device thread exchanges its shard itself): use an MPI built "
+                             "with thread support (Debian's Open MPI is)",
+                             provided);
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &w->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &w->size);
+    int len = 0;
+    MPI_Get_processor_name(w->host, &len);
+    MPI_Comm_dup(MPI_COMM_WORLD, &w->comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &w->ctrl);
+    MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(w->ctrl, MPI_ERRORS_RETURN);
+    MPI_Irecv(w->fail_in, FAIL_TEXT, MPI_CHAR, MPI_ANY_SOURCE, TAG_FAIL, w->ctrl, &w->fail_req);
+    MPI_Irecv(&w->stop_in, 1, MPI_LONG, MPI_ANY_SOURCE, TAG_STOP, w->ctrl, &w->stop_req);
+    *out = w;
+    return MGT_OK;
+}
+
+void mgt_world_close(mgt_world *w, bool failed)
+{
+    if (!w)
+        return;
+    if (w->mpi && failed && w->size > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        /* requests of the failed step may never complete: MPI_Finalize would wait on them */
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (w->mpi) {
+        MPI_Request reqs[2] = {w->fail_req, w->stop_req};
+        for (int i = 0; i < 2; i++)
+            if (reqs[i] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&reqs[i]);
+                MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+            }
+        for (int i = 0; i < w->nchan; i++)
+            MPI_Comm_free(&w->chan[i]);
+        MPI_Comm_free(&w->comm);
+        MPI_Comm_free(&w->ctrl);
+        MPI_Finalize();
+    }
+    free(w->chan);
+    free(w);
+}
+
+int mgt_world_rank(const mgt_world *w) { return w ? w->rank : 0; }
+int mgt_world_size(const mgt_world *w) { return w ? w->size : 1; }
+const char *mgt_world_host(const mgt_world *w) { return w ? w->host : "localhost"; }
+void mgt_world_set_timeout(mgt_world *w, double seconds) { w->timeout_s = seconds; }
+void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s)
+{
+    w->link_bw = bytes_per_s;
+    w->link_lat = latency_s;
+}
+
+/* The main thread's look at the failure line: sets remote_failed for every thread. */
+static bool poll_fail(mgt_world *w)
+{
+    if (atomic_load(&w->remote_failed))
+        return true;
+    if (!w->mpi || w->fail_req == MPI_REQUEST_NULL)
+        return false;
+    int done = 0;
+    MPI_Test(&w->fail_req, &done, MPI_STATUS_IGNORE);
+    if (!done)
+        return false;
+    w->fail_in[FAIL_TEXT - 1] = 0;
+    snprintf(w->fail_text, sizeof w->fail_text, "%s", w->fail_in);
+    atomic_store(&w->remote_failed, 1);
+    return true;
+}
+
+/* Polls one request to completion; main: the caller is the main thread (which may test the
+   control requests). */
+static mgt_status wait_req(mgt_world *w, MPI_Request *req, const mgt_abort *abort, bool main,
+                           const char *what)
+{
+    double start = mgt_time_now();
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(rc, what);
+        if (done)
+            return MGT_OK;
+        if (mgt_abort_is_raised(abort))
+            return mgt_error_set(MGT_ERR_ABORTED, "MPI: %s aborted", what);
+        if (main ? poll_fail(w) : atomic_load(&w->remote_failed) != 0)
+            return mgt_error_set(MGT_ERR_ABORTED, "MPI: %s: another node failed", what);
+        if (w->timeout_s > 0 && mgt_time_now() - start > w->timeout_s)
+            return mgt_error_set(MGT_ERR_TIMEOUT,
+                                 "MPI: %s: no answer from the other nodes within --timeout %g s "
+                                 "(a node died or stalled)",
+                                 what, w->timeout_s);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static mgt_status check_count(size_t bytes, const char *what)
+{
+    if (bytes > (size_t)INT_MAX)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "MPI: %s of %zu bytes is over the 2 GiB a message "
+                             "may carry here",
+                             what, bytes);
+    return MGT_OK;
+}
+
+mgt_status mgt_world_check_devices(mgt_world *w, int local_devices)
+{
+    if (w->size == 1)
+        return MGT_OK;
+    int *all = calloc((size_t)w->size, sizeof *all);
+    if (!all)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    mgt_status st = mgt_world_allgather(w, &local_devices, sizeof local_devices, all, NULL);
+    for (int r = 1; r < w->size && st == MGT_OK; r++)
+        if (all[r] != all[0])
+            st = mgt_error_set(MGT_ERR_INVALID,
+                               "node %d has %d devices but node 0 has %d: every node must use "
+                               "the same local device count (--gpus)",
+                               r, all[r], all[0]);
+    free(all);
+    return st;
+}
+
+mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, const mgt_abort *abort)
+{
+    if (w->size == 1 || bytes == 0)
+        return MGT_OK;
+    mgt_status st = check_count(bytes, "a broadcast");
+    MPI_Request req;
+    if (st == MGT_OK)
+        MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, w->comm, &req);
+    return st == MGT_OK ? wait_req(w, &req, abort, true, "broadcast") : st;
+}
+
+static mgt_status allgather_on(mgt_world *w, MPI_Comm comm, const void *mine, size_t bytes,
+                               void *all, const mgt_abort *abort, bool main)
+{
+    mgt_status st = check_count(bytes, "an all-gather");
+    MPI_Request req;
+    if (st == MGT_OK)
+        MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm, &req);
+    return st == MGT_OK ? wait_req(w, &req, abort, main, "all-gather") : st;
+}
+
+mgt_status mgt_world_allgather(mgt_world *w, const void *mine, size_t bytes, void *all,
+                               const mgt_abort *abort)
+{
+    if (w->size == 1) {
+        memmove(all, mine, bytes);
+        return MGT_OK;
+    }
+    return allgather_on(w, w->comm, mine, bytes, all, abort, true);
+}
+
+mgt_status mgt_world_sum(mgt_world *w, double *v, int n, const mgt_abort *abort)
+{
+    if (w->size == 1 || n == 0)
+        return MGT_OK;
+    double *all = malloc((size_t)w->size * (size_t)n * sizeof *all);
+    if (!all)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    /* gathered and added in rank order, not MPI_SUM, whose order the library chooses */
+    mgt_status st = mgt_world_allgather(w, v, (size_t)n * sizeof *v, all, abort);
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        double s = 0;
+        for (int r = 0; r < w->size; r++)
+            s += all[(size_t)r * (size_t)n + (size_t)i];
+        v[i] = s;
+    }
+    free(all);
+    return st;
+}
+
+mgt_status mgt_world_barrier(mgt_world *w, const mgt_abort *abort)
+{
+    if (w->size == 1)
+        return MGT_OK;
+    MPI_Request req;
+    MPI_Ibarrier(w->comm, &req);
+    return wait_req(w, &req, abort, true, "barrier");
+}
+
+mgt_status mgt_world_channels(mgt_world *w, int n)
+{
+    if (w->size == 1 || w->nchan)
+        return MGT_OK;
+    w->chan = calloc((size_t)n, sizeof *w->chan);
+    if (!w->chan)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    for (int i = 0; i < n; i++) {
+        int rc = MPI_Comm_dup(w->comm, &w->chan[i]);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(rc, "MPI_Comm_dup of a device's communicator");
+        MPI_Comm_set_errhandler(w->chan[i], MPI_ERRORS_RETURN);
+        w->nchan = i + 1;
+    }
+    return MGT_OK;
+}
+
+mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, size_t bytes,
+                                    void *all, const mgt_abort *abort)
+{
+    if (w->size == 1) {
+        memmove(all, mine, bytes);
+        return MGT_OK;
+    }
+    if (chan < 0 || chan >= w->nchan)
+        return mgt_error_set(MGT_ERR_INVALID, "world: no channel %d (of %d)", chan, w->nchan);
+    double t0 = mgt_time_now();
+    mgt_status st = allgather_on(w, w->chan[chan], mine, bytes, all, abort, false);
+    if (st == MGT_OK && w->link_bw > 0) {
+        /* the link model: what shared memory did faster is slept off */
+        double left =
+            (w->size - 1) * (w->link_lat + (double)bytes / w->link_bw) - (mgt_time_now() - t0);
+        if (left > 0) {
+            struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return st;
+}
+
+void mgt_world_notify_failure(mgt_world *w, const char *text)
+{
+    if (!w || !w->mpi || w->size == 1 || atomic_load(&w->remote_failed) || w->notified)
+        return;
+    w->notified = true;
+    char msg[FAIL_TEXT];
+    snprintf(msg, sizeof msg, "%s", text);
+    MPI_Request *reqs = calloc((size_t)w->size, sizeof *reqs);
+    if (!reqs)
+        return;
+    int n = 0;
+    for (int r = 0; r < w->size; r++)
+        if (r != w->rank)
+            MPI_Isend(msg, FAIL_TEXT, MPI_CHAR, r, TAG_FAIL, w->ctrl, &reqs[n++]);
+    double start = mgt_time_now();
+    int done = 0;
+    while (!done && mgt_time_now() - start < 1.0) {
+        MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    free(reqs);
+}
+
+bool mgt_world_poll_failure(mgt_world *w, char *text, size_t cap)
+{
+    if (!w || !poll_fail(w))
+        return false;
+    snprintf(text, cap, "%s", w->fail_text);
+    return true;
+}
+
+void mgt_world_stop_propose(mgt_world *w, long step)
+{
+    if (!w || !w->mpi || w->stop_proposed)
+        return;
+    w->stop_proposed = true;
+    w->stop_requested = true;
+    w->stop_count++;
+    if (step > w->stop_max)
+        w->stop_max = step;
+    /* small eager messages: the sends complete at once, the buffer stays alive in w */
+    w->stop_out = step;
+    for (int r = 0; r < w->size; r++)
+        if (r != w->rank) {
+            MPI_Request req;
+            MPI_Isend(&w->stop_out, 1, MPI_LONG, r, TAG_STOP, w->ctrl, &req);
+            MPI_Request_free(&req);
+        }
+}
+
+bool mgt_world_stop_poll(mgt_world *w, bool *requested, long *agreed)
+{
+    *requested = false;
+    if (!w || !w->mpi)
+        return false;
+    for (;;) {
+        int done = 0;
+        if (w->stop_req == MPI_REQUEST_NULL)
+            break;
+        MPI_Test(&w->stop_req, &done, MPI_STATUS_IGNORE);
+        if (!done)
+            break;
+        w->stop_requested = true;
+        w->stop_count++;
+        if (w->stop_in > w->stop_max)
+            w->stop_max = w->stop_in;
+        MPI_Irecv(&w->stop_in, 1, MPI_LONG, MPI_ANY_SOURCE, TAG_STOP, w->ctrl, &w->stop_req);
+    }
+    *requested = w->stop_requested;
+    if (w->stop_proposed && w->stop_count >= w->size) {
+        *agreed = w->stop_max;
+        return true;
+    }
+    return false;
+}

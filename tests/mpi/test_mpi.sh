@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Multi-node runs under mpirun on this machine (ranks over shared memory): CTest runs one
+# case per call, `test_mpi.sh CASE MGTRAIN DATA TMP HAVE_MPI`. Exit 77 (a skip, with the
+# reason) where mpirun is missing or the build has no MPI.
+set -uo pipefail
+case_name=$1 mgtrain=$2 data=$3 tmp=$4/mpi-$1 have_mpi=$5
+command -v mpirun >/dev/null || { echo "SKIP: mpirun is missing (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+[ "$have_mpi" = ON ] || { echo "SKIP: this build has no MPI (cmake -DMGT_MPI=ON with libopenmpi-dev)"; exit 77; }
+rm -rf "$tmp" && mkdir -p "$tmp"
+MPIRUN=(mpirun --oversubscribe --allow-run-as-root --mca btl self,vader)
+# Open MPI leaves its own allocations (its dlopened components') at exit: leak reports under
+# the address sanitizer would be its, not ours (the single-process tests keep leak checks)
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+# a small run: resnet20 on the committed sample (300 training, 300 validation images), 8
+# images per device, batch norm live; one decode thread per process on this loaded machine
+RUN=("$data" -a resnet20 --device cpu -b 32 --max-steps 3 -j 1 --seed 7)
+
+fail() { echo "FAIL: $*"; exit 1; }
+val_line() { grep -a ' \* Acc@1' "$1" | tail -1; }
+
+case $case_name in
+equivalence)
+    # 2 processes x 2 mock devices against 1 process x 4: the same bytes, the same validation
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 2 --checkpoint-dir "$tmp/one" >"$tmp/one.txt" 2>&1 ||
+        fail "1x4: $(tail -3 "$tmp/one.txt")"
+    timeout 120 "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 2 --checkpoint-dir "$tmp/two" \
+        >"$tmp/two.txt" 2>&1 || fail "2x2: $(tail -5 "$tmp/two.txt")"
+    grep -q "world: 2 nodes x 2 devices = 4 replicas" "$tmp/two.txt" || fail "2x2 did not say its world"
+    grep -q "8 per device x 4 devices = 32 per step" "$tmp/two.txt" || fail "2x2 did not say its batch"
+    [ "$(grep -c '(300 validation images)' "$tmp/two.txt")" = 2 ] ||
+        fail "2x2 printed other than two validations of 300 images (only node 0 prints)"
+    cmp "$tmp/one/checkpoint.safetensors" "$tmp/two/checkpoint.safetensors" ||
+        fail "the 2x2 weights differ from the 1x4 weights"
+    [ "$(val_line "$tmp/one.txt")" = "$(val_line "$tmp/two.txt")" ] ||
+        fail "validation differs: 1x4 '$(val_line "$tmp/one.txt")', 2x2 '$(val_line "$tmp/two.txt")'"
+    echo "2x2 = 1x4: $(val_line "$tmp/two.txt")"
+    ;;
+resume)
+    # a 2x2 checkpoint goes on on 1x4 exactly as 1x4 would have, and on 1x2
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 2 --checkpoint-dir "$tmp/ref" >"$tmp/ref.txt" 2>&1 ||
+        fail "1x4: $(tail -3 "$tmp/ref.txt")"
+    timeout 120 "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 --checkpoint-dir "$tmp/two" \
+        >"$tmp/two.txt" 2>&1 || fail "2x2: $(tail -5 "$tmp/two.txt")"
+    cp -r "$tmp/two" "$tmp/two_b"
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 2 --checkpoint-dir "$tmp/two" --resume auto \
+        >"$tmp/on4.txt" 2>&1 || fail "resume on 1x4: $(tail -3 "$tmp/on4.txt")"
+    grep -q "resumed from .* at epoch 1 step 0" "$tmp/on4.txt" || fail "1x4 did not resume at epoch 1"
+    cmp "$tmp/ref/checkpoint.safetensors" "$tmp/two/checkpoint.safetensors" ||
+        fail "2x2 then 1x4 differs from 1x4 throughout"
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 2 --checkpoint-dir "$tmp/two_b" --resume auto \
+        >"$tmp/on2.txt" 2>&1 || fail "resume on 1x2: $(tail -3 "$tmp/on2.txt")"
+    grep -q "resumed from .* at epoch 1 step 0" "$tmp/on2.txt" || fail "1x2 did not resume at epoch 1"
+    grep -q '(300 validation images)' "$tmp/on2.txt" || fail "1x2 did not validate"
+    echo "resumed on 1x4 (bit-identical) and on 1x2"
+    ;;
+fault)
+    # a kernel fault on device 1 of rank 1 ends both ranks, with one line naming the node
+    start=$(date +%s)
+    timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 3 : \
+        -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 3 --mock 'fault=kernel@1:400' >"$tmp/out.txt" 2>&1
+    rc=$?
+    took=$(($(date +%s) - start))
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "rc $rc (124: a hang): $(tail -5 "$tmp/out.txt")"
+    [ $took -le 10 ] || fail "took ${took} s to end both ranks"
+    [ "$(grep -c '^mgtrain: ' "$tmp/out.txt")" = 1 ] || fail "not one line: $(grep '^mgtrain: ' "$tmp/out.txt")"
+    grep -q '^mgtrain: node 1 of 2 .*mock:.*epoch 0 step .*injected fault' "$tmp/out.txt" ||
+        fail "the line does not name node, device, step and cause: $(grep '^mgtrain: ' "$tmp/out.txt")"
+    echo "ended in ${took} s: $(grep '^mgtrain: ' "$tmp/out.txt")"
+    ;;
+kill)
+    # rank 1 SIGKILLed mid-training: rank 0 stops (mpirun's own reaction, or --timeout) and
+    # nothing hangs
+    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --timeout 5 \
+        >"$tmp/out.txt" 2>&1 &
+    mp=$!
+    for _ in $(seq 1 300); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
+    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
+    victim=
+    for p in $(pgrep -P $mp); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+    done
+    [ -n "$victim" ] || { kill $mp; fail "no rank 1 among mpirun's children"; }
+    start=$(date +%s)
+    kill -9 "$victim"
+    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $mp 2>/dev/null; then
+        kill -9 $mp
+        fail "rank 0 still runs 20 s after rank 1 was killed"
+    fi
+    wait $mp
+    rc=$?
+    [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
+    echo "stopped $(($(date +%s) - start)) s after the kill, rc $rc"
+    ;;
+sigint)
+    # Ctrl-C on the launcher (mpirun forwards SIGINT to every rank): the nodes agree on the
+    # step to stop at, node 0 saves, and the checkpoint goes on (here on 1x4)
+    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --print-freq 1 \
+        --checkpoint-dir "$tmp/ck" >"$tmp/out.txt" 2>&1 &
+    mp=$!
+    for _ in $(seq 1 300); do grep -q '^Epoch: \[0\]\[ *3/' "$tmp/out.txt" && break; sleep 0.1; done
+    kill -INT $mp
+    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $mp 2>/dev/null; then
+        kill -9 $mp
+        fail "still running 20 s after SIGINT"
+    fi
+    wait $mp
+    # mid-epoch: the agreed step and its line; a signal during validation stops after the
+    # epoch's checkpoint, without a line
+    grep -q '^=> stopped at epoch .* step .*; checkpoint .*checkpoint.safetensors' "$tmp/out.txt" ||
+        [ -f "$tmp/ck/checkpoint.safetensors" ] || fail "no stop with a checkpoint: $(tail -5 "$tmp/out.txt")"
+    timeout 120 "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 4 --checkpoint-dir "$tmp/ck" \
+        --resume auto >"$tmp/resume.txt" 2>&1 || fail "resume: $(tail -3 "$tmp/resume.txt")"
+    grep -q 'resumed from' "$tmp/resume.txt" || fail "did not resume: $(tail -3 "$tmp/resume.txt")"
+    echo "$(grep '^=> stopped' "$tmp/out.txt"); resumed on 1x4"
+    ;;
+bench)
+    # bench allreduce across 2 ranks: a row per size with both variants, the model beside them
+    timeout 120 "${MPIRUN[@]}" -np 2 "$mgtrain" bench allreduce --device cpu --gpus 0,1 \
+        --mock 'link=25GB/s,10us;xlink=1GB/s,20us' --min-bytes 64K --max-bytes 256K \
+        --json "$tmp/b.json" >"$tmp/out.txt" 2>&1 || fail "bench: $(tail -5 "$tmp/out.txt")"
+    grep -q '2 nodes x 2 mock devices = 4' "$tmp/out.txt" || fail "no world line: $(head -3 "$tmp/out.txt")"
+    [ "$(grep -cE '^ +(65536|131072|262144) \|' "$tmp/out.txt")" = 3 ] || fail "not 3 rows: $(cat "$tmp/out.txt")"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and d["devices"]==4 and len(r)==3 and all(x["hier"]["time_s"]>0 and x["flat"]["model_s"]>0 for x in r)' \
+        "$tmp/b.json" || fail "bad --json: $(cat "$tmp/b.json")"
+    echo "$(grep -E '^ +262144' "$tmp/out.txt")"
+    ;;
+bad_env)
+    # nodes with different local device counts: a clear error, no hang
+    timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
+        -np 1 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 >"$tmp/out.txt" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "rc $rc: $(tail -5 "$tmp/out.txt")"
+    grep -q 'node 1 has 1 devices but node 0 has 2: every node must use the same local device count' \
+        "$tmp/out.txt" || fail "no clear error: $(grep mgtrain "$tmp/out.txt")"
+    echo "$(grep -m1 'node 1 has' "$tmp/out.txt")"
+    ;;
+*)
+    fail "unknown case $case_name"
+    ;;
+esac
