@@ -1,6 +1,8 @@
 # Loads an mgtrain training checkpoint the way a PyTorch user would: its tensors minus the
-# optimizer's state ("optimizer.*", mgtrain's own) go into the architecture's model with
-# load_state_dict(strict=True), and the model runs a forward. Called by
+# optimizer's state ("optimizer.*", mgtrain's own) and the EMA model ("model_ema.*", from
+# --model-ema) go into the architecture's model with load_state_dict(strict=True), and the
+# model runs a forward; the EMA tensors, when there, load the same way into a second model
+# (the references' model_ema.module). Called by
 # tests/test_checkpoint.c (test_checkpoint_loads_in_pytorch).
 #
 # usage: /usr/bin/python3 scripts/check_checkpoint_torch.py CHECKPOINT.safetensors
@@ -23,11 +25,17 @@ def main():
     if meta.get("format") != "pt":
         print("check_checkpoint_torch: metadata format is %r, not 'pt'" % meta.get("format"))
         return 1
-    state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    state = {k: v for k, v in tensors.items()
+             if not k.startswith("optimizer.") and not k.startswith("model_ema.")}
+    ema = {k[len("model_ema."):]: v for k, v in tensors.items() if k.startswith("model_ema.")}
     arch, classes, cin = meta["arch"], int(meta["classes"]), int(meta["in_channels"])
     size = int(meta["image_size"])
     model, source = ctl.build(arch, classes, cin)
     model.load_state_dict(state, strict=True)
+    if ema:
+        ctl.build(arch, classes, cin)[0].load_state_dict(ema, strict=True)
+        print("check_checkpoint_torch: the EMA model loaded %d tensors with strict=True"
+              % len(ema))
     model.eval()
     with torch.no_grad():
         out = model(torch.zeros(2, cin, size, size))

@@ -10,7 +10,7 @@
 #            for every BN buffer after the training forward stats.<name>.samples.
 # Uses torchvision's model where python3-torchvision is installed, else the classes
 # written out in make_model_goldens.py. Exit status 0: all agree; 1: a mismatch (printed);
-# 77: PyTorch is missing (the C test skips).
+# 77: PyTorch is missing (the C test skips). MGT_CHECK_GRADS=0 leaves the gradients out.
 import json
 import math
 import os
@@ -66,6 +66,10 @@ def main():
     model, source = build(arch, classes, int(meta["in_channels"]))
     model.load_state_dict(weights, strict=True)
     model = model.double()
+    # dropout and stochastic depth at p = 0, as the C side builds them (no_dropout)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
     print("check_torch_load: %s from %s, loaded with strict=True" % (arch, source))
     x = check["input"].double()
     labels = check["labels"].long()
@@ -98,7 +102,12 @@ def main():
         layer_scale[layer] = max(layer_scale.get(layer, 0.0),
                                  float(p.grad.reshape(-1)[idx].abs().max()))
         layer_norm[layer] = max(layer_norm.get(layer, 0.0), float(p.grad.norm()))
+    # MGT_CHECK_GRADS=0: the state_dict, logits, loss and BN statistics only (for weights whose
+    # gradients are too ill-conditioned in float32 to hold to TOL_GRAD)
+    check_grads = os.environ.get("MGT_CHECK_GRADS", "1") != "0"
     for name, p in params.items():
+        if not check_grads:
+            break
         g = p.grad.reshape(-1)
         idx = mg.sample_index(name, p.numel())
         rel("grad." + name + ".samples", check["grad." + name + ".samples"], g[idx],

@@ -133,6 +133,29 @@ static void test_exit_codes(void **state)
     expect(app("--data", data_dir, "--gpus", "0,,1", "--device", "cpu", NULL), 2, "--gpus");
     expect(app("bench", "-a", "resnet19", "--device", "cpu", NULL), 2, "resnet19");
     expect(app("devices", "--device", "cpu", "--mock", "peers=x", NULL), 2, "peers");
+    /* the references' recipe flags */
+    expect(app("--data", data_dir, "--opt", "adam", NULL), 2,
+           "--opt 'adam': expected sgd, sgd_nesterov, adamw or rmsprop");
+    expect(app("--data", data_dir, "--opt", "adamw", "--nesterov", NULL), 2, "--nesterov");
+    expect(app("--data", data_dir, "--lr-scheduler", "cosine", NULL), 2, "--lr-scheduler 'cosine'");
+    expect(app("--data", data_dir, "--lr-schedule", "cosine", "--lr-warmup-epochs", "2", NULL), 2,
+           "use one family");
+    expect(app("--data", data_dir, "--lr-warmup-method", "linear", NULL), 2,
+           "--lr-warmup-method needs --lr-scheduler");
+    expect(app("--data", data_dir, "--lr-scheduler", "steplr", "--lr-warmup-method", "cubic", NULL),
+           2, "--lr-warmup-method 'cubic'");
+    expect(app("--data", data_dir, "--accum-steps", "0", NULL), 2, "--accum-steps");
+    expect(app("--data", data_dir, "--model-ema-decay", "2", NULL), 2, "--model-ema-decay");
+    expect(app("--data", data_dir, "--clip-grad-norm", "-1", NULL), 2, "--clip-grad-norm");
+    expect(app("--data", data_dir, "--norm-weight-decay", "x", NULL), 2, "--norm-weight-decay");
+    /* every flag of the recipe in one quick run */
+    expect(app("--data", data_dir, QUICK, MOCK2, "--opt", "rmsprop", "--norm-weight-decay", "0",
+               "--bias-weight-decay", "0", "--lr-scheduler", "exponentiallr", "--lr-gamma", "0.9",
+               "--lr-warmup-epochs", "1", "--lr-warmup-method", "linear", "--lr-warmup-decay",
+               "0.1", "--lr-min", "0", "--lr-step-size", "3", "--clip-grad-norm", "1",
+               "--accum-steps", "2", "--model-ema", "--model-ema-steps", "1", "--model-ema-decay",
+               "0.9", NULL),
+           0, NULL);
 
     expect(app("--data", "/nonexistent/mgt-data", QUICK, MOCK2, NULL), 1, "/nonexistent/mgt-data");
     char corrupt[512];

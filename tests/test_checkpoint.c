@@ -171,10 +171,17 @@ static void test_checkpoint_contents(void **state)
     (void)state;
     mgt_st_file *f;
     CHECK(mgt_st_open(base_ckpt, &f));
-    static const char *const meta[][2] = {
-        {"format", "pt"},    {"mgtrain_format", "3"}, {"optimizer", "sgd"},
-        {"epoch", "1"},      {"step", "0"},           {"seed", "3"},
-        {"batch_size", "8"}, {"devices", "1"},        {"arch", "resnet20"}};
+    static const char *const meta[][2] = {{"format", "pt"},
+                                          {"mgtrain_format", "3"},
+                                          {"optimizer", "sgd"},
+                                          {"epoch", "1"},
+                                          {"step", "0"},
+                                          {"seed", "3"},
+                                          {"batch_size", "8"},
+                                          {"devices", "1"},
+                                          {"arch", "resnet20"},
+                                          {"optimizer_steps", "2"},
+                                          {"model_ema_n_averaged", "0"}};
     for (size_t i = 0; i < sizeof meta / sizeof *meta; i++) {
         const char *v = mgt_st_metadata_get(f, meta[i][0]);
         if (!v || strcmp(v, meta[i][1]) != 0)
@@ -279,6 +286,19 @@ static void test_resume_formats(void **state)
     path = variant("format3_noscale.safetensors", &(change){.meta = {{"loss_scale", NULL}}});
     expect_resume_error(path, MGT_ERR_INVALID,
                         (const char *const[]){"loss_scale", "is missing", NULL});
+    /* format 2: no optimizer step count (SGD's state is live when it is there), no EMA */
+    path = variant("format2.safetensors", &(change){.meta = {{"mgtrain_format", "2"},
+                                                             {"optimizer_steps", NULL},
+                                                             {"model_ema_n_averaged", NULL}}});
+    snprintf(v1, sizeof v1, "%s", path);
+    base_config(&c);
+    c.epochs = 2;
+    c.resume = v1;
+    CHECK(run(&c, &res));
+    assert_int_equal(res.epochs_done, 1);
+    /* format 3 requires the step count */
+    path = variant("nosteps.safetensors", &(change){.meta = {{"optimizer_steps", NULL}}});
+    expect_resume_error(path, MGT_ERR_INVALID, (const char *const[]){"optimizer_steps", NULL});
 
     path = variant("format4.safetensors", &(change){.meta = {{"mgtrain_format", "4"}}});
     expect_resume_error(path, MGT_ERR_UNSUPPORTED,
@@ -380,6 +400,23 @@ static void test_checkpoint_loads_in_pytorch(void **state)
              "/usr/bin/python3 " MGT_TEST_DATA_DIR "/../../scripts/check_checkpoint_torch.py "
              "'%s'",
              base_ckpt);
+    assert_int_equal(system(cmd), 0);
+    /* with --model-ema and AdamW: the EMA model loads strictly too */
+    mgt_train_config c;
+    mgt_train_result res;
+    char dir[400], path[512];
+    snprintf(dir, sizeof dir, "%s/ema", root);
+    base_config(&c);
+    c.opt = MGT_OPT_ADAMW;
+    c.model_ema = true;
+    c.model_ema_steps = 1;
+    c.checkpoint_dir = dir;
+    CHECK(run(&c, &res));
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 " MGT_TEST_DATA_DIR "/../../scripts/check_checkpoint_torch.py "
+             "'%s' | grep -q 'EMA model loaded'",
+             path);
     assert_int_equal(system(cmd), 0);
 }
 

@@ -615,6 +615,29 @@ static bool gen_sum(tcase *c, int idx, rng *r)
     return true;
 }
 
+static bool gen_sum_squares(tcase *c, int idx, rng *r)
+{
+    static const size_t ns[] = {1, 2, 17, 1000, 65537, 300007, 4096, 77};
+    if (idx >= 8)
+        return false;
+    size_t n = ns[idx];
+    float *x = case_f32(c, n);
+    /* one case of large values, whose squares a float accumulator would round away */
+    float half = idx == 6 ? 100.0f : 1.0f;
+    fill_unif(r, x, n, -half, half);
+    double mag = 0;
+    for (size_t i = 0; i < n; i++)
+        mag += (double)x[i] * x[i];
+    c->op.kind = MGT_OP_SUMSQ;
+    c->op.u.sum.out = case_f32(c, 1);
+    c->op.u.sum.x = x;
+    c->op.u.sum.n = n;
+    c->rtol = 1e-6;
+    c->mag = mag;
+    case_desc(c, "n=%zu range=+-%g", n, (double)half);
+    return true;
+}
+
 static bool gen_add(tcase *c, int idx, rng *r)
 {
     if (idx >= (int)N_VEC_SIZES)
@@ -1008,17 +1031,20 @@ static bool gen_relu_bwd(tcase *c, int idx, rng *r)
 }
 
 /* n, c, h, w, kh, kw, stride h/w, pad h/w */
-static const int pool_shapes[][10] = {
-    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},   /* ResNet's 3/2/1 */
-    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},   /* 2/2/0 */
-    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},   /* non-square window and stride */
-    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1}, /* overlapping windows */
-    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},   /* even window, half of it padding at the corner */
-    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},   /* 1x1 */
-    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},  /* stride equals window */
-    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1}, /* ResNet's, larger */
-    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},  /* tall window */
-    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},   /* one window covering everything */
+static const int pool_shapes[][11] = {
+    {1, 3, 7, 7, 3, 3, 2, 2, 1, 1},      /* ResNet's 3/2/1 */
+    {2, 5, 8, 6, 2, 2, 2, 2, 0, 0},      /* 2/2/0 */
+    {1, 1, 5, 9, 3, 2, 1, 2, 1, 0},      /* non-square window and stride */
+    {3, 13, 11, 7, 3, 3, 1, 1, 1, 1},    /* overlapping windows */
+    {2, 4, 6, 6, 4, 4, 2, 2, 2, 2},      /* even window, half of it padding at the corner */
+    {1, 2, 1, 1, 1, 1, 1, 1, 0, 0},      /* 1x1 */
+    {2, 3, 9, 10, 3, 3, 3, 3, 0, 1},     /* stride equals window */
+    {4, 8, 12, 12, 3, 3, 2, 2, 1, 1},    /* ResNet's, larger */
+    {1, 9, 13, 5, 5, 3, 2, 1, 2, 1},     /* tall window */
+    {2, 6, 4, 4, 4, 4, 1, 1, 0, 0},      /* one window covering everything */
+    {2, 3, 14, 14, 3, 3, 2, 2, 0, 0, 1}, /* SqueezeNet's ceil_mode: a last clipped window */
+    {1, 2, 8, 7, 3, 3, 2, 2, 1, 1, 1},   /* ceil_mode with padding */
+    {1, 2, 6, 6, 2, 2, 2, 2, 0, 0, 1},   /* ceil_mode where it rounds nothing */
 };
 #define N_POOL_SHAPES ((int)(sizeof pool_shapes / sizeof pool_shapes[0]))
 
@@ -1035,7 +1061,8 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
                                  .stride_h = v[6],
                                  .stride_w = v[7],
                                  .pad_h = v[8],
-                                 .pad_w = v[9]};
+                                 .pad_w = v[9],
+                                 .ceil_mode = v[10] != 0};
         return;
     }
     sh->n = rng_int(r, 1, 3);
@@ -1048,6 +1075,7 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
     sh->w = rng_int(r, sh->kw - 2 * sh->pad_w > 1 ? sh->kw - 2 * sh->pad_w : 1, 12);
     sh->stride_h = rng_int(r, 1, 3);
     sh->stride_w = rng_int(r, 1, 3);
+    sh->ceil_mode = rng_int(r, 0, 1);
 }
 
 static size_t pool_x_len(const mgt_pool2d_shape *sh)
@@ -1070,9 +1098,9 @@ static void fill_pool_x(rng *r, float *x, size_t n, bool ties)
 
 static void pool_desc(tcase *c, const mgt_pool2d_shape *sh, bool ties)
 {
-    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s", sh->n, sh->c, sh->h, sh->w,
+    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s%s", sh->n, sh->c, sh->h, sh->w,
               sh->kh, sh->kw, sh->stride_h, sh->stride_w, sh->pad_h, sh->pad_w,
-              ties ? " ties" : "");
+              sh->ceil_mode ? " ceil" : "", ties ? " ties" : "");
 }
 
 static bool gen_maxpool_fwd(tcase *c, int idx, rng *r)
@@ -1211,6 +1239,208 @@ static bool gen_bias(tcase *c, int idx, rng *r, bool fwd)
 
 static bool gen_bias_fwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, true); }
 static bool gen_bias_bwd(tcase *c, int idx, rng *r) { return gen_bias(c, idx, r, false); }
+
+/* n, c, hw */
+static const int chbias_shapes[][3] = {{1, 1, 1},   {2, 3, 49},  {4, 13, 9}, {1, 512, 1},
+                                       {3, 7, 100}, {8, 64, 16}, {5, 1, 3},  {2, 33, 2}};
+#define N_CHBIAS_SHAPES ((int)(sizeof chbias_shapes / sizeof chbias_shapes[0]))
+
+static bool gen_chbias(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_CHBIAS_SHAPES + 2)
+        return false;
+    int n, ch, hw;
+    if (idx < N_CHBIAS_SHAPES) {
+        n = chbias_shapes[idx][0];
+        ch = chbias_shapes[idx][1];
+        hw = chbias_shapes[idx][2];
+    } else {
+        n = rng_int(r, 1, 9);
+        ch = rng_int(r, 1, 40);
+        hw = rng_int(r, 1, 60);
+    }
+    size_t ny = (size_t)n * ch * hw;
+    float *big = case_f32(c, ny), *vec = case_f32(c, ch);
+    fill_unif(r, big, ny, -1, 1);
+    fill_unif(r, vec, ch, -1, 1);
+    if (fwd) {
+        c->op.kind = MGT_OP_CHBIAS_FWD;
+        c->op.u.chbias_fwd.y = big;
+        c->op.u.chbias_fwd.bias = vec;
+        c->op.u.chbias_fwd.n = n;
+        c->op.u.chbias_fwd.c = ch;
+        c->op.u.chbias_fwd.hw = hw;
+        c->rtol = 1e-6;
+    } else {
+        c->op.kind = MGT_OP_CHBIAS_BWD;
+        c->op.u.chbias_bwd.dbias = vec;
+        c->op.u.chbias_bwd.dy = big;
+        c->op.u.chbias_bwd.n = n;
+        c->op.u.chbias_bwd.c = ch;
+        c->op.u.chbias_bwd.hw = hw;
+        c->rtol = tol_for((double)n * hw);
+    }
+    case_desc(c, "n=%d c=%d hw=%d", n, ch, hw);
+    return true;
+}
+
+static bool gen_chbias_fwd(tcase *c, int idx, rng *r) { return gen_chbias(c, idx, r, true); }
+static bool gen_chbias_bwd(tcase *c, int idx, rng *r) { return gen_chbias(c, idx, r, false); }
+
+/* n, per image, p x100, sample0, stride; per-image sizes that are and are not multiples of
+   four (the mask's blocks), p = 0 (identity) and large */
+static const int dropout_shapes[][5] = {
+    {1, 1, 50, 0, 1},   {2, 7, 50, 3, 2},    {4, 4096, 50, 0, 4}, {3, 4097, 10, 9, 3},
+    {1, 1000, 0, 0, 1}, {8, 33, 90, 100, 8}, {5, 6, 20, 1, 1}};
+#define N_DROPOUT_SHAPES ((int)(sizeof dropout_shapes / sizeof dropout_shapes[0]))
+
+static void dropout_op(mgt_op *op, float *y, const float *x, int n, size_t per, float p,
+                       uint64_t s0, uint64_t stride, uint64_t step, uint32_t stream)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = MGT_OP_DROPOUT;
+    op->u.dropout.y = y;
+    op->u.dropout.x = x;
+    op->u.dropout.n = n;
+    op->u.dropout.per_image = per;
+    op->u.dropout.p = p;
+    op->u.dropout.seed = 0x123456789abcull;
+    op->u.dropout.step = step;
+    op->u.dropout.sample0 = s0;
+    op->u.dropout.sample_stride = stride;
+    op->u.dropout.stream = stream;
+}
+
+static bool gen_dropout(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_DROPOUT_SHAPES + 2)
+        return false;
+    int n, per, pc, s0, stride;
+    if (idx < N_DROPOUT_SHAPES) {
+        n = dropout_shapes[idx][0];
+        per = dropout_shapes[idx][1];
+        pc = dropout_shapes[idx][2];
+        s0 = dropout_shapes[idx][3];
+        stride = dropout_shapes[idx][4];
+    } else {
+        n = rng_int(r, 1, 9);
+        per = rng_int(r, 1, 300);
+        pc = rng_int(r, 0, 95);
+        s0 = rng_int(r, 0, 1000);
+        stride = rng_int(r, 1, 8);
+    }
+    size_t nx = (size_t)n * per;
+    float *x = case_f32(c, nx);
+    fill_unif(r, x, nx, -1, 1);
+    dropout_op(&c->op, case_f32(c, nx), x, n, (size_t)per, (float)pc / 100.0f, (uint64_t)s0,
+               (uint64_t)stride, (uint64_t)idx * 7 + 1, (uint32_t)(idx % 3));
+    c->rtol = 1e-6;
+    case_desc(c, "n=%d per_image=%d p=%.2f sample0=%d stride=%d", n, per, pc / 100.0, s0, stride);
+    return true;
+}
+
+/* n, c, h, w, oh, ow: VGG's 7x7 from 1x1 (replication), AlexNet's 6x6 from 13x13 (overlapping
+   windows), exact divisions, 1x1 (global), growing and shrinking */
+static const int apool_shapes[][6] = {{2, 3, 1, 1, 7, 7}, {1, 4, 13, 13, 6, 6}, {2, 5, 8, 8, 4, 4},
+                                      {3, 2, 7, 5, 1, 1}, {1, 3, 5, 7, 3, 2},   {2, 2, 2, 3, 5, 4},
+                                      {1, 1, 9, 9, 9, 9}, {4, 6, 14, 14, 7, 7}};
+#define N_APOOL_SHAPES ((int)(sizeof apool_shapes / sizeof apool_shapes[0]))
+
+static bool gen_apool(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_APOOL_SHAPES + 3)
+        return false;
+    int v[6];
+    for (int k = 0; k < 6; k++)
+        v[k] = idx < N_APOOL_SHAPES ? apool_shapes[idx][k] : 0;
+    if (idx >= N_APOOL_SHAPES) {
+        v[0] = rng_int(r, 1, 4);
+        v[1] = rng_int(r, 1, 9);
+        v[2] = rng_int(r, 1, 15);
+        v[3] = rng_int(r, 1, 15);
+        v[4] = rng_int(r, 1, 8);
+        v[5] = rng_int(r, 1, 8);
+    }
+    size_t nx = (size_t)v[0] * v[1] * v[2] * v[3], ny = (size_t)v[0] * v[1] * v[4] * v[5];
+    if (fwd) {
+        float *x = case_f32(c, nx);
+        fill_unif(r, x, nx, -1, 1);
+        c->op.kind = MGT_OP_APOOL_FWD;
+        c->op.u.apool_fwd.y = case_f32(c, ny);
+        c->op.u.apool_fwd.x = x;
+        c->op.u.apool_fwd.n = v[0];
+        c->op.u.apool_fwd.c = v[1];
+        c->op.u.apool_fwd.h = v[2];
+        c->op.u.apool_fwd.w = v[3];
+        c->op.u.apool_fwd.oh = v[4];
+        c->op.u.apool_fwd.ow = v[5];
+        c->rtol = tol_for((double)v[2] * v[3]);
+    } else {
+        float *dy = case_f32(c, ny);
+        fill_unif(r, dy, ny, -1, 1);
+        c->op.kind = MGT_OP_APOOL_BWD;
+        c->op.u.apool_bwd.dx = case_f32(c, nx);
+        c->op.u.apool_bwd.dy = dy;
+        c->op.u.apool_bwd.n = v[0];
+        c->op.u.apool_bwd.c = v[1];
+        c->op.u.apool_bwd.h = v[2];
+        c->op.u.apool_bwd.w = v[3];
+        c->op.u.apool_bwd.oh = v[4];
+        c->op.u.apool_bwd.ow = v[5];
+        c->rtol = tol_for((double)v[4] * v[5]);
+    }
+    case_desc(c, "n=%d c=%d %dx%d -> %dx%d", v[0], v[1], v[2], v[3], v[4], v[5]);
+    return true;
+}
+
+static bool gen_apool_fwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, true); }
+static bool gen_apool_bwd(tcase *c, int idx, rng *r) { return gen_apool(c, idx, r, false); }
+
+/* n, rows, count, y_stride, y_row, x_stride, x_row: a channel slice into a concatenation and
+   back out, a shuffle of 2 groups, contiguous, one element */
+static const int scopy_shapes[][7] = {{2, 1, 12, 30, 12, 12, 12}, {3, 1, 8, 20, 8, 20, 8},
+                                      {2, 4, 5, 40, 10, 20, 5},   {1, 1, 100, 100, 100, 100, 100},
+                                      {1, 1, 1, 1, 1, 1, 1},      {4, 3, 7, 50, 14, 21, 7}};
+#define N_SCOPY_SHAPES ((int)(sizeof scopy_shapes / sizeof scopy_shapes[0]))
+
+static bool gen_scopy(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_SCOPY_SHAPES + 3)
+        return false;
+    int n, rows;
+    size_t count, ys, yr, xs, xr;
+    if (idx < N_SCOPY_SHAPES) {
+        const int *v = scopy_shapes[idx];
+        n = v[0], rows = v[1], count = (size_t)v[2], ys = (size_t)v[3], yr = (size_t)v[4];
+        xs = (size_t)v[5], xr = (size_t)v[6];
+    } else {
+        n = rng_int(r, 1, 5);
+        rows = rng_int(r, 1, 6);
+        count = (size_t)rng_int(r, 1, 20);
+        yr = count + (size_t)rng_int(r, 0, 9);
+        xr = (size_t)rng_int(r, 0, 25);
+        ys = (size_t)rows * yr + (size_t)rng_int(r, 0, 9);
+        xs = (size_t)rng_int(r, 0, 200);
+    }
+    size_t ny = (size_t)(n - 1) * ys + (size_t)(rows - 1) * yr + count;
+    size_t nx = (size_t)(n - 1) * xs + (size_t)(rows - 1) * xr + count;
+    float *y = case_f32(c, ny), *x = case_f32(c, nx);
+    fill_unif(r, y, ny, -1, 1);
+    fill_unif(r, x, nx, -1, 1);
+    c->op.kind = MGT_OP_STRIDED_COPY;
+    c->op.u.scopy.y = y;
+    c->op.u.scopy.x = x;
+    c->op.u.scopy.n = n;
+    c->op.u.scopy.rows = rows;
+    c->op.u.scopy.count = count;
+    c->op.u.scopy.y_stride = ys;
+    c->op.u.scopy.y_row = yr;
+    c->op.u.scopy.x_stride = xs;
+    c->op.u.scopy.x_row = xr;
+    c->rtol = 0;
+    case_desc(c, "n=%d rows=%d count=%zu y %zu/%zu x %zu/%zu", n, rows, count, ys, yr, xs, xr);
+    return true;
+}
 
 /* n, classes, smoothing x10, logit scale */
 static const int xent_shapes[][4] = {
@@ -1489,6 +1719,78 @@ static bool gen_sgd(tcase *c, int idx, rng *r)
     case_desc(c, "n=%d lr=%g m=%g damp=%g wd=%g scale=%g%s%s", sc.n, (double)sc.lr,
               (double)sc.momentum, (double)sc.dampening, (double)sc.wd, (double)sc.grad_scale,
               sc.nesterov ? " nesterov" : "", sc.first_step ? " first_step" : "");
+    return true;
+}
+
+/* AdamW from step t with moments drawn as a run would have them (v >= 0); the bias
+   corrections worked out as mgt/optim.h's optimizer does. */
+static bool gen_adamw(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    static const int steps[] = {1, 2, 10, 1, 1000, 3};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    int t = idx < 6 ? steps[idx] : rng_int(r, 1, 50);
+    double lr = idx < 6 ? 1e-3 * (idx + 1) : rng_unif(r, 0, 0.01f);
+    double wd = idx % 2 ? 0.05 : idx == 4 ? 0 : 1e-4;
+    float b1 = idx == 5 ? 0.5f : 0.9f, b2 = idx == 5 ? 0.9f : 0.999f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n);
+    float *m = case_f32(c, n), *v = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, m, n, -0.1f, 0.1f);
+    fill_unif(r, v, n, 0, 0.01f);
+    if (t == 1) /* the first step starts from zero moments */
+        for (int i = 0; i < n; i++)
+            m[i] = v[i] = 0;
+    c->op.kind = MGT_OP_ADAMW;
+    c->op.u.adamw.param = param;
+    c->op.u.adamw.exp_avg = m;
+    c->op.u.adamw.exp_avg_sq = v;
+    c->op.u.adamw.grad = grad;
+    c->op.u.adamw.n = (size_t)n;
+    c->op.u.adamw.p = (mgt_adamw_params){.beta1 = b1,
+                                         .beta2 = b2,
+                                         .eps = 1e-8f,
+                                         .grad_scale = idx == 2 ? 0.25f : 1.0f,
+                                         .decay = (float)(1 - lr * wd),
+                                         .step_size = (float)(lr / (1 - pow(b1, t))),
+                                         .bc2_sqrt = (float)sqrt(1 - pow(b2, t))};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d t=%d lr=%g wd=%g betas=%g,%g", n, t, lr, wd, (double)b1, (double)b2);
+    return true;
+}
+
+static bool gen_rmsprop(tcase *c, int idx, rng *r)
+{
+    static const int ns[] = {1, 1000, 777, 65537, 5, 4099};
+    if (idx >= 6 + 3)
+        return false;
+    int n = idx < 6 ? ns[idx] : rng_int(r, 1, 5000);
+    float momentum = idx % 3 == 0 ? 0.0f : 0.9f;
+    float *param = case_f32(c, n), *grad = case_f32(c, n), *sq = case_f32(c, n);
+    fill_unif(r, param, n, -1, 1);
+    fill_unif(r, grad, n, -1, 1);
+    fill_unif(r, sq, n, 0, idx == 1 ? 0.0f : 0.01f);
+    c->op.kind = MGT_OP_RMSPROP;
+    c->op.u.rmsprop.param = param;
+    c->op.u.rmsprop.square_avg = sq;
+    if (momentum != 0) {
+        c->op.u.rmsprop.momentum_buf = case_f32(c, n);
+        fill_unif(r, c->op.u.rmsprop.momentum_buf, n, -0.1f, 0.1f);
+    }
+    c->op.u.rmsprop.grad = grad;
+    c->op.u.rmsprop.n = (size_t)n;
+    c->op.u.rmsprop.p = (mgt_rmsprop_params){.lr = idx < 6 ? 0.01f * (idx + 1) : 0.05f,
+                                             .alpha = 0.9f,
+                                             .eps = idx == 4 ? 1e-8f : 0.0316f,
+                                             .weight_decay = idx % 2 ? 1e-4f : 0.0f,
+                                             .momentum = momentum,
+                                             .grad_scale = idx == 2 ? 0.5f : 1.0f};
+    c->rtol = 4e-6;
+    case_desc(c, "n=%d lr=%g m=%g wd=%g eps=%g", n, (double)c->op.u.rmsprop.p.lr, (double)momentum,
+              (double)c->op.u.rmsprop.p.weight_decay, (double)c->op.u.rmsprop.p.eps);
     return true;
 }
 
@@ -1779,7 +2081,7 @@ static int fd_relu(backend *be, const char *opname)
    winner. */
 static int fd_maxpool(backend *be, const char *opname)
 {
-    static const int pick[] = {0, 2, 3, 4, 8};
+    static const int pick[] = {0, 2, 3, 4, 8, 10, 11};
     int fails = 0;
     for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
         tcase c = {0};
@@ -1897,6 +2199,160 @@ static int fd_bias(backend *be, const char *opname)
         int bad = fd_backward(&f, &bwd);
         if (!bad)
             bad = fd_check(&f, bias, cols, db, "bias", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Channel bias: y += bias over n and hw; dL/dbias[ch] = the sum of r over its planes. */
+static int fd_chbias(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {2, 3, 5}, {3, 4, 7}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(610, t, 7);
+        int n = shapes[t][0], ch = shapes[t][1], hw = shapes[t][2];
+        size_t ny = (size_t)n * ch * hw;
+        float *y = case_f32(&c, ny), *bias = case_f32(&c, ch), *rw = case_f32(&c, ny);
+        float *db = case_f32(&c, ch);
+        fill_unif(&r, y, ny, -1, 1);
+        fill_unif(&r, bias, ch, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d", n, ch, hw);
+        mgt_op fwd = {.kind = MGT_OP_CHBIAS_FWD};
+        fwd.u.chbias_fwd.y = y;
+        fwd.u.chbias_fwd.bias = bias;
+        fwd.u.chbias_fwd.n = n;
+        fwd.u.chbias_fwd.c = ch;
+        fwd.u.chbias_fwd.hw = hw;
+        mgt_op bwd = {.kind = MGT_OP_CHBIAS_BWD};
+        bwd.u.chbias_bwd.dbias = db;
+        bwd.u.chbias_bwd.dy = rw;
+        bwd.u.chbias_bwd.n = n;
+        bwd.u.chbias_bwd.c = ch;
+        bwd.u.chbias_bwd.hw = hw;
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, bias, (size_t)ch, db, "bias", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* Dropout is its own backward: run on r with the same key it must give dL/dx of the forward.
+   Beside the finite differences, what the key promises: the kept fraction is near 1 - p, the
+   kept values are x / (1 - p), and a batch split into two calls (sample0 and the stride moved
+   on) gives the same mask as one call, while another step or stream gives another one. */
+static int fd_dropout(backend *be, const char *opname)
+{
+    static const int shapes[][3] = {{1, 9, 50}, {2, 13, 30}, {4, 2000, 50}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(620, t, 7);
+        int n = shapes[t][0], per = shapes[t][1];
+        float p = (float)shapes[t][2] / 100.0f;
+        size_t nx = (size_t)n * per;
+        float *x = case_f32(&c, nx), *y = case_f32(&c, nx), *rw = case_f32(&c, nx);
+        float *dx = case_f32(&c, nx);
+        fill_unif(&r, x, nx, 0.5f, 1.0f); /* never 0, so a dropped element shows as 0 */
+        fill_unif(&r, rw, nx, -1, 1);
+        case_desc(&c, "n=%d per_image=%d p=%.2f", n, per, (double)p);
+        mgt_op fwd, bwd;
+        dropout_op(&fwd, y, x, n, (size_t)per, p, 5, 3, 11, 1);
+        dropout_op(&bwd, dx, rw, n, (size_t)per, p, 5, 3, 11, 1);
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
+        const char *what;
+        if (!bad && dev_run_inplace(be, &fwd, &what) != MGT_OK) {
+            report_status(opname, t, c.desc, be, what, MGT_ERR_DEVICE);
+            bad = 1;
+        }
+        size_t kept = 0;
+        for (size_t i = 0; !bad && i < nx; i++) {
+            if (y[i] != 0.0f) {
+                kept++;
+                if (y[i] != x[i] * (1.0f / (1.0f - p))) {
+                    printf("FAIL %s fd %d (%s) %s: kept y[%zu] = %g, x / (1 - p) = %g\n", opname, t,
+                           c.desc, be->label, i, (double)y[i], (double)(x[i] / (1.0f - p)));
+                    bad = 1;
+                }
+            }
+        }
+        /* 6 standard deviations of a binomial */
+        double mean = (double)nx * (1.0 - p), sd = sqrt((double)nx * p * (1.0 - p));
+        if (!bad && fabs((double)kept - mean) > 6.0 * sd + 1.0) {
+            printf("FAIL %s fd %d (%s) %s: kept %zu of %zu at p=%g\n", opname, t, c.desc, be->label,
+                   kept, nx, (double)p);
+            bad = 1;
+        }
+        if (!bad && n > 1) {
+            /* the first image alone, then the rest from sample 5 + 3 */
+            float *y2 = case_f32(&c, nx), *y3 = case_f32(&c, nx);
+            mgt_op a, b2, other;
+            dropout_op(&a, y2, x, 1, (size_t)per, p, 5, 3, 11, 1);
+            dropout_op(&b2, y2 + per, x + per, n - 1, (size_t)per, p, 8, 3, 11, 1);
+            dropout_op(&other, y3, x, n, (size_t)per, p, 5, 3, 12, 1);
+            if (dev_run_inplace(be, &a, &what) != MGT_OK ||
+                dev_run_inplace(be, &b2, &what) != MGT_OK ||
+                dev_run_inplace(be, &other, &what) != MGT_OK) {
+                report_status(opname, t, c.desc, be, what, MGT_ERR_DEVICE);
+                bad = 1;
+            } else if (memcmp(y2, y, nx * sizeof *y) != 0) {
+                printf("FAIL %s fd %d (%s) %s: a batch split in two calls gets another mask\n",
+                       opname, t, c.desc, be->label);
+                bad = 1;
+            } else if (nx > 64 && memcmp(y3, y, nx * sizeof *y) == 0) {
+                printf("FAIL %s fd %d (%s) %s: the next step has the same mask\n", opname, t,
+                       c.desc, be->label);
+                bad = 1;
+            }
+        }
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+static int fd_apool(backend *be, const char *opname)
+{
+    static const int shapes[][6] = {{1, 2, 13, 13, 6, 6}, {2, 1, 1, 1, 3, 3}, {1, 3, 5, 7, 3, 2}};
+    int fails = 0;
+    for (int t = 0; t < 3; t++) {
+        tcase c = {0};
+        rng r = rng_for(630, t, 7);
+        const int *v = shapes[t];
+        size_t nx = (size_t)v[0] * v[1] * v[2] * v[3], ny = (size_t)v[0] * v[1] * v[4] * v[5];
+        float *x = case_f32(&c, nx), *y = case_f32(&c, ny), *rw = case_f32(&c, ny);
+        float *dx = case_f32(&c, nx);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, rw, ny, -1, 1);
+        case_desc(&c, "n=%d c=%d %dx%d -> %dx%d", v[0], v[1], v[2], v[3], v[4], v[5]);
+        mgt_op fwd = {.kind = MGT_OP_APOOL_FWD};
+        fwd.u.apool_fwd.y = y;
+        fwd.u.apool_fwd.x = x;
+        mgt_op bwd = {.kind = MGT_OP_APOOL_BWD};
+        bwd.u.apool_bwd.dx = dx;
+        bwd.u.apool_bwd.dy = rw;
+        fwd.u.apool_fwd.n = bwd.u.apool_bwd.n = v[0];
+        fwd.u.apool_fwd.c = bwd.u.apool_bwd.c = v[1];
+        fwd.u.apool_fwd.h = bwd.u.apool_bwd.h = v[2];
+        fwd.u.apool_fwd.w = bwd.u.apool_bwd.w = v[3];
+        fwd.u.apool_fwd.oh = bwd.u.apool_bwd.oh = v[4];
+        fwd.u.apool_fwd.ow = bwd.u.apool_bwd.ow = v[5];
+        fd_term term = {y, rw, ny};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r);
         fails += bad;
         case_free(&c);
     }
@@ -2196,6 +2652,211 @@ static bool gen_nonfinite(tcase *c, int idx, rng *r)
     return true;
 }
 
+/* ---- activations, channel scaling ---- */
+
+static const size_t act_sizes[] = {1, 7, 1000, 65539};
+#define N_ACT_SIZES ((int)(sizeof act_sizes / sizeof act_sizes[0]))
+
+/* x over [-8, 8] with every kink (0, 6, +-3) and both zeros present exactly. */
+static void fill_act_x(rng *r, float *x, size_t n)
+{
+    static const float kinks[] = {0.0f, -0.0f, 6.0f, 3.0f, -3.0f};
+    fill_unif(r, x, n, -8, 8);
+    for (size_t i = 0; i < n; i += 7)
+        x[i] = kinks[(i / 7) % 5];
+}
+
+/* Cases: every activation at every size; y = x (or dx = dy) on every third. Tolerance: a few
+   ulp of the result, or of 1 where it is small (gelu's and silu's tails cancel in float, as
+   in PyTorch's float kernels). */
+static bool gen_act(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_ACT_SIZES * MGT_ACT_COUNT)
+        return false;
+    size_t n = act_sizes[idx % N_ACT_SIZES];
+    mgt_act act = (mgt_act)(idx / N_ACT_SIZES);
+    bool alias = idx % 3 == 2;
+    float *x = case_f32(c, n);
+    fill_act_x(r, x, n);
+    if (fwd) {
+        c->op.kind = MGT_OP_ACT_FWD;
+        c->op.u.act_fwd.y = alias ? x : case_f32(c, n);
+        c->op.u.act_fwd.x = x;
+        c->op.u.act_fwd.n = n;
+        c->op.u.act_fwd.act = act;
+    } else {
+        float *dy = case_f32(c, n);
+        fill_unif(r, dy, n, -1, 1);
+        c->op.kind = MGT_OP_ACT_BWD;
+        c->op.u.act_bwd.dx = alias ? dy : case_f32(c, n);
+        c->op.u.act_bwd.dy = dy;
+        c->op.u.act_bwd.x = x;
+        c->op.u.act_bwd.n = n;
+        c->op.u.act_bwd.act = act;
+    }
+    c->rtol = 4e-6;
+    c->mag = 1;
+    case_desc(c, "%s n=%zu%s", mgt_act_name(act), n, alias ? (fwd ? " y=x" : " dx=dy") : "");
+    return true;
+}
+
+static bool gen_act_fwd(tcase *c, int idx, rng *r) { return gen_act(c, idx, r, true); }
+static bool gen_act_bwd(tcase *c, int idx, rng *r) { return gen_act(c, idx, r, false); }
+
+/* Each activation away from its kinks (0 and 6, +-3) by 0.05 or more, so x +- h never
+   crosses one; inputs over [-5, 7]. */
+static int fd_act(backend *be, const char *opname)
+{
+    static const float kinks[] = {0.0f, 6.0f, 3.0f, -3.0f};
+    int fails = 0;
+    for (int t = 0; t < MGT_ACT_COUNT * 2; t++) {
+        tcase c = {0};
+        rng r = rng_for(800, t, 7);
+        mgt_act act = (mgt_act)(t / 2);
+        size_t n = t % 2 ? 257 : 9;
+        float *x = case_f32(&c, n), *y = case_f32(&c, n), *rw = case_f32(&c, n);
+        float *dx = case_f32(&c, n);
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            bool near;
+            do {
+                v = rng_unif(&r, -5, 7);
+                near = false;
+                for (int k = 0; k < 4; k++)
+                    near = near || fabsf(v - kinks[k]) < 0.05f;
+            } while (near);
+            x[i] = v;
+        }
+        fill_unif(&r, rw, n, -1, 1);
+        case_desc(&c, "%s n=%zu", mgt_act_name(act), n);
+        mgt_op fwd = {.kind = MGT_OP_ACT_FWD};
+        fwd.u.act_fwd.y = y;
+        fwd.u.act_fwd.x = x;
+        fwd.u.act_fwd.n = n;
+        fwd.u.act_fwd.act = act;
+        mgt_op bwd = {.kind = MGT_OP_ACT_BWD};
+        bwd.u.act_bwd.dx = dx;
+        bwd.u.act_bwd.dy = rw;
+        bwd.u.act_bwd.x = x;
+        bwd.u.act_bwd.n = n;
+        bwd.u.act_bwd.act = act;
+        fd_term term = {y, rw, n};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, n, dx, "x", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
+/* n, c, hw, shared */
+static const int chscale_shapes[][4] = {
+    {1, 1, 1, 0},  {2, 3, 5, 0}, {2, 16, 49, 0}, {4, 1, 300, 0}, /* c = 1: per image */
+    {3, 40, 1, 0}, {1, 1, 1, 1}, {2, 3, 5, 1},   {2, 16, 49, 1}, {5, 96, 196, 1}, {2, 7, 4099, 0},
+};
+#define N_CHSCALE_SHAPES ((int)(sizeof chscale_shapes / sizeof chscale_shapes[0]))
+
+/* Every shape; backward also without dscale (the stochastic-depth use) and with dx = dy. */
+static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
+{
+    int reps = fwd ? 1 : 3;
+    if (idx >= N_CHSCALE_SHAPES * reps)
+        return false;
+    const int *shp = chscale_shapes[idx % N_CHSCALE_SHAPES];
+    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / N_CHSCALE_SHAPES;
+    bool shared = shp[3] != 0;
+    size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
+    float *x = case_f32(c, nx), *sc = case_f32(c, ns);
+    fill_unif(r, x, nx, -2, 2);
+    fill_unif(r, sc, ns, -1.5f, 1.5f);
+    if (fwd) {
+        c->op.kind = MGT_OP_CHSCALE_FWD;
+        c->op.u.chscale_fwd.y = case_f32(c, nx);
+        c->op.u.chscale_fwd.x = x;
+        c->op.u.chscale_fwd.scale = sc;
+        c->op.u.chscale_fwd.n = n;
+        c->op.u.chscale_fwd.c = ch;
+        c->op.u.chscale_fwd.hw = hw;
+        c->op.u.chscale_fwd.shared = shared;
+        c->rtol = 0;
+    } else {
+        float *dy = case_f32(c, nx), *ds = variant == 1 ? NULL : case_f32(c, ns);
+        fill_unif(r, dy, nx, -1, 1);
+        if (ds)
+            fill_unif(r, ds, ns, -1, 1); /* accumulated onto with shared */
+        c->op.kind = MGT_OP_CHSCALE_BWD;
+        c->op.u.chscale_bwd.dx = variant == 2 ? dy : case_f32(c, nx);
+        c->op.u.chscale_bwd.dscale = ds;
+        c->op.u.chscale_bwd.dy = dy;
+        c->op.u.chscale_bwd.x = x;
+        c->op.u.chscale_bwd.scale = sc;
+        c->op.u.chscale_bwd.n = n;
+        c->op.u.chscale_bwd.c = ch;
+        c->op.u.chscale_bwd.hw = hw;
+        c->op.u.chscale_bwd.shared = shared;
+        c->rtol = tol_for((double)hw * (shared ? n : 1)) * 2;
+        c->mag = 1;
+    }
+    case_desc(c, "n=%d c=%d hw=%d%s%s", n, ch, hw, shared ? " shared" : "",
+              fwd            ? ""
+              : variant == 1 ? " no dscale"
+              : variant == 2 ? " dx=dy"
+                             : "");
+    return true;
+}
+
+static bool gen_chscale_fwd(tcase *c, int idx, rng *r) { return gen_chscale(c, idx, r, true); }
+static bool gen_chscale_bwd(tcase *c, int idx, rng *r) { return gen_chscale(c, idx, r, false); }
+
+/* y = x * scale: dx and dscale (per image and shared) against differences of the forward. */
+static int fd_chscale(backend *be, const char *opname)
+{
+    static const int pick[] = {1, 2, 3, 6, 7};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(900, t, 7);
+        const int *shp = chscale_shapes[pick[t]];
+        int n = shp[0], ch = shp[1], hw = shp[2];
+        bool shared = shp[3] != 0;
+        size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
+        float *x = case_f32(&c, nx), *sc = case_f32(&c, ns), *y = case_f32(&c, nx);
+        float *rw = case_f32(&c, nx), *dx = case_f32(&c, nx), *ds = case_f32(&c, ns);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, sc, ns, -1, 1);
+        fill_unif(&r, rw, nx, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d%s", n, ch, hw, shared ? " shared" : "");
+        mgt_op fwd = {.kind = MGT_OP_CHSCALE_FWD};
+        fwd.u.chscale_fwd.y = y;
+        fwd.u.chscale_fwd.x = x;
+        fwd.u.chscale_fwd.scale = sc;
+        fwd.u.chscale_fwd.n = n;
+        fwd.u.chscale_fwd.c = ch;
+        fwd.u.chscale_fwd.hw = hw;
+        fwd.u.chscale_fwd.shared = shared;
+        mgt_op bwd = {.kind = MGT_OP_CHSCALE_BWD};
+        bwd.u.chscale_bwd.dx = dx;
+        bwd.u.chscale_bwd.dscale = ds;
+        bwd.u.chscale_bwd.dy = rw;
+        bwd.u.chscale_bwd.x = x;
+        bwd.u.chscale_bwd.scale = sc;
+        bwd.u.chscale_bwd.n = n;
+        bwd.u.chscale_bwd.c = ch;
+        bwd.u.chscale_bwd.hw = hw;
+        bwd.u.chscale_bwd.shared = shared;
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r) + fd_check(&f, sc, ns, ds, "scale", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
 /* ---- the driver ---- */
 
 typedef struct op_spec {
@@ -2237,6 +2898,19 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_CAST_TO_16] = {gen_cast_to_16, NULL},
     [MGT_OP_CAST_FROM_16] = {gen_cast_from_16, NULL},
     [MGT_OP_NONFINITE] = {gen_nonfinite, NULL},
+    [MGT_OP_ADAMW] = {gen_adamw, NULL},
+    [MGT_OP_RMSPROP] = {gen_rmsprop, NULL},
+    [MGT_OP_SUMSQ] = {gen_sum_squares, NULL},
+    [MGT_OP_ACT_FWD] = {gen_act_fwd, NULL},
+    [MGT_OP_ACT_BWD] = {gen_act_bwd, fd_act},
+    [MGT_OP_CHSCALE_FWD] = {gen_chscale_fwd, NULL},
+    [MGT_OP_CHSCALE_BWD] = {gen_chscale_bwd, fd_chscale},
+    [MGT_OP_CHBIAS_FWD] = {gen_chbias_fwd, NULL},
+    [MGT_OP_CHBIAS_BWD] = {gen_chbias_bwd, fd_chbias},
+    [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},
+    [MGT_OP_APOOL_FWD] = {gen_apool_fwd, NULL},
+    [MGT_OP_APOOL_BWD] = {gen_apool_bwd, fd_apool},
+    [MGT_OP_STRIDED_COPY] = {gen_scopy, NULL},
 };
 
 #define MAX_BACKENDS 3

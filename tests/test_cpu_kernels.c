@@ -553,9 +553,9 @@ static void test_pooling(void **state)
 {
     (void)state;
     const mgt_pool2d_shape shapes[] = {
-        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0},   {1, 4, 9, 7, 3, 3, 2, 2, 1, 1},
-        {3, 2, 11, 13, 3, 2, 1, 2, 1, 1}, {2, 64, 16, 16, 3, 3, 2, 2, 1, 1},
-        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0},
+        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0, false},   {1, 4, 9, 7, 3, 3, 2, 2, 1, 1, false},
+        {3, 2, 11, 13, 3, 2, 1, 2, 1, 1, false}, {2, 64, 16, 16, 3, 3, 2, 2, 1, 1, false},
+        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},   {2, 3, 14, 14, 3, 3, 2, 2, 0, 0, true},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         mgt_pool2d_shape sh = shapes[i];

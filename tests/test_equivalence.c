@@ -195,6 +195,33 @@ static void test_frozen_bn_devices_agree(void **state)
     }
 }
 
+/* Dropout's masks are keyed by the step and each sample's place in the epoch, not by where
+   it runs: squeezenet1_1 (dropout before its classifier, no batch norm) at 32x32 on 2 devices
+   ends STEPS steps with the weights of 1 device. */
+static void test_dropout_devices_agree(void **state)
+{
+    (void)state;
+    char p1[512], p2[512];
+    for (int n = 1; n <= 2; n++) {
+        char dir[400];
+        snprintf(dir, sizeof dir, "%s/dropout%d", root, n);
+        mgt_train_config c;
+        base_config(&c, false, dir);
+        c.arch = "squeezenet1_1";
+        c.image_size = 32;
+        c.lr.lr = 0.01f;
+        mgt_train_result res;
+        run_on(&c, n, &res);
+        assert_int_equal(res.steps, STEPS);
+        snprintf(n == 1 ? p1 : p2, sizeof p1, "%s/checkpoint.safetensors", dir);
+    }
+    diff d = compare(p1, p2, ALL);
+    printf("squeezenet1_1 with dropout, 2 devices vs 1: max |diff|/(1+|w|) %.3g (%s)\n", d.scaled,
+           d.where);
+    if (!(d.scaled <= EQ_TOL))
+        fail_msg("2 devices differ from 1 by %g (scaled) at %s", d.scaled, d.where);
+}
+
 /* The control: per-device batch statistics make the replicas' gradients those of smaller
    batches, so the same comparison must fail without freeze_bn (else it proves nothing). */
 static void test_live_bn_devices_differ(void **state)
@@ -527,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_frozen_bn_gradients),
         cmocka_unit_test(test_frozen_bn_devices_agree),
         cmocka_unit_test(test_live_bn_devices_differ),
+        cmocka_unit_test(test_dropout_devices_agree),
         cmocka_unit_test(test_validation_same_on_any_device_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -230,6 +230,9 @@ typedef struct mgt_pool2d_shape {
     int kh, kw;
     int stride_h, stride_w;
     int pad_h, pad_w;
+    /* torch's ceil_mode: the output side rounds up, keeping a last window that starts on
+       the input (or the left padding) and runs past its end (clipped) */
+    bool ceil_mode;
 } mgt_pool2d_shape;
 
 /* Batch norm over x [n,c,hw]: statistics per channel over n*hw values. */
@@ -248,6 +251,23 @@ typedef struct mgt_sgd_params {
     bool first_step;
 } mgt_sgd_params;
 
+/* PyTorch 1.13's AdamW (torch.optim.AdamW, amsgrad off), one step: g = s*grad;
+   p *= decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; p += -step_size * m / (sqrt(v) /
+   bc2_sqrt + eps). The caller works out, in double from the step count t as torch does in
+   Python: decay = 1 - lr*wd (decoupled), step_size = lr / (1 - b1^t), bc2_sqrt =
+   sqrt(1 - b2^t). m and v start at zero. */
+typedef struct mgt_adamw_params {
+    float beta1, beta2, eps, grad_scale;
+    float decay, step_size, bc2_sqrt;
+} mgt_adamw_params;
+
+/* PyTorch 1.13's RMSprop (centered off): g = s*grad + wd*p; sq = alpha*sq + (1-alpha)*g*g;
+   avg = sqrt(sq) + eps; momentum > 0: buf = m*buf + g/avg, p -= lr*buf; else p -= lr*g/avg.
+   sq and buf start at zero; with momentum 0, buf is not touched (may be NULL). */
+typedef struct mgt_rmsprop_params {
+    float lr, alpha, eps, weight_decay, momentum, grad_scale;
+} mgt_rmsprop_params;
+
 int mgt_conv2d_out_h(const mgt_conv2d_shape *sh);
 int mgt_conv2d_out_w(const mgt_conv2d_shape *sh);
 int mgt_pool2d_out_h(const mgt_pool2d_shape *sh);
@@ -261,6 +281,8 @@ mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n);
 mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n);
 /* out[0] = sum of x (accumulated in double on the CPU) */
 mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n);
+/* out[0] = sum of x[i]^2, accumulated in double as mgt_sum (gradient norms for clipping) */
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n);
 /* y[i] = a[i] + b[i]; y may alias a or b */
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n);
 
@@ -355,6 +377,86 @@ mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows
 /* dbias[j] += sum over r of dy[r, j] */
 mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols);
 
+/* y[i, ch, j] += bias[ch] over n images of c channels of hw (a convolution's bias) */
+mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
+                                    int hw);
+/* dbias[ch] += sum over i < n, j < hw of dy[i, ch, j] */
+mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
+                                     int hw);
+
+/* torch's AdaptiveAvgPool2d: y [n, c, oh, ow] from x [n, c, h, w], output (i, j) the mean of
+   rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1 and the columns likewise; the backward
+   spreads each dy over its window (dx written, not accumulated). */
+mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
+                                        int h, int w, int oh, int ow);
+mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
+                                         int h, int w, int oh, int ow);
+
+/* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n, r < rows,
+   k < count (floats): a channel slice of an NCHW tensor into another's, or a channel shuffle.
+   Source and destination must not overlap. */
+typedef struct mgt_strided_copy_shape {
+    int n, rows;
+    size_t count, y_stride, y_row, x_stride, x_row;
+} mgt_strided_copy_shape;
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh);
+
+/* What a dropout mask is a function of. Image i of a call is the sample at global index
+   g = sample0 + i * sample_stride (its place in the epoch's order, so the mask does not depend
+   on how a batch is split over devices); step counts the run's training steps; stream tells
+   the dropout layers of one model apart. Element j of that image is kept iff
+   (w >> 8) >= ceil(p * 2^24), w being word j % 4 of the Philox4x32-10 block with counter
+   {j / 4, step, g & 0xffffffff, ((g >> 32) & 0xffffff) | MGT_RNG_DROPOUT << 24} and key
+   {seed & 0xffffffff, (seed >> 32) ^ (stream * 0x9E3779B9)}. */
+typedef struct mgt_dropout_key {
+    uint64_t seed, step, sample0, sample_stride;
+    uint32_t stream;
+} mgt_dropout_key;
+
+/* y = x * keep / (1 - p) (kept elements scaled by the float 1 / (1 - p), the others 0) over n
+   images of per_image floats, p in [0, 1); y may be x. Run on dy with the same key it is the
+   backward: dx = dy * keep / (1 - p). */
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key);
+
+/* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
+   hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
+   sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */
+typedef enum mgt_act {
+    MGT_ACT_RELU6,
+    MGT_ACT_HARDSIGMOID,
+    MGT_ACT_HARDSWISH,
+    MGT_ACT_SILU,
+    MGT_ACT_SIGMOID,
+    MGT_ACT_GELU,
+    MGT_ACT_COUNT
+} mgt_act;
+
+/* "relu6", "hardswish", ...; "unknown" past the list. */
+const char *mgt_act_name(mgt_act act);
+
+/* y = act(x) over n floats; y may alias x */
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act);
+/* dx = dy * act'(x), from the forward's input (the derivatives torch's backward uses at the
+   kinks: relu6 and hardsigmoid pass only strictly inside, hardswish's is x/3 + 1/2 on
+   [-3, 3]); dx may alias dy */
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act);
+
+/* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
+   squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:
+   ConvNeXt's layer scale). c = 1 with hw a whole image scales each image (stochastic depth). */
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared);
+/* dx = dy * scale (overwritten; dx may alias dy); dscale (optional, NULL: not wanted) gets
+   sum over j of dy * x per image and channel, overwritten, or with shared, that sum over the
+   images too, added on (a parameter's gradient). */
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared);
+
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
    eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
    over the batch; probs [n, classes] = softmax, kept for backward. Labels outside
@@ -389,5 +491,9 @@ mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
 
 mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
                           size_t n, const mgt_sgd_params *p);
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p);
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p);
 
 #endif

@@ -60,6 +60,9 @@ typedef struct mgt_model_config {
        rounded to 16 bits, products summed and results kept in fp32; batch norm, the loss and
        every parameter, gradient and statistic stay fp32. MGT_PREC_F32 (0): plain fp32. */
     mgt_precision amp;
+    /* Every dropout and stochastic-depth layer built with p = 0 (the deterministic form that
+       PyTorch goldens compare against; the masks have tests of their own). */
+    bool no_dropout;
 } mgt_model_config;
 
 /* The architecture names mgt_model_create accepts, NULL-terminated (static). */
@@ -123,6 +126,13 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed);
    forward and its backward either (nothing in the step changes them). */
 mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int batch, bool train,
                              const float **logits);
+
+/* The key of the next training forwards' dropout masks (and so of their backward): seed,
+   step, and the global sample index of image 0 and the distance between images (the key's
+   stream is each dropout layer's own). With the sampler's layout, image i of replica r at
+   step k of a global batch B is the sample k*B + r + i*N of the epoch (N replicas), so the
+   masks do not depend on the device count. Until set: all zero. */
+void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key);
 
 /* Enqueues softmax cross-entropy of the last forward's logits against int32 labels [batch]
    (device; borrowed until backward) with label smoothing; the mean over the batch goes to

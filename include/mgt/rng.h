@@ -22,6 +22,7 @@ typedef enum mgt_rng_purpose {
     MGT_RNG_INIT = 3,    /* parameter initialisation */
     MGT_RNG_OTHER = 4,   /* anything else (tests, synthetic data) */
     MGT_RNG_MIX = 5,     /* a sample's mixup / cutmix draws (keyed by its place in the epoch) */
+    MGT_RNG_DROPOUT = 6, /* dropout masks (keyed by step and global sample; mgt_dropout_key) */
 } mgt_rng_purpose;
 
 typedef struct mgt_rng {

@@ -41,6 +41,14 @@ typedef struct mgt_train_config {
     mgt_lr_config lr; /* lr.epochs is ignored: the schedule spans `epochs` */
     float momentum, weight_decay;
     bool nesterov;
+    mgt_opt_kind opt;        /* --opt (sgd); sgd with nesterov is sgd_nesterov */
+    float norm_weight_decay; /* norm layers' weight and bias; < 0: weight_decay (not given) */
+    float bias_weight_decay; /* every "bias" parameter, norms' too; < 0: not given */
+    float clip_grad_norm;    /* the reduced gradients' global L2 norm at most this; 0: off */
+    int accum_steps;         /* micro-batches per update, one all-reduce each K (1) */
+    bool model_ema;          /* keep and validate an EMA of the weights and BN buffers */
+    float model_ema_decay;   /* the references' (0.99998), adjusted for batch and steps */
+    int model_ema_steps;     /* update the EMA every this many optimizer steps (32) */
     float label_smoothing;
     int print_freq;
     const char *resume;     /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
@@ -128,6 +136,7 @@ typedef struct mgt_train_result {
     long steps;                          /* training steps run in this call */
     double train_loss;                   /* the last epoch's mean training loss over all devices */
     double val_loss, val_acc1, val_acc5; /* the last validation */
+    double ema_val_loss, ema_val_acc1, ema_val_acc5; /* with model_ema: the EMA model's */
     double best_acc1;
     double images_per_s;                       /* training images per second, the last epoch */
     double timed_images_per_s;                 /* the same after the warm-up steps */

@@ -96,9 +96,29 @@ static void train_usage(FILE *f)
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
         "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
         "  --lr X (0.1)  --momentum X (0.9)  --wd, --weight-decay X (1e-4)  --nesterov\n"
+        "  --opt NAME             sgd | sgd_nesterov | adamw | rmsprop, PyTorch's (sgd); adamw:\n"
+        "                         betas 0.9, 0.999, eps 1e-8, decoupled decay; rmsprop: alpha\n"
+        "                         0.9, eps 0.0316, --momentum (torchvision's references)\n"
+        "  --norm-weight-decay X  weight decay of norm layers' weights and biases (--wd)\n"
+        "  --bias-weight-decay X  weight decay of every bias, norms' too (--wd)\n"
         "  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
         "  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
+        "  (step and cosine are mgtrain's: cosine decays per step; the references' schedulers\n"
+        "  below step once per epoch, as torchvision's train.py does)\n"
+        "  --lr-scheduler NAME    steplr | cosineannealinglr | exponentiallr\n"
+        "  --lr-step-size N       steplr's step_size (= --lr-step, 30)\n"
+        "  --lr-min X             cosineannealinglr's eta_min (0)\n"
+        "  --lr-warmup-epochs N   warm-up epochs before the --lr-scheduler one (0)\n"
+        "  --lr-warmup-method M   linear | constant (constant)\n"
+        "  --lr-warmup-decay X    the warm-up's factor of --lr at its start (0.01)\n"
         "  --label-smoothing X    (0)\n"
+        "  --clip-grad-norm X     clip the mean gradients' global L2 norm to X (off)\n"
+        "  --accum-steps K        K micro-batches of -b per update, one all-reduce each (1)\n"
+        "  --model-ema            keep an EMA of weights and BN buffers, validated beside the\n"
+        "                         model and checkpointed as model_ema.* (the references')\n"
+        "  --model-ema-decay X    (0.99998) adjusted as train.py does: 1 - min(1, (1 - X) *\n"
+        "                         b * K * steps / epochs)\n"
+        "  --model-ema-steps N    update the EMA every N updates (32)\n"
         "  --seed N               (0)\n"
         "devices\n"
         "  --gpus LIST            device ids, e.g. 0,1,2,3; ids may repeat (default: all)\n"
@@ -197,6 +217,19 @@ enum {
     OPT_CUTMIX,
     OPT_AMP,
     OPT_GRAD_DTYPE,
+    OPT_OPT,
+    OPT_NORM_WD,
+    OPT_BIAS_WD,
+    OPT_LR_SCHEDULER,
+    OPT_LR_MIN,
+    OPT_LR_WARMUP_EPOCHS,
+    OPT_LR_WARMUP_METHOD,
+    OPT_LR_WARMUP_DECAY,
+    OPT_CLIP,
+    OPT_ACCUM,
+    OPT_EMA,
+    OPT_EMA_DECAY,
+    OPT_EMA_STEPS,
 };
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
@@ -238,6 +271,15 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
                         "--checkpoint-dir\n");
         return false;
     }
+    if (c->nesterov && c->opt != MGT_OPT_SGD && c->opt != MGT_OPT_SGD_NESTEROV) {
+        fprintf(stderr, "mgtrain: --nesterov is SGD's: --opt %s has no Nesterov form\n",
+                mgt_opt_kind_name(c->opt));
+        return false;
+    }
+    if ((c->nesterov || c->opt == MGT_OPT_SGD_NESTEROV) && c->momentum <= 0) {
+        fprintf(stderr, "mgtrain: Nesterov momentum needs --momentum above 0\n");
+        return false;
+    }
     if (!mgt_arch_find(c->arch)) {
         int n;
         const mgt_arch_info *a = mgt_arch_list(&n);
@@ -277,6 +319,12 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"nesterov", no_argument, NULL, OPT_NESTEROV},
         {"lr-schedule", required_argument, NULL, OPT_SCHEDULE},
         {"lr-step", required_argument, NULL, OPT_LR_STEP},
+        {"lr-step-size", required_argument, NULL, OPT_LR_STEP},
+        {"lr-scheduler", required_argument, NULL, OPT_LR_SCHEDULER},
+        {"lr-min", required_argument, NULL, OPT_LR_MIN},
+        {"lr-warmup-epochs", required_argument, NULL, OPT_LR_WARMUP_EPOCHS},
+        {"lr-warmup-method", required_argument, NULL, OPT_LR_WARMUP_METHOD},
+        {"lr-warmup-decay", required_argument, NULL, OPT_LR_WARMUP_DECAY},
         {"lr-gamma", required_argument, NULL, OPT_LR_GAMMA},
         {"warmup-epochs", required_argument, NULL, OPT_WARMUP},
         {"label-smoothing", required_argument, NULL, OPT_SMOOTHING},
@@ -298,6 +346,14 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
         {"amp", required_argument, NULL, OPT_AMP},
         {"grad-dtype", required_argument, NULL, OPT_GRAD_DTYPE},
+        {"opt", required_argument, NULL, OPT_OPT},
+        {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
+        {"accum-steps", required_argument, NULL, OPT_ACCUM},
+        {"model-ema", no_argument, NULL, OPT_EMA},
+        {"model-ema-decay", required_argument, NULL, OPT_EMA_DECAY},
+        {"model-ema-steps", required_argument, NULL, OPT_EMA_STEPS},
+        {"norm-weight-decay", required_argument, NULL, OPT_NORM_WD},
+        {"bias-weight-decay", required_argument, NULL, OPT_BIAS_WD},
         MGT_APP_SWITCH_LONGOPTS,
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
@@ -317,6 +373,9 @@ int mgt_app_cmd_train(int argc, char **argv)
     const char *gpus = NULL, *mock = NULL;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
     mgt_devset_options sw = {0};
+    /* which schedule family the flags chose: mgtrain's (--lr-schedule, --warmup-epochs) or
+       the references' (--lr-scheduler, --lr-warmup-*); mixing them is refused */
+    const char *mgtrain_lr_flag = NULL, *ref_lr_flag = NULL;
     long v;
     double x;
     bool ok = true;
@@ -395,7 +454,66 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.weight_decay = (float)x;
             break;
         case OPT_NESTEROV: c.nesterov = true; break;
+        case OPT_OPT:
+            if (mgt_opt_kind_parse(optarg, &c.opt) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_CLIP:
+            ok = mgt_app_flag_float("--clip-grad-norm", optarg, 0, 1e12, &x);
+            c.clip_grad_norm = (float)x;
+            break;
+        case OPT_ACCUM:
+            ok = mgt_app_flag_int("--accum-steps", optarg, 1, 1 << 20, &v);
+            c.accum_steps = (int)v;
+            break;
+        case OPT_EMA: c.model_ema = true; break;
+        case OPT_EMA_DECAY:
+            ok = mgt_app_flag_float("--model-ema-decay", optarg, 0, 1, &x);
+            c.model_ema_decay = (float)x;
+            break;
+        case OPT_EMA_STEPS:
+            ok = mgt_app_flag_int("--model-ema-steps", optarg, 1, 1 << 30, &v);
+            c.model_ema_steps = (int)v;
+            break;
+        case OPT_NORM_WD:
+        case OPT_BIAS_WD:
+            ok = mgt_app_flag_float(opt == OPT_NORM_WD ? "--norm-weight-decay"
+                                                       : "--bias-weight-decay",
+                                    optarg, 0, 1, &x);
+            *(opt == OPT_NORM_WD ? &c.norm_weight_decay : &c.bias_weight_decay) = (float)x;
+            break;
+        case OPT_LR_SCHEDULER:
+            ref_lr_flag = "--lr-scheduler";
+            if (mgt_lr_scheduler_parse(optarg, &c.lr.kind) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_LR_WARMUP_METHOD:
+            ref_lr_flag = "--lr-warmup-method";
+            if (mgt_lr_warmup_parse(optarg, &c.lr.warmup_method) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
+        case OPT_LR_WARMUP_EPOCHS:
+            ref_lr_flag = "--lr-warmup-epochs";
+            ok = mgt_app_flag_int("--lr-warmup-epochs", optarg, 0, 100000, &v);
+            c.lr.warmup_epochs = (float)v;
+            break;
+        case OPT_LR_WARMUP_DECAY:
+            ref_lr_flag = "--lr-warmup-decay";
+            ok = mgt_app_flag_float("--lr-warmup-decay", optarg, 0, 1, &x);
+            c.lr.warmup_decay = (float)x;
+            break;
+        case OPT_LR_MIN:
+            ok = mgt_app_flag_float("--lr-min", optarg, 0, 1e6, &x);
+            c.lr.lr_min = (float)x;
+            break;
         case OPT_SCHEDULE:
+            mgtrain_lr_flag = "--lr-schedule";
             if (mgt_lr_kind_parse(optarg, &c.lr.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
                 ok = false;
@@ -410,6 +528,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.lr.gamma = (float)x;
             break;
         case OPT_WARMUP:
+            mgtrain_lr_flag = "--warmup-epochs";
             ok = mgt_app_flag_float("--warmup-epochs", optarg, 0, 100000, &x);
             c.lr.warmup_epochs = (float)x;
             break;
@@ -507,6 +626,21 @@ int mgt_app_cmd_train(int argc, char **argv)
     }
     if (!ok)
         return 2;
+    if (mgtrain_lr_flag && ref_lr_flag) {
+        fprintf(stderr,
+                "mgtrain: %s is mgtrain's per-step schedule, %s the references' per-epoch one: "
+                "use one family (--lr-scheduler with --lr-warmup-*, or --lr-schedule with "
+                "--warmup-epochs)\n",
+                mgtrain_lr_flag, ref_lr_flag);
+        return 2;
+    }
+    if (ref_lr_flag && !mgt_lr_per_epoch(c.lr.kind)) {
+        fprintf(stderr, "mgtrain: %s needs --lr-scheduler steplr|cosineannealinglr|exponentiallr\n",
+                ref_lr_flag);
+        return 2;
+    }
+    if (mgt_lr_per_epoch(c.lr.kind) && c.lr.warmup_method == MGT_LR_WARMUP_PER_STEP)
+        c.lr.warmup_method = MGT_LR_WARMUP_CONSTANT; /* the references' default */
     if (!check_flags(&c, argc, argv))
         return 2;
     /* under mpirun or srun: this process is one node of the run */

@@ -664,6 +664,11 @@ mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n)
     LAUNCH(MGT_OP_SUM, sum, out, x, n);
 }
 
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUMSQ, sum, out, x, n);
+}
+
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
 {
     LAUNCH(MGT_OP_ADD, add, y, a, b, n);
@@ -857,6 +862,82 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
+mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
+                                    int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_FWD, chbias_fwd, y, bias, n, c, hw);
+}
+
+mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
+                                     int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
+}
+
+mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
+                                        int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_FWD, apool_fwd, y, x, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
+                                         int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh)
+{
+    if (!sh)
+        return bad_arg("strided_copy", "no shape");
+    LAUNCH(MGT_OP_STRIDED_COPY, scopy, y, x, sh->n, sh->rows, sh->count, sh->y_stride, sh->y_row,
+           sh->x_stride, sh->x_row);
+}
+
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key)
+{
+    if (!key)
+        return bad_arg("dropout", "no key");
+    LAUNCH(MGT_OP_DROPOUT, dropout, y, x, n, per_image, p, key->seed, key->step, key->sample0,
+           key->sample_stride, key->stream);
+}
+
+const char *mgt_act_name(mgt_act act)
+{
+    static const char *const names[MGT_ACT_COUNT] = {
+        [MGT_ACT_RELU6] = "relu6",         [MGT_ACT_HARDSIGMOID] = "hardsigmoid",
+        [MGT_ACT_HARDSWISH] = "hardswish", [MGT_ACT_SILU] = "silu",
+        [MGT_ACT_SIGMOID] = "sigmoid",     [MGT_ACT_GELU] = "gelu",
+    };
+    return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
+}
+
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_FWD, act_fwd, y, x, n, act);
+}
+
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_BWD, act_bwd, dx, dy, x, n, act);
+}
+
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
                                     const int32_t *labels, int n, int classes, float smoothing)
 {
@@ -900,6 +981,22 @@ mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, cons
     if (!p)
         return bad_arg("sgd_update", "no parameters");
     LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
+}
+
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p)
+{
+    if (!p)
+        return bad_arg("adamw_update", "no parameters");
+    LAUNCH(MGT_OP_ADAMW, adamw, param, exp_avg, exp_avg_sq, grad, n, *p);
+}
+
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p)
+{
+    if (!p)
+        return bad_arg("rmsprop_update", "no parameters");
+    LAUNCH(MGT_OP_RMSPROP, rmsprop, param, square_avg, momentum_buf, grad, n, *p);
 }
 
 /* ---- across processes ---- */

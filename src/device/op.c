@@ -1,23 +1,33 @@
 /* Kernel calls as values: names, argument checks, operand lists and FLOP counts of every op. */
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "device/op.h"
+#include "mgt/rng.h"
 
 /* ---- output sizes ---- */
 
 /* Computed in 64 bits so that absurd paddings cannot overflow an int; a window that does not
    fit even once gives 0, which mgt_op_check then rejects. */
-static int out_size(int in, int window, int stride, int pad)
+static int out_size_mode(int in, int window, int stride, int pad, bool ceil_mode)
 {
     if (stride < 1 || window < 1)
         return 0;
     long long span = (long long)in + 2LL * pad - window;
     if (span < 0)
         return 0;
-    long long out = span / stride + 1;
+    long long out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+    /* torch: the last window must start inside the input or its left padding */
+    if (ceil_mode && (out - 1) * stride >= (long long)in + pad)
+        out--;
     return out > INT32_MAX ? INT32_MAX : (int)out;
+}
+
+static int out_size(int in, int window, int stride, int pad)
+{
+    return out_size_mode(in, window, stride, pad, false);
 }
 
 int mgt_conv2d_out_h(const mgt_conv2d_shape *sh)
@@ -32,12 +42,12 @@ int mgt_conv2d_out_w(const mgt_conv2d_shape *sh)
 
 int mgt_pool2d_out_h(const mgt_pool2d_shape *sh)
 {
-    return out_size(sh->h, sh->kh, sh->stride_h, sh->pad_h);
+    return out_size_mode(sh->h, sh->kh, sh->stride_h, sh->pad_h, sh->ceil_mode);
 }
 
 int mgt_pool2d_out_w(const mgt_pool2d_shape *sh)
 {
-    return out_size(sh->w, sh->kw, sh->stride_w, sh->pad_w);
+    return out_size_mode(sh->w, sh->kw, sh->stride_w, sh->pad_w, sh->ceil_mode);
 }
 
 /* ---- checks and operands, per argument struct ----
@@ -628,6 +638,267 @@ static void operands_sgd(mgt_op *op, operand_list *l)
     if (s->p.momentum != 0.0f)
         ADD(l, s->momentum_buf, "momentum_buf", s->n, MGT_F32, s->p.first_step ? OUT : INOUT);
     ADD(l, s->grad, "grad", s->n, MGT_F32, IN);
+}
+
+/* ---- AdamW and RMSprop ---- */
+
+static mgt_status check_adamw(const mgt_op *op)
+{
+    const mgt_adamw_params *p = &op->u.adamw.p;
+    mgt_status st = check_n(op, op->u.adamw.n);
+    if (st != MGT_OK)
+        return st;
+    /* torch.optim.AdamW refuses the same betas and eps */
+    if (!(p->beta1 >= 0.0f && p->beta1 < 1.0f && p->beta2 >= 0.0f && p->beta2 < 1.0f))
+        return INVALID(op, "betas %g, %g must lie in [0, 1)", (double)p->beta1, (double)p->beta2);
+    if (!(p->eps >= 0.0f) || !(p->step_size >= 0.0f) || !(p->bc2_sqrt > 0.0f))
+        return INVALID(op,
+                       "eps %g and step size %g must not be negative, the bias correction %g "
+                       "must be positive",
+                       (double)p->eps, (double)p->step_size, (double)p->bc2_sqrt);
+    return MGT_OK;
+}
+
+static void operands_adamw(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.adamw) *a = &op->u.adamw;
+    ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
+    ADD(l, a->exp_avg, "exp_avg", a->n, MGT_F32, INOUT);
+    ADD(l, a->exp_avg_sq, "exp_avg_sq", a->n, MGT_F32, INOUT);
+    ADD(l, a->grad, "grad", a->n, MGT_F32, IN);
+}
+
+static mgt_status check_rmsprop(const mgt_op *op)
+{
+    const mgt_rmsprop_params *p = &op->u.rmsprop.p;
+    mgt_status st = check_n(op, op->u.rmsprop.n);
+    if (st != MGT_OK)
+        return st;
+    if (!(p->lr >= 0.0f) || !(p->eps >= 0.0f) || !(p->alpha >= 0.0f) || !(p->momentum >= 0.0f) ||
+        !(p->weight_decay >= 0.0f))
+        return INVALID(op,
+                       "lr %g, alpha %g, eps %g, momentum %g and weight decay %g must not be "
+                       "negative",
+                       (double)p->lr, (double)p->alpha, (double)p->eps, (double)p->momentum,
+                       (double)p->weight_decay);
+    if (p->momentum != 0.0f && !op->u.rmsprop.momentum_buf)
+        return INVALID(op, "momentum_buf is NULL with momentum %g", (double)p->momentum);
+    return MGT_OK;
+}
+
+static void operands_rmsprop(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
+    ADD(l, a->square_avg, "square_avg", a->n, MGT_F32, INOUT);
+    if (a->p.momentum != 0.0f)
+        ADD(l, a->momentum_buf, "momentum_buf", a->n, MGT_F32, INOUT);
+    ADD(l, a->grad, "grad", a->n, MGT_F32, IN);
+}
+
+/* ---- channel bias, dropout ---- */
+
+static mgt_status check_chbias_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    return check_planes(op, b->n, b->c, b->hw);
+}
+
+static void operands_chbias_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), MGT_F32, INOUT);
+    ADD(l, b->bias, "bias", (size_t)b->c, MGT_F32, IN);
+}
+
+static mgt_status check_chbias_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    return check_planes(op, b->n, b->c, b->hw);
+}
+
+static void operands_chbias_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    ADD(l, b->dbias, "dbias", (size_t)b->c, MGT_F32, INOUT);
+    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), MGT_F32, IN);
+}
+
+static mgt_status check_dropout(const mgt_op *op)
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    NEED_POS(op, d->n, "batch n");
+    NEED_POS(op, d->per_image, "per-image size");
+    /* the mask's counter holds j / 4 in 32 bits */
+    if (d->per_image > ((size_t)1 << 33) || !product_fits(d->n, (long long)d->per_image, 1, 1))
+        return INVALID(op, "size overflows (n %d, per image %zu)", d->n, d->per_image);
+    if (!(d->p >= 0.0f && d->p < 1.0f))
+        return INVALID(op, "probability %g must be in [0, 1)", (double)d->p);
+    return MGT_OK;
+}
+
+static void operands_dropout(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.dropout) *d = &op->u.dropout;
+    size_t n = (size_t)d->n * d->per_image;
+    ADD(l, d->y, "y", n, MGT_F32, OUT);
+    ADD(l, d->x, "x", n, MGT_F32, IN);
+}
+
+static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int oh, int ow)
+{
+    mgt_status st = check_planes(op, n, c, 1);
+    if (st != MGT_OK)
+        return st;
+    NEED_POS(op, h, "height h");
+    NEED_POS(op, w, "width w");
+    NEED_POS(op, oh, "output height");
+    NEED_POS(op, ow, "output width");
+    if (!product_fits(n, c, h, w) || !product_fits(n, c, oh, ow))
+        return INVALID(op, "tensor size overflows (n %d, c %d, %dx%d -> %dx%d)", n, c, h, w, oh,
+                       ow);
+    return MGT_OK;
+}
+
+static mgt_status check_apool_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+}
+
+static void operands_apool_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), MGT_F32, IN);
+}
+
+static mgt_status check_apool_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+}
+
+static void operands_apool_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), MGT_F32, OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
+}
+
+/* The floats a strided region spans: the last image's last row ends it. */
+static size_t scopy_extent(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    return (size_t)(n - 1) * stride + (size_t)(rows - 1) * row + count;
+}
+
+static bool scopy_fits(int n, int rows, size_t count, size_t stride, size_t row)
+{
+    size_t a, b, t;
+    return !__builtin_mul_overflow((size_t)(n - 1), stride, &a) &&
+           !__builtin_mul_overflow((size_t)(rows - 1), row, &b) &&
+           !__builtin_add_overflow(a, b, &t) && !__builtin_add_overflow(t, count, &t) &&
+           t <= SIZE_MAX / sizeof(float);
+}
+
+static mgt_status check_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    NEED_POS(op, c->n, "batch n");
+    NEED_POS(op, c->rows, "rows");
+    NEED_POS(op, c->count, "count");
+    if (!scopy_fits(c->n, c->rows, c->count, c->y_stride, c->y_row) ||
+        !scopy_fits(c->n, c->rows, c->count, c->x_stride, c->x_row))
+        return INVALID(op, "size overflows (n %d, rows %d, count %zu)", c->n, c->rows, c->count);
+    /* rows of one image, and images, must not overlap in y (each element written once) */
+    if ((c->rows > 1 && c->y_row < c->count) ||
+        (c->n > 1 && c->y_stride < scopy_extent(1, c->rows, c->count, 0, c->y_row)))
+        return INVALID(op, "destination rows overlap (count %zu, row %zu, stride %zu)", c->count,
+                       c->y_row, c->y_stride);
+    return MGT_OK;
+}
+
+static void operands_scopy(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.scopy) *c = &op->u.scopy;
+    /* INOUT: the floats between the rows are in the extent and are left as they are */
+    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
+    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
+}
+
+uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
+
+void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4])
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    uint64_t g = d->sample0 + (uint64_t)image * d->sample_stride;
+    uint32_t ctr[4] = {block, (uint32_t)d->step, (uint32_t)g,
+                       ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
+    uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32) ^ (d->stream * 0x9E3779B9u)};
+    mgt_philox4x32_10(ctr, key, out);
+}
+
+/* ---- activations, channel scaling ---- */
+
+static mgt_status check_act(const mgt_op *op, size_t n, mgt_act act)
+{
+    if ((unsigned)act >= MGT_ACT_COUNT)
+        return INVALID(op, "unknown activation %d", (int)act);
+    return check_n(op, n);
+}
+
+static mgt_status check_act_fwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_fwd.n, op->u.act_fwd.act);
+}
+
+static void operands_act_fwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_act_bwd(const mgt_op *op)
+{
+    return check_act(op, op->u.act_bwd.n, op->u.act_bwd.act);
+}
+
+static void operands_act_bwd(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
+    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, MGT_F32, IN);
+}
+
+static mgt_status check_chscale_fwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_fwd.n, op->u.chscale_fwd.c, op->u.chscale_fwd.hw);
+}
+
+static void operands_chscale_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
+}
+
+static mgt_status check_chscale_bwd(const mgt_op *op)
+{
+    return check_planes(op, op->u.chscale_bwd.n, op->u.chscale_bwd.c, op->u.chscale_bwd.hw);
+}
+
+static void operands_chscale_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    if (a->dscale)
+        ADD(l, a->dscale, "dscale", ns, MGT_F32, a->shared ? INOUT : OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    if (a->dscale)
+        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
 /* ---- casts and the nonfinite count ---- */

@@ -60,7 +60,20 @@
     X(CONV_BWD_FILT_LP, conv2d_backward_filter_lp, conv) \
     X(CAST_TO_16, cast_to_16, cast)                      \
     X(CAST_FROM_16, cast_from_16, cast)                  \
-    X(NONFINITE, nonfinite_count, nonfinite)
+    X(NONFINITE, nonfinite_count, nonfinite)             \
+    X(ADAMW, adamw_update, adamw)                        \
+    X(RMSPROP, rmsprop_update, rmsprop)                  \
+    X(SUMSQ, sum_squares, sum)                           \
+    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
+    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
+    X(DROPOUT, dropout, dropout)                         \
+    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
+    X(STRIDED_COPY, strided_copy, scopy)                 \
+    X(ACT_FWD, activation_forward, act_fwd)              \
+    X(ACT_BWD, activation_backward, act_bwd)             \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -228,6 +241,88 @@ typedef struct mgt_op {
             size_t n;
             mgt_sgd_params p;
         } sgd;
+        struct {
+            float *param, *exp_avg, *exp_avg_sq;
+            const float *grad;
+            size_t n;
+            mgt_adamw_params p;
+        } adamw;
+        struct {
+            float *param, *square_avg, *momentum_buf;
+            const float *grad;
+            size_t n;
+            mgt_rmsprop_params p;
+        } rmsprop;
+        /* y [n, c, hw] += bias[c] (a convolution's bias) */
+        struct {
+            float *y;
+            const float *bias;
+            int n, c, hw;
+        } chbias_fwd;
+        /* dbias[c] += sum over n and hw of dy [n, c, hw] */
+        struct {
+            float *dbias;
+            const float *dy;
+            int n, c, hw;
+        } chbias_bwd;
+        /* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
+           backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
+           see mgt_dropout in mgt/device.h */
+        struct {
+            float *y;
+            const float *x;
+            int n;
+            size_t per_image;
+            float p;
+            uint64_t seed, step, sample0, sample_stride;
+            uint32_t stream;
+        } dropout;
+        /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
+           averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
+        struct {
+            float *y;
+            const float *x;
+            int n, c, h, w, oh, ow;
+        } apool_fwd;
+        struct {
+            float *dx;
+            const float *dy;
+            int n, c, h, w, oh, ow;
+        } apool_bwd;
+        /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
+           r < rows, k < count: channel slices of NCHW (concatenation, split) and channel
+           shuffles; the regions must not overlap */
+        struct {
+            float *y;
+            const float *x;
+            int n, rows;
+            size_t count, y_stride, y_row, x_stride, x_row;
+        } scopy;
+        struct {
+            float *y;
+            const float *x;
+            size_t n;
+            mgt_act act;
+        } act_fwd;
+        struct {
+            float *dx;
+            const float *dy, *x;
+            size_t n;
+            mgt_act act;
+        } act_bwd;
+        /* scale [n, c] per image, or [c] with shared */
+        struct {
+            float *y;
+            const float *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_fwd;
+        struct {
+            float *dx, *dscale; /* dscale NULL: not computed */
+            const float *dy, *x, *scale;
+            int n, c, hw;
+            bool shared;
+        } chscale_bwd;
     } u;
 } mgt_op;
 
@@ -274,6 +369,19 @@ int mgt_op_operands(mgt_op *op, mgt_operand out[MGT_OP_MAX_OPERANDS]);
 
 /* Multiply-adds times two, for GFLOP/s figures; 0 for ops that are not compute-bound. */
 double mgt_op_flops(const mgt_op *op);
+
+/* Dropout's mask (mgt_dropout_key in mgt/device.h): the threshold ceil(p * 2^24) that the top
+   24 bits of a word must reach for its element to be kept, and the Philox block `block` of
+   image `image` of a dropout op (elements 4 * block .. 4 * block + 3). */
+uint32_t mgt_dropout_threshold(float p);
+
+/* Adaptive pooling's window along one side: [*lo, *hi) of `in` for output i of `out`. */
+static inline void mgt_apool_range(int i, int in, int out, int *lo, int *hi)
+{
+    *lo = (int)((long long)i * in / out);
+    *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
+}
+void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4]);
 
 /* Checks the op and enqueues it on s (the path every mgt_* kernel wrapper takes); what a
    generic harness calls. MGT_ERR_UNSUPPORTED where the backend cannot run it. */

@@ -20,13 +20,39 @@
     }
 
 static const mgt_arch_info archs[] = {
-    IMAGENET("resnet18", "resnet"),         IMAGENET("resnet34", "resnet"),
-    IMAGENET("resnet50", "resnet"),         IMAGENET("resnet101", "resnet"),
-    IMAGENET("resnet152", "resnet"),        IMAGENET("resnext50_32x4d", "resnet"),
-    IMAGENET("resnext101_32x8d", "resnet"), IMAGENET("wide_resnet50_2", "resnet"),
-    CIFAR("resnet20", "cifar_resnet"),      CIFAR("resnet32", "cifar_resnet"),
-    CIFAR("resnet44", "cifar_resnet"),      CIFAR("resnet56", "cifar_resnet"),
+    IMAGENET("resnet18", "resnet"),
+    IMAGENET("resnet34", "resnet"),
+    IMAGENET("resnet50", "resnet"),
+    IMAGENET("resnet101", "resnet"),
+    IMAGENET("resnet152", "resnet"),
+    IMAGENET("resnext50_32x4d", "resnet"),
+    IMAGENET("resnext101_32x8d", "resnet"),
+    IMAGENET("wide_resnet50_2", "resnet"),
+    CIFAR("resnet20", "cifar_resnet"),
+    CIFAR("resnet32", "cifar_resnet"),
+    CIFAR("resnet44", "cifar_resnet"),
+    CIFAR("resnet56", "cifar_resnet"),
     CIFAR("resnet110", "cifar_resnet"),
+    IMAGENET("vgg11", "vgg"),
+    IMAGENET("vgg13", "vgg"),
+    IMAGENET("vgg16", "vgg"),
+    IMAGENET("vgg19", "vgg"),
+    IMAGENET("vgg11_bn", "vgg"),
+    IMAGENET("vgg13_bn", "vgg"),
+    IMAGENET("vgg16_bn", "vgg"),
+    IMAGENET("vgg19_bn", "vgg"),
+    IMAGENET("alexnet", "alexnet"),
+    IMAGENET("squeezenet1_0", "squeezenet"),
+    IMAGENET("squeezenet1_1", "squeezenet"),
+    IMAGENET("mobilenet_v2", "mobilenet"),
+    IMAGENET("mobilenet_v3_large", "mobilenet"),
+    IMAGENET("mobilenet_v3_small", "mobilenet"),
+    IMAGENET("efficientnet_b0", "efficientnet"),
+    /* torchvision's weights for b1 are evaluated at 240 (resize 255); the trainer's recipe
+       keeps the 224 of the reference scripts' default */
+    IMAGENET("efficientnet_b1", "efficientnet"),
+    IMAGENET("regnet_x_400mf", "regnet"),
+    IMAGENET("regnet_y_400mf", "regnet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

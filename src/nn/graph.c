@@ -203,7 +203,8 @@ int nn_relu(mgt_model *m, const char *name, int x)
     return nd ? nd->out : -1;
 }
 
-int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+static int maxpool_mode(mgt_model *m, const char *name, int x, int k, int stride, int pad,
+                        bool ceil_mode)
 {
     if (x < 0)
         return -1;
@@ -217,13 +218,51 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
                            .stride_h = stride,
                            .stride_w = stride,
                            .pad_h = pad,
-                           .pad_w = pad};
+                           .pad_w = pad,
+                           .ceil_mode = ceil_mode};
     nn_node *nd =
         new_node(m, NN_MAXPOOL, name, &x, 1, v->c, mgt_pool2d_out_h(&sh), mgt_pool2d_out_w(&sh));
     if (!nd)
         return -1;
     nd->u.pool = sh;
     return nd->out;
+}
+
+int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    return maxpool_mode(m, name, x, k, stride, pad, false);
+}
+
+int nn_maxpool_ceil(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    return maxpool_mode(m, name, x, k, stride, pad, true);
+}
+
+int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow)
+{
+    if (x < 0)
+        return -1;
+    nn_node *nd = new_node(m, NN_APOOL, name, &x, 1, m->values[x].c, oh, ow);
+    if (!nd)
+        return -1;
+    nd->u.apool.oh = oh;
+    nd->u.apool.ow = ow;
+    return nd->out;
+}
+
+int nn_concat(mgt_model *m, const char *name, const int *in, int n)
+{
+    assert(n >= 1 && n <= NN_MAX_IN);
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        if (in[i] < 0)
+            return -1;
+        assert(m->values[in[i]].h == m->values[in[0]].h &&
+               m->values[in[i]].w == m->values[in[0]].w);
+        c += m->values[in[i]].c;
+    }
+    nn_node *nd = new_node(m, NN_CONCAT, name, in, n, c, m->values[in[0]].h, m->values[in[0]].w);
+    return nd ? nd->out : -1;
 }
 
 int nn_add(mgt_model *m, const char *name, int a, int b)
@@ -260,6 +299,55 @@ int nn_linear(mgt_model *m, const char *name, int x, int out)
     int64_t ws[2] = {out, in}, bs[1] = {out};
     node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, ws, u);
     node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
+    return nd->out;
+}
+
+int nn_dropout(mgt_model *m, const char *name, int x, float p)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_DROPOUT, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.dropout.p = m->cfg.no_dropout ? 0.0f : p;
+    nd->u.dropout.stream = (uint32_t)m->n_dropout++;
+    return nd->out;
+}
+
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_ACT, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.act = act;
+    return nd->out;
+}
+
+int nn_scale(mgt_model *m, const char *name, int x, int s)
+{
+    if (x < 0 || s < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(m->values[s].c == v->c && m->values[s].h == 1 && m->values[s].w == 1);
+    int in[2] = {x, s};
+    nn_node *nd = new_node(m, NN_SCALE, name, in, 2, v->c, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_SDEPTH, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.sdepth.p = m->cfg.no_dropout ? 0.0f : p;
+    nd->u.sdepth.stream = (uint32_t)m->n_dropout++;
     return nd->out;
 }
 
@@ -474,6 +562,8 @@ mgt_status nn_plan(mgt_model *m)
             nd->u.bn.save_off = act_fixed(&p, c);
             nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
         }
+        if (nd->kind == NN_SDEPTH)
+            nd->u.sdepth.mask_off = act_image(&p, 1);
     }
     m->probs_off = act_image(&p, (size_t)m->cfg.classes);
     m->loss_off = act_fixed(&p, 1);

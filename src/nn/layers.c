@@ -29,17 +29,25 @@ static mgt_conv2d_shape conv_shape(const nn_call *c)
 /* Under cfg.amp every product of a convolution or linear layer goes through the _lp kernels
    (the one place the precision is chosen); everything around them stays fp32. */
 static mgt_precision amp_of(const nn_call *c) { return c->m->cfg.amp; }
+static int conv_out_hw(const nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return v->h * v->w;
+}
 
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    assert(!c->node->u.conv.bias);
-    if (amp_of(c) != MGT_PREC_F32)
-        return mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
-    return mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    mgt_status st = amp_of(c) != MGT_PREC_F32
+                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f)
+                        : mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    if (st == MGT_OK && c->node->u.conv.bias)
+        st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+    return st;
 }
 
-/* The filter gradient first (so the all-reduce can take it), then the input gradient. */
+/* The filter (and bias) gradients first, so the all-reduce can take them, then the input
+   gradient. */
 static mgt_status conv_backward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
@@ -48,6 +56,8 @@ static mgt_status conv_backward(nn_call *c)
         amp != MGT_PREC_F32
             ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
             : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    if (st == MGT_OK && c->node->u.conv.bias)
+        st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
@@ -169,6 +179,87 @@ static mgt_status add_forward(nn_call *c)
     return mgt_add(c->s, c->y, c->x[0], c->x[1], out_count(c));
 }
 
+/* Training: the mask of the model's key for this layer's stream; evaluation: the identity
+   (nothing to do in place). Backward is the same mask on dy. */
+static mgt_status dropout_run(nn_call *c, float *y, const float *x)
+{
+    const nn_node *nd = c->node;
+    mgt_dropout_key k = c->m->drop_key;
+    k.stream = nd->u.dropout.stream;
+    return mgt_dropout(c->s, y, x, c->n, nn_value_floats(&c->m->values[nd->out]), nd->u.dropout.p,
+                       &k);
+}
+
+static mgt_status dropout_forward(nn_call *c)
+{
+    if (c->train && c->node->u.dropout.p > 0.0f)
+        return dropout_run(c, c->y, c->x[0]);
+    if (c->y == c->x[0])
+        return MGT_OK;
+    return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+}
+
+static mgt_status dropout_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    if (c->node->u.dropout.p > 0.0f)
+        return dropout_run(c, c->dx[0], c->dy);
+    if (c->dx[0] == c->dy)
+        return MGT_OK;
+    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+}
+
+/* ---- concatenation ----
+   Each input is copied into its channel slice of the output, one strided copy per input (not
+   per image); backward copies the slices of dy back out. */
+
+static mgt_strided_copy_shape concat_slice(const nn_call *c, int j, size_t *off)
+{
+    const mgt_model *m = c->m;
+    const nn_node *nd = c->node;
+    size_t plane = (size_t)m->values[nd->out].h * m->values[nd->out].w;
+    *off = 0;
+    for (int i = 0; i < j; i++)
+        *off += (size_t)m->values[nd->in[i]].c * plane;
+    size_t part = (size_t)m->values[nd->in[j]].c * plane;
+    size_t whole = nn_value_floats(&m->values[nd->out]);
+    return (mgt_strided_copy_shape){.n = c->n,
+                                    .rows = 1,
+                                    .count = part,
+                                    .y_stride = whole,
+                                    .y_row = part,
+                                    .x_stride = part,
+                                    .x_row = part};
+}
+
+static mgt_status concat_forward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        size_t off;
+        mgt_strided_copy_shape sh = concat_slice(c, j, &off);
+        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+    }
+    return st;
+}
+
+static mgt_status concat_backward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        if (!c->dx[j])
+            continue;
+        assert(c->dx_beta[j] == 0.0f);
+        size_t off;
+        mgt_strided_copy_shape sh = concat_slice(c, j, &off);
+        size_t t = sh.x_stride;
+        sh.x_stride = sh.y_stride;
+        sh.y_stride = t;
+        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+    }
+    return st;
+}
+
 /* ---- pooling ---- */
 
 static mgt_pool2d_shape pool_shape(const nn_call *c)
@@ -211,6 +302,31 @@ static mgt_status gap_backward(nn_call *c)
     gap_dims(c, &ch, &hw);
     assert(c->dx_beta[0] == 0.0f);
     return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, ch, hw);
+}
+
+static mgt_status apool_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->in[0]];
+    return mgt_adaptive_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h, v->w,
+                                        c->node->u.apool.oh, c->node->u.apool.ow);
+}
+
+static mgt_status apool_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->in[0]];
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_adaptive_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h, v->w,
+                                         c->node->u.apool.oh, c->node->u.apool.ow);
+}
+
+/* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window
+   (torch's ceil(h / oh) x ceil(w / ow)) */
+static uint64_t apool_macs(const mgt_model *m, const nn_node *nd)
+{
+    const nn_value *v = &m->values[nd->in[0]];
+    uint64_t kh = (uint64_t)(v->h + nd->u.apool.oh - 1) / (uint64_t)nd->u.apool.oh;
+    uint64_t kw = (uint64_t)(v->w + nd->u.apool.ow - 1) / (uint64_t)nd->u.apool.ow;
+    return out_floats(m, nd) * (kh * kw + 1);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the whole plane */
@@ -264,6 +380,80 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
     return (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
 }
 
+/* ---- activations, squeeze-excite scaling ---- */
+
+static mgt_status act_forward(nn_call *c)
+{
+    return mgt_activation_forward(c->s, c->y, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status act_backward(nn_call *c)
+{
+    assert(c->dx_beta[0] == 0.0f);
+    return mgt_activation_backward(c->s, c->dx[0], c->dy, c->x[0], out_count(c), c->node->u.act);
+}
+
+static mgt_status scale_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->x[1], c->n, v->c, v->h * v->w, false);
+}
+
+/* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
+   gradient (a convolution's output), the gate's is skipped where nothing before it learns. */
+static mgt_status scale_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a channel scale needs its input's gradient", c->node->name);
+    assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
+    return mgt_channel_scale_backward(c->s, c->dx[0], c->dx[1], c->dy, c->x[0], c->x[1], c->n, v->c,
+                                      v->h * v->w, false);
+}
+
+/* ---- stochastic depth ----
+   torchvision's row mode: each image's residual branch is kept with probability 1 - p and
+   then scaled by 1 / (1 - p). The per-image factors are dropout's mask over a vector of ones
+   (one element per image, so keyed by the global sample index as dropout is: the same on
+   any device count), kept for backward; the branch is scaled by them as c = 1 planes. */
+
+static bool sdepth_active(const nn_call *c) { return c->node->u.sdepth.p > 0.0f; }
+
+static mgt_status sdepth_forward(nn_call *c)
+{
+    const nn_node *nd = c->node;
+    int floats = (int)nn_value_floats(&c->m->values[nd->out]);
+    if (!c->train || !sdepth_active(c)) {
+        if (c->y == c->x[0])
+            return MGT_OK;
+        return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+    }
+    float *mask = nn_act(c->m, nd->u.sdepth.mask_off);
+    mgt_dropout_key k = c->m->drop_key;
+    k.stream = nd->u.sdepth.stream;
+    mgt_status st = mgt_fill(c->s, mask, 1.0f, (size_t)c->n);
+    if (st == MGT_OK)
+        st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
+    if (st == MGT_OK)
+        st = mgt_channel_scale_forward(c->s, c->y, c->x[0], mask, c->n, 1, floats, false);
+    return st;
+}
+
+static mgt_status sdepth_backward(nn_call *c)
+{
+    const nn_node *nd = c->node;
+    assert(c->dx_beta[0] == 0.0f);
+    if (!sdepth_active(c)) {
+        if (c->dx[0] == c->dy)
+            return MGT_OK;
+        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+    }
+    int floats = (int)nn_value_floats(&c->m->values[nd->out]);
+    return mgt_channel_scale_backward(c->s, c->dx[0], NULL, c->dy, NULL,
+                                      nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats, false);
+}
+
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
     [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
@@ -275,4 +465,13 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_GAP] = {"avgpool", 0, gap_forward, gap_backward, gap_macs},
     [NN_LINEAR] = {"linear", NN_F_NEEDS_X | NN_F_DX_BETA, linear_forward, linear_backward,
                    linear_macs},
+    [NN_ACT] = {"act", NN_F_NEEDS_X | NN_F_DX_ON_DY, act_forward, act_backward, NULL},
+    /* no MACs: THOP does not count the functional product of a squeeze-excite */
+    [NN_SCALE] = {"scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, scale_forward, scale_backward, NULL},
+    [NN_SDEPTH] = {"stochastic_depth", NN_F_INPLACE | NN_F_DX_ON_DY, sdepth_forward,
+                   sdepth_backward, NULL},
+    [NN_DROPOUT] = {"dropout", NN_F_INPLACE | NN_F_DX_ON_DY, dropout_forward, dropout_backward,
+                    NULL},
+    [NN_APOOL] = {"avgpool", 0, apool_forward, apool_backward, apool_macs},
+    [NN_CONCAT] = {"concat", 0, concat_forward, concat_backward, NULL},
 };

@@ -13,7 +13,8 @@
 #include "nn/model_impl.h"
 
 /* Every family's architectures, in the order `mgtrain model` lists them. */
-static const nn_arch *const families[] = {nn_resnet_archs};
+static const nn_arch *const families[] = {nn_resnet_archs, nn_vgg_archs, nn_alexnet_archs,
+                                          nn_squeezenet_archs, nn_mobile_archs};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 
@@ -336,6 +337,8 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
         *logits = nn_logits(m);
     return MGT_OK;
 }
+
+void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key) { m->drop_key = *key; }
 
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct)

@@ -25,6 +25,12 @@ typedef enum nn_kind {
     NN_ADD,     /* in[0] + in[1] */
     NN_GAP,     /* global average pool: [c, h, w] -> [c, 1, 1] */
     NN_LINEAR,  /* in[0] flattened to [c*h*w] -> [out, 1, 1], with bias */
+    NN_DROPOUT, /* training: x * keep / (1 - p), the mask from the model's dropout key */
+    NN_APOOL,   /* adaptive average pool to oh x ow (torch's AdaptiveAvgPool2d) */
+    NN_CONCAT,  /* the inputs side by side along channels (torch.cat(dim=1)) */
+    NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
+    NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
+    NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -72,6 +78,19 @@ typedef struct nn_node {
         struct {
             int in, out;
         } linear;
+        struct {
+            float p;
+            uint32_t stream; /* this layer's place among the model's dropout layers */
+        } dropout;
+        struct {
+            int oh, ow;
+        } apool;
+        mgt_act act;
+        struct {
+            float p;
+            uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
+            size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
+        } sdepth;
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -121,6 +140,9 @@ struct mgt_model {
     nn_value *values;
     int n_values, cap_values;
     bool oom; /* a building allocation failed: checked once at the end */
+
+    int n_dropout;            /* dropout layers so far (their streams) */
+    mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
 
     int min_bn_hw; /* the smallest h*w any BN normalises over, per image */
     int max_bn_c;  /* the most channels any BN has */
@@ -181,6 +203,11 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
                  mgt_model_what what, int ndim, const int64_t *shape, nn_entry_init init);
 
 /* Each returns the node's output value (or -1 once an allocation has failed). */
+int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
+/* x [c, h, w] scaled per image and channel by s [c, 1, 1] */
+int nn_scale(mgt_model *m, const char *name, int x, int s);
+/* torchvision's StochasticDepth(p, "row") */
+int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
@@ -189,6 +216,12 @@ int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad
 int nn_add(mgt_model *m, const char *name, int a, int b);
 int nn_gap(mgt_model *m, const char *name, int x);
 int nn_linear(mgt_model *m, const char *name, int x, int out);
+int nn_dropout(mgt_model *m, const char *name, int x, float p);
+/* max pooling with torch's ceil_mode */
+int nn_maxpool_ceil(mgt_model *m, const char *name, int x, int k, int stride, int pad);
+int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow);
+/* in[0..n) concatenated along channels (same h x w), n <= NN_MAX_IN */
+int nn_concat(mgt_model *m, const char *name, const int *in, int n);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
@@ -229,6 +262,10 @@ typedef struct nn_arch {
 
 /* The architectures of each family, NULL-name terminated. */
 extern const nn_arch nn_resnet_archs[];
+extern const nn_arch nn_vgg_archs[];
+extern const nn_arch nn_alexnet_archs[];
+extern const nn_arch nn_squeezenet_archs[];
+extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 
 /* ---- the layer kinds (layers.c) ---- */
 

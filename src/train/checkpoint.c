@@ -2,9 +2,11 @@
  * table of its metadata fields (so save and load cannot drift apart), beside the model's
  * torchvision-named state_dict and the optimizer's state tensors; --resume.
  *
- * Format 3 (this one) adds fp16 loss scaling's state (loss_scale, loss_scale_growth); format
- * 2 (read, with GradScaler's start for the scaler) keeps "format": "pt", as PyTorch's
- * safetensors writer stores it, and says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
+ * Format 3 (this one) adds the optimizer's step count (AdamW's bias correction needs it),
+ * the EMA model's n_averaged beside its "model_ema." tensors, and fp16 loss scaling's state
+ * (loss_scale, loss_scale_growth; a format-2 file resumes with GradScaler's start). Format 2
+ * keeps "format": "pt", as PyTorch's safetensors writer stores it, and says
+ * "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
  * SGD) is still read. Every field is parsed strictly: a malformed or missing value is an
  * error naming the file and the key, never a silent 0. New state (a loss scale, a rank) is
  * one field in train_state and one row in fields[], with the format it first appears in.
@@ -57,6 +59,8 @@ static const state_field fields[] = {
     FIELD("loss_scale", F_EXACT, loss_scale, 3, 0, 3.4e38),
     FIELD("loss_scale_growth", F_INT, loss_scale_growth, 3, 0, MGT_SCALER_INTERVAL),
     INFO("amp", amp),
+    FIELD("optimizer_steps", F_LONG, optimizer_steps, 3, 0, 1e15),
+    FIELD("model_ema_n_averaged", F_LONG, ema_n_averaged, 3, 0, 1e15),
     INFO("lr_schedule", lr_schedule),
     INFO("sampler", sampler),
 };
@@ -210,12 +214,19 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .batch_size = r->data.per_dev_batch * r->wn,
                        .devices = r->wn,
                        .loss_scale = r->scaler.scale,
-                       .loss_scale_growth = r->scaler.growth};
+                       .loss_scale_growth = r->scaler.growth,
+                       .optimizer_steps = train_optim_steps(&r->w[0].opt),
+                       .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
-    snprintf(s->lr_schedule, sizeof s->lr_schedule, "%s lr %g step %d gamma %g epochs %d warmup %g",
-             lr->kind == MGT_LR_STEP ? "step" : "cosine", lr->lr, lr->step_epochs, lr->gamma,
-             lr->epochs, lr->warmup_epochs);
+    snprintf(s->lr_schedule, sizeof s->lr_schedule,
+             "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
+             mgt_lr_kind_name(lr->kind), lr->lr, lr->step_epochs, lr->gamma, lr->lr_min, lr->epochs,
+             lr->warmup_epochs,
+             lr->warmup_method == MGT_LR_WARMUP_PER_STEP ? "per step"
+             : lr->warmup_method == MGT_LR_WARMUP_LINEAR ? "linear"
+                                                         : "constant",
+             lr->warmup_decay);
     /* the epoch's shuffle is seed + epoch, and `step` batches of every shard are done */
     snprintf(s->sampler, sizeof s->sampler, "epoch %d batch %ld of %ld", next_epoch, next_step,
              r->data.steps_per_epoch);
@@ -232,6 +243,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer *wr = NULL;
     void *staging = NULL;
     float *opt_host = NULL;
+    void *ema_host = NULL;
     train_state s;
     fill_state(r, next_epoch, next_step, &s);
     char path[512], best[512];
@@ -242,6 +254,8 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_model_add_to_writer(w0->model, w0->s, wr, &staging);
     if (st == MGT_OK)
         st = add_optimizer(r, wr, &opt_host);
+    if (st == MGT_OK)
+        st = train_ema_add_to_writer(r, wr, &ema_host);
     if (st == MGT_OK)
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
@@ -255,6 +269,7 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     mgt_st_writer_free(wr);
     free(staging);
     free(opt_host);
+    free(ema_host);
     return st;
 }
 
@@ -267,11 +282,12 @@ mgt_status train_flag_error(mgt_status st, const char *flag)
     return mgt_error_set(st, "%s %s", flag, why);
 }
 
-const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, NULL};
+const char *const train_opt_prefixes[] = {TRAIN_OPT_PREFIX, TRAIN_EMA_PREFIX, NULL};
 
 /* The optimizer's state from f into replica 0, each tensor checked (dtype, length, finite).
    A file without it (saved before the first step, or with momentum 0) leaves it fresh. */
-static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
+static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path,
+                                 const train_state *s)
 {
     worker *w0 = &r->w[0];
     train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
@@ -305,8 +321,13 @@ static mgt_status load_optimizer(run *r, const mgt_st_file *f, const char *path)
     if (st == MGT_OK && found > 0 && found < nt)
         st = mgt_error_set(MGT_ERR_INVALID, "%s: holds %d of the %d optimizer state tensors", path,
                            found, nt);
+    if (st == MGT_OK && found == 0 && nt > 0 && s->format >= 3 && s->optimizer_steps > 0)
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: says %ld optimizer steps were done but holds no optimizer state",
+                           path, s->optimizer_steps);
+    /* before format 3 only SGD was saved, whose state is live once it is there */
     if (st == MGT_OK)
-        train_optim_set_live(&w0->opt, found > 0);
+        train_optim_set_steps(&w0->opt, s->format >= 3 ? s->optimizer_steps : found > 0);
     return st;
 }
 
@@ -349,7 +370,9 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
                              "state); --pretrained starts from its weights",
                              path);
     const char *kind = train_optim_kind(&r->w[0].opt);
-    if (strcmp(s.optimizer, kind) != 0)
+    /* plain and Nesterov SGD keep the same momentum buffer (format 2 called both "sgd") */
+    bool both_sgd = strncmp(s.optimizer, "sgd", 3) == 0 && strncmp(kind, "sgd", 3) == 0;
+    if (strcmp(s.optimizer, kind) != 0 && !both_sgd)
         return mgt_error_set(MGT_ERR_INVALID,
                              "%s: holds the state of optimizer %s; this run uses %s", path,
                              s.optimizer, kind);
@@ -362,7 +385,9 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", path);
-    st = load_optimizer(r, f, path);
+    st = load_optimizer(r, f, path, &s);
+    if (st == MGT_OK)
+        st = train_ema_load(r, f, path, s.ema_n_averaged);
     if (st != MGT_OK)
         return st;
     *epoch = s.epoch;

@@ -62,6 +62,9 @@ static void text_summary(train_text *out, const train_summary *s)
     if (s->validated)
         train_text_add(out, " * Acc@1 %.3f Acc@5 %.3f  Loss %.4f  (%ld validation images)\n",
                        s->val_acc1, s->val_acc5, s->val_loss, s->val_images);
+    if (s->ema_validated)
+        train_text_add(out, " * EMA Acc@1 %.3f Acc@5 %.3f  Loss %.4f\n", s->ema_val_acc1,
+                       s->ema_val_acc5, s->ema_val_loss);
 }
 
 const train_reporter_i train_text_reporter = {.progress = text_progress, .summary = text_summary};
@@ -110,6 +113,11 @@ static void json_summary(train_text *out, const train_summary *s)
         cJSON_AddNumberToObject(o, "val_loss", s->val_loss);
         cJSON_AddNumberToObject(o, "val_acc1", s->val_acc1);
         cJSON_AddNumberToObject(o, "val_acc5", s->val_acc5);
+    }
+    if (s->ema_validated) {
+        cJSON_AddNumberToObject(o, "ema_val_loss", s->ema_val_loss);
+        cJSON_AddNumberToObject(o, "ema_val_acc1", s->ema_val_acc1);
+        cJSON_AddNumberToObject(o, "ema_val_acc5", s->ema_val_acc5);
     }
     json_line(out, o);
 }

@@ -1,47 +1,136 @@
-/* The optimizer as the trainer sees it: one update over the parameter arena, and its state as
-   a table of named device tensors that checkpoints save and load and broadcasts copy, so
-   that another optimizer (adamw's two moments, rmsprop's square average) adds rows to the
-   table instead of code to every place that handles state. */
+/* The optimizer as the trainer sees it: --opt's kind over the parameter arena cut into the
+   references' weight-decay groups (set_weight_decay: norm layers' parameters under
+   --norm-weight-decay, every parameter called "bias" under --bias-weight-decay, which wins),
+   and its state as a table of named device tensors that checkpoints save and load and
+   broadcasts copy. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "train/train_impl.h"
 
-mgt_status train_optim_create(train_optim *o, mgt_device *d, size_t floats,
+/* The weight decay of one parameter, as references/classification/utils.py's
+   set_weight_decay decides it with custom key "bias" (a name match, checked first) and
+   norm_weight_decay (norm layers' parameters). Negative: the flag was not given. */
+static float decay_of(const mgt_model_entry *e, const mgt_train_config *c)
+{
+    bool is_bias = e->what == MGT_TENSOR_BIAS || e->what == MGT_TENSOR_NORM_BIAS;
+    bool in_norm = e->what == MGT_TENSOR_NORM_WEIGHT || e->what == MGT_TENSOR_NORM_BIAS;
+    if (is_bias && c->bias_weight_decay >= 0)
+        return c->bias_weight_decay;
+    if (in_norm && c->norm_weight_decay >= 0)
+        return c->norm_weight_decay;
+    return c->weight_decay;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const mgt_model_entry *x = *(const mgt_model_entry *const *)a;
+    const mgt_model_entry *y = *(const mgt_model_entry *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Runs of the arena in offset order with one decay each; a run reaches the next run's first
+   tensor, so the zero padding between tensors belongs to a group (and stays zero). */
+static mgt_status make_groups(const mgt_model *m, size_t floats, const mgt_train_config *c,
+                              mgt_opt_group **out, int *n)
+{
+    int ne;
+    const mgt_model_entry *t = mgt_model_table(m, &ne);
+    const mgt_model_entry **ps = malloc((size_t)(ne ? ne : 1) * sizeof *ps);
+    mgt_opt_group *g = malloc((size_t)(ne ? ne : 1) * sizeof *g);
+    if (!ps || !g) {
+        free(ps);
+        free(g);
+        return mgt_error_set(MGT_ERR_OOM, "optimizer: host memory exhausted");
+    }
+    int np = 0, ng = 0;
+    for (int i = 0; i < ne; i++)
+        if (t[i].role == MGT_MODEL_PARAM)
+            ps[np++] = &t[i];
+    qsort(ps, (size_t)np, sizeof *ps, by_offset);
+    for (int i = 0; i < np; i++) {
+        float wd = decay_of(ps[i], c);
+        size_t at = i == 0 ? 0 : ps[i]->offset / sizeof(float);
+        if (ng > 0 && g[ng - 1].weight_decay == wd)
+            continue;
+        if (ng > 0)
+            g[ng - 1].floats = at - g[ng - 1].offset;
+        g[ng++] = (mgt_opt_group){at, 0, wd};
+    }
+    if (ng == 0)
+        g[ng++] = (mgt_opt_group){0, 0, c->weight_decay};
+    g[ng - 1].floats = floats - g[ng - 1].offset;
+    free(ps);
+    *out = g;
+    *n = ng;
+    return MGT_OK;
+}
+
+mgt_opt_kind train_optim_kind_of(const mgt_train_config *c)
+{
+    return c->opt == MGT_OPT_SGD && c->nesterov ? MGT_OPT_SGD_NESTEROV : c->opt;
+}
+
+mgt_status train_optim_create(train_optim *o, mgt_device *d, const mgt_model *m,
                               const mgt_train_config *c)
 {
-    return mgt_sgd_create(d, floats, c->momentum, c->weight_decay, c->nesterov, &o->sgd);
+    memset(o, 0, sizeof *o);
+    size_t bytes;
+    mgt_model_params(m, &bytes);
+    mgt_opt_config oc;
+    mgt_opt_config_defaults(&oc, train_optim_kind_of(c), c->momentum);
+    mgt_opt_group *g = NULL;
+    int ng = 0;
+    mgt_status st = make_groups(m, bytes / sizeof(float), c, &g, &ng);
+    if (st != MGT_OK)
+        return st;
+    o->groups = ng;
+    o->kind = oc.kind;
+    st = mgt_optimizer_create(d, bytes / sizeof(float), &oc, g, ng, &o->o);
+    free(g);
+    if (st != MGT_OK)
+        return st;
+    const char *names[MGT_OPT_MAX_STATE];
+    float *dev[MGT_OPT_MAX_STATE];
+    int n = mgt_optimizer_state(o->o, names, dev, NULL);
+    for (int k = 0; k < n; k++)
+        snprintf(o->names[k], sizeof o->names[k], TRAIN_OPT_PREFIX "%s", names[k]);
+    return MGT_OK;
 }
 
 void train_optim_free(train_optim *o)
 {
-    mgt_sgd_free(o->sgd);
-    o->sgd = NULL;
+    mgt_optimizer_free(o->o);
+    o->o = NULL;
 }
 
-const char *train_optim_kind(const train_optim *o)
-{
-    (void)o;
-    return "sgd";
-}
+const char *train_optim_kind(const train_optim *o) { return mgt_opt_kind_name(o->kind); }
 
 mgt_status train_optim_step(train_optim *o, mgt_stream *s, float *params, const float *grads,
                             float lr, float grad_scale)
 {
-    return mgt_sgd_step(o->sgd, s, params, grads, lr, grad_scale);
+    return mgt_optimizer_step(o->o, s, params, grads, lr, grad_scale);
 }
 
 int train_optim_state(const train_optim *o, train_opt_tensor *t)
 {
-    size_t floats = 0;
-    float *mom = o->sgd ? mgt_sgd_momentum(o->sgd, &floats) : NULL;
-    if (!mom) /* momentum 0: SGD keeps no state */
+    if (!o->o)
         return 0;
-    t[0] = (train_opt_tensor){TRAIN_OPT_PREFIX "momentum_buffer", mom, floats};
-    return 1;
+    const char *names[MGT_OPT_MAX_STATE];
+    float *dev[MGT_OPT_MAX_STATE];
+    size_t floats;
+    int n = mgt_optimizer_state(o->o, names, dev, &floats);
+    for (int k = 0; k < n; k++)
+        t[k] = (train_opt_tensor){o->names[k], dev[k], floats};
+    return n;
 }
 
-bool train_optim_live(const train_optim *o) { return o->sgd && mgt_sgd_started(o->sgd); }
+long train_optim_steps(const train_optim *o) { return o->o ? mgt_optimizer_steps(o->o) : 0; }
 
-void train_optim_set_live(train_optim *o, bool live)
+void train_optim_set_steps(train_optim *o, long steps)
 {
-    if (o->sgd)
-        mgt_sgd_set_started(o->sgd, live);
+    if (o->o)
+        mgt_optimizer_set_steps(o->o, steps);
 }
+
+bool train_optim_live(const train_optim *o) { return train_optim_steps(o) > 0; }

@@ -18,9 +18,16 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->epochs = 90;
     c->start_epoch = -1;
     c->batch_size = 256;
-    c->lr = (mgt_lr_config){.lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f};
+    c->lr = (mgt_lr_config){
+        .lr = 0.1f, .kind = MGT_LR_STEP, .step_epochs = 30, .gamma = 0.1f, .warmup_decay = 0.01f};
     c->momentum = 0.9f;
     c->weight_decay = 1e-4f;
+    c->opt = MGT_OPT_SGD;
+    c->norm_weight_decay = -1;
+    c->bias_weight_decay = -1;
+    c->accum_steps = 1;
+    c->model_ema_decay = 0.99998f;
+    c->model_ema_steps = 32;
     c->print_freq = 10;
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
@@ -71,6 +78,17 @@ static mgt_status check_config(run *r)
     if (!(c->random_erase >= 0 && c->random_erase <= 1))
         return mgt_error_set(MGT_ERR_INVALID, "--random-erase %g is not a probability",
                              (double)c->random_erase);
+    if (mgt_lr_per_epoch(c->lr.kind) && c->lr.warmup_epochs != (float)(int)c->lr.warmup_epochs)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--lr-warmup-epochs %g: the references' warm-up is whole epochs",
+                             (double)c->lr.warmup_epochs);
+    if (c->accum_steps < 1 || c->model_ema_steps < 1 || !(c->clip_grad_norm >= 0) ||
+        !(c->model_ema_decay >= 0 && c->model_ema_decay <= 1))
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--accum-steps %d and --model-ema-steps %d must be positive, "
+                             "--clip-grad-norm %g not negative, --model-ema-decay %g in [0, 1]",
+                             c->accum_steps, c->model_ema_steps, (double)c->clip_grad_norm,
+                             (double)c->model_ema_decay);
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
         return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
                                               "negative");
@@ -113,13 +131,42 @@ static void print_start(run *r, int start_epoch)
             d->per_dev_batch * r->wn);
     if (d->per_dev_batch * r->wn != c->batch_size)
         fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
-    fprintf(o, "\n=> lr %g, %s schedule", r->lr.lr, r->lr.kind == MGT_LR_STEP ? "step" : "cosine");
-    if (r->lr.kind == MGT_LR_STEP)
+    fprintf(o, "\n=> lr %g, %s schedule", r->lr.lr, mgt_lr_kind_name(r->lr.kind));
+    if (r->lr.kind == MGT_LR_STEP || r->lr.kind == MGT_LR_STEPLR)
         fprintf(o, " (x%g every %d epochs)", r->lr.gamma, r->lr.step_epochs);
+    if (r->lr.kind == MGT_LR_EXPONENTIALLR)
+        fprintf(o, " (x%g every epoch)", r->lr.gamma);
+    if (r->lr.kind == MGT_LR_COSINEANNEALINGLR)
+        fprintf(o, " (to %g)", r->lr.lr_min);
     if (r->lr.warmup_epochs > 0)
-        fprintf(o, ", %g warm-up epochs", r->lr.warmup_epochs);
-    fprintf(o, ", momentum %g%s, weight decay %g, label smoothing %g\n", c->momentum,
-            c->nesterov ? " (nesterov)" : "", c->weight_decay, c->label_smoothing);
+        fprintf(o, ", %g warm-up epochs%s", r->lr.warmup_epochs,
+                r->lr.warmup_method == MGT_LR_WARMUP_PER_STEP ? " (linear per step)"
+                : r->lr.warmup_method == MGT_LR_WARMUP_LINEAR ? " (linear per epoch)"
+                                                              : " (constant)");
+    fprintf(o, "\n=> optimizer %s", train_optim_kind(&r->w[0].opt));
+    if (c->opt != MGT_OPT_ADAMW)
+        fprintf(o, ", momentum %g", c->momentum);
+    fprintf(o, ", weight decay %g", c->weight_decay);
+    if (c->norm_weight_decay >= 0)
+        fprintf(o, " (norms %g)", c->norm_weight_decay);
+    if (c->bias_weight_decay >= 0)
+        fprintf(o, " (biases %g)", c->bias_weight_decay);
+    fprintf(o, " over %d run%s of the arena, label smoothing %g\n", r->w[0].opt.groups,
+            r->w[0].opt.groups == 1 ? "" : "s", c->label_smoothing);
+    if (c->clip_grad_norm > 0 || c->accum_steps > 1 || c->model_ema) {
+        fprintf(o, "=>");
+        if (c->clip_grad_norm > 0)
+            fprintf(o, " gradient norm clipped to %g;", c->clip_grad_norm);
+        if (c->accum_steps > 1)
+            fprintf(o, " %d micro-batches per update (%d images);", c->accum_steps,
+                    d->per_dev_batch * r->n * c->accum_steps);
+        if (c->model_ema)
+            fprintf(o,
+                    " EMA of the weights every %d updates, decay %.6g (--model-ema-decay %g "
+                    "adjusted)",
+                    c->model_ema_steps, r->ema_decay, c->model_ema_decay);
+        fprintf(o, "\n");
+    }
     if (c->dummy)
         fprintf(o, "=> data: synthetic (--dummy), %d classes, %dx%dx%d, %ld steps per epoch\n",
                 d->classes, d->channels, d->size, d->size, d->steps_per_epoch);
@@ -156,8 +203,8 @@ static void print_start(run *r, int start_epoch)
     fflush(o);
 }
 
-/* The validation phase; its numbers go to the result and to s. */
-static bool validate(run *r, train_summary *s)
+/* One validation pass over the replicas' current weights: loss, top-1, top-5. */
+static bool val_pass(run *r, double *loss, double *acc1, double *acc5, long *images)
 {
     train_metrics *m = &r->m;
     m->val_loss_sum = 0;
@@ -185,14 +232,42 @@ static bool validate(run *r, train_summary *s)
         m->val_c5 = (long)v[3];
     }
     double n = (double)(m->val_n ? m->val_n : 1);
-    r->res->val_loss = m->val_loss_sum / n;
-    r->res->val_acc1 = 100.0 * (double)m->val_c1 / n;
-    r->res->val_acc5 = 100.0 * (double)m->val_c5 / n;
+    *loss = m->val_loss_sum / n;
+    *acc1 = 100.0 * (double)m->val_c1 / n;
+    *acc5 = 100.0 * (double)m->val_c5 / n;
+    *images = m->val_n;
+    return true;
+}
+
+/* The validation phase (and, with --model-ema after training, the EMA model's, as train.py
+   evaluates model_ema beside the model); the numbers go to the result and to s. */
+static bool validate(run *r, train_summary *s)
+{
+    mgt_train_result *res = r->res;
+    if (!val_pass(r, &res->val_loss, &res->val_acc1, &res->val_acc5, &s->val_images))
+        return false;
     s->validated = true;
-    s->val_loss = r->res->val_loss;
-    s->val_acc1 = r->res->val_acc1;
-    s->val_acc5 = r->res->val_acc5;
-    s->val_images = m->val_n;
+    s->val_loss = res->val_loss;
+    s->val_acc1 = res->val_acc1;
+    s->val_acc5 = res->val_acc5;
+    if (r->c->model_ema && s->trained) {
+        mgt_status st = train_ema_swap_in(r);
+        long images;
+        bool ok = st == MGT_OK &&
+                  val_pass(r, &res->ema_val_loss, &res->ema_val_acc1, &res->ema_val_acc5, &images);
+        if (st == MGT_OK && !r->failed)
+            st = train_ema_swap_out(r);
+        if (st != MGT_OK) {
+            train_fail(r, mgt_error_wrap(st, "EMA validation of epoch %d", r->epoch));
+            return false;
+        }
+        if (!ok)
+            return false;
+        s->ema_validated = true;
+        s->ema_val_loss = res->ema_val_loss;
+        s->ema_val_acc1 = res->ema_val_acc1;
+        s->ema_val_acc5 = res->ema_val_acc5;
+    }
     return true;
 }
 
@@ -369,6 +444,11 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */
+    /* train.py's adjust: images per update for world_size * batch_size (with --accum-steps,
+       every micro-batch's) */
+    r->ema_decay = mgt_ema_decay(
+        c->model_ema_decay, (long)(c->batch_size / (r->wn ? r->wn : 1)) * r->wn * c->accum_steps,
+        c->model_ema_steps, c->epochs);
     r->start_s = mgt_time_now();
     r->scaler =
         (train_scaler){.scale = c->loss_scale_init > 0 ? c->loss_scale_init : MGT_SCALER_INIT};

@@ -200,7 +200,8 @@ static mgt_status make_dummy_batch(run *r, worker *w)
 /* The metric slots and events of a worker. */
 static mgt_status make_slots(run *r, worker *w)
 {
-    mgt_status st = mgt_host_alloc(w->d, SLOTS * sizeof(float), (void **)&w->host_loss);
+    /* one more float than the slots: the gradients' sum of squares for --clip-grad-norm */
+    mgt_status st = mgt_host_alloc(w->d, (SLOTS + 1) * sizeof(float), (void **)&w->host_loss);
     if (st == MGT_OK)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
     if (st == MGT_OK)
@@ -211,6 +212,7 @@ static mgt_status make_slots(run *r, worker *w)
         st = mgt_buffer_alloc(w->d, sizeof(int32_t), &w->dev_nonfinite);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_host_alloc(w->d, sizeof(int32_t), (void **)&w->host_nonfinite);
+    st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
@@ -241,8 +243,10 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
         r->buffers[i] = mgt_model_buffers(w->model, NULL);
-        st = train_optim_create(&w->opt, w->d, pbytes / sizeof(float), c);
+        st = train_optim_create(&w->opt, w->d, w->model, c);
     }
+    if (st == MGT_OK)
+        st = train_ema_create(r, w);
     if (st == MGT_OK)
         st = make_slots(r, w);
     if (st == MGT_OK && c->dummy)
@@ -273,6 +277,7 @@ static void free_worker(worker *w)
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
     train_optim_free(&w->opt);
+    train_ema_free(w);
     mgt_model_free(w->model);
     mgt_stream_free(w->s);
 }
@@ -365,11 +370,13 @@ static mgt_status world_broadcast(run *r, bool params, bool optimizer)
         st = world_bcast_dev(r, p0, pb / sizeof(float));
     if (st == MGT_OK)
         st = world_bcast_dev(r, b0, bb / sizeof(float));
-    int live = optimizer && train_optim_live(&r->w[0].opt);
+    /* the step count (AdamW's bias correction) and so whether the state is live */
+    int64_t steps = optimizer ? train_optim_steps(&r->w[0].opt) : 0;
     if (st == MGT_OK && optimizer)
-        st = mgt_world_bcast(r->world, &live, sizeof live, 0, &r->abort);
+        st = mgt_world_bcast(r->world, &steps, sizeof steps, 0, &r->abort);
     if (st == MGT_OK && optimizer)
-        train_optim_set_live(&r->w[0].opt, live != 0);
+        train_optim_set_steps(&r->w[0].opt, (long)steps);
+    bool live = steps > 0;
     train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
     int nt = live ? train_optim_state(&r->w[0].opt, t) : 0;
     for (int k = 0; k < nt && st == MGT_OK; k++)
@@ -431,7 +438,7 @@ mgt_status train_broadcast(run *r, bool params, bool optimizer)
         int m;
         memcpy(mgt_model_bn_counts(r->w[i].model, &m), counts0, (size_t)nbn * sizeof *counts0);
         if (optimizer)
-            train_optim_set_live(&r->w[i].opt, train_optim_live(&r->w[0].opt));
+            train_optim_set_steps(&r->w[i].opt, train_optim_steps(&r->w[0].opt));
     }
     for (int i = 0; i < r->n && st == MGT_OK; i++)
         st = mgt_stream_synchronize(streams[i], &r->abort);

@@ -111,8 +111,9 @@ typedef struct step_batch {
     const int32_t *y;
     int n;
     double wait_s;
-    const int32_t *y_b; /* mixup / cutmix: the partners' labels and the weights of y */
-    const float *w;     /* NULL: no mixing */
+    const int32_t *y_b;   /* mixup / cutmix: the partners' labels and the weights of y */
+    const float *w;       /* NULL: no mixing */
+    mgt_dropout_key drop; /* the step's and these samples' dropout key */
 } step_batch;
 
 /* With profile, an event marking the end of a stage (0: the step's start). */
@@ -130,7 +131,8 @@ static mgt_status next_batch(worker *w, step_batch *b)
                           r->data.per_dev_batch,
                           0,
                           NULL,
-                          NULL};
+                          NULL,
+                          {0}};
         return MGT_OK;
     }
     mgt_batch lb;
@@ -141,17 +143,36 @@ static mgt_status next_batch(worker *w, step_batch *b)
                           lb.n,
                           lb.wait_s,
                           lb.mixed ? lb.labels_b : NULL,
-                          lb.mixed ? lb.weights : NULL};
+                          lb.mixed ? lb.weights : NULL,
+                          {0}};
     return st;
 }
 
-/* Forward, loss and backward of one batch; the gradients accumulate in the grad arena and
-   each layer's are handed to the all-reduce as backward completes them. */
+/* --accum-steps K: the steps of an epoch go in windows of K micro-batches from its start
+   (a resumed epoch's first window starts where it resumes; the epoch's last may be short).
+   Gradients accumulate over a window and are reduced and applied once, at its last step, as
+   DDP's no_sync does; the update divides by the micro-batches it summed, so the step is that
+   of the mean loss over the window's images. */
+static long window_start(const run *r, long k)
+{
+    long s = k - k % r->c->accum_steps;
+    return s > r->first_step ? s : r->first_step;
+}
+
+static bool window_last(const run *r, long k)
+{
+    return (k + 1) % r->c->accum_steps == 0 || k + 1 >= r->data.steps_per_epoch;
+}
+
+/* Forward, loss and backward of one batch; the gradients accumulate in the grad arena and,
+   at the last micro-batch of a window, each layer's are handed to the all-reduce as backward
+   completes them. */
 static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *correct, int slot,
-                                   const char **where)
+                                   bool reduce, const char **where)
 {
     run *r = w->r;
     *where = "forward";
+    mgt_model_set_dropout_key(w->model, &b->drop);
     mgt_status st = mgt_model_forward(w->model, w->s, b->x, b->n, true, NULL);
     if (st == MGT_OK)
         st = mgt_model_loss_mixed(w->model, w->s, b->y, b->y_b, b->w, r->c->label_smoothing,
@@ -163,9 +184,10 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     *where = "backward";
     if (r->c->amp == MGT_PREC_FP16)
         mgt_model_set_loss_scale(w->model, w->scaler.scale);
-    st = mgt_comm_step_begin(r->comm, w->dev);
+    if (reduce)
+        st = mgt_comm_step_begin(r->comm, w->dev);
     if (st == MGT_OK)
-        st = mgt_model_backward(w->model, w->s, grads_ready, w);
+        st = mgt_model_backward(w->model, w->s, reduce ? grads_ready : NULL, w);
     if (st == MGT_OK)
         st = mark(w, slot, 2);
     return st;
@@ -202,7 +224,27 @@ static mgt_status scaler_check(worker *w, bool *skip)
     return MGT_OK;
 }
 
-/* The summed gradients, then every replica's identical update. */
+/* --clip-grad-norm: torch.nn.utils.clip_grad_norm_ on the mean gradients. The sum over the
+   replicas is the same bits on each, so every replica finds the same factor. The host reads
+   the norm: one wait for the device per step, only with clipping on. */
+static mgt_status clip_factor(worker *w, const float *grads, size_t floats, double mean_scale,
+                              float *factor)
+{
+    run *r = w->r;
+    float *dev = (float *)mgt_buffer_ptr(w->dev_val) + 1;
+    float *host = &w->host_loss[SLOTS];
+    mgt_status st = mgt_sum_squares(w->s, dev, grads, floats);
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, host, dev, sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK)
+        return st;
+    *factor = mgt_clip_coef(*host, mean_scale, r->c->clip_grad_norm);
+    return MGT_OK;
+}
+
+/* The summed gradients, then every replica's identical update (and the EMA's). */
 static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
 {
     run *r = w->r;
@@ -214,18 +256,30 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
         return st;
     *where = "optimizer";
     float lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)r->data.steps_per_epoch);
-    /* the gradients' sum over the world's replicas, of the loss times the scale: 1 / (wn scale) makes
-       them the mean's gradient again (the scale is a power of two: exact) */
-    float grad_scale = 1.0f / (float)r->wn;
+    size_t bytes;
+    float *grads = mgt_model_grads(w->model, &bytes);
+    /* DDP's mean over the devices of the world, and the window's over its micro-batches; under
+       fp16 the loss was multiplied by the scale too (a power of two: dividing is exact), and
+       the clipping sees the unscaled gradients, as after GradScaler.unscale_ */
+    double scale = 1.0 / ((double)r->wn * (double)(k - window_start(r, k) + 1));
     if (r->c->amp == MGT_PREC_FP16) {
         bool skip = false;
-        grad_scale /= w->scaler.scale;
+        scale /= (double)w->scaler.scale;
         st = scaler_check(w, &skip);
         if (st != MGT_OK || skip)
             return st != MGT_OK ? st : mark(w, slot, 4);
     }
-    st = train_optim_step(&w->opt, w->s, mgt_model_params(w->model, NULL),
-                          mgt_model_grads(w->model, NULL), lr, grad_scale);
+    float clip = 1.0f;
+    if (r->c->clip_grad_norm > 0)
+        st = clip_factor(w, grads, bytes / sizeof(float), scale, &clip);
+    if (st == MGT_OK)
+        st = train_optim_step(&w->opt, w->s, mgt_model_params(w->model, NULL), grads, lr,
+                              (float)(scale * clip));
+    if (st == MGT_OK && r->c->model_ema) {
+        long updates = k / r->c->accum_steps; /* train.py's i, counted in updates */
+        if (updates % r->c->model_ema_steps == 0)
+            st = train_ema_update(w);
+    }
     if (st == MGT_OK)
         st = mark(w, slot, 4);
     return st;
@@ -233,23 +287,39 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
 
 static mgt_status train_step(worker *w, long k, const char **where)
 {
+    run *r = w->r;
     int slot = (int)(k % SLOTS);
     step_batch b;
     *where = "loading data";
     mgt_status st = next_batch(w, &b);
     if (st != MGT_OK)
         return st;
+    /* image i of this replica (world rank wfirst + dev of wn) is the sample
+       k*B + rank + i*wn of the epoch's order (the sampler's layout), so the masks are those of
+       any other device or node count */
+    uint64_t global_batch = (uint64_t)r->data.per_dev_batch * (uint64_t)r->wn;
+    b.drop = (mgt_dropout_key){
+        .seed = r->c->seed,
+        .step = (uint64_t)r->epoch * (uint64_t)r->data.steps_per_epoch + (uint64_t)k,
+        .sample0 = (uint64_t)k * global_batch + (uint64_t)(r->wfirst + w->dev),
+        .sample_stride = (uint64_t)r->wn};
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
+    bool reduce = window_last(r, k);
     *where = "forward";
     st = mark(w, slot, 0);
     if (st == MGT_OK)
         st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
-    if (st == MGT_OK)
+    if (st == MGT_OK && k == window_start(r, k))
         st = mgt_model_zero_grad(w->model, w->s);
     if (st == MGT_OK)
-        st = forward_backward(w, &b, correct, slot, where);
-    if (st == MGT_OK)
+        st = forward_backward(w, &b, correct, slot, reduce, where);
+    if (st == MGT_OK && reduce)
         st = reduce_update(w, k, slot, where);
+    else if (st == MGT_OK) { /* no reduction nor update in this step: their marks now */
+        st = mark(w, slot, 3);
+        if (st == MGT_OK)
+            st = mark(w, slot, 4);
+    }
     if (st != MGT_OK)
         return st;
     *where = "metrics";
@@ -407,6 +477,10 @@ static void request_stop(run *r)
     for (int i = 0; i < r->n; i++)
         if (r->w[i].started > most)
             most = r->w[i].started;
+    /* a window of --accum-steps is finished, so that no summed gradient is lost */
+    long k = r->c->accum_steps;
+    if (most % k)
+        most += k - most % k;
     if (most < r->stop_at)
         r->stop_at = most;
 }
@@ -422,11 +496,11 @@ static void time_out(run *r)
                      mgt_device_name(r->w[i].d));
     long step = r->m.next_complete;
     pthread_mutex_unlock(&r->lock);
-    train_fail(r,
-               mgt_error_set(MGT_ERR_TIMEOUT,
-                             "%s: no training step finished within --timeout %g s (epoch %d "
-                             "step %ld): the device or its data loader stalled",
-                             who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step));
+    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
+                                "%s: no training step finished within --timeout %g s (epoch %d "
+                                "step %ld): the device or its data loader stalled%s",
+                                who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step,
+                                r->nodes > 1 ? ", or another node stopped answering" : ""));
     pthread_mutex_lock(&r->lock);
 }
 

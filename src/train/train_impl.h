@@ -55,25 +55,31 @@ typedef struct train_opt_tensor {
 #define TRAIN_OPT_PREFIX "optimizer."
 #define TRAIN_MAX_OPT_TENSORS 4
 
-/* A replica's optimizer. A new optimizer is a kind here, its update in train_optim_step and
-   its state tensors in train_optim_state; checkpoints and broadcasts follow the table. */
+/* A replica's optimizer. A new optimizer is a kind in mgt/optim.h; its state tensors come
+   through train_optim_state, and checkpoints and broadcasts follow that table. */
 typedef struct train_optim {
-    mgt_sgd *sgd;
+    mgt_optimizer *o;
+    mgt_opt_kind kind;
+    int groups; /* weight-decay groups the arena is cut into */
+    char names[MGT_OPT_MAX_STATE][48];
 } train_optim;
 
-mgt_status train_optim_create(train_optim *o, mgt_device *d, size_t floats,
+/* --opt with --nesterov folded in (sgd + --nesterov is sgd_nesterov). */
+mgt_opt_kind train_optim_kind_of(const mgt_train_config *c);
+mgt_status train_optim_create(train_optim *o, mgt_device *d, const mgt_model *m,
                               const mgt_train_config *c);
 void train_optim_free(train_optim *o);
-/* The name the checkpoint's "optimizer" metadata holds ("sgd"). */
+/* The name the checkpoint's "optimizer" metadata holds (mgt_opt_kind_name). */
 const char *train_optim_kind(const train_optim *o);
 mgt_status train_optim_step(train_optim *o, mgt_stream *s, float *params, const float *grads,
                             float lr, float grad_scale);
 /* Fills t (TRAIN_MAX_OPT_TENSORS long) with the state tensors; returns their count. */
 int train_optim_state(const train_optim *o, train_opt_tensor *t);
-/* Whether the state holds values yet (SGD's momentum buffer after its first step), and
-   marking restored or broadcast state as live. */
+/* Updates done so far (0: the state holds nothing yet); setting it marks restored or
+   broadcast state as live. train_optim_live: steps > 0. */
+long train_optim_steps(const train_optim *o);
+void train_optim_set_steps(train_optim *o, long steps);
 bool train_optim_live(const train_optim *o);
-void train_optim_set_live(train_optim *o, bool live);
 
 /* ---- the run's parts ---- */
 
@@ -92,6 +98,15 @@ typedef struct step_acc {
     int reported;  /* devices that added to it */
 } step_acc;
 
+/* --model-ema on one replica (ema.c): the averages in arenas laid out as the model's, and
+   where the model's own weights wait while the EMA ones are validated. */
+typedef struct train_ema {
+    mgt_buffer *params, *buffers;
+    mgt_buffer *stash_params, *stash_buffers;
+    int64_t *counts, *stash_counts; /* num_batches_tracked, host */
+    long n_averaged;                /* AveragedModel's; 0: the next update copies */
+} train_ema;
+
 typedef struct worker {
     run *r;
     int dev;
@@ -101,6 +116,7 @@ typedef struct worker {
     mgt_stream *s;
     mgt_model *model;
     train_optim opt;
+    train_ema ema;
     /* metrics */
     float *host_loss;        /* pinned [SLOTS] */
     int32_t *host_correct;   /* pinned [SLOTS][2] */
@@ -162,6 +178,8 @@ typedef struct train_summary {
     double train_loss, train_acc1, images_per_s, epoch_s;
     double val_loss, val_acc1, val_acc5;
     long val_images;
+    bool ema_validated; /* --model-ema: the EMA model's numbers too */
+    double ema_val_loss, ema_val_acc1, ema_val_acc5;
 } train_summary;
 
 /* A growing text; a failed allocation drops what did not fit (output, never state). */
@@ -234,6 +252,7 @@ struct run {
     train_metrics m;
     train_reports reports;
     double best_acc1;
+    double ema_decay; /* --model-ema: the adjusted decay (train_ema_decay) */
     double start_s;
     mgt_train_result *res;
     train_scaler scaler; /* between training phases: worker 0's, for checkpoints and resume */
@@ -282,6 +301,8 @@ typedef struct train_state {
     double loss_scale;     /* format 3: fp16 loss scaling's scale (MGT_SCALER_INIT unused) */
     int loss_scale_growth; /* format 3: its clean steps since the last change */
     char amp[8];           /* the run's --amp, for people (not read back) */
+    long optimizer_steps;  /* (3) updates done: torch's per-parameter "step" */
+    long ema_n_averaged;   /* (3) the EMA model's n_averaged (0 without --model-ema) */
     char lr_schedule[160]; /* what the schedule was, for people (not read back) */
     char sampler[96];      /* where the sampler stood, for people (not read back) */
 } train_state;
@@ -298,6 +319,21 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);
+
+/* ema.c */
+#define TRAIN_EMA_PREFIX "model_ema."
+mgt_status train_ema_create(run *r, worker *w); /* nothing without --model-ema */
+void train_ema_free(worker *w);
+/* After an optimizer step, on w's stream: the references' update_parameters. */
+mgt_status train_ema_update(worker *w);
+/* The EMA weights into every replica's model (its own kept aside), replica 0's statistics
+   broadcast; and back. Both between phases. */
+mgt_status train_ema_swap_in(run *r);
+mgt_status train_ema_swap_out(run *r);
+/* Replica 0's EMA as "model_ema." tensors borrowing *host (malloc'd; free after the save). */
+mgt_status train_ema_add_to_writer(run *r, mgt_st_writer *wr, void **host);
+/* The file's EMA into every replica (none in the file: the EMA starts afresh). */
+mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n_averaged);
 
 /* pretrained.c */
 mgt_status train_load_pretrained(run *r);

@@ -339,6 +339,25 @@ static double sum_f(const float *x, size_t n)
     return hsum_d2x4(a0, a1, a2, a3) + s;
 }
 
+/* The same for x[i]^2, each square taken in double. */
+static double sum_sq_f(const float *x, size_t n)
+{
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0;
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        vd2 b0 = vld_d2(x + j), b1 = vld_d2(x + j + 2), b2 = vld_d2(x + j + 4),
+            b3 = vld_d2(x + j + 6);
+        a0 += b0 * b0;
+        a1 += b1 * b1;
+        a2 += b2 * b2;
+        a3 += b3 * b3;
+    }
+    double s = 0;
+    for (; j < n; j++)
+        s += (double)x[j] * x[j];
+    return hsum_d2x4(a0, a1, a2, a3) + s;
+}
+
 typedef struct sum_job {
     const mgt_op *op;
     double *part;
@@ -350,7 +369,8 @@ static void sum_item(void *c, int i, int t)
     sum_job *j = c;
     size_t lo, hi;
     item_range(j->op->u.sum.n, CHUNK, i, &lo, &hi);
-    j->part[i] = sum_f(j->op->u.sum.x + lo, hi - lo);
+    const float *x = j->op->u.sum.x + lo;
+    j->part[i] = j->op->kind == MGT_OP_SUMSQ ? sum_sq_f(x, hi - lo) : sum_f(x, hi - lo);
 }
 
 /* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
@@ -399,6 +419,53 @@ static void sgd_item(void *c, int i, int t)
             d = p->nesterov ? d + m * b : b;
         }
         param[e] -= lr * d;
+    }
+}
+
+/* AdamW and RMSprop: scalar loops over each chunk (sqrt has no vector-extension form), the
+   reference's operations in its order, so the bits match it. */
+static void adamw_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float b1 = p->beta1, b2 = p->beta2, k1 = 1.0f - b1, k2 = 1.0f - b2;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e];
+        float w = a->param[e] * p->decay;
+        float m = a->exp_avg[e] * b1 + k1 * g;
+        float v = a->exp_avg_sq[e] * b2 + k2 * (g * g);
+        a->exp_avg[e] = m;
+        a->exp_avg_sq[e] = v;
+        float denom = sqrtf(v) / p->bc2_sqrt + p->eps;
+        a->param[e] = w + -p->step_size * (m / denom);
+    }
+}
+
+static void rmsprop_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_params *p = &a->p;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    const float keep = 1.0f - p->alpha;
+    for (size_t e = lo; e < hi; e++) {
+        float g = p->grad_scale * a->grad[e] + p->weight_decay * a->param[e];
+        float sq = a->square_avg[e] * p->alpha + keep * (g * g);
+        a->square_avg[e] = sq;
+        float avg = sqrtf(sq) + p->eps;
+        if (p->momentum > 0.0f) {
+            float b = a->momentum_buf[e] * p->momentum + g / avg;
+            a->momentum_buf[e] = b;
+            a->param[e] += -p->lr * b;
+        } else {
+            a->param[e] += -p->lr * (g / avg);
+        }
     }
 }
 
@@ -1251,6 +1318,264 @@ static void bias_bwd_item(void *c, int i, int t)
         b->dbias[e] += (float)acc[e - lo];
 }
 
+/* ---- channel bias, dropout ---- */
+
+static void chbias_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chbias_fwd) *b = &j->op->u.chbias_fwd;
+    size_t hw = (size_t)b->hw, lo, hi;
+    item_range((size_t)b->n * b->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float *y = b->y + pl * hw, v = b->bias[pl % (size_t)b->c];
+        for (size_t e = 0; e < hw; e++)
+            y[e] += v;
+    }
+}
+
+/* One channel per item, images in order: the sum does not depend on threads. */
+static void chbias_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chbias_bwd) *b = &j->op->u.chbias_bwd;
+    size_t hw = (size_t)b->hw;
+    double acc = 0.0;
+    for (int im = 0; im < b->n; im++)
+        acc += sum_f(b->dy + ((size_t)im * b->c + (size_t)i) * hw, hw);
+    b->dbias[i] += (float)acc;
+}
+
+static void dropout_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    size_t lo, hi;
+    item_range((size_t)d->n * d->per_image, CHUNK, i, &lo, &hi);
+    uint32_t thr = mgt_dropout_threshold(d->p), w[4];
+    float scale = 1.0f / (1.0f - d->p);
+    int im = (int)(lo / d->per_image);
+    size_t j = lo % d->per_image;
+    mgt_dropout_block(op, im, (uint32_t)(j / 4), w);
+    for (size_t e = lo; e < hi; e++) {
+        d->y[e] = (w[j % 4] >> 8) >= thr ? d->x[e] * scale : 0.0f;
+        if (++j == d->per_image) {
+            j = 0;
+            im++;
+        }
+        if (j % 4 == 0 && e + 1 < hi)
+            mgt_dropout_block(op, im, (uint32_t)(j / 4), w);
+    }
+}
+
+/* Adaptive average pooling: planes in parallel, each in the reference's order. */
+static void apool_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.apool_fwd) *a = &jb->op->u.apool_fwd;
+    size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
+    item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = a->x + pl * in;
+        for (int oy = 0; oy < a->oh; oy++)
+            for (int ox = 0; ox < a->ow; ox++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(oy, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(ox, a->w, a->ow, &x0, &x1);
+                double s = 0.0;
+                for (int y = y0; y < y1; y++)
+                    s += sum_f(x + (size_t)y * a->w + x0, (size_t)(x1 - x0));
+                a->y[pl * out + (size_t)oy * a->ow + ox] = (float)(s / ((y1 - y0) * (x1 - x0)));
+            }
+    }
+}
+
+static void apool_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.apool_bwd) *a = &jb->op->u.apool_bwd;
+    size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
+    item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float *dx = a->dx + pl * in;
+        memset(dx, 0, in * sizeof(float));
+        for (int oy = 0; oy < a->oh; oy++)
+            for (int ox = 0; ox < a->ow; ox++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(oy, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(ox, a->w, a->ow, &x0, &x1);
+                float g =
+                    a->dy[pl * out + (size_t)oy * a->ow + ox] / (float)((y1 - y0) * (x1 - x0));
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        dx[(size_t)y * a->w + xx] += g;
+            }
+    }
+}
+
+/* Rows (of all images) in parallel, a memcpy each. */
+static void scopy_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *jb = c;
+    const __typeof__(jb->op->u.scopy) *a = &jb->op->u.scopy;
+    size_t lo, hi;
+    item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
+    for (size_t q = lo; q < hi; q++) {
+        size_t im = q / (size_t)a->rows, r = q % (size_t)a->rows;
+        memcpy(a->y + im * a->y_stride + r * a->y_row, a->x + im * a->x_stride + r * a->x_row,
+               a->count * sizeof(float));
+    }
+}
+
+/* ---- activations, channel scaling ---- */
+
+/* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
+   exp); within a few ulp of the reference's double. */
+static inline float act_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MGT_ACT_GELU: return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static inline float act_grad_f(mgt_act act, float x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    case MGT_ACT_GELU:
+        return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
+               x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+/* The switch sits outside the loop (each case its own loop), so each loop is straight-line. */
+#define ACT_LOOP(ACT, BODY)                \
+    case ACT:                              \
+        for (size_t j = lo; j < hi; j++) { \
+            BODY;                          \
+        }                                  \
+        break;
+
+static void act_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->y[j] = act_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID, a->y[j] = act_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->y[j] = act_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->y[j] = act_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->y[j] = act_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->y[j] = act_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+static void act_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    size_t lo, hi;
+    item_range(a->n, CHUNK, i, &lo, &hi);
+    switch (a->act) {
+        ACT_LOOP(MGT_ACT_RELU6, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_RELU6, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSIGMOID,
+                 a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_HARDSWISH, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSWISH, a->x[j]))
+        ACT_LOOP(MGT_ACT_SILU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SILU, a->x[j]))
+        ACT_LOOP(MGT_ACT_SIGMOID, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SIGMOID, a->x[j]))
+        ACT_LOOP(MGT_ACT_GELU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_GELU, a->x[j]))
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+#undef ACT_LOOP
+
+/* One item per run of whole planes (image, channel). */
+static void chscale_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.chscale_fwd) *a = &j->op->u.chscale_fwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *x = a->x + pl * hw;
+        float *y = a->y + pl * hw;
+        for (size_t e = 0; e < hw; e++)
+            y[e] = x[e] * sc;
+    }
+}
+
+/* Per plane: dx, and the plane's sum of dy * x in double (fixed order); with shared, the
+   planes of one channel are summed over the images in order afterwards, so no result
+   depends on threads. */
+typedef struct chscale_job {
+    const mgt_op *op;
+    size_t units;
+    double *sums; /* with shared: one sum per plane */
+} chscale_job;
+
+static void chscale_bwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const chscale_job *j = c;
+    const __typeof__(j->op->u.chscale_bwd) *a = &j->op->u.chscale_bwd;
+    size_t hw = (size_t)a->hw, lo, hi;
+    item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
+    double *sums = j->sums;
+    for (size_t pl = lo; pl < hi; pl++) {
+        float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
+        const float *dy = a->dy + pl * hw, *x = a->x + pl * hw;
+        float *dx = a->dx + pl * hw;
+        if (a->dscale) {
+            double s0 = 0.0, s1 = 0.0;
+            size_t e = 0;
+            for (; e + 2 <= hw; e += 2) {
+                s0 += (double)dy[e] * x[e];
+                s1 += (double)dy[e + 1] * x[e + 1];
+            }
+            for (; e < hw; e++)
+                s0 += (double)dy[e] * x[e];
+            if (a->shared)
+                sums[pl] = s0 + s1;
+            else
+                a->dscale[pl] = (float)(s0 + s1);
+        }
+        for (size_t e = 0; e < hw; e++)
+            dx[e] = dy[e] * sc;
+    }
+}
+
 /* ---- softmax cross-entropy, top-k ---- */
 
 static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
@@ -1486,6 +1811,18 @@ static mgt_status run_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.adamw.n, CHUNK), adamw_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.rmsprop.n, CHUNK), rmsprop_item, op);
+    return MGT_OK;
+}
+
 static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
@@ -1570,6 +1907,52 @@ static mgt_status run_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, BIAS_COLS};
     POOL_FOR(ctx, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, units_per_item((size_t)op->u.chbias_fwd.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.chbias_fwd.n * op->u.chbias_fwd.c, j.units),
+             chbias_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_chbias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    plane_job j = {op, 1};
+    POOL_FOR(ctx, op->u.chbias_bwd.c, chbias_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of((size_t)op->u.dropout.n * op->u.dropout.per_image, CHUNK), dropout_item,
+             op);
+    return MGT_OK;
+}
+
+static mgt_status run_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    plane_job j = {op, units_per_item((size_t)a->h * a->w)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_fwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    plane_job j = {op, units_per_item((size_t)a->h * a->w)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_bwd_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *a = &op->u.scopy;
+    plane_job j = {op, units_per_item(a->count)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->rows, j.units), scopy_item, &j);
     return MGT_OK;
 }
 
@@ -1712,6 +2095,51 @@ static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    plane_job j = {op, units_per_item((size_t)a->hw)};
+    POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), chscale_fwd_item, &j);
+    return MGT_OK;
+}
+
+/* The shared form's per-plane sums take n * c doubles of host memory per call: a parameter's
+   layer scale has few channels and the call is not in a hot loop of its own. */
+static mgt_status run_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    size_t planes = (size_t)a->n * a->c;
+    chscale_job j = {op, units_per_item((size_t)a->hw), NULL};
+    if (a->dscale && a->shared) {
+        j.sums = malloc(planes * sizeof *j.sums);
+        if (!j.sums)
+            return mgt_error_set(MGT_ERR_OOM, "channel_scale_backward: out of host memory");
+    }
+    POOL_FOR(ctx, items_of(planes, j.units), chscale_bwd_item, &j);
+    if (j.sums) {
+        for (int ch = 0; ch < a->c; ch++) {
+            double s = 0.0;
+            for (int i = 0; i < a->n; i++)
+                s += j.sums[(size_t)i * a->c + ch];
+            a->dscale[ch] = (float)(a->dscale[ch] + s);
+        }
+        free(j.sums);
+    }
+    return MGT_OK;
+}
+
 /* One function per kind; a kind left out is one the mock devices refuse as unsupported. */
 static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op) = {
     [MGT_OP_FILL] = run_fill,
@@ -1747,6 +2175,19 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_CAST_TO_16] = run_cast,
     [MGT_OP_CAST_FROM_16] = run_cast,
     [MGT_OP_NONFINITE] = run_nonfinite,
+    [MGT_OP_ADAMW] = run_adamw,
+    [MGT_OP_RMSPROP] = run_rmsprop,
+    [MGT_OP_SUMSQ] = run_sum,
+    [MGT_OP_ACT_FWD] = run_act_fwd,
+    [MGT_OP_ACT_BWD] = run_act_bwd,
+    [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
+    [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
+    [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
+    [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
+    [MGT_OP_DROPOUT] = run_dropout,
+    [MGT_OP_APOOL_FWD] = run_apool_fwd,
+    [MGT_OP_APOOL_BWD] = run_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = run_scopy,
 };
 
 bool mgt_cpu_supports(mgt_op_kind kind)

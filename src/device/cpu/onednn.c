@@ -277,7 +277,18 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     int pp = mgt_conv2d_out_h(sh), qq = mgt_conv2d_out_w(sh);
     dnnl_dims_t xd, wd, yd, strides, pad_l, pad_r;
     dims4(xd, mb, sh->c, sh->h, sh->w);
-    dims4(wd, sh->k, sh->c, sh->r, sh->s);
+    /* grouped: weights [groups, k / groups, c / groups, r, s] (goihw, the same bytes as
+       PyTorch's [k, c / groups, r, s]) */
+    int g = sh->groups > 1 ? sh->groups : 1, wn = g > 1 ? 5 : 4;
+    if (g > 1) {
+        wd[0] = g;
+        wd[1] = sh->k / g;
+        wd[2] = sh->c / g;
+        wd[3] = sh->r;
+        wd[4] = sh->s;
+    } else {
+        dims4(wd, sh->k, sh->c, sh->r, sh->s);
+    }
     dims4(yd, mb, sh->k, pp, qq);
     strides[0] = sh->stride_h;
     strides[1] = sh->stride_w;
@@ -300,19 +311,19 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     dnnl_memory_desc_t x_any, w_any, y_any, x_u, w_u, y_u, xh, wh, yh;
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&x_any, 4, xd, tx, dnnl_format_tag_any);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&w_any, 4, wd, tw, dnnl_format_tag_any);
+        s = dnnl_memory_desc_init_by_tag(&w_any, wn, wd, tw, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&y_any, 4, yd, ty, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&xh, 4, xd, th, dnnl_format_tag_any);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&wh, 4, wd, th, dnnl_format_tag_any);
+        s = dnnl_memory_desc_init_by_tag(&wh, wn, wd, th, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&yh, 4, yd, th, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, dnnl_f32, dnnl_nchw);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&w_u, 4, wd, dnnl_f32, dnnl_oihw);
+        s = dnnl_memory_desc_init_by_tag(&w_u, wn, wd, dnnl_f32, g > 1 ? dnnl_goihw : dnnl_oihw);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&y_u, 4, yd, dnnl_f32, dnnl_nchw);
     if (s != dnnl_success)
@@ -453,7 +464,8 @@ static void plan_layout(mgt_onednn_plan *pl)
     pl->off_w = pl->off_o + align_up(fo);
     pl->off_sp = pl->off_w + align_up(fw);
     pl->per_thread = pl->off_sp + align_up(fsp);
-    pl->dw_n = (size_t)pl->sh.k * pl->sh.c * pl->sh.r * pl->sh.s;
+    pl->dw_n = (size_t)pl->sh.k * (pl->sh.c / (pl->sh.groups > 1 ? pl->sh.groups : 1)) * pl->sh.r *
+               pl->sh.s;
     if (pl->kind == K_BWD_FILTER) {
         pl->part_stride = align_up(pl->dw_n);
         pl->shared = (size_t)pl->parts * pl->part_stride;
@@ -496,7 +508,7 @@ mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan
         pl->bf16 = bf16;
         pl->sh = *sh;
         pl->beta_bits = beta_bits;
-        if (sh->groups == 1) {
+        {
             single_threaded();
             size_t per_image = (size_t)sh->c * sh->h * sh->w +
                                (size_t)sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh);

@@ -429,6 +429,53 @@ static mgt_status ref_sgd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* AdamW and RMSprop in float, in torch's order of operations (see mgt/device.h). */
+static mgt_status ref_adamw(const mgt_op *op)
+{
+    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_params *p = &a->p;
+    for (size_t i = 0; i < a->n; i++) {
+        float g = p->grad_scale * a->grad[i];
+        float w = a->param[i] * p->decay;
+        float m = a->exp_avg[i] * p->beta1 + (1.0f - p->beta1) * g;
+        float v = a->exp_avg_sq[i] * p->beta2 + (1.0f - p->beta2) * (g * g);
+        a->exp_avg[i] = m;
+        a->exp_avg_sq[i] = v;
+        float denom = sqrtf(v) / p->bc2_sqrt + p->eps;
+        a->param[i] = w + -p->step_size * (m / denom);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_rmsprop(const mgt_op *op)
+{
+    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_params *p = &a->p;
+    for (size_t i = 0; i < a->n; i++) {
+        float g = p->grad_scale * a->grad[i] + p->weight_decay * a->param[i];
+        float sq = a->square_avg[i] * p->alpha + (1.0f - p->alpha) * (g * g);
+        a->square_avg[i] = sq;
+        float avg = sqrtf(sq) + p->eps;
+        if (p->momentum > 0.0f) {
+            float b = a->momentum_buf[i] * p->momentum + g / avg;
+            a->momentum_buf[i] = b;
+            a->param[i] += -p->lr * b;
+        } else {
+            a->param[i] += -p->lr * (g / avg);
+        }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_sum_squares(const mgt_op *op)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < op->u.sum.n; i++)
+        s += (double)op->u.sum.x[i] * op->u.sum.x[i];
+    op->u.sum.out[0] = (float)s;
+    return MGT_OK;
+}
+
 static mgt_status ref_fill(const mgt_op *op)
 {
     for (size_t i = 0; i < op->u.fill.n; i++)
@@ -525,6 +572,187 @@ static mgt_status ref_bias_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status ref_chbias_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    for (int i = 0; i < b->n; i++)
+        for (int ch = 0; ch < b->c; ch++)
+            for (int j = 0; j < b->hw; j++)
+                b->y[((size_t)i * b->c + ch) * b->hw + j] += b->bias[ch];
+    return MGT_OK;
+}
+
+static mgt_status ref_chbias_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    for (int ch = 0; ch < b->c; ch++) {
+        double s = 0.0;
+        for (int i = 0; i < b->n; i++)
+            for (int j = 0; j < b->hw; j++)
+                s += b->dy[((size_t)i * b->c + ch) * b->hw + j];
+        b->dbias[ch] = (float)(b->dbias[ch] + s);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_dropout(const mgt_op *op)
+{
+    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    uint32_t t = mgt_dropout_threshold(d->p);
+    float scale = 1.0f / (1.0f - d->p);
+    for (int i = 0; i < d->n; i++)
+        for (size_t j = 0; j < d->per_image; j++) {
+            uint32_t w[4];
+            mgt_dropout_block(op, i, (uint32_t)(j / 4), w);
+            size_t e = (size_t)i * d->per_image + j;
+            d->y[e] = (w[j % 4] >> 8) >= t ? d->x[e] * scale : 0.0f;
+        }
+    return MGT_OK;
+}
+
+static mgt_status ref_apool_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+        const float *x = a->x + nc * a->h * a->w;
+        for (int i = 0; i < a->oh; i++)
+            for (int j = 0; j < a->ow; j++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                double s = 0.0;
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        s += x[(size_t)y * a->w + xx];
+                a->y[(nc * a->oh + i) * a->ow + j] = (float)(s / ((y1 - y0) * (x1 - x0)));
+            }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_apool_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
+        float *dx = a->dx + nc * a->h * a->w;
+        for (size_t k = 0; k < (size_t)a->h * a->w; k++)
+            dx[k] = 0.0f;
+        for (int i = 0; i < a->oh; i++)
+            for (int j = 0; j < a->ow; j++) {
+                int y0, y1, x0, x1;
+                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                float g = a->dy[(nc * a->oh + i) * a->ow + j] / (float)((y1 - y0) * (x1 - x0));
+                for (int y = y0; y < y1; y++)
+                    for (int xx = x0; xx < x1; xx++)
+                        dx[(size_t)y * a->w + xx] += g;
+            }
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_scopy(const mgt_op *op)
+{
+    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    for (int i = 0; i < c->n; i++)
+        for (int r = 0; r < c->rows; r++)
+            for (size_t k = 0; k < c->count; k++)
+                c->y[(size_t)i * c->y_stride + (size_t)r * c->y_row + k] =
+                    c->x[(size_t)i * c->x_stride + (size_t)r * c->x_row + k];
+    return MGT_OK;
+}
+
+/* The activations in double, straight from their definitions (mgt_activation_forward);
+   the float result is the double one rounded. */
+static double ref_act(mgt_act act, double x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x < 0.0 ? 0.0 : x > 6.0 ? 6.0 : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
+    case MGT_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
+    case MGT_ACT_SILU: return x / (1.0 + exp(-x));
+    case MGT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case MGT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static double ref_act_grad(mgt_act act, double x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return x > 0.0 && x < 6.0 ? 1.0 : 0.0;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? 1.0 / 6.0 : 0.0;
+    case MGT_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? x / 3.0 + 0.5 : 1.0;
+    case MGT_ACT_SILU: {
+        double sg = 1.0 / (1.0 + exp(-x));
+        return sg * (1.0 + x * (1.0 - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        double sg = 1.0 / (1.0 + exp(-x));
+        return sg * (1.0 - sg);
+    }
+    case MGT_ACT_GELU:
+        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case MGT_ACT_COUNT: break;
+    }
+    return NAN;
+}
+
+static mgt_status ref_act_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    for (size_t i = 0; i < a->n; i++)
+        a->y[i] = (float)ref_act(a->act, a->x[i]);
+    return MGT_OK;
+}
+
+static mgt_status ref_act_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    for (size_t i = 0; i < a->n; i++)
+        a->dx[i] = (float)((double)a->dy[i] * ref_act_grad(a->act, a->x[i]));
+    return MGT_OK;
+}
+
+static mgt_status ref_chscale_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    for (int i = 0; i < a->n; i++)
+        for (int ch = 0; ch < a->c; ch++) {
+            float sc = a->scale[(a->shared ? 0 : (size_t)i * a->c) + ch];
+            size_t base = ((size_t)i * a->c + ch) * a->hw;
+            for (int j = 0; j < a->hw; j++)
+                a->y[base + j] = a->x[base + j] * sc;
+        }
+    return MGT_OK;
+}
+
+static mgt_status ref_chscale_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    for (int ch = 0; ch < a->c; ch++) {
+        double shared_sum = 0.0;
+        for (int i = 0; i < a->n; i++) {
+            size_t si = (a->shared ? 0 : (size_t)i * a->c) + ch;
+            size_t base = ((size_t)i * a->c + ch) * a->hw;
+            double sum = 0.0;
+            float sc = a->scale[si];
+            for (int j = 0; j < a->hw; j++) {
+                if (a->dscale)
+                    sum += (double)a->dy[base + j] * a->x[base + j];
+                a->dx[base + j] = a->dy[base + j] * sc;
+            }
+            if (a->dscale && !a->shared)
+                a->dscale[si] = (float)sum;
+            shared_sum += sum;
+        }
+        if (a->dscale && a->shared)
+            a->dscale[ch] = (float)(a->dscale[ch] + shared_sum);
+    }
+    return MGT_OK;
+}
+
 /* ---- mixed precision ---- */
 
 static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op);
@@ -617,6 +845,19 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_XENT_MIX_BWD] = ref_xmix_bwd,
     [MGT_OP_TOPK] = ref_topk,
     [MGT_OP_SGD] = ref_sgd,
+    [MGT_OP_ADAMW] = ref_adamw,
+    [MGT_OP_RMSPROP] = ref_rmsprop,
+    [MGT_OP_SUMSQ] = ref_sum_squares,
+    [MGT_OP_ACT_FWD] = ref_act_fwd,
+    [MGT_OP_ACT_BWD] = ref_act_bwd,
+    [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,
+    [MGT_OP_CHSCALE_BWD] = ref_chscale_bwd,
+    [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
+    [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
+    [MGT_OP_DROPOUT] = ref_dropout,
+    [MGT_OP_APOOL_FWD] = ref_apool_fwd,
+    [MGT_OP_APOOL_BWD] = ref_apool_bwd,
+    [MGT_OP_STRIDED_COPY] = ref_scopy,
     [MGT_OP_GEMM_LP] = ref_lowp,
     [MGT_OP_CONV_FWD_LP] = ref_lowp,
     [MGT_OP_CONV_BWD_DATA_LP] = ref_lowp,

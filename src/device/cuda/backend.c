@@ -233,6 +233,19 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_CAST_TO_16] = mgt_cuda_cast,
     [MGT_OP_CAST_FROM_16] = mgt_cuda_cast,
     [MGT_OP_NONFINITE] = mgt_cuda_nonfinite,
+    [MGT_OP_ADAMW] = mgt_cuda_adamw_update,
+    [MGT_OP_RMSPROP] = mgt_cuda_rmsprop_update,
+    [MGT_OP_SUMSQ] = mgt_cuda_sum,
+    [MGT_OP_ACT_FWD] = mgt_cuda_act_forward,
+    [MGT_OP_ACT_BWD] = mgt_cuda_act_backward,
+    [MGT_OP_CHSCALE_FWD] = mgt_cuda_chscale_forward,
+    [MGT_OP_CHSCALE_BWD] = mgt_cuda_chscale_backward,
+    [MGT_OP_CHBIAS_FWD] = mgt_cuda_channel_bias_forward,
+    [MGT_OP_CHBIAS_BWD] = mgt_cuda_channel_bias_backward,
+    [MGT_OP_DROPOUT] = mgt_cuda_dropout,
+    [MGT_OP_STRIDED_COPY] = mgt_cuda_strided_copy,
+    [MGT_OP_APOOL_FWD] = mgt_cuda_adaptive_avgpool_forward,
+    [MGT_OP_APOOL_BWD] = mgt_cuda_adaptive_avgpool_backward,
 };
 
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)

@@ -129,6 +129,18 @@ mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op);
 
 /* library kernels (dnn.cu): gemm on cuBLAS; the three convolution passes (the kind says
    which) and batch norm on cuDNN */

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "device/cuda/common.cuh"
+#include "mgt/rng.h"
 
 namespace {
 
@@ -123,12 +124,13 @@ __global__ void k_relu_bwd(float *dx, const float *dy, const float *y, size_t n)
 
 // Pass 1: thread t of block b adds x[i] for i = b*256 + t, then every grid stride, in
 // double (the reference accumulates in double); the block then adds its 256 sums as a tree.
-__global__ void k_sum_partial(double *partial, const float *x, size_t n)
+// With square, each x[i]^2 (in double) instead: sum_squares.
+__global__ void k_sum_partial(double *partial, const float *x, size_t n, bool square)
 {
     __shared__ double sh[kThreads];
     double acc = 0.0;
     for (size_t i = thread_index(); i < n; i += thread_stride())
-        acc += (double)x[i];
+        acc += square ? (double)x[i] * (double)x[i] : (double)x[i];
     sh[threadIdx.x] = acc;
     __syncthreads();
     for (int w = kThreads / 2; w > 0; w >>= 1) {
@@ -501,6 +503,275 @@ __global__ void k_sgd(float *param, float *buf, const float *grad, size_t n, mgt
     }
 }
 
+// ---- AdamW and RMSprop, PyTorch 1.13's (mgt/device.h), in the reference's order ----
+__global__ void k_adamw(float *param, float *m, float *v, const float *grad, size_t n,
+                        mgt_adamw_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g = __fmul_rn(p.grad_scale, grad[i]);
+        const float w = __fmul_rn(param[i], p.decay);
+        const float mi = __fadd_rn(__fmul_rn(m[i], p.beta1), __fmul_rn(1.0f - p.beta1, g));
+        const float vi =
+            __fadd_rn(__fmul_rn(v[i], p.beta2), __fmul_rn(1.0f - p.beta2, __fmul_rn(g, g)));
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), p.bc2_sqrt), p.eps);
+        param[i] = __fadd_rn(w, __fmul_rn(-p.step_size, __fdiv_rn(mi, denom)));
+    }
+}
+
+__global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad, size_t n,
+                          mgt_rmsprop_params p)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride()) {
+        const float g =
+            __fadd_rn(__fmul_rn(p.grad_scale, grad[i]), __fmul_rn(p.weight_decay, param[i]));
+        const float s2 =
+            __fadd_rn(__fmul_rn(sq[i], p.alpha), __fmul_rn(1.0f - p.alpha, __fmul_rn(g, g)));
+        sq[i] = s2;
+        const float avg = __fadd_rn(__fsqrt_rn(s2), p.eps);
+        if (p.momentum > 0.0f) {
+            const float b = __fadd_rn(__fmul_rn(buf[i], p.momentum), __fdiv_rn(g, avg));
+            buf[i] = b;
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, b));
+        } else {
+            param[i] = __fadd_rn(param[i], __fmul_rn(-p.lr, __fdiv_rn(g, avg)));
+        }
+    }
+}
+
+// ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
+
+__global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride())
+        y[i] += bias[(i / (size_t)hw) % (size_t)c];
+}
+
+// One block per channel: threads stride over the channel's n*hw values in a fixed order,
+// then a fixed-shape tree in shared memory; accumulated into dbias[ch].
+__global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw)
+{
+    __shared__ float sh[kThreads];
+    const int ch = blockIdx.x;
+    const size_t total = (size_t)n * hw;
+    float acc = 0.0f;
+    for (size_t k = threadIdx.x; k < total; k += blockDim.x) {
+        size_t im = k / (size_t)hw, j = k % (size_t)hw;
+        acc += dy[(im * c + ch) * hw + j];
+    }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        dbias[ch] += sh[0];
+}
+
+// ---- adaptive average pool: x [n*c][h][w] <-> y [n*c][oh][ow] ----
+
+__device__ inline void apool_range(int i, int in, int out, int *lo, int *hi)
+{
+    *lo = (int)((long long)i * in / out);
+    *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
+}
+
+__global__ void k_apool_fwd(float *y, const float *x, size_t total, int h, int w, int oh, int ow)
+{
+    for (size_t o = thread_index(); o < total; o += thread_stride()) {
+        const int j = (int)(o % ow), i = (int)((o / ow) % oh);
+        const float *xp = x + (o / ((size_t)oh * ow)) * h * w;
+        int y0, y1, x0, x1;
+        apool_range(i, h, oh, &y0, &y1);
+        apool_range(j, w, ow, &x0, &x1);
+        float s = 0.0f;
+        for (int yy = y0; yy < y1; yy++)
+            for (int xx = x0; xx < x1; xx++)
+                s += xp[(size_t)yy * w + xx];
+        y[o] = s / (float)((y1 - y0) * (x1 - x0));
+    }
+}
+
+// Gather form, one thread per input element: the windows containing it, in raster order.
+__global__ void k_apool_bwd(float *dx, const float *dy, size_t total, int h, int w, int oh, int ow)
+{
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const int ix = (int)(e % w), iy = (int)((e / w) % h);
+        const float *dyp = dy + (e / ((size_t)h * w)) * oh * ow;
+        float acc = 0.0f;
+        for (int i = 0; i < oh; i++) {
+            int y0, y1;
+            apool_range(i, h, oh, &y0, &y1);
+            if (iy < y0 || iy >= y1)
+                continue;
+            for (int j = 0; j < ow; j++) {
+                int x0, x1;
+                apool_range(j, w, ow, &x0, &x1);
+                if (ix >= x0 && ix < x1)
+                    acc += dyp[(size_t)i * ow + j] / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+        dx[e] = acc;
+    }
+}
+
+// ---- strided copy: one thread per element of the n * rows * count copied ----
+
+__global__ void k_scopy(float *y, const float *x, size_t total, int rows, size_t count, size_t ys,
+                        size_t yr, size_t xs, size_t xr)
+{
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const size_t k = e % count, q = e / count;
+        const size_t r = q % (size_t)rows, im = q / (size_t)rows;
+        y[im * ys + r * yr + k] = x[im * xs + r * xr + k];
+    }
+}
+
+// ---- dropout: the mask of mgt_dropout_key, word for word ----
+
+struct dropout_key {
+    uint32_t k0, k1, step;
+    unsigned long long sample0, stride;
+    size_t per_image;
+    uint32_t thr;
+    float scale;
+};
+
+__device__ inline void philox10(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int round = 0; round < 10; round++) {
+        uint32_t lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
+        uint32_t lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+// One thread per block of four elements (one Philox call each).
+__global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
+{
+    const size_t blocks_per_image = (k.per_image + 3) / 4;
+    const size_t total = (size_t)n * blocks_per_image;
+    for (size_t b = thread_index(); b < total; b += thread_stride()) {
+        size_t im = b / blocks_per_image, blk = b % blocks_per_image;
+        unsigned long long g = k.sample0 + (unsigned long long)im * k.stride;
+        uint32_t c[4] = {(uint32_t)blk, k.step, (uint32_t)g,
+                         ((uint32_t)(g >> 32) & 0x00FFFFFFu) | (6u << 24)};
+        philox10(c, k.k0, k.k1);
+        for (int q = 0; q < 4; q++) {
+            size_t j = blk * 4 + q;
+            if (j >= k.per_image)
+                break;
+            size_t e = im * k.per_image + j;
+            y[e] = (c[q] >> 8) >= k.thr ? x[e] * k.scale : 0.0f;
+        }
+    }
+}
+
+// ---- activations (mgt_act) and channel scaling ----
+
+// The same float formulas as the CPU fast path.
+template <int ACT> __device__ inline float act_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
+    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    default: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    }
+}
+
+template <int ACT> __device__ inline float act_grad_f(float x)
+{
+    switch (ACT) {
+    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
+    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
+    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_SILU: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f + x * (1.0f - sg));
+    }
+    case MGT_ACT_SIGMOID: {
+        float sg = 1.0f / (1.0f + expf(-x));
+        return sg * (1.0f - sg);
+    }
+    default:
+        return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+               x * expf(-0.5f * x * x) * 0.39894228040143268f;
+    }
+}
+
+// y may alias x
+template <int ACT> __global__ void k_act_fwd(float *y, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        y[i] = act_f<ACT>(x[i]);
+}
+
+// dx may alias dy
+template <int ACT> __global__ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        dx[i] = dy[i] * act_grad_f<ACT>(x[i]);
+}
+
+__global__ void k_chscale_fwd(float *y, const float *x, const float *scale, size_t total, int c,
+                              int hw, bool shared)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        size_t pl = i / (size_t)hw;
+        y[i] = x[i] * scale[shared ? pl % (size_t)c : pl];
+    }
+}
+
+// One block per plane (image, channel), or with shared one per channel walking the images in
+// order: dx = dy * scale, and the sum of dy * x in double, each thread's part then a fixed
+// tree, written (per image) or added onto dscale (shared).
+__global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const float *x,
+                              const float *scale, int n, int c, int hw, bool shared)
+{
+    __shared__ double part[kThreads];
+    const int b = blockIdx.x, t = threadIdx.x;
+    const int images = shared ? n : 1;
+    double acc = 0.0;
+    for (int im = 0; im < images; im++) {
+        size_t pl = shared ? (size_t)im * c + b : (size_t)b;
+        float sc = scale[shared ? b : pl];
+        const size_t base = pl * (size_t)hw;
+        for (int e = t; e < hw; e += kThreads) {
+            float g = dy[base + e];
+            if (dscale)
+                acc += (double)g * x[base + e];
+            dx[base + e] = g * sc;
+        }
+    }
+    if (!dscale)
+        return;
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+        if (t < w)
+            part[t] += part[t + w];
+        __syncthreads();
+    }
+    if (t == 0) {
+        if (shared)
+            dscale[b] = (float)(dscale[b] + part[0]);
+        else
+            dscale[b] = (float)part[0];
+    }
+}
+
 } // namespace
 
 // ---- launchers ----
@@ -549,9 +820,10 @@ mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
     if (st != MGT_OK)
         return st;
     double *partial = (double *)s->scratch;
-    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n);
+    const bool square = op->kind == MGT_OP_SUMSQ;
+    k_sum_partial<<<parts, kThreads, 0, s->stream>>>(partial, a.x, a.n, square);
     k_sum_final<<<1, kThreads, 0, s->stream>>>(a.out, partial, (int)parts, 1.0);
-    return MGT_CUDA_AFTER(s, "sum");
+    return MGT_CUDA_AFTER(s, square ? "sum_squares" : "sum");
 }
 
 mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
@@ -654,6 +926,72 @@ mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "bias_backward");
 }
 
+mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chbias_fwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_chbias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.bias, total, a.c, a.hw);
+    return MGT_CUDA_AFTER(s, "channel_bias_forward");
+}
+
+mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chbias_bwd;
+    k_chbias_bwd<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dbias, a.dy, a.n, a.c, a.hw);
+    return MGT_CUDA_AFTER(s, "channel_bias_backward");
+}
+
+mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.apool_fwd;
+    size_t total = (size_t)a.n * a.c * a.oh * a.ow;
+    k_apool_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, total, a.h, a.w, a.oh,
+                                                               a.ow);
+    return MGT_CUDA_AFTER(s, "adaptive_avgpool_forward");
+}
+
+mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.apool_bwd;
+    size_t total = (size_t)a.n * a.c * a.h * a.w;
+    k_apool_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.h, a.w, a.oh,
+                                                               a.ow);
+    return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
+}
+
+mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.scopy;
+    size_t total = (size_t)a.n * a.rows * a.count;
+    k_scopy<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.y, a.x, total, a.rows, a.count, a.y_stride, a.y_row, a.x_stride, a.x_row);
+    return MGT_CUDA_AFTER(s, "strided_copy");
+}
+
+mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.dropout;
+    static_assert(MGT_RNG_DROPOUT == 6, "k_dropout's purpose word");
+    dropout_key k;
+    k.k0 = (uint32_t)a.seed;
+    k.k1 = (uint32_t)(a.seed >> 32) ^ (a.stream * 0x9E3779B9u);
+    k.step = (uint32_t)a.step;
+    k.sample0 = a.sample0;
+    k.stride = a.sample_stride;
+    k.per_image = a.per_image;
+    k.thr = mgt_dropout_threshold(a.p);
+    k.scale = 1.0f / (1.0f - a.p);
+    size_t total = (size_t)a.n * ((a.per_image + 3) / 4);
+    k_dropout<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.n, k);
+    return MGT_CUDA_AFTER(s, "dropout");
+}
+
 mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
@@ -721,4 +1059,92 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.sgd;
     k_sgd<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.momentum_buf, a.grad, a.n, a.p);
     return MGT_CUDA_AFTER(s, "sgd_update");
+}
+
+mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.adamw;
+    k_adamw<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.exp_avg, a.exp_avg_sq, a.grad,
+                                                         a.n, a.p);
+    return MGT_CUDA_AFTER(s, "adamw_update");
+}
+
+mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.rmsprop;
+    k_rmsprop<<<blocks_for(a.n), kThreads, 0, s->stream>>>(a.param, a.square_avg, a.momentum_buf,
+                                                           a.grad, a.n, a.p);
+    return MGT_CUDA_AFTER(s, "rmsprop_update");
+}
+
+mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_fwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_fwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_fwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_fwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    case MGT_ACT_SILU: k_act_fwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    case MGT_ACT_SIGMOID:
+        k_act_fwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
+        break;
+    default: k_act_fwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_forward");
+}
+
+mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.act_bwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+    case MGT_ACT_RELU6:
+        k_act_bwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSIGMOID:
+        k_act_bwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_HARDSWISH:
+        k_act_bwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SILU:
+        k_act_bwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    case MGT_ACT_SIGMOID:
+        k_act_bwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+        break;
+    default: k_act_bwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_backward");
+}
+
+mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_fwd;
+    size_t total = (size_t)a.n * a.c * a.hw;
+    k_chscale_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.scale, total, a.c,
+                                                                 a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_forward");
+}
+
+mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.chscale_bwd;
+    unsigned grid = (unsigned)(a.shared ? a.c : a.n * a.c);
+    k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
+                                                    a.hw, a.shared);
+    return MGT_CUDA_AFTER(s, "channel_scale_backward");
 }

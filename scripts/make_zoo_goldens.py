@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""Goldens of the zoo (tests/data/zoo/ARCH_CxSxS.golden.safetensors) from torchvision 0.14's
+own models in float64: weights by a formula both sides compute (weights()), a fixed input of
+two images, the eval logits, then one training step (label smoothing 0.1) with its logits,
+loss, every parameter gradient, and the state after one SGD step (lr 0.1, momentum 0.9,
+weight decay 5e-4). Dropout layers are replaced by the mask mgtrain draws (mgt_dropout_key in
+include/mgt/device.h: Philox4x32-10, seed 7, step 1, sample0 0, stride 1, stream = the
+layer's place among the model's dropout layers). Big tensors are kept as their norm and 64
+hashed samples (make_model_goldens.py's sample_index); tests/test_zoo.c recomputes the rest.
+
+Usage: scripts/make_zoo_goldens.py [ARCH ...] (default: every case of CASES)"""
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_model_goldens import hash_uniform, save_safetensors, sample_index, f32  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo")
+LR, MOMENTUM, WD, SMOOTHING = 0.1, 0.9, 5e-4, 0.1
+CLASSES, BATCH = 10, 2
+DROP_SEED, DROP_STEP = 7, 1
+
+# arch, input side (the smallest each takes, or a small one)
+CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32),
+         ("squeezenet1_1", 32)]
+
+# ---- the dropout mask ----
+
+M32 = 0xFFFFFFFF
+
+
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 over numpy uint64 arrays holding 32-bit words."""
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        hi0, lo0 = p0 >> np.uint64(32), p0 & np.uint64(M32)
+        hi1, lo1 = p1 >> np.uint64(32), p1 & np.uint64(M32)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + np.uint64(0x9E3779B9)) & np.uint64(M32)
+        k1 = (k1 + np.uint64(0xBB67AE85)) & np.uint64(M32)
+    return c0, c1, c2, c3
+
+
+def dropout_keep(n, per_image, p, stream, seed=DROP_SEED, step=DROP_STEP, sample0=0, stride=1):
+    blocks = (per_image + 3) // 4
+    keep = np.zeros((n, blocks * 4), dtype=bool)
+    thr = math.ceil(p * 16777216.0)
+    k0 = np.uint64(seed & M32)
+    k1 = np.uint64(((seed >> 32) ^ ((stream * 0x9E3779B9) & M32)) & M32)
+    for i in range(n):
+        g = sample0 + i * stride
+        b = np.arange(blocks, dtype=np.uint64)
+        c1 = np.full(blocks, step & M32, dtype=np.uint64)
+        c2 = np.full(blocks, g & M32, dtype=np.uint64)
+        c3 = np.full(blocks, ((g >> 32) & 0xFFFFFF) | (6 << 24), dtype=np.uint64)
+        w = philox(b, c1, c2, c3, k0, k1)
+        words = np.stack(w, axis=1).reshape(-1)
+        keep[i] = (words >> np.uint64(8)) >= np.uint64(thr)
+    return torch.from_numpy(keep[:, :per_image])
+
+
+class PhiloxDropout(torch.nn.Module):
+    def __init__(self, p, stream):
+        super().__init__()
+        self.p, self.stream = p, stream
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        n = x.shape[0]
+        keep = dropout_keep(n, x[0].numel(), self.p, self.stream).reshape(x.shape)
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+
+
+def replace_dropout(model):
+    """Every nn.Dropout, in construction order (the order mgtrain numbers its streams)."""
+    stream = [0]
+
+    def walk(mod):
+        for name, child in mod.named_children():
+            if isinstance(child, torch.nn.Dropout):
+                setattr(mod, name, PhiloxDropout(child.p, stream[0]))
+                stream[0] += 1
+            else:
+                walk(child)
+    walk(model)
+
+
+# ---- weights by formula ----
+
+def weights(model):
+    """Every tensor v = (u - 0.5) * scale + shift (u = hash_uniform(name)), in float64, rounded
+    to float32: conv and linear weights scale sqrt(12) * sqrt(2 / fan_in), their biases 0.2;
+    BN weight 1 + 0.4 (u - .5), bias 0.2 (u - .5), running_mean 0.2 (u - .5), running_var
+    1 + 0.5 (u - .5), num_batches_tracked 0."""
+    for name, t in model.state_dict().items():
+        if name.endswith("num_batches_tracked"):
+            t.zero_()
+            continue
+        u = hash_uniform(name, t.numel())
+        if name.endswith("running_var"):
+            scale, shift = 0.5, 1.0
+        elif name.endswith("running_mean"):
+            scale, shift = 0.2, 0.0
+        elif t.dim() >= 2:
+            fan_in = t[0].numel()
+            scale, shift = math.sqrt(12.0) * math.sqrt(2.0 / fan_in), 0.0
+        elif name.endswith(".bias"):
+            scale, shift = 0.2, 0.0
+        else:  # a BN weight
+            scale, shift = 0.4, 1.0
+        t.copy_(((u - 0.5) * scale + shift).to(torch.float32).reshape(t.shape))
+
+
+def summarise(prefix, tensors):
+    out = []
+    for k, v in tensors.items():
+        flat = v.reshape(-1)
+        if flat.dtype == torch.int64:
+            out.append((prefix + k, flat.clone().reshape(v.shape)))
+            continue
+        out.append((prefix + k + ".norm", f32(flat.double().norm().reshape(1))))
+        out.append((prefix + k + ".samples", f32(flat[sample_index(k, flat.numel())])))
+    return out
+
+
+def case(arch, size):
+    model = torchvision.models.__dict__[arch](num_classes=CLASSES)
+    weights(model)
+    replace_dropout(model)
+    gen = torch.Generator().manual_seed(1212)
+    x = torch.randn(BATCH, 3, size, size, generator=gen)
+    labels = torch.randint(0, CLASSES, (BATCH,), generator=gen)
+    m64 = model.double()
+    m64.eval()
+    with torch.no_grad():
+        eval_logits = f32(m64(x.double()))
+    m64.train()
+    opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    opt.zero_grad()
+    logits = m64(x.double())
+    loss = F.cross_entropy(logits, labels, label_smoothing=SMOOTHING)
+    loss.backward()
+    grads = {n: f32(p.grad) for n, p in m64.named_parameters()}
+    opt.step()
+    state = {n: (t.detach().clone() if t.dtype == torch.int64 else f32(t))
+             for n, t in m64.state_dict().items()}
+    g = [("input", x), ("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
+         ("step1.logits", f32(logits)), ("step1.loss", f32(loss.reshape(1)))]
+    g += summarise("grad.", grads)
+    g += summarise("step1.", state)
+    tag = "%s_3x%dx%d" % (arch, size, size)
+    meta = {"arch": arch, "classes": str(CLASSES), "in_channels": "3", "image_size": str(size),
+            "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
+            "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
+            "torchvision": torchvision.__version__, "torch": torch.__version__}
+    n = save_safetensors(os.path.join(OUT, tag + ".golden.safetensors"), g, meta)
+    print("%s: loss %.6f, %d bytes" % (tag, float(loss), n), flush=True)
+
+
+def main():
+    torch.set_num_threads(2)
+    os.makedirs(OUT, exist_ok=True)
+    want = sys.argv[1:]
+    for arch, size in CASES:
+        if not want or arch in want:
+            case(arch, size)
+
+
+if __name__ == "__main__":
+    main()

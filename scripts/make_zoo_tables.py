@@ -1,0 +1,71 @@
+#!/usr/bin/python3
+"""Writes tests/data/zoo/torchvision_archs.txt: for every torchvision 0.14 classifier mgtrain
+builds (ARCHS), its parameter count, its convolution + linear multiply-accumulates per
+3x224x224 image (THOP's rule: out * cin/groups * r * s, in * out) and every state_dict entry
+in order with its shape, at 1000 classes. tests/test_zoo.c holds every architecture
+mgtrain registers (bar the CIFAR ResNets, which torchvision lacks) to it.
+
+Usage: scripts/make_zoo_tables.py [ARCH ...] (default: all of ARCHS)"""
+import os
+import sys
+
+import torch
+import torchvision
+
+ARCHS = [
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+    "resnext50_32x4d", "resnext101_32x8d", "wide_resnet50_2",
+    "vgg11", "vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn",
+    "alexnet", "squeezenet1_0", "squeezenet1_1", "densenet121", "densenet169",
+    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
+    "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
+    "efficientnet_b1", "regnet_x_400mf", "regnet_y_400mf", "convnext_tiny",
+]
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo",
+                   "torchvision_archs.txt")
+
+
+def conv_fc_macs(model, size=224):
+    total = [0]
+
+    def hook(m, inp, out):
+        if isinstance(m, torch.nn.Conv2d):
+            total[0] += out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * \
+                m.kernel_size[1]
+        elif isinstance(m, torch.nn.Linear):
+            total[0] += out.numel() * m.in_features
+
+    hs = [m.register_forward_hook(hook) for m in model.modules()]
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, 3, size, size))
+    for h in hs:
+        h.remove()
+    return total[0]
+
+
+def main():
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    archs = sys.argv[1:] or ARCHS
+    lines = ["# torchvision %s state_dicts at 1000 classes, written by scripts/make_zoo_tables.py"
+             % torchvision.__version__,
+             "# arch NAME PARAMS CONV_FC_MACS_224 ENTRIES, then ENTRIES lines: NAME DIMxDIM (- for 0-d)"]
+    for a in archs:
+        model = torchvision.models.get_model(a, num_classes=1000) \
+            if hasattr(torchvision.models, "get_model") else torchvision.models.__dict__[a](num_classes=1000)
+        sd = model.state_dict()
+        params = sum(p.numel() for p in model.parameters())
+        macs = conv_fc_macs(model)
+        lines.append("arch %s %d %d %d" % (a, params, macs, len(sd)))
+        for k, v in sd.items():
+            lines.append("%s %s" % (k, "x".join(str(d) for d in v.shape) if v.dim() else "-"))
+        print("%-20s %12d params %14d MACs" % (a, params, macs), flush=True)
+    with open(OUT + ".tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(OUT + ".tmp", OUT)
+
+
+if __name__ == "__main__":
+    main()
