@@ -113,7 +113,7 @@ static void train_usage(FILE *f)
         "  --lr-warmup-decay X    the warm-up's factor of --lr at its start (0.01)\n"
         "  --label-smoothing X    (0)\n"
         "  --clip-grad-norm X     clip the mean gradients' global L2 norm to X (off)\n"
-        "  --accum-steps K        K micro-batches of -b per update, one all-reduce each (1)\n"
+        "  --accum-steps K        K micro-batches of -b per update and per all-reduce (1)\n"
         "  --model-ema            keep an EMA of weights and BN buffers, validated beside the\n"
         "                         model and checkpointed as model_ema.* (the references')\n"
         "  --model-ema-decay X    (0.99998) adjusted as train.py does: 1 - min(1, (1 - X) *\n"
