@@ -15,6 +15,10 @@ Parts (--parts, comma-separated; default all):
   scale  resnet20 on two mock devices with one thread each against one device with one
          thread (same per-device batch): efficiency = img/s(2) / (2 img/s(1)); beside it
          PyTorch DDP (gloo, 2 processes, 1 thread each) against 1 plain process, 1 thread
+  zoo    the training step of torchvision's other families on 3x224x224 synthetic images,
+         fp32, --zoo-threads threads (2), batch --zoo-batch (8): --zoo-archs (resnet50,
+         mobilenet_v2, vgg11_bn, densenet121, efficientnet_b0); an architecture mgtrain does
+         not know fails its row and the others go on
   data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
          ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
          generated tree of 500x375 JPEGs read three ways by mgtrain (the folder, a JPEG pack
@@ -234,11 +238,28 @@ def part_train(ctx, rows, summary):
         ("resnet18 3x224x224 b16 2 threads", "resnet18", 16, 224, 3, 1000, 2,
          2 if q else 4, 1),
     ]
+    train_cases(ctx, rows, summary, cases, a.precisions)
+
+
+def part_zoo(ctx, rows, summary):
+    """torchvision's other families (issue 12's table): 3x224x224, fp32, --zoo-threads."""
+    a = ctx.a
+    steps, warmup = (2, 1) if a.quick else (3, 1)
+    cases = [("%s 3x224x224 b%d %d thread%s" % (arch, a.zoo_batch, a.zoo_threads,
+                                                  "" if a.zoo_threads == 1 else "s"),
+              arch, a.zoo_batch, 224, 3, 1000, a.zoo_threads, steps, warmup)
+             for arch in a.zoo_archs]
+    train_cases(ctx, rows, summary, cases, ["f32"])
+
+
+def train_cases(ctx, rows, summary, cases, precisions):
+    a = ctx.a
     for label, arch, batch, size, chans, classes, threads, steps, warmup in cases:
-        if arch == "resnet18" and not a.have_torchvision:
-            print("- %s: skipped (torchvision is not installed)" % label)
-            continue
-        for prec in a.precisions:
+        if not arch.startswith("resnet") or arch == "resnet18":
+            if not a.have_torchvision:
+                print("- %s: skipped (torchvision is not installed)" % label)
+                continue
+        for prec in precisions:
             amp = "" if prec == "f32" else prec
             lab = label + ("" if not amp else ", amp " + amp)
             print("- %s: %d rounds of %d steps after %d warm-up" % (lab, a.rounds, steps, warmup),
@@ -506,7 +527,12 @@ def main():
         epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mgtrain", default=os.environ.get("MGTRAIN", os.path.join(ROOT, "build", "mgtrain")),
                    help="the mgtrain binary (default: $MGTRAIN or build/mgtrain)")
-    p.add_argument("--parts", default="train,scale,data", help="train,scale,data (default: all)")
+    p.add_argument("--parts", default="train,scale,data",
+                   help="train,scale,zoo,data (default: train,scale,data)")
+    p.add_argument("--zoo-archs", default="resnet50,mobilenet_v2,vgg11_bn,densenet121,efficientnet_b0",
+                   help="zoo part: the architectures, comma-separated")
+    p.add_argument("--zoo-threads", type=int, default=2, help="zoo part: threads (2)")
+    p.add_argument("--zoo-batch", type=int, default=8, help="zoo part: batch (8)")
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")
     p.add_argument("--rounds", type=int, default=0, help="rounds per comparison (default 3; --quick 1)")
     p.add_argument("--scale-batch", type=int, default=64, help="per-device batch of the scaling part (64)")
@@ -531,6 +557,7 @@ def main():
                    help="train part: skip the second PyTorch column (glibc's malloc)")
     a = p.parse_args()
     a.precisions = [x for x in a.precisions.split(",") if x]
+    a.zoo_archs = [x for x in a.zoo_archs.split(",") if x]
     for x in a.precisions:
         if x not in ("f32", "bf16"):
             p.error("unknown precision %r" % x)
@@ -541,7 +568,7 @@ def main():
     a.rounds = a.rounds or (1 if a.quick else 3)
     parts = [x for x in a.parts.split(",") if x]
     for x in parts:
-        if x not in ("train", "scale", "data"):
+        if x not in ("train", "scale", "zoo", "data"):
             p.error("unknown part %r" % x)
 
     try:
@@ -585,6 +612,8 @@ def main():
         part_train(ctx, rows, summary)
     if "scale" in parts:
         part_scale(ctx, rows, summary)
+    if "zoo" in parts:
+        part_zoo(ctx, rows, summary)
     if "data" in parts:
         part_data(ctx, rows, summary)
     print_table(rows)
