@@ -305,6 +305,11 @@ static mgt_status worker_bn_gather(void *ctx, const double *mine, double *all, s
 
 mgt_status train_make_comm(run *r)
 {
+    if (r->c->sync_bn && mgt_world_size(r->world) > 1)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "--sync-bn: the batch-norm exchange spans one node's devices; "
+                             "this run has %d nodes",
+                             mgt_world_size(r->world));
     int ne = mgt_model_layer_ends(r->w[0].model, NULL, 0);
     size_t *ends = malloc((size_t)(ne > 0 ? ne : 1) * sizeof *ends);
     if (!ends)
