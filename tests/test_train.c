@@ -307,6 +307,39 @@ static void test_resume_fp16_is_bit_identical(void **state)
     check_resume_amp("bf16", open_two_mock, MGT_PREC_BF16);
 }
 
+/* --sync-bn resumes bit for bit too: the merged statistics depend only on the replicas'
+   batches, which resume replays exactly (the resumed run's devices delayed, as above). */
+static void test_resume_sync_bn_is_bit_identical(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    char straight[400], split[400], a[512], b[512];
+    snprintf(straight, sizeof straight, "%s/syncbn_straight", root);
+    snprintf(split, sizeof split, "%s/syncbn_split", root);
+    base_config(&c);
+    c.sync_bn = true;
+    c.checkpoint_dir = straight;
+    if (train_on(&c, open_two_mock(0), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    base_config(&c);
+    c.sync_bn = true;
+    c.epochs = 1;
+    c.checkpoint_dir = split;
+    if (train_on(&c, open_two_mock(1), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    base_config(&c);
+    c.sync_bn = true;
+    c.checkpoint_dir = split;
+    c.resume = "auto";
+    if (train_on(&c, open_two_mock(2), &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    assert_int_equal(res.epochs_done, 1);
+    ckpt_path(a, sizeof a, "syncbn_straight");
+    ckpt_path(b, sizeof b, "syncbn_split");
+    assert_same_checkpoints(a, b);
+}
+
 static void test_learns_on_cuda_replicas(void **state)
 {
     (void)state;
@@ -940,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_amp_learns),
         cmocka_unit_test(test_resume_fp16_is_bit_identical),
+        cmocka_unit_test(test_resume_sync_bn_is_bit_identical),
         cmocka_unit_test(test_fp16_overflow_backs_off),
         cmocka_unit_test(test_resume_is_bit_identical_with_the_recipe),
         cmocka_unit_test(test_accumulation_matches_a_large_batch),
