@@ -463,6 +463,35 @@ mgt_status train_broadcast(run *r, bool params, bool optimizer)
     return st;
 }
 
+/* --sync-bn: every local replica merged the same gathered statistics in the same order, so
+   the running statistics (the buffers) must be replica 0's to the bit as well. */
+static mgt_status check_local_buffers(run *r)
+{
+    size_t bytes = 0;
+    float *q0 = mgt_model_buffers(r->w[0].model, &bytes);
+    if (bytes == 0)
+        return MGT_OK;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    mgt_status st = a && b ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(r->w[0].s, a, q0, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    for (int i = 1; i < r->n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(r->w[i].s, b, mgt_model_buffers(r->w[i].model, NULL), bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(r->w[i].s, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "--sync-bn: the running statistics of %s differ from those of %s "
+                               "after the epoch: the replicas have diverged",
+                               mgt_device_name(r->w[i].d), mgt_device_name(r->w[0].d));
+    }
+    free(a);
+    free(b);
+    return st;
+}
+
 /* Every replica's parameters must equal replica 0's, to the bit: each applies the same update
    to the same weights from the same summed gradients. A difference means a reduction or
    broadcast went wrong, and training on would silently average different models. */
@@ -500,5 +529,7 @@ mgt_status train_check_replicas(run *r)
     }
     free(a);
     free(b);
+    if (st == MGT_OK && r->c->sync_bn)
+        st = check_local_buffers(r);
     return st;
 }
