@@ -148,6 +148,15 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
    masks do not depend on the device count. Until set: all zero. */
 void mgt_model_set_dropout_key(mgt_model *m, const mgt_dropout_key *key);
 
+/* sync_bn's merge, as every replica runs it: all holds `replicas` blocks of [count, mean[c],
+   biased var[c]] (one per replica, in order); out: the merged mean, biased variance, invstd
+   (of the float variance), the running statistics moved (momentum, unbiased variance) and
+   the total count. Chan's pairwise update in double, replica after replica: PyTorch's
+   batch_norm_gather_stats_with_counts. */
+void mgt_bn_sync_merge(const double *all, int replicas, int channels, double eps, double momentum,
+                       float *mean, float *var, float *invstd, float *running_mean,
+                       float *running_var, double *count);
+
 /* Installs the sync_bn exchange (copied); host memory for it is sized here. */
 mgt_status mgt_model_set_bn_sync(mgt_model *m, const mgt_bn_sync *sync);
 

@@ -131,6 +131,36 @@ static mgt_status bn_forward_frozen(nn_call *c, const mgt_bn_shape *bsh)
    shard's sum(dy*xhat) and sum(dy) (its parameter gradients, added to g), their sums over
    the replicas in replica order, then bn_backward_elemt with every replica's count. Every
    replica does the same arithmetic on the same gathered numbers, so they stay identical. */
+void mgt_bn_sync_merge(const double *all, int replicas, int channels, double eps, double momentum,
+                       float *mean, float *var, float *invstd, float *running_mean,
+                       float *running_var, double *count)
+{
+    size_t C = (size_t)channels, per = 1 + 2 * C;
+    double total = 0;
+    for (int r = 0; r < replicas; r++)
+        total += all[(size_t)r * per];
+    *count = total;
+    for (size_t k = 0; k < C; k++) {
+        double na = 0, mu = 0, m2 = 0;
+        for (int r = 0; r < replicas; r++) {
+            const double *a = all + (size_t)r * per;
+            double nb = a[0], mb = a[1 + k], vb = a[1 + C + k];
+            if (nb <= 0)
+                continue;
+            double tot = na + nb, d = mb - mu;
+            mu += d * nb / tot;
+            m2 += vb * nb + d * d * na * nb / tot;
+            na = tot;
+        }
+        mean[k] = (float)mu;
+        var[k] = (float)(m2 / na);
+        /* from the float variance, as batchnorm_forward_eval normalises with it */
+        invstd[k] = (float)(1.0 / sqrt((double)var[k] + eps));
+        running_mean[k] = (float)((1.0 - momentum) * running_mean[k] + momentum * mu);
+        running_var[k] = (float)((1.0 - momentum) * running_var[k] + momentum * m2 / (na - 1.0));
+    }
+}
+
 static bool bn_synced(const nn_call *c)
 {
     return c->m->cfg.sync_bn && !c->m->cfg.freeze_bn && c->m->bn_sync.gather;
@@ -168,29 +198,8 @@ static mgt_status bn_forward_synced(nn_call *c, const mgt_bn_shape *bsh)
     st = m->bn_sync.gather(m->bn_sync.ctx, mine, all, per);
     if (st != MGT_OK)
         return st;
-    double total = 0;
-    for (int r = 0; r < m->bn_sync.replicas; r++)
-        total += all[(size_t)r * per];
-    m->bn_sync_count[c->node->u.bn.counter] = total;
-    double mom = bsh->momentum;
-    for (size_t k = 0; k < C; k++) {
-        double na = 0, mu = 0, m2 = 0;
-        for (int r = 0; r < m->bn_sync.replicas; r++) {
-            const double *a = all + (size_t)r * per;
-            double nb = a[0], mb = a[1 + k], vb = a[1 + C + k];
-            if (nb <= 0)
-                continue;
-            double tot = na + nb, d = mb - mu;
-            mu += d * nb / tot;
-            m2 += vb * nb + d * d * na * nb / tot;
-            na = tot;
-        }
-        double var = m2 / na;
-        hf[k] = (float)mu;
-        hf[C + k] = (float)var;
-        hf[2 * C + k] = (float)((1.0 - mom) * hf[2 * C + k] + mom * mu);
-        hf[3 * C + k] = (float)((1.0 - mom) * hf[3 * C + k] + mom * m2 / (na - 1.0));
-    }
+    mgt_bn_sync_merge(all, m->bn_sync.replicas, bsh->c, bsh->eps, bsh->momentum, hf, hf + C,
+                      hf + 4 * C, hf + 2 * C, hf + 3 * C, &m->bn_sync_count[c->node->u.bn.counter]);
     st = mgt_copy_h2d(c->s, mean, hf, C * sizeof(float));
     if (st == MGT_OK)
         st = mgt_copy_h2d(c->s, invstd, hf + C, C * sizeof(float)); /* the variance, first */
@@ -204,9 +213,7 @@ static mgt_status bn_forward_synced(nn_call *c, const mgt_bn_shape *bsh)
         st = bn_host_wait(c);
     if (st != MGT_OK)
         return st;
-    for (size_t k = 0; k < C; k++)
-        hf[C + k] = (float)(1.0 / sqrt((double)hf[C + k] + bsh->eps));
-    st = mgt_copy_h2d(c->s, invstd, hf + C, C * sizeof(float));
+    st = mgt_copy_h2d(c->s, invstd, hf + 4 * C, C * sizeof(float));
     if (st == MGT_OK)
         st = bn_host_wait(c);
     return st;

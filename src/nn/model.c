@@ -356,7 +356,7 @@ mgt_status mgt_model_set_bn_sync(mgt_model *m, const mgt_bn_sync *sync)
     free(m->bn_mine);
     free(m->bn_all);
     free(m->bn_sync_count);
-    m->bn_hf = malloc(4 * c * sizeof *m->bn_hf);
+    m->bn_hf = malloc(5 * c * sizeof *m->bn_hf);
     m->bn_mine = malloc(per * sizeof *m->bn_mine);
     m->bn_all = malloc((size_t)sync->replicas * per * sizeof *m->bn_all);
     m->bn_sync_count = calloc((size_t)(m->n_bn ? m->n_bn : 1), sizeof *m->bn_sync_count);
