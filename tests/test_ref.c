@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "device/op.h"
+#include "mgt/nn.h"
 
 #define ATOL 1e-5
 #define RTOL 1e-4
@@ -507,6 +508,125 @@ static void maxpool_case(const char *file)
     expect_close(what, out, gf(g, "dx", nx), nx);
     free(out);
     golden_free(g);
+}
+
+/* --sync-bn against PyTorch's SyncBatchNorm arithmetic (scripts/make_syncbn_goldens.py, which
+   checks it equals F.batch_norm over the concatenated batch): per shard bn_stats, the host
+   merge every replica runs (mgt_bn_sync_merge), normalisation with the merged statistics
+   (batchnorm_forward_eval), the shard's sums from batchnorm_backward with them, their sum in
+   shard order, bn_backward_elemt with the global count. Float kernels against float64
+   goldens over at most 27 values per channel and shard: 1e-5 absolute plus relative. */
+static void check_syncbn(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "../syncbn/%s", name);
+    golden *g = golden_load(path);
+    golden_array *sz = golden_find(g, "sizes", 0, true);
+    int R = (int)sz->count;
+    const int32_t *sizes = sz->data, *shape = gi(g, "shape", 3);
+    int C = shape[0], hw = shape[1] * shape[2];
+    float eps = gf(g, "eps", 1)[0], mom = gf(g, "momentum", 1)[0];
+    size_t c = (size_t)C, per = 1 + 2 * c;
+    const float *w = gf(g, "weight", c), *b = gf(g, "bias", c);
+    double *all = malloc((size_t)R * per * sizeof *all), sum_dy[64] = {0}, sum_dyx[64] = {0};
+    assert_true(all && C <= 64 && R <= 8);
+    const double tol = 1e-5;
+    for (int i = 0; i < R; i++) {
+        char k[32];
+        mgt_bn_shape sh = {.n = sizes[i], .c = C, .hw = hw, .eps = eps, .momentum = mom};
+        size_t nx = (size_t)sizes[i] * c * hw;
+        snprintf(k, sizeof k, "x%d", i);
+        float *mean = nans(c), *var = nans(c);
+        mgt_op op = {.kind = MGT_OP_BN_STATS};
+        op.u.bn_stats = (__typeof__(op.u.bn_stats)){mean, var, gf(g, k, nx), sh};
+        run(&op);
+        snprintf(k, sizeof k, "mean%d", i);
+        expect_close_tol("bn_stats mean", mean, gf(g, k, c), c, tol, tol);
+        float inv[64];
+        for (size_t j = 0; j < c; j++)
+            inv[j] = (float)(1.0 / sqrt((double)var[j] + eps));
+        snprintf(k, sizeof k, "invstd%d", i);
+        expect_close_tol("bn_stats invstd", inv, gf(g, k, c), c, tol, tol);
+        double *a = all + (size_t)i * per;
+        a[0] = (double)sizes[i] * hw;
+        for (size_t j = 0; j < c; j++) {
+            a[1 + j] = mean[j];
+            a[1 + c + j] = var[j];
+        }
+        free(mean);
+        free(var);
+    }
+    float mean[64], var[64], invstd[64], *rm = dup(gf(g, "running_mean", c), c),
+                                         *rv = dup(gf(g, "running_var", c), c);
+    double count = 0, want = 0;
+    mgt_bn_sync_merge(all, R, C, eps, mom, mean, var, invstd, rm, rv, &count);
+    for (int i = 0; i < R; i++)
+        want += (double)sizes[i] * hw;
+    assert_true(count == want);
+    expect_close_tol("merged mean", mean, gf(g, "mean", c), c, tol, tol);
+    expect_close_tol("merged invstd", invstd, gf(g, "invstd", c), c, tol, tol);
+    expect_close_tol("running_mean", rm, gf(g, "running_mean_out", c), c, tol, tol);
+    expect_close_tol("running_var", rv, gf(g, "running_var_out", c), c, tol, tol);
+    float gw[64] = {0}, gb[64] = {0};
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < R; i++) {
+            char k[32];
+            mgt_bn_shape sh = {.n = sizes[i], .c = C, .hw = hw, .eps = eps, .momentum = mom};
+            size_t nx = (size_t)sizes[i] * c * hw;
+            snprintf(k, sizeof k, "x%d", i);
+            const float *x = gf(g, k, nx);
+            snprintf(k, sizeof k, "dy%d", i);
+            const float *dy = gf(g, k, nx);
+            float *out = nans(nx);
+            mgt_op op = {.kind = pass == 0 ? MGT_OP_BN_FWD_EVAL : MGT_OP_BN_BWD_ELEMT};
+            if (pass == 0) {
+                op.u.bn_eval = (__typeof__(op.u.bn_eval)){out, x, w, b, mean, var, sh};
+                run(&op);
+                snprintf(k, sizeof k, "y%d", i);
+                expect_close_tol("y", out, gf(g, k, nx), nx, tol, tol);
+                /* the shard's sums: batchnorm_backward's dbeta, dgamma from zero */
+                float zg[64] = {0}, zb[64] = {0}, *dx = nans(nx);
+                op = (mgt_op){.kind = MGT_OP_BN_BWD};
+                op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){dx, zg, zb, dy, x, w, mean, invstd, sh};
+                run(&op);
+                snprintf(k, sizeof k, "sum_dy%d", i);
+                expect_close_tol("sum_dy", zb, gf(g, k, c), c, tol, tol);
+                snprintf(k, sizeof k, "grad_weight%d", i);
+                expect_close_tol("grad_weight", zg, gf(g, k, c), c, tol, tol);
+                for (size_t j = 0; j < c; j++) {
+                    sum_dy[j] += zb[j];
+                    sum_dyx[j] += zg[j];
+                    gw[j] += zg[j];
+                    gb[j] += zb[j];
+                }
+                free(dx);
+            } else {
+                float sdy[64], sdyx[64];
+                for (size_t j = 0; j < c; j++) {
+                    sdy[j] = (float)sum_dy[j];
+                    sdyx[j] = (float)sum_dyx[j];
+                }
+                op.u.bn_bwd_elemt = (__typeof__(op.u.bn_bwd_elemt)){out,    dy,  x,    w,  mean,
+                                                                    invstd, sdy, sdyx, sh, count};
+                run(&op);
+                snprintf(k, sizeof k, "dx%d", i);
+                expect_close_tol("dx", out, gf(g, k, nx), nx, tol, tol);
+            }
+            free(out);
+        }
+    expect_close_tol("grad_weight", gw, gf(g, "grad_weight", c), c, tol, tol);
+    expect_close_tol("grad_bias", gb, gf(g, "grad_bias", c), c, tol, tol);
+    free(all);
+    free(rm);
+    free(rv);
+    golden_free(g);
+}
+
+static void test_syncbn_golden(void **state)
+{
+    (void)state;
+    check_syncbn("three_unequal");
+    check_syncbn("two_equal");
 }
 
 static void test_maxpool_k3s2p1(void **state)
@@ -1320,6 +1440,7 @@ int main(void)
         cmocka_unit_test(test_conv_depthwise),
         cmocka_unit_test(test_conv_1x1_stride2),
         cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_syncbn_golden),
         cmocka_unit_test(test_maxpool_k3s2p1),
         cmocka_unit_test(test_maxpool_rect),
         cmocka_unit_test(test_maxpool_ties),
