@@ -772,6 +772,55 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
     }
 }
 
+// One block per channel: this shard's mean, then the biased variance from squared deviations
+// (two passes in double, each thread's part then a fixed tree, as the reference).
+__global__ void k_bn_stats(float *mean, float *var, const float *x, int n, int c, int hw)
+{
+    __shared__ double part[kThreads];
+    __shared__ double mu;
+    const int ch = blockIdx.x, t = threadIdx.x;
+    const double m = (double)n * hw;
+    for (int pass = 0; pass < 2; pass++) {
+        double acc = 0.0;
+        for (int im = 0; im < n; im++) {
+            const size_t base = ((size_t)im * c + ch) * (size_t)hw;
+            for (int e = t; e < hw; e += kThreads) {
+                double v = x[base + e];
+                acc += pass == 0 ? v : (v - mu) * (v - mu);
+            }
+        }
+        part[t] = acc;
+        __syncthreads();
+        for (int w = kThreads / 2; w > 0; w /= 2) {
+            if (t < w)
+                part[t] += part[t + w];
+            __syncthreads();
+        }
+        if (t == 0) {
+            if (pass == 0)
+                mu = part[0] / m;
+            else {
+                mean[ch] = (float)mu;
+                var[ch] = (float)(part[0] / m);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// dx = gamma*invstd/count * (count*dy - sum_dy - xhat*sum_dy_xhat), elementwise.
+__global__ void k_bn_bwd_elemt(float *dx, const float *dy, const float *x, const float *gamma,
+                               const float *mean, const float *invstd, const float *sum_dy,
+                               const float *sum_dy_xhat, double count, int c, int hw, size_t total)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        int ch = (int)((i / (size_t)hw) % (size_t)c);
+        double inv = invstd[ch], xhat = ((double)x[i] - mean[ch]) * inv;
+        dx[i] = (float)(gamma[ch] * inv / count *
+                        (count * dy[i] - sum_dy[ch] - xhat * sum_dy_xhat[ch]));
+    }
+}
+
 } // namespace
 
 // ---- launchers ----
@@ -1147,4 +1196,24 @@ mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
     k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
                                                     a.hw, a.shared);
     return MGT_CUDA_AFTER(s, "channel_scale_backward");
+}
+
+mgt_status mgt_cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.bn_stats;
+    k_bn_stats<<<(unsigned)a.sh.c, kThreads, 0, s->stream>>>(a.mean, a.var, a.x, a.sh.n, a.sh.c,
+                                                             a.sh.hw);
+    return MGT_CUDA_AFTER(s, "bn_stats");
+}
+
+mgt_status mgt_cuda_bn_backward_elemt(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.bn_bwd_elemt;
+    size_t total = (size_t)a.sh.n * a.sh.c * a.sh.hw;
+    k_bn_bwd_elemt<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.gamma, a.mean,
+                                                                  a.invstd, a.sum_dy, a.sum_dy_xhat,
+                                                                  a.count, a.sh.c, a.sh.hw, total);
+    return MGT_CUDA_AFTER(s, "bn_backward_elemt");
 }
