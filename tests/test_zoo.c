@@ -126,6 +126,7 @@ static const learn_case learn_cases[] = {
     {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f},
     {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f},
     {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f},
+    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
@@ -251,7 +252,8 @@ static const struct {
     const char *arch;
     int size;
 } golden_cases[] = {{"vgg11", 32},         {"vgg11_bn", 32},      {"alexnet", 63},
-                    {"squeezenet1_0", 32}, {"squeezenet1_1", 32}, {"shufflenet_v2_x0_5", 96}};
+                    {"squeezenet1_0", 32}, {"squeezenet1_1", 32}, {"shufflenet_v2_x0_5", 96},
+                    {"densenet121", 128}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f

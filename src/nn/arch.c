@@ -55,6 +55,8 @@ static const mgt_arch_info archs[] = {
     IMAGENET("regnet_y_400mf", "regnet"),
     IMAGENET("shufflenet_v2_x0_5", "shufflenet"),
     IMAGENET("shufflenet_v2_x1_0", "shufflenet"),
+    IMAGENET("densenet121", "densenet"),
+    IMAGENET("densenet169", "densenet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

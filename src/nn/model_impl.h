@@ -274,6 +274,7 @@ extern const nn_arch nn_alexnet_archs[];
 extern const nn_arch nn_squeezenet_archs[];
 extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 extern const nn_arch nn_shufflenet_archs[];
+extern const nn_arch nn_densenet_archs[];
 
 /* ---- the layer kinds (layers.c) ---- */
 
