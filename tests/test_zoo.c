@@ -247,13 +247,19 @@ static void test_learn(void **state)
 
 /* ---- goldens (scripts/make_zoo_goldens.py) ---- */
 
-/* The golden cases: architecture and input side, as the script's CASES. */
+/* The golden cases: architecture and input side, as the script's CASES. fwd_only: the
+   eval and training logits, the loss and the BN running statistics, not the gradients: with
+   densenet121's golden weights PyTorch's own float32 gradients miss the float64 ones by more
+   than TOL_GRAD (277 of 364 tensors at 3x128x128, up to 4% of their layer's largest;
+   scripts/check_zoo_float32.py), so no float32 implementation can pass that check there. */
 static const struct {
     const char *arch;
     int size;
-} golden_cases[] = {{"vgg11", 32},         {"vgg11_bn", 32},      {"alexnet", 63},
-                    {"squeezenet1_0", 32}, {"squeezenet1_1", 32}, {"shufflenet_v2_x0_5", 96},
-                    {"densenet121", 128}};
+    bool fwd_only;
+} golden_cases[] = {{"vgg11", 32, false},         {"vgg11_bn", 32, false},
+                    {"alexnet", 63, false},       {"squeezenet1_0", 32, false},
+                    {"squeezenet1_1", 32, false}, {"shufflenet_v2_x0_5", 96, false},
+                    {"densenet121", 128, true}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -398,9 +404,12 @@ static void test_golden(void **state)
 {
     (void)state;
     int size = 0;
+    bool fwd_only = false;
     for (size_t i = 0; i < sizeof golden_cases / sizeof *golden_cases; i++)
-        if (arg && strcmp(golden_cases[i].arch, arg) == 0)
+        if (arg && strcmp(golden_cases[i].arch, arg) == 0) {
             size = golden_cases[i].size;
+            fwd_only = golden_cases[i].fwd_only;
+        }
     if (!size)
         fail_msg("no golden case for '%s'", arg ? arg : "(none)");
     char path[512];
@@ -477,6 +486,8 @@ static void test_golden(void **state)
         char name[160];
         size_t idx[SAMPLES], k = sample_index(t[e].name, t[e].numel, idx);
         bool par = t[e].role == MGT_MODEL_PARAM;
+        if (par && fwd_only)
+            continue;
         const float *v1 = (const float *)((char *)(par ? hp1 : hb1) + t[e].offset);
         double gscale = 0;
         if (par) {
