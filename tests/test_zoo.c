@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -530,6 +531,69 @@ static void test_golden(void **state)
     mgt_st_close(g);
 }
 
+/* ---- torchvision-written weights through --pretrained's loader ----
+   scripts/write_torch_weights.py writes torchvision's state_dict of ARCH (its own init, BN
+   statistics moved by one forward) and its float64 eval logits of 2 images; mgtrain takes the
+   file with mgt_model_load (as train_load_pretrained does) and must give those logits. Skips
+   where PyTorch is missing. */
+
+#define PRETRAINED_SIZE 64
+
+static void test_pretrained(void **state)
+{
+    (void)state;
+    if (system("/usr/bin/python3 -c 'import torchvision' >/dev/null 2>&1") != 0) {
+        print_message("pretrained: skipped: /usr/bin/python3 with torchvision is not available\n");
+        skip();
+    }
+    char wpath[128], cpath[128], cmd[1024];
+    snprintf(wpath, sizeof wpath, "/tmp/mgt_zoo_pretrained_%d.weights.safetensors", (int)getpid());
+    snprintf(cpath, sizeof cpath, "/tmp/mgt_zoo_pretrained_%d.check.safetensors", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/../../scripts/write_torch_weights.py %s %d %s %s",
+             MGT_TEST_DATA_DIR, arg, PRETRAINED_SIZE, wpath, cpath);
+    if (system(cmd) != 0)
+        fail_msg("%s failed", cmd);
+    mgt_st_file *f, *g;
+    CHECK(mgt_st_open(wpath, &f));
+    CHECK(mgt_st_open(cpath, &g));
+    const int batch = 2, classes = 10, size = PRETRAINED_SIZE;
+    mgt_devset *set = mgt_test_open_mock(1, "");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    mgt_model_config cfg = {
+        .arch = arg, .classes = classes, .in_channels = 3, .image_size = size, .batch = batch};
+    mgt_model *m;
+    CHECK(mgt_model_create(&cfg, d, &m));
+    mgt_model_load_options lo = {0};
+    mgt_model_load_report rep = {0};
+    CHECK(mgt_model_load(m, s, f, &lo, &rep));
+    free(rep.text);
+    size_t nx = (size_t)batch * 3 * size * size, nl = (size_t)batch * classes;
+    mgt_buffer *io;
+    CHECK(mgt_buffer_alloc(d, nx * sizeof(float), &io));
+    float *x = mgt_buffer_ptr(io);
+    CHECK(mgt_copy_h2d(s, x, golden(g, "input", nx), nx * sizeof(float)));
+    const float *logits;
+    n_bad = 0;
+    CHECK(mgt_model_forward(m, s, x, batch, false, &logits));
+    float *hl = to_host(s, logits, nl * sizeof(float));
+    const float *want = golden(g, "eval_logits", nl);
+    close_to("eval_logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    free(hl);
+    mgt_buffer_free(io);
+    mgt_model_free(m);
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+    mgt_st_close(f);
+    mgt_st_close(g);
+    unlink(wpath);
+    unlink(cpath);
+    if (n_bad)
+        fail_msg("%s: torchvision's logits differ", arg);
+}
+
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "tables";
@@ -546,6 +610,10 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {cmocka_unit_test(test_golden)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
-    fprintf(stderr, "usage: test_zoo tables | learn FAMILY | golden ARCH\n");
+    if (strcmp(what, "pretrained") == 0) {
+        const struct CMUnitTest t[] = {cmocka_unit_test(test_pretrained)};
+        return cmocka_run_group_tests(t, NULL, NULL);
+    }
+    fprintf(stderr, "usage: test_zoo tables | learn FAMILY | golden ARCH | pretrained ARCH\n");
     return 2;
 }
