@@ -534,8 +534,9 @@ static void test_golden(void **state)
 /* ---- torchvision-written weights through --pretrained's loader ----
    scripts/write_torch_weights.py writes torchvision's state_dict of ARCH (its own init, BN
    statistics moved by one forward) and its float64 eval logits of 2 images; mgtrain takes the
-   file with mgt_model_load (as train_load_pretrained does) and must give those logits. Skips
-   where PyTorch is missing. */
+   file with mgt_model_load (as train_load_pretrained does) and must give those logits; then
+   mgtrain writes the model (mgt_model_save_safetensors) and torchvision must load that with
+   strict=True and give the same logits. Skips where PyTorch is missing. */
 
 #define PRETRAINED_SIZE 64
 
@@ -582,16 +583,24 @@ static void test_pretrained(void **state)
     const float *want = golden(g, "eval_logits", nl);
     close_to("eval_logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
     free(hl);
+    if (n_bad)
+        fail_msg("%s: torchvision's logits differ", arg);
+    /* and back: what mgtrain writes of these weights loads into torchvision (strict=True) */
+    mgt_st_close(f);
+    CHECK(mgt_model_save_safetensors(m, s, wpath));
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/../../scripts/write_torch_weights.py --verify %s %s %s",
+             MGT_TEST_DATA_DIR, arg, wpath, cpath);
+    int rc = system(cmd);
     mgt_buffer_free(io);
     mgt_model_free(m);
     mgt_stream_free(s);
     mgt_devset_free(set);
-    mgt_st_close(f);
     mgt_st_close(g);
     unlink(wpath);
     unlink(cpath);
-    if (n_bad)
-        fail_msg("%s: torchvision's logits differ", arg);
+    if (rc != 0)
+        fail_msg("%s: exit %d", cmd, rc);
 }
 
 int main(int argc, char **argv)
