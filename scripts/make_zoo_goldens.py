@@ -28,7 +28,8 @@ DROP_SEED, DROP_STEP = 7, 1
 
 # arch, input side (the smallest each takes, or a small one)
 CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32),
-         ("squeezenet1_1", 32)]
+         ("squeezenet1_1", 32), ("shufflenet_v2_x0_5", 96),
+         ("densenet121", 128)]
 
 # ---- the dropout mask ----
 

@@ -1561,6 +1561,11 @@ static void test_torch_load(void **state)
     torch_load_case("efficientnet_b0", 2, true);
     torch_load_case("mobilenet_v2", 4, false);
     torch_load_case("mobilenet_v3_large", 2, false);
+    /* zoo-classic's light families, logits, loss and BN statistics (their goldens cover the
+       gradients) */
+    torch_load_case("squeezenet1_1", 2, false);
+    torch_load_case("shufflenet_v2_x0_5", 2, false);
+    torch_load_case("densenet121", 2, false);
 }
 
 int main(void)

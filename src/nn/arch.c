@@ -53,6 +53,10 @@ static const mgt_arch_info archs[] = {
     IMAGENET("efficientnet_b1", "efficientnet"),
     IMAGENET("regnet_x_400mf", "regnet"),
     IMAGENET("regnet_y_400mf", "regnet"),
+    IMAGENET("shufflenet_v2_x0_5", "shufflenet"),
+    IMAGENET("shufflenet_v2_x1_0", "shufflenet"),
+    IMAGENET("densenet121", "densenet"),
+    IMAGENET("densenet169", "densenet"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

@@ -265,6 +265,34 @@ int nn_concat(mgt_model *m, const char *name, const int *in, int n)
     return nd ? nd->out : -1;
 }
 
+int nn_slice(mgt_model *m, const char *name, int x, int c0, int c)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(c0 >= 0 && c >= 1 && c0 + c <= v->c);
+    nn_node *nd = new_node(m, NN_SLICE, name, &x, 1, c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.slice_c0 = c0;
+    return nd->out;
+}
+
+int nn_cat_shuffle(mgt_model *m, const char *name, const int *in, int n)
+{
+    assert(n >= 1 && n <= NN_MAX_IN);
+    for (int i = 0; i < n; i++) {
+        if (in[i] < 0)
+            return -1;
+        assert(m->values[in[i]].c == m->values[in[0]].c &&
+               m->values[in[i]].h == m->values[in[0]].h &&
+               m->values[in[i]].w == m->values[in[0]].w);
+    }
+    const nn_value *v = &m->values[in[0]];
+    nn_node *nd = new_node(m, NN_SHUFFLE, name, in, n, v->c * n, v->h, v->w);
+    return nd ? nd->out : -1;
+}
+
 int nn_add(mgt_model *m, const char *name, int a, int b)
 {
     if (a < 0 || b < 0)

@@ -406,6 +406,94 @@ static mgt_status concat_backward(nn_call *c)
     return st;
 }
 
+/* ---- channel slices and shuffles ----
+   A slice is one strided copy of its channels; its backward zeroes dx and copies dy into the
+   slice (the kind does not add onto dx: the planner gives a second reader a temporary). The
+   shuffle of n inputs puts input i's channel j at output channel j * n + i: one strided copy
+   per input (rows = its channels), and backward the same copies the other way. */
+
+static mgt_strided_copy_shape slice_shape(const nn_call *c, size_t *off)
+{
+    const mgt_model *m = c->m;
+    const nn_value *x = &m->values[c->node->in[0]], *y = &m->values[c->node->out];
+    size_t plane = (size_t)x->h * x->w, part = (size_t)y->c * plane;
+    *off = (size_t)c->node->u.slice_c0 * plane;
+    return (mgt_strided_copy_shape){.n = c->n,
+                                    .rows = 1,
+                                    .count = part,
+                                    .y_stride = part,
+                                    .y_row = part,
+                                    .x_stride = nn_value_floats(x),
+                                    .x_row = part};
+}
+
+static mgt_status slice_forward(nn_call *c)
+{
+    size_t off;
+    mgt_strided_copy_shape sh = slice_shape(c, &off);
+    return mgt_strided_copy(c->s, c->y, c->x[0] + off, &sh);
+}
+
+static mgt_status slice_backward(nn_call *c)
+{
+    if (!c->dx[0])
+        return MGT_OK;
+    assert(c->dx_beta[0] == 0.0f);
+    size_t off;
+    mgt_strided_copy_shape sh = slice_shape(c, &off);
+    size_t whole = sh.x_stride;
+    mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * sizeof(float));
+    sh.x_stride = sh.y_stride;
+    sh.y_stride = whole;
+    return st != MGT_OK ? st : mgt_strided_copy(c->s, c->dx[0] + off, c->dy, &sh);
+}
+
+static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
+{
+    const mgt_model *m = c->m;
+    const nn_node *nd = c->node;
+    const nn_value *x = &m->values[nd->in[0]];
+    size_t plane = (size_t)x->h * x->w;
+    *off = (size_t)j * plane;
+    return (mgt_strided_copy_shape){.n = c->n,
+                                    .rows = x->c,
+                                    .count = plane,
+                                    .y_stride = nn_value_floats(&m->values[nd->out]),
+                                    .y_row = (size_t)nd->n_in * plane,
+                                    .x_stride = nn_value_floats(x),
+                                    .x_row = plane};
+}
+
+static mgt_status shuffle_forward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        size_t off;
+        mgt_strided_copy_shape sh = shuffle_part(c, j, &off);
+        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+    }
+    return st;
+}
+
+static mgt_status shuffle_backward(nn_call *c)
+{
+    mgt_status st = MGT_OK;
+    for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
+        if (!c->dx[j])
+            continue;
+        assert(c->dx_beta[j] == 0.0f);
+        size_t off;
+        mgt_strided_copy_shape sh = shuffle_part(c, j, &off);
+        size_t t = sh.x_stride, r = sh.x_row;
+        sh.x_stride = sh.y_stride;
+        sh.x_row = sh.y_row;
+        sh.y_stride = t;
+        sh.y_row = r;
+        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+    }
+    return st;
+}
+
 /* ---- pooling ---- */
 
 static mgt_pool2d_shape pool_shape(const nn_call *c)
@@ -620,4 +708,6 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
                     NULL},
     [NN_APOOL] = {"avgpool", 0, apool_forward, apool_backward, apool_macs},
     [NN_CONCAT] = {"concat", 0, concat_forward, concat_backward, NULL},
+    [NN_SLICE] = {"slice", 0, slice_forward, slice_backward, NULL},
+    [NN_SHUFFLE] = {"shuffle", 0, shuffle_forward, shuffle_backward, NULL},
 };

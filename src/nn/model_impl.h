@@ -31,6 +31,8 @@ typedef enum nn_kind {
     NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
     NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
+    NN_SLICE,   /* channels [c0, c0 + c) of in[0] (torch's chunk) */
+    NN_SHUFFLE, /* the inputs concatenated, then channel_shuffle(groups = n_in) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -86,6 +88,7 @@ typedef struct nn_node {
             int oh, ow;
         } apool;
         mgt_act act;
+        int slice_c0; /* NN_SLICE: the first channel taken */
         struct {
             float p;
             uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
@@ -230,6 +233,11 @@ int nn_maxpool_ceil(mgt_model *m, const char *name, int x, int k, int stride, in
 int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow);
 /* in[0..n) concatenated along channels (same h x w), n <= NN_MAX_IN */
 int nn_concat(mgt_model *m, const char *name, const int *in, int n);
+/* channels [c0, c0 + c) of x, as a value of its own (one strided copy) */
+int nn_slice(mgt_model *m, const char *name, int x, int c0, int c);
+/* torchvision's channel_shuffle(torch.cat(in, 1), groups = n) for n inputs of equal shape:
+   output channel j * n + i is input i's channel j (one strided copy per input) */
+int nn_cat_shuffle(mgt_model *m, const char *name, const int *in, int n);
 
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
@@ -274,6 +282,8 @@ extern const nn_arch nn_vgg_archs[];
 extern const nn_arch nn_alexnet_archs[];
 extern const nn_arch nn_squeezenet_archs[];
 extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
+extern const nn_arch nn_shufflenet_archs[];
+extern const nn_arch nn_densenet_archs[];
 
 /* ---- the layer kinds (layers.c) ---- */
 

@@ -1,0 +1,60 @@
+#!/usr/bin/python3
+"""torchvision-written weights for test_zoo's `pretrained` case (the --pretrained direction):
+torchvision 0.14's ARCH (10 classes, PyTorch's own init under torch.manual_seed(12)), one
+training forward without gradients so the BN running statistics are not 0 and 1, then its
+state_dict into WEIGHTS (safetensors, as a user's conversion of torch.save would give) and an
+input of 2 images with the eval logits (float64) into CHECK.
+
+With --verify, the other way: WEIGHTS is what mgtrain wrote after loading those; it must load
+into torchvision's ARCH with strict=True and give CHECK's eval logits (exit 1 where not).
+
+Usage: scripts/write_torch_weights.py ARCH SIZE WEIGHTS CHECK
+       scripts/write_torch_weights.py --verify ARCH WEIGHTS CHECK"""
+import os
+import sys
+
+import torch
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_model_goldens import save_safetensors, f32  # noqa: E402
+
+
+def verify(arch, wpath, cpath):
+    import check_torch_load as ctl
+    weights, _ = ctl.load_safetensors(wpath)
+    check, _ = ctl.load_safetensors(cpath)
+    model = torchvision.models.__dict__[arch](num_classes=10)
+    model.load_state_dict(weights, strict=True)
+    model = model.double().eval()
+    with torch.no_grad():
+        got = model(check["input"].double())
+    want = check["eval_logits"].double()
+    err = float((got - want).abs().max()) / float(want.abs().max())
+    print("write_torch_weights: %s: mgtrain's file loads with strict=True, logits rel %.3g"
+          % (arch, err))
+    return 0 if err <= 2e-5 else 1
+
+
+def main():
+    if sys.argv[1] == "--verify":
+        return verify(sys.argv[2], sys.argv[3], sys.argv[4])
+    arch, size, wpath, cpath = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(2)
+    torch.manual_seed(12)
+    model = torchvision.models.__dict__[arch](num_classes=10)
+    gen = torch.Generator().manual_seed(34)
+    x = torch.randn(2, 3, size, size, generator=gen)
+    with torch.no_grad():
+        model.train()
+        model(torch.randn(4, 3, size, size, generator=gen) * 1.5 + 0.3)
+        model.eval()
+        logits = model.double()(x.double())
+    sd = {k: (v if v.dtype == torch.int64 else f32(v)) for k, v in model.state_dict().items()}
+    save_safetensors(wpath, list(sd.items()), {"arch": arch})
+    save_safetensors(cpath, [("input", x), ("eval_logits", f32(logits))], {"arch": arch})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
