@@ -338,6 +338,10 @@ static void test_resume_sync_bn_is_bit_identical(void **state)
     ckpt_path(a, sizeof a, "syncbn_straight");
     ckpt_path(b, sizeof b, "syncbn_split");
     assert_same_checkpoints(a, b);
+    mgt_st_file *f; /* and the checkpoint says how it was trained */
+    CHECK(mgt_st_open(b, &f));
+    assert_string_equal(mgt_st_metadata_get(f, "sync_bn"), "yes");
+    mgt_st_close(f);
 }
 
 static void test_learns_on_cuda_replicas(void **state)

@@ -63,6 +63,7 @@ static const state_field fields[] = {
     FIELD("model_ema_n_averaged", F_LONG, ema_n_averaged, 3, 0, 1e15),
     INFO("lr_schedule", lr_schedule),
     INFO("sampler", sampler),
+    INFO("sync_bn", sync_bn),
 };
 
 static mgt_status field_write(mgt_st_writer *w, const state_field *f, const train_state *s)
@@ -218,6 +219,7 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .optimizer_steps = train_optim_steps(&r->w[0].opt),
                        .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
+    snprintf(s->sync_bn, sizeof s->sync_bn, "%s", r->c->sync_bn ? "yes" : "no");
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
     snprintf(s->lr_schedule, sizeof s->lr_schedule,
              "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
