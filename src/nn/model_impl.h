@@ -31,6 +31,7 @@ typedef enum nn_kind {
     NN_ACT,     /* a pointwise activation (mgt_act: relu6, hardswish, silu, ...) */
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
     NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
+    NN_LN2D,    /* LayerNorm over each pixel's channels (torchvision's LayerNorm2d) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -91,6 +92,7 @@ typedef struct nn_node {
             uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
             size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
         } sdepth;
+        float ln_eps; /* NN_LN2D */
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -207,6 +209,8 @@ int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
 int nn_scale(mgt_model *m, const char *name, int x, int s);
 /* torchvision's StochasticDepth(p, "row") */
 int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
+/* torchvision's LayerNorm2d (weight 1, bias 0) */
+int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
