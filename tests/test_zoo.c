@@ -125,6 +125,7 @@ static const learn_case learn_cases[] = {
     {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f},
     {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f},
     {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f},
+    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))

@@ -53,6 +53,7 @@ static const mgt_arch_info archs[] = {
     IMAGENET("efficientnet_b1", "efficientnet"),
     IMAGENET("regnet_x_400mf", "regnet"),
     IMAGENET("regnet_y_400mf", "regnet"),
+    IMAGENET("convnext_tiny", "convnext"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

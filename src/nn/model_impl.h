@@ -32,6 +32,7 @@ typedef enum nn_kind {
     NN_SCALE,   /* in[0] [c, h, w] times in[1] [c, 1, 1] per channel (squeeze-excite) */
     NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
     NN_LN2D,    /* LayerNorm over each pixel's channels (torchvision's LayerNorm2d) */
+    NN_LSCALE,  /* in[0] times a [c, 1, 1] parameter per channel (ConvNeXt's layer_scale) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -211,6 +212,9 @@ int nn_scale(mgt_model *m, const char *name, int x, int s);
 int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
 /* torchvision's LayerNorm2d (weight 1, bias 0) */
 int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps);
+/* x times the [c, 1, 1] parameter entry `param` (made beforehand with nn_add_entry, so that
+   it sits in the table where torchvision's state_dict has it) */
+int nn_layer_scale(mgt_model *m, const char *name, int x, int param);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
@@ -268,7 +272,8 @@ extern const nn_arch nn_resnet_archs[];
 extern const nn_arch nn_vgg_archs[];
 extern const nn_arch nn_alexnet_archs[];
 extern const nn_arch nn_squeezenet_archs[];
-extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
+extern const nn_arch nn_mobile_archs[];   /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
+extern const nn_arch nn_convnext_archs[]; /* convnext.c */
 
 /* ---- the layer kinds (layers.c) ---- */
 
