@@ -250,8 +250,8 @@ static void test_learn(void **state)
 static const struct {
     const char *arch;
     int size;
-} golden_cases[] = {
-    {"vgg11", 32}, {"vgg11_bn", 32}, {"alexnet", 63}, {"squeezenet1_0", 32}, {"squeezenet1_1", 32}};
+} golden_cases[] = {{"vgg11", 32},         {"vgg11_bn", 32},      {"alexnet", 63},
+                    {"squeezenet1_0", 32}, {"squeezenet1_1", 32}, {"convnext_tiny", 32}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -414,6 +414,8 @@ static void test_golden(void **state)
     CHECK(mgt_stream_create(d, &s));
     mgt_model_config cfg = {
         .arch = arg, .classes = classes, .in_channels = 3, .image_size = size, .batch = batch};
+    const char *nd = mgt_st_metadata_get(g, "no_dropout"); /* stochastic depth built at 0 */
+    cfg.no_dropout = nd && strcmp(nd, "1") == 0;
     mgt_model *m;
     CHECK(mgt_model_create(&cfg, d, &m));
     int n;
