@@ -1331,7 +1331,7 @@ static void torch_load_case(const char *arch, int batch, bool grads)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
-/* resnet50 and efficientnet_b0 in full; mobilenet_v2 and mobilenet_v3_large without the
+/* resnet50, efficientnet_b0 and convnext_tiny in full; mobilenet_v2 and mobilenet_v3_large without the
    gradients: with this input their hash weights leave a few layers' gradients at float32
    noise (1e-3 of a layer scale of 1e-4..1e-5), the conditioning their goldens' SIZES and
    SEEDS work around; their goldens cover the gradients. */
@@ -1342,6 +1342,7 @@ static void test_torch_load(void **state)
     torch_load_case("efficientnet_b0", 2, true);
     torch_load_case("mobilenet_v2", 4, false);
     torch_load_case("mobilenet_v3_large", 2, false);
+    torch_load_case("convnext_tiny", 2, true);
 }
 
 int main(void)
