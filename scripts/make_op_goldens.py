@@ -155,6 +155,25 @@ def sgd(name, nesterov, dampening, grad_scale):
     return write(name, arrays)
 
 
+def casts():
+    """torch's fp32 -> bf16 / fp16 casts (the codes as int32) of special values and values over
+    many binades, and the decoding of random codes back to fp32, for lowp.h."""
+    special = [0.0, -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 65504.0,
+               65519.99, 65520.0, -1e6, 2**-24, 2**-25, 3 * 2**-26, 1.5 * 2**-15, float("inf"),
+               float("-inf"), 3.4e38, -3.4028235e38, 1e-40, 2**-14, -2**-14 * (1 - 2**-10)]
+    mant = torch.rand(2000, dtype=torch.float64) * 4 - 2
+    expo = torch.randint(-30, 21, (2000,))
+    x = torch.tensor(special + (mant * torch.pow(2.0, expo.double())).tolist()).to(torch.float32)
+    bf = x.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    hf = x.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    codes = torch.randint(0, 65536, (3000,), dtype=torch.int32)
+    c16 = codes.to(torch.int16)  # wraps: the bit patterns
+    bf_back = c16.view(torch.bfloat16).to(torch.float32)
+    hf_back = c16.view(torch.float16).to(torch.float32)
+    return write("casts", [("x", x), ("bf16", bf), ("fp16", hf), ("codes", codes),
+                           ("bf16_value", bf_back), ("fp16_value", hf_back)])
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(20240611)
@@ -177,6 +196,7 @@ def main():
     total += sgd("sgd_momentum", False, 0.0, 1.0)
     total += sgd("sgd_nesterov", True, 0.0, 1.0)
     total += sgd("sgd_dampening", False, 0.3, 0.5)
+    total += casts()
     print("wrote %d bytes under %s" % (total, os.path.normpath(OUT)), file=sys.stderr)
 
 

@@ -273,6 +273,19 @@ static void test_resume_formats(void **state)
     CHECK(run(&c, &res));
     assert_int_equal(res.epochs_done, 1); /* epoch 1 of 2, after the saved epoch 0 */
 
+    /* format 2: no loss-scaling state, which then starts afresh */
+    path = variant("format2.safetensors", &(change){.meta = {{"mgtrain_format", "2"},
+                                                             {"loss_scale", NULL},
+                                                             {"loss_scale_growth", NULL}}});
+    char v2[512];
+    snprintf(v2, sizeof v2, "%s", path);
+    c.resume = v2;
+    CHECK(run(&c, &res));
+    assert_int_equal(res.epochs_done, 1);
+    /* format 3 requires them */
+    path = variant("format3_noscale.safetensors", &(change){.meta = {{"loss_scale", NULL}}});
+    expect_resume_error(path, MGT_ERR_INVALID,
+                        (const char *const[]){"loss_scale", "is missing", NULL});
     /* format 2: no optimizer step count (SGD's state is live when it is there), no EMA */
     path = variant("format2.safetensors", &(change){.meta = {{"mgtrain_format", "2"},
                                                              {"optimizer_steps", NULL},

@@ -207,7 +207,9 @@ static bool backend_reopen(backend *be)
 
 /* ---- running an op on host (reference) and on a device ---- */
 
-static size_t esize(mgt_dtype t) { return t == MGT_I32 ? sizeof(int32_t) : sizeof(float); }
+/* An operand's size in the 4-byte words the harness moves and guards (16-bit operands are
+   packed, an odd count rounded up to a whole word). */
+static size_t words(const mgt_operand *o) { return (o->count * mgt_dtype_size(o->dtype) + 3) / 4; }
 
 /* The first operand with the same host pointer: aliased operands (relu's y == x) share one
    array on the host and one region on the device. */
@@ -241,7 +243,7 @@ static bool case_prepare(tcase *c, const char *opname, int idx)
     for (int i = 0; i < n; i++) {
         orig[i] = *ops[i].ptr;
         size_t have = case_len(c, orig[i]);
-        if (ops[i].count > have) {
+        if (words(&ops[i]) > have) {
             fprintf(stderr,
                     "FAIL %s case %d (%s): operand %s lists %zu elements, the case allocated "
                     "%zu\n",
@@ -258,7 +260,7 @@ static bool case_prepare(tcase *c, const char *opname, int idx)
         if (read)
             continue;
         uint32_t *u = orig[i];
-        for (size_t k = 0; k < ops[i].count; k++)
+        for (size_t k = 0; k < words(&ops[i]); k++)
             u[k] = SENTINEL;
     }
     return true;
@@ -289,12 +291,11 @@ static bool ref_compute(const tcase *c, refres *rr, const char *opname, int idx)
     for (int i = 0; i < rr->n; i++) {
         int o = owner_of(rr->orig, i);
         if (o == i) {
-            size_t bytes = rr->ops[i].count * esize(rr->ops[i].dtype);
+            size_t bytes = words(&rr->ops[i]) * 4;
             /* aliases may list different counts; the owner's copy covers the largest */
             for (int j = i + 1; j < rr->n; j++)
-                if (rr->orig[j] == rr->orig[i] &&
-                    rr->ops[j].count * esize(rr->ops[j].dtype) > bytes)
-                    bytes = rr->ops[j].count * esize(rr->ops[j].dtype);
+                if (rr->orig[j] == rr->orig[i] && words(&rr->ops[j]) * 4 > bytes)
+                    bytes = words(&rr->ops[j]) * 4;
             rr->data[i] = malloc(bytes ? bytes : 1);
             memcpy(rr->data[i], rr->orig[i], bytes);
         } else {
@@ -351,8 +352,8 @@ static mgt_status dev_exec(backend *be, const mgt_op *op, devrun *dr, const char
         }
         size_t cnt = 0;
         for (int j = i; j < dr->n; j++)
-            if (dr->orig[j] == dr->orig[i] && dr->ops[j].count > cnt)
-                cnt = dr->ops[j].count;
+            if (dr->orig[j] == dr->orig[i] && words(&dr->ops[j]) > cnt)
+                cnt = words(&dr->ops[j]);
         dr->count[i] = cnt;
         size_t total = cnt + 2 * GUARD;
         dr->up[i] = malloc(total * 4);
@@ -456,6 +457,20 @@ static int compare_run(const backend *be, const char *opname, int idx, const tca
             continue;
         }
         const void *expv = rr->data[i];
+        if (dr->ops[i].dtype == MGT_U16) { /* 16-bit codes: exact, two to a word */
+            const uint32_t *e = expv;
+            for (size_t k = 0; k < cnt; k++)
+                if (back[GUARD + k] != e[k]) {
+                    if (lines++ < MAX_FAIL_LINES)
+                        fprintf(stderr,
+                                "FAIL %s case %d (%s) on %s: operand %s word %zu: got 0x%08" PRIx32
+                                " expected 0x%08" PRIx32 "\n",
+                                opname, idx, c->desc, be->label, name, k, back[GUARD + k], e[k]);
+                    bad = true;
+                }
+            fails += bad;
+            continue;
+        }
         if (dr->ops[i].dtype == MGT_I32) {
             const int32_t *e = expv;
             for (size_t k = 0; k < cnt; k++) {
@@ -2518,6 +2533,125 @@ static int fd_gemm(backend *be, const char *opname)
     return fails;
 }
 
+/* ---- mixed precision ---- */
+
+/* The fp32 cases with their inputs rounded: bf16 and fp16 alternate. The device sums in fp32
+   what the reference sums in double, as for the fp32 kinds; a backend that skipped the
+   rounding would be off by about 2^-9 (bf16) or 2^-12 (fp16) of each input, far past the
+   tolerance. No finite differences: a rounded function is a staircase. */
+static bool gen_lowp(tcase *c, int idx, rng *r, mgt_op_kind kind)
+{
+    mgt_precision prec = (idx / 2) % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    bool ok =
+        kind == MGT_OP_GEMM_LP ? gen_gemm(c, idx, r) : gen_conv(c, idx, r, mgt_op_fp32_kind(kind));
+    if (!ok)
+        return false;
+    c->op.kind = kind;
+    c->op.prec = prec;
+    c->rtol *= 2;
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " %s", mgt_precision_name(prec));
+    return true;
+}
+
+static bool gen_gemm_lp(tcase *c, int idx, rng *r) { return gen_lowp(c, idx, r, MGT_OP_GEMM_LP); }
+static bool gen_conv_fwd_lp(tcase *c, int idx, rng *r)
+{
+    return gen_lowp(c, idx, r, MGT_OP_CONV_FWD_LP);
+}
+static bool gen_conv_bwd_data_lp(tcase *c, int idx, rng *r)
+{
+    return gen_lowp(c, idx, r, MGT_OP_CONV_BWD_DATA_LP);
+}
+static bool gen_conv_bwd_filt_lp(tcase *c, int idx, rng *r)
+{
+    return gen_lowp(c, idx, r, MGT_OP_CONV_BWD_FILT_LP);
+}
+
+/* Values that probe a cast: exact ties of both formats, the largest finite fp16 and the first
+   value that rounds past it, fp16 subnormals and what underflows, infinities, NaN, and values
+   over FLT_MAX's bf16 rounding; the rest uniform over many binades. */
+static float cast_value(rng *r, size_t i)
+{
+    static const float special[] = {0.0f,
+                                    -0.0f,
+                                    1.0f + 0x1p-8f,
+                                    1.0f + 0x3p-8f,
+                                    1.0f + 0x1p-11f,
+                                    1.0f + 0x3p-11f,
+                                    65504.0f,
+                                    65519.99f,
+                                    65520.0f,
+                                    -1e6f,
+                                    0x1p-24f,
+                                    0x1p-25f,
+                                    0x3p-26f,
+                                    0x1.8p-15f,
+                                    INFINITY,
+                                    -INFINITY,
+                                    NAN,
+                                    3.4e38f,
+                                    -3.4028235e38f,
+                                    1e-40f};
+    size_t ns = sizeof special / sizeof special[0];
+    if (i < ns)
+        return special[i];
+    float m = rng_unif(r, -2.0f, 2.0f);
+    return ldexpf(m, rng_int(r, -30, 20));
+}
+
+static bool gen_cast(tcase *c, int idx, rng *r, bool to16)
+{
+    if (idx >= 12)
+        return false;
+    size_t n = vec_sizes[idx];
+    mgt_precision prec = idx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    c->op.kind = to16 ? MGT_OP_CAST_TO_16 : MGT_OP_CAST_FROM_16;
+    c->op.u.cast.n = n;
+    c->op.prec = prec;
+    size_t nw = (n + 1) / 2;
+    if (to16) {
+        float *x = case_f32(c, n);
+        for (size_t i = 0; i < n; i++)
+            x[i] = cast_value(r, i);
+        c->op.u.cast.src = x;
+        c->op.u.cast.dst = case_f32(c, nw);
+    } else {
+        uint16_t *h = (uint16_t *)case_f32(c, nw);
+        for (size_t i = 0; i < n; i++) /* every code, NaNs and subnormals too */
+            h[i] = i < 65536 && n > 60000 ? (uint16_t)i : (uint16_t)rng_u64(r);
+        c->op.u.cast.src = h;
+        c->op.u.cast.dst = case_f32(c, n);
+    }
+    c->rtol = 0;
+    case_desc(c, "n=%zu %s", n, mgt_precision_name(prec));
+    return true;
+}
+
+static bool gen_cast_to_16(tcase *c, int idx, rng *r) { return gen_cast(c, idx, r, true); }
+static bool gen_cast_from_16(tcase *c, int idx, rng *r) { return gen_cast(c, idx, r, false); }
+
+static bool gen_nonfinite(tcase *c, int idx, rng *r)
+{
+    if (idx >= 12)
+        return false;
+    size_t n = vec_sizes[idx];
+    float *x = case_f32(c, n);
+    fill_unif(r, x, n, -3e38f, 3e38f);
+    /* none in the even cases, a few (maybe on the same element) in the odd ones */
+    int bad = idx % 2 ? rng_int(r, 1, 9) : 0;
+    for (int b = 0; b < bad; b++) {
+        size_t at = (size_t)rng_int(r, 0, (int)(n - 1));
+        x[at] = b % 3 == 0 ? INFINITY : b % 3 == 1 ? -INFINITY : NAN;
+    }
+    c->op.kind = MGT_OP_NONFINITE;
+    c->op.u.nonfinite.count = case_i32(c, 1);
+    c->op.u.nonfinite.x = x;
+    c->op.u.nonfinite.n = n;
+    case_desc(c, "n=%zu with %d set nonfinite", n, bad);
+    return true;
+}
+
 /* ---- activations, channel scaling ---- */
 
 static const size_t act_sizes[] = {1, 7, 1000, 65539};
@@ -2855,6 +2989,13 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_XENT_MIX_BWD] = {gen_xmix_bwd, fd_xmix},
     [MGT_OP_TOPK] = {gen_topk, NULL},
     [MGT_OP_SGD] = {gen_sgd, NULL},
+    [MGT_OP_GEMM_LP] = {gen_gemm_lp, NULL},
+    [MGT_OP_CONV_FWD_LP] = {gen_conv_fwd_lp, NULL},
+    [MGT_OP_CONV_BWD_DATA_LP] = {gen_conv_bwd_data_lp, NULL},
+    [MGT_OP_CONV_BWD_FILT_LP] = {gen_conv_bwd_filt_lp, NULL},
+    [MGT_OP_CAST_TO_16] = {gen_cast_to_16, NULL},
+    [MGT_OP_CAST_FROM_16] = {gen_cast_from_16, NULL},
+    [MGT_OP_NONFINITE] = {gen_nonfinite, NULL},
     [MGT_OP_ADAMW] = {gen_adamw, NULL},
     [MGT_OP_RMSPROP] = {gen_rmsprop, NULL},
     [MGT_OP_SUMSQ] = {gen_sum_squares, NULL},

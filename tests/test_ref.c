@@ -1206,6 +1206,110 @@ static void test_out_sizes(void **state)
     assert_int_equal(mgt_conv2d_out_h(&c), 0);
 }
 
+/* ---- mixed precision ---- */
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The casts against torch's own: every code exact, the decoded values bit for bit (NaN as
+   NaN). */
+static void test_casts(void **state)
+{
+    (void)state;
+    golden *g = golden_load("casts");
+    golden_array *xa = golden_find(g, "x", 0, false);
+    size_t n = xa->count;
+    const float *x = xa->data;
+    static const mgt_precision precs[] = {MGT_PREC_BF16, MGT_PREC_FP16};
+    static const char *const code_names[] = {"bf16", "fp16"};
+    static const char *const value_names[] = {"bf16_value", "fp16_value"};
+    golden_array *ca = golden_find(g, "codes", 0, true);
+    size_t nc = ca->count;
+    for (int p = 0; p < 2; p++) {
+        const int32_t *want = gi(g, code_names[p], n);
+        uint16_t *h = malloc(n * sizeof *h);
+        assert_non_null(h);
+        mgt_op op = {.kind = MGT_OP_CAST_TO_16, .prec = precs[p]};
+        op.u.cast.dst = h;
+        op.u.cast.src = x;
+        op.u.cast.n = n;
+        run(&op);
+        for (size_t i = 0; i < n; i++)
+            if (h[i] != (uint16_t)want[i])
+                fail_msg("cast_to_16 %s: x[%zu] = %.9g (0x%08x) gave 0x%04x, torch 0x%04x",
+                         code_names[p], i, (double)x[i], bits_of(x[i]), h[i], (unsigned)want[i]);
+        free(h);
+
+        const int32_t *codes = gi(g, "codes", nc);
+        const float *vwant = gf(g, value_names[p], nc);
+        uint16_t *hc = malloc(nc * sizeof *hc);
+        float *got = nans(nc);
+        assert_non_null(hc);
+        for (size_t i = 0; i < nc; i++)
+            hc[i] = (uint16_t)codes[i];
+        mgt_op back = {.kind = MGT_OP_CAST_FROM_16, .prec = precs[p]};
+        back.u.cast.dst = got;
+        back.u.cast.src = hc;
+        back.u.cast.n = nc;
+        run(&back);
+        for (size_t i = 0; i < nc; i++) {
+            bool same = isnan(vwant[i]) ? isnan(got[i]) : bits_of(got[i]) == bits_of(vwant[i]);
+            if (!same)
+                fail_msg("cast_from_16 %s: code 0x%04x gave %.9g, torch %.9g", code_names[p], hc[i],
+                         (double)got[i], (double)vwant[i]);
+        }
+        free(hc);
+        free(got);
+    }
+    golden_free(g);
+}
+
+/* gemm_lp rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and itself
+   in fp16; the fp32 C it adds to (beta) keeps its low bits. */
+static void test_gemm_lp_rounds_inputs(void **state)
+{
+    (void)state;
+    float a = 1.0f + 0x1p-10f, b = 3.0f, c0 = 1.0f + 0x1p-20f;
+    static const struct {
+        mgt_precision p;
+        float want;
+    } cases[] = {{MGT_PREC_BF16, 3.0f + 1.0f + 0x1p-20f},
+                 {MGT_PREC_FP16, 3.0f * (1.0f + 0x1p-10f) + 1.0f + 0x1p-20f}};
+    for (size_t i = 0; i < 2; i++) {
+        float c = c0;
+        mgt_op op = {.kind = MGT_OP_GEMM_LP, .prec = cases[i].p};
+        op.u.gemm = (__typeof__(op.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1};
+        run(&op);
+        assert_true(bits_of(c) == bits_of(cases[i].want));
+    }
+    /* and an fp32 precision on a _lp kind, or a 16-bit one on gemm, is refused */
+    float c = 0;
+    mgt_op bad = {.kind = MGT_OP_GEMM_LP};
+    bad.u.gemm = (__typeof__(bad.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1};
+    assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
+    bad.kind = MGT_OP_GEMM;
+    bad.prec = MGT_PREC_BF16;
+    assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
+}
+
+/* The nonfinite count sees inf, -inf and NaN and nothing else (FLT_MAX, subnormals). */
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    float x[] = {1.0f, INFINITY, 3.4028235e38f, -INFINITY, NAN, 1e-45f, -0.0f, NAN};
+    int32_t count = -1;
+    mgt_op op = {.kind = MGT_OP_NONFINITE};
+    op.u.nonfinite.count = &count;
+    op.u.nonfinite.x = x;
+    op.u.nonfinite.n = sizeof x / sizeof x[0];
+    run(&op);
+    assert_int_equal(count, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1235,6 +1339,9 @@ int main(void)
         cmocka_unit_test(test_check_other_ops),
         cmocka_unit_test(test_operands),
         cmocka_unit_test(test_out_sizes),
+        cmocka_unit_test(test_casts),
+        cmocka_unit_test(test_gemm_lp_rounds_inputs),
+        cmocka_unit_test(test_nonfinite),
     };
     return cmocka_run_group_tests_name("ref", tests, NULL, NULL);
 }

@@ -186,7 +186,7 @@ static void test_family_learns(void **state)
 /* Two epochs straight, and one epoch then a resume for the second, on the devices open(run)
    gives (run 0: straight, 1: the first epoch, 2: the resume): the checkpoints must match bit
    for bit. tag names the folders. */
-static void check_resume_bit_identical(const char *tag, mgt_devset *(*open)(int run))
+static void check_resume_amp(const char *tag, mgt_devset *(*open)(int run), mgt_precision amp)
 {
     mgt_train_config c;
     mgt_train_result res;
@@ -196,16 +196,20 @@ static void check_resume_bit_identical(const char *tag, mgt_devset *(*open)(int 
     snprintf(straight, sizeof straight, "%s/%s", root, sname);
     snprintf(split, sizeof split, "%s/%s", root, pname);
     base_config(&c);
+    c.amp = amp;
     c.checkpoint_dir = straight;
     if (train_on(&c, open(0), &res) != MGT_OK)
         fail_msg("%s", mgt_error_last());
+    mgt_train_result whole = res;
 
     base_config(&c);
+    c.amp = amp;
     c.epochs = 1;
     c.checkpoint_dir = split;
     if (train_on(&c, open(1), &res) != MGT_OK)
         fail_msg("%s", mgt_error_last());
     base_config(&c);
+    c.amp = amp;
     c.checkpoint_dir = split;
     c.resume = "auto";
     if (train_on(&c, open(2), &res) != MGT_OK)
@@ -214,6 +218,22 @@ static void check_resume_bit_identical(const char *tag, mgt_devset *(*open)(int 
     ckpt_path(a, sizeof a, sname);
     ckpt_path(b, sizeof b, pname);
     assert_same_checkpoints(a, b);
+    /* the loss scaler's state travels too: the same scale and counter at the end */
+    mgt_st_file *fa, *fb;
+    CHECK(mgt_st_open(a, &fa));
+    CHECK(mgt_st_open(b, &fb));
+    assert_string_equal(mgt_st_metadata_get(fa, "loss_scale"),
+                        mgt_st_metadata_get(fb, "loss_scale"));
+    assert_string_equal(mgt_st_metadata_get(fa, "loss_scale_growth"),
+                        mgt_st_metadata_get(fb, "loss_scale_growth"));
+    mgt_st_close(fa);
+    mgt_st_close(fb);
+    assert_true(whole.loss_scale == res.loss_scale);
+}
+
+static void check_resume_bit_identical(const char *tag, mgt_devset *(*open)(int run))
+{
+    check_resume_amp(tag, open, MGT_PREC_F32);
 }
 
 /* the resume runs with random delays before every queued op */
@@ -226,6 +246,65 @@ static void test_resume_is_bit_identical(void **state)
 {
     (void)state;
     check_resume_bit_identical("mock", open_two_mock);
+}
+
+/* Mixed precision learns the set as fp32 does; fp16's scaler starts at 2^16, halves on each
+   skipped step (no growth within 2000 steps) and every replica skips alike. */
+static void test_amp_learns(void **state)
+{
+    (void)state;
+    static const mgt_precision precs[] = {MGT_PREC_BF16, MGT_PREC_FP16};
+    for (int i = 0; i < 2; i++) {
+        mgt_train_config c;
+        base_config(&c);
+        c.epochs = 6;
+        c.augment = MGT_AUGMENT_NONE;
+        c.amp = precs[i];
+        mgt_train_result res;
+        if (train(&c, 2, "threads=1", &res) != MGT_OK)
+            fail_msg("--amp %s: %s", mgt_precision_name(precs[i]), mgt_error_last());
+        if (res.val_acc1 < 75.0)
+            fail_msg("--amp %s: top-1 %.1f after 6 epochs", mgt_precision_name(precs[i]),
+                     res.val_acc1);
+        if (precs[i] == MGT_PREC_FP16) {
+            assert_true(res.skipped_steps < res.steps);
+            assert_true(res.loss_scale == ldexpf(MGT_SCALER_INIT, -(int)res.skipped_steps));
+            print_message("fp16: %ld of %ld steps skipped, loss scale %g\n", res.skipped_steps,
+                          res.steps, (double)res.loss_scale);
+        } else {
+            assert_int_equal(res.skipped_steps, 0);
+        }
+    }
+}
+
+/* A scale far too large (2^40: the scaled loss gradient overflows fp16) backs off step by
+   step: those steps change nothing, then training goes on with a finite loss. */
+static void test_fp16_overflow_backs_off(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    base_config(&c);
+    c.epochs = 4;
+    c.augment = MGT_AUGMENT_NONE;
+    c.amp = MGT_PREC_FP16;
+    c.loss_scale_init = 0x1p40f;
+    mgt_train_result res;
+    if (train(&c, 2, "threads=1", &res) != MGT_OK)
+        fail_msg("%s", mgt_error_last());
+    print_message("fp16 from 2^40: %ld of %ld steps skipped, loss scale %g, top-1 %.1f\n",
+                  res.skipped_steps, res.steps, (double)res.loss_scale, res.val_acc1);
+    assert_true(res.skipped_steps >= 10 && res.skipped_steps < res.steps);
+    assert_true(res.loss_scale == ldexpf(0x1p40f, -(int)res.skipped_steps));
+    assert_true(isfinite(res.train_loss));
+}
+
+/* fp16 with its loss scaler resumes bit for bit, scaler included; bf16 (oneDNN's bf16
+   kernels where the CPU has them) too. */
+static void test_resume_fp16_is_bit_identical(void **state)
+{
+    (void)state;
+    check_resume_amp("fp16", open_two_mock, MGT_PREC_FP16);
+    check_resume_amp("bf16", open_two_mock, MGT_PREC_BF16);
 }
 
 static void test_learns_on_cuda_replicas(void **state)
@@ -859,6 +938,9 @@ int main(void)
         cmocka_unit_test_prestate(test_family_learns, (void *)"mobilenet_v3_small"),
         cmocka_unit_test_prestate(test_family_learns, (void *)"efficientnet_b0"),
         cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_amp_learns),
+        cmocka_unit_test(test_resume_fp16_is_bit_identical),
+        cmocka_unit_test(test_fp16_overflow_backs_off),
         cmocka_unit_test(test_resume_is_bit_identical_with_the_recipe),
         cmocka_unit_test(test_accumulation_matches_a_large_batch),
         cmocka_unit_test(test_learns_on_cuda_replicas),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs mgtrain and PyTorch side by side on this machine (training step, 2-device scaling, data loading) and prints medians and ratios; PyTorch is optional.
 #
-# usage: tools/compare-pytorch.sh [--quick] [--parts train,scale,data] [--rounds N]
+# usage: tools/compare-pytorch.sh [--quick] [--parts train,scale,zoo,data] [--rounds N] [--python PATH]
+#                                 [--precisions f32,bf16] [--channels-last] [--no-glibc]
 #                                 [--mgtrain PATH] [--wait-quiet LOAD] [--json FILE] ...
 # (--help lists every option.) PyTorch comes from the system Python by default (Debian's
 # python3-torch lives in /usr/bin/python3's dist-packages; a pyenv or venv python3 earlier

@@ -302,6 +302,43 @@ mgt_status mgt_conv2d_backward_data(mgt_stream *s, float *dx, const float *dy, c
 mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy, const float *x,
                                       const mgt_conv2d_shape *sh, float beta);
 
+/* The 16-bit formats of mixed precision. F32 is plain fp32 (what the ops above compute). */
+typedef enum mgt_precision {
+    MGT_PREC_F32,
+    MGT_PREC_BF16, /* bfloat16: 8 exponent bits, 8 significant bits */
+    MGT_PREC_FP16, /* IEEE half: 5 exponent bits, 11 significant bits */
+} mgt_precision;
+
+/* "f32", "bf16", "fp16"; mgt_precision_parse takes the same names (false: none of them). */
+const char *mgt_precision_name(mgt_precision p);
+bool mgt_precision_parse(const char *name, mgt_precision *out);
+
+/* The low-precision forms of gemm and the three convolution passes, as autocast runs them:
+   both inputs rounded to prec (round to nearest even; fp16 overflows to inf), products and
+   sums in fp32, the result fp32 with alpha and beta applied in fp32. Arrays stay fp32 in
+   memory; only the values that enter the multiply are 16-bit. prec is BF16 or FP16. */
+mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool trans_b, int m, int n,
+                       int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc);
+mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, const float *x,
+                                 const float *w, const mgt_conv2d_shape *sh, float beta);
+mgt_status mgt_conv2d_backward_data_lp(mgt_stream *s, mgt_precision prec, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta);
+mgt_status mgt_conv2d_backward_filter_lp(mgt_stream *s, mgt_precision prec, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta);
+
+/* Casts between fp32 and 16-bit storage (n elements): to_16 writes h[i] = round(x[i]) (the
+   bits of a bf16 or fp16 value), otherwise x[i] = h[i] exactly. */
+mgt_status mgt_cast_to_16(mgt_stream *s, mgt_precision prec, uint16_t *h, const float *x, size_t n);
+mgt_status mgt_cast_from_16(mgt_stream *s, mgt_precision prec, float *x, const uint16_t *h,
+                            size_t n);
+
+/* count[0] = how many of x[0..n) are inf or NaN (what fp16 loss scaling checks gradients
+   with). */
+mgt_status mgt_nonfinite_count(mgt_stream *s, int32_t *count, const float *x, size_t n);
+
 /* Training forward: y = gamma * (x - mean) * invstd + beta with the batch's mean and biased
    variance; saves mean and invstd [c] for backward; running_mean/var [c] move by momentum
    towards the batch mean and the unbiased variance. */

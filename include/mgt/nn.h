@@ -55,6 +55,11 @@ typedef struct mgt_model_config {
        split, so N replicas at global batch B step exactly as one at B does (to float
        rounding), and a training batch of one image is allowed. */
     bool freeze_bn;
+    /* Mixed precision as PyTorch's autocast runs it: MGT_PREC_BF16 or FP16 puts convolutions
+       and linear layers (forward and both backward products) on their _lp kernels, inputs
+       rounded to 16 bits, products summed and results kept in fp32; batch norm, the loss and
+       every parameter, gradient and statistic stay fp32. MGT_PREC_F32 (0): plain fp32. */
+    mgt_precision amp;
     /* Every dropout and stochastic-depth layer built with p = 0 (the deterministic form that
        PyTorch goldens compare against; the masks have tests of their own). */
     bool no_dropout;
@@ -152,6 +157,10 @@ typedef mgt_status (*mgt_grad_ready_fn)(void *ctx, mgt_stream *s, size_t ready_b
 /* Enqueues the backward of the last forward + loss (which must have been a training one):
    parameter gradients accumulate into the grad arena. hook may be NULL. */
 mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hook, void *ctx);
+
+/* Backward starts from scale times the loss's gradient (fp16 loss scaling: the parameter
+   gradients come out multiplied by scale); 1 until set. */
+void mgt_model_set_loss_scale(mgt_model *m, float scale);
 
 /* One memset over the whole grad arena. */
 mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s);

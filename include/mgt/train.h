@@ -81,7 +81,21 @@ typedef struct mgt_train_config {
     int val_crop_size;               /* 0: the training size; the model takes one input size,
                                       so another is refused */
     bool exact_decode;               /* JPEGs whole at full scale: torchvision's pixels */
+    /* mixed precision (mgt/nn.h's mgt_model_config.amp): F32 (off), BF16 or FP16; fp16 runs
+       with dynamic loss scaling (MGT_SCALER_*) */
+    mgt_precision amp;
+    mgt_precision grad_dtype; /* the all-reduce's values: F32, or BF16 (rounded to bf16) */
+    float loss_scale_init;    /* fp16: the first loss scale (GradScaler's init_scale); 0:
+                                 MGT_SCALER_INIT */
 } mgt_train_config;
+
+/* fp16 loss scaling, torch.cuda.amp.GradScaler's defaults: the first scale, the factor after
+   MGT_SCALER_INTERVAL steps without an inf or NaN in the reduced gradients, and the factor
+   after a step with one (which is skipped on every replica). */
+#define MGT_SCALER_INIT 65536.0f
+#define MGT_SCALER_GROWTH 2.0f
+#define MGT_SCALER_BACKOFF 0.5f
+#define MGT_SCALER_INTERVAL 2000
 
 /* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
 void mgt_train_config_defaults(mgt_train_config *c);
@@ -128,6 +142,8 @@ typedef struct mgt_train_result {
     double timed_images_per_s;                 /* the same after the warm-up steps */
     double timed_step_s;                       /* seconds per step after the warm-up steps */
     mgt_step_profile profile[MGT_MAX_DEVICES]; /* with profile: per device, the last epoch */
+    float loss_scale;     /* --amp fp16: the loss scale at the end (GradScaler's) */
+    long skipped_steps;   /* --amp fp16: steps this call skipped for an inf or NaN */
     bool interrupted;     /* stopped early by stop or the time limit, checkpoint saved */
     char checkpoint[512]; /* the last checkpoint written ("" when none) */
 } mgt_train_result;

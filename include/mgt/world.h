@@ -64,7 +64,8 @@ mgt_status mgt_world_sum(mgt_world *w, double *v, int n, const mgt_abort *abort)
 /* Waits until every rank has arrived. */
 mgt_status mgt_world_barrier(mgt_world *w, const mgt_abort *abort);
 
-/* One duplicated communicator per local device; collective, before the workers start. */
+/* One duplicated communicator per local device (at least n, kept across calls); collective,
+   before the workers start. */
 mgt_status mgt_world_channels(mgt_world *w, int n);
 /* mgt_world_allgather on channel `chan`, from that device's thread. */
 mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, size_t bytes,

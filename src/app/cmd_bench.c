@@ -35,7 +35,8 @@ static void bench_usage(FILE *f)
            "                     [--image-size S] [--in-channels C] [--classes K] [--allreduce "
            "tree|ring]\n"
            "                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
-           "                     [--no-p2p] [--tf32] [--deterministic]\n"
+           "                     [--no-p2p] [--tf32] [--deterministic] [--amp bf16|fp16]\n"
+           "                     [--grad-dtype f32|bf16]\n"
            "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
            "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
            "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
@@ -44,7 +45,10 @@ static void bench_usage(FILE *f)
            "at the same per-device batch, with each device's step broken down.\n"
            "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
            "and compares the hierarchical all-reduce (--algo tree: hier) with the flat one\n"
-           "(--algo ring: flat); --mock xlink=BW,LAT models the link between nodes.\n");
+           "(--algo ring: flat); --mock xlink=BW,LAT models the link between nodes.\n"
+           "Under mpirun, bench runs each row on that many devices of every node (the same\n"
+           "--gpus on each), -b per device of the whole world, and node 0 prints the world's\n"
+           "images/s; speedup and efficiency are against one device of one node's rate.\n");
 }
 
 static int bench_allreduce(int argc, char **argv);
@@ -66,7 +70,9 @@ enum {
     B_PLOT,
     B_ALGO,
     B_MIN,
-    B_MAX
+    B_MAX,
+    B_AMP,
+    B_GRAD_DTYPE,
 };
 
 int mgt_app_cmd_bench(int argc, char **argv)
@@ -92,6 +98,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
         {"json", required_argument, NULL, B_JSON},
         {"plot", required_argument, NULL, B_PLOT},
         {"help", no_argument, NULL, 'h'},
+        {"amp", required_argument, NULL, B_AMP},
+        {"grad-dtype", required_argument, NULL, B_GRAD_DTYPE},
         MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
@@ -164,6 +172,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
             break;
         case B_JSON: json = optarg; break;
         case B_PLOT: plot = optarg; break;
+        case B_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
+        case B_GRAD_DTYPE:
+            ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
+            break;
         case 'h': bench_usage(stdout); return 0;
         case ':':
             fprintf(stderr, "mgtrain bench: %s needs a value\n", argv[optind - 1]);
@@ -205,6 +217,19 @@ int mgt_app_cmd_bench(int argc, char **argv)
             bd.mock_opts.threads_per_device = mock_threads;
         }
     }
+    mgt_world *world;
+    if (mgt_world_open(&world) != MGT_OK) {
+        fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+        return 1;
+    }
+    int nodes = mgt_world_size(world);
+    mgt_world_set_link(world, bd.mock_opts.xlink_bytes_per_s, bd.mock_opts.xlink_latency_s);
+    ctl.world = world;
+    if (mgt_world_rank(world) != 0) { /* node 0 reports */
+        json = plot = NULL;
+        if (!freopen("/dev/null", "w", stdout))
+            clearerr(stdout);
+    }
     FILE *devnull = fopen("/dev/null", "w");
     ctl.out = devnull;
     c.dummy_steps = (int)(ctl.warmup_steps + steps);
@@ -214,6 +239,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
     cJSON *root = cJSON_CreateObject(), *results = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "arch", c.arch);
     cJSON_AddNumberToObject(root, "per_device_batch", (double)per_dev);
+    cJSON_AddNumberToObject(root, "nodes", nodes);
     cJSON_AddStringToObject(root, "device_kind", mgt_device_kind_name(bd.kind));
     cJSON_AddStringToObject(root, "allreduce", c.allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree");
     cJSON_AddNumberToObject(root, "steps", (double)steps);
@@ -230,6 +256,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
         printf("mock devices: %d compute thread%s each in every row (--mock threads=N to "
                "choose)\n",
                mock_threads, mock_threads == 1 ? "" : "s");
+    if (nodes > 1)
+        printf("world: %d nodes (mpirun); a row's devices are per node, its images/s the "
+               "world's\n",
+               nodes);
     printf("%7s %10s %8s %10s %9s | %-9s %8s %8s %8s %8s %8s\n", "devices", "images/s", "speedup",
            "efficiency", "step ms", "device", "data", "forward", "backward", "reduce*", "optim");
     int rc = 0;
@@ -242,21 +272,25 @@ int mgt_app_cmd_bench(int argc, char **argv)
             rc = mgt_app_device_exit(ost);
             break;
         }
-        c.batch_size = (int)per_dev * n;
+        c.batch_size = (int)per_dev * n * nodes;
         mgt_train_result res;
         mgt_status st = mgt_train_run(&c, &ctl, set, &res);
         if (st != MGT_OK) {
-            fprintf(stderr, "mgtrain bench: %d devices: %s\n", n, mgt_error_last());
+            fprintf(stderr, "mgtrain bench: %d devices%s: %s\n", n, nodes > 1 ? " per node" : "",
+                    mgt_error_last());
             mgt_devset_free(set);
             rc = 1;
             break;
         }
+        /* every node runs the same steps in lockstep: the world's rate is nodes times this
+           node's (node 0 measures its own devices' images) */
+        double world_ips = res.timed_images_per_s * nodes;
         if (k == 0)
             base = res.timed_images_per_s / n;
-        double speedup = base > 0 ? res.timed_images_per_s / base : 0;
-        double efficiency = speedup / n;
+        double speedup = base > 0 ? world_ips / base : 0;
+        double efficiency = speedup / (n * nodes);
         xs[k] = n;
-        ips[k] = res.timed_images_per_s;
+        ips[k] = world_ips;
         eff[k] = 100 * efficiency;
         double busy_lo = INFINITY, busy_hi = 0;
         cJSON *r = cJSON_CreateObject(), *per = cJSON_CreateArray();
@@ -267,8 +301,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
             busy_hi = busy > busy_hi ? busy : busy_hi;
             const char *name = mgt_device_name(mgt_devset_device(set, i));
             if (i == 0)
-                printf("%7d %10.1f %8.2f %9.1f%% %9.2f | ", n, res.timed_images_per_s, speedup,
-                       100 * efficiency, 1e3 * res.timed_step_s);
+                printf("%7d %10.1f %8.2f %9.1f%% %9.2f | ", n, world_ips, speedup, 100 * efficiency,
+                       1e3 * res.timed_step_s);
             else
                 printf("%7s %10s %8s %10s %9s | ", "", "", "", "", "");
             printf("%-9s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 1e3 * p.data_s, 1e3 * p.forward_s,
@@ -285,7 +319,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
         printf("%7s %10s %8s %10s %9s | spread between the fastest and slowest device: %.2f ms\n",
                "", "", "", "", "", 1e3 * (busy_hi - busy_lo));
         cJSON_AddNumberToObject(r, "devices", n);
-        cJSON_AddNumberToObject(r, "images_per_s", res.timed_images_per_s);
+        cJSON_AddNumberToObject(r, "images_per_s", world_ips);
         cJSON_AddNumberToObject(r, "speedup", speedup);
         cJSON_AddNumberToObject(r, "efficiency", efficiency);
         cJSON_AddNumberToObject(r, "step_s", res.timed_step_s);
@@ -320,6 +354,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
     }
     cJSON_Delete(root);
     fclose(devnull);
+    mgt_world_close(world, rc != 0);
     return rc;
 }
 

@@ -88,6 +88,10 @@ static void train_usage(FILE *f)
         "                         (fc.* skipped when the class count differs)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
+        "  --amp bf16|fp16        mixed precision as torch.autocast: convolutions and linear\n"
+        "                         layers on 16-bit inputs with fp32 sums; fp16 with dynamic\n"
+        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5)\n"
+        "  --grad-dtype f32|bf16  the gradient all-reduce's precision (f32)\n"
         "optimisation\n"
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
         "  -b, --batch-size N     total over all devices (256); each device gets int(N/devices)\n"
@@ -211,6 +215,8 @@ enum {
     OPT_RANDOM_ERASE,
     OPT_MIXUP,
     OPT_CUTMIX,
+    OPT_AMP,
+    OPT_GRAD_DTYPE,
     OPT_OPT,
     OPT_NORM_WD,
     OPT_BIAS_WD,
@@ -338,6 +344,8 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
         {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
+        {"amp", required_argument, NULL, OPT_AMP},
+        {"grad-dtype", required_argument, NULL, OPT_GRAD_DTYPE},
         {"opt", required_argument, NULL, OPT_OPT},
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
         {"accum-steps", required_argument, NULL, OPT_ACCUM},
@@ -525,6 +533,10 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.lr.warmup_epochs = (float)x;
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
+        case OPT_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
+        case OPT_GRAD_DTYPE:
+            ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
+            break;
         case OPT_EXACT_DECODE: c.exact_decode = true; break;
         case OPT_VAL_RESIZE:
             ok = mgt_app_flag_int("--val-resize-size", optarg, 1, 65536, &v);

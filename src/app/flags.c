@@ -32,3 +32,16 @@ bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, d
     *out = x;
     return true;
 }
+
+bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out)
+{
+    mgt_precision p;
+    bool ok = mgt_precision_parse(v, &p) && (allow_fp16 ? p != MGT_PREC_F32 : p != MGT_PREC_FP16);
+    if (!ok) {
+        fprintf(stderr, "mgtrain: %s '%s': expected %s\n", flag, v,
+                allow_fp16 ? "bf16 or fp16" : "f32 or bf16");
+        return false;
+    }
+    *out = p;
+    return true;
+}

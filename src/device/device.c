@@ -680,8 +680,9 @@ mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int
     LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float *in1,
-                       const float *in2, const mgt_conv2d_shape *sh, float beta)
+static mgt_status conv_prec(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, float *out,
+                            const float *in1, const float *in2, const mgt_conv2d_shape *sh,
+                            float beta)
 {
     if (!sh)
         return bad_arg(mgt_op_name(kind), "no shape");
@@ -691,7 +692,14 @@ static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float 
     op.u.conv.in2 = in2;
     op.u.conv.sh = *sh;
     op.u.conv.beta = beta;
+    op.prec = prec;
     return mgt_op_launch(s, &op);
+}
+
+static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float *in1,
+                       const float *in2, const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, kind, MGT_PREC_F32, out, in1, in2, sh, beta);
 }
 
 mgt_status mgt_conv2d_forward(mgt_stream *s, float *y, const float *x, const float *w,
@@ -710,6 +718,72 @@ mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy,
                                       const mgt_conv2d_shape *sh, float beta)
 {
     return conv(s, MGT_OP_CONV2D_BWD_FILTER, dw, dy, x, sh, beta);
+}
+
+const char *mgt_precision_name(mgt_precision p)
+{
+    return p == MGT_PREC_BF16 ? "bf16" : p == MGT_PREC_FP16 ? "fp16" : "f32";
+}
+
+bool mgt_precision_parse(const char *name, mgt_precision *out)
+{
+    static const mgt_precision all[] = {MGT_PREC_F32, MGT_PREC_BF16, MGT_PREC_FP16};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, mgt_precision_name(all[i])) == 0) {
+            *out = all[i];
+            return true;
+        }
+    return false;
+}
+
+mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool trans_b, int m, int n,
+                       int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc)
+{
+    mgt_op op = {.kind = MGT_OP_GEMM_LP, .prec = prec};
+    op.u.gemm =
+        (__typeof__(op.u.gemm)){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, const float *x,
+                                 const float *w, const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, MGT_OP_CONV_FWD_LP, prec, y, x, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_data_lp(mgt_stream *s, mgt_precision prec, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta)
+{
+    return conv_prec(s, MGT_OP_CONV_BWD_DATA_LP, prec, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_filter_lp(mgt_stream *s, mgt_precision prec, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, MGT_OP_CONV_BWD_FILT_LP, prec, dw, dy, x, sh, beta);
+}
+
+mgt_status mgt_cast_to_16(mgt_stream *s, mgt_precision prec, uint16_t *h, const float *x, size_t n)
+{
+    mgt_op op = {.kind = MGT_OP_CAST_TO_16, .prec = prec};
+    op.u.cast = (__typeof__(op.u.cast)){h, x, n};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_cast_from_16(mgt_stream *s, mgt_precision prec, float *x, const uint16_t *h,
+                            size_t n)
+{
+    mgt_op op = {.kind = MGT_OP_CAST_FROM_16, .prec = prec};
+    op.u.cast = (__typeof__(op.u.cast)){x, h, n};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_nonfinite_count(mgt_stream *s, int32_t *count, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_NONFINITE, nonfinite, count, x, n);
 }
 
 mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,

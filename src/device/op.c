@@ -188,9 +188,21 @@ static void operands_relu_bwd(mgt_op *op, operand_list *l)
 
 /* ---- gemm ---- */
 
+/* The fp32 kinds take F32 (what a zeroed op holds); the _lp kinds one of the 16-bit ones. */
+static mgt_status check_prec(const mgt_op *op, mgt_precision p)
+{
+    bool lowp = mgt_op_fp32_kind(op->kind) != op->kind;
+    if (lowp ? (p != MGT_PREC_BF16 && p != MGT_PREC_FP16) : p != MGT_PREC_F32)
+        return INVALID(op, "precision %d is not %s", (int)p, lowp ? "bf16 or fp16" : "f32");
+    return MGT_OK;
+}
+
 static mgt_status check_gemm(const mgt_op *op)
 {
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    mgt_status st = check_prec(op, op->prec);
+    if (st != MGT_OK)
+        return st;
     NEED_POS(op, g->m, "m");
     NEED_POS(op, g->n, "n");
     NEED_POS(op, g->k, "k");
@@ -226,6 +238,9 @@ static void operands_gemm(mgt_op *op, operand_list *l)
 static mgt_status check_conv(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
+    mgt_status st = check_prec(op, op->prec);
+    if (st != MGT_OK)
+        return st;
     NEED_POS(op, sh->n, "batch n");
     NEED_POS(op, sh->c, "channels c");
     NEED_POS(op, sh->h, "height h");
@@ -269,11 +284,12 @@ static void operands_conv(mgt_op *op, operand_list *l)
     size_t y = zmul(sh->n, sh->k, mgt_conv2d_out_h(sh), mgt_conv2d_out_w(sh));
     size_t w = zmul(sh->k, sh->c / groups, sh->r, sh->s);
     mgt_operand_role role = beta_role(op->u.conv.beta);
-    if (op->kind == MGT_OP_CONV2D_FWD) {
+    mgt_op_kind kind = mgt_op_fp32_kind(op->kind);
+    if (kind == MGT_OP_CONV2D_FWD) {
         ADD(l, op->u.conv.out, "y", y, MGT_F32, role);
         ADD(l, op->u.conv.in1, "x", x, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
-    } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
+    } else if (kind == MGT_OP_CONV2D_BWD_DATA) {
         ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
         ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
@@ -922,6 +938,30 @@ static void operands_lnc_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
 }
 
+/* ---- casts and the nonfinite count ---- */
+
+static mgt_status check_cast(const mgt_op *op)
+{
+    if (op->prec != MGT_PREC_BF16 && op->prec != MGT_PREC_FP16)
+        return INVALID(op, "precision %d is not bf16 or fp16", (int)op->prec);
+    return check_n(op, op->u.cast.n);
+}
+
+static void operands_cast(mgt_op *op, operand_list *l)
+{
+    bool to16 = op->kind == MGT_OP_CAST_TO_16;
+    ADD(l, op->u.cast.dst, to16 ? "h" : "x", op->u.cast.n, to16 ? MGT_U16 : MGT_F32, OUT);
+    ADD(l, op->u.cast.src, to16 ? "x" : "h", op->u.cast.n, to16 ? MGT_F32 : MGT_U16, IN);
+}
+
+static mgt_status check_nonfinite(const mgt_op *op) { return check_n(op, op->u.nonfinite.n); }
+
+static void operands_nonfinite(mgt_op *op, operand_list *l)
+{
+    ADD(l, op->u.nonfinite.count, "count", 1, MGT_I32, OUT);
+    ADD(l, op->u.nonfinite.x, "x", op->u.nonfinite.n, MGT_F32, IN);
+}
+
 /* ---- the table ---- */
 
 typedef struct op_info {
@@ -934,6 +974,19 @@ typedef struct op_info {
 #define OP_INFO(KIND, name, args) [MGT_OP_##KIND] = {#name, check_##args, operands_##args},
 static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 #undef OP_INFO
+
+size_t mgt_dtype_size(mgt_dtype t) { return t == MGT_U16 ? sizeof(uint16_t) : sizeof(float); }
+
+mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_GEMM_LP: return MGT_OP_GEMM;
+    case MGT_OP_CONV_FWD_LP: return MGT_OP_CONV2D_FWD;
+    case MGT_OP_CONV_BWD_DATA_LP: return MGT_OP_CONV2D_BWD_DATA;
+    case MGT_OP_CONV_BWD_FILT_LP: return MGT_OP_CONV2D_BWD_FILTER;
+    default: return kind;
+    }
+}
 
 const char *mgt_op_name(mgt_op_kind kind)
 {
@@ -983,7 +1036,7 @@ mgt_status mgt_op_check(const mgt_op *op)
 
 double mgt_op_flops(const mgt_op *op)
 {
-    switch (op->kind) {
+    switch (mgt_op_fp32_kind(op->kind)) {
     case MGT_OP_GEMM: return 2.0 * op->u.gemm.m * op->u.gemm.n * op->u.gemm.k;
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:

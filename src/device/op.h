@@ -54,6 +54,13 @@
     X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
     X(TOPK, topk_correct, topk)                          \
     X(SGD, sgd_update, sgd)                              \
+    X(GEMM_LP, gemm_lp, gemm)                            \
+    X(CONV_FWD_LP, conv2d_forward_lp, conv)              \
+    X(CONV_BWD_DATA_LP, conv2d_backward_data_lp, conv)   \
+    X(CONV_BWD_FILT_LP, conv2d_backward_filter_lp, conv) \
+    X(CAST_TO_16, cast_to_16, cast)                      \
+    X(CAST_FROM_16, cast_from_16, cast)                  \
+    X(NONFINITE, nonfinite_count, nonfinite)             \
     X(ADAMW, adamw_update, adamw)                        \
     X(RMSPROP, rmsprop_update, rmsprop)                  \
     X(SUMSQ, sum_squares, sum)                           \
@@ -77,6 +84,9 @@ typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
 /* Arguments of each kind; names and meanings as in the mgt_* wrappers of mgt/device.h. */
 typedef struct mgt_op {
     mgt_op_kind kind;
+    /* the 16-bit format of a _lp kind or a cast (BF16 or FP16); F32, what a zeroed op holds,
+       for every other kind */
+    mgt_precision prec;
     union {
         struct {
             float *x;
@@ -216,6 +226,17 @@ typedef struct mgt_op {
             const int32_t *labels;
             int n, classes, k;
         } topk;
+        /* cast_to_16: dst is uint16_t [n], src float [n]; cast_from_16 the other way */
+        struct {
+            void *dst;
+            const void *src;
+            size_t n;
+        } cast;
+        struct {
+            int32_t *count;
+            const float *x;
+            size_t n;
+        } nonfinite;
         struct {
             float *param, *momentum_buf;
             const float *grad;
@@ -326,7 +347,7 @@ typedef enum mgt_operand_role {
     MGT_OPERAND_INOUT, /* read and written (accumulated, beta != 0, running statistics) */
 } mgt_operand_role;
 
-typedef enum mgt_dtype { MGT_F32, MGT_I32 } mgt_dtype;
+typedef enum mgt_dtype { MGT_F32, MGT_I32, MGT_U16 } mgt_dtype;
 
 /* One pointer argument of an op: where, how many elements, of what, read or written. */
 typedef struct mgt_operand {
@@ -338,6 +359,13 @@ typedef struct mgt_operand {
 } mgt_operand;
 
 #define MGT_OP_MAX_OPERANDS 10
+
+/* Bytes of one element: 4, or 2 for MGT_U16. */
+size_t mgt_dtype_size(mgt_dtype t);
+
+/* The fp32 kind a low-precision one rounds its inputs for (gemm_lp -> gemm, ...); any other
+   kind maps to itself. */
+mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind);
 
 /* "conv2d_forward", ...; the names CTest uses for the conformance cases. */
 const char *mgt_op_name(mgt_op_kind kind);

@@ -26,6 +26,9 @@ static mgt_conv2d_shape conv_shape(const nn_call *c)
     return sh;
 }
 
+/* Under cfg.amp every product of a convolution or linear layer goes through the _lp kernels
+   (the one place the precision is chosen); everything around them stays fp32. */
+static mgt_precision amp_of(const nn_call *c) { return c->m->cfg.amp; }
 static int conv_out_hw(const nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
@@ -35,7 +38,9 @@ static int conv_out_hw(const nn_call *c)
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    mgt_status st = mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    mgt_status st = amp_of(c) != MGT_PREC_F32
+                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f)
+                        : mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
     return st;
@@ -46,13 +51,20 @@ static mgt_status conv_forward(nn_call *c)
 static mgt_status conv_backward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    mgt_status st = mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    mgt_precision amp = amp_of(c);
+    mgt_status st =
+        amp != MGT_PREC_F32
+            ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
+            : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
+        st = amp != MGT_PREC_F32
+                 ? mgt_conv2d_backward_data_lp(c->s, amp, c->dx[0], c->dy, c->p[0], &sh,
+                                               c->dx_beta[0])
+                 : mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
     return st;
 }
 
@@ -326,12 +338,21 @@ static uint64_t gap_macs(const mgt_model *m, const nn_node *nd)
 
 /* ---- linear ---- */
 
+/* The layer's one gemm call: fp32, or its _lp form under cfg.amp. */
+static mgt_status linear_gemm(nn_call *c, bool ta, bool tb, int m, int n, int k, const float *a,
+                              int lda, const float *b, int ldb, float beta, float *out, int ldc)
+{
+    if (amp_of(c) != MGT_PREC_F32)
+        return mgt_gemm_lp(c->s, amp_of(c), ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc);
+    return mgt_gemm(c->s, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc);
+}
+
 /* y [n,out] = x [n,in] . W [out,in]^T + b */
 static mgt_status linear_forward(nn_call *c)
 {
     int in = c->node->u.linear.in, out = c->node->u.linear.out;
     mgt_status st =
-        mgt_gemm(c->s, false, true, c->n, out, in, 1.0f, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
+        linear_gemm(c, false, true, c->n, out, in, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
     if (st == MGT_OK)
         st = mgt_bias_forward(c->s, c->y, c->p[1], c->n, out);
     return st;
@@ -341,15 +362,15 @@ static mgt_status linear_forward(nn_call *c)
 static mgt_status linear_backward(nn_call *c)
 {
     int in = c->node->u.linear.in, out = c->node->u.linear.out;
-    mgt_status st = mgt_gemm(c->s, true, false, out, in, c->n, 1.0f, c->dy, out, c->x[0], in, 1.0f,
-                             c->g[0], in);
+    mgt_status st =
+        linear_gemm(c, true, false, out, in, c->n, c->dy, out, c->x[0], in, 1.0f, c->g[0], in);
     if (st == MGT_OK)
         st = mgt_bias_backward(c->s, c->g[1], c->dy, c->n, out);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = mgt_gemm(c->s, false, false, c->n, in, out, 1.0f, c->dy, out, c->p[0], in,
-                      c->dx_beta[0], c->dx[0], in);
+        st = linear_gemm(c, false, false, c->n, in, out, c->dy, out, c->p[0], in, c->dx_beta[0],
+                         c->dx[0], in);
     return st;
 }
 

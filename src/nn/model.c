@@ -84,6 +84,9 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (cfg->image_size < 1 || cfg->image_size > 8192)
         return mgt_error_set(MGT_ERR_INVALID, "model %s: image size %d (expected 1 to 8192)",
                              cfg->arch, cfg->image_size);
+    if (cfg->amp != MGT_PREC_F32 && cfg->amp != MGT_PREC_BF16 && cfg->amp != MGT_PREC_FP16)
+        return mgt_error_set(MGT_ERR_INVALID, "model %s: unknown mixed precision %d", cfg->arch,
+                             (int)cfg->amp);
     if (cfg->batch < 1 || cfg->batch > (1 << 20))
         return mgt_error_set(MGT_ERR_INVALID, "model %s: batch %d (expected 1 to %d)", cfg->arch,
                              cfg->batch, 1 << 20);
@@ -92,6 +95,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (!m)
         return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", cfg->arch);
     m->cfg = *cfg;
+    m->loss_scale = 1.0f;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     m->cfg.arch = m->arch;
     m->dev = d;
@@ -400,10 +404,11 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
     if (m->weights)
         st = mgt_softmax_xent_mix_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
                                            m->labels_b, m->weights, m->n, m->cfg.classes,
-                                           m->smoothing, 1.0f / (float)m->n);
+                                           m->smoothing, m->loss_scale / (float)m->n);
     else
         st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
-                                       m->n, m->cfg.classes, m->smoothing, 1.0f / (float)m->n);
+                                       m->n, m->cfg.classes, m->smoothing,
+                                       m->loss_scale / (float)m->n);
     if (st == MGT_OK)
         st = nn_graph_backward(m, s);
     if (st == MGT_OK)
@@ -412,6 +417,8 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
     m->hook_ctx = NULL;
     return st;
 }
+
+void mgt_model_set_loss_scale(mgt_model *m, float scale) { m->loss_scale = scale; }
 
 mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s)
 {

@@ -167,6 +167,7 @@ struct mgt_model {
     const int32_t *labels_b; /* mixed targets (mgt_model_loss_mixed); NULL: one-hot */
     const float *weights;
     float smoothing;
+    float loss_scale;       /* multiplies the loss gradient (fp16 loss scaling); 1 by default */
     size_t ready;           /* grad bytes backward has completed so far */
     mgt_grad_ready_fn hook; /* backward's hook and its context */
     void *hook_ctx;

@@ -2,9 +2,11 @@
  * table of its metadata fields (so save and load cannot drift apart), beside the model's
  * torchvision-named state_dict and the optimizer's state tensors; --resume.
  *
- * Format 3 (this one) adds the optimizer's step count (AdamW's bias correction needs it) and
- * the EMA model's n_averaged beside its "model_ema." tensors. Format 2 keeps "format": "pt",
- * as PyTorch's safetensors writer stores it, and says "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
+ * Format 3 (this one) adds the optimizer's step count (AdamW's bias correction needs it),
+ * the EMA model's n_averaged beside its "model_ema." tensors, and fp16 loss scaling's state
+ * (loss_scale, loss_scale_growth; a format-2 file resumes with GradScaler's start). Format 2
+ * keeps "format": "pt", as PyTorch's safetensors writer stores it, and says
+ * "mgtrain_format": "2"; format 1 ("format": "mgtrain checkpoint 1", no optimizer key,
  * SGD) is still read. Every field is parsed strictly: a malformed or missing value is an
  * error naming the file and the key, never a silent 0. New state (a loss scale, a rank) is
  * one field in train_state and one row in fields[], with the format it first appears in.
@@ -23,7 +25,8 @@
 #define CKPT_FORMAT 3
 #define CKPT_FORMAT_1 "mgtrain checkpoint 1"
 
-typedef enum field_kind { F_INT, F_LONG, F_U64, F_DOUBLE, F_TEXT } field_kind;
+/* F_EXACT: a double written with all its digits (%.17g), read back to the same bits */
+typedef enum field_kind { F_INT, F_LONG, F_U64, F_DOUBLE, F_EXACT, F_TEXT } field_kind;
 
 typedef struct state_field {
     const char *key;
@@ -53,6 +56,9 @@ static const state_field fields[] = {
     FIELD("batch_size", F_INT, batch_size, 1, 1, 1 << 30),
     FIELD("devices", F_INT, devices, 1, 1, 1 << 20),
     FIELD("optimizer", F_TEXT, optimizer, 2, 0, 0),
+    FIELD("loss_scale", F_EXACT, loss_scale, 3, 0, 3.4e38),
+    FIELD("loss_scale_growth", F_INT, loss_scale_growth, 3, 0, MGT_SCALER_INTERVAL),
+    INFO("amp", amp),
     FIELD("optimizer_steps", F_LONG, optimizer_steps, 3, 0, 1e15),
     FIELD("model_ema_n_averaged", F_LONG, ema_n_averaged, 3, 0, 1e15),
     INFO("lr_schedule", lr_schedule),
@@ -68,6 +74,7 @@ static mgt_status field_write(mgt_st_writer *w, const state_field *f, const trai
     case F_LONG: snprintf(buf, sizeof buf, "%ld", *(const long *)p); break;
     case F_U64: snprintf(buf, sizeof buf, "%" PRIu64, *(const uint64_t *)p); break;
     case F_DOUBLE: snprintf(buf, sizeof buf, "%.6f", *(const double *)p); break;
+    case F_EXACT: snprintf(buf, sizeof buf, "%.17g", *(const double *)p); break;
     case F_TEXT: snprintf(buf, sizeof buf, "%s", p); break;
     }
     return mgt_st_writer_set_metadata(w, f->key, buf);
@@ -98,13 +105,13 @@ static mgt_status field_read(const mgt_st_file *file, const char *path, const st
     double x = 0;
     uint64_t u = 0;
     long long i = 0;
-    if (f->kind == F_DOUBLE)
+    if (f->kind == F_DOUBLE || f->kind == F_EXACT)
         x = strtod(v, &end);
     else if (f->kind == F_U64 && *v != '-')
         x = (double)(u = strtoull(v, &end, 10));
     else
         x = (double)(i = strtoll(v, &end, 10));
-    bool whole = f->kind != F_DOUBLE;
+    bool whole = f->kind != F_DOUBLE && f->kind != F_EXACT;
     if (errno || end == v || *end || !isfinite(x) || x < f->lo || x > f->hi ||
         (f->kind == F_U64 && *v == '-'))
         return mgt_error_set(
@@ -114,7 +121,8 @@ static mgt_status field_read(const mgt_st_file *file, const char *path, const st
     case F_INT: *(int *)p = (int)i; break;
     case F_LONG: *(long *)p = (long)i; break;
     case F_U64: *(uint64_t *)p = u; break;
-    case F_DOUBLE: *(double *)p = x; break;
+    case F_DOUBLE:
+    case F_EXACT: *(double *)p = x; break;
     case F_TEXT: break;
     }
     return MGT_OK;
@@ -205,8 +213,11 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .seed = r->c->seed,
                        .batch_size = r->data.per_dev_batch * r->wn,
                        .devices = r->wn,
+                       .loss_scale = r->scaler.scale,
+                       .loss_scale_growth = r->scaler.growth,
                        .optimizer_steps = train_optim_steps(&r->w[0].opt),
                        .ema_n_averaged = r->w[0].ema.n_averaged};
+    snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
     snprintf(s->lr_schedule, sizeof s->lr_schedule,
              "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
@@ -382,6 +393,8 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     *epoch = s.epoch;
     *step = rescale_step(r, &s);
     r->best_acc1 = s.best_acc1;
+    if (s.format >= 3) /* older files: GradScaler's start, as a fresh run */
+        r->scaler = (train_scaler){.scale = (float)s.loss_scale, .growth = s.loss_scale_growth};
     return MGT_OK;
 }
 

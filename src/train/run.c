@@ -48,6 +48,16 @@ static mgt_status check_config(run *r)
                              c->arch);
     if (!c->dummy && !c->data_dir)
         return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
+    if (c->amp != MGT_PREC_F32 && c->amp != MGT_PREC_BF16 && c->amp != MGT_PREC_FP16)
+        return mgt_error_set(MGT_ERR_INVALID, "--amp: unknown precision %d", (int)c->amp);
+    if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
+        return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
+                             (double)c->loss_scale_init);
+    if (c->grad_dtype != MGT_PREC_F32)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "--grad-dtype %s: a compressed all-reduce is not implemented yet "
+                             "(gradients are reduced in f32)",
+                             mgt_precision_name(c->grad_dtype));
     if (c->evaluate && c->dummy)
         return mgt_error_set(MGT_ERR_INVALID,
                              "--evaluate needs --data: dummy data has no validation split");
@@ -173,6 +183,22 @@ static void print_start(run *r, int start_epoch)
             "device\n",
             c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
             (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
+    if (c->amp != MGT_PREC_F32)
+        fprintf(o,
+                "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs, "
+                "fp32 sums, results, batch norm, loss, weights and momentum%s\n",
+                mgt_precision_name(c->amp), mgt_precision_name(c->amp),
+                c->amp == MGT_PREC_FP16 ? "; dynamic loss scaling" : "");
+    if (c->amp == MGT_PREC_BF16 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
+        fprintf(o, "=> bf16 on mock devices: oneDNN's bf16 convolutions where the CPU has them "
+                   "(AVX512-BF16, AMX); elsewhere, and for linear layers, emulated (inputs "
+                   "rounded, then the fp32 kernels: the same numbers, not the speed)\n");
+    if (c->amp == MGT_PREC_FP16 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
+        fprintf(o, "=> fp16 on mock devices is emulated (inputs rounded, then the fp32 kernels: "
+                   "the numbers of the real thing, not its speed)\n");
+    if (c->amp == MGT_PREC_FP16)
+        fprintf(o, "=> loss scale %g, %d clean steps towards the next growth\n",
+                (double)r->scaler.scale, r->scaler.growth);
     fprintf(o, "=> epochs %d to %d\n", start_epoch, c->epochs - 1);
     fflush(o);
 }
@@ -424,6 +450,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         c->model_ema_decay, (long)(c->batch_size / (r->wn ? r->wn : 1)) * r->wn * c->accum_steps,
         c->model_ema_steps, c->epochs);
     r->start_s = mgt_time_now();
+    r->scaler =
+        (train_scaler){.scale = c->loss_scale_init > 0 ? c->loss_scale_init : MGT_SCALER_INIT};
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cv, NULL);
     int start_epoch = c->start_epoch > 0 ? c->start_epoch : 0;
@@ -458,5 +486,7 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */
     }
     res->best_acc1 = r->best_acc1;
+    res->loss_scale = r->scaler.scale;
+    res->skipped_steps = r->scaler.skipped;
     return run_finish(r, st);
 }

@@ -207,7 +207,12 @@ static mgt_status make_slots(run *r, worker *w)
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
     if (st == MGT_OK)
-        st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
+        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+    if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
+        st = mgt_buffer_alloc(w->d, sizeof(int32_t), &w->dev_nonfinite);
+    if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
+        st = mgt_host_alloc(w->d, sizeof(int32_t), (void **)&w->host_nonfinite);
+    st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
@@ -230,7 +235,8 @@ static mgt_status make_worker(run *r, int i)
                            .image_size = r->data.size,
                            .batch = r->data.per_dev_batch,
                            .zero_init_residual = c->zero_init_residual,
-                           .freeze_bn = c->freeze_bn};
+                           .freeze_bn = c->freeze_bn,
+                           .amp = c->amp};
     if (st == MGT_OK)
         st = mgt_model_create(&mc, w->d, &w->model);
     size_t pbytes = 0;
@@ -263,6 +269,9 @@ static void free_worker(worker *w)
     mgt_buffer_free(w->dummy_y);
     mgt_buffer_free(w->dev_correct);
     mgt_buffer_free(w->dev_val);
+    mgt_buffer_free(w->dev_nonfinite);
+    if (w->host_nonfinite)
+        mgt_host_free(w->d, w->host_nonfinite);
     if (w->host_loss)
         mgt_host_free(w->d, w->host_loss);
     if (w->host_correct)

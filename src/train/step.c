@@ -182,6 +182,8 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     if (st != MGT_OK)
         return st;
     *where = "backward";
+    if (r->c->amp == MGT_PREC_FP16)
+        mgt_model_set_loss_scale(w->model, w->scaler.scale);
     if (reduce)
         st = mgt_comm_step_begin(r->comm, w->dev);
     if (st == MGT_OK)
@@ -189,6 +191,37 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     if (st == MGT_OK)
         st = mark(w, slot, 2);
     return st;
+}
+
+/* fp16 loss scaling, as GradScaler's step and update: an inf or NaN anywhere in the reduced
+   (so on every replica the same) gradients skips the step and halves the scale; 2000 clean
+   steps in a row double it. The count comes back to the host, which waits for the step's
+   work here: the cost of deciding on the host (the device queue drains once per step).
+   *skip says whether the update is to be left out. */
+static mgt_status scaler_check(worker *w, bool *skip)
+{
+    run *r = w->r;
+    size_t bytes;
+    const float *grads = mgt_model_grads(w->model, &bytes);
+    int32_t *count = mgt_buffer_ptr(w->dev_nonfinite);
+    mgt_status st = mgt_nonfinite_count(w->s, count, grads, bytes / sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, w->host_nonfinite, count, sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK)
+        return st;
+    train_scaler *sc = &w->scaler;
+    *skip = *w->host_nonfinite != 0;
+    if (*skip) {
+        sc->scale *= MGT_SCALER_BACKOFF;
+        sc->growth = 0;
+        sc->skipped++;
+    } else if (++sc->growth == MGT_SCALER_INTERVAL) {
+        sc->scale *= MGT_SCALER_GROWTH;
+        sc->growth = 0;
+    }
+    return MGT_OK;
 }
 
 /* --clip-grad-norm: torch.nn.utils.clip_grad_norm_ on the mean gradients. The sum over the
@@ -225,8 +258,17 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
     float lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)r->data.steps_per_epoch);
     size_t bytes;
     float *grads = mgt_model_grads(w->model, &bytes);
-    /* DDP's mean over the devices of the world, and the window's over its micro-batches */
+    /* DDP's mean over the devices of the world, and the window's over its micro-batches; under
+       fp16 the loss was multiplied by the scale too (a power of two: dividing is exact), and
+       the clipping sees the unscaled gradients, as after GradScaler.unscale_ */
     double scale = 1.0 / ((double)r->wn * (double)(k - window_start(r, k) + 1));
+    if (r->c->amp == MGT_PREC_FP16) {
+        bool skip = false;
+        scale /= (double)w->scaler.scale;
+        st = scaler_check(w, &skip);
+        if (st != MGT_OK || skip)
+            return st != MGT_OK ? st : mark(w, slot, 4);
+    }
     float clip = 1.0f;
     if (r->c->clip_grad_norm > 0)
         st = clip_factor(w, grads, bytes / sizeof(float), scale, &clip);
@@ -298,6 +340,7 @@ static void train_phase(worker *w)
     long k = first;
     const char *where = "starting";
     mgt_status st = MGT_OK;
+    w->scaler = r->scaler; /* set by the main thread before the phase began */
     for (; begin_step(w, k); k++) {
         if (k - first >= LAG) {
             where = "reading metrics";
@@ -318,6 +361,10 @@ static void train_phase(worker *w)
         char at[96];
         snprintf(at, sizeof at, "epoch %d step %ld (%s)", r->epoch, k, where);
         worker_fail(w, st, at);
+    } else if (w->dev == 0) {
+        pthread_mutex_lock(&r->lock);
+        r->scaler = w->scaler;
+        pthread_mutex_unlock(&r->lock);
     }
 }
 

@@ -83,6 +83,14 @@ bool train_optim_live(const train_optim *o);
 
 /* ---- the run's parts ---- */
 
+/* GradScaler's state (fp16 only): the scale the loss gradient is multiplied by, the clean
+   steps since it last changed, and the steps skipped for an inf or NaN. */
+typedef struct train_scaler {
+    float scale;
+    int growth;
+    long skipped;
+} train_scaler;
+
 typedef struct step_acc {
     double loss_sum; /* sum over devices of loss * n */
     long n, c1, c5;
@@ -123,6 +131,11 @@ typedef struct worker {
     mgt_buffer *dummy_x, *dummy_y;
     long started; /* steps begun in this phase, under r->lock */
     long metered; /* steps whose metrics this worker has read, under r->lock */
+    /* fp16 loss scaling: this replica's copy of the scaler (every replica decides alike, from
+       the same reduced gradients), its inf/NaN count on the device and in pinned memory */
+    train_scaler scaler;
+    mgt_buffer *dev_nonfinite;
+    int32_t *host_nonfinite;
 } worker;
 
 typedef struct train_data {
@@ -242,6 +255,7 @@ struct run {
     double ema_decay; /* --model-ema: the adjusted decay (train_ema_decay) */
     double start_s;
     mgt_train_result *res;
+    train_scaler scaler; /* between training phases: worker 0's, for checkpoints and resume */
 };
 
 /* step.c */
@@ -284,6 +298,9 @@ typedef struct train_state {
     int batch_size;        /* the global batch of the run that saved it */
     int devices;           /* its device count */
     char optimizer[16];    /* the kind whose state tensors the file holds */
+    double loss_scale;     /* format 3: fp16 loss scaling's scale (MGT_SCALER_INIT unused) */
+    int loss_scale_growth; /* format 3: its clean steps since the last change */
+    char amp[8];           /* the run's --amp, for people (not read back) */
     long optimizer_steps;  /* (3) updates done: torch's per-parameter "step" */
     long ema_n_averaged;   /* (3) the EMA model's n_averaged (0 without --model-ema) */
     char lr_schedule[160]; /* what the schedule was, for people (not read back) */

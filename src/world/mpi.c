@@ -264,12 +264,15 @@ mgt_status mgt_world_barrier(mgt_world *w, const mgt_abort *abort)
 
 mgt_status mgt_world_channels(mgt_world *w, int n)
 {
-    if (w->size == 1 || w->nchan)
+    /* grows to n (bench runs rows of 1, 2, 4 ... devices in one world); every node makes the
+       same calls, so the duplications stay collective */
+    if (w->size == 1 || w->nchan >= n)
         return MGT_OK;
-    w->chan = calloc((size_t)n, sizeof *w->chan);
-    if (!w->chan)
+    MPI_Comm *chan = realloc(w->chan, (size_t)n * sizeof *chan);
+    if (!chan)
         return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
-    for (int i = 0; i < n; i++) {
+    w->chan = chan;
+    for (int i = w->nchan; i < n; i++) {
         int rc = MPI_Comm_dup(w->comm, &w->chan[i]);
         if (rc != MPI_SUCCESS)
             return mpi_error(rc, "MPI_Comm_dup of a device's communicator");

@@ -169,6 +169,13 @@ bench)
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and d["devices"]==4 and len(r)==3 and all(x["hier"]["time_s"]>0 and x["flat"]["model_s"]>0 for x in r)' \
         "$tmp/b.json" || fail "bad --json: $(cat "$tmp/b.json")"
     echo "$(grep -E '^ +262144' "$tmp/out.txt")"
+    # the training step across 2 ranks: rows of 1 and 2 devices per node, the world's rate
+    timeout "$T" "${MPIRUN[@]}" -np 2 "$mgtrain" bench --device cpu --gpus 0,1 --mock threads=1 \
+        -a resnet20 -b 8 --dummy --image-size 28 --in-channels 1 --classes 10 --steps 2 --warmup 1 \
+        --json "$tmp/t.json" >"$tmp/train.txt" 2>&1 || fail "bench: $(tail -5 "$tmp/train.txt")"
+    grep -q '^world: 2 nodes' "$tmp/train.txt" || fail "no world line: $(head -4 "$tmp/train.txt")"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and [x["devices"] for x in r]==[1,2] and all(x["images_per_s"]>0 for x in r) and abs(r[0]["speedup"]-2)<1e-9' \
+        "$tmp/t.json" || fail "bad bench --json: $(cat "$tmp/t.json")"
     ;;
 bad_env)
     # nodes with different local device counts: a clear error, no hang

@@ -29,6 +29,10 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--amp", default="", help="bf16: torch.autocast('cpu', torch.bfloat16) "
+                   "around the forward (the loss in fp32 from its logits)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and input in torch.channels_last")
     a = p.parse_args()
 
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -50,6 +54,33 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(a.batch, a.in_channels, a.image_size, a.image_size)
     y = torch.randint(0, a.classes, (a.batch,))
+    if a.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    # multiply-accumulates of one image's convolutions and linear layers (THOP's count), for
+    # GFLOP/s: a training step is about 3 of those passes, 2 flops each
+    macs = [0]
+
+    def count(m, inp, out):
+        if isinstance(m, torch.nn.Conv2d):
+            macs[0] += out[0].numel() * (m.in_channels // m.groups) * m.kernel_size[0] * \
+                m.kernel_size[1]
+        elif isinstance(m, torch.nn.Linear):
+            macs[0] += out[0].numel() * m.in_features
+
+    hs = [m.register_forward_hook(count) for m in model.modules()]
+    with torch.no_grad():
+        model.eval()(x[:1])
+    for h in hs:
+        h.remove()
+    model.train()
+
+    def forward():
+        if a.amp == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(x)
+            return logits.float()
+        return model(x)
 
     phases = {"forward_s": [], "backward_s": [], "optimizer_s": []}
 
@@ -57,7 +88,7 @@ def main():
         # CPU ops run synchronously, so the clock between the calls splits the step.
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(forward(), y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -87,7 +118,8 @@ def main():
         "torch_threads": torch.get_num_threads(), "steps": a.steps, "warmup": a.warmup,
         "images_per_s": a.batch * a.steps / elapsed, "step_s": elapsed / a.steps,
         "step_s_median": times[len(times) // 2], "step_s_min": times[0],
-        "loss": float(loss), **means,
+        "loss": float(loss), "amp": a.amp, "channels_last": a.channels_last,
+        "macs_per_image": macs[0], **means,
     }
     print(json.dumps(out))
 

@@ -3,11 +3,22 @@
 
 Parts (--parts, comma-separated; default all):
   train  the training step on synthetic data: resnet20 1x28x28 batch 128 with 2 threads
-         and with 1 thread, resnet18 3x224x224 batch 16 with 2 threads; mgtrain on one mock
-         device (`mgtrain bench --mock threads=N`), PyTorch with torch.set_num_threads(N)
+         and with 1 thread, resnet18 3x224x224 batch 16 with 2 threads, in fp32 and with
+         --amp bf16 (PyTorch: torch.autocast('cpu', torch.bfloat16)), --precisions picks;
+         mgtrain on one mock device (`mgtrain bench --mock threads=N`), PyTorch with
+         torch.set_num_threads(N) on jemalloc (LD_PRELOAD=libjemalloc.so.2,
+         MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1: the tuned baseline, what the ratio
+         is against) and, as a second column, on glibc's malloc; --channels-last runs
+         PyTorch's model and input in channels_last, --python PATH another PyTorch (a venv).
+         GFLOP/s: 6 x the conv and linear multiply-accumulates per image x images/s (a step
+         is three such passes), for both tools.
   scale  resnet20 on two mock devices with one thread each against one device with one
          thread (same per-device batch): efficiency = img/s(2) / (2 img/s(1)); beside it
          PyTorch DDP (gloo, 2 processes, 1 thread each) against 1 plain process, 1 thread
+  zoo    the training step of torchvision's other families on 3x224x224 synthetic images,
+         fp32, --zoo-threads threads (2), batch --zoo-batch (8): --zoo-archs (resnet50,
+         mobilenet_v2, vgg11_bn, densenet121, efficientnet_b0); an architecture mgtrain does
+         not know fails its row and the others go on
   data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
          ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
          generated tree of 500x375 JPEGs read three ways by mgtrain (the folder, a JPEG pack
@@ -114,18 +125,36 @@ class Ctx:
                "--mock", "threads=%d" % threads, "--arch", arch, "-b", str(batch), "--dummy",
                "--image-size", str(size), "--in-channels", str(chans), "--classes", str(classes),
                "--steps", str(steps), "--warmup", str(warmup), "--json", js]
+        if getattr(self, "amp_next", ""):
+            cmd += ["--amp", self.amp_next]
         _, load, wall = self.run("mgtrain bench", cmd)
         with open(js) as f:
             out = json.load(f)
         self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
         return out, load
 
-    def torch_train(self, threads, arch, batch, size, chans, classes, steps, warmup):
-        cmd = [sys.executable, os.path.join(HERE, "bench_train.py"), "--threads", str(threads),
+    def mgt_bench_amp(self, amp, *args):
+        self.amp_next = amp
+        try:
+            return self.mgt_bench(*args)
+        finally:
+            self.amp_next = ""
+
+    def torch_train(self, threads, arch, batch, size, chans, classes, steps, warmup, amp="",
+                    malloc="jemalloc"):
+        cmd = [self.a.python, os.path.join(HERE, "bench_train.py"), "--threads", str(threads),
                "--arch", arch, "-b", str(batch), "--image-size", str(size),
                "--in-channels", str(chans), "--classes", str(classes), "--steps", str(steps),
                "--warmup", str(warmup)]
-        out, load, wall = self.run("bench_train.py", cmd, self.torch_env(threads))
+        if amp:
+            cmd += ["--amp", amp]
+        if self.a.channels_last:
+            cmd.append("--channels-last")
+        env = self.torch_env(threads)
+        if malloc == "jemalloc" and self.a.jemalloc:
+            env["LD_PRELOAD"] = self.a.jemalloc
+            env["MALLOC_CONF"] = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+        out, load, wall = self.run("bench_train.py", cmd, env)
         out = json.loads(out.strip().splitlines()[-1])
         self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
         return out, load
@@ -167,6 +196,19 @@ class Ctx:
         return out, load
 
 
+def rotate(rounds, fns):
+    """Runs every fn `rounds` times, the order rotating by one each round; returns the lists
+    of results (one per fn) and the load averages seen."""
+    res, loads = [[] for _ in fns], []
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (k + r) % len(fns)
+            out, load = fns[i]()
+            res[i].append(out)
+            loads.append(load)
+    return res, loads
+
+
 def alternate(ctx, rounds, first, second):
     """Runs first() and second() `rounds` times, swapping their order every round; returns
     the two lists of results and the load averages seen."""
@@ -194,37 +236,72 @@ def part_train(ctx, rows, summary):
         ("resnet20 1x28x28 b128 1 thread", "resnet20", 128, 28, 1, 10, 1,
          3 if q else 8, 1 if q else 2),
         ("resnet18 3x224x224 b16 2 threads", "resnet18", 16, 224, 3, 1000, 2,
-         1 if q else 2, 1),
+         2 if q else 4, 1),
     ]
+    train_cases(ctx, rows, summary, cases, a.precisions)
+
+
+def part_zoo(ctx, rows, summary):
+    """torchvision's other families (issue 12's table): 3x224x224, fp32, --zoo-threads."""
+    a = ctx.a
+    steps, warmup = (2, 1) if a.quick else (3, 1)
+    cases = [("%s 3x224x224 b%d %d thread%s" % (arch, a.zoo_batch, a.zoo_threads,
+                                                  "" if a.zoo_threads == 1 else "s"),
+              arch, a.zoo_batch, 224, 3, 1000, a.zoo_threads, steps, warmup)
+             for arch in a.zoo_archs]
+    train_cases(ctx, rows, summary, cases, ["f32"])
+
+
+def train_cases(ctx, rows, summary, cases, precisions):
+    a = ctx.a
     for label, arch, batch, size, chans, classes, threads, steps, warmup in cases:
-        if arch == "resnet18" and not a.have_torchvision:
-            print("- %s: skipped (torchvision is not installed)" % label)
-            continue
-        print("- %s: %d rounds of %d steps after %d warm-up" % (label, a.rounds, steps, warmup),
-              flush=True)
-        try:
-            m, t, loads = alternate(
-                ctx, a.rounds,
-                lambda: ctx.mgt_bench("0", threads, arch, batch, size, chans, classes, steps, warmup),
-                lambda: ctx.torch_train(threads, arch, batch, size, chans, classes, steps, warmup))
-        except (RunError, subprocess.TimeoutExpired) as e:
-            print("  FAILED: %s" % e)
-            ctx.failed = True
-            continue
-        mi = [r["results"][0]["images_per_s"] for r in m]
-        ti = [r["images_per_s"] for r in t]
-        pd = [r["results"][0]["per_device"][0] for r in m]
-        mb = {k: med([p[k] for p in pd]) for k in ("forward_s", "backward_s", "optimizer_s",
-                                                   "data_s")}
-        tb = {k: med([r[k] for r in t]) for k in ("forward_s", "backward_s", "optimizer_s")}
-        ratio = med(mi) / med(ti)
-        rows.append({"section": "train", "label": label, "mgtrain": mi, "pytorch": ti,
-                     "ratio": ratio, "loads": loads, "mgt_phases": mb, "torch_phases": tb})
-        print("  mgtrain %s img/s, pytorch %s img/s, ratio %.2f (load %.1f..%.1f)"
-              % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio,
-                 min(loads), max(loads)), flush=True)
-        summary.append("%s: mgtrain %s img/s, pytorch %s img/s, ratio %.2f"
-                       % (label, fmt(med(mi)), fmt(med(ti)), ratio))
+        if not arch.startswith("resnet") or arch == "resnet18":
+            if not a.have_torchvision:
+                print("- %s: skipped (torchvision is not installed)" % label)
+                continue
+        for prec in precisions:
+            amp = "" if prec == "f32" else prec
+            lab = label + ("" if not amp else ", amp " + amp)
+            print("- %s: %d rounds of %d steps after %d warm-up" % (lab, a.rounds, steps, warmup),
+                  flush=True)
+            args = (threads, arch, batch, size, chans, classes, steps, warmup)
+            fns = [lambda: ctx.mgt_bench_amp(amp, "0", *args),
+                   lambda: ctx.torch_train(*args, amp=amp, malloc="jemalloc")]
+            if a.glibc:
+                fns.append(lambda: ctx.torch_train(*args, amp=amp, malloc="glibc"))
+            try:
+                res, loads = rotate(a.rounds, fns)
+            except (RunError, subprocess.TimeoutExpired) as e:
+                print("  FAILED: %s" % e)
+                ctx.failed = True
+                continue
+            m, t = res[0], res[1]
+            g = res[2] if a.glibc else []
+            mi = [r["results"][0]["images_per_s"] for r in m]
+            ti = [r["images_per_s"] for r in t]
+            gi = [r["images_per_s"] for r in g]
+            pd = [r["results"][0]["per_device"][0] for r in m]
+            mb = {k: med([p[k] for p in pd]) for k in ("forward_s", "backward_s", "optimizer_s",
+                                                       "data_s")}
+            tb = {k: med([r[k] for r in t]) for k in ("forward_s", "backward_s", "optimizer_s")}
+            macs = t[0].get("macs_per_image", 0)
+            ratio = med(mi) / med(ti)
+            row = {"section": "train", "label": lab, "mgtrain": mi, "pytorch": ti,
+                   "pytorch_glibc": gi, "ratio": ratio,
+                   "ratio_glibc": med(mi) / med(gi) if gi else None, "loads": loads,
+                   "mgt_phases": mb, "torch_phases": tb, "macs_per_image": macs,
+                   "mgt_gflops": 6e-9 * macs * med(mi), "torch_gflops": 6e-9 * macs * med(ti)}
+            rows.append(row)
+            glibc = ("; pytorch glibc %s img/s, ratio %.2f"
+                     % (" ".join(fmt(x) for x in gi), row["ratio_glibc"]) if gi else "")
+            print("  mgtrain %s img/s, pytorch+jemalloc %s img/s, ratio %.2f%s (load %.1f..%.1f)"
+                  % (" ".join(fmt(x) for x in mi), " ".join(fmt(x) for x in ti), ratio, glibc,
+                     min(loads), max(loads)), flush=True)
+            summary.append("%s: mgtrain %s img/s (%.1f GFLOP/s), pytorch+jemalloc %s img/s "
+                           "(%.1f GFLOP/s), ratio %.2f%s"
+                           % (lab, fmt(med(mi)), row["mgt_gflops"], fmt(med(ti)),
+                              row["torch_gflops"], ratio,
+                              ", against glibc %.2f" % row["ratio_glibc"] if gi else ""))
 
 
 def part_scale(ctx, rows, summary):
@@ -430,7 +507,12 @@ def print_table(rows):
         if r["section"] == "data" and r.get("cpu_ratio"):
             print("%-48s %-24s %-24s %6.2f" % ("  images per CPU-second", runs(r["mgtrain_cpu"]),
                                                runs(r["pytorch_cpu"]), r["cpu_ratio"]))
+        if r["section"] == "train" and r.get("pytorch_glibc"):
+            print("%-48s %-24s %-24s %6.2f" % ("  pytorch on glibc malloc (untuned)", "",
+                                               runs(r["pytorch_glibc"]), r["ratio_glibc"]))
         if r["section"] == "train":
+            print("%-48s %-24s %-24s" % ("  GFLOP/s (6 x conv+fc MACs x img/s)",
+                                         fmt(r["mgt_gflops"], 1), fmt(r["torch_gflops"], 1)))
             mp, tp = r["mgt_phases"], r["torch_phases"]
             def phases(ph):
                 return "%.0f/%.0f/%.1f" % (1e3 * ph["forward_s"], 1e3 * ph["backward_s"],
@@ -445,7 +527,12 @@ def main():
         epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mgtrain", default=os.environ.get("MGTRAIN", os.path.join(ROOT, "build", "mgtrain")),
                    help="the mgtrain binary (default: $MGTRAIN or build/mgtrain)")
-    p.add_argument("--parts", default="train,scale,data", help="train,scale,data (default: all)")
+    p.add_argument("--parts", default="train,scale,data",
+                   help="train,scale,zoo,data (default: train,scale,data)")
+    p.add_argument("--zoo-archs", default="resnet50,mobilenet_v2,vgg11_bn,densenet121,efficientnet_b0",
+                   help="zoo part: the architectures, comma-separated")
+    p.add_argument("--zoo-threads", type=int, default=2, help="zoo part: threads (2)")
+    p.add_argument("--zoo-batch", type=int, default=8, help="zoo part: batch (8)")
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")
     p.add_argument("--rounds", type=int, default=0, help="rounds per comparison (default 3; --quick 1)")
     p.add_argument("--scale-batch", type=int, default=64, help="per-device batch of the scaling part (64)")
@@ -460,11 +547,28 @@ def main():
     p.add_argument("--timeout", type=float, default=900, help="limit per run, seconds")
     p.add_argument("--json", default="", help="write every run's raw results here")
     p.add_argument("-v", "--verbose", action="store_true", help="print each command")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python whose PyTorch the train part runs (a venv's; default this one)")
+    p.add_argument("--precisions", default="f32,bf16",
+                   help="train part: f32 and/or bf16 (mgtrain --amp bf16 against autocast)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="train part: PyTorch's model and input in channels_last")
+    p.add_argument("--no-glibc", dest="glibc", action="store_false",
+                   help="train part: skip the second PyTorch column (glibc's malloc)")
     a = p.parse_args()
+    a.precisions = [x for x in a.precisions.split(",") if x]
+    a.zoo_archs = [x for x in a.zoo_archs.split(",") if x]
+    for x in a.precisions:
+        if x not in ("f32", "bf16"):
+            p.error("unknown precision %r" % x)
+    a.jemalloc = find_jemalloc()
+    if not a.jemalloc:
+        print("compare-pytorch: libjemalloc.so.2 not found (Debian: libjemalloc2): PyTorch runs "
+              "on glibc's malloc, an untuned baseline, in both columns")
     a.rounds = a.rounds or (1 if a.quick else 3)
     parts = [x for x in a.parts.split(",") if x]
     for x in parts:
-        if x not in ("train", "scale", "data"):
+        if x not in ("train", "scale", "zoo", "data"):
             p.error("unknown part %r" % x)
 
     try:
@@ -508,6 +612,8 @@ def main():
         part_train(ctx, rows, summary)
     if "scale" in parts:
         part_scale(ctx, rows, summary)
+    if "zoo" in parts:
+        part_zoo(ctx, rows, summary)
     if "data" in parts:
         part_data(ctx, rows, summary)
     print_table(rows)

@@ -73,12 +73,14 @@ def build(arch, num_classes, in_channels):
     """Returns the named network with num_classes outputs taking in_channels planes."""
     if arch in CIFAR_DEPTHS:
         return CifarResNet(CIFAR_DEPTHS[arch], num_classes, in_channels)
-    import torchvision  # only the ImageNet ResNets need it
+    import torchvision  # only torchvision's classifiers need it
     ctor = getattr(torchvision.models, arch, None)
-    if ctor is None or not arch.startswith("resnet"):
+    if ctor is None or not callable(ctor):
         raise SystemExit("unknown architecture %r" % arch)
     model = ctor(num_classes=num_classes)
     if in_channels != 3:
+        if not arch.startswith("resnet"):
+            raise SystemExit("%s: only the ResNets take --in-channels other than 3" % arch)
         model.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
         nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     return model

@@ -17,6 +17,7 @@
 
 #include "device/cpu/kernels.h"
 #include "device/cpu/onednn.h"
+#include "device/lowp.h"
 
 /* Elements per item of the elementwise loops (64 KB of floats): one claim (a CAS) per item
    is lost in the work, and a busy machine still gets enough items to balance. */
@@ -189,19 +190,25 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
         ctx->unreserve(ctx->owner, ctx->scratch_bytes);
     ctx->scratch = NULL;
     ctx->scratch_bytes = 0;
+    free(ctx->lowp);
+    if (ctx->unreserve != NULL && ctx->lowp_bytes > 0)
+        ctx->unreserve(ctx->owner, ctx->lowp_bytes);
+    ctx->lowp = NULL;
+    ctx->lowp_bytes = 0;
     pthread_mutex_destroy(&ctx->lock);
 }
 
 /* Makes ctx->scratch hold at least `floats` floats. It only grows (rounded up to 64 KB so that
    a warm-up of slowly growing layers does not reallocate each time) and is kept, so a steady
    step loop never allocates. The growth is counted against the device first. */
-static mgt_status scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats)
+static mgt_status buf_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, float **buf, size_t *have,
+                             size_t floats)
 {
     size_t bytes = floats * sizeof(float);
-    if (bytes <= ctx->scratch_bytes)
+    if (bytes <= *have)
         return MGT_OK;
     size_t want = (bytes + 65535) / 65536 * 65536;
-    size_t grow = want - ctx->scratch_bytes;
+    size_t grow = want - *have;
     if (ctx->reserve != NULL) {
         mgt_status st = ctx->reserve(ctx->owner, grow);
         if (st != MGT_OK) {
@@ -218,10 +225,15 @@ static mgt_status scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floa
         return mgt_error_set(MGT_ERR_OOM, "%s: cannot allocate %zu bytes of kernel scratch",
                              mgt_op_name(op->kind), want);
     }
-    free(ctx->scratch);
-    ctx->scratch = p;
-    ctx->scratch_bytes = want;
+    free(*buf);
+    *buf = p;
+    *have = want;
     return MGT_OK;
+}
+
+static mgt_status scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats)
+{
+    return buf_ensure(ctx, op, &ctx->scratch, &ctx->scratch_bytes, floats);
 }
 
 static int pool_threads(const mgt_cpu_ctx *ctx) { return mgt_cpu_pool_threads(ctx->pool); }
@@ -2054,6 +2066,121 @@ static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+/* ---- mixed precision ----
+   A low-precision op rounds its inputs into ctx->lowp and runs its fp32 kind on the copies:
+   the products of 16-bit values are exact in fp32, so this is the op's arithmetic exactly
+   (the sums in fp32, as oneDNN's and cuDNN's 16-bit kernels keep them). It costs one pass
+   over the inputs, a few percent of a convolution. */
+
+typedef struct round_job {
+    mgt_precision prec;
+    const float *src;
+    float *dst;
+    size_t n;
+} round_job;
+
+static void round_item(void *c, int i, int t)
+{
+    (void)t;
+    const round_job *j = c;
+    size_t lo, hi;
+    item_range(j->n, CHUNK, i, &lo, &hi);
+    if (j->prec == MGT_PREC_BF16)
+        for (size_t k = lo; k < hi; k++)
+            j->dst[k] = mgt_lowp_round_bf16(j->src[k]);
+    else
+        for (size_t k = lo; k < hi; k++)
+            j->dst[k] = mgt_lowp_round_fp16(j->src[k]);
+}
+
+static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op);
+
+static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op);
+
+static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    /* bf16 convolutions natively where oneDNN has a bf16 kernel for them (AVX512-BF16 or
+       AMX): its reorders round the inputs, its kernels sum in fp32; else the emulation */
+    if (op->prec == MGT_PREC_BF16 && op->kind != MGT_OP_GEMM_LP && !ctx->conv_im2col &&
+        op->u.conv.sh.groups == 1) {
+        mgt_status st = run_conv_onednn(ctx, op);
+        if (st != MGT_ERR_UNSUPPORTED)
+            return st;
+    }
+    mgt_op f = *op;
+    f.kind = mgt_op_fp32_kind(op->kind);
+    f.prec = MGT_PREC_F32;
+    mgt_precision prec = op->prec;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&f, ops);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (ops[i].role == MGT_OPERAND_IN)
+            total += align_up(ops[i].count);
+    mgt_status st = buf_ensure(ctx, op, &ctx->lowp, &ctx->lowp_bytes, total);
+    if (st != MGT_OK)
+        return st;
+    float *at = ctx->lowp;
+    for (int i = 0; i < n; i++) {
+        if (ops[i].role != MGT_OPERAND_IN)
+            continue;
+        round_job j = {prec, *ops[i].ptr, at, ops[i].count};
+        POOL_FOR(ctx, items_of(j.n, CHUNK), round_item, &j);
+        *ops[i].ptr = at;
+        at += align_up(ops[i].count);
+    }
+    return cpu_ops[f.kind](ctx, &f);
+}
+
+static void cast_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const __typeof__(op->u.cast) *k = &op->u.cast;
+    size_t lo, hi;
+    item_range(k->n, CHUNK, i, &lo, &hi);
+    if (op->kind == MGT_OP_CAST_TO_16)
+        for (size_t e = lo; e < hi; e++)
+            ((uint16_t *)k->dst)[e] = mgt_lowp_encode(op->prec, ((const float *)k->src)[e]);
+    else
+        for (size_t e = lo; e < hi; e++)
+            ((float *)k->dst)[e] = mgt_lowp_decode(op->prec, ((const uint16_t *)k->src)[e]);
+}
+
+static mgt_status run_cast(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, items_of(op->u.cast.n, CHUNK), cast_item, op);
+    return MGT_OK;
+}
+
+typedef struct nonfinite_job {
+    const mgt_op *op;
+    atomic_int count;
+} nonfinite_job;
+
+static void nonfinite_item(void *c, int i, int t)
+{
+    (void)t;
+    nonfinite_job *j = c;
+    const float *x = j->op->u.nonfinite.x;
+    size_t lo, hi;
+    item_range(j->op->u.nonfinite.n, CHUNK, i, &lo, &hi);
+    int bad = 0;
+    for (size_t k = lo; k < hi; k++) /* exponent all ones: inf or NaN */
+        bad += (~mgt_lowp_bits(x[k]) & 0x7f800000u) == 0;
+    if (bad)
+        atomic_fetch_add(&j->count, bad);
+}
+
+static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    nonfinite_job j = {.op = op};
+    atomic_init(&j.count, 0);
+    POOL_FOR(ctx, items_of(op->u.nonfinite.n, CHUNK), nonfinite_item, &j);
+    op->u.nonfinite.count[0] = atomic_load(&j.count);
+    return MGT_OK;
+}
+
 static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, op);
@@ -2161,6 +2288,13 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
+    [MGT_OP_GEMM_LP] = run_lowp,
+    [MGT_OP_CONV_FWD_LP] = run_lowp,
+    [MGT_OP_CONV_BWD_DATA_LP] = run_lowp,
+    [MGT_OP_CONV_BWD_FILT_LP] = run_lowp,
+    [MGT_OP_CAST_TO_16] = run_cast,
+    [MGT_OP_CAST_FROM_16] = run_cast,
+    [MGT_OP_NONFINITE] = run_nonfinite,
     [MGT_OP_ADAMW] = run_adamw,
     [MGT_OP_RMSPROP] = run_rmsprop,
     [MGT_OP_SUMSQ] = run_sum,

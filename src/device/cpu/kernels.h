@@ -30,6 +30,8 @@ typedef struct mgt_cpu_ctx {
     void *owner;
     float *scratch;
     size_t scratch_bytes;
+    float *lowp; /* the rounded inputs of a low-precision op (kept and grown like scratch) */
+    size_t lowp_bytes;
     struct mgt_onednn *onednn; /* convolutions (groups 1) and sgemm */
     bool conv_im2col;          /* convolutions on the im2col + gemm path even where oneDNN can */
 } mgt_cpu_ctx;

@@ -687,7 +687,7 @@ static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(&copy, ops);
     for (int i = 0; i < n; i++) {
-        size_t bytes = ops[i].count * (ops[i].dtype == MGT_I32 ? sizeof(int32_t) : sizeof(float));
+        size_t bytes = ops[i].count * mgt_dtype_size(ops[i].dtype);
         mgt_status st = check_owned(md, *ops[i].ptr, bytes, mgt_op_name(op->kind), ops[i].name);
         if (st != MGT_OK)
             return st;

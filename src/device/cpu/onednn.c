@@ -48,6 +48,7 @@ typedef struct prim {
 
 struct mgt_onednn_plan {
     conv_kind kind;
+    bool bf16; /* a conv2d_*_lp op in bf16: the reorders round its inputs to bf16 */
     mgt_conv2d_shape sh;
     uint32_t beta_bits;
     bool ok; /* false: oneDNN cannot do it (kept so the question is asked once) */
@@ -178,9 +179,10 @@ void mgt_onednn_free(mgt_onednn *o)
 
 /* ---- making a plan ---- */
 
+/* Rounded up: a bf16 buffer of an odd element count still gets its last two bytes. */
 static size_t md_floats(const dnnl_memory_desc_t *md)
 {
-    return dnnl_memory_desc_get_size(md) / sizeof(float);
+    return (dnnl_memory_desc_get_size(md) + sizeof(float) - 1) / sizeof(float);
 }
 
 /* Attributes in user-scratchpad mode (each thread brings its own scratchpad, so threads can
@@ -299,12 +301,25 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     pad_r[1] = (int64_t)(qq - 1) * sh->stride_w + sh->s - sh->w - sh->pad_w;
 
     p->mb = mb;
-    dnnl_memory_desc_t x_any, w_any, y_any, x_u, w_u, y_u;
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&x_any, 4, xd, dnnl_f32, dnnl_format_tag_any);
+    /* bf16 (a _lp op): the op's two inputs are bf16 inside oneDNN (the reorders from the
+       user's fp32 round them, to nearest even), its output fp32; a backward primitive's
+       forward hint is the all-bf16 training forward */
+    dnnl_data_type_t tx = pl->bf16 && pl->kind != K_BWD_DATA ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t tw = pl->bf16 && pl->kind != K_BWD_FILTER ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t ty = pl->bf16 && pl->kind != K_FWD ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t th = pl->bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t x_any, w_any, y_any, x_u, w_u, y_u, xh, wh, yh;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&x_any, 4, xd, tx, dnnl_format_tag_any);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&w_any, wn, wd, dnnl_f32, dnnl_format_tag_any);
+        s = dnnl_memory_desc_init_by_tag(&w_any, wn, wd, tw, dnnl_format_tag_any);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&y_any, 4, yd, dnnl_f32, dnnl_format_tag_any);
+        s = dnnl_memory_desc_init_by_tag(&y_any, 4, yd, ty, dnnl_format_tag_any);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_tag(&xh, 4, xd, th, dnnl_format_tag_any);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_tag(&wh, wn, wd, th, dnnl_format_tag_any);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_tag(&yh, 4, yd, th, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, dnnl_f32, dnnl_nchw);
     if (s == dnnl_success)
@@ -318,9 +333,11 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     dnnl_convolution_desc_t fd, bd;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     size_t sp = 0;
+    bool fwd = pl->kind == K_FWD;
     s = dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
-                                           &x_any, &w_any, NULL, &y_any, strides, pad_l, pad_r);
-    if (s == dnnl_success && pl->kind == K_FWD) {
+                                           fwd ? &x_any : &xh, fwd ? &w_any : &wh, NULL,
+                                           fwd ? &y_any : &yh, strides, pad_l, pad_r);
+    if (s == dnnl_success && fwd) {
         s = make_prim(o, &fd, 0.0f, NULL, false, &pd, &p->conv, &sp);
     } else if (s == dnnl_success) {
         s = make_prim(o, &fd, 0.0f, NULL, true, &fpd, NULL, &(size_t){0});
@@ -421,10 +438,11 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     return s;
 }
 
-static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, const mgt_conv2d_shape *sh,
-                         uint32_t beta_bits)
+static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, bool bf16,
+                         const mgt_conv2d_shape *sh, uint32_t beta_bits)
 {
-    return pl->kind == kind && pl->beta_bits == beta_bits && memcmp(&pl->sh, sh, sizeof *sh) == 0;
+    return pl->kind == kind && pl->bf16 == bf16 && pl->beta_bits == beta_bits &&
+           memcmp(&pl->sh, sh, sizeof *sh) == 0;
 }
 
 /* Scratch of a plan whose primitives exist: shared weights or parts, then per thread the
@@ -464,15 +482,17 @@ static void plan_layout(mgt_onednn_plan *pl)
 mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan **plan,
                                 size_t *scratch_floats)
 {
-    conv_kind kind = op->kind == MGT_OP_CONV2D_FWD        ? K_FWD
-                     : op->kind == MGT_OP_CONV2D_BWD_DATA ? K_BWD_DATA
-                                                          : K_BWD_FILTER;
+    mgt_op_kind fk = mgt_op_fp32_kind(op->kind);
+    conv_kind kind = fk == MGT_OP_CONV2D_FWD        ? K_FWD
+                     : fk == MGT_OP_CONV2D_BWD_DATA ? K_BWD_DATA
+                                                    : K_BWD_FILTER;
+    bool bf16 = op->prec == MGT_PREC_BF16;
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     uint32_t beta_bits;
     memcpy(&beta_bits, &op->u.conv.beta, sizeof beta_bits);
     mgt_onednn_plan **link = &o->plans, *pl = NULL;
     for (; *link; link = &(*link)->next) {
-        if (plan_matches(*link, kind, sh, beta_bits)) {
+        if (plan_matches(*link, kind, bf16, sh, beta_bits)) {
             pl = *link;
             *link = pl->next; /* to the front: a step reuses the same few dozen */
             pl->next = o->plans;
@@ -485,6 +505,7 @@ mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan
         if (pl == NULL)
             return mgt_error_set(MGT_ERR_OOM, "oneDNN: out of host memory for a plan");
         pl->kind = kind;
+        pl->bf16 = bf16;
         pl->sh = *sh;
         pl->beta_bits = beta_bits;
         {

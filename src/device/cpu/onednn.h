@@ -22,7 +22,8 @@ void mgt_onednn_free(mgt_onednn *o);
 void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                       const float *b, int ldb, float beta, float *c, int ldc);
 
-/* The plan for a conv op (forward, backward data or backward filter), made on first use.
+/* The plan for a conv op (forward, backward data or backward filter, fp32 or its bf16 _lp
+   form: bf16 inputs, fp32 output), made on first use.
    MGT_ERR_UNSUPPORTED (no error text) where oneDNN has no kernel for it (grouped shapes, or
    a primitive oneDNN refuses): the caller runs its own path. *scratch_floats is what
    mgt_onednn_conv_run needs. Called by the device's one kernel thread at a time. */

@@ -1,8 +1,10 @@
 /* The reference every backend is held to: each op as plain single-threaded loops on host memory. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "device/lowp.h"
 #include "device/op.h"
 
 /* Loops favour being read against the header over speed: one output element at a time, sums
@@ -822,6 +824,70 @@ static mgt_status ref_chscale_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* ---- mixed precision ---- */
+
+static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op);
+
+/* A low-precision op is its fp32 kind on inputs rounded to the 16-bit format: the product of
+   two bf16 or two fp16 values is exact in fp32, so rounding the inputs and multiplying in
+   (here: double) precision is the whole of the arithmetic difference. */
+static mgt_status ref_lowp(const mgt_op *op)
+{
+    mgt_op f = *op;
+    f.kind = mgt_op_fp32_kind(op->kind);
+    f.prec = MGT_PREC_F32;
+    mgt_precision prec = op->prec;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    float *copies[MGT_OP_MAX_OPERANDS] = {0};
+    int n = mgt_op_operands(&f, ops);
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        if (ops[i].role != MGT_OPERAND_IN)
+            continue;
+        const float *src = *ops[i].ptr;
+        copies[i] = malloc(ops[i].count * sizeof(float));
+        if (!copies[i]) {
+            st = mgt_error_set(MGT_ERR_OOM, "reference: %s: no memory for a rounded copy of %s",
+                               mgt_op_name(op->kind), ops[i].name);
+            break;
+        }
+        for (size_t k = 0; k < ops[i].count; k++)
+            copies[i][k] = mgt_lowp_round(prec, src[k]);
+        *ops[i].ptr = copies[i];
+    }
+    if (st == MGT_OK)
+        st = ref_ops[f.kind](&f);
+    for (int i = 0; i < n; i++)
+        free(copies[i]);
+    return st;
+}
+
+static mgt_status ref_cast(const mgt_op *op)
+{
+    const __typeof__(op->u.cast) *c = &op->u.cast;
+    if (op->kind == MGT_OP_CAST_TO_16) {
+        const float *x = c->src;
+        uint16_t *h = c->dst;
+        for (size_t i = 0; i < c->n; i++)
+            h[i] = mgt_lowp_encode(op->prec, x[i]);
+    } else {
+        const uint16_t *h = c->src;
+        float *x = c->dst;
+        for (size_t i = 0; i < c->n; i++)
+            x[i] = mgt_lowp_decode(op->prec, h[i]);
+    }
+    return MGT_OK;
+}
+
+static mgt_status ref_nonfinite(const mgt_op *op)
+{
+    int32_t count = 0;
+    for (size_t i = 0; i < op->u.nonfinite.n; i++)
+        count += !isfinite(op->u.nonfinite.x[i]);
+    *op->u.nonfinite.count = count;
+    return MGT_OK;
+}
+
 /* One function per kind; a kind left out has no reference and is reported so. */
 static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_FILL] = ref_fill,
@@ -865,6 +931,13 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_APOOL_FWD] = ref_apool_fwd,
     [MGT_OP_APOOL_BWD] = ref_apool_bwd,
     [MGT_OP_STRIDED_COPY] = ref_scopy,
+    [MGT_OP_GEMM_LP] = ref_lowp,
+    [MGT_OP_CONV_FWD_LP] = ref_lowp,
+    [MGT_OP_CONV_BWD_DATA_LP] = ref_lowp,
+    [MGT_OP_CONV_BWD_FILT_LP] = ref_lowp,
+    [MGT_OP_CAST_TO_16] = ref_cast,
+    [MGT_OP_CAST_FROM_16] = ref_cast,
+    [MGT_OP_NONFINITE] = ref_nonfinite,
 };
 
 mgt_status mgt_ref_run(const mgt_op *op)

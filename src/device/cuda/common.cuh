@@ -108,6 +108,8 @@ struct mgt_cuda_stream {
     size_t ws_bytes;
     void *scratch;
     size_t scratch_bytes;
+    void *lowp; // the rounded inputs of a low-precision op (lowp.cu)
+    size_t lowp_bytes;
 };
 
 struct mgt_cuda_event {
@@ -159,5 +161,10 @@ mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out);
 void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr);
 // Makes s->scratch at least `bytes`; growing waits for the GPU (rare: first steps only).
 mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes);
+// The same for s->lowp.
+mgt_status mgt_cuda_lowp_buffer(mgt_cuda_stream *s, size_t bytes);
+// Writes the rounded (encode16 false: fp32 values) or 16-bit (true) copies of a low-precision
+// op's inputs into s->lowp, and *f as the fp32 op that reads them (lowp.cu).
+mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encode16, mgt_op *f);
 
 #endif

@@ -148,6 +148,10 @@ mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *
    which) and batch norm on cuDNN */
 mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op);

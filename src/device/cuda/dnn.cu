@@ -474,6 +474,42 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
     }
 }
 
+// ---- mixed precision ----
+
+// cuBLAS on the 16-bit copies with an fp32 C and fp32 accumulation (CUBLAS_COMPUTE_32F):
+// exactly gemm_lp's arithmetic, on tensor cores where the GPU has them.
+mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st == MGT_OK)
+        st = ensure_blas(s);
+    mgt_op f;
+    if (st == MGT_OK)
+        st = mgt_cuda_lowp_inputs(s, op, true, &f);
+    if (st != MGT_OK)
+        return st;
+    const auto &g = f.u.gemm;
+    cudaDataType_t t = op->prec == MGT_PREC_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    MGT_CUBLAS_TRY(s->dev,
+                   cublasGemmEx(s->blas, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha, g.b,
+                                t, g.ldb, g.a, t, g.lda, &g.beta, g.c, CUDA_R_32F, g.ldc,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MGT_CUDA_AFTER(s, "gemm_lp (cublasGemmEx)");
+}
+
+// The inputs rounded in fp32, then the fp32 convolution: autocast's arithmetic with an fp32
+// result. cuDNN's 16-bit convolutions would write a 16-bit output (one more rounding than
+// the reference) and want NHWC for tensor cores; that path is not written yet.
+mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    mgt_op f;
+    if (st == MGT_OK)
+        st = mgt_cuda_lowp_inputs(s, op, false, &f);
+    return st != MGT_OK ? st : mgt_cuda_conv2d(s, &f);
+}
+
 // ---- batch norm: x, y, dx, dy [n, c, hw] as NCHW [n, c, hw, 1]; per-channel [1, c, 1, 1] ----
 //
 // cuDNN's SPATIAL mode matches ours: statistics per channel over n*hw values, the biased

@@ -629,9 +629,9 @@ void mgt_cuda_host_free(mgt_cuda_dev *d, void *ptr)
     (void)cudaGetLastError();
 }
 
-mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes)
+static mgt_status grow_buffer(mgt_cuda_stream *s, void **buf, size_t *have, size_t bytes)
 {
-    if (bytes <= s->scratch_bytes)
+    if (bytes <= *have)
         return MGT_OK;
     mgt_cuda_dev *d = s->dev;
     size_t want = (size_t)64 << 10;
@@ -649,14 +649,24 @@ mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes)
             d->hooks.unreserve(d->owner, want);
         return st;
     }
-    if (s->scratch != NULL) {
-        mgt_cuda_free(d, s->scratch);
+    if (*buf != NULL) {
+        mgt_cuda_free(d, *buf);
         if (d->hooks.unreserve != NULL)
-            d->hooks.unreserve(d->owner, s->scratch_bytes);
+            d->hooks.unreserve(d->owner, *have);
     }
-    s->scratch = p;
-    s->scratch_bytes = want;
+    *buf = p;
+    *have = want;
     return MGT_OK;
+}
+
+mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes)
+{
+    return grow_buffer(s, &s->scratch, &s->scratch_bytes, bytes);
+}
+
+mgt_status mgt_cuda_lowp_buffer(mgt_cuda_stream *s, size_t bytes)
+{
+    return grow_buffer(s, &s->lowp, &s->lowp_bytes, bytes);
 }
 
 // ---- streams ----
@@ -735,6 +745,11 @@ void mgt_cuda_stream_destroy(mgt_cuda_stream *s)
         mgt_cuda_free(d, s->scratch);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, s->scratch_bytes);
+    }
+    if (s->lowp != NULL) {
+        mgt_cuda_free(d, s->lowp);
+        if (d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, s->lowp_bytes);
     }
     cudaStreamDestroy(s->stream);
     (void)cudaGetLastError();
