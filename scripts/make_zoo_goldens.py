@@ -29,7 +29,10 @@ DROP_SEED, DROP_STEP = 7, 1
 # arch, input side (the smallest each takes, or a small one)
 CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32),
          ("squeezenet1_1", 32), ("shufflenet_v2_x0_5", 96),
-         ("densenet121", 128)]
+         ("densenet121", 128), ("convnext_tiny", 32)]
+# Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
+# golden says no_dropout = 1 and the C test builds them so
+NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0}}
 
 # ---- the dropout mask ----
 
@@ -133,7 +136,7 @@ def summarise(prefix, tensors):
 
 
 def case(arch, size):
-    model = torchvision.models.__dict__[arch](num_classes=CLASSES)
+    model = torchvision.models.__dict__[arch](num_classes=CLASSES, **NO_SDEPTH.get(arch, {}))
     weights(model)
     replace_dropout(model)
     gen = torch.Generator().manual_seed(1212)
@@ -161,7 +164,8 @@ def case(arch, size):
     meta = {"arch": arch, "classes": str(CLASSES), "in_channels": "3", "image_size": str(size),
             "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
             "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
-            "torchvision": torchvision.__version__, "torch": torch.__version__}
+            "torchvision": torchvision.__version__, "torch": torch.__version__,
+            "no_dropout": "1" if arch in NO_SDEPTH else "0"}
     n = save_safetensors(os.path.join(OUT, tag + ".golden.safetensors"), g, meta)
     print("%s: loss %.6f, %d bytes" % (tag, float(loss), n), flush=True)
 

@@ -2928,6 +2928,104 @@ static int fd_chscale(backend *be, const char *opname)
     return fails;
 }
 
+/* n, c, hw */
+static const int lnc_shapes[][3] = {
+    {1, 1, 1}, {2, 3, 5}, {2, 16, 49}, {1, 96, 64}, {3, 7, 1}, {2, 5, 1031},
+};
+#define N_LNC_SHAPES ((int)(sizeof lnc_shapes / sizeof lnc_shapes[0]))
+
+static void lnc_fill(mgt_op *op, bool fwd, float *y, float *dx, float *dw, float *db,
+                     const float *dy, const float *x, const float *w, const float *b,
+                     const int *shp)
+{
+    if (fwd) {
+        op->kind = MGT_OP_LNC_FWD;
+        op->u.lnc_fwd.y = y;
+        op->u.lnc_fwd.x = x;
+        op->u.lnc_fwd.weight = w;
+        op->u.lnc_fwd.bias = b;
+        op->u.lnc_fwd.n = shp[0];
+        op->u.lnc_fwd.c = shp[1];
+        op->u.lnc_fwd.hw = shp[2];
+        op->u.lnc_fwd.eps = 1e-6f;
+    } else {
+        op->kind = MGT_OP_LNC_BWD;
+        op->u.lnc_bwd.dx = dx;
+        op->u.lnc_bwd.dweight = dw;
+        op->u.lnc_bwd.dbias = db;
+        op->u.lnc_bwd.dy = dy;
+        op->u.lnc_bwd.x = x;
+        op->u.lnc_bwd.weight = w;
+        op->u.lnc_bwd.n = shp[0];
+        op->u.lnc_bwd.c = shp[1];
+        op->u.lnc_bwd.hw = shp[2];
+        op->u.lnc_bwd.eps = 1e-6f;
+    }
+}
+
+static bool gen_lnc(tcase *c, int idx, rng *r, bool fwd)
+{
+    if (idx >= N_LNC_SHAPES)
+        return false;
+    const int *shp = lnc_shapes[idx];
+    size_t nx = (size_t)shp[0] * shp[1] * shp[2], nc = (size_t)shp[1];
+    float *x = case_f32(c, nx), *w = case_f32(c, nc), *b = case_f32(c, nc);
+    fill_unif(r, x, nx, -2, 2);
+    fill_unif(r, w, nc, -1.5f, 1.5f);
+    fill_unif(r, b, nc, -1, 1);
+    if (fwd) {
+        lnc_fill(&c->op, true, case_f32(c, nx), NULL, NULL, NULL, NULL, x, w, b, shp);
+        c->rtol = tol_for((double)shp[1]) * 2;
+        c->mag = 1;
+    } else {
+        float *dy = case_f32(c, nx), *dw = case_f32(c, nc), *db = case_f32(c, nc);
+        fill_unif(r, dy, nx, -1, 1);
+        fill_unif(r, dw, nc, -1, 1); /* added on */
+        fill_unif(r, db, nc, -1, 1);
+        lnc_fill(&c->op, false, NULL, case_f32(c, nx), dw, db, dy, x, w, NULL, shp);
+        c->rtol = tol_for((double)shp[0] * shp[2] + shp[1]) * 2;
+        c->mag = 1;
+    }
+    case_desc(c, "n=%d c=%d hw=%d", shp[0], shp[1], shp[2]);
+    return true;
+}
+
+static bool gen_lnc_fwd(tcase *c, int idx, rng *r) { return gen_lnc(c, idx, r, true); }
+static bool gen_lnc_bwd(tcase *c, int idx, rng *r) { return gen_lnc(c, idx, r, false); }
+
+/* dx, dweight and dbias against differences of the forward. */
+static int fd_lnc(backend *be, const char *opname)
+{
+    static const int pick[] = {1, 2, 4};
+    int fails = 0;
+    for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
+        tcase c = {0};
+        rng r = rng_for(910, t, 7);
+        const int *shp = lnc_shapes[pick[t]];
+        size_t nx = (size_t)shp[0] * shp[1] * shp[2], nc = (size_t)shp[1];
+        float *x = case_f32(&c, nx), *w = case_f32(&c, nc), *b = case_f32(&c, nc);
+        float *y = case_f32(&c, nx), *rw = case_f32(&c, nx), *dx = case_f32(&c, nx);
+        float *dw = case_f32(&c, nc), *db = case_f32(&c, nc);
+        fill_unif(&r, x, nx, -1, 1);
+        fill_unif(&r, w, nc, -1, 1);
+        fill_unif(&r, b, nc, -1, 1);
+        fill_unif(&r, rw, nx, -1, 1);
+        case_desc(&c, "n=%d c=%d hw=%d", shp[0], shp[1], shp[2]);
+        mgt_op fwd = {0}, bwd = {0};
+        lnc_fill(&fwd, true, y, NULL, NULL, NULL, NULL, x, w, b, shp);
+        lnc_fill(&bwd, false, NULL, dx, dw, db, rw, x, w, NULL, shp);
+        fd_term term = {y, rw, nx};
+        fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
+        int bad = fd_backward(&f, &bwd);
+        if (!bad)
+            bad = fd_check(&f, x, nx, dx, "x", &r) + fd_check(&f, w, nc, dw, "weight", &r) +
+                  fd_check(&f, b, nc, db, "bias", &r);
+        fails += bad;
+        case_free(&c);
+    }
+    return fails;
+}
+
 /* ---- the driver ---- */
 
 typedef struct op_spec {
@@ -2978,6 +3076,8 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_ACT_BWD] = {gen_act_bwd, fd_act},
     [MGT_OP_CHSCALE_FWD] = {gen_chscale_fwd, NULL},
     [MGT_OP_CHSCALE_BWD] = {gen_chscale_bwd, fd_chscale},
+    [MGT_OP_LNC_FWD] = {gen_lnc_fwd, NULL},
+    [MGT_OP_LNC_BWD] = {gen_lnc_bwd, fd_lnc},
     [MGT_OP_CHBIAS_FWD] = {gen_chbias_fwd, NULL},
     [MGT_OP_CHBIAS_BWD] = {gen_chbias_bwd, fd_chbias},
     [MGT_OP_DROPOUT] = {gen_dropout, fd_dropout},

@@ -1550,7 +1550,7 @@ static void torch_load_case(const char *arch, int batch, bool grads)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
-/* resnet50 and efficientnet_b0 in full; mobilenet_v2 and mobilenet_v3_large without the
+/* resnet50, efficientnet_b0 and convnext_tiny in full; mobilenet_v2 and mobilenet_v3_large without the
    gradients: with this input their hash weights leave a few layers' gradients at float32
    noise (1e-3 of a layer scale of 1e-4..1e-5), the conditioning their goldens' SIZES and
    SEEDS work around; their goldens cover the gradients. */
@@ -1566,6 +1566,7 @@ static void test_torch_load(void **state)
     torch_load_case("squeezenet1_1", 2, false);
     torch_load_case("shufflenet_v2_x0_5", 2, false);
     torch_load_case("densenet121", 2, false);
+    torch_load_case("convnext_tiny", 2, true);
 }
 
 int main(void)

@@ -128,6 +128,7 @@ static const learn_case learn_cases[] = {
     {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f},
     {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f},
     {"densenet", "densenet121", 32, 4, 4, 6, 0.005f},
+    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
@@ -260,7 +261,7 @@ static const struct {
 } golden_cases[] = {{"vgg11", 32, false},         {"vgg11_bn", 32, false},
                     {"alexnet", 63, false},       {"squeezenet1_0", 32, false},
                     {"squeezenet1_1", 32, false}, {"shufflenet_v2_x0_5", 96, false},
-                    {"densenet121", 128, true}};
+                    {"densenet121", 128, true},   {"convnext_tiny", 32, false}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -426,6 +427,8 @@ static void test_golden(void **state)
     CHECK(mgt_stream_create(d, &s));
     mgt_model_config cfg = {
         .arch = arg, .classes = classes, .in_channels = 3, .image_size = size, .batch = batch};
+    const char *nd = mgt_st_metadata_get(g, "no_dropout"); /* stochastic depth built at 0 */
+    cfg.no_dropout = nd && strcmp(nd, "1") == 0;
     mgt_model *m;
     CHECK(mgt_model_create(&cfg, d, &m));
     int n;

@@ -467,6 +467,17 @@ mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, c
                                       const float *x, const float *scale, int n, int c, int hw,
                                       bool shared);
 
+/* LayerNorm over channels (torchvision's LayerNorm2d): each pixel's c values of x [n, c, hw]
+   are normalised by their mean and biased variance plus eps, then y = xhat * weight[ch] +
+   bias[ch]. Backward recomputes the statistics from x; dx overwritten, dweight and dbias
+   (sums over images and pixels of dy * xhat and dy) added on. */
+mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
+                                          const float *weight, const float *bias, int n, int c,
+                                          int hw, float eps);
+mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
+                                           const float *dy, const float *x, const float *weight,
+                                           int n, int c, int hw, float eps);
+
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
    eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
    over the batch; probs [n, classes] = softmax, kept for backward. Labels outside

@@ -957,6 +957,20 @@ mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, c
     LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
 }
 
+mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
+                                          const float *weight, const float *bias, int n, int c,
+                                          int hw, float eps)
+{
+    LAUNCH(MGT_OP_LNC_FWD, lnc_fwd, y, x, weight, bias, n, c, hw, eps);
+}
+
+mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
+                                           const float *dy, const float *x, const float *weight,
+                                           int n, int c, int hw, float eps)
+{
+    LAUNCH(MGT_OP_LNC_BWD, lnc_bwd, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
+}
+
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
                                     const int32_t *labels, int n, int classes, float smoothing)
 {

@@ -941,6 +941,43 @@ static void operands_chscale_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
+static mgt_status check_lnc(const mgt_op *op, int n, int c, int hw, float eps)
+{
+    if (!(eps > 0.0f))
+        return INVALID(op, "eps %g must be positive", (double)eps);
+    return check_planes(op, n, c, hw);
+}
+
+static mgt_status check_lnc_fwd(const mgt_op *op)
+{
+    return check_lnc(op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw, op->u.lnc_fwd.eps);
+}
+
+static void operands_lnc_fwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.lnc_fwd) *a = &op->u.lnc_fwd;
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
+    ADD(l, a->bias, "bias", (size_t)a->c, MGT_F32, IN);
+}
+
+static mgt_status check_lnc_bwd(const mgt_op *op)
+{
+    return check_lnc(op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw, op->u.lnc_bwd.eps);
+}
+
+static void operands_lnc_bwd(mgt_op *op, operand_list *l)
+{
+    __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->dweight, "dweight", (size_t)a->c, MGT_F32, INOUT);
+    ADD(l, a->dbias, "dbias", (size_t)a->c, MGT_F32, INOUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
+}
+
 /* ---- casts and the nonfinite count ---- */
 
 static mgt_status check_cast(const mgt_op *op)

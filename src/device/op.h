@@ -75,7 +75,9 @@
     X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
     X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)  \
     X(BN_STATS, bn_stats, bn_stats)                      \
-    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)
+    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)     \
+    X(LNC_FWD, layernorm_channels_forward, lnc_fwd)      \
+    X(LNC_BWD, layernorm_channels_backward, lnc_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -336,6 +338,19 @@ typedef struct mgt_op {
             int n, c, hw;
             bool shared;
         } chscale_bwd;
+        /* LayerNorm over the c values of each pixel of x [n, c, hw]; weight, bias [c] */
+        struct {
+            float *y;
+            const float *x, *weight, *bias;
+            int n, c, hw;
+            float eps;
+        } lnc_fwd;
+        struct {
+            float *dx, *dweight, *dbias; /* dweight, dbias added on */
+            const float *dy, *x, *weight;
+            int n, c, hw;
+            float eps;
+        } lnc_bwd;
     } u;
 } mgt_op;
 

@@ -57,6 +57,7 @@ static const mgt_arch_info archs[] = {
     IMAGENET("shufflenet_v2_x1_0", "shufflenet"),
     IMAGENET("densenet121", "densenet"),
     IMAGENET("densenet169", "densenet"),
+    IMAGENET("convnext_tiny", "convnext"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

@@ -379,6 +379,36 @@ int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
     return nd->out;
 }
 
+int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    nn_node *nd = new_node(m, NN_LN2D, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.ln_eps = eps;
+    int64_t cs[1] = {v->c};
+    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
+    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
+    return nd->out;
+}
+
+int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
+{
+    if (x < 0 || param < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(m->table[param].numel == (size_t)v->c && m->table[param].role == MGT_MODEL_PARAM);
+    nn_node *nd = new_node(m, NN_LSCALE, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    m->table[param].layer = (int)(nd - m->nodes);
+    nd->entry[nd->n_entries++] = param;
+    nd->n_params++;
+    return nd->out;
+}
+
 /* ---- planning ---- */
 
 typedef struct planner {

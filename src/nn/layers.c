@@ -688,6 +688,52 @@ static mgt_status sdepth_backward(nn_call *c)
                                       nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats, false);
 }
 
+/* ---- layer norm over channels ---- */
+
+static mgt_status ln2d_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return mgt_layernorm_channels_forward(c->s, c->y, c->x[0], c->p[0], c->p[1], c->n, v->c,
+                                          v->h * v->w, c->node->u.ln_eps);
+}
+
+static mgt_status ln2d_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a layer norm needs its input's gradient", c->node->name);
+    assert(c->dx_beta[0] == 0.0f);
+    mgt_status st =
+        mgt_layernorm_channels_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0], c->p[0],
+                                        c->n, v->c, v->h * v->w, c->node->u.ln_eps);
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    return st;
+}
+
+/* ---- layer scale: the channel scale ops with one shared [c] vector ---- */
+
+static mgt_status lscale_forward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
+}
+
+static mgt_status lscale_backward(nn_call *c)
+{
+    const nn_value *v = &c->m->values[c->node->out];
+    if (!c->dx[0])
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "layer %s: a layer scale needs its input's gradient", c->node->name);
+    assert(c->dx_beta[0] == 0.0f);
+    mgt_status st = mgt_channel_scale_backward(c->s, c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
+                                               c->n, v->c, v->h * v->w, true);
+    if (st == MGT_OK)
+        st = nn_params_ready(c);
+    return st;
+}
+
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
     [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
@@ -710,4 +756,8 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONCAT] = {"concat", 0, concat_forward, concat_backward, NULL},
     [NN_SLICE] = {"slice", 0, slice_forward, slice_backward, NULL},
     [NN_SHUFFLE] = {"shuffle", 0, shuffle_forward, shuffle_backward, NULL},
+    /* no MACs: THOP does not count torchvision's LayerNorm2d (a functional layer_norm) */
+    [NN_LN2D] = {"layernorm", NN_F_NEEDS_X, ln2d_forward, ln2d_backward, NULL},
+    [NN_LSCALE] = {"layer_scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, lscale_forward, lscale_backward,
+                   NULL},
 };

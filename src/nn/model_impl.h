@@ -33,6 +33,8 @@ typedef enum nn_kind {
     NN_SDEPTH,  /* stochastic depth, row mode: training zeroes whole images, scales the rest */
     NN_SLICE,   /* channels [c0, c0 + c) of in[0] (torch's chunk) */
     NN_SHUFFLE, /* the inputs concatenated, then channel_shuffle(groups = n_in) */
+    NN_LN2D,    /* LayerNorm over each pixel's channels (torchvision's LayerNorm2d) */
+    NN_LSCALE,  /* in[0] times a [c, 1, 1] parameter per channel (ConvNeXt's layer_scale) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -94,6 +96,7 @@ typedef struct nn_node {
             uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
             size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
         } sdepth;
+        float ln_eps; /* NN_LN2D */
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
@@ -219,6 +222,11 @@ int nn_activation(mgt_model *m, const char *name, int x, mgt_act act);
 int nn_scale(mgt_model *m, const char *name, int x, int s);
 /* torchvision's StochasticDepth(p, "row") */
 int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p);
+/* torchvision's LayerNorm2d (weight 1, bias 0) */
+int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps);
+/* x times the [c, 1, 1] parameter entry `param` (made beforehand with nn_add_entry, so that
+   it sits in the table where torchvision's state_dict has it) */
+int nn_layer_scale(mgt_model *m, const char *name, int x, int param);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
@@ -284,6 +292,7 @@ extern const nn_arch nn_squeezenet_archs[];
 extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 extern const nn_arch nn_shufflenet_archs[];
 extern const nn_arch nn_densenet_archs[];
+extern const nn_arch nn_convnext_archs[]; /* convnext.c */
 
 /* ---- the layer kinds (layers.c) ---- */
 

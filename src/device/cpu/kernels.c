@@ -1620,6 +1620,92 @@ static void chscale_bwd_item(void *c, int i, int t)
     }
 }
 
+/* LayerNorm over channels: one item per image, channels outer and pixels inner so every pass
+   streams the planes; per-pixel statistics and sums in double in scratch of the job; the
+   parameter gradients' per-image partial sums are added in image order afterwards, so no
+   result depends on threads. */
+typedef struct lnc_job {
+    const mgt_op *op;
+    double *scratch; /* per image: 4 * hw pixel values, then 2 * c channel partial sums */
+} lnc_job;
+
+static size_t lnc_scratch_per_image(int c, int hw) { return 4 * (size_t)hw + 2 * (size_t)c; }
+
+/* mean and rstd of each pixel of one image x [c, hw] */
+static void lnc_stats(const float *x, int c, size_t hw, float eps, double *mean, double *rstd)
+{
+    for (size_t j = 0; j < hw; j++)
+        mean[j] = rstd[j] = 0.0;
+    for (int ch = 0; ch < c; ch++) {
+        const float *xp = x + (size_t)ch * hw;
+        for (size_t j = 0; j < hw; j++)
+            mean[j] += xp[j];
+    }
+    for (size_t j = 0; j < hw; j++)
+        mean[j] /= c;
+    for (int ch = 0; ch < c; ch++) {
+        const float *xp = x + (size_t)ch * hw;
+        for (size_t j = 0; j < hw; j++) {
+            double d = xp[j] - mean[j];
+            rstd[j] += d * d;
+        }
+    }
+    for (size_t j = 0; j < hw; j++)
+        rstd[j] = 1.0 / sqrt(rstd[j] / c + (double)eps);
+}
+
+static void lnc_fwd_item(void *v, int i, int t)
+{
+    (void)t;
+    const lnc_job *j = v;
+    const __typeof__(j->op->u.lnc_fwd) *a = &j->op->u.lnc_fwd;
+    size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
+    double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
+    lnc_stats(a->x + off, a->c, hw, a->eps, mean, rstd);
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw;
+        float *yp = a->y + off + (size_t)ch * hw;
+        double w = a->weight[ch], b = a->bias[ch];
+        for (size_t e = 0; e < hw; e++)
+            yp[e] = (float)((xp[e] - mean[e]) * rstd[e] * w + b);
+    }
+}
+
+static void lnc_bwd_item(void *v, int i, int t)
+{
+    (void)t;
+    const lnc_job *j = v;
+    const __typeof__(j->op->u.lnc_bwd) *a = &j->op->u.lnc_bwd;
+    size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
+    double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
+    double *mg = rstd + hw, *mgx = mg + hw, *sw = mgx + hw, *sb = sw + a->c;
+    lnc_stats(a->x + off, a->c, hw, a->eps, mean, rstd);
+    for (size_t e = 0; e < hw; e++)
+        mg[e] = mgx[e] = 0.0;
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw, *dyp = a->dy + off + (size_t)ch * hw;
+        double w = a->weight[ch], s0 = 0.0, s1 = 0.0;
+        for (size_t e = 0; e < hw; e++) {
+            double xh = (xp[e] - mean[e]) * rstd[e], g = (double)dyp[e] * w;
+            mg[e] += g;
+            mgx[e] += g * xh;
+            s0 += (double)dyp[e] * xh;
+            s1 += dyp[e];
+        }
+        sw[ch] = s0;
+        sb[ch] = s1;
+    }
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw, *dyp = a->dy + off + (size_t)ch * hw;
+        float *dxp = a->dx + off + (size_t)ch * hw;
+        double w = a->weight[ch];
+        for (size_t e = 0; e < hw; e++) {
+            double xh = (xp[e] - mean[e]) * rstd[e];
+            dxp[e] = (float)(rstd[e] * ((double)dyp[e] * w - mg[e] / a->c - xh * mgx[e] / a->c));
+        }
+    }
+}
+
 /* ---- softmax cross-entropy, top-k ---- */
 
 static mgt_status check_labels(const mgt_op *op, const int32_t *labels, int n, int classes)
@@ -2163,6 +2249,40 @@ static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
+static mgt_status run_lnc(mgt_cpu_ctx *ctx, const mgt_op *op, int n, int c, int hw)
+{
+    lnc_job j = {op, malloc((size_t)n * lnc_scratch_per_image(c, hw) * sizeof(double))};
+    if (!j.scratch)
+        return mgt_error_set(MGT_ERR_OOM, "%s: out of host memory", mgt_op_name(op->kind));
+    POOL_FOR(ctx, n, op->kind == MGT_OP_LNC_FWD ? lnc_fwd_item : lnc_bwd_item, &j);
+    if (op->kind == MGT_OP_LNC_BWD) {
+        const __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+        for (int ch = 0; ch < c; ch++) {
+            double sw = 0.0, sb = 0.0;
+            for (int i = 0; i < n; i++) {
+                const double *p =
+                    j.scratch + (size_t)i * lnc_scratch_per_image(c, hw) + 4 * (size_t)hw;
+                sw += p[ch];
+                sb += p[c + ch];
+            }
+            a->dweight[ch] += (float)sw;
+            a->dbias[ch] += (float)sb;
+        }
+    }
+    free(j.scratch);
+    return MGT_OK;
+}
+
+static mgt_status run_lnc_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_lnc(ctx, op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw);
+}
+
+static mgt_status run_lnc_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_lnc(ctx, op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw);
+}
+
 static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
@@ -2240,6 +2360,8 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_ACT_BWD] = run_act_bwd,
     [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
     [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
+    [MGT_OP_LNC_FWD] = run_lnc_fwd,
+    [MGT_OP_LNC_BWD] = run_lnc_bwd,
     [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
     [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
     [MGT_OP_DROPOUT] = run_dropout,

@@ -758,6 +758,77 @@ static mgt_status ref_act_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* One pixel's mean and 1 / sqrt(var + eps) over its c values (stride hw), in double. */
+static void ref_lnc_stats(const float *x, int c, size_t hw, float eps, double *mean, double *rstd)
+{
+    double m = 0.0, v = 0.0;
+    for (int ch = 0; ch < c; ch++)
+        m += x[(size_t)ch * hw];
+    m /= c;
+    for (int ch = 0; ch < c; ch++) {
+        double d = x[(size_t)ch * hw] - m;
+        v += d * d;
+    }
+    *mean = m;
+    *rstd = 1.0 / sqrt(v / c + (double)eps);
+}
+
+static mgt_status ref_lnc_fwd(const mgt_op *op)
+{
+    const __typeof__(op->u.lnc_fwd) *a = &op->u.lnc_fwd;
+    size_t hw = (size_t)a->hw;
+    for (int i = 0; i < a->n; i++)
+        for (size_t j = 0; j < hw; j++) {
+            size_t base = (size_t)i * a->c * hw + j;
+            double m, rs;
+            ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+            for (int ch = 0; ch < a->c; ch++) {
+                size_t e = base + (size_t)ch * hw;
+                a->y[e] = (float)((a->x[e] - m) * rs * a->weight[ch] + a->bias[ch]);
+            }
+        }
+    return MGT_OK;
+}
+
+static mgt_status ref_lnc_bwd(const mgt_op *op)
+{
+    const __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+    size_t hw = (size_t)a->hw;
+    for (int ch = 0; ch < a->c; ch++) {
+        double sw = 0.0, sb = 0.0;
+        for (int i = 0; i < a->n; i++)
+            for (size_t j = 0; j < hw; j++) {
+                size_t base = (size_t)i * a->c * hw + j, e = base + (size_t)ch * hw;
+                double m, rs;
+                ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+                sw += (double)a->dy[e] * (a->x[e] - m) * rs;
+                sb += a->dy[e];
+            }
+        a->dweight[ch] += (float)sw;
+        a->dbias[ch] += (float)sb;
+    }
+    for (int i = 0; i < a->n; i++)
+        for (size_t j = 0; j < hw; j++) {
+            size_t base = (size_t)i * a->c * hw + j;
+            double m, rs, mg = 0.0, mgx = 0.0;
+            ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+            for (int ch = 0; ch < a->c; ch++) {
+                size_t e = base + (size_t)ch * hw;
+                double g = (double)a->dy[e] * a->weight[ch];
+                mg += g;
+                mgx += g * (a->x[e] - m) * rs;
+            }
+            mg /= a->c;
+            mgx /= a->c;
+            for (int ch = 0; ch < a->c; ch++) {
+                size_t e = base + (size_t)ch * hw;
+                double g = (double)a->dy[e] * a->weight[ch];
+                a->dx[e] = (float)(rs * (g - mg - (a->x[e] - m) * rs * mgx));
+            }
+        }
+    return MGT_OK;
+}
+
 static mgt_status ref_chscale_fwd(const mgt_op *op)
 {
     const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
@@ -897,6 +968,8 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_ACT_BWD] = ref_act_bwd,
     [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,
     [MGT_OP_CHSCALE_BWD] = ref_chscale_bwd,
+    [MGT_OP_LNC_FWD] = ref_lnc_fwd,
+    [MGT_OP_LNC_BWD] = ref_lnc_bwd,
     [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
     [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
     [MGT_OP_DROPOUT] = ref_dropout,

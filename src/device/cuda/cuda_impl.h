@@ -137,6 +137,8 @@ mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_backward_elemt(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_lnc_forward(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op);

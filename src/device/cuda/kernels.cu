@@ -832,6 +832,93 @@ __global__ void k_bn_bwd_elemt(float *dx, const float *dy, const float *x, const
             return st_;                     \
     } while (0)
 
+// LayerNorm over channels: each thread one pixel (image, position), its c values at stride hw
+// (neighbouring threads read neighbouring addresses), statistics in double.
+__device__ void lnc_stats_d(const float *x, int c, int hw, float eps, double *mean, double *rstd)
+{
+    double m = 0.0, v = 0.0;
+    for (int ch = 0; ch < c; ch++)
+        m += x[(size_t)ch * hw];
+    m /= c;
+    for (int ch = 0; ch < c; ch++) {
+        double d = x[(size_t)ch * hw] - m;
+        v += d * d;
+    }
+    *mean = m;
+    *rstd = 1.0 / sqrt(v / c + (double)eps);
+}
+
+__global__ void k_lnc_fwd(float *y, const float *x, const float *w, const float *b, int n, int c,
+                          int hw, float eps)
+{
+    size_t pixels = (size_t)n * hw;
+    for (size_t p = thread_index(); p < pixels; p += thread_stride()) {
+        size_t base = (p / hw) * (size_t)c * hw + p % hw;
+        double m, rs;
+        lnc_stats_d(x + base, c, hw, eps, &m, &rs);
+        for (int ch = 0; ch < c; ch++) {
+            size_t e = base + (size_t)ch * hw;
+            y[e] = (float)((x[e] - m) * rs * w[ch] + b[ch]);
+        }
+    }
+}
+
+__global__ void k_lnc_bwd_data(float *dx, const float *dy, const float *x, const float *w, int n,
+                               int c, int hw, float eps)
+{
+    size_t pixels = (size_t)n * hw;
+    for (size_t p = thread_index(); p < pixels; p += thread_stride()) {
+        size_t base = (p / hw) * (size_t)c * hw + p % hw;
+        double m, rs, mg = 0.0, mgx = 0.0;
+        lnc_stats_d(x + base, c, hw, eps, &m, &rs);
+        for (int ch = 0; ch < c; ch++) {
+            size_t e = base + (size_t)ch * hw;
+            double g = (double)dy[e] * w[ch];
+            mg += g;
+            mgx += g * (x[e] - m) * rs;
+        }
+        mg /= c;
+        mgx /= c;
+        for (int ch = 0; ch < c; ch++) {
+            size_t e = base + (size_t)ch * hw;
+            double g = (double)dy[e] * w[ch];
+            dx[e] = (float)(rs * (g - mg - (x[e] - m) * rs * mgx));
+        }
+    }
+}
+
+// One block per channel: sums over every pixel of dy * xhat and dy, each thread's part then a
+// fixed tree, added onto dweight and dbias. Each pixel's statistics are recomputed (c reads).
+__global__ void k_lnc_bwd_param(float *dw, float *db, const float *dy, const float *x, int n, int c,
+                                int hw, float eps)
+{
+    __shared__ double pw[kThreads], pb[kThreads];
+    const int ch = blockIdx.x, t = threadIdx.x;
+    size_t pixels = (size_t)n * hw;
+    double aw = 0.0, ab = 0.0;
+    for (size_t p = t; p < pixels; p += kThreads) {
+        size_t base = (p / hw) * (size_t)c * hw + p % hw, e = base + (size_t)ch * hw;
+        double m, rs;
+        lnc_stats_d(x + base, c, hw, eps, &m, &rs);
+        aw += (double)dy[e] * (x[e] - m) * rs;
+        ab += dy[e];
+    }
+    pw[t] = aw;
+    pb[t] = ab;
+    __syncthreads();
+    for (int h = kThreads / 2; h > 0; h /= 2) {
+        if (t < h) {
+            pw[t] += pw[t + h];
+            pb[t] += pb[t + h];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        dw[ch] += (float)pw[0];
+        db[ch] += (float)pb[0];
+    }
+}
+
 mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
@@ -1176,6 +1263,28 @@ mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
     default: k_act_bwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); break;
     }
     return MGT_CUDA_AFTER(s, "activation_backward");
+}
+
+mgt_status mgt_cuda_lnc_forward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.lnc_fwd;
+    size_t pixels = (size_t)a.n * a.hw;
+    k_lnc_fwd<<<blocks_for(pixels), kThreads, 0, s->stream>>>(a.y, a.x, a.weight, a.bias, a.n, a.c,
+                                                              a.hw, a.eps);
+    return MGT_CUDA_AFTER(s, "layernorm_channels_forward");
+}
+
+mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op)
+{
+    MGT_ENTER(s);
+    const auto &a = op->u.lnc_bwd;
+    size_t pixels = (size_t)a.n * a.hw;
+    k_lnc_bwd_param<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dweight, a.dbias, a.dy, a.x, a.n,
+                                                               a.c, a.hw, a.eps);
+    k_lnc_bwd_data<<<blocks_for(pixels), kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.weight, a.n,
+                                                                   a.c, a.hw, a.eps);
+    return MGT_CUDA_AFTER(s, "layernorm_channels_backward");
 }
 
 mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
