@@ -383,12 +383,13 @@ int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
 {
     if (x < 0)
         return -1;
+    /* the channel count before new_node, which may move m->values */
     const nn_value *v = &m->values[x];
+    int64_t cs[1] = {v->c};
     nn_node *nd = new_node(m, NN_LN2D, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
     nd->u.ln_eps = eps;
-    int64_t cs[1] = {v->c};
     node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
     node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
     return nd->out;
