@@ -101,6 +101,11 @@ void mgt_world_close(mgt_world *w, bool failed)
     if (w->mpi && failed && w->size > 1) {
         fflush(stdout);
         fflush(stderr);
+        /* mpirun drops what a rank wrote but had not yet forwarded when an abort kills it: the
+           failing rank's one line could be lost when another rank aborts first (seen under the
+           address sanitizer); half a second lets the forwarding drain, well inside the 10 s
+           every rank has to end in */
+        nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 500000000L}, NULL);
         /* requests of the failed step may never complete: MPI_Finalize would wait on them */
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
