@@ -1946,13 +1946,14 @@ static void *next_thread(void *p)
 static void test_loader_abort(void **state)
 {
     (void)state;
-    /* noise PNGs of 400 x 300 decode slowly enough that a batch of 16 takes a while (and
-       are small enough that writing them stays quick under the thread sanitizer) */
+    /* noise PNGs of 600 x 450 decode slowly enough that a batch of 16 takes a while (and
+       are small enough that writing them stays quick under the thread sanitizer); at 400 x
+       300 the batch was once ready within the 5 ms before the flag on a fast CPU */
     HOLD(root, "%s/slow", g_root);
-    uint8_t *px = malloc(400 * 300 * 3);
+    uint8_t *px = malloc(600 * 450 * 3);
     for (int i = 0; i < 16; i++) {
-        noise_rgb(px, 400, 300, (uint64_t)i + 100);
-        png8(P("%s/c/%d.png", root, i), 400, 300, 3, px);
+        noise_rgb(px, 600, 450, (uint64_t)i + 100);
+        png8(P("%s/c/%d.png", root, i), 600, 450, 3, px);
     }
     free(px);
     mgt_dataset *ds = NULL;
@@ -1973,7 +1974,7 @@ static void test_loader_abort(void **state)
     next_arg a = {.l = l, .rank = 0};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, next_thread, &a), 0);
-    usleep(5000);
+    usleep(1000);
     double raised = mgt_time_now();
     mgt_abort_raise(&ab);
     pthread_join(th, NULL);
