@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "support/fixture.h"
+#include "support/golden.h"
 
 #include "mgt/optim.h"
 
@@ -131,72 +132,21 @@ static void test_sgd_rejects(void **state)
     assert_non_null(strstr(mgt_error_last(), "nesterov"));
 }
 
-/* ---- goldens (the format of scripts/make_op_goldens.py) ---- */
+/* ---- goldens (tests/support/golden.h) ---- */
 
-#define GMAX 32
-
-typedef struct garray {
-    char name[64];
-    bool is_int;
-    size_t count;
-    void *data;
-} garray;
-
-typedef struct golden {
-    char path[512];
-    int n;
-    garray a[GMAX];
-} golden;
-
-static golden *golden_load(const char *name)
+static mgt_test_golden *golden_load(const char *name)
 {
-    golden *g = calloc(1, sizeof *g);
-    assert_non_null(g);
-    snprintf(g->path, sizeof g->path, "%s/recipe/%s.bin", MGT_TEST_DATA_DIR, name);
-    FILE *f = fopen(g->path, "rb");
-    if (!f)
-        fail_msg("cannot open %s (run /usr/bin/python3 scripts/make_recipe_goldens.py)", g->path);
-    char line[256];
-    int version = 0;
-    if (!fgets(line, sizeof line, f) || sscanf(line, "mgt-golden %d %d", &version, &g->n) != 2 ||
-        version != 1 || g->n < 0 || g->n > GMAX)
-        fail_msg("%s: bad header", g->path);
-    for (int i = 0; i < g->n; i++) {
-        garray *a = &g->a[i];
-        char type[8];
-        unsigned long long count = 0;
-        if (!fgets(line, sizeof line, f) ||
-            sscanf(line, "%63s %7s %llu", a->name, type, &count) != 3 || count > (1u << 20))
-            fail_msg("%s: bad line for array %d", g->path, i);
-        a->is_int = strcmp(type, "i32") == 0;
-        a->count = (size_t)count;
-        a->data = malloc(a->count * 4 + 4);
-        assert_non_null(a->data);
-        if (fread(a->data, 4, a->count, f) != a->count)
-            fail_msg("%s: %s is cut short", g->path, a->name);
-    }
-    fclose(f);
-    return g;
+    return mgt_test_golden_load("recipe", name, "scripts/make_recipe_goldens.py");
 }
 
-static void golden_free(golden *g)
+static float *gf(mgt_test_golden *g, const char *name, size_t count)
 {
-    for (int i = 0; i < g->n; i++)
-        free(g->a[i].data);
-    free(g);
+    return mgt_test_golden_find(g, name, count, false)->data;
 }
 
-static void *gget(golden *g, const char *name, size_t count)
+static int32_t *gi(mgt_test_golden *g, const char *name, size_t count)
 {
-    for (int i = 0; i < g->n; i++)
-        if (strcmp(g->a[i].name, name) == 0) {
-            if (count && g->a[i].count != count)
-                fail_msg("%s: %s has %zu values, expected %zu", g->path, name, g->a[i].count,
-                         count);
-            return g->a[i].data;
-        }
-    fail_msg("%s: no array %s", g->path, name);
-    return NULL;
+    return mgt_test_golden_find(g, name, count, true)->data;
 }
 
 static void close_to(const char *what, int i, double got, double want, double tol)
@@ -209,9 +159,9 @@ static void close_to(const char *what, int i, double got, double want, double to
    other), the lr changing between steps, the gradients twice torch's with grad_scale 0.5. */
 static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum)
 {
-    golden *g = golden_load(name);
-    const int32_t *sz = gget(g, "sizes", 3);
-    const float *lrs = gget(g, "lrs", 4), *wd = gget(g, "wd", 2);
+    mgt_test_golden *g = golden_load(name);
+    const int32_t *sz = gi(g, "sizes", 3);
+    const float *lrs = gf(g, "lrs", 4), *wd = gf(g, "wd", 2);
     size_t n = (size_t)(sz[0] + sz[1] + sz[2]);
     mgt_opt_group groups[3] = {{0, (size_t)sz[0], wd[0]},
                                {(size_t)sz[0], (size_t)sz[1], wd[1]},
@@ -225,7 +175,7 @@ static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum
     mgt_buffer *pb, *gb;
     CHECK(mgt_buffer_alloc(d, n * sizeof(float), &pb));
     CHECK(mgt_buffer_alloc(d, n * sizeof(float), &gb));
-    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(pb), gget(g, "init", n), n * sizeof(float)));
+    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(pb), gf(g, "init", n), n * sizeof(float)));
     mgt_opt_config oc;
     mgt_opt_config_defaults(&oc, kind, momentum);
     mgt_optimizer *o;
@@ -235,12 +185,12 @@ static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum
     for (int t = 0; t < 4; t++) {
         char key[16];
         snprintf(key, sizeof key, "grad%d", t);
-        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(gb), gget(g, key, n), n * sizeof(float)));
+        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(gb), gf(g, key, n), n * sizeof(float)));
         CHECK(mgt_optimizer_step(o, s, mgt_buffer_ptr(pb), mgt_buffer_ptr(gb), lrs[t], 0.5f));
         CHECK(mgt_copy_d2h(s, got, mgt_buffer_ptr(pb), n * sizeof(float)));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "param%d", t);
-        const float *want = gget(g, key, n);
+        const float *want = gf(g, key, n);
         char what[64];
         snprintf(what, sizeof what, "%s step %d", name, t);
         for (size_t i = 0; i < n; i++)
@@ -253,7 +203,7 @@ static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum
     mgt_buffer_free(gb);
     mgt_stream_free(s);
     mgt_devset_free(set);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_optimizers_match_torch(void **state)
@@ -269,9 +219,9 @@ static void test_optimizers_match_torch(void **state)
 
 static void scheduler_golden(const char *name)
 {
-    golden *g = golden_load(name);
-    const int32_t *cfg = gget(g, "config", 5);
-    const float *par = gget(g, "params", 4);
+    mgt_test_golden *g = golden_load(name);
+    const int32_t *cfg = gi(g, "config", 5);
+    const float *par = gf(g, "params", 4);
     static const mgt_lr_kind kinds[] = {MGT_LR_STEPLR, MGT_LR_COSINEANNEALINGLR,
                                         MGT_LR_EXPONENTIALLR};
     mgt_lr_config c = {.lr = par[0],
@@ -283,13 +233,13 @@ static void scheduler_golden(const char *name)
                        .gamma = par[1],
                        .lr_min = par[2],
                        .warmup_decay = par[3]};
-    const float *lrs = gget(g, "lrs", (size_t)cfg[1]);
+    const float *lrs = gf(g, "lrs", (size_t)cfg[1]);
     for (int e = 0; e < cfg[1]; e++) {
         /* per epoch: every step of an epoch has the epoch's rate */
         close_to(name, e, mgt_lr_at(&c, e, 0, 10), lrs[e], 1e-6);
         close_to(name, e, mgt_lr_at(&c, e, 9, 10), lrs[e], 1e-6);
     }
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_schedulers_match_torch(void **state)
@@ -312,7 +262,7 @@ static void test_schedulers_match_torch(void **state)
 static void test_clip_matches_torch(void **state)
 {
     (void)state;
-    golden *g = golden_load("clip");
+    mgt_test_golden *g = golden_load("clip");
     int id = 0;
     mgt_devset *set;
     CHECK(mgt_devset_open(MGT_DEVICE_MOCK, &id, 1, NULL, &set));
@@ -326,7 +276,7 @@ static void test_clip_matches_torch(void **state)
     for (int k = 0; k < 2; k++) {
         char key[32];
         snprintf(key, sizeof key, "%s.grad", tags[k]);
-        const float *grad = gget(g, key, 17);
+        const float *grad = gf(g, key, 17);
         float twice[17], sumsq, clipped[17];
         for (int i = 0; i < 17; i++)
             twice[i] = 2 * grad[i];
@@ -335,9 +285,9 @@ static void test_clip_matches_torch(void **state)
         CHECK(mgt_copy_d2h(s, &sumsq, mgt_buffer_ptr(ob), sizeof sumsq));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "%s.norm", tags[k]);
-        close_to(key, 0, 0.5 * sqrt(sumsq), *(const float *)gget(g, key, 1), 1e-6);
+        close_to(key, 0, 0.5 * sqrt(sumsq), *gf(g, key, 1), 1e-6);
         snprintf(key, sizeof key, "%s.max_norm", tags[k]);
-        float coef = mgt_clip_coef(sumsq, 0.5, *(const float *)gget(g, key, 1));
+        float coef = mgt_clip_coef(sumsq, 0.5, *gf(g, key, 1));
         if (k == 1)
             assert_true(coef == 1.0f); /* below max_norm: left alone */
         else
@@ -345,7 +295,7 @@ static void test_clip_matches_torch(void **state)
         for (int i = 0; i < 17; i++)
             clipped[i] = 0.5f * coef * twice[i];
         snprintf(key, sizeof key, "%s.clipped", tags[k]);
-        const float *want = gget(g, key, 17);
+        const float *want = gf(g, key, 17);
         for (int i = 0; i < 17; i++)
             close_to(key, i, clipped[i], want[i], 1e-6);
     }
@@ -353,16 +303,16 @@ static void test_clip_matches_torch(void **state)
     mgt_buffer_free(ob);
     mgt_stream_free(s);
     mgt_devset_free(set);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* train.py's adjusted decay, and ExponentialMovingAverage's updates: a copy, then averages */
 static void test_ema_matches_torch(void **state)
 {
     (void)state;
-    golden *g = golden_load("ema");
-    const int32_t *cfg = gget(g, "config", 3);
-    const float *dec = gget(g, "decay", 2);
+    mgt_test_golden *g = golden_load("ema");
+    const int32_t *cfg = gi(g, "config", 3);
+    const float *dec = gf(g, "decay", 2);
     double decay = mgt_ema_decay(dec[0], cfg[0], cfg[1], cfg[2]);
     close_to("decay", 0, decay, dec[1], 1e-7);
     enum { N = 18 }; /* Linear(5, 3): weight and bias */
@@ -378,7 +328,7 @@ static void test_ema_matches_torch(void **state)
     for (int t = 0; t < 4; t++) {
         char key[16];
         snprintf(key, sizeof key, "model%d", t);
-        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(mb), gget(g, key, N), N * sizeof(float)));
+        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(mb), gf(g, key, N), N * sizeof(float)));
         if (t == 0)
             CHECK(mgt_copy_d2d(s, mgt_buffer_ptr(eb), mgt_buffer_ptr(mb), N * sizeof(float)));
         else
@@ -387,7 +337,7 @@ static void test_ema_matches_torch(void **state)
         CHECK(mgt_copy_d2h(s, got, mgt_buffer_ptr(eb), sizeof got));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "ema%d", t);
-        const float *want = gget(g, key, N);
+        const float *want = gf(g, key, N);
         for (int i = 0; i < N; i++)
             close_to(key, i, got[i], want[i], 1e-6);
     }
@@ -395,7 +345,7 @@ static void test_ema_matches_torch(void **state)
     mgt_buffer_free(eb);
     mgt_stream_free(s);
     mgt_devset_free(set);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 int main(void)

@@ -1,9 +1,8 @@
 /* Holds the reference kernels (mgt_ref_run) to PyTorch's numbers, and checks op names, argument
  * checks and operand lists.
  *
- * The goldens under MGT_TEST_DATA_DIR/ops/ are written by scripts/make_op_goldens.py. Format,
- * one file per case: a text line "mgt-golden 1 <arrays>\n", then per array a text line
- * "<name> <f32|i32> <count>\n" followed at once by <count> raw little-endian 4-byte values.
+ * The goldens under MGT_TEST_DATA_DIR/ops/ are written by scripts/make_op_goldens.py, in
+ * tests/support/golden.h's format.
  *
  * Tolerance: |got - want| <= atol + rtol * |want|, 1e-5 + 1e-4 by default (the goldens are
  * float64 results rounded once, so only the reference's own float rounding is left). SGD is held
@@ -21,93 +20,29 @@
 
 #include <cmocka.h>
 
+#include "support/golden.h"
 #include "device/op.h"
 #include "mgt/nn.h"
 
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-/* ---- golden files ---- */
+/* ---- golden files (tests/support/golden.h) ---- */
 
-#define GOLDEN_MAX_ARRAYS 64
-
-typedef struct golden_array {
-    char name[64];
-    bool is_int;
-    size_t count;
-    void *data; /* float or int32_t, malloc'd so it is aligned */
-} golden_array;
-
-typedef struct golden {
-    char path[512];
-    int n;
-    golden_array a[GOLDEN_MAX_ARRAYS];
-} golden;
-
-static golden *golden_load(const char *name)
+static mgt_test_golden *golden_load(const char *name)
 {
-    golden *g = calloc(1, sizeof *g);
-    assert_non_null(g);
-    snprintf(g->path, sizeof g->path, "%s/ops/%s.bin", MGT_TEST_DATA_DIR, name);
-    FILE *f = fopen(g->path, "rb");
-    if (!f)
-        fail_msg("cannot open %s (run /usr/bin/python3 scripts/make_op_goldens.py)", g->path);
-    char line[256];
-    int version = 0;
-    if (!fgets(line, sizeof line, f) || sscanf(line, "mgt-golden %d %d", &version, &g->n) != 2 ||
-        version != 1 || g->n < 0 || g->n > GOLDEN_MAX_ARRAYS)
-        fail_msg("%s: bad header", g->path);
-    for (int i = 0; i < g->n; i++) {
-        golden_array *a = &g->a[i];
-        char type[8];
-        unsigned long long count = 0;
-        if (!fgets(line, sizeof line, f) ||
-            sscanf(line, "%63s %7s %llu", a->name, type, &count) != 3 ||
-            (strcmp(type, "f32") != 0 && strcmp(type, "i32") != 0) || count > (1u << 24))
-            fail_msg("%s: bad line for array %d", g->path, i);
-        a->is_int = strcmp(type, "i32") == 0;
-        a->count = (size_t)count;
-        a->data = malloc(a->count * 4 + 4);
-        assert_non_null(a->data);
-        if (fread(a->data, 4, a->count, f) != a->count)
-            fail_msg("%s: %s is cut short", g->path, a->name);
-    }
-    fclose(f);
-    return g;
-}
-
-static void golden_free(golden *g)
-{
-    for (int i = 0; i < g->n; i++)
-        free(g->a[i].data);
-    free(g);
-}
-
-static golden_array *golden_find(golden *g, const char *name, size_t count, bool is_int)
-{
-    for (int i = 0; i < g->n; i++) {
-        golden_array *a = &g->a[i];
-        if (strcmp(a->name, name) != 0)
-            continue;
-        if (a->is_int != is_int)
-            fail_msg("%s: %s is not %s", g->path, name, is_int ? "i32" : "f32");
-        if (count && a->count != count)
-            fail_msg("%s: %s has %zu values, the test expects %zu", g->path, name, a->count, count);
-        return a;
-    }
-    fail_msg("%s: no array %s", g->path, name);
-    return NULL;
+    return mgt_test_golden_load("ops", name, "scripts/make_op_goldens.py");
 }
 
 /* count 0: any length. */
-static float *gf(golden *g, const char *name, size_t count)
+static float *gf(mgt_test_golden *g, const char *name, size_t count)
 {
-    return golden_find(g, name, count, false)->data;
+    return mgt_test_golden_find(g, name, count, false)->data;
 }
 
-static int32_t *gi(golden *g, const char *name, size_t count)
+static int32_t *gi(mgt_test_golden *g, const char *name, size_t count)
 {
-    return golden_find(g, name, count, true)->data;
+    return mgt_test_golden_find(g, name, count, true)->data;
 }
 
 /* A fresh copy, so that the op can write its inputs' neighbours without touching the golden. */
@@ -210,7 +145,7 @@ static void test_names(void **state)
 static void test_gemm(void **state)
 {
     (void)state;
-    golden *g = golden_load("gemm");
+    mgt_test_golden *g = golden_load("gemm");
     int32_t *dims = gi(g, "dims", 3);
     float *ab = gf(g, "alpha_beta", 2);
     int m = dims[0], n = dims[1], k = dims[2];
@@ -278,14 +213,14 @@ static void test_gemm(void **state)
         free(c);
         free(got);
     }
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* ---- convolution ---- */
 
 static void conv_case(const char *file)
 {
-    golden *g = golden_load(file);
+    mgt_test_golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 12);
     mgt_conv2d_shape sh = {
         .n = s[0],
@@ -353,7 +288,7 @@ static void conv_case(const char *file)
     expect_close(what, out, want, nw);
     free(want);
     free(out);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_conv_stride2_pad1(void **state)
@@ -385,7 +320,7 @@ static void test_conv_1x1_stride2(void **state)
 static void test_batchnorm(void **state)
 {
     (void)state;
-    golden *g = golden_load("batchnorm");
+    mgt_test_golden *g = golden_load("batchnorm");
     int32_t *s = gi(g, "shape", 3);
     float *em = gf(g, "eps_momentum", 2);
     mgt_bn_shape sh = {.n = s[0], .c = s[1], .hw = s[2], .eps = em[0], .momentum = em[1]};
@@ -460,14 +395,14 @@ static void test_batchnorm(void **state)
     free(want_dgamma);
     free(want_dbeta);
     free(ey);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* ---- pooling ---- */
 
 static void maxpool_case(const char *file)
 {
-    golden *g = golden_load(file);
+    mgt_test_golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 10);
     mgt_pool2d_shape sh = {
         .n = s[0],
@@ -507,7 +442,7 @@ static void maxpool_case(const char *file)
     snprintf(what, sizeof what, "%s: maxpool2d_backward", file);
     expect_close(what, out, gf(g, "dx", nx), nx);
     free(out);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* --sync-bn against PyTorch's SyncBatchNorm arithmetic (scripts/make_syncbn_goldens.py, which
@@ -520,8 +455,8 @@ static void check_syncbn(const char *name)
 {
     char path[128];
     snprintf(path, sizeof path, "../syncbn/%s", name);
-    golden *g = golden_load(path);
-    golden_array *sz = golden_find(g, "sizes", 0, true);
+    mgt_test_golden *g = golden_load(path);
+    mgt_test_golden_array *sz = mgt_test_golden_find(g, "sizes", 0, true);
     int R = (int)sz->count;
     const int32_t *sizes = sz->data, *shape = gi(g, "shape", 3);
     int C = shape[0], hw = shape[1] * shape[2];
@@ -619,7 +554,7 @@ static void check_syncbn(const char *name)
     free(all);
     free(rm);
     free(rv);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_syncbn_golden(void **state)
@@ -689,7 +624,7 @@ static void test_maxpool_ties(void **state)
 static void test_avgpool(void **state)
 {
     (void)state;
-    golden *g = golden_load("avgpool");
+    mgt_test_golden *g = golden_load("avgpool");
     int32_t *s = gi(g, "shape", 3);
     size_t nx = (size_t)s[0] * s[1] * s[2], ny = (size_t)s[0] * s[1];
     float *y = nans(ny), *dx = nans(nx);
@@ -711,14 +646,14 @@ static void test_avgpool(void **state)
     expect_close("avgpool_backward", dx, gf(g, "dx", nx), nx);
     free(y);
     free(dx);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* ---- softmax cross-entropy ---- */
 
 static void xent_case(const char *file)
 {
-    golden *g = golden_load(file);
+    mgt_test_golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 2);
     int n = s[0], classes = s[1];
     size_t nc = (size_t)n * classes;
@@ -757,7 +692,7 @@ static void xent_case(const char *file)
     expect_close(what, dl, gf(g, "dlogits", nc), nc);
     free(probs);
     free(dl);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_xent_smoothing(void **state)
@@ -807,7 +742,7 @@ static void test_xent_bad_label(void **state)
 
 static void sgd_case(const char *file)
 {
-    golden *g = golden_load(file);
+    mgt_test_golden *g = golden_load(file);
     int32_t *s = gi(g, "shape", 2);
     size_t n = (size_t)s[0];
     int steps = s[1];
@@ -840,7 +775,7 @@ static void sgd_case(const char *file)
     }
     free(param);
     free(buf);
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 static void test_sgd_momentum(void **state)
@@ -1340,14 +1275,14 @@ static uint32_t bits_of(float f)
 static void test_casts(void **state)
 {
     (void)state;
-    golden *g = golden_load("casts");
-    golden_array *xa = golden_find(g, "x", 0, false);
+    mgt_test_golden *g = golden_load("casts");
+    mgt_test_golden_array *xa = mgt_test_golden_find(g, "x", 0, false);
     size_t n = xa->count;
     const float *x = xa->data;
     static const mgt_precision precs[] = {MGT_PREC_BF16, MGT_PREC_FP16};
     static const char *const code_names[] = {"bf16", "fp16"};
     static const char *const value_names[] = {"bf16_value", "fp16_value"};
-    golden_array *ca = golden_find(g, "codes", 0, true);
+    mgt_test_golden_array *ca = mgt_test_golden_find(g, "codes", 0, true);
     size_t nc = ca->count;
     for (int p = 0; p < 2; p++) {
         const int32_t *want = gi(g, code_names[p], n);
@@ -1385,7 +1320,7 @@ static void test_casts(void **state)
         free(hc);
         free(got);
     }
-    golden_free(g);
+    mgt_test_golden_free(g);
 }
 
 /* gemm_lp rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and itself

@@ -1,0 +1,67 @@
+/* The tests' array goldens: loading a file and finding its arrays (see golden.h). */
+#include "golden.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+mgt_test_golden *mgt_test_golden_load(const char *dir, const char *name, const char *maker)
+{
+    mgt_test_golden *g = calloc(1, sizeof *g);
+    assert_non_null(g);
+    snprintf(g->path, sizeof g->path, "%s/%s/%s.bin", MGT_TEST_DATA_DIR, dir, name);
+    FILE *f = fopen(g->path, "rb");
+    if (!f)
+        fail_msg("cannot open %s (run /usr/bin/python3 %s)", g->path, maker);
+    char line[256];
+    int version = 0;
+    if (!fgets(line, sizeof line, f) || sscanf(line, "mgt-golden %d %d", &version, &g->n) != 2 ||
+        version != 1 || g->n < 0 || g->n > MGT_TEST_GOLDEN_MAX_ARRAYS)
+        fail_msg("%s: bad header", g->path);
+    for (int i = 0; i < g->n; i++) {
+        mgt_test_golden_array *a = &g->a[i];
+        char type[8];
+        unsigned long long count = 0;
+        if (!fgets(line, sizeof line, f) ||
+            sscanf(line, "%63s %7s %llu", a->name, type, &count) != 3 ||
+            (strcmp(type, "f32") != 0 && strcmp(type, "i32") != 0) || count > (1u << 24))
+            fail_msg("%s: bad line for array %d", g->path, i);
+        a->is_int = strcmp(type, "i32") == 0;
+        a->count = (size_t)count;
+        a->data = malloc(a->count * 4 + 4);
+        assert_non_null(a->data);
+        if (fread(a->data, 4, a->count, f) != a->count)
+            fail_msg("%s: %s is cut short", g->path, a->name);
+    }
+    fclose(f);
+    return g;
+}
+
+void mgt_test_golden_free(mgt_test_golden *g)
+{
+    for (int i = 0; i < g->n; i++)
+        free(g->a[i].data);
+    free(g);
+}
+
+mgt_test_golden_array *mgt_test_golden_find(mgt_test_golden *g, const char *name, size_t count,
+                                            bool is_int)
+{
+    for (int i = 0; i < g->n; i++) {
+        mgt_test_golden_array *a = &g->a[i];
+        if (strcmp(a->name, name) != 0)
+            continue;
+        if (a->is_int != is_int)
+            fail_msg("%s: %s is not %s", g->path, name, is_int ? "i32" : "f32");
+        if (count && a->count != count)
+            fail_msg("%s: %s has %zu values, the test expects %zu", g->path, name, a->count, count);
+        return a;
+    }
+    fail_msg("%s: no array %s", g->path, name);
+    return NULL;
+}
