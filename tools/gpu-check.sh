@@ -17,7 +17,8 @@
 # grace and the summary still fit in 450 s): configure, build, cuda_smoke (the backend's
 # plumbing, asynchronous and under MGT_CUDA_SYNC=1), the conformance suite (every op, CUDA
 # beside the CPU reference), the CUDA training tests (train, models), `mgtrain devices` on
-# CUDA, the kernel benchmark, then the remaining tests. Test timeouts are the build's
+# CUDA, the kernel benchmark, the resnet50 training step in fp32, TF32, bf16 and fp16 on GPU 0,
+# then the remaining tests. Test timeouts are the build's
 # MGT_TEST_TIMEOUT (each test's TIMEOUT property, which `ctest --timeout` does not
 # override). Writes $OUT/gpu-check.log (everything), $OUT/summary.json and, when the
 # benchmark ran, $OUT/bench.json; OUT defaults to ./gpu-check-out.
@@ -426,6 +427,21 @@ if [ -x "$BUILD/bench_kernels" ]; then
         BENCH_ARGS+=(--threads "$JOBS" --repeats 3)
     fi
     run_step bench_kernels 45 "$BUILD/bench_kernels" "${BENCH_ARGS[@]}"
+fi
+
+if [ -x "$BUILD/mgtrain" ]; then
+    # The training step on the GPU: resnet50 at 224, fp32 (FMA), TF32, and both --amp
+    # precisions (cuBLAS and cuDNN's tensor cores, cuDNN's 16-bit NHWC convolutions).
+    for prec in f32 tf32 bf16 fp16; do
+        case $prec in
+        f32) extra=() ;;
+        tf32) extra=(--tf32) ;;
+        *) extra=(--amp "$prec") ;;
+        esac
+        run_step "bench-resnet50-$prec" 40 "$BUILD/mgtrain" bench --device cuda --gpus 0 \
+            -a resnet50 -b 64 --dummy --steps 5 --warmup 2 "${extra[@]}" \
+            --json "$OUT/bench-resnet50-$prec.json"
+    done
 fi
 
 if [ -f "$BUILD/CTestTestfile.cmake" ] && [ "$BUILT" -eq 0 ]; then

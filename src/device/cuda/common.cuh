@@ -166,5 +166,13 @@ mgt_status mgt_cuda_lowp_buffer(mgt_cuda_stream *s, size_t bytes);
 // Writes the rounded (encode16 false: fp32 values) or 16-bit (true) copies of a low-precision
 // op's inputs into s->lowp, and *f as the fp32 op that reads them (lowp.cu).
 mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encode16, mgt_op *f);
+// NCHW fp32 [n, c, hw] to NHWC 16-bit codes [n, hw, c], rounded as the casts round (a filter
+// KCRS to KRSC is the same with n = K, c = C/groups, hw = R*S) (lowp.cu).
+mgt_status mgt_cuda_to_nhwc16(mgt_cuda_stream *s, uint16_t *dst, const float *src, int n, int c,
+                              int hw, bool bf16);
+// The way back: dst [n, c, hw] = decode(src [n, hw, c]) + beta * dst (dst not read where beta
+// is 0).
+mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *src, int n, int c,
+                                int hw, float beta, bool bf16);
 
 #endif

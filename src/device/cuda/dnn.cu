@@ -141,10 +141,11 @@ algo_cache *cache_for(const mgt_cuda_dev *d, bool by_model)
 
 // Keeps the usable results of a cudnnFind*Ex or cudnnGet*_v7 call in the order cuDNN gave
 // them: deterministic ones only under --deterministic, without TF32 tensor-core math unless
-// --tf32 allows it, and (max_ws > 0) within that much workspace.
+// --tf32 allows it (16-bit data, lowp: tensor-core math is the point), and (max_ws > 0) within
+// that much workspace.
 template <typename Perf>
-static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt, size_t max_ws,
-                         std::vector<mgt_cuda_algo> *out)
+static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt, bool lowp,
+                         size_t max_ws, std::vector<mgt_cuda_algo> *out)
 {
     for (int i = 0; i < got; i++) {
         const Perf &p = perf[i];
@@ -152,23 +153,24 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
             continue;
         if (opt.deterministic && p.determinism != CUDNN_DETERMINISTIC)
             continue;
-        if (!opt.tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
+        if (!lowp && !opt.tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
             continue;
         if (max_ws > 0 && p.memory > max_ws)
             continue;
         mgt_cuda_algo a;
         a.algo = (int)p.algo;
         a.memory = p.memory;
-        // Without TF32 every run is pinned to FMA math, whatever cuDNN reported.
-        a.math = opt.tf32 ? p.mathType : CUDNN_FMA_MATH;
+        // Without TF32 every fp32 run is pinned to FMA math, whatever cuDNN reported.
+        a.math = opt.tf32 || lowp ? p.mathType : CUDNN_FMA_MATH;
         out->push_back(a);
     }
 }
 
-static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, size_t ws_bytes)
+// lowp: MGT_ERR_UNSUPPORTED, which sends the caller to the rounded fp32 path.
+static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, bool lowp, size_t ws_bytes)
 {
     const mgt_cuda_options &opt = d->set->opt;
-    return mgt_error_set(opt.deterministic ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
+    return mgt_error_set(opt.deterministic || lowp ? MGT_ERR_UNSUPPORTED : MGT_ERR_DEVICE,
                          "cuda device %d (gpu %d): %s: cuDNN has no %salgorithm for this shape "
                          "within %zu MiB of workspace",
                          d->index, d->gpu, mgt_op_name(dir),
@@ -178,7 +180,7 @@ static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, size_t ws_bytes
 
 // The fixed rule of --deterministic: cuDNN's heuristic order for the shape described by s's
 // descriptors, deterministic algorithms within the workspace cap. Nothing runs on the GPU.
-static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir,
+static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp,
                                   std::vector<mgt_cuda_algo> *out)
 {
     mgt_cuda_dev *d = s->dev;
@@ -189,28 +191,28 @@ static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir,
         MGT_CUDNN_TRY(d, cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, s->xd, s->wd, s->cd, s->yd,
                                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                                 &got, perf));
-        keep_results(perf, got, opt, opt.find_ws_cap, out);
+        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardDataAlgorithm_v7(
                              s->dnn, s->wd, s->yd, s->cd, s->xd,
                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
-        keep_results(perf, got, opt, opt.find_ws_cap, out);
+        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                              s->dnn, s->xd, s->yd, s->cd, s->wd,
                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-        keep_results(perf, got, opt, opt.find_ws_cap, out);
+        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     }
-    return out->empty() ? no_algorithm(d, dir, opt.find_ws_cap) : MGT_OK;
+    return out->empty() ? no_algorithm(d, dir, lowp, opt.find_ws_cap) : MGT_OK;
 }
 
 // Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
 // a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
 // inputs are the real ones, read only. Runs once per GPU and shape, so plain cudaMalloc is fine.
-static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_bytes, const void *in1,
-                             const void *in2, std::vector<mgt_cuda_algo> *out)
+static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, size_t out_bytes,
+                             const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
@@ -247,34 +249,50 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, size_t out_byt
                                                    tmp, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd,
                                                    ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(fwd, got, opt, 0, out);
+            keep_results(fwd, got, opt, lowp, 0, out);
     } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
         e = cudnnFindConvolutionBackwardDataAlgorithmEx(
             s->dnn, s->wd, in2, s->yd, in1, s->cd, s->xd, tmp,
             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bwd_data, ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(bwd_data, got, opt, 0, out);
+            keep_results(bwd_data, got, opt, lowp, 0, out);
     } else {
         e = cudnnFindConvolutionBackwardFilterAlgorithmEx(
             s->dnn, s->xd, in2, s->yd, in1, s->cd, s->wd, tmp,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bwd_filter, ws, ws_bytes);
         if (e == CUDNN_STATUS_SUCCESS)
-            keep_results(bwd_filter, got, opt, 0, out);
+            keep_results(bwd_filter, got, opt, lowp, 0, out);
     }
     // cudaFree waits for the search's kernels before releasing their buffers.
     cudaFree(tmp);
     if (ws != NULL)
         cudaFree(ws);
     (void)cudaGetLastError();
+    // A 16-bit layout cuDNN cannot run at all is no error: the caller takes the fp32 path.
+    if (lowp && CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+        return no_algorithm(d, dir, lowp, ws_bytes);
     if (e != CUDNN_STATUS_SUCCESS)
         return mgt_cuda_fail_dnn(d, e, "cudnnFindConvolution*AlgorithmEx", __FILE__, __LINE__);
-    return out->empty() ? no_algorithm(d, dir, ws_bytes) : MGT_OK;
+    return out->empty() ? no_algorithm(d, dir, lowp, ws_bytes) : MGT_OK;
 }
 
-// The cache entry of this shape, made on first use by the rule the options ask for.
+// What one convolution call reads and writes: fp32 NCHW tensors (dt CUDNN_DATA_FLOAT), or the
+// tensor-core path's 16-bit NHWC copies (lowp; dt CUDNN_DATA_BFLOAT16 or CUDNN_DATA_HALF,
+// accumulated in fp32).
+struct conv_io {
+    void *out;
+    const void *in1, *in2;
+    float beta;
+    cudnnDataType_t dt;
+    bool lowp;
+};
+
+// The cache entry of this shape, made on first use by the rule the options ask for. For the
+// 16-bit path an entry may have no candidates: cuDNN runs none for the shape, and the caller
+// falls back at once instead of searching again.
 static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_conv2d_shape *sh,
-                                 size_t out_bytes, const void *in1, const void *in2,
-                                 algo_cache **cache_out, conv_entry **out)
+                                 const conv_io &io, size_t out_bytes, algo_cache **cache_out,
+                                 conv_entry **out)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
@@ -286,7 +304,8 @@ static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_
                             sh->s,         sh->stride_h,
                             sh->stride_w,  sh->pad_h,
                             sh->pad_w,     sh->groups,
-                            (int)opt.tf32, (int)opt.deterministic};
+                            (int)opt.tf32, (int)opt.deterministic,
+                            (int)io.dt};
     std::lock_guard<std::mutex> g(cache->lock);
     *cache_out = cache;
     auto it = cache->entries.find(key);
@@ -295,10 +314,13 @@ static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_
         return MGT_OK;
     }
     conv_entry entry;
-    mgt_status st = opt.deterministic ? heuristic_algos(s, dir, &entry.cands)
-                                      : find_algos(s, dir, out_bytes, in1, in2, &entry.cands);
-    if (st != MGT_OK)
+    mgt_status st = opt.deterministic
+                        ? heuristic_algos(s, dir, io.lowp, &entry.cands)
+                        : find_algos(s, dir, io.lowp, out_bytes, io.in1, io.in2, &entry.cands);
+    if (st != MGT_OK && !(io.lowp && st == MGT_ERR_UNSUPPORTED))
         return st;
+    if (st != MGT_OK)
+        entry.cands.clear(); // a 16-bit shape cuDNN refuses is remembered, empty
     *out = &cache->entries.emplace(key, std::move(entry)).first->second;
     return MGT_OK;
 }
@@ -352,8 +374,11 @@ static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
 }
 
 static cudnnStatus_t conv_run(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cuda_algo &a,
-                              float *out, const float *in1, const float *in2, float beta)
+                              const conv_io &io)
 {
+    void *out = io.out;
+    const void *in1 = io.in1, *in2 = io.in2;
+    const float beta = io.beta;
     const float one = 1.0f;
     switch (dir) {
     case MGT_OP_CONV2D_FWD: // y = conv(x = in1, w = in2) + beta*y
@@ -371,8 +396,8 @@ static cudnnStatus_t conv_run(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cud
     }
 }
 
-static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const float *in1,
-                         const float *in2, const mgt_conv2d_shape *sh, float beta)
+static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
+                         const mgt_conv2d_shape *sh)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_dnn(s);
@@ -380,21 +405,23 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const 
         return st;
     mgt_cuda_dev *d = s->dev;
     const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh);
-    // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], all NCHW fp32, no dilation.
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
-                                                sh->c, sh->h, sh->w));
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, sh->n,
-                                                sh->k, p, q));
-    MGT_CUDNN_TRY(d, cudnnSetFilter4dDescriptor(s->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, sh->k,
-                                                sh->c / sh->groups, sh->r, sh->s));
-    // Our conv is torch's: cross-correlation (no kernel flip).
+    // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], no dilation: NCHW fp32, or NHWC
+    // (KRSC) 16-bit for the tensor-core path.
+    const cudnnTensorFormat_t fmt = io.lowp ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, fmt, io.dt, sh->n, sh->c, sh->h, sh->w));
+    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, fmt, io.dt, sh->n, sh->k, p, q));
+    MGT_CUDNN_TRY(
+        d, cudnnSetFilter4dDescriptor(s->wd, io.dt, fmt, sh->k, sh->c / sh->groups, sh->r, sh->s));
+    // Our conv is torch's: cross-correlation (no kernel flip); fp32 accumulation always.
     MGT_CUDNN_TRY(d, cudnnSetConvolution2dDescriptor(s->cd, sh->pad_h, sh->pad_w, sh->stride_h,
                                                      sh->stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
                                                      CUDNN_DATA_FLOAT));
     MGT_CUDNN_TRY(d, cudnnSetConvolutionGroupCount(s->cd, sh->groups));
     // CUDNN_DEFAULT_MATH would let cuDNN use TF32 on Ampere and later; FMA math keeps FP32.
-    MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
-                                                                         : CUDNN_FMA_MATH));
+    // 16-bit data asks for the tensor cores.
+    MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, io.lowp            ? CUDNN_TENSOR_OP_MATH
+                                                        : d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
+                                                                           : CUDNN_FMA_MATH));
 
     size_t out_elems = dir == MGT_OP_CONV2D_FWD ? (size_t)sh->n * sh->k * p * q
                        : dir == MGT_OP_CONV2D_BWD_DATA
@@ -402,10 +429,13 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const 
                            : (size_t)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
     algo_cache *cache = NULL;
     conv_entry *entry = NULL;
-    st = conv_entry_for(s, dir, sh, out_elems * sizeof(float), in1, in2, &cache, &entry);
+    const size_t esize = io.lowp ? sizeof(uint16_t) : sizeof(float);
+    st = conv_entry_for(s, dir, sh, io, out_elems * esize, &cache, &entry);
     if (st != MGT_OK)
         return st;
     const std::vector<mgt_cuda_algo> &cands = entry->cands; // fixed once made: no lock
+    if (cands.empty()) // only for 16-bit data, where cuDNN runs nothing for the shape
+        return no_algorithm(d, dir, io.lowp, 0);
     std::vector<char> skip(cands.size(), 0);
     {
         std::lock_guard<std::mutex> g(cache->lock);
@@ -443,7 +473,7 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, float *out, const 
             e = CUDNN_STATUS_NOT_SUPPORTED;
             continue;
         }
-        e = conv_run(s, dir, a, out, in1, in2, beta);
+        e = conv_run(s, dir, a, io);
         if (CUDNN_STATUS_CATEGORY(e) != CUDNN_STATUS_NOT_SUPPORTED)
             break;
         refuse(i);
@@ -467,7 +497,8 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
     const mgt_op_kind dir = op->kind;
     const auto &c = op->u.conv;
     try {
-        return conv2d(s, dir, c.out, c.in1, c.in2, &c.sh, c.beta);
+        conv_io io = {c.out, c.in1, c.in2, c.beta, CUDNN_DATA_FLOAT, false};
+        return conv2d(s, dir, io, &c.sh);
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
                              mgt_op_name(dir));
@@ -498,15 +529,83 @@ mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "gemm_lp (cublasGemmEx)");
 }
 
-// The inputs rounded in fp32, then the fp32 convolution: autocast's arithmetic with an fp32
-// result. cuDNN's 16-bit convolutions would write a 16-bit output (one more rounding than
-// the reference) and want NHWC for tensor cores; that path is not written yet.
+// The tensor-core path: the two inputs as NHWC (filters KRSC) 16-bit copies in s->lowp, cuDNN's
+// 16-bit convolution with fp32 accumulation into a 16-bit NHWC result there, and that result
+// back to the op's fp32 NCHW output (+ beta * output). cuDNN's legacy API has no 16-bit-in,
+// fp32-out configuration, so the output is rounded once to 16 bits, as autocast's convolutions
+// return it; the conformance suite allows that one rounding on CUDA. The layout changes at
+// each op's edges (the activations between ops stay NCHW fp32). MGT_ERR_UNSUPPORTED where
+// cuDNN runs no 16-bit algorithm for the shape.
+static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op)
+{
+    const auto &c = op->u.conv;
+    const mgt_conv2d_shape *sh = &c.sh;
+    const mgt_op_kind dir = mgt_op_fp32_kind(op->kind);
+    const bool bf16 = op->prec == MGT_PREC_BF16;
+    const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh), cg = sh->c / sh->groups;
+    auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w, ny = (size_t)sh->n * sh->k * p * q,
+                 nw = (size_t)sh->k * cg * sh->r * sh->s;
+    const size_t bx = align(nx * 2), by = align(ny * 2), bw = align(nw * 2);
+    mgt_status st = mgt_cuda_lowp_buffer(s, bx + by + bw);
+    if (st != MGT_OK)
+        return st;
+    uint16_t *x16 = (uint16_t *)s->lowp, *y16 = (uint16_t *)((char *)s->lowp + bx),
+             *w16 = (uint16_t *)((char *)s->lowp + bx + by);
+    const float *in1 = (const float *)c.in1, *in2 = (const float *)c.in2;
+    float *out = (float *)c.out;
+    conv_io io = {NULL, NULL, NULL, 0.0f, bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, true};
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD: // y = conv(x, w)
+        st = mgt_cuda_to_nhwc16(s, x16, in1, sh->n, sh->c, sh->h * sh->w, bf16);
+        if (st == MGT_OK)
+            st = mgt_cuda_to_nhwc16(s, w16, in2, sh->k, cg, sh->r * sh->s, bf16);
+        io.out = y16, io.in1 = x16, io.in2 = w16;
+        break;
+    case MGT_OP_CONV2D_BWD_DATA: // dx = conv_transpose(dy, w)
+        st = mgt_cuda_to_nhwc16(s, y16, in1, sh->n, sh->k, p * q, bf16);
+        if (st == MGT_OK)
+            st = mgt_cuda_to_nhwc16(s, w16, in2, sh->k, cg, sh->r * sh->s, bf16);
+        io.out = x16, io.in1 = y16, io.in2 = w16;
+        break;
+    default: // dw = correlate(x, dy)
+        st = mgt_cuda_to_nhwc16(s, y16, in1, sh->n, sh->k, p * q, bf16);
+        if (st == MGT_OK)
+            st = mgt_cuda_to_nhwc16(s, x16, in2, sh->n, sh->c, sh->h * sh->w, bf16);
+        io.out = w16, io.in1 = y16, io.in2 = x16;
+        break;
+    }
+    if (st == MGT_OK)
+        st = conv2d(s, dir, io, sh);
+    if (st != MGT_OK)
+        return st;
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD:
+        return mgt_cuda_from_nhwc16(s, out, y16, sh->n, sh->k, p * q, c.beta, bf16);
+    case MGT_OP_CONV2D_BWD_DATA:
+        return mgt_cuda_from_nhwc16(s, out, x16, sh->n, sh->c, sh->h * sh->w, c.beta, bf16);
+    default: return mgt_cuda_from_nhwc16(s, out, w16, sh->k, cg, sh->r * sh->s, c.beta, bf16);
+    }
+}
+
+// cuDNN's tensor cores on 16-bit NHWC copies where cuDNN has an algorithm for the shape;
+// elsewhere the inputs rounded in fp32 and the fp32 convolution: autocast's input rounding with
+// an fp32 result (the reference's arithmetic exactly).
 mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
 {
     mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    try {
+        st = conv2d_tensor_cores(s, op);
+    } catch (...) {
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
+                             mgt_op_name(op->kind));
+    }
+    if (st != MGT_ERR_UNSUPPORTED)
+        return st;
     mgt_op f;
-    if (st == MGT_OK)
-        st = mgt_cuda_lowp_inputs(s, op, false, &f);
+    st = mgt_cuda_lowp_inputs(s, op, false, &f);
     return st != MGT_OK ? st : mgt_cuda_conv2d(s, &f);
 }
 

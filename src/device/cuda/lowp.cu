@@ -1,7 +1,7 @@
 // Mixed precision on the CUDA backend: the casts, the nonfinite count, and the low-precision
 // gemm (cuBLAS on bf16/fp16 inputs with fp32 accumulation and an fp32 C, tensor cores where
-// the GPU has them) and convolutions (inputs rounded to the 16-bit format, then the fp32
-// cuDNN path: exact autocast arithmetic with an fp32 result, without tensor cores yet).
+// the GPU has them), and the NCHW <-> NHWC 16-bit conversions of the convolutions' tensor-core
+// path (dnn.cu).
 //
 // The rounding is written out bit for bit as in src/device/lowp.h (round to nearest even,
 // fp16 overflow to inf, NaN kept quiet with its sign) rather than through cuda_bf16.h's
@@ -101,6 +101,31 @@ __global__ void k_from16(float *dst, const uint16_t *src, size_t n, bool bf16)
         dst[i] = decode(bf16, src[i]);
 }
 
+// One thread per element, indexed by the NHWC side: the 16-bit writes (or reads) are the
+// coalesced ones, the fp32 side strides by hw.
+__global__ void k_to_nhwc16(uint16_t *dst, const float *src, int n, int c, int hw, bool bf16)
+{
+    size_t total = (size_t)n * c * hw;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t ch = i % (size_t)c, rest = i / (size_t)c, p = rest % (size_t)hw, img = rest / hw;
+        dst[i] = encode(bf16, src[(img * c + ch) * hw + p]);
+    }
+}
+
+__global__ void k_from_nhwc16(float *dst, const uint16_t *src, int n, int c, int hw, float beta,
+                              bool bf16)
+{
+    size_t total = (size_t)n * c * hw;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t ch = i % (size_t)c, rest = i / (size_t)c, p = rest % (size_t)hw, img = rest / hw;
+        size_t at = (img * c + ch) * hw + p;
+        float v = decode(bf16, src[i]);
+        dst[at] = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, dst[at]));
+    }
+}
+
 // Integer atomics only: the count is the same whatever the order.
 __global__ void k_nonfinite(int32_t *count, const float *x, size_t n)
 {
@@ -135,6 +160,22 @@ mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
         k_from16<<<blocks_for(a.n), kThreads, 0, s->stream>>>((float *)a.dst,
                                                               (const uint16_t *)a.src, a.n, bf16);
     return MGT_CUDA_AFTER(s, mgt_op_name(op->kind));
+}
+
+mgt_status mgt_cuda_to_nhwc16(mgt_cuda_stream *s, uint16_t *dst, const float *src, int n, int c,
+                              int hw, bool bf16)
+{
+    size_t total = (size_t)n * c * hw;
+    k_to_nhwc16<<<blocks_for(total), kThreads, 0, s->stream>>>(dst, src, n, c, hw, bf16);
+    return MGT_CUDA_AFTER(s, "to_nhwc16");
+}
+
+mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *src, int n, int c,
+                                int hw, float beta, bool bf16)
+{
+    size_t total = (size_t)n * c * hw;
+    k_from_nhwc16<<<blocks_for(total), kThreads, 0, s->stream>>>(dst, src, n, c, hw, beta, bf16);
+    return MGT_CUDA_AFTER(s, "from_nhwc16");
 }
 
 mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
