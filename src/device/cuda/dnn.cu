@@ -186,25 +186,32 @@ static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
     int got = 0;
+    cudnnStatus_t e;
     if (dir == MGT_OP_CONV2D_FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        MGT_CUDNN_TRY(d, cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, s->xd, s->wd, s->cd, s->yd,
-                                                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                                &got, perf));
-        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
+        e = cudnnGetConvolutionForwardAlgorithm_v7(s->dnn, s->xd, s->wd, s->cd, s->yd,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     } else if (dir == MGT_OP_CONV2D_BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                             s->dnn, s->wd, s->yd, s->cd, s->xd,
-                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
-        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
+        e = cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            s->dnn, s->wd, s->yd, s->cd, s->xd, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        MGT_CUDNN_TRY(d, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                             s->dnn, s->xd, s->yd, s->cd, s->wd,
-                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-        keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
+        e = cudnnGetConvolutionBackwardFilterAlgorithm_v7(s->dnn, s->xd, s->yd, s->cd, s->wd,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                          &got, perf);
+        if (e == CUDNN_STATUS_SUCCESS)
+            keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     }
+    // As in find_algos: a 16-bit layout cuDNN cannot run sends the caller to the fp32 path.
+    if (lowp && CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+        return no_algorithm(d, dir, lowp, opt.find_ws_cap);
+    if (e != CUDNN_STATUS_SUCCESS)
+        return mgt_cuda_fail_dnn(d, e, "cudnnGetConvolution*Algorithm_v7", __FILE__, __LINE__);
     return out->empty() ? no_algorithm(d, dir, lowp, opt.find_ws_cap) : MGT_OK;
 }
 
