@@ -116,12 +116,18 @@ typedef struct learn_case {
     const char *arch;
     int size, classes, batch, steps;
     float lr;
+    bool no_dropout;
 } learn_case;
 
-/* One representative per family at the smallest input it takes here. */
+/* One representative per family at the smallest input it takes here. AlexNet learns without
+   its dropout: it has no batch norm, and from torchvision's initialisation on one batch of 4
+   images its loss with dropout 0.5 moves by less than 0.03 in 24 steps at any of lr 0.01 to
+   0.05 (in PyTorch too), while without dropout it falls from 1.386 to 1.31 in 16 steps and 0.97
+   in 24 (PyTorch, lr 0.05); here 1.386 to 1.14 in 28. Its dropout masks are the conformance suite's and
+   test_equivalence's (squeezenet1_1) to check. */
 static const learn_case learn_cases[] = {
     {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f},
-    {"alexnet", "alexnet", 63, 4, 4, 8, 0.05f},
+    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true},
     {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f},
     {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f},
     {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f},
@@ -183,7 +189,8 @@ static void test_learn(void **state)
                                 .classes = lc->classes,
                                 .in_channels = 3,
                                 .image_size = lc->size,
-                                .batch = lc->batch};
+                                .batch = lc->batch,
+                                .no_dropout = lc->no_dropout};
         CHECK(mgt_model_create(&cfg, r[k].d, &r[k].m));
         CHECK(mgt_model_init(r[k].m, r[k].s, 42));
         size_t pb;
