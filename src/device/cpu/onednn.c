@@ -56,6 +56,11 @@ struct mgt_onednn_plan {
     prim full, last; /* last.mb == 0 when chunks divide the batch */
     size_t per_thread, shared, dw_n, part_stride;
     size_t off_b, off_o, off_w, off_sp; /* a thread's buffers after its a buffer, in floats */
+    /* filter gradient: a part sums its chunks' gradients in oneDNN's layout (the two
+       primitives' layouts are the same) in w, each next chunk's landing in w2 at off_w2, and
+       reorders the sum to plain once, instead of once per chunk */
+    bool w_blocked_sum;
+    size_t off_w2;
     mgt_onednn_plan *next;
 };
 
@@ -462,7 +467,11 @@ static void plan_layout(mgt_onednn_plan *pl)
     pl->off_b = align_up(fa);
     pl->off_o = pl->off_b + align_up(fb);
     pl->off_w = pl->off_o + align_up(fo);
-    pl->off_sp = pl->off_w + align_up(fw);
+    pl->w_blocked_sum =
+        pl->kind == K_BWD_FILTER &&
+        (!pl->last.mb || dnnl_memory_desc_equal(&pl->full.md[M_IW], &pl->last.md[M_IW]));
+    pl->off_w2 = pl->off_w + align_up(fw);
+    pl->off_sp = pl->off_w2 + (pl->w_blocked_sum ? align_up(fw) : 0);
     pl->per_thread = pl->off_sp + align_up(fsp);
     pl->dw_n = (size_t)pl->sh.k * (pl->sh.c / (pl->sh.groups > 1 ? pl->sh.groups : 1)) * pl->sh.r *
                pl->sh.s;
@@ -578,14 +587,14 @@ static dnnl_status_t exec2(const prim *p, dnnl_primitive_t r, dnnl_stream_t st, 
 
 /* Thread t's internal buffers: a, b, o, w, scratchpad. */
 typedef struct bufs {
-    float *a, *b, *o, *w, *sp;
+    float *a, *b, *o, *w, *w2, *sp;
 } bufs;
 
 static bufs bufs_of(const run_job *j, int t)
 {
     const mgt_onednn_plan *pl = j->pl;
     float *a = j->scratch + pl->shared + (size_t)t * pl->per_thread;
-    return (bufs){a, a + pl->off_b, a + pl->off_o, a + pl->off_w, a + pl->off_sp};
+    return (bufs){a, a + pl->off_b, a + pl->off_o, a + pl->off_w, a + pl->off_w2, a + pl->off_sp};
 }
 
 /* Image offset and primitive of chunk i. */
@@ -637,7 +646,10 @@ static void data_item(void *c, int i, int t)
     note(j, s);
 }
 
-/* Filter gradient: part i sums its chunks' gradients into its own plain accumulator. */
+/* Filter gradient: part i sums its chunks' gradients into its own plain accumulator: in
+   oneDNN's layout and reordered once where the plan allows (w_blocked_sum), else reordered and
+   added chunk by chunk. The sums are the same additions in the same order either way (a
+   reorder's beta 1 adds as `+` does), so the bits do not change. */
 static void filter_item(void *c, int i, int t)
 {
     run_job *j = c;
@@ -666,21 +678,32 @@ static void filter_item(void *c, int i, int t)
             s = exec2(p, p->rb, st, t, mem_at(p, t, M_UB, udy), mem_at(p, t, M_IB, b.b), b.sp);
             idy = b.b;
         }
+        float *dw = pl->w_blocked_sum && ch != c0 ? b.w2 : b.w;
         if (s == dnnl_success) {
             dnnl_exec_arg_t a[4] = {
                 {DNNL_ARG_SRC, mem_at(p, t, M_IA, ix)},
                 {DNNL_ARG_DIFF_DST, mem_at(p, t, M_IB, idy)},
-                {DNNL_ARG_DIFF_WEIGHTS, mem_at(p, t, M_IW, b.w)},
+                {DNNL_ARG_DIFF_WEIGHTS, mem_at(p, t, M_IW, dw)},
             };
             int n = 3;
             if (p->fsp)
                 a[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem_at(p, t, M_SP, b.sp)};
             s = dnnl_primitive_execute(p->conv, st, n, a);
         }
-        if (s == dnnl_success)
+        if (s == dnnl_success && pl->w_blocked_sum && ch != c0) {
+            s = dnnl_stream_wait(st);
+            float *restrict sum = b.w;
+            const float *restrict next = b.w2;
+            for (size_t e = 0; e < p->fw; e++)
+                sum[e] += next[e];
+        } else if (s == dnnl_success && !pl->w_blocked_sum) {
             s = exec2(p, ch == c0 ? p->w_out : p->w_acc, st, t, mem_at(p, t, M_IW, b.w),
                       mem_at(p, t, M_UW, acc), b.sp);
+        }
     }
+    if (s == dnnl_success && pl->w_blocked_sum && c1 > c0)
+        s = exec2(&pl->full, pl->full.w_out, st, t, mem_at(&pl->full, t, M_IW, b.w),
+                  mem_at(&pl->full, t, M_UW, acc), b.sp);
     if (s == dnnl_success)
         s = dnnl_stream_wait(st);
     note(j, s);
