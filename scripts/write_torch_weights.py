@@ -8,6 +8,8 @@ input of 2 images with the eval logits (float64) into CHECK.
 With --verify, the other way: WEIGHTS is what mgtrain wrote after loading those; it must load
 into torchvision's ARCH with strict=True and give CHECK's eval logits (exit 1 where not).
 
+scripts/check_zoo_strict.py runs both directions for every architecture in one process.
+
 Usage: scripts/write_torch_weights.py ARCH SIZE WEIGHTS CHECK
        scripts/write_torch_weights.py --verify ARCH WEIGHTS CHECK"""
 import os
@@ -36,11 +38,7 @@ def verify(arch, wpath, cpath):
     return 0 if err <= 2e-5 else 1
 
 
-def main():
-    if sys.argv[1] == "--verify":
-        return verify(sys.argv[2], sys.argv[3], sys.argv[4])
-    arch, size, wpath, cpath = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(2)
+def write(arch, size, wpath, cpath):
     torch.manual_seed(12)
     model = torchvision.models.__dict__[arch](num_classes=10)
     gen = torch.Generator().manual_seed(34)
@@ -53,6 +51,13 @@ def main():
     sd = {k: (v if v.dtype == torch.int64 else f32(v)) for k, v in model.state_dict().items()}
     save_safetensors(wpath, list(sd.items()), {"arch": arch})
     save_safetensors(cpath, [("input", x), ("eval_logits", f32(logits))], {"arch": arch})
+
+
+def main():
+    if sys.argv[1] == "--verify":
+        return verify(sys.argv[2], sys.argv[3], sys.argv[4])
+    torch.set_num_threads(2)
+    write(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
     return 0
 
 
