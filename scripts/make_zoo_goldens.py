@@ -29,7 +29,10 @@ DROP_SEED, DROP_STEP = 7, 1
 # arch, input side (the smallest each takes, or a small one)
 CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32),
          ("squeezenet1_1", 32), ("shufflenet_v2_x0_5", 96),
-         ("densenet121", 128), ("convnext_tiny", 32)]
+         ("densenet121", 128), ("convnext_tiny", 32),
+         ("vgg13", 32), ("vgg16", 32), ("vgg19", 32), ("vgg13_bn", 32), ("vgg16_bn", 32),
+         ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
+         ("regnet_y_400mf", 96)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
 # golden says no_dropout = 1 and the C test builds them so
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0}}

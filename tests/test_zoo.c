@@ -260,15 +260,33 @@ static void test_learn(void **state)
    eval and training logits, the loss and the BN running statistics, not the gradients: with
    densenet121's golden weights PyTorch's own float32 gradients miss the float64 ones by more
    than TOL_GRAD (277 of 364 tensors at 3x128x128, up to 4% of their layer's largest;
-   scripts/check_zoo_float32.py), so no float32 implementation can pass that check there. */
+   scripts/check_zoo_float32.py), so no float32 implementation can pass that check there;
+   test_models' test_torch_load checks densenet121's and densenet169's gradients against PyTorch
+   in float64 on the ResNet hash weights, where they are well conditioned. The architectures not
+   here (the bottleneck ResNets, RegNet X, EfficientNet B1, densenet169) are ill-conditioned
+   under this formula (check_zoo_float32.py: PyTorch's own float32 misses in most tensors) and
+   are held to PyTorch there instead. */
 static const struct {
     const char *arch;
     int size;
     bool fwd_only;
-} golden_cases[] = {{"vgg11", 32, false},         {"vgg11_bn", 32, false},
-                    {"alexnet", 63, false},       {"squeezenet1_0", 32, false},
-                    {"squeezenet1_1", 32, false}, {"shufflenet_v2_x0_5", 96, false},
-                    {"densenet121", 128, true},   {"convnext_tiny", 32, false}};
+} golden_cases[] = {{"vgg11", 32, false},
+                    {"vgg11_bn", 32, false},
+                    {"alexnet", 63, false},
+                    {"squeezenet1_0", 32, false},
+                    {"squeezenet1_1", 32, false},
+                    {"shufflenet_v2_x0_5", 96, false},
+                    {"densenet121", 128, true},
+                    {"convnext_tiny", 32, false},
+                    {"vgg13", 32, false},
+                    {"vgg16", 32, false},
+                    {"vgg19", 32, false},
+                    {"vgg13_bn", 32, false},
+                    {"vgg16_bn", 32, false},
+                    {"vgg19_bn", 32, false},
+                    {"shufflenet_v2_x1_0", 96, false},
+                    {"mobilenet_v3_small", 64, false},
+                    {"regnet_y_400mf", 96, false}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
