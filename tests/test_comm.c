@@ -1,6 +1,7 @@
 /* Tests of the collectives: bucket planning, the threaded tree all-reduce against a sum in
    double on 1..8 mock devices with and without peer access, replicas bit-identical,
    broadcast from any root, and an aborted step-end wait. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,6 +40,7 @@ typedef struct fixture {
 } fixture;
 
 static mgt_allreduce_algo algo_under_test = MGT_ALLREDUCE_TREE;
+static mgt_precision grad_dtype_under_test = MGT_PREC_F32;
 
 static void fixture_open(fixture *f, int n, const char *mock, size_t floats, size_t bucket_bytes)
 {
@@ -76,6 +78,7 @@ static void fixture_open(fixture *f, int n, const char *mock, size_t floats, siz
         .bucket_bytes = bucket_bytes,
         .first_bucket_bytes = 64,
         .algo = algo_under_test,
+        .grad_dtype = grad_dtype_under_test,
     };
     CHECK(mgt_comm_create(f->set, &cfg, &f->comm));
 }
@@ -132,6 +135,50 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* bf16 round to nearest even, written here from the format's definition (no NaN or inf in
+   these values) */
+static float bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* What the bf16 all-reduce must give: with the tree, exactly its sums (pairs r, r + k for k =
+   1, 2, 4, ..., each the fp32 sum of two bf16 values rounded to bf16); with the ring, whose
+   order depends on the chunking, a bf16 value within n roundings of the exact sum. */
+static void check_bf16(int n, size_t floats, int step, const float *got)
+{
+    float v[MGT_MAX_DEVICES];
+    for (size_t e = 0; e < floats; e++) {
+        double exact = 0, mag = 0;
+        for (int i = 0; i < n; i++) {
+            v[i] = bf16(value(i, step, e));
+            exact += value(i, step, e);
+            mag += fabs(value(i, step, e));
+        }
+        uint32_t bits;
+        memcpy(&bits, &got[e], 4);
+        if (n > 1 && (bits & 0xffffu) != 0)
+            fail_msg("element %zu: %.9g is not a bf16 value", e, (double)got[e]);
+        if (algo_under_test == MGT_ALLREDUCE_TREE || n == 1) {
+            for (int k = 1; k < n; k *= 2)
+                for (int r = 0; r + k < n; r += 2 * k)
+                    v[r] = bf16(v[r] + v[r + k]);
+            float want = n > 1 ? v[0] : value(0, step, e);
+            if (memcmp(&want, &got[e], 4) != 0)
+                fail_msg("tree, %d devices, element %zu: %.9g, the tree's bf16 sums give %.9g", n,
+                         e, (double)got[e], (double)want);
+        } else if (fabs(got[e] - exact) > n * 0x1p-8 * mag) {
+            fail_msg("ring, %d devices, element %zu: %.9g, exact sum %.9g", n, e, (double)got[e],
+                     exact);
+        }
+    }
+}
+
 static void run_allreduce(int n, const char *mock, size_t floats, size_t bucket_bytes, int steps)
 {
     fixture f;
@@ -150,7 +197,9 @@ static void run_allreduce(int n, const char *mock, size_t floats, size_t bucket_
         if (w[i].st != MGT_OK)
             fail_msg("device %d: %s", i, w[i].err);
     double worst = 0;
-    for (size_t k = 0; k < floats; k++) {
+    if (grad_dtype_under_test == MGT_PREC_BF16)
+        check_bf16(n, floats, steps - 1, w[0].host);
+    for (size_t k = 0; k < floats && grad_dtype_under_test == MGT_PREC_F32; k++) {
         double want = 0;
         for (int i = 0; i < n; i++)
             want += value(i, steps - 1, k);
@@ -231,6 +280,22 @@ static void test_ring(void **state)
     assert_int_equal(mgt_allreduce_algo_parse("ring", &a), MGT_OK);
     assert_int_equal(a, MGT_ALLREDUCE_RING);
     assert_int_equal(mgt_allreduce_algo_parse("star", &a), MGT_ERR_INVALID);
+}
+
+/* --grad-dtype bf16 (DDP's bf16_compress_hook): tree and ring on 1..5 devices, with and
+   without peer access; replicas bit-identical, every value bf16, the tree's sums exactly. */
+static void test_allreduce_bf16(void **state)
+{
+    (void)state;
+    grad_dtype_under_test = MGT_PREC_BF16;
+    for (int a = 0; a < 2; a++) {
+        algo_under_test = a ? MGT_ALLREDUCE_RING : MGT_ALLREDUCE_TREE;
+        for (int n = 1; n <= 5; n++)
+            run_allreduce(n, "threads=1", 3001, 2048, 2);
+        run_allreduce(4, "threads=1;peers=none;delay=200;seed=3", 2003, 1024, 2);
+    }
+    algo_under_test = MGT_ALLREDUCE_TREE;
+    grad_dtype_under_test = MGT_PREC_F32;
 }
 
 static void test_broadcast(void **state)
@@ -321,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_without_peers),
         cmocka_unit_test(test_allreduce_with_delays),
         cmocka_unit_test(test_ring),
+        cmocka_unit_test(test_allreduce_bf16),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_step_end_aborts),
         cmocka_unit_test(test_bad_config),

@@ -277,6 +277,86 @@ static void test_amp_learns(void **state)
     }
 }
 
+/* Relative L2 distance between the weight tensors of two checkpoints. */
+static double weights_distance(const char *a, const char *b)
+{
+    mgt_st_file *fa, *fb;
+    if (mgt_st_open(a, &fa) != MGT_OK || mgt_st_open(b, &fb) != MGT_OK)
+        fail_msg("open: %s", mgt_error_last());
+    double d2 = 0, n2 = 0;
+    for (int i = 0; i < mgt_st_count(fa); i++) {
+        const char *name = mgt_st_tensor_name(fa, i);
+        if (strncmp(name, "optimizer.", 10) == 0 || !strstr(name, "weight"))
+            continue;
+        int j = mgt_st_find(fb, name);
+        assert_true(j >= 0);
+        const float *x = mgt_st_tensor_data(fa, i), *y = mgt_st_tensor_data(fb, j);
+        for (size_t k = 0; k < mgt_st_tensor_bytes(fa, i) / sizeof(float); k++) {
+            d2 += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+            n2 += (double)x[k] * x[k];
+        }
+    }
+    mgt_st_close(fa);
+    mgt_st_close(fb);
+    return sqrt(d2 / n2);
+}
+
+/* --grad-dtype bf16 on two devices: after one epoch the weights are not the f32 all-reduce's
+   (the rounding is there) but near them (measured 4.2% relative L2; on two devices the f32 ring
+   and tree make the same additions, 0 apart); with the ring it learns in 6 epochs with the
+   per-epoch replica check holding (the run stops otherwise); with --amp fp16 too, loss scaling
+   works on the bf16 sums. */
+static void test_grad_bf16_learns(void **state)
+{
+    (void)state;
+    static const char *const runs[3] = {"grad-f32", "grad-f32-ring", "grad-bf16"};
+    for (int g = 0; g < 3; g++) {
+        mgt_train_config c;
+        base_config(&c);
+        c.epochs = 1;
+        c.augment = MGT_AUGMENT_NONE;
+        c.grad_dtype = g == 2 ? MGT_PREC_BF16 : MGT_PREC_F32;
+        c.allreduce = g == 1 ? MGT_ALLREDUCE_RING : MGT_ALLREDUCE_TREE;
+        char dir[400];
+        snprintf(dir, sizeof dir, "%s/%s", root, runs[g]);
+        c.checkpoint_dir = dir;
+        mgt_train_result res;
+        if (train(&c, 2, "threads=1", &res) != MGT_OK)
+            fail_msg("%s: %s", runs[g], mgt_error_last());
+    }
+    char p[3][512];
+    for (int g = 0; g < 3; g++)
+        ckpt_path(p[g], sizeof p[g], runs[g]);
+    double order = weights_distance(p[0], p[1]), bf16 = weights_distance(p[0], p[2]);
+    print_message("after one epoch, relative L2 from the f32 tree's weights: f32 ring %.3g, "
+                  "--grad-dtype bf16 %.3g\n",
+                  order, bf16);
+    assert_true(bf16 > 0);
+    assert_true(bf16 < 0.1);
+
+    mgt_train_config c;
+    base_config(&c);
+    c.epochs = 6;
+    c.augment = MGT_AUGMENT_NONE;
+    c.grad_dtype = MGT_PREC_BF16;
+    c.allreduce = MGT_ALLREDUCE_RING;
+    mgt_train_result res;
+    if (train(&c, 2, "threads=1", &res) != MGT_OK)
+        fail_msg("--grad-dtype bf16 --allreduce ring: %s", mgt_error_last());
+    if (res.val_acc1 < 75.0)
+        fail_msg("--grad-dtype bf16 --allreduce ring: top-1 %.1f after 6 epochs", res.val_acc1);
+
+    base_config(&c);
+    c.epochs = 2;
+    c.augment = MGT_AUGMENT_NONE;
+    c.grad_dtype = MGT_PREC_BF16;
+    c.amp = MGT_PREC_FP16;
+    if (train(&c, 2, "threads=1;peers=none", &res) != MGT_OK)
+        fail_msg("--grad-dtype bf16 --amp fp16: %s", mgt_error_last());
+    assert_true(res.skipped_steps < res.steps);
+    assert_true(res.loss_scale == ldexpf(MGT_SCALER_INIT, -(int)res.skipped_steps));
+}
+
 /* A scale far too large (2^40: the scaled loss gradient overflows fp16) backs off step by
    step: those steps change nothing, then training goes on with a finite loss. */
 static void test_fp16_overflow_backs_off(void **state)
@@ -976,6 +1056,7 @@ int main(void)
         cmocka_unit_test_prestate(test_family_learns, (void *)"efficientnet_b0"),
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_amp_learns),
+        cmocka_unit_test(test_grad_bf16_learns),
         cmocka_unit_test(test_resume_fp16_is_bit_identical),
         cmocka_unit_test(test_resume_sync_bn_is_bit_identical),
         cmocka_unit_test(test_fp16_overflow_backs_off),

@@ -49,6 +49,13 @@ typedef struct mgt_comm_config {
     bool flat;        /* with world: no shards (for comparison, mgtrain bench allreduce): the
                          node's sum on device 0, exchanged whole by device 0 alone, handed
                          back down; the same order of additions, one device's link */
+    /* MGT_PREC_F32 (0, the default) or MGT_PREC_BF16: the compressed all-reduce of DDP's
+       bf16_compress_hook. Each device's bucket is rounded to bf16 (nearest even) and only
+       bf16 values cross between devices (half the bytes); every addition is made in fp32 from
+       two bf16 values and rounded back to bf16 before it is sent on or kept, as NCCL's bf16 sum
+       does; every device ends with the same bf16 sum, decoded into its fp32 gradients. One node
+       only (refused with a world of more than one process). */
+    mgt_precision grad_dtype;
 } mgt_comm_config;
 
 /* Creates one comm stream, a receive buffer and events per device of the set. */

@@ -22,6 +22,13 @@
  * exchange is enqueued on device j's comm stream instead: an all-gather of the shards into
  * device memory, the same node-order additions on the device, no host staging and no comm
  * threads.
+ *
+ * With grad_dtype bf16 (one node), what crosses between devices is bf16: each device first
+ * rounds its bucket in place (cast to 16 bits into its g16 copy of the arena and back), a
+ * receiver decodes what arrives into its fp32 receive buffer, adds it to its own (bf16-valued)
+ * gradients in fp32 and rounds the sum back into g16 and its gradients, and the sums travel
+ * down (tree) or around (ring all-gather) as bf16, decoded into every device's gradients at the
+ * end. The additions and their order are the fp32 path's, each followed by a rounding.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +49,8 @@ struct mgt_comm {
     mgt_stream **send;              /* [n] ring only: the streams a device's sends are ordered on */
     mgt_event **recv_ev, **send_ev; /* [n] ring only: a step's receives done, sends done */
     mgt_buffer **recv;              /* [n] receive buffers, the largest bucket each */
+    bool bf16;                      /* grad_dtype bf16: the compressed all-reduce */
+    mgt_buffer **g16, **recv16;     /* [n] bf16 only: the arena's bf16 copy; a bucket's receive */
     mgt_event **ready, **done;      /* [n * nb] */
     pthread_mutex_t lock;
     pthread_cond_t cv;
@@ -265,11 +274,22 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     c->nodes = mgt_world_size(cfg->world);
     c->flat = cfg->flat;
     c->shards = cfg->flat ? 1 : c->n;
+    c->bf16 = cfg->grad_dtype == MGT_PREC_BF16;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_mutex_init(&c->bn_lock, NULL);
     pthread_cond_init(&c->bn_cv, NULL);
-    mgt_status st = plan_buckets(c, cfg);
+    mgt_status st = MGT_OK;
+    if (cfg->grad_dtype != MGT_PREC_F32 && cfg->grad_dtype != MGT_PREC_BF16)
+        st = mgt_error_set(MGT_ERR_INVALID, "--grad-dtype %s: the all-reduce runs in f32 or bf16",
+                           mgt_precision_name(cfg->grad_dtype));
+    else if (c->bf16 && c->nodes > 1)
+        st = mgt_error_set(MGT_ERR_UNSUPPORTED,
+                           "--grad-dtype bf16: the compressed all-reduce is for one node; across "
+                           "%d processes the gradients are reduced in f32 (drop the flag)",
+                           c->nodes);
+    if (st == MGT_OK)
+        st = plan_buckets(c, cfg);
     size_t n = (size_t)c->n, nb = (size_t)c->nb;
     if (st == MGT_OK) {
         c->grads = calloc(n, sizeof *c->grads);
@@ -284,8 +304,11 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         c->recv_ev = calloc(n, sizeof *c->recv_ev);
         c->send_ev = calloc(n, sizeof *c->send_ev);
         c->bn_src = calloc(n, sizeof *c->bn_src);
-        if (!c->bn_src || !c->grads || !c->stream || !c->recv || !c->ready || !c->done ||
-            !c->arrived || !c->next || !c->steps || !c->send || !c->recv_ev || !c->send_ev)
+        c->g16 = calloc(n, sizeof *c->g16);
+        c->recv16 = calloc(n, sizeof *c->recv16);
+        if (!c->g16 || !c->recv16 || !c->bn_src || !c->grads || !c->stream || !c->recv ||
+            !c->ready || !c->done || !c->arrived || !c->next || !c->steps || !c->send ||
+            !c->recv_ev || !c->send_ev)
             st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     }
     size_t largest = 0;
@@ -298,6 +321,10 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         st = mgt_stream_create(d, &c->stream[i]);
         if (st == MGT_OK && c->n > 1)
             st = mgt_buffer_alloc(d, largest, &c->recv[i]);
+        if (st == MGT_OK && c->n > 1 && c->bf16)
+            st = mgt_buffer_alloc(d, c->bytes / 2 + 2, &c->g16[i]);
+        if (st == MGT_OK && c->n > 1 && c->bf16)
+            st = mgt_buffer_alloc(d, largest / 2 + 2, &c->recv16[i]);
         if (st == MGT_OK && c->n > 1 && c->algo == MGT_ALLREDUCE_RING) {
             st = mgt_stream_create(d, &c->send[i]);
             if (st == MGT_OK)
@@ -375,6 +402,12 @@ void mgt_comm_free(mgt_comm *c)
     }
     for (int i = 0; c->recv && i < c->n; i++)
         mgt_buffer_free(c->recv[i]);
+    for (int i = 0; c->g16 && i < c->n; i++) {
+        mgt_buffer_free(c->g16[i]);
+        mgt_buffer_free(c->recv16[i]);
+    }
+    free(c->g16);
+    free(c->recv16);
     free(c->grads);
     free(c->stream);
     free(c->recv);
@@ -435,6 +468,68 @@ static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi)
    chunk it sends now is the one it finished then). Recorded for all devices before any copy
    of the step is enqueued, so no send waits for a receive of the same step: the n transfers
    of a step run side by side, not one after another around the ring. */
+/* ---- the bf16 all-reduce (grad_dtype bf16) ---- */
+
+/* Device i's bf16 copy of the arena at the fp32 byte offset off. */
+static uint16_t *g16_at(const mgt_comm *c, int i, size_t off)
+{
+    return (uint16_t *)mgt_buffer_ptr(c->g16[i]) + off / sizeof(float);
+}
+
+/* cnt floats of device i's gradients at byte o rounded to bf16, in place and into g16. */
+static mgt_status round_own(mgt_comm *c, int i, size_t o, size_t cnt)
+{
+    mgt_status st =
+        mgt_cast_to_16(c->stream[i], MGT_PREC_BF16, g16_at(c, i, o), at(c->grads[i], o), cnt);
+    if (st == MGT_OK)
+        st =
+            mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, at(c->grads[i], o), g16_at(c, i, o), cnt);
+    return st;
+}
+
+/* Device dst receives src's bf16 values of cnt floats at byte o (sent from src_stream),
+   decodes them, adds them to its own in fp32 and rounds the sum back into g16 and its
+   gradients. */
+static mgt_status add16(mgt_comm *c, int dst, int src, mgt_stream *src_stream, size_t o, size_t cnt)
+{
+    uint16_t *r16 = mgt_buffer_ptr(c->recv16[dst]);
+    float *r32 = mgt_buffer_ptr(c->recv[dst]);
+    mgt_status st =
+        mgt_copy_peer(c->stream[dst], r16, src_stream, g16_at(c, src, o), cnt * sizeof(uint16_t));
+    if (st == MGT_OK)
+        st = mgt_cast_from_16(c->stream[dst], MGT_PREC_BF16, r32, r16, cnt);
+    if (st == MGT_OK)
+        st = mgt_axpy(c->stream[dst], at(c->grads[dst], o), 1.0f, r32, cnt);
+    return st == MGT_OK ? round_own(c, dst, o, cnt) : st;
+}
+
+/* Every device's bucket [off, off + len) decoded from its g16 copy, which holds the sum. */
+static mgt_status decode_all(mgt_comm *c, size_t off, size_t len)
+{
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < c->n && st == MGT_OK; i++)
+        st = mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, at(c->grads[i], off), g16_at(c, i, off),
+                              len / sizeof(float));
+    return st;
+}
+
+/* The tree of enqueue_bucket in bf16: the same pairs and order; bf16 on every link. */
+static mgt_status enqueue_tree16(mgt_comm *c, size_t off, size_t len)
+{
+    size_t cnt = len / sizeof(float);
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < c->n && st == MGT_OK; i++)
+        st = round_own(c, i, off, cnt);
+    for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
+        for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
+            st = add16(c, r, r + k, c->stream[r + k], off, cnt);
+    for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+        for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
+            st = mgt_copy_peer(c->stream[r + k], g16_at(c, r + k, off), c->stream[r],
+                               g16_at(c, r, off), cnt * sizeof(uint16_t));
+    return st == MGT_OK ? decode_all(c, off, len) : st;
+}
+
 static mgt_status ring_step_begin(mgt_comm *c)
 {
     mgt_status st = MGT_OK;
@@ -456,6 +551,8 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
     int n = c->n;
     size_t count = len / sizeof(float);
     mgt_status st = MGT_OK;
+    for (int i = 0; i < n && c->bf16 && st == MGT_OK; i++)
+        st = round_own(c, i, off, count);
     for (int s = 0; s < n - 1 && st == MGT_OK; s++) {
         st = ring_step_begin(c);
         for (int i = 0; i < n && st == MGT_OK; i++) {
@@ -464,6 +561,10 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
             ring_chunk(count, n, k, &lo, &hi);
             if (hi == lo)
                 continue;
+            if (c->bf16) {
+                st = add16(c, to, i, c->send[i], off + lo * sizeof(float), hi - lo);
+                continue;
+            }
             float *recv = mgt_buffer_ptr(c->recv[to]);
             st =
                 mgt_copy_peer(c->stream[to], recv, c->send[i],
@@ -482,8 +583,12 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
             if (hi == lo)
                 continue;
             size_t o = off + lo * sizeof(float);
-            st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i], at(c->grads[i], o),
-                               (hi - lo) * sizeof(float));
+            if (c->bf16)
+                st = mgt_copy_peer(c->stream[to], g16_at(c, to, o), c->send[i], g16_at(c, i, o),
+                                   (hi - lo) * sizeof(uint16_t));
+            else
+                st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i],
+                                   at(c->grads[i], o), (hi - lo) * sizeof(float));
         }
     }
     /* the gradients must not change (next step's backward) while a send still reads them */
@@ -492,7 +597,7 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
         if (st == MGT_OK)
             st = mgt_stream_wait_event(c->stream[i], c->send_ev[i]);
     }
-    return st;
+    return st == MGT_OK && c->bf16 ? decode_all(c, off, len) : st;
 }
 
 /* The whole reduction of bucket b on every device's comm stream. Called with c->lock held. */
@@ -507,6 +612,9 @@ static mgt_status enqueue_bucket(mgt_comm *c, int b)
     if (c->n > 1 && c->algo == MGT_ALLREDUCE_RING) {
         if (st == MGT_OK)
             st = enqueue_ring(c, off, len);
+    } else if (c->n > 1 && c->bf16) {
+        if (st == MGT_OK)
+            st = enqueue_tree16(c, off, len);
     } else if (c->n > 1) {
         for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
             for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k) {

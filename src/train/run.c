@@ -53,10 +53,8 @@ static mgt_status check_config(run *r)
     if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
         return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
                              (double)c->loss_scale_init);
-    if (c->grad_dtype != MGT_PREC_F32)
-        return mgt_error_set(MGT_ERR_UNSUPPORTED,
-                             "--grad-dtype %s: a compressed all-reduce is not implemented yet "
-                             "(gradients are reduced in f32)",
+    if (c->grad_dtype != MGT_PREC_F32 && c->grad_dtype != MGT_PREC_BF16)
+        return mgt_error_set(MGT_ERR_INVALID, "--grad-dtype %s: the all-reduce runs in f32 or bf16",
                              mgt_precision_name(c->grad_dtype));
     if (c->evaluate && c->dummy)
         return mgt_error_set(MGT_ERR_INVALID,

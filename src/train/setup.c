@@ -328,7 +328,8 @@ mgt_status train_make_comm(run *r)
                           .first_bucket_bytes = 1u << 20,
                           .algo = r->c->allreduce,
                           .world = r->world,
-                          .abort = &r->abort};
+                          .abort = &r->abort,
+                          .grad_dtype = r->c->grad_dtype};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     free(ends);
     for (int i = 0; st == MGT_OK && r->c->sync_bn && i < r->n; i++) {
