@@ -139,16 +139,6 @@ static mgt_test_golden *golden_load(const char *name)
     return mgt_test_golden_load("recipe", name, "scripts/make_recipe_goldens.py");
 }
 
-static float *gf(mgt_test_golden *g, const char *name, size_t count)
-{
-    return mgt_test_golden_find(g, name, count, false)->data;
-}
-
-static int32_t *gi(mgt_test_golden *g, const char *name, size_t count)
-{
-    return mgt_test_golden_find(g, name, count, true)->data;
-}
-
 static void close_to(const char *what, int i, double got, double want, double tol)
 {
     if (fabs(got - want) > tol * (1 + fabs(want)))
@@ -160,8 +150,8 @@ static void close_to(const char *what, int i, double got, double want, double to
 static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum)
 {
     mgt_test_golden *g = golden_load(name);
-    const int32_t *sz = gi(g, "sizes", 3);
-    const float *lrs = gf(g, "lrs", 4), *wd = gf(g, "wd", 2);
+    const int32_t *sz = mgt_test_golden_i32(g, "sizes", 3);
+    const float *lrs = mgt_test_golden_f32(g, "lrs", 4), *wd = mgt_test_golden_f32(g, "wd", 2);
     size_t n = (size_t)(sz[0] + sz[1] + sz[2]);
     mgt_opt_group groups[3] = {{0, (size_t)sz[0], wd[0]},
                                {(size_t)sz[0], (size_t)sz[1], wd[1]},
@@ -175,7 +165,8 @@ static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum
     mgt_buffer *pb, *gb;
     CHECK(mgt_buffer_alloc(d, n * sizeof(float), &pb));
     CHECK(mgt_buffer_alloc(d, n * sizeof(float), &gb));
-    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(pb), gf(g, "init", n), n * sizeof(float)));
+    CHECK(
+        mgt_copy_h2d(s, mgt_buffer_ptr(pb), mgt_test_golden_f32(g, "init", n), n * sizeof(float)));
     mgt_opt_config oc;
     mgt_opt_config_defaults(&oc, kind, momentum);
     mgt_optimizer *o;
@@ -185,12 +176,13 @@ static void optimizer_golden(const char *name, mgt_opt_kind kind, float momentum
     for (int t = 0; t < 4; t++) {
         char key[16];
         snprintf(key, sizeof key, "grad%d", t);
-        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(gb), gf(g, key, n), n * sizeof(float)));
+        CHECK(
+            mgt_copy_h2d(s, mgt_buffer_ptr(gb), mgt_test_golden_f32(g, key, n), n * sizeof(float)));
         CHECK(mgt_optimizer_step(o, s, mgt_buffer_ptr(pb), mgt_buffer_ptr(gb), lrs[t], 0.5f));
         CHECK(mgt_copy_d2h(s, got, mgt_buffer_ptr(pb), n * sizeof(float)));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "param%d", t);
-        const float *want = gf(g, key, n);
+        const float *want = mgt_test_golden_f32(g, key, n);
         char what[64];
         snprintf(what, sizeof what, "%s step %d", name, t);
         for (size_t i = 0; i < n; i++)
@@ -220,8 +212,8 @@ static void test_optimizers_match_torch(void **state)
 static void scheduler_golden(const char *name)
 {
     mgt_test_golden *g = golden_load(name);
-    const int32_t *cfg = gi(g, "config", 5);
-    const float *par = gf(g, "params", 4);
+    const int32_t *cfg = mgt_test_golden_i32(g, "config", 5);
+    const float *par = mgt_test_golden_f32(g, "params", 4);
     static const mgt_lr_kind kinds[] = {MGT_LR_STEPLR, MGT_LR_COSINEANNEALINGLR,
                                         MGT_LR_EXPONENTIALLR};
     mgt_lr_config c = {.lr = par[0],
@@ -233,7 +225,7 @@ static void scheduler_golden(const char *name)
                        .gamma = par[1],
                        .lr_min = par[2],
                        .warmup_decay = par[3]};
-    const float *lrs = gf(g, "lrs", (size_t)cfg[1]);
+    const float *lrs = mgt_test_golden_f32(g, "lrs", (size_t)cfg[1]);
     for (int e = 0; e < cfg[1]; e++) {
         /* per epoch: every step of an epoch has the epoch's rate */
         close_to(name, e, mgt_lr_at(&c, e, 0, 10), lrs[e], 1e-6);
@@ -276,7 +268,7 @@ static void test_clip_matches_torch(void **state)
     for (int k = 0; k < 2; k++) {
         char key[32];
         snprintf(key, sizeof key, "%s.grad", tags[k]);
-        const float *grad = gf(g, key, 17);
+        const float *grad = mgt_test_golden_f32(g, key, 17);
         float twice[17], sumsq, clipped[17];
         for (int i = 0; i < 17; i++)
             twice[i] = 2 * grad[i];
@@ -285,9 +277,9 @@ static void test_clip_matches_torch(void **state)
         CHECK(mgt_copy_d2h(s, &sumsq, mgt_buffer_ptr(ob), sizeof sumsq));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "%s.norm", tags[k]);
-        close_to(key, 0, 0.5 * sqrt(sumsq), *gf(g, key, 1), 1e-6);
+        close_to(key, 0, 0.5 * sqrt(sumsq), *mgt_test_golden_f32(g, key, 1), 1e-6);
         snprintf(key, sizeof key, "%s.max_norm", tags[k]);
-        float coef = mgt_clip_coef(sumsq, 0.5, *gf(g, key, 1));
+        float coef = mgt_clip_coef(sumsq, 0.5, *mgt_test_golden_f32(g, key, 1));
         if (k == 1)
             assert_true(coef == 1.0f); /* below max_norm: left alone */
         else
@@ -295,7 +287,7 @@ static void test_clip_matches_torch(void **state)
         for (int i = 0; i < 17; i++)
             clipped[i] = 0.5f * coef * twice[i];
         snprintf(key, sizeof key, "%s.clipped", tags[k]);
-        const float *want = gf(g, key, 17);
+        const float *want = mgt_test_golden_f32(g, key, 17);
         for (int i = 0; i < 17; i++)
             close_to(key, i, clipped[i], want[i], 1e-6);
     }
@@ -311,8 +303,8 @@ static void test_ema_matches_torch(void **state)
 {
     (void)state;
     mgt_test_golden *g = golden_load("ema");
-    const int32_t *cfg = gi(g, "config", 3);
-    const float *dec = gf(g, "decay", 2);
+    const int32_t *cfg = mgt_test_golden_i32(g, "config", 3);
+    const float *dec = mgt_test_golden_f32(g, "decay", 2);
     double decay = mgt_ema_decay(dec[0], cfg[0], cfg[1], cfg[2]);
     close_to("decay", 0, decay, dec[1], 1e-7);
     enum { N = 18 }; /* Linear(5, 3): weight and bias */
@@ -328,7 +320,8 @@ static void test_ema_matches_torch(void **state)
     for (int t = 0; t < 4; t++) {
         char key[16];
         snprintf(key, sizeof key, "model%d", t);
-        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(mb), gf(g, key, N), N * sizeof(float)));
+        CHECK(
+            mgt_copy_h2d(s, mgt_buffer_ptr(mb), mgt_test_golden_f32(g, key, N), N * sizeof(float)));
         if (t == 0)
             CHECK(mgt_copy_d2d(s, mgt_buffer_ptr(eb), mgt_buffer_ptr(mb), N * sizeof(float)));
         else
@@ -337,7 +330,7 @@ static void test_ema_matches_torch(void **state)
         CHECK(mgt_copy_d2h(s, got, mgt_buffer_ptr(eb), sizeof got));
         CHECK(mgt_stream_synchronize(s, NULL));
         snprintf(key, sizeof key, "ema%d", t);
-        const float *want = gf(g, key, N);
+        const float *want = mgt_test_golden_f32(g, key, N);
         for (int i = 0; i < N; i++)
             close_to(key, i, got[i], want[i], 1e-6);
     }

@@ -34,17 +34,6 @@ static mgt_test_golden *golden_load(const char *name)
     return mgt_test_golden_load("ops", name, "scripts/make_op_goldens.py");
 }
 
-/* count 0: any length. */
-static float *gf(mgt_test_golden *g, const char *name, size_t count)
-{
-    return mgt_test_golden_find(g, name, count, false)->data;
-}
-
-static int32_t *gi(mgt_test_golden *g, const char *name, size_t count)
-{
-    return mgt_test_golden_find(g, name, count, true)->data;
-}
-
 /* A fresh copy, so that the op can write its inputs' neighbours without touching the golden. */
 static float *dup(const float *src, size_t n)
 {
@@ -146,8 +135,8 @@ static void test_gemm(void **state)
 {
     (void)state;
     mgt_test_golden *g = golden_load("gemm");
-    int32_t *dims = gi(g, "dims", 3);
-    float *ab = gf(g, "alpha_beta", 2);
+    int32_t *dims = mgt_test_golden_i32(g, "dims", 3);
+    float *ab = mgt_test_golden_f32(g, "alpha_beta", 2);
     int m = dims[0], n = dims[1], k = dims[2];
     static const char *const tags[] = {"nn", "nt", "tn", "tt"};
     for (int t = 0; t < 4; t++) {
@@ -158,13 +147,13 @@ static void test_gemm(void **state)
         int b_rows = tb ? n : k, b_row = tb ? k : n, ldb = b_row + 2;
         int ldc = n + 1;
         snprintf(name, sizeof name, "%s.a", tags[t]);
-        float *a_dense = gf(g, name, (size_t)a_rows * a_row);
+        float *a_dense = mgt_test_golden_f32(g, name, (size_t)a_rows * a_row);
         snprintf(name, sizeof name, "%s.b", tags[t]);
-        float *b_dense = gf(g, name, (size_t)b_rows * b_row);
+        float *b_dense = mgt_test_golden_f32(g, name, (size_t)b_rows * b_row);
         snprintf(name, sizeof name, "%s.c0", tags[t]);
-        float *c0 = gf(g, name, (size_t)m * n);
+        float *c0 = mgt_test_golden_f32(g, name, (size_t)m * n);
         snprintf(name, sizeof name, "%s.c", tags[t]);
-        float *want = gf(g, name, (size_t)m * n);
+        float *want = mgt_test_golden_f32(g, name, (size_t)m * n);
 
         float *a = nans((size_t)a_rows * lda), *b = nans((size_t)b_rows * ldb);
         float *c = nans((size_t)m * ldc);
@@ -221,7 +210,7 @@ static void test_gemm(void **state)
 static void conv_case(const char *file)
 {
     mgt_test_golden *g = golden_load(file);
-    int32_t *s = gi(g, "shape", 12);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 12);
     mgt_conv2d_shape sh = {
         .n = s[0],
         .c = s[1],
@@ -239,8 +228,10 @@ static void conv_case(const char *file)
     int P = mgt_conv2d_out_h(&sh), Q = mgt_conv2d_out_w(&sh);
     size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w, ny = (size_t)sh.n * sh.k * P * Q;
     size_t nw = (size_t)sh.k * (sh.c / sh.groups) * sh.r * sh.s;
-    float *x = gf(g, "x", nx), *w = gf(g, "w", nw), *y = gf(g, "y", ny);
-    float *dy = gf(g, "dy", ny), *dx = gf(g, "dx", nx), *dw = gf(g, "dw", nw);
+    float *x = mgt_test_golden_f32(g, "x", nx), *w = mgt_test_golden_f32(g, "w", nw),
+          *y = mgt_test_golden_f32(g, "y", ny);
+    float *dy = mgt_test_golden_f32(g, "dy", ny), *dx = mgt_test_golden_f32(g, "dx", nx),
+          *dw = mgt_test_golden_f32(g, "dw", nw);
     char what[96];
 
     /* forward, overwriting */
@@ -321,14 +312,16 @@ static void test_batchnorm(void **state)
 {
     (void)state;
     mgt_test_golden *g = golden_load("batchnorm");
-    int32_t *s = gi(g, "shape", 3);
-    float *em = gf(g, "eps_momentum", 2);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 3);
+    float *em = mgt_test_golden_f32(g, "eps_momentum", 2);
     mgt_bn_shape sh = {.n = s[0], .c = s[1], .hw = s[2], .eps = em[0], .momentum = em[1]};
     size_t nx = (size_t)sh.n * sh.c * sh.hw, c = (size_t)sh.c;
-    float *x = gf(g, "x", nx), *gamma = gf(g, "gamma", c), *beta = gf(g, "beta", c);
+    float *x = mgt_test_golden_f32(g, "x", nx), *gamma = mgt_test_golden_f32(g, "gamma", c),
+          *beta = mgt_test_golden_f32(g, "beta", c);
 
     float *y = nans(nx), *mean = nans(c), *invstd = nans(c);
-    float *rm = dup(gf(g, "running_mean0", c), c), *rv = dup(gf(g, "running_var0", c), c);
+    float *rm = dup(mgt_test_golden_f32(g, "running_mean0", c), c),
+          *rv = dup(mgt_test_golden_f32(g, "running_var0", c), c);
     mgt_op op = {.kind = MGT_OP_BN_FWD_TRAIN};
     op.u.bn_train.y = y;
     op.u.bn_train.save_mean = mean;
@@ -340,11 +333,15 @@ static void test_batchnorm(void **state)
     op.u.bn_train.beta = beta;
     op.u.bn_train.sh = sh;
     run(&op);
-    expect_close("batchnorm_forward_train y", y, gf(g, "y", nx), nx);
-    expect_close("batchnorm_forward_train save_mean", mean, gf(g, "save_mean", c), c);
-    expect_close("batchnorm_forward_train save_invstd", invstd, gf(g, "save_invstd", c), c);
-    expect_close("batchnorm_forward_train running_mean", rm, gf(g, "running_mean1", c), c);
-    expect_close("batchnorm_forward_train running_var", rv, gf(g, "running_var1", c), c);
+    expect_close("batchnorm_forward_train y", y, mgt_test_golden_f32(g, "y", nx), nx);
+    expect_close("batchnorm_forward_train save_mean", mean, mgt_test_golden_f32(g, "save_mean", c),
+                 c);
+    expect_close("batchnorm_forward_train save_invstd", invstd,
+                 mgt_test_golden_f32(g, "save_invstd", c), c);
+    expect_close("batchnorm_forward_train running_mean", rm,
+                 mgt_test_golden_f32(g, "running_mean1", c), c);
+    expect_close("batchnorm_forward_train running_var", rv,
+                 mgt_test_golden_f32(g, "running_var1", c), c);
 
     /* backward from PyTorch's saved statistics; dgamma and dbeta start at 1 and accumulate */
     float *dx = nans(nx), *dgamma = malloc(c * sizeof(float)), *dbeta = malloc(c * sizeof(float));
@@ -355,15 +352,16 @@ static void test_batchnorm(void **state)
     op.u.bn_bwd.dx = dx;
     op.u.bn_bwd.dgamma = dgamma;
     op.u.bn_bwd.dbeta = dbeta;
-    op.u.bn_bwd.dy = gf(g, "dy", nx);
+    op.u.bn_bwd.dy = mgt_test_golden_f32(g, "dy", nx);
     op.u.bn_bwd.x = x;
     op.u.bn_bwd.gamma = gamma;
-    op.u.bn_bwd.save_mean = gf(g, "save_mean", c);
-    op.u.bn_bwd.save_invstd = gf(g, "save_invstd", c);
+    op.u.bn_bwd.save_mean = mgt_test_golden_f32(g, "save_mean", c);
+    op.u.bn_bwd.save_invstd = mgt_test_golden_f32(g, "save_invstd", c);
     op.u.bn_bwd.sh = sh;
     run(&op);
-    expect_close("batchnorm_backward dx", dx, gf(g, "dx", nx), nx);
-    float *want_dgamma = dup(gf(g, "dgamma", c), c), *want_dbeta = dup(gf(g, "dbeta", c), c);
+    expect_close("batchnorm_backward dx", dx, mgt_test_golden_f32(g, "dx", nx), nx);
+    float *want_dgamma = dup(mgt_test_golden_f32(g, "dgamma", c), c),
+          *want_dbeta = dup(mgt_test_golden_f32(g, "dbeta", c), c);
     for (size_t i = 0; i < c; i++) {
         want_dgamma[i] += 1.0f;
         want_dbeta[i] += 1.0f;
@@ -378,11 +376,11 @@ static void test_batchnorm(void **state)
     op.u.bn_eval.x = x;
     op.u.bn_eval.gamma = gamma;
     op.u.bn_eval.beta = beta;
-    op.u.bn_eval.running_mean = gf(g, "eval_running_mean", c);
-    op.u.bn_eval.running_var = gf(g, "eval_running_var", c);
+    op.u.bn_eval.running_mean = mgt_test_golden_f32(g, "eval_running_mean", c);
+    op.u.bn_eval.running_var = mgt_test_golden_f32(g, "eval_running_var", c);
     op.u.bn_eval.sh = sh;
     run(&op);
-    expect_close("batchnorm_forward_eval y", ey, gf(g, "eval_y", nx), nx);
+    expect_close("batchnorm_forward_eval y", ey, mgt_test_golden_f32(g, "eval_y", nx), nx);
 
     free(y);
     free(mean);
@@ -403,7 +401,7 @@ static void test_batchnorm(void **state)
 static void maxpool_case(const char *file)
 {
     mgt_test_golden *g = golden_load(file);
-    int32_t *s = gi(g, "shape", 10);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 10);
     mgt_pool2d_shape sh = {
         .n = s[0],
         .c = s[1],
@@ -418,7 +416,7 @@ static void maxpool_case(const char *file)
     };
     size_t nx = (size_t)sh.n * sh.c * sh.h * sh.w;
     size_t ny = (size_t)sh.n * sh.c * mgt_pool2d_out_h(&sh) * mgt_pool2d_out_w(&sh);
-    float *x = gf(g, "x", nx), *y = gf(g, "y", ny);
+    float *x = mgt_test_golden_f32(g, "x", nx), *y = mgt_test_golden_f32(g, "y", ny);
     char what[96];
 
     float *out = nans(ny);
@@ -434,13 +432,13 @@ static void maxpool_case(const char *file)
     out = nans(nx);
     op = (mgt_op){.kind = MGT_OP_MAXPOOL_BWD};
     op.u.maxpool_bwd.dx = out;
-    op.u.maxpool_bwd.dy = gf(g, "dy", ny);
+    op.u.maxpool_bwd.dy = mgt_test_golden_f32(g, "dy", ny);
     op.u.maxpool_bwd.x = x;
     op.u.maxpool_bwd.y = y;
     op.u.maxpool_bwd.sh = sh;
     run(&op);
     snprintf(what, sizeof what, "%s: maxpool2d_backward", file);
-    expect_close(what, out, gf(g, "dx", nx), nx);
+    expect_close(what, out, mgt_test_golden_f32(g, "dx", nx), nx);
     free(out);
     mgt_test_golden_free(g);
 }
@@ -458,11 +456,11 @@ static void check_syncbn(const char *name)
     mgt_test_golden *g = golden_load(path);
     mgt_test_golden_array *sz = mgt_test_golden_find(g, "sizes", 0, true);
     int R = (int)sz->count;
-    const int32_t *sizes = sz->data, *shape = gi(g, "shape", 3);
+    const int32_t *sizes = sz->data, *shape = mgt_test_golden_i32(g, "shape", 3);
     int C = shape[0], hw = shape[1] * shape[2];
-    float eps = gf(g, "eps", 1)[0], mom = gf(g, "momentum", 1)[0];
+    float eps = mgt_test_golden_f32(g, "eps", 1)[0], mom = mgt_test_golden_f32(g, "momentum", 1)[0];
     size_t c = (size_t)C, per = 1 + 2 * c;
-    const float *w = gf(g, "weight", c), *b = gf(g, "bias", c);
+    const float *w = mgt_test_golden_f32(g, "weight", c), *b = mgt_test_golden_f32(g, "bias", c);
     double *all = malloc((size_t)R * per * sizeof *all), sum_dy[64] = {0}, sum_dyx[64] = {0};
     assert_true(all && C <= 64 && R <= 8);
     const double tol = 1e-5;
@@ -473,15 +471,15 @@ static void check_syncbn(const char *name)
         snprintf(k, sizeof k, "x%d", i);
         float *mean = nans(c), *var = nans(c);
         mgt_op op = {.kind = MGT_OP_BN_STATS};
-        op.u.bn_stats = (__typeof__(op.u.bn_stats)){mean, var, gf(g, k, nx), sh};
+        op.u.bn_stats = (__typeof__(op.u.bn_stats)){mean, var, mgt_test_golden_f32(g, k, nx), sh};
         run(&op);
         snprintf(k, sizeof k, "mean%d", i);
-        expect_close_tol("bn_stats mean", mean, gf(g, k, c), c, tol, tol);
+        expect_close_tol("bn_stats mean", mean, mgt_test_golden_f32(g, k, c), c, tol, tol);
         float inv[64];
         for (size_t j = 0; j < c; j++)
             inv[j] = (float)(1.0 / sqrt((double)var[j] + eps));
         snprintf(k, sizeof k, "invstd%d", i);
-        expect_close_tol("bn_stats invstd", inv, gf(g, k, c), c, tol, tol);
+        expect_close_tol("bn_stats invstd", inv, mgt_test_golden_f32(g, k, c), c, tol, tol);
         double *a = all + (size_t)i * per;
         a[0] = (double)sizes[i] * hw;
         for (size_t j = 0; j < c; j++) {
@@ -491,17 +489,18 @@ static void check_syncbn(const char *name)
         free(mean);
         free(var);
     }
-    float mean[64], var[64], invstd[64], *rm = dup(gf(g, "running_mean", c), c),
-                                         *rv = dup(gf(g, "running_var", c), c);
+    float mean[64], var[64], invstd[64], *rm = dup(mgt_test_golden_f32(g, "running_mean", c), c),
+                                         *rv = dup(mgt_test_golden_f32(g, "running_var", c), c);
     double count = 0, want = 0;
     mgt_bn_sync_merge(all, R, C, eps, mom, mean, var, invstd, rm, rv, &count);
     for (int i = 0; i < R; i++)
         want += (double)sizes[i] * hw;
     assert_true(count == want);
-    expect_close_tol("merged mean", mean, gf(g, "mean", c), c, tol, tol);
-    expect_close_tol("merged invstd", invstd, gf(g, "invstd", c), c, tol, tol);
-    expect_close_tol("running_mean", rm, gf(g, "running_mean_out", c), c, tol, tol);
-    expect_close_tol("running_var", rv, gf(g, "running_var_out", c), c, tol, tol);
+    expect_close_tol("merged mean", mean, mgt_test_golden_f32(g, "mean", c), c, tol, tol);
+    expect_close_tol("merged invstd", invstd, mgt_test_golden_f32(g, "invstd", c), c, tol, tol);
+    expect_close_tol("running_mean", rm, mgt_test_golden_f32(g, "running_mean_out", c), c, tol,
+                     tol);
+    expect_close_tol("running_var", rv, mgt_test_golden_f32(g, "running_var_out", c), c, tol, tol);
     float gw[64] = {0}, gb[64] = {0};
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < R; i++) {
@@ -509,25 +508,25 @@ static void check_syncbn(const char *name)
             mgt_bn_shape sh = {.n = sizes[i], .c = C, .hw = hw, .eps = eps, .momentum = mom};
             size_t nx = (size_t)sizes[i] * c * hw;
             snprintf(k, sizeof k, "x%d", i);
-            const float *x = gf(g, k, nx);
+            const float *x = mgt_test_golden_f32(g, k, nx);
             snprintf(k, sizeof k, "dy%d", i);
-            const float *dy = gf(g, k, nx);
+            const float *dy = mgt_test_golden_f32(g, k, nx);
             float *out = nans(nx);
             mgt_op op = {.kind = pass == 0 ? MGT_OP_BN_FWD_EVAL : MGT_OP_BN_BWD_ELEMT};
             if (pass == 0) {
                 op.u.bn_eval = (__typeof__(op.u.bn_eval)){out, x, w, b, mean, var, sh};
                 run(&op);
                 snprintf(k, sizeof k, "y%d", i);
-                expect_close_tol("y", out, gf(g, k, nx), nx, tol, tol);
+                expect_close_tol("y", out, mgt_test_golden_f32(g, k, nx), nx, tol, tol);
                 /* the shard's sums: batchnorm_backward's dbeta, dgamma from zero */
                 float zg[64] = {0}, zb[64] = {0}, *dx = nans(nx);
                 op = (mgt_op){.kind = MGT_OP_BN_BWD};
                 op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){dx, zg, zb, dy, x, w, mean, invstd, sh};
                 run(&op);
                 snprintf(k, sizeof k, "sum_dy%d", i);
-                expect_close_tol("sum_dy", zb, gf(g, k, c), c, tol, tol);
+                expect_close_tol("sum_dy", zb, mgt_test_golden_f32(g, k, c), c, tol, tol);
                 snprintf(k, sizeof k, "grad_weight%d", i);
-                expect_close_tol("grad_weight", zg, gf(g, k, c), c, tol, tol);
+                expect_close_tol("grad_weight", zg, mgt_test_golden_f32(g, k, c), c, tol, tol);
                 for (size_t j = 0; j < c; j++) {
                     sum_dy[j] += zb[j];
                     sum_dyx[j] += zg[j];
@@ -545,12 +544,12 @@ static void check_syncbn(const char *name)
                                                                     invstd, sdy, sdyx, sh, count};
                 run(&op);
                 snprintf(k, sizeof k, "dx%d", i);
-                expect_close_tol("dx", out, gf(g, k, nx), nx, tol, tol);
+                expect_close_tol("dx", out, mgt_test_golden_f32(g, k, nx), nx, tol, tol);
             }
             free(out);
         }
-    expect_close_tol("grad_weight", gw, gf(g, "grad_weight", c), c, tol, tol);
-    expect_close_tol("grad_bias", gb, gf(g, "grad_bias", c), c, tol, tol);
+    expect_close_tol("grad_weight", gw, mgt_test_golden_f32(g, "grad_weight", c), c, tol, tol);
+    expect_close_tol("grad_bias", gb, mgt_test_golden_f32(g, "grad_bias", c), c, tol, tol);
     free(all);
     free(rm);
     free(rv);
@@ -625,25 +624,25 @@ static void test_avgpool(void **state)
 {
     (void)state;
     mgt_test_golden *g = golden_load("avgpool");
-    int32_t *s = gi(g, "shape", 3);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 3);
     size_t nx = (size_t)s[0] * s[1] * s[2], ny = (size_t)s[0] * s[1];
     float *y = nans(ny), *dx = nans(nx);
     mgt_op op = {.kind = MGT_OP_AVGPOOL_FWD};
     op.u.avgpool_fwd.y = y;
-    op.u.avgpool_fwd.x = gf(g, "x", nx);
+    op.u.avgpool_fwd.x = mgt_test_golden_f32(g, "x", nx);
     op.u.avgpool_fwd.n = s[0];
     op.u.avgpool_fwd.c = s[1];
     op.u.avgpool_fwd.hw = s[2];
     run(&op);
-    expect_close("avgpool_forward", y, gf(g, "y", ny), ny);
+    expect_close("avgpool_forward", y, mgt_test_golden_f32(g, "y", ny), ny);
     op = (mgt_op){.kind = MGT_OP_AVGPOOL_BWD};
     op.u.avgpool_bwd.dx = dx;
-    op.u.avgpool_bwd.dy = gf(g, "dy", ny);
+    op.u.avgpool_bwd.dy = mgt_test_golden_f32(g, "dy", ny);
     op.u.avgpool_bwd.n = s[0];
     op.u.avgpool_bwd.c = s[1];
     op.u.avgpool_bwd.hw = s[2];
     run(&op);
-    expect_close("avgpool_backward", dx, gf(g, "dx", nx), nx);
+    expect_close("avgpool_backward", dx, mgt_test_golden_f32(g, "dx", nx), nx);
     free(y);
     free(dx);
     mgt_test_golden_free(g);
@@ -654,12 +653,12 @@ static void test_avgpool(void **state)
 static void xent_case(const char *file)
 {
     mgt_test_golden *g = golden_load(file);
-    int32_t *s = gi(g, "shape", 2);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 2);
     int n = s[0], classes = s[1];
     size_t nc = (size_t)n * classes;
-    float smoothing = gf(g, "smoothing", 1)[0];
-    float *logits = gf(g, "logits", nc);
-    int32_t *labels = gi(g, "labels", (size_t)n);
+    float smoothing = mgt_test_golden_f32(g, "smoothing", 1)[0];
+    float *logits = mgt_test_golden_f32(g, "logits", nc);
+    int32_t *labels = mgt_test_golden_i32(g, "labels", (size_t)n);
     char what[96];
 
     float loss = NAN, *probs = nans(nc);
@@ -673,9 +672,9 @@ static void xent_case(const char *file)
     op.u.xent_fwd.smoothing = smoothing;
     run(&op);
     snprintf(what, sizeof what, "%s: softmax_xent_forward loss", file);
-    expect_close(what, &loss, gf(g, "loss", 1), 1);
+    expect_close(what, &loss, mgt_test_golden_f32(g, "loss", 1), 1);
     snprintf(what, sizeof what, "%s: softmax_xent_forward probs", file);
-    expect_close(what, probs, gf(g, "probs", nc), nc);
+    expect_close(what, probs, mgt_test_golden_f32(g, "probs", nc), nc);
 
     /* The batch mean's gradient, from our own probabilities as in training. */
     float *dl = nans(nc);
@@ -689,7 +688,7 @@ static void xent_case(const char *file)
     op.u.xent_bwd.scale = 1.0f / n;
     run(&op);
     snprintf(what, sizeof what, "%s: softmax_xent_backward", file);
-    expect_close(what, dl, gf(g, "dlogits", nc), nc);
+    expect_close(what, dl, mgt_test_golden_f32(g, "dlogits", nc), nc);
     free(probs);
     free(dl);
     mgt_test_golden_free(g);
@@ -743,10 +742,10 @@ static void test_xent_bad_label(void **state)
 static void sgd_case(const char *file)
 {
     mgt_test_golden *g = golden_load(file);
-    int32_t *s = gi(g, "shape", 2);
+    int32_t *s = mgt_test_golden_i32(g, "shape", 2);
     size_t n = (size_t)s[0];
     int steps = s[1];
-    float *hp = gf(g, "lr_momentum_dampening_wd_scale_nesterov", 6);
+    float *hp = mgt_test_golden_f32(g, "lr_momentum_dampening_wd_scale_nesterov", 6);
     mgt_sgd_params p = {.lr = hp[0],
                         .momentum = hp[1],
                         .dampening = hp[2],
@@ -754,23 +753,23 @@ static void sgd_case(const char *file)
                         .grad_scale = hp[4],
                         .nesterov = hp[5] != 0.0f,
                         .first_step = true};
-    float *param = dup(gf(g, "p0", n), n), *buf = nans(n);
+    float *param = dup(mgt_test_golden_f32(g, "p0", n), n), *buf = nans(n);
     char name[16], what[96];
     for (int t = 1; t <= steps; t++) {
         mgt_op op = {.kind = MGT_OP_SGD};
         op.u.sgd.param = param;
         op.u.sgd.momentum_buf = buf;
         snprintf(name, sizeof name, "g%d", t);
-        op.u.sgd.grad = gf(g, name, n);
+        op.u.sgd.grad = mgt_test_golden_f32(g, name, n);
         op.u.sgd.n = n;
         op.u.sgd.p = p;
         run(&op);
         snprintf(name, sizeof name, "p%d", t);
         snprintf(what, sizeof what, "%s: param after step %d", file, t);
-        expect_close_tol(what, param, gf(g, name, n), n, 1e-6, 1e-5);
+        expect_close_tol(what, param, mgt_test_golden_f32(g, name, n), n, 1e-6, 1e-5);
         snprintf(name, sizeof name, "buf%d", t);
         snprintf(what, sizeof what, "%s: momentum buffer after step %d", file, t);
-        expect_close_tol(what, buf, gf(g, name, n), n, 1e-6, 1e-5);
+        expect_close_tol(what, buf, mgt_test_golden_f32(g, name, n), n, 1e-6, 1e-5);
         p.first_step = false;
     }
     free(param);
@@ -1285,7 +1284,7 @@ static void test_casts(void **state)
     mgt_test_golden_array *ca = mgt_test_golden_find(g, "codes", 0, true);
     size_t nc = ca->count;
     for (int p = 0; p < 2; p++) {
-        const int32_t *want = gi(g, code_names[p], n);
+        const int32_t *want = mgt_test_golden_i32(g, code_names[p], n);
         uint16_t *h = malloc(n * sizeof *h);
         assert_non_null(h);
         mgt_op op = {.kind = MGT_OP_CAST_TO_16, .prec = precs[p]};
@@ -1299,8 +1298,8 @@ static void test_casts(void **state)
                          code_names[p], i, (double)x[i], bits_of(x[i]), h[i], (unsigned)want[i]);
         free(h);
 
-        const int32_t *codes = gi(g, "codes", nc);
-        const float *vwant = gf(g, value_names[p], nc);
+        const int32_t *codes = mgt_test_golden_i32(g, "codes", nc);
+        const float *vwant = mgt_test_golden_f32(g, value_names[p], nc);
         uint16_t *hc = malloc(nc * sizeof *hc);
         float *got = nans(nc);
         assert_non_null(hc);

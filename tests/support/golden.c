@@ -65,3 +65,13 @@ mgt_test_golden_array *mgt_test_golden_find(mgt_test_golden *g, const char *name
     fail_msg("%s: no array %s", g->path, name);
     return NULL;
 }
+
+float *mgt_test_golden_f32(mgt_test_golden *g, const char *name, size_t count)
+{
+    return mgt_test_golden_find(g, name, count, false)->data;
+}
+
+int32_t *mgt_test_golden_i32(mgt_test_golden *g, const char *name, size_t count)
+{
+    return mgt_test_golden_find(g, name, count, true)->data;
+}

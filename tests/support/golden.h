@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* The format, one file per case: a text line "mgt-golden 1 <arrays>\n", then per array a text
    line "<name> <f32|i32> <count>\n" followed at once by <count> raw little-endian 4-byte
@@ -34,5 +35,9 @@ void mgt_test_golden_free(mgt_test_golden *g);
    fails the running test. */
 mgt_test_golden_array *mgt_test_golden_find(mgt_test_golden *g, const char *name, size_t count,
                                             bool is_int);
+
+/* Its float or int32 values (mgt_test_golden_find's checks). */
+float *mgt_test_golden_f32(mgt_test_golden *g, const char *name, size_t count);
+int32_t *mgt_test_golden_i32(mgt_test_golden *g, const char *name, size_t count);
 
 #endif
