@@ -375,6 +375,12 @@ static void test_bad_config(void **state)
     mgt_comm *c;
     assert_int_equal(mgt_comm_create(set, &cfg, &c), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "layer end"));
+    /* the all-reduce's values are f32 or bf16, nothing else */
+    ends[0] = 8;
+    ends[1] = 16;
+    cfg.grad_dtype = MGT_PREC_FP16;
+    assert_int_equal(mgt_comm_create(set, &cfg, &c), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "--grad-dtype fp16"));
     mgt_devset_free(set);
 }
 

@@ -464,10 +464,6 @@ static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi)
     *hi = *lo + q + (kk < r ? 1 : 0);
 }
 
-/* Start of a ring step: each device's sends wait for the receives of its previous step (the
-   chunk it sends now is the one it finished then). Recorded for all devices before any copy
-   of the step is enqueued, so no send waits for a receive of the same step: the n transfers
-   of a step run side by side, not one after another around the ring. */
 /* ---- the bf16 all-reduce (grad_dtype bf16) ---- */
 
 /* Device i's bf16 copy of the arena at the fp32 byte offset off. */
@@ -530,6 +526,10 @@ static mgt_status enqueue_tree16(mgt_comm *c, size_t off, size_t len)
     return st == MGT_OK ? decode_all(c, off, len) : st;
 }
 
+/* Start of a ring step: each device's sends wait for the receives of its previous step (the
+   chunk it sends now is the one it finished then). Recorded for all devices before any copy
+   of the step is enqueued, so no send waits for a receive of the same step: the n transfers
+   of a step run side by side, not one after another around the ring. */
 static mgt_status ring_step_begin(mgt_comm *c)
 {
     mgt_status st = MGT_OK;

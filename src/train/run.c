@@ -53,9 +53,6 @@ static mgt_status check_config(run *r)
     if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
         return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
                              (double)c->loss_scale_init);
-    if (c->grad_dtype != MGT_PREC_F32 && c->grad_dtype != MGT_PREC_BF16)
-        return mgt_error_set(MGT_ERR_INVALID, "--grad-dtype %s: the all-reduce runs in f32 or bf16",
-                             mgt_precision_name(c->grad_dtype));
     if (c->evaluate && c->dummy)
         return mgt_error_set(MGT_ERR_INVALID,
                              "--evaluate needs --data: dummy data has no validation split");

@@ -178,7 +178,8 @@ bench)
         "$tmp/t.json" || fail "bad bench --json: $(cat "$tmp/t.json")"
     ;;
 bad_env)
-    # nodes with different local device counts: a clear error, no hang
+    # nodes with different local device counts, and --grad-dtype bf16 across nodes: clear
+    # errors, no hang
     timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
         -np 1 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 >"$tmp/out.txt" 2>&1
     rc=$?
@@ -186,6 +187,14 @@ bad_env)
     grep -q 'node 1 has 1 devices but node 0 has 2: every node must use the same local device count' \
         "$tmp/out.txt" || fail "no clear error: $(grep mgtrain "$tmp/out.txt")"
     echo "$(grep -m1 'node 1 has' "$tmp/out.txt")"
+    # --grad-dtype bf16 is for one node: across processes a one-line refusal, no hang
+    timeout 60 "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 --grad-dtype bf16 \
+        >"$tmp/bf16.txt" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "--grad-dtype bf16 across ranks: rc $rc"
+    grep -q 'grad-dtype bf16: the compressed all-reduce is for one node' "$tmp/bf16.txt" ||
+        fail "no clear --grad-dtype error: $(grep mgtrain "$tmp/bf16.txt")"
+    echo "$(grep -m1 'compressed all-reduce is for one node' "$tmp/bf16.txt")"
     ;;
 *)
     fail "unknown case $case_name"
