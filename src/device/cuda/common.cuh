@@ -159,6 +159,8 @@ mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file
 // Allocator paths for the backend's own buffers (workspace, scratch).
 mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out);
 void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr);
+// A scratch region's size rounded up to 256 bytes, so the next one starts aligned.
+inline size_t mgt_cuda_align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // Makes s->scratch at least `bytes`; growing waits for the GPU (rare: first steps only).
 mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes);
 // The same for s->lowp.

@@ -550,10 +550,10 @@ static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op)
     const mgt_op_kind dir = mgt_op_fp32_kind(op->kind);
     const bool bf16 = op->prec == MGT_PREC_BF16;
     const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh), cg = sh->c / sh->groups;
-    auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
     const size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w, ny = (size_t)sh->n * sh->k * p * q,
                  nw = (size_t)sh->k * cg * sh->r * sh->s;
-    const size_t bx = align(nx * 2), by = align(ny * 2), bw = align(nw * 2);
+    const size_t bx = mgt_cuda_align256(nx * 2), by = mgt_cuda_align256(ny * 2),
+                 bw = mgt_cuda_align256(nw * 2);
     mgt_status st = mgt_cuda_lowp_buffer(s, bx + by + bw);
     if (st != MGT_OK)
         return st;

@@ -137,8 +137,6 @@ __global__ void k_nonfinite(int32_t *count, const float *x, size_t n)
         atomicAdd(count, bad);
 }
 
-size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 } // namespace
 
 #define MGT_ENTER(s)                        \
@@ -202,7 +200,7 @@ mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encod
     size_t esize = encode16 ? sizeof(uint16_t) : sizeof(float), total = 0;
     for (int i = 0; i < n; i++)
         if (ops[i].role == MGT_OPERAND_IN)
-            total += align_up(ops[i].count * esize);
+            total += mgt_cuda_align256(ops[i].count * esize);
     mgt_status st = mgt_cuda_lowp_buffer(s, total);
     if (st != MGT_OK)
         return st;
@@ -218,7 +216,7 @@ mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encod
         else
             k_round<<<blocks_for(cnt), kThreads, 0, s->stream>>>((float *)at, src, cnt, bf16);
         *ops[i].ptr = at;
-        at += align_up(cnt * esize);
+        at += mgt_cuda_align256(cnt * esize);
     }
     return MGT_CUDA_AFTER(s, mgt_op_name(op->kind));
 }
