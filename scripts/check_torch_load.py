@@ -11,6 +11,7 @@
 # Uses torchvision's model where python3-torchvision is installed, else the classes
 # written out in make_model_goldens.py. Exit status 0: all agree; 1: a mismatch (printed);
 # 77: PyTorch is missing (the C test skips). MGT_CHECK_GRADS=0 leaves the gradients out.
+import copy
 import json
 import math
 import os
@@ -29,6 +30,8 @@ import make_model_goldens as mg  # noqa: E402
 
 DTYPES = {"F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
 TOL_FWD, TOL_GRAD = 2e-5, 5e-4
+# a gradient tolerance never below OWN times PyTorch's own float32 error (see main)
+OWN = 3
 
 
 def load_safetensors(path):
@@ -65,11 +68,12 @@ def main():
     arch, classes = meta["arch"], int(meta["classes"])
     model, source = build(arch, classes, int(meta["in_channels"]))
     model.load_state_dict(weights, strict=True)
-    model = model.double()
     # dropout and stochastic depth at p = 0, as the C side builds them (no_dropout)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
+    model32 = copy.deepcopy(model).float()
+    model = model.double()
     print("check_torch_load: %s from %s, loaded with strict=True" % (arch, source))
     x = check["input"].double()
     labels = check["labels"].long()
@@ -105,22 +109,43 @@ def main():
     # MGT_CHECK_GRADS=0: the state_dict, logits, loss and BN statistics only (for weights whose
     # gradients are too ill-conditioned in float32 to hold to TOL_GRAD)
     check_grads = os.environ.get("MGT_CHECK_GRADS", "1") != "0"
+    # A gradient that float32 itself cannot hold to TOL_GRAD (a stride-2 projection into a
+    # 2x2 stage, whose BN sees few values per channel) gets OWN times PyTorch's own float32
+    # error on the same weights and input as its tolerance: rounding noise widens it, a wrong
+    # gradient (off by its own size) does not pass
+    own = {}
+    if check_grads:
+        model32.train()
+        F.cross_entropy(model32(x.float()), labels,
+                        label_smoothing=float(cmeta["smoothing"])).backward()
+        for name, p in model32.named_parameters():
+            g64 = params[name].grad.reshape(-1)
+            idx = mg.sample_index(name, p.numel())
+            layer = name.rsplit(".", 1)[0]
+            e = float((p.grad.reshape(-1)[idx].double() - g64[idx]).abs().max())
+            own[name] = e / max(layer_scale[layer], 1e-30)
+    widened = 0
     for name, p in params.items():
         if not check_grads:
             break
         g = p.grad.reshape(-1)
         idx = mg.sample_index(name, p.numel())
+        tol = max(TOL_GRAD, OWN * own[name])
+        widened += tol > TOL_GRAD
         rel("grad." + name + ".samples", check["grad." + name + ".samples"], g[idx],
-            scale=layer_scale[name.rsplit(".", 1)[0]], tol=TOL_GRAD)
+            scale=layer_scale[name.rsplit(".", 1)[0]], tol=tol)
         rel("grad." + name + ".norm", check["grad." + name + ".norm"], g.norm().reshape(1),
-            scale=layer_norm[name.rsplit(".", 1)[0]], tol=TOL_GRAD)
+            scale=layer_norm[name.rsplit(".", 1)[0]], tol=tol)
+    if widened:
+        print("check_torch_load: %d gradient tolerances widened to %d times PyTorch's own float32 "
+              "error" % (widened, OWN))
     for name, t in sd.items():
         if name.endswith("running_mean") or name.endswith("running_var"):
             idx = mg.sample_index(name, t.numel())
             rel("stats." + name, check["stats." + name + ".samples"], t.reshape(-1)[idx])
     worst.sort(reverse=True)
     for ratio, name, e, tol, g, w in worst[:int(os.environ.get("MGT_CHECK_SHOW", "5"))]:
-        print("  %-50s rel %.3g (tolerance %.0e; max |mgtrain| %.3g, |PyTorch| %.3g)"
+        print("  %-50s rel %.3g (tolerance %.2g; max |mgtrain| %.3g, |PyTorch| %.3g)"
               % (name, e, tol, g, w))
     if worst[0][0] > 1:
         print("check_torch_load: MISMATCH at %s" % worst[0][1])

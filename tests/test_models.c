@@ -1447,7 +1447,7 @@ static void torch_load_case(const char *arch, int batch, bool grads)
     char wpath[512], cpath[512], cmd[1700];
     tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
     tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
-    enum { BMAX = 4, K = 10, C = 3, S = 64 };
+    enum { BMAX = 8, K = 10, C = 3, S = 64 };
     const int B = batch;
     assert_true(B <= BMAX);
     mgt_model_config cfg = {.arch = arch,
@@ -1472,7 +1472,7 @@ static void torch_load_case(const char *arch, int batch, bool grads)
     uint32_t salt = fnv1a("torch_load input");
     for (size_t i = 0; i < xn; i++)
         x[i] = (float)((hash_uniform(salt, i) - 0.5) * 3.4641016151377544);
-    int32_t labels[BMAX] = {3, 7, 1, 4};
+    int32_t labels[BMAX] = {3, 7, 1, 4, 9, 0, 5, 2};
     step_io io;
     io_create(&io, m, x, xn, labels, B);
     float eval_logits[BMAX * K], train_logits[BMAX * K], loss;
@@ -1551,26 +1551,29 @@ static void torch_load_case(const char *arch, int batch, bool grads)
 }
 
 /* In full (logits, loss, every gradient, BN statistics): resnet50, wide_resnet50_2,
-   efficientnet_b0 and _b1, densenet121 and densenet169, convnext_tiny: for the architectures
-   without a golden of their own (the zoo formula leaves the bottleneck ResNets, RegNet X and
-   EfficientNet B1 ill-conditioned: PyTorch's own float32 gradients miss its float64 ones in
-   most tensors, scripts/check_zoo_float32.py), this is their gradient check, against PyTorch in
-   float64 at the goldens' tolerances. resnext50_32x4d, resnext101_32x8d and regnet_x_400mf
-   without the gradients: one tensor each, the stride-2 projection into the 2x2 last stage
-   (layer4.0.downsample.0, block4-0.proj.0), misses by 2.9e-3, 1.7e-3 and 4.4e-3 of its
-   layer's largest with every other gradient within 5e-4; wide_resnet50_2's same tensor sits
-   at 4.3e-4, so this is that layer's conditioning at batch 2 (8 values per channel), and
-   their forward, loss and BN statistics are held here. mobilenet_v2 and mobilenet_v3_large
-   without the gradients too: with this input their hash weights leave a few layers'
-   gradients at float32 noise (1e-3 of a layer scale of 1e-4..1e-5), the conditioning their
-   goldens' SIZES and SEEDS work around; their goldens cover the gradients. */
+   resnext50_32x4d and resnext101_32x8d, efficientnet_b0 and _b1, densenet121 and densenet169,
+   convnext_tiny: for the architectures without a golden of their own (the zoo formula leaves
+   the bottleneck ResNets, RegNet X and EfficientNet B1 ill-conditioned: PyTorch's own float32
+   gradients miss its float64 ones in most tensors, scripts/check_zoo_float32.py), this is their
+   gradient check, against PyTorch in float64 at the goldens' tolerances, widened per tensor to
+   3x PyTorch's own float32 error where that is larger (check_torch_load.py). The ResNeXts at
+   batch 4: at batch 2 the stride-2 projection into the 2x2 last stage (layer4.0.downsample.0,
+   8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its layer's largest; at batch 4 it
+   is within 3.2e-4 and the worst tensor within 0.6 and 0.98 of its tolerance. regnet_x_400mf
+   without the gradients: its last stage's gradients sit at 5e-6..1e-5 of a layer scale where
+   float32 noise is 1e-3 (at batch 4, 2.2e-3 against 3x PyTorch's own 1.1e-3 in
+   block4-10.f.c.0); its ops are regnet_y_400mf's, whose golden covers the gradients.
+   mobilenet_v2 and mobilenet_v3_large without the gradients too: with this input their hash
+   weights leave a few layers' gradients at float32 noise (1e-3 of a layer scale of
+   1e-4..1e-5), the conditioning their goldens' SIZES and SEEDS work around; their goldens cover
+   the gradients. */
 static void test_torch_load(void **state)
 {
     (void)state;
     torch_load_case("resnet50", 2, true);
     torch_load_case("wide_resnet50_2", 2, true);
-    torch_load_case("resnext50_32x4d", 2, false);
-    torch_load_case("resnext101_32x8d", 2, false);
+    torch_load_case("resnext50_32x4d", 4, true);
+    torch_load_case("resnext101_32x8d", 4, true);
     torch_load_case("regnet_x_400mf", 2, false);
     torch_load_case("efficientnet_b0", 2, true);
     torch_load_case("efficientnet_b1", 2, true);

@@ -602,6 +602,14 @@ def main():
           "%d round%s per comparison%s"
           % (a.mgtrain, torch.__version__, sys.executable, tv, os.cpu_count(), cpu, loadavg(),
              a.rounds, "s" if a.rounds > 1 else "", ", quick" if a.quick else ""), flush=True)
+    if os.path.realpath(a.python) != os.path.realpath(sys.executable):
+        try:
+            other = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True, timeout=120).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            other = ""
+        print("compare-pytorch: the train part runs pytorch %s (%s); the other parts the one above"
+              % (other or "(not importable)", a.python), flush=True)
     if a.torch_env:
         print("compare-pytorch: extra PyTorch environment: %s" % " ".join(a.torch_env))
 
