@@ -1556,10 +1556,11 @@ static void torch_load_case(const char *arch, int batch, bool grads)
    the bottleneck ResNets, RegNet X and EfficientNet B1 ill-conditioned: PyTorch's own float32
    gradients miss its float64 ones in most tensors, scripts/check_zoo_float32.py), this is their
    gradient check, against PyTorch in float64 at the goldens' tolerances, widened per tensor to
-   3x PyTorch's own float32 error where that is larger (check_torch_load.py). The ResNeXts at
-   batch 4: at batch 2 the stride-2 projection into the 2x2 last stage (layer4.0.downsample.0,
-   8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its layer's largest; at batch 4 it
-   is within 3.2e-4 and the worst tensor within 0.6 and 0.98 of its tolerance. regnet_x_400mf
+   3x PyTorch's own float32 error where that is larger (check_torch_load.py). resnext50_32x4d
+   at batch 4, resnext101_32x8d at 8: at batch 2 the stride-2 projection into the 2x2 last
+   stage (layer4.0.downsample.0, 8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its
+   layer's largest; so the worst tensor is within 0.62 and 0.58 of its tolerance (resnext101
+   at batch 4: 0.98, too near the edge for another CPU's summation order). regnet_x_400mf
    without the gradients: its last stage's gradients sit at 5e-6..1e-5 of a layer scale where
    float32 noise is 1e-3 (at batch 4, 2.2e-3 against 3x PyTorch's own 1.1e-3 in
    block4-10.f.c.0); its ops are regnet_y_400mf's, whose golden covers the gradients.
@@ -1573,7 +1574,7 @@ static void test_torch_load(void **state)
     torch_load_case("resnet50", 2, true);
     torch_load_case("wide_resnet50_2", 2, true);
     torch_load_case("resnext50_32x4d", 4, true);
-    torch_load_case("resnext101_32x8d", 4, true);
+    torch_load_case("resnext101_32x8d", 8, true);
     torch_load_case("regnet_x_400mf", 2, false);
     torch_load_case("efficientnet_b0", 2, true);
     torch_load_case("efficientnet_b1", 2, true);
