@@ -1551,24 +1551,23 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
-/* In full (logits, loss, every gradient, BN statistics): resnet50, wide_resnet50_2,
-   resnext50_32x4d and resnext101_32x8d, regnet_x_400mf, efficientnet_b0 and _b1, densenet121
-   and densenet169, convnext_tiny: for the architectures without a golden of their own (the zoo formula leaves
-   the bottleneck ResNets, RegNet X and EfficientNet B1 ill-conditioned: PyTorch's own float32
-   gradients miss its float64 ones in most tensors, scripts/check_zoo_float32.py), this is their
-   gradient check, against PyTorch in float64 at the goldens' tolerances, widened per tensor to
-   3x PyTorch's own float32 error where that is larger (check_torch_load.py). resnext50_32x4d
-   at batch 4, resnext101_32x8d at 8: at batch 2 the stride-2 projection into the 2x2 last
-   stage (layer4.0.downsample.0, 8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its
-   layer's largest; so the worst tensor is within 0.62 and 0.58 of its tolerance (resnext101
-   at batch 4: 0.98, too near the edge for another CPU's summation order). regnet_x_400mf at
-   160x160 (its last stage 5x5): at 64x64 that stage's gradients sit at 5e-6..1e-5 of a layer
-   scale where float32 noise is 1e-3 (at batch 4, 2.2e-3 against 3x PyTorch's own 1.1e-3 in
-   block4-10.f.c.0; at batch 8, 1.0 of the tolerance); at 160 its worst tensor is 0.69 of its
-   tolerance (128: 0.77, 224: 0.70). mobilenet_v2 and mobilenet_v3_large without the gradients: with this input their hash
-   weights leave a few layers' gradients at float32 noise (1e-3 of a layer scale of
-   1e-4..1e-5), the conditioning their goldens' SIZES and SEEDS work around; their goldens cover
-   the gradients. */
+/* In full (logits, loss, every gradient, BN statistics): resnet50, wide_resnet50_2, resnext50_32x4d
+   and resnext101_32x8d, regnet_x_400mf, efficientnet_b0 and _b1, densenet121 and densenet169,
+   convnext_tiny: for the architectures without a golden of their own (the zoo formula leaves the
+   bottleneck ResNets, RegNet X and EfficientNet B1 ill-conditioned: PyTorch's own float32 gradients
+   miss its float64 ones in most tensors, scripts/check_zoo_float32.py), this is their gradient
+   check, against PyTorch in float64 at the goldens' tolerances, widened per tensor to 3x PyTorch's
+   own float32 error where that is larger (check_torch_load.py). resnext50_32x4d at batch 4,
+   resnext101_32x8d at 8: at batch 2 the stride-2 projection into the 2x2 last stage
+   (layer4.0.downsample.0, 8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its layer's
+   largest; so the worst tensor is within 0.62 and 0.58 of its tolerance (resnext101 at batch 4:
+   0.98, too near the edge for another CPU's summation order). regnet_x_400mf at 160x160 (its last
+   stage 5x5): at 64x64 that stage's gradients sit at 5e-6..1e-5 of a layer scale where float32
+   noise is 1e-3 (at batch 4, 2.2e-3 against 3x PyTorch's own 1.1e-3 in block4-10.f.c.0; at batch 8,
+   1.0 of the tolerance); at 160 its worst tensor is 0.69 of its tolerance (128: 0.77, 224: 0.70).
+   mobilenet_v2 and mobilenet_v3_large without the gradients: with this input their hash weights
+   leave a few layers' gradients at float32 noise (1e-3 of a layer scale of 1e-4..1e-5), the
+   conditioning their goldens' SIZES and SEEDS work around; their goldens cover the gradients. */
 static void test_torch_load(void **state)
 {
     (void)state;
