@@ -739,6 +739,60 @@ static void test_scratch(void **state)
     free(w);
 }
 
+/* ---- activations: the AVX-512F build of their loops against the baseline one ---- */
+
+/* Both builds make every element with the same IEEE operations, so they must agree to the
+   bit: on [-8, 8] and on values where exp overflows and underflows, infinities, NaN and
+   denormals, with lengths that end in a partial vector and span several items. */
+static void test_activation_vectors(void **state)
+{
+    (void)state;
+    static const float ends[] = {88.5f,  88.8f, 89.5f, 100.0f, 103.5f,   104.5f,
+                                 1e-40f, 0.0f,  6.0f,  3.0f,   INFINITY, NAN};
+    static const size_t lens[] = {1, 15, 17, 1000, 40001};
+    const size_t nmax = 40001;
+    if (!__builtin_cpu_supports("avx512f"))
+        print_message("this CPU has no AVX-512F: both runs take the baseline loops\n");
+    float *x = malloc(nmax * 4), *dy = rand_floats(nmax), *base = malloc(nmax * 4),
+          *wide = malloc(nmax * 4);
+    assert_true(x && base && wide);
+    for (size_t i = 0; i < nmax; i++) {
+        float e = ends[(i / 2) % (sizeof ends / sizeof ends[0])];
+        x[i] = i % 4 == 0 ? e : i % 4 == 2 ? -e : 8.0f * rng_float();
+    }
+    for (int act = 0; act < MGT_ACT_COUNT; act++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (int fwd = 0; fwd < 2; fwd++) {
+                size_t n = lens[l];
+                for (int pass = 0; pass < 2; pass++) {
+                    float *out = pass ? wide : base;
+                    mgt_op op = {.kind = fwd ? MGT_OP_ACT_FWD : MGT_OP_ACT_BWD};
+                    if (fwd)
+                        op.u.act_fwd = (__typeof__(op.u.act_fwd)){out, x, n, (mgt_act)act};
+                    else
+                        op.u.act_bwd = (__typeof__(op.u.act_bwd)){out, dy, x, n, (mgt_act)act};
+                    ctxs[1].vec_baseline = pass == 0;
+                    assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+                }
+                ctxs[1].vec_baseline = false;
+                if (memcmp(base, wide, n * 4) != 0) {
+                    for (size_t i = 0; i < n; i++)
+                        if (memcmp(&base[i], &wide[i], 4) != 0) {
+                            print_error("%s %s n=%zu: element %zu of x=%.9g: baseline %.9g, "
+                                        "AVX-512F %.9g\n",
+                                        mgt_act_name((mgt_act)act), fwd ? "forward" : "backward", n,
+                                        i, x[i], base[i], wide[i]);
+                            break;
+                        }
+                    fail();
+                }
+            }
+    free(x);
+    free(dy);
+    free(base);
+    free(wide);
+}
+
 /* ---- main ---- */
 
 static int ctx_setup(void **state)
@@ -775,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_xent_topk),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_scratch),
+        cmocka_unit_test(test_activation_vectors),
     };
     return cmocka_run_group_tests_name("cpu_kernels", tests, ctx_setup, ctx_teardown);
 }

@@ -155,9 +155,12 @@ static void test_learns_on_two_devices(void **state)
 }
 
 /* The inverted-residual families learn the quadrant task (12x12 images resized to 32) on two
-   mock devices (dropout and stochastic depth live: the trainer's key drives them); measured:
-   mobilenet_v2 loss 0.53 and 100% top-1, efficientnet_b0 1.04 and 81%, mobilenet_v3_small
-   0.23 and 25% (see below). The arch is the state. */
+   mock devices (dropout and stochastic depth live: the trainer's key drives them). Measured
+   (train loss, val loss, val top-1): mobilenet_v2 0.26, 0.20, 100%; efficientnet_b0 1.58,
+   0.07, 100%; mobilenet_v3_small 0.26, 1.39, 25% (see below). efficientnet_b0's training
+   loss, with dropout, stochastic depth and batch statistics of 4 images, moves from 1.0 to
+   1.6 with the last bits of its SiLU, so the bar is on the evaluation. The arch is the
+   state. */
 static void test_family_learns(void **state)
 {
     mgt_train_config c;
@@ -171,16 +174,19 @@ static void test_family_learns(void **state)
     mgt_status st = train(&c, 2, "threads=1", &res);
     if (st != MGT_OK)
         fail_msg("%s: %s", c.arch, mgt_error_last());
-    print_message("%s: last epoch's train loss %.3f, val top-1 %.1f%%\n", c.arch, res.train_loss,
-                  res.val_acc1);
+    print_message("%s: last epoch's train loss %.3f, val loss %.3f, val top-1 %.1f%%\n", c.arch,
+                  res.train_loss, res.val_loss, res.val_acc1);
     assert_int_equal(res.epochs_done, 6);
     /* 4 classes: chance is 25% and a loss of log 4 = 1.386. MobileNet V3's BN momentum of
        0.01 (torchvision's) leaves the running statistics near their start after 60 steps, so
        its evaluation stays at chance here (measured 25%) while it learns: only its training
-       loss is held to the bar. */
-    assert_true(res.train_loss < 1.2);
-    if (strncmp(c.arch, "mobilenet_v3", 12) != 0)
+       loss is held to a bar. The others are held to the evaluation's loss and top-1. */
+    if (strncmp(c.arch, "mobilenet_v3", 12) == 0) {
+        assert_true(res.train_loss < 1.2);
+    } else {
+        assert_true(res.val_loss < 0.7);
         assert_true(res.val_acc1 >= 75.0);
+    }
 }
 
 /* Two epochs straight, and one epoch then a resume for the second, on the devices open(run)

@@ -1478,103 +1478,257 @@ static void scopy_item(void *c, int i, int t)
 
 /* ---- activations, channel scaling ---- */
 
-/* In float with libm's expf and erff (as PyTorch's CPU kernels, up to their vectorised
-   exp); within a few ulp of the reference's double. */
-static inline float act_f(mgt_act act, float x)
+/* ---- activations, their vectors ----
+   The activation loops are compute-bound (exp and a division per element), unlike the
+   streaming loops above, so they run on vectors of AW = 16 lanes in functions compiled twice:
+   for AVX-512F, one zmm register per vector, and for the x86-64 baseline, where GCC splits
+   each vector into four SSE operations. Every operation is per lane and the same IEEE
+   operation in both, so both give the same bits; ctx->vec_baseline runs the baseline on a CPU
+   with AVX-512F, so the tests can compare the two. */
+#define AW 16
+typedef float af __attribute__((vector_size(AW * sizeof(float))));
+typedef int32_t ai __attribute__((vector_size(AW * sizeof(int32_t))));
+typedef uint32_t au __attribute__((vector_size(AW * sizeof(uint32_t))));
+#define ACT_INLINE __attribute__((always_inline)) static inline
+/* GCC notes that a 64-byte vector passed without AVX-512 changes the ABI; these helpers are
+   always inlined, so no such vector crosses a call. (Left off to the end of the file: GCC
+   reports the note there, after the clones are made.) */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+ACT_INLINE af ald(const float *p)
 {
-    switch (act) {
-    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
-    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
-    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
-    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
-    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case MGT_ACT_GELU: return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
-    case MGT_ACT_COUNT: break;
-    }
-    return NAN;
+    af v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-static inline float act_grad_f(mgt_act act, float x)
+ACT_INLINE void ast(float *p, af v) { memcpy(p, &v, sizeof v); }
+
+ACT_INLINE af adup(float a)
+{
+    af v;
+    for (int i = 0; i < AW; i++)
+        v[i] = a;
+    return v;
+}
+
+/* The first k < AW floats at p, zeros after them; and their store back. */
+ACT_INLINE af ald_part(const float *p, size_t k)
+{
+    af v = adup(0.0f);
+    memcpy(&v, p, k * sizeof(float));
+    return v;
+}
+
+ACT_INLINE void ast_part(float *p, af v, size_t k) { memcpy(p, &v, k * sizeof(float)); }
+
+/* a where m is set, b elsewhere (GCC's C has no ?: on vectors) */
+ACT_INLINE af asel(ai m, af a, af b) { return (af)(((ai)a & m) | ((ai)b & ~m)); }
+
+/* e^x per lane, in float: Cephes' expf (its range reduction by n = round(x log2 e) with ln 2
+   split in two, and its degree-7 polynomial), within 2 ulp of libm's expf over the normal
+   range. 2^n is applied as two exact powers of two, so results that overflow give +inf and
+   the ones below FLT_MIN come out as denormals or 0, as expf's; x is clamped to [-104, 89]
+   first, which changes no result (e^89 overflows, e^-104 rounds to 0), and a NaN stays NaN
+   (both comparisons are false, and NaN times any power of two is NaN). The integer work is
+   unsigned: a NaN lane's garbage exponent cannot overflow. */
+ACT_INLINE af vexp(af x)
+{
+    x = asel(x > 89.0f, adup(89.0f), x);
+    x = asel(x < -104.0f, adup(-104.0f), x);
+    /* adding 1.5 * 2^23 rounds to an integer, which the low bits then hold */
+    const float magic = 12582912.0f;
+    af t = x * (float)M_LOG2E + magic;
+    af n = t - magic;
+    au ni = (au)t - (au)adup(magic);
+    /* 0.693359375 has 9 significant bits, so n times it is exact */
+    af r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    af p = adup(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    af e = (r * r) * p + r + 1.0f;
+    au a = (au)((ai)ni >> 1), b = ni - a; /* n = a + b, each within a float's exponent */
+    af sa = (af)((a + 127u) << 23), sb = (af)((b + 127u) << 23);
+    return (e * sa) * sb;
+}
+
+/* Every activation but GELU AW lanes at a time, comparisons as selects, so a NaN passes
+   through each as in the scalar form; GELU in float with libm's erff and expf (as PyTorch's
+   CPU kernels). Within a few ulp of the reference's double. */
+ACT_INLINE af act_v(mgt_act act, af x)
 {
     switch (act) {
-    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
-    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
-    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    case MGT_ACT_RELU6: return asel(x < 0.0f, adup(0.0f), asel(x > 6.0f, adup(6.0f), x));
+    case MGT_ACT_HARDSIGMOID:
+        return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, adup(1.0f), x / 6.0f + 0.5f));
+    case MGT_ACT_HARDSWISH:
+        return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, x, x * (x + 3.0f) / 6.0f));
+    case MGT_ACT_SILU: return x / (1.0f + vexp(-x));
+    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + vexp(-x));
+    case MGT_ACT_GELU:
+    case MGT_ACT_COUNT: break;
+    }
+    return adup(NAN);
+}
+
+ACT_INLINE af act_grad_v(mgt_act act, af x)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: return asel((x > 0.0f) & (x < 6.0f), adup(1.0f), adup(0.0f));
+    case MGT_ACT_HARDSIGMOID: return asel((x > -3.0f) & (x < 3.0f), adup(1.0f / 6.0f), adup(0.0f));
+    case MGT_ACT_HARDSWISH:
+        return asel(x < -3.0f, adup(0.0f), asel(x <= 3.0f, x / 3.0f + 0.5f, adup(1.0f)));
     case MGT_ACT_SILU: {
-        float sg = 1.0f / (1.0f + expf(-x));
+        af sg = 1.0f / (1.0f + vexp(-x));
         return sg * (1.0f + x * (1.0f - sg));
     }
     case MGT_ACT_SIGMOID: {
-        float sg = 1.0f / (1.0f + expf(-x));
+        af sg = 1.0f / (1.0f + vexp(-x));
         return sg * (1.0f - sg);
     }
     case MGT_ACT_GELU:
-        return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
-               x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
     case MGT_ACT_COUNT: break;
     }
-    return NAN;
+    return adup(NAN);
 }
 
-/* The switch sits outside the loop (each case its own loop), so each loop is straight-line. */
-#define ACT_LOOP(ACT, BODY)                \
-    case ACT:                              \
-        for (size_t j = lo; j < hi; j++) { \
-            BODY;                          \
-        }                                  \
-        break;
+/* y = act(x) over [0, n): the last partial vector goes through the same lanes, so every
+   element's bits are the same function of its x wherever it sits. */
+ACT_INLINE void act_fwd_run(mgt_act act, float *y, const float *x, size_t n)
+{
+    size_t j = 0;
+    for (; j + AW <= n; j += AW)
+        ast(y + j, act_v(act, ald(x + j)));
+    if (j < n)
+        ast_part(y + j, act_v(act, ald_part(x + j, n - j)), n - j);
+}
+
+/* dx = dy * act'(x) over [0, n) */
+ACT_INLINE void act_bwd_run(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
+{
+    size_t j = 0;
+    for (; j + AW <= n; j += AW)
+        ast(dx + j, ald(dy + j) * act_grad_v(act, ald(x + j)));
+    if (j < n)
+        ast_part(dx + j, ald_part(dy + j, n - j) * act_grad_v(act, ald_part(x + j, n - j)), n - j);
+}
+
+/* The switch outside the loops: each case its own inlined, straight-line loop. */
+ACT_INLINE void act_fwd_span(mgt_act act, float *y, const float *x, size_t n)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: act_fwd_run(MGT_ACT_RELU6, y, x, n); break;
+    case MGT_ACT_HARDSIGMOID: act_fwd_run(MGT_ACT_HARDSIGMOID, y, x, n); break;
+    case MGT_ACT_HARDSWISH: act_fwd_run(MGT_ACT_HARDSWISH, y, x, n); break;
+    case MGT_ACT_SILU: act_fwd_run(MGT_ACT_SILU, y, x, n); break;
+    case MGT_ACT_SIGMOID: act_fwd_run(MGT_ACT_SIGMOID, y, x, n); break;
+    case MGT_ACT_GELU:
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
+{
+    switch (act) {
+    case MGT_ACT_RELU6: act_bwd_run(MGT_ACT_RELU6, dx, dy, x, n); break;
+    case MGT_ACT_HARDSIGMOID: act_bwd_run(MGT_ACT_HARDSIGMOID, dx, dy, x, n); break;
+    case MGT_ACT_HARDSWISH: act_bwd_run(MGT_ACT_HARDSWISH, dx, dy, x, n); break;
+    case MGT_ACT_SILU: act_bwd_run(MGT_ACT_SILU, dx, dy, x, n); break;
+    case MGT_ACT_SIGMOID: act_bwd_run(MGT_ACT_SIGMOID, dx, dy, x, n); break;
+    case MGT_ACT_GELU:
+    case MGT_ACT_COUNT: break;
+    }
+}
+
+static void act_fwd_base(mgt_act act, float *y, const float *x, size_t n)
+{
+    act_fwd_span(act, y, x, n);
+}
+
+__attribute__((target("avx512f"))) static void act_fwd_avx512(mgt_act act, float *y, const float *x,
+                                                              size_t n)
+{
+    act_fwd_span(act, y, x, n);
+}
+
+static void act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
+{
+    act_bwd_span(act, dx, dy, x, n);
+}
+
+__attribute__((target("avx512f"))) static void act_bwd_avx512(mgt_act act, float *dx,
+                                                              const float *dy, const float *x,
+                                                              size_t n)
+{
+    act_bwd_span(act, dx, dy, x, n);
+}
+
+/* An activation op and whether its items take the AVX-512F build of the loops. */
+typedef struct act_job {
+    const mgt_op *op;
+    bool avx512;
+} act_job;
+
+static bool act_job_avx512(const mgt_cpu_ctx *ctx)
+{
+    return !ctx->vec_baseline && __builtin_cpu_supports("avx512f");
+}
+
+static inline float gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
+
+static inline float gelu_grad_f(float x)
+{
+    return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
+           x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+}
 
 static void act_fwd_item(void *c, int i, int t)
 {
     (void)t;
-    const mgt_op *op = c;
-    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    const act_job *jb = c;
+    const __typeof__(jb->op->u.act_fwd) *a = &jb->op->u.act_fwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
-    switch (a->act) {
-        ACT_LOOP(MGT_ACT_RELU6, a->y[j] = act_f(MGT_ACT_RELU6, a->x[j]))
-        ACT_LOOP(MGT_ACT_HARDSIGMOID, a->y[j] = act_f(MGT_ACT_HARDSIGMOID, a->x[j]))
-        ACT_LOOP(MGT_ACT_HARDSWISH, a->y[j] = act_f(MGT_ACT_HARDSWISH, a->x[j]))
-        ACT_LOOP(MGT_ACT_SILU, a->y[j] = act_f(MGT_ACT_SILU, a->x[j]))
-        ACT_LOOP(MGT_ACT_SIGMOID, a->y[j] = act_f(MGT_ACT_SIGMOID, a->x[j]))
-        ACT_LOOP(MGT_ACT_GELU, a->y[j] = act_f(MGT_ACT_GELU, a->x[j]))
-    case MGT_ACT_COUNT: break;
-    }
+    float *y = a->y + lo;
+    const float *x = a->x + lo;
+    if (a->act != MGT_ACT_GELU)
+        (jb->avx512 ? act_fwd_avx512 : act_fwd_base)(a->act, y, x, hi - lo);
+    else
+        for (size_t j = 0; j < hi - lo; j++)
+            y[j] = gelu_f(x[j]);
 }
 
 static void act_bwd_item(void *c, int i, int t)
 {
     (void)t;
-    const mgt_op *op = c;
-    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    const act_job *jb = c;
+    const __typeof__(jb->op->u.act_bwd) *a = &jb->op->u.act_bwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
+    float *dx = a->dx + lo;
+    const float *dy = a->dy + lo, *x = a->x + lo;
+    size_t n = hi - lo;
     if (a->act == MGT_ACT_RELU6) {
-        /* a select, not dy * 0|1 as below: hardtanh_backward's arithmetic, and a denormal dy
-           (common deep in backward) costs a microcode assist per multiply on x86 */
-        size_t j = lo;
-        for (; j + VW <= hi; j += VW) {
-            vf x = vld(a->x + j);
-            vi pass = (x > 0.0f) & (x < 6.0f);
-            vst(a->dx + j, (vf)((vi)vld(a->dy + j) & pass));
+        /* a select, not dy * 0|1 as the others: hardtanh_backward's arithmetic, and a denormal
+           dy (common deep in backward) costs a microcode assist per multiply on x86 */
+        size_t j = 0;
+        for (; j + VW <= n; j += VW) {
+            vf v = vld(x + j);
+            vi pass = (v > 0.0f) & (v < 6.0f);
+            vst(dx + j, (vf)((vi)vld(dy + j) & pass));
         }
-        for (; j < hi; j++)
-            a->dx[j] = a->x[j] > 0.0f && a->x[j] < 6.0f ? a->dy[j] : 0.0f;
-        return;
-    }
-    switch (a->act) {
-        ACT_LOOP(MGT_ACT_RELU6, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_RELU6, a->x[j]))
-        ACT_LOOP(MGT_ACT_HARDSIGMOID,
-                 a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSIGMOID, a->x[j]))
-        ACT_LOOP(MGT_ACT_HARDSWISH, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_HARDSWISH, a->x[j]))
-        ACT_LOOP(MGT_ACT_SILU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SILU, a->x[j]))
-        ACT_LOOP(MGT_ACT_SIGMOID, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_SIGMOID, a->x[j]))
-        ACT_LOOP(MGT_ACT_GELU, a->dx[j] = a->dy[j] * act_grad_f(MGT_ACT_GELU, a->x[j]))
-    case MGT_ACT_COUNT: break;
+        for (; j < n; j++)
+            dx[j] = x[j] > 0.0f && x[j] < 6.0f ? dy[j] : 0.0f;
+    } else if (a->act != MGT_ACT_GELU) {
+        (jb->avx512 ? act_bwd_avx512 : act_bwd_base)(a->act, dx, dy, x, n);
+    } else {
+        for (size_t j = 0; j < n; j++)
+            dx[j] = dy[j] * gelu_grad_f(x[j]);
     }
 }
-
-#undef ACT_LOOP
 
 /* One item per run of whole planes (image, channel). */
 static void chscale_fwd_item(void *c, int i, int t)
@@ -1588,7 +1742,10 @@ static void chscale_fwd_item(void *c, int i, int t)
         float sc = a->scale[a->shared ? pl % (size_t)a->c : pl];
         const float *x = a->x + pl * hw;
         float *y = a->y + pl * hw;
-        for (size_t e = 0; e < hw; e++)
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(y + e, vld(x + e) * sc);
+        for (; e < hw; e++)
             y[e] = x[e] * sc;
     }
 }
@@ -1628,7 +1785,10 @@ static void chscale_bwd_item(void *c, int i, int t)
             else
                 a->dscale[pl] = (float)(s0 + s1);
         }
-        for (size_t e = 0; e < hw; e++)
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(dx + e, vld(dy + e) * sc);
+        for (; e < hw; e++)
             dx[e] = dy[e] * sc;
     }
 }
@@ -2252,13 +2412,15 @@ static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, op);
+    act_job jb = {op, act_job_avx512(ctx)};
+    POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, &jb);
     return MGT_OK;
 }
 
 static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, op);
+    act_job jb = {op, act_job_avx512(ctx)};
+    POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, &jb);
     return MGT_OK;
 }
 

@@ -34,6 +34,7 @@ typedef struct mgt_cpu_ctx {
     size_t lowp_bytes;
     struct mgt_onednn *onednn; /* convolutions (groups 1) and sgemm */
     bool conv_im2col;          /* convolutions on the im2col + gemm path even where oneDNN can */
+    bool vec_baseline;         /* activations on x86-64's baseline vectors even with AVX-512F */
 } mgt_cpu_ctx;
 
 mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads);
