@@ -18,7 +18,8 @@ Parts (--parts, comma-separated; default all):
   zoo    the training step of torchvision's other families on 3x224x224 synthetic images,
          fp32, --zoo-threads threads (2), batch --zoo-batch (8): --zoo-archs (resnet50,
          mobilenet_v2, vgg11_bn, densenet121, efficientnet_b0); an architecture mgtrain does
-         not know fails its row and the others go on
+         not know fails its row and the others go on; --channels-last and --python apply
+         here as in the train part
   data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
          ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
          generated tree of 500x375 JPEGs read three ways by mgtrain (the folder, a JPEG pack
@@ -548,11 +549,12 @@ def main():
     p.add_argument("--json", default="", help="write every run's raw results here")
     p.add_argument("-v", "--verbose", action="store_true", help="print each command")
     p.add_argument("--python", default=sys.executable,
-                   help="the Python whose PyTorch the train part runs (a venv's; default this one)")
+                   help="the Python whose PyTorch the train and zoo parts run (a venv's; "
+                        "default this one)")
     p.add_argument("--precisions", default="f32,bf16",
                    help="train part: f32 and/or bf16 (mgtrain --amp bf16 against autocast)")
     p.add_argument("--channels-last", action="store_true",
-                   help="train part: PyTorch's model and input in channels_last")
+                   help="train and zoo parts: PyTorch's model and input in channels_last")
     p.add_argument("--no-glibc", dest="glibc", action="store_false",
                    help="train part: skip the second PyTorch column (glibc's malloc)")
     a = p.parse_args()
@@ -608,7 +610,8 @@ def main():
                                    capture_output=True, text=True, timeout=120).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             other = ""
-        print("compare-pytorch: the train part runs pytorch %s (%s); the other parts the one above"
+        print("compare-pytorch: the train and zoo parts run pytorch %s (%s); the others the one "
+              "above"
               % (other or "(not importable)", a.python), flush=True)
     if a.torch_env:
         print("compare-pytorch: extra PyTorch environment: %s" % " ".join(a.torch_env))
