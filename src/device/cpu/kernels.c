@@ -1476,9 +1476,7 @@ static void scopy_item(void *c, int i, int t)
     }
 }
 
-/* ---- activations, channel scaling ---- */
-
-/* ---- activations, their vectors ----
+/* ---- activations, channel scaling ----
    The activation loops are compute-bound (exp and a division per element), unlike the
    streaming loops above, so they run on vectors of AW = 16 lanes in functions compiled twice:
    for AVX-512F, one zmm register per vector, and for the x86-64 baseline, where GCC splits
@@ -1576,8 +1574,8 @@ ACT_INLINE af act_v(mgt_act act, af x)
 
 ACT_INLINE af act_grad_v(mgt_act act, af x)
 {
+    /* ReLU6's backward is a select on the 4-lane vectors (act_bwd_item) */
     switch (act) {
-    case MGT_ACT_RELU6: return asel((x > 0.0f) & (x < 6.0f), adup(1.0f), adup(0.0f));
     case MGT_ACT_HARDSIGMOID: return asel((x > -3.0f) & (x < 3.0f), adup(1.0f / 6.0f), adup(0.0f));
     case MGT_ACT_HARDSWISH:
         return asel(x < -3.0f, adup(0.0f), asel(x <= 3.0f, x / 3.0f + 0.5f, adup(1.0f)));
@@ -1589,6 +1587,7 @@ ACT_INLINE af act_grad_v(mgt_act act, af x)
         af sg = 1.0f / (1.0f + vexp(-x));
         return sg * (1.0f - sg);
     }
+    case MGT_ACT_RELU6:
     case MGT_ACT_GELU:
     case MGT_ACT_COUNT: break;
     }
@@ -1633,11 +1632,11 @@ ACT_INLINE void act_fwd_span(mgt_act act, float *y, const float *x, size_t n)
 ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
 {
     switch (act) {
-    case MGT_ACT_RELU6: act_bwd_run(MGT_ACT_RELU6, dx, dy, x, n); break;
     case MGT_ACT_HARDSIGMOID: act_bwd_run(MGT_ACT_HARDSIGMOID, dx, dy, x, n); break;
     case MGT_ACT_HARDSWISH: act_bwd_run(MGT_ACT_HARDSWISH, dx, dy, x, n); break;
     case MGT_ACT_SILU: act_bwd_run(MGT_ACT_SILU, dx, dy, x, n); break;
     case MGT_ACT_SIGMOID: act_bwd_run(MGT_ACT_SIGMOID, dx, dy, x, n); break;
+    case MGT_ACT_RELU6:
     case MGT_ACT_GELU:
     case MGT_ACT_COUNT: break;
     }
