@@ -428,8 +428,12 @@ static void conv_case(const mgt_conv2d_shape *sh, const char *why)
     free(dw);
 }
 
+#define SHAPE_L(n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_, xl, yl) \
+    (mgt_conv2d_shape) { n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_, xl, yl }
 #define SHAPE(n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_) \
-    (mgt_conv2d_shape) { n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_ }
+    SHAPE_L(n_, c_, h_, w_, k_, r_, s_, sth, stw, ph, pw, g_, MGT_LAYOUT_NCHW, MGT_LAYOUT_NCHW)
+#define BLK MGT_LAYOUT_NCHW16C
+#define PLAIN MGT_LAYOUT_NCHW
 
 static void test_conv(void **state)
 {
@@ -457,6 +461,11 @@ static void test_conv(void **state)
         {SHAPE(3, 3, 17, 15, 7, 5, 5, 1, 1, 2, 2, 1), "5x5 pad 2, odd sizes"},
         {SHAPE(2, 3, 23, 23, 8, 7, 7, 2, 2, 3, 3, 1), "7x7 stride 2 stem"},
         {SHAPE(1, 24, 9, 9, 40, 1, 1, 1, 1, 0, 0, 1), "1x1 direct batch 1"},
+        {SHAPE_L(22, 16, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1, BLK, BLK), "nChw16c in and out, chunks"},
+        {SHAPE_L(5, 1, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, PLAIN, BLK), "stem: NCHW in, nChw16c out"},
+        {SHAPE_L(9, 32, 8, 8, 64, 1, 1, 2, 2, 0, 0, 1, BLK, PLAIN), "nChw16c in, NCHW out"},
+        {SHAPE_L(3, 16, 9, 9, 16, 3, 3, 2, 2, 1, 1, 1, BLK, BLK), "nChw16c stride 2"},
+        {SHAPE_L(2, 32, 7, 7, 16, 1, 1, 1, 1, 0, 0, 1, BLK, BLK), "nChw16c 1x1, 7x7"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         conv_case(&cases[i].sh, cases[i].why);
@@ -509,15 +518,19 @@ static void test_conv_filter_determinism(void **state)
 static void test_batchnorm(void **state)
 {
     (void)state;
+    /* the last of each layout: a mean 1000 times the spread, for the one-pass variance */
     const mgt_bn_shape shapes[] = {
-        {3, 5, 7, 1e-5f, 0.1f},   {1, 3, 1000, 1e-5f, 0.1f}, {8, 17, 49, 1e-3f, 0.2f},
-        {2, 1, 1, 1e-5f, 0.1f},   {16, 64, 1, 1e-5f, 0.1f},  {4, 3, 2000, 1e-5f, 1.0f},
-        {6, 4, 300, 1e-5f, 0.1f},
+        {3, 5, 7, 1e-5f, 0.1f, PLAIN},   {1, 3, 1000, 1e-5f, 0.1f, PLAIN},
+        {8, 17, 49, 1e-3f, 0.2f, PLAIN}, {2, 1, 1, 1e-5f, 0.1f, PLAIN},
+        {16, 64, 1, 1e-5f, 0.1f, PLAIN}, {4, 3, 2000, 1e-5f, 1.0f, PLAIN},
+        {6, 4, 300, 1e-5f, 0.1f, PLAIN}, {3, 16, 7, 1e-5f, 0.1f, BLK},
+        {1, 16, 1000, 1e-5f, 0.1f, BLK}, {9, 32, 49, 1e-3f, 0.2f, BLK},
+        {16, 64, 1, 1e-5f, 0.1f, BLK},   {13, 48, 130, 1e-5f, 1.0f, BLK},
+        {6, 16, 300, 1e-5f, 0.1f, BLK},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         mgt_bn_shape sh = shapes[i];
-        /* the last shape: a mean 1000 times the spread, for the one-pass variance */
-        float offset = i + 1 == sizeof shapes / sizeof *shapes ? 1000.0f : 3.0f;
+        float offset = i == 6 || i + 1 == sizeof shapes / sizeof *shapes ? 1000.0f : 3.0f;
         size_t nx = (size_t)sh.n * sh.c * sh.hw, c = (size_t)sh.c;
         float *x = rand_floats(nx), *y = rand_floats(nx), *dy = rand_floats(nx);
         float *gamma = rand_floats(c), *beta = rand_floats(c), *rm = rand_floats(c);
@@ -531,7 +544,8 @@ static void test_batchnorm(void **state)
             mean[j] = offset + mean[j];
         }
         char label[96];
-        snprintf(label, sizeof label, "bn n %d c %d hw %d", sh.n, sh.c, sh.hw);
+        snprintf(label, sizeof label, "bn n %d c %d hw %d%s", sh.n, sh.c, sh.hw,
+                 sh.layout == BLK ? " nChw16c" : "");
         mgt_op op = {.kind = MGT_OP_BN_FWD_TRAIN,
                      .u.bn_train = {y, mean, invstd, rm, rv, x, gamma, beta, sh}};
         if (sh.n * sh.hw > 1)
@@ -793,6 +807,104 @@ static void test_activation_vectors(void **state)
     free(wide);
 }
 
+/* ---- the blocked layout: the same bits as NCHW ---- */
+
+/* x [n, c, hw] in NCHW copied into nChw16c. */
+static float *to_blocked(const float *x, int n, int c, int hw)
+{
+    size_t len = (size_t)n * c * hw;
+    float *b = malloc(len * 4);
+    assert_non_null(b);
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int e = 0; e < hw; e++)
+                b[mgt_layout_at(MGT_LAYOUT_NCHW16C, c, hw, i, ch, e)] =
+                    x[mgt_layout_at(MGT_LAYOUT_NCHW, c, hw, i, ch, e)];
+    return b;
+}
+
+/* Whether y_blocked holds y_plain's bits, element for element. */
+static bool same_bits_blocked(const float *plain, const float *blocked, int n, int c, int hw)
+{
+    float *b = to_blocked(plain, n, c, hw);
+    bool same = memcmp(b, blocked, (size_t)n * c * hw * 4) == 0;
+    free(b);
+    return same;
+}
+
+/* Batch norm (train, eval, backward) and the global average pool give the NCHW kernels' bits in
+   nChw16c, on the baseline and the AVX-512F builds of the sums, with planes of less than one
+   16-pixel group, of whole 1024-element blocks and of a block and a tail, and with 1 to 9
+   images (BNB_PARTS splits them). Models then train to the same bits in either layout. */
+static void test_blocked_bits(void **state)
+{
+    (void)state;
+    static const char *const stage[] = {"batchnorm_forward_train", "batchnorm_backward",
+                                        "batchnorm_forward_eval"};
+    const int shapes[][3] = {{2, 16, 7}, {3, 32, 49}, {1, 16, 1024}, {9, 48, 1100}, {5, 16, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2];
+        size_t nx = (size_t)n * c * hw;
+        float *x = rand_floats(nx), *dy = rand_floats(nx), *gamma = rand_floats((size_t)c),
+              *beta = rand_floats((size_t)c);
+        for (size_t i = 0; i < nx; i++)
+            x[i] = 5.0f + 3.0f * x[i];
+        float *in[2][2] = {{x, dy}, {to_blocked(x, n, c, hw), to_blocked(dy, n, c, hw)}};
+        /* per run (NCHW, nChw16c, nChw16c on the baseline build): the three tensor outputs, the
+           pool, and save_mean, save_invstd, running mean and variance, dgamma, dbeta */
+        float *out[3][4], st[3][6][64] = {{{0}}};
+        assert_true(c <= 64);
+        for (int run = 0; run < 3; run++) {
+            bool blk = run > 0;
+            ctxs[1].vec_baseline = run == 2;
+            for (int k = 0; k < 4; k++) {
+                out[run][k] = malloc((k < 3 ? nx : (size_t)n * c) * 4);
+                assert_non_null(out[run][k]);
+            }
+            float(*s)[64] = st[run];
+            for (int ch = 0; ch < c; ch++) {
+                s[2][ch] = 0.5f;
+                s[3][ch] = 2.0f;
+                s[4][ch] = s[5][ch] = 0.25f;
+            }
+            mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, blk ? BLK : PLAIN};
+            mgt_op ops[4] = {
+                {.kind = MGT_OP_BN_FWD_TRAIN,
+                 .u.bn_train = {out[run][0], s[0], s[1], s[2], s[3], in[blk][0], gamma, beta, sh}},
+                {.kind = MGT_OP_BN_BWD,
+                 .u.bn_bwd = {out[run][1], s[4], s[5], in[blk][1], in[blk][0], gamma, s[0], s[1],
+                              sh}},
+                {.kind = MGT_OP_BN_FWD_EVAL,
+                 .u.bn_eval = {out[run][2], in[blk][0], gamma, beta, s[2], s[3], sh}},
+                {.kind = MGT_OP_AVGPOOL_FWD},
+            };
+            ops[3].u.avgpool_fwd =
+                (__typeof__(ops[3].u.avgpool_fwd)){out[run][3], in[blk][0], n, c, hw, sh.layout};
+            for (int k = 0; k < 4; k++)
+                assert_int_equal(mgt_cpu_run(&ctxs[1], &ops[k]), MGT_OK);
+        }
+        ctxs[1].vec_baseline = false;
+        for (int run = 1; run < 3; run++) {
+            const char *why = run == 2 ? " (baseline build)" : "";
+            for (int k = 0; k < 3; k++)
+                if (!same_bits_blocked(out[0][k], out[run][k], n, c, hw))
+                    fail_msg("n %d c %d hw %d: %s in nChw16c%s differs from NCHW", n, c, hw,
+                             stage[k], why);
+            if (memcmp(out[0][3], out[run][3], (size_t)n * c * 4) != 0)
+                fail_msg("n %d c %d hw %d: avgpool_forward in nChw16c%s differs", n, c, hw, why);
+            if (memcmp(st[0], st[run], sizeof st[0]) != 0)
+                fail_msg("n %d c %d hw %d: statistics or dgamma/dbeta in nChw16c%s differ", n, c,
+                         hw, why);
+        }
+        for (int run = 0; run < 3; run++)
+            for (int k = 0; k < 4; k++)
+                free(out[run][k]);
+        float *bufs[] = {x, dy, gamma, beta, in[1][0], in[1][1]};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            free(bufs[i]);
+    }
+}
+
 /* ---- main ---- */
 
 static int ctx_setup(void **state)
@@ -830,6 +942,7 @@ int main(void)
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_scratch),
         cmocka_unit_test(test_activation_vectors),
+        cmocka_unit_test(test_blocked_bits),
     };
     return cmocka_run_group_tests_name("cpu_kernels", tests, ctx_setup, ctx_teardown);
 }

@@ -18,6 +18,7 @@
 #include "mgt/device.h"
 #include "mgt/nn.h"
 #include "mgt/safetensors.h"
+#include "support/fixture.h"
 
 #define DATA_DIR MGT_TEST_DATA_DIR "/models"
 
@@ -1375,6 +1376,94 @@ static void test_init(void **state)
 }
 
 /* The parameter arena is laid out in backward's completion order: fc first, conv1 last. */
+/* ---- activation layouts ---- */
+
+/* The layout of layer `name`'s output in m (fails if there is no such layer). */
+static mgt_layout layer_layout(const mgt_model *m, const char *name)
+{
+    int n;
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(l[i].name, name) == 0)
+            return l[i].layout;
+    fail_msg("no layer %s", name);
+    return MGT_LAYOUT_NCHW;
+}
+
+static int blocked_layers(const mgt_model *m)
+{
+    int n, k = 0;
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    for (int i = 0; i < n; i++)
+        k += l[i].layout != MGT_LAYOUT_NCHW;
+    return k;
+}
+
+/* Which values a model keeps in the mock devices' nChw16c: resnet20 all but its 1-channel
+   input, the pooled vector and the logits; none where the device keeps NCHW (layout=nchw,
+   conv=im2col) or without a device; none through a synchronised or frozen batch norm (their
+   kernels take NCHW); resnet18's stem up to its max pool stays NCHW, and so does the identity
+   chain of layer1 that the pool feeds (an add keeps one layout), from layer2 on it is blocked. */
+static void test_activation_layouts(void **state)
+{
+    (void)state;
+    static const char *const specs[] = {"", "layout=nchw", "conv=im2col"};
+    for (int k = 0; k < 3; k++) {
+        mgt_devset *set = mgt_test_open_mock(1, specs[k]);
+        mgt_device *d = mgt_devset_device(set, 0);
+        mgt_layout want = k == 0 ? MGT_LAYOUT_NCHW16C : MGT_LAYOUT_NCHW;
+        assert_int_equal(mgt_device_act_layout(d), want);
+        mgt_model_config cfg = {
+            .arch = "resnet20", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 4};
+        mgt_model *m;
+        OK(mgt_model_create(&cfg, d, &m));
+        static const char *const inner[] = {"conv1",
+                                            "bn1",
+                                            "relu",
+                                            "layer1.0.conv1",
+                                            "layer1.0.bn2",
+                                            "layer1.0",
+                                            "layer2.0.downsample.0",
+                                            "layer3.2.relu"};
+        for (size_t i = 0; i < sizeof inner / sizeof *inner; i++)
+            if (layer_layout(m, inner[i]) != want)
+                fail_msg("resnet20 on --mock '%s': %s's layout", specs[k], inner[i]);
+        assert_int_equal(layer_layout(m, "avgpool"), MGT_LAYOUT_NCHW);
+        assert_int_equal(layer_layout(m, "fc"), MGT_LAYOUT_NCHW);
+        mgt_model_free(m);
+        if (k == 0) {
+            cfg.sync_bn = true;
+            OK(mgt_model_create(&cfg, d, &m));
+            assert_int_equal(layer_layout(m, "bn1"), MGT_LAYOUT_NCHW);
+            assert_int_equal(layer_layout(m, "layer1.0"), MGT_LAYOUT_NCHW);
+            assert_int_equal(blocked_layers(m), 0); /* convs write BN inputs only */
+            mgt_model_free(m);
+            cfg.sync_bn = false;
+            cfg.freeze_bn = true;
+            OK(mgt_model_create(&cfg, d, &m));
+            assert_int_equal(blocked_layers(m), 0);
+            mgt_model_free(m);
+            cfg = (mgt_model_config){
+                .arch = "resnet18", .classes = 10, .in_channels = 3, .image_size = 64, .batch = 2};
+            OK(mgt_model_create(&cfg, d, &m));
+            assert_int_equal(layer_layout(m, "relu"), MGT_LAYOUT_NCHW);
+            assert_int_equal(layer_layout(m, "maxpool"), MGT_LAYOUT_NCHW);
+            assert_int_equal(layer_layout(m, "layer1.1"), MGT_LAYOUT_NCHW);
+            assert_int_equal(layer_layout(m, "layer1.1.conv1"), MGT_LAYOUT_NCHW16C);
+            assert_int_equal(layer_layout(m, "layer2.0.downsample.1"), MGT_LAYOUT_NCHW16C);
+            assert_int_equal(layer_layout(m, "layer4.1"), MGT_LAYOUT_NCHW16C);
+            mgt_model_free(m);
+        }
+        mgt_devset_free(set);
+    }
+    mgt_model_config cfg = {
+        .arch = "resnet20", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 4};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, NULL, &m));
+    assert_int_equal(blocked_layers(m), 0);
+    mgt_model_free(m);
+}
+
 static void test_layout(void **state)
 {
     (void)state;
@@ -1594,6 +1683,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts),
         cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_activation_layouts),
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_golden_resnet20),
         cmocka_unit_test(test_golden_resnet18),

@@ -995,6 +995,22 @@ static void test_check_conv(void **state)
     sh.r = 5;
     sh.pad_h = 1; /* 1 + 2 - 5 < 0: no output row */
     expect_conv_invalid(sh, "output 0x8 is empty");
+    /* nChw16c: whole 16-channel blocks on the side that has it, and no groups */
+    sh = good_conv();
+    sh.groups = 1;
+    sh.c = 16;
+    sh.x_layout = MGT_LAYOUT_NCHW16C;
+    op.u.conv.sh = sh;
+    expect_ok(mgt_op_check(&op));
+    sh.y_layout = MGT_LAYOUT_NCHW16C;
+    expect_conv_invalid(sh, "y in nChw16c needs channels in multiples of 16, not 6");
+    sh.k = 32;
+    sh.groups = 2;
+    expect_conv_invalid(sh, "a grouped convolution (groups 2) takes NCHW only");
+    sh.groups = 1;
+    sh.x_layout = (mgt_layout)7;
+    expect_conv_invalid(sh, "x layout 7 is none of mgt_layout's");
+    op.u.conv.sh = good_conv();
 
     op.u.conv.in2 = NULL;
     expect_invalid(&op, "w is NULL");
@@ -1072,6 +1088,15 @@ static void test_check_other_ops(void **state)
     op.u.bn_train.sh.hw = 1;
     expect_invalid(&op, "more than one value per channel");
     op.u.bn_train.sh.n = 2;
+    op.u.bn_train.sh.layout = MGT_LAYOUT_NCHW16C;
+    expect_invalid(&op, "x in nChw16c needs channels in multiples of 16, not 3");
+    op.u.bn_train.sh.c = 32;
+    expect_ok(mgt_op_check(&op));
+    mgt_op stats = {.kind = MGT_OP_BN_STATS};
+    stats.u.bn_stats = (__typeof__(stats.u.bn_stats)){dummy, dummy, dummy, op.u.bn_train.sh};
+    expect_invalid(&stats, "takes NCHW only, not layout 1");
+    op.u.bn_train.sh.c = 3;
+    op.u.bn_train.sh.layout = MGT_LAYOUT_NCHW;
     op.u.bn_train.running_var = NULL;
     expect_invalid(&op, "running_var is NULL");
 

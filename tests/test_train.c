@@ -254,6 +254,33 @@ static void test_resume_is_bit_identical(void **state)
     check_resume_bit_identical("mock", open_two_mock);
 }
 
+/* Activations kept in nChw16c between ops (the mock devices' default) train to the very bits
+   of NCHW: the convolutions are oneDNN's same kernels either way, and the blocked batch norm
+   and pool add their sums in the NCHW kernels' order. fp32 and bf16, two devices, two epochs. */
+static void test_layouts_train_alike(void **state)
+{
+    (void)state;
+    static const mgt_precision precs[] = {MGT_PREC_F32, MGT_PREC_BF16};
+    for (int p = 0; p < 2; p++) {
+        char dirs[2][400], names[2][64], a[512], b[512];
+        for (int l = 0; l < 2; l++) {
+            mgt_train_config c;
+            mgt_train_result res;
+            base_config(&c);
+            c.amp = precs[p];
+            snprintf(names[l], sizeof names[l], "layout_%d_%s", p, l ? "blocked" : "nchw");
+            snprintf(dirs[l], sizeof dirs[l], "%s/%s", root, names[l]);
+            c.checkpoint_dir = dirs[l];
+            if (train(&c, 2, l ? "threads=1;layout=blocked" : "threads=1;layout=nchw", &res) !=
+                MGT_OK)
+                fail_msg("%s", mgt_error_last());
+        }
+        ckpt_path(a, sizeof a, names[0]);
+        ckpt_path(b, sizeof b, names[1]);
+        assert_same_checkpoints(a, b);
+    }
+}
+
 /* Mixed precision learns the set as fp32 does; fp16's scaler starts at 2^16, halves on each
    skipped step (no growth within 2000 steps) and every replica skips alike. */
 static void test_amp_learns(void **state)
@@ -1061,6 +1088,7 @@ int main(void)
         cmocka_unit_test_prestate(test_family_learns, (void *)"mobilenet_v3_small"),
         cmocka_unit_test_prestate(test_family_learns, (void *)"efficientnet_b0"),
         cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_layouts_train_alike),
         cmocka_unit_test(test_amp_learns),
         cmocka_unit_test(test_grad_bf16_learns),
         cmocka_unit_test(test_resume_fp16_is_bit_identical),

@@ -66,7 +66,9 @@ typedef enum mgt_fault_kind {
                          device's exchange with the other nodes takes at least
                          (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
-                         im2col + gemm path */
+                         im2col + gemm path
+     layout=blocked|nchw activations kept in oneDNN's nChw16c between ops where a model can
+                         (default with conv=onednn) or NCHW throughout */
 typedef struct mgt_mock_options {
     int threads_per_device;
     size_t mem_limit;
@@ -81,6 +83,7 @@ typedef struct mgt_mock_options {
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
     double link_latency_s;
     bool conv_im2col;         /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
+    bool layout_nchw;         /* layout=nchw: activations kept NCHW between ops (conv=im2col too) */
     double xlink_bytes_per_s; /* xlink=: 0, no inter-node link model */
     double xlink_latency_s;
 } mgt_mock_options;
@@ -214,6 +217,30 @@ void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 
 /* ---- kernels ---- */
 
+/* How an activation [n, c, h, w] lies in device memory. Shapes and indices are NCHW in every
+   API; a backend may keep activations in a layout of its own between its ops (the blocked
+   layout of oneDNN's direct convolutions on the CPU), which saves reordering at every op's
+   edges. The ops that take a layout (convolutions, batch norm, the global average pool) read
+   and write it; elementwise ops do not care. Zero is NCHW, so a zeroed shape is plain. */
+typedef enum mgt_layout {
+    MGT_LAYOUT_NCHW = 0,
+    MGT_LAYOUT_NCHW16C, /* oneDNN's nChw16c: [n][c/16][h][w][16]; c a multiple of 16 */
+} mgt_layout;
+
+/* Where element i (of hw) of channel ch of image n lies in an [n, c, hw] activation. */
+static inline size_t mgt_layout_at(mgt_layout l, int c, int hw, int n, int ch, int i)
+{
+    if (l == MGT_LAYOUT_NCHW16C)
+        return (((size_t)n * (size_t)(c / 16) + (size_t)(ch / 16)) * (size_t)hw + (size_t)i) * 16 +
+               (size_t)(ch % 16);
+    return ((size_t)n * (size_t)c + (size_t)ch) * (size_t)hw + (size_t)i;
+}
+
+/* The layout d's kernels want activations kept in between ops: MGT_LAYOUT_NCHW16C on mock
+   devices whose convolutions run on oneDNN (unless --mock layout=nchw), NCHW elsewhere. A
+   model built for d uses it where every op around a value can (mgt/nn.h). */
+mgt_layout mgt_device_act_layout(const mgt_device *d);
+
 /* Convolution of x [n,c,h,w] with w [k, c/groups, r, s] into y [n,k,p,q],
    p = (h + 2*pad_h - r) / stride_h + 1, likewise q. No dilation, no bias. */
 typedef struct mgt_conv2d_shape {
@@ -222,6 +249,8 @@ typedef struct mgt_conv2d_shape {
     int stride_h, stride_w;
     int pad_h, pad_w;
     int groups; /* 1, or any divisor of both c and k (c == k == groups is depthwise) */
+    /* x and dx, y and dy (the filter is KCRS always); blocked ones need groups 1 */
+    mgt_layout x_layout, y_layout;
 } mgt_conv2d_shape;
 
 /* Max pooling of x [n,c,h,w] into y [n,c,p,q] with -inf padding, as torch's MaxPool2d. */
@@ -238,8 +267,9 @@ typedef struct mgt_pool2d_shape {
 /* Batch norm over x [n,c,hw]: statistics per channel over n*hw values. */
 typedef struct mgt_bn_shape {
     int n, c, hw;
-    float eps;      /* 1e-5 in PyTorch */
-    float momentum; /* 0.1 in PyTorch: running = (1-m)*running + m*batch */
+    float eps;         /* 1e-5 in PyTorch */
+    float momentum;    /* 0.1 in PyTorch: running = (1-m)*running + m*batch */
+    mgt_layout layout; /* of x, y, dx and dy; the per-channel arrays are [c] always */
 } mgt_bn_shape;
 
 /* PyTorch's SGD: d = s*g + wd*p; buf = m*buf + (1-dampening)*d (buf = d when first_step);
@@ -377,10 +407,12 @@ mgt_status mgt_maxpool2d_forward(mgt_stream *s, float *y, const float *x,
 mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
                                   const float *y, const mgt_pool2d_shape *sh);
 
-/* Global average pool: y[n,c] = mean of x[n,c,:] over hw values. */
-mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw);
-/* dx[n,c,:] = dy[n,c] / hw, overwritten */
-mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw);
+/* Global average pool: y[n,c] = mean of x[n,c,:] over hw values; x in layout l, y [n,c]. */
+mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw,
+                               mgt_layout l);
+/* dx[n,c,:] = dy[n,c] / hw, overwritten, dx in layout l */
+mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw,
+                                mgt_layout l);
 
 /* y[r, j] += bias[j] for r < rows, j < cols */
 mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols);

@@ -254,6 +254,9 @@ typedef struct mgt_model_layer {
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */
     uint64_t macs;    /* per image, THOP's rules (see mgt_model_counts) */
+    /* how its output lies in the device's memory: the device's blocked layout where every op
+       around it takes that (mgt_device_act_layout), NCHW elsewhere and without a device */
+    mgt_layout layout;
 } mgt_model_layer;
 
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */

@@ -58,6 +58,9 @@ typedef struct mgt_backend_i {
     mgt_status (*copy_peer)(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
                             size_t bytes);
 
+    /* (optional) the layout activations are best kept in between this device's ops (see
+       mgt_device_act_layout); NULL: NCHW */
+    mgt_layout (*act_layout)(const mgt_device *d);
     /* (optional) whether launch can run this op; NULL: every op */
     bool (*supports_op)(mgt_device *d, const mgt_op *op);
     /* enqueues one checked kernel */

@@ -289,6 +289,12 @@ int mgt_device_id(const mgt_device *d) { return d->id; }
 const char *mgt_device_name(const mgt_device *d) { return d->name; }
 mgt_device_kind mgt_device_get_kind(const mgt_device *d) { return d->set->kind; }
 
+mgt_layout mgt_device_act_layout(const mgt_device *d)
+{
+    const mgt_backend_i *iface = d->set->iface;
+    return iface->act_layout ? iface->act_layout(d) : MGT_LAYOUT_NCHW;
+}
+
 void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total)
 {
     if (used)
@@ -861,14 +867,16 @@ mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, con
     LAUNCH(MGT_OP_MAXPOOL_BWD, maxpool_bwd, dx, dy, x, y, *sh);
 }
 
-mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw)
+mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw,
+                               mgt_layout l)
 {
-    LAUNCH(MGT_OP_AVGPOOL_FWD, avgpool_fwd, y, x, n, c, hw);
+    LAUNCH(MGT_OP_AVGPOOL_FWD, avgpool_fwd, y, x, n, c, hw, l);
 }
 
-mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw)
+mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw,
+                                mgt_layout l)
 {
-    LAUNCH(MGT_OP_AVGPOOL_BWD, avgpool_bwd, dx, dy, n, c, hw);
+    LAUNCH(MGT_OP_AVGPOOL_BWD, avgpool_bwd, dx, dy, n, c, hw, l);
 }
 
 mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols)

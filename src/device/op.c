@@ -233,6 +233,36 @@ static void operands_gemm(mgt_op *op, operand_list *l)
     ADD(l, g->b, "b", b, MGT_F32, IN);
 }
 
+/* ---- layouts ---- */
+
+/* An activation of c channels in layout l (what for the message): a known layout, and a
+   blocked one only where c fills whole blocks. */
+static mgt_status check_layout(const mgt_op *op, mgt_layout l, int c, const char *what)
+{
+    if (l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NCHW16C)
+        return INVALID(op, "%s layout %d is none of mgt_layout's", what, (int)l);
+    if (l == MGT_LAYOUT_NCHW16C && c % 16 != 0)
+        return INVALID(op, "%s in nChw16c needs channels in multiples of 16, not %d", what, c);
+    return MGT_OK;
+}
+
+bool mgt_op_blocked(const mgt_op *op)
+{
+    switch (mgt_op_fp32_kind(op->kind)) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        return op->u.conv.sh.x_layout != MGT_LAYOUT_NCHW ||
+               op->u.conv.sh.y_layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_BN_FWD_TRAIN: return op->u.bn_train.sh.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_BN_FWD_EVAL: return op->u.bn_eval.sh.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_BN_BWD: return op->u.bn_bwd.sh.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_AVGPOOL_FWD: return op->u.avgpool_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout != MGT_LAYOUT_NCHW;
+    default: return false;
+    }
+}
+
 /* ---- convolution (forward, backward data, backward filter) ---- */
 
 static mgt_status check_conv(const mgt_op *op)
@@ -271,7 +301,13 @@ static mgt_status check_conv(const mgt_op *op)
         !product_fits(sh->k, sh->c / sh->groups, sh->r, sh->s))
         return INVALID(op, "tensor sizes overflow (n %d, c %d, h %d, w %d, k %d)", sh->n, sh->c,
                        sh->h, sh->w, sh->k);
-    return MGT_OK;
+    st = check_layout(op, sh->x_layout, sh->c, "x");
+    if (st == MGT_OK)
+        st = check_layout(op, sh->y_layout, sh->k, "y");
+    if (st == MGT_OK && sh->groups != 1 &&
+        (sh->x_layout != MGT_LAYOUT_NCHW || sh->y_layout != MGT_LAYOUT_NCHW))
+        return INVALID(op, "a grouped convolution (groups %d) takes NCHW only", sh->groups);
+    return st;
 }
 
 /* forward: out = y, in1 = x, in2 = w; backward data: out = dx, in1 = dy, in2 = w; backward
@@ -314,7 +350,15 @@ static mgt_status check_bn_shape(const mgt_op *op, const mgt_bn_shape *sh)
         return INVALID(op, "eps %g must be positive", (double)sh->eps);
     if (!(sh->momentum >= 0.0f && sh->momentum <= 1.0f))
         return INVALID(op, "momentum %g must be in [0, 1]", (double)sh->momentum);
-    return MGT_OK;
+    return check_layout(op, sh->layout, sh->c, "x");
+}
+
+/* The synchronised batch norm's halves take NCHW only (a model that syncs keeps it). */
+static mgt_status check_bn_shape_nchw(const mgt_op *op, const mgt_bn_shape *sh)
+{
+    if (sh->layout != MGT_LAYOUT_NCHW)
+        return INVALID(op, "takes NCHW only, not layout %d", (int)sh->layout);
+    return check_bn_shape(op, sh);
 }
 
 static mgt_status check_bn_train(const mgt_op *op)
@@ -375,7 +419,7 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_bn_stats(const mgt_op *op)
 {
-    return check_bn_shape(op, &op->u.bn_stats.sh);
+    return check_bn_shape_nchw(op, &op->u.bn_stats.sh);
 }
 
 static void operands_bn_stats(mgt_op *op, operand_list *l)
@@ -389,7 +433,7 @@ static void operands_bn_stats(mgt_op *op, operand_list *l)
 
 static mgt_status check_bn_bwd_elemt(const mgt_op *op)
 {
-    mgt_status st = check_bn_shape(op, &op->u.bn_bwd_elemt.sh);
+    mgt_status st = check_bn_shape_nchw(op, &op->u.bn_bwd_elemt.sh);
     if (st != MGT_OK)
         return st;
     /* !(x >= ...) refuses NaN too; the shard's own values are part of the count */
@@ -485,7 +529,8 @@ static mgt_status check_planes(const mgt_op *op, int n, int c, int hw)
 static mgt_status check_avgpool_fwd(const mgt_op *op)
 {
     const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
-    return check_planes(op, a->n, a->c, a->hw);
+    mgt_status st = check_planes(op, a->n, a->c, a->hw);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "x") : st;
 }
 
 static void operands_avgpool_fwd(mgt_op *op, operand_list *l)
@@ -498,7 +543,8 @@ static void operands_avgpool_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_avgpool_bwd(const mgt_op *op)
 {
     const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
-    return check_planes(op, a->n, a->c, a->hw);
+    mgt_status st = check_planes(op, a->n, a->c, a->hw);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "dx") : st;
 }
 
 static void operands_avgpool_bwd(mgt_op *op, operand_list *l)

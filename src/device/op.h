@@ -186,11 +186,13 @@ typedef struct mgt_op {
             float *y;
             const float *x;
             int n, c, hw;
+            mgt_layout layout; /* of x */
         } avgpool_fwd;
         struct {
             float *dx;
             const float *dy;
             int n, c, hw;
+            mgt_layout layout; /* of dx */
         } avgpool_bwd;
         struct {
             float *y;
@@ -379,6 +381,8 @@ size_t mgt_dtype_size(mgt_dtype t);
 /* The fp32 kind a low-precision one rounds its inputs for (gemm_lp -> gemm, ...); any other
    kind maps to itself. */
 mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind);
+/* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
+bool mgt_op_blocked(const mgt_op *op);
 
 /* "conv2d_forward", ...; the names CTest uses for the conformance cases. */
 const char *mgt_op_name(mgt_op_kind kind);

@@ -474,6 +474,69 @@ static void slot_release(planner *p, int s)
         p->free_slots[p->n_free++] = s;
 }
 
+/* Whether a node of this kind reads (and, but for the pool, writes) the device's blocked
+   layout: the convolution without groups, batch norm, ReLU and add (elementwise, so any
+   layout), and the global average pool as a reader (its output has no pixels). */
+static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
+{
+    switch (nd->kind) {
+    case NN_CONV: return nd->u.conv.sh.groups == 1 && !nd->u.conv.bias; /* bias: NCHW kernel */
+    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn; /* their kernels take NCHW */
+    case NN_RELU:
+    case NN_ADD: return true;
+    case NN_GAP: return as_reader;
+    default: return false;
+    }
+}
+
+/* The layout of every value: the device's blocked one where the value has whole 16-channel
+   blocks and pixels, and its producer and every reader take it; NCHW elsewhere (the model's
+   input and everything a family feeds to other ops). A node that is not a convolution keeps
+   one layout across its inputs and output, so a value that must stay NCHW pulls its
+   neighbours through BN, ReLU and add along; the fixed point is reached in a few sweeps. */
+static void plan_layouts(mgt_model *m)
+{
+    /* a model made without a device (to count or describe it) keeps NCHW */
+    mgt_layout want = m->dev ? mgt_device_act_layout(m->dev) : MGT_LAYOUT_NCHW;
+    for (int v = 0; v < m->n_values; v++) {
+        nn_value *x = &m->values[v];
+        x->layout = MGT_LAYOUT_NCHW;
+        if (want == MGT_LAYOUT_NCHW || v == 0 || x->c % 16 != 0 || x->h * x->w < 2 ||
+            !takes_blocked(m, &m->nodes[x->producer], false))
+            continue;
+        x->layout = want;
+    }
+    for (int i = 0; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_in; j++)
+            if (!takes_blocked(m, &m->nodes[i], true))
+                m->values[m->nodes[i].in[j]].layout = MGT_LAYOUT_NCHW;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool plain = m->values[nd->out].layout == MGT_LAYOUT_NCHW;
+            for (int j = 0; j < nd->n_in; j++)
+                plain |= m->values[nd->in[j]].layout == MGT_LAYOUT_NCHW;
+            if (!plain)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= x->layout != MGT_LAYOUT_NCHW;
+                x->layout = MGT_LAYOUT_NCHW;
+            }
+        }
+    }
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_CONV) {
+            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
+            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
+        }
+    }
+}
+
 /* Which outputs overwrite their input: the kind allows it, the input is read by nothing
    else, and neither the input's producer nor this node needs the overwritten values in
    backward. Applied in forward order, this keeps every chain of in-place outputs safe: each
@@ -609,6 +672,7 @@ mgt_status nn_plan(mgt_model *m)
             break;
         }
 
+    plan_layouts(m);
     plan_inplace(m);
     planner p = {.m = m};
     for (int v = 1; v < m->n_values; v++)
@@ -664,6 +728,7 @@ mgt_status nn_plan(mgt_model *m)
         l->c = v->c;
         l->h = v->h;
         l->w = v->w;
+        l->layout = v->layout;
         for (int j = 0; j < nd->n_params; j++)
             l->params += m->table[nd->entry[j]].numel;
         l->macs = nn_kinds[nd->kind].macs ? nn_kinds[nd->kind].macs(m, nd) : 0;

@@ -88,7 +88,8 @@ static mgt_bn_shape bn_shape(const nn_call *c)
                           .c = v->c,
                           .hw = v->h * v->w,
                           .eps = c->node->u.bn.eps,
-                          .momentum = c->node->u.bn.momentum};
+                          .momentum = c->node->u.bn.momentum,
+                          .layout = v->layout};
 }
 
 static float *bn_save_mean(const nn_call *c) { return nn_act(c->m, c->node->u.bn.save_off); }
@@ -516,26 +517,19 @@ static mgt_status maxpool_backward(nn_call *c)
     return mgt_maxpool2d_backward(c->s, c->dx[0], c->dy, c->x[0], c->y, &sh);
 }
 
-static void gap_dims(const nn_call *c, int *ch, int *hw)
-{
-    const nn_value *v = &c->m->values[c->node->in[0]];
-    *ch = v->c;
-    *hw = v->h * v->w;
-}
+static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->in[0]]; }
 
 static mgt_status gap_forward(nn_call *c)
 {
-    int ch, hw;
-    gap_dims(c, &ch, &hw);
-    return mgt_avgpool_forward(c->s, c->y, c->x[0], c->n, ch, hw);
+    const nn_value *v = gap_in(c);
+    return mgt_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h * v->w, v->layout);
 }
 
 static mgt_status gap_backward(nn_call *c)
 {
-    int ch, hw;
-    gap_dims(c, &ch, &hw);
+    const nn_value *v = gap_in(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, ch, hw);
+    return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h * v->w, v->layout);
 }
 
 static mgt_status apool_forward(nn_call *c)

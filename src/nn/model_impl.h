@@ -48,6 +48,8 @@ typedef struct nn_value {
                         an in-place node overwrote) */
     size_t off;      /* its region in the activation arena (bytes), when storage is itself */
     int gslot;       /* backward: the gradient slot it ends up in (planning scratch) */
+    /* how it (and its gradient) lies in memory (plan_layouts) */
+    mgt_layout layout;
 } nn_value;
 
 /* How a node's backward delivers the gradient of one input (planned once, see graph.c). */

@@ -238,6 +238,15 @@ static mgt_status scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floa
 
 static int pool_threads(const mgt_cpu_ctx *ctx) { return mgt_cpu_pool_threads(ctx->pool); }
 
+#define POOL_FOR(ctx, items, fn, op) mgt_cpu_pool_for((ctx)->pool, (items), (fn), (void *)(op))
+
+/* Whether the loops compiled twice (blocked batch-norm sums, activations) take their AVX-512F
+   build: the CPU has it and the tests do not ask for the baseline. */
+static bool vec_avx512(const mgt_cpu_ctx *ctx)
+{
+    return !ctx->vec_baseline && __builtin_cpu_supports("avx512f");
+}
+
 /* ---- elementwise ---- */
 
 static void fill_item(void *c, int i, int t)
@@ -1247,6 +1256,330 @@ static void bn_bwd_elemt_item(void *c, int ch, int t)
     }
 }
 
+/* ---- batch norm and the global average pool on nChw16c ----
+   A 16-float row of a blocked tensor is one pixel of 16 channels, so one vector carries a whole
+   channel block. The sums are the NCHW kernels' own, term for term: sum_shifted's and
+   sum_dy_prod's four-lane float accumulators become sixteen per-pixel-offset accumulators of 16
+   channels, folded and widened to double in hsum_f4x4's order, the tail and the images added in
+   double as there; sum_f's eight double lanes likewise. So a model gives the same bits in either
+   layout (test_train checks a whole run). The images are split into BNB_PARTS parts (one item
+   each, so a 16-channel layer keeps every thread busy); each image's sums land in scratch and are
+   added in image order. */
+#define BNB_PARTS 8
+
+/* Sixteen lanes, read and written where a row lies (4-byte aligned: test cases may place a
+   tensor anywhere); without AVX-512 in the build GCC splits them into four SSE operations. */
+typedef float vf16 __attribute__((vector_size(16 * sizeof(float)), aligned(4)));
+#define V16_LD(p) (*(const vf16 *)(const void *)(p))
+#define V16_ST(p, v) (*(vf16 *)(void *)(p) = (v))
+
+static int bnb_parts(int n) { return n < BNB_PARTS ? n : BNB_PARTS; }
+
+/* What a blocked batch-norm op's items share: the op's arrays seen as [n, c/16, hw, 16], each
+   image's two sums per channel, and the per-channel coefficients of the elementwise pass. */
+typedef struct bnb_job {
+    int n, cb, parts;
+    size_t hw;
+    const float *x, *dy; /* dy: backward only */
+    float *y;            /* y, or dx */
+    double *sums;        /* [n][2][c]: per image, the first sum of every channel, then the second */
+    const float *shift;  /* [c]: the value each channel's sums are shifted by */
+    float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
+    size_t units;        /* planes per item of the elementwise pass */
+    bool avx512;         /* the sums on the AVX-512F build of their loop */
+} bnb_job;
+
+/* One image plane of one block: per channel, t1 = sum of a and t2 = sum of b, where backward
+   (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
+   sum_shifted and sum_dy_prod add them for one NCHW plane. */
+__attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
+                                                                      const float *dy, size_t hw,
+                                                                      const float *shift,
+                                                                      double *t1, double *t2)
+{
+    vf16 k = V16_LD(shift);
+    for (int l = 0; l < 16; l++)
+        t1[l] = t2[l] = 0;
+    size_t j = 0;
+    while (j + 16 <= hw) {
+        size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);
+        vf16 a[16], q[16]; /* by pixel offset within a group of 16, as the four 4-lane vectors */
+        memset(a, 0, sizeof a);
+        memset(q, 0, sizeof q);
+        for (; j < end; j += 16)
+            for (int g = 0; g < 16; g++) {
+                vf16 v = V16_LD(x + (j + (size_t)g) * 16) - k;
+                if (dy) {
+                    vf16 d = V16_LD(dy + (j + (size_t)g) * 16);
+                    a[g] += d;
+                    q[g] += d * v;
+                } else {
+                    a[g] += v;
+                    q[g] += v * v;
+                }
+            }
+        /* hsum_f4x4: lane l of (a0 + a1) + (a2 + a3), then the four lanes in double */
+        vf16 fa[4], fq[4];
+        for (int l = 0; l < 4; l++) {
+            fa[l] = (a[l] + a[4 + l]) + (a[8 + l] + a[12 + l]);
+            fq[l] = (q[l] + q[4 + l]) + (q[8 + l] + q[12 + l]);
+        }
+        for (int c = 0; c < 16; c++) {
+            t1[c] += ((double)fa[0][c] + (double)fa[1][c]) + ((double)fa[2][c] + (double)fa[3][c]);
+            t2[c] += ((double)fq[0][c] + (double)fq[1][c]) + ((double)fq[2][c] + (double)fq[3][c]);
+        }
+    }
+    for (; j < hw; j++)
+        for (int c = 0; c < 16; c++) {
+            if (dy) {
+                t1[c] += dy[j * 16 + (size_t)c];
+                t2[c] +=
+                    (double)dy[j * 16 + (size_t)c] * ((double)x[j * 16 + (size_t)c] - shift[c]);
+            } else {
+                double d = (double)x[j * 16 + (size_t)c] - shift[c];
+                t1[c] += d;
+                t2[c] += d * d;
+            }
+        }
+}
+
+/* The loop above twice, as the activations have it: its 32 accumulators of 16 lanes fit AVX-512's
+   registers, and the same per-lane IEEE operations give the same bits in both builds. */
+static void bnb_plane_sums_base(const float *x, const float *dy, size_t hw, const float *shift,
+                                double *t1, double *t2)
+{
+    bnb_plane_sums_span(x, dy, hw, shift, t1, t2);
+}
+
+__attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float *x,
+                                                                     const float *dy, size_t hw,
+                                                                     const float *shift, double *t1,
+                                                                     double *t2)
+{
+    bnb_plane_sums_span(x, dy, hw, shift, t1, t2);
+}
+
+/* The sums of this item's images of one block, each image's into its own place. */
+static void bnb_sums_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    int b = i / j->parts, p = i % j->parts;
+    int n0 = (int)((long long)j->n * p / j->parts),
+        n1 = (int)((long long)j->n * (p + 1) / j->parts);
+    size_t ch = (size_t)j->cb * 16;
+    for (int ni = n0; ni < n1; ni++) {
+        size_t base = ((size_t)ni * j->cb + b) * j->hw * 16;
+        double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
+        (j->avx512 ? bnb_plane_sums_avx512
+                   : bnb_plane_sums_base)(j->x + base, j->dy ? j->dy + base : NULL, j->hw,
+                                          j->shift + (size_t)b * 16, out, out + ch);
+    }
+}
+
+/* Channel ch's two sums over every image, added in image order as the NCHW kernels add them. */
+static void bnb_total(const bnb_job *j, int ch, double *s1, double *s2)
+{
+    size_t c = (size_t)j->cb * 16;
+    double a = 0, q = 0;
+    for (int ni = 0; ni < j->n; ni++) {
+        a += j->sums[(size_t)ni * 2 * c + (size_t)ch];
+        q += j->sums[(size_t)ni * 2 * c + c + (size_t)ch];
+    }
+    *s1 = a;
+    *s2 = q;
+}
+
+/* The elementwise pass of the forward (train and eval): y = (x - k0) * k1 + k2 per channel. */
+static void bnb_affine_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    size_t lo, hi;
+    item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb;
+        vf16 sub = V16_LD(j->k0 + b * 16), mul = V16_LD(j->k1 + b * 16);
+        vf16 add = V16_LD(j->k2 + b * 16);
+        const float *x = j->x + pl * j->hw * 16;
+        float *y = j->y + pl * j->hw * 16;
+        for (size_t e = 0; e < j->hw; e++)
+            V16_ST(y + e * 16, (V16_LD(x + e * 16) - sub) * mul + add);
+    }
+}
+
+/* The elementwise pass of the backward: dx = k1 * (dy - k2 - (x - k0) * kx), kx in shift. */
+static void bnb_dx_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    size_t lo, hi;
+    item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb;
+        vf16 fm = V16_LD(j->k0 + b * 16), k = V16_LD(j->k1 + b * 16);
+        vf16 mdy = V16_LD(j->k2 + b * 16), kx = V16_LD(j->shift + b * 16);
+        size_t off = pl * j->hw * 16;
+        const float *x = j->x + off, *dy = j->dy + off;
+        float *dx = j->y + off;
+        for (size_t e = 0; e < j->hw; e++)
+            V16_ST(dx + e * 16, k * (V16_LD(dy + e * 16) - mdy - (V16_LD(x + e * 16) - fm) * kx));
+    }
+}
+
+/* Scratch of a blocked batch-norm op: the images' sums, then four [c] float arrays. */
+static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh, bnb_job *j)
+{
+    int parts = bnb_parts(sh->n), cb = sh->c / 16;
+    size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
+    mgt_status st = scratch_ensure(ctx, op, sum_floats + 4 * c);
+    if (st != MGT_OK)
+        return st;
+    float *f = ctx->scratch + sum_floats;
+    *j = (bnb_job){.n = sh->n,
+                   .cb = cb,
+                   .parts = parts,
+                   .hw = (size_t)sh->hw,
+                   .sums = (double *)ctx->scratch,
+                   .shift = f,
+                   .k0 = f + c,
+                   .k1 = f + 2 * c,
+                   .k2 = f + 3 * c,
+                   .units = units_per_item((size_t)sh->hw * 16),
+                   .avx512 = vec_avx512(ctx)};
+    return MGT_OK;
+}
+
+/* bn_train's statistics and update as bn_train_item has them, per channel, from the sums. */
+static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    if (st != MGT_OK)
+        return st;
+    j.x = b->x;
+    j.y = b->y;
+    float *shift = (float *)j.shift;
+    for (int ch = 0; ch < b->sh.c; ch++) /* each channel's first value, as bn_train_item */
+        shift[ch] = b->x[mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0)];
+    j.dy = NULL;
+    POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
+    size_t count = (size_t)b->sh.n * (size_t)b->sh.hw;
+    for (int ch = 0; ch < b->sh.c; ch++) {
+        double s1, s2;
+        bnb_total(&j, ch, &s1, &s2);
+        double mean = shift[ch] + s1 / (double)count;
+        double ss = s2 - s1 * s1 / (double)count;
+        if (ss < 0)
+            ss = 0;
+        double invstd = 1.0 / sqrt(ss / (double)count + (double)b->sh.eps);
+        b->save_mean[ch] = (float)mean;
+        b->save_invstd[ch] = (float)invstd;
+        double m = b->sh.momentum, unbiased = ss / (double)(count - 1);
+        b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
+        b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
+        j.k0[ch] = (float)mean;
+        j.k1[ch] = b->gamma[ch] * (float)invstd;
+        j.k2[ch] = b->beta[ch];
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_affine_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    if (st != MGT_OK)
+        return st;
+    j.x = b->x;
+    j.y = b->y;
+    for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_eval_item */
+        j.k0[ch] = b->running_mean[ch];
+        j.k1[ch] = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
+        j.k2[ch] = b->beta[ch];
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_affine_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_bwd_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+{
+    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    if (st != MGT_OK)
+        return st;
+    j.x = b->x;
+    j.dy = b->dy;
+    j.y = b->dx;
+    float *kx = (float *)j.shift;
+    memcpy(kx, b->save_mean, (size_t)b->sh.c * sizeof(float)); /* the sums' shift: the mean */
+    POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
+    double count = (double)b->sh.n * (double)b->sh.hw;
+    for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_bwd_item */
+        double sdy, sdyx, invstd = b->save_invstd[ch];
+        bnb_total(&j, ch, &sdy, &sdyx);
+        double sdyxhat = sdyx * invstd;
+        b->dgamma[ch] += (float)sdyxhat;
+        b->dbeta[ch] += (float)sdy;
+        j.k0[ch] = b->save_mean[ch];
+        j.k1[ch] = b->gamma[ch] * (float)invstd;
+        j.k2[ch] = (float)(sdy / count);
+        kx[ch] = (float)(sdyxhat / count * invstd);
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_dx_item, &j);
+    return MGT_OK;
+}
+
+/* Global average pool of a blocked x: one plane of 16 channels per unit, each channel summed
+   as sum_f sums an NCHW plane (eight double lanes by pixel offset, folded in hsum_d2x4's order,
+   then the tail). */
+static void avgpool_fwd_blocked_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.avgpool_fwd) *a = &j->op->u.avgpool_fwd;
+    size_t hw = (size_t)a->hw, cb = (size_t)a->c / 16, lo, hi;
+    item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = a->x + pl * hw * 16;
+        double acc[8][16] = {{0}}, tail[16] = {0};
+        size_t e = 0;
+        for (; e + 8 <= hw; e += 8)
+            for (int g = 0; g < 8; g++)
+                for (int l = 0; l < 16; l++)
+                    acc[g][l] += x[(e + (size_t)g) * 16 + (size_t)l];
+        for (; e < hw; e++)
+            for (int l = 0; l < 16; l++)
+                tail[l] += x[e * 16 + (size_t)l];
+        for (int l = 0; l < 16; l++) { /* plane pl is image pl / cb, block pl % cb */
+            double s0 = (acc[0][l] + acc[2][l]) + (acc[4][l] + acc[6][l]);
+            double s1 = (acc[1][l] + acc[3][l]) + (acc[5][l] + acc[7][l]);
+            a->y[pl * 16 + (size_t)l] = (float)(((s0 + s1) + tail[l]) / (double)hw);
+        }
+    }
+}
+
+static void avgpool_bwd_blocked_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const __typeof__(j->op->u.avgpool_bwd) *a = &j->op->u.avgpool_bwd;
+    size_t hw = (size_t)a->hw, cb = (size_t)a->c / 16, lo, hi;
+    item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        vf16 v;
+        for (int l = 0; l < 16; l++)
+            v[l] = a->dy[pl * 16 + (size_t)l] / (float)a->hw; /* as avgpool_bwd_item */
+        float *dx = a->dx + pl * hw * 16;
+        for (size_t e = 0; e < hw; e++)
+            V16_ST(dx + e * 16, v);
+    }
+}
+
 /* ---- pooling, bias ---- */
 
 /* The first maximum of window (oy, ox) in raster order, clipped to the plane (mgt_op_check
@@ -1671,11 +2004,6 @@ typedef struct act_job {
     bool avx512;
 } act_job;
 
-static bool act_job_avx512(const mgt_cpu_ctx *ctx)
-{
-    return !ctx->vec_baseline && __builtin_cpu_supports("avx512f");
-}
-
 static inline float gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
 
 static inline float gelu_grad_f(float x)
@@ -2075,7 +2403,6 @@ static void topk_item(void *c, int i, int t)
 /* ---- dispatch ---- */
 
 /* The items read the op only. */
-#define POOL_FOR(ctx, items, fn, op) mgt_cpu_pool_for((ctx)->pool, (items), (fn), (void *)(op))
 
 static mgt_status run_fill(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
@@ -2131,13 +2458,25 @@ static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-/* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise), the
-   im2col path for the rest. */
+/* Whether a convolution reads or writes a blocked activation: only oneDNN's kernels do. */
+static bool conv_blocked(const mgt_op *op)
+{
+    return op->u.conv.sh.x_layout != MGT_LAYOUT_NCHW || op->u.conv.sh.y_layout != MGT_LAYOUT_NCHW;
+}
+
+/* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise, which a
+   blocked activation overrules), the im2col path for the rest. */
 static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     mgt_status st;
-    if (!ctx->conv_im2col && (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
+    if ((!ctx->conv_im2col || conv_blocked(op)) &&
+        (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
         return st;
+    if (conv_blocked(op))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "%s: oneDNN has no kernel for this shape, and only its kernels "
+                             "take nChw16c activations",
+                             mgt_op_name(op->kind));
     return op->kind == MGT_OP_CONV2D_FWD        ? run_conv_fwd(ctx, op)
            : op->kind == MGT_OP_CONV2D_BWD_DATA ? run_conv_bwd_data(ctx, op)
                                                 : run_conv_bwd_filter(ctx, op);
@@ -2145,12 +2484,16 @@ static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_train_blocked(ctx, op);
     POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, op);
     return MGT_OK;
 }
 
 static mgt_status run_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_eval_blocked(ctx, op);
     plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
     POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units), bn_eval_item,
              &j);
@@ -2159,6 +2502,8 @@ static mgt_status run_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_bwd_blocked(ctx, op);
     POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, op);
     return MGT_OK;
 }
@@ -2196,6 +2541,12 @@ static mgt_status run_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.avgpool_fwd.layout == MGT_LAYOUT_NCHW16C) {
+        plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw * 16)};
+        POOL_FOR(ctx, items_of((size_t)op->u.avgpool_fwd.n * (op->u.avgpool_fwd.c / 16), j.units),
+                 avgpool_fwd_blocked_item, &j);
+        return MGT_OK;
+    }
     plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw)};
     POOL_FOR(ctx, items_of((size_t)op->u.avgpool_fwd.n * op->u.avgpool_fwd.c, j.units),
              avgpool_fwd_item, &j);
@@ -2204,6 +2555,12 @@ static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.avgpool_bwd.layout == MGT_LAYOUT_NCHW16C) {
+        plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw * 16)};
+        POOL_FOR(ctx, items_of((size_t)op->u.avgpool_bwd.n * (op->u.avgpool_bwd.c / 16), j.units),
+                 avgpool_bwd_blocked_item, &j);
+        return MGT_OK;
+    }
     plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw)};
     POOL_FOR(ctx, items_of((size_t)op->u.avgpool_bwd.n * op->u.avgpool_bwd.c, j.units),
              avgpool_bwd_item, &j);
@@ -2329,8 +2686,8 @@ static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     /* bf16 convolutions natively where oneDNN has a bf16 kernel for them (AVX512-BF16 or
        AMX): its reorders round the inputs, its kernels sum in fp32; else the emulation */
-    if (op->prec == MGT_PREC_BF16 && op->kind != MGT_OP_GEMM_LP && !ctx->conv_im2col &&
-        op->u.conv.sh.groups == 1) {
+    if (op->prec == MGT_PREC_BF16 && op->kind != MGT_OP_GEMM_LP &&
+        (!ctx->conv_im2col || conv_blocked(op)) && op->u.conv.sh.groups == 1) {
         mgt_status st = run_conv_onednn(ctx, op);
         if (st != MGT_ERR_UNSUPPORTED)
             return st;
@@ -2411,14 +2768,14 @@ static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    act_job jb = {op, act_job_avx512(ctx)};
+    act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, &jb);
     return MGT_OK;
 }
 
 static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    act_job jb = {op, act_job_avx512(ctx)};
+    act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, &jb);
     return MGT_OK;
 }

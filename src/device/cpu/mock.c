@@ -674,6 +674,14 @@ static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
     return enqueue(s, &c);
 }
 
+/* nChw16c between ops where the convolutions run on oneDNN, which wants it: the reorders at
+   every convolution's edges go, and batch norm sums a 16-channel block per vector. */
+static mgt_layout mock_act_layout(const mgt_device *d)
+{
+    const mock_set *ms = d->set->impl;
+    return ms->opt.conv_im2col || ms->opt.layout_nchw ? MGT_LAYOUT_NCHW : MGT_LAYOUT_NCHW16C;
+}
+
 static bool mock_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
@@ -823,6 +831,7 @@ static const mgt_backend_i mock_backend = {
     .memset = mock_memset,
     .copy = mock_copy,
     .copy_peer = mock_copy_peer,
+    .act_layout = mock_act_layout,
     .supports_op = mock_supports_op,
     .launch = mock_launch,
 };

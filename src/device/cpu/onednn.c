@@ -1,9 +1,10 @@
 /* oneDNN on the CPU fast path: single-threaded sgemm and blocked-layout convolutions run over chunks of a batch on the device's pool. */
 
-/* Tensors stay NCHW between ops, as everywhere else in mgtrain. A convolution takes its batch in
-   chunks of images small enough for the core's L2 cache: each chunk is reordered into the
-   blocked layout oneDNN's direct kernels want (nChw16c for 16-channel multiples), convolved,
-   and reordered back, with beta applied by the last reorder. Weights are reordered once per
+/* A convolution takes its batch in chunks of images small enough for the core's L2 cache: each
+   chunk of an NCHW operand is reordered into the blocked layout oneDNN's direct kernels want
+   (nChw16c for 16-channel multiples), convolved, and reordered back, with beta applied by the
+   last reorder; an operand the model keeps in nChw16c between ops (mgt_layout) goes in and
+   comes out as it is. Weights are reordered once per
    op. The filter gradient is summed per thread-part over its chunks and the parts are added
    in part order, so results never depend on timing. oneDNN's own OpenMP threads stay off:
    every thread that calls in runs single-threaded and the pool does the splitting. */
@@ -325,12 +326,16 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
         s = dnnl_memory_desc_init_by_tag(&wh, wn, wd, th, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&yh, 4, yd, th, dnnl_format_tag_any);
+    /* the activations as the op has them: NCHW, or kept blocked between ops, in which case the
+       reorder disappears wherever oneDNN wants the same layout */
+    dnnl_format_tag_t xt = sh->x_layout == MGT_LAYOUT_NCHW16C ? dnnl_nChw16c : dnnl_nchw;
+    dnnl_format_tag_t yt = sh->y_layout == MGT_LAYOUT_NCHW16C ? dnnl_nChw16c : dnnl_nchw;
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, dnnl_f32, dnnl_nchw);
+        s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, dnnl_f32, xt);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&w_u, wn, wd, dnnl_f32, g > 1 ? dnnl_goihw : dnnl_oihw);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&y_u, 4, yd, dnnl_f32, dnnl_nchw);
+        s = dnnl_memory_desc_init_by_tag(&y_u, 4, yd, dnnl_f32, yt);
     if (s != dnnl_success)
         return s;
 

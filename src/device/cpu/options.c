@@ -246,6 +246,14 @@ static mgt_status parse_conv(mgt_mock_options *o, const char *item, const char *
     return MGT_OK;
 }
 
+static mgt_status parse_layout(mgt_mock_options *o, const char *item, const char *val)
+{
+    if (strcmp(val, "blocked") != 0 && strcmp(val, "nchw") != 0)
+        return bad(item, "expected layout=blocked (the default) or layout=nchw");
+    o->layout_nchw = strcmp(val, "nchw") == 0;
+    return MGT_OK;
+}
+
 /* The items, in the order the help and the unknown-item message list them. A new item is one
    entry here, its parse function and its field in mgt_mock_options. */
 static const struct mock_item {
@@ -255,6 +263,7 @@ static const struct mock_item {
     {"threads", parse_threads}, {"mem", parse_mem},     {"peers", parse_peers},
     {"fault", parse_fault},     {"delay", parse_delay}, {"seed", parse_seed},
     {"link", parse_link},       {"conv", parse_conv},   {"xlink", parse_xlink},
+    {"layout", parse_layout},
 };
 
 static mgt_status parse_item(mgt_mock_options *o, char *item)

@@ -41,6 +41,18 @@ static size_t at4(int d1, int d2, int d3, int i0, int i1, int i2, int i3)
     return (((size_t)i0 * d1 + i1) * d2 + i2) * d3 + i3;
 }
 
+/* Pixel (y, x) of channel c of image n in a convolution's input and output, in their layouts. */
+static size_t conv_x_at(const mgt_conv2d_shape *sh, int n, int c, int y, int x)
+{
+    return mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, c, y * sh->w + x);
+}
+
+static size_t conv_y_at(const mgt_conv2d_shape *sh, int n, int k, int p, int q)
+{
+    int Q = mgt_conv2d_out_w(sh);
+    return mgt_layout_at(sh->y_layout, sh->k, mgt_conv2d_out_h(sh) * Q, n, k, p * Q + q);
+}
+
 static mgt_status ref_conv_fwd(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
@@ -61,10 +73,10 @@ static mgt_status ref_conv_fwd(const mgt_op *op)
                                 int iw = q * sh->stride_w - sh->pad_w + s;
                                 if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
                                     continue; /* zero padding */
-                                size_t xi = at4(sh->c, sh->h, sh->w, n, g * cpg + cg, ih, iw);
+                                size_t xi = conv_x_at(sh, n, g * cpg + cg, ih, iw);
                                 acc += (double)x[xi] * w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                             }
-                    float *o = &y[at4(sh->k, P, Q, n, k, p, q)];
+                    float *o = &y[conv_y_at(sh, n, k, p, q)];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
         }
@@ -96,10 +108,10 @@ static mgt_status ref_conv_bwd_data(const mgt_op *op)
                                 int p = ph / sh->stride_h, q = pw / sh->stride_w;
                                 if (p >= P || q >= Q)
                                     continue;
-                                acc += (double)dy[at4(sh->k, P, Q, n, k, p, q)] *
+                                acc += (double)dy[conv_y_at(sh, n, k, p, q)] *
                                        w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                             }
-                    float *o = &dx[at4(sh->c, sh->h, sh->w, n, c, ih, iw)];
+                    float *o = &dx[conv_x_at(sh, n, c, ih, iw)];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
         }
@@ -126,8 +138,8 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
                                 int iw = q * sh->stride_w - sh->pad_w + s;
                                 if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
                                     continue;
-                                acc += (double)dy[at4(sh->k, P, Q, n, k, p, q)] *
-                                       x[at4(sh->c, sh->h, sh->w, n, g * cpg + cg, ih, iw)];
+                                acc += (double)dy[conv_y_at(sh, n, k, p, q)] *
+                                       x[conv_x_at(sh, n, g * cpg + cg, ih, iw)];
                             }
                     float *o = &dw[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                     *o = with_beta(acc, op->u.conv.beta, *o);
@@ -139,7 +151,7 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
 /* Element i of channel c in an [n, c, hw] tensor. */
 static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
 {
-    return ((size_t)n * sh->c + c) * sh->hw + i;
+    return mgt_layout_at(sh->layout, sh->c, sh->hw, n, c, i);
 }
 
 static mgt_status ref_bn_train(const mgt_op *op)
@@ -576,21 +588,24 @@ static mgt_status ref_relu_bwd(const mgt_op *op)
 static mgt_status ref_avgpool_fwd(const mgt_op *op)
 {
     const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
-    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
-        double s = 0.0;
-        for (int i = 0; i < a->hw; i++)
-            s += a->x[nc * a->hw + i];
-        a->y[nc] = (float)(s / a->hw);
-    }
+    for (int n = 0; n < a->n; n++)
+        for (int c = 0; c < a->c; c++) {
+            double s = 0.0;
+            for (int i = 0; i < a->hw; i++)
+                s += a->x[mgt_layout_at(a->layout, a->c, a->hw, n, c, i)];
+            a->y[(size_t)n * a->c + c] = (float)(s / a->hw);
+        }
     return MGT_OK;
 }
 
 static mgt_status ref_avgpool_bwd(const mgt_op *op)
 {
     const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
-    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++)
-        for (int i = 0; i < a->hw; i++)
-            a->dx[nc * a->hw + i] = (float)((double)a->dy[nc] / a->hw);
+    for (int n = 0; n < a->n; n++)
+        for (int c = 0; c < a->c; c++)
+            for (int i = 0; i < a->hw; i++)
+                a->dx[mgt_layout_at(a->layout, a->c, a->hw, n, c, i)] =
+                    (float)((double)a->dy[(size_t)n * a->c + c] / a->hw);
     return MGT_OK;
 }
 

@@ -252,10 +252,12 @@ static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
     [MGT_OP_APOOL_BWD] = mgt_cuda_adaptive_avgpool_backward,
 };
 
+/* cuDNN and the kernels here take NCHW activations; mgt_device_act_layout never asks a CUDA
+   model for another layout. */
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL;
+    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && !mgt_op_blocked(op);
 }
 
 /* Called only for ops cuda_supports_op accepted. */
