@@ -1182,10 +1182,19 @@ static const int pool_shapes[][11] = {
 };
 #define N_POOL_SHAPES ((int)(sizeof pool_shapes / sizeof pool_shapes[0]))
 
+/* Cases N_POOL_SHAPES + 4 on: the same windows over nChw16c (skipped where CUDA runs). */
+static const int pool_blocked_shapes[][11] = {
+    {2, 32, 12, 12, 3, 3, 2, 2, 1, 1, 0}, /* ResNet's stem pool */
+    {1, 16, 14, 14, 3, 3, 2, 2, 0, 0, 1}, /* ceil_mode */
+    {3, 16, 7, 9, 2, 3, 1, 2, 1, 1, 0},
+};
+#define N_POOL_BLOCKED ((int)(sizeof pool_blocked_shapes / sizeof pool_blocked_shapes[0]))
+
 static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
 {
-    if (idx < N_POOL_SHAPES) {
-        const int *v = pool_shapes[idx];
+    bool blocked = idx >= N_POOL_SHAPES + 4;
+    if (idx < N_POOL_SHAPES || blocked) {
+        const int *v = blocked ? pool_blocked_shapes[idx - N_POOL_SHAPES - 4] : pool_shapes[idx];
         *sh = (mgt_pool2d_shape){.n = v[0],
                                  .c = v[1],
                                  .h = v[2],
@@ -1196,9 +1205,11 @@ static void pool_shape_of(int idx, rng *r, mgt_pool2d_shape *sh)
                                  .stride_w = v[7],
                                  .pad_h = v[8],
                                  .pad_w = v[9],
-                                 .ceil_mode = v[10] != 0};
+                                 .ceil_mode = v[10] != 0,
+                                 .layout = blocked ? MGT_LAYOUT_NCHW16C : MGT_LAYOUT_NCHW};
         return;
     }
+    sh->layout = MGT_LAYOUT_NCHW;
     sh->n = rng_int(r, 1, 3);
     sh->c = rng_int(r, 1, 11);
     sh->kh = rng_int(r, 1, 4);
@@ -1232,14 +1243,14 @@ static void fill_pool_x(rng *r, float *x, size_t n, bool ties)
 
 static void pool_desc(tcase *c, const mgt_pool2d_shape *sh, bool ties)
 {
-    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s%s", sh->n, sh->c, sh->h, sh->w,
+    case_desc(c, "n=%d c=%d %dx%d window %dx%d s=%d,%d p=%d,%d%s%s%s", sh->n, sh->c, sh->h, sh->w,
               sh->kh, sh->kw, sh->stride_h, sh->stride_w, sh->pad_h, sh->pad_w,
-              sh->ceil_mode ? " ceil" : "", ties ? " ties" : "");
+              sh->ceil_mode ? " ceil" : "", ties ? " ties" : "", sh->layout ? " nChw16c" : "");
 }
 
 static bool gen_maxpool_fwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_POOL_SHAPES + 4)
+    if (idx >= N_POOL_SHAPES + 4 + N_POOL_BLOCKED)
         return false;
     mgt_pool2d_shape sh;
     pool_shape_of(idx, r, &sh);
@@ -1257,7 +1268,7 @@ static bool gen_maxpool_fwd(tcase *c, int idx, rng *r)
 
 static bool gen_maxpool_bwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_POOL_SHAPES + 4)
+    if (idx >= N_POOL_SHAPES + 4 + N_POOL_BLOCKED)
         return false;
     mgt_pool2d_shape sh;
     pool_shape_of(idx, r, &sh);

@@ -567,9 +567,15 @@ static void test_pooling(void **state)
 {
     (void)state;
     const mgt_pool2d_shape shapes[] = {
-        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0, false},   {1, 4, 9, 7, 3, 3, 2, 2, 1, 1, false},
-        {3, 2, 11, 13, 3, 2, 1, 2, 1, 1, false}, {2, 64, 16, 16, 3, 3, 2, 2, 1, 1, false},
-        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},   {2, 3, 14, 14, 3, 3, 2, 2, 0, 0, true},
+        {2, 3, 8, 8, 2, 2, 2, 2, 0, 0, false, PLAIN},
+        {1, 4, 9, 7, 3, 3, 2, 2, 1, 1, false, PLAIN},
+        {3, 2, 11, 13, 3, 2, 1, 2, 1, 1, false, PLAIN},
+        {2, 64, 16, 16, 3, 3, 2, 2, 1, 1, false, PLAIN},
+        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false, PLAIN},
+        {2, 3, 14, 14, 3, 3, 2, 2, 0, 0, true, PLAIN},
+        {2, 64, 16, 16, 3, 3, 2, 2, 1, 1, false, BLK}, /* resnet's stem pool in nChw16c */
+        {3, 16, 14, 14, 3, 3, 2, 2, 0, 0, true, BLK},
+        {1, 32, 9, 7, 3, 2, 1, 2, 1, 1, false, BLK},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         mgt_pool2d_shape sh = shapes[i];
@@ -832,8 +838,8 @@ static bool same_bits_blocked(const float *plain, const float *blocked, int n, i
     return same;
 }
 
-/* Batch norm (train, eval, backward) and the global average pool give the NCHW kernels' bits in
-   nChw16c, on the baseline and the AVX-512F builds of the sums, with planes of less than one
+/* Batch norm (train, eval, backward), max pooling and the global average pool give the NCHW
+   kernels' bits in nChw16c, on the baseline and the AVX-512F builds of the sums, with planes of less than one
    16-pixel group, of whole 1024-element blocks and of a block and a tail, and with 1 to 9
    images (BNB_PARTS splits them). Models then train to the same bits in either layout. */
 static void test_blocked_bits(void **state)
@@ -900,6 +906,44 @@ static void test_blocked_bits(void **state)
             for (int k = 0; k < 4; k++)
                 free(out[run][k]);
         float *bufs[] = {x, dy, gamma, beta, in[1][0], in[1][1]};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            free(bufs[i]);
+    }
+    /* max pooling, with ties (the first maximum in raster order takes the gradient) */
+    const mgt_pool2d_shape pools[] = {{3, 32, 12, 12, 3, 3, 2, 2, 1, 1, false, PLAIN},
+                                      {2, 16, 9, 7, 2, 3, 1, 2, 1, 1, true, PLAIN}};
+    for (size_t pi = 0; pi < sizeof pools / sizeof *pools; pi++) {
+        mgt_pool2d_shape sh = pools[pi];
+        int hw = sh.h * sh.w, pq = mgt_pool2d_out_h(&sh) * mgt_pool2d_out_w(&sh);
+        size_t nx = (size_t)sh.n * sh.c * hw, ny = (size_t)sh.n * sh.c * pq;
+        float *x = rand_ties(nx), *dy = rand_floats(ny);
+        float *in[2][2] = {{x, dy},
+                           {to_blocked(x, sh.n, sh.c, hw), to_blocked(dy, sh.n, sh.c, pq)}};
+        float *y[3], *dx[3];
+        for (int run = 0; run < 3; run++) {
+            bool blk = run > 0;
+            ctxs[1].vec_baseline = run == 2;
+            sh.layout = blk ? BLK : PLAIN;
+            y[run] = malloc(ny * 4);
+            dx[run] = malloc(nx * 4);
+            assert_true(y[run] && dx[run]);
+            mgt_op op = {.kind = MGT_OP_MAXPOOL_FWD, .u.maxpool_fwd = {y[run], in[blk][0], sh}};
+            assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+            op = (mgt_op){.kind = MGT_OP_MAXPOOL_BWD,
+                          .u.maxpool_bwd = {dx[run], in[blk][1], in[blk][0], y[run], sh}};
+            assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+        }
+        ctxs[1].vec_baseline = false;
+        for (int run = 1; run < 3; run++)
+            if (!same_bits_blocked(y[0], y[run], sh.n, sh.c, pq) ||
+                !same_bits_blocked(dx[0], dx[run], sh.n, sh.c, hw))
+                fail_msg("maxpool n %d c %d %dx%d in nChw16c%s differs from NCHW", sh.n, sh.c, sh.h,
+                         sh.w, run == 2 ? " (baseline build)" : "");
+        for (int run = 0; run < 3; run++) {
+            free(y[run]);
+            free(dx[run]);
+        }
+        float *bufs[] = {x, dy, in[1][0], in[1][1]};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             free(bufs[i]);
     }

@@ -1402,8 +1402,9 @@ static int blocked_layers(const mgt_model *m)
 /* Which values a model keeps in the mock devices' nChw16c: resnet20 all but its 1-channel
    input, the pooled vector and the logits; none where the device keeps NCHW (layout=nchw,
    conv=im2col) or without a device; none through a synchronised or frozen batch norm (their
-   kernels take NCHW); resnet18's stem up to its max pool stays NCHW, and so does the identity
-   chain of layer1 that the pool feeds (an add keeps one layout), from layer2 on it is blocked. */
+   kernels take NCHW); resnet18 from its stem conv on, max pool included; in regnet_y_400mf the
+   104-channel stage and the input of each grouped convolution stay NCHW, and through an add or
+   a BN that pulls its neighbours along. */
 static void test_activation_layouts(void **state)
 {
     (void)state;
@@ -1446,12 +1447,21 @@ static void test_activation_layouts(void **state)
             cfg = (mgt_model_config){
                 .arch = "resnet18", .classes = 10, .in_channels = 3, .image_size = 64, .batch = 2};
             OK(mgt_model_create(&cfg, d, &m));
-            assert_int_equal(layer_layout(m, "relu"), MGT_LAYOUT_NCHW);
-            assert_int_equal(layer_layout(m, "maxpool"), MGT_LAYOUT_NCHW);
-            assert_int_equal(layer_layout(m, "layer1.1"), MGT_LAYOUT_NCHW);
-            assert_int_equal(layer_layout(m, "layer1.1.conv1"), MGT_LAYOUT_NCHW16C);
-            assert_int_equal(layer_layout(m, "layer2.0.downsample.1"), MGT_LAYOUT_NCHW16C);
-            assert_int_equal(layer_layout(m, "layer4.1"), MGT_LAYOUT_NCHW16C);
+            static const char *const r18[] = {
+                "conv1", "relu", "maxpool", "layer1.1", "layer2.0.downsample.1", "layer4.1"};
+            for (size_t i = 0; i < sizeof r18 / sizeof *r18; i++)
+                if (layer_layout(m, r18[i]) != MGT_LAYOUT_NCHW16C)
+                    fail_msg("resnet18: %s's layout", r18[i]);
+            mgt_model_free(m);
+            /* regnet_y_400mf: 104 channels and a grouped convolution's input stay NCHW */
+            cfg.arch = "regnet_y_400mf";
+            OK(mgt_model_create(&cfg, d, &m));
+            assert_int_equal(layer_layout(m, "trunk_output.block1.block1-0.proj.0"),
+                             MGT_LAYOUT_NCHW16C);
+            assert_int_equal(layer_layout(m, "trunk_output.block1.block1-0.f.a.2"),
+                             MGT_LAYOUT_NCHW);
+            assert_int_equal(layer_layout(m, "trunk_output.block2.block2-0.f.c.1"),
+                             MGT_LAYOUT_NCHW);
             mgt_model_free(m);
         }
         mgt_devset_free(set);

@@ -220,8 +220,8 @@ void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 /* How an activation [n, c, h, w] lies in device memory. Shapes and indices are NCHW in every
    API; a backend may keep activations in a layout of its own between its ops (the blocked
    layout of oneDNN's direct convolutions on the CPU), which saves reordering at every op's
-   edges. The ops that take a layout (convolutions, batch norm, the global average pool) read
-   and write it; elementwise ops do not care. Zero is NCHW, so a zeroed shape is plain. */
+   edges. The ops that take a layout (convolutions, batch norm, max pooling, the global
+   average pool) read and write it; elementwise ops do not care. Zero is NCHW, so a zeroed shape is plain. */
 typedef enum mgt_layout {
     MGT_LAYOUT_NCHW = 0,
     MGT_LAYOUT_NCHW16C, /* oneDNN's nChw16c: [n][c/16][h][w][16]; c a multiple of 16 */
@@ -262,6 +262,7 @@ typedef struct mgt_pool2d_shape {
     /* torch's ceil_mode: the output side rounds up, keeping a last window that starts on
        the input (or the left padding) and runs past its end (clipped) */
     bool ceil_mode;
+    mgt_layout layout; /* of x, y, dx and dy */
 } mgt_pool2d_shape;
 
 /* Batch norm over x [n,c,hw]: statistics per channel over n*hw values. */

@@ -257,6 +257,8 @@ bool mgt_op_blocked(const mgt_op *op)
     case MGT_OP_BN_FWD_TRAIN: return op->u.bn_train.sh.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_BN_FWD_EVAL: return op->u.bn_eval.sh.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_BN_BWD: return op->u.bn_bwd.sh.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_MAXPOOL_FWD: return op->u.maxpool_fwd.sh.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_MAXPOOL_BWD: return op->u.maxpool_bwd.sh.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_FWD: return op->u.avgpool_fwd.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout != MGT_LAYOUT_NCHW;
     default: return false;
@@ -484,7 +486,7 @@ static mgt_status check_pool(const mgt_op *op, const mgt_pool2d_shape *sh)
     if (!product_fits(sh->n, sh->c, sh->h, sh->w))
         return INVALID(op, "tensor size overflows (n %d, c %d, h %d, w %d)", sh->n, sh->c, sh->h,
                        sh->w);
-    return MGT_OK;
+    return check_layout(op, sh->layout, sh->c, "x");
 }
 
 static mgt_status check_maxpool_fwd(const mgt_op *op)

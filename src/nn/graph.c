@@ -474,16 +474,18 @@ static void slot_release(planner *p, int s)
         p->free_slots[p->n_free++] = s;
 }
 
-/* Whether a node of this kind reads (and, but for the pool, writes) the device's blocked
-   layout: the convolution without groups, batch norm, ReLU and add (elementwise, so any
-   layout), and the global average pool as a reader (its output has no pixels). */
+/* Whether a node of this kind reads (and, but for the global pool, writes) the device's
+   blocked layout: the convolution without groups or bias, batch norm, ReLU and add
+   (elementwise, so any layout), max pooling, and the global average pool as a reader (its
+   output has no pixels). */
 static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
     switch (nd->kind) {
     case NN_CONV: return nd->u.conv.sh.groups == 1 && !nd->u.conv.bias; /* bias: NCHW kernel */
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn; /* their kernels take NCHW */
     case NN_RELU:
-    case NN_ADD: return true;
+    case NN_ADD:
+    case NN_MAXPOOL: return true;
     case NN_GAP: return as_reader;
     default: return false;
     }

@@ -501,6 +501,7 @@ static mgt_pool2d_shape pool_shape(const nn_call *c)
 {
     mgt_pool2d_shape sh = c->node->u.pool;
     sh.n = c->n;
+    sh.layout = c->m->values[c->node->out].layout; /* its input's too (plan_layouts) */
     return sh;
 }
 

@@ -1641,6 +1641,117 @@ static void maxpool_bwd_item(void *c, int i, int t)
     }
 }
 
+/* Max pooling of nChw16c planes: a block's sixteen channels side by side, each lane's window
+   winner found as pool_argmax finds it (the first maximum in raster order; x > best, so a NaN
+   first in the window wins and a later one does not). */
+typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t)), aligned(4)));
+
+typedef struct pool16_job {
+    plane_job p;
+    bool avx512; /* the AVX-512F build of the loops (vec_avx512) */
+} pool16_job;
+
+/* The window's winner per lane; the forward needs only its value (at NULL). */
+__attribute__((always_inline)) static inline void pool_argmax16(const mgt_pool2d_shape *sh,
+                                                                const float *x, int oy, int ox,
+                                                                vf16 *best, vi16 *at)
+{
+    int y0 = oy * sh->stride_h - sh->pad_h, y1 = y0 + sh->kh;
+    int x0 = ox * sh->stride_w - sh->pad_w, x1 = x0 + sh->kw;
+    y0 = y0 < 0 ? 0 : y0;
+    y1 = y1 > sh->h ? sh->h : y1;
+    x0 = x0 < 0 ? 0 : x0;
+    x1 = x1 > sh->w ? sh->w : x1;
+    int e0 = y0 * sh->w + x0;
+    vf16 b = V16_LD(x + (size_t)e0 * 16);
+    vi16 idx = (vi16){0} + e0;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            int e = iy * sh->w + ix;
+            vf16 v = V16_LD(x + (size_t)e * 16);
+            vi16 m = (vi16)(v > b);
+            b = (vf16)(((vi16)v & m) | ((vi16)b & ~m));
+            if (at)
+                idx = (((vi16){0} + e) & m) | (idx & ~m);
+        }
+    *best = b;
+    if (at)
+        *at = idx;
+}
+
+__attribute__((always_inline)) static inline void maxpool_fwd_planes(const plane_job *j, int i)
+{
+    const mgt_pool2d_shape *sh = &j->op->u.maxpool_fwd.sh;
+    int p = mgt_pool2d_out_h(sh), q = mgt_pool2d_out_w(sh);
+    size_t hw = (size_t)sh->h * sh->w, pq = (size_t)p * q, lo, hi;
+    item_range((size_t)sh->n * (sh->c / 16), j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = j->op->u.maxpool_fwd.x + pl * hw * 16;
+        float *y = j->op->u.maxpool_fwd.y + pl * pq * 16;
+        for (int oy = 0; oy < p; oy++)
+            for (int ox = 0; ox < q; ox++) {
+                vf16 b;
+                pool_argmax16(sh, x, oy, ox, &b, NULL);
+                V16_ST(y + ((size_t)oy * q + ox) * 16, b);
+            }
+    }
+}
+
+/* Each window's gradient to its winner, windows in raster order per lane, as
+   maxpool_bwd_item adds them. */
+__attribute__((always_inline)) static inline void maxpool_bwd_planes(const plane_job *j, int i)
+{
+    const mgt_pool2d_shape *sh = &j->op->u.maxpool_bwd.sh;
+    int p = mgt_pool2d_out_h(sh), q = mgt_pool2d_out_w(sh);
+    size_t hw = (size_t)sh->h * sh->w, pq = (size_t)p * q, lo, hi;
+    item_range((size_t)sh->n * (sh->c / 16), j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        const float *x = j->op->u.maxpool_bwd.x + pl * hw * 16;
+        const float *dy = j->op->u.maxpool_bwd.dy + pl * pq * 16;
+        float *dx = j->op->u.maxpool_bwd.dx + pl * hw * 16;
+        memset(dx, 0, hw * 16 * sizeof(float));
+        for (int oy = 0; oy < p; oy++)
+            for (int ox = 0; ox < q; ox++) {
+                vf16 b;
+                vi16 at;
+                pool_argmax16(sh, x, oy, ox, &b, &at);
+                const float *g = dy + ((size_t)oy * q + ox) * 16;
+                for (int l = 0; l < 16; l++)
+                    dx[(size_t)at[l] * 16 + (size_t)l] += g[l];
+            }
+    }
+}
+
+/* Both compiled twice, as the batch-norm sums: a compare and two selects per lane are one
+   instruction each on AVX-512. */
+static void maxpool_fwd_blocked_base(const plane_job *j, int i) { maxpool_fwd_planes(j, i); }
+
+__attribute__((target("avx512f"))) static void maxpool_fwd_blocked_avx512(const plane_job *j, int i)
+{
+    maxpool_fwd_planes(j, i);
+}
+
+static void maxpool_bwd_blocked_base(const plane_job *j, int i) { maxpool_bwd_planes(j, i); }
+
+__attribute__((target("avx512f"))) static void maxpool_bwd_blocked_avx512(const plane_job *j, int i)
+{
+    maxpool_bwd_planes(j, i);
+}
+
+static void maxpool_fwd_blocked_item(void *c, int i, int t)
+{
+    (void)t;
+    const pool16_job *j = c;
+    (j->avx512 ? maxpool_fwd_blocked_avx512 : maxpool_fwd_blocked_base)(&j->p, i);
+}
+
+static void maxpool_bwd_blocked_item(void *c, int i, int t)
+{
+    (void)t;
+    const pool16_job *j = c;
+    (j->avx512 ? maxpool_bwd_blocked_avx512 : maxpool_bwd_blocked_base)(&j->p, i);
+}
+
 static void avgpool_fwd_item(void *c, int i, int t)
 {
     (void)t;
@@ -2521,9 +2632,14 @@ static mgt_status run_bn_bwd_elemt(mgt_cpu_ctx *ctx, const mgt_op *op)
 }
 
 static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool2d_shape *sh,
-                              void (*item)(void *, int, int))
+                              void (*item)(void *, int, int), void (*blocked)(void *, int, int))
 {
     size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
+    if (sh->layout == MGT_LAYOUT_NCHW16C) { /* a plane is a block of 16 channels */
+        pool16_job j = {{op, units_per_item(work * 16)}, vec_avx512(ctx)};
+        POOL_FOR(ctx, items_of((size_t)sh->n * (sh->c / 16), j.p.units), blocked, &j);
+        return MGT_OK;
+    }
     plane_job j = {op, units_per_item(work)};
     POOL_FOR(ctx, items_of((size_t)sh->n * sh->c, j.units), item, &j);
     return MGT_OK;
@@ -2531,12 +2647,12 @@ static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool
 
 static mgt_status run_maxpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    return run_maxpool(ctx, op, &op->u.maxpool_fwd.sh, maxpool_fwd_item);
+    return run_maxpool(ctx, op, &op->u.maxpool_fwd.sh, maxpool_fwd_item, maxpool_fwd_blocked_item);
 }
 
 static mgt_status run_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    return run_maxpool(ctx, op, &op->u.maxpool_bwd.sh, maxpool_bwd_item);
+    return run_maxpool(ctx, op, &op->u.maxpool_bwd.sh, maxpool_bwd_item, maxpool_bwd_blocked_item);
 }
 
 static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)

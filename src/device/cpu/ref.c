@@ -281,7 +281,15 @@ static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
 /* The window of output (p, q) clipped to the input; -inf padding can never be a window's
    maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
    maximum is the first in raster order: a later value must be strictly larger to win. */
-static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *plane, int p, int q)
+/* The plane of channel c of image n in a pooling tensor of ph x pw pixels: where its first
+   element lies, and the step from one pixel to the next (1 in NCHW, 16 in nChw16c). */
+static size_t pool_plane(const mgt_pool2d_shape *sh, int n, int c, size_t pixels, size_t *step)
+{
+    *step = sh->layout == MGT_LAYOUT_NCHW16C ? 16 : 1;
+    return mgt_layout_at(sh->layout, sh->c, (int)pixels, n, c, 0);
+}
+
+static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *plane, size_t step, int p, int q)
 {
     int h0 = p * sh->stride_h - sh->pad_h, w0 = q * sh->stride_w - sh->pad_w;
     size_t best = SIZE_MAX;
@@ -289,7 +297,7 @@ static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *plane, int p,
         for (int iw = w0; iw < w0 + sh->kw; iw++) {
             if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
                 continue;
-            size_t j = (size_t)ih * sh->w + iw;
+            size_t j = ((size_t)ih * sh->w + iw) * step;
             if (best == SIZE_MAX || plane[j] > plane[best])
                 best = j;
         }
@@ -300,14 +308,15 @@ static mgt_status ref_maxpool_fwd(const mgt_op *op)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
     int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
-    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q;
-    for (size_t nc = 0; nc < (size_t)sh->n * sh->c; nc++) {
-        const float *x = op->u.maxpool_fwd.x + nc * plane_in;
-        float *y = op->u.maxpool_fwd.y + nc * plane_out;
-        for (int p = 0; p < P; p++)
-            for (int q = 0; q < Q; q++)
-                y[(size_t)p * Q + q] = x[pool_argmax(sh, x, p, q)];
-    }
+    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q, step;
+    for (int n = 0; n < sh->n; n++)
+        for (int c = 0; c < sh->c; c++) {
+            const float *x = op->u.maxpool_fwd.x + pool_plane(sh, n, c, plane_in, &step);
+            float *y = op->u.maxpool_fwd.y + pool_plane(sh, n, c, plane_out, &step);
+            for (int p = 0; p < P; p++)
+                for (int q = 0; q < Q; q++)
+                    y[((size_t)p * Q + q) * step] = x[pool_argmax(sh, x, step, p, q)];
+        }
     return MGT_OK;
 }
 
@@ -316,17 +325,18 @@ static mgt_status ref_maxpool_bwd(const mgt_op *op)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
     int P = mgt_pool2d_out_h(sh), Q = mgt_pool2d_out_w(sh);
-    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q;
-    for (size_t nc = 0; nc < (size_t)sh->n * sh->c; nc++) {
-        const float *x = op->u.maxpool_bwd.x + nc * plane_in;
-        const float *dy = op->u.maxpool_bwd.dy + nc * plane_out;
-        float *dx = op->u.maxpool_bwd.dx + nc * plane_in;
-        for (size_t j = 0; j < plane_in; j++)
-            dx[j] = 0.0f;
-        for (int p = 0; p < P; p++)
-            for (int q = 0; q < Q; q++)
-                dx[pool_argmax(sh, x, p, q)] += dy[(size_t)p * Q + q];
-    }
+    size_t plane_in = (size_t)sh->h * sh->w, plane_out = (size_t)P * Q, step;
+    for (int n = 0; n < sh->n; n++)
+        for (int c = 0; c < sh->c; c++) {
+            const float *x = op->u.maxpool_bwd.x + pool_plane(sh, n, c, plane_in, &step);
+            const float *dy = op->u.maxpool_bwd.dy + pool_plane(sh, n, c, plane_out, &step);
+            float *dx = op->u.maxpool_bwd.dx + pool_plane(sh, n, c, plane_in, &step);
+            for (size_t j = 0; j < plane_in; j++)
+                dx[j * step] = 0.0f;
+            for (int p = 0; p < P; p++)
+                for (int q = 0; q < Q; q++)
+                    dx[pool_argmax(sh, x, step, p, q)] += dy[((size_t)p * Q + q) * step];
+        }
     return MGT_OK;
 }
 
