@@ -55,6 +55,8 @@ static void assert_defaults_except(const mgt_mock_options *o, const char *which)
         assert_int_equal(o->delay_us, 0);
     if (!strstr(which, "conv"))
         assert_false(o->conv_im2col);
+    if (!strstr(which, "layout"))
+        assert_false(o->layout_nchw);
 }
 
 static void test_options_accepted(void **state)
@@ -117,6 +119,11 @@ static void test_options_accepted(void **state)
     assert_defaults_except(&o, "conv");
     o = parsed("conv=onednn");
     assert_defaults_except(&o, "");
+    o = parsed("layout=nchw");
+    assert_true(o.layout_nchw);
+    assert_defaults_except(&o, "layout");
+    o = parsed("layout=blocked");
+    assert_defaults_except(&o, "");
 
     o = parsed("threads=2;mem=1M;peers=none;fault=kernel@1:5;delay=100;seed=9");
     assert_int_equal(o.threads_per_device, 2);
@@ -156,6 +163,7 @@ static void test_options_rejected(void **state)
         {"delay=abc", "delay=abc"},
         {"seed=x", "seed=x"},
         {"conv=fft", "conv=fft"},
+        {"layout=nhwc", "layout=nhwc"},
         {"bogus=1", "bogus=1"},
         {"threads=2;bogus=1", "bogus=1"},
         {"mem=1M;peers=0-1;fault=alloc@1:x", "fault=alloc@1:x"},

@@ -256,6 +256,14 @@ int mgt_app_cmd_bench(int argc, char **argv)
         printf("mock devices: %d compute thread%s each in every row (--mock threads=N to "
                "choose)\n",
                mock_threads, mock_threads == 1 ? "" : "s");
+    if (bd.kind == MGT_DEVICE_MOCK) {
+        bool nchw = bd.mock_opts.conv_im2col || bd.mock_opts.layout_nchw;
+        printf("activations between ops: %s\n",
+               nchw ? "NCHW"
+                    : "oneDNN's nChw16c where the ops around them take it (--mock "
+                      "layout=nchw for NCHW)");
+        cJSON_AddStringToObject(root, "mock_layout", nchw ? "nchw" : "blocked");
+    }
     if (nodes > 1)
         printf("world: %d nodes (mpirun); a row's devices are per node, its images/s the "
                "world's\n",
