@@ -792,38 +792,27 @@ static const int conv_blocked_shapes[][14] = {
 
 static void conv_shape_of(int idx, rng *r, mgt_conv2d_shape *sh)
 {
-    if (idx >= N_CONV_SHAPES + 4) {
-        const int *v = conv_blocked_shapes[idx - N_CONV_SHAPES - 4];
-        *sh = (mgt_conv2d_shape){.n = v[0],
-                                 .c = v[1],
-                                 .h = v[2],
-                                 .w = v[3],
-                                 .k = v[4],
-                                 .r = v[5],
-                                 .s = v[6],
-                                 .stride_h = v[7],
-                                 .stride_w = v[8],
-                                 .pad_h = v[9],
-                                 .pad_w = v[10],
-                                 .groups = v[11],
-                                 .x_layout = (mgt_layout)v[12],
-                                 .y_layout = (mgt_layout)v[13]};
-    } else if (idx < N_CONV_SHAPES) {
-        const int *v = conv_shapes[idx];
-        *sh = (mgt_conv2d_shape){.n = v[0],
-                                 .c = v[1],
-                                 .h = v[2],
-                                 .w = v[3],
-                                 .k = v[4],
-                                 .r = v[5],
-                                 .s = v[6],
-                                 .stride_h = v[7],
-                                 .stride_w = v[8],
-                                 .pad_h = v[9],
-                                 .pad_w = v[10],
-                                 .groups = v[11]};
-    } else {
+    bool blocked = idx >= N_CONV_SHAPES + 4;
+    if (idx >= N_CONV_SHAPES && !blocked) {
         conv_random(r, sh);
+        return;
+    }
+    const int *v = blocked ? conv_blocked_shapes[idx - N_CONV_SHAPES - 4] : conv_shapes[idx];
+    *sh = (mgt_conv2d_shape){.n = v[0],
+                             .c = v[1],
+                             .h = v[2],
+                             .w = v[3],
+                             .k = v[4],
+                             .r = v[5],
+                             .s = v[6],
+                             .stride_h = v[7],
+                             .stride_w = v[8],
+                             .pad_h = v[9],
+                             .pad_w = v[10],
+                             .groups = v[11]};
+    if (blocked) {
+        sh->x_layout = (mgt_layout)v[12];
+        sh->y_layout = (mgt_layout)v[13];
     }
 }
 

@@ -1427,8 +1427,10 @@ static void bnb_dx_item(void *c, int i, int t)
     }
 }
 
-/* Scratch of a blocked batch-norm op: the images' sums, then four [c] float arrays. */
-static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh, bnb_job *j)
+/* A blocked batch-norm op's job over x, dy (backward; else NULL) and y (or dx), with its scratch:
+   the images' sums, then four [c] float arrays. */
+static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh,
+                            const float *x, const float *dy, float *y, bnb_job *j)
 {
     int parts = bnb_parts(sh->n), cb = sh->c / 16;
     size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
@@ -1440,6 +1442,9 @@ static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_sha
                    .cb = cb,
                    .parts = parts,
                    .hw = (size_t)sh->hw,
+                   .x = x,
+                   .dy = dy,
+                   .y = y,
                    .sums = (double *)ctx->scratch,
                    .shift = f,
                    .k0 = f + c,
@@ -1455,15 +1460,12 @@ static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
     bnb_job j;
-    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
     if (st != MGT_OK)
         return st;
-    j.x = b->x;
-    j.y = b->y;
     float *shift = (float *)j.shift;
     for (int ch = 0; ch < b->sh.c; ch++) /* each channel's first value, as bn_train_item */
         shift[ch] = b->x[mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0)];
-    j.dy = NULL;
     POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
     size_t count = (size_t)b->sh.n * (size_t)b->sh.hw;
     for (int ch = 0; ch < b->sh.c; ch++) {
@@ -1491,11 +1493,9 @@ static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
     bnb_job j;
-    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
     if (st != MGT_OK)
         return st;
-    j.x = b->x;
-    j.y = b->y;
     for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_eval_item */
         j.k0[ch] = b->running_mean[ch];
         j.k1[ch] = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
@@ -1509,14 +1509,12 @@ static mgt_status run_bn_bwd_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
     bnb_job j;
-    mgt_status st = bnb_setup(ctx, op, &b->sh, &j);
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, b->dy, b->dx, &j);
     if (st != MGT_OK)
         return st;
-    j.x = b->x;
-    j.dy = b->dy;
-    j.y = b->dx;
+    /* the sums' shift is the mean; once they are taken, the same array holds dx's kx */
     float *kx = (float *)j.shift;
-    memcpy(kx, b->save_mean, (size_t)b->sh.c * sizeof(float)); /* the sums' shift: the mean */
+    memcpy(kx, b->save_mean, (size_t)b->sh.c * sizeof(float));
     POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
     double count = (double)b->sh.n * (double)b->sh.hw;
     for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_bwd_item */
@@ -1585,14 +1583,24 @@ static void avgpool_bwd_blocked_item(void *c, int i, int t)
 /* The first maximum of window (oy, ox) in raster order, clipped to the plane (mgt_op_check
    keeps every window on real input, so clipping is the -inf padding). Starting from the
    first element rather than -inf makes a NaN there win, as in the reference. */
+/* Window (oy, ox) clipped to the plane: rows [y0, y1), columns [x0, x1). */
+static void pool_window(const mgt_pool2d_shape *sh, int oy, int ox, int *y0, int *y1, int *x0,
+                        int *x1)
+{
+    *y0 = oy * sh->stride_h - sh->pad_h;
+    *y1 = *y0 + sh->kh;
+    *x0 = ox * sh->stride_w - sh->pad_w;
+    *x1 = *x0 + sh->kw;
+    *y0 = *y0 < 0 ? 0 : *y0;
+    *y1 = *y1 > sh->h ? sh->h : *y1;
+    *x0 = *x0 < 0 ? 0 : *x0;
+    *x1 = *x1 > sh->w ? sh->w : *x1;
+}
+
 static size_t pool_argmax(const mgt_pool2d_shape *sh, const float *x, int oy, int ox)
 {
-    int y0 = oy * sh->stride_h - sh->pad_h, y1 = y0 + sh->kh;
-    int x0 = ox * sh->stride_w - sh->pad_w, x1 = x0 + sh->kw;
-    y0 = y0 < 0 ? 0 : y0;
-    y1 = y1 > sh->h ? sh->h : y1;
-    x0 = x0 < 0 ? 0 : x0;
-    x1 = x1 > sh->w ? sh->w : x1;
+    int y0, y1, x0, x1;
+    pool_window(sh, oy, ox, &y0, &y1, &x0, &x1);
     size_t best = (size_t)y0 * sh->w + x0;
     for (int iy = y0; iy < y1; iy++)
         for (int ix = x0; ix < x1; ix++) {
@@ -1656,12 +1664,8 @@ __attribute__((always_inline)) static inline void pool_argmax16(const mgt_pool2d
                                                                 const float *x, int oy, int ox,
                                                                 vf16 *best, vi16 *at)
 {
-    int y0 = oy * sh->stride_h - sh->pad_h, y1 = y0 + sh->kh;
-    int x0 = ox * sh->stride_w - sh->pad_w, x1 = x0 + sh->kw;
-    y0 = y0 < 0 ? 0 : y0;
-    y1 = y1 > sh->h ? sh->h : y1;
-    x0 = x0 < 0 ? 0 : x0;
-    x1 = x1 > sh->w ? sh->w : x1;
+    int y0, y1, x0, x1;
+    pool_window(sh, oy, ox, &y0, &y1, &x0, &x1);
     int e0 = y0 * sh->w + x0;
     vf16 b = V16_LD(x + (size_t)e0 * 16);
     vi16 idx = (vi16){0} + e0;

@@ -281,7 +281,7 @@ static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
 /* The window of output (p, q) clipped to the input; -inf padding can never be a window's
    maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
    maximum is the first in raster order: a later value must be strictly larger to win. */
-/* The plane of channel c of image n in a pooling tensor of ph x pw pixels: where its first
+/* The plane of channel c of image n in a pooling tensor of `pixels` per plane: where its first
    element lies, and the step from one pixel to the next (1 in NCHW, 16 in nChw16c). */
 static size_t pool_plane(const mgt_pool2d_shape *sh, int n, int c, size_t pixels, size_t *step)
 {
