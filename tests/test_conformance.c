@@ -894,10 +894,24 @@ static const int bn_shapes[][3] = {{1, 3, 7},  {2, 5, 1},   {4, 13, 9}, {3, 16, 
 static const int bn_blocked_shapes[][3] = {{4, 16, 9}, {2, 32, 25}, {5, 48, 1}, {9, 16, 70}};
 #define N_BN_BLOCKED ((int)(sizeof bn_blocked_shapes / sizeof bn_blocked_shapes[0]))
 
+/* n, c, hw, blocked of the cases with a folded ReLU, last (train, eval and backward only) */
+static const int bn_relu_shapes[][4] = {
+    {4, 13, 9, 0}, {3, 16, 49, 0}, {1, 6, 2, 0}, {2, 32, 25, 1}, {9, 16, 70, 1}};
+#define N_BN_RELU ((int)(sizeof bn_relu_shapes / sizeof bn_relu_shapes[0]))
+#define N_BN_CASES (N_BN_SHAPES + 3 + N_BN_BLOCKED + N_BN_RELU)
+
 static void bn_shape_of(int idx, rng *r, mgt_bn_shape *sh)
 {
     sh->layout = MGT_LAYOUT_NCHW;
-    if (idx >= N_BN_SHAPES + 3) {
+    sh->relu = false;
+    if (idx >= N_BN_SHAPES + 3 + N_BN_BLOCKED) {
+        const int *t = bn_relu_shapes[idx - N_BN_SHAPES - 3 - N_BN_BLOCKED];
+        sh->n = t[0];
+        sh->c = t[1];
+        sh->hw = t[2];
+        sh->layout = t[3] ? MGT_LAYOUT_NCHW16C : MGT_LAYOUT_NCHW;
+        sh->relu = true;
+    } else if (idx >= N_BN_SHAPES + 3) {
         sh->n = bn_blocked_shapes[idx - N_BN_SHAPES - 3][0];
         sh->c = bn_blocked_shapes[idx - N_BN_SHAPES - 3][1];
         sh->hw = bn_blocked_shapes[idx - N_BN_SHAPES - 3][2];
@@ -929,13 +943,13 @@ static void fill_bn_x(rng *r, float *x, const mgt_bn_shape *sh)
 
 static void bn_desc(tcase *c, const mgt_bn_shape *sh)
 {
-    case_desc(c, "n=%d c=%d hw=%d eps=%g momentum=%g%s", sh->n, sh->c, sh->hw, (double)sh->eps,
-              (double)sh->momentum, sh->layout ? " nChw16c" : "");
+    case_desc(c, "n=%d c=%d hw=%d eps=%g momentum=%g%s%s", sh->n, sh->c, sh->hw, (double)sh->eps,
+              (double)sh->momentum, sh->layout ? " nChw16c" : "", sh->relu ? " relu" : "");
 }
 
 static bool gen_bn_train(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_BN_SHAPES + 3 + N_BN_BLOCKED)
+    if (idx >= N_BN_CASES)
         return false;
     mgt_bn_shape sh;
     bn_shape_of(idx, r, &sh);
@@ -964,7 +978,7 @@ static bool gen_bn_train(tcase *c, int idx, rng *r)
 
 static bool gen_bn_eval(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_BN_SHAPES + 3 + N_BN_BLOCKED)
+    if (idx >= N_BN_CASES)
         return false;
     mgt_bn_shape sh;
     bn_shape_of(idx, r, &sh);
@@ -1012,7 +1026,7 @@ static void bn_stats(const float *x, const mgt_bn_shape *sh, float *mean, float 
 
 static bool gen_bn_bwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_BN_SHAPES + 3 + N_BN_BLOCKED)
+    if (idx >= N_BN_CASES)
         return false;
     mgt_bn_shape sh;
     bn_shape_of(idx, r, &sh);
@@ -1030,6 +1044,13 @@ static bool gen_bn_bwd(tcase *c, int idx, rng *r)
     fill_bn_x(r, x, &sh);
     fill_unif(r, gamma, sh.c, -1.5f, 1.5f);
     bn_stats(x, &sh, mean, invstd);
+    if (sh.relu) { /* a forward output: zero where the ReLU cut, about half of it */
+        float *y = case_f32(c, nx);
+        fill_unif(r, y, nx, -1, 1);
+        for (size_t i = 0; i < nx; i++)
+            y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+        b->y = y;
+    }
     b->dy = dy;
     b->x = x;
     b->gamma = gamma;
@@ -2115,7 +2136,9 @@ static int fd_conv_filter(backend *be, const char *opname) { return fd_conv(be, 
    statistics; the gradients for x, gamma and beta. */
 static int fd_bn(backend *be, const char *opname)
 {
-    static const int pick[] = {0, 2, 4, 7, 10};
+    /* the last two: a folded ReLU, NCHW (the loss then sees relu(bn(x))) */
+    static const int pick[] = {
+        0, 2, 4, 7, 10, N_BN_SHAPES + 3 + N_BN_BLOCKED, N_BN_SHAPES + 4 + N_BN_BLOCKED};
     int fails = 0;
     for (int t = 0; t < (int)(sizeof pick / sizeof pick[0]); t++) {
         tcase c = {0};
@@ -2148,6 +2171,7 @@ static int fd_bn(backend *be, const char *opname)
         bwd.u.bn_bwd.dgamma = dgamma; /* zero: the accumulation starts from nothing */
         bwd.u.bn_bwd.dbeta = dbeta;
         bwd.u.bn_bwd.dy = rw;
+        bwd.u.bn_bwd.y = sh.relu ? y : NULL; /* the forward's output, as the model hands it */
         bwd.u.bn_bwd.x = x;
         bwd.u.bn_bwd.gamma = gamma;
         bwd.u.bn_bwd.save_mean = mean;
@@ -2156,7 +2180,20 @@ static int fd_bn(backend *be, const char *opname)
         fd_term term = {y, rw, nx};
         fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 1e-2f};
         const char *what;
-        mgt_status st = dev_run_inplace(be, &fwd, &what);
+        mgt_status st = MGT_OK;
+        if (sh.relu) {
+            /* A ReLU's kink is no place for a difference: the loss leaves out the values that
+               a step of h in x, gamma or beta (moving them by up to about 3h) could carry
+               across zero. */
+            fwd.u.bn_train.sh.relu = false;
+            st = dev_run_inplace(be, &fwd, &what);
+            for (size_t i = 0; i < nx; i++)
+                if (fabsf(y[i]) < 5 * f.h)
+                    rw[i] = 0.0f;
+            fwd.u.bn_train.sh.relu = true;
+        }
+        if (st == MGT_OK)
+            st = dev_run_inplace(be, &fwd, &what);
         int bad = 0;
         if (st != MGT_OK) {
             report_status(opname, t, c.desc, be, what, st);

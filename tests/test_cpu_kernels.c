@@ -520,19 +520,25 @@ static void test_batchnorm(void **state)
     (void)state;
     /* the last of each layout: a mean 1000 times the spread, for the one-pass variance */
     const mgt_bn_shape shapes[] = {
-        {3, 5, 7, 1e-5f, 0.1f, PLAIN},   {1, 3, 1000, 1e-5f, 0.1f, PLAIN},
-        {8, 17, 49, 1e-3f, 0.2f, PLAIN}, {2, 1, 1, 1e-5f, 0.1f, PLAIN},
-        {16, 64, 1, 1e-5f, 0.1f, PLAIN}, {4, 3, 2000, 1e-5f, 1.0f, PLAIN},
-        {6, 4, 300, 1e-5f, 0.1f, PLAIN}, {3, 16, 7, 1e-5f, 0.1f, BLK},
-        {1, 16, 1000, 1e-5f, 0.1f, BLK}, {9, 32, 49, 1e-3f, 0.2f, BLK},
-        {16, 64, 1, 1e-5f, 0.1f, BLK},   {13, 48, 130, 1e-5f, 1.0f, BLK},
-        {6, 16, 300, 1e-5f, 0.1f, BLK},
+        {3, 5, 7, 1e-5f, 0.1f, PLAIN, false},   {1, 3, 1000, 1e-5f, 0.1f, PLAIN, false},
+        {8, 17, 49, 1e-3f, 0.2f, PLAIN, false}, {2, 1, 1, 1e-5f, 0.1f, PLAIN, false},
+        {16, 64, 1, 1e-5f, 0.1f, PLAIN, false}, {4, 3, 2000, 1e-5f, 1.0f, PLAIN, false},
+        {6, 4, 300, 1e-5f, 0.1f, PLAIN, false}, {3, 16, 7, 1e-5f, 0.1f, BLK, false},
+        {1, 16, 1000, 1e-5f, 0.1f, BLK, false}, {9, 32, 49, 1e-3f, 0.2f, BLK, false},
+        {16, 64, 1, 1e-5f, 0.1f, BLK, false},   {13, 48, 130, 1e-5f, 1.0f, BLK, false},
+        {6, 16, 300, 1e-5f, 0.1f, BLK, false},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-        mgt_bn_shape sh = shapes[i];
-        float offset = i == 6 || i + 1 == sizeof shapes / sizeof *shapes ? 1000.0f : 3.0f;
+    /* each shape twice: plain, and with a ReLU folded in (forward max(bn, 0), backward dy
+       masked by a forward output ym, zero where the ReLU cut) */
+    for (size_t i = 0; i < 2 * (sizeof shapes / sizeof *shapes); i++) {
+        mgt_bn_shape sh = shapes[i / 2];
+        sh.relu = i % 2 == 1;
+        float offset = i / 2 == 6 || i / 2 + 1 == sizeof shapes / sizeof *shapes ? 1000.0f : 3.0f;
         size_t nx = (size_t)sh.n * sh.c * sh.hw, c = (size_t)sh.c;
         float *x = rand_floats(nx), *y = rand_floats(nx), *dy = rand_floats(nx);
+        float *ym = rand_floats(nx);
+        for (size_t j = 0; j < nx; j++)
+            ym[j] = ym[j] > 0.0f ? ym[j] : 0.0f;
         float *gamma = rand_floats(c), *beta = rand_floats(c), *rm = rand_floats(c);
         float *rv = rand_floats(c), *mean = rand_floats(c), *invstd = rand_floats(c);
         float *dg = rand_floats(c), *db = rand_floats(c);
@@ -544,18 +550,19 @@ static void test_batchnorm(void **state)
             mean[j] = offset + mean[j];
         }
         char label[96];
-        snprintf(label, sizeof label, "bn n %d c %d hw %d%s", sh.n, sh.c, sh.hw,
-                 sh.layout == BLK ? " nChw16c" : "");
+        snprintf(label, sizeof label, "bn n %d c %d hw %d%s%s", sh.n, sh.c, sh.hw,
+                 sh.layout == BLK ? " nChw16c" : "", sh.relu ? " relu" : "");
         mgt_op op = {.kind = MGT_OP_BN_FWD_TRAIN,
                      .u.bn_train = {y, mean, invstd, rm, rv, x, gamma, beta, sh}};
+        /* the ReLU clips the negative half, whose extremes set the tolerance's scale */
         if (sh.n * sh.hw > 1)
-            check_op(&op, 1e-5, label);
+            check_op(&op, sh.relu ? 2e-5 : 1e-5, label);
         op = (mgt_op){.kind = MGT_OP_BN_FWD_EVAL, .u.bn_eval = {y, x, gamma, beta, rm, rv, sh}};
         check_op(&op, 1e-5, label);
         op = (mgt_op){.kind = MGT_OP_BN_BWD,
-                      .u.bn_bwd = {y, dg, db, dy, x, gamma, mean, invstd, sh}};
+                      .u.bn_bwd = {y, dg, db, dy, ym, x, gamma, mean, invstd, sh}};
         check_op(&op, 1e-5, label);
-        float *bufs[] = {x, y, dy, gamma, beta, rm, rv, mean, invstd, dg, db};
+        float *bufs[] = {x, y, dy, ym, gamma, beta, rm, rv, mean, invstd, dg, db};
         for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++)
             free(bufs[j]);
     }
@@ -873,13 +880,13 @@ static void test_blocked_bits(void **state)
                 s[3][ch] = 2.0f;
                 s[4][ch] = s[5][ch] = 0.25f;
             }
-            mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, blk ? BLK : PLAIN};
+            mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, blk ? BLK : PLAIN, false};
             mgt_op ops[4] = {
                 {.kind = MGT_OP_BN_FWD_TRAIN,
                  .u.bn_train = {out[run][0], s[0], s[1], s[2], s[3], in[blk][0], gamma, beta, sh}},
                 {.kind = MGT_OP_BN_BWD,
-                 .u.bn_bwd = {out[run][1], s[4], s[5], in[blk][1], in[blk][0], gamma, s[0], s[1],
-                              sh}},
+                 .u.bn_bwd = {out[run][1], s[4], s[5], in[blk][1], NULL, in[blk][0], gamma, s[0],
+                              s[1], sh}},
                 {.kind = MGT_OP_BN_FWD_EVAL,
                  .u.bn_eval = {out[run][2], in[blk][0], gamma, beta, s[2], s[3], sh}},
                 {.kind = MGT_OP_AVGPOOL_FWD},
@@ -949,6 +956,67 @@ static void test_blocked_bits(void **state)
     }
 }
 
+/* Batch norm with a folded ReLU gives the bits of batch norm then relu_forward (train and eval),
+   and of relu_backward then batch norm's backward, in either layout and on either build of the
+   sums: a model folds them (plan_fusion) and must train as it did unfolded. */
+static void test_folded_relu_bits(void **state)
+{
+    (void)state;
+    const int shapes[][3] = {{5, 32, 49}, {9, 16, 1100}, {2, 16, 7}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (int run = 0; run < 3; run++) { /* NCHW, nChw16c, nChw16c on the baseline build */
+            int n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2];
+            size_t nx = (size_t)n * c * hw;
+            float *x = rand_floats(nx), *dy = rand_floats(nx), *gamma = rand_floats((size_t)c),
+                  *beta = rand_floats((size_t)c), *t[2][4];
+            for (size_t i = 0; i < nx; i++)
+                x[i] = 5.0f + 3.0f * x[i];
+            float st[2][6][32] = {{{0}}}; /* mean, invstd, running mean, var, dgamma, dbeta */
+            ctxs[1].vec_baseline = run == 2;
+            for (int fold = 0; fold < 2; fold++) {
+                for (int k = 0; k < 4; k++) { /* y, dx, eval y, masked dy */
+                    t[fold][k] = malloc(nx * 4);
+                    assert_non_null(t[fold][k]);
+                }
+                float(*s)[32] = st[fold], *y = t[fold][0], *dx = t[fold][1], *ye = t[fold][2];
+                for (int ch = 0; ch < c; ch++)
+                    s[3][ch] = 1.0f;
+                mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, run ? BLK : PLAIN, fold == 1};
+                mgt_op ops[6] = {
+                    {.kind = MGT_OP_BN_FWD_TRAIN,
+                     .u.bn_train = {y, s[0], s[1], s[2], s[3], x, gamma, beta, sh}},
+                    {.kind = MGT_OP_RELU_FWD, .u.relu_fwd = {y, y, nx}},
+                    {.kind = MGT_OP_RELU_BWD, .u.relu_bwd = {t[fold][3], dy, y, nx}},
+                    {.kind = MGT_OP_BN_BWD,
+                     .u.bn_bwd = {dx, s[4], s[5], fold ? dy : t[fold][3], fold ? y : NULL, x, gamma,
+                                  s[0], s[1], sh}},
+                    {.kind = MGT_OP_BN_FWD_EVAL, .u.bn_eval = {ye, x, gamma, beta, s[2], s[3], sh}},
+                    {.kind = MGT_OP_RELU_FWD, .u.relu_fwd = {ye, ye, nx}},
+                };
+                for (int k = 0; k < 6; k++) {
+                    bool relu = ops[k].kind == MGT_OP_RELU_FWD || ops[k].kind == MGT_OP_RELU_BWD;
+                    if (!fold || !relu)
+                        assert_int_equal(mgt_cpu_run(&ctxs[1], &ops[k]), MGT_OK);
+                }
+            }
+            static const char *const what[] = {"forward_train", "backward", "forward_eval"};
+            for (int k = 0; k < 3; k++)
+                if (memcmp(t[0][k], t[1][k], nx * 4) != 0)
+                    fail_msg("n %d c %d hw %d run %d: batchnorm_%s with a folded ReLU differs", n,
+                             c, hw, run, what[k]);
+            if (memcmp(st[0], st[1], sizeof st[0]) != 0)
+                fail_msg("n %d c %d hw %d run %d: statistics or dgamma/dbeta differ folded", n, c,
+                         hw, run);
+            for (int f = 0; f < 2; f++)
+                for (int k = 0; k < 4; k++)
+                    free(t[f][k]);
+            float *bufs[] = {x, dy, gamma, beta};
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+                free(bufs[i]);
+        }
+    ctxs[1].vec_baseline = false;
+}
+
 /* ---- main ---- */
 
 static int ctx_setup(void **state)
@@ -987,6 +1055,7 @@ int main(void)
         cmocka_unit_test(test_scratch),
         cmocka_unit_test(test_activation_vectors),
         cmocka_unit_test(test_blocked_bits),
+        cmocka_unit_test(test_folded_relu_bits),
     };
     return cmocka_run_group_tests_name("cpu_kernels", tests, ctx_setup, ctx_teardown);
 }

@@ -1254,6 +1254,68 @@ static void test_determinism(void **state)
     free(x);
 }
 
+/* The ReLUs folded into the batch norm before them; each must follow a BN. */
+static int folded_layers(const mgt_model *m)
+{
+    int n, k = 0;
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    for (int i = 0; i < n; i++)
+        if (l[i].folded) {
+            assert_true(i > 0 && strcmp(l[i].kind, "relu") == 0 &&
+                        strcmp(l[i - 1].kind, "bn") == 0);
+            k++;
+        }
+    return k;
+}
+
+/* resnet20 folds the ReLU after its stem BN and after each block's first BN (10), not the one
+   after each block's add; folded, it trains two steps to the bits of the unfolded model (loss,
+   parameters and gradients). No fold under no_fusion, sync_bn or freeze_bn. */
+static void test_folded_relu(void **state)
+{
+    (void)state;
+    mgt_st_file *g;
+    OK(mgt_st_open(DATA_DIR "/resnet20_1x28x28.golden.safetensors", &g));
+    size_t xn = 8 * 28 * 28;
+    float *x = golden_f32(g, "input", xn);
+    int32_t labels[8];
+    memcpy(labels, mgt_st_tensor_data(g, golden_find(g, "labels")), sizeof labels);
+    mgt_st_close(g);
+
+    snap runs[2];
+    float loss[2][2];
+    mgt_model_config cfg = {
+        .arch = "resnet20", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 8};
+    for (int fold = 0; fold < 2; fold++) {
+        cfg.no_fusion = fold == 0;
+        mgt_model *m;
+        OK(mgt_model_create(&cfg, E.dev, &m));
+        assert_int_equal(folded_layers(m), fold ? 10 : 0);
+        load_golden20(m);
+        step_io io;
+        io_create(&io, m, x, xn, labels, 8);
+        train_step(m, &io, true, NULL, &loss[fold][0], NULL);
+        train_step(m, &io, false, NULL, &loss[fold][1], NULL);
+        snap_take(m, &runs[fold]);
+        io_free(&io);
+        mgt_model_free(m);
+    }
+    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+    snap_assert_equal(&runs[0], &runs[1], true);
+    snap_free(&runs[0]);
+    snap_free(&runs[1]);
+    free(x);
+    cfg.no_fusion = false;
+    for (int k = 0; k < 2; k++) {
+        cfg.sync_bn = k == 0;
+        cfg.freeze_bn = k == 1;
+        mgt_model *m;
+        OK(mgt_model_create(&cfg, E.dev, &m));
+        assert_int_equal(folded_layers(m), 0);
+        mgt_model_free(m);
+    }
+}
+
 /* Eval mode treats images independently: a batch of 5 in an arena sized for 8 gives the
    golden's first 5 rows. */
 static void test_partial_batch(void **state)
@@ -1705,6 +1767,7 @@ int main(void)
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_load_mismatch),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_folded_relu),
         cmocka_unit_test(test_partial_batch),
         cmocka_unit_test(test_torch_load),
     };

@@ -521,7 +521,8 @@ static void check_syncbn(const char *name)
                 /* the shard's sums: batchnorm_backward's dbeta, dgamma from zero */
                 float zg[64] = {0}, zb[64] = {0}, *dx = nans(nx);
                 op = (mgt_op){.kind = MGT_OP_BN_BWD};
-                op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){dx, zg, zb, dy, x, w, mean, invstd, sh};
+                op.u.bn_bwd =
+                    (__typeof__(op.u.bn_bwd)){dx, zg, zb, dy, NULL, x, w, mean, invstd, sh};
                 run(&op);
                 snprintf(k, sizeof k, "sum_dy%d", i);
                 expect_close_tol("sum_dy", zb, mgt_test_golden_f32(g, k, c), c, tol, tol);

@@ -271,6 +271,11 @@ typedef struct mgt_bn_shape {
     float eps;         /* 1e-5 in PyTorch */
     float momentum;    /* 0.1 in PyTorch: running = (1-m)*running + m*batch */
     mgt_layout layout; /* of x, y, dx and dy; the per-channel arrays are [c] always */
+    /* A ReLU folded in (the forward and backward ops below; the synchronised halves refuse
+       it): forward writes y = max(bn(x), 0) as relu_forward would over bn's output; backward
+       takes dy as the gradient of that output and y as the output itself, and uses
+       y > 0 ? dy : 0 (relu_backward's mask), so both give the unfused pair's bits. */
+    bool relu;
 } mgt_bn_shape;
 
 /* PyTorch's SGD: d = s*g + wd*p; buf = m*buf + (1-dampening)*d (buf = d when first_step);
@@ -381,11 +386,12 @@ mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean
 mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
                                       const float *beta, const float *running_mean,
                                       const float *running_var, const mgt_bn_shape *sh);
-/* dx overwritten; dgamma, dbeta accumulate. */
+/* dx overwritten; dgamma, dbeta accumulate. y, the forward's output, is read only under
+   sh->relu (NULL otherwise). */
 mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
-                                  const float *dy, const float *x, const float *gamma,
-                                  const float *save_mean, const float *save_invstd,
-                                  const mgt_bn_shape *sh);
+                                  const float *dy, const float *y, const float *x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, const mgt_bn_shape *sh);
 
 /* Synchronised BN's pieces (PyTorch's batch_norm_stats and batch_norm_backward_elemt): one
    shard's per-channel mean and biased variance; and dx from the shard's dy and x given the

@@ -67,6 +67,9 @@ typedef struct mgt_model_config {
        statistics of every replica's batch, through the hook mgt_model_set_bn_sync installs
        (none installed: this replica alone). Ignored under freeze_bn. */
     bool sync_bn;
+    /* Every layer on its own kernels: no ReLU folded into the batch norm before it. The
+       folded pair gives the same bits; tests compare the two. */
+    bool no_fusion;
 } mgt_model_config;
 
 /* How a sync_bn model reaches the other replicas without knowing them: gather(ctx, mine,
@@ -257,6 +260,8 @@ typedef struct mgt_model_layer {
     /* how its output lies in the device's memory: the device's blocked layout where every op
        around it takes that (mgt_device_act_layout), NCHW elsewhere and without a device */
     mgt_layout layout;
+    /* a ReLU that the batch norm before it computes (mgt_bn_shape.relu): no kernel of its own */
+    bool folded;
 } mgt_model_layer;
 
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */

@@ -813,13 +813,13 @@ mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, c
 }
 
 mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
-                                  const float *dy, const float *x, const float *gamma,
-                                  const float *save_mean, const float *save_invstd,
-                                  const mgt_bn_shape *sh)
+                                  const float *dy, const float *y, const float *x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, const mgt_bn_shape *sh)
 {
     if (!sh)
         return bad_arg("batchnorm_backward", "no shape");
-    LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, x, gamma, save_mean, save_invstd, *sh);
+    LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, y, x, gamma, save_mean, save_invstd, *sh);
 }
 
 mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,

@@ -355,11 +355,14 @@ static mgt_status check_bn_shape(const mgt_op *op, const mgt_bn_shape *sh)
     return check_layout(op, sh->layout, sh->c, "x");
 }
 
-/* The synchronised batch norm's halves take NCHW only (a model that syncs keeps it). */
+/* The synchronised batch norm's halves take NCHW only and no folded ReLU (a model that syncs
+   keeps both apart). */
 static mgt_status check_bn_shape_nchw(const mgt_op *op, const mgt_bn_shape *sh)
 {
     if (sh->layout != MGT_LAYOUT_NCHW)
         return INVALID(op, "takes NCHW only, not layout %d", (int)sh->layout);
+    if (sh->relu)
+        return INVALID(op, "takes no folded ReLU (relu %d)", (int)sh->relu);
     return check_bn_shape(op, sh);
 }
 
@@ -413,6 +416,8 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
     ADD(l, b->dgamma, "dgamma", c, MGT_F32, INOUT);
     ADD(l, b->dbeta, "dbeta", c, MGT_F32, INOUT);
     ADD(l, b->dy, "dy", x, MGT_F32, IN);
+    if (b->sh.relu)
+        ADD(l, b->y, "y", x, MGT_F32, IN);
     ADD(l, b->x, "x", x, MGT_F32, IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, IN);

@@ -148,7 +148,7 @@ typedef struct mgt_op {
         } bn_eval;
         struct {
             float *dx, *dgamma, *dbeta;
-            const float *dy, *x, *gamma, *save_mean, *save_invstd;
+            const float *dy, *y, *x, *gamma, *save_mean, *save_invstd; /* y: sh.relu only */
             mgt_bn_shape sh;
         } bn_bwd;
         struct {

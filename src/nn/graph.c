@@ -629,6 +629,30 @@ static mgt_status plan_grads(planner *p)
     return m->oom ? mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch) : MGT_OK;
 }
 
+/* ReLUs folded into the batch norm before them (mgt_bn_shape.relu): the BN's output is read by
+   the ReLU alone, which runs in place over it, and whose backward writes its input gradient over
+   its output gradient. Then the BN writes max(bn(x), 0) where the ReLU would have, and its
+   backward reads the ReLU's output gradient and output (its own storage): one pass over the
+   activation fewer each way, the same bits. The synchronised and frozen BNs keep their ReLU:
+   their kernels take none. */
+static void plan_fusion(mgt_model *m)
+{
+    if (m->cfg.no_fusion || m->cfg.sync_bn || m->cfg.freeze_bn)
+        return;
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *r = &m->nodes[i];
+        const nn_value *x = &m->values[r->in[0]];
+        if (r->kind != NN_RELU || x->producer < 0)
+            continue;
+        nn_node *bn = &m->nodes[x->producer];
+        if (bn->kind != NN_BN || x->consumers != 1 || !r->inplace || r->gmode[0] != NN_G_WRITE ||
+            r->gin[0] != r->gout || r->unshare[0] >= 0)
+            continue;
+        bn->u.bn.relu = true;
+        r->folded = true;
+    }
+}
+
 /* The parameter arena in the order backward completes nodes: the reverse of the forward
    order, each node's parameters in their own order. */
 static void plan_arena(mgt_model *m)
@@ -693,6 +717,8 @@ mgt_status nn_plan(mgt_model *m)
     m->probs_off = act_image(&p, (size_t)m->cfg.classes);
     m->loss_off = act_fixed(&p, 1);
     mgt_status st = plan_grads(&p);
+    if (st == MGT_OK)
+        plan_fusion(m);
     if (st == MGT_OK) {
         m->slot_off = malloc((size_t)m->n_slots * sizeof *m->slot_off);
         if (!m->slot_off)
@@ -731,6 +757,7 @@ mgt_status nn_plan(mgt_model *m)
         l->h = v->h;
         l->w = v->w;
         l->layout = v->layout;
+        l->folded = nd->folded;
         for (int j = 0; j < nd->n_params; j++)
             l->params += m->table[nd->entry[j]].numel;
         l->macs = nn_kinds[nd->kind].macs ? nn_kinds[nd->kind].macs(m, nd) : 0;

@@ -89,7 +89,8 @@ static mgt_bn_shape bn_shape(const nn_call *c)
                           .hw = v->h * v->w,
                           .eps = c->node->u.bn.eps,
                           .momentum = c->node->u.bn.momentum,
-                          .layout = v->layout};
+                          .layout = v->layout,
+                          .relu = c->node->u.bn.relu};
 }
 
 static float *bn_save_mean(const nn_call *c) { return nn_act(c->m, c->node->u.bn.save_off); }
@@ -227,7 +228,7 @@ static mgt_status bn_backward_synced(nn_call *c, const mgt_bn_shape *bsh)
     float *hf = m->bn_hf, *sums = nn_act(m, m->bnsync_off); /* sum(dy*xhat) then sum(dy) */
     mgt_status st = mgt_memset(c->s, sums, 0, 2 * C * sizeof(float));
     if (st == MGT_OK)
-        st = mgt_batchnorm_backward(c->s, c->dx[0], sums, sums + C, c->dy, c->x[0], c->p[0],
+        st = mgt_batchnorm_backward(c->s, c->dx[0], sums, sums + C, c->dy, NULL, c->x[0], c->p[0],
                                     bn_save_mean(c), bn_save_invstd(c), bsh);
     if (st == MGT_OK)
         st = mgt_axpy(c->s, c->g[0], 1.0f, sums, C);
@@ -294,8 +295,10 @@ static mgt_status bn_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (bn_synced(c))
         return bn_backward_synced(c, &bsh);
-    mgt_status st = mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0],
-                                           c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
+    /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output) */
+    mgt_status st =
+        mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL,
+                               c->x[0], c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
         st =
@@ -310,14 +313,20 @@ static uint64_t bn_macs(const mgt_model *m, const nn_node *nd) { return 2 * out_
 
 /* ---- elementwise ---- */
 
+/* A folded ReLU (plan_fusion) has run inside its batch norm, in place: its output is that
+   BN's, and its input gradient shares its output gradient's slot, which the BN masks. */
 static mgt_status relu_forward(nn_call *c)
 {
+    if (c->node->folded)
+        return MGT_OK;
     return mgt_relu_forward(c->s, c->y, c->x[0], out_count(c));
 }
 
 static mgt_status relu_backward(nn_call *c)
 {
     assert(c->dx_beta[0] == 0.0f);
+    if (c->node->folded)
+        return MGT_OK;
     return mgt_relu_backward(c->s, c->dx[0], c->dy, c->y, out_count(c));
 }
 

@@ -79,6 +79,7 @@ typedef struct nn_node {
             int counter;     /* index into bn_counts */
             size_t save_off; /* save_mean [c] then save_invstd [c] (bytes into acts) */
             size_t save_stride;
+            bool relu; /* the ReLU after it is folded in (plan_fusion) */
         } bn;
         mgt_pool2d_shape pool; /* n is set per call */
         struct {
@@ -102,6 +103,7 @@ typedef struct nn_node {
     } u;
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
+    bool folded;  /* NN_RELU: the batch norm before it computes it; no kernel runs here */
     int gout;     /* slot of the output's gradient */
     int gin[NN_MAX_IN];
     unsigned char gmode[NN_MAX_IN];

@@ -138,13 +138,30 @@ static void v_add_to(float *d, const float *src, size_t n)
 }
 
 /* d[i] = (s[i] - sub) * mul + add: batch norm's normalisation */
-static void v_affine(float *d, const float *src, size_t n, float sub, float mul, float add)
+/* d = (src - sub) * mul + add, then with relu relu_fwd_item's max(., 0) (NaN passes, +0.0) */
+static void v_affine(float *d, const float *src, size_t n, float sub, float mul, float add,
+                     bool relu)
 {
     size_t j = 0;
-    for (; j + VW <= n; j += VW)
-        vst(d + j, (vld(src + j) - sub) * mul + add);
-    for (; j < n; j++)
-        d[j] = (src[j] - sub) * mul + add;
+    for (; j + VW <= n; j += VW) {
+        vf v = (vld(src + j) - sub) * mul + add;
+        vst(d + j, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+    }
+    for (; j < n; j++) {
+        float v = (src[j] - sub) * mul + add;
+        d[j] = relu && v <= 0.0f ? 0.0f : v;
+    }
+}
+
+/* The gradient a BN with a folded ReLU sees: relu_bwd_item's y > 0 ? dy : 0 (y NULL: dy). */
+static inline vf v_relu_dy(const float *dy, const float *y, size_t j)
+{
+    return y ? (vf)((vi)vld(dy + j) & (vld(y + j) > 0.0f)) : vld(dy + j);
+}
+
+static inline float relu_dy(const float *dy, const float *y, size_t j)
+{
+    return y && !(y[j] > 0.0f) ? 0.0f : dy[j];
 }
 
 /* sum of a[i] * b[i] in float, eight lanes then the tail */
@@ -1098,9 +1115,10 @@ static void sum_shifted(const float *x, size_t n, float shift, double *s1, doubl
     *s2 += t2;
 }
 
-/* Sums of dy and of dy * (x - mean) over [0..n), in one pass. */
-static void sum_dy_prod(const float *dy, const float *x, size_t n, float mean, double *sdy,
-                        double *sdyx)
+/* Sums of dy and of dy * (x - mean) over [0..n), in one pass; dy masked by y > 0 where y is
+   not NULL (a folded ReLU). */
+static void sum_dy_prod(const float *dy, const float *y, const float *x, size_t n, float mean,
+                        double *sdy, double *sdyx)
 {
     vf m = vdup(mean);
     double t1 = 0, t2 = 0;
@@ -1109,8 +1127,8 @@ static void sum_dy_prod(const float *dy, const float *x, size_t n, float mean, d
         size_t end = j + min_z(BN_BLOCK, (n - j) / 16 * 16);
         vf z = vdup(0.0f), a0 = z, a1 = z, a2 = z, a3 = z, p0 = z, p1 = z, p2 = z, p3 = z;
         for (; j < end; j += 16) {
-            vf g0 = vld(dy + j), g1 = vld(dy + j + 4), g2 = vld(dy + j + 8);
-            vf g3 = vld(dy + j + 12);
+            vf g0 = v_relu_dy(dy, y, j), g1 = v_relu_dy(dy, y, j + 4);
+            vf g2 = v_relu_dy(dy, y, j + 8), g3 = v_relu_dy(dy, y, j + 12);
             a0 += g0;
             a1 += g1;
             a2 += g2;
@@ -1124,8 +1142,9 @@ static void sum_dy_prod(const float *dy, const float *x, size_t n, float mean, d
         t2 += hsum_f4x4(p0, p1, p2, p3);
     }
     for (; j < n; j++) {
-        t1 += dy[j];
-        t2 += (double)dy[j] * ((double)x[j] - mean);
+        float g = relu_dy(dy, y, j);
+        t1 += g;
+        t2 += (double)g * ((double)x[j] - mean);
     }
     *sdy += t1;
     *sdyx += t2;
@@ -1161,7 +1180,7 @@ static void bn_train_item(void *c, int ch, int t)
     b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
     float fm = (float)mean, scale = b->gamma[ch] * (float)invstd, shift = b->beta[ch];
     for (int ni = 0; ni < b->sh.n; ni++)
-        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift);
+        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift, b->sh.relu);
 }
 
 static void bn_eval_item(void *c, int i, int t)
@@ -1176,7 +1195,7 @@ static void bn_eval_item(void *c, int i, int t)
         float mean = b->running_mean[ch];
         float scale = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
         float shift = b->beta[ch];
-        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift);
+        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift, b->sh.relu);
     }
 }
 
@@ -1190,9 +1209,10 @@ static void bn_bwd_item(void *c, int ch, int t)
     double count = (double)b->sh.n * (double)hw;
     double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
     double sdy = 0, sdyx = 0;
+    const float *ys = b->sh.relu ? b->y + off : NULL; /* the folded ReLU's mask */
     for (int ni = 0; ni < b->sh.n; ni++)
-        sum_dy_prod(b->dy + off + ni * stride, b->x + off + ni * stride, hw, (float)mean, &sdy,
-                    &sdyx);
+        sum_dy_prod(b->dy + off + ni * stride, ys ? ys + ni * stride : NULL,
+                    b->x + off + ni * stride, hw, (float)mean, &sdy, &sdyx);
     double sdyxhat = sdyx * invstd;
     b->dgamma[ch] += (float)sdyxhat;
     b->dbeta[ch] += (float)sdy;
@@ -1203,12 +1223,13 @@ static void bn_bwd_item(void *c, int ch, int t)
     float fm = (float)mean;
     for (int ni = 0; ni < b->sh.n; ni++) {
         const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
+        const float *y = ys ? ys + ni * stride : NULL;
         float *dx = b->dx + off + ni * stride;
         size_t e = 0;
         for (; e + VW <= hw; e += VW)
-            vst(dx + e, k * (vld(dy + e) - mdy - (vld(x + e) - fm) * kx));
+            vst(dx + e, k * (v_relu_dy(dy, y, e) - mdy - (vld(x + e) - fm) * kx));
         for (; e < hw; e++)
-            dx[e] = k * (dy[e] - mdy - (x[e] - fm) * kx);
+            dx[e] = k * (relu_dy(dy, y, e) - mdy - (x[e] - fm) * kx);
     }
 }
 
@@ -1270,6 +1291,7 @@ static void bn_bwd_elemt_item(void *c, int ch, int t)
 /* Sixteen lanes, read and written where a row lies (4-byte aligned: test cases may place a
    tensor anywhere); without AVX-512 in the build GCC splits them into four SSE operations. */
 typedef float vf16 __attribute__((vector_size(16 * sizeof(float)), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t)), aligned(4)));
 #define V16_LD(p) (*(const vf16 *)(const void *)(p))
 #define V16_ST(p, v) (*(vf16 *)(void *)(p) = (v))
 
@@ -1281,7 +1303,9 @@ typedef struct bnb_job {
     int n, cb, parts;
     size_t hw;
     const float *x, *dy; /* dy: backward only */
+    const float *ymask;  /* backward with a folded ReLU: the forward's output, else NULL */
     float *y;            /* y, or dx */
+    bool relu;           /* forward with a folded ReLU */
     double *sums;        /* [n][2][c]: per image, the first sum of every channel, then the second */
     const float *shift;  /* [c]: the value each channel's sums are shifted by */
     float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
@@ -1289,11 +1313,17 @@ typedef struct bnb_job {
     bool avx512;         /* the sums on the AVX-512F build of their loop */
 } bnb_job;
 
+/* dy where the folded ReLU's output y (NULL: none) is positive, as relu_bwd_item masks it (a
+   macro: a function returning 16 lanes would change its ABI between the two builds) */
+#define V16_RELU_DY(dy, y, at) \
+    ((y) ? (vf16)((vi16)V16_LD((dy) + (at)) & (V16_LD((y) + (at)) > 0.0f)) : V16_LD((dy) + (at)))
+
 /* One image plane of one block: per channel, t1 = sum of a and t2 = sum of b, where backward
    (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
-   sum_shifted and sum_dy_prod add them for one NCHW plane. */
+   sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. */
 __attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
-                                                                      const float *dy, size_t hw,
+                                                                      const float *dy,
+                                                                      const float *y, size_t hw,
                                                                       const float *shift,
                                                                       double *t1, double *t2)
 {
@@ -1310,7 +1340,7 @@ __attribute__((always_inline)) static inline void bnb_plane_sums_span(const floa
             for (int g = 0; g < 16; g++) {
                 vf16 v = V16_LD(x + (j + (size_t)g) * 16) - k;
                 if (dy) {
-                    vf16 d = V16_LD(dy + (j + (size_t)g) * 16);
+                    vf16 d = V16_RELU_DY(dy, y, (j + (size_t)g) * 16);
                     a[g] += d;
                     q[g] += d * v;
                 } else {
@@ -1332,9 +1362,9 @@ __attribute__((always_inline)) static inline void bnb_plane_sums_span(const floa
     for (; j < hw; j++)
         for (int c = 0; c < 16; c++) {
             if (dy) {
-                t1[c] += dy[j * 16 + (size_t)c];
-                t2[c] +=
-                    (double)dy[j * 16 + (size_t)c] * ((double)x[j * 16 + (size_t)c] - shift[c]);
+                float g = relu_dy(dy, y, j * 16 + (size_t)c);
+                t1[c] += g;
+                t2[c] += (double)g * ((double)x[j * 16 + (size_t)c] - shift[c]);
             } else {
                 double d = (double)x[j * 16 + (size_t)c] - shift[c];
                 t1[c] += d;
@@ -1345,18 +1375,19 @@ __attribute__((always_inline)) static inline void bnb_plane_sums_span(const floa
 
 /* The loop above twice, as the activations have it: its 32 accumulators of 16 lanes fit AVX-512's
    registers, and the same per-lane IEEE operations give the same bits in both builds. */
-static void bnb_plane_sums_base(const float *x, const float *dy, size_t hw, const float *shift,
-                                double *t1, double *t2)
+static void bnb_plane_sums_base(const float *x, const float *dy, const float *y, size_t hw,
+                                const float *shift, double *t1, double *t2)
 {
-    bnb_plane_sums_span(x, dy, hw, shift, t1, t2);
+    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
 }
 
 __attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float *x,
-                                                                     const float *dy, size_t hw,
+                                                                     const float *dy,
+                                                                     const float *y, size_t hw,
                                                                      const float *shift, double *t1,
                                                                      double *t2)
 {
-    bnb_plane_sums_span(x, dy, hw, shift, t1, t2);
+    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
 }
 
 /* The sums of this item's images of one block, each image's into its own place. */
@@ -1371,9 +1402,9 @@ static void bnb_sums_item(void *c, int i, int t)
     for (int ni = n0; ni < n1; ni++) {
         size_t base = ((size_t)ni * j->cb + b) * j->hw * 16;
         double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
-        (j->avx512 ? bnb_plane_sums_avx512
-                   : bnb_plane_sums_base)(j->x + base, j->dy ? j->dy + base : NULL, j->hw,
-                                          j->shift + (size_t)b * 16, out, out + ch);
+        (j->avx512 ? bnb_plane_sums_avx512 : bnb_plane_sums_base)(
+            j->x + base, j->dy ? j->dy + base : NULL, j->ymask ? j->ymask + base : NULL, j->hw,
+            j->shift + (size_t)b * 16, out, out + ch);
     }
 }
 
@@ -1390,25 +1421,41 @@ static void bnb_total(const bnb_job *j, int ch, double *s1, double *s2)
     *s2 = q;
 }
 
-/* The elementwise pass of the forward (train and eval): y = (x - k0) * k1 + k2 per channel. */
+/* A block's 16 per-channel coefficients as four SSE vectors: the elementwise passes below run
+   on the baseline build, where GCC lowers 16-lane comparisons (the ReLU masks) to scalar code. */
+static void v_ld4(vf v[4], const float *p)
+{
+    for (int q = 0; q < 4; q++)
+        v[q] = vld(p + 4 * q);
+}
+
+/* The elementwise pass of the forward (train and eval): y = (x - k0) * k1 + k2 per channel,
+   then with a folded ReLU relu_fwd_item's max(., 0). */
 static void bnb_affine_item(void *c, int i, int t)
 {
     (void)t;
     const bnb_job *j = c;
+    bool relu = j->relu;
     size_t lo, hi;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
-        vf16 sub = V16_LD(j->k0 + b * 16), mul = V16_LD(j->k1 + b * 16);
-        vf16 add = V16_LD(j->k2 + b * 16);
+        vf sub[4], mul[4], add[4];
+        v_ld4(sub, j->k0 + b * 16);
+        v_ld4(mul, j->k1 + b * 16);
+        v_ld4(add, j->k2 + b * 16);
         const float *x = j->x + pl * j->hw * 16;
         float *y = j->y + pl * j->hw * 16;
-        for (size_t e = 0; e < j->hw; e++)
-            V16_ST(y + e * 16, (V16_LD(x + e * 16) - sub) * mul + add);
+        for (size_t e = 0; e < j->hw * 16; e += 16)
+            for (int q = 0; q < 4; q++) {
+                vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
+                vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+            }
     }
 }
 
-/* The elementwise pass of the backward: dx = k1 * (dy - k2 - (x - k0) * kx), kx in shift. */
+/* The elementwise pass of the backward: dx = k1 * (dy - k2 - (x - k0) * kx), kx in shift, dy
+   masked by a folded ReLU's output. */
 static void bnb_dx_item(void *c, int i, int t)
 {
     (void)t;
@@ -1417,13 +1464,20 @@ static void bnb_dx_item(void *c, int i, int t)
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
-        vf16 fm = V16_LD(j->k0 + b * 16), k = V16_LD(j->k1 + b * 16);
-        vf16 mdy = V16_LD(j->k2 + b * 16), kx = V16_LD(j->shift + b * 16);
+        vf fm[4], k[4], mdy[4], kx[4];
+        v_ld4(fm, j->k0 + b * 16);
+        v_ld4(k, j->k1 + b * 16);
+        v_ld4(mdy, j->k2 + b * 16);
+        v_ld4(kx, j->shift + b * 16);
         size_t off = pl * j->hw * 16;
-        const float *x = j->x + off, *dy = j->dy + off;
+        const float *x = j->x + off, *dy = j->dy + off, *ym = j->ymask ? j->ymask + off : NULL;
         float *dx = j->y + off;
-        for (size_t e = 0; e < j->hw; e++)
-            V16_ST(dx + e * 16, k * (V16_LD(dy + e * 16) - mdy - (V16_LD(x + e * 16) - fm) * kx));
+        for (size_t e = 0; e < j->hw * 16; e += 16)
+            for (int q = 0; q < 4; q++) {
+                size_t at = e + 4 * (size_t)q;
+                vst(dx + at,
+                    k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
+            }
     }
 }
 
@@ -1444,7 +1498,9 @@ static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_sha
                    .hw = (size_t)sh->hw,
                    .x = x,
                    .dy = dy,
+                   .ymask = dy && sh->relu ? op->u.bn_bwd.y : NULL, /* dy: op is bn_bwd */
                    .y = y,
+                   .relu = !dy && sh->relu,
                    .sums = (double *)ctx->scratch,
                    .shift = f,
                    .k0 = f + c,

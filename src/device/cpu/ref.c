@@ -154,6 +154,19 @@ static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
     return mgt_layout_at(sh->layout, sh->c, sh->hw, n, c, i);
 }
 
+/* A folded ReLU (sh.relu): relu's forward over bn's output, and the gradient bn sees. */
+static float bn_out(const mgt_bn_shape *sh, double v)
+{
+    float f = (float)v;
+    return sh->relu && !(f > 0.0f || isnan(f)) ? 0.0f : f;
+}
+
+static double bn_dy(const mgt_op *op, size_t j)
+{
+    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    return b->sh.relu && !(b->y[j] > 0.0f) ? 0.0 : b->dy[j];
+}
+
 static mgt_status ref_bn_train(const mgt_op *op)
 {
     const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
@@ -178,7 +191,7 @@ static mgt_status ref_bn_train(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                b->y[j] = (float)(b->gamma[c] * (b->x[j] - mean) * invstd + b->beta[c]);
+                b->y[j] = bn_out(sh, b->gamma[c] * (b->x[j] - mean) * invstd + b->beta[c]);
             }
         b->save_mean[c] = (float)mean;
         b->save_invstd[c] = (float)invstd;
@@ -198,8 +211,8 @@ static mgt_status ref_bn_eval(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                b->y[j] = (float)(b->gamma[c] * ((double)b->x[j] - b->running_mean[c]) * invstd +
-                                  b->beta[c]);
+                b->y[j] = bn_out(sh, b->gamma[c] * ((double)b->x[j] - b->running_mean[c]) * invstd +
+                                         b->beta[c]);
             }
     }
     return MGT_OK;
@@ -220,14 +233,15 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                sdy += b->dy[j];
-                sdyx += b->dy[j] * ((b->x[j] - mean) * invstd);
+                sdy += bn_dy(op, j);
+                sdyx += bn_dy(op, j) * ((b->x[j] - mean) * invstd);
             }
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
                 double xhat = (b->x[j] - mean) * invstd;
-                b->dx[j] = (float)(b->gamma[c] * invstd / m * (m * b->dy[j] - sdy - xhat * sdyx));
+                b->dx[j] =
+                    (float)(b->gamma[c] * invstd / m * (m * bn_dy(op, j) - sdy - xhat * sdyx));
             }
         b->dgamma[c] = (float)(b->dgamma[c] + sdyx);
         b->dbeta[c] = (float)(b->dbeta[c] + sdy);

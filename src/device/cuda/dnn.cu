@@ -623,6 +623,22 @@ mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
 // running = (1 - factor)*running + factor*batch with factor = momentum; the saved "inverse
 // variance" is 1/sqrt(var + eps), our invstd.
 
+// A folded ReLU (sh.relu): forward, relu_forward in place over cuDNN's output; backward,
+// relu_backward's masked dy in s->scratch, which cuDNN's backward then reads. The same values
+// as the unfolded pair, one launch more each way (cuDNN's own fused BN-activation modes want
+// NHWC half tensors).
+static size_t bn_count(const mgt_bn_shape *sh) { return (size_t)sh->n * sh->c * sh->hw; }
+
+static mgt_status bn_relu_after(mgt_cuda_stream *s, float *y, const mgt_bn_shape *sh)
+{
+    if (!sh->relu)
+        return MGT_OK;
+    mgt_op r{};
+    r.kind = MGT_OP_RELU_FWD;
+    r.u.relu_fwd = {y, y, bn_count(sh)};
+    return mgt_cuda_relu_forward(s, &r);
+}
+
 static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
 {
     mgt_cuda_dev *d = s->dev;
@@ -647,7 +663,8 @@ mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
                               s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, b.x, s->xd, b.y,
                               s->bnd, b.gamma, b.beta, (double)b.sh.momentum, b.running_mean,
                               b.running_var, (double)b.sh.eps, b.save_mean, b.save_invstd));
-    return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
+    st = MGT_CUDA_AFTER(s, "batchnorm_forward_train");
+    return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
 mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
@@ -664,7 +681,8 @@ mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
                   cudnnBatchNormalizationForwardInference(
                       s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, s->xd, b.x, s->xd, b.y, s->bnd,
                       b.gamma, b.beta, b.running_mean, b.running_var, (double)b.sh.eps));
-    return MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
+    st = MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
+    return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
 mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
@@ -674,6 +692,16 @@ mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
     mgt_status st = ensure_dnn(s);
     if (st == MGT_OK)
         st = bn_descs(s, &b.sh);
+    const float *dy = b.dy;
+    if (st == MGT_OK && b.sh.relu) {
+        st = mgt_cuda_scratch(s, bn_count(&b.sh) * sizeof(float));
+        mgt_op r{};
+        r.kind = MGT_OP_RELU_BWD;
+        r.u.relu_bwd = {(float *)s->scratch, b.dy, b.y, bn_count(&b.sh)};
+        if (st == MGT_OK)
+            st = mgt_cuda_relu_backward(s, &r);
+        dy = (const float *)s->scratch;
+    }
     if (st != MGT_OK)
         return st;
     // dx is overwritten (data beta 0); dgamma and dbeta accumulate (parameter beta 1), as
@@ -681,7 +709,7 @@ mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
     const float one = 1.0f, zero = 0.0f;
     MGT_CUDNN_TRY(s->dev, cudnnBatchNormalizationBackward(
                               s->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, s->xd, b.x,
-                              s->xd, b.dy, s->xd, b.dx, s->bnd, b.gamma, b.dgamma, b.dbeta,
+                              s->xd, dy, s->xd, b.dx, s->bnd, b.gamma, b.dgamma, b.dbeta,
                               (double)b.sh.eps, b.save_mean, b.save_invstd));
     return MGT_CUDA_AFTER(s, "batchnorm_backward");
 }
