@@ -41,6 +41,10 @@ typedef struct prim {
     int mb;
     dnnl_primitive_t conv;
     dnnl_primitive_t ra, rb, ro, rw, w_out, w_acc;
+    /* beta 1 onto an output oneDNN writes in the op's own layout: the chunk lands in the o
+       buffer and is added on here, instead of by a summing reorder (oneDNN 2.6 has no JIT
+       kernel for one between equal layouts, and its reference loop ran at a fifth of this) */
+    bool add_out;
     dnnl_memory_desc_t md[M_COUNT];
     size_t fa, fb, fo, fw, fsp; /* floats of the internal buffers each thread needs */
     size_t w_off;               /* forward/backward data: internal weights in shared scratch */
@@ -415,10 +419,12 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
         p->fb = md_floats(&p->md[M_IB]);
         s = make_reorder(o, &p->md[M_UB], &p->md[M_IB], 0.0f, &p->rb, &sp);
     }
-    if (s == dnnl_success && pl->kind != K_BWD_FILTER &&
-        (beta != 0.0f || !dnnl_memory_desc_equal(&p->md[M_UO], &p->md[M_IO]))) {
+    bool same_out = dnnl_memory_desc_equal(&p->md[M_UO], &p->md[M_IO]);
+    if (pl->kind != K_BWD_FILTER && (beta != 0.0f || !same_out)) {
         p->fo = md_floats(&p->md[M_IO]);
-        s = make_reorder(o, &p->md[M_IO], &p->md[M_UO], beta, &p->ro, &sp);
+        p->add_out = same_out && beta == 1.0f;
+        if (s == dnnl_success && !p->add_out)
+            s = make_reorder(o, &p->md[M_IO], &p->md[M_UO], beta, &p->ro, &sp);
     }
     if (s == dnnl_success && pl->kind != K_BWD_FILTER &&
         !dnnl_memory_desc_equal(&p->md[M_UW], &p->md[M_IW])) {
@@ -632,7 +638,7 @@ static void data_item(void *c, int i, int t)
         s = exec2(p, p->ra, st, t, mem_at(p, t, M_UA, ua), mem_at(p, t, M_IA, b.a), b.sp);
         ia = b.a;
     }
-    float *io = p->ro ? b.o : uo;
+    float *io = p->ro || p->add_out ? b.o : uo;
     if (s == dnnl_success) {
         dnnl_exec_arg_t a[4] = {
             {fwd ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, mem_at(p, t, M_IA, ia)},
@@ -648,6 +654,9 @@ static void data_item(void *c, int i, int t)
         s = exec2(p, p->ro, st, t, mem_at(p, t, M_IO, io), mem_at(p, t, M_UO, uo), b.sp);
     if (s == dnnl_success)
         s = dnnl_stream_wait(st);
+    if (s == dnnl_success && p->add_out) /* the summing reorder's dst + src, bit for bit */
+        for (size_t k = 0, n = (size_t)p->mb * (fwd ? ys : xs); k < n; k++)
+            uo[k] += io[k];
     note(j, s);
 }
 
