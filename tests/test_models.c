@@ -1223,9 +1223,10 @@ static void load_golden20(mgt_model *m)
                                   NULL));
 }
 
-static void test_determinism(void **state)
+/* Two resnet20 models, made from cfg[0] and cfg[1], load the golden's weights and train two
+   steps on its 8 images; their losses, parameters and gradients must be the same bits. */
+static void train_golden_alike(const mgt_model_config cfg[2])
 {
-    (void)state;
     mgt_st_file *g;
     OK(mgt_st_open(DATA_DIR "/resnet20_1x28x28.golden.safetensors", &g));
     size_t xn = 8 * 28 * 28;
@@ -1237,7 +1238,8 @@ static void test_determinism(void **state)
     snap runs[2];
     float loss[2][2];
     for (int r = 0; r < 2; r++) {
-        mgt_model *m = golden_resnet20(10, 1, 8);
+        mgt_model *m;
+        OK(mgt_model_create(&cfg[r], E.dev, &m));
         load_golden20(m);
         step_io io;
         io_create(&io, m, x, xn, labels, 8);
@@ -1252,6 +1254,16 @@ static void test_determinism(void **state)
     snap_free(&runs[0]);
     snap_free(&runs[1]);
     free(x);
+}
+
+static const mgt_model_config golden20_cfg = {
+    .arch = "resnet20", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 8};
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    const mgt_model_config cfg[2] = {golden20_cfg, golden20_cfg};
+    train_golden_alike(cfg);
 }
 
 /* The ReLUs folded into the batch norm before them; each must follow a BN. */
@@ -1269,51 +1281,22 @@ static int folded_layers(const mgt_model *m)
 }
 
 /* resnet20 folds the ReLU after its stem BN and after each block's first BN (10), not the one
-   after each block's add; folded, it trains two steps to the bits of the unfolded model (loss,
-   parameters and gradients). No fold under no_fusion, sync_bn or freeze_bn. */
+   after each block's add, and none under no_fusion, sync_bn or freeze_bn; folded, it trains two
+   steps to the bits of the unfolded model (loss, parameters and gradients). */
 static void test_folded_relu(void **state)
 {
     (void)state;
-    mgt_st_file *g;
-    OK(mgt_st_open(DATA_DIR "/resnet20_1x28x28.golden.safetensors", &g));
-    size_t xn = 8 * 28 * 28;
-    float *x = golden_f32(g, "input", xn);
-    int32_t labels[8];
-    memcpy(labels, mgt_st_tensor_data(g, golden_find(g, "labels")), sizeof labels);
-    mgt_st_close(g);
-
-    snap runs[2];
-    float loss[2][2];
-    mgt_model_config cfg = {
-        .arch = "resnet20", .classes = 10, .in_channels = 1, .image_size = 28, .batch = 8};
-    for (int fold = 0; fold < 2; fold++) {
-        cfg.no_fusion = fold == 0;
+    mgt_model_config cfg[4] = {golden20_cfg, golden20_cfg, golden20_cfg, golden20_cfg};
+    cfg[0].no_fusion = true;
+    cfg[2].sync_bn = true;
+    cfg[3].freeze_bn = true;
+    for (int k = 0; k < 4; k++) {
         mgt_model *m;
-        OK(mgt_model_create(&cfg, E.dev, &m));
-        assert_int_equal(folded_layers(m), fold ? 10 : 0);
-        load_golden20(m);
-        step_io io;
-        io_create(&io, m, x, xn, labels, 8);
-        train_step(m, &io, true, NULL, &loss[fold][0], NULL);
-        train_step(m, &io, false, NULL, &loss[fold][1], NULL);
-        snap_take(m, &runs[fold]);
-        io_free(&io);
+        OK(mgt_model_create(&cfg[k], E.dev, &m));
+        assert_int_equal(folded_layers(m), k == 1 ? 10 : 0);
         mgt_model_free(m);
     }
-    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
-    snap_assert_equal(&runs[0], &runs[1], true);
-    snap_free(&runs[0]);
-    snap_free(&runs[1]);
-    free(x);
-    cfg.no_fusion = false;
-    for (int k = 0; k < 2; k++) {
-        cfg.sync_bn = k == 0;
-        cfg.freeze_bn = k == 1;
-        mgt_model *m;
-        OK(mgt_model_create(&cfg, E.dev, &m));
-        assert_int_equal(folded_layers(m), 0);
-        mgt_model_free(m);
-    }
+    train_golden_alike(cfg);
 }
 
 /* Eval mode treats images independently: a batch of 5 in an arena sized for 8 gives the

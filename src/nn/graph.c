@@ -641,8 +641,10 @@ static void plan_fusion(mgt_model *m)
         return;
     for (int i = 0; i < m->n_nodes; i++) {
         nn_node *r = &m->nodes[i];
+        if (r->kind != NN_RELU)
+            continue;
         const nn_value *x = &m->values[r->in[0]];
-        if (r->kind != NN_RELU || x->producer < 0)
+        if (x->producer < 0)
             continue;
         nn_node *bn = &m->nodes[x->producer];
         if (bn->kind != NN_BN || x->consumers != 1 || !r->inplace || r->gmode[0] != NN_G_WRITE ||

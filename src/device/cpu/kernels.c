@@ -137,8 +137,8 @@ static void v_add_to(float *d, const float *src, size_t n)
         d[j] += src[j];
 }
 
-/* d[i] = (s[i] - sub) * mul + add: batch norm's normalisation */
-/* d = (src - sub) * mul + add, then with relu relu_fwd_item's max(., 0) (NaN passes, +0.0) */
+/* d[i] = (src[i] - sub) * mul + add: batch norm's normalisation; with relu, then
+   relu_fwd_item's max(., 0) (NaN passes, +0.0) */
 static void v_affine(float *d, const float *src, size_t n, float sub, float mul, float add,
                      bool relu)
 {
@@ -1708,7 +1708,6 @@ static void maxpool_bwd_item(void *c, int i, int t)
 /* Max pooling of nChw16c planes: a block's sixteen channels side by side, each lane's window
    winner found as pool_argmax finds it (the first maximum in raster order; x > best, so a NaN
    first in the window wins and a later one does not). */
-typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t)), aligned(4)));
 
 typedef struct pool16_job {
     plane_job p;

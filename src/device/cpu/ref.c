@@ -233,8 +233,9 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                sdy += bn_dy(op, j);
-                sdyx += bn_dy(op, j) * ((b->x[j] - mean) * invstd);
+                double g = bn_dy(op, j);
+                sdy += g;
+                sdyx += g * ((b->x[j] - mean) * invstd);
             }
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
