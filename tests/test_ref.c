@@ -1096,6 +1096,16 @@ static void test_check_other_ops(void **state)
     mgt_op stats = {.kind = MGT_OP_BN_STATS};
     stats.u.bn_stats = (__typeof__(stats.u.bn_stats)){dummy, dummy, dummy, op.u.bn_train.sh};
     expect_invalid(&stats, "takes NCHW only, not layout 1");
+    /* a folded ReLU: the synchronised halves refuse it; backward needs the forward's y */
+    stats.u.bn_stats.sh.layout = MGT_LAYOUT_NCHW;
+    stats.u.bn_stats.sh.relu = true;
+    expect_invalid(&stats, "takes no folded ReLU (relu 1)");
+    mgt_op bwd = {.kind = MGT_OP_BN_BWD};
+    bwd.u.bn_bwd = (__typeof__(bwd.u.bn_bwd)){dummy, dummy, dummy, dummy, NULL,
+                                              dummy, dummy, dummy, dummy, stats.u.bn_stats.sh};
+    expect_invalid(&bwd, "y is NULL");
+    bwd.u.bn_bwd.y = dummy;
+    expect_ok(mgt_op_check(&bwd));
     op.u.bn_train.sh.c = 3;
     op.u.bn_train.sh.layout = MGT_LAYOUT_NCHW;
     op.u.bn_train.running_var = NULL;
