@@ -34,9 +34,9 @@ enum { M_UA, M_IA, M_UB, M_IB, M_UW, M_IW, M_UO, M_IO, M_SP, M_COUNT };
 /* One convolution over mb images with its reorders. a is the per-image input (src, or
    diff_dst for backward data), b the second one of the filter gradient (diff_dst), o the
    per-image output (dst or diff_src), w the weights (or their gradient). u* is mgtrain's
-   plain layout, i* the layout oneDNN chose; a reorder exists only where they differ, except
-   that the output reorder also exists where beta applies, and the filter gradient always goes
-   through w_out (plain) and w_acc (summing). */
+   plain layout, i* the layout oneDNN chose; a reorder exists only where they lay the bytes
+   out differently (same_bytes), except that the output reorder also exists where beta
+   applies, and the filter gradient always goes through w_out (plain) and w_acc (summing). */
 typedef struct prim {
     int mb;
     dnnl_primitive_t conv;
@@ -193,6 +193,46 @@ void mgt_onednn_free(mgt_onednn *o)
 static size_t md_floats(const dnnl_memory_desc_t *md)
 {
     return (dnnl_memory_desc_get_size(md) + sizeof(float) - 1) / sizeof(float);
+}
+
+/* Each dimension's element stride of a blocked md whose inner blocks each span a whole
+   dimension (so an index divided by its block is always 0), as a plain md has them; false
+   where a block splits a dimension, or the md is not plainly blocked. */
+static bool plain_strides(const dnnl_memory_desc_t *md, int64_t st[DNNL_MAX_NDIMS])
+{
+    const dnnl_blocking_desc_t *bl = &md->format_desc.blocking;
+    if (md->format_kind != dnnl_blocked || md->extra.flags != 0)
+        return false;
+    for (int d = 0; d < md->ndims; d++) {
+        if (md->padded_dims[d] != md->dims[d])
+            return false;
+        st[d] = bl->strides[d];
+    }
+    int64_t inner = 1;
+    for (int b = bl->inner_nblks - 1; b >= 0; b--) {
+        int d = (int)bl->inner_idxs[b];
+        if (bl->inner_blks[b] != md->dims[d])
+            return false;
+        st[d] = inner;
+        inner *= bl->inner_blks[b];
+    }
+    return true;
+}
+
+/* Whether two mds lay every element at the same byte: equal, or equal once whole-dimension
+   blocks are seen as strides (nChw16c with 16 channels is NHWC), so no reorder is needed. */
+static bool same_bytes(const dnnl_memory_desc_t *a, const dnnl_memory_desc_t *b)
+{
+    if (dnnl_memory_desc_equal(a, b))
+        return true;
+    int64_t sa[DNNL_MAX_NDIMS], sb[DNNL_MAX_NDIMS];
+    if (a->ndims != b->ndims || a->data_type != b->data_type || a->offset0 != b->offset0 ||
+        !plain_strides(a, sa) || !plain_strides(b, sb))
+        return false;
+    for (int d = 0; d < a->ndims; d++)
+        if (a->dims[d] != b->dims[d] || (a->dims[d] > 1 && sa[d] != sb[d]))
+            return false;
+    return true;
 }
 
 /* Attributes in user-scratchpad mode (each thread brings its own scratchpad, so threads can
@@ -410,16 +450,15 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
 
     float beta;
     memcpy(&beta, &pl->beta_bits, sizeof beta);
-    if (!dnnl_memory_desc_equal(&p->md[M_UA], &p->md[M_IA])) {
+    if (!same_bytes(&p->md[M_UA], &p->md[M_IA])) {
         p->fa = md_floats(&p->md[M_IA]);
         s = make_reorder(o, &p->md[M_UA], &p->md[M_IA], 0.0f, &p->ra, &sp);
     }
-    if (s == dnnl_success && pl->kind == K_BWD_FILTER &&
-        !dnnl_memory_desc_equal(&p->md[M_UB], &p->md[M_IB])) {
+    if (s == dnnl_success && pl->kind == K_BWD_FILTER && !same_bytes(&p->md[M_UB], &p->md[M_IB])) {
         p->fb = md_floats(&p->md[M_IB]);
         s = make_reorder(o, &p->md[M_UB], &p->md[M_IB], 0.0f, &p->rb, &sp);
     }
-    bool same_out = dnnl_memory_desc_equal(&p->md[M_UO], &p->md[M_IO]);
+    bool same_out = same_bytes(&p->md[M_UO], &p->md[M_IO]);
     if (pl->kind != K_BWD_FILTER && (beta != 0.0f || !same_out)) {
         p->fo = md_floats(&p->md[M_IO]);
         p->add_out = same_out && beta == 1.0f;
