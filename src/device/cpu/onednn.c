@@ -465,8 +465,7 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
         if (s == dnnl_success && !p->add_out)
             s = make_reorder(o, &p->md[M_IO], &p->md[M_UO], beta, &p->ro, &sp);
     }
-    if (s == dnnl_success && pl->kind != K_BWD_FILTER &&
-        !dnnl_memory_desc_equal(&p->md[M_UW], &p->md[M_IW])) {
+    if (s == dnnl_success && pl->kind != K_BWD_FILTER && !same_bytes(&p->md[M_UW], &p->md[M_IW])) {
         p->fw = md_floats(&p->md[M_IW]);
         s = make_reorder(o, &p->md[M_UW], &p->md[M_IW], 0.0f, &p->rw, &sp);
     }
