@@ -781,12 +781,21 @@ static void conv_random(rng *r, mgt_conv2d_shape *sh)
 }
 
 /* Convolutions on activations kept in nChw16c (mgt_layout): both sides, a stem's NCHW input,
-   an NCHW output, a stride. Cases N_CONV_SHAPES + 4 on; the backends that keep NCHW skip them. */
+   an NCHW output, a stride, several blocks. Cases N_CONV_SHAPES + 4 on; the backends that keep NCHW skip them. */
 static const int conv_blocked_shapes[][14] = {
     {2, 16, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {3, 1, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW, MGT_LAYOUT_NCHW16C},
     {2, 32, 8, 8, 16, 1, 1, 2, 2, 0, 0, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW},
     {1, 48, 5, 7, 16, 3, 3, 2, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    /* more than 16 channels on both sides: oneDNN's bf16 kernels take and give NHWC, so
+       every operand is reordered to and from nChw16c, the output set (beta 0: cases 21 and 24
+       of the _lp ops, bf16) or added (beta 1: case 25, bf16, several images per chunk); 22
+       and 23 are fp16 */
+    {2, 32, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {5, 32, 7, 5, 48, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {3, 48, 4, 6, 32, 1, 1, 1, 1, 0, 0, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {4, 64, 5, 5, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {5, 32, 7, 5, 48, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
 };
 #define N_CONV_BLOCKED ((int)(sizeof conv_blocked_shapes / sizeof conv_blocked_shapes[0]))
 
