@@ -252,7 +252,7 @@ int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[48];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
+    char name[64];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
     const char *kind; /* "conv", "bn", "relu", "maxpool", "add", "avgpool", "linear", ... */
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */

@@ -41,8 +41,9 @@ static void train_fail_line(mgt_world *w, const char *text)
         return;
     }
     char line[1024];
-    snprintf(line, sizeof line, "node %d of %d (%s): %s", mgt_world_rank(w), mgt_world_size(w),
-             mgt_world_host(w), text);
+    /* bounded: a host name and an error text each fit their part of the line */
+    snprintf(line, sizeof line, "node %d of %d (%.64s): %.900s", mgt_world_rank(w),
+             mgt_world_size(w), mgt_world_host(w), text);
     fprintf(stderr, "mgtrain: %s\n", line);
     fflush(stderr);
     mgt_world_notify_failure(w, line);

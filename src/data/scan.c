@@ -20,6 +20,7 @@ typedef struct strbuf {
 
 static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
 {
+    *off = b->len; /* set on failure too: the callers' checks do not show the compiler why */
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->len + n + 1)
@@ -32,7 +33,6 @@ static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
     }
     memcpy(b->p + b->len, s, n);
     b->p[b->len + n] = '\0';
-    *off = b->len;
     b->len += n + 1;
     return MGT_OK;
 }

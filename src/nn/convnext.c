@@ -28,25 +28,25 @@ static int pointwise_linear(mgt_model *m, const char *name, int x, int out)
 
 static int cn_block(mgt_model *m, const char *p, int x, float sd)
 {
-    char n[96];
+    char n[NN_NAME];
     int dim = m->values[x].c;
     int64_t ls[3] = {dim, 1, 1};
     /* layer_scale is the block's own parameter: state_dict lists it before the block's */
     int ls_entry = nn_add_entry(m, p, "layer_scale", MGT_MODEL_PARAM, MGT_TENSOR_SCALE, 3, ls,
                                 (nn_entry_init){NN_INIT_CONST, 1e-6});
-    snprintf(n, sizeof n, "%s.block.0", p);
+    nn_name(m, n, sizeof n, "%s.block.0", p);
     int y = nn_conv(m, n, x, dim, 7, 1, 3, dim, true);
-    snprintf(n, sizeof n, "%s.block.2", p);
+    nn_name(m, n, sizeof n, "%s.block.2", p);
     y = nn_layernorm2d(m, n, y, 1e-6f);
-    snprintf(n, sizeof n, "%s.block.3", p);
+    nn_name(m, n, sizeof n, "%s.block.3", p);
     y = pointwise_linear(m, n, y, 4 * dim);
-    snprintf(n, sizeof n, "%s.block.4", p);
+    nn_name(m, n, sizeof n, "%s.block.4", p);
     y = nn_activation(m, n, y, MGT_ACT_GELU);
-    snprintf(n, sizeof n, "%s.block.5", p);
+    nn_name(m, n, sizeof n, "%s.block.5", p);
     y = pointwise_linear(m, n, y, dim);
-    snprintf(n, sizeof n, "%s.layer_scale", p);
+    nn_name(m, n, sizeof n, "%s.layer_scale", p);
     y = nn_layer_scale(m, n, y, ls_entry);
-    snprintf(n, sizeof n, "%s.stochastic_depth", p);
+    nn_name(m, n, sizeof n, "%s.stochastic_depth", p);
     y = nn_stochastic_depth(m, n, y, sd);
     return nn_add(m, p, x, y);
 }
@@ -54,7 +54,7 @@ static int cn_block(mgt_model *m, const char *p, int x, float sd)
 static mgt_status build_convnext(mgt_model *m, const void *arg)
 {
     const convnext_def *d = arg;
-    char p[64], q[64];
+    char p[NN_NAME], q[NN_NAME];
     int total = 0, id = 0;
     for (int s = 0; s < 4; s++)
         total += d->depths[s];
@@ -63,13 +63,13 @@ static mgt_status build_convnext(mgt_model *m, const void *arg)
     int f = 1;
     for (int s = 0; s < 4; s++) {
         for (int i = 0; i < d->depths[s]; i++, id++) {
-            snprintf(p, sizeof p, "features.%d.%d", f, i);
+            nn_name(m, p, sizeof p, "features.%d.%d", f, i);
             x = cn_block(m, p, x, d->sd_prob * (float)id / (float)(total - 1));
         }
         f++;
         if (s < 3) {
-            snprintf(p, sizeof p, "features.%d.0", f);
-            snprintf(q, sizeof q, "features.%d.1", f);
+            nn_name(m, p, sizeof p, "features.%d.0", f);
+            nn_name(m, q, sizeof q, "features.%d.1", f);
             x = nn_layernorm2d(m, p, x, 1e-6f);
             x = nn_conv(m, q, x, d->dims[s + 1], 2, 2, 0, 1, true);
             f++;

@@ -22,10 +22,10 @@ typedef struct densenet_def {
 static int bn_relu_conv(mgt_model *m, const char *p, const char *bn, const char *relu,
                         const char *conv, int x, int out, int k)
 {
-    char a[64], b[64], c[64];
-    snprintf(a, sizeof a, "%s.%s", p, bn);
-    snprintf(b, sizeof b, "%s.%s", p, relu);
-    snprintf(c, sizeof c, "%s.%s", p, conv);
+    char a[NN_NAME], b[NN_NAME], c[NN_NAME];
+    nn_name(m, a, sizeof a, "%s.%s", p, bn);
+    nn_name(m, b, sizeof b, "%s.%s", p, relu);
+    nn_name(m, c, sizeof c, "%s.%s", p, conv);
     x = nn_relu(m, b, nn_bn(m, a, x, 1e-5f, 0.1f));
     return nn_conv(m, c, x, out, k, 1, (k - 1) / 2, 1, false);
 }
@@ -39,18 +39,18 @@ static mgt_status build_densenet(mgt_model *m, const void *arg)
     int c = d->init_features;
     for (int b = 0; b < 4; b++) {
         for (int l = 0; l < d->blocks[b]; l++) {
-            char p[64], q[72];
-            snprintf(p, sizeof p, "features.denseblock%d.denselayer%d", b + 1, l + 1);
+            char p[NN_NAME], q[NN_NAME];
+            nn_name(m, p, sizeof p, "features.denseblock%d.denselayer%d", b + 1, l + 1);
             int y = bn_relu_conv(m, p, "norm1", "relu1", "conv1", x, d->bn_size * d->growth, 1);
             y = bn_relu_conv(m, p, "norm2", "relu2", "conv2", y, d->growth, 3);
-            snprintf(q, sizeof q, "%s.cat", p);
+            nn_name(m, q, sizeof q, "%s.cat", p);
             int in[2] = {x, y};
             x = nn_concat(m, q, in, 2);
             c += d->growth;
         }
         if (b < 3) {
-            char p[48], q[56];
-            snprintf(p, sizeof p, "features.transition%d", b + 1);
+            char p[NN_NAME], q[NN_NAME];
+            nn_name(m, p, sizeof p, "features.transition%d", b + 1);
             x = bn_relu_conv(m, p, "norm", "relu", "conv", x, c / 2, 1);
             c /= 2;
             if (x < 0)
@@ -61,7 +61,7 @@ static mgt_status build_densenet(mgt_model *m, const void *arg)
                                      "%s: %s sees %dx%d, an odd side (AvgPool2d(2, 2) is taken "
                                      "here only at even sides: use a multiple of 32)",
                                      m->arch, p, v->h, v->w);
-            snprintf(q, sizeof q, "%s.pool", p);
+            nn_name(m, q, sizeof q, "%s.pool", p);
             x = nn_apool(m, q, x, v->h / 2, v->w / 2);
         }
     }

@@ -2,6 +2,7 @@
    outputs, activation regions, gradient slots, the parameter arena in backward's completion
    order), and the forward and backward walks that hand each node its flat device arrays. */
 #include <assert.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,28 @@ static int new_value(mgt_model *m, int c, int h, int w, int producer)
     return m->n_values++;
 }
 
+_Static_assert(sizeof(((nn_node *)0)->name) == NN_NAME &&
+                   sizeof(((mgt_model_entry *)0)->name) == NN_NAME &&
+                   sizeof(((mgt_model_layer *)0)->name) == NN_NAME,
+               "layer, parameter and public layer names share NN_NAME");
+
+/* Keeps the first name that did not fit (cut to NN_NAME - 1 characters). */
+static void name_too_long(mgt_model *m, const char *name)
+{
+    if (m->long_name[0] == '\0')
+        snprintf(m->long_name, sizeof m->long_name, "%.*s", (int)sizeof m->long_name - 1, name);
+}
+
+void nn_name(mgt_model *m, char *buf, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= size)
+        name_too_long(m, buf);
+}
+
 int nn_input(mgt_model *m)
 {
     assert(m->n_values == 0);
@@ -63,7 +86,14 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
     }
     mgt_model_entry *e = &m->table[m->n_table];
     memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%s.%s", prefix, suffix);
+    size_t lp = strlen(prefix), ls = strlen(suffix);
+    if (lp + 1 + ls >= sizeof e->name) {
+        name_too_long(m, prefix);
+        return -1;
+    }
+    memcpy(e->name, prefix, lp);
+    e->name[lp] = '.';
+    memcpy(e->name + lp + 1, suffix, ls + 1);
     e->role = role;
     e->what = what;
     e->layer = m->n_nodes;
@@ -99,10 +129,14 @@ static nn_node *new_node(mgt_model *m, nn_kind kind, const char *name, const int
     int out = new_value(m, c, h, w, m->n_nodes);
     if (out < 0)
         return NULL;
+    if (strlen(name) >= sizeof m->nodes[0].name) {
+        name_too_long(m, name);
+        return NULL;
+    }
     nn_node *nd = &m->nodes[m->n_nodes++];
     memset(nd, 0, sizeof *nd);
     nd->kind = kind;
-    snprintf(nd->name, sizeof nd->name, "%s", name);
+    memcpy(nd->name, name, strlen(name) + 1);
     assert(n_in <= NN_MAX_IN);
     for (int i = 0; i < n_in; i++)
         nd->in[i] = in[i];
@@ -673,6 +707,11 @@ static void plan_arena(mgt_model *m)
 
 mgt_status nn_plan(mgt_model *m)
 {
+    if (m->long_name[0])
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: the name '%s' is longer than the %d characters a "
+                             "layer's or a parameter's name may have",
+                             m->arch, m->long_name, NN_NAME - 1);
     if (m->oom || m->n_nodes == 0)
         return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
     nn_node *last = &m->nodes[m->n_nodes - 1];

@@ -31,10 +31,10 @@ typedef struct bn_cfg {
 static int cna(mgt_model *m, const char *p, int x, int out, int k, int stride, int groups, int act,
                bn_cfg bn)
 {
-    char cn[48], bnn[48], an[48];
-    snprintf(cn, sizeof cn, "%s.0", p);
-    snprintf(bnn, sizeof bnn, "%s.1", p);
-    snprintf(an, sizeof an, "%s.2", p);
+    char cn[NN_NAME], bnn[NN_NAME], an[NN_NAME];
+    nn_name(m, cn, sizeof cn, "%s.0", p);
+    nn_name(m, bnn, sizeof bnn, "%s.1", p);
+    nn_name(m, an, sizeof an, "%s.2", p);
     int y = nn_conv(m, cn, x, out, k, stride, (k - 1) / 2, groups, false);
     return act_node(m, an, nn_bn(m, bnn, y, bn.eps, bn.momentum), act);
 }
@@ -43,12 +43,12 @@ static int cna(mgt_model *m, const char *p, int x, int out, int k, int stride, i
    scale_activation, then the input scaled per channel by the result */
 static int squeeze_excite(mgt_model *m, const char *p, int x, int squeeze, int act, mgt_act gate)
 {
-    char n1[48], n2[48], n3[48], n4[48], n5[48];
-    snprintf(n1, sizeof n1, "%s.avgpool", p);
-    snprintf(n2, sizeof n2, "%s.fc1", p);
-    snprintf(n3, sizeof n3, "%s.activation", p);
-    snprintf(n4, sizeof n4, "%s.fc2", p);
-    snprintf(n5, sizeof n5, "%s.scale_activation", p);
+    char n1[NN_NAME], n2[NN_NAME], n3[NN_NAME], n4[NN_NAME], n5[NN_NAME];
+    nn_name(m, n1, sizeof n1, "%s.avgpool", p);
+    nn_name(m, n2, sizeof n2, "%s.fc1", p);
+    nn_name(m, n3, sizeof n3, "%s.activation", p);
+    nn_name(m, n4, sizeof n4, "%s.fc2", p);
+    nn_name(m, n5, sizeof n5, "%s.scale_activation", p);
     if (x < 0)
         return -1;
     int c = m->values[x].c;
@@ -98,19 +98,19 @@ static const bn_cfg bn_default = {1e-5f, 0.1f};
 
 static int v2_block(mgt_model *m, int idx, int x, int out, int stride, int t)
 {
-    char p[48], q[48];
+    char p[NN_NAME], q[NN_NAME];
     int inp = m->values[x].c, hidden = (int)lround((double)inp * t), y = x, j = 0;
     if (t != 1) {
-        snprintf(p, sizeof p, "features.%d.conv.%d", idx, j++);
+        nn_name(m, p, sizeof p, "features.%d.conv.%d", idx, j++);
         y = cna(m, p, y, hidden, 1, 1, 1, MGT_ACT_RELU6, bn_default);
     }
-    snprintf(p, sizeof p, "features.%d.conv.%d", idx, j++);
+    nn_name(m, p, sizeof p, "features.%d.conv.%d", idx, j++);
     y = cna(m, p, y, hidden, 3, stride, hidden, MGT_ACT_RELU6, bn_default);
-    snprintf(p, sizeof p, "features.%d.conv.%d", idx, j++);
-    snprintf(q, sizeof q, "features.%d.conv.%d", idx, j++);
+    nn_name(m, p, sizeof p, "features.%d.conv.%d", idx, j++);
+    nn_name(m, q, sizeof q, "features.%d.conv.%d", idx, j++);
     y = nn_bn(m, q, nn_conv(m, p, y, out, 1, 1, 0, 1, false), bn_default.eps, bn_default.momentum);
     if (stride == 1 && inp == out) {
-        snprintf(p, sizeof p, "features.%d", idx);
+        nn_name(m, p, sizeof p, "features.%d", idx);
         y = nn_add(m, p, x, y);
     }
     return y;
@@ -126,8 +126,8 @@ static mgt_status build_mobilenet_v2(mgt_model *m, const void *arg)
     for (int s = 0; s < 7; s++)
         for (int i = 0; i < setting[s][2]; i++)
             x = v2_block(m, idx++, x, setting[s][1], i == 0 ? setting[s][3] : 1, setting[s][0]);
-    char p[48];
-    snprintf(p, sizeof p, "features.%d", idx);
+    char p[NN_NAME];
+    nn_name(m, p, sizeof p, "features.%d", idx);
     x = cna(m, p, x, 1280, 1, 1, 1, MGT_ACT_RELU6, bn_default);
     x = nn_dropout(m, "classifier.0", nn_gap(m, "avgpool", x), 0.2f);
     nn_linear(m, "classifier.1", x, m->cfg.classes);
@@ -177,30 +177,30 @@ static mgt_status build_mobilenet_v3(mgt_model *m, const void *arg)
 {
     const v3_def *d = arg;
     const bn_cfg bn = {1e-3f, 0.01f};
-    char p[48], q[48];
+    char p[NN_NAME], q[NN_NAME];
     int x = cna(m, "features.0", nn_input(m), d->blocks[0].in, 3, 2, 1, MGT_ACT_HARDSWISH, bn);
     for (int b = 0; b < d->n_blocks; b++) {
         const v3_conf *c = &d->blocks[b];
         int act = c->hs ? MGT_ACT_HARDSWISH : ACT_RELU, y = x, j = 0;
         if (c->exp != c->in) {
-            snprintf(p, sizeof p, "features.%d.block.%d", b + 1, j++);
+            nn_name(m, p, sizeof p, "features.%d.block.%d", b + 1, j++);
             y = cna(m, p, y, c->exp, 1, 1, 1, act, bn);
         }
-        snprintf(p, sizeof p, "features.%d.block.%d", b + 1, j++);
+        nn_name(m, p, sizeof p, "features.%d.block.%d", b + 1, j++);
         y = cna(m, p, y, c->exp, c->k, c->stride, c->exp, act, bn);
         if (c->se) {
-            snprintf(p, sizeof p, "features.%d.block.%d", b + 1, j++);
+            nn_name(m, p, sizeof p, "features.%d.block.%d", b + 1, j++);
             y = squeeze_excite(m, p, y, make_divisible(c->exp / 4), ACT_RELU, MGT_ACT_HARDSIGMOID);
         }
-        snprintf(p, sizeof p, "features.%d.block.%d", b + 1, j++);
+        nn_name(m, p, sizeof p, "features.%d.block.%d", b + 1, j++);
         y = cna(m, p, y, c->out, 1, 1, 1, ACT_NONE, bn);
         if (c->stride == 1 && c->in == c->out) {
-            snprintf(q, sizeof q, "features.%d", b + 1);
+            nn_name(m, q, sizeof q, "features.%d", b + 1);
             y = nn_add(m, q, y, x);
         }
         x = y;
     }
-    snprintf(p, sizeof p, "features.%d", d->n_blocks + 1);
+    nn_name(m, p, sizeof p, "features.%d", d->n_blocks + 1);
     int last_in = d->blocks[d->n_blocks - 1].out;
     x = cna(m, p, x, 6 * last_in, 1, 1, 1, MGT_ACT_HARDSWISH, bn);
     x = nn_linear(m, "classifier.0", nn_gap(m, "avgpool", x), d->last_channel);
@@ -229,7 +229,7 @@ static const int effnet_setting[7][6] = {
 static mgt_status build_efficientnet(mgt_model *m, const void *arg)
 {
     const effnet_def *d = arg;
-    char p[48], q[48];
+    char p[NN_NAME], q[NN_NAME];
     int layers[7], total = 0;
     for (int s = 0; s < 7; s++) {
         layers[s] = (int)ceil(effnet_setting[s][5] * d->depth);
@@ -245,25 +245,25 @@ static mgt_status build_efficientnet(mgt_model *m, const void *arg)
             int in = m->values[x].c, stride = i == 0 ? c[2] : 1, y = x, j = 0;
             int expanded = make_divisible((double)in * c[0]);
             if (expanded != in) {
-                snprintf(p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
+                nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
                 y = cna(m, p, y, expanded, 1, 1, 1, MGT_ACT_SILU, bn_default);
             }
-            snprintf(p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
+            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
             y = cna(m, p, y, expanded, c[1], stride, expanded, MGT_ACT_SILU, bn_default);
-            snprintf(p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
+            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
             y = squeeze_excite(m, p, y, in / 4 > 1 ? in / 4 : 1, MGT_ACT_SILU, MGT_ACT_SIGMOID);
-            snprintf(p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
+            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
             y = cna(m, p, y, out, 1, 1, 1, ACT_NONE, bn_default);
             if (stride == 1 && in == out) {
-                snprintf(q, sizeof q, "features.%d.%d.stochastic_depth", s + 1, i);
+                nn_name(m, q, sizeof q, "features.%d.%d.stochastic_depth", s + 1, i);
                 y = nn_stochastic_depth(m, q, y, (float)(EFFNET_SD_PROB * block_id / total));
-                snprintf(q, sizeof q, "features.%d.%d", s + 1, i);
+                nn_name(m, q, sizeof q, "features.%d.%d", s + 1, i);
                 y = nn_add(m, q, y, x);
             }
             x = y;
         }
     }
-    snprintf(p, sizeof p, "features.%d", 8);
+    nn_name(m, p, sizeof p, "features.%d", 8);
     x = cna(m, p, x, 4 * m->values[x].c, 1, 1, 1, MGT_ACT_SILU, bn_default);
     x = nn_dropout(m, "classifier.0", nn_gap(m, "avgpool", x), d->dropout);
     nn_linear(m, "classifier.1", x, m->cfg.classes);
@@ -289,29 +289,29 @@ static const regnet_def ry400 = {{1, 3, 6, 6}, {48, 104, 208, 440}, 8, true};
 static mgt_status build_regnet(mgt_model *m, const void *arg)
 {
     const regnet_def *d = arg;
-    char p[64], q[64];
+    char p[NN_NAME], q[NN_NAME];
     int x = cna(m, "stem", nn_input(m), 32, 3, 2, 1, ACT_RELU, bn_default);
     for (int st = 0; st < 4; st++)
         for (int i = 0; i < d->depths[st]; i++) {
-            char blk[48];
-            snprintf(blk, sizeof blk, "trunk_output.block%d.block%d-%d", st + 1, st + 1, i);
+            char blk[NN_NAME];
+            nn_name(m, blk, sizeof blk, "trunk_output.block%d.block%d-%d", st + 1, st + 1, i);
             int w_in = m->values[x].c, w_out = d->widths[st], stride = i == 0 ? 2 : 1;
             int identity = x;
             if (w_in != w_out || stride != 1) {
-                snprintf(p, sizeof p, "%s.proj", blk);
+                nn_name(m, p, sizeof p, "%s.proj", blk);
                 identity = cna(m, p, x, w_out, 1, stride, 1, ACT_NONE, bn_default);
             }
-            snprintf(p, sizeof p, "%s.f.a", blk);
+            nn_name(m, p, sizeof p, "%s.f.a", blk);
             int y = cna(m, p, x, w_out, 1, 1, 1, ACT_RELU, bn_default);
-            snprintf(p, sizeof p, "%s.f.b", blk);
+            nn_name(m, p, sizeof p, "%s.f.b", blk);
             y = cna(m, p, y, w_out, 3, stride, w_out / d->group_width, ACT_RELU, bn_default);
             if (d->se) {
-                snprintf(p, sizeof p, "%s.f.se", blk);
+                nn_name(m, p, sizeof p, "%s.f.se", blk);
                 y = squeeze_excite(m, p, y, (int)lround(0.25 * w_in), ACT_RELU, MGT_ACT_SIGMOID);
             }
-            snprintf(p, sizeof p, "%s.f.c", blk);
+            nn_name(m, p, sizeof p, "%s.f.c", blk);
             y = cna(m, p, y, w_out, 1, 1, 1, ACT_NONE, bn_default);
-            snprintf(q, sizeof q, "%s.activation", blk);
+            nn_name(m, q, sizeof q, "%s.activation", blk);
             x = nn_relu(m, q, nn_add(m, blk, identity, y));
         }
     nn_linear(m, "fc", nn_gap(m, "avgpool", x), m->cfg.classes);

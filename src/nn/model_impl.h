@@ -13,6 +13,7 @@
 
 #define NN_MAX_IN 4      /* inputs of one node */
 #define NN_MAX_ENTRIES 6 /* table entries of one node (BN: 2 params, 2 buffers, a counter) */
+#define NN_NAME 64       /* a name buffer of a definition's: the longest of a table entry's */
 
 /* ---- the graph ---- */
 
@@ -63,7 +64,7 @@ typedef enum nn_gmode {
 
 typedef struct nn_node {
     nn_kind kind;
-    char name[48]; /* the torchvision module name: "layer1.0.conv1", "fc" */
+    char name[NN_NAME]; /* the torchvision module name: "layer1.0.conv1", "fc" */
     int in[NN_MAX_IN], n_in;
     int out;
     /* table entries: the parameters first (n_params of them, in arena order), then buffers
@@ -150,6 +151,9 @@ struct mgt_model {
     nn_value *values;
     int n_values, cap_values;
     bool oom; /* a building allocation failed: checked once at the end */
+    /* the first name a definition built too long for a node or a table entry (nn_name,
+       new_node, nn_add_entry): checked once at the end, as oom is */
+    char long_name[NN_NAME];
 
     int n_dropout;            /* dropout layers so far (their streams) */
     mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
@@ -214,6 +218,10 @@ mgt_status nn_need_device(const mgt_model *m, const char *what);
 
 /* ---- building (graph.c): families call these in forward order ---- */
 
+/* A name formatted into buf (size bytes; NN_NAME holds any a definition builds): one that
+   does not fit is kept, cut, in m->long_name, and nn_plan refuses the model. */
+void nn_name(mgt_model *m, char *buf, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* The model input, value 0: in_channels x image_size x image_size. */
 int nn_input(mgt_model *m);
 /* A table entry named "<prefix>.<suffix>" of a role and meaning; returns its index. */

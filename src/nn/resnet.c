@@ -33,10 +33,10 @@ static void init_convs_fan_out(mgt_model *m)
 static int cbn(mgt_model *m, const char *prefix, const char *conv, const char *bn, int x, int k,
                int r, int stride, int pad, int groups, bool relu)
 {
-    char cn[48], bnn[48], rn[48];
-    snprintf(cn, sizeof cn, "%s%s", prefix, conv);
-    snprintf(bnn, sizeof bnn, "%s%s", prefix, bn);
-    snprintf(rn, sizeof rn, "%srelu", prefix);
+    char cn[NN_NAME], bnn[NN_NAME], rn[NN_NAME];
+    nn_name(m, cn, sizeof cn, "%s%s", prefix, conv);
+    nn_name(m, bnn, sizeof bnn, "%s%s", prefix, bn);
+    nn_name(m, rn, sizeof rn, "%srelu", prefix);
     int y = nn_bn(m, bnn, nn_conv(m, cn, x, k, r, stride, pad, groups, false), BN_EPS, BN_MOMENTUM);
     return relu ? nn_relu(m, rn, y) : y;
 }
@@ -44,8 +44,8 @@ static int cbn(mgt_model *m, const char *prefix, const char *conv, const char *b
 /* One block on x; its last BN's weight is zero-initialised under zero_init_residual. */
 static int block(mgt_model *m, const resnet_def *a, const char *name, int x, int planes, int stride)
 {
-    char prefix[40], ds[48];
-    snprintf(prefix, sizeof prefix, "%s.", name);
+    char prefix[NN_NAME], ds[NN_NAME];
+    nn_name(m, prefix, sizeof prefix, "%s.", name);
     int cin = m->values[x].c, out_c = a->bottleneck ? planes * 4 : planes, y;
     if (a->bottleneck) {
         int width = planes * a->width_per_group / 64 * a->groups;
@@ -60,10 +60,10 @@ static int block(mgt_model *m, const resnet_def *a, const char *name, int x, int
         m->init[nn_node_of(m, y)->entry[0]] = (nn_entry_init){NN_INIT_CONST, 0.0};
     int identity = x;
     if (stride != 1 || cin != out_c) {
-        snprintf(ds, sizeof ds, "%s.downsample.", name);
+        nn_name(m, ds, sizeof ds, "%s.downsample.", name);
         identity = cbn(m, ds, "0", "1", x, out_c, 1, stride, 0, 1, false);
     }
-    snprintf(ds, sizeof ds, "%s.relu", name);
+    nn_name(m, ds, sizeof ds, "%s.relu", name);
     return nn_relu(m, ds, nn_add(m, name, y, identity));
 }
 
@@ -77,8 +77,8 @@ static mgt_status build_resnet(mgt_model *m, const void *arg)
         x = nn_maxpool(m, "maxpool", cbn(m, "", "conv1", "bn1", x, 64, 7, 2, 3, 1, true), 3, 2, 1);
     for (int s = 0; s < a->stages; s++)
         for (int j = 0; j < a->blocks[s]; j++) {
-            char name[32];
-            snprintf(name, sizeof name, "layer%d.%d", s + 1, j);
+            char name[NN_NAME];
+            nn_name(m, name, sizeof name, "layer%d.%d", s + 1, j);
             x = block(m, a, name, x, (a->cifar ? 16 : 64) << s, j == 0 && s > 0 ? 2 : 1);
         }
     nn_linear(m, "fc", nn_gap(m, "avgpool", x), m->cfg.classes);

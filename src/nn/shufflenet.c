@@ -13,20 +13,20 @@
 static int cbr(mgt_model *m, const char *p, int i, int x, int out, int k, int stride, int groups,
                bool relu)
 {
-    char cn[48], bn[48], rn[48];
-    snprintf(cn, sizeof cn, "%s.%d", p, i);
-    snprintf(bn, sizeof bn, "%s.%d", p, i + 1);
-    snprintf(rn, sizeof rn, "%s.%d", p, i + 2);
+    char cn[NN_NAME], bn[NN_NAME], rn[NN_NAME];
+    nn_name(m, cn, sizeof cn, "%s.%d", p, i);
+    nn_name(m, bn, sizeof bn, "%s.%d", p, i + 1);
+    nn_name(m, rn, sizeof rn, "%s.%d", p, i + 2);
     x = nn_bn(m, bn, nn_conv(m, cn, x, out, k, stride, (k - 1) / 2, groups, false), 1e-5f, 0.1f);
     return relu ? nn_relu(m, rn, x) : x;
 }
 
 static int unit(mgt_model *m, int stage, int idx, int x, int oup, int stride)
 {
-    char p[48], b1[48], b2[48], n[48];
-    snprintf(p, sizeof p, "stage%d.%d", stage, idx);
-    snprintf(b1, sizeof b1, "stage%d.%d.branch1", stage, idx);
-    snprintf(b2, sizeof b2, "stage%d.%d.branch2", stage, idx);
+    char p[NN_NAME], b1[NN_NAME], b2[NN_NAME], n[NN_NAME];
+    nn_name(m, p, sizeof p, "stage%d.%d", stage, idx);
+    nn_name(m, b1, sizeof b1, "stage%d.%d.branch1", stage, idx);
+    nn_name(m, b2, sizeof b2, "stage%d.%d.branch2", stage, idx);
     if (x < 0)
         return -1;
     int inp = m->values[x].c, bf = oup / 2, left, right = x;
@@ -34,9 +34,9 @@ static int unit(mgt_model *m, int stage, int idx, int x, int oup, int stride)
         left = cbr(m, b1, 0, x, inp, 3, stride, inp, false);
         left = cbr(m, b1, 2, left, bf, 1, 1, 1, true);
     } else {
-        snprintf(n, sizeof n, "stage%d.%d.chunk0", stage, idx);
+        nn_name(m, n, sizeof n, "stage%d.%d.chunk0", stage, idx);
         left = nn_slice(m, n, x, 0, bf);
-        snprintf(n, sizeof n, "stage%d.%d.chunk1", stage, idx);
+        nn_name(m, n, sizeof n, "stage%d.%d.chunk1", stage, idx);
         right = nn_slice(m, n, x, bf, bf);
     }
     right = cbr(m, b2, 0, right, bf, 1, 1, 1, true);

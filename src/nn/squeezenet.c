@@ -11,17 +11,17 @@
 
 static int fire(mgt_model *m, int idx, int x, int squeeze, int e1, int e3)
 {
-    char a[48], b[48];
-    snprintf(a, sizeof a, "features.%d.squeeze", idx);
-    snprintf(b, sizeof b, "features.%d.squeeze_activation", idx);
+    char a[NN_NAME], b[NN_NAME];
+    nn_name(m, a, sizeof a, "features.%d.squeeze", idx);
+    nn_name(m, b, sizeof b, "features.%d.squeeze_activation", idx);
     x = nn_relu(m, b, nn_conv(m, a, x, squeeze, 1, 1, 0, 1, true));
-    snprintf(a, sizeof a, "features.%d.expand1x1", idx);
-    snprintf(b, sizeof b, "features.%d.expand1x1_activation", idx);
+    nn_name(m, a, sizeof a, "features.%d.expand1x1", idx);
+    nn_name(m, b, sizeof b, "features.%d.expand1x1_activation", idx);
     int y1 = nn_relu(m, b, nn_conv(m, a, x, e1, 1, 1, 0, 1, true));
-    snprintf(a, sizeof a, "features.%d.expand3x3", idx);
-    snprintf(b, sizeof b, "features.%d.expand3x3_activation", idx);
+    nn_name(m, a, sizeof a, "features.%d.expand3x3", idx);
+    nn_name(m, b, sizeof b, "features.%d.expand3x3_activation", idx);
     int y3 = nn_relu(m, b, nn_conv(m, a, x, e3, 3, 1, 1, 1, true));
-    snprintf(a, sizeof a, "features.%d", idx);
+    nn_name(m, a, sizeof a, "features.%d", idx);
     int in[2] = {y1, y3};
     return nn_concat(m, a, in, 2);
 }

@@ -44,20 +44,20 @@ static mgt_status build_vgg(mgt_model *m, const void *arg)
 {
     const vgg_def *a = arg;
     int x = nn_input(m), i = 0;
-    char name[48];
+    char name[NN_NAME];
     for (const int *c = a->cfg; *c >= 0; c++) {
         if (*c == 0) {
-            snprintf(name, sizeof name, "features.%d", i++);
+            nn_name(m, name, sizeof name, "features.%d", i++);
             x = nn_maxpool(m, name, x, 2, 2, 0);
             continue;
         }
-        snprintf(name, sizeof name, "features.%d", i++);
+        nn_name(m, name, sizeof name, "features.%d", i++);
         x = nn_conv(m, name, x, *c, 3, 1, 1, 1, true);
         if (a->bn) {
-            snprintf(name, sizeof name, "features.%d", i++);
+            nn_name(m, name, sizeof name, "features.%d", i++);
             x = nn_bn(m, name, x, BN_EPS, BN_MOMENTUM);
         }
-        snprintf(name, sizeof name, "features.%d", i++);
+        nn_name(m, name, sizeof name, "features.%d", i++);
         x = nn_relu(m, name, x);
     }
     x = nn_apool(m, "avgpool", x, 7, 7);

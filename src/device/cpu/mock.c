@@ -66,7 +66,7 @@ typedef struct mock_dev {
     mock_stream *streams;
     atomic_long n_allocs, n_kernels;
     atomic_int failed;
-    char fail_text[320];
+    char fail_text[400]; /* the device name (127), ": ", a failure text (255) */
     mgt_fault_kind fault_kind;
     long fault_nth;
     char fault_op[32];
