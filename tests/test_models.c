@@ -18,6 +18,7 @@
 #include "mgt/device.h"
 #include "mgt/nn.h"
 #include "mgt/safetensors.h"
+#include "nn/model_impl.h"
 #include "support/fixture.h"
 
 #define DATA_DIR MGT_TEST_DATA_DIR "/models"
@@ -1299,6 +1300,46 @@ static void test_folded_relu(void **state)
     train_golden_alike(cfg);
 }
 
+/* A name a definition builds longer than a layer's or a parameter's may be (63 characters)
+   is refused in one line that names it; it was once cut at 47 characters without a word
+   (RegNet's "trunk_output.block1.block1-0.f.se.scale_activation"). 63 is kept whole. */
+static void test_long_name(void **state)
+{
+    (void)state;
+    const char *block = "trunk_output.block1.block1-0.f.se.a_longer_module_name";
+    for (int k = 0; k < 3; k++) {
+        mgt_model *m = calloc(1, sizeof *m);
+        assert_non_null(m);
+        m->cfg = golden20_cfg;
+        snprintf(m->arch, sizeof m->arch, "long_names");
+        char name[NN_NAME];
+        int x = nn_input(m);
+        if (k == 0) /* 63 characters: kept */
+            nn_name(m, name, sizeof name, "%s.%.8s", block, "activation");
+        else if (k == 1) /* a layer's name past 63 */
+            nn_name(m, name, sizeof name, "%s.%s", block, "scale_activation");
+        else /* its own name fits, "<name>.weight" does not */
+            nn_name(m, name, sizeof name, "%s.%s", block, "conv_x");
+        x = nn_conv(m, k == 2 ? name : "conv1", x, 4, 3, 1, 1, 1, false);
+        x = nn_gap(m, k == 2 ? "avgpool" : name, x);
+        nn_linear(m, "fc", x, m->cfg.classes);
+        mgt_status st = nn_plan(m);
+        if (k == 0) {
+            assert_int_equal(strlen(name), 63);
+            assert_int_equal(st, MGT_OK);
+            int n;
+            const mgt_model_layer *l = mgt_model_layers(m, &n);
+            assert_int_equal(n, 3);
+            assert_string_equal(l[1].name, name);
+        } else {
+            assert_int_equal(st, MGT_ERR_INVALID);
+            assert_non_null(strstr(mgt_error_last(), "trunk_output.block1.block1-0.f.se.a_longer"));
+            assert_non_null(strstr(mgt_error_last(), "63 characters"));
+        }
+        mgt_model_free(m);
+    }
+}
+
 /* Eval mode treats images independently: a batch of 5 in an arena sized for 8 gives the
    golden's first 5 rows. */
 static void test_partial_batch(void **state)
@@ -1771,6 +1812,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_load_mismatch),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_folded_relu),
+        cmocka_unit_test(test_long_name),
         cmocka_unit_test(test_partial_batch),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
