@@ -419,6 +419,32 @@ static void test_resume_fp16_is_bit_identical(void **state)
     (void)state;
     check_resume_amp("fp16", open_two_mock, MGT_PREC_FP16);
     check_resume_amp("bf16", open_two_mock, MGT_PREC_BF16);
+
+    /* the fp16 checkpoint goes on in bf16 (a run that overflows in fp16, say): allowed, and
+       said once, with the loss scale it leaves behind */
+    char dir[400], out_path[512], text[8192];
+    snprintf(dir, sizeof dir, "%s/fp16_split", root);
+    snprintf(out_path, sizeof out_path, "%s/fp16-to-bf16.txt", root);
+    FILE *out = fopen(out_path, "w+");
+    assert_non_null(out);
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.amp = MGT_PREC_BF16;
+    c.epochs = 3;
+    c.checkpoint_dir = dir;
+    c.resume = "auto";
+    ctl.out = out;
+    if (train_on(&c, open_two_mock(1), &res) != MGT_OK)
+        fail_msg("fp16 checkpoint resumed in bf16: %s", mgt_error_last());
+    assert_int_equal(res.epochs_done, 1);
+    rewind(out);
+    size_t got = fread(text, 1, sizeof text - 1, out);
+    text[got] = '\0';
+    fclose(out);
+    if (!strstr(text, "was saved by a run in fp16 (--amp); this one runs in bf16 (--amp): its loss "
+                      "scale is not used"))
+        fail_msg("fp16 checkpoint resumed in bf16: no word of it in:\n%s", text);
 }
 
 /* --sync-bn resumes bit for bit too: the merged statistics depend only on the replicas'

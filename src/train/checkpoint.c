@@ -397,6 +397,14 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     r->best_acc1 = s.best_acc1;
     if (s.format >= 3) /* older files: GradScaler's start, as a fresh run */
         r->scaler = (train_scaler){.scale = (float)s.loss_scale, .growth = s.loss_scale_growth};
+    /* a change of precision is allowed (fp16 that overflows, going on in bf16) and said once:
+       only fp16 reads the loss scale, and a non-fp16 run leaves it at its start */
+    const char *now = mgt_precision_name(r->c->amp);
+    if (s.amp[0] && strcmp(s.amp, now) != 0)
+        fprintf(r->out, "=> %s was saved by a run in %s%s; this one runs in %s%s%s\n", path, s.amp,
+                strcmp(s.amp, "f32") ? " (--amp)" : "", now,
+                r->c->amp != MGT_PREC_F32 ? " (--amp)" : "",
+                strcmp(s.amp, "fp16") == 0 ? ": its loss scale is not used" : "");
     return MGT_OK;
 }
 
