@@ -18,6 +18,17 @@
 #define FAIL_TEXT 768
 enum { TAG_FAIL = 1, TAG_STOP = 2 };
 
+/* The bytes of one communicator's collectives. A wait can give up on its request (the abort
+   flag, another node's failure, the timeout) and MPI cannot cancel a collective: it may still
+   read the send half and write the receive half until the process ends (MPI_Abort). So no
+   collective runs in its caller's buffers, which the failure's cleanup frees: it runs here,
+   and a stage whose request was left pending is handed to MPI for good (never freed or
+   reused; the process aborts soon after). */
+typedef struct mpi_stage {
+    unsigned char *p;
+    size_t cap;
+} mpi_stage;
+
 struct mgt_world {
     bool mpi; /* MPI was initialised (launched with more than one rank) */
     int rank, size;
@@ -27,12 +38,15 @@ struct mgt_world {
     MPI_Comm comm, ctrl;
     MPI_Comm *chan;
     int nchan;
+    mpi_stage main_stage;  /* the main thread's collectives on comm */
+    mpi_stage *chan_stage; /* [nchan]: each device thread's on its channel */
     /* control: one receive of a failure line from anyone, one of a stop step from anyone */
     MPI_Request fail_req, stop_req;
     char fail_in[FAIL_TEXT];
     long stop_in;
     atomic_int remote_failed; /* set by the main thread's poll, read by device threads */
     char fail_text[FAIL_TEXT];
+    char fail_out[FAIL_TEXT]; /* this node's failure line, being sent */
     bool stop_requested, stop_proposed, notified;
     int stop_count;
     long stop_max;
@@ -122,8 +136,32 @@ void mgt_world_close(mgt_world *w, bool failed)
         MPI_Comm_free(&w->ctrl);
         MPI_Finalize();
     }
+    for (int i = 0; i < w->nchan; i++)
+        free(w->chan_stage[i].p);
+    free(w->chan_stage);
+    free(w->main_stage.p);
     free(w->chan);
     free(w);
+}
+
+/* At least bytes of st; NULL when host memory is exhausted. */
+static unsigned char *stage_get(mpi_stage *st, size_t bytes)
+{
+    if (bytes > st->cap) {
+        unsigned char *p = realloc(st->p, bytes);
+        if (!p)
+            return NULL;
+        st->p = p;
+        st->cap = bytes;
+    }
+    return st->p;
+}
+
+/* The request on st's bytes was left pending: they are MPI's now. */
+static void stage_abandon(mpi_stage *st)
+{
+    st->p = NULL;
+    st->cap = 0;
 }
 
 int mgt_world_rank(const mgt_world *w) { return w ? w->rank : 0; }
@@ -213,20 +251,43 @@ mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, cons
     if (w->size == 1 || bytes == 0)
         return MGT_OK;
     mgt_status st = check_count(bytes, "a broadcast");
+    if (st != MGT_OK)
+        return st;
+    unsigned char *b = stage_get(&w->main_stage, bytes);
+    if (!b)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    if (w->rank == root)
+        memcpy(b, buf, bytes);
     MPI_Request req;
+    MPI_Ibcast(b, (int)bytes, MPI_BYTE, root, w->comm, &req);
+    st = wait_req(w, &req, abort, true, "broadcast");
     if (st == MGT_OK)
-        MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, w->comm, &req);
-    return st == MGT_OK ? wait_req(w, &req, abort, true, "broadcast") : st;
+        memcpy(buf, b, bytes);
+    else
+        stage_abandon(&w->main_stage);
+    return st;
 }
 
-static mgt_status allgather_on(mgt_world *w, MPI_Comm comm, const void *mine, size_t bytes,
-                               void *all, const mgt_abort *abort, bool main)
+/* all = every rank's bytes of mine, in rank order, through stage (see mpi_stage). */
+static mgt_status allgather_on(mgt_world *w, MPI_Comm comm, mpi_stage *stage, const void *mine,
+                               size_t bytes, void *all, const mgt_abort *abort, bool main)
 {
     mgt_status st = check_count(bytes, "an all-gather");
+    if (st != MGT_OK)
+        return st;
+    size_t n = (size_t)w->size;
+    unsigned char *b = stage_get(stage, bytes * (n + 1));
+    if (!b)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    memcpy(b, mine, bytes);
     MPI_Request req;
+    MPI_Iallgather(b, (int)bytes, MPI_BYTE, b + bytes, (int)bytes, MPI_BYTE, comm, &req);
+    st = wait_req(w, &req, abort, main, "all-gather");
     if (st == MGT_OK)
-        MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm, &req);
-    return st == MGT_OK ? wait_req(w, &req, abort, main, "all-gather") : st;
+        memcpy(all, b + bytes, bytes * n);
+    else
+        stage_abandon(stage);
+    return st;
 }
 
 mgt_status mgt_world_allgather(mgt_world *w, const void *mine, size_t bytes, void *all,
@@ -236,7 +297,7 @@ mgt_status mgt_world_allgather(mgt_world *w, const void *mine, size_t bytes, voi
         memmove(all, mine, bytes);
         return MGT_OK;
     }
-    return allgather_on(w, w->comm, mine, bytes, all, abort, true);
+    return allgather_on(w, w->comm, &w->main_stage, mine, bytes, all, abort, true);
 }
 
 mgt_status mgt_world_sum(mgt_world *w, double *v, int n, const mgt_abort *abort)
@@ -277,6 +338,12 @@ mgt_status mgt_world_channels(mgt_world *w, int n)
     if (!chan)
         return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
     w->chan = chan;
+    mpi_stage *stages = realloc(w->chan_stage, (size_t)n * sizeof *stages);
+    if (!stages)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    for (int i = w->nchan; i < n; i++)
+        stages[i] = (mpi_stage){NULL, 0};
+    w->chan_stage = stages;
     for (int i = w->nchan; i < n; i++) {
         int rc = MPI_Comm_dup(w->comm, &w->chan[i]);
         if (rc != MPI_SUCCESS)
@@ -297,7 +364,8 @@ mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, si
     if (chan < 0 || chan >= w->nchan)
         return mgt_error_set(MGT_ERR_INVALID, "world: no channel %d (of %d)", chan, w->nchan);
     double t0 = mgt_time_now();
-    mgt_status st = allgather_on(w, w->chan[chan], mine, bytes, all, abort, false);
+    mgt_status st =
+        allgather_on(w, w->chan[chan], &w->chan_stage[chan], mine, bytes, all, abort, false);
     if (st == MGT_OK && w->link_bw > 0) {
         /* the link model: what shared memory did faster is slept off */
         double left =
@@ -315,8 +383,8 @@ void mgt_world_notify_failure(mgt_world *w, const char *text)
     if (!w || !w->mpi || w->size == 1 || atomic_load(&w->remote_failed) || w->notified)
         return;
     w->notified = true;
-    char msg[FAIL_TEXT];
-    snprintf(msg, sizeof msg, "%s", text);
+    char *msg = w->fail_out; /* the world's: a send not done within the second goes on */
+    snprintf(msg, FAIL_TEXT, "%s", text);
     MPI_Request *reqs = calloc((size_t)w->size, sizeof *reqs);
     if (!reqs)
         return;
@@ -331,6 +399,9 @@ void mgt_world_notify_failure(mgt_world *w, const char *text)
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
+    for (int i = 0; i < n && !done; i++) /* left to complete on their own */
+        if (reqs[i] != MPI_REQUEST_NULL)
+            MPI_Request_free(&reqs[i]);
     free(reqs);
 }
 
