@@ -81,6 +81,11 @@ mgt_status mgt_comm_grads_ready(mgt_comm *c, int dev, mgt_stream *compute, size_
    this the device's gradient arena holds the sum over devices (not the mean). */
 mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mgt_abort *abort);
 
+/* A comm thread's failure, if one has had one (the exchange with the other nodes): its status,
+   with its text set as this thread's error; MGT_OK when none. It raises the run's abort flag
+   itself, so a caller woken by the flag asks here for the cause. */
+mgt_status mgt_comm_error(mgt_comm *c);
+
 /* Synchronised batch norm's exchange: every device's thread calls it with its own `n`
    numbers; `all` receives every device's, in device order ([dev * n]), so each replica merges
    the same values in the same order. Blocks until every device has called it, abortably.

@@ -39,8 +39,15 @@ mgt_status mgt_error_wrap(mgt_status st, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(error_text, sizeof error_text, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof error_text && prev[0])
-        snprintf(error_text + n, sizeof error_text - (size_t)n, ": %s", prev);
+    size_t at = n >= 0 ? (size_t)n : sizeof error_text;
+    if (at + 3 <= sizeof error_text && prev[0]) { /* ": " and as much of prev as fits */
+        size_t len = strlen(prev), room = sizeof error_text - at - 3;
+        if (len > room)
+            len = room;
+        memcpy(error_text + at, ": ", 2);
+        memcpy(error_text + at + 2, prev, len);
+        error_text[at + 2 + len] = '\0';
+    }
     return st;
 }
 

@@ -835,6 +835,16 @@ mgt_status mgt_comm_grads_ready(mgt_comm *c, int dev, mgt_stream *compute, size_
     return st;
 }
 
+mgt_status mgt_comm_error(mgt_comm *c)
+{
+    pthread_mutex_lock(&c->lock);
+    mgt_status st = c->failed ? c->fail_status : MGT_OK;
+    if (st != MGT_OK)
+        mgt_error_set(st, "%s", c->fail_text);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
 mgt_status mgt_comm_step_end(mgt_comm *c, int dev, mgt_stream *compute, const mgt_abort *abort)
 {
     mgt_status st = mgt_comm_grads_ready(c, dev, compute, c->bytes);

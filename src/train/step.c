@@ -35,9 +35,22 @@ static void worker_fail(worker *w, mgt_status st, const char *where)
 }
 
 /* The abort flag was raised without a failure on record: the data loaders raise it
-   themselves on a fatal data error, so the cause is theirs. */
+   themselves on a fatal data error, and the comm threads on a failed exchange with the other
+   nodes, so the cause is theirs (the workers may not have reported it yet). */
 static void blame_abort(run *r)
 {
+    mgt_status cst = r->comm ? mgt_comm_error(r->comm) : MGT_OK;
+    if (cst != MGT_OK) {
+        long most = r->first_step;
+        pthread_mutex_lock(&r->lock);
+        for (int i = 0; i < r->n; i++)
+            if (r->w[i].started > most)
+                most = r->w[i].started;
+        pthread_mutex_unlock(&r->lock);
+        train_fail(r, mgt_error_wrap(cst, "epoch %d step %ld (the all-reduce)", r->epoch,
+                                     most > r->first_step ? most - 1 : most));
+        return;
+    }
     mgt_loader *lds[2] = {r->data.train_ld, r->data.val_ld};
     for (int i = 0; i < 2; i++) {
         mgt_status st = lds[i] ? mgt_loader_error(lds[i]) : MGT_OK;
