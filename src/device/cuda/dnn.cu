@@ -167,6 +167,24 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
 }
 
 // lowp: MGT_ERR_UNSUPPORTED, which sends the caller to the rounded fp32 path.
+// The refusals that mean "no 16-bit kernel for this shape, layout, type or GPU" (the caller
+// then takes the rounded fp32 path), not a broken installation (an incompatible driver or
+// runtime, a missing sublibrary), which stays an error.
+static bool no_16bit_kernel(cudnnStatus_t e)
+{
+    switch (e) {
+    case CUDNN_STATUS_NOT_SUPPORTED:
+    case CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHAPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT:
+    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT:
+    case CUDNN_STATUS_NOT_SUPPORTED_PADDING: return true;
+    default: return false;
+    }
+}
+
 static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, bool lowp, size_t ws_bytes)
 {
     const mgt_cuda_options &opt = d->set->opt;
@@ -208,7 +226,7 @@ static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp
             keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     }
     // As in find_algos: a 16-bit layout cuDNN cannot run sends the caller to the fp32 path.
-    if (lowp && CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+    if (lowp && no_16bit_kernel(e))
         return no_algorithm(d, dir, lowp, opt.find_ws_cap);
     if (e != CUDNN_STATUS_SUCCESS)
         return mgt_cuda_fail_dnn(d, e, "cudnnGetConvolution*Algorithm_v7", __FILE__, __LINE__);
@@ -218,8 +236,11 @@ static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp
 // Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
 // a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
 // inputs are the real ones, read only. Runs once per GPU and shape, so plain cudaMalloc is fine.
+// *cut_ws: the workspace the search wanted could not be allocated whole (device memory was
+// short at that moment), so an empty answer is not the shape's for good.
 static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, size_t out_bytes,
-                             const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out)
+                             const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out,
+                             bool *cut_ws)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
@@ -243,6 +264,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, siz
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
         free_b = 0;
     ws_bytes = std::min(opt.find_ws_cap, free_b / 2);
+    const size_t want_ws = ws_bytes;
     while (ws_bytes >= ((size_t)1 << 20) && cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
         ws = NULL;
         ws_bytes /= 2;
@@ -250,6 +272,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, siz
     (void)cudaGetLastError();
     if (ws == NULL)
         ws_bytes = 0;
+    *cut_ws = ws_bytes < want_ws;
 
     if (dir == MGT_OP_CONV2D_FWD) {
         e = cudnnFindConvolutionForwardAlgorithmEx(s->dnn, s->xd, in1, s->wd, in2, s->cd, s->yd,
@@ -276,7 +299,7 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, siz
         cudaFree(ws);
     (void)cudaGetLastError();
     // A 16-bit layout cuDNN cannot run at all is no error: the caller takes the fp32 path.
-    if (lowp && CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+    if (lowp && no_16bit_kernel(e))
         return no_algorithm(d, dir, lowp, ws_bytes);
     if (e != CUDNN_STATUS_SUCCESS)
         return mgt_cuda_fail_dnn(d, e, "cudnnFindConvolution*AlgorithmEx", __FILE__, __LINE__);
@@ -321,10 +344,13 @@ static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_
         return MGT_OK;
     }
     conv_entry entry;
-    mgt_status st = opt.deterministic
-                        ? heuristic_algos(s, dir, io.lowp, &entry.cands)
-                        : find_algos(s, dir, io.lowp, out_bytes, io.in1, io.in2, &entry.cands);
+    bool cut_ws = false;
+    mgt_status st = opt.deterministic ? heuristic_algos(s, dir, io.lowp, &entry.cands)
+                                      : find_algos(s, dir, io.lowp, out_bytes, io.in1, io.in2,
+                                                   &entry.cands, &cut_ws);
     if (st != MGT_OK && !(io.lowp && st == MGT_ERR_UNSUPPORTED))
+        return st;
+    if (st != MGT_OK && cut_ws) // this call takes the fp32 path; a later one searches again
         return st;
     if (st != MGT_OK)
         entry.cands.clear(); // a 16-bit shape cuDNN refuses is remembered, empty
