@@ -71,6 +71,15 @@ static void base_config(mgt_train_config *c)
     ctl = (mgt_train_controls){.out = mgt_test_quiet()};
 }
 
+/* What a run wrote to out (opened "w+"), as text of at most cap - 1 bytes; closes out. */
+static void read_back(FILE *out, char *text, size_t cap)
+{
+    rewind(out);
+    size_t got = fread(text, 1, cap - 1, out);
+    text[got] = '\0';
+    fclose(out);
+}
+
 /* Runs c on set and frees it; the run's error text survives the free. */
 static mgt_status train_on(mgt_train_config *c, mgt_devset *set, mgt_train_result *res)
 {
@@ -438,10 +447,7 @@ static void test_resume_fp16_is_bit_identical(void **state)
     if (train_on(&c, open_two_mock(1), &res) != MGT_OK)
         fail_msg("fp16 checkpoint resumed in bf16: %s", mgt_error_last());
     assert_int_equal(res.epochs_done, 1);
-    rewind(out);
-    size_t got = fread(text, 1, sizeof text - 1, out);
-    text[got] = '\0';
-    fclose(out);
+    read_back(out, text, sizeof text);
     if (!strstr(text, "was saved by a run in fp16 (--amp); this one runs in bf16 (--amp): its loss "
                       "scale is not used"))
         fail_msg("fp16 checkpoint resumed in bf16: no word of it in:\n%s", text);
@@ -776,10 +782,7 @@ static void test_resume_on_other_device_counts(void **state)
         assert_false(res.interrupted);
         assert_int_equal(res.epochs_done, c.epochs);
         char text[8192];
-        rewind(out);
-        size_t got = fread(text, 1, sizeof text - 1, out);
-        text[got] = '\0';
-        fclose(out);
+        read_back(out, text, sizeof text);
         char want[128];
         int batch = next[k].batch / next[k].devices * next[k].devices;
         snprintf(want, sizeof want, "goes on from image %ld: step %ld of %d-image steps",

@@ -129,14 +129,15 @@ static nn_node *new_node(mgt_model *m, nn_kind kind, const char *name, const int
     int out = new_value(m, c, h, w, m->n_nodes);
     if (out < 0)
         return NULL;
-    if (strlen(name) >= sizeof m->nodes[0].name) {
+    size_t len = strlen(name);
+    if (len >= sizeof m->nodes[0].name) {
         name_too_long(m, name);
         return NULL;
     }
     nn_node *nd = &m->nodes[m->n_nodes++];
     memset(nd, 0, sizeof *nd);
     nd->kind = kind;
-    memcpy(nd->name, name, strlen(name) + 1);
+    memcpy(nd->name, name, len + 1);
     assert(n_in <= NN_MAX_IN);
     for (int i = 0; i < n_in; i++)
         nd->in[i] = in[i];

@@ -10,6 +10,17 @@
 
 /* ---- failure ---- */
 
+/* The steps of this phase the furthest worker has begun (first_step where none has). r->lock
+   held. */
+static long most_started(const run *r)
+{
+    long most = r->first_step;
+    for (int i = 0; i < r->n; i++)
+        if (r->w[i].started > most)
+            most = r->w[i].started;
+    return most;
+}
+
 void train_fail(run *r, mgt_status st)
 {
     pthread_mutex_lock(&r->lock);
@@ -41,11 +52,8 @@ static void blame_abort(run *r)
 {
     mgt_status cst = r->comm ? mgt_comm_error(r->comm) : MGT_OK;
     if (cst != MGT_OK) {
-        long most = r->first_step;
         pthread_mutex_lock(&r->lock);
-        for (int i = 0; i < r->n; i++)
-            if (r->w[i].started > most)
-                most = r->w[i].started;
+        long most = most_started(r);
         pthread_mutex_unlock(&r->lock);
         train_fail(r, mgt_error_wrap(cst, "epoch %d step %ld (the all-reduce)", r->epoch,
                                      most > r->first_step ? most - 1 : most));
@@ -486,10 +494,7 @@ void train_workers_stop(run *r)
 /* Decides a stop: the steps every worker has begun will be finished, no more. r->lock held. */
 static void request_stop(run *r)
 {
-    long most = r->first_step;
-    for (int i = 0; i < r->n; i++)
-        if (r->w[i].started > most)
-            most = r->w[i].started;
+    long most = most_started(r);
     /* a window of --accum-steps is finished, so that no summed gradient is lost */
     long k = r->c->accum_steps;
     if (most % k)
