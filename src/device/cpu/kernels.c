@@ -212,6 +212,9 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
         ctx->unreserve(ctx->owner, ctx->lowp_bytes);
     ctx->lowp = NULL;
     ctx->lowp_bytes = 0;
+    free(ctx->lp_refused);
+    ctx->lp_refused = NULL;
+    ctx->n_lp_refused = ctx->cap_lp_refused = 0;
     pthread_mutex_destroy(&ctx->lock);
 }
 
@@ -2857,14 +2860,78 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
 
 static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op);
 
+static mgt_cpu_lp_key lp_key(const mgt_op *op)
+{
+    mgt_cpu_lp_key k;
+    memset(&k, 0, sizeof k); /* compared with memcmp: no stray padding bytes */
+    k.kind = op->kind;
+    k.prec = op->prec;
+    k.sh = op->u.conv.sh;
+    k.sh.n = 0;
+    return k;
+}
+
+static bool lp_remembered(const mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
+{
+    for (int i = 0; i < ctx->n_lp_refused; i++)
+        if (memcmp(&ctx->lp_refused[i], k, sizeof *k) == 0)
+            return true;
+    return false;
+}
+
+/* A shape the native 16-bit path refused for good; without room to remember it, the next
+   call merely asks again. */
+static void lp_remember(mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
+{
+    if (ctx->n_lp_refused == ctx->cap_lp_refused) {
+        int cap = ctx->cap_lp_refused ? 2 * ctx->cap_lp_refused : 16;
+        mgt_cpu_lp_key *a = realloc(ctx->lp_refused, (size_t)cap * sizeof *a);
+        if (!a)
+            return;
+        ctx->lp_refused = a;
+        ctx->cap_lp_refused = cap;
+    }
+    ctx->lp_refused[ctx->n_lp_refused++] = *k;
+}
+
+/* A 16-bit convolution's native attempt: bf16 on oneDNN where it has a bf16 kernel for the
+   shape (AVX512-BF16 or AMX: its reorders round the inputs, its kernels sum in fp32), after
+   the owner's fault hook. *ran says whether it ran (with st its result); otherwise the
+   refusal has been decided as every backend decides it (refusal.h): MGT_OK for the
+   emulation, or the failure. */
+static mgt_status lp_native(mgt_cpu_ctx *ctx, const mgt_op *op, bool *ran)
+{
+    *ran = false;
+    mgt_cpu_lp_key key = lp_key(op);
+    if (lp_remembered(ctx, &key))
+        return MGT_OK;
+    mgt_lp_refusal why = ctx->lp_refusal ? ctx->lp_refusal(ctx->owner) : MGT_LP_REFUSAL_NONE;
+    if (why == MGT_LP_REFUSAL_NONE) {
+        if (op->prec == MGT_PREC_BF16 && (!ctx->conv_im2col || conv_blocked(op)) &&
+            op->u.conv.sh.groups == 1) {
+            mgt_status st = run_conv_onednn(ctx, op);
+            if (st != MGT_ERR_UNSUPPORTED) {
+                *ran = true;
+                return st;
+            }
+        }
+        why = MGT_LP_REFUSAL_NO_KERNEL;
+    }
+    switch (mgt_lp_refusal_action(why)) {
+    case MGT_LP_FP32_REMEMBER: lp_remember(ctx, &key); return MGT_OK;
+    case MGT_LP_FP32_ONCE: return MGT_OK;
+    case MGT_LP_FAIL: break;
+    }
+    return mgt_error_set(MGT_ERR_DEVICE, "%s: the 16-bit kernel refused the op (%s)",
+                         mgt_op_name(op->kind), mgt_lp_refusal_name(why));
+}
+
 static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    /* bf16 convolutions natively where oneDNN has a bf16 kernel for them (AVX512-BF16 or
-       AMX): its reorders round the inputs, its kernels sum in fp32; else the emulation */
-    if (op->prec == MGT_PREC_BF16 && op->kind != MGT_OP_GEMM_LP &&
-        (!ctx->conv_im2col || conv_blocked(op)) && op->u.conv.sh.groups == 1) {
-        mgt_status st = run_conv_onednn(ctx, op);
-        if (st != MGT_ERR_UNSUPPORTED)
+    if (op->kind != MGT_OP_GEMM_LP) {
+        bool ran;
+        mgt_status st = lp_native(ctx, op, &ran);
+        if (ran || st != MGT_OK)
             return st;
     }
     mgt_op f = *op;

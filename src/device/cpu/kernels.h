@@ -6,6 +6,7 @@
 #include <stdbool.h>
 
 #include "device/op.h"
+#include "device/refusal.h"
 
 typedef struct mgt_cpu_pool mgt_cpu_pool;
 
@@ -18,6 +19,14 @@ int mgt_cpu_pool_threads(const mgt_cpu_pool *p);
    caller as thread 0; returns when all have run. thread < mgt_cpu_pool_threads(p), so it can
    index per-thread scratch. One parallel-for at a time per pool (callers serialise). */
 void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
+
+/* A 16-bit convolution shape as a refusal remembers it: the pass, the precision and the
+   shape but its batch (CUDA keys its algorithm cache alike). */
+typedef struct mgt_cpu_lp_key {
+    mgt_op_kind kind;
+    mgt_precision prec;
+    mgt_conv2d_shape sh; /* n is 0 */
+} mgt_cpu_lp_key;
 
 /* What a device's kernels run with. The owner (the mock device) fills pool, reserve and
    owner; scratch grows on demand and is kept, so a steady step loop allocates nothing. */
@@ -35,6 +44,13 @@ typedef struct mgt_cpu_ctx {
     struct mgt_onednn *onednn; /* convolutions (groups 1) and sgemm */
     bool conv_im2col;          /* convolutions on the im2col + gemm path even where oneDNN can */
     bool vec_baseline;         /* activations on x86-64's baseline vectors even with AVX-512F */
+    /* (optional) the owner's verdict on the next attempt of a native 16-bit convolution
+       (the mock's fault=lowp); NULL or MGT_LP_REFUSAL_NONE: the kernel is tried */
+    mgt_lp_refusal (*lp_refusal)(void *owner);
+    /* 16-bit convolution shapes refused for good (mgt_lp_refusal_action): the rounded-fp32
+       path at once, as CUDA remembers a shape cuDNN refuses */
+    struct mgt_cpu_lp_key *lp_refused;
+    int n_lp_refused, cap_lp_refused;
 } mgt_cpu_ctx;
 
 mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads);
