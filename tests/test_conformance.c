@@ -3269,11 +3269,17 @@ int main(int argc, char **argv)
         return 1;
     }
     nb++;
-    if (mgt_device_kind_count(MGT_DEVICE_CUDA) > 0) {
+    int ncuda = 0;
+    const char *require = getenv("MGT_REQUIRE_CUDA");
+    if (mgt_device_kind_probe(MGT_DEVICE_CUDA, &ncuda) == MGT_OK) {
         snprintf(bes[nb].label, sizeof bes[nb].label, "cuda");
         bes[nb++].kind = MGT_DEVICE_CUDA;
+    } else if (require && *require && strcmp(require, "0") != 0) {
+        /* tools/gpu-check.sh: a GPU run must not pass on the mock alone */
+        printf("FAIL %s: MGT_REQUIRE_CUDA=1 and %s\n", opname, mgt_error_last());
+        return 1;
     } else {
-        printf("cuda: skipped (no CUDA device)\n");
+        printf("cuda: skipped (%s)\n", mgt_error_last());
     }
     for (int b = 0; b < nb; b++)
         if (!backend_open(&bes[b])) {

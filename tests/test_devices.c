@@ -1,4 +1,4 @@
-/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation and kernel faults, ordering-only events, and pointer validation. */
+/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang and 16-bit refusal faults, bounded and abortable waits, deferred frees, ordering-only events, and pointer validation. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -15,6 +16,7 @@
 #include "support/fixture.h"
 
 #include "app/app.h"
+#include "device/lowp.h"
 #include "mgt/device.h"
 
 /* The call must be refused with `want` and error text that contains `needle`. */
@@ -107,6 +109,16 @@ static void test_options_accepted(void **state)
     assert_int_equal(o.fault_device, 0);
     assert_int_equal(o.fault_nth, 2);
     assert_defaults_except(&o, "fault");
+    o = parsed("fault=hang@1:4:axpy");
+    assert_int_equal(o.fault_kind, MGT_FAULT_HANG);
+    assert_int_equal(o.fault_device, 1);
+    assert_int_equal(o.fault_nth, 4);
+    assert_string_equal(o.fault_op, "axpy");
+    o = parsed("fault=lowp@0:2:no_kernel,fault");
+    assert_int_equal(o.fault_kind, MGT_FAULT_LOWP);
+    assert_int_equal(o.fault_nth, 2);
+    assert_int_equal(o.fault_nrefusals, 2);
+    assert_int_not_equal(o.fault_refusals[0], o.fault_refusals[1]);
 
     o = parsed("delay=2000");
     assert_int_equal(o.delay_us, 2000);
@@ -159,6 +171,10 @@ static void test_options_rejected(void **state)
         {"fault=alloc@x:1", "fault=alloc@x:1"},
         {"fault=kernel", "fault=kernel"},
         {"fault=kernel@0", "fault=kernel@0"},
+        {"fault=lowp@0:1", "fault=lowp@0:1"},
+        {"fault=lowp@0:1:maybe", "fault=lowp@0:1:maybe"},
+        {"fault=lowp@0:1:no_kernel,,fault", "fault=lowp@0:1:no_kernel,,fault"},
+        {"fault=alloc@0:1:axpy", "fault=alloc@0:1:axpy"},
         {"delay=-5", "delay=-5"},
         {"delay=abc", "delay=abc"},
         {"seed=x", "seed=x"},
@@ -834,6 +850,261 @@ static void test_ordering_event(void **state)
     mgt_devset_free(set);
 }
 
+/* ---- bounded waits, deferred frees ---- */
+
+static double seconds_since(double t0) { return mgt_time_now() - t0; }
+
+/* A kernel that never finishes (a hung GPU): a wait without an abort flag ends at the set's
+   wait limit naming the device, later waits give up at once, a free of a buffer the hung
+   kernel may still write returns at once without handing the memory back, and freeing the
+   stream and the set ends it all. Before the limit, each of these waited forever. */
+static void test_hung_kernel_waits_are_bounded(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1;fault=hang@0:2");
+    mgt_devset_set_waits(set, NULL, 0.3);
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    mgt_buffer *b;
+    mgt_event *e;
+    CHECK(mgt_stream_create(d, &s));
+    CHECK(mgt_event_create(d, &e));
+    CHECK(mgt_buffer_alloc(d, 4096, &b));
+    size_t used0;
+    mgt_device_memory(d, &used0, NULL);
+    CHECK(mgt_fill(s, mgt_buffer_ptr(b), 1.0f, 1024));  /* kernel 1 */
+    CHECK(mgt_scale(s, mgt_buffer_ptr(b), 2.0f, 1024)); /* kernel 2: hangs */
+    CHECK(mgt_event_record(e, s));
+    double t0 = mgt_time_now();
+    EXPECT_FAIL(mgt_stream_synchronize(s, NULL), MGT_ERR_TIMEOUT, mgt_device_name(d));
+    double waited = seconds_since(t0);
+    if (waited < 0.25 || waited > 5)
+        fail_msg("the wait ended after %.2f s, the limit is 0.3 s", waited);
+    if (!strstr(mgt_error_last(), "0.3"))
+        fail_msg("\"%s\" does not say the limit", mgt_error_last());
+    t0 = mgt_time_now();
+    EXPECT_FAIL(mgt_event_synchronize(e, NULL), MGT_ERR_TIMEOUT, "stalled");
+    EXPECT_FAIL(mgt_device_synchronize(d, NULL), MGT_ERR_TIMEOUT, "stalled");
+    mgt_buffer_free(b);
+    size_t used;
+    mgt_device_memory(d, &used, NULL);
+    assert_int_equal(used, used0); /* still counted: the hung kernel may write it */
+    mgt_event_free(e);
+    mgt_stream_free(s); /* ends the hang */
+    if (seconds_since(t0) > 1)
+        fail_msg("waits on a stalled device took %.2f s", seconds_since(t0));
+    mgt_devset_free(set);
+}
+
+static void *raise_later(void *arg)
+{
+    usleep(50 * 1000);
+    mgt_abort_raise(arg);
+    return NULL;
+}
+
+/* Waits with an abort flag leave soon after it is raised, hung kernel or not. */
+static void test_abort_leaves_waits(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1;fault=hang@0:1");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    mgt_event *e;
+    mgt_buffer *b;
+    CHECK(mgt_stream_create(d, &s));
+    CHECK(mgt_event_create(d, &e));
+    CHECK(mgt_buffer_alloc(d, 4096, &b));
+    CHECK(mgt_fill(s, mgt_buffer_ptr(b), 1.0f, 1024)); /* hangs */
+    CHECK(mgt_event_record(e, s));
+    for (int k = 0; k < 3; k++) {
+        mgt_abort abort = {0};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, raise_later, &abort), 0);
+        double t0 = mgt_time_now();
+        mgt_status st = k == 0   ? mgt_stream_synchronize(s, &abort)
+                        : k == 1 ? mgt_event_synchronize(e, &abort)
+                                 : mgt_device_synchronize(d, &abort);
+        pthread_join(t, NULL);
+        if (st != MGT_ERR_ABORTED || seconds_since(t0) > 2)
+            fail_msg("wait %d: %s after %.2f s (%s)", k, mgt_status_str(st), seconds_since(t0),
+                     mgt_error_last());
+    }
+    mgt_devset_set_waits(set, NULL, 0.1); /* the teardown's waits on the hung stream */
+    mgt_buffer_free(b);
+    mgt_event_free(e);
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+}
+
+/* A free does not wait for the work queued before it: it returns at once, and the memory goes
+   back once every stream that may use it has passed the free, also another device's stream
+   reading it by a peer copy. Under the address sanitizer a block handed back early is a
+   use-after-free in the kernels still writing it. */
+static void test_free_is_deferred_not_waited(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(2, "threads=1;delay=60000;seed=3");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0, *s1;
+    mgt_buffer *b0, *b1, *other;
+    enum { N = 4096, OPS = 8 };
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &b1));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &other));
+    size_t used0, used;
+    mgt_device_memory(d0, &used0, NULL);
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    for (int i = 0; i < OPS; i++) /* each op after a random delay of up to 60 ms */
+        CHECK(mgt_fill(s0, mgt_buffer_ptr(b0), (float)i, N));
+    CHECK(mgt_copy_peer(s1, mgt_buffer_ptr(b1), s0, mgt_buffer_ptr(b0), N * sizeof(float)));
+    for (int i = 0; i < OPS; i++) /* device 1 goes on long after device 0's work */
+        CHECK(mgt_fill(s1, mgt_buffer_ptr(other), (float)i, N));
+    double t0 = mgt_time_now();
+    mgt_buffer_free(b0);
+    if (seconds_since(t0) > 0.03)
+        fail_msg("the free waited %.3f s for the queued work", seconds_since(t0));
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0 + N * sizeof(float)); /* not back while work may use it */
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0 + N * sizeof(float)); /* device 1 still reads it */
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    mgt_device_memory(d0, &used, NULL);
+    assert_int_equal(used, used0); /* both streams have passed the free */
+    float host[N];
+    CHECK(mgt_copy_d2h(s1, host, mgt_buffer_ptr(b1), sizeof host));
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    for (int i = 0; i < N; i++)
+        assert_true(host[i] == (float)(OPS - 1));
+    /* a full device waits for its deferred frees instead of failing */
+    mgt_devset_free(set);
+    set = mgt_test_open_mock(1, "threads=1;delay=20000;mem=64K");
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_stream *s;
+    CHECK(mgt_stream_create(d, &s));
+    for (int round = 0; round < 4; round++) {
+        mgt_buffer *big;
+        CHECK(mgt_buffer_alloc(d, 48u << 10, &big));
+        CHECK(mgt_fill(s, mgt_buffer_ptr(big), 1.0f, (48u << 10) / sizeof(float)));
+        mgt_buffer_free(big);
+    }
+    mgt_stream_free(s);
+    mgt_devset_free(set);
+}
+
+/* ---- 16-bit convolution refusals: every reason's branch, through fault=lowp ---- */
+
+/* One bf16 forward convolution of a c-channel 6x6 input on d, compared with the fp32
+   convolution of the rounded inputs (the fallback's arithmetic, which the native kernel's
+   also is within fp32 summation order). Returns the status of the run. */
+static mgt_status conv16(mgt_devset *set, int c)
+{
+    mgt_device *d = mgt_devset_device(set, 0);
+    mgt_conv2d_shape sh = {.n = 2,
+                           .c = c,
+                           .h = 6,
+                           .w = 6,
+                           .k = 4,
+                           .r = 3,
+                           .s = 3,
+                           .stride_h = 1,
+                           .stride_w = 1,
+                           .pad_h = 1,
+                           .pad_w = 1,
+                           .groups = 1};
+    const size_t nx = (size_t)2 * c * 36, nw = (size_t)4 * c * 9, ny = (size_t)2 * 4 * 36;
+    float *hx = malloc(nx * sizeof *hx), *hw = malloc(nw * sizeof *hw);
+    float *y16 = malloc(ny * sizeof *y16), *y32 = malloc(ny * sizeof *y32);
+    assert_true(hx && hw && y16 && y32);
+    for (size_t i = 0; i < nx; i++)
+        hx[i] = (float)((i * 37) % 23) / 7.0f - 1.5f;
+    for (size_t i = 0; i < nw; i++)
+        hw[i] = (float)((i * 11) % 17) / 9.0f - 0.9f;
+    mgt_stream *s;
+    mgt_buffer *x, *w, *y;
+    CHECK(mgt_stream_create(d, &s));
+    CHECK(mgt_buffer_alloc(d, nx * sizeof(float), &x));
+    CHECK(mgt_buffer_alloc(d, nw * sizeof(float), &w));
+    CHECK(mgt_buffer_alloc(d, ny * sizeof(float), &y));
+    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(x), hx, nx * sizeof(float)));
+    CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(w), hw, nw * sizeof(float)));
+    mgt_status st = mgt_conv2d_forward_lp(s, MGT_PREC_BF16, mgt_buffer_ptr(y), mgt_buffer_ptr(x),
+                                          mgt_buffer_ptr(w), &sh, 0.0f);
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(s, y16, mgt_buffer_ptr(y), ny * sizeof(float));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(s, NULL);
+    char err[512];
+    snprintf(err, sizeof err, "%s", mgt_error_last());
+    if (st == MGT_OK) { /* the reference: the inputs rounded here, the fp32 convolution */
+        for (size_t i = 0; i < nx; i++)
+            hx[i] = mgt_lowp_round_bf16(hx[i]);
+        for (size_t i = 0; i < nw; i++)
+            hw[i] = mgt_lowp_round_bf16(hw[i]);
+        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(x), hx, nx * sizeof(float)));
+        CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(w), hw, nw * sizeof(float)));
+        CHECK(mgt_conv2d_forward(s, mgt_buffer_ptr(y), mgt_buffer_ptr(x), mgt_buffer_ptr(w), &sh,
+                                 0.0f));
+        CHECK(mgt_copy_d2h(s, y32, mgt_buffer_ptr(y), ny * sizeof(float)));
+        CHECK(mgt_stream_synchronize(s, NULL));
+        for (size_t i = 0; i < ny; i++)
+            if (fabsf(y16[i] - y32[i]) > 1e-4f * (1.0f + fabsf(y32[i])))
+                fail_msg("c=%d: y[%zu] = %g, the rounded fp32 convolution gives %g", c, i,
+                         (double)y16[i], (double)y32[i]);
+    }
+    mgt_buffer_free(x);
+    mgt_buffer_free(w);
+    mgt_buffer_free(y);
+    mgt_stream_free(s);
+    free(hx);
+    free(hw);
+    free(y16);
+    free(y32);
+    mgt_error_set(st, "%s", err);
+    return st;
+}
+
+/* Each refusal reason takes its branch (src/device/refusal.h), as cuDNN's statuses do on CUDA:
+   no_kernel and bad_param send the shape to the rounded-fp32 path for good (the second call
+   of shape 3 does not ask again, so the next refusal in the list reaches shape 5 instead),
+   no_memory for one call (the second call of shape 3 asks again and meets the next refusal),
+   broken and fault fail the op naming the reason. */
+static void test_lowp_refusals_decide_per_reason(void **state)
+{
+    (void)state;
+    static const char *const remembered[] = {"no_kernel", "bad_param"};
+    for (int i = 0; i < 2; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "threads=1;fault=lowp@0:1:%s,fault", remembered[i]);
+        mgt_devset *set = mgt_test_open_mock(1, spec);
+        CHECK(conv16(set, 3));          /* refused: fp32 path, remembered */
+        CHECK(conv16(set, 3));          /* not asked again: the 'fault' refusal stays unused */
+        mgt_status st = conv16(set, 5); /* another shape: asked, and refused with 'fault' */
+        if (st != MGT_ERR_DEVICE || !strstr(mgt_error_last(), "fault"))
+            fail_msg("%s: shape 5 gave %s: %s", spec, mgt_status_str(st), mgt_error_last());
+        mgt_devset_free(set);
+    }
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1;fault=lowp@0:1:no_memory,fault");
+    CHECK(conv16(set, 3)); /* short of memory: fp32 path this once */
+    mgt_status st = conv16(set, 3);
+    if (st != MGT_ERR_DEVICE || !strstr(mgt_error_last(), "fault"))
+        fail_msg("no_memory: the second call gave %s: %s", mgt_status_str(st), mgt_error_last());
+    mgt_devset_free(set);
+    static const char *const failing[] = {"broken", "fault"};
+    for (int i = 0; i < 2; i++) {
+        char spec[96];
+        snprintf(spec, sizeof spec, "threads=1;fault=lowp@0:1:%s", failing[i]);
+        set = mgt_test_open_mock(1, spec);
+        st = conv16(set, 3);
+        if (st != MGT_ERR_DEVICE || !strstr(mgt_error_last(), failing[i]) ||
+            !strstr(mgt_error_last(), "conv2d_forward"))
+            fail_msg("%s: gave %s: %s", spec, mgt_status_str(st), mgt_error_last());
+        mgt_devset_free(set);
+    }
+}
+
 /* An argument picks the tests to run by name pattern (cmocka's filter), e.g. '*peer*'. */
 int main(int argc, char **argv)
 {
@@ -854,6 +1125,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_spec_names_missing_device_or_op),
         cmocka_unit_test(test_spec_errors_have_one_prefix),
         cmocka_unit_test(test_ordering_event),
+        cmocka_unit_test(test_hung_kernel_waits_are_bounded),
+        cmocka_unit_test(test_abort_leaves_waits),
+        cmocka_unit_test(test_free_is_deferred_not_waited),
+        cmocka_unit_test(test_lowp_refusals_decide_per_reason),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,11 +100,8 @@ static mgt_status train(mgt_train_config *c, int n, const char *spec, mgt_train_
    running test where there is no GPU. */
 static mgt_devset *open_cuda_replicas(int n)
 {
-    if (mgt_device_kind_count(MGT_DEVICE_CUDA) == 0) {
-        print_message("no CUDA device (or no CUDA backend in this build): the trainer's CUDA "
-                      "runs are skipped\n");
+    if (mgt_test_cuda_unavailable("the trainer's CUDA runs"))
         skip();
-    }
     int ids[MGT_MAX_DEVICES] = {0};
     mgt_devset_options o = {.deterministic = true};
     mgt_devset *set = NULL;
@@ -922,6 +919,30 @@ static void test_stalled_step_times_out(void **state)
     assert_non_null(strstr(mgt_error_last(), "--timeout"));
 }
 
+/* A kernel that never finishes on one device (a hung GPU): the step timeout ends the run,
+   and so do the teardown's waits on the hung stream, each within --timeout (before the
+   wait limit, the teardown waited for the hung kernel forever). */
+static void test_hung_kernel_ends_the_run(void **state)
+{
+    (void)state;
+    mgt_train_config c;
+    mgt_train_result res;
+    base_config(&c);
+    c.dummy = true;
+    c.data_dir = NULL;
+    c.dummy_steps = 4;
+    c.epochs = 1;
+    c.batch_size = 4;
+    c.step_timeout_s = 0.5;
+    double t0 = mgt_time_now();
+    mgt_status st = train(&c, 2, "threads=1;fault=hang@1:60", &res);
+    double took = mgt_time_now() - t0;
+    assert_int_equal(st, MGT_ERR_TIMEOUT);
+    assert_non_null(strstr(mgt_error_last(), "--timeout"));
+    if (took > 15)
+        fail_msg("the run took %.1f s to end with --timeout 0.5", took);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1110,9 +1131,9 @@ static void test_library_cosine_spans_epochs(void **state)
     assert_int_equal(seen, 6);
 }
 
-/* No argument: every test but the families'; "families": test_family_learns alone, a CTest
-   test of its own (train.families) so that the two halves, about equal under the thread
-   sanitizer, run side by side. */
+/* No argument: every test but the families' and the CUDA runs; "families": test_family_learns
+   alone, a CTest test of its own (train.families) so that the two halves, about equal under the
+   thread sanitizer, run side by side. */
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "families") == 0) {
@@ -1123,8 +1144,17 @@ int main(int argc, char **argv)
         };
         return cmocka_run_group_tests(t, setup, teardown);
     }
+    /* "cuda": the two runs on CUDA replicas of GPU 0 (4x0 and 2x0), a CTest test of its own
+       (train.cuda) that tools/gpu-check.sh runs under MGT_REQUIRE_CUDA=1 */
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+        const struct CMUnitTest t[] = {
+            cmocka_unit_test(test_learns_on_cuda_replicas),
+            cmocka_unit_test(test_resume_is_bit_identical_on_cuda),
+        };
+        return cmocka_run_group_tests(t, setup, teardown);
+    }
     if (argc > 1) {
-        fprintf(stderr, "test_train: unknown part '%s' (families, or none for the rest)\n",
+        fprintf(stderr, "test_train: unknown part '%s' (families, cuda, or none for the rest)\n",
                 argv[1]);
         return 2;
     }
@@ -1139,8 +1169,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fp16_overflow_backs_off),
         cmocka_unit_test(test_resume_is_bit_identical_with_the_recipe),
         cmocka_unit_test(test_accumulation_matches_a_large_batch),
-        cmocka_unit_test(test_learns_on_cuda_replicas),
-        cmocka_unit_test(test_resume_is_bit_identical_on_cuda),
         cmocka_unit_test(test_stop_mid_epoch_then_resume),
         cmocka_unit_test(test_resume_on_other_device_counts),
         cmocka_unit_test(test_fault_on_one_device_ends_all),
@@ -1148,6 +1176,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_image),
         cmocka_unit_test(test_nan_loss_stops_the_run),
         cmocka_unit_test(test_stalled_step_times_out),
+        cmocka_unit_test(test_hung_kernel_ends_the_run),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_arch_policy_covers_every_model),
         cmocka_unit_test(test_layer_ends_match_backward),

@@ -48,7 +48,11 @@ typedef enum mgt_fault_kind {
     MGT_FAULT_NONE,
     MGT_FAULT_ALLOC,  /* the Nth buffer allocation on the device fails with MGT_ERR_OOM */
     MGT_FAULT_KERNEL, /* the Nth kernel run on the device fails, sticky, MGT_ERR_DEVICE */
+    MGT_FAULT_HANG,   /* the Nth kernel never finishes (until its stream is freed): a hung GPU */
+    MGT_FAULT_LOWP,   /* the Nth, N+1th, ... 16-bit convolution attempts are refused */
 } mgt_fault_kind;
+
+#define MGT_MOCK_MAX_REFUSALS 8
 
 /* How mock devices behave. Spelled as a string in the MGT_MOCK environment variable and in
    the --mock flag, items separated by ';' (see mgt_mock_options_parse):
@@ -58,6 +62,13 @@ typedef enum mgt_fault_kind {
      fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1; D opened)
      fault=kernel@D:N    the Nth kernel on device D fails
      fault=kernel@D:N:OP the Nth OP kernel (an op name, e.g. axpy, sgd_update) on D fails
+     fault=hang@D:N[:OP] the Nth kernel (of OP) on D never finishes: waits on it run into
+                         their abort flag or the set's wait limit; freeing its stream ends it
+                         (the device is then failed, as a GPU reset would leave it)
+     fault=lowp@D:N:R1,R2,...  the Nth 16-bit convolution that D's native 16-bit kernel is
+                         asked to run is refused for reason R1, the next for R2, ...: one of
+                         no_kernel, bad_param, no_memory, broken, fault (what cuDNN's statuses
+                         come to on CUDA); a shape refused for good is not asked again
      delay=USEC          a random delay of 0..USEC microseconds before every queued op
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
@@ -77,7 +88,9 @@ typedef struct mgt_mock_options {
     mgt_fault_kind fault_kind;
     int fault_device;
     long fault_nth;
-    char fault_op[32]; /* "" or the op name the kernel fault counts */
+    char fault_op[32]; /* "" or the op name the kernel or hang fault counts */
+    int fault_refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons, in order */
+    int fault_nrefusals;
     unsigned delay_us;
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
@@ -118,8 +131,19 @@ typedef struct mgt_devset_options {
    a GPU answers, mock devices otherwise. */
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
                            const mgt_devset_options *opts, mgt_devset **out);
-/* Waits for all work, then frees every device, stream and event of the set. NULL is a no-op. */
+/* Waits for all work (each wait bounded by the set's wait limit), then frees every device,
+   stream, event and buffer of the set. NULL is a no-op. */
 void mgt_devset_free(mgt_devset *set);
+/* The default of mgt_devset_set_waits' limit: no single wait in a step takes minutes. */
+#define MGT_DEVICE_WAIT_LIMIT_S 600.0
+/* Bounds every wait on the set's devices: a synchronize, with an abort flag or with NULL,
+   and the waits inside frees, teardown and a backend's own calls, ends with MGT_ERR_TIMEOUT
+   naming the device once it has waited limit_s seconds (0: MGT_DEVICE_WAIT_LIMIT_S).
+   `abort` (borrowed until the next call; NULL: none) is the flag of the waits a backend makes
+   inside a call, which take none of their own (a cuDNN search's start, MGT_CUDA_SYNC). The
+   trainer passes its run's flag and --timeout, and NULL, 0 at its end. Call it while no
+   other thread uses the set. */
+void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s);
 int mgt_devset_count(const mgt_devset *set);
 mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
@@ -133,13 +157,22 @@ mgt_status mgt_devset_copy_rate(mgt_devset *set, int i, int j, size_t bytes, int
 
 /* How many devices of this kind the machine has (0 when the build or driver has none). */
 int mgt_device_kind_count(mgt_device_kind kind);
+/* The same, or why there are none: MGT_OK with *count >= 1, or a status whose text says why
+   (CUDA: the runtime's own error text, the driver's and the runtime's versions and the GPUs'
+   compute modes; in a build without the backend, that the build has none). What a caller
+   that was asked for CUDA reports instead of falling back. */
+mgt_status mgt_device_kind_probe(mgt_device_kind kind, int *count);
+/* The libraries behind a kind as this process loads them (CUDA: runtime, driver, cuDNN,
+   cuBLAS, and NCCL's version or "not built"); "" for the mock devices. */
+void mgt_device_kind_versions(mgt_device_kind kind, char *text, size_t cap);
 const char *mgt_device_kind_name(mgt_device_kind kind);
 
 int mgt_device_index(const mgt_device *d); /* position in its devset */
 int mgt_device_id(const mgt_device *d);    /* the id it was opened with */
 const char *mgt_device_name(const mgt_device *d);
 mgt_device_kind mgt_device_get_kind(const mgt_device *d);
-/* Bytes allocated now and the most this device may hold. */
+/* Bytes allocated now (freed buffers count until queued work has passed their free) and the
+   most this device may hold. */
 void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total);
 /* Waits for every stream of the device. */
 mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
@@ -147,7 +180,10 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
 /* ---- memory ---- */
 
 mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out);
-/* Waits for the device's pending work first, as cudaFree does. NULL is a no-op. */
+/* Returns at once: the memory goes back to the device (and leaves mgt_device_memory's `used`)
+   once the work enqueued before the free, on every stream of the set, has run. A device whose
+   queued work cannot be ordered any more (failed) has its block freed after a bounded wait,
+   or kept if that wait runs out. NULL is a no-op. */
 void mgt_buffer_free(mgt_buffer *b);
 void *mgt_buffer_ptr(const mgt_buffer *b);
 size_t mgt_buffer_size(const mgt_buffer *b);

@@ -58,14 +58,25 @@ bool mgt_app_device_switch(int c, mgt_devset_options *sw)
     }
 }
 
+bool mgt_app_cuda_required(void)
+{
+    const char *v = getenv("MGT_REQUIRE_CUDA");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 mgt_status mgt_app_resolve_devices(mgt_app_devices *d)
 {
     if (d->resolved)
         return MGT_OK;
     d->n = 0;
-    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
-    if (d->kind == MGT_DEVICE_CUDA && cuda == 0)
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "--device cuda: no CUDA device was found");
+    int cuda = 0;
+    mgt_status probe = mgt_device_kind_probe(MGT_DEVICE_CUDA, &cuda);
+    /* Asked for CUDA (--device cuda, or MGT_REQUIRE_CUDA=1 as tools/gpu-check.sh sets it): no
+       fallback, and the runtime's own reason. */
+    if (probe != MGT_OK && d->kind == MGT_DEVICE_CUDA)
+        return mgt_error_wrap(probe, "--device cuda");
+    if (probe != MGT_OK && mgt_app_cuda_required())
+        return mgt_error_wrap(probe, "MGT_REQUIRE_CUDA=1");
     if (d->kind == MGT_DEVICE_AUTO) {
         d->kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
         if (d->kind == MGT_DEVICE_MOCK)
@@ -198,10 +209,15 @@ int mgt_app_cmd_devices(int argc, char **argv)
         fprintf(stderr, "mgtrain devices: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    int cuda = mgt_device_kind_count(MGT_DEVICE_CUDA);
-    printf("CUDA: %s\n", cuda > 0 ? "available" : "no CUDA device found");
-    if (cuda > 0)
-        printf("CUDA devices: %d\n", cuda);
+    int cuda = 0;
+    if (mgt_device_kind_probe(MGT_DEVICE_CUDA, &cuda) == MGT_OK)
+        printf("CUDA: available, %d device%s\n", cuda, cuda == 1 ? "" : "s");
+    else
+        printf("CUDA: %s\n", mgt_error_last());
+    char versions[256];
+    mgt_device_kind_versions(MGT_DEVICE_CUDA, versions, sizeof versions);
+    if (versions[0])
+        printf("CUDA libraries: %s\n", versions);
     mgt_devset *set;
     mgt_status st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {

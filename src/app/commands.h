@@ -70,8 +70,13 @@ typedef struct mgt_app_devices {
     mgt_mock_options mock_opts; /* resolved (mock devices): --mock, else MGT_MOCK, parsed */
 } mgt_app_devices;
 
+/* Whether MGT_REQUIRE_CUDA asks that CUDA be used wherever a run would fall back to mock
+   devices or a test would skip its CUDA part (tools/gpu-check.sh sets it): then a CUDA that
+   cannot be opened is a failure with the runtime's reason. */
+bool mgt_app_cuda_required(void);
 /* Resolves the flags once (later calls do nothing): AUTO becomes CUDA or MOCK, with the
-   one-line notice when it falls back to mock devices; --gpus is parsed and checked against
+   one-line notice when it falls back to mock devices (a failure under MGT_REQUIRE_CUDA=1,
+   and for --device cuda, with the CUDA runtime's reason); --gpus is parsed and checked against
    the machine (empty: every CUDA device, or one mock device per core, at most 8); --mock is
    parsed and checked against the ids. Errors name the flag ("--mock: 'mem=abc': ..."). */
 mgt_status mgt_app_resolve_devices(mgt_app_devices *d);

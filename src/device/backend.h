@@ -24,6 +24,10 @@ typedef struct mgt_backend_i {
     const char *name; /* "mock", "cuda" */
     /* how many devices of this kind the machine has; 0 when none can be used */
     int (*device_count)(void);
+    /* (optional) the count, or a failure saying why none can be used; NULL: device_count */
+    mgt_status (*probe)(int *count);
+    /* (optional) the libraries this backend runs on, as loaded; NULL: "" */
+    void (*versions)(char *text, size_t cap);
     /* opens set->n devices: fills each device's name, total_mem and impl, set->impl; opts->mock
        is never NULL (the dispatch layer resolves MGT_MOCK and the defaults) */
     mgt_status (*devset_open)(mgt_devset *set, const int *ids, const mgt_devset_options *opts);
@@ -34,12 +38,21 @@ typedef struct mgt_backend_i {
 
     /* device memory; accounting and the limit are the dispatch layer's */
     mgt_status (*alloc)(mgt_device *d, size_t bytes, void **ptr);
-    void (*free)(mgt_device *d, void *ptr); /* waits for the device's pending work */
+    /* called once no queued work can use the block (the dispatch layer defers frees until
+       every stream of the set has passed them): frees at once, never waits */
+    void (*free)(mgt_device *d, void *ptr);
+    /* (optional) the program freed the block: ops enqueued from now on may not name it,
+       though queued work still uses it until free is called */
+    void (*retire)(mgt_device *d, void *ptr);
     mgt_status (*host_alloc)(mgt_device *d, size_t bytes, void **ptr); /* pinned */
     void (*host_free)(mgt_device *d, void *ptr);
 
     mgt_status (*stream_create)(mgt_stream *s); /* fills s->impl */
-    void (*stream_destroy)(mgt_stream *s);      /* after its work has run */
+    /* after its work has run, or after a wait for it ran past the set's wait limit (a hung
+       kernel): then it ends what it can and frees the stream without waiting again */
+    void (*stream_destroy)(mgt_stream *s);
+    /* Every wait leaves with MGT_ERR_ABORTED soon after `abort` (NULL: never) is raised, and
+       with MGT_ERR_TIMEOUT once it has waited set->wait_limit_s. */
     mgt_status (*stream_synchronize)(mgt_stream *s, const mgt_abort *abort);
     mgt_status (*device_synchronize)(mgt_device *d, const mgt_abort *abort);
 
@@ -80,11 +93,12 @@ typedef struct mgt_backend_i {
 
 struct mgt_device {
     mgt_devset *set;
-    int index;          /* position in the set */
-    int id;             /* the id it was opened with */
-    char name[128];     /* filled by the backend */
-    size_t total_mem;   /* the limit; filled by the backend, lowered by a mock limit */
-    atomic_size_t used; /* bytes of live buffers and backend workspace */
+    int index;           /* position in the set */
+    int id;              /* the id it was opened with */
+    char name[128];      /* filled by the backend */
+    size_t total_mem;    /* the limit; filled by the backend, lowered by a mock limit */
+    atomic_size_t used;  /* bytes of live buffers and backend workspace */
+    atomic_bool stalled; /* a wait on it ran past the wait limit: later ones give up at once */
     void *impl;
 };
 
@@ -102,6 +116,13 @@ struct mgt_devset {
     mgt_stream *streams;
     mgt_event *events;
     mgt_buffer *buffers;
+    /* buffers freed while queued work may still use them (device.c), under defer_lock */
+    pthread_mutex_t defer_lock;
+    struct mgt_deferred_free *deferred;
+    /* mgt_devset_set_waits: the longest any wait may take, and the abort flag of the waits a
+       backend makes inside a call (borrowed; NULL: none) */
+    double wait_limit_s;
+    const mgt_abort *watch;
 };
 
 struct mgt_stream {
@@ -109,6 +130,7 @@ struct mgt_stream {
     void *impl;
     pthread_mutex_t aux_lock; /* guards aux, the dispatch layer's event for peer copies */
     mgt_event *aux;
+    atomic_int pins; /* buffer frees recording on this stream now: its free waits them out */
     mgt_stream *reg_prev, *reg_next;
 };
 

@@ -2,6 +2,7 @@
  * limits, orders peer copies between two streams, stages copies between devices without
  * peer access through pinned host memory, and hands everything else to the backend table.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,220 @@ static mgt_status bad_arg(const char *call, const char *what)
         pthread_mutex_unlock(&(set)->reg_lock);      \
     } while (0)
 
+/* ---- deferred frees ----
+   A buffer freed while work enqueued before the free may still read or write it (on any
+   stream of the set: a peer copy reads another device's memory) goes back to the backend
+   once every stream has passed the free. An ordering event recorded on each live stream at
+   the free marks the point; nothing waits there. Blocks are handed back as their events
+   complete, looked at on every alloc, free and synchronize, waited for (bounded) when an
+   allocation finds the device full, and drained when the set closes. So a free mid-step
+   (a workspace that grows) costs a few event records, not a wait on every stream. */
+
+typedef struct mgt_deferred_free {
+    mgt_device *dev;
+    void *ptr;
+    size_t size;
+    int nev;
+    mgt_event **ev;
+    struct mgt_deferred_free *next;
+} mgt_deferred_free;
+
+static void release_block(mgt_device *d, void *ptr, size_t size)
+{
+    d->set->iface->free(d, ptr);
+    mgt_device_unreserve(d, size);
+}
+
+static void deferred_drop(mgt_deferred_free *f)
+{
+    for (int i = 0; i < f->nev; i++)
+        mgt_event_free(f->ev[i]);
+    free(f->ev);
+    free(f);
+}
+
+/* Whether every stream has passed the free (an event of a failed device counts as passed
+   once its record has run or never will: mgt_event_query's *done says which). */
+static bool deferred_done(mgt_deferred_free *f)
+{
+    for (int i = 0; i < f->nev; i++) {
+        bool done = false;
+        (void)mgt_event_query(f->ev[i], &done);
+        if (!done)
+            return false;
+    }
+    return true;
+}
+
+/* Takes the entries of device d (every device: NULL) out of the set's list. */
+static mgt_deferred_free *deferred_take(mgt_devset *set, const mgt_device *d)
+{
+    mgt_deferred_free *taken = NULL;
+    pthread_mutex_lock(&set->defer_lock);
+    for (mgt_deferred_free **p = &set->deferred; *p;) {
+        mgt_deferred_free *f = *p;
+        if (d && f->dev != d) {
+            p = &f->next;
+            continue;
+        }
+        *p = f->next;
+        f->next = taken;
+        taken = f;
+    }
+    pthread_mutex_unlock(&set->defer_lock);
+    return taken;
+}
+
+static void deferred_put(mgt_devset *set, mgt_deferred_free *f)
+{
+    pthread_mutex_lock(&set->defer_lock);
+    f->next = set->deferred;
+    set->deferred = f;
+    pthread_mutex_unlock(&set->defer_lock);
+}
+
+/* Hands back every block whose free all streams have passed; returns how many. */
+static int deferred_reap(mgt_devset *set)
+{
+    mgt_deferred_free *done = NULL;
+    pthread_mutex_lock(&set->defer_lock);
+    for (mgt_deferred_free **p = &set->deferred; *p;) {
+        mgt_deferred_free *f = *p;
+        if (!deferred_done(f)) {
+            p = &f->next;
+            continue;
+        }
+        *p = f->next;
+        f->next = done;
+        done = f;
+    }
+    pthread_mutex_unlock(&set->defer_lock);
+    int n = 0;
+    while (done) {
+        mgt_deferred_free *next = done->next;
+        release_block(done->dev, done->ptr, done->size);
+        deferred_drop(done);
+        done = next;
+        n++;
+    }
+    return n;
+}
+
+/* Waits (bounded by the wait limit, and by the set's abort flag unless `final`) for the
+   deferred frees of device d (NULL: all) and hands their blocks back; a block whose streams
+   never pass the free (a hung kernel) is kept where final, put back otherwise. Returns how
+   many went back. */
+static int deferred_wait(mgt_devset *set, mgt_device *d, bool final)
+{
+    mgt_deferred_free *f = deferred_take(set, d);
+    int n = 0;
+    while (f) {
+        mgt_deferred_free *next = f->next;
+        for (int i = 0; i < f->nev; i++)
+            if (!atomic_load(&f->ev[i]->dev->stalled))
+                (void)mgt_event_synchronize(f->ev[i], final ? NULL : set->watch);
+        if (deferred_done(f)) {
+            release_block(f->dev, f->ptr, f->size);
+            deferred_drop(f);
+            n++;
+        } else if (final) {
+            /* queued work may still write it: the backend's close frees its memory */
+            deferred_drop(f);
+        } else {
+            deferred_put(set, f);
+        }
+        f = next;
+    }
+    return n;
+}
+
+/* Frees the block now if no stream could be using it, else after every live stream has
+   passed this point. */
+static void free_after_streams(mgt_devset *set, mgt_device *d, void *ptr, size_t size)
+{
+    if (set->iface->retire)
+        set->iface->retire(d, ptr);
+    /* the live streams, pinned so that none is freed while an event is recorded on it */
+    pthread_mutex_lock(&set->reg_lock);
+    int n = 0;
+    for (mgt_stream *s = set->streams; s; s = s->reg_next)
+        n++;
+    mgt_stream **list = n ? malloc((size_t)n * sizeof *list) : NULL;
+    if (list) {
+        int k = 0;
+        for (mgt_stream *s = set->streams; s; s = s->reg_next) {
+            atomic_fetch_add(&s->pins, 1);
+            list[k++] = s;
+        }
+    }
+    pthread_mutex_unlock(&set->reg_lock);
+    if (n == 0) {
+        release_block(d, ptr, size);
+        return;
+    }
+    mgt_deferred_free *f = calloc(1, sizeof *f);
+    if (f)
+        f->ev = calloc((size_t)n, sizeof *f->ev);
+    bool keep = false;
+    for (int i = 0; i < n && list; i++) {
+        mgt_stream *s = list[i];
+        mgt_event *e = NULL;
+        mgt_status st = f && f->ev ? mgt_event_create_ordering(s->dev, &e) : MGT_ERR_OOM;
+        if (st == MGT_OK)
+            st = mgt_event_record(e, s);
+        if (st == MGT_OK) {
+            f->ev[f->nev++] = e;
+        } else {
+            /* no event (host memory, or a failed device refusing the record): wait for the
+               stream instead, bounded; a stream that never drains keeps the block */
+            mgt_event_free(e);
+            keep |= mgt_stream_synchronize(s, NULL) == MGT_ERR_TIMEOUT;
+        }
+        atomic_fetch_sub(&s->pins, 1);
+    }
+    free(list);
+    if (!list) /* no room even for the list: every device, bounded */
+        for (int i = 0; i < set->n; i++)
+            keep |= mgt_device_synchronize(&set->devs[i], NULL) == MGT_ERR_TIMEOUT;
+    if (f && f->ev && f->nev > 0 && !keep) {
+        f->dev = d;
+        f->ptr = ptr;
+        f->size = size;
+        deferred_put(set, f);
+        return;
+    }
+    if (f)
+        deferred_drop(f);
+    if (!keep)
+        release_block(d, ptr, size);
+}
+
+/* ---- bounded waits ---- */
+
+void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s)
+{
+    set->watch = abort;
+    set->wait_limit_s = limit_s > 0 ? limit_s : MGT_DEVICE_WAIT_LIMIT_S;
+}
+
+/* A wait on a device that stalled before gives up at once: a hung kernel makes one wait
+   run out, not every wait of a teardown. */
+static mgt_status stalled_error(const mgt_device *d)
+{
+    return mgt_error_set(MGT_ERR_TIMEOUT,
+                         "%s: stalled: an earlier wait ran past the device wait limit of %g s",
+                         d->name, d->set->wait_limit_s);
+}
+
+static mgt_status waited(mgt_device *d, mgt_status st)
+{
+    if (st == MGT_ERR_TIMEOUT)
+        atomic_store(&d->stalled, true);
+    else if (st == MGT_OK)
+        deferred_reap(d->set);
+    return st;
+}
+
 /* ---- devices ---- */
 
 const char *mgt_device_kind_name(mgt_device_kind kind)
@@ -78,6 +293,33 @@ int mgt_device_kind_count(mgt_device_kind kind)
         kind = mgt_device_kind_count(MGT_DEVICE_CUDA) > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
     const mgt_backend_i *b = backend_of(kind);
     return b ? b->device_count() : 0;
+}
+
+mgt_status mgt_device_kind_probe(mgt_device_kind kind, int *count)
+{
+    *count = 0;
+    if (kind == MGT_DEVICE_AUTO)
+        kind = mgt_device_kind_count(MGT_DEVICE_CUDA) > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;
+    const mgt_backend_i *b = backend_of(kind);
+    if (!b)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "no CUDA device: this build has no CUDA backend (configured with "
+                             "MGT_CUDA=OFF, or without nvcc, cuBLAS or cuDNN found)");
+    if (b->probe)
+        return b->probe(count);
+    *count = b->device_count();
+    if (*count > 0)
+        return MGT_OK;
+    return mgt_error_set(MGT_ERR_UNSUPPORTED, "no %s device", b->name);
+}
+
+void mgt_device_kind_versions(mgt_device_kind kind, char *text, size_t cap)
+{
+    const mgt_backend_i *b = backend_of(kind);
+    if (cap > 0)
+        text[0] = '\0';
+    if (b && b->versions)
+        b->versions(text, cap);
 }
 
 static void staging_free(mgt_devset *set)
@@ -145,7 +387,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     const mgt_backend_i *iface = backend_of(kind);
     if (!iface)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
-                             "cuda devices: this build has no CUDA backend (configure with "
+                             "no CUDA device: this build has no CUDA backend (configure with "
                              "MGT_CUDA=ON where the CUDA toolkit and cuDNN are installed)");
     mgt_mock_options env_opts;
     const char *source = NULL; /* set when the spec is the environment's */
@@ -172,7 +414,9 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     set->iface = iface;
     set->kind = kind;
     set->no_p2p = o.no_p2p;
+    set->wait_limit_s = MGT_DEVICE_WAIT_LIMIT_S;
     pthread_mutex_init(&set->reg_lock, NULL);
+    pthread_mutex_init(&set->defer_lock, NULL);
     set->n = n;
     set->devs = devs;
     for (int i = 0; i < n; i++) {
@@ -180,9 +424,11 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
         devs[i].index = i;
         devs[i].id = ids[i];
         atomic_init(&devs[i].used, 0);
+        atomic_init(&devs[i].stalled, false);
     }
     mgt_status st = iface->devset_open(set, ids, &o);
     if (st != MGT_OK) {
+        pthread_mutex_destroy(&set->defer_lock);
         pthread_mutex_destroy(&set->reg_lock);
         free(devs);
         free(set);
@@ -203,6 +449,7 @@ void mgt_devset_free(mgt_devset *set)
         return;
     for (int i = 0; i < set->n; i++)
         mgt_device_synchronize(&set->devs[i], NULL);
+    deferred_wait(set, NULL, true);
     staging_free(set);
     /* what the set's users did not free themselves; a stream takes its aux event along */
     while (set->streams)
@@ -212,6 +459,7 @@ void mgt_devset_free(mgt_devset *set)
     while (set->buffers)
         mgt_buffer_free(set->buffers);
     set->iface->devset_close(set);
+    pthread_mutex_destroy(&set->defer_lock);
     pthread_mutex_destroy(&set->reg_lock);
     free(set->devs);
     free(set);
@@ -305,7 +553,9 @@ void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total)
 
 mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort)
 {
-    return d->set->iface->device_synchronize(d, abort);
+    if (atomic_load(&d->stalled))
+        return stalled_error(d);
+    return waited(d, d->set->iface->device_synchronize(d, abort));
 }
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -337,9 +587,15 @@ mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out)
     mgt_buffer *b = malloc(sizeof *b);
     if (!b)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    deferred_reap(d->set);
     mgt_status st = mgt_device_reserve(d, bytes, "buffer");
+    /* full: the blocks freed but not yet passed by the streams are this device's memory */
+    if (st == MGT_ERR_OOM && deferred_wait(d->set, d, false) > 0)
+        st = mgt_device_reserve(d, bytes, "buffer");
     if (st == MGT_OK) {
         st = d->set->iface->alloc(d, bytes, &b->ptr);
+        if (st == MGT_ERR_OOM && deferred_wait(d->set, d, false) > 0)
+            st = d->set->iface->alloc(d, bytes, &b->ptr);
         if (st != MGT_OK)
             mgt_device_unreserve(d, bytes);
     }
@@ -358,10 +614,11 @@ void mgt_buffer_free(mgt_buffer *b)
 {
     if (!b)
         return;
-    REG_UNLINK(b->dev->set, buffers, b);
-    b->dev->set->iface->free(b->dev, b->ptr);
-    mgt_device_unreserve(b->dev, b->size);
+    mgt_devset *set = b->dev->set;
+    REG_UNLINK(set, buffers, b);
+    free_after_streams(set, b->dev, b->ptr, b->size);
     free(b);
+    deferred_reap(set);
 }
 
 void *mgt_buffer_ptr(const mgt_buffer *b) { return b->ptr; }
@@ -393,6 +650,7 @@ mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out)
     if (!s)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
     s->dev = d;
+    atomic_init(&s->pins, 0);
     pthread_mutex_init(&s->aux_lock, NULL);
     mgt_status st = d->set->iface->stream_create(s);
     if (st == MGT_OK) {
@@ -415,7 +673,10 @@ void mgt_stream_free(mgt_stream *s)
     if (!s)
         return;
     REG_UNLINK(s->dev->set, streams, s);
-    s->dev->set->iface->stream_synchronize(s, NULL);
+    while (atomic_load(&s->pins)) /* a buffer free recording its event here */
+        sched_yield();
+    if (!atomic_load(&s->dev->stalled))
+        waited(s->dev, s->dev->set->iface->stream_synchronize(s, NULL));
     s->dev->set->iface->stream_destroy(s);
     mgt_event_free(s->aux);
     pthread_mutex_destroy(&s->aux_lock);
@@ -428,7 +689,9 @@ mgt_status mgt_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
 {
     if (!s)
         return bad_arg("stream synchronize", "no stream");
-    return s->dev->set->iface->stream_synchronize(s, abort);
+    if (atomic_load(&s->dev->stalled))
+        return stalled_error(s->dev);
+    return waited(s->dev, s->dev->set->iface->stream_synchronize(s, abort));
 }
 
 static mgt_status event_create(mgt_device *d, bool timing, mgt_event **out)
@@ -491,7 +754,9 @@ mgt_status mgt_event_synchronize(mgt_event *e, const mgt_abort *abort)
 {
     if (!e)
         return bad_arg("event synchronize", "no event");
-    return e->dev->set->iface->event_synchronize(e, abort);
+    if (atomic_load(&e->dev->stalled))
+        return stalled_error(e->dev);
+    return waited(e->dev, e->dev->set->iface->event_synchronize(e, abort));
 }
 
 mgt_status mgt_event_query(mgt_event *e, bool *done)

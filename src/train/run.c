@@ -411,6 +411,7 @@ static mgt_status run_finish(run *r, mgt_status st)
         mgt_abort_raise(&r->abort);
     train_workers_stop(r);
     train_free_parts(r);
+    mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
     if (r->reports.n)
         train_reports_free(&r->reports);
     if (r->log)
@@ -436,6 +437,9 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->primary = r->node == 0;
     if (r->world)
         mgt_world_set_timeout(r->world, c->step_timeout_s);
+    /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
+       call leave when the run aborts */
+    mgt_devset_set_waits(set, &r->abort, c->step_timeout_s);
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */

@@ -67,6 +67,18 @@ mgt_devset *mgt_test_open_mock(int n, const char *spec)
     return set;
 }
 
+bool mgt_test_cuda_unavailable(const char *what)
+{
+    int count = 0;
+    if (mgt_device_kind_probe(MGT_DEVICE_CUDA, &count) == MGT_OK)
+        return false;
+    const char *req = getenv("MGT_REQUIRE_CUDA");
+    if (req && *req && strcmp(req, "0") != 0)
+        fail_msg("%s: MGT_REQUIRE_CUDA=1 and %s", what, mgt_error_last());
+    print_message("%s: skipped: %s\n", what, mgt_error_last());
+    return true;
+}
+
 FILE *mgt_test_quiet(void)
 {
     static FILE *f;

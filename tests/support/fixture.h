@@ -3,6 +3,7 @@
 #ifndef MGT_TEST_FIXTURE_H
 #define MGT_TEST_FIXTURE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +36,11 @@ int mgt_test_remove_tree(const char *root);
 
 /* Mock devices 0..n-1 with the options in spec; fails the test when they cannot be opened. */
 mgt_devset *mgt_test_open_mock(int n, const char *spec);
+
+/* Whether a test's CUDA part must skip here: says why (the CUDA runtime's own reason) and
+   returns true, for the caller to skip(); under MGT_REQUIRE_CUDA=1 (tools/gpu-check.sh) it
+   fails the running test instead, so that a GPU run cannot pass by skipping. */
+bool mgt_test_cuda_unavailable(const char *what);
 
 /* Where progress lines go: nowhere, or stdout when MGT_TEST_VERBOSE is set. */
 FILE *mgt_test_quiet(void);

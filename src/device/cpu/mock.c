@@ -53,6 +53,7 @@ typedef struct cmd {
 typedef struct mock_alloc {
     char *p;
     size_t n;
+    bool retired; /* freed by the program, kept until queued work has passed the free */
 } mock_alloc;
 
 typedef struct mock_stream mock_stream;
@@ -70,7 +71,10 @@ typedef struct mock_dev {
     mgt_fault_kind fault_kind;
     long fault_nth;
     char fault_op[32];
-    atomic_long n_fault_op; /* kernels named fault_op run so far */
+    atomic_long n_fault_op;              /* kernels named fault_op run so far */
+    int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
+    int nrefusals;
+    long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
     unsigned delay_us;
     uint64_t seed;
     double link_bw, link_lat; /* the link model of direct peer copies */
@@ -90,6 +94,7 @@ struct mock_stream {
     cmd *ring;
     uint64_t enqueued, completed;
     bool stop;
+    atomic_bool quit; /* being freed: a hung kernel or a queued wait on it gives up */
     uint64_t rng;
     mock_stream *next;
 };
@@ -161,7 +166,8 @@ static bool mock_owns(mock_dev *md, const void *p, size_t bytes)
 {
     pthread_mutex_lock(&md->lock);
     int i = alloc_find(md, p);
-    bool ok = i >= 0 && (const char *)p + bytes <= md->allocs[i].p + md->allocs[i].n &&
+    bool ok = i >= 0 && !md->allocs[i].retired &&
+              (const char *)p + bytes <= md->allocs[i].p + md->allocs[i].n &&
               (const char *)p + bytes >= (const char *)p;
     pthread_mutex_unlock(&md->lock);
     return ok;
@@ -207,19 +213,27 @@ static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
     }
     int i = alloc_find(md, p) + 1;
     memmove(&md->allocs[i + 1], &md->allocs[i], (size_t)(md->nallocs - i) * sizeof *md->allocs);
-    md->allocs[i] = (mock_alloc){p, bytes};
+    md->allocs[i] = (mock_alloc){p, bytes, false};
     md->nallocs++;
     pthread_mutex_unlock(&md->lock);
     *ptr = p;
     return MGT_OK;
 }
 
-static mgt_status mock_device_synchronize(mgt_device *d, const mgt_abort *abort);
+static void mock_retire_mem(mgt_device *d, void *ptr)
+{
+    mock_dev *md = dev_of(d);
+    pthread_mutex_lock(&md->lock);
+    int i = alloc_find(md, ptr);
+    if (i >= 0 && md->allocs[i].p == ptr)
+        md->allocs[i].retired = true;
+    pthread_mutex_unlock(&md->lock);
+}
 
+/* The dispatch layer frees a block only once no queued work can use it. */
 static void mock_free_mem(mgt_device *d, void *ptr)
 {
     mock_dev *md = dev_of(d);
-    mock_device_synchronize(d, NULL);
     pthread_mutex_lock(&md->lock);
     int i = alloc_find(md, ptr);
     if (i >= 0 && md->allocs[i].p == ptr) {
@@ -293,12 +307,21 @@ static void event_complete(mock_event *e, uint64_t gen)
     pthread_mutex_unlock(&e->lock);
 }
 
-static void event_wait_gen(mock_event *e, uint64_t gen)
+/* A queued wait: false when its stream is freed before the record comes (the record's stream
+   hung or failed), the stream's later work then having no order to keep. */
+static bool event_wait_gen(mock_event *e, uint64_t gen, const atomic_bool *quit)
 {
+    bool ok = true;
     pthread_mutex_lock(&e->lock);
-    while (!event_done(e, gen))
-        pthread_cond_wait(&e->cv, &e->lock);
+    while (!event_done(e, gen)) {
+        if (atomic_load(quit)) {
+            ok = false;
+            break;
+        }
+        mgt_cond_wait_slice(&e->cv, &e->lock);
+    }
     pthread_mutex_unlock(&e->lock);
+    return ok;
 }
 
 static void event_release(mock_event *e)
@@ -340,6 +363,16 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
+        if (md->fault_kind == MGT_FAULT_HANG && n == md->fault_nth) {
+            /* a hung GPU kernel: nothing after it on this stream runs until the stream is
+               freed, and the device is failed then, as a reset would leave it */
+            while (!atomic_load(&ms->quit))
+                usleep(1000);
+            snprintf(text, sizeof text, "injected hang in kernel %s (%s #%ld on this device)", name,
+                     md->fault_op[0] ? name : "kernel", n);
+            mock_fail(md, text);
+            return;
+        }
         if (mgt_cpu_run(&md->ctx, &c->u.op) != MGT_OK) {
             snprintf(text, sizeof text, "kernel %s failed: %s", name, mgt_error_last());
             mock_fail(md, text);
@@ -372,7 +405,8 @@ static void run_cmd(mock_stream *ms, const cmd *c)
         event_release(c->u.ev.e);
         return;
     case CMD_WAIT:
-        event_wait_gen(c->u.ev.e, c->u.ev.gen);
+        if (!event_wait_gen(c->u.ev.e, c->u.ev.gen, &ms->quit))
+            mock_fail(md, "a stream was freed while it waited for an event that never came");
         event_release(c->u.ev.e);
         return;
     }
@@ -429,6 +463,7 @@ static mgt_status mock_stream_create(mgt_stream *s)
     }
     ms->s = s;
     ms->md = md;
+    atomic_init(&ms->quit, false);
     ms->ring = ring;
     pthread_mutex_init(&ms->lock, NULL);
     pthread_cond_init(&ms->work, NULL);
@@ -466,6 +501,7 @@ static void mock_stream_destroy(mgt_stream *s)
             break;
         }
     pthread_mutex_unlock(&md->lock);
+    atomic_store(&ms->quit, true);
     pthread_mutex_lock(&ms->lock);
     ms->stop = true;
     pthread_cond_signal(&ms->work);
@@ -478,8 +514,21 @@ static void mock_stream_destroy(mgt_stream *s)
     free(ms);
 }
 
+/* MGT_ERR_TIMEOUT once a wait begun at t0 has run past the set's wait limit. */
+static mgt_status past_limit(const mgt_device *d, double t0, const char *what)
+{
+    double limit = d->set->wait_limit_s;
+    if (mgt_time_now() - t0 <= limit)
+        return MGT_OK;
+    return mgt_error_set(MGT_ERR_TIMEOUT,
+                         "%s: a wait for %s ran past the device wait limit of %g s: its queued "
+                         "work has stopped making progress",
+                         d->name, what, limit);
+}
+
 static mgt_status stream_wait_drained(mock_stream *ms, const mgt_abort *abort)
 {
+    const double t0 = mgt_time_now();
     pthread_mutex_lock(&ms->lock);
     uint64_t target = ms->enqueued;
     while (ms->completed < target) {
@@ -488,10 +537,12 @@ static mgt_status stream_wait_drained(mock_stream *ms, const mgt_abort *abort)
             return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for a stream aborted",
                                  ms->md->dev->name);
         }
-        if (abort)
-            mgt_cond_wait_slice(&ms->done, &ms->lock);
-        else
-            pthread_cond_wait(&ms->done, &ms->lock);
+        mgt_status st = past_limit(ms->md->dev, t0, "a stream");
+        if (st != MGT_OK) {
+            pthread_mutex_unlock(&ms->lock);
+            return st;
+        }
+        mgt_cond_wait_slice(&ms->done, &ms->lock);
     }
     pthread_mutex_unlock(&ms->lock);
     return MGT_OK;
@@ -586,12 +637,18 @@ static mgt_status mock_stream_wait_event(mgt_stream *s, mgt_event *e)
 static mgt_status mock_event_synchronize(mgt_event *e, const mgt_abort *abort)
 {
     mock_event *me = e->impl;
+    const double t0 = mgt_time_now();
     pthread_mutex_lock(&me->lock);
     uint64_t gen = me->recorded;
     while (!event_done(me, gen)) {
         if (mgt_abort_is_raised(abort)) {
             pthread_mutex_unlock(&me->lock);
             return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for an event aborted", e->dev->name);
+        }
+        mgt_status st = past_limit(e->dev, t0, "an event");
+        if (st != MGT_OK) {
+            pthread_mutex_unlock(&me->lock);
+            return st;
         }
         mgt_cond_wait_slice(&me->cv, &me->lock);
     }
@@ -718,6 +775,16 @@ static void mock_unreserve(void *owner, size_t bytes) { mgt_device_unreserve(own
 
 static void mock_devset_close(mgt_devset *set);
 
+/* fault=lowp: the refusal of this 16-bit convolution attempt, if the spec names one. */
+static mgt_lp_refusal mock_lp_refusal(void *owner)
+{
+    mock_dev *md = dev_of(owner);
+    if (md->fault_kind != MGT_FAULT_LOWP)
+        return MGT_LP_REFUSAL_NONE;
+    long k = ++md->n_lowp - md->fault_nth;
+    return k >= 0 && k < md->nrefusals ? (mgt_lp_refusal)md->refusals[k] : MGT_LP_REFUSAL_NONE;
+}
+
 static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_devset_options *opts)
 {
     const mgt_mock_options *opt = opts->mock;
@@ -756,6 +823,8 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
             md->fault_kind = opt->fault_kind;
             md->fault_nth = opt->fault_nth;
             memcpy(md->fault_op, opt->fault_op, sizeof md->fault_op);
+            md->nrefusals = opt->fault_nrefusals;
+            memcpy(md->refusals, opt->fault_refusals, sizeof md->refusals);
         }
         md->delay_us = opt->delay_us;
         md->seed = opt->seed;
@@ -770,6 +839,7 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
         md->ctx.reserve = mock_reserve;
         md->ctx.unreserve = mock_unreserve;
         md->ctx.owner = d;
+        md->ctx.lp_refusal = mock_lp_refusal;
     }
     return MGT_OK;
 }
@@ -815,6 +885,7 @@ static const mgt_backend_i mock_backend = {
     .can_access_peer = mock_can_access_peer,
     .alloc = mock_alloc_mem,
     .free = mock_free_mem,
+    .retire = mock_retire_mem,
     .host_alloc = mock_host_alloc,
     .host_free = mock_host_free,
     .stream_create = mock_stream_create,

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "device/op.h"
+#include "device/refusal.h"
 #include "mgt/device.h"
 
 /* The text names the item and the reason only: the caller puts where the spec came from
@@ -91,20 +92,24 @@ static mgt_status parse_peers(mgt_mock_options *o, const char *item, const char 
     return MGT_OK;
 }
 
-/* alloc@D:N or kernel@D:N */
+/* alloc@D:N, kernel@D:N[:OP], hang@D:N[:OP] or lowp@D:N:REASONS */
 static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char *val)
 {
     const char *at = strchr(val, '@');
     const char *colon = at ? strchr(at, ':') : NULL;
     if (!at || !colon)
-        return bad(item, "expected alloc@DEVICE:N or kernel@DEVICE:N");
+        return bad(item, "expected KIND@DEVICE:N (alloc, kernel, hang or lowp)");
     size_t kl = (size_t)(at - val);
     if (kl == 5 && strncmp(val, "alloc", 5) == 0)
         o->fault_kind = MGT_FAULT_ALLOC;
     else if (kl == 6 && strncmp(val, "kernel", 6) == 0)
         o->fault_kind = MGT_FAULT_KERNEL;
+    else if (kl == 4 && strncmp(val, "hang", 4) == 0)
+        o->fault_kind = MGT_FAULT_HANG;
+    else if (kl == 4 && strncmp(val, "lowp", 4) == 0)
+        o->fault_kind = MGT_FAULT_LOWP;
     else
-        return bad(item, "the fault kind is alloc or kernel");
+        return bad(item, "the fault kind is alloc, kernel, hang or lowp");
     char dev[16];
     size_t dl = (size_t)(colon - at - 1);
     if (dl == 0 || dl >= sizeof dev)
@@ -124,9 +129,30 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
     if (!parse_long(num, &n) || n < 1)
         return bad(item, "N counts from 1");
     o->fault_op[0] = '\0';
+    o->fault_nrefusals = 0;
+    if (o->fault_kind == MGT_FAULT_LOWP) {
+        if (!op || !op[1])
+            return bad(item, "lowp@DEVICE:N:REASON[,REASON...] names the refusals, each one of "
+                             "no_kernel, bad_param, no_memory, broken, fault");
+        for (const char *r = op + 1; *r;) {
+            const char *end = strchr(r, ',');
+            size_t len = end ? (size_t)(end - r) : strlen(r);
+            mgt_lp_refusal why = mgt_lp_refusal_from_name(r, len);
+            if (why == MGT_LP_REFUSAL_COUNT)
+                return bad(item, "a refusal is one of no_kernel, bad_param, no_memory, broken, "
+                                 "fault");
+            if (o->fault_nrefusals == MGT_MOCK_MAX_REFUSALS)
+                return bad(item, "at most 8 refusals");
+            o->fault_refusals[o->fault_nrefusals++] = (int)why;
+            r = end ? end + 1 : r + len;
+        }
+        op = NULL;
+    }
     if (op) {
-        if (o->fault_kind != MGT_FAULT_KERNEL || !op[1] || strlen(op + 1) >= sizeof o->fault_op)
-            return bad(item, "an op name follows N only for kernel faults, e.g. kernel@0:1:axpy");
+        if ((o->fault_kind != MGT_FAULT_KERNEL && o->fault_kind != MGT_FAULT_HANG) || !op[1] ||
+            strlen(op + 1) >= sizeof o->fault_op)
+            return bad(item, "an op name follows N only for kernel and hang faults, e.g. "
+                             "kernel@0:1:axpy");
         if (mgt_op_kind_from_name(op + 1) == MGT_OP_COUNT) {
             char names[1024] = "";
             size_t len = 0;
@@ -333,8 +359,11 @@ mgt_status mgt_mock_options_check(const mgt_mock_options *o, const int *ids, int
     list_ids(have, sizeof have, ids, n);
     if (o->fault_kind != MGT_FAULT_NONE && !opened(ids, n, o->fault_device)) {
         char item[96];
-        snprintf(item, sizeof item, "fault=%s@%d:%ld%s%s",
-                 o->fault_kind == MGT_FAULT_ALLOC ? "alloc" : "kernel", o->fault_device,
+        static const char *const kinds[] = {[MGT_FAULT_ALLOC] = "alloc",
+                                            [MGT_FAULT_KERNEL] = "kernel",
+                                            [MGT_FAULT_HANG] = "hang",
+                                            [MGT_FAULT_LOWP] = "lowp"};
+        snprintf(item, sizeof item, "fault=%s@%d:%ld%s%s", kinds[o->fault_kind], o->fault_device,
                  o->fault_nth, o->fault_op[0] ? ":" : "", o->fault_op);
         return mgt_error_set(MGT_ERR_INVALID, "'%s': no device %d among the %d opened (ids %s)",
                              item, o->fault_device, n, have);

@@ -10,13 +10,16 @@
    A host wait polls (cudaStreamQuery / cudaEventQuery) instead of blocking in the driver,
    so that a raised abort flag is seen. It yields for the first polls (most GPU waits in a
    step are short and a sleep would add its own latency), then sleeps with a growing pause
-   capped at half a millisecond, well inside MGT_WAIT_SLICE_MS. */
+   capped at half a millisecond, well inside MGT_WAIT_SLICE_MS. No wait outlasts the set's
+   wait limit (mgt_devset_set_waits): a hung kernel ends in MGT_ERR_TIMEOUT, not a hang. */
 
 typedef mgt_status (*poll_fn)(void *h, int *done);
 
-static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, int index)
+static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, const mgt_device *d,
+                            const char *what)
 {
     long pause_ns = 2000;
+    const double t0 = mgt_time_now(), limit = d->set->wait_limit_s;
     for (int polls = 0;; polls++) {
         int done = 0;
         mgt_status st = poll(h, &done);
@@ -25,7 +28,13 @@ static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, int i
         if (done)
             return MGT_OK;
         if (mgt_abort_is_raised(abort))
-            return mgt_error_set(MGT_ERR_ABORTED, "cuda device %d: wait left: abort raised", index);
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: wait for %s left: abort raised", d->name,
+                                 what);
+        if (mgt_time_now() - t0 > limit)
+            return mgt_error_set(MGT_ERR_TIMEOUT,
+                                 "%s: a wait for %s ran past the wait limit of %g s (--timeout): "
+                                 "its queued work has stopped making progress (a hung kernel?)",
+                                 d->name, what, limit);
         if (polls < 64) {
             sched_yield();
             continue;
@@ -50,12 +59,24 @@ static mgt_status reserve_hook(void *owner, size_t bytes, const char *what)
 
 static void unreserve_hook(void *owner, size_t bytes) { mgt_device_unreserve(owner, bytes); }
 
+/* The backend's own waits inside a call: the run's abort flag and the wait limit. */
+static mgt_status wait_hook(void *owner, mgt_cuda_stream *s, const char *what)
+{
+    mgt_device *d = owner;
+    if (atomic_load(&d->stalled))
+        return mgt_error_set(MGT_ERR_TIMEOUT, "%s: stalled: an earlier wait ran out", d->name);
+    mgt_status st = poll_wait(poll_stream, s, d->set->watch, d, what);
+    if (st == MGT_ERR_TIMEOUT)
+        atomic_store(&d->stalled, true);
+    return st;
+}
+
 static int cuda_device_count(void) { return mgt_cuda_device_count(); }
 
 static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_devset_options *opts)
 {
     const mgt_cuda_flags flags = {opts->no_p2p, opts->tf32, opts->deterministic};
-    static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook};
+    static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook, wait_hook};
     void **owners = malloc((size_t)set->n * sizeof *owners);
     if (owners == NULL)
         return mgt_error_set(MGT_ERR_OOM, "cuda: out of host memory opening %d device(s)", set->n);
@@ -77,7 +98,16 @@ static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_de
 
 static void cuda_devset_close(mgt_devset *set)
 {
-    mgt_cuda_set_close(set->impl);
+    /* bounded here, not in cudaDeviceSynchronize: a hung kernel leaves its memory unfreed
+       (the process is ending or the GPU needs a reset) instead of hanging the close */
+    bool drained = true;
+    for (int i = 0; i < set->n; i++) {
+        mgt_device *d = &set->devs[i];
+        if (atomic_load(&d->stalled) ||
+            poll_wait(poll_device, d->impl, NULL, d, "the device's streams") == MGT_ERR_TIMEOUT)
+            drained = false;
+    }
+    mgt_cuda_set_close(set->impl, drained);
     set->impl = NULL;
     for (int i = 0; i < set->n; i++)
         set->devs[i].impl = NULL;
@@ -123,12 +153,12 @@ static void cuda_stream_destroy(mgt_stream *s)
 
 static mgt_status cuda_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
 {
-    return poll_wait(poll_stream, s->impl, abort, s->dev->index);
+    return poll_wait(poll_stream, s->impl, abort, s->dev, "a stream");
 }
 
 static mgt_status cuda_device_synchronize(mgt_device *d, const mgt_abort *abort)
 {
-    return poll_wait(poll_device, d->impl, abort, d->index);
+    return poll_wait(poll_device, d->impl, abort, d, "the device's streams");
 }
 
 static mgt_status cuda_event_create(mgt_event *e)
@@ -158,7 +188,7 @@ static mgt_status cuda_stream_wait_event(mgt_stream *s, mgt_event *e)
 
 static mgt_status cuda_event_synchronize(mgt_event *e, const mgt_abort *abort)
 {
-    return poll_wait(poll_event, e->impl, abort, e->dev->index);
+    return poll_wait(poll_event, e->impl, abort, e->dev, "an event");
 }
 
 static mgt_status cuda_event_query(mgt_event *e, bool *done)
@@ -285,6 +315,8 @@ static void cuda_xcomm_free(void *comm) { mgt_cuda_xcomm_free(comm); }
 static const mgt_backend_i cuda_backend = {
     .name = "cuda",
     .device_count = cuda_device_count,
+    .probe = mgt_cuda_probe,
+    .versions = mgt_cuda_versions,
     .devset_open = cuda_devset_open,
     .devset_close = cuda_devset_close,
     .can_access_peer = cuda_can_access_peer,

@@ -74,6 +74,14 @@ struct mgt_cuda_dev {
     std::multimap<size_t, void *> free_blocks; // size -> block
     std::unordered_map<void *, size_t> live;   // block -> size, handed out now
     size_t cached_bytes;
+    // Blocks the backend freed on a stream (a workspace or scratch that grew mid-step):
+    // reusable once the event recorded after their last use has run; no wait at the free.
+    struct pending_block {
+        cudaEvent_t done;
+        void *ptr;
+        size_t size;
+    };
+    std::vector<pending_block> pending;
 
     std::mutex streams_lock;
     std::vector<mgt_cuda_stream *> streams;
@@ -156,12 +164,13 @@ mgt_status mgt_cuda_enter(mgt_cuda_stream *s);
 mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file, int line);
 #define MGT_CUDA_AFTER(s, what) mgt_cuda_after((s), (what), __FILE__, __LINE__)
 
-// Allocator paths for the backend's own buffers (workspace, scratch).
+// Allocator paths for the backend's own buffers (workspace, scratch). A block used by one
+// stream's work only is freed on that stream: reusable once the work queued so far has run.
 mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out);
-void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr);
+void mgt_cuda_free_on_stream(mgt_cuda_stream *s, void *ptr);
 // A scratch region's size rounded up to 256 bytes, so the next one starts aligned.
 inline size_t mgt_cuda_align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-// Makes s->scratch at least `bytes`; growing waits for the GPU (rare: first steps only).
+// Makes s->scratch at least `bytes`; the old block is freed on the stream (no wait).
 mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes);
 // The same for s->lowp.
 mgt_status mgt_cuda_lowp_buffer(mgt_cuda_stream *s, size_t bytes);

@@ -27,6 +27,9 @@ typedef struct mgt_cuda_event mgt_cuda_event;
 typedef struct mgt_cuda_hooks {
     mgt_status (*reserve)(void *owner, size_t bytes, const char *what);
     void (*unreserve)(void *owner, size_t bytes);
+    /* the backend's own wait for a stream inside a call (a cuDNN search's start,
+       MGT_CUDA_SYNC): abortable by the run's flag and bounded by the set's wait limit */
+    mgt_status (*wait)(void *owner, mgt_cuda_stream *s, const char *what);
 } mgt_cuda_hooks;
 
 enum { MGT_CUDA_COPY_H2D, MGT_CUDA_COPY_D2H, MGT_CUDA_COPY_D2D };
@@ -35,6 +38,13 @@ enum { MGT_CUDA_COPY_H2D, MGT_CUDA_COPY_D2H, MGT_CUDA_COPY_D2D };
 
 /* GPUs the runtime sees; 0 when there is no driver or no GPU (never fails). */
 int mgt_cuda_device_count(void);
+/* The runtime's answer in full: *count GPUs, or a failure whose text (the error set) carries
+   cudaGetDeviceCount's own error text, the driver's and the runtime's versions and each GPU's
+   compute mode: what a user needs to see where CUDA was asked for and cannot be opened. */
+mgt_status mgt_cuda_probe(int *count);
+/* "CUDA runtime 13.0, driver 13.0 (580.x), cuDNN 9.13.0, cuBLAS 13.1.0, NCCL 2.27.7" as this
+   process loads them (NCCL: "not built"), for `mgtrain devices` and tools/gpu-check.sh. */
+void mgt_cuda_versions(char *text, size_t cap);
 /* The switches of mgt_devset_options that reach the CUDA backend (--no-p2p, --tf32,
    --deterministic); the environment variables MGT_NO_P2P, MGT_TF32 and MGT_DETERMINISTIC
    turn them on as well. */
@@ -47,8 +57,11 @@ typedef struct mgt_cuda_flags {
    MGT_CUDNN_WORKSPACE_MB from the environment. Verifies peer access between distinct GPUs. */
 mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
                              const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out);
-/* Frees everything the set made (streams and events must be gone). NULL is a no-op. */
-void mgt_cuda_set_close(mgt_cuda_set *set);
+/* Frees everything the set made (streams and events must be gone; the caller has waited for
+   the GPUs, bounded). drained false: some GPU's work never finished (a hung kernel), so its
+   memory is left to the process's end instead of freed under running kernels. NULL is a
+   no-op. */
+void mgt_cuda_set_close(mgt_cuda_set *set, bool drained);
 mgt_cuda_dev *mgt_cuda_set_dev(mgt_cuda_set *set, int i);
 /* 1 when a copy from replica i to replica j may go directly (verified at open). */
 int mgt_cuda_set_peer(const mgt_cuda_set *set, int i, int j);
@@ -63,7 +76,8 @@ mgt_status mgt_cuda_dev_query(mgt_cuda_dev *d, int *done);
 /* ---- memory ---- */
 
 mgt_status mgt_cuda_alloc(mgt_cuda_dev *d, size_t bytes, void **out);
-/* Waits for the GPU's pending work, then keeps the block for reuse. */
+/* Keeps the block for reuse at once: the dispatch layer calls it only once no queued work
+   can use the block. */
 void mgt_cuda_free(mgt_cuda_dev *d, void *ptr);
 mgt_status mgt_cuda_host_alloc(mgt_cuda_dev *d, size_t bytes, void **out);
 void mgt_cuda_host_free(mgt_cuda_dev *d, void *ptr);
@@ -80,6 +94,8 @@ mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, bool timing, mgt_cuda_event **
 void mgt_cuda_event_destroy(mgt_cuda_event *e);
 mgt_status mgt_cuda_event_record(mgt_cuda_event *e, mgt_cuda_stream *s);
 mgt_status mgt_cuda_stream_wait_event(mgt_cuda_stream *s, mgt_cuda_event *e);
+/* *done is set also when the answer is an error: 1 when the record has run or never will
+   (a context the fault has ended). */
 mgt_status mgt_cuda_event_query(mgt_cuda_event *e, int *done);
 mgt_status mgt_cuda_event_elapsed(mgt_cuda_event *start, mgt_cuda_event *end, float *ms);
 
@@ -94,6 +110,8 @@ mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_d
 
 typedef struct mgt_cuda_xcomm mgt_cuda_xcomm;
 bool mgt_cuda_have_nccl(void);
+/* "2.27.7", or "not built" */
+void mgt_cuda_nccl_version(char *text, size_t cap);
 /* ncclGetUniqueId into id (cap bytes), its length into *len */
 mgt_status mgt_cuda_xcomm_id(void *id, size_t cap, size_t *len);
 /* ncclCommInitRank on d's GPU: blocks until all nranks have joined */

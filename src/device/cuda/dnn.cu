@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/cuda/common.cuh"
+#include "device/refusal.h"
 
 #define MGT_ENTER(s)                        \
     do {                                    \
@@ -119,6 +120,9 @@ struct conv_entry {
 struct algo_cache {
     std::mutex lock; // held through a timed search: replicas of one GPU search once
     std::map<std::vector<int>, conv_entry> entries;
+    // 16-bit shapes (the entry's key and the batch) whose refusal is remembered
+    // (mgt_lp_refusal_action): they take the rounded-fp32 path without asking cuDNN again.
+    std::set<std::vector<int>> no16;
 };
 
 std::mutex g_caches_lock;
@@ -139,10 +143,23 @@ algo_cache *cache_for(const mgt_cuda_dev *d, bool by_model)
 
 } // namespace
 
+// Whether a result's math is what was asked, and no less: fp32 data computes in FMA (a
+// DEFAULT result is pinned to FMA) unless --tf32 also admits TF32 tensor cores (TENSOR_OP);
+// 16-bit data may use the tensor cores. ALLOW_CONVERSION, which lets cuDNN round fp32 data
+// to fp16 silently, and any math type newer than these are never taken.
+static bool math_asked(cudnnMathType_t m, bool lowp, bool tf32)
+{
+    switch (m) {
+    case CUDNN_DEFAULT_MATH:
+    case CUDNN_FMA_MATH: return true;
+    case CUDNN_TENSOR_OP_MATH: return lowp || tf32;
+    default: return false;
+    }
+}
+
 // Keeps the usable results of a cudnnFind*Ex or cudnnGet*_v7 call in the order cuDNN gave
-// them: deterministic ones only under --deterministic, without TF32 tensor-core math unless
-// --tf32 allows it (16-bit data, lowp: tensor-core math is the point), and (max_ws > 0) within
-// that much workspace.
+// them: deterministic ones only under --deterministic, with the math asked for (math_asked),
+// and (max_ws > 0) within that much workspace.
 template <typename Perf>
 static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt, bool lowp,
                          size_t max_ws, std::vector<mgt_cuda_algo> *out)
@@ -153,7 +170,7 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
             continue;
         if (opt.deterministic && p.determinism != CUDNN_DETERMINISTIC)
             continue;
-        if (!lowp && !opt.tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
+        if (!math_asked(p.mathType, lowp, opt.tf32))
             continue;
         if (max_ws > 0 && p.memory > max_ws)
             continue;
@@ -166,13 +183,13 @@ static void keep_results(const Perf *perf, int got, const mgt_cuda_options &opt,
     }
 }
 
-// lowp: MGT_ERR_UNSUPPORTED, which sends the caller to the rounded fp32 path.
-// The refusals that mean "no 16-bit kernel for this shape, layout, type or GPU" (the caller
-// then takes the rounded fp32 path), not a broken installation (an incompatible driver or
-// runtime, a missing sublibrary), which stays an error.
-static bool no_16bit_kernel(cudnnStatus_t e)
+// What a cuDNN status on the 16-bit path comes to (refusal.h decides what follows): every
+// status of cuDNN 9 by name, the categories for any newer one.
+static mgt_lp_refusal refusal_of(cudnnStatus_t e)
 {
     switch (e) {
+    case CUDNN_STATUS_SUCCESS: return MGT_LP_REFUSAL_NONE;
+    // no 16-bit kernel for the shape, type, layout or GPU
     case CUDNN_STATUS_NOT_SUPPORTED:
     case CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN:
     case CUDNN_STATUS_NOT_SUPPORTED_SHAPE:
@@ -180,10 +197,76 @@ static bool no_16bit_kernel(cudnnStatus_t e)
     case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT:
     case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH:
     case CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT:
-    case CUDNN_STATUS_NOT_SUPPORTED_PADDING: return true;
-    default: return false;
+    case CUDNN_STATUS_NOT_SUPPORTED_PADDING:
+    case CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM:
+    case CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API:
+    case CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE:
+    case CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED: // no kernel could be built for it
+    case CUDNN_STATUS_INTERNAL_ERROR_BAD_LAUNCH_PARAM: return MGT_LP_REFUSAL_NO_KERNEL;
+    // the 16-bit NHWC configuration's parameters (grouped, odd channel counts)
+    case CUDNN_STATUS_BAD_PARAM:
+    case CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED:
+    case CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND:
+    case CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT:
+    case CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH:
+    case CUDNN_STATUS_BAD_PARAM_DUPLICATED_ENTRIES:
+    case CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE:
+    case CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE: return MGT_LP_REFUSAL_BAD_PARAM;
+    // memory short now
+    case CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED:
+    case CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED:
+    case CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED: return MGT_LP_REFUSAL_NO_MEMORY;
+    // the installation
+    case CUDNN_STATUS_NOT_INITIALIZED:
+    case CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH:
+    case CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH:
+    case CUDNN_STATUS_DEPRECATED:
+    case CUDNN_STATUS_LICENSE_ERROR:
+    case CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED:
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER:
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART:
+    case CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING:
+    case CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE: return MGT_LP_REFUSAL_BROKEN;
+    // the device, or our own call (the fp32 path would make the same one)
+    case CUDNN_STATUS_RUNTIME_IN_PROGRESS:
+    case CUDNN_STATUS_RUNTIME_FP_OVERFLOW:
+    case CUDNN_STATUS_BAD_PARAM_NULL_POINTER:
+    case CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER:
+    case CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH:
+    case CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH:
+    case CUDNN_STATUS_INTERNAL_ERROR:
+    case CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE:
+    case CUDNN_STATUS_EXECUTION_FAILED:
+    case CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER:
+    case CUDNN_STATUS_EXECUTION_FAILED_CUBLAS:
+    case CUDNN_STATUS_EXECUTION_FAILED_CUDART:
+    case CUDNN_STATUS_EXECUTION_FAILED_CURAND: return MGT_LP_REFUSAL_FAULT;
+    default: break;
+    }
+    switch (CUDNN_STATUS_CATEGORY(e)) {
+    case 1000: return MGT_LP_REFUSAL_BROKEN; // the category of CUDNN_STATUS_NOT_INITIALIZED
+    case CUDNN_STATUS_BAD_PARAM: return MGT_LP_REFUSAL_BAD_PARAM;
+    case CUDNN_STATUS_NOT_SUPPORTED: return MGT_LP_REFUSAL_NO_KERNEL;
+    default: return MGT_LP_REFUSAL_FAULT;
     }
 }
+
+// A failed cuDNN call of a convolution: the error, and on the 16-bit path (why non-NULL)
+// what the status comes to.
+static mgt_status conv_fail(mgt_cuda_dev *d, cudnnStatus_t e, const char *call, int line,
+                            mgt_lp_refusal *why)
+{
+    if (why != NULL)
+        *why = refusal_of(e);
+    return mgt_cuda_fail_dnn(d, e, call, __FILE__, line);
+}
+
+#define MGT_CONV_TRY(d, why, call)                                 \
+    do {                                                           \
+        cudnnStatus_t mgt_e_ = (call);                             \
+        if (mgt_e_ != CUDNN_STATUS_SUCCESS)                        \
+            return conv_fail((d), mgt_e_, #call, __LINE__, (why)); \
+    } while (0)
 
 static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, bool lowp, size_t ws_bytes)
 {
@@ -199,7 +282,7 @@ static mgt_status no_algorithm(mgt_cuda_dev *d, mgt_op_kind dir, bool lowp, size
 // The fixed rule of --deterministic: cuDNN's heuristic order for the shape described by s's
 // descriptors, deterministic algorithms within the workspace cap. Nothing runs on the GPU.
 static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp,
-                                  std::vector<mgt_cuda_algo> *out)
+                                  std::vector<mgt_cuda_algo> *out, mgt_lp_refusal *why)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
@@ -225,22 +308,22 @@ static mgt_status heuristic_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp
         if (e == CUDNN_STATUS_SUCCESS)
             keep_results(perf, got, opt, lowp, opt.find_ws_cap, out);
     }
-    // As in find_algos: a 16-bit layout cuDNN cannot run sends the caller to the fp32 path.
-    if (lowp && no_16bit_kernel(e))
-        return no_algorithm(d, dir, lowp, opt.find_ws_cap);
+    // On the 16-bit path, the caller decides by what the status comes to.
     if (e != CUDNN_STATUS_SUCCESS)
-        return mgt_cuda_fail_dnn(d, e, "cudnnGetConvolution*Algorithm_v7", __FILE__, __LINE__);
+        return conv_fail(d, e, "cudnnGetConvolution*Algorithm_v7", __LINE__, lowp ? why : NULL);
     return out->empty() ? no_algorithm(d, dir, lowp, opt.find_ws_cap) : MGT_OK;
 }
 
 // Runs cuDNN's timed search for the shape described by s's descriptors. The output goes to
 // a temporary buffer (the search overwrites it, and a beta != 0 output must survive); the
-// inputs are the real ones, read only. Runs once per GPU and shape, so plain cudaMalloc is fine.
+// inputs are the real ones, read only. Runs once per GPU and shape; its two buffers come from
+// and go back to the stream-ordered pool (cudaMallocAsync, cudaFreeAsync), so that neither
+// the search's end nor a later cudaFree waits on every stream of the GPU.
 // *cut_ws: the workspace the search wanted could not be allocated whole (device memory was
 // short at that moment), so an empty answer is not the shape's for good.
 static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, size_t out_bytes,
                              const void *in1, const void *in2, std::vector<mgt_cuda_algo> *out,
-                             bool *cut_ws)
+                             bool *cut_ws, mgt_lp_refusal *why)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
@@ -253,19 +336,21 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, siz
     cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
 
     // The inputs come from earlier work on this stream; the search times kernels, so let
-    // that work finish first.
-    cudaError_t r = cudaStreamSynchronize(s->stream);
+    // that work finish first (abortable, bounded: the run's flag and wait limit).
+    mgt_status st =
+        d->hooks.wait != NULL ? d->hooks.wait(d->owner, s, "the work before cudnnFind") : MGT_OK;
+    if (st != MGT_OK)
+        return st;
+    cudaError_t r = cudaMallocAsync(&tmp, out_bytes, s->stream);
     if (r != cudaSuccess)
-        return mgt_cuda_fail_rt(d, r, "cudaStreamSynchronize (before cudnnFind)", __FILE__,
-                                __LINE__, true);
-    r = cudaMalloc(&tmp, out_bytes);
-    if (r != cudaSuccess)
-        return mgt_cuda_fail_rt(d, r, "cudaMalloc (cudnnFind output)", __FILE__, __LINE__, false);
+        return mgt_cuda_fail_rt(d, r, "cudaMallocAsync (cudnnFind output)", __FILE__, __LINE__,
+                                false);
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
         free_b = 0;
     ws_bytes = std::min(opt.find_ws_cap, free_b / 2);
     const size_t want_ws = ws_bytes;
-    while (ws_bytes >= ((size_t)1 << 20) && cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+    while (ws_bytes >= ((size_t)1 << 20) &&
+           cudaMallocAsync(&ws, ws_bytes, s->stream) != cudaSuccess) {
         ws = NULL;
         ws_bytes /= 2;
     }
@@ -293,16 +378,14 @@ static mgt_status find_algos(mgt_cuda_stream *s, mgt_op_kind dir, bool lowp, siz
         if (e == CUDNN_STATUS_SUCCESS)
             keep_results(bwd_filter, got, opt, lowp, 0, out);
     }
-    // cudaFree waits for the search's kernels before releasing their buffers.
-    cudaFree(tmp);
+    // Released in stream order, after the search's kernels.
+    cudaFreeAsync(tmp, s->stream);
     if (ws != NULL)
-        cudaFree(ws);
+        cudaFreeAsync(ws, s->stream);
     (void)cudaGetLastError();
-    // A 16-bit layout cuDNN cannot run at all is no error: the caller takes the fp32 path.
-    if (lowp && no_16bit_kernel(e))
-        return no_algorithm(d, dir, lowp, ws_bytes);
+    // On the 16-bit path, the caller decides by what the status comes to.
     if (e != CUDNN_STATUS_SUCCESS)
-        return mgt_cuda_fail_dnn(d, e, "cudnnFindConvolution*AlgorithmEx", __FILE__, __LINE__);
+        return conv_fail(d, e, "cudnnFindConvolution*AlgorithmEx", __LINE__, lowp ? why : NULL);
     return out->empty() ? no_algorithm(d, dir, lowp, ws_bytes) : MGT_OK;
 }
 
@@ -317,25 +400,59 @@ struct conv_io {
     bool lowp;
 };
 
+// The algorithm cache's key of a shape: not the batch (see above); tf32 and deterministic
+// change the candidates.
+static std::vector<int> conv_key(const mgt_cuda_options &opt, mgt_op_kind dir,
+                                 const mgt_conv2d_shape *sh, cudnnDataType_t dt)
+{
+    return {(int)dir,      sh->c,
+            sh->h,         sh->w,
+            sh->k,         sh->r,
+            sh->s,         sh->stride_h,
+            sh->stride_w,  sh->pad_h,
+            sh->pad_w,     sh->groups,
+            (int)opt.tf32, (int)opt.deterministic,
+            (int)dt};
+}
+
+// MGT_CUDNN_ALGO_LOG=FILE: one line per shape as its candidates are chosen (appended), so a
+// failure or a slow shape on a GPU can be traced to the algorithm cuDNN ran.
+static void log_entry(const mgt_cuda_dev *d, const std::vector<int> &key, const conv_entry &e,
+                      mgt_status st)
+{
+    static std::mutex lock;
+    const char *path = getenv("MGT_CUDNN_ALGO_LOG");
+    if (path == NULL || path[0] == '\0')
+        return;
+    std::lock_guard<std::mutex> g(lock);
+    FILE *f = fopen(path, "a");
+    if (f == NULL)
+        return;
+    fprintf(f,
+            "%s gpu %d %s c=%d h=%d w=%d k=%d r=%d s=%d stride=%d,%d pad=%d,%d groups=%d "
+            "tf32=%d deterministic=%d dtype=%d:",
+            d->model, d->gpu, mgt_op_name((mgt_op_kind)key[0]), key[1], key[2], key[3], key[4],
+            key[5], key[6], key[7], key[8], key[9], key[10], key[11], key[12], key[13], key[14]);
+    if (e.cands.empty())
+        fprintf(f, " no candidate (%s)", st == MGT_OK ? "refused, remembered" : mgt_error_last());
+    for (const mgt_cuda_algo &a : e.cands)
+        fprintf(f, " algo %d math %d ws %zu;", a.algo, (int)a.math, a.memory);
+    fputc('\n', f);
+    fclose(f);
+}
+
 // The cache entry of this shape, made on first use by the rule the options ask for. For the
 // 16-bit path an entry may have no candidates: cuDNN runs none for the shape, and the caller
-// falls back at once instead of searching again.
+// falls back at once instead of searching again. *why (16-bit path) says what a failure
+// comes to.
 static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_conv2d_shape *sh,
                                  const conv_io &io, size_t out_bytes, algo_cache **cache_out,
-                                 conv_entry **out)
+                                 conv_entry **out, mgt_lp_refusal *why)
 {
     mgt_cuda_dev *d = s->dev;
     const mgt_cuda_options &opt = d->set->opt;
     algo_cache *cache = cache_for(d, opt.deterministic);
-    // Not the batch: see above. tf32 and deterministic change the candidates.
-    std::vector<int> key = {(int)dir,      sh->c,
-                            sh->h,         sh->w,
-                            sh->k,         sh->r,
-                            sh->s,         sh->stride_h,
-                            sh->stride_w,  sh->pad_h,
-                            sh->pad_w,     sh->groups,
-                            (int)opt.tf32, (int)opt.deterministic,
-                            (int)io.dt};
+    std::vector<int> key = conv_key(opt, dir, sh, io.dt);
     std::lock_guard<std::mutex> g(cache->lock);
     *cache_out = cache;
     auto it = cache->entries.find(key);
@@ -345,15 +462,22 @@ static mgt_status conv_entry_for(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_
     }
     conv_entry entry;
     bool cut_ws = false;
-    mgt_status st = opt.deterministic ? heuristic_algos(s, dir, io.lowp, &entry.cands)
+    mgt_lp_refusal found = MGT_LP_REFUSAL_NONE;
+    mgt_status st = opt.deterministic ? heuristic_algos(s, dir, io.lowp, &entry.cands, &found)
                                       : find_algos(s, dir, io.lowp, out_bytes, io.in1, io.in2,
-                                                   &entry.cands, &cut_ws);
-    if (st != MGT_OK && !(io.lowp && st == MGT_ERR_UNSUPPORTED))
+                                                   &entry.cands, &cut_ws, &found);
+    if (st != MGT_OK && !io.lowp)
         return st;
-    if (st != MGT_OK && cut_ws) // this call takes the fp32 path; a later one searches again
-        return st;
-    if (st != MGT_OK)
+    if (st != MGT_OK) {
+        // an empty answer is no 16-bit kernel, unless the workspace was cut short
+        if (found == MGT_LP_REFUSAL_NONE || (cut_ws && found == MGT_LP_REFUSAL_NO_KERNEL))
+            found = cut_ws ? MGT_LP_REFUSAL_NO_MEMORY : MGT_LP_REFUSAL_NO_KERNEL;
+        *why = found;
+        if (mgt_lp_refusal_action(found) != MGT_LP_FP32_REMEMBER) // a later call asks again
+            return st;
         entry.cands.clear(); // a 16-bit shape cuDNN refuses is remembered, empty
+    }
+    log_entry(d, key, entry, MGT_OK);
     *out = &cache->entries.emplace(key, std::move(entry)).first->second;
     return MGT_OK;
 }
@@ -375,8 +499,8 @@ static cudnnStatus_t conv_ws_size(mgt_cuda_stream *s, mgt_op_kind dir, const mgt
     }
 }
 
-// Makes the stream's cuDNN workspace at least `bytes`. Growing waits for the GPU (the old
-// block goes back to the cache); it happens in the first steps only.
+// Makes the stream's cuDNN workspace at least `bytes`. The old block is freed on the stream
+// (reusable once the work queued so far has run): no wait, also mid-step.
 static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
 {
     if (bytes <= s->ws_bytes)
@@ -397,7 +521,7 @@ static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
         return st;
     }
     if (s->ws != NULL) {
-        mgt_cuda_free_internal(d, s->ws);
+        mgt_cuda_free_on_stream(s, s->ws);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, s->ws_bytes);
     }
@@ -429,8 +553,10 @@ static cudnnStatus_t conv_run(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cud
     }
 }
 
+// *why (NULL on the fp32 path) gets what a failure of the 16-bit path comes to; it stays
+// MGT_LP_REFUSAL_NONE for failures outside cuDNN's convolution (a handle, the casts).
 static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
-                         const mgt_conv2d_shape *sh)
+                         const mgt_conv2d_shape *sh, mgt_lp_refusal *why)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_dnn(s);
@@ -441,20 +567,27 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
     // x [n, c, h, w], y [n, k, p, q], w [k, c/groups, r, s], no dilation: NCHW fp32, or NHWC
     // (KRSC) 16-bit for the tensor-core path.
     const cudnnTensorFormat_t fmt = io.lowp ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->xd, fmt, io.dt, sh->n, sh->c, sh->h, sh->w));
-    MGT_CUDNN_TRY(d, cudnnSetTensor4dDescriptor(s->yd, fmt, io.dt, sh->n, sh->k, p, q));
-    MGT_CUDNN_TRY(
-        d, cudnnSetFilter4dDescriptor(s->wd, io.dt, fmt, sh->k, sh->c / sh->groups, sh->r, sh->s));
+    // On the 16-bit path every status decides by what it comes to (a grouped or odd-channel
+    // NHWC descriptor may be refused as a bad parameter); on the fp32 path it is an error.
+    mgt_lp_refusal *lp_why = io.lowp ? why : NULL;
+    MGT_CONV_TRY(d, lp_why,
+                 cudnnSetTensor4dDescriptor(s->xd, fmt, io.dt, sh->n, sh->c, sh->h, sh->w));
+    MGT_CONV_TRY(d, lp_why, cudnnSetTensor4dDescriptor(s->yd, fmt, io.dt, sh->n, sh->k, p, q));
+    MGT_CONV_TRY(
+        d, lp_why,
+        cudnnSetFilter4dDescriptor(s->wd, io.dt, fmt, sh->k, sh->c / sh->groups, sh->r, sh->s));
     // Our conv is torch's: cross-correlation (no kernel flip); fp32 accumulation always.
-    MGT_CUDNN_TRY(d, cudnnSetConvolution2dDescriptor(s->cd, sh->pad_h, sh->pad_w, sh->stride_h,
-                                                     sh->stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                     CUDNN_DATA_FLOAT));
-    MGT_CUDNN_TRY(d, cudnnSetConvolutionGroupCount(s->cd, sh->groups));
+    MGT_CONV_TRY(d, lp_why,
+                 cudnnSetConvolution2dDescriptor(s->cd, sh->pad_h, sh->pad_w, sh->stride_h,
+                                                 sh->stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                 CUDNN_DATA_FLOAT));
+    MGT_CONV_TRY(d, lp_why, cudnnSetConvolutionGroupCount(s->cd, sh->groups));
     // CUDNN_DEFAULT_MATH would let cuDNN use TF32 on Ampere and later; FMA math keeps FP32.
     // 16-bit data asks for the tensor cores.
-    MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, io.lowp            ? CUDNN_TENSOR_OP_MATH
-                                                        : d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
-                                                                           : CUDNN_FMA_MATH));
+    MGT_CONV_TRY(d, lp_why,
+                 cudnnSetConvolutionMathType(s->cd, io.lowp            ? CUDNN_TENSOR_OP_MATH
+                                                    : d->set->opt.tf32 ? CUDNN_DEFAULT_MATH
+                                                                       : CUDNN_FMA_MATH));
 
     size_t out_elems = dir == MGT_OP_CONV2D_FWD ? (size_t)sh->n * sh->k * p * q
                        : dir == MGT_OP_CONV2D_BWD_DATA
@@ -463,12 +596,15 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
     algo_cache *cache = NULL;
     conv_entry *entry = NULL;
     const size_t esize = io.lowp ? sizeof(uint16_t) : sizeof(float);
-    st = conv_entry_for(s, dir, sh, io, out_elems * esize, &cache, &entry);
+    st = conv_entry_for(s, dir, sh, io, out_elems * esize, &cache, &entry, lp_why);
     if (st != MGT_OK)
         return st;
     const std::vector<mgt_cuda_algo> &cands = entry->cands; // fixed once made: no lock
-    if (cands.empty()) // only for 16-bit data, where cuDNN runs nothing for the shape
+    if (cands.empty()) { // only for 16-bit data, where cuDNN runs nothing for the shape
+        if (lp_why != NULL)
+            *lp_why = MGT_LP_REFUSAL_NO_KERNEL;
         return no_algorithm(d, dir, io.lowp, 0);
+    }
     std::vector<char> skip(cands.size(), 0);
     {
         std::lock_guard<std::mutex> g(cache->lock);
@@ -490,7 +626,7 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
         if (skip[i])
             continue;
         const mgt_cuda_algo &a = cands[i];
-        MGT_CUDNN_TRY(d, cudnnSetConvolutionMathType(s->cd, a.math));
+        MGT_CONV_TRY(d, lp_why, cudnnSetConvolutionMathType(s->cd, a.math));
         size_t need = 0;
         e = conv_ws_size(s, dir, a, &need);
         if (CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED) {
@@ -498,7 +634,7 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
             continue;
         }
         if (e != CUDNN_STATUS_SUCCESS)
-            return mgt_cuda_fail_dnn(d, e, "cudnnGetConvolution*WorkspaceSize", __FILE__, __LINE__);
+            return conv_fail(d, e, "cudnnGetConvolution*WorkspaceSize", __LINE__, lp_why);
         st = ensure_ws(s, need);
         if (st != MGT_OK) {
             if (d->set->opt.deterministic)
@@ -511,15 +647,21 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
             break;
         refuse(i);
     }
-    if (st != MGT_OK && e != CUDNN_STATUS_SUCCESS)
+    if (st != MGT_OK && e != CUDNN_STATUS_SUCCESS) {
+        if (lp_why != NULL) // no workspace now: memory short, not the shape
+            *lp_why = MGT_LP_REFUSAL_NO_MEMORY;
         return st;
-    if (CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED)
+    }
+    if (CUDNN_STATUS_CATEGORY(e) == CUDNN_STATUS_NOT_SUPPORTED) {
+        if (lp_why != NULL)
+            *lp_why = MGT_LP_REFUSAL_NO_KERNEL;
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "cuda device %d (gpu %d): %s: cuDNN refuses all %zu candidate "
                              "algorithms for batch %d of this shape",
                              d->index, d->gpu, mgt_op_name(dir), cands.size(), sh->n);
+    }
     if (e != CUDNN_STATUS_SUCCESS)
-        return mgt_cuda_fail_dnn(d, e, mgt_op_name(dir), __FILE__, __LINE__);
+        return conv_fail(d, e, mgt_op_name(dir), __LINE__, lp_why);
     return MGT_CUDA_AFTER(s, mgt_op_name(dir));
 }
 
@@ -531,7 +673,7 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
     const auto &c = op->u.conv;
     try {
         conv_io io = {c.out, c.in1, c.in2, c.beta, CUDNN_DATA_FLOAT, false};
-        return conv2d(s, dir, io, &c.sh);
+        return conv2d(s, dir, io, &c.sh, NULL);
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
                              mgt_op_name(dir));
@@ -567,9 +709,9 @@ mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
 // back to the op's fp32 NCHW output (+ beta * output). cuDNN's legacy API has no 16-bit-in,
 // fp32-out configuration, so the output is rounded once to 16 bits, as autocast's convolutions
 // return it; the conformance suite allows that one rounding on CUDA. The layout changes at
-// each op's edges (the activations between ops stay NCHW fp32). MGT_ERR_UNSUPPORTED where
-// cuDNN runs no 16-bit algorithm for the shape.
-static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op)
+// each op's edges (the activations between ops stay NCHW fp32). A failure of cuDNN's part
+// sets *why to what it comes to (refusal.h).
+static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op, mgt_lp_refusal *why)
 {
     const auto &c = op->u.conv;
     const mgt_conv2d_shape *sh = &c.sh;
@@ -609,7 +751,7 @@ static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op)
         break;
     }
     if (st == MGT_OK)
-        st = conv2d(s, dir, io, sh);
+        st = conv2d(s, dir, io, sh, why);
     if (st != MGT_OK)
         return st;
     switch (dir) {
@@ -621,22 +763,57 @@ static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op)
     }
 }
 
+// The key under which a 16-bit shape's refusal is remembered: the algorithm cache's and the
+// batch (a refusal of every candidate holds for one batch size).
+static std::vector<int> no16_key(const mgt_cuda_dev *d, const mgt_op *op)
+{
+    const auto &c = op->u.conv;
+    std::vector<int> key =
+        conv_key(d->set->opt, mgt_op_fp32_kind(op->kind), &c.sh,
+                 op->prec == MGT_PREC_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF);
+    key.push_back(c.sh.n);
+    return key;
+}
+
 // cuDNN's tensor cores on 16-bit NHWC copies where cuDNN has an algorithm for the shape;
 // elsewhere the inputs rounded in fp32 and the fp32 convolution: autocast's input rounding with
-// an fp32 result (the reference's arithmetic exactly).
+// an fp32 result (the reference's arithmetic exactly). Which refusal sends a shape to the
+// fp32 path, for this call or for good, and which one is an error, is refusal.h's decision.
 mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
 {
     mgt_status st = mgt_cuda_enter(s);
     if (st != MGT_OK)
         return st;
+    mgt_cuda_dev *d = s->dev;
+    mgt_lp_refusal why = MGT_LP_REFUSAL_NONE;
     try {
-        st = conv2d_tensor_cores(s, op);
+        algo_cache *cache = cache_for(d, d->set->opt.deterministic);
+        std::vector<int> key = no16_key(d, op);
+        bool known;
+        {
+            std::lock_guard<std::mutex> g(cache->lock);
+            known = cache->no16.count(key) != 0;
+        }
+        if (!known) {
+            st = conv2d_tensor_cores(s, op, &why);
+            if (st == MGT_OK || why == MGT_LP_REFUSAL_NONE)
+                return st; // ran, or failed outside cuDNN's convolution (a cast, memory)
+            switch (mgt_lp_refusal_action(why)) {
+            case MGT_LP_FP32_REMEMBER: {
+                std::lock_guard<std::mutex> g(cache->lock);
+                cache->no16.insert(key);
+                break;
+            }
+            case MGT_LP_FP32_ONCE: break;
+            case MGT_LP_FAIL:
+                return mgt_error_wrap(st, "%s: cuDNN's 16-bit convolution failed (%s)",
+                                      mgt_op_name(op->kind), mgt_lp_refusal_name(why));
+            }
+        }
     } catch (...) {
-        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", s->dev->index,
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", d->index,
                              mgt_op_name(op->kind));
     }
-    if (st != MGT_ERR_UNSUPPORTED)
-        return st;
     mgt_op f;
     st = mgt_cuda_lowp_inputs(s, op, false, &f);
     return st != MGT_OK ? st : mgt_cuda_conv2d(s, &f);

@@ -863,14 +863,25 @@ __global__ void k_lnc_fwd(float *y, const float *x, const float *w, const float 
     }
 }
 
-__global__ void k_lnc_bwd_data(float *dx, const float *dy, const float *x, const float *w, int n,
-                               int c, int hw, float eps)
+// Each pixel's mean and 1/std, once, into stats[2p] and stats[2p+1]: both backward kernels
+// read them there.
+__global__ void k_lnc_stats(double *stats, const float *x, int n, int c, int hw, float eps)
 {
     size_t pixels = (size_t)n * hw;
     for (size_t p = thread_index(); p < pixels; p += thread_stride()) {
         size_t base = (p / hw) * (size_t)c * hw + p % hw;
-        double m, rs, mg = 0.0, mgx = 0.0;
-        lnc_stats_d(x + base, c, hw, eps, &m, &rs);
+        lnc_stats_d(x + base, c, hw, eps, &stats[2 * p], &stats[2 * p + 1]);
+    }
+}
+
+// Reads dy before it writes dx at each element, so dx may be dy.
+__global__ void k_lnc_bwd_data(float *dx, const double *stats, const float *dy, const float *x,
+                               const float *w, int n, int c, int hw)
+{
+    size_t pixels = (size_t)n * hw;
+    for (size_t p = thread_index(); p < pixels; p += thread_stride()) {
+        size_t base = (p / hw) * (size_t)c * hw + p % hw;
+        double m = stats[2 * p], rs = stats[2 * p + 1], mg = 0.0, mgx = 0.0;
         for (int ch = 0; ch < c; ch++) {
             size_t e = base + (size_t)ch * hw;
             double g = (double)dy[e] * w[ch];
@@ -888,19 +899,19 @@ __global__ void k_lnc_bwd_data(float *dx, const float *dy, const float *x, const
 }
 
 // One block per channel: sums over every pixel of dy * xhat and dy, each thread's part then a
-// fixed tree, added onto dweight and dbias. Each pixel's statistics are recomputed (c reads).
-__global__ void k_lnc_bwd_param(float *dw, float *db, const float *dy, const float *x, int n, int c,
-                                int hw, float eps)
+// fixed tree (the same bits on every run), added onto dweight and dbias. Each pixel's mean and
+// 1/std come from k_lnc_stats: one read of dy and x per element, O(c x pixels) in all
+// (computing them here cost c reads per pixel in each of c blocks: O(c^2 x pixels)).
+__global__ void k_lnc_bwd_param(float *dw, float *db, const double *stats, const float *dy,
+                                const float *x, int n, int c, int hw)
 {
     __shared__ double pw[kThreads], pb[kThreads];
     const int ch = blockIdx.x, t = threadIdx.x;
     size_t pixels = (size_t)n * hw;
     double aw = 0.0, ab = 0.0;
     for (size_t p = t; p < pixels; p += kThreads) {
-        size_t base = (p / hw) * (size_t)c * hw + p % hw, e = base + (size_t)ch * hw;
-        double m, rs;
-        lnc_stats_d(x + base, c, hw, eps, &m, &rs);
-        aw += (double)dy[e] * (x[e] - m) * rs;
+        size_t e = (p / hw) * (size_t)c * hw + p % hw + (size_t)ch * hw;
+        aw += (double)dy[e] * (x[e] - stats[2 * p]) * stats[2 * p + 1];
         ab += dy[e];
     }
     pw[t] = aw;
@@ -1280,10 +1291,17 @@ mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.lnc_bwd;
     size_t pixels = (size_t)a.n * a.hw;
-    k_lnc_bwd_param<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dweight, a.dbias, a.dy, a.x, a.n,
-                                                               a.c, a.hw, a.eps);
-    k_lnc_bwd_data<<<blocks_for(pixels), kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.weight, a.n,
-                                                                   a.c, a.hw, a.eps);
+    // 16 bytes per pixel of scratch (a c-th of the activation's size for c = 4 in fp32).
+    mgt_status st = mgt_cuda_scratch(s, pixels * 2 * sizeof(double));
+    if (st != MGT_OK)
+        return st;
+    double *stats = (double *)s->scratch;
+    k_lnc_stats<<<blocks_for(pixels), kThreads, 0, s->stream>>>(stats, a.x, a.n, a.c, a.hw, a.eps);
+    // parameters before data: dx may overwrite dy
+    k_lnc_bwd_param<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dweight, a.dbias, stats, a.dy, a.x,
+                                                               a.n, a.c, a.hw);
+    k_lnc_bwd_data<<<blocks_for(pixels), kThreads, 0, s->stream>>>(a.dx, stats, a.dy, a.x, a.weight,
+                                                                   a.n, a.c, a.hw);
     return MGT_CUDA_AFTER(s, "layernorm_channels_backward");
 }
 

@@ -1,7 +1,9 @@
 // Collectives across processes on CUDA: one NCCL communicator per replica, spanning the
 // nodes of a multi-node run (the replica of the same local index on every node), made from
-// an id that node 0 creates and the world broadcasts. Built when the toolkit has NCCL
-// (MGT_HAVE_NCCL); otherwise every entry says so and the backend table leaves them out.
+// an id that node 0 creates and the world broadcasts. Built when CMake finds NCCL
+// (MGT_HAVE_NCCL: the toolkit's, the system's, NCCL_ROOT's or a Python wheel's; configure says
+// which); otherwise the backend table leaves these out.
+#include <stdio.h>
 #include <string.h>
 
 #include "device/cuda/common.cuh"
@@ -80,8 +82,21 @@ extern "C" void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x)
 
 extern "C" bool mgt_cuda_have_nccl(void) { return true; }
 
+extern "C" void mgt_cuda_nccl_version(char *text, size_t cap)
+{
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) {
+        snprintf(text, cap, "built, version unreadable");
+        return;
+    }
+    // NCCL 2.9 and later: major * 10000 + minor * 100 + patch
+    snprintf(text, cap, "%d.%d.%d", v / 10000, v % 10000 / 100, v % 100);
+}
+
 #else
 
 extern "C" bool mgt_cuda_have_nccl(void) { return false; }
+
+extern "C" void mgt_cuda_nccl_version(char *text, size_t cap) { snprintf(text, cap, "not built"); }
 
 #endif

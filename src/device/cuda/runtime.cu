@@ -8,6 +8,7 @@
 #include <new>
 
 #include "device/cuda/common.cuh"
+#include "device/cuda/probe.h"
 
 // ---- errors ----
 
@@ -140,10 +141,12 @@ mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file
         return mgt_cuda_fail_rt(s->dev, e, what, file, line, false);
     if (!s->dev->set->opt.sync)
         return MGT_OK;
-    e = cudaStreamSynchronize(s->stream);
-    if (e != cudaSuccess)
-        return mgt_cuda_fail_rt(s->dev, e, what, file, line, true);
-    return mgt_cuda_dev_check(s->dev);
+    // Abortable and bounded as every wait; a fault it finds is pinned to this call.
+    mgt_cuda_dev *d = s->dev;
+    mgt_status st = d->hooks.wait != NULL ? d->hooks.wait(d->owner, s, what) : MGT_OK;
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "%s (MGT_CUDA_SYNC=1) [%s:%d]", what, base_name(file), line);
+    return mgt_cuda_dev_check(d);
 }
 
 // ---- options ----
@@ -175,6 +178,21 @@ static mgt_cuda_options read_options(void)
 
 // ---- devices ----
 
+mgt_status mgt_cuda_probe(int *count)
+{
+    char why[512];
+    *count = mgt_cuda_probe_text(why, sizeof why);
+    return *count > 0 ? MGT_OK : mgt_error_set(MGT_ERR_UNSUPPORTED, "%s", why);
+}
+
+void mgt_cuda_versions(char *text, size_t cap)
+{
+    char libs[256], nccl[32];
+    mgt_cuda_lib_versions(libs, sizeof libs);
+    mgt_cuda_nccl_version(nccl, sizeof nccl);
+    snprintf(text, cap, "%s, NCCL %s", libs, nccl);
+}
+
 int mgt_cuda_device_count(void)
 {
     int n = 0;
@@ -202,14 +220,18 @@ static void dev_release_cache(mgt_cuda_dev *d)
     (void)cudaGetLastError();
 }
 
-static void dev_destroy(mgt_cuda_dev *d)
+static void dev_destroy(mgt_cuda_dev *d, bool drained)
 {
     if (d == NULL)
         return;
-    if (cudaSetDevice(d->gpu) == cudaSuccess) {
-        cudaDeviceSynchronize();
+    // Not drained: kernels may still run on these blocks; cudaFree would wait for them.
+    if (drained && cudaSetDevice(d->gpu) == cudaSuccess) {
         for (auto &b : d->free_blocks)
             cudaFree(b.second);
+        for (auto &b : d->pending) {
+            cudaEventDestroy(b.done);
+            cudaFree(b.ptr);
+        }
         // Buffers the program never freed go with the set: nothing can use them after it.
         for (auto &b : d->live)
             cudaFree(b.first);
@@ -222,12 +244,12 @@ static void dev_destroy(mgt_cuda_dev *d)
     delete d;
 }
 
-void mgt_cuda_set_close(mgt_cuda_set *set)
+void mgt_cuda_set_close(mgt_cuda_set *set, bool drained)
 {
     if (set == NULL)
         return;
     for (int i = 0; i < set->n; i++)
-        dev_destroy(set->devs[i]);
+        dev_destroy(set->devs[i], drained);
     delete[] set->devs;
     delete set;
 }
@@ -427,12 +449,9 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
                            const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out)
 {
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        (void)cudaGetLastError();
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "no CUDA device was found (%s)",
-                             e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none");
-    }
+    mgt_status pst = mgt_cuda_probe(&count);
+    if (pst != MGT_OK)
+        return pst;
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= count)
             return mgt_error_set(MGT_ERR_INVALID,
@@ -456,7 +475,7 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
         mgt_status st = dev_create(set, i, ids[i], replicas, hooks,
                                    owners != NULL ? owners[i] : NULL, &set->devs[i]);
         if (st != MGT_OK) {
-            mgt_cuda_set_close(set);
+            mgt_cuda_set_close(set, true);
             return st;
         }
     }
@@ -508,9 +527,32 @@ static size_t round_block(size_t bytes)
     return (bytes + big - 1) / big * big;
 }
 
+// Moves the stream-freed blocks whose work has run to the free list. d->mem_lock held.
+static void reap_pending(mgt_cuda_dev *d)
+{
+    for (size_t i = 0; i < d->pending.size();) {
+        auto &b = d->pending[i];
+        cudaError_t e = cudaEventQuery(b.done);
+        if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            i++;
+            continue;
+        }
+        cudaEventDestroy(b.done);
+        if (e == cudaSuccess) {
+            d->free_blocks.emplace(b.size, b.ptr);
+            d->cached_bytes += b.size;
+        } // else the context is dead: the block is left to the process's end
+        (void)cudaGetLastError();
+        d->pending[i] = d->pending.back();
+        d->pending.pop_back();
+    }
+}
+
 static bool take_cached(mgt_cuda_dev *d, size_t want, void **out)
 {
     std::lock_guard<std::mutex> g(d->mem_lock);
+    reap_pending(d);
     auto it = d->free_blocks.lower_bound(want);
     // At most an eighth larger: a small request must not pin a huge block.
     if (it == d->free_blocks.end() || it->first > want + want / 8)
@@ -579,15 +621,9 @@ void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
 {
     if (ptr == NULL)
         return;
-    // As cudaFree does: the block goes back out to the next request at once, so no work
-    // still queued on this GPU (any replica's streams) may be using it.
-    if (cudaSetDevice(d->gpu) == cudaSuccess) {
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess)
-            mgt_cuda_fail_rt(d, e, "cudaDeviceSynchronize (freeing a buffer)", __FILE__, __LINE__,
-                             true);
-    }
-    (void)cudaGetLastError();
+    // The block goes back out to the next request at once: the dispatch layer has waited
+    // (through events on every stream of the set, not a device-wide synchronize) until no
+    // queued work can use it.
     std::lock_guard<std::mutex> g(d->mem_lock);
     auto it = d->live.find(ptr);
     if (it == d->live.end())
@@ -602,7 +638,36 @@ void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
     }
 }
 
-void mgt_cuda_free_internal(mgt_cuda_dev *d, void *ptr) { mgt_cuda_free(d, ptr); }
+void mgt_cuda_free_on_stream(mgt_cuda_stream *s, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    mgt_cuda_dev *d = s->dev;
+    cudaEvent_t ev = NULL;
+    bool ordered = cudaSetDevice(d->gpu) == cudaSuccess &&
+                   cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess &&
+                   cudaEventRecord(ev, s->stream) == cudaSuccess;
+    (void)cudaGetLastError();
+    std::lock_guard<std::mutex> g(d->mem_lock);
+    auto it = d->live.find(ptr);
+    if (it == d->live.end()) {
+        if (ev != NULL)
+            cudaEventDestroy(ev);
+        return;
+    }
+    size_t size = it->second;
+    d->live.erase(it);
+    if (!ordered) { // a failed context: nothing can tell when its work ends; leave the block
+        if (ev != NULL)
+            cudaEventDestroy(ev);
+        return;
+    }
+    try {
+        d->pending.push_back({ev, ptr, size});
+    } catch (...) {
+        cudaEventDestroy(ev); // no room to remember it: leave the block
+    }
+}
 
 mgt_status mgt_cuda_host_alloc(mgt_cuda_dev *d, size_t bytes, void **out)
 {
@@ -650,7 +715,7 @@ static mgt_status grow_buffer(mgt_cuda_stream *s, void **buf, size_t *have, size
         return st;
     }
     if (*buf != NULL) {
-        mgt_cuda_free(d, *buf);
+        mgt_cuda_free_on_stream(s, *buf);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, *have);
     }
@@ -736,18 +801,19 @@ void mgt_cuda_stream_destroy(mgt_cuda_stream *s)
         cudnnDestroy(s->dnn);
     if (s->blas != NULL)
         cublasDestroy(s->blas);
+    // On the stream, before it goes: a stream left with a hung kernel keeps them.
     if (s->ws != NULL) {
-        mgt_cuda_free(d, s->ws);
+        mgt_cuda_free_on_stream(s, s->ws);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, s->ws_bytes);
     }
     if (s->scratch != NULL) {
-        mgt_cuda_free(d, s->scratch);
+        mgt_cuda_free_on_stream(s, s->scratch);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, s->scratch_bytes);
     }
     if (s->lowp != NULL) {
-        mgt_cuda_free(d, s->lowp);
+        mgt_cuda_free_on_stream(s, s->lowp);
         if (d->hooks.unreserve != NULL)
             d->hooks.unreserve(d->owner, s->lowp_bytes);
     }
@@ -862,8 +928,14 @@ mgt_status mgt_cuda_event_query(mgt_cuda_event *e, int *done)
     mgt_cuda_dev *d = e->dev;
     MGT_CUDA_TRY(d, cudaSetDevice(d->gpu));
     mgt_status st = mgt_cuda_dev_check(d);
-    if (st != MGT_OK)
+    if (st != MGT_OK) {
+        // Failed, but *done still answers: a flagged replica's kernels go on running, while
+        // a context ended by a fault runs nothing more.
+        cudaError_t r = cudaEventQuery(e->event);
+        *done = r != cudaErrorNotReady;
+        (void)cudaGetLastError();
         return st;
+    }
     cudaError_t r = cudaEventQuery(e->event);
     if (not_ready(r))
         return MGT_OK;
