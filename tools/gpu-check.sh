@@ -639,7 +639,8 @@ stop_here conformance && { VERDICT=1; exit; }
 # A failed op again, pinned to its launch and under the memory checker, in this same run.
 reruns() {
     local op sanitizer
-    sanitizer=$(command -v compute-sanitizer || ls "${CUDA_ROOT}"/bin/compute-sanitizer 2>/dev/null || true)
+    sanitizer=$(command -v compute-sanitizer || ls "$CUDA_ROOT"/bin/compute-sanitizer \
+        "$CUDA_ROOT"/compute-sanitizer/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -n 1)
     if [ -z "$FAILED_OPS" ]; then
         echo "no conformance op failed: nothing to rerun"
         return 0

@@ -191,12 +191,17 @@ mgt_device *mgt_buffer_device(const mgt_buffer *b);
 
 /* Pinned (page-locked) host memory that copies to and from `d` can use asynchronously. */
 mgt_status mgt_host_alloc(mgt_device *d, size_t bytes, void **out);
+/* Returns at once, as mgt_buffer_free: the memory goes once every stream of the set has passed
+   the free. NULL is a no-op. */
 void mgt_host_free(mgt_device *d, void *p);
 
 /* ---- streams and events ---- */
 
 mgt_status mgt_stream_create(mgt_device *d, mgt_stream **out);
-/* Waits for the stream's work, then frees it. NULL is a no-op. */
+/* Waits for the stream's work (bounded by the wait limit; on a stalled device, not at all),
+   then frees it. Work still queued then is given up on mock devices; on CUDA it runs on (or
+   never, behind a hung kernel), and the frees deferred behind it wait for it. NULL is a
+   no-op. */
 void mgt_stream_free(mgt_stream *s);
 mgt_device *mgt_stream_device(const mgt_stream *s);
 /* Blocks until everything enqueued so far has run. */

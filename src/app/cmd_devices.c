@@ -75,7 +75,7 @@ mgt_status mgt_app_resolve_devices(mgt_app_devices *d)
        fallback, and the runtime's own reason. */
     if (probe != MGT_OK && d->kind == MGT_DEVICE_CUDA)
         return mgt_error_wrap(probe, "--device cuda");
-    if (probe != MGT_OK && mgt_app_cuda_required())
+    if (probe != MGT_OK && d->kind == MGT_DEVICE_AUTO && mgt_app_cuda_required())
         return mgt_error_wrap(probe, "MGT_REQUIRE_CUDA=1");
     if (d->kind == MGT_DEVICE_AUTO) {
         d->kind = cuda > 0 ? MGT_DEVICE_CUDA : MGT_DEVICE_MOCK;

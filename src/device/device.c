@@ -57,9 +57,9 @@ static mgt_status bad_arg(const char *call, const char *what)
     } while (0)
 
 /* ---- deferred frees ----
-   A buffer freed while work enqueued before the free may still read or write it (on any
-   stream of the set: a peer copy reads another device's memory) goes back to the backend
-   once every stream has passed the free. An ordering event recorded on each live stream at
+   A buffer (or pinned host memory) freed while work enqueued before the free may still read or
+   write it (on any stream of the set: a peer copy reads another device's memory) goes back to
+   the backend once every stream has passed the free. An ordering event recorded on each live stream at
    the free marks the point; nothing waits there. Blocks are handed back as their events
    complete, looked at on every alloc, free and synchronize, waited for (bounded) when an
    allocation finds the device full, and drained when the set closes. So a free mid-step
@@ -68,7 +68,7 @@ static mgt_status bad_arg(const char *call, const char *what)
 typedef struct mgt_deferred_free {
     mgt_device *dev;
     void *ptr;
-    size_t size;
+    size_t size; /* 0: pinned host memory */
     int nev;
     mgt_event **ev;
     struct mgt_deferred_free *next;
@@ -76,6 +76,10 @@ typedef struct mgt_deferred_free {
 
 static void release_block(mgt_device *d, void *ptr, size_t size)
 {
+    if (size == 0) {
+        d->set->iface->host_free(d, ptr);
+        return;
+    }
     d->set->iface->free(d, ptr);
     mgt_device_unreserve(d, size);
 }
@@ -183,11 +187,11 @@ static int deferred_wait(mgt_devset *set, mgt_device *d, bool final)
     return n;
 }
 
-/* Frees the block now if no stream could be using it, else after every live stream has
-   passed this point. */
+/* Frees the block (size 0: pinned host memory) now if no stream could be using it, else
+   after every live stream has passed this point. */
 static void free_after_streams(mgt_devset *set, mgt_device *d, void *ptr, size_t size)
 {
-    if (set->iface->retire)
+    if (size > 0 && set->iface->retire)
         set->iface->retire(d, ptr);
     /* the live streams, pinned so that none is freed while an event is recorded on it */
     pthread_mutex_lock(&set->reg_lock);
@@ -449,11 +453,13 @@ void mgt_devset_free(mgt_devset *set)
         return;
     for (int i = 0; i < set->n; i++)
         mgt_device_synchronize(&set->devs[i], NULL);
-    deferred_wait(set, NULL, true);
-    staging_free(set);
-    /* what the set's users did not free themselves; a stream takes its aux event along */
+    /* what the set's users did not free themselves, streams first: a stalled device's stream
+       gives up its queued work as it goes, and the frees deferred behind it can then end */
     while (set->streams)
         mgt_stream_free(set->streams);
+    deferred_wait(set, NULL, true);
+    staging_free(set);
+    /* a stream took its aux event along */
     while (set->events)
         mgt_event_free(set->events);
     while (set->buffers)
@@ -635,8 +641,10 @@ mgt_status mgt_host_alloc(mgt_device *d, size_t bytes, void **out)
 
 void mgt_host_free(mgt_device *d, void *p)
 {
-    if (p)
-        d->set->iface->host_free(d, p);
+    if (!p)
+        return;
+    free_after_streams(d->set, d, p, 0);
+    deferred_reap(d->set);
 }
 
 /* ---- streams and events ---- */

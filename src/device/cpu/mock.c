@@ -347,7 +347,9 @@ static uint64_t next_rand(uint64_t *s)
 static void run_cmd(mock_stream *ms, const cmd *c)
 {
     mock_dev *md = ms->md;
-    bool failed = atomic_load(&md->failed);
+    /* a stream freed with work queued (its device stalled) gives that work up: the memory it
+       names may be gone */
+    bool failed = atomic_load(&md->failed) || atomic_load(&ms->quit);
     switch (c->kind) {
     case CMD_OP: {
         if (failed)
