@@ -261,7 +261,7 @@ void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_
 static mgt_status stalled_error(const mgt_device *d)
 {
     return mgt_error_set(MGT_ERR_TIMEOUT,
-                         "%s: stalled: an earlier wait ran past the device wait limit of %g s",
+                         "%s: stalled: an earlier wait ran past the wait limit of %g s (--timeout)",
                          d->name, d->set->wait_limit_s);
 }
 

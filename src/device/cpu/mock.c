@@ -64,6 +64,9 @@ typedef struct mock_dev {
     pthread_mutex_t lock; /* guards allocs, streams and the failure text */
     mock_alloc *allocs;   /* sorted by address */
     int nallocs, cap_allocs;
+    /* pinned host memory handed out: what a free kept behind a stalled stream goes at close */
+    void **host;
+    int nhost, cap_host;
     mock_stream *streams;
     atomic_long n_allocs, n_kernels;
     atomic_int failed;
@@ -247,15 +250,39 @@ static void mock_free_mem(mgt_device *d, void *ptr)
 
 static mgt_status mock_host_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
-    if (posix_memalign(ptr, MOCK_ALIGN, bytes) != 0)
+    mock_dev *md = dev_of(d);
+    void *p = NULL;
+    if (posix_memalign(&p, MOCK_ALIGN, bytes) != 0)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu pinned bytes",
                              d->name, bytes);
+    pthread_mutex_lock(&md->lock);
+    if (md->nhost == md->cap_host) {
+        int cap = md->cap_host ? 2 * md->cap_host : 16;
+        void **h = realloc(md->host, (size_t)cap * sizeof *h);
+        if (!h) {
+            pthread_mutex_unlock(&md->lock);
+            free(p);
+            return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+        }
+        md->host = h;
+        md->cap_host = cap;
+    }
+    md->host[md->nhost++] = p;
+    pthread_mutex_unlock(&md->lock);
+    *ptr = p;
     return MGT_OK;
 }
 
 static void mock_host_free(mgt_device *d, void *ptr)
 {
-    (void)d;
+    mock_dev *md = dev_of(d);
+    pthread_mutex_lock(&md->lock);
+    for (int i = 0; i < md->nhost; i++)
+        if (md->host[i] == ptr) {
+            md->host[i] = md->host[--md->nhost];
+            break;
+        }
+    pthread_mutex_unlock(&md->lock);
     free(ptr);
 }
 
@@ -523,8 +550,8 @@ static mgt_status past_limit(const mgt_device *d, double t0, const char *what)
     if (mgt_time_now() - t0 <= limit)
         return MGT_OK;
     return mgt_error_set(MGT_ERR_TIMEOUT,
-                         "%s: a wait for %s ran past the device wait limit of %g s: its queued "
-                         "work has stopped making progress",
+                         "%s: a wait for %s ran past the wait limit of %g s (--timeout): its "
+                         "queued work has stopped making progress",
                          d->name, what, limit);
 }
 
@@ -857,6 +884,9 @@ static void mock_devset_close(mgt_devset *set)
         for (int k = 0; k < md->nallocs; k++)
             free(md->allocs[k].p);
         free(md->allocs);
+        for (int k = 0; k < md->nhost; k++)
+            free(md->host[k]);
+        free(md->host);
         pthread_mutex_destroy(&md->lock);
         free(md);
         set->devs[i].impl = NULL;

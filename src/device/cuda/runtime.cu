@@ -573,11 +573,16 @@ static mgt_status alloc_block(mgt_cuda_dev *d, size_t bytes, void **out)
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
     if (e == cudaErrorMemoryAllocation) {
-        // Blocks cached by any replica on this GPU are memory the driver could hand out.
+        // Blocks cached by any replica on this GPU are memory the driver could hand out, and
+        // so is what the stream-ordered pool kept of cuDNN's searches (dnn.cu).
         (void)cudaGetLastError();
         for (int i = 0; i < d->set->n; i++)
             if (d->set->devs[i]->gpu == d->gpu)
                 dev_release_cache(d->set->devs[i]);
+        cudaMemPool_t pool;
+        if (cudaDeviceGetDefaultMemPool(&pool, d->gpu) == cudaSuccess)
+            cudaMemPoolTrimTo(pool, 0);
+        (void)cudaGetLastError();
         cudaSetDevice(d->gpu);
         e = cudaMalloc(&p, want);
     }
