@@ -168,8 +168,9 @@ static void test_exit_codes(void **state)
     snprintf(want, sizeof want, "mgtrain: --resume %s: ", corrupt);
     expect(app("--data", data_dir, QUICK, MOCK2, "--resume", corrupt, NULL), 1, want);
     if (mgt_device_kind_count(MGT_DEVICE_CUDA) == 0)
+        /* the reason follows: the CUDA runtime's own, or that the build has no backend */
         expect(app("--data", data_dir, QUICK, "--device", "cuda", NULL), 1,
-               "--device cuda: no CUDA device was found");
+               "--device cuda: no CUDA device: ");
     else
         print_message("a CUDA device is present: --device cuda's failure is not tested\n");
 }

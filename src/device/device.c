@@ -57,13 +57,13 @@ static mgt_status bad_arg(const char *call, const char *what)
     } while (0)
 
 /* ---- deferred frees ----
-   A buffer (or pinned host memory) freed while work enqueued before the free may still read or
-   write it (on any stream of the set: a peer copy reads another device's memory) goes back to
-   the backend once every stream has passed the free. An ordering event recorded on each live stream at
-   the free marks the point; nothing waits there. Blocks are handed back as their events
-   complete, looked at on every alloc, free and synchronize, waited for (bounded) when an
-   allocation finds the device full, and drained when the set closes. So a free mid-step
-   (a workspace that grows) costs a few event records, not a wait on every stream. */
+   A buffer (or pinned host memory) freed while work enqueued before the free may still read
+   or write it (on any stream of the set: a peer copy reads another device's memory) goes
+   back to the backend once every stream has passed the free. An ordering event recorded on
+   each live stream at the free marks the point; nothing waits there. Blocks are handed back
+   as their events complete, looked at on every alloc, free and synchronize, waited for
+   (bounded) when an allocation finds the device full, and drained when the set closes. So a
+   free mid-step costs a few event records, not a wait on every stream. */
 
 typedef struct mgt_deferred_free {
     mgt_device *dev;
