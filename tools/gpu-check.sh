@@ -357,6 +357,8 @@ preflight() {
     [ -n "$CUDNN_H" ] && [ -n "$CUDNN_SO" ] || { echo "FAIL: cuDNN not found (header ${CUDNN_H:-none}, library ${CUDNN_SO:-none}) in the toolkit, the system or a Python wheel (nvidia-cudnn-cu*)"; return 1; }
     [ -n "$CUBLAS_H" ] && [ -n "$CUBLAS_SO" ] || { echo "FAIL: cuBLAS not found (header ${CUBLAS_H:-none}, library ${CUBLAS_SO:-none})"; return 1; }
     [ -z "$MISSING" ] || { echo "FAIL: packages missing:$MISSING ($DEPS_NOTE)"; return 1; }
+    command -v "${CC:-cc}" >/dev/null 2>&1 || { echo "FAIL: no C compiler (${CC:-cc}): nvcc needs one too"; return 1; }
+    command -v cmake >/dev/null 2>&1 || { echo "FAIL: no cmake (the build needs CMake 3.25 or newer)"; return 1; }
     return 0
 }
 
