@@ -12,6 +12,12 @@ packages=(
   libcjson-dev          # JSON: safetensors headers, --log, bench --json
   libcmocka-dev         # test assertions
   zlib1g-dev            # gzip-compressed IDX files (Fashion-MNIST import), pack checksums
+  libprotobuf-c-dev     # protocol buffers in C: TensorBoard event files, ONNX export
+  protobuf-c-compiler   # protoc-c: C from those .proto files at build time
+  libisal-dev           # CRC-32C (ISA-L's crc32_iscsi) of TensorBoard's event records
+  libonnx-dev           # onnx.proto, the ONNX format's own definition (mgtrain export)
+  python3-protobuf      # tests: the event files decoded by Google's protobuf
+  python3-onnx          # tests: onnx.checker on every exported architecture
   dataset-fashion-mnist # the bundled real data set
   libopenmpi-dev        # multi-node runs: one process per node on Open MPI (-DMGT_MPI)
   openmpi-bin           # mpirun, for those runs and their tests

@@ -180,8 +180,10 @@ static void *press_ctrl_c(void *arg)
     const char *log = arg;
     for (int i = 0; i < 60000; i++) {
         FILE *f = fopen(log, "r");
-        char line[256] = "";
-        bool seen = f && fgets(line, sizeof line, f) && strstr(line, "\"train\"");
+        char line[4096] = "";
+        bool seen = false; /* a progress record (the log opens with the configuration) */
+        while (f && !seen && fgets(line, sizeof line, f))
+            seen = strstr(line, "\"type\":\"train\"") != NULL;
         if (f)
             fclose(f);
         if (seen)

@@ -60,6 +60,7 @@ typedef struct mgt_train_config {
     size_t bucket_bytes;
     mgt_allreduce_algo allreduce; /* tree (the default) or ring */
     const char *log_path;         /* JSON lines; NULL: none */
+    const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
     double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
     double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
     int image_size;               /* 0: the architecture's (mgt_arch_info.image_size) */
@@ -105,21 +106,22 @@ void mgt_train_config_defaults(mgt_train_config *c);
    how the run is stopped and cut short, what is measured. Zeroed (or a NULL pointer to
    mgt_train_run): progress to stdout, no stop flag, whole epochs, validation, no profile. */
 typedef struct mgt_train_controls {
-    FILE *out;              /* progress lines; NULL: stdout */
-    const atomic_int *stop; /* (optional) raised by Ctrl-C: stop at a step boundary, save */
-    long max_steps;         /* training steps per epoch at most; 0: all (--max-steps, tests) */
-    int warmup_steps;       /* steps of each epoch left out of the timed throughput and the
+    FILE *out;                /* progress lines; NULL: stdout */
+    const atomic_int *stop;   /* (optional) raised by Ctrl-C: stop at a step boundary, save */
+    long max_steps;           /* training steps per epoch at most; 0: all (--max-steps, tests) */
+    int warmup_steps;         /* steps of each epoch left out of the timed throughput and the
                                profile (the first steps grow caches and fault pages in) */
-    bool no_validation;     /* skip validation (benchmarks) */
-    bool profile;           /* time forward, backward, exposed reduction and optimizer on
+    bool no_validation;       /* skip validation (benchmarks) */
+    bool profile;             /* time forward, backward, exposed reduction and optimizer on
                                each device with events (for mgtrain bench) */
-    mgt_world *world;       /* (optional) the nodes of a multi-node run, each running this
+    mgt_world *world;         /* (optional) the nodes of a multi-node run, each running this
                                with the same flags and local device count: the replicas are
                                the world's devices (node rank x local devices + local index),
                                -b is over all of them, node 0's replica 0 is the source of
                                every broadcast, only node 0 writes logs and checkpoints
                                (progress lines go to `out` on every node: the caller silences
                                the others). NULL: this process alone */
+    const char *command_line; /* (optional) what started the run, for the log's first record */
 } mgt_train_controls;
 
 /* Device time per step, averaged over the timed steps, from events on the compute stream. */
@@ -154,5 +156,12 @@ typedef struct mgt_train_result {
    MGT_ERR_INVALID naming the field's flag); the last good checkpoint is kept. */
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *r);
+
+/* Training curves from JSON logs written by --log: loss, top-1 and lr against epochs
+   (training per progress line, validation and the EMA model's per epoch), the logs overlaid
+   in one SVG at svg_path (written through a temporary file and a rename). labels (may be
+   NULL) name the logs in the legend; by default their file names. 1 to 6 logs. */
+mgt_status mgt_train_plot_curves(const char *const *logs, const char *const *labels, int n,
+                                 const char *svg_path);
 
 #endif

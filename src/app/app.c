@@ -1,11 +1,13 @@
 /* mgtrain's subcommands: the table that maps a name to its handler, the top-level help, and
    `mgtrain DIR ...` (a dataset folder as the first argument trains, as `python main.py DIR`). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "app/app.h"
 #include "app/commands.h"
+#include "mgt/version.h"
 
 typedef struct app_command {
     const char *name;
@@ -24,6 +26,7 @@ static const app_command commands[] = {
      "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
     {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
     {"pack", mgt_app_cmd_pack, "pack an ImageFolder tree into one memory-mapped file"},
+    {"plot", mgt_app_cmd_plot, "draw training curves (loss, top-1, lr) from --log files"},
 };
 
 int mgt_app_device_exit(mgt_status st)
@@ -43,11 +46,49 @@ static void usage(FILE *f)
                "signal N.\n");
 }
 
+static char command_line[4096];
+
+const char *mgt_app_command_line(void) { return command_line; }
+
+static void keep_command_line(int argc, char **argv)
+{
+    size_t len = 0;
+    command_line[0] = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = i == 0 ? "mgtrain" : argv[i];
+        bool quote = a[0] == 0 || strpbrk(a, " \t\n'\"$\\;&|<>*?()") != NULL;
+        char word[1024];
+        size_t n = 0;
+        if (quote)
+            word[n++] = '\'';
+        for (const char *c = a; *c && n + 6 < sizeof word; c++) {
+            if (*c == '\'') { /* ' becomes '\'' */
+                memcpy(word + n, "'\\''", 4);
+                n += 4;
+            } else {
+                word[n++] = *c;
+            }
+        }
+        if (quote)
+            word[n++] = '\'';
+        word[n] = 0;
+        int w = snprintf(command_line + len, sizeof command_line - len, "%s%s", i ? " " : "", word);
+        if (w < 0 || (size_t)w >= sizeof command_line - len)
+            break; /* a command line past 4 KiB is kept cut short */
+        len += (size_t)w;
+    }
+}
+
 int mgt_app_main(int argc, char **argv)
 {
+    keep_command_line(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("mgtrain %s\n", mgt_version());
+        return 0;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {

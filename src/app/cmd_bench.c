@@ -10,7 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "app/commands.h"
-#include "app/plot.h"
+#include "mgt/plot.h"
 #include "mgt/comm.h"
 #include "mgt/nn.h"
 #include "mgt/thread.h"
@@ -353,10 +353,11 @@ int mgt_app_cmd_bench(int argc, char **argv)
                       .panel_title = {"images/s", "scaling efficiency (%)"},
                       .panels = 2,
                       .n_series = 2};
-        p.series[0] = (mgt_plot_series){c.arch, xs, ips, nc, 0};
-        p.series[1] = (mgt_plot_series){"efficiency", xs, eff, nc, 1};
+        p.series[0] = (mgt_plot_series){.name = c.arch, .x = xs, .y = ips, .n = nc};
+        p.series[1] =
+            (mgt_plot_series){.name = "efficiency", .x = xs, .y = eff, .n = nc, .panel = 1};
         if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
-            fprintf(stderr, "mgtrain bench: %s\n", mgt_error_last());
+            fprintf(stderr, "mgtrain bench: --plot %s\n", mgt_error_last());
             rc = 1;
         }
     }
@@ -678,9 +679,9 @@ static int bench_allreduce(int argc, char **argv)
                       .x_bytes = true,
                       .n_series = na};
         for (int a = 0; a < na; a++)
-            p.series[a] = (mgt_plot_series){names[a], sizes, busbw[a], ns, 0};
+            p.series[a] = (mgt_plot_series){.name = names[a], .x = sizes, .y = busbw[a], .n = ns};
         if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
-            fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
+            fprintf(stderr, "mgtrain bench allreduce: --plot %s\n", mgt_error_last());
             rc = 1;
         }
     }

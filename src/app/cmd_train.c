@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/app.h"
 #include "app/commands.h"
 #include "mgt/nn.h"
 #include "mgt/train.h"
@@ -133,7 +134,11 @@ static void train_usage(FILE *f)
         "  -e, --evaluate         validate once and stop\n"
         "  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
         "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
-        "  --log FILE             JSON lines: one per progress line, one per epoch\n"
+        "  --log FILE             JSON lines: the configuration first, then one per progress\n"
+        "                         line and one per epoch (with --checkpoint-dir, curves.svg\n"
+        "                         there is drawn from it after each epoch)\n"
+        "  --tensorboard DIR      TensorBoard event files (scalars, the configuration, the\n"
+        "                         step per device) in DIR\n"
         "  --time-limit SECONDS   stop with a checkpoint after this long\n"
         "  --timeout SECONDS      abort when no step finishes for this long\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
@@ -204,6 +209,7 @@ enum {
     OPT_RESUME,
     OPT_CKPT,
     OPT_LOG,
+    OPT_TENSORBOARD,
     OPT_TIME_LIMIT,
     OPT_TIMEOUT,
     OPT_MAX_STEPS,
@@ -365,6 +371,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"resume", required_argument, NULL, OPT_RESUME},
         {"checkpoint-dir", required_argument, NULL, OPT_CKPT},
         {"log", required_argument, NULL, OPT_LOG},
+        {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"max-steps", required_argument, NULL, OPT_MAX_STEPS},
@@ -604,6 +611,10 @@ int mgt_app_cmd_train(int argc, char **argv)
         case OPT_RESUME: c.resume = optarg; break;
         case OPT_CKPT: c.checkpoint_dir = optarg; break;
         case OPT_LOG: c.log_path = optarg; break;
+        case OPT_TENSORBOARD:
+            c.tensorboard_dir = optarg;
+            ctl.profile = true; /* the step per device, for TensorBoard */
+            break;
         case OPT_TIME_LIMIT:
             ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s);
             break;
@@ -675,6 +686,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         return 2;
     }
     ctl.world = world;
+    ctl.command_line = mgt_app_command_line();
     FILE *quiet = NULL;
     if (mgt_world_rank(world) != 0) { /* node 0 speaks for the world */
         quiet = fopen("/dev/null", "w");

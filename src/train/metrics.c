@@ -1,12 +1,14 @@
 /* The trainer's numbers and their output: the per-step ring the workers report into, the
-   epoch's totals, and the reporters (progress lines, JSON log) that format records under the
-   run's lock and are written after it is released, so no device waits on a write. */
+   epoch's totals, and the reporters (progress lines, JSON log, TensorBoard) that format records
+   under the run's lock and are written after it is released, so no device waits on a write;
+   after an epoch's record is written, curves.svg is drawn again from the log. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
+#include "mgt/version.h"
 #include "train/train_impl.h"
 
 /* ---- text ---- */
@@ -33,6 +35,23 @@ void train_text_add(train_text *t, const char *fmt, ...)
     vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
     va_end(ap);
     t->len += (size_t)need;
+}
+
+void train_text_append(train_text *t, const void *bytes, size_t n)
+{
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 512;
+        while (t->len + n + 1 > cap)
+            cap *= 2;
+        char *s = realloc(t->s, cap);
+        if (!s)
+            return;
+        t->s = s;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->len, bytes, n);
+    t->len += n;
+    t->s[t->len] = 0;
 }
 
 /* ---- reporters ---- */
@@ -78,6 +97,138 @@ static void json_line(train_text *out, cJSON *o)
     cJSON_Delete(o);
 }
 
+/* A float as the shortest decimal that reads back as it (JSON has only doubles: 0.1f would
+   print as 0.10000000149011612). */
+static double f32(double v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", v);
+    return strtod(b, NULL);
+}
+
+static const char *precision_name(mgt_precision p)
+{
+    return p == MGT_PREC_BF16 ? "bf16" : p == MGT_PREC_FP16 ? "fp16" : "fp32";
+}
+
+cJSON *train_start_json(const train_start *s)
+{
+    const mgt_train_config *c = s->c;
+    cJSON *o = cJSON_CreateObject();
+    /* the flags, by their names in `mgtrain train --help` */
+    cJSON *f = cJSON_AddObjectToObject(o, "config");
+    if (c->dummy)
+        cJSON_AddBoolToObject(f, "dummy", true);
+    else if (c->data_dir)
+        cJSON_AddStringToObject(f, "data", c->data_dir);
+    cJSON_AddStringToObject(f, "arch", s->arch);
+    cJSON_AddNumberToObject(f, "epochs", c->epochs);
+    cJSON_AddNumberToObject(f, "batch_size", c->batch_size);
+    cJSON_AddNumberToObject(f, "workers", c->workers);
+    cJSON_AddStringToObject(f, "opt", mgt_opt_kind_name(c->opt));
+    cJSON_AddNumberToObject(f, "lr", f32(c->lr.lr));
+    cJSON_AddStringToObject(f, "lr_schedule", mgt_lr_kind_name(c->lr.kind));
+    cJSON_AddNumberToObject(f, "lr_step", c->lr.step_epochs);
+    cJSON_AddNumberToObject(f, "lr_gamma", f32(c->lr.gamma));
+    cJSON_AddNumberToObject(f, "lr_min", f32(c->lr.lr_min));
+    cJSON_AddNumberToObject(f, "warmup_epochs", f32(c->lr.warmup_epochs));
+    cJSON_AddNumberToObject(f, "lr_warmup_decay", f32(c->lr.warmup_decay));
+    cJSON_AddNumberToObject(f, "momentum", f32(c->momentum));
+    cJSON_AddBoolToObject(f, "nesterov", c->nesterov);
+    cJSON_AddNumberToObject(f, "wd", f32(c->weight_decay));
+    if (c->norm_weight_decay >= 0)
+        cJSON_AddNumberToObject(f, "norm_weight_decay", f32(c->norm_weight_decay));
+    if (c->bias_weight_decay >= 0)
+        cJSON_AddNumberToObject(f, "bias_weight_decay", f32(c->bias_weight_decay));
+    cJSON_AddNumberToObject(f, "clip_grad_norm", f32(c->clip_grad_norm));
+    cJSON_AddNumberToObject(f, "accum_steps", c->accum_steps);
+    cJSON_AddBoolToObject(f, "model_ema", c->model_ema);
+    if (c->model_ema) {
+        cJSON_AddNumberToObject(f, "model_ema_decay", f32(c->model_ema_decay));
+        cJSON_AddNumberToObject(f, "model_ema_steps", c->model_ema_steps);
+    }
+    cJSON_AddNumberToObject(f, "label_smoothing", f32(c->label_smoothing));
+    cJSON_AddNumberToObject(f, "mixup_alpha", f32(c->mixup_alpha));
+    cJSON_AddNumberToObject(f, "cutmix_alpha", f32(c->cutmix_alpha));
+    cJSON_AddNumberToObject(f, "random_erase", f32(c->random_erase));
+    cJSON_AddNumberToObject(f, "image_size", c->image_size);
+    static const char *const augments[] = {"default", "rrc", "pad-crop", "none"};
+    cJSON_AddStringToObject(f, "augment", augments[c->augment]);
+    cJSON_AddStringToObject(f, "auto_augment", mgt_auto_augment_name(c->auto_augment));
+    cJSON_AddStringToObject(f, "interpolation", mgt_interp_name(c->interpolation));
+    cJSON_AddNumberToObject(f, "val_resize_size", c->val_resize_size);
+    cJSON_AddNumberToObject(f, "val_crop_size", c->val_crop_size);
+    if (c->normalize_auto) {
+        cJSON_AddStringToObject(f, "normalize", "auto");
+    } else if (c->mean_std_set) {
+        double ms[6];
+        for (int i = 0; i < 3; i++) {
+            ms[i] = f32(c->mean[i]);
+            ms[3 + i] = f32(c->std[i]);
+        }
+        cJSON_AddItemToObject(f, "mean", cJSON_CreateDoubleArray(ms, 3));
+        cJSON_AddItemToObject(f, "std", cJSON_CreateDoubleArray(ms + 3, 3));
+    }
+    if (c->dummy) {
+        cJSON_AddNumberToObject(f, "dummy_steps", c->dummy_steps);
+        cJSON_AddNumberToObject(f, "dummy_classes", c->dummy_classes);
+    }
+    cJSON_AddStringToObject(f, "amp", precision_name(c->amp));
+    cJSON_AddStringToObject(f, "grad_dtype", precision_name(c->grad_dtype));
+    cJSON_AddBoolToObject(f, "sync_bn", c->sync_bn);
+    cJSON_AddBoolToObject(f, "freeze_bn", c->freeze_bn);
+    cJSON_AddBoolToObject(f, "zero_init_residual", c->zero_init_residual);
+    cJSON_AddNumberToObject(f, "seed", (double)c->seed);
+    cJSON_AddNumberToObject(f, "print_freq", c->print_freq);
+    cJSON_AddNumberToObject(f, "bucket_mb", (double)c->bucket_bytes / (1 << 20));
+    cJSON_AddStringToObject(f, "allreduce", c->allreduce == MGT_ALLREDUCE_RING ? "ring" : "tree");
+    if (c->resume)
+        cJSON_AddStringToObject(f, "resume", c->resume);
+    if (c->pretrained)
+        cJSON_AddStringToObject(f, "pretrained", c->pretrained);
+    if (c->checkpoint_dir)
+        cJSON_AddStringToObject(f, "checkpoint_dir", c->checkpoint_dir);
+    if (c->tensorboard_dir)
+        cJSON_AddStringToObject(f, "tensorboard", c->tensorboard_dir);
+    cJSON_AddBoolToObject(f, "evaluate", c->evaluate);
+    cJSON_AddBoolToObject(f, "strict_data", c->strict_data);
+    cJSON_AddNumberToObject(f, "max_bad_frac", c->max_bad_frac);
+    cJSON_AddBoolToObject(f, "exact_decode", c->exact_decode);
+    cJSON_AddNumberToObject(f, "time_limit", c->time_limit_s);
+    cJSON_AddNumberToObject(f, "timeout", c->step_timeout_s);
+    /* what the run made of them */
+    cJSON *r = cJSON_AddObjectToObject(o, "run");
+    cJSON_AddStringToObject(r, "family", s->family);
+    cJSON_AddNumberToObject(r, "devices", s->devices);
+    cJSON_AddNumberToObject(r, "nodes", s->nodes);
+    cJSON_AddNumberToObject(r, "per_device_batch", s->per_device_batch);
+    cJSON_AddNumberToObject(r, "classes", s->classes);
+    cJSON_AddNumberToObject(r, "in_channels", s->channels);
+    cJSON_AddNumberToObject(r, "image_size", s->image_size);
+    cJSON_AddNumberToObject(r, "steps_per_epoch", (double)s->steps_per_epoch);
+    cJSON_AddNumberToObject(r, "train_images", (double)s->train_images);
+    cJSON_AddNumberToObject(r, "val_images", (double)s->val_images);
+    cJSON_AddNumberToObject(r, "start_epoch", s->start_epoch);
+    cJSON_AddNumberToObject(r, "start_step", (double)s->start_step);
+    return o;
+}
+
+static void json_start(train_text *out, const train_start *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "config");
+    cJSON_AddStringToObject(o, "version", mgt_version());
+    if (s->command_line)
+        cJSON_AddStringToObject(o, "command_line", s->command_line);
+    cJSON_AddNumberToObject(o, "wall_time", s->wall_time);
+    cJSON *body = train_start_json(s);
+    cJSON *item;
+    while (body && (item = body->child) != NULL)
+        cJSON_AddItemToObject(o, item->string, cJSON_DetachItemViaPointer(body, item));
+    cJSON_Delete(body);
+    json_line(out, o);
+}
+
 static void json_progress(train_text *out, const train_progress *p)
 {
     cJSON *o = cJSON_CreateObject();
@@ -91,10 +242,11 @@ static void json_progress(train_text *out, const train_progress *p)
     cJSON_AddNumberToObject(o, "acc5", p->acc5);
     cJSON_AddNumberToObject(o, "acc1_avg", p->acc1_avg);
     cJSON_AddNumberToObject(o, "acc5_avg", p->acc5_avg);
-    cJSON_AddNumberToObject(o, "lr", p->lr);
+    cJSON_AddNumberToObject(o, "lr", f32(p->lr));
     cJSON_AddNumberToObject(o, "images_per_s", p->images_per_s);
     cJSON_AddNumberToObject(o, "step_s", p->step_avg_s);
     cJSON_AddNumberToObject(o, "data_s", p->data_s);
+    cJSON_AddNumberToObject(o, "data_wait", p->step_avg_s > 0 ? p->data_avg_s / p->step_avg_s : 0);
     json_line(out, o);
 }
 
@@ -109,6 +261,7 @@ static void json_summary(train_text *out, const train_summary *s)
     cJSON_AddNumberToObject(o, "train_acc1", s->train_acc1);
     cJSON_AddNumberToObject(o, "images_per_s", s->images_per_s);
     cJSON_AddNumberToObject(o, "epoch_s", s->epoch_s);
+    cJSON_AddNumberToObject(o, "lr", f32(s->lr));
     if (s->validated) {
         cJSON_AddNumberToObject(o, "val_loss", s->val_loss);
         cJSON_AddNumberToObject(o, "val_acc1", s->val_acc1);
@@ -122,16 +275,22 @@ static void json_summary(train_text *out, const train_summary *s)
     json_line(out, o);
 }
 
-const train_reporter_i train_json_reporter = {.progress = json_progress, .summary = json_summary};
+const train_reporter_i train_json_reporter = {
+    .start = json_start, .progress = json_progress, .summary = json_summary};
 
-void train_reports_init(train_reports *rep, FILE *out, FILE *log)
+void train_reports_init(train_reports *rep, FILE *out, FILE *log, FILE *tb)
 {
     memset(rep, 0, sizeof *rep);
+    rep->warn = out;
     rep->sink[rep->n].i = &train_text_reporter;
     rep->sink[rep->n++].f = out;
     if (log) {
         rep->sink[rep->n].i = &train_json_reporter;
         rep->sink[rep->n++].f = log;
+    }
+    if (tb) {
+        rep->sink[rep->n].i = &train_tensorboard_reporter;
+        rep->sink[rep->n++].f = tb;
     }
     pthread_mutex_init(&rep->queue_lock, NULL);
     pthread_mutex_init(&rep->write_lock, NULL);
@@ -154,9 +313,19 @@ static void reports_progress(train_reports *rep, const train_progress *p)
     pthread_mutex_unlock(&rep->queue_lock);
 }
 
+void train_reports_start(train_reports *rep, const train_start *s)
+{
+    pthread_mutex_lock(&rep->queue_lock);
+    for (int i = 0; i < rep->n; i++)
+        if (rep->sink[i].i->start)
+            rep->sink[i].i->start(&rep->sink[i].queued, s);
+    pthread_mutex_unlock(&rep->queue_lock);
+}
+
 void train_reports_summary(train_reports *rep, const train_summary *s)
 {
     pthread_mutex_lock(&rep->queue_lock);
+    rep->epoch_queued = rep->epoch_queued || s->trained;
     for (int i = 0; i < rep->n; i++)
         if (rep->sink[i].i->summary)
             rep->sink[i].i->summary(&rep->sink[i].queued, s);
@@ -176,6 +345,18 @@ void train_reports_flush(train_reports *rep)
             fflush(rep->sink[i].f);
         }
         free(t.s);
+    }
+    pthread_mutex_lock(&rep->queue_lock);
+    bool redraw = rep->epoch_queued && rep->curves_path;
+    rep->epoch_queued = false;
+    pthread_mutex_unlock(&rep->queue_lock);
+    if (redraw) {
+        const char *logs[] = {rep->log_path};
+        mgt_status st = mgt_train_plot_curves(logs, NULL, 1, rep->curves_path);
+        if (st != MGT_OK && !rep->curves_failed) { /* the run goes on: the log holds it all */
+            fprintf(rep->warn, "=> warning: %s\n", mgt_error_last());
+            rep->curves_failed = true;
+        }
     }
     pthread_mutex_unlock(&rep->write_lock);
 }

@@ -3,6 +3,7 @@
    happened. Each epoch: the training phase, the replica check, validation, the epoch's
    records, the checkpoint. */
 #include <errno.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -95,7 +96,7 @@ static mgt_status open_outputs(run *r)
 {
     const mgt_train_config *c = r->c;
     if (!r->primary) { /* node 0 writes for the world */
-        train_reports_init(&r->reports, r->out, NULL);
+        train_reports_init(&r->reports, r->out, NULL, NULL);
         return MGT_OK;
     }
     if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
@@ -107,7 +108,22 @@ static mgt_status open_outputs(run *r)
         if (!r->log)
             return mgt_error_set(MGT_ERR_IO, "--log %s: %s", c->log_path, strerror(errno));
     }
-    train_reports_init(&r->reports, r->out, r->log);
+    char tb_path[4096];
+    if (c->tensorboard_dir) {
+        mgt_status st = train_tensorboard_open(c->tensorboard_dir, &r->tb, tb_path, sizeof tb_path);
+        if (st != MGT_OK)
+            return st;
+    }
+    train_reports_init(&r->reports, r->out, r->log, r->tb);
+    if (c->checkpoint_dir && c->log_path) { /* the curves, drawn from the log each epoch */
+        int len =
+            snprintf(r->curves_path, sizeof r->curves_path, "%s/curves.svg", c->checkpoint_dir);
+        if (len < 0 || (size_t)len >= sizeof r->curves_path)
+            return mgt_error_set(MGT_ERR_INVALID, "--checkpoint-dir %s: the path is too long",
+                                 c->checkpoint_dir);
+        r->reports.curves_path = r->curves_path;
+        r->reports.log_path = c->log_path;
+    }
     return MGT_OK;
 }
 
@@ -266,10 +282,48 @@ static bool validate(run *r, train_summary *s)
     return true;
 }
 
+/* The run's first record: its configuration, the command line, the version. */
+static void report_start(run *r, int start_epoch, long start_step)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    const train_data *d = &r->data;
+    train_start s = {.c = r->c,
+                     .command_line = r->ctl.command_line,
+                     .arch = r->arch ? r->arch->name : r->c->arch,
+                     .family = r->arch ? r->arch->family : "",
+                     .devices = r->wn,
+                     .nodes = r->nodes,
+                     .per_device_batch = d->per_dev_batch,
+                     .classes = d->classes,
+                     .channels = d->channels,
+                     .image_size = d->size,
+                     .steps_per_epoch = d->steps_per_epoch,
+                     .train_images = d->train_samples,
+                     .val_images = d->val_samples,
+                     .start_epoch = start_epoch,
+                     .start_step = start_step,
+                     .wall_time = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec};
+    train_reports_start(&r->reports, &s);
+    train_reports_flush(&r->reports);
+}
+
+/* Where an epoch's record stands for the readers that need more than its numbers. */
+static void summary_place(run *r, train_summary *s)
+{
+    long steps = r->data.steps_per_epoch;
+    s->steps_per_epoch = steps;
+    s->global_step = (long)(s->epoch + (s->trained ? 1 : 0)) * steps;
+    s->lr = mgt_lr_at(&r->lr, s->epoch, (int)(steps > 0 ? steps - 1 : 0), (int)steps);
+    s->devices = r->n;
+    s->profile = r->ctl.profile ? r->res->profile : NULL;
+}
+
 static bool evaluate(run *r, int epoch)
 {
     r->epoch = epoch;
     train_summary s = {.epoch = epoch};
+    summary_place(r, &s);
     if (!validate(r, &s))
         return false;
     train_reports_summary(&r->reports, &s);
@@ -318,6 +372,7 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
                          .train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0,
                          .images_per_s = res->images_per_s,
                          .epoch_s = ep_s};
+    summary_place(r, s);
 }
 
 /* A stop mid-epoch: the checkpoint says where, so that --resume goes on from there. */
@@ -416,6 +471,9 @@ static mgt_status run_finish(run *r, mgt_status st)
         train_reports_free(&r->reports);
     if (r->log)
         fclose(r->log);
+    if (r->tb && (ferror(r->tb) | fclose(r->tb)) != 0) /* the run's state is in the checkpoint */
+        fprintf(r->out, "=> warning: --tensorboard %s: the event file is incomplete: %s\n",
+                r->c->tensorboard_dir, strerror(errno));
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cv);
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
@@ -480,6 +538,7 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     if (st == MGT_OK) {
         if (r->primary)
             print_start(r, start_epoch);
+        report_start(r, start_epoch, start_step);
         bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
         if (!ok)
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */

@@ -3,6 +3,7 @@
  *   setup.c      data, replicas, communication, broadcasts and the replica check;
  *   step.c       worker threads, the phase protocol, the training and validation steps, failure;
  *   metrics.c    the per-step ring, the epoch's totals and the reporters (progress, JSON log);
+ *   tensorboard.c the TensorBoard reporter: event records (length, masked CRC-32C, Event);
  *   checkpoint.c the training state and its symmetric save and load, --resume;
  *   pretrained.c --pretrained: weights from torchvision files or mgtrain checkpoints;
  *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
@@ -171,6 +172,19 @@ typedef struct train_progress {
     double lr, images_per_s, eta_s;
 } train_progress;
 
+/* What the run's first record says: the configuration, resolved where the run resolved it. */
+typedef struct train_start {
+    const mgt_train_config *c;
+    const char *command_line; /* may be NULL */
+    const char *arch, *family;
+    int devices, nodes, per_device_batch, classes, channels, image_size;
+    long steps_per_epoch;
+    size_t train_images, val_images;
+    int start_epoch;
+    long start_step;
+    double wall_time; /* seconds since the epoch (1970) */
+} train_start;
+
 /* What the end of an epoch (or a lone validation) says. */
 typedef struct train_summary {
     int epoch;
@@ -180,6 +194,11 @@ typedef struct train_summary {
     long val_images;
     bool ema_validated; /* --model-ema: the EMA model's numbers too */
     double ema_val_loss, ema_val_acc1, ema_val_acc5;
+    double lr;        /* the rate of the epoch's last step */
+    long global_step; /* (epoch + 1) x steps per epoch: where its points go on a step axis */
+    long steps_per_epoch;
+    int devices;                     /* profile[0 .. devices - 1] */
+    const mgt_step_profile *profile; /* per device, when the run measured one; else NULL */
 } train_summary;
 
 /* A growing text; a failed allocation drops what did not fit (output, never state). */
@@ -191,12 +210,16 @@ typedef struct train_text {
 /* A reporter formats records as text, without I/O: it runs under the run's lock. Each entry
    may be NULL (nothing to say about that record). */
 typedef struct train_reporter_i {
+    void (*start)(train_text *out, const train_start *s);
     void (*progress)(train_text *out, const train_progress *p);
     void (*summary)(train_text *out, const train_summary *s);
 } train_reporter_i;
 
 extern const train_reporter_i train_text_reporter; /* the progress lines, " * Acc@1 ..." */
-extern const train_reporter_i train_json_reporter; /* JSON lines, "type": "train" / "epoch" */
+/* JSON lines: "type" "config" (first), then "train" / "epoch" */
+extern const train_reporter_i train_json_reporter;
+/* TensorBoard event records (tensorboard.c) */
+extern const train_reporter_i train_tensorboard_reporter;
 
 /* The reporters of a run and the text they have formatted but not yet written. Formatting
    appends under queue_lock (taken inside the run's lock); writing takes write_lock, then
@@ -207,9 +230,14 @@ typedef struct train_reports {
         const train_reporter_i *i;
         FILE *f;
         train_text queued;
-    } sink[2];
+    } sink[3];
     int n;
     pthread_mutex_t queue_lock, write_lock;
+    /* curves.svg, drawn from the JSON log after each epoch's record is written (NULL: none) */
+    const char *curves_path, *log_path;
+    bool epoch_queued; /* an epoch record waits to be written: redraw the curves */
+    FILE *warn;        /* where a failed redraw is said, once */
+    bool curves_failed;
 } train_reports;
 
 /* ---- the run ---- */
@@ -229,6 +257,8 @@ struct run {
     bool primary; /* node 0: logs, checkpoints, the broadcasts' source */
     FILE *out;
     FILE *log;
+    FILE *tb;               /* --tensorboard: the event file */
+    char curves_path[4096]; /* checkpoint_dir/curves.svg, with a log */
     worker *w;
     mgt_comm *comm;
     float **params, **buffers; /* per device, for broadcasts */
@@ -279,11 +309,20 @@ void train_metrics_epoch_begin(run *r);
 /* Adds worker w's numbers for step k (slot) and completes the step when w is the last to
    report it. r->lock held. */
 void train_metrics_add(run *r, worker *w, long k, int slot, float loss);
-void train_reports_init(train_reports *rep, FILE *out, FILE *log);
+/* out: progress lines; log (may be NULL): JSON lines; tb (may be NULL): TensorBoard records */
+void train_reports_init(train_reports *rep, FILE *out, FILE *log, FILE *tb);
 void train_reports_free(train_reports *rep);
+void train_reports_start(train_reports *rep, const train_start *s);
 void train_reports_summary(train_reports *rep, const train_summary *s);
 void train_reports_flush(train_reports *rep); /* never with the run's lock held */
 void train_text_add(train_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void train_text_append(train_text *t, const void *bytes, size_t n); /* binary-safe */
+/* The configuration of the start record as a JSON object (metrics.c), for the log and
+   TensorBoard's text. */
+struct cJSON *train_start_json(const train_start *s);
+
+/* tensorboard.c: a new event file in dir (created when missing), for writing records */
+mgt_status train_tensorboard_open(const char *dir, FILE **out, char *path, size_t cap);
 
 /* checkpoint.c */
 
