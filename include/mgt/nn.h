@@ -324,4 +324,17 @@ mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w
 /* The state_dict alone, written atomically to path. */
 mgt_status mgt_model_save_safetensors(mgt_model *m, mgt_stream *s, const char *path);
 
+/* ---- export (onnx.c) ---- */
+
+/* Writes the inference graph as an ONNX model (opset 17, IR version 8) to path, through a
+   temporary file, fsync and a rename: every layer as ONNX operators (batch norm as
+   BatchNormalization over its running statistics, dropout and stochastic depth left out), the
+   parameters and buffers as initializers under their state_dict names with the table's shapes
+   (a convolution's 2-D weight as [out, in, 1, 1]). Input "input" float32 [batch, C, H, W],
+   H = W = the model's image_size, batch a dynamic dimension; output "logits" float32
+   [batch, classes]. metadata: NULL-terminated key, value pairs for the model's
+   metadata_props; doc (may be NULL) its doc_string. Reads the arenas (synchronises s). */
+mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
+                                 const char *const *metadata, const char *doc);
+
 #endif
