@@ -28,7 +28,8 @@ cmake --build build-asan -j"$jobs"
 # minutes. models.torch_load runs mgtrain's side alone (MGT_TORCH_LOAD_PYTHON=0): the plain build
 # has run PyTorch's float64 check of the same models.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  MGT_TORCH_LOAD_PYTHON=0 ctest --output-on-failure -j"$jobs" -LE 'zoo_strict|export_heavy')
+  MGT_TORCH_LOAD_PYTHON=0 MGT_EXPORT_PYTHON=0 ctest --output-on-failure -j"$jobs" \
+  -LE 'zoo_strict|export_heavy')
 
 echo "== thread sanitizer build (device, stream and threading tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null

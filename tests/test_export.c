@@ -184,17 +184,25 @@ static void test_check(void **state)
             fail_msg("%s: mgtrain export failed: %s", archs[i].name, mgt_error_last());
         print_message("%s: model %.1f s, checkpoint %.1f s, export %.1f s\n", archs[i].name,
                       t1 - t0, t2 - t1, mgt_time_now() - t2);
-        /* one at a time: the heavy ones are half a gigabyte each */
-        snprintf(cmd, sizeof cmd,
-                 "/usr/bin/python3 " MGT_TEST_DATA_DIR "/../../scripts/check_onnx.py %s:%s", onnx,
-                 ckpt);
+        /* one at a time: the heavy ones are half a gigabyte each. MGT_EXPORT_PYTHON=0 (the
+           sanitizer build, whose subject is mgtrain's side) leaves the Python check out. */
+        const char *py = getenv("MGT_EXPORT_PYTHON");
+        if (py && strcmp(py, "0") == 0)
+            snprintf(cmd, sizeof cmd, "true");
+        else
+            snprintf(cmd, sizeof cmd,
+                     "/usr/bin/python3 " MGT_TEST_DATA_DIR "/../../scripts/check_onnx.py %s:%s",
+                     onnx, ckpt);
         if (system(cmd) != 0)
             fail_msg("%s: scripts/check_onnx.py refused the export", archs[i].name);
         remove(ckpt);
         remove(onnx);
         done++;
     }
-    print_message("export check %s: %d architectures passed the ONNX checker\n", mode, done);
+    const char *py = getenv("MGT_EXPORT_PYTHON");
+    print_message("export check %s: %d architectures exported%s\n", mode, done,
+                  py && strcmp(py, "0") == 0 ? " (MGT_EXPORT_PYTHON=0: no ONNX checker)"
+                                             : " and passed the ONNX checker");
     assert_true(done > 0);
     mgt_devset_free(set);
 }

@@ -187,7 +187,8 @@ static const char *init_raw(onnx_build *b, const char *name, int32_t dt, const i
     if (!t || (ndim && !d))
         return name;
     onnx__tensor_proto__init(t);
-    memcpy(d, dims, (size_t)ndim * sizeof *d);
+    if (ndim) /* a scalar has no dims (and dims may be NULL) */
+        memcpy(d, dims, (size_t)ndim * sizeof *d);
     t->name = (char *)name;
     t->n_dims = (size_t)ndim;
     t->dims = d;

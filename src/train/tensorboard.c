@@ -11,6 +11,7 @@
    and final inversion left to the caller. */
 #include <errno.h>
 #include <isa-l/crc.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,9 +221,10 @@ mgt_status train_tensorboard_open(const char *dir, FILE **out, char *path, size_
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
     /* TensorBoard reads every file whose name holds "tfevents", in name order: the time first,
-       as TensorFlow and torch.utils.tensorboard name them */
-    int len = snprintf(path, cap, "%s/events.out.tfevents.%ld.%s.%ld.mgtrain", dir,
-                       (long)time(NULL), host, (long)getpid());
+       as TensorFlow and torch.utils.tensorboard name them; "x": never over another's file */
+    static atomic_int files; /* runs of one process (a library caller's) each get their own */
+    int len = snprintf(path, cap, "%s/events.out.tfevents.%ld.%s.%ld.%d.mgtrain", dir,
+                       (long)time(NULL), host, (long)getpid(), atomic_fetch_add(&files, 1));
     if (len < 0 || (size_t)len >= cap)
         return mgt_error_set(MGT_ERR_INVALID, "--tensorboard %s: the path is too long", dir);
     FILE *f = fopen(path, "wbx");
