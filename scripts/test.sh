@@ -16,7 +16,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-con
 grep -E "mgtrain: CUDA backend" build-configure.log || true
 cmake --build build -j"$jobs"
 # export.check_heavy (label export_heavy: 13 models of 30 M to 143 M parameters through the
-# ONNX checker, about 4 minutes) is left out; `ctest -L export_heavy` runs it.
+# ONNX checker, about 10 minutes) is left out; `ctest -L export_heavy` runs it.
 (cd build && ctest --output-on-failure -j"$jobs" -LE export_heavy)
 
 echo "== address,undefined sanitizer build =="

@@ -4,7 +4,7 @@
                           values and saved as a checkpoint,
                           exported through the command, then Debian's python3-onnx checker and
                           the initializers against the checkpoint's tensors
-                          (scripts/check_onnx.py, one Python process for all)
+                          (scripts/check_onnx.py, one architecture at a time)
      runtime              a representative of each family trained 4 steps on synthetic data
                           (mgt_train_run, a checkpoint with optimizer state), exported; ONNX Runtime's logits on a random
                           batch of 2 (and of 1: the batch is dynamic) against mgtrain's
@@ -13,8 +13,10 @@
                           onnxruntime: MGT_ORT_PYTHON names a Python that has it (PyPI, a venv
                           of one's own); without one it skips and says so.
      refuse               the command's bad input: one line, no file left behind.
-   Cost: light about 25 s and heavy about 90 s (mostly writing and reading the weights: the
-   VGGs hold 128 M parameters each at any input size), runtime about 30 s, refuse < 1 s. */
+   Cost on 2 cores shared with other work (2026-12-06): light 35 s (37 s under ASan without
+   the Python check), heavy 589 s (the VGGs hold 128 M parameters each at any input size:
+   writing, reading back and checking them is most of it), runtime 100 to 240 s, refuse
+   < 1 s. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
