@@ -424,9 +424,10 @@ static double out16_allowance(const backend *be, const tcase *c)
     if (be->kind != MGT_DEVICE_CUDA)
         return 0.0;
     switch (c->op.kind) {
-    case MGT_OP_CONV_FWD_LP:
-    case MGT_OP_CONV_BWD_DATA_LP:
-    case MGT_OP_CONV_BWD_FILT_LP: return c->op.prec == MGT_PREC_BF16 ? 0x1p-8 : 0x1p-11;
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        return c->op.prec == MGT_PREC_BF16 ? 0x1p-8 : c->op.prec == MGT_PREC_FP16 ? 0x1p-11 : 0.0;
     default: return 0.0;
     }
 }
@@ -715,12 +716,14 @@ static void gemm_setup(tcase *c, rng *r, bool ta, bool tb, int m, int n, int k, 
               tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (double)alpha, (double)beta);
 }
 
-static bool gen_gemm(tcase *c, int idx, rng *r)
+#define N_GEMM_CASES 20
+
+static bool gemm_case(tcase *c, int idx, rng *r)
 {
     static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},   {13, 1, 9},   {17, 19, 23},
                                     {64, 33, 1}, {5, 3, 130}, {31, 47, 64}, {40, 24, 17}};
     static const float betas[] = {0.0f, 1.0f, 0.5f};
-    if (idx >= 20)
+    if (idx >= N_GEMM_CASES)
         return false;
     bool ta = idx & 1, tb = (idx >> 1) & 1;
     int m, n, k;
@@ -789,7 +792,7 @@ static const int conv_blocked_shapes[][14] = {
     {1, 48, 5, 7, 16, 3, 3, 2, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     /* more than 16 channels on both sides: oneDNN's bf16 kernels take and give NHWC, so
        every operand is reordered to and from nChw16c, the output set (beta 0: cases 21 and 24
-       of the _lp ops, bf16) or added (beta 1: case 25, bf16, several images per chunk); 22
+       of the 16-bit variants, bf16) or added (beta 1: case 25, bf16, several images per chunk); 22
        and 23 are fp16 */
     {2, 32, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {5, 32, 7, 5, 48, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
@@ -848,9 +851,11 @@ static void conv_desc(tcase *c, const mgt_conv2d_shape *sh, float beta)
               sh->y_layout ? " y=nChw16c" : "");
 }
 
+#define N_CONV_CASES (N_CONV_SHAPES + 4 + N_CONV_BLOCKED)
+
 static bool gen_conv(tcase *c, int idx, rng *r, mgt_op_kind kind)
 {
-    if (idx >= N_CONV_SHAPES + 4 + N_CONV_BLOCKED)
+    if (idx >= N_CONV_CASES)
         return false;
     mgt_conv2d_shape sh;
     conv_shape_of(idx, r, &sh);
@@ -879,17 +884,37 @@ static bool gen_conv(tcase *c, int idx, rng *r, mgt_op_kind kind)
     return true;
 }
 
+/* A variant of an op (a precision, mixed labels) is a parameter of it, not an op of its own:
+   its cases follow the op's plain ones, case `idx` of the variant seeded by the name it had as
+   an op of its own (`seed`), so that each keeps the data it had then. */
+static rng variant_rng(const char *seed, int idx) { return rng_for(op_seed(seed), idx, 0); }
+
+static bool gen_lowp(tcase *c, int idx, mgt_op_kind kind, const char *seed);
+
+static bool gen_gemm(tcase *c, int idx, rng *r)
+{
+    if (idx < N_GEMM_CASES)
+        return gemm_case(c, idx, r);
+    return gen_lowp(c, idx - N_GEMM_CASES, MGT_OP_GEMM, "gemm_lp");
+}
+
 static bool gen_conv_fwd(tcase *c, int idx, rng *r)
 {
-    return gen_conv(c, idx, r, MGT_OP_CONV2D_FWD);
+    if (idx < N_CONV_CASES)
+        return gen_conv(c, idx, r, MGT_OP_CONV2D_FWD);
+    return gen_lowp(c, idx - N_CONV_CASES, MGT_OP_CONV2D_FWD, "conv2d_forward_lp");
 }
 static bool gen_conv_bwd_data(tcase *c, int idx, rng *r)
 {
-    return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_DATA);
+    if (idx < N_CONV_CASES)
+        return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_DATA);
+    return gen_lowp(c, idx - N_CONV_CASES, MGT_OP_CONV2D_BWD_DATA, "conv2d_backward_data_lp");
 }
 static bool gen_conv_bwd_filter(tcase *c, int idx, rng *r)
 {
-    return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_FILTER);
+    if (idx < N_CONV_CASES)
+        return gen_conv(c, idx, r, MGT_OP_CONV2D_BWD_FILTER);
+    return gen_lowp(c, idx - N_CONV_CASES, MGT_OP_CONV2D_BWD_FILTER, "conv2d_backward_filter_lp");
 }
 
 /* n, c, hw; n*hw > 1 as the training forward requires */
@@ -1635,9 +1660,11 @@ static void xent_shape_of(int idx, rng *r, int *n, int *classes, float *smoothin
     }
 }
 
-static bool gen_xent_fwd(tcase *c, int idx, rng *r)
+#define N_XENT_CASES (N_XENT_SHAPES + 3)
+
+static bool xent_plain_fwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_XENT_SHAPES + 3)
+    if (idx >= N_XENT_CASES)
         return false;
     int n, classes;
     float smoothing, scale;
@@ -1662,9 +1689,9 @@ static bool gen_xent_fwd(tcase *c, int idx, rng *r)
     return true;
 }
 
-static bool gen_xent_bwd(tcase *c, int idx, rng *r)
+static bool xent_plain_bwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_XENT_SHAPES + 3)
+    if (idx >= N_XENT_CASES)
         return false;
     int n, classes;
     float smoothing, lscale;
@@ -1711,9 +1738,9 @@ static void fill_mix(rng *r, int32_t *a, int32_t *b, float *w, int n, int classe
     }
 }
 
-static bool gen_xmix_fwd(tcase *c, int idx, rng *r)
+static bool xent_mixed_fwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_XENT_SHAPES + 3)
+    if (idx >= N_XENT_CASES)
         return false;
     int n, classes;
     float smoothing, scale;
@@ -1723,25 +1750,25 @@ static bool gen_xmix_fwd(tcase *c, int idx, rng *r)
     int32_t *la = case_i32(c, n), *lb = case_i32(c, n);
     fill_unif(r, logits, nc, -scale, scale);
     fill_mix(r, la, lb, w, n, classes);
-    c->op.kind = MGT_OP_XENT_MIX_FWD;
-    c->op.u.xmix_fwd.loss = case_f32(c, 1);
-    c->op.u.xmix_fwd.probs = case_f32(c, nc);
-    c->op.u.xmix_fwd.logits = logits;
-    c->op.u.xmix_fwd.labels_a = la;
-    c->op.u.xmix_fwd.labels_b = lb;
-    c->op.u.xmix_fwd.weights = w;
-    c->op.u.xmix_fwd.n = n;
-    c->op.u.xmix_fwd.classes = classes;
-    c->op.u.xmix_fwd.smoothing = smoothing;
+    c->op.kind = MGT_OP_XENT_FWD;
+    c->op.u.xent_fwd.loss = case_f32(c, 1);
+    c->op.u.xent_fwd.probs = case_f32(c, nc);
+    c->op.u.xent_fwd.logits = logits;
+    c->op.u.xent_fwd.labels = la;
+    c->op.u.xent_fwd.labels_b = lb;
+    c->op.u.xent_fwd.weights = w;
+    c->op.u.xent_fwd.n = n;
+    c->op.u.xent_fwd.classes = classes;
+    c->op.u.xent_fwd.smoothing = smoothing;
     c->rtol = tol_for(classes) * 4;
-    case_desc(c, "n=%d classes=%d smoothing=%g logits=+-%g", n, classes, (double)smoothing,
+    case_desc(c, "n=%d classes=%d smoothing=%g logits=+-%g mixed", n, classes, (double)smoothing,
               (double)scale);
     return true;
 }
 
-static bool gen_xmix_bwd(tcase *c, int idx, rng *r)
+static bool xent_mixed_bwd(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_XENT_SHAPES + 3)
+    if (idx >= N_XENT_CASES)
         return false;
     int n, classes;
     float smoothing, lscale;
@@ -1760,20 +1787,37 @@ static bool gen_xmix_bwd(tcase *c, int idx, rng *r)
     fill_mix(r, la, lb, w, n, classes);
     static const float scales[] = {0, 1.0f, 0.37f};
     float scale = idx % 3 == 0 ? 1.0f / n : scales[idx % 3];
-    c->op.kind = MGT_OP_XENT_MIX_BWD;
-    c->op.u.xmix_bwd.dlogits = case_f32(c, nc);
-    c->op.u.xmix_bwd.probs = probs;
-    c->op.u.xmix_bwd.labels_a = la;
-    c->op.u.xmix_bwd.labels_b = lb;
-    c->op.u.xmix_bwd.weights = w;
-    c->op.u.xmix_bwd.n = n;
-    c->op.u.xmix_bwd.classes = classes;
-    c->op.u.xmix_bwd.smoothing = smoothing;
-    c->op.u.xmix_bwd.scale = scale;
+    c->op.kind = MGT_OP_XENT_BWD;
+    c->op.u.xent_bwd.dlogits = case_f32(c, nc);
+    c->op.u.xent_bwd.probs = probs;
+    c->op.u.xent_bwd.labels = la;
+    c->op.u.xent_bwd.labels_b = lb;
+    c->op.u.xent_bwd.weights = w;
+    c->op.u.xent_bwd.n = n;
+    c->op.u.xent_bwd.classes = classes;
+    c->op.u.xent_bwd.smoothing = smoothing;
+    c->op.u.xent_bwd.scale = scale;
     c->rtol = 4e-6;
-    case_desc(c, "n=%d classes=%d smoothing=%g scale=%g", n, classes, (double)smoothing,
+    case_desc(c, "n=%d classes=%d smoothing=%g scale=%g mixed", n, classes, (double)smoothing,
               (double)scale);
     return true;
+}
+
+/* The plain cases (one-hot targets), then the mixed ones. */
+static bool gen_xent_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx < N_XENT_CASES)
+        return xent_plain_fwd(c, idx, r);
+    rng vr = variant_rng("softmax_xent_mix_forward", idx - N_XENT_CASES);
+    return xent_mixed_fwd(c, idx - N_XENT_CASES, &vr);
+}
+
+static bool gen_xent_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx < N_XENT_CASES)
+        return xent_plain_bwd(c, idx, r);
+    rng vr = variant_rng("softmax_xent_mix_backward", idx - N_XENT_CASES);
+    return xent_mixed_bwd(c, idx - N_XENT_CASES, &vr);
 }
 
 /* n, classes, k, ties */
@@ -2550,6 +2594,9 @@ static int fd_apool(backend *be, const char *opname)
 /* Softmax cross-entropy: L = the forward's mean loss; the backward with scale 1/n is its
    gradient for the logits. A larger step: the loss is smooth, and one float of it carries
    all the signal. */
+static int fd_xmix(backend *be, const char *opname);
+
+/* The plain targets, then the mixed ones (fd_xmix). */
 static int fd_xent(backend *be, const char *opname)
 {
     static const int shapes[][3] = {{1, 10, 0}, {4, 10, 1}, {3, 5, 1}, {8, 7, 0}, {2, 1, 0}};
@@ -2599,7 +2646,7 @@ static int fd_xent(backend *be, const char *opname)
         fails += bad;
         case_free(&c);
     }
-    return fails;
+    return fails + fd_xmix(be, opname);
 }
 
 /* The mixed-label form, as fd_xent: its backward with scale 1/n is the gradient of its
@@ -2620,27 +2667,27 @@ static int fd_xmix(backend *be, const char *opname)
         fill_unif(&r, logits, nc, -2, 2);
         fill_mix(&r, la, lb, w, n, classes);
         one[0] = 1;
-        case_desc(&c, "n=%d classes=%d smoothing=%g", n, classes, (double)smoothing);
-        mgt_op fwd = {.kind = MGT_OP_XENT_MIX_FWD};
-        fwd.u.xmix_fwd.loss = loss;
-        fwd.u.xmix_fwd.probs = probs;
-        fwd.u.xmix_fwd.logits = logits;
-        fwd.u.xmix_fwd.labels_a = la;
-        fwd.u.xmix_fwd.labels_b = lb;
-        fwd.u.xmix_fwd.weights = w;
-        fwd.u.xmix_fwd.n = n;
-        fwd.u.xmix_fwd.classes = classes;
-        fwd.u.xmix_fwd.smoothing = smoothing;
-        mgt_op bwd = {.kind = MGT_OP_XENT_MIX_BWD};
-        bwd.u.xmix_bwd.dlogits = dl;
-        bwd.u.xmix_bwd.probs = probs;
-        bwd.u.xmix_bwd.labels_a = la;
-        bwd.u.xmix_bwd.labels_b = lb;
-        bwd.u.xmix_bwd.weights = w;
-        bwd.u.xmix_bwd.n = n;
-        bwd.u.xmix_bwd.classes = classes;
-        bwd.u.xmix_bwd.smoothing = smoothing;
-        bwd.u.xmix_bwd.scale = 1.0f / n;
+        case_desc(&c, "n=%d classes=%d smoothing=%g mixed", n, classes, (double)smoothing);
+        mgt_op fwd = {.kind = MGT_OP_XENT_FWD};
+        fwd.u.xent_fwd.loss = loss;
+        fwd.u.xent_fwd.probs = probs;
+        fwd.u.xent_fwd.logits = logits;
+        fwd.u.xent_fwd.labels = la;
+        fwd.u.xent_fwd.labels_b = lb;
+        fwd.u.xent_fwd.weights = w;
+        fwd.u.xent_fwd.n = n;
+        fwd.u.xent_fwd.classes = classes;
+        fwd.u.xent_fwd.smoothing = smoothing;
+        mgt_op bwd = {.kind = MGT_OP_XENT_BWD};
+        bwd.u.xent_bwd.dlogits = dl;
+        bwd.u.xent_bwd.probs = probs;
+        bwd.u.xent_bwd.labels = la;
+        bwd.u.xent_bwd.labels_b = lb;
+        bwd.u.xent_bwd.weights = w;
+        bwd.u.xent_bwd.n = n;
+        bwd.u.xent_bwd.classes = classes;
+        bwd.u.xent_bwd.smoothing = smoothing;
+        bwd.u.xent_bwd.scale = 1.0f / n;
         fd_term term = {loss, one, 1};
         fd_ctx f = {be, opname, t, &c, &fwd, &term, 1, 5e-2f};
         const char *what;
@@ -2723,37 +2770,22 @@ static int fd_gemm(backend *be, const char *opname)
 
 /* ---- mixed precision ---- */
 
-/* The fp32 cases with their inputs rounded: bf16 and fp16 alternate. The device sums in fp32
+/* Gemm and convolution variants: the fp32 cases with their inputs rounded: bf16 and fp16 alternate. The device sums in fp32
    what the reference sums in double, as for the fp32 kinds; a backend that skipped the
    rounding would be off by about 2^-9 (bf16) or 2^-12 (fp16) of each input, far past the
    tolerance. No finite differences: a rounded function is a staircase. */
-static bool gen_lowp(tcase *c, int idx, rng *r, mgt_op_kind kind)
+static bool gen_lowp(tcase *c, int idx, mgt_op_kind kind, const char *seed)
 {
     mgt_precision prec = (idx / 2) % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
-    bool ok =
-        kind == MGT_OP_GEMM_LP ? gen_gemm(c, idx, r) : gen_conv(c, idx, r, mgt_op_fp32_kind(kind));
+    rng vr = variant_rng(seed, idx);
+    bool ok = kind == MGT_OP_GEMM ? gemm_case(c, idx, &vr) : gen_conv(c, idx, &vr, kind);
     if (!ok)
         return false;
-    c->op.kind = kind;
     c->op.prec = prec;
     c->rtol *= 2;
     size_t len = strlen(c->desc);
     snprintf(c->desc + len, sizeof c->desc - len, " %s", mgt_precision_name(prec));
     return true;
-}
-
-static bool gen_gemm_lp(tcase *c, int idx, rng *r) { return gen_lowp(c, idx, r, MGT_OP_GEMM_LP); }
-static bool gen_conv_fwd_lp(tcase *c, int idx, rng *r)
-{
-    return gen_lowp(c, idx, r, MGT_OP_CONV_FWD_LP);
-}
-static bool gen_conv_bwd_data_lp(tcase *c, int idx, rng *r)
-{
-    return gen_lowp(c, idx, r, MGT_OP_CONV_BWD_DATA_LP);
-}
-static bool gen_conv_bwd_filt_lp(tcase *c, int idx, rng *r)
-{
-    return gen_lowp(c, idx, r, MGT_OP_CONV_BWD_FILT_LP);
 }
 
 /* Values that probe a cast: exact ties of both formats, the largest finite fp16 and the first
@@ -3194,14 +3226,8 @@ static const op_spec specs[MGT_OP_COUNT] = {
     [MGT_OP_BIAS_BWD] = {gen_bias_bwd, fd_bias},
     [MGT_OP_XENT_FWD] = {gen_xent_fwd, NULL},
     [MGT_OP_XENT_BWD] = {gen_xent_bwd, fd_xent},
-    [MGT_OP_XENT_MIX_FWD] = {gen_xmix_fwd, NULL},
-    [MGT_OP_XENT_MIX_BWD] = {gen_xmix_bwd, fd_xmix},
     [MGT_OP_TOPK] = {gen_topk, NULL},
     [MGT_OP_SGD] = {gen_sgd, NULL},
-    [MGT_OP_GEMM_LP] = {gen_gemm_lp, NULL},
-    [MGT_OP_CONV_FWD_LP] = {gen_conv_fwd_lp, NULL},
-    [MGT_OP_CONV_BWD_DATA_LP] = {gen_conv_bwd_data_lp, NULL},
-    [MGT_OP_CONV_BWD_FILT_LP] = {gen_conv_bwd_filt_lp, NULL},
     [MGT_OP_CAST_TO_16] = {gen_cast_to_16, NULL},
     [MGT_OP_CAST_FROM_16] = {gen_cast_from_16, NULL},
     [MGT_OP_NONFINITE] = {gen_nonfinite, NULL},

@@ -640,12 +640,14 @@ static void test_xent_topk(void **state)
             logits[j] *= 20.0f; /* large enough that a naive exp would lose precision */
         int32_t *labels = rand_labels(n, classes);
         for (int e = 0; e < 2; e++) {
-            mgt_op op = {.kind = MGT_OP_XENT_FWD,
-                         .u.xent_fwd = {&loss, probs, logits, labels, n, classes, eps[e]}};
+            mgt_op op = {
+                .kind = MGT_OP_XENT_FWD,
+                .u.xent_fwd = {&loss, probs, logits, labels, NULL, NULL, n, classes, eps[e]}};
             check_op(&op, 1e-5, "xent");
             assert_int_equal(mgt_ref_run(&op), MGT_OK); /* real probabilities for backward */
-            op = (mgt_op){.kind = MGT_OP_XENT_BWD,
-                          .u.xent_bwd = {d, probs, labels, n, classes, eps[e], 1.0f / n}};
+            op = (mgt_op){
+                .kind = MGT_OP_XENT_BWD,
+                .u.xent_bwd = {d, probs, labels, NULL, NULL, n, classes, eps[e], 1.0f / n}};
             check_op(&op, 1e-6, "xent");
         }
         float *ties = rand_ties(nc);
@@ -690,9 +692,9 @@ static void test_bad_label(void **state)
     float loss;
     int32_t count = 0;
     mgt_op fwd = {.kind = MGT_OP_XENT_FWD,
-                  .u.xent_fwd = {&loss, probs, logits, labels, n, classes, 0.1f}};
+                  .u.xent_fwd = {&loss, probs, logits, labels, NULL, NULL, n, classes, 0.1f}};
     mgt_op bwd = {.kind = MGT_OP_XENT_BWD,
-                  .u.xent_bwd = {probs, logits, labels, n, classes, 0.0f, 1.0f}};
+                  .u.xent_bwd = {probs, logits, labels, NULL, NULL, n, classes, 0.0f, 1.0f}};
     mgt_op topk = {.kind = MGT_OP_TOPK, .u.topk = {&count, logits, labels, n, classes, 5}};
     bad_label_case(&fwd, labels, 7, classes);
     bad_label_case(&fwd, labels, 0, -1);

@@ -458,9 +458,8 @@ static void test_mix_golden(void **state)
         CHECK(mgt_copy_h2d(st, dw, w, sizeof(float) * n));
         CHECK(mgt_copy_h2d(st, da, a, sizeof(int32_t) * n));
         CHECK(mgt_copy_h2d(st, db, b, sizeof(int32_t) * n));
-        CHECK(mgt_softmax_xent_mix_forward(st, dl, dp, dz, da, db, dw, n, classes, (float)eps));
-        CHECK(mgt_softmax_xent_mix_backward(st, dd, dp, da, db, dw, n, classes, (float)eps,
-                                            1.0f / n));
+        CHECK(mgt_softmax_xent_forward(st, dl, dp, dz, da, db, dw, n, classes, (float)eps));
+        CHECK(mgt_softmax_xent_backward(st, dd, dp, da, db, dw, n, classes, (float)eps, 1.0f / n));
         float loss, *got = malloc(sizeof(float) * nc);
         CHECK(mgt_copy_d2h(st, &loss, dl, sizeof loss));
         CHECK(mgt_copy_d2h(st, got, dd, sizeof(float) * nc));

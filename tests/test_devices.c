@@ -605,7 +605,7 @@ static void test_bad_label_is_device_error(void **state)
     CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(bl), labels, sizeof labels));
     CHECK(mgt_fill(s, mgt_buffer_ptr(bz), 0.5f, 12));
     CHECK(mgt_softmax_xent_forward(s, mgt_buffer_ptr(bloss), mgt_buffer_ptr(bp), mgt_buffer_ptr(bz),
-                                   mgt_buffer_ptr(bl), 4, 3, 0.0f));
+                                   mgt_buffer_ptr(bl), NULL, NULL, 4, 3, 0.0f));
     EXPECT_FAIL(mgt_stream_synchronize(s, NULL), MGT_ERR_DEVICE, mgt_device_name(d));
     if (!strstr(mgt_error_last(), "softmax_xent_forward"))
         fail_msg("error text \"%s\" does not name the op", mgt_error_last());

@@ -1124,6 +1124,9 @@ static void test_check_other_ops(void **state)
     op.u.xent_fwd.smoothing = 0.1f;
     op.u.xent_fwd.classes = 0;
     expect_invalid(&op, "classes 0 must be positive");
+    op.u.xent_fwd.classes = 4;
+    op.u.xent_fwd.labels_b = labels; /* mixed labels go with their weights */
+    expect_invalid(&op, "labels_b without weights");
 
     op = (mgt_op){.kind = MGT_OP_TOPK};
     op.u.topk = (__typeof__(op.u.topk)){
@@ -1358,8 +1361,8 @@ static void test_casts(void **state)
     mgt_test_golden_free(g);
 }
 
-/* gemm_lp rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and itself
-   in fp16; the fp32 C it adds to (beta) keeps its low bits. */
+/* A 16-bit gemm rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and
+   itself in fp16; the fp32 C it adds to (beta) keeps its low bits. */
 static void test_gemm_lp_rounds_inputs(void **state)
 {
     (void)state;
@@ -1371,18 +1374,15 @@ static void test_gemm_lp_rounds_inputs(void **state)
                  {MGT_PREC_FP16, 3.0f * (1.0f + 0x1p-10f) + 1.0f + 0x1p-20f}};
     for (size_t i = 0; i < 2; i++) {
         float c = c0;
-        mgt_op op = {.kind = MGT_OP_GEMM_LP, .prec = cases[i].p};
+        mgt_op op = {.kind = MGT_OP_GEMM, .prec = cases[i].p};
         op.u.gemm = (__typeof__(op.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1};
         run(&op);
         assert_true(bits_of(c) == bits_of(cases[i].want));
     }
-    /* and an fp32 precision on a _lp kind, or a 16-bit one on gemm, is refused */
+    /* and a precision none of the three is refused */
     float c = 0;
-    mgt_op bad = {.kind = MGT_OP_GEMM_LP};
+    mgt_op bad = {.kind = MGT_OP_GEMM, .prec = (mgt_precision)7};
     bad.u.gemm = (__typeof__(bad.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1};
-    assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
-    bad.kind = MGT_OP_GEMM;
-    bad.prec = MGT_PREC_BF16;
     assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
 }
 

@@ -1019,7 +1019,7 @@ mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool tra
                        int k, float alpha, const float *a, int lda, const float *b, int ldb,
                        float beta, float *c, int ldc)
 {
-    mgt_op op = {.kind = MGT_OP_GEMM_LP, .prec = prec};
+    mgt_op op = {.kind = MGT_OP_GEMM, .prec = prec};
     op.u.gemm =
         (__typeof__(op.u.gemm)){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
     return mgt_op_launch(s, &op);
@@ -1028,21 +1028,21 @@ mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool tra
 mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, const float *x,
                                  const float *w, const mgt_conv2d_shape *sh, float beta)
 {
-    return conv_prec(s, MGT_OP_CONV_FWD_LP, prec, y, x, w, sh, beta);
+    return conv_prec(s, MGT_OP_CONV2D_FWD, prec, y, x, w, sh, beta);
 }
 
 mgt_status mgt_conv2d_backward_data_lp(mgt_stream *s, mgt_precision prec, float *dx,
                                        const float *dy, const float *w, const mgt_conv2d_shape *sh,
                                        float beta)
 {
-    return conv_prec(s, MGT_OP_CONV_BWD_DATA_LP, prec, dx, dy, w, sh, beta);
+    return conv_prec(s, MGT_OP_CONV2D_BWD_DATA, prec, dx, dy, w, sh, beta);
 }
 
 mgt_status mgt_conv2d_backward_filter_lp(mgt_stream *s, mgt_precision prec, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta)
 {
-    return conv_prec(s, MGT_OP_CONV_BWD_FILT_LP, prec, dw, dy, x, sh, beta);
+    return conv_prec(s, MGT_OP_CONV2D_BWD_FILTER, prec, dw, dy, x, sh, beta);
 }
 
 mgt_status mgt_cast_to_16(mgt_stream *s, mgt_precision prec, uint16_t *h, const float *x, size_t n)
@@ -1253,33 +1253,19 @@ mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dwei
 }
 
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
-                                    const int32_t *labels, int n, int classes, float smoothing)
+                                    const int32_t *labels, const int32_t *labels_b,
+                                    const float *weights, int n, int classes, float smoothing)
 {
-    LAUNCH(MGT_OP_XENT_FWD, xent_fwd, loss, probs, logits, labels, n, classes, smoothing);
+    LAUNCH(MGT_OP_XENT_FWD, xent_fwd, loss, probs, logits, labels, labels_b, weights, n, classes,
+           smoothing);
 }
 
 mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
-                                     const int32_t *labels, int n, int classes, float smoothing,
+                                     const int32_t *labels, const int32_t *labels_b,
+                                     const float *weights, int n, int classes, float smoothing,
                                      float scale)
 {
-    LAUNCH(MGT_OP_XENT_BWD, xent_bwd, dlogits, probs, labels, n, classes, smoothing, scale);
-}
-
-mgt_status mgt_softmax_xent_mix_forward(mgt_stream *s, float *loss, float *probs,
-                                        const float *logits, const int32_t *labels_a,
-                                        const int32_t *labels_b, const float *weights, int n,
-                                        int classes, float smoothing)
-{
-    LAUNCH(MGT_OP_XENT_MIX_FWD, xmix_fwd, loss, probs, logits, labels_a, labels_b, weights, n,
-           classes, smoothing);
-}
-
-mgt_status mgt_softmax_xent_mix_backward(mgt_stream *s, float *dlogits, const float *probs,
-                                         const int32_t *labels_a, const int32_t *labels_b,
-                                         const float *weights, int n, int classes, float smoothing,
-                                         float scale)
-{
-    LAUNCH(MGT_OP_XENT_MIX_BWD, xmix_bwd, dlogits, probs, labels_a, labels_b, weights, n, classes,
+    LAUNCH(MGT_OP_XENT_BWD, xent_bwd, dlogits, probs, labels, labels_b, weights, n, classes,
            smoothing, scale);
 }
 

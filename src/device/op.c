@@ -188,12 +188,11 @@ static void operands_relu_bwd(mgt_op *op, operand_list *l)
 
 /* ---- gemm ---- */
 
-/* The fp32 kinds take F32 (what a zeroed op holds); the _lp kinds one of the 16-bit ones. */
+/* A gemm or convolution in F32 (what a zeroed op holds), or on inputs rounded to BF16 or FP16. */
 static mgt_status check_prec(const mgt_op *op, mgt_precision p)
 {
-    bool lowp = mgt_op_fp32_kind(op->kind) != op->kind;
-    if (lowp ? (p != MGT_PREC_BF16 && p != MGT_PREC_FP16) : p != MGT_PREC_F32)
-        return INVALID(op, "precision %d is not %s", (int)p, lowp ? "bf16 or fp16" : "f32");
+    if (p != MGT_PREC_F32 && p != MGT_PREC_BF16 && p != MGT_PREC_FP16)
+        return INVALID(op, "precision %d is not f32, bf16 or fp16", (int)p);
     return MGT_OK;
 }
 
@@ -248,7 +247,7 @@ static mgt_status check_layout(const mgt_op *op, mgt_layout l, int c, const char
 
 bool mgt_op_blocked(const mgt_op *op)
 {
-    switch (mgt_op_fp32_kind(op->kind)) {
+    switch (op->kind) {
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER:
@@ -322,12 +321,11 @@ static void operands_conv(mgt_op *op, operand_list *l)
     size_t y = zmul(sh->n, sh->k, mgt_conv2d_out_h(sh), mgt_conv2d_out_w(sh));
     size_t w = zmul(sh->k, sh->c / groups, sh->r, sh->s);
     mgt_operand_role role = beta_role(op->u.conv.beta);
-    mgt_op_kind kind = mgt_op_fp32_kind(op->kind);
-    if (kind == MGT_OP_CONV2D_FWD) {
+    if (op->kind == MGT_OP_CONV2D_FWD) {
         ADD(l, op->u.conv.out, "y", y, MGT_F32, role);
         ADD(l, op->u.conv.in1, "x", x, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
-    } else if (kind == MGT_OP_CONV2D_BWD_DATA) {
+    } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
         ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
         ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
@@ -614,10 +612,33 @@ static mgt_status check_smoothing(const mgt_op *op, float eps)
     return MGT_OK;
 }
 
+/* labels_b and weights go together: both NULL is the one-hot target of labels */
+static mgt_status check_targets(const mgt_op *op, int n, int classes, float eps,
+                                const int32_t *labels_b, const float *weights)
+{
+    mgt_status st = check_rows(op, n, classes);
+    if (st == MGT_OK)
+        st = check_smoothing(op, eps);
+    if (st == MGT_OK && (labels_b == NULL) != (weights == NULL))
+        return INVALID(op, "%s without %s", labels_b ? "labels_b" : "weights",
+                       labels_b ? "weights" : "labels_b");
+    return st;
+}
+
+static void operands_targets(operand_list *l, const int32_t **labels, const int32_t **labels_b,
+                             const float **weights, int n)
+{
+    ADD(l, *labels, "labels", (size_t)n, MGT_I32, IN);
+    if (*labels_b) {
+        ADD(l, *labels_b, "labels_b", (size_t)n, MGT_I32, IN);
+        ADD(l, *weights, "weights", (size_t)n, MGT_F32, IN);
+    }
+}
+
 static mgt_status check_xent_fwd(const mgt_op *op)
 {
-    mgt_status st = check_rows(op, op->u.xent_fwd.n, op->u.xent_fwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xent_fwd.smoothing);
+    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    return check_targets(op, x->n, x->classes, x->smoothing, x->labels_b, x->weights);
 }
 
 static void operands_xent_fwd(mgt_op *op, operand_list *l)
@@ -627,13 +648,13 @@ static void operands_xent_fwd(mgt_op *op, operand_list *l)
     ADD(l, x->loss, "loss", 1, MGT_F32, OUT);
     ADD(l, x->probs, "probs", nc, MGT_F32, OUT);
     ADD(l, x->logits, "logits", nc, MGT_F32, IN);
-    ADD(l, x->labels, "labels", (size_t)x->n, MGT_I32, IN);
+    operands_targets(l, &x->labels, &x->labels_b, &x->weights, x->n);
 }
 
 static mgt_status check_xent_bwd(const mgt_op *op)
 {
-    mgt_status st = check_rows(op, op->u.xent_bwd.n, op->u.xent_bwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xent_bwd.smoothing);
+    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    return check_targets(op, x->n, x->classes, x->smoothing, x->labels_b, x->weights);
 }
 
 static void operands_xent_bwd(mgt_op *op, operand_list *l)
@@ -642,42 +663,7 @@ static void operands_xent_bwd(mgt_op *op, operand_list *l)
     size_t nc = zmul(x->n, x->classes, 1, 1);
     ADD(l, x->dlogits, "dlogits", nc, MGT_F32, OUT);
     ADD(l, x->probs, "probs", nc, MGT_F32, IN);
-    ADD(l, x->labels, "labels", (size_t)x->n, MGT_I32, IN);
-}
-
-static mgt_status check_xmix_fwd(const mgt_op *op)
-{
-    mgt_status st = check_rows(op, op->u.xmix_fwd.n, op->u.xmix_fwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_fwd.smoothing);
-}
-
-static void operands_xmix_fwd(mgt_op *op, operand_list *l)
-{
-    __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
-    size_t nc = zmul(x->n, x->classes, 1, 1);
-    ADD(l, x->loss, "loss", 1, MGT_F32, OUT);
-    ADD(l, x->probs, "probs", nc, MGT_F32, OUT);
-    ADD(l, x->logits, "logits", nc, MGT_F32, IN);
-    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
-}
-
-static mgt_status check_xmix_bwd(const mgt_op *op)
-{
-    mgt_status st = check_rows(op, op->u.xmix_bwd.n, op->u.xmix_bwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_bwd.smoothing);
-}
-
-static void operands_xmix_bwd(mgt_op *op, operand_list *l)
-{
-    __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
-    size_t nc = zmul(x->n, x->classes, 1, 1);
-    ADD(l, x->dlogits, "dlogits", nc, MGT_F32, OUT);
-    ADD(l, x->probs, "probs", nc, MGT_F32, IN);
-    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
+    operands_targets(l, &x->labels, &x->labels_b, &x->weights, x->n);
 }
 
 static mgt_status check_topk(const mgt_op *op)
@@ -1070,17 +1056,6 @@ static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 
 size_t mgt_dtype_size(mgt_dtype t) { return t == MGT_U16 ? sizeof(uint16_t) : sizeof(float); }
 
-mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind)
-{
-    switch (kind) {
-    case MGT_OP_GEMM_LP: return MGT_OP_GEMM;
-    case MGT_OP_CONV_FWD_LP: return MGT_OP_CONV2D_FWD;
-    case MGT_OP_CONV_BWD_DATA_LP: return MGT_OP_CONV2D_BWD_DATA;
-    case MGT_OP_CONV_BWD_FILT_LP: return MGT_OP_CONV2D_BWD_FILTER;
-    default: return kind;
-    }
-}
-
 const char *mgt_op_name(mgt_op_kind kind)
 {
     if ((unsigned)kind >= MGT_OP_COUNT)
@@ -1129,7 +1104,7 @@ mgt_status mgt_op_check(const mgt_op *op)
 
 double mgt_op_flops(const mgt_op *op)
 {
-    switch (mgt_op_fp32_kind(op->kind)) {
+    switch (op->kind) {
     case MGT_OP_GEMM: return 2.0 * op->u.gemm.m * op->u.gemm.n * op->u.gemm.k;
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:

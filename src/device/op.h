@@ -27,56 +27,50 @@
    mgt_op's union that holds its arguments. Ops sharing an argument struct (the three
    convolution passes) share its check and operand entries, which look at the kind.
    Order is free: nothing stores kinds as numbers. */
-#define MGT_OP_LIST(X)                                   \
-    X(FILL, fill, fill)                                  \
-    X(SCALE, scale, scale)                               \
-    X(AXPY, axpy, axpy)                                  \
-    X(SUM, sum, sum)                                     \
-    X(ADD, add, add)                                     \
-    X(GEMM, gemm, gemm)                                  \
-    X(CONV2D_FWD, conv2d_forward, conv)                  \
-    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)       \
-    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv)   \
-    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train)   \
-    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)      \
-    X(BN_BWD, batchnorm_backward, bn_bwd)                \
-    X(RELU_FWD, relu_forward, relu_fwd)                  \
-    X(RELU_BWD, relu_backward, relu_bwd)                 \
-    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)       \
-    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)      \
-    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)         \
-    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)        \
-    X(BIAS_FWD, bias_forward, bias_fwd)                  \
-    X(BIAS_BWD, bias_backward, bias_bwd)                 \
-    X(XENT_FWD, softmax_xent_forward, xent_fwd)          \
-    X(XENT_BWD, softmax_xent_backward, xent_bwd)         \
-    X(XENT_MIX_FWD, softmax_xent_mix_forward, xmix_fwd)  \
-    X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
-    X(TOPK, topk_correct, topk)                          \
-    X(SGD, sgd_update, sgd)                              \
-    X(GEMM_LP, gemm_lp, gemm)                            \
-    X(CONV_FWD_LP, conv2d_forward_lp, conv)              \
-    X(CONV_BWD_DATA_LP, conv2d_backward_data_lp, conv)   \
-    X(CONV_BWD_FILT_LP, conv2d_backward_filter_lp, conv) \
-    X(CAST_TO_16, cast_to_16, cast)                      \
-    X(CAST_FROM_16, cast_from_16, cast)                  \
-    X(NONFINITE, nonfinite_count, nonfinite)             \
-    X(ADAMW, adamw_update, adamw)                        \
-    X(RMSPROP, rmsprop_update, rmsprop)                  \
-    X(SUMSQ, sum_squares, sum)                           \
-    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
-    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
-    X(DROPOUT, dropout, dropout)                         \
-    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
-    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
-    X(STRIDED_COPY, strided_copy, scopy)                 \
-    X(ACT_FWD, activation_forward, act_fwd)              \
-    X(ACT_BWD, activation_backward, act_bwd)             \
-    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
-    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)  \
-    X(BN_STATS, bn_stats, bn_stats)                      \
-    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)     \
-    X(LNC_FWD, layernorm_channels_forward, lnc_fwd)      \
+#define MGT_OP_LIST(X)                                  \
+    X(FILL, fill, fill)                                 \
+    X(SCALE, scale, scale)                              \
+    X(AXPY, axpy, axpy)                                 \
+    X(SUM, sum, sum)                                    \
+    X(ADD, add, add)                                    \
+    X(GEMM, gemm, gemm)                                 \
+    X(CONV2D_FWD, conv2d_forward, conv)                 \
+    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)      \
+    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv)  \
+    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train)  \
+    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)     \
+    X(BN_BWD, batchnorm_backward, bn_bwd)               \
+    X(RELU_FWD, relu_forward, relu_fwd)                 \
+    X(RELU_BWD, relu_backward, relu_bwd)                \
+    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)      \
+    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)     \
+    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)        \
+    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)       \
+    X(BIAS_FWD, bias_forward, bias_fwd)                 \
+    X(BIAS_BWD, bias_backward, bias_bwd)                \
+    X(XENT_FWD, softmax_xent_forward, xent_fwd)         \
+    X(XENT_BWD, softmax_xent_backward, xent_bwd)        \
+    X(TOPK, topk_correct, topk)                         \
+    X(SGD, sgd_update, sgd)                             \
+    X(CAST_TO_16, cast_to_16, cast)                     \
+    X(CAST_FROM_16, cast_from_16, cast)                 \
+    X(NONFINITE, nonfinite_count, nonfinite)            \
+    X(ADAMW, adamw_update, adamw)                       \
+    X(RMSPROP, rmsprop_update, rmsprop)                 \
+    X(SUMSQ, sum_squares, sum)                          \
+    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)     \
+    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)    \
+    X(DROPOUT, dropout, dropout)                        \
+    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)   \
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)  \
+    X(STRIDED_COPY, strided_copy, scopy)                \
+    X(ACT_FWD, activation_forward, act_fwd)             \
+    X(ACT_BWD, activation_backward, act_bwd)            \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)  \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd) \
+    X(BN_STATS, bn_stats, bn_stats)                     \
+    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)    \
+    X(LNC_FWD, layernorm_channels_forward, lnc_fwd)     \
     X(LNC_BWD, layernorm_channels_backward, lnc_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
@@ -86,8 +80,9 @@ typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
 /* Arguments of each kind; names and meanings as in the mgt_* wrappers of mgt/device.h. */
 typedef struct mgt_op {
     mgt_op_kind kind;
-    /* the 16-bit format of a _lp kind or a cast (BF16 or FP16); F32, what a zeroed op holds,
-       for every other kind */
+    /* the arithmetic of a gemm or a convolution: F32 (what a zeroed op holds), or BF16 or FP16
+       for its inputs rounded to that format (autocast's; sums and the output stay fp32); the
+       16-bit format of a cast; F32 for every other kind */
     mgt_precision prec;
     union {
         struct {
@@ -204,37 +199,24 @@ typedef struct mgt_op {
             const float *dy;
             int rows, cols;
         } bias_bwd;
+        /* target = w onehot(labels) + (1 - w) onehot(labels_b), then smoothing; labels_b and
+           weights both NULL: w = 1 (the one-hot target of labels) */
         struct {
             float *loss, *probs;
             const float *logits;
-            const int32_t *labels;
+            const int32_t *labels, *labels_b;
+            const float *weights;
             int n, classes;
             float smoothing;
         } xent_fwd;
         struct {
             float *dlogits;
             const float *probs;
-            const int32_t *labels;
+            const int32_t *labels, *labels_b;
+            const float *weights;
             int n, classes;
             float smoothing, scale;
         } xent_bwd;
-        /* the mixed-label form: target = w onehot(a) + (1 - w) onehot(b), then smoothing */
-        struct {
-            float *loss, *probs;
-            const float *logits;
-            const int32_t *labels_a, *labels_b;
-            const float *weights;
-            int n, classes;
-            float smoothing;
-        } xmix_fwd;
-        struct {
-            float *dlogits;
-            const float *probs;
-            const int32_t *labels_a, *labels_b;
-            const float *weights;
-            int n, classes;
-            float smoothing, scale;
-        } xmix_bwd;
         struct {
             int32_t *count;
             const float *logits;
@@ -378,9 +360,6 @@ typedef struct mgt_operand {
 /* Bytes of one element: 4, or 2 for MGT_U16. */
 size_t mgt_dtype_size(mgt_dtype t);
 
-/* The fp32 kind a low-precision one rounds its inputs for (gemm_lp -> gemm, ...); any other
-   kind maps to itself. */
-mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind);
 /* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
 bool mgt_op_blocked(const mgt_op *op);
 

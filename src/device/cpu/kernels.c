@@ -529,8 +529,13 @@ static void gemm_item(void *c, int i, int t)
 /* Blocks of C's rows (or columns, when C is wide and short), each one sgemm call. Each block
    repacks the shared operand, which costs O(k*n) against O(m*n*k/blocks) of work. Two blocks
    per thread where the matrix allows, so a thread the OS delays does not hold up the rest. */
+typedef mgt_status (*cpu_op_fn)(mgt_cpu_ctx *ctx, const mgt_op *op);
+static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32);
+
 static mgt_status run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->prec != MGT_PREC_F32)
+        return run_lowp(ctx, op, run_gemm);
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
     int threads = pool_threads(ctx);
     double macs = (double)g->m * g->n * g->k;
@@ -2396,8 +2401,9 @@ typedef struct xent_job {
     double *row_loss;
 } xent_job;
 
-/* Per row in double: loss = lse - sum_j target_j * logit_j, target = (1-eps) onehot +
-   eps/classes; probs = exp(logit - lse). */
+/* Per row in double: loss = lse - sum_j target_j * logit_j, target = (1-eps) (w onehot(a) +
+   (1-w) onehot(b)) + eps/classes, that is lse - (1-eps)(w z_a + (1-w) z_b) - eps/classes sum z
+   (w = 1, b = a without weights: w z_a + 0 z_a is z_a exactly); probs = exp(logit - lse). */
 static void xent_fwd_item(void *c, int i, int t)
 {
     (void)t;
@@ -2418,18 +2424,26 @@ static void xent_fwd_item(void *c, int i, int t)
             se += exp((double)l[e] - mx);
             sl += l[e];
         }
-        double lse = mx + log(se);
+        double lse = mx + log(se), w = x->weights ? x->weights[r] : 1.0;
         for (size_t e = 0; e < classes; e++)
             pr[e] = (float)exp((double)l[e] - lse);
-        double label_logit = l[x->labels[r]];
-        j->row_loss[r] = lse - (1.0 - eps) * label_logit - eps / (double)classes * sl;
+        int32_t a = x->labels[r], b = x->labels_b ? x->labels_b[r] : a;
+        double mixed = w * l[a] + (1.0 - w) * l[b];
+        j->row_loss[r] = lse - (1.0 - eps) * mixed - eps / (double)classes * sl;
     }
+}
+
+static mgt_status check_targets(const mgt_op *op, const int32_t *labels, const int32_t *labels_b,
+                                int n, int classes)
+{
+    mgt_status st = check_labels(op, labels, n, classes);
+    return st == MGT_OK && labels_b ? check_labels(op, labels_b, n, classes) : st;
 }
 
 static mgt_status run_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
-    mgt_status st = check_labels(op, x->labels, x->n, x->classes);
+    mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     if ((st = scratch_ensure(ctx, op, (size_t)x->n * 2)) != MGT_OK)
@@ -2450,82 +2464,14 @@ static void xent_bwd_item(void *c, int i, int t)
     const __typeof__(j->op->u.xent_bwd) *x = &j->op->u.xent_bwd;
     size_t classes = (size_t)x->classes, lo, hi;
     item_range((size_t)x->n, j->units, i, &lo, &hi);
-    float off = x->smoothing / (float)x->classes;
-    float on = 1.0f - x->smoothing + off;
-    for (size_t r = lo; r < hi; r++) {
-        const float *p = x->probs + r * classes;
-        float *d = x->dlogits + r * classes;
-        for (size_t e = 0; e < classes; e++)
-            d[e] = x->scale * (p[e] - off);
-        size_t lab = (size_t)x->labels[r];
-        d[lab] = x->scale * (p[lab] - on);
-    }
-}
-
-/* The mixed-label form, per row in double as xent_fwd_item: loss = lse - (1-eps)(w z_a +
-   (1-w) z_b) - eps/classes sum z. */
-static void xmix_fwd_item(void *c, int i, int t)
-{
-    (void)t;
-    const xent_job *j = c;
-    const __typeof__(j->op->u.xmix_fwd) *x = &j->op->u.xmix_fwd;
-    size_t classes = (size_t)x->classes, lo, hi;
-    item_range((size_t)x->n, j->units, i, &lo, &hi);
-    double eps = x->smoothing;
-    for (size_t r = lo; r < hi; r++) {
-        const float *l = x->logits + r * classes;
-        float *pr = x->probs + r * classes;
-        float mx = l[0];
-        for (size_t e = 1; e < classes; e++)
-            if (l[e] > mx)
-                mx = l[e];
-        double se = 0, sl = 0;
-        for (size_t e = 0; e < classes; e++) {
-            se += exp((double)l[e] - mx);
-            sl += l[e];
-        }
-        double lse = mx + log(se), w = x->weights[r];
-        for (size_t e = 0; e < classes; e++)
-            pr[e] = (float)exp((double)l[e] - lse);
-        double mixed = w * l[x->labels_a[r]] + (1.0 - w) * l[x->labels_b[r]];
-        j->row_loss[r] = lse - (1.0 - eps) * mixed - eps / (double)classes * sl;
-    }
-}
-
-static mgt_status run_xmix_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
-{
-    const __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
-    mgt_status st = check_labels(op, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op, x->labels_b, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    if ((st = scratch_ensure(ctx, op, (size_t)x->n * 2)) != MGT_OK)
-        return st;
-    xent_job j = {op, units_per_item((size_t)x->classes * 4), (double *)(void *)ctx->scratch};
-    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xmix_fwd_item, &j);
-    double s = 0;
-    for (int r = 0; r < x->n; r++)
-        s += j.row_loss[r];
-    x->loss[0] = (float)(s / x->n);
-    return MGT_OK;
-}
-
-static void xmix_bwd_item(void *c, int i, int t)
-{
-    (void)t;
-    const plane_job *j = c;
-    const __typeof__(j->op->u.xmix_bwd) *x = &j->op->u.xmix_bwd;
-    size_t classes = (size_t)x->classes, lo, hi;
-    item_range((size_t)x->n, j->units, i, &lo, &hi);
     float off = x->smoothing / (float)x->classes, keep = 1.0f - x->smoothing;
     for (size_t r = lo; r < hi; r++) {
         const float *p = x->probs + r * classes;
         float *d = x->dlogits + r * classes;
         for (size_t e = 0; e < classes; e++)
             d[e] = x->scale * (p[e] - off);
-        size_t a = (size_t)x->labels_a[r], b = (size_t)x->labels_b[r];
-        float w = x->weights[r];
+        size_t a = (size_t)x->labels[r], b = x->labels_b ? (size_t)x->labels_b[r] : a;
+        float w = x->weights ? x->weights[r] : 1.0f;
         /* a == b: the whole weight on one class */
         float ta = off + keep * (a == b ? 1.0f : w), tb = off + keep * (1.0f - w);
         d[a] = x->scale * (p[a] - ta);
@@ -2534,16 +2480,14 @@ static void xmix_bwd_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_xmix_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
-    mgt_status st = check_labels(op, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op, x->labels_b, x->n, x->classes);
+    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     plane_job j = {op, units_per_item((size_t)x->classes)};
-    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xmix_bwd_item, &j);
+    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
     return MGT_OK;
 }
 
@@ -2642,6 +2586,8 @@ static bool conv_blocked(const mgt_op *op)
 static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     mgt_status st;
+    if (op->prec != MGT_PREC_F32)
+        return run_lowp(ctx, op, run_conv);
     if ((!ctx->conv_im2col || conv_blocked(op)) &&
         (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
         return st;
@@ -2805,17 +2751,6 @@ static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
-{
-    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
-    mgt_status st = check_labels(op, x->labels, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    plane_job j = {op, units_per_item((size_t)x->classes)};
-    POOL_FOR(ctx, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
-    return MGT_OK;
-}
-
 static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.topk) *k = &op->u.topk;
@@ -2855,8 +2790,6 @@ static void round_item(void *c, int i, int t)
         for (size_t k = lo; k < hi; k++)
             j->dst[k] = mgt_lowp_round_fp16(j->src[k]);
 }
-
-static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op);
 
 static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op);
 
@@ -2926,16 +2859,17 @@ static mgt_status lp_native(mgt_cpu_ctx *ctx, const mgt_op *op, bool *ran)
                          mgt_op_name(op->kind), mgt_lp_refusal_name(why));
 }
 
-static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
+/* A gemm or convolution in bf16 or fp16: a convolution's native attempt first, else the fp32
+   kernel on inputs rounded to the format. */
+static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32)
 {
-    if (op->kind != MGT_OP_GEMM_LP) {
+    if (op->kind != MGT_OP_GEMM) {
         bool ran;
         mgt_status st = lp_native(ctx, op, &ran);
         if (ran || st != MGT_OK)
             return st;
     }
     mgt_op f = *op;
-    f.kind = mgt_op_fp32_kind(op->kind);
     f.prec = MGT_PREC_F32;
     mgt_precision prec = op->prec;
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
@@ -2956,7 +2890,7 @@ static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op)
         *ops[i].ptr = at;
         at += align_up(ops[i].count);
     }
-    return cpu_ops[f.kind](ctx, &f);
+    return fp32(ctx, &f);
 }
 
 static void cast_item(void *c, int i, int t)
@@ -3115,14 +3049,8 @@ static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op 
     [MGT_OP_BIAS_BWD] = run_bias_bwd,
     [MGT_OP_XENT_FWD] = run_xent_fwd,
     [MGT_OP_XENT_BWD] = run_xent_bwd,
-    [MGT_OP_XENT_MIX_FWD] = run_xmix_fwd,
-    [MGT_OP_XENT_MIX_BWD] = run_xmix_bwd,
     [MGT_OP_TOPK] = run_topk,
     [MGT_OP_SGD] = run_sgd,
-    [MGT_OP_GEMM_LP] = run_lowp,
-    [MGT_OP_CONV_FWD_LP] = run_lowp,
-    [MGT_OP_CONV_BWD_DATA_LP] = run_lowp,
-    [MGT_OP_CONV_BWD_FILT_LP] = run_lowp,
     [MGT_OP_CAST_TO_16] = run_cast,
     [MGT_OP_CAST_FROM_16] = run_cast,
     [MGT_OP_NONFINITE] = run_nonfinite,

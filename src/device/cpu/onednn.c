@@ -540,7 +540,7 @@ static void plan_layout(mgt_onednn_plan *pl)
 mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan **plan,
                                 size_t *scratch_floats)
 {
-    mgt_op_kind fk = mgt_op_fp32_kind(op->kind);
+    mgt_op_kind fk = op->kind;
     conv_kind kind = fk == MGT_OP_CONV2D_FWD        ? K_FWD
                      : fk == MGT_OP_CONV2D_BWD_DATA ? K_BWD_DATA
                                                     : K_BWD_FILTER;

@@ -17,8 +17,43 @@ static float with_beta(double v, float beta, float old)
     return beta == 0.0f ? (float)v : (float)(v + (double)beta * old);
 }
 
+/* A gemm or convolution in a 16-bit precision is the fp32 op on inputs rounded to the 16-bit
+   format: the product of two bf16 or two fp16 values is exact in fp32, so rounding the inputs
+   and multiplying in (here: double) precision is the whole of the arithmetic difference. */
+static mgt_status ref_lowp(const mgt_op *op, mgt_status (*fp32)(const mgt_op *op))
+{
+    mgt_op f = *op;
+    f.prec = MGT_PREC_F32;
+    mgt_precision prec = op->prec;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    float *copies[MGT_OP_MAX_OPERANDS] = {0};
+    int n = mgt_op_operands(&f, ops);
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        if (ops[i].role != MGT_OPERAND_IN)
+            continue;
+        const float *src = *ops[i].ptr;
+        copies[i] = malloc(ops[i].count * sizeof(float));
+        if (!copies[i]) {
+            st = mgt_error_set(MGT_ERR_OOM, "reference: %s: no memory for a rounded copy of %s",
+                               mgt_op_name(op->kind), ops[i].name);
+            break;
+        }
+        for (size_t k = 0; k < ops[i].count; k++)
+            copies[i][k] = mgt_lowp_round(prec, src[k]);
+        *ops[i].ptr = copies[i];
+    }
+    if (st == MGT_OK)
+        st = fp32(&f);
+    for (int i = 0; i < n; i++)
+        free(copies[i]);
+    return st;
+}
+
 static mgt_status ref_gemm(const mgt_op *op)
 {
+    if (op->prec != MGT_PREC_F32)
+        return ref_lowp(op, ref_gemm);
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
     for (int i = 0; i < g->m; i++) {
         for (int j = 0; j < g->n; j++) {
@@ -146,6 +181,16 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
                 }
     }
     return MGT_OK;
+}
+
+/* The pass the kind says, in the op's precision. */
+static mgt_status ref_conv2d(const mgt_op *op)
+{
+    if (op->prec != MGT_PREC_F32)
+        return ref_lowp(op, ref_conv2d);
+    return op->kind == MGT_OP_CONV2D_FWD        ? ref_conv_fwd(op)
+           : op->kind == MGT_OP_CONV2D_BWD_DATA ? ref_conv_bwd_data(op)
+                                                : ref_conv_bwd_filter(op);
 }
 
 /* Element i of channel c in an [n, c, hw] tensor. */
@@ -377,25 +422,35 @@ static mgt_status check_labels(mgt_op_kind kind, const int32_t *labels, int n, i
     return MGT_OK;
 }
 
-/* With target t = (1-eps) one-hot(label) + eps/C and log p = z - lse, a row's loss is
-   -sum t_j log p_j = (1-eps)(lse - z_label) + eps/C * sum_j (lse - z_j). */
+/* Row i's target labels (b_i = a_i, w_i = 1 without labels_b and weights). */
+static mgt_status check_targets(mgt_op_kind kind, const int32_t *labels, const int32_t *labels_b,
+                                int n, int classes)
+{
+    mgt_status st = check_labels(kind, labels, n, classes);
+    return st == MGT_OK && labels_b ? check_labels(kind, labels_b, n, classes) : st;
+}
+
+/* The target t = (1-eps)(w onehot(a) + (1-w) onehot(b)) + eps/C: a row's loss is
+   -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
 static mgt_status ref_xent_fwd(const mgt_op *op)
 {
     const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
-    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
+    mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     double eps = x->smoothing, total = 0.0;
     for (int i = 0; i < x->n; i++) {
         const float *z = x->logits + (size_t)i * x->classes;
         float *pr = x->probs + (size_t)i * x->classes;
-        double lse = row_logsumexp(z, x->classes);
+        double lse = row_logsumexp(z, x->classes), w = x->weights ? x->weights[i] : 1.0;
+        int a = x->labels[i], b = x->labels_b ? x->labels_b[i] : a;
         double smooth = 0.0;
         for (int j = 0; j < x->classes; j++) {
             pr[j] = (float)exp((double)z[j] - lse);
             smooth += lse - z[j];
         }
-        total += (1.0 - eps) * (lse - z[x->labels[i]]) + eps / x->classes * smooth;
+        total +=
+            (1.0 - eps) * (w * (lse - z[a]) + (1.0 - w) * (lse - z[b])) + eps / x->classes * smooth;
     }
     x->loss[0] = (float)(total / x->n);
     return MGT_OK;
@@ -404,62 +459,17 @@ static mgt_status ref_xent_fwd(const mgt_op *op)
 static mgt_status ref_xent_bwd(const mgt_op *op)
 {
     const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
-    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    double eps = x->smoothing;
-    for (int i = 0; i < x->n; i++)
-        for (int j = 0; j < x->classes; j++) {
-            size_t ij = (size_t)i * x->classes + j;
-            double t = eps / x->classes + (j == x->labels[i] ? 1.0 - eps : 0.0);
-            x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
-        }
-    return MGT_OK;
-}
-
-/* The mixed target t = (1-eps)(w onehot(a) + (1-w) onehot(b)) + eps/C: a row's loss is
-   -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
-static mgt_status ref_xmix_fwd(const mgt_op *op)
-{
-    const __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
-    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    double eps = x->smoothing, total = 0.0;
-    for (int i = 0; i < x->n; i++) {
-        const float *z = x->logits + (size_t)i * x->classes;
-        float *pr = x->probs + (size_t)i * x->classes;
-        double lse = row_logsumexp(z, x->classes), w = x->weights[i];
-        double smooth = 0.0;
-        for (int j = 0; j < x->classes; j++) {
-            pr[j] = (float)exp((double)z[j] - lse);
-            smooth += lse - z[j];
-        }
-        total +=
-            (1.0 - eps) * (w * (lse - z[x->labels_a[i]]) + (1.0 - w) * (lse - z[x->labels_b[i]])) +
-            eps / x->classes * smooth;
-    }
-    x->loss[0] = (float)(total / x->n);
-    return MGT_OK;
-}
-
-static mgt_status ref_xmix_bwd(const mgt_op *op)
-{
-    const __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
-    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
+    mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     double eps = x->smoothing;
     for (int i = 0; i < x->n; i++) {
-        double w = x->weights[i];
+        double w = x->weights ? x->weights[i] : 1.0;
+        int a = x->labels[i], b = x->labels_b ? x->labels_b[i] : a;
         for (int j = 0; j < x->classes; j++) {
             size_t ij = (size_t)i * x->classes + j;
-            double t = eps / x->classes + (1.0 - eps) * ((j == x->labels_a[i] ? w : 0.0) +
-                                                         (j == x->labels_b[i] ? 1.0 - w : 0.0));
+            double t =
+                eps / x->classes + (1.0 - eps) * ((j == a ? w : 0.0) + (j == b ? 1.0 - w : 0.0));
             x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
         }
     }
@@ -909,42 +919,6 @@ static mgt_status ref_chscale_bwd(const mgt_op *op)
 
 /* ---- mixed precision ---- */
 
-static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op);
-
-/* A low-precision op is its fp32 kind on inputs rounded to the 16-bit format: the product of
-   two bf16 or two fp16 values is exact in fp32, so rounding the inputs and multiplying in
-   (here: double) precision is the whole of the arithmetic difference. */
-static mgt_status ref_lowp(const mgt_op *op)
-{
-    mgt_op f = *op;
-    f.kind = mgt_op_fp32_kind(op->kind);
-    f.prec = MGT_PREC_F32;
-    mgt_precision prec = op->prec;
-    mgt_operand ops[MGT_OP_MAX_OPERANDS];
-    float *copies[MGT_OP_MAX_OPERANDS] = {0};
-    int n = mgt_op_operands(&f, ops);
-    mgt_status st = MGT_OK;
-    for (int i = 0; i < n && st == MGT_OK; i++) {
-        if (ops[i].role != MGT_OPERAND_IN)
-            continue;
-        const float *src = *ops[i].ptr;
-        copies[i] = malloc(ops[i].count * sizeof(float));
-        if (!copies[i]) {
-            st = mgt_error_set(MGT_ERR_OOM, "reference: %s: no memory for a rounded copy of %s",
-                               mgt_op_name(op->kind), ops[i].name);
-            break;
-        }
-        for (size_t k = 0; k < ops[i].count; k++)
-            copies[i][k] = mgt_lowp_round(prec, src[k]);
-        *ops[i].ptr = copies[i];
-    }
-    if (st == MGT_OK)
-        st = ref_ops[f.kind](&f);
-    for (int i = 0; i < n; i++)
-        free(copies[i]);
-    return st;
-}
-
 static mgt_status ref_cast(const mgt_op *op)
 {
     const __typeof__(op->u.cast) *c = &op->u.cast;
@@ -979,9 +953,9 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_SUM] = ref_sum,
     [MGT_OP_ADD] = ref_add,
     [MGT_OP_GEMM] = ref_gemm,
-    [MGT_OP_CONV2D_FWD] = ref_conv_fwd,
-    [MGT_OP_CONV2D_BWD_DATA] = ref_conv_bwd_data,
-    [MGT_OP_CONV2D_BWD_FILTER] = ref_conv_bwd_filter,
+    [MGT_OP_CONV2D_FWD] = ref_conv2d,
+    [MGT_OP_CONV2D_BWD_DATA] = ref_conv2d,
+    [MGT_OP_CONV2D_BWD_FILTER] = ref_conv2d,
     [MGT_OP_BN_FWD_TRAIN] = ref_bn_train,
     [MGT_OP_BN_FWD_EVAL] = ref_bn_eval,
     [MGT_OP_BN_BWD] = ref_bn_bwd,
@@ -997,8 +971,6 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_BIAS_BWD] = ref_bias_bwd,
     [MGT_OP_XENT_FWD] = ref_xent_fwd,
     [MGT_OP_XENT_BWD] = ref_xent_bwd,
-    [MGT_OP_XENT_MIX_FWD] = ref_xmix_fwd,
-    [MGT_OP_XENT_MIX_BWD] = ref_xmix_bwd,
     [MGT_OP_TOPK] = ref_topk,
     [MGT_OP_SGD] = ref_sgd,
     [MGT_OP_ADAMW] = ref_adamw,
@@ -1016,10 +988,6 @@ static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
     [MGT_OP_APOOL_FWD] = ref_apool_fwd,
     [MGT_OP_APOOL_BWD] = ref_apool_bwd,
     [MGT_OP_STRIDED_COPY] = ref_scopy,
-    [MGT_OP_GEMM_LP] = ref_lowp,
-    [MGT_OP_CONV_FWD_LP] = ref_lowp,
-    [MGT_OP_CONV_BWD_DATA_LP] = ref_lowp,
-    [MGT_OP_CONV_BWD_FILT_LP] = ref_lowp,
     [MGT_OP_CAST_TO_16] = ref_cast,
     [MGT_OP_CAST_FROM_16] = ref_cast,
     [MGT_OP_NONFINITE] = ref_nonfinite,

@@ -20,8 +20,6 @@ enum mgt_cuda_flag_code {
     MGT_CUDA_FLAG_XENT_FWD_LABEL = 1,
     MGT_CUDA_FLAG_XENT_BWD_LABEL = 2,
     MGT_CUDA_FLAG_TOPK_LABEL = 3,
-    MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL = 4,
-    MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL = 5,
 };
 // Slots of the flag array: the code is stored last so the host never sees it without the
 // row and label beside it.

@@ -143,8 +143,6 @@ mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op);
@@ -168,8 +166,6 @@ mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *
    which) and batch norm on cuDNN */
 mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op);
 mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op);

@@ -321,74 +321,11 @@ __global__ void k_bias_bwd(float *dbias, const float *dy, int rows, int cols)
 
 // One warp per row. With m = max z, s = sum exp(z - m), lse = m + log s:
 //   probs[j] = exp(z_j - m) / s
-//   loss = (1-eps) * (lse - z_y) + eps * (lse - mean_j z_j)
-// which is -(sum_j target_j * log p_j) for target = (1-eps) one-hot + eps/classes, written
-// with differences from m so that no large terms cancel. rowloss [n] feeds the mean.
+//   loss = (1-eps) * (lse - (w z_a + (1-w) z_b)) + eps * (lse - mean_j z_j)
+// which is -(sum_j target_j * log p_j) for target = (1-eps) (w onehot(a) + (1-w) onehot(b)) +
+// eps/classes (w = 1, b = a without weights), written with differences from m so that no
+// large terms cancel. rowloss [n] feeds the mean.
 __global__ void k_xent_rows(float *rowloss, float *probs, const float *logits,
-                            const int32_t *labels, int n, int classes, float eps, int *flag,
-                            int *claim)
-{
-    const int lane = threadIdx.x & 31;
-    const long warp = (long)(thread_index() >> 5);
-    const long warps = (long)(thread_stride() >> 5);
-    for (long row = warp; row < n; row += warps) {
-        const float *z = logits + (size_t)row * classes;
-        float *pr = probs + (size_t)row * classes;
-        float m = -INFINITY;
-        for (int j = lane; j < classes; j += 32)
-            m = fmaxf(m, z[j]);
-        m = warp_max(m);
-        float s = 0.0f, dsum = 0.0f;
-        for (int j = lane; j < classes; j += 32) {
-            const float e = z[j] - m;
-            s += expf(e);
-            dsum += e;
-        }
-        s = warp_sum(s);
-        dsum = warp_sum(dsum);
-        for (int j = lane; j < classes; j += 32)
-            pr[j] = expf(z[j] - m) / s;
-        if (lane == 0) {
-            const int y = labels[row];
-            float loss = 0.0f;
-            if (y < 0 || y >= classes) {
-                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_FWD_LABEL, (int)row, y, classes);
-            } else {
-                const float log_s = logf(s);
-                loss = (1.0f - eps) * (log_s - (z[y] - m));
-                if (eps != 0.0f)
-                    loss += eps * (log_s - dsum / (float)classes);
-            }
-            rowloss[row] = loss;
-        }
-    }
-}
-
-// One thread per element i = row*classes + j:
-//   dlogits = scale * (probs - target), target = (1-eps)*[j == y] + eps/classes.
-__global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *labels, int n,
-                           int classes, float eps, float scale, int *flag, int *claim)
-{
-    const size_t total = (size_t)n * classes;
-    const float smooth = eps / (float)classes;
-    for (size_t i = thread_index(); i < total; i += thread_stride()) {
-        const int row = (int)(i / classes);
-        const int j = (int)(i % classes);
-        const int y = labels[row];
-        float t = smooth;
-        if (y < 0 || y >= classes) {
-            if (j == 0)
-                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_BWD_LABEL, row, y, classes);
-        } else if (j == y) {
-            t = (1.0f - eps) + smooth;
-        }
-        dlogits[i] = scale * (probs[i] - t);
-    }
-}
-
-// The mixed-label form: as k_xent_rows with the label term (1-eps)(lse - (w z_a + (1-w) z_b))
-// (in differences from m: log s - (w (z_a - m) + (1-w)(z_b - m))).
-__global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
                             const int32_t *labels_a, const int32_t *labels_b, const float *weights,
                             int n, int classes, float eps, int *flag, int *claim)
 {
@@ -413,11 +350,11 @@ __global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
         for (int j = lane; j < classes; j += 32)
             pr[j] = expf(z[j] - m) / s;
         if (lane == 0) {
-            const int a = labels_a[row], b = labels_b[row];
-            const float w = weights[row];
+            const int a = labels_a[row], b = labels_b ? labels_b[row] : a;
+            const float w = weights ? weights[row] : 1.0f;
             float loss = 0.0f;
             if (a < 0 || a >= classes || b < 0 || b >= classes) {
-                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL, (int)row,
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_FWD_LABEL, (int)row,
                                   a < 0 || a >= classes ? a : b, classes);
             } else {
                 const float log_s = logf(s);
@@ -430,8 +367,9 @@ __global__ void k_xmix_rows(float *rowloss, float *probs, const float *logits,
     }
 }
 
-// dlogits = scale * (probs - target), target = (1-eps)(w [j == a] + (1-w) [j == b]) + eps/C.
-__global__ void k_xmix_bwd(float *dlogits, const float *probs, const int32_t *labels_a,
+// One thread per element i = row*classes + j:
+//   dlogits = scale * (probs - target), target = (1-eps)(w [j == a] + (1-w) [j == b]) + eps/C.
+__global__ void k_xent_bwd(float *dlogits, const float *probs, const int32_t *labels_a,
                            const int32_t *labels_b, const float *weights, int n, int classes,
                            float eps, float scale, int *flag, int *claim)
 {
@@ -440,12 +378,12 @@ __global__ void k_xmix_bwd(float *dlogits, const float *probs, const int32_t *la
     for (size_t i = thread_index(); i < total; i += thread_stride()) {
         const int row = (int)(i / classes);
         const int j = (int)(i % classes);
-        const int a = labels_a[row], b = labels_b[row];
-        const float w = weights[row];
+        const int a = labels_a[row], b = labels_b ? labels_b[row] : a;
+        const float w = weights ? weights[row] : 1.0f;
         float t = smooth;
         if (a < 0 || a >= classes || b < 0 || b >= classes) {
             if (j == 0)
-                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL, row,
+                raise_label_error(flag, claim, MGT_CUDA_FLAG_XENT_BWD_LABEL, row,
                                   a < 0 || a >= classes ? a : b, classes);
         } else {
             t += (1.0f - eps) * ((j == a ? w : 0.0f) + (j == b ? 1.0f - w : 0.0f));
@@ -1148,8 +1086,8 @@ mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
         return st;
     float *rowloss = (float *)s->scratch;
     k_xent_rows<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
-        rowloss, a.probs, a.logits, a.labels, a.n, a.classes, a.smoothing, s->dev->flag_dev,
-        s->dev->claim_dev);
+        rowloss, a.probs, a.logits, a.labels, a.labels_b, a.weights, a.n, a.classes, a.smoothing,
+        s->dev->flag_dev, s->dev->claim_dev);
     k_mean_rows<<<1, kThreads, 0, s->stream>>>(a.loss, rowloss, a.n, (double)a.n);
     return MGT_CUDA_AFTER(s, "softmax_xent_forward");
 }
@@ -1159,36 +1097,10 @@ mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.xent_bwd;
     size_t total = (size_t)a.n * a.classes;
-    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dlogits, a.probs, a.labels, a.n,
-                                                              a.classes, a.smoothing, a.scale,
-                                                              s->dev->flag_dev, s->dev->claim_dev);
+    k_xent_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.dlogits, a.probs, a.labels, a.labels_b, a.weights, a.n, a.classes, a.smoothing, a.scale,
+        s->dev->flag_dev, s->dev->claim_dev);
     return MGT_CUDA_AFTER(s, "softmax_xent_backward");
-}
-
-mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op)
-{
-    MGT_ENTER(s);
-    const auto &a = op->u.xmix_fwd;
-    mgt_status st = mgt_cuda_scratch(s, (size_t)a.n * sizeof(float));
-    if (st != MGT_OK)
-        return st;
-    float *rowloss = (float *)s->scratch;
-    k_xmix_rows<<<blocks_for_rows(a.n), kThreads, 0, s->stream>>>(
-        rowloss, a.probs, a.logits, a.labels_a, a.labels_b, a.weights, a.n, a.classes, a.smoothing,
-        s->dev->flag_dev, s->dev->claim_dev);
-    k_mean_rows<<<1, kThreads, 0, s->stream>>>(a.loss, rowloss, a.n, (double)a.n);
-    return MGT_CUDA_AFTER(s, "softmax_xent_mix_forward");
-}
-
-mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op)
-{
-    MGT_ENTER(s);
-    const auto &a = op->u.xmix_bwd;
-    size_t total = (size_t)a.n * a.classes;
-    k_xmix_bwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
-        a.dlogits, a.probs, a.labels_a, a.labels_b, a.weights, a.n, a.classes, a.smoothing, a.scale,
-        s->dev->flag_dev, s->dev->claim_dev);
-    return MGT_CUDA_AFTER(s, "softmax_xent_mix_backward");
 }
 
 mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op)

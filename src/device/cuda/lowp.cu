@@ -193,7 +193,6 @@ mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
 mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encode16, mgt_op *f)
 {
     *f = *op;
-    f->kind = mgt_op_fp32_kind(op->kind);
     f->prec = MGT_PREC_F32;
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(f, ops);
