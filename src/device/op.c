@@ -1050,7 +1050,7 @@ typedef struct op_info {
 } op_info;
 
 /* A line of MGT_OP_LIST without its check_<args> or operands_<args> does not compile. */
-#define OP_INFO(KIND, name, args) [MGT_OP_##KIND] = {#name, check_##args, operands_##args},
+#define OP_INFO(KIND, name, args, stem) [MGT_OP_##KIND] = {#name, check_##args, operands_##args},
 static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 #undef OP_INFO
 

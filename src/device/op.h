@@ -1,17 +1,16 @@
 /* Kernel calls as values: what the dispatch layer hands a backend, what a mock stream queues,
    and what the conformance suite runs on every backend and on the reference.
 
-   Adding an op: one line in MGT_OP_LIST below; its argument struct in mgt_op's union (or an
+   Adding an op: one row in MGT_OP_LIST below; its argument struct in mgt_op's union (or an
    existing one it shares); in op.c its check_<args> (sizes and parameters only) and
    operands_<args> (every pointer with its element count, type and role; the NULL checks and
-   the mock's pointer checks come from these); one function per backend, each entered in that
-   backend's table indexed by kind: ref_ops in cpu/ref.c (plain loops, the truth), cpu_ops in
-   cpu/kernels.c (the mock devices' fast path), cuda_ops in cuda/backend.c (declared in
-   cuda/cuda_impl.h, defined in a .cu file, which can include this header); a public wrapper
-   in mgt/device.h and device.c where layers call it; and its case generator (plus a
-   finite-difference check for a backward) in specs[] of tests/test_conformance.c. A backend
-   table without the entry refuses the op with MGT_ERR_UNSUPPORTED; op.c does not compile
-   without check_ and operands_; CTest picks up conformance.<name> from the list by itself. */
+   the mock's pointer checks come from these); its implementation in every backend under the
+   row's stem: ref_<stem> in cpu/ref.c (plain loops, the truth), cpu_<stem> in the cpu/ file
+   of its family (the mock devices' fast path), cuda_<stem> in the cuda/ .cu file of its family;
+   its case generator gen_<stem> in tests/test_conformance.c; a public wrapper in mgt/device.h
+   and device.c where layers call it. The backends' tables, the CUDA prototypes and the
+   conformance suite's table are expansions of the list, so a row whose stem lacks any of these
+   does not build; CTest picks up conformance.<name> from the list by itself. */
 #ifndef MGT_DEVICE_OP_H
 #define MGT_DEVICE_OP_H
 
@@ -21,59 +20,62 @@
 
 #include "mgt/device.h"
 
-/* The op list, one line per op: X(KIND, name, args). KIND makes the enumerator MGT_OP_<KIND>;
-   name is what the op is called everywhere (error texts, the mock's fault=kernel@D:N:name,
-   `test_conformance --list` and so the CTest case conformance.<name>); args is the member of
-   mgt_op's union that holds its arguments. Ops sharing an argument struct (the three
-   convolution passes) share its check and operand entries, which look at the kind.
-   Order is free: nothing stores kinds as numbers. */
-#define MGT_OP_LIST(X)                                  \
-    X(FILL, fill, fill)                                 \
-    X(SCALE, scale, scale)                              \
-    X(AXPY, axpy, axpy)                                 \
-    X(SUM, sum, sum)                                    \
-    X(ADD, add, add)                                    \
-    X(GEMM, gemm, gemm)                                 \
-    X(CONV2D_FWD, conv2d_forward, conv)                 \
-    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)      \
-    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv)  \
-    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train)  \
-    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)     \
-    X(BN_BWD, batchnorm_backward, bn_bwd)               \
-    X(RELU_FWD, relu_forward, relu_fwd)                 \
-    X(RELU_BWD, relu_backward, relu_bwd)                \
-    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)      \
-    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)     \
-    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)        \
-    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)       \
-    X(BIAS_FWD, bias_forward, bias_fwd)                 \
-    X(BIAS_BWD, bias_backward, bias_bwd)                \
-    X(XENT_FWD, softmax_xent_forward, xent_fwd)         \
-    X(XENT_BWD, softmax_xent_backward, xent_bwd)        \
-    X(TOPK, topk_correct, topk)                         \
-    X(SGD, sgd_update, sgd)                             \
-    X(CAST_TO_16, cast_to_16, cast)                     \
-    X(CAST_FROM_16, cast_from_16, cast)                 \
-    X(NONFINITE, nonfinite_count, nonfinite)            \
-    X(ADAMW, adamw_update, adamw)                       \
-    X(RMSPROP, rmsprop_update, rmsprop)                 \
-    X(SUMSQ, sum_squares, sum)                          \
-    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)     \
-    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)    \
-    X(DROPOUT, dropout, dropout)                        \
-    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)   \
-    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)  \
-    X(STRIDED_COPY, strided_copy, scopy)                \
-    X(ACT_FWD, activation_forward, act_fwd)             \
-    X(ACT_BWD, activation_backward, act_bwd)            \
-    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)  \
-    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd) \
-    X(BN_STATS, bn_stats, bn_stats)                     \
-    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)    \
-    X(LNC_FWD, layernorm_channels_forward, lnc_fwd)     \
-    X(LNC_BWD, layernorm_channels_backward, lnc_bwd)
+/* The op list, one row per op: X(KIND, name, args, stem). KIND makes the enumerator
+   MGT_OP_<KIND>; name is what the op is called everywhere (error texts, the mock's
+   fault=kernel@D:N:name, `test_conformance --list` and so the CTest case conformance.<name>);
+   args is the member of mgt_op's union that holds its arguments; stem names its
+   implementation in every backend and its conformance cases (see above). Rows may share args
+   (the three convolution passes share check_conv and operands_conv, which look at the kind)
+   and a stem (one function serves the three passes, or sum and sum_squares). A variant of an
+   op (a precision, mixed labels) is a parameter of it, not a row. Order is free: nothing
+   stores kinds as numbers. */
+#define MGT_OP_LIST(X)                                               \
+    X(FILL, fill, fill, fill)                                        \
+    X(SCALE, scale, scale, scale)                                    \
+    X(AXPY, axpy, axpy, axpy)                                        \
+    X(SUM, sum, sum, sum)                                            \
+    X(ADD, add, add, add)                                            \
+    X(GEMM, gemm, gemm, gemm)                                        \
+    X(CONV2D_FWD, conv2d_forward, conv, conv2d)                      \
+    X(CONV2D_BWD_DATA, conv2d_backward_data, conv, conv2d)           \
+    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv, conv2d)       \
+    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train, bn_train)     \
+    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval, bn_eval)         \
+    X(BN_BWD, batchnorm_backward, bn_bwd, bn_bwd)                    \
+    X(RELU_FWD, relu_forward, relu_fwd, relu_fwd)                    \
+    X(RELU_BWD, relu_backward, relu_bwd, relu_bwd)                   \
+    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd, maxpool_fwd)      \
+    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd, maxpool_bwd)     \
+    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd, avgpool_fwd)        \
+    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd, avgpool_bwd)       \
+    X(BIAS_FWD, bias_forward, bias_fwd, bias_fwd)                    \
+    X(BIAS_BWD, bias_backward, bias_bwd, bias_bwd)                   \
+    X(XENT_FWD, softmax_xent_forward, xent_fwd, xent_fwd)            \
+    X(XENT_BWD, softmax_xent_backward, xent_bwd, xent_bwd)           \
+    X(TOPK, topk_correct, topk, topk)                                \
+    X(SGD, sgd_update, sgd, sgd)                                     \
+    X(CAST_TO_16, cast_to_16, cast, cast)                            \
+    X(CAST_FROM_16, cast_from_16, cast, cast)                        \
+    X(NONFINITE, nonfinite_count, nonfinite, nonfinite)              \
+    X(ADAMW, adamw_update, adamw, adamw)                             \
+    X(RMSPROP, rmsprop_update, rmsprop, rmsprop)                     \
+    X(SUMSQ, sum_squares, sum, sum)                                  \
+    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd, chbias_fwd)      \
+    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd, chbias_bwd)     \
+    X(DROPOUT, dropout, dropout, dropout)                            \
+    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd, apool_fwd)     \
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd, apool_bwd)    \
+    X(STRIDED_COPY, strided_copy, scopy, scopy)                      \
+    X(ACT_FWD, activation_forward, act_fwd, act_fwd)                 \
+    X(ACT_BWD, activation_backward, act_bwd, act_bwd)                \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd, chscale_fwd)  \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd, chscale_bwd) \
+    X(BN_STATS, bn_stats, bn_stats, bn_stats)                        \
+    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt, bn_bwd_elemt)   \
+    X(LNC_FWD, layernorm_channels_forward, lnc_fwd, lnc_fwd)         \
+    X(LNC_BWD, layernorm_channels_backward, lnc_bwd, lnc_bwd)
 
-#define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
+#define MGT_OP_ENUM_(KIND, name, args, stem) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
 #undef MGT_OP_ENUM_
 

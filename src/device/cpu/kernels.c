@@ -403,7 +403,7 @@ static void sum_item(void *c, int i, int t)
 }
 
 /* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
-static mgt_status run_sum(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_sum(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     int items = items_of(op->u.sum.n, CHUNK);
     mgt_status st = scratch_ensure(ctx, op, (size_t)items * 2);
@@ -529,13 +529,12 @@ static void gemm_item(void *c, int i, int t)
 /* Blocks of C's rows (or columns, when C is wide and short), each one sgemm call. Each block
    repacks the shared operand, which costs O(k*n) against O(m*n*k/blocks) of work. Two blocks
    per thread where the matrix allows, so a thread the OS delays does not hold up the rest. */
-typedef mgt_status (*cpu_op_fn)(mgt_cpu_ctx *ctx, const mgt_op *op);
 static mgt_status run_lowp(mgt_cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32);
 
-static mgt_status run_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->prec != MGT_PREC_F32)
-        return run_lowp(ctx, op, run_gemm);
+        return run_lowp(ctx, op, cpu_gemm);
     const __typeof__(op->u.gemm) *g = &op->u.gemm;
     int threads = pool_threads(ctx);
     double macs = (double)g->m * g->n * g->k;
@@ -2440,7 +2439,7 @@ static mgt_status check_targets(const mgt_op *op, const int32_t *labels, const i
     return st == MGT_OK && labels_b ? check_labels(op, labels_b, n, classes) : st;
 }
 
-static mgt_status run_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
@@ -2480,7 +2479,7 @@ static void xent_bwd_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
@@ -2521,55 +2520,55 @@ static void topk_item(void *c, int i, int t)
 
 /* The items read the op only. */
 
-static mgt_status run_fill(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_fill(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.fill.n, CHUNK), fill_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_scale(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_scale(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.scale.n, CHUNK), scale_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_axpy(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_axpy(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.axpy.n, CHUNK), axpy_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_add(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_add(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.add.n, CHUNK), add_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_relu_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_relu_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.adamw.n, CHUNK), adamw_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.rmsprop.n, CHUNK), rmsprop_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
     return MGT_OK;
@@ -2583,11 +2582,11 @@ static bool conv_blocked(const mgt_op *op)
 
 /* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise, which a
    blocked activation overrules), the im2col path for the rest. */
-static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_conv2d(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     mgt_status st;
     if (op->prec != MGT_PREC_F32)
-        return run_lowp(ctx, op, run_conv);
+        return run_lowp(ctx, op, cpu_conv2d);
     if ((!ctx->conv_im2col || conv_blocked(op)) &&
         (st = run_conv_onednn(ctx, op)) != MGT_ERR_UNSUPPORTED)
         return st;
@@ -2601,7 +2600,7 @@ static mgt_status run_conv(mgt_cpu_ctx *ctx, const mgt_op *op)
                                                 : run_conv_bwd_filter(ctx, op);
 }
 
-static mgt_status run_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_train_blocked(ctx, op);
@@ -2609,7 +2608,7 @@ static mgt_status run_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_eval_blocked(ctx, op);
@@ -2619,7 +2618,7 @@ static mgt_status run_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_bwd_blocked(ctx, op);
@@ -2627,13 +2626,13 @@ static mgt_status run_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bn_stats(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_stats(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, op->u.bn_stats.sh.c, bn_stats_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_bn_bwd_elemt(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_bwd_elemt(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, op->u.bn_bwd_elemt.sh.c, bn_bwd_elemt_item, op);
     return MGT_OK;
@@ -2653,17 +2652,17 @@ static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool
     return MGT_OK;
 }
 
-static mgt_status run_maxpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_maxpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     return run_maxpool(ctx, op, &op->u.maxpool_fwd.sh, maxpool_fwd_item, maxpool_fwd_blocked_item);
 }
 
-static mgt_status run_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     return run_maxpool(ctx, op, &op->u.maxpool_bwd.sh, maxpool_bwd_item, maxpool_bwd_blocked_item);
 }
 
-static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.avgpool_fwd.layout == MGT_LAYOUT_NCHW16C) {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw * 16)};
@@ -2677,7 +2676,7 @@ static mgt_status run_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.avgpool_bwd.layout == MGT_LAYOUT_NCHW16C) {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw * 16)};
@@ -2691,21 +2690,21 @@ static mgt_status run_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
     POOL_FOR(ctx, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item, &j);
     return MGT_OK;
 }
 
-static mgt_status run_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, BIAS_COLS};
     POOL_FOR(ctx, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
     return MGT_OK;
 }
 
-static mgt_status run_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, units_per_item((size_t)op->u.chbias_fwd.hw)};
     POOL_FOR(ctx, items_of((size_t)op->u.chbias_fwd.n * op->u.chbias_fwd.c, j.units),
@@ -2713,21 +2712,21 @@ static mgt_status run_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_chbias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chbias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, 1};
     POOL_FOR(ctx, op->u.chbias_bwd.c, chbias_bwd_item, &j);
     return MGT_OK;
 }
 
-static mgt_status run_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of((size_t)op->u.dropout.n * op->u.dropout.per_image, CHUNK), dropout_item,
              op);
     return MGT_OK;
 }
 
-static mgt_status run_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};
@@ -2735,7 +2734,7 @@ static mgt_status run_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};
@@ -2743,7 +2742,7 @@ static mgt_status run_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.scopy) *a = &op->u.scopy;
     plane_job j = {op, units_per_item(a->count)};
@@ -2751,7 +2750,7 @@ static mgt_status run_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.topk) *k = &op->u.topk;
     mgt_status st = check_labels(op, k->labels, k->n, k->classes);
@@ -2908,7 +2907,7 @@ static void cast_item(void *c, int i, int t)
             ((float *)k->dst)[e] = mgt_lowp_decode(op->prec, ((const uint16_t *)k->src)[e]);
 }
 
-static mgt_status run_cast(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_cast(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.cast.n, CHUNK), cast_item, op);
     return MGT_OK;
@@ -2933,7 +2932,7 @@ static void nonfinite_item(void *c, int i, int t)
         atomic_fetch_add(&j->count, bad);
 }
 
-static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     nonfinite_job j = {.op = op};
     atomic_init(&j.count, 0);
@@ -2942,14 +2941,14 @@ static mgt_status run_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, &jb);
     return MGT_OK;
 }
 
-static mgt_status run_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, &jb);
@@ -2980,17 +2979,17 @@ static mgt_status run_lnc(mgt_cpu_ctx *ctx, const mgt_op *op, int n, int c, int 
     return MGT_OK;
 }
 
-static mgt_status run_lnc_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_lnc_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     return run_lnc(ctx, op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw);
 }
 
-static mgt_status run_lnc_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_lnc_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     return run_lnc(ctx, op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw);
 }
 
-static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
     plane_job j = {op, units_per_item((size_t)a->hw)};
@@ -3000,7 +2999,7 @@ static mgt_status run_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 /* The shared form's per-plane sums take n * c doubles of host memory per call: a parameter's
    layer scale has few channels and the call is not in a hot loop of its own. */
-static mgt_status run_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
     size_t planes = (size_t)a->n * a->c;
@@ -3023,53 +3022,10 @@ static mgt_status run_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-/* One function per kind; a kind left out is one the mock devices refuse as unsupported. */
-static mgt_status (*const cpu_ops[MGT_OP_COUNT])(mgt_cpu_ctx *ctx, const mgt_op *op) = {
-    [MGT_OP_FILL] = run_fill,
-    [MGT_OP_SCALE] = run_scale,
-    [MGT_OP_AXPY] = run_axpy,
-    [MGT_OP_SUM] = run_sum,
-    [MGT_OP_ADD] = run_add,
-    [MGT_OP_GEMM] = run_gemm,
-    [MGT_OP_CONV2D_FWD] = run_conv,
-    [MGT_OP_CONV2D_BWD_DATA] = run_conv,
-    [MGT_OP_CONV2D_BWD_FILTER] = run_conv,
-    [MGT_OP_BN_FWD_TRAIN] = run_bn_train,
-    [MGT_OP_BN_FWD_EVAL] = run_bn_eval,
-    [MGT_OP_BN_BWD] = run_bn_bwd,
-    [MGT_OP_BN_STATS] = run_bn_stats,
-    [MGT_OP_BN_BWD_ELEMT] = run_bn_bwd_elemt,
-    [MGT_OP_RELU_FWD] = run_relu_fwd,
-    [MGT_OP_RELU_BWD] = run_relu_bwd,
-    [MGT_OP_MAXPOOL_FWD] = run_maxpool_fwd,
-    [MGT_OP_MAXPOOL_BWD] = run_maxpool_bwd,
-    [MGT_OP_AVGPOOL_FWD] = run_avgpool_fwd,
-    [MGT_OP_AVGPOOL_BWD] = run_avgpool_bwd,
-    [MGT_OP_BIAS_FWD] = run_bias_fwd,
-    [MGT_OP_BIAS_BWD] = run_bias_bwd,
-    [MGT_OP_XENT_FWD] = run_xent_fwd,
-    [MGT_OP_XENT_BWD] = run_xent_bwd,
-    [MGT_OP_TOPK] = run_topk,
-    [MGT_OP_SGD] = run_sgd,
-    [MGT_OP_CAST_TO_16] = run_cast,
-    [MGT_OP_CAST_FROM_16] = run_cast,
-    [MGT_OP_NONFINITE] = run_nonfinite,
-    [MGT_OP_ADAMW] = run_adamw,
-    [MGT_OP_RMSPROP] = run_rmsprop,
-    [MGT_OP_SUMSQ] = run_sum,
-    [MGT_OP_ACT_FWD] = run_act_fwd,
-    [MGT_OP_ACT_BWD] = run_act_bwd,
-    [MGT_OP_CHSCALE_FWD] = run_chscale_fwd,
-    [MGT_OP_CHSCALE_BWD] = run_chscale_bwd,
-    [MGT_OP_LNC_FWD] = run_lnc_fwd,
-    [MGT_OP_LNC_BWD] = run_lnc_bwd,
-    [MGT_OP_CHBIAS_FWD] = run_chbias_fwd,
-    [MGT_OP_CHBIAS_BWD] = run_chbias_bwd,
-    [MGT_OP_DROPOUT] = run_dropout,
-    [MGT_OP_APOOL_FWD] = run_apool_fwd,
-    [MGT_OP_APOOL_BWD] = run_apool_bwd,
-    [MGT_OP_STRIDED_COPY] = run_scopy,
-};
+/* One function per row of the op list, cpu_<stem>. */
+#define CPU_OP(KIND, name, args, stem) [MGT_OP_##KIND] = cpu_##stem,
+static const cpu_op_fn cpu_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CPU_OP)};
+#undef CPU_OP
 
 bool mgt_cpu_supports(mgt_op_kind kind)
 {

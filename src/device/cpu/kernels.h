@@ -65,4 +65,12 @@ mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
 /* Whether mgt_cpu_run has a kernel for the kind (MGT_ERR_UNSUPPORTED otherwise). */
 bool mgt_cpu_supports(mgt_op_kind kind);
 
+/* The kernels, one per row of the op list (cpu_<stem>), each given a checked op; what
+   mgt_cpu_run calls with ctx->lock held. */
+typedef mgt_status (*cpu_op_fn)(mgt_cpu_ctx *ctx, const mgt_op *op);
+#define CPU_OP_DECL_(KIND, name, args, stem) \
+    mgt_status cpu_##stem(mgt_cpu_ctx *ctx, const mgt_op *op);
+MGT_OP_LIST(CPU_OP_DECL_)
+#undef CPU_OP_DECL_
+
 #endif

@@ -557,15 +557,6 @@ static mgt_status ref_rmsprop(const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status ref_sum_squares(const mgt_op *op)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < op->u.sum.n; i++)
-        s += (double)op->u.sum.x[i] * op->u.sum.x[i];
-    op->u.sum.out[0] = (float)s;
-    return MGT_OK;
-}
-
 static mgt_status ref_fill(const mgt_op *op)
 {
     for (size_t i = 0; i < op->u.fill.n; i++)
@@ -587,11 +578,13 @@ static mgt_status ref_axpy(const mgt_op *op)
     return MGT_OK;
 }
 
+/* sum, or sum_squares */
 static mgt_status ref_sum(const mgt_op *op)
 {
+    bool squares = op->kind == MGT_OP_SUMSQ;
     double s = 0.0;
     for (size_t i = 0; i < op->u.sum.n; i++)
-        s += op->u.sum.x[i];
+        s += squares ? (double)op->u.sum.x[i] * op->u.sum.x[i] : op->u.sum.x[i];
     op->u.sum.out[0] = (float)s;
     return MGT_OK;
 }
@@ -945,60 +938,14 @@ static mgt_status ref_nonfinite(const mgt_op *op)
     return MGT_OK;
 }
 
-/* One function per kind; a kind left out has no reference and is reported so. */
-static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
-    [MGT_OP_FILL] = ref_fill,
-    [MGT_OP_SCALE] = ref_scale,
-    [MGT_OP_AXPY] = ref_axpy,
-    [MGT_OP_SUM] = ref_sum,
-    [MGT_OP_ADD] = ref_add,
-    [MGT_OP_GEMM] = ref_gemm,
-    [MGT_OP_CONV2D_FWD] = ref_conv2d,
-    [MGT_OP_CONV2D_BWD_DATA] = ref_conv2d,
-    [MGT_OP_CONV2D_BWD_FILTER] = ref_conv2d,
-    [MGT_OP_BN_FWD_TRAIN] = ref_bn_train,
-    [MGT_OP_BN_FWD_EVAL] = ref_bn_eval,
-    [MGT_OP_BN_BWD] = ref_bn_bwd,
-    [MGT_OP_BN_STATS] = ref_bn_stats,
-    [MGT_OP_BN_BWD_ELEMT] = ref_bn_bwd_elemt,
-    [MGT_OP_RELU_FWD] = ref_relu_fwd,
-    [MGT_OP_RELU_BWD] = ref_relu_bwd,
-    [MGT_OP_MAXPOOL_FWD] = ref_maxpool_fwd,
-    [MGT_OP_MAXPOOL_BWD] = ref_maxpool_bwd,
-    [MGT_OP_AVGPOOL_FWD] = ref_avgpool_fwd,
-    [MGT_OP_AVGPOOL_BWD] = ref_avgpool_bwd,
-    [MGT_OP_BIAS_FWD] = ref_bias_fwd,
-    [MGT_OP_BIAS_BWD] = ref_bias_bwd,
-    [MGT_OP_XENT_FWD] = ref_xent_fwd,
-    [MGT_OP_XENT_BWD] = ref_xent_bwd,
-    [MGT_OP_TOPK] = ref_topk,
-    [MGT_OP_SGD] = ref_sgd,
-    [MGT_OP_ADAMW] = ref_adamw,
-    [MGT_OP_RMSPROP] = ref_rmsprop,
-    [MGT_OP_SUMSQ] = ref_sum_squares,
-    [MGT_OP_ACT_FWD] = ref_act_fwd,
-    [MGT_OP_ACT_BWD] = ref_act_bwd,
-    [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,
-    [MGT_OP_CHSCALE_BWD] = ref_chscale_bwd,
-    [MGT_OP_LNC_FWD] = ref_lnc_fwd,
-    [MGT_OP_LNC_BWD] = ref_lnc_bwd,
-    [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
-    [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
-    [MGT_OP_DROPOUT] = ref_dropout,
-    [MGT_OP_APOOL_FWD] = ref_apool_fwd,
-    [MGT_OP_APOOL_BWD] = ref_apool_bwd,
-    [MGT_OP_STRIDED_COPY] = ref_scopy,
-    [MGT_OP_CAST_TO_16] = ref_cast,
-    [MGT_OP_CAST_FROM_16] = ref_cast,
-    [MGT_OP_NONFINITE] = ref_nonfinite,
-};
+/* One function per row of the op list, ref_<stem>. */
+#define REF_OP(KIND, name, args, stem) [MGT_OP_##KIND] = ref_##stem,
+static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {MGT_OP_LIST(REF_OP)};
+#undef REF_OP
 
 mgt_status mgt_ref_run(const mgt_op *op)
 {
     if ((unsigned)op->kind >= MGT_OP_COUNT)
         return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
-    if (!ref_ops[op->kind])
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "reference: %s has no reference",
-                             mgt_op_name(op->kind));
     return ref_ops[op->kind](op);
 }

@@ -704,7 +704,7 @@ static mgt_status gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "gemm (cublasGemmEx)");
 }
 
-mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
 {
     return op->prec == MGT_PREC_F32 ? gemm_f32(s, op) : gemm_lp(s, op);
 }
@@ -825,7 +825,7 @@ static mgt_status conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
 }
 
 // The pass the kind says, in the op's precision.
-mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
 {
     return op->prec == MGT_PREC_F32 ? conv2d_f32(s, op) : conv2d_lp(s, op);
 }
@@ -850,7 +850,7 @@ static mgt_status bn_relu_after(mgt_cuda_stream *s, float *y, const mgt_bn_shape
     mgt_op r{};
     r.kind = MGT_OP_RELU_FWD;
     r.u.relu_fwd = {y, y, bn_count(sh)};
-    return mgt_cuda_relu_forward(s, &r);
+    return cuda_relu_fwd(s, &r);
 }
 
 static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
@@ -863,7 +863,7 @@ static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
     return MGT_OK;
 }
 
-mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_train(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_train;
@@ -881,7 +881,7 @@ mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
     return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
-mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_eval(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_eval;
@@ -899,7 +899,7 @@ mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
     return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
-mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_bwd;
@@ -913,7 +913,7 @@ mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
         r.kind = MGT_OP_RELU_BWD;
         r.u.relu_bwd = {(float *)s->scratch, b.dy, b.y, bn_count(&b.sh)};
         if (st == MGT_OK)
-            st = mgt_cuda_relu_backward(s, &r);
+            st = cuda_relu_bwd(s, &r);
         dy = (const float *)s->scratch;
     }
     if (st != MGT_OK)

@@ -868,7 +868,7 @@ __global__ void k_lnc_bwd_param(float *dw, float *db, const double *stats, const
     }
 }
 
-mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_fill(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.fill;
@@ -876,7 +876,7 @@ mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "fill");
 }
 
-mgt_status mgt_cuda_scale(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_scale(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.scale;
@@ -884,7 +884,7 @@ mgt_status mgt_cuda_scale(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "scale");
 }
 
-mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_axpy(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.axpy;
@@ -892,7 +892,7 @@ mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "axpy");
 }
 
-mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.sum;
@@ -911,7 +911,7 @@ mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, square ? "sum_squares" : "sum");
 }
 
-mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_add(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.add;
@@ -919,7 +919,7 @@ mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "add");
 }
 
-mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_relu_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.relu_fwd;
@@ -927,7 +927,7 @@ mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "relu_forward");
 }
 
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_relu_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.relu_bwd;
@@ -953,7 +953,7 @@ static pool_dims pool_dims_of(const mgt_pool2d_shape *sh)
     return d;
 }
 
-mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_maxpool_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.maxpool_fwd;
@@ -964,7 +964,7 @@ mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, const mgt_op *op)
 }
 
 // y is not needed: the argmax is recomputed from x with the raster-order tie rule.
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_maxpool_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.maxpool_bwd;
@@ -974,7 +974,7 @@ mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "maxpool2d_backward");
 }
 
-mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_avgpool_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.avgpool_fwd;
@@ -983,7 +983,7 @@ mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "avgpool_forward");
 }
 
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_avgpool_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.avgpool_bwd;
@@ -992,7 +992,7 @@ mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "avgpool_backward");
 }
 
-mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bias_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.bias_fwd;
@@ -1001,7 +1001,7 @@ mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "bias_forward");
 }
 
-mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bias_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.bias_bwd;
@@ -1011,7 +1011,7 @@ mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "bias_backward");
 }
 
-mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_chbias_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chbias_fwd;
@@ -1020,7 +1020,7 @@ mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "channel_bias_forward");
 }
 
-mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_chbias_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chbias_bwd;
@@ -1028,7 +1028,7 @@ mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "channel_bias_backward");
 }
 
-mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_apool_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.apool_fwd;
@@ -1038,7 +1038,7 @@ mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *o
     return MGT_CUDA_AFTER(s, "adaptive_avgpool_forward");
 }
 
-mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_apool_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.apool_bwd;
@@ -1048,7 +1048,7 @@ mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *
     return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
 }
 
-mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_scopy(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.scopy;
@@ -1058,7 +1058,7 @@ mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "strided_copy");
 }
 
-mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.dropout;
@@ -1077,7 +1077,7 @@ mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "dropout");
 }
 
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_xent_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.xent_fwd;
@@ -1092,7 +1092,7 @@ mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "softmax_xent_forward");
 }
 
-mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_xent_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.xent_bwd;
@@ -1103,7 +1103,7 @@ mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "softmax_xent_backward");
 }
 
-mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_topk(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.topk;
@@ -1112,7 +1112,7 @@ mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "topk_correct");
 }
 
-mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_sgd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.sgd;
@@ -1120,7 +1120,7 @@ mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "sgd_update");
 }
 
-mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_adamw(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.adamw;
@@ -1129,7 +1129,7 @@ mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "adamw_update");
 }
 
-mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_rmsprop(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.rmsprop;
@@ -1138,7 +1138,7 @@ mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "rmsprop_update");
 }
 
-mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_act_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.act_fwd;
@@ -1162,7 +1162,7 @@ mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "activation_forward");
 }
 
-mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_act_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.act_bwd;
@@ -1188,7 +1188,7 @@ mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "activation_backward");
 }
 
-mgt_status mgt_cuda_lnc_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_lnc_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.lnc_fwd;
@@ -1198,7 +1198,7 @@ mgt_status mgt_cuda_lnc_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "layernorm_channels_forward");
 }
 
-mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_lnc_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.lnc_bwd;
@@ -1217,7 +1217,7 @@ mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "layernorm_channels_backward");
 }
 
-mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_chscale_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chscale_fwd;
@@ -1227,7 +1227,7 @@ mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "channel_scale_forward");
 }
 
-mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_chscale_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chscale_bwd;
@@ -1237,7 +1237,7 @@ mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "channel_scale_backward");
 }
 
-mgt_status mgt_cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.bn_stats;
@@ -1246,7 +1246,7 @@ mgt_status mgt_cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "bn_stats");
 }
 
-mgt_status mgt_cuda_bn_backward_elemt(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_bwd_elemt(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.bn_bwd_elemt;

@@ -146,7 +146,7 @@ __global__ void k_nonfinite(int32_t *count, const float *x, size_t n)
             return st_;                     \
     } while (0)
 
-mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.cast;
@@ -176,7 +176,7 @@ mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *
     return MGT_CUDA_AFTER(s, "from_nhwc16");
 }
 
-mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.nonfinite;
