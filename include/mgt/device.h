@@ -513,18 +513,23 @@ typedef struct mgt_dropout_key {
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key);
 
-/* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
-   hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
-   sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */
-typedef enum mgt_act {
-    MGT_ACT_RELU6,
-    MGT_ACT_HARDSIGMOID,
-    MGT_ACT_HARDSWISH,
-    MGT_ACT_SILU,
-    MGT_ACT_SIGMOID,
-    MGT_ACT_GELU,
-    MGT_ACT_COUNT
-} mgt_act;
+/* The pointwise activations beside ReLU, with PyTorch's definitions, one row each:
+   X(KIND, name) makes MGT_ACT_<KIND> and its name (mgt_act_name, the conformance cases), and
+   every switch over activations is an expansion of the list. Adding one: its row, then its
+   formula in each backend under its name: act_<name> and act_<name>_grad in
+   src/device/cpu/ref.c, act_<name> and act_<name>_bwd in src/device/cpu/act.c, struct
+   act_<name> in src/device/cuda/act.cu; a backend without it does not build. */
+#define MGT_ACT_LIST(X)                                        \
+    X(RELU6, relu6)             /* clamp(x, 0, 6) */           \
+    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */ \
+    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */       \
+    X(SILU, silu)               /* x sigmoid(x) */             \
+    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */        \
+    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */
+
+#define MGT_ACT_ENUM_(KIND, name) MGT_ACT_##KIND,
+typedef enum mgt_act { MGT_ACT_LIST(MGT_ACT_ENUM_) MGT_ACT_COUNT } mgt_act;
+#undef MGT_ACT_ENUM_
 
 /* "relu6", "hardswish", ...; "unknown" past the list. */
 const char *mgt_act_name(mgt_act act);

@@ -1206,11 +1206,9 @@ mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t pe
 
 const char *mgt_act_name(mgt_act act)
 {
-    static const char *const names[MGT_ACT_COUNT] = {
-        [MGT_ACT_RELU6] = "relu6",         [MGT_ACT_HARDSIGMOID] = "hardsigmoid",
-        [MGT_ACT_HARDSWISH] = "hardswish", [MGT_ACT_SILU] = "silu",
-        [MGT_ACT_SIGMOID] = "sigmoid",     [MGT_ACT_GELU] = "gelu",
-    };
+#define ACT_NAME(KIND, name) [MGT_ACT_##KIND] = #name,
+    static const char *const names[MGT_ACT_COUNT] = {MGT_ACT_LIST(ACT_NAME)};
+#undef ACT_NAME
     return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
 }
 

@@ -2063,78 +2063,98 @@ ACT_INLINE af vexp(af x)
     return (e * sa) * sb;
 }
 
-/* Every activation but GELU AW lanes at a time, comparisons as selects, so a NaN passes
-   through each as in the scalar form; GELU in float with libm's erff and expf (as PyTorch's
-   CPU kernels). Within a few ulp of the reference's double. */
-ACT_INLINE af act_v(mgt_act act, af x)
+/* Each activation AW lanes at a time, one pair per row of MGT_ACT_LIST: act_<name>(x) and
+   act_<name>_bwd(dy, x) = dy * act'(x). Comparisons are selects, so a NaN passes through each
+   as in the scalar form; GELU is libm's erff and expf per lane (as PyTorch's CPU kernels).
+   Within a few ulp of the reference's double. */
+ACT_INLINE af act_relu6(af x) { return asel(x < 0.0f, adup(0.0f), asel(x > 6.0f, adup(6.0f), x)); }
+
+/* a select, not dy * 0|1 as the others: hardtanh_backward's arithmetic, and a denormal dy
+   (common deep in backward) costs a microcode assist per multiply on x86 */
+ACT_INLINE af act_relu6_bwd(af dy, af x) { return asel((x > 0.0f) & (x < 6.0f), dy, adup(0.0f)); }
+
+ACT_INLINE af act_hardsigmoid(af x)
 {
-    switch (act) {
-    case MGT_ACT_RELU6: return asel(x < 0.0f, adup(0.0f), asel(x > 6.0f, adup(6.0f), x));
-    case MGT_ACT_HARDSIGMOID:
-        return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, adup(1.0f), x / 6.0f + 0.5f));
-    case MGT_ACT_HARDSWISH:
-        return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, x, x * (x + 3.0f) / 6.0f));
-    case MGT_ACT_SILU: return x / (1.0f + vexp(-x));
-    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + vexp(-x));
-    case MGT_ACT_GELU:
-    case MGT_ACT_COUNT: break;
-    }
-    return adup(NAN);
+    return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, adup(1.0f), x / 6.0f + 0.5f));
 }
 
-ACT_INLINE af act_grad_v(mgt_act act, af x)
+ACT_INLINE af act_hardsigmoid_bwd(af dy, af x)
 {
-    /* ReLU6's backward is a select on the 4-lane vectors (act_bwd_item) */
-    switch (act) {
-    case MGT_ACT_HARDSIGMOID: return asel((x > -3.0f) & (x < 3.0f), adup(1.0f / 6.0f), adup(0.0f));
-    case MGT_ACT_HARDSWISH:
-        return asel(x < -3.0f, adup(0.0f), asel(x <= 3.0f, x / 3.0f + 0.5f, adup(1.0f)));
-    case MGT_ACT_SILU: {
-        af sg = 1.0f / (1.0f + vexp(-x));
-        return sg * (1.0f + x * (1.0f - sg));
-    }
-    case MGT_ACT_SIGMOID: {
-        af sg = 1.0f / (1.0f + vexp(-x));
-        return sg * (1.0f - sg);
-    }
-    case MGT_ACT_RELU6:
-    case MGT_ACT_GELU:
-    case MGT_ACT_COUNT: break;
-    }
-    return adup(NAN);
+    return dy * asel((x > -3.0f) & (x < 3.0f), adup(1.0f / 6.0f), adup(0.0f));
 }
 
-/* y = act(x) over [0, n): the last partial vector goes through the same lanes, so every
-   element's bits are the same function of its x wherever it sits. */
-ACT_INLINE void act_fwd_run(mgt_act act, float *y, const float *x, size_t n)
+ACT_INLINE af act_hardswish(af x)
 {
-    size_t j = 0;
-    for (; j + AW <= n; j += AW)
-        ast(y + j, act_v(act, ald(x + j)));
-    if (j < n)
-        ast_part(y + j, act_v(act, ald_part(x + j, n - j)), n - j);
+    return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, x, x * (x + 3.0f) / 6.0f));
 }
 
-/* dx = dy * act'(x) over [0, n) */
-ACT_INLINE void act_bwd_run(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
+ACT_INLINE af act_hardswish_bwd(af dy, af x)
 {
-    size_t j = 0;
-    for (; j + AW <= n; j += AW)
-        ast(dx + j, ald(dy + j) * act_grad_v(act, ald(x + j)));
-    if (j < n)
-        ast_part(dx + j, ald_part(dy + j, n - j) * act_grad_v(act, ald_part(x + j, n - j)), n - j);
+    return dy * asel(x < -3.0f, adup(0.0f), asel(x <= 3.0f, x / 3.0f + 0.5f, adup(1.0f)));
 }
 
-/* The switch outside the loops: each case its own inlined, straight-line loop. */
+ACT_INLINE af act_silu(af x) { return x / (1.0f + vexp(-x)); }
+
+ACT_INLINE af act_silu_bwd(af dy, af x)
+{
+    af sg = 1.0f / (1.0f + vexp(-x));
+    return dy * (sg * (1.0f + x * (1.0f - sg)));
+}
+
+ACT_INLINE af act_sigmoid(af x) { return 1.0f / (1.0f + vexp(-x)); }
+
+ACT_INLINE af act_sigmoid_bwd(af dy, af x)
+{
+    af sg = 1.0f / (1.0f + vexp(-x));
+    return dy * (sg * (1.0f - sg));
+}
+
+ACT_INLINE af act_gelu(af x)
+{
+    af y;
+    for (int i = 0; i < AW; i++)
+        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+    return y;
+}
+
+ACT_INLINE af act_gelu_bwd(af dy, af x)
+{
+    af g;
+    for (int i = 0; i < AW; i++)
+        g[i] = 0.5f * (1.0f + erff(x[i] * (float)M_SQRT1_2)) +
+               x[i] * expf(-0.5f * x[i] * x[i]) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+    return dy * g;
+}
+
+/* y = f(x) and dx = f_bwd(dy, x) over [0, n), each case of the switches below its own
+   inlined straight-line loop: the last partial vector goes through the same lanes, so every
+   element's bits are the same function of its inputs wherever it sits. */
+#define ACT_FWD_LOOP(f, y, x, n)                                       \
+    do {                                                               \
+        size_t j_ = 0;                                                 \
+        for (; j_ + AW <= (n); j_ += AW)                               \
+            ast((y) + j_, f(ald((x) + j_)));                           \
+        if (j_ < (n))                                                  \
+            ast_part((y) + j_, f(ald_part((x) + j_, (n)-j_)), (n)-j_); \
+    } while (0)
+
+#define ACT_BWD_LOOP(f, dx, dy, x, n)                                                       \
+    do {                                                                                    \
+        size_t j_ = 0;                                                                      \
+        for (; j_ + AW <= (n); j_ += AW)                                                    \
+            ast((dx) + j_, f(ald((dy) + j_), ald((x) + j_)));                               \
+        if (j_ < (n))                                                                       \
+            ast_part((dx) + j_, f(ald_part((dy) + j_, (n)-j_), ald_part((x) + j_, (n)-j_)), \
+                     (n)-j_);                                                               \
+    } while (0)
+
 ACT_INLINE void act_fwd_span(mgt_act act, float *y, const float *x, size_t n)
 {
     switch (act) {
-    case MGT_ACT_RELU6: act_fwd_run(MGT_ACT_RELU6, y, x, n); break;
-    case MGT_ACT_HARDSIGMOID: act_fwd_run(MGT_ACT_HARDSIGMOID, y, x, n); break;
-    case MGT_ACT_HARDSWISH: act_fwd_run(MGT_ACT_HARDSWISH, y, x, n); break;
-    case MGT_ACT_SILU: act_fwd_run(MGT_ACT_SILU, y, x, n); break;
-    case MGT_ACT_SIGMOID: act_fwd_run(MGT_ACT_SIGMOID, y, x, n); break;
-    case MGT_ACT_GELU:
+#define ACT_FWD_CASE(KIND, name) \
+    case MGT_ACT_##KIND: ACT_FWD_LOOP(act_##name, y, x, n); break;
+        MGT_ACT_LIST(ACT_FWD_CASE)
+#undef ACT_FWD_CASE
     case MGT_ACT_COUNT: break;
     }
 }
@@ -2142,12 +2162,10 @@ ACT_INLINE void act_fwd_span(mgt_act act, float *y, const float *x, size_t n)
 ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
 {
     switch (act) {
-    case MGT_ACT_HARDSIGMOID: act_bwd_run(MGT_ACT_HARDSIGMOID, dx, dy, x, n); break;
-    case MGT_ACT_HARDSWISH: act_bwd_run(MGT_ACT_HARDSWISH, dx, dy, x, n); break;
-    case MGT_ACT_SILU: act_bwd_run(MGT_ACT_SILU, dx, dy, x, n); break;
-    case MGT_ACT_SIGMOID: act_bwd_run(MGT_ACT_SIGMOID, dx, dy, x, n); break;
-    case MGT_ACT_RELU6:
-    case MGT_ACT_GELU:
+#define ACT_BWD_CASE(KIND, name) \
+    case MGT_ACT_##KIND: ACT_BWD_LOOP(act_##name##_bwd, dx, dy, x, n); break;
+        MGT_ACT_LIST(ACT_BWD_CASE)
+#undef ACT_BWD_CASE
     case MGT_ACT_COUNT: break;
     }
 }
@@ -2181,14 +2199,6 @@ typedef struct act_job {
     bool avx512;
 } act_job;
 
-static inline float gelu_f(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
-
-static inline float gelu_grad_f(float x)
-{
-    return 0.5f * (1.0f + erff(x * (float)M_SQRT1_2)) +
-           x * expf(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
-}
-
 static void act_fwd_item(void *c, int i, int t)
 {
     (void)t;
@@ -2196,13 +2206,7 @@ static void act_fwd_item(void *c, int i, int t)
     const __typeof__(jb->op->u.act_fwd) *a = &jb->op->u.act_fwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
-    float *y = a->y + lo;
-    const float *x = a->x + lo;
-    if (a->act != MGT_ACT_GELU)
-        (jb->avx512 ? act_fwd_avx512 : act_fwd_base)(a->act, y, x, hi - lo);
-    else
-        for (size_t j = 0; j < hi - lo; j++)
-            y[j] = gelu_f(x[j]);
+    (jb->avx512 ? act_fwd_avx512 : act_fwd_base)(a->act, a->y + lo, a->x + lo, hi - lo);
 }
 
 static void act_bwd_item(void *c, int i, int t)
@@ -2212,26 +2216,8 @@ static void act_bwd_item(void *c, int i, int t)
     const __typeof__(jb->op->u.act_bwd) *a = &jb->op->u.act_bwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
-    float *dx = a->dx + lo;
-    const float *dy = a->dy + lo, *x = a->x + lo;
-    size_t n = hi - lo;
-    if (a->act == MGT_ACT_RELU6) {
-        /* a select, not dy * 0|1 as the others: hardtanh_backward's arithmetic, and a denormal
-           dy (common deep in backward) costs a microcode assist per multiply on x86 */
-        size_t j = 0;
-        for (; j + VW <= n; j += VW) {
-            vf v = vld(x + j);
-            vi pass = (v > 0.0f) & (v < 6.0f);
-            vst(dx + j, (vf)((vi)vld(dy + j) & pass));
-        }
-        for (; j < n; j++)
-            dx[j] = x[j] > 0.0f && x[j] < 6.0f ? dy[j] : 0.0f;
-    } else if (a->act != MGT_ACT_GELU) {
-        (jb->avx512 ? act_bwd_avx512 : act_bwd_base)(a->act, dx, dy, x, n);
-    } else {
-        for (size_t j = 0; j < n; j++)
-            dx[j] = dy[j] * gelu_grad_f(x[j]);
-    }
+    (jb->avx512 ? act_bwd_avx512 : act_bwd_base)(a->act, a->dx + lo, a->dy + lo, a->x + lo,
+                                                 hi - lo);
 }
 
 /* One item per run of whole planes (image, channel). */

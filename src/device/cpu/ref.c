@@ -748,17 +748,52 @@ static mgt_status ref_scopy(const mgt_op *op)
     return MGT_OK;
 }
 
-/* The activations in double, straight from their definitions (mgt_activation_forward);
-   the float result is the double one rounded. */
+/* ---- activations: each one's value and derivative (the one torch's backward uses at the
+   kinks) in double, straight from its definition, one pair per row of MGT_ACT_LIST; the float
+   result is the double one rounded ---- */
+
+static double act_relu6(double x) { return x < 0.0 ? 0.0 : x > 6.0 ? 6.0 : x; }
+static double act_relu6_grad(double x) { return x > 0.0 && x < 6.0 ? 1.0 : 0.0; }
+
+static double act_hardsigmoid(double x) { return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5; }
+static double act_hardsigmoid_grad(double x) { return x > -3.0 && x < 3.0 ? 1.0 / 6.0 : 0.0; }
+
+static double act_hardswish(double x)
+{
+    return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
+}
+static double act_hardswish_grad(double x)
+{
+    return x < -3.0 ? 0.0 : x <= 3.0 ? x / 3.0 + 0.5 : 1.0;
+}
+
+static double act_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double act_sigmoid_grad(double x)
+{
+    double sg = act_sigmoid(x);
+    return sg * (1.0 - sg);
+}
+
+static double act_silu(double x) { return x / (1.0 + exp(-x)); }
+static double act_silu_grad(double x)
+{
+    double sg = act_sigmoid(x);
+    return sg * (1.0 + x * (1.0 - sg));
+}
+
+static double act_gelu(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double act_gelu_grad(double x)
+{
+    return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
 static double ref_act(mgt_act act, double x)
 {
     switch (act) {
-    case MGT_ACT_RELU6: return x < 0.0 ? 0.0 : x > 6.0 ? 6.0 : x;
-    case MGT_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
-    case MGT_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
-    case MGT_ACT_SILU: return x / (1.0 + exp(-x));
-    case MGT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case MGT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+#define REF_ACT(KIND, name) \
+    case MGT_ACT_##KIND: return act_##name(x);
+        MGT_ACT_LIST(REF_ACT)
+#undef REF_ACT
     case MGT_ACT_COUNT: break;
     }
     return NAN;
@@ -767,19 +802,10 @@ static double ref_act(mgt_act act, double x)
 static double ref_act_grad(mgt_act act, double x)
 {
     switch (act) {
-    case MGT_ACT_RELU6: return x > 0.0 && x < 6.0 ? 1.0 : 0.0;
-    case MGT_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? 1.0 / 6.0 : 0.0;
-    case MGT_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? x / 3.0 + 0.5 : 1.0;
-    case MGT_ACT_SILU: {
-        double sg = 1.0 / (1.0 + exp(-x));
-        return sg * (1.0 + x * (1.0 - sg));
-    }
-    case MGT_ACT_SIGMOID: {
-        double sg = 1.0 / (1.0 + exp(-x));
-        return sg * (1.0 - sg);
-    }
-    case MGT_ACT_GELU:
-        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+#define REF_ACT_GRAD(KIND, name) \
+    case MGT_ACT_##KIND: return act_##name##_grad(x);
+        MGT_ACT_LIST(REF_ACT_GRAD)
+#undef REF_ACT_GRAD
     case MGT_ACT_COUNT: break;
     }
     return NAN;

@@ -616,51 +616,74 @@ __global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
 
 // ---- activations (mgt_act) and channel scaling ----
 
-// The same float formulas as the CPU fast path.
-template <int ACT> __device__ inline float act_f(float x)
-{
-    switch (ACT) {
-    case MGT_ACT_RELU6: return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x;
-    case MGT_ACT_HARDSIGMOID: return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
-    case MGT_ACT_HARDSWISH: return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
-    case MGT_ACT_SILU: return x / (1.0f + expf(-x));
-    case MGT_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    default: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    }
-}
+// ---- activations: one struct per row of MGT_ACT_LIST, its value and derivative in float ----
 
-template <int ACT> __device__ inline float act_grad_f(float x)
-{
-    switch (ACT) {
-    case MGT_ACT_RELU6: return x > 0.0f && x < 6.0f ? 1.0f : 0.0f;
-    case MGT_ACT_HARDSIGMOID: return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f;
-    case MGT_ACT_HARDSWISH: return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
-    case MGT_ACT_SILU: {
+struct act_relu6 {
+    __device__ static float fwd(float x) { return x < 0.0f ? 0.0f : x > 6.0f ? 6.0f : x; }
+    __device__ static float grad(float x) { return x > 0.0f && x < 6.0f ? 1.0f : 0.0f; }
+};
+
+struct act_hardsigmoid {
+    __device__ static float fwd(float x)
+    {
+        return x <= -3.0f ? 0.0f : x >= 3.0f ? 1.0f : x / 6.0f + 0.5f;
+    }
+    __device__ static float grad(float x) { return x > -3.0f && x < 3.0f ? 1.0f / 6.0f : 0.0f; }
+};
+
+struct act_hardswish {
+    __device__ static float fwd(float x)
+    {
+        return x <= -3.0f ? 0.0f : x >= 3.0f ? x : x * (x + 3.0f) / 6.0f;
+    }
+    __device__ static float grad(float x)
+    {
+        return x < -3.0f ? 0.0f : x <= 3.0f ? x / 3.0f + 0.5f : 1.0f;
+    }
+};
+
+struct act_silu {
+    __device__ static float fwd(float x) { return x / (1.0f + expf(-x)); }
+    __device__ static float grad(float x)
+    {
         float sg = 1.0f / (1.0f + expf(-x));
         return sg * (1.0f + x * (1.0f - sg));
     }
-    case MGT_ACT_SIGMOID: {
+};
+
+struct act_sigmoid {
+    __device__ static float fwd(float x) { return 1.0f / (1.0f + expf(-x)); }
+    __device__ static float grad(float x)
+    {
         float sg = 1.0f / (1.0f + expf(-x));
         return sg * (1.0f - sg);
     }
-    default:
+};
+
+struct act_gelu {
+    __device__ static float fwd(float x)
+    {
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    }
+    __device__ static float grad(float x)
+    {
         return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
                x * expf(-0.5f * x * x) * 0.39894228040143268f;
     }
-}
+};
 
 // y may alias x
-template <int ACT> __global__ void k_act_fwd(float *y, const float *x, size_t n)
+template <class A> __global__ void k_act_fwd(float *y, const float *x, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_stride())
-        y[i] = act_f<ACT>(x[i]);
+        y[i] = A::fwd(x[i]);
 }
 
 // dx may alias dy
-template <int ACT> __global__ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n)
+template <class A> __global__ void k_act_bwd(float *dx, const float *dy, const float *x, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_stride())
-        dx[i] = dy[i] * act_grad_f<ACT>(x[i]);
+        dx[i] = dy[i] * A::grad(x[i]);
 }
 
 __global__ void k_chscale_fwd(float *y, const float *x, const float *scale, size_t total, int c,
@@ -1138,26 +1161,18 @@ mgt_status cuda_rmsprop(mgt_cuda_stream *s, const mgt_op *op)
     return MGT_CUDA_AFTER(s, "rmsprop_update");
 }
 
+// The kind was checked (mgt_op_check): MGT_ACT_COUNT never reaches here.
 mgt_status cuda_act_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.act_fwd;
     unsigned g = blocks_for(a.n);
     switch (a.act) {
-    case MGT_ACT_RELU6:
-        k_act_fwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
-        break;
-    case MGT_ACT_HARDSIGMOID:
-        k_act_fwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
-        break;
-    case MGT_ACT_HARDSWISH:
-        k_act_fwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
-        break;
-    case MGT_ACT_SILU: k_act_fwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
-    case MGT_ACT_SIGMOID:
-        k_act_fwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n);
-        break;
-    default: k_act_fwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+#define ACT_FWD_CASE(KIND, name) \
+    case MGT_ACT_##KIND: k_act_fwd<act_##name><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n); break;
+        MGT_ACT_LIST(ACT_FWD_CASE)
+#undef ACT_FWD_CASE
+    case MGT_ACT_COUNT: break;
     }
     return MGT_CUDA_AFTER(s, "activation_forward");
 }
@@ -1168,22 +1183,13 @@ mgt_status cuda_act_bwd(mgt_cuda_stream *s, const mgt_op *op)
     const auto &a = op->u.act_bwd;
     unsigned g = blocks_for(a.n);
     switch (a.act) {
-    case MGT_ACT_RELU6:
-        k_act_bwd<MGT_ACT_RELU6><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
+#define ACT_BWD_CASE(KIND, name)                                                    \
+    case MGT_ACT_##KIND:                                                            \
+        k_act_bwd<act_##name><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); \
         break;
-    case MGT_ACT_HARDSIGMOID:
-        k_act_bwd<MGT_ACT_HARDSIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
-        break;
-    case MGT_ACT_HARDSWISH:
-        k_act_bwd<MGT_ACT_HARDSWISH><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
-        break;
-    case MGT_ACT_SILU:
-        k_act_bwd<MGT_ACT_SILU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
-        break;
-    case MGT_ACT_SIGMOID:
-        k_act_bwd<MGT_ACT_SIGMOID><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n);
-        break;
-    default: k_act_bwd<MGT_ACT_GELU><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n); break;
+        MGT_ACT_LIST(ACT_BWD_CASE)
+#undef ACT_BWD_CASE
+    case MGT_ACT_COUNT: break;
     }
     return MGT_CUDA_AFTER(s, "activation_backward");
 }
