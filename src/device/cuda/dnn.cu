@@ -13,13 +13,6 @@
 #include "device/cuda/common.cuh"
 #include "device/refusal.h"
 
-#define MGT_ENTER(s)                        \
-    do {                                    \
-        mgt_status st_ = mgt_cuda_enter(s); \
-        if (st_ != MGT_OK)                  \
-            return st_;                     \
-    } while (0)
-
 // ---- handles, made on first use per stream ----
 
 static mgt_status ensure_blas(mgt_cuda_stream *s)

@@ -14,18 +14,6 @@
 
 namespace {
 
-const int kThreads = 256;
-
-unsigned blocks_for(size_t n)
-{
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b < 1)
-        b = 1;
-    if (b > ((size_t)1 << 20))
-        b = (size_t)1 << 20;
-    return (unsigned)b;
-}
-
 __device__ float round_bf16(float x)
 {
     uint32_t u = __float_as_uint(x);
@@ -138,13 +126,6 @@ __global__ void k_nonfinite(int32_t *count, const float *x, size_t n)
 }
 
 } // namespace
-
-#define MGT_ENTER(s)                        \
-    do {                                    \
-        mgt_status st_ = mgt_cuda_enter(s); \
-        if (st_ != MGT_OK)                  \
-            return st_;                     \
-    } while (0)
 
 mgt_status cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
 {
