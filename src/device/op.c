@@ -1,5 +1,4 @@
 /* Kernel calls as values: names, argument checks, operand lists and FLOP counts of every op. */
-#include <assert.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -81,7 +80,7 @@ typedef struct operand_list {
 static void add_operand(operand_list *l, const char *name, void **ptr, size_t count,
                         mgt_dtype dtype, mgt_operand_role role)
 {
-    assert(l->n < MGT_OP_MAX_OPERANDS);
+    MGT_ASSERT(l->n < MGT_OP_MAX_OPERANDS);
     l->out[l->n++] = (mgt_operand){name, ptr, count, dtype, role};
 }
 

@@ -37,7 +37,7 @@ static void fill_names(void)
     int n = 0;
     for (size_t f = 0; f < N_FAMILIES; f++)
         for (const nn_arch *a = families[f]; a->name; a++) {
-            assert(n < MAX_ARCHS);
+            MGT_ASSERT(n < MAX_ARCHS);
             arch_names[n++] = a->name;
         }
     arch_names[n] = NULL;

@@ -8,7 +8,6 @@
    op. The filter gradient is summed per thread-part over its chunks and the parts are added
    in part order, so results never depend on timing. oneDNN's own OpenMP threads stay off:
    every thread that calls in runs single-threaded and the pool does the splitting. */
-#include <assert.h>
 #include <omp.h>
 #include <pthread.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -97,8 +96,7 @@ void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const 
     dnnl_status_t s =
         dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     /* op.c has checked every shape and leading dimension: a refusal is a broken invariant */
-    assert(s == dnnl_success);
-    (void)s;
+    MGT_ASSERT(s == dnnl_success);
 }
 
 static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
