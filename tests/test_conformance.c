@@ -1145,16 +1145,16 @@ static bool fd_gemm(tcase *c, int t)
     case_desc(c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d alpha=%g", ta ? 'T' : 'N', tb ? 'T' : 'N', m, n,
               k, lda, ldb, (double)alpha);
     mgt_op fwd = {.kind = MGT_OP_GEMM};
-    fwd.u.gemm = (__typeof__(fwd.u.gemm)){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n};
+    fwd.u.gemm = (mgt_gemm_args){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n};
     mgt_op ga = {.kind = MGT_OP_GEMM}, gb = {.kind = MGT_OP_GEMM};
     if (!ta) /* dA [m,k] = alpha R op(B)^T */
-        ga.u.gemm = (__typeof__(ga.u.gemm)){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0, da, lda};
+        ga.u.gemm = (mgt_gemm_args){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0, da, lda};
     else /* dA [k,m] = alpha op(B) R^T */
-        ga.u.gemm = (__typeof__(ga.u.gemm)){tb, true, k, m, n, alpha, b, ldb, rw, n, 0, da, lda};
+        ga.u.gemm = (mgt_gemm_args){tb, true, k, m, n, alpha, b, ldb, rw, n, 0, da, lda};
     if (!tb) /* dB [k,n] = alpha op(A)^T R */
-        gb.u.gemm = (__typeof__(gb.u.gemm)){!ta, false, k, n, m, alpha, a, lda, rw, n, 0, db, ldb};
+        gb.u.gemm = (mgt_gemm_args){!ta, false, k, n, m, alpha, a, lda, rw, n, 0, db, ldb};
     else /* dB [n,k] = alpha R^T op(A) */
-        gb.u.gemm = (__typeof__(gb.u.gemm)){true, ta, n, k, m, alpha, rw, n, a, lda, 0, db, ldb};
+        gb.u.gemm = (mgt_gemm_args){true, ta, n, k, m, alpha, rw, n, a, lda, 0, db, ldb};
     fd_ops(f, &fwd, &ga, false, (fd_term){cm, rw, ncm}, 1e-2f);
     f->bwd[f->nbwd++] = gb;
     fd_wrt_add(f, a, na, da, "a");
@@ -1294,7 +1294,7 @@ static bool gen_bn_train(tcase *c, int idx, rng *r)
     bn_shape_of(idx, r, &sh);
     size_t nx = (size_t)sh.n * sh.c * sh.hw;
     c->op.kind = MGT_OP_BN_FWD_TRAIN;
-    __typeof__(c->op.u.bn_train) *b = &c->op.u.bn_train;
+    mgt_bn_train_args *b = &c->op.u.bn_train;
     b->y = case_f32(c, nx);
     b->save_mean = case_f32(c, sh.c);
     b->save_invstd = case_f32(c, sh.c);
@@ -1323,7 +1323,7 @@ static bool gen_bn_eval(tcase *c, int idx, rng *r)
     bn_shape_of(idx, r, &sh);
     size_t nx = (size_t)sh.n * sh.c * sh.hw;
     c->op.kind = MGT_OP_BN_FWD_EVAL;
-    __typeof__(c->op.u.bn_eval) *b = &c->op.u.bn_eval;
+    mgt_bn_eval_args *b = &c->op.u.bn_eval;
     float *x = case_f32(c, nx), *gamma = case_f32(c, sh.c), *beta = case_f32(c, sh.c);
     float *rm = case_f32(c, sh.c), *rv = case_f32(c, sh.c);
     b->y = case_f32(c, nx);
@@ -1444,7 +1444,7 @@ static bool gen_bn_bwd(tcase *c, int idx, rng *r)
     bn_shape_of(idx, r, &sh);
     size_t nx = (size_t)sh.n * sh.c * sh.hw;
     c->op.kind = MGT_OP_BN_BWD;
-    __typeof__(c->op.u.bn_bwd) *b = &c->op.u.bn_bwd;
+    mgt_bn_bwd_args *b = &c->op.u.bn_bwd;
     b->dx = case_f32(c, nx);
     b->dgamma = case_f32(c, sh.c);
     b->dbeta = case_f32(c, sh.c);
@@ -1482,7 +1482,7 @@ static bool gen_bn_stats(tcase *c, int idx, rng *r)
     bn_shape_of(idx, r, &sh);
     size_t nx = (size_t)sh.n * sh.c * sh.hw;
     c->op.kind = MGT_OP_BN_STATS;
-    __typeof__(c->op.u.bn_stats) *b = &c->op.u.bn_stats;
+    mgt_bn_stats_args *b = &c->op.u.bn_stats;
     float *x = case_f32(c, nx);
     fill_bn_x(r, x, &sh);
     b->mean = case_f32(c, sh.c);
@@ -1505,7 +1505,7 @@ static bool gen_bn_bwd_elemt(tcase *c, int idx, rng *r)
     bn_shape_of(idx, r, &sh);
     size_t nx = (size_t)sh.n * sh.c * sh.hw;
     c->op.kind = MGT_OP_BN_BWD_ELEMT;
-    __typeof__(c->op.u.bn_bwd_elemt) *b = &c->op.u.bn_bwd_elemt;
+    mgt_bn_bwd_elemt_args *b = &c->op.u.bn_bwd_elemt;
     b->dx = case_f32(c, nx);
     float *dy = case_f32(c, nx), *x = case_f32(c, nx), *gamma = case_f32(c, sh.c);
     float *mean = case_f32(c, sh.c), *invstd = case_f32(c, sh.c);

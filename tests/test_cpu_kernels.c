@@ -797,9 +797,9 @@ static void test_activation_vectors(void **state)
                     float *out = pass ? wide : base;
                     mgt_op op = {.kind = fwd ? MGT_OP_ACT_FWD : MGT_OP_ACT_BWD};
                     if (fwd)
-                        op.u.act_fwd = (__typeof__(op.u.act_fwd)){out, x, n, (mgt_act)act};
+                        op.u.act_fwd = (mgt_act_fwd_args){out, x, n, (mgt_act)act};
                     else
-                        op.u.act_bwd = (__typeof__(op.u.act_bwd)){out, dy, x, n, (mgt_act)act};
+                        op.u.act_bwd = (mgt_act_bwd_args){out, dy, x, n, (mgt_act)act};
                     ctxs[1].vec_baseline = pass == 0;
                     assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
                 }
@@ -894,7 +894,7 @@ static void test_blocked_bits(void **state)
                 {.kind = MGT_OP_AVGPOOL_FWD},
             };
             ops[3].u.avgpool_fwd =
-                (__typeof__(ops[3].u.avgpool_fwd)){out[run][3], in[blk][0], n, c, hw, sh.layout};
+                (mgt_avgpool_fwd_args){out[run][3], in[blk][0], n, c, hw, sh.layout};
             for (int k = 0; k < 4; k++)
                 assert_int_equal(mgt_cpu_run(&ctxs[1], &ops[k]), MGT_OK);
         }

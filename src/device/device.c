@@ -916,11 +916,11 @@ mgt_status mgt_op_launch(mgt_stream *s, const mgt_op *op)
     return iface->launch(s, op);
 }
 
-#define LAUNCH(KIND, FIELD, ...)                              \
-    do {                                                      \
-        mgt_op op_ = {.kind = KIND};                          \
-        op_.u.FIELD = (__typeof__(op_.u.FIELD)){__VA_ARGS__}; \
-        return mgt_op_launch(s, &op_);                        \
+#define LAUNCH(KIND, FIELD, ...)                         \
+    do {                                                 \
+        mgt_op op_ = {.kind = KIND};                     \
+        op_.u.FIELD = (mgt_##FIELD##_args){__VA_ARGS__}; \
+        return mgt_op_launch(s, &op_);                   \
     } while (0)
 
 mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n)
@@ -1020,8 +1020,7 @@ mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool tra
                        float beta, float *c, int ldc)
 {
     mgt_op op = {.kind = MGT_OP_GEMM, .prec = prec};
-    op.u.gemm =
-        (__typeof__(op.u.gemm)){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+    op.u.gemm = (mgt_gemm_args){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
     return mgt_op_launch(s, &op);
 }
 
@@ -1048,7 +1047,7 @@ mgt_status mgt_conv2d_backward_filter_lp(mgt_stream *s, mgt_precision prec, floa
 mgt_status mgt_cast_to_16(mgt_stream *s, mgt_precision prec, uint16_t *h, const float *x, size_t n)
 {
     mgt_op op = {.kind = MGT_OP_CAST_TO_16, .prec = prec};
-    op.u.cast = (__typeof__(op.u.cast)){h, x, n};
+    op.u.cast = (mgt_cast_args){h, x, n};
     return mgt_op_launch(s, &op);
 }
 
@@ -1056,7 +1055,7 @@ mgt_status mgt_cast_from_16(mgt_stream *s, mgt_precision prec, float *x, const u
                             size_t n)
 {
     mgt_op op = {.kind = MGT_OP_CAST_FROM_16, .prec = prec};
-    op.u.cast = (__typeof__(op.u.cast)){x, h, n};
+    op.u.cast = (mgt_cast_args){x, h, n};
     return mgt_op_launch(s, &op);
 }
 

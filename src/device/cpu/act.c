@@ -214,7 +214,7 @@ static void act_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const act_job *jb = c;
-    const __typeof__(jb->op->u.act_fwd) *a = &jb->op->u.act_fwd;
+    const mgt_act_fwd_args *a = &jb->op->u.act_fwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
     (jb->avx512 ? act_fwd_avx512 : act_fwd_base)(a->act, a->y + lo, a->x + lo, hi - lo);
@@ -224,7 +224,7 @@ static void act_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const act_job *jb = c;
-    const __typeof__(jb->op->u.act_bwd) *a = &jb->op->u.act_bwd;
+    const mgt_act_bwd_args *a = &jb->op->u.act_bwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
     (jb->avx512 ? act_bwd_avx512 : act_bwd_base)(a->act, a->dx + lo, a->dy + lo, a->x + lo,

@@ -29,7 +29,7 @@ static void gemm_item(void *c, int i, int t)
 {
     (void)t;
     const gemm_job *j = c;
-    const __typeof__(j->op->u.gemm) *g = &j->op->u.gemm;
+    const mgt_gemm_args *g = &j->op->u.gemm;
     size_t lo, hi;
     if (j->by_rows) {
         item_range((size_t)g->m, (size_t)j->per, i, &lo, &hi);
@@ -52,7 +52,7 @@ mgt_status cpu_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->prec != MGT_PREC_F32)
         return cpu_lowp(ctx, op, cpu_gemm);
-    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    const mgt_gemm_args *g = &op->u.gemm;
     int threads = pool_threads(ctx);
     double macs = (double)g->m * g->n * g->k;
     if (threads == 1 || macs < GEMM_SPLIT_MACS || (g->m < 16 && g->n < 16)) {

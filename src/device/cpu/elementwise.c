@@ -152,7 +152,7 @@ static void adamw_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_args *a = &op->u.adamw;
     const mgt_adamw_params *p = &a->p;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
@@ -173,7 +173,7 @@ static void rmsprop_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_args *a = &op->u.rmsprop;
     const mgt_rmsprop_params *p = &a->p;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
@@ -197,7 +197,7 @@ static void bias_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.bias_fwd) *b = &j->op->u.bias_fwd;
+    const mgt_bias_fwd_args *b = &j->op->u.bias_fwd;
     size_t cols = (size_t)b->cols, lo, hi;
     item_range((size_t)b->rows, j->units, i, &lo, &hi);
     for (size_t r = lo; r < hi; r++)
@@ -211,7 +211,7 @@ static void bias_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.bias_bwd) *b = &j->op->u.bias_bwd;
+    const mgt_bias_bwd_args *b = &j->op->u.bias_bwd;
     size_t cols = (size_t)b->cols, lo, hi;
     item_range(cols, BIAS_COLS, i, &lo, &hi);
     double acc[BIAS_COLS] = {0};
@@ -228,7 +228,7 @@ static void chbias_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.chbias_fwd) *b = &j->op->u.chbias_fwd;
+    const mgt_chbias_fwd_args *b = &j->op->u.chbias_fwd;
     size_t hw = (size_t)b->hw, lo, hi;
     item_range((size_t)b->n * b->c, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -243,7 +243,7 @@ static void chbias_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.chbias_bwd) *b = &j->op->u.chbias_bwd;
+    const mgt_chbias_bwd_args *b = &j->op->u.chbias_bwd;
     size_t hw = (size_t)b->hw;
     double acc = 0.0;
     for (int im = 0; im < b->n; im++)
@@ -255,7 +255,7 @@ static void dropout_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    const mgt_dropout_args *d = &op->u.dropout;
     size_t lo, hi;
     item_range((size_t)d->n * d->per_image, CHUNK, i, &lo, &hi);
     uint32_t thr = mgt_dropout_threshold(d->p), w[4];
@@ -279,7 +279,7 @@ static void scopy_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *jb = c;
-    const __typeof__(jb->op->u.scopy) *a = &jb->op->u.scopy;
+    const mgt_scopy_args *a = &jb->op->u.scopy;
     size_t lo, hi;
     item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
     for (size_t q = lo; q < hi; q++) {
@@ -294,7 +294,7 @@ static void chscale_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.chscale_fwd) *a = &j->op->u.chscale_fwd;
+    const mgt_chscale_fwd_args *a = &j->op->u.chscale_fwd;
     size_t hw = (size_t)a->hw, lo, hi;
     item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -322,7 +322,7 @@ static void chscale_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const chscale_job *j = c;
-    const __typeof__(j->op->u.chscale_bwd) *a = &j->op->u.chscale_bwd;
+    const mgt_chscale_bwd_args *a = &j->op->u.chscale_bwd;
     size_t hw = (size_t)a->hw, lo, hi;
     item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
     double *sums = j->sums;
@@ -444,7 +444,7 @@ mgt_status cpu_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.scopy) *a = &op->u.scopy;
+    const mgt_scopy_args *a = &op->u.scopy;
     plane_job j = {op, units_per_item(a->count)};
     POOL_FOR(ctx, items_of((size_t)a->n * a->rows, j.units), scopy_item, &j);
     return MGT_OK;
@@ -452,7 +452,7 @@ mgt_status cpu_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
     plane_job j = {op, units_per_item((size_t)a->hw)};
     POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), chscale_fwd_item, &j);
     return MGT_OK;
@@ -462,7 +462,7 @@ mgt_status cpu_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
    layer scale has few channels and the call is not in a hot loop of its own. */
 mgt_status cpu_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     size_t planes = (size_t)a->n * a->c;
     chscale_job j = {op, units_per_item((size_t)a->hw), NULL};
     if (a->dscale && a->shared) {

@@ -23,7 +23,7 @@ static void xent_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const xent_job *j = c;
-    const __typeof__(j->op->u.xent_fwd) *x = &j->op->u.xent_fwd;
+    const mgt_xent_fwd_args *x = &j->op->u.xent_fwd;
     size_t classes = (size_t)x->classes, lo, hi;
     item_range((size_t)x->n, j->units, i, &lo, &hi);
     double eps = x->smoothing;
@@ -57,7 +57,7 @@ static mgt_status check_targets(const mgt_op *op, const int32_t *labels, const i
 
 mgt_status cpu_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    const mgt_xent_fwd_args *x = &op->u.xent_fwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
@@ -76,7 +76,7 @@ static void xent_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.xent_bwd) *x = &j->op->u.xent_bwd;
+    const mgt_xent_bwd_args *x = &j->op->u.xent_bwd;
     size_t classes = (size_t)x->classes, lo, hi;
     item_range((size_t)x->n, j->units, i, &lo, &hi);
     float off = x->smoothing / (float)x->classes, keep = 1.0f - x->smoothing;
@@ -97,7 +97,7 @@ static void xent_bwd_item(void *c, int i, int t)
 
 mgt_status cpu_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    const mgt_xent_bwd_args *x = &op->u.xent_bwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
@@ -116,7 +116,7 @@ static void topk_item(void *c, int i, int t)
 {
     (void)t;
     topk_job *j = c;
-    const __typeof__(j->op->u.topk) *k = &j->op->u.topk;
+    const mgt_topk_args *k = &j->op->u.topk;
     size_t classes = (size_t)k->classes, lo, hi;
     item_range((size_t)k->n, j->units, i, &lo, &hi);
     int hits = 0;
@@ -134,7 +134,7 @@ static void topk_item(void *c, int i, int t)
 
 mgt_status cpu_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.topk) *k = &op->u.topk;
+    const mgt_topk_args *k = &op->u.topk;
     mgt_status st = check_labels(op, k->labels, k->n, k->classes);
     if (st != MGT_OK)
         return st;

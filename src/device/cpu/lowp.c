@@ -59,7 +59,7 @@ static void cast_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.cast) *k = &op->u.cast;
+    const mgt_cast_args *k = &op->u.cast;
     size_t lo, hi;
     item_range(k->n, CHUNK, i, &lo, &hi);
     if (op->kind == MGT_OP_CAST_TO_16)

@@ -86,7 +86,7 @@ static void bn_train_item(void *c, int ch, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    const mgt_bn_train_args *b = &op->u.bn_train;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     const float *x = b->x + (size_t)ch * hw;
     float *y = b->y + (size_t)ch * hw;
@@ -119,7 +119,7 @@ static void bn_eval_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.bn_eval) *b = &j->op->u.bn_eval;
+    const mgt_bn_eval_args *b = &j->op->u.bn_eval;
     size_t hw = (size_t)b->sh.hw, lo, hi;
     item_range((size_t)b->sh.n * b->sh.c, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -135,7 +135,7 @@ static void bn_bwd_item(void *c, int ch, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     size_t off = (size_t)ch * hw;
     double count = (double)b->sh.n * (double)hw;
@@ -170,7 +170,7 @@ static void bn_stats_item(void *c, int ch, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    const mgt_bn_stats_args *b = &op->u.bn_stats;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     const float *x = b->x + (size_t)ch * hw;
     size_t count = (size_t)b->sh.n * hw;
@@ -190,7 +190,7 @@ static void bn_bwd_elemt_item(void *c, int ch, int t)
 {
     (void)t;
     const mgt_op *op = c;
-    const __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    const mgt_bn_bwd_elemt_args *b = &op->u.bn_bwd_elemt;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     size_t off = (size_t)ch * hw;
     double invstd = b->invstd[ch];
@@ -439,7 +439,7 @@ static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_sha
 /* bn_train's statistics and update as bn_train_item has them, per channel, from the sums. */
 static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    const mgt_bn_train_args *b = &op->u.bn_train;
     bnb_job j;
     mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
     if (st != MGT_OK)
@@ -472,7 +472,7 @@ static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    const mgt_bn_eval_args *b = &op->u.bn_eval;
     bnb_job j;
     mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
     if (st != MGT_OK)
@@ -488,7 +488,7 @@ static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 static mgt_status run_bn_bwd_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     bnb_job j;
     mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, b->dy, b->dx, &j);
     if (st != MGT_OK)
@@ -551,7 +551,7 @@ static void lnc_fwd_item(void *v, int i, int t)
 {
     (void)t;
     const lnc_job *j = v;
-    const __typeof__(j->op->u.lnc_fwd) *a = &j->op->u.lnc_fwd;
+    const mgt_lnc_fwd_args *a = &j->op->u.lnc_fwd;
     size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
     double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
     lnc_stats(a->x + off, a->c, hw, a->eps, mean, rstd);
@@ -568,7 +568,7 @@ static void lnc_bwd_item(void *v, int i, int t)
 {
     (void)t;
     const lnc_job *j = v;
-    const __typeof__(j->op->u.lnc_bwd) *a = &j->op->u.lnc_bwd;
+    const mgt_lnc_bwd_args *a = &j->op->u.lnc_bwd;
     size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
     double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
     double *mg = rstd + hw, *mgx = mg + hw, *sw = mgx + hw, *sb = sw + a->c;
@@ -644,7 +644,7 @@ static mgt_status run_lnc(mgt_cpu_ctx *ctx, const mgt_op *op, int n, int c, int 
         return mgt_error_set(MGT_ERR_OOM, "%s: out of host memory", mgt_op_name(op->kind));
     POOL_FOR(ctx, n, op->kind == MGT_OP_LNC_FWD ? lnc_fwd_item : lnc_bwd_item, &j);
     if (op->kind == MGT_OP_LNC_BWD) {
-        const __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+        const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
         for (int ch = 0; ch < c; ch++) {
             double sw = 0.0, sb = 0.0;
             for (int i = 0; i < n; i++) {

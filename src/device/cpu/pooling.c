@@ -184,7 +184,7 @@ static void avgpool_fwd_blocked_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.avgpool_fwd) *a = &j->op->u.avgpool_fwd;
+    const mgt_avgpool_fwd_args *a = &j->op->u.avgpool_fwd;
     size_t hw = (size_t)a->hw, cb = (size_t)a->c / 16, lo, hi;
     item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -210,7 +210,7 @@ static void avgpool_bwd_blocked_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.avgpool_bwd) *a = &j->op->u.avgpool_bwd;
+    const mgt_avgpool_bwd_args *a = &j->op->u.avgpool_bwd;
     size_t hw = (size_t)a->hw, cb = (size_t)a->c / 16, lo, hi;
     item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -227,7 +227,7 @@ static void avgpool_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.avgpool_fwd) *a = &j->op->u.avgpool_fwd;
+    const mgt_avgpool_fwd_args *a = &j->op->u.avgpool_fwd;
     size_t hw = (size_t)a->hw, lo, hi;
     item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++)
@@ -238,7 +238,7 @@ static void avgpool_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *j = c;
-    const __typeof__(j->op->u.avgpool_bwd) *a = &j->op->u.avgpool_bwd;
+    const mgt_avgpool_bwd_args *a = &j->op->u.avgpool_bwd;
     size_t hw = (size_t)a->hw, lo, hi;
     item_range((size_t)a->n * a->c, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -251,7 +251,7 @@ static void apool_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *jb = c;
-    const __typeof__(jb->op->u.apool_fwd) *a = &jb->op->u.apool_fwd;
+    const mgt_apool_fwd_args *a = &jb->op->u.apool_fwd;
     size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
     item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -273,7 +273,7 @@ static void apool_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const plane_job *jb = c;
-    const __typeof__(jb->op->u.apool_bwd) *a = &jb->op->u.apool_bwd;
+    const mgt_apool_bwd_args *a = &jb->op->u.apool_bwd;
     size_t lo, hi, in = (size_t)a->h * a->w, out = (size_t)a->oh * a->ow;
     item_range((size_t)a->n * a->c, jb->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
@@ -347,7 +347,7 @@ mgt_status cpu_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    const mgt_apool_fwd_args *a = &op->u.apool_fwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};
     POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_fwd_item, &j);
     return MGT_OK;
@@ -355,7 +355,7 @@ mgt_status cpu_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 {
-    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    const mgt_apool_bwd_args *a = &op->u.apool_bwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};
     POOL_FOR(ctx, items_of((size_t)a->n * a->c, j.units), apool_bwd_item, &j);
     return MGT_OK;

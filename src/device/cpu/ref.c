@@ -54,7 +54,7 @@ static mgt_status ref_gemm(const mgt_op *op)
 {
     if (op->prec != MGT_PREC_F32)
         return ref_lowp(op, ref_gemm);
-    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    const mgt_gemm_args *g = &op->u.gemm;
     for (int i = 0; i < g->m; i++) {
         for (int j = 0; j < g->n; j++) {
             double acc = 0.0;
@@ -208,13 +208,13 @@ static float bn_out(const mgt_bn_shape *sh, double v)
 
 static double bn_dy(const mgt_op *op, size_t j)
 {
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     return b->sh.relu && !(b->y[j] > 0.0f) ? 0.0 : b->dy[j];
 }
 
 static mgt_status ref_bn_train(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    const mgt_bn_train_args *b = &op->u.bn_train;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -249,7 +249,7 @@ static mgt_status ref_bn_train(const mgt_op *op)
 
 static mgt_status ref_bn_eval(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    const mgt_bn_eval_args *b = &op->u.bn_eval;
     const mgt_bn_shape *sh = &b->sh;
     for (int c = 0; c < sh->c; c++) {
         double invstd = 1.0 / sqrt((double)b->running_var[c] + sh->eps);
@@ -269,7 +269,7 @@ static mgt_status ref_bn_eval(const mgt_op *op)
    accumulated outputs). */
 static mgt_status ref_bn_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -298,7 +298,7 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
 /* One shard's per-channel mean and biased variance, two passes in double as bn_train. */
 static mgt_status ref_bn_stats(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    const mgt_bn_stats_args *b = &op->u.bn_stats;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -322,7 +322,7 @@ static mgt_status ref_bn_stats(const mgt_op *op)
    dx = gamma * invstd / count * (count*dy - sum_dy - xhat*sum_dy_xhat). */
 static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    const mgt_bn_bwd_elemt_args *b = &op->u.bn_bwd_elemt;
     const mgt_bn_shape *sh = &b->sh;
     double m = b->count;
     for (int c = 0; c < sh->c; c++) {
@@ -434,7 +434,7 @@ static mgt_status check_targets(mgt_op_kind kind, const int32_t *labels, const i
    -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
 static mgt_status ref_xent_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    const mgt_xent_fwd_args *x = &op->u.xent_fwd;
     mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
@@ -458,7 +458,7 @@ static mgt_status ref_xent_fwd(const mgt_op *op)
 
 static mgt_status ref_xent_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    const mgt_xent_bwd_args *x = &op->u.xent_bwd;
     mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
@@ -478,7 +478,7 @@ static mgt_status ref_xent_bwd(const mgt_op *op)
 
 static mgt_status ref_topk(const mgt_op *op)
 {
-    const __typeof__(op->u.topk) *t = &op->u.topk;
+    const mgt_topk_args *t = &op->u.topk;
     mgt_status st = check_labels(op->kind, t->labels, t->n, t->classes);
     if (st != MGT_OK)
         return st;
@@ -501,7 +501,7 @@ static mgt_status ref_topk(const mgt_op *op)
    step rather than drifting by a rounding a step. */
 static mgt_status ref_sgd(const mgt_op *op)
 {
-    const __typeof__(op->u.sgd) *s = &op->u.sgd;
+    const mgt_sgd_args *s = &op->u.sgd;
     const mgt_sgd_params *p = &s->p;
     for (size_t i = 0; i < s->n; i++) {
         float d = p->grad_scale * s->grad[i] + p->weight_decay * s->param[i];
@@ -522,7 +522,7 @@ static mgt_status ref_sgd(const mgt_op *op)
 /* AdamW and RMSprop in float, in torch's order of operations (see mgt/device.h). */
 static mgt_status ref_adamw(const mgt_op *op)
 {
-    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_args *a = &op->u.adamw;
     const mgt_adamw_params *p = &a->p;
     for (size_t i = 0; i < a->n; i++) {
         float g = p->grad_scale * a->grad[i];
@@ -539,7 +539,7 @@ static mgt_status ref_adamw(const mgt_op *op)
 
 static mgt_status ref_rmsprop(const mgt_op *op)
 {
-    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_args *a = &op->u.rmsprop;
     const mgt_rmsprop_params *p = &a->p;
     for (size_t i = 0; i < a->n; i++) {
         float g = p->grad_scale * a->grad[i] + p->weight_decay * a->param[i];
@@ -615,7 +615,7 @@ static mgt_status ref_relu_bwd(const mgt_op *op)
 
 static mgt_status ref_avgpool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+    const mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
     for (int n = 0; n < a->n; n++)
         for (int c = 0; c < a->c; c++) {
             double s = 0.0;
@@ -628,7 +628,7 @@ static mgt_status ref_avgpool_fwd(const mgt_op *op)
 
 static mgt_status ref_avgpool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+    const mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
     for (int n = 0; n < a->n; n++)
         for (int c = 0; c < a->c; c++)
             for (int i = 0; i < a->hw; i++)
@@ -639,7 +639,7 @@ static mgt_status ref_avgpool_bwd(const mgt_op *op)
 
 static mgt_status ref_bias_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bias_fwd) *b = &op->u.bias_fwd;
+    const mgt_bias_fwd_args *b = &op->u.bias_fwd;
     for (int r = 0; r < b->rows; r++)
         for (int j = 0; j < b->cols; j++)
             b->y[(size_t)r * b->cols + j] += b->bias[j];
@@ -648,7 +648,7 @@ static mgt_status ref_bias_fwd(const mgt_op *op)
 
 static mgt_status ref_bias_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bias_bwd) *b = &op->u.bias_bwd;
+    const mgt_bias_bwd_args *b = &op->u.bias_bwd;
     for (int j = 0; j < b->cols; j++) {
         double s = 0.0;
         for (int r = 0; r < b->rows; r++)
@@ -660,7 +660,7 @@ static mgt_status ref_bias_bwd(const mgt_op *op)
 
 static mgt_status ref_chbias_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
     for (int i = 0; i < b->n; i++)
         for (int ch = 0; ch < b->c; ch++)
             for (int j = 0; j < b->hw; j++)
@@ -670,7 +670,7 @@ static mgt_status ref_chbias_fwd(const mgt_op *op)
 
 static mgt_status ref_chbias_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    const mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     for (int ch = 0; ch < b->c; ch++) {
         double s = 0.0;
         for (int i = 0; i < b->n; i++)
@@ -683,7 +683,7 @@ static mgt_status ref_chbias_bwd(const mgt_op *op)
 
 static mgt_status ref_dropout(const mgt_op *op)
 {
-    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    const mgt_dropout_args *d = &op->u.dropout;
     uint32_t t = mgt_dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
     for (int i = 0; i < d->n; i++)
@@ -698,7 +698,7 @@ static mgt_status ref_dropout(const mgt_op *op)
 
 static mgt_status ref_apool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    const mgt_apool_fwd_args *a = &op->u.apool_fwd;
     for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
         const float *x = a->x + nc * a->h * a->w;
         for (int i = 0; i < a->oh; i++)
@@ -718,7 +718,7 @@ static mgt_status ref_apool_fwd(const mgt_op *op)
 
 static mgt_status ref_apool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    const mgt_apool_bwd_args *a = &op->u.apool_bwd;
     for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
         float *dx = a->dx + nc * a->h * a->w;
         for (size_t k = 0; k < (size_t)a->h * a->w; k++)
@@ -739,7 +739,7 @@ static mgt_status ref_apool_bwd(const mgt_op *op)
 
 static mgt_status ref_scopy(const mgt_op *op)
 {
-    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    const mgt_scopy_args *c = &op->u.scopy;
     for (int i = 0; i < c->n; i++)
         for (int r = 0; r < c->rows; r++)
             for (size_t k = 0; k < c->count; k++)
@@ -813,7 +813,7 @@ static double ref_act_grad(mgt_act act, double x)
 
 static mgt_status ref_act_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    const mgt_act_fwd_args *a = &op->u.act_fwd;
     for (size_t i = 0; i < a->n; i++)
         a->y[i] = (float)ref_act(a->act, a->x[i]);
     return MGT_OK;
@@ -821,7 +821,7 @@ static mgt_status ref_act_fwd(const mgt_op *op)
 
 static mgt_status ref_act_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    const mgt_act_bwd_args *a = &op->u.act_bwd;
     for (size_t i = 0; i < a->n; i++)
         a->dx[i] = (float)((double)a->dy[i] * ref_act_grad(a->act, a->x[i]));
     return MGT_OK;
@@ -844,7 +844,7 @@ static void ref_lnc_stats(const float *x, int c, size_t hw, float eps, double *m
 
 static mgt_status ref_lnc_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.lnc_fwd) *a = &op->u.lnc_fwd;
+    const mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
     size_t hw = (size_t)a->hw;
     for (int i = 0; i < a->n; i++)
         for (size_t j = 0; j < hw; j++) {
@@ -861,7 +861,7 @@ static mgt_status ref_lnc_fwd(const mgt_op *op)
 
 static mgt_status ref_lnc_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+    const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
     size_t hw = (size_t)a->hw;
     for (int ch = 0; ch < a->c; ch++) {
         double sw = 0.0, sb = 0.0;
@@ -900,7 +900,7 @@ static mgt_status ref_lnc_bwd(const mgt_op *op)
 
 static mgt_status ref_chscale_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
     for (int i = 0; i < a->n; i++)
         for (int ch = 0; ch < a->c; ch++) {
             float sc = a->scale[(a->shared ? 0 : (size_t)i * a->c) + ch];
@@ -913,7 +913,7 @@ static mgt_status ref_chscale_fwd(const mgt_op *op)
 
 static mgt_status ref_chscale_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     for (int ch = 0; ch < a->c; ch++) {
         double shared_sum = 0.0;
         for (int i = 0; i < a->n; i++) {
@@ -940,7 +940,7 @@ static mgt_status ref_chscale_bwd(const mgt_op *op)
 
 static mgt_status ref_cast(const mgt_op *op)
 {
-    const __typeof__(op->u.cast) *c = &op->u.cast;
+    const mgt_cast_args *c = &op->u.cast;
     if (op->kind == MGT_OP_CAST_TO_16) {
         const float *x = c->src;
         uint16_t *h = c->dst;
