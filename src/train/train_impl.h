@@ -294,7 +294,17 @@ mgt_status train_open_data(run *r);
 mgt_status train_make_workers(run *r);
 mgt_status train_make_comm(run *r);
 void train_free_parts(run *r);
-mgt_status train_broadcast(run *r, bool params, bool optimizer);
+
+/* run.c, between phases */
+/* What train_broadcast copies from replica 0 (node 0's across nodes) to every other replica:
+   the batch-norm statistics and counts always (TRAIN_SYNC_BUFFERS alone, before validation and
+   checkpoints), with the parameters and the optimizer state too at the start of a run. */
+enum train_sync {
+    TRAIN_SYNC_BUFFERS = 0,
+    TRAIN_SYNC_PARAMS = 1u << 0,
+    TRAIN_SYNC_OPTIMIZER = 1u << 1,
+};
+mgt_status train_broadcast(run *r, unsigned what);
 mgt_status train_check_replicas(run *r);
 /* A multi-node run's start (epoch, step, best top-1) from node 0, where --resume found it. */
 mgt_status train_world_position(run *r, int *epoch, long *step);
