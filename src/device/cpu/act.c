@@ -231,14 +231,14 @@ static void act_bwd_item(void *c, int i, int t)
                                                  hi - lo);
 }
 
-mgt_status cpu_act_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_act_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, &jb);
     return MGT_OK;
 }
 
-mgt_status cpu_act_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_act_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     act_job jb = {op, vec_avx512(ctx)};
     POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, &jb);

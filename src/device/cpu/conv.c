@@ -14,7 +14,7 @@
 static void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                   const float *b, int ldb, float beta, float *c, int ldc)
 {
-    mgt_onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* ---- gemm ---- */
@@ -48,7 +48,7 @@ static void gemm_item(void *c, int i, int t)
 /* Blocks of C's rows (or columns, when C is wide and short), each one sgemm call. Each block
    repacks the shared operand, which costs O(k*n) against O(m*n*k/blocks) of work. Two blocks
    per thread where the matrix allows, so a thread the OS delays does not hold up the rest. */
-mgt_status cpu_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_gemm(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->prec != MGT_PREC_F32)
         return cpu_lowp(ctx, op, cpu_gemm);
@@ -66,7 +66,7 @@ mgt_status cpu_gemm(mgt_cpu_ctx *ctx, const mgt_op *op)
     size_t per = ceil_div(dim, blocks);
     per = (per + 7) / 8 * 8; /* whole micro-kernel panels */
     j.per = (int)per;
-    mgt_cpu_pool_for(ctx->pool, items_of(dim, per), gemm_item, &j);
+    cpu_pool_for(ctx->pool, items_of(dim, per), gemm_item, &j);
     return MGT_OK;
 }
 
@@ -312,7 +312,7 @@ static void dw_fwd_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_conv_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_conv_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     int threads = pool_threads(ctx);
     conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
@@ -324,7 +324,7 @@ static mgt_status run_conv_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
         if ((st = cpu_scratch_ensure(ctx, op, j.per_thread * (size_t)threads)) != MGT_OK)
             return st;
         j.scratch = ctx->scratch;
-        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_fwd_item, &j);
+        cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_fwd_item, &j);
         return MGT_OK;
     }
     size_t outer = (size_t)g->n * g->groups;
@@ -341,7 +341,7 @@ static mgt_status run_conv_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
             return st;
         j.scratch = ctx->scratch;
     }
-    mgt_cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_fwd_item, &j);
+    cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_fwd_item, &j);
     return MGT_OK;
 }
 
@@ -414,14 +414,14 @@ static void dw_bwd_data_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_conv_bwd_data(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_conv_bwd_data(cpu_ctx *ctx, const mgt_op *op)
 {
     int threads = pool_threads(ctx);
     conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
     const conv_geom *g = &j.g;
     if (g->depthwise) {
         j.units = units_per_item(g->pq * g->rs);
-        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_bwd_data_item, &j);
+        cpu_pool_for(ctx->pool, items_of((size_t)g->n * g->c, j.units), dw_bwd_data_item, &j);
         return MGT_OK;
     }
     size_t outer = (size_t)g->n * g->groups;
@@ -437,7 +437,7 @@ static mgt_status run_conv_bwd_data(mgt_cpu_ctx *ctx, const mgt_op *op)
             return st;
         j.scratch = ctx->scratch;
     }
-    mgt_cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_bwd_data_item, &j);
+    cpu_pool_for(ctx->pool, (int)(outer * (size_t)j.tiles), conv_bwd_data_item, &j);
     return MGT_OK;
 }
 
@@ -544,14 +544,14 @@ static void dw_bwd_filter_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_conv_bwd_filter(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_conv_bwd_filter(cpu_ctx *ctx, const mgt_op *op)
 {
     int threads = pool_threads(ctx);
     conv_job j = {.op = op, .g = conv_geom_of(&op->u.conv.sh)};
     const conv_geom *g = &j.g;
     if (g->depthwise) {
         j.units = units_per_item((size_t)g->n * g->pq * g->rs);
-        mgt_cpu_pool_for(ctx->pool, items_of((size_t)g->c, j.units), dw_bwd_filter_item, &j);
+        cpu_pool_for(ctx->pool, items_of((size_t)g->c, j.units), dw_bwd_filter_item, &j);
         return MGT_OK;
     }
     size_t total = (size_t)g->n * g->pq;
@@ -567,22 +567,22 @@ static mgt_status run_conv_bwd_filter(mgt_cpu_ctx *ctx, const mgt_op *op)
         return st;
     j.partial = ctx->scratch;
     j.scratch = ctx->scratch != NULL ? ctx->scratch + part_floats : NULL;
-    mgt_cpu_pool_for(ctx->pool, j.parts, conv_bwd_filter_item, &j);
+    cpu_pool_for(ctx->pool, j.parts, conv_bwd_filter_item, &j);
     if (j.parts > 1)
-        mgt_cpu_pool_for(ctx->pool, items_of(dw_n, CHUNK), conv_reduce_item, &j);
+        cpu_pool_for(ctx->pool, items_of(dw_n, CHUNK), conv_reduce_item, &j);
     return MGT_OK;
 }
 
 /* oneDNN where it has a kernel for the shape; MGT_ERR_UNSUPPORTED (nothing run) otherwise. */
-static mgt_status run_conv_onednn(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_conv_onednn(cpu_ctx *ctx, const mgt_op *op)
 {
-    mgt_onednn_plan *plan;
+    onednn_plan *plan;
     size_t floats;
-    mgt_status st = mgt_onednn_conv_plan(ctx->onednn, op, &plan, &floats);
+    mgt_status st = onednn_conv_plan(ctx->onednn, op, &plan, &floats);
     if (st == MGT_OK)
         st = cpu_scratch_ensure(ctx, op, floats);
     if (st == MGT_OK)
-        st = mgt_onednn_conv_run(ctx->onednn, plan, ctx->pool, op, ctx->scratch);
+        st = onednn_conv_run(ctx->onednn, plan, ctx->pool, op, ctx->scratch);
     return st;
 }
 
@@ -592,9 +592,9 @@ static bool conv_blocked(const mgt_op *op)
     return op->u.conv.sh.x_layout != MGT_LAYOUT_NCHW || op->u.conv.sh.y_layout != MGT_LAYOUT_NCHW;
 }
 
-static mgt_cpu_lp_key lp_key(const mgt_op *op)
+static cpu_lp_key lp_key(const mgt_op *op)
 {
-    mgt_cpu_lp_key k;
+    cpu_lp_key k;
     memset(&k, 0, sizeof k); /* compared with memcmp: no stray padding bytes */
     k.kind = op->kind;
     k.prec = op->prec;
@@ -603,7 +603,7 @@ static mgt_cpu_lp_key lp_key(const mgt_op *op)
     return k;
 }
 
-static bool lp_remembered(const mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
+static bool lp_remembered(const cpu_ctx *ctx, const cpu_lp_key *k)
 {
     for (int i = 0; i < ctx->n_lp_refused; i++)
         if (memcmp(&ctx->lp_refused[i], k, sizeof *k) == 0)
@@ -613,11 +613,11 @@ static bool lp_remembered(const mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
 
 /* A shape the native 16-bit path refused for good; without room to remember it, the next
    call merely asks again. */
-static void lp_remember(mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
+static void lp_remember(cpu_ctx *ctx, const cpu_lp_key *k)
 {
     if (ctx->n_lp_refused == ctx->cap_lp_refused) {
         int cap = ctx->cap_lp_refused ? 2 * ctx->cap_lp_refused : 16;
-        mgt_cpu_lp_key *a = realloc(ctx->lp_refused, (size_t)cap * sizeof *a);
+        cpu_lp_key *a = realloc(ctx->lp_refused, (size_t)cap * sizeof *a);
         if (!a)
             return;
         ctx->lp_refused = a;
@@ -631,10 +631,10 @@ static void lp_remember(mgt_cpu_ctx *ctx, const mgt_cpu_lp_key *k)
    the owner's fault hook. *ran says whether it ran (with st its result); otherwise the
    refusal has been decided as every backend decides it (refusal.h): MGT_OK for the
    emulation (cpu_lowp), or the failure. */
-static mgt_status lp_native(mgt_cpu_ctx *ctx, const mgt_op *op, bool *ran)
+static mgt_status lp_native(cpu_ctx *ctx, const mgt_op *op, bool *ran)
 {
     *ran = false;
-    mgt_cpu_lp_key key = lp_key(op);
+    cpu_lp_key key = lp_key(op);
     if (lp_remembered(ctx, &key))
         return MGT_OK;
     mgt_lp_refusal why = ctx->lp_refusal ? ctx->lp_refusal(ctx->owner) : MGT_LP_REFUSAL_NONE;
@@ -660,7 +660,7 @@ static mgt_status lp_native(mgt_cpu_ctx *ctx, const mgt_op *op, bool *ran)
 
 /* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise, which a
    blocked activation overrules), the im2col path for the rest. */
-mgt_status cpu_conv2d(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_conv2d(cpu_ctx *ctx, const mgt_op *op)
 {
     mgt_status st;
     if (op->prec != MGT_PREC_F32) {

@@ -98,14 +98,14 @@ static void sum_item(void *c, int i, int t)
 }
 
 /* Partial sums per fixed chunk, added in chunk order: the same bits for any thread count. */
-mgt_status cpu_sum(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_sum(cpu_ctx *ctx, const mgt_op *op)
 {
     int items = items_of(op->u.sum.n, CHUNK);
     mgt_status st = cpu_scratch_ensure(ctx, op, (size_t)items * 2);
     if (st != MGT_OK)
         return st;
     sum_job j = {op, (double *)(void *)ctx->scratch};
-    mgt_cpu_pool_for(ctx->pool, items, sum_item, &j);
+    cpu_pool_for(ctx->pool, items, sum_item, &j);
     double s = 0;
     for (int i = 0; i < items; i++)
         s += j.part[i];
@@ -352,75 +352,75 @@ static void chscale_bwd_item(void *c, int i, int t)
     }
 }
 
-mgt_status cpu_fill(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_fill(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.fill.n, CHUNK), fill_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_scale(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_scale(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.scale.n, CHUNK), scale_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_axpy(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_axpy(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.axpy.n, CHUNK), axpy_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_add(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_add(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.add.n, CHUNK), add_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_relu_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_relu_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_relu_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_relu_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_adamw(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_adamw(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.adamw.n, CHUNK), adamw_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_rmsprop(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_rmsprop(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.rmsprop.n, CHUNK), rmsprop_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_sgd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_sgd(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.sgd.n, CHUNK), sgd_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_bias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bias_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, units_per_item((size_t)op->u.bias_fwd.cols)};
     POOL_FOR(ctx, items_of((size_t)op->u.bias_fwd.rows, j.units), bias_fwd_item, &j);
     return MGT_OK;
 }
 
-mgt_status cpu_bias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bias_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, BIAS_COLS};
     POOL_FOR(ctx, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
     return MGT_OK;
 }
 
-mgt_status cpu_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chbias_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, units_per_item((size_t)op->u.chbias_fwd.hw)};
     POOL_FOR(ctx, items_of((size_t)op->u.chbias_fwd.n * op->u.chbias_fwd.c, j.units),
@@ -428,21 +428,21 @@ mgt_status cpu_chbias_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_chbias_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chbias_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     plane_job j = {op, 1};
     POOL_FOR(ctx, op->u.chbias_bwd.c, chbias_bwd_item, &j);
     return MGT_OK;
 }
 
-mgt_status cpu_dropout(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_dropout(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of((size_t)op->u.dropout.n * op->u.dropout.per_image, CHUNK), dropout_item,
              op);
     return MGT_OK;
 }
 
-mgt_status cpu_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_scopy(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_scopy_args *a = &op->u.scopy;
     plane_job j = {op, units_per_item(a->count)};
@@ -450,7 +450,7 @@ mgt_status cpu_scopy(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chscale_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
     plane_job j = {op, units_per_item((size_t)a->hw)};
@@ -460,7 +460,7 @@ mgt_status cpu_chscale_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
 
 /* The shared form's per-plane sums take n * c doubles of host memory per call: a parameter's
    layer scale has few channels and the call is not in a hot loop of its own. */
-mgt_status cpu_chscale_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_chscale_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     size_t planes = (size_t)a->n * a->c;

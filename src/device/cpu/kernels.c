@@ -16,14 +16,14 @@
 
 /* ---- context and scratch ---- */
 
-mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads)
+mgt_status cpu_ctx_init(cpu_ctx *ctx, int threads)
 {
     memset(ctx, 0, sizeof *ctx);
-    mgt_status st = mgt_cpu_pool_create(threads, &ctx->pool);
+    mgt_status st = cpu_pool_create(threads, &ctx->pool);
     if (st == MGT_OK)
-        st = mgt_onednn_create(threads, &ctx->onednn);
+        st = onednn_create(threads, &ctx->onednn);
     if (st != MGT_OK) {
-        mgt_cpu_pool_free(ctx->pool);
+        cpu_pool_free(ctx->pool);
         ctx->pool = NULL;
         return st;
     }
@@ -31,13 +31,13 @@ mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads)
     return MGT_OK;
 }
 
-void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
+void cpu_ctx_destroy(cpu_ctx *ctx)
 {
     if (ctx == NULL)
         return;
-    mgt_cpu_pool_free(ctx->pool);
+    cpu_pool_free(ctx->pool);
     ctx->pool = NULL;
-    mgt_onednn_free(ctx->onednn);
+    onednn_free(ctx->onednn);
     ctx->onednn = NULL;
     free(ctx->scratch);
     if (ctx->unreserve != NULL && ctx->scratch_bytes > 0)
@@ -55,8 +55,7 @@ void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx)
     pthread_mutex_destroy(&ctx->lock);
 }
 
-mgt_status cpu_buf_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, float **buf, size_t *have,
-                          size_t floats)
+mgt_status cpu_buf_ensure(cpu_ctx *ctx, const mgt_op *op, float **buf, size_t *have, size_t floats)
 {
     size_t bytes = floats * sizeof(float);
     if (bytes <= *have)
@@ -85,7 +84,7 @@ mgt_status cpu_buf_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, float **buf, size_
     return MGT_OK;
 }
 
-mgt_status cpu_scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats)
+mgt_status cpu_scratch_ensure(cpu_ctx *ctx, const mgt_op *op, size_t floats)
 {
     return cpu_buf_ensure(ctx, op, &ctx->scratch, &ctx->scratch_bytes, floats);
 }
@@ -95,14 +94,14 @@ mgt_status cpu_scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats)
 static const cpu_op_fn cpu_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CPU_OP)};
 #undef CPU_OP
 
-bool mgt_cpu_supports(mgt_op_kind kind)
+bool cpu_supports(mgt_op_kind kind)
 {
     return (unsigned)kind < MGT_OP_COUNT && cpu_ops[kind] != NULL;
 }
 
-mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_run(cpu_ctx *ctx, const mgt_op *op)
 {
-    if (!mgt_cpu_supports(op->kind))
+    if (!cpu_supports(op->kind))
         return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: %s is not supported",
                              mgt_op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);

@@ -55,7 +55,7 @@ static mgt_status check_targets(const mgt_op *op, const int32_t *labels, const i
     return st == MGT_OK && labels_b ? check_labels(op, labels_b, n, classes) : st;
 }
 
-mgt_status cpu_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_xent_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_xent_fwd_args *x = &op->u.xent_fwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
@@ -64,7 +64,7 @@ mgt_status cpu_xent_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     if ((st = cpu_scratch_ensure(ctx, op, (size_t)x->n * 2)) != MGT_OK)
         return st;
     xent_job j = {op, units_per_item((size_t)x->classes * 4), (double *)(void *)ctx->scratch};
-    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_fwd_item, &j);
+    cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_fwd_item, &j);
     double s = 0;
     for (int r = 0; r < x->n; r++)
         s += j.row_loss[r];
@@ -95,14 +95,14 @@ static void xent_bwd_item(void *c, int i, int t)
     }
 }
 
-mgt_status cpu_xent_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_xent_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_xent_bwd_args *x = &op->u.xent_bwd;
     mgt_status st = check_targets(op, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     plane_job j = {op, units_per_item((size_t)x->classes)};
-    mgt_cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
+    cpu_pool_for(ctx->pool, items_of((size_t)x->n, j.units), xent_bwd_item, &j);
     return MGT_OK;
 }
 
@@ -132,7 +132,7 @@ static void topk_item(void *c, int i, int t)
     atomic_fetch_add(&j->hits, hits);
 }
 
-mgt_status cpu_topk(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_topk(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_topk_args *k = &op->u.topk;
     mgt_status st = check_labels(op, k->labels, k->n, k->classes);

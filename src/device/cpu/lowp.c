@@ -29,7 +29,7 @@ static void round_item(void *c, int i, int t)
             j->dst[k] = mgt_lowp_round_fp16(j->src[k]);
 }
 
-mgt_status cpu_lowp(mgt_cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32)
+mgt_status cpu_lowp(cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32)
 {
     mgt_op f = *op;
     f.prec = MGT_PREC_F32;
@@ -70,7 +70,7 @@ static void cast_item(void *c, int i, int t)
             ((float *)k->dst)[e] = mgt_lowp_decode(op->prec, ((const uint16_t *)k->src)[e]);
 }
 
-mgt_status cpu_cast(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_cast(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, items_of(op->u.cast.n, CHUNK), cast_item, op);
     return MGT_OK;
@@ -95,7 +95,7 @@ static void nonfinite_item(void *c, int i, int t)
         atomic_fetch_add(&j->count, bad);
 }
 
-mgt_status cpu_nonfinite(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_nonfinite(cpu_ctx *ctx, const mgt_op *op)
 {
     nonfinite_job j = {.op = op};
     atomic_init(&j.count, 0);

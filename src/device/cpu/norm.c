@@ -408,8 +408,8 @@ static void bnb_dx_item(void *c, int i, int t)
 
 /* A blocked batch-norm op's job over x, dy (backward; else NULL) and y (or dx), with its scratch:
    the images' sums, then four [c] float arrays. */
-static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh,
-                            const float *x, const float *dy, float *y, bnb_job *j)
+static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh, const float *x,
+                            const float *dy, float *y, bnb_job *j)
 {
     int parts = bnb_parts(sh->n), cb = sh->c / 16;
     size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
@@ -437,7 +437,7 @@ static mgt_status bnb_setup(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_bn_sha
 }
 
 /* bn_train's statistics and update as bn_train_item has them, per channel, from the sums. */
-static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_bn_train_blocked(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_bn_train_args *b = &op->u.bn_train;
     bnb_job j;
@@ -470,7 +470,7 @@ static mgt_status run_bn_train_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_bn_eval_blocked(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_bn_eval_args *b = &op->u.bn_eval;
     bnb_job j;
@@ -486,7 +486,7 @@ static mgt_status run_bn_eval_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-static mgt_status run_bn_bwd_blocked(mgt_cpu_ctx *ctx, const mgt_op *op)
+static mgt_status run_bn_bwd_blocked(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     bnb_job j;
@@ -599,7 +599,7 @@ static void lnc_bwd_item(void *v, int i, int t)
     }
 }
 
-mgt_status cpu_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_train(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_train_blocked(ctx, op);
@@ -607,7 +607,7 @@ mgt_status cpu_bn_train(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_eval(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_eval_blocked(ctx, op);
@@ -617,7 +617,7 @@ mgt_status cpu_bn_eval(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_bwd_blocked(ctx, op);
@@ -625,19 +625,19 @@ mgt_status cpu_bn_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_bn_stats(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_stats(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, op->u.bn_stats.sh.c, bn_stats_item, op);
     return MGT_OK;
 }
 
-mgt_status cpu_bn_bwd_elemt(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_bn_bwd_elemt(cpu_ctx *ctx, const mgt_op *op)
 {
     POOL_FOR(ctx, op->u.bn_bwd_elemt.sh.c, bn_bwd_elemt_item, op);
     return MGT_OK;
 }
 
-static mgt_status run_lnc(mgt_cpu_ctx *ctx, const mgt_op *op, int n, int c, int hw)
+static mgt_status run_lnc(cpu_ctx *ctx, const mgt_op *op, int n, int c, int hw)
 {
     lnc_job j = {op, malloc((size_t)n * lnc_scratch_per_image(c, hw) * sizeof(double))};
     if (!j.scratch)
@@ -661,12 +661,12 @@ static mgt_status run_lnc(mgt_cpu_ctx *ctx, const mgt_op *op, int n, int c, int 
     return MGT_OK;
 }
 
-mgt_status cpu_lnc_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_lnc_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     return run_lnc(ctx, op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw);
 }
 
-mgt_status cpu_lnc_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_lnc_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     return run_lnc(ctx, op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw);
 }

@@ -293,7 +293,7 @@ static void apool_bwd_item(void *c, int i, int t)
     }
 }
 
-static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool2d_shape *sh,
+static mgt_status run_maxpool(cpu_ctx *ctx, const mgt_op *op, const mgt_pool2d_shape *sh,
                               void (*item)(void *, int, int), void (*blocked)(void *, int, int))
 {
     size_t work = (size_t)mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh) * sh->kh * sh->kw;
@@ -307,17 +307,17 @@ static mgt_status run_maxpool(mgt_cpu_ctx *ctx, const mgt_op *op, const mgt_pool
     return MGT_OK;
 }
 
-mgt_status cpu_maxpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_maxpool_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     return run_maxpool(ctx, op, &op->u.maxpool_fwd.sh, maxpool_fwd_item, maxpool_fwd_blocked_item);
 }
 
-mgt_status cpu_maxpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_maxpool_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     return run_maxpool(ctx, op, &op->u.maxpool_bwd.sh, maxpool_bwd_item, maxpool_bwd_blocked_item);
 }
 
-mgt_status cpu_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_avgpool_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.avgpool_fwd.layout == MGT_LAYOUT_NCHW16C) {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_fwd.hw * 16)};
@@ -331,7 +331,7 @@ mgt_status cpu_avgpool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_avgpool_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.avgpool_bwd.layout == MGT_LAYOUT_NCHW16C) {
         plane_job j = {op, units_per_item((size_t)op->u.avgpool_bwd.hw * 16)};
@@ -345,7 +345,7 @@ mgt_status cpu_avgpool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_apool_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_apool_fwd_args *a = &op->u.apool_fwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};
@@ -353,7 +353,7 @@ mgt_status cpu_apool_fwd(mgt_cpu_ctx *ctx, const mgt_op *op)
     return MGT_OK;
 }
 
-mgt_status cpu_apool_bwd(mgt_cpu_ctx *ctx, const mgt_op *op)
+mgt_status cpu_apool_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     const mgt_apool_bwd_args *a = &op->u.apool_bwd;
     plane_job j = {op, units_per_item((size_t)a->h * a->w)};

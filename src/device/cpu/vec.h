@@ -205,13 +205,13 @@ static inline double sum_sq_f(const float *x, size_t n)
 
 /* ---- the pool ---- */
 
-static inline int pool_threads(const mgt_cpu_ctx *ctx) { return mgt_cpu_pool_threads(ctx->pool); }
+static inline int pool_threads(const cpu_ctx *ctx) { return cpu_pool_threads(ctx->pool); }
 
-#define POOL_FOR(ctx, items, fn, op) mgt_cpu_pool_for((ctx)->pool, (items), (fn), (void *)(op))
+#define POOL_FOR(ctx, items, fn, op) cpu_pool_for((ctx)->pool, (items), (fn), (void *)(op))
 
 /* Whether the loops compiled twice (blocked batch-norm sums, activations) take their AVX-512F
    build: the CPU has it and the tests do not ask for the baseline. */
-static inline bool vec_avx512(const mgt_cpu_ctx *ctx)
+static inline bool vec_avx512(const cpu_ctx *ctx)
 {
     return !ctx->vec_baseline && __builtin_cpu_supports("avx512f");
 }
@@ -234,12 +234,11 @@ typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t)), aligned(4
 /* Makes *buf hold at least `floats` floats: it only grows (rounded up to 64 KB so that a
    warm-up of slowly growing layers does not reallocate each time) and is kept, so a steady
    step loop never allocates. The growth is counted against the device first. */
-mgt_status cpu_buf_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, float **buf, size_t *have,
-                          size_t floats);
+mgt_status cpu_buf_ensure(cpu_ctx *ctx, const mgt_op *op, float **buf, size_t *have, size_t floats);
 /* The same for ctx->scratch, the kernels' working memory. */
-mgt_status cpu_scratch_ensure(mgt_cpu_ctx *ctx, const mgt_op *op, size_t floats);
+mgt_status cpu_scratch_ensure(cpu_ctx *ctx, const mgt_op *op, size_t floats);
 /* A gemm or convolution in bf16 or fp16 as fp32 on inputs rounded to the format (in
    ctx->lowp): fp32 is the op's own kernel, called back with the copies. */
-mgt_status cpu_lowp(mgt_cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32);
+mgt_status cpu_lowp(cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32);
 
 #endif
