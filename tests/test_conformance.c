@@ -2507,80 +2507,31 @@ static bool gen_xent_fwd(tcase *c, int idx, rng *r)
 static bool fd_xent(tcase *c, int t)
 {
     static const int shapes[][3] = {{1, 10, 0}, {4, 10, 1}, {3, 5, 1}, {8, 7, 0}, {2, 1, 0}};
-    if (t >= 5)
+    if (t >= 10)
         return false;
-    fd_part *f = fd_begin(c, rng_for(700, t, 7));
+    bool mixed = t >= 5; /* one-hot targets, then mixed ones */
+    t %= 5;
+    fd_part *f = fd_begin(c, rng_for(mixed ? 710 : 700, t, 7));
     rng *r = &f->r;
     int n = shapes[t][0], classes = shapes[t][1];
     float smoothing = shapes[t][2] ? 0.1f : 0.0f;
     size_t nc = (size_t)n * classes;
     float *logits = case_f32(c, nc), *probs = case_f32(c, nc), *loss = case_f32(c, 1);
-    float *dl = case_f32(c, nc), *one = case_f32(c, 1);
-    int32_t *labels = case_i32(c, n);
+    float *dl = case_f32(c, nc), *one = case_f32(c, 1), *w = mixed ? case_f32(c, n) : NULL;
+    int32_t *la = case_i32(c, n), *lb = mixed ? case_i32(c, n) : NULL;
     fill_unif(r, logits, nc, -2, 2);
-    fill_labels(r, labels, n, classes);
+    if (mixed)
+        fill_mix(r, la, lb, w, n, classes);
+    else
+        fill_labels(r, la, n, classes);
     one[0] = 1;
-    case_desc(c, "n=%d classes=%d smoothing=%g", n, classes, (double)smoothing);
+    case_desc(c, "n=%d classes=%d smoothing=%g%s", n, classes, (double)smoothing,
+              mixed ? " mixed" : "");
     mgt_op fwd = {.kind = MGT_OP_XENT_FWD};
-    fwd.u.xent_fwd.loss = loss;
-    fwd.u.xent_fwd.probs = probs;
-    fwd.u.xent_fwd.logits = logits;
-    fwd.u.xent_fwd.labels = labels;
-    fwd.u.xent_fwd.n = n;
-    fwd.u.xent_fwd.classes = classes;
-    fwd.u.xent_fwd.smoothing = smoothing;
+    fwd.u.xent_fwd = (mgt_xent_fwd_args){loss, probs, logits, la, lb, w, n, classes, smoothing};
     mgt_op bwd = {.kind = MGT_OP_XENT_BWD};
-    bwd.u.xent_bwd.dlogits = dl;
-    bwd.u.xent_bwd.probs = probs;
-    bwd.u.xent_bwd.labels = labels;
-    bwd.u.xent_bwd.n = n;
-    bwd.u.xent_bwd.classes = classes;
-    bwd.u.xent_bwd.smoothing = smoothing;
-    bwd.u.xent_bwd.scale = 1.0f / n;
-    fd_ops(f, &fwd, &bwd, true, (fd_term){loss, one, 1}, 5e-2f);
-    fd_wrt_add(f, logits, nc, dl, "logits");
-    return true;
-}
-
-/* The mixed-label form, as fd_xent: its backward with scale 1/n is the gradient of its
-   forward's mean loss. */
-static bool fd_xmix(tcase *c, int t)
-{
-    static const int shapes[][3] = {{1, 10, 0}, {4, 10, 1}, {3, 5, 1}, {8, 7, 0}, {2, 1, 0}};
-    if (t >= 5)
-        return false;
-    fd_part *f = fd_begin(c, rng_for(710, t, 7));
-    rng *r = &f->r;
-    int n = shapes[t][0], classes = shapes[t][1];
-    float smoothing = shapes[t][2] ? 0.1f : 0.0f;
-    size_t nc = (size_t)n * classes;
-    float *logits = case_f32(c, nc), *probs = case_f32(c, nc), *loss = case_f32(c, 1);
-    float *dl = case_f32(c, nc), *one = case_f32(c, 1), *w = case_f32(c, n);
-    int32_t *la = case_i32(c, n), *lb = case_i32(c, n);
-    fill_unif(r, logits, nc, -2, 2);
-    fill_mix(r, la, lb, w, n, classes);
-    one[0] = 1;
-    case_desc(c, "n=%d classes=%d smoothing=%g mixed", n, classes, (double)smoothing);
-    mgt_op fwd = {.kind = MGT_OP_XENT_FWD};
-    fwd.u.xent_fwd.loss = loss;
-    fwd.u.xent_fwd.probs = probs;
-    fwd.u.xent_fwd.logits = logits;
-    fwd.u.xent_fwd.labels = la;
-    fwd.u.xent_fwd.labels_b = lb;
-    fwd.u.xent_fwd.weights = w;
-    fwd.u.xent_fwd.n = n;
-    fwd.u.xent_fwd.classes = classes;
-    fwd.u.xent_fwd.smoothing = smoothing;
-    mgt_op bwd = {.kind = MGT_OP_XENT_BWD};
-    bwd.u.xent_bwd.dlogits = dl;
-    bwd.u.xent_bwd.probs = probs;
-    bwd.u.xent_bwd.labels = la;
-    bwd.u.xent_bwd.labels_b = lb;
-    bwd.u.xent_bwd.weights = w;
-    bwd.u.xent_bwd.n = n;
-    bwd.u.xent_bwd.classes = classes;
-    bwd.u.xent_bwd.smoothing = smoothing;
-    bwd.u.xent_bwd.scale = 1.0f / n;
+    bwd.u.xent_bwd =
+        (mgt_xent_bwd_args){dl, probs, la, lb, w, n, classes, smoothing, 1.0f / (float)n};
     fd_ops(f, &fwd, &bwd, true, (fd_term){loss, one, 1}, 5e-2f);
     fd_wrt_add(f, logits, nc, dl, "logits");
     return true;
@@ -2596,7 +2547,7 @@ static bool gen_xent_bwd(tcase *c, int idx, rng *r)
     if (xent_mixed_bwd(c, idx, &vr))
         return true;
     idx -= N_XENT_CASES;
-    return fd_xent(c, idx) || fd_xmix(c, idx - 5);
+    return fd_xent(c, idx);
 }
 
 /* n, classes, k, ties */
