@@ -12,10 +12,8 @@
 # written out in make_model_goldens.py. Exit status 0: all agree; 1: a mismatch (printed);
 # 77: PyTorch is missing (the C test skips). MGT_CHECK_GRADS=0 leaves the gradients out.
 import copy
-import json
 import math
 import os
-import struct
 import sys
 
 try:
@@ -27,26 +25,11 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_model_goldens as mg  # noqa: E402
+from goldens_common import load_safetensors  # noqa: E402
 
-DTYPES = {"F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
 TOL_FWD, TOL_GRAD = 2e-5, 5e-4
 # a gradient tolerance never below OWN times PyTorch's own float32 error (see main)
 OWN = 3
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    out = {}
-    for name, h in header.items():
-        b, e = h["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + b:base + e]), dtype=DTYPES[h["dtype"]])
-        out[name] = t.reshape(h["shape"])
-    return out, meta
 
 
 def build(arch, classes, cin):

@@ -15,34 +15,20 @@
 #
 # Per case: logits and loss (bf16 run and exact), and per parameter the L2 norm and 64 sampled
 # elements (make_model_goldens.sample_index) of the gradient, both runs.
-import json
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import goldens_common  # noqa: E402
 import make_model_goldens as mg  # noqa: E402
 
-ST = {"F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
 
 
 def load_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        t = torch.frombuffer(bytearray(data[a:b]), dtype=ST[v["dtype"]]) if b > a else \
-            torch.zeros(0, dtype=ST[v["dtype"]])
-        out[k] = t.reshape(v["shape"]).clone()
-    return out
+    return goldens_common.load_safetensors(path)[0]
 
 
 def forward_backward(model, x, labels, amp):

@@ -9,26 +9,19 @@
 # Run with Debian's torch: /usr/bin/python3 scripts/make_syncbn_goldens.py
 # Deterministic (fixed seed). The file format is scripts/make_op_goldens.py's ("mgt-golden 1").
 import os
-import struct
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import goldens_common  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "syncbn")
 
 
 def write(name, arrays):
-    path = os.path.join(OUT, name + ".bin")
-    with open(path, "wb") as f:
-        f.write(b"mgt-golden 1 %d\n" % len(arrays))
-        for key, val in arrays:
-            if isinstance(val, torch.Tensor):
-                val = val.detach().flatten().tolist()
-            is_int = all(isinstance(v, (int, bool)) for v in val)
-            fmt = "<%d%s" % (len(val), "i" if is_int else "f")
-            f.write(b"%s %s %d\n" % (key.encode(), b"i32" if is_int else b"f32", len(val)))
-            f.write(struct.pack(fmt, *[int(v) if is_int else float(v) for v in val]))
-    return os.path.getsize(path)
+    return goldens_common.write(OUT, name, arrays)
 
 
 def sync_bn(shards, w, b, rm, rv, dys, momentum, eps):

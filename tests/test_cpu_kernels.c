@@ -25,7 +25,7 @@ static const uint32_t GARBAGE_BITS = 0x7fc00bad; /* what OUT operands start as: 
 static const int THREADS[] = {1, 3, 1, 3};
 static const bool IM2COL[] = {false, false, true, true};
 #define NCTX 4
-static mgt_cpu_ctx ctxs[NCTX];
+static cpu_ctx ctxs[NCTX];
 
 /* ---- random numbers (xorshift64*, fixed seed: failures reproduce) ---- */
 
@@ -204,10 +204,10 @@ static void check_op(const mgt_op *proto, double rtol, const char *label)
         copy_set a, b;
         copies_make(proto, &f1, &a);
         copies_make(proto, &f2, &b);
-        mgt_status st = mgt_cpu_run(&ctxs[c], &f1);
+        mgt_status st = cpu_run(&ctxs[c], &f1);
         if (st != MGT_OK)
             fail_msg("%s: %s", what, mgt_error_last());
-        assert_int_equal(mgt_cpu_run(&ctxs[c], &f2), MGT_OK);
+        assert_int_equal(cpu_run(&ctxs[c], &f2), MGT_OK);
         check_guards(&a, what);
         compare(&ref, &a, proto, rtol, what);
         same_bits(&a, &b, what);
@@ -239,9 +239,9 @@ static void test_pool(void **state)
     const int sizes[] = {0, 1, 2, 3, 7, 64, 1000};
     const int threads[] = {1, 2, 3, 8};
     for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
-        mgt_cpu_pool *pool;
-        assert_int_equal(mgt_cpu_pool_create(threads[ti], &pool), MGT_OK);
-        assert_int_equal(mgt_cpu_pool_threads(pool), threads[ti]);
+        cpu_pool *pool;
+        assert_int_equal(cpu_pool_create(threads[ti], &pool), MGT_OK);
+        assert_int_equal(cpu_pool_threads(pool), threads[ti]);
         atomic_int hits[1000];
         pool_probe p = {hits, 0, threads[ti]};
         /* Many short jobs back to back: the hand-over between generations is where a pool
@@ -251,7 +251,7 @@ static void test_pool(void **state)
                 int n = sizes[si];
                 for (int i = 0; i < n; i++)
                     atomic_init(&hits[i], 0);
-                mgt_cpu_pool_for(pool, n, probe_fn, &p);
+                cpu_pool_for(pool, n, probe_fn, &p);
                 for (int i = 0; i < n; i++)
                     if (atomic_load(&hits[i]) != 1)
                         fail_msg("%d threads, n %d: item %d ran %d times", threads[ti], n, i,
@@ -259,11 +259,11 @@ static void test_pool(void **state)
             }
         }
         assert_int_equal(atomic_load(&p.bad_thread), 0);
-        mgt_cpu_pool_free(pool);
+        cpu_pool_free(pool);
     }
-    mgt_cpu_pool_free(NULL);
-    mgt_cpu_pool *pool = NULL;
-    assert_int_equal(mgt_cpu_pool_create(0, &pool), MGT_ERR_INVALID);
+    cpu_pool_free(NULL);
+    cpu_pool *pool = NULL;
+    assert_int_equal(cpu_pool_create(0, &pool), MGT_ERR_INVALID);
     assert_null(pool);
 }
 
@@ -310,17 +310,17 @@ static void test_aliasing(void **state)
     for (int c = 0; c < NCTX; c++) {
         memcpy(a2, a, n * 4);
         mgt_op op = {.kind = MGT_OP_ADD, .u.add = {a2, a2, b, n}};
-        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        assert_int_equal(cpu_run(&ctxs[c], &op), MGT_OK);
         for (size_t i = 0; i < n; i++)
             assert_true(a2[i] == a[i] + b[i]);
         memcpy(a2, a, n * 4);
         op = (mgt_op){.kind = MGT_OP_RELU_FWD, .u.relu_fwd = {a2, a2, n}};
-        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        assert_int_equal(cpu_run(&ctxs[c], &op), MGT_OK);
         for (size_t i = 0; i < n; i++)
             assert_true(a2[i] == (a[i] > 0 ? a[i] : 0.0f));
         memcpy(b2, b, n * 4);
         op = (mgt_op){.kind = MGT_OP_RELU_BWD, .u.relu_bwd = {b2, b2, a, n}};
-        assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+        assert_int_equal(cpu_run(&ctxs[c], &op), MGT_OK);
         for (size_t i = 0; i < n; i++)
             assert_true(b2[i] == (a[i] > 0 ? b[i] : 0.0f));
     }
@@ -500,7 +500,7 @@ static void test_conv_filter_determinism(void **state)
     mgt_op op = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {dw, dy, x, sh, 0.0f}};
     for (int c = 1; c < NCTX; c += 2) {
         for (int rep = 0; rep < 20; rep++) {
-            assert_int_equal(mgt_cpu_run(&ctxs[c], &op), MGT_OK);
+            assert_int_equal(cpu_run(&ctxs[c], &op), MGT_OK);
             if (rep == 0)
                 memcpy(first, dw, nw * 4);
             else
@@ -640,12 +640,14 @@ static void test_xent_topk(void **state)
             logits[j] *= 20.0f; /* large enough that a naive exp would lose precision */
         int32_t *labels = rand_labels(n, classes);
         for (int e = 0; e < 2; e++) {
-            mgt_op op = {.kind = MGT_OP_XENT_FWD,
-                         .u.xent_fwd = {&loss, probs, logits, labels, n, classes, eps[e]}};
+            mgt_op op = {
+                .kind = MGT_OP_XENT_FWD,
+                .u.xent_fwd = {&loss, probs, logits, labels, NULL, NULL, n, classes, eps[e]}};
             check_op(&op, 1e-5, "xent");
             assert_int_equal(mgt_ref_run(&op), MGT_OK); /* real probabilities for backward */
-            op = (mgt_op){.kind = MGT_OP_XENT_BWD,
-                          .u.xent_bwd = {d, probs, labels, n, classes, eps[e], 1.0f / n}};
+            op = (mgt_op){
+                .kind = MGT_OP_XENT_BWD,
+                .u.xent_bwd = {d, probs, labels, NULL, NULL, n, classes, eps[e], 1.0f / n}};
             check_op(&op, 1e-6, "xent");
         }
         float *ties = rand_ties(nc);
@@ -672,7 +674,7 @@ static void bad_label_case(mgt_op *op, int32_t *labels, int row, int32_t bad)
     snprintf(want_row, sizeof want_row, "row %d", row);
     for (int c = 0; c < NCTX; c++) {
         mgt_error_clear();
-        assert_int_equal(mgt_cpu_run(&ctxs[c], op), MGT_ERR_DEVICE);
+        assert_int_equal(cpu_run(&ctxs[c], op), MGT_ERR_DEVICE);
         const char *msg = mgt_error_last();
         if (!strstr(msg, mgt_op_name(op->kind)) || !strstr(msg, want_label) ||
             !strstr(msg, want_row))
@@ -690,9 +692,9 @@ static void test_bad_label(void **state)
     float loss;
     int32_t count = 0;
     mgt_op fwd = {.kind = MGT_OP_XENT_FWD,
-                  .u.xent_fwd = {&loss, probs, logits, labels, n, classes, 0.1f}};
+                  .u.xent_fwd = {&loss, probs, logits, labels, NULL, NULL, n, classes, 0.1f}};
     mgt_op bwd = {.kind = MGT_OP_XENT_BWD,
-                  .u.xent_bwd = {probs, logits, labels, n, classes, 0.0f, 1.0f}};
+                  .u.xent_bwd = {probs, logits, labels, NULL, NULL, n, classes, 0.0f, 1.0f}};
     mgt_op topk = {.kind = MGT_OP_TOPK, .u.topk = {&count, logits, labels, n, classes, 5}};
     bad_label_case(&fwd, labels, 7, classes);
     bad_label_case(&fwd, labels, 0, -1);
@@ -738,28 +740,28 @@ static void test_scratch(void **state)
     mgt_op bwf = {.kind = MGT_OP_CONV2D_BWD_FILTER, .u.conv = {w, y, x, sh, 1.0f}};
 
     budget b = {0, 1000, 0};
-    mgt_cpu_ctx ctx;
-    assert_int_equal(mgt_cpu_ctx_init(&ctx, 3), MGT_OK);
+    cpu_ctx ctx;
+    assert_int_equal(cpu_ctx_init(&ctx, 3), MGT_OK);
     ctx.reserve = budget_reserve;
     ctx.unreserve = budget_unreserve;
     ctx.owner = &b;
-    mgt_status st = mgt_cpu_run(&ctx, &fwd);
+    mgt_status st = cpu_run(&ctx, &fwd);
     assert_int_equal(st, MGT_ERR_OOM);
     assert_non_null(strstr(mgt_error_last(), "conv2d_forward"));
     assert_int_equal(b.used, 0);
 
     b.limit = (size_t)1 << 30;
-    assert_int_equal(mgt_cpu_run(&ctx, &fwd), MGT_OK);
-    assert_int_equal(mgt_cpu_run(&ctx, &bwf), MGT_OK);
+    assert_int_equal(cpu_run(&ctx, &fwd), MGT_OK);
+    assert_int_equal(cpu_run(&ctx, &bwf), MGT_OK);
     assert_true(b.used == ctx.scratch_bytes && b.used > 0);
     /* steady state: the same ops again grow nothing */
     int grows = b.grows;
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(mgt_cpu_run(&ctx, &fwd), MGT_OK);
-        assert_int_equal(mgt_cpu_run(&ctx, &bwf), MGT_OK);
+        assert_int_equal(cpu_run(&ctx, &fwd), MGT_OK);
+        assert_int_equal(cpu_run(&ctx, &bwf), MGT_OK);
     }
     assert_int_equal(b.grows, grows);
-    mgt_cpu_ctx_destroy(&ctx);
+    cpu_ctx_destroy(&ctx);
     assert_int_equal(b.used, 0);
     free(x);
     free(y);
@@ -795,11 +797,11 @@ static void test_activation_vectors(void **state)
                     float *out = pass ? wide : base;
                     mgt_op op = {.kind = fwd ? MGT_OP_ACT_FWD : MGT_OP_ACT_BWD};
                     if (fwd)
-                        op.u.act_fwd = (__typeof__(op.u.act_fwd)){out, x, n, (mgt_act)act};
+                        op.u.act_fwd = (mgt_act_fwd_args){out, x, n, (mgt_act)act};
                     else
-                        op.u.act_bwd = (__typeof__(op.u.act_bwd)){out, dy, x, n, (mgt_act)act};
+                        op.u.act_bwd = (mgt_act_bwd_args){out, dy, x, n, (mgt_act)act};
                     ctxs[1].vec_baseline = pass == 0;
-                    assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+                    assert_int_equal(cpu_run(&ctxs[1], &op), MGT_OK);
                 }
                 ctxs[1].vec_baseline = false;
                 if (memcmp(base, wide, n * 4) != 0) {
@@ -892,9 +894,9 @@ static void test_blocked_bits(void **state)
                 {.kind = MGT_OP_AVGPOOL_FWD},
             };
             ops[3].u.avgpool_fwd =
-                (__typeof__(ops[3].u.avgpool_fwd)){out[run][3], in[blk][0], n, c, hw, sh.layout};
+                (mgt_avgpool_fwd_args){out[run][3], in[blk][0], n, c, hw, sh.layout};
             for (int k = 0; k < 4; k++)
-                assert_int_equal(mgt_cpu_run(&ctxs[1], &ops[k]), MGT_OK);
+                assert_int_equal(cpu_run(&ctxs[1], &ops[k]), MGT_OK);
         }
         ctxs[1].vec_baseline = false;
         for (int run = 1; run < 3; run++) {
@@ -935,10 +937,10 @@ static void test_blocked_bits(void **state)
             dx[run] = malloc(nx * 4);
             assert_true(y[run] && dx[run]);
             mgt_op op = {.kind = MGT_OP_MAXPOOL_FWD, .u.maxpool_fwd = {y[run], in[blk][0], sh}};
-            assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+            assert_int_equal(cpu_run(&ctxs[1], &op), MGT_OK);
             op = (mgt_op){.kind = MGT_OP_MAXPOOL_BWD,
                           .u.maxpool_bwd = {dx[run], in[blk][1], in[blk][0], y[run], sh}};
-            assert_int_equal(mgt_cpu_run(&ctxs[1], &op), MGT_OK);
+            assert_int_equal(cpu_run(&ctxs[1], &op), MGT_OK);
         }
         ctxs[1].vec_baseline = false;
         for (int run = 1; run < 3; run++)
@@ -996,7 +998,7 @@ static void test_folded_relu_bits(void **state)
                 for (int k = 0; k < 6; k++) {
                     bool relu = ops[k].kind == MGT_OP_RELU_FWD || ops[k].kind == MGT_OP_RELU_BWD;
                     if (!fold || !relu)
-                        assert_int_equal(mgt_cpu_run(&ctxs[1], &ops[k]), MGT_OK);
+                        assert_int_equal(cpu_run(&ctxs[1], &ops[k]), MGT_OK);
                 }
             }
             static const char *const what[] = {"forward_train", "backward", "forward_eval"};
@@ -1023,7 +1025,7 @@ static int ctx_setup(void **state)
 {
     (void)state;
     for (int c = 0; c < NCTX; c++) {
-        if (mgt_cpu_ctx_init(&ctxs[c], THREADS[c]) != MGT_OK)
+        if (cpu_ctx_init(&ctxs[c], THREADS[c]) != MGT_OK)
             return -1;
         ctxs[c].conv_im2col = IM2COL[c];
     }
@@ -1034,7 +1036,7 @@ static int ctx_teardown(void **state)
 {
     (void)state;
     for (int c = 0; c < NCTX; c++)
-        mgt_cpu_ctx_destroy(&ctxs[c]);
+        cpu_ctx_destroy(&ctxs[c]);
     return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "mgt/device.h"
 #include "mgt/rng.h"
 #include "support/fixture.h"
+#include "support/golden.h"
 
 #define GOLDEN_DIR MGT_TEST_DATA_DIR "/pipeline"
 /* the committed sample tree (data/README.md) */
@@ -34,78 +35,24 @@
 
 static char g_root[256];
 
+/* a path built inline (support/fixture.h) */
+#define P(...) mgt_test_path(__VA_ARGS__)
+
 /* ---- helpers ---- */
-
-static const char *P(const char *fmt, ...)
-{
-    static char bufs[8][4096];
-    static int k;
-    char *b = bufs[k++ & 7];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, 4096, fmt, ap);
-    va_end(ap);
-    return b;
-}
-
-static void mkdirs(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-    mkdir(tmp, 0755);
-}
-
-static void parent_dirs(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    char *slash = strrchr(tmp, '/');
-    if (slash) {
-        *slash = 0;
-        mkdirs(tmp);
-    }
-}
-
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    parent_dirs(path);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(p, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
-/* Reads a whole file (fixtures, files to cut short). */
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("%s: %s", path, strerror(errno));
-    uint8_t *b = malloc(1 << 20);
-    *n = fread(b, 1, 1 << 20, f);
-    fclose(f);
-    return b;
-}
 
 /* Copies a JPEG fixture made by libjpeg (scripts/make_data_goldens.py): stb_image_write's
    own JPEG encoder shifts signed ints past their range, which UBSan stops on. */
 static void copy_fixture(const char *name, const char *dst)
 {
     size_t n;
-    uint8_t *b = slurp(P("%s/%s", GOLDEN_DIR, name), &n);
-    write_bytes(dst, b, n);
+    uint8_t *b = mgt_test_read_file(P("%s/%s", GOLDEN_DIR, name), &n);
+    mgt_test_write_file(dst, b, n);
     free(b);
 }
 
 static void png8(const char *path, int w, int h, int c, const uint8_t *px)
 {
-    parent_dirs(path);
+    mgt_test_parent_dirs(path);
     assert_true(stbi_write_png(path, w, h, c, px, w * c));
 }
 
@@ -138,7 +85,7 @@ static void png_chunk(FILE *f, const char *type, const uint8_t *data, uint32_t l
 static void png_raw(const char *path, int w, int h, int depth, int ctype, const uint8_t *rows,
                     size_t rowbytes, const uint8_t *plte, int nplte, bool idat)
 {
-    parent_dirs(path);
+    mgt_test_parent_dirs(path);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -214,7 +161,7 @@ static void gif2(const char *path, int w, int h, const uint8_t pal[6], const uin
     n += dn;
     b[n++] = 0;
     b[n++] = 0x3b;
-    write_bytes(path, b, n);
+    mgt_test_write_file(path, b, n);
 }
 
 static void pnm(const char *path, int w, int h, int c, const uint8_t *px)
@@ -225,7 +172,7 @@ static void pnm(const char *path, int w, int h, int c, const uint8_t *px)
     uint8_t *b = malloc(len);
     memcpy(b, hdr, (size_t)n);
     memcpy(b + n, px, (size_t)w * h * c);
-    write_bytes(path, b, len);
+    mgt_test_write_file(path, b, len);
     free(b);
 }
 
@@ -250,21 +197,7 @@ static void noise_rgb(uint8_t *px, int w, int h, uint64_t seed)
                     (uint8_t)((x * 7 + y * 3 + c * 50 + (int)(mgt_rng_u32(&r) % 32)) & 0xff);
 }
 
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
-/* A path kept in a local array: P()'s buffers are reused after eight calls. */
-#define HOLD(name, ...)                                                  \
-    char name[4096];                                                     \
-    if ((size_t)snprintf(name, sizeof name, __VA_ARGS__) >= sizeof name) \
-    fail_msg("path too long")
 
 /* ---- fixtures: the trees, written once ---- */
 
@@ -280,8 +213,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (!getenv("MGT_KEEP_TEST_DIR"))
-        nftw(g_root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    mgt_test_remove_tree(g_root); /* kept under MGT_KEEP_TEST_DIR */
     return 0;
 }
 
@@ -370,27 +302,27 @@ static void test_rng_draws(void **state)
 
 static void make_scan_tree(const char *root_arg)
 {
-    HOLD(root, "%s", root_arg);
-    HOLD(t, "%s/train", root);
+    MGT_TEST_HOLD(root, "%s", root_arg);
+    MGT_TEST_HOLD(t, "%s/train", root);
     tagged_png(P("%s/cat/x.png", t), 4, 4, 1);
     tagged_png(P("%s/cat/Y.PNG", t), 4, 4, 2);
     uint8_t rgb[4 * 4 * 3];
     noise_rgb(rgb, 4, 4, 1);
     copy_fixture("photo420.jpg", P("%s/cat/a/1.jpg", t));
-    parent_dirs(P("%s/cat/a-b/2.bmp", t));
+    mgt_test_parent_dirs(P("%s/cat/a-b/2.bmp", t));
     assert_true(stbi_write_bmp(P("%s/cat/a-b/2.bmp", t), 4, 4, 3, rgb));
     tagged_png(P("%s/cat/a/z/3.png", t), 4, 4, 3);
-    write_bytes(P("%s/cat/notes.txt", t), "hello", 5);
+    mgt_test_write_file(P("%s/cat/notes.txt", t), "hello", 5);
     tagged_png(P("%s/cat/.hidden.png", t), 4, 4, 9);
     tagged_png(P("%s/cat/.ipynb_checkpoints/4.png", t), 4, 4, 9);
     assert_int_equal(symlink(".", P("%s/cat/loop", t)), 0); /* a cycle */
     tagged_png(P("%s/dog/b.JpEg.png", t), 4, 4, 5);
-    parent_dirs(P("%s/dog/c.TGA", t));
+    mgt_test_parent_dirs(P("%s/dog/c.TGA", t));
     assert_true(stbi_write_tga(P("%s/dog/c.TGA", t), 4, 4, 3, rgb));
     tagged_png(P("%s/Zebra/z.png", t), 4, 4, 6);
     tagged_png(P("%s/.hidden_class/h.png", t), 4, 4, 9);
     tagged_png(P("%s/stray.png", t), 4, 4, 9); /* files beside the classes do not count */
-    mkdirs(P("%s/val", root));
+    mgt_test_mkdirs(P("%s/val", root));
     tagged_png(P("%s/val/cat/v.png", root), 4, 4, 7);
     tagged_png(P("%s/val/dog/v.png", root), 4, 4, 7);
     tagged_png(P("%s/val/Zebra/v.png", root), 4, 4, 7);
@@ -399,7 +331,7 @@ static void make_scan_tree(const char *root_arg)
 static void test_scan_order_and_labels(void **state)
 {
     (void)state;
-    HOLD(root, "%s/scan", g_root);
+    MGT_TEST_HOLD(root, "%s/scan", g_root);
     make_scan_tree(root);
     mgt_dataset *tr = NULL, *va = NULL;
     char *progress_buf = NULL;
@@ -461,7 +393,7 @@ static void test_scan_order_and_labels(void **state)
 static void test_scan_symlink_loops(void **state)
 {
     (void)state;
-    HOLD(v, "%s/loops/val", g_root);
+    MGT_TEST_HOLD(v, "%s/loops/val", g_root);
     for (int c = 0; c < 3; c++) {
         for (int i = 0; i < 5; i++)
             tagged_png(P("%s/c%d/%d.png", v, c, i), 4, 4, (uint8_t)(10 * c + i));
@@ -581,19 +513,19 @@ static void expect_open_error(const char *dir, mgt_status want, const char *need
 static void test_dataset_errors(void **state)
 {
     (void)state;
-    HOLD(r, "%s/bad", g_root);
+    MGT_TEST_HOLD(r, "%s/bad", g_root);
     expect_open_error(P("%s/missing", r), MGT_ERR_IO, P("%s/missing", r), "no such folder");
-    mkdirs(P("%s/nosplits", r));
+    mgt_test_mkdirs(P("%s/nosplits", r));
     expect_open_error(P("%s/nosplits", r), MGT_ERR_IO, P("%s/nosplits/train", r), "no such folder");
     tagged_png(P("%s/noval/train/a/1.png", r), 2, 2, 1);
     expect_open_error(P("%s/noval", r), MGT_ERR_IO, P("%s/noval/val", r), "no such folder");
-    mkdirs(P("%s/noclass/train", r));
-    mkdirs(P("%s/noclass/val", r));
+    mgt_test_mkdirs(P("%s/noclass/train", r));
+    mgt_test_mkdirs(P("%s/noclass/val", r));
     tagged_png(P("%s/noclass/train/loose.png", r), 2, 2, 1);
     expect_open_error(P("%s/noclass", r), MGT_ERR_INVALID, P("%s/noclass/train", r),
                       "no class folders");
     tagged_png(P("%s/empty/train/a/1.png", r), 2, 2, 1);
-    write_bytes(P("%s/empty/train/b/readme.txt", r), "x", 1);
+    mgt_test_write_file(P("%s/empty/train/b/readme.txt", r), "x", 1);
     tagged_png(P("%s/empty/val/a/1.png", r), 2, 2, 1);
     expect_open_error(P("%s/empty", r), MGT_ERR_INVALID, P("%s/empty/train/b", r),
                       "no image files");
@@ -602,7 +534,7 @@ static void test_dataset_errors(void **state)
     tagged_png(P("%s/mismatch/val/a/1.png", r), 2, 2, 1);
     tagged_png(P("%s/mismatch/val/c/1.png", r), 2, 2, 1);
     expect_open_error(P("%s/mismatch", r), MGT_ERR_INVALID, "different classes", "'b' is only in");
-    write_bytes(P("%s/afile", r), "x", 1);
+    mgt_test_write_file(P("%s/afile", r), "x", 1);
     expect_open_error(P("%s/afile", r), MGT_ERR_INVALID, P("%s/afile", r), "not a folder");
 
     /* fewer samples than devices: the loader names the split */
@@ -640,8 +572,8 @@ static void load_ok(const char *path, int channels, mgt_image *img)
 static void test_decode_layouts(void **state)
 {
     (void)state;
-    HOLD(d, "%s/layouts", g_root);
-    mkdirs(d);
+    MGT_TEST_HOLD(d, "%s/layouts", g_root);
+    mgt_test_mkdirs(d);
     mgt_image img;
     const uint8_t gray[6] = {0, 50, 100, 150, 200, 255};
     png8(P("%s/gray.png", d), 3, 2, 1, gray);
@@ -760,37 +692,37 @@ static void expect_decode_error(const char *path, const char *needle)
 
 static void make_bad_files(const char *d_arg)
 {
-    HOLD(d, "%s", d_arg);
+    MGT_TEST_HOLD(d, "%s", d_arg);
     uint8_t junk[300];
     mgt_rng r;
     mgt_rng_init(&r, 3, 0, 0, MGT_RNG_OTHER);
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (uint8_t)mgt_rng_u32(&r);
-    write_bytes(P("%s/junk.png", d), junk, sizeof junk);
-    write_bytes(P("%s/empty.jpg", d), "", 0);
+    mgt_test_write_file(P("%s/junk.png", d), junk, sizeof junk);
+    mgt_test_write_file(P("%s/empty.jpg", d), "", 0);
     uint8_t px[64 * 48 * 3];
     noise_rgb(px, 64, 48, 4);
     copy_fixture("photo444.jpg", P("%s/whole.jpg", d));
     size_t n;
-    uint8_t *buf = slurp(P("%s/whole.jpg", d), &n);
-    write_bytes(P("%s/truncated.jpg", d), buf, n / 2);
+    uint8_t *buf = mgt_test_read_file(P("%s/whole.jpg", d), &n);
+    mgt_test_write_file(P("%s/truncated.jpg", d), buf, n / 2);
     free(buf);
-    buf = slurp(P("%s/%s", GOLDEN_DIR, "progressive.jpg"), &n);
-    write_bytes(P("%s/truncated_progressive.jpg", d), buf, n * 3 / 4);
+    buf = mgt_test_read_file(P("%s/%s", GOLDEN_DIR, "progressive.jpg"), &n);
+    mgt_test_write_file(P("%s/truncated_progressive.jpg", d), buf, n * 3 / 4);
     free(buf);
     /* a PNG header that announces 20000 x 20000 pixels (and has no data) */
     png_raw(P("%s/huge.png", d), 20000, 20000, 8, 0, NULL, 0, NULL, 0, false);
     /* a PNG whose compressed data is cut */
     png8(P("%s/cut_src.png", d), 64, 48, 3, px);
-    buf = slurp(P("%s/cut_src.png", d), &n);
-    write_bytes(P("%s/cut.png", d), buf, n * 2 / 3);
+    buf = mgt_test_read_file(P("%s/cut_src.png", d), &n);
+    mgt_test_write_file(P("%s/cut.png", d), buf, n * 2 / 3);
     free(buf);
 }
 
 static void test_decode_errors(void **state)
 {
     (void)state;
-    HOLD(d, "%s/badfiles", g_root);
+    MGT_TEST_HOLD(d, "%s/badfiles", g_root);
     make_bad_files(d);
     expect_decode_error(P("%s/junk.png", d), "unknown image type");
     expect_decode_error(P("%s/empty.jpg", d), "empty file");
@@ -846,7 +778,7 @@ static void test_gray_matches_pil(void **state)
     assert_int_equal(fscanf(f, "%d", &n), 1);
     uint8_t *rgb = read_hex(f, (size_t)n * 3), *want = read_hex(f, (size_t)n);
     fclose(f);
-    HOLD(path, "%s/layouts/golden_rgb.png", g_root);
+    MGT_TEST_HOLD(path, "%s/layouts/golden_rgb.png", g_root);
     png8(path, n, 1, 3, rgb);
     mgt_image img;
     load_ok(path, 1, &img);
@@ -921,7 +853,7 @@ static void write_jpeg(const char *path, const uint8_t *px, int w, int h, int c,
     assert_int_equal(tjCompress2(tj, px, w, 0, h, c == 1 ? TJPF_GRAY : TJPF_RGB, &buf, &len,
                                  c == 1 ? TJSAMP_GRAY : samp, 90, 0),
                      0);
-    write_bytes(path, buf, len);
+    mgt_test_write_file(path, buf, len);
     tjFree(buf);
     tjDestroy(tj);
 }
@@ -933,8 +865,8 @@ static void write_jpeg(const char *path, const uint8_t *px, int w, int h, int c,
 static void test_region_decode(void **state)
 {
     (void)state;
-    HOLD(d, "%s/regions", g_root);
-    mkdirs(d);
+    MGT_TEST_HOLD(d, "%s/regions", g_root);
+    mgt_test_mkdirs(d);
     uint8_t *px = malloc(320 * 240 * 3);
     photo_rgb(px, 320, 240, 5);
     write_jpeg(P("%s/p420.jpg", d), px, 320, 240, 3, TJSAMP_420);
@@ -943,8 +875,8 @@ static void test_region_decode(void **state)
                            GOLDEN_DIR "/photo444.jpg",    GOLDEN_DIR "/photo420.jpg",
                            GOLDEN_DIR "/progressive.jpg", GOLDEN_DIR "/gray.jpg",
                            GOLDEN_DIR "/cmyk.jpg"};
-    HOLD(f0, "%s", files[0]);
-    HOLD(f1, "%s", files[1]);
+    MGT_TEST_HOLD(f0, "%s", files[0]);
+    MGT_TEST_HOLD(f1, "%s", files[1]);
     files[0] = f0;
     files[1] = f1;
     mgt_decoder *whole, *part;
@@ -955,7 +887,7 @@ static void test_region_decode(void **state)
     int checked = 0;
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         size_t len;
-        uint8_t *b = slurp(files[f], &len);
+        uint8_t *b = mgt_test_read_file(files[f], &len);
         for (int ch = 1; ch <= 3; ch += 2) {
             for (int scale = 1; scale <= 8; scale *= 2) {
                 mgt_image_view wv, pv;
@@ -1043,7 +975,7 @@ static void epoch_images(const mgt_dataset *ds, const mgt_transform *t, float *b
 static void test_fast_decode_tolerance(void **state)
 {
     (void)state;
-    HOLD(root, "%s/jpegs320", g_root);
+    MGT_TEST_HOLD(root, "%s/jpegs320", g_root);
     uint8_t *px = malloc(320 * 240 * 3);
     for (int i = 0; i < 8; i++) {
         photo_rgb(px, 320, 240, 100 + (uint64_t)i);
@@ -1102,7 +1034,7 @@ static void test_decoder_after_error(void **state)
 {
     (void)state;
     size_t n;
-    uint8_t *good = slurp(GOLDEN_DIR "/photo420.jpg", &n);
+    uint8_t *good = mgt_test_read_file(GOLDEN_DIR "/photo420.jpg", &n);
     mgt_decoder *d;
     CHECK(mgt_decoder_create(&d));
     for (int k = 0; k < 3; k++) {
@@ -1267,36 +1199,6 @@ static void test_resize_and_center_crop_sizes(void **state)
     assert_int_equal(c.top, 0);
 }
 
-/* recorded draws for mgt_transform_rrc_params */
-typedef struct replay {
-    int n, pos;
-    char kind[64];
-    double lo[64], hi[64], v[64];
-    bool bad;
-} replay;
-
-static double replay_uniform(void *ctx, double lo, double hi)
-{
-    replay *r = ctx;
-    if (r->pos >= r->n || r->kind[r->pos] != 'u' || fabs(lo - r->lo[r->pos]) > 1e-6 ||
-        fabs(hi - r->hi[r->pos]) > 1e-6) {
-        r->bad = true;
-        return lo;
-    }
-    return r->v[r->pos++];
-}
-
-static int64_t replay_randint(void *ctx, int64_t lo, int64_t hi)
-{
-    replay *r = ctx;
-    if (r->pos >= r->n || r->kind[r->pos] != 'i' || lo != (int64_t)r->lo[r->pos] ||
-        hi != (int64_t)r->hi[r->pos]) {
-        r->bad = true;
-        return lo;
-    }
-    return (int64_t)r->v[r->pos++];
-}
-
 static void test_rrc_params_golden(void **state)
 {
     (void)state;
@@ -1304,7 +1206,7 @@ static void test_rrc_params_golden(void **state)
     int w, h, nd, cases = 0, fallbacks = 0;
     double smin, smax, rmin, rmax;
     while (fscanf(f, "%d %d %lf %lf %lf %lf %d", &w, &h, &smin, &smax, &rmin, &rmax, &nd) == 7) {
-        replay r = {.n = nd};
+        mgt_test_replay r = {.n = nd};
         assert_true(nd <= 64);
         for (int i = 0; i < nd; i++) {
             char k[4];
@@ -1313,7 +1215,7 @@ static void test_rrc_params_golden(void **state)
         }
         int top, left, ch, cw, tries;
         assert_int_equal(fscanf(f, "%d %d %d %d %d", &top, &left, &ch, &cw, &tries), 5);
-        mgt_draws d = {replay_uniform, replay_randint, &r};
+        mgt_draws d = {mgt_test_replay_uniform, mgt_test_replay_randint, &r};
         mgt_crop c;
         int got = mgt_transform_rrc_params(&d, w, h, smin, smax, rmin, rmax, &c);
         if (r.bad || r.pos != r.n || got != tries || c.top != top || c.left != left || c.h != ch ||
@@ -1591,7 +1493,7 @@ static void test_sampler_properties(void **state)
    holds; with the transform below the output is that value exactly. */
 static mgt_dataset *tagged_dataset(const char *name, int n)
 {
-    HOLD(root, "%s/%s", g_root, name);
+    MGT_TEST_HOLD(root, "%s/%s", g_root, name);
     for (int i = 0; i < n; i++)
         tagged_png(P("%s/c%d/%03d.png", root, i % 3, i), 6, 6, (uint8_t)(1 + i));
     mgt_dataset *ds = NULL;
@@ -1781,7 +1683,7 @@ static void test_loader_mix_device_count(void **state)
 static void test_loader_determinism(void **state)
 {
     (void)state;
-    HOLD(root, "%s/photos", g_root);
+    MGT_TEST_HOLD(root, "%s/photos", g_root);
     uint8_t px[40 * 30 * 3];
     for (int i = 0; i < 23; i++) {
         noise_rgb(px, 40, 30, (uint64_t)i);
@@ -1863,9 +1765,9 @@ static void test_loader_epochs_and_resume(void **state)
 static void test_loader_bad_files(void **state)
 {
     (void)state;
-    HOLD(root, "%s/withbad", g_root);
+    MGT_TEST_HOLD(root, "%s/withbad", g_root);
     tagged_png(P("%s/a/0.png", root), 6, 6, 10);
-    write_bytes(P("%s/a/1.png", root), "not a png at all", 16);
+    mgt_test_write_file(P("%s/a/1.png", root), "not a png at all", 16);
     tagged_png(P("%s/a/2.png", root), 6, 6, 30);
     tagged_png(P("%s/b/3.png", root), 6, 6, 40);
     mgt_dataset *ds = NULL;
@@ -1949,7 +1851,7 @@ static void test_loader_abort(void **state)
     /* noise PNGs of 600 x 450 decode slowly enough that a batch of 16 takes a while (and
        are small enough that writing them stays quick under the thread sanitizer); at 400 x
        300 the batch was once ready within the 5 ms before the flag on a fast CPU */
-    HOLD(root, "%s/slow", g_root);
+    MGT_TEST_HOLD(root, "%s/slow", g_root);
     uint8_t *px = malloc(600 * 450 * 3);
     for (int i = 0; i < 16; i++) {
         noise_rgb(px, 600, 450, (uint64_t)i + 100);
@@ -2157,9 +2059,9 @@ static void test_loader_mock_devices(void **state)
 static void test_check_and_stats(void **state)
 {
     (void)state;
-    HOLD(root, "%s/checkme", g_root);
+    MGT_TEST_HOLD(root, "%s/checkme", g_root);
     tagged_png(P("%s/train/a/0.png", root), 4, 4, 51);
-    write_bytes(P("%s/train/a/1.png", root), "garbage", 7);
+    mgt_test_write_file(P("%s/train/a/1.png", root), "garbage", 7);
     tagged_png(P("%s/train/b/2.png", root), 4, 4, 102);
     make_bad_files(P("%s/train/b", root)); /* junk, empty, truncated, huge, cut + 2 good */
     tagged_png(P("%s/val/a/0.png", root), 4, 4, 51);
@@ -2187,10 +2089,10 @@ static void test_check_and_stats(void **state)
 
     /* statistics: two flat gray images 51 and 102 -> mean 76.5/255, std 25.5/255 */
     mgt_dataset *va = NULL;
-    HOLD(sroot, "%s/statsset", g_root);
+    MGT_TEST_HOLD(sroot, "%s/statsset", g_root);
     tagged_png(P("%s/a/0.png", sroot), 4, 4, 51);
     tagged_png(P("%s/b/0.png", sroot), 4, 4, 102);
-    write_bytes(P("%s/b/1.png", sroot), "garbage", 7); /* passed over */
+    mgt_test_write_file(P("%s/b/1.png", sroot), "garbage", 7); /* passed over */
     assert_int_equal(mgt_dataset_scan(sroot, NULL, &va), MGT_OK);
     float mean[3], std[3];
     assert_int_equal(mgt_data_stats(va, 1, 0, 2, NULL, mean, std), MGT_OK);
@@ -2207,7 +2109,7 @@ static void test_check_and_stats(void **state)
 static void write_idx_gz(const char *path, const uint8_t *hdr, size_t hn, const uint8_t *data,
                          size_t n)
 {
-    parent_dirs(path);
+    mgt_test_parent_dirs(path);
     gzFile f = gzopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(gzwrite(f, hdr, (unsigned)hn), (int)hn);
@@ -2219,7 +2121,7 @@ static void write_idx_gz(const char *path, const uint8_t *hdr, size_t hn, const 
 static void test_idx_and_import(void **state)
 {
     (void)state;
-    HOLD(src, "%s/idxsrc", g_root);
+    MGT_TEST_HOLD(src, "%s/idxsrc", g_root);
     /* 12 training and 5 test images of 4 x 3, labels 0..9 cycling */
     uint8_t imgs[12 * 12], labs[12];
     for (int i = 0; i < 12 * 12; i++)
@@ -2237,7 +2139,7 @@ static void test_idx_and_import(void **state)
     uint8_t plain[8 + 5];
     memcpy(plain, tl, 8);
     memcpy(plain + 8, labs, 5);
-    write_bytes(P("%s/t10k-labels-idx1-ubyte", src), plain, sizeof plain);
+    mgt_test_write_file(P("%s/t10k-labels-idx1-ubyte", src), plain, sizeof plain);
 
     mgt_idx idx;
     assert_int_equal(mgt_idx_read(P("%s/train-images-idx3-ubyte.gz", src), &idx), MGT_OK);
@@ -2252,16 +2154,16 @@ static void test_idx_and_import(void **state)
     assert_int_equal(mgt_idx_read(P("%s/bad/short.gz", src), &idx), MGT_ERR_INVALID);
     assert_true(contains(mgt_error_last(), "ends inside"));
     const uint8_t badmagic[8] = {1, 2, 8, 1, 0, 0, 0, 1};
-    write_bytes(P("%s/bad/magic", src), badmagic, 8);
+    mgt_test_write_file(P("%s/bad/magic", src), badmagic, 8);
     assert_int_equal(mgt_idx_read(P("%s/bad/magic", src), &idx), MGT_ERR_INVALID);
     assert_true(contains(mgt_error_last(), "not an IDX"));
     const uint8_t floats[8] = {0, 0, 0x0d, 1, 0, 0, 0, 1};
-    write_bytes(P("%s/bad/float", src), floats, 8);
+    mgt_test_write_file(P("%s/bad/float", src), floats, 8);
     assert_int_equal(mgt_idx_read(P("%s/bad/float", src), &idx), MGT_ERR_INVALID);
     assert_int_equal(mgt_idx_read(P("%s/bad/none.gz", src), &idx), MGT_ERR_IO);
     assert_true(contains(mgt_error_last(), "none.gz"));
 
-    HOLD(out, "%s/fm", g_root);
+    MGT_TEST_HOLD(out, "%s/fm", g_root);
     bool already = true;
     assert_int_equal(mgt_data_import_fashion_mnist(src, out, 0, NULL, &already), MGT_OK);
     assert_false(already);

@@ -18,6 +18,7 @@
 #include "mgt/device.h"
 #include "mgt/rng.h"
 #include "support/fixture.h"
+#include "support/golden.h"
 
 #define GOLDEN_DIR MGT_TEST_DATA_DIR "/pipeline"
 
@@ -201,36 +202,6 @@ static void test_augment_space_golden(void **state)
     assert_true(ulps <= values / 20);
 }
 
-/* recorded draws, as test_data.c's RandomResizedCrop replay */
-typedef struct replay {
-    int n, pos;
-    char kind[64];
-    double lo[64], hi[64], v[64];
-    bool bad;
-} replay;
-
-static double replay_uniform(void *ctx, double lo, double hi)
-{
-    replay *r = ctx;
-    if (r->pos >= r->n || r->kind[r->pos] != 'u' || fabs(lo - r->lo[r->pos]) > 1e-6 ||
-        fabs(hi - r->hi[r->pos]) > 1e-6) {
-        r->bad = true;
-        return lo;
-    }
-    return r->v[r->pos++];
-}
-
-static int64_t replay_randint(void *ctx, int64_t lo, int64_t hi)
-{
-    replay *r = ctx;
-    if (r->pos >= r->n || r->kind[r->pos] != 'i' || lo != (int64_t)r->lo[r->pos] ||
-        hi != (int64_t)r->hi[r->pos]) {
-        r->bad = true;
-        return lo;
-    }
-    return (int64_t)r->v[r->pos++];
-}
-
 static void test_erase_params_golden(void **state)
 {
     (void)state;
@@ -241,7 +212,7 @@ static void test_erase_params_golden(void **state)
     while (fgets(line, sizeof line, f)) {
         if (line[0] == '#')
             continue;
-        replay r = {0};
+        mgt_test_replay r = {0};
         int w, h, at, used;
         assert_int_equal(sscanf(line, "%d %d %d%n", &w, &h, &r.n, &at), 3);
         const char *p = line + at;
@@ -254,7 +225,8 @@ static void test_erase_params_golden(void **state)
         }
         int top, left, eh, ew, tries;
         assert_int_equal(sscanf(p, "%d %d %d %d %d", &top, &left, &eh, &ew, &tries), 5);
-        mgt_draws d = {.uniform = replay_uniform, .randint = replay_randint, .ctx = &r};
+        mgt_draws d = {
+            .uniform = mgt_test_replay_uniform, .randint = mgt_test_replay_randint, .ctx = &r};
         mgt_crop c;
         int got = mgt_erase_params(&d, w, h, 0.02, 0.33, 0.3, 3.3, &c);
         assert_false(r.bad);
@@ -458,9 +430,8 @@ static void test_mix_golden(void **state)
         CHECK(mgt_copy_h2d(st, dw, w, sizeof(float) * n));
         CHECK(mgt_copy_h2d(st, da, a, sizeof(int32_t) * n));
         CHECK(mgt_copy_h2d(st, db, b, sizeof(int32_t) * n));
-        CHECK(mgt_softmax_xent_mix_forward(st, dl, dp, dz, da, db, dw, n, classes, (float)eps));
-        CHECK(mgt_softmax_xent_mix_backward(st, dd, dp, da, db, dw, n, classes, (float)eps,
-                                            1.0f / n));
+        CHECK(mgt_softmax_xent_forward(st, dl, dp, dz, da, db, dw, n, classes, (float)eps));
+        CHECK(mgt_softmax_xent_backward(st, dd, dp, da, db, dw, n, classes, (float)eps, 1.0f / n));
         float loss, *got = malloc(sizeof(float) * nc);
         CHECK(mgt_copy_d2h(st, &loss, dl, sizeof loss));
         CHECK(mgt_copy_d2h(st, got, dd, sizeof(float) * nc));

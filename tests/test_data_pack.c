@@ -29,71 +29,10 @@
 
 static char g_root[256];
 
-static const char *P(const char *fmt, ...)
-{
-    static char bufs[8][4096];
-    static int k;
-    char *b = bufs[k++ & 7];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, 4096, fmt, ap);
-    va_end(ap);
-    return b;
-}
-
-#define HOLD(name, ...)                                                  \
-    char name[4096];                                                     \
-    if ((size_t)snprintf(name, sizeof name, __VA_ARGS__) >= sizeof name) \
-    fail_msg("path too long")
+/* a path built inline (support/fixture.h) */
+#define P(...) mgt_test_path(__VA_ARGS__)
 
 static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
-static void mkdirs(const char *path)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-    mkdir(tmp, 0755);
-}
-
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    *strrchr(dir, '/') = 0;
-    mkdirs(dir);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(p, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
 
 static int setup(void **state)
 {
@@ -105,8 +44,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (!getenv("MGT_KEEP_TEST_DIR"))
-        nftw(g_root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    mgt_test_remove_tree(g_root); /* kept under MGT_KEEP_TEST_DIR */
     return 0;
 }
 
@@ -130,7 +68,7 @@ static void write_jpeg(const char *path, const uint8_t *px, int w, int h)
     unsigned char *buf = NULL;
     unsigned long len = 0;
     assert_int_equal(tjCompress2(tj, px, w, 0, h, TJPF_RGB, &buf, &len, TJSAMP_420, 90, 0), 0);
-    write_bytes(path, buf, len);
+    mgt_test_write_file(path, buf, len);
     tjFree(buf);
     tjDestroy(tj);
 }
@@ -212,8 +150,8 @@ static void epoch(const mgt_dataset *ds, const mgt_transform *t, float *by_index
 static void test_pack_sample(void **state)
 {
     (void)state;
-    HOLD(raw, "%s/sample-raw.pack", g_root);
-    HOLD(jpg, "%s/sample-jpeg.pack", g_root);
+    MGT_TEST_HOLD(raw, "%s/sample-raw.pack", g_root);
+    MGT_TEST_HOLD(jpg, "%s/sample-jpeg.pack", g_root);
     mgt_pack_options o = quiet_options(MGT_PACK_RAW, 256);
     mgt_pack_stats st;
     pack_tree(SAMPLE_DIR, raw, &o, &st);
@@ -283,11 +221,11 @@ static void test_pack_sample(void **state)
 static void test_pack_deterministic_and_max_side(void **state)
 {
     (void)state;
-    HOLD(tree, "%s/jpegs", g_root);
+    MGT_TEST_HOLD(tree, "%s/jpegs", g_root);
     jpeg_tree(tree, 6, 300, 200);
-    HOLD(p1, "%s/a.pack", g_root);
-    HOLD(p2, "%s/b.pack", g_root);
-    HOLD(p3, "%s/small.pack", g_root);
+    MGT_TEST_HOLD(p1, "%s/a.pack", g_root);
+    MGT_TEST_HOLD(p2, "%s/b.pack", g_root);
+    MGT_TEST_HOLD(p3, "%s/small.pack", g_root);
     mgt_pack_options o = quiet_options(MGT_PACK_JPEG, 0);
     mgt_pack_stats st;
     pack_tree(tree, p1, &o, &st);
@@ -295,7 +233,7 @@ static void test_pack_deterministic_and_max_side(void **state)
     o.workers = 1;
     pack_tree(tree, p2, &o, &st);
     size_t n1, n2;
-    uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    uint8_t *b1 = mgt_test_read_file(p1, &n1), *b2 = mgt_test_read_file(p2, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(b1, b2, n1);
     free(b1);
@@ -304,10 +242,10 @@ static void test_pack_deterministic_and_max_side(void **state)
     o.workers = 2;
     pack_tree(tree, p3, &o, &st);
     assert_int_equal(st.reencoded, 12);
-    HOLD(p4, "%s/small2.pack", g_root);
+    MGT_TEST_HOLD(p4, "%s/small2.pack", g_root);
     pack_tree(tree, p4, &o, &st);
-    b1 = slurp(p3, &n1);
-    b2 = slurp(p4, &n2);
+    b1 = mgt_test_read_file(p3, &n1);
+    b2 = mgt_test_read_file(p4, &n2);
     assert_true(n1 == n2 && memcmp(b1, b2, n1) == 0);
     free(b1);
     free(b2);
@@ -359,15 +297,15 @@ static const uint8_t *entry(const uint8_t *b, int split, size_t i)
 static void test_pack_bad_and_corrupt(void **state)
 {
     (void)state;
-    HOLD(tree, "%s/withbad", g_root);
+    MGT_TEST_HOLD(tree, "%s/withbad", g_root);
     jpeg_tree(tree, 8, 64, 48);
     /* a truncated JPEG and a file that is no image, in train */
     size_t n;
-    uint8_t *b = slurp(P("%s/train/k0/000.jpg", tree), &n);
-    write_bytes(P("%s/train/k0/002.jpg", tree), b, n / 2);
+    uint8_t *b = mgt_test_read_file(P("%s/train/k0/000.jpg", tree), &n);
+    mgt_test_write_file(P("%s/train/k0/002.jpg", tree), b, n / 2);
     free(b);
-    write_bytes(P("%s/train/k1/003.jpg", tree), "not a picture", 13);
-    HOLD(pk, "%s/withbad.pack", g_root);
+    mgt_test_write_file(P("%s/train/k1/003.jpg", tree), "not a picture", 13);
+    MGT_TEST_HOLD(pk, "%s/withbad.pack", g_root);
     mgt_pack_options o = quiet_options(MGT_PACK_JPEG, 0);
     mgt_pack_stats st;
     pack_tree(tree, pk, &o, &st);
@@ -392,11 +330,11 @@ static void test_pack_bad_and_corrupt(void **state)
     mgt_dataset_free(ds);
 
     /* one byte of a good record changed */
-    b = slurp(pk, &n);
+    b = mgt_test_read_file(pk, &n);
     const uint8_t *e = entry(b, 0, 2); /* k0/004.jpg, a good one */
     b[rd64(e) + rd32(e + 8) / 2] ^= 0x55;
-    HOLD(corrupt, "%s/corrupt.pack", g_root);
-    write_bytes(corrupt, b, n);
+    MGT_TEST_HOLD(corrupt, "%s/corrupt.pack", g_root);
+    mgt_test_write_file(corrupt, b, n);
     free(b);
     CHECK(mgt_pack_open(corrupt, "train", &ds));
     epoch(ds, &t, NULL, NULL, false, &bad, &res);
@@ -432,14 +370,14 @@ static void test_pack_bad_and_corrupt(void **state)
 static void test_pack_crc_message(void **state)
 {
     (void)state;
-    HOLD(pk, "%s/crc.pack", g_root);
+    MGT_TEST_HOLD(pk, "%s/crc.pack", g_root);
     mgt_pack_options o = quiet_options(MGT_PACK_RAW, 0);
     pack_tree(SAMPLE_DIR, pk, &o, NULL);
     size_t n;
-    uint8_t *b = slurp(pk, &n);
+    uint8_t *b = mgt_test_read_file(pk, &n);
     const uint8_t *e = entry(b, 1, 7); /* val, record 7 */
     b[rd64(e)] ^= 1;
-    write_bytes(pk, b, n);
+    mgt_test_write_file(pk, b, n);
     free(b);
     mgt_dataset *ds;
     CHECK(mgt_pack_open(pk, "val", &ds));
@@ -488,19 +426,19 @@ static void expect_pack_error(const char *path, const char *needle)
 static void test_pack_hostile(void **state)
 {
     (void)state;
-    HOLD(good, "%s/good.pack", g_root);
+    MGT_TEST_HOLD(good, "%s/good.pack", g_root);
     mgt_pack_options o = quiet_options(MGT_PACK_RAW, 0);
     pack_tree(SAMPLE_DIR, good, &o, NULL);
     size_t n;
-    uint8_t *g = slurp(good, &n), *b = malloc(n);
-    HOLD(bad, "%s/hostile.pack", g_root);
-#define MUTATE(code, needle)            \
-    do {                                \
-        memcpy(b, g, n);                \
-        size_t len = n;                 \
-        code;                           \
-        write_bytes(bad, b, len);       \
-        expect_pack_error(bad, needle); \
+    uint8_t *g = mgt_test_read_file(good, &n), *b = malloc(n);
+    MGT_TEST_HOLD(bad, "%s/hostile.pack", g_root);
+#define MUTATE(code, needle)              \
+    do {                                  \
+        memcpy(b, g, n);                  \
+        size_t len = n;                   \
+        code;                             \
+        mgt_test_write_file(bad, b, len); \
+        expect_pack_error(bad, needle);   \
     } while (0)
 #define FIX_HEADER() wr32(b + 60, (uint32_t)crc32(0, b, 60))
     uint64_t table = rd64(g + 16);
@@ -525,7 +463,7 @@ static void test_pack_hostile(void **state)
     MUTATE((wr32(b + eo + 8, 100), FIX_ENTRIES()), "record 3: raw pixels of the wrong size");
     MUTATE((wr32(b + eo + 28, 1u << 30), FIX_ENTRIES()), "name lies outside the strings");
     /* no such split */
-    write_bytes(bad, g, n);
+    mgt_test_write_file(bad, g, n);
     mgt_dataset *ds = (mgt_dataset *)1;
     assert_int_equal(mgt_pack_open(bad, "test", &ds), MGT_ERR_INVALID);
     assert_true(contains(mgt_error_last(), "no split 'test' in the pack (it has: train, val)"));
@@ -540,7 +478,7 @@ static void test_pack_hostile(void **state)
         memcpy(b, g, n);
         size_t at = (size_t)eoff + mgt_rng_below(&r, n - (size_t)eoff);
         b[at] = (uint8_t)mgt_rng_u32(&r);
-        write_bytes(bad, b, n);
+        mgt_test_write_file(bad, b, n);
         if (mgt_pack_open(bad, "val", &ds) == MGT_OK)
             mgt_dataset_free(ds);
     }
@@ -554,13 +492,13 @@ static void test_pack_hostile(void **state)
 static void test_pack_atomic_and_open_forms(void **state)
 {
     (void)state;
-    HOLD(dir, "%s/forms", g_root);
-    mkdirs(dir);
-    HOLD(pk, "%s/both.pack", dir);
+    MGT_TEST_HOLD(dir, "%s/forms", g_root);
+    mgt_test_mkdirs(dir);
+    MGT_TEST_HOLD(pk, "%s/both.pack", dir);
     mgt_pack_options o = quiet_options(MGT_PACK_RAW, 0);
     pack_tree(SAMPLE_DIR, pk, &o, NULL);
     size_t n0;
-    uint8_t *before = slurp(pk, &n0);
+    uint8_t *before = mgt_test_read_file(pk, &n0);
     /* an abort raised before the first record: the write fails, the old pack stays */
     mgt_abort ab = {0};
     mgt_abort_raise(&ab);
@@ -572,7 +510,7 @@ static void test_pack_atomic_and_open_forms(void **state)
     mgt_pack_stats st;
     assert_int_equal(mgt_pack_write(&o, one, names, 1, pk, &st), MGT_ERR_ABORTED);
     size_t n1;
-    uint8_t *after = slurp(pk, &n1);
+    uint8_t *after = mgt_test_read_file(pk, &n1);
     assert_true(n0 == n1 && memcmp(before, after, n0) == 0);
     free(before);
     free(after);
@@ -591,8 +529,8 @@ static void test_pack_atomic_and_open_forms(void **state)
     assert_int_equal(tmps, 0);
 
     /* a folder of train.pack and val.pack */
-    HOLD(two, "%s/two", dir);
-    mkdirs(two);
+    MGT_TEST_HOLD(two, "%s/two", dir);
+    mgt_test_mkdirs(two);
     CHECK(mgt_pack_write(&o, one, names, 1, P("%s/train.pack", two), &st));
     mgt_dataset *va;
     CHECK(mgt_dataset_scan(SAMPLE_DIR "/val", NULL, &va));
@@ -617,7 +555,7 @@ static void test_pack_atomic_and_open_forms(void **state)
     assert_int_equal(mgt_data_open(two, NULL, &a, &b), MGT_ERR_IO);
     assert_true(contains(mgt_error_last(), "val.pack: no such file"));
     /* splits packed from different trees */
-    HOLD(other, "%s/other", g_root);
+    MGT_TEST_HOLD(other, "%s/other", g_root);
     jpeg_tree(other, 2, 16, 16);
     mgt_dataset *ov;
     CHECK(mgt_dataset_scan(P("%s/val", other), NULL, &ov));

@@ -1,6 +1,7 @@
 /* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang and 16-bit refusal faults, bounded and abortable waits, deferred frees, ordering-only events, and pointer validation. */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include <math.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -605,7 +607,7 @@ static void test_bad_label_is_device_error(void **state)
     CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(bl), labels, sizeof labels));
     CHECK(mgt_fill(s, mgt_buffer_ptr(bz), 0.5f, 12));
     CHECK(mgt_softmax_xent_forward(s, mgt_buffer_ptr(bloss), mgt_buffer_ptr(bp), mgt_buffer_ptr(bz),
-                                   mgt_buffer_ptr(bl), 4, 3, 0.0f));
+                                   mgt_buffer_ptr(bl), NULL, NULL, 4, 3, 0.0f));
     EXPECT_FAIL(mgt_stream_synchronize(s, NULL), MGT_ERR_DEVICE, mgt_device_name(d));
     if (!strstr(mgt_error_last(), "softmax_xent_forward"))
         fail_msg("error text \"%s\" does not name the op", mgt_error_last());
@@ -1105,6 +1107,31 @@ static void test_lowp_refusals_decide_per_reason(void **state)
     }
 }
 
+/* MGT_ASSERT, which guards memory (op.c's operand list, the graph's fixed arrays), is checked
+   in this build too, which defines NDEBUG as the default RelWithDebInfo does: a broken one
+   aborts the process. */
+static void test_assert_survives_ndebug(void **state)
+{
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        volatile int n = 3;
+        MGT_ASSERT(n < 3);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+#ifdef NDEBUG
+    const char *build = "with NDEBUG";
+#else
+    const char *build = "without NDEBUG";
+#endif
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+        fail_msg("MGT_ASSERT on a false condition did not abort (built %s)", build);
+}
+
 /* An argument picks the tests to run by name pattern (cmocka's filter), e.g. '*peer*'. */
 int main(int argc, char **argv)
 {
@@ -1122,6 +1149,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fault_kernel),
         cmocka_unit_test(test_bad_label_is_device_error),
         cmocka_unit_test(test_pointer_validation),
+        cmocka_unit_test(test_assert_survives_ndebug),
         cmocka_unit_test(test_spec_names_missing_device_or_op),
         cmocka_unit_test(test_spec_errors_have_one_prefix),
         cmocka_unit_test(test_ordering_event),

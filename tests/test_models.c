@@ -20,6 +20,7 @@
 #include "mgt/safetensors.h"
 #include "nn/model_impl.h"
 #include "support/fixture.h"
+#include "support/golden.h"
 
 #define DATA_DIR MGT_TEST_DATA_DIR "/models"
 
@@ -176,56 +177,7 @@ static int64_t golden_i64(const mgt_st_file *g, const char *name)
     return v;
 }
 
-/* ---- the hash behind the resnet18 case's weights and samples (see the script) ---- */
-
-static uint32_t fnv1a(const char *s)
-{
-    uint32_t h = 0x811C9DC5u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 0x01000193u;
-    return h;
-}
-
-static uint32_t fmix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x85EBCA6Bu;
-    x ^= x >> 13;
-    x *= 0xC2B2AE35u;
-    return x ^ (x >> 16);
-}
-
-static double hash_uniform(uint32_t salt, size_t i)
-{
-    return (double)(fmix32((uint32_t)i * 0x9E3779B1u + salt) >> 8) / 16777216.0;
-}
-
-#define SAMPLES 64
-
-/* The elements a summary golden keeps of a tensor: all of a small one, else SAMPLES hashed
-   positions. Returns the count; idx gets them. */
-static size_t sample_index(const char *name, size_t numel, size_t idx[SAMPLES])
-{
-    if (numel <= SAMPLES) {
-        for (size_t i = 0; i < numel; i++)
-            idx[i] = i;
-        return numel;
-    }
-    char key[96];
-    snprintf(key, sizeof key, "sample:%s", name);
-    uint32_t salt = fnv1a(key);
-    for (size_t i = 0; i < SAMPLES; i++) {
-        size_t j = (size_t)(int64_t)(hash_uniform(salt, i) * (double)numel);
-        idx[i] = j < numel ? j : numel - 1;
-    }
-    return SAMPLES;
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
+/* ---- the script's weights (the hash behind them: support/golden.h) ---- */
 
 /* Writes the script's hash_weights state_dict for m to path; returns the sum of all values.
    For Bottleneck networks the BN that meets the identity is bn3 (the script's formula only
@@ -255,9 +207,9 @@ static double write_hash_weights(const mgt_model *m, const char *path)
         }
         const char *name = t[e].name;
         double scale, shift;
-        if (ends_with(name, "running_var"))
+        if (mgt_test_ends_with(name, "running_var"))
             scale = 0.5, shift = 1.0;
-        else if (ends_with(name, "running_mean"))
+        else if (mgt_test_ends_with(name, "running_mean"))
             scale = 0.2, shift = 0.0;
         else if (strncmp(name, "fc.", 3) == 0)
             scale = 2.0 / sqrt(fc_in), shift = 0.0;
@@ -265,7 +217,7 @@ static double write_hash_weights(const mgt_model *m, const char *path)
             scale =
                 sqrt(12.0) * sqrt(2.0 / (double)(t[e].shape[0] * t[e].shape[2] * t[e].shape[3])),
             shift = 0.0;
-        else if (ends_with(name, ".weight"))
+        else if (mgt_test_ends_with(name, ".weight"))
             scale = 0.2, shift = 0.3;
         else
             scale = 1.0, shift = 2.5;
@@ -273,12 +225,13 @@ static double write_hash_weights(const mgt_model *m, const char *path)
         bool final_bn =
             strstr(name, ".downsample.1.") ||
             (strncmp(name, "layer", 5) == 0 && strstr(name, bottleneck ? ".bn3." : ".bn2."));
-        bool negate_low = ends_with(name, ".bias") && strncmp(name, "fc.", 3) != 0 && !final_bn;
+        bool negate_low =
+            mgt_test_ends_with(name, ".bias") && strncmp(name, "fc.", 3) != 0 && !final_bn;
         float *v = malloc(t[e].numel * sizeof *v);
         assert_non_null(v);
-        uint32_t salt = fnv1a(name);
+        uint32_t salt = mgt_test_fnv1a(name);
         for (size_t i = 0; i < t[e].numel; i++) {
-            double u = hash_uniform(salt, i);
+            double u = mgt_test_hash_uniform(salt, i);
             double a = (u - 0.5) * scale;
             double b = a + shift;
             v[i] = (float)(negate_low && u < 0.25 ? -b : b);
@@ -327,9 +280,9 @@ static double write_mobile_hash_weights(const mgt_model *m, const char *arch, co
         const int64_t *sh = t[e].shape;
         bool se = strstr(name, ".fc1.") || strstr(name, ".fc2."), neg = false;
         double scale, shift = 0.0;
-        if (ends_with(name, "running_var"))
+        if (mgt_test_ends_with(name, "running_var"))
             scale = 0.5, shift = 1.0;
-        else if (ends_with(name, "running_mean"))
+        else if (mgt_test_ends_with(name, "running_mean"))
             scale = 0.2;
         else if (se && t[e].ndim == 4)
             scale = 0.4 / sqrt((double)(sh[1] * sh[2] * sh[3]));
@@ -349,9 +302,9 @@ static double write_mobile_hash_weights(const mgt_model *m, const char *arch, co
             scale = bs, shift = bsh, neg = bneg;
         float *v = malloc(t[e].numel * sizeof *v);
         assert_non_null(v);
-        uint32_t salt = fnv1a(name);
+        uint32_t salt = mgt_test_fnv1a(name);
         for (size_t i = 0; i < t[e].numel; i++) {
-            double u = hash_uniform(salt, i);
+            double u = mgt_test_hash_uniform(salt, i);
             double b = (u - 0.5) * scale + shift;
             v[i] = (float)(neg && u < 0.25 ? -b : b);
             sum += v[i];
@@ -657,12 +610,13 @@ static void run_golden(const golden_case *c)
     double *layer_norm = calloc((size_t)n_table, sizeof *layer_norm);
     assert_non_null(layer_scale);
     assert_non_null(layer_norm);
-    size_t idx_all[SAMPLES], *idx;
+    size_t idx_all[MGT_TEST_SAMPLES], *idx;
     for (int i = 0; i < n_table; i++) {
         if (t[i].role != MGT_MODEL_PARAM)
             continue;
         char name[160];
-        size_t n = c->hash_weights ? sample_index(t[i].name, t[i].numel, idx_all) : t[i].numel;
+        size_t n =
+            c->hash_weights ? mgt_test_sample_index(t[i].name, t[i].numel, idx_all) : t[i].numel;
         snprintf(name, sizeof name, "grad.%s%s", t[i].name, c->hash_weights ? ".samples" : "");
         float *gw = golden_f32(g, name, n);
         double mx = 0;
@@ -688,7 +642,7 @@ static void run_golden(const golden_case *c)
         size_t n = te->numel;
         idx = NULL;
         if (c->hash_weights)
-            n = sample_index(te->name, te->numel, idx = idx_all);
+            n = mgt_test_sample_index(te->name, te->numel, idx = idx_all);
         const char *suffix = c->hash_weights ? ".samples" : "";
         if (te->role == MGT_MODEL_COUNTER) {
             int64_t start = s0.counts[te->offset];
@@ -928,12 +882,12 @@ static void run_amp_golden(const golden_case *c)
 
     double *layer_scale = calloc((size_t)n_table, sizeof *layer_scale);
     assert_non_null(layer_scale);
-    size_t idx[SAMPLES];
+    size_t idx[MGT_TEST_SAMPLES];
     for (int i = 0; i < n_table; i++) {
         if (t[i].role != MGT_MODEL_PARAM)
             continue;
         char name[160];
-        size_t n = sample_index(t[i].name, t[i].numel, idx);
+        size_t n = mgt_test_sample_index(t[i].name, t[i].numel, idx);
         snprintf(name, sizeof name, "exact.grad.%s.samples", t[i].name);
         float *gw = golden_f32(a, name, n);
         double mx = 0;
@@ -949,7 +903,7 @@ static void run_amp_golden(const golden_case *c)
         if (t[i].role != MGT_MODEL_PARAM)
             continue;
         char name[160];
-        size_t n = sample_index(t[i].name, t[i].numel, idx);
+        size_t n = mgt_test_sample_index(t[i].name, t[i].numel, idx);
         snprintf(name, sizeof name, "bf16.grad.%s.samples", t[i].name);
         tb = golden_f32(a, name, n);
         snprintf(name, sizeof name, "exact.grad.%s.samples", t[i].name);
@@ -1430,11 +1384,12 @@ static void test_init(void **state)
         } else if (strncmp(e->name, "fc.", 3) == 0) {
             assert_true(mx <= 1 / sqrt(64.0) && mx > 0.5 / sqrt(64.0));
         } else {
-            bool last_bn = ends_with(e->name, "bn2.weight") && strncmp(e->name, "layer", 5) == 0;
-            float want =
-                ends_with(e->name, "running_var") || (ends_with(e->name, ".weight") && !last_bn)
-                    ? 1.0f
-                    : 0.0f;
+            bool last_bn =
+                mgt_test_ends_with(e->name, "bn2.weight") && strncmp(e->name, "layer", 5) == 0;
+            float want = mgt_test_ends_with(e->name, "running_var") ||
+                                 (mgt_test_ends_with(e->name, ".weight") && !last_bn)
+                             ? 1.0f
+                             : 0.0f;
             for (size_t k = 0; k < e->numel; k++)
                 assert_true(v[k] == want);
         }
@@ -1593,14 +1548,15 @@ static void test_layout(void **state)
     const mgt_model_layer *ly = mgt_model_layers(m, &nl);
     for (int i = 0; i < n; i++) {
         const char *name = t[i].name;
-        mgt_model_what want = ends_with(name, "running_mean")          ? MGT_TENSOR_RUNNING_MEAN
-                              : ends_with(name, "running_var")         ? MGT_TENSOR_RUNNING_VAR
-                              : ends_with(name, "num_batches_tracked") ? MGT_TENSOR_NUM_BATCHES
-                              : !strcmp(name, "fc.weight")             ? MGT_TENSOR_LINEAR_WEIGHT
-                              : !strcmp(name, "fc.bias")               ? MGT_TENSOR_BIAS
-                              : t[i].ndim == 4                         ? MGT_TENSOR_CONV_WEIGHT
-                              : ends_with(name, ".weight")             ? MGT_TENSOR_NORM_WEIGHT
-                                                                       : MGT_TENSOR_NORM_BIAS;
+        mgt_model_what want = mgt_test_ends_with(name, "running_mean")  ? MGT_TENSOR_RUNNING_MEAN
+                              : mgt_test_ends_with(name, "running_var") ? MGT_TENSOR_RUNNING_VAR
+                              : mgt_test_ends_with(name, "num_batches_tracked")
+                                  ? MGT_TENSOR_NUM_BATCHES
+                              : !strcmp(name, "fc.weight")          ? MGT_TENSOR_LINEAR_WEIGHT
+                              : !strcmp(name, "fc.bias")            ? MGT_TENSOR_BIAS
+                              : t[i].ndim == 4                      ? MGT_TENSOR_CONV_WEIGHT
+                              : mgt_test_ends_with(name, ".weight") ? MGT_TENSOR_NORM_WEIGHT
+                                                                    : MGT_TENSOR_NORM_BIAS;
         assert_int_equal(t[i].what, want);
         assert_true(t[i].layer >= 0 && t[i].layer < nl);
         size_t len = strlen(ly[t[i].layer].name);
@@ -1658,9 +1614,9 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
 
     static float x[BMAX * C * SMAX * SMAX];
     const size_t xn = (size_t)B * C * S * S;
-    uint32_t salt = fnv1a("torch_load input");
+    uint32_t salt = mgt_test_fnv1a("torch_load input");
     for (size_t i = 0; i < xn; i++)
-        x[i] = (float)((hash_uniform(salt, i) - 0.5) * 3.4641016151377544);
+        x[i] = (float)((mgt_test_hash_uniform(salt, i) - 0.5) * 3.4641016151377544);
     int32_t labels[BMAX] = {3, 7, 1, 4, 9, 0, 5, 2};
     step_io io;
     io_create(&io, m, x, xn, labels, B);
@@ -1692,19 +1648,19 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
     OK(mgt_st_writer_set_metadata(w, "smoothing", smoothing));
     int n;
     const mgt_model_entry *t = mgt_model_table(m, &n);
-    float(*vals)[SAMPLES + 1] = calloc((size_t)n, sizeof *vals);
+    float(*vals)[MGT_TEST_SAMPLES + 1] = calloc((size_t)n, sizeof *vals);
     assert_non_null(vals);
     for (int i = 0; i < n; i++) {
         if (t[i].role == MGT_MODEL_COUNTER)
             continue;
         char name[160];
-        size_t idx[SAMPLES];
-        size_t k = sample_index(t[i].name, t[i].numel, idx);
+        size_t idx[MGT_TEST_SAMPLES];
+        size_t k = mgt_test_sample_index(t[i].name, t[i].numel, idx);
         const float *v = snap_tensor(&sn, &t[i], t[i].role == MGT_MODEL_PARAM);
         double sq = 0;
         for (size_t j = 0; j < t[i].numel; j++)
             sq += (double)v[j] * v[j];
-        vals[i][SAMPLES] = (float)sqrt(sq);
+        vals[i][MGT_TEST_SAMPLES] = (float)sqrt(sq);
         for (size_t j = 0; j < k; j++)
             vals[i][j] = v[idx[j]];
         int64_t ks[1] = {(int64_t)k};
@@ -1712,7 +1668,7 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
             snprintf(name, sizeof name, "grad.%s.samples", t[i].name);
             OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, ks, vals[i]));
             snprintf(name, sizeof name, "grad.%s.norm", t[i].name);
-            OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, one, &vals[i][SAMPLES]));
+            OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, one, &vals[i][MGT_TEST_SAMPLES]));
         } else {
             snprintf(name, sizeof name, "stats.%s.samples", t[i].name);
             OK(mgt_st_writer_add(w, name, MGT_ST_F32, 1, ks, vals[i]));

@@ -69,7 +69,8 @@ static void test_warmup(void **state)
 }
 
 /* Three steps of momentum SGD with weight decay and grad_scale against the same recurrence
-   written out on the host; the first step must take the gradient as the buffer. */
+   written out on the host; the first step must take the gradient as the buffer. One group, so
+   one fused kernel. */
 static void run_sgd(bool nesterov)
 {
     enum { N = 37 };
@@ -87,15 +88,18 @@ static void run_sgd(bool nesterov)
         p[i] = (float)(i % 7) * 0.25f - 0.7f;
     CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(pb), p, sizeof p));
     CHECK(mgt_stream_synchronize(s, NULL));
-    mgt_sgd *o;
-    CHECK(mgt_sgd_create(d, N, 0.9f, 1e-2f, nesterov, &o));
-    assert_false(mgt_sgd_started(o));
+    mgt_opt_config cfg;
+    mgt_opt_config_defaults(&cfg, nesterov ? MGT_OPT_SGD_NESTEROV : MGT_OPT_SGD, 0.9f);
+    mgt_opt_group group = {0, N, 1e-2f};
+    mgt_optimizer *o;
+    CHECK(mgt_optimizer_create(d, N, &cfg, &group, 1, &o));
+    assert_int_equal(mgt_optimizer_steps(o), 0);
     const float lr = 0.05f, scale = 0.5f;
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < N; i++)
             g[i] = (float)((i * 3 + step * 5) % 11) * 0.1f - 0.5f;
         CHECK(mgt_copy_h2d(s, mgt_buffer_ptr(gb), g, sizeof g));
-        CHECK(mgt_sgd_step(o, s, mgt_buffer_ptr(pb), mgt_buffer_ptr(gb), lr, scale));
+        CHECK(mgt_optimizer_step(o, s, mgt_buffer_ptr(pb), mgt_buffer_ptr(gb), lr, scale));
         /* the copy reads g when the stream gets to it, so g must not change before then */
         CHECK(mgt_stream_synchronize(s, NULL));
         for (int i = 0; i < N; i++) {
@@ -105,12 +109,12 @@ static void run_sgd(bool nesterov)
             p[i] -= lr * upd;
         }
     }
-    assert_true(mgt_sgd_started(o));
+    assert_int_equal(mgt_optimizer_steps(o), 3);
     CHECK(mgt_copy_d2h(s, got, mgt_buffer_ptr(pb), sizeof got));
     CHECK(mgt_stream_synchronize(s, NULL));
     for (int i = 0; i < N; i++)
         near(got[i], p[i]);
-    mgt_sgd_free(o);
+    mgt_optimizer_free(o);
     mgt_buffer_free(pb);
     mgt_buffer_free(gb);
     mgt_stream_free(s);
@@ -127,8 +131,11 @@ static void test_sgd_steps(void **state)
 static void test_sgd_rejects(void **state)
 {
     (void)state;
-    mgt_sgd *o;
-    assert_int_equal(mgt_sgd_create(NULL, 4, 0.0f, 0.0f, true, &o), MGT_ERR_INVALID);
+    mgt_opt_config cfg;
+    mgt_opt_config_defaults(&cfg, MGT_OPT_SGD_NESTEROV, 0.0f);
+    mgt_opt_group group = {0, 4, 0.0f};
+    mgt_optimizer *o;
+    assert_int_equal(mgt_optimizer_create(NULL, 4, &cfg, &group, 1, &o), MGT_ERR_INVALID);
     assert_non_null(strstr(mgt_error_last(), "nesterov"));
 }
 

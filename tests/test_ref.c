@@ -237,7 +237,7 @@ static void conv_case(const char *file)
     /* forward, overwriting */
     float *out = nans(ny);
     mgt_op op = {.kind = MGT_OP_CONV2D_FWD};
-    op.u.conv = (__typeof__(op.u.conv)){.out = out, .in1 = x, .in2 = w, .sh = sh, .beta = 0.0f};
+    op.u.conv = (mgt_conv_args){.out = out, .in1 = x, .in2 = w, .sh = sh, .beta = 0.0f};
     run(&op);
     snprintf(what, sizeof what, "%s: conv2d_forward", file);
     expect_close(what, out, y, ny);
@@ -257,7 +257,7 @@ static void conv_case(const char *file)
     /* backward data */
     out = nans(nx);
     op.kind = MGT_OP_CONV2D_BWD_DATA;
-    op.u.conv = (__typeof__(op.u.conv)){.out = out, .in1 = dy, .in2 = w, .sh = sh, .beta = 0.0f};
+    op.u.conv = (mgt_conv_args){.out = out, .in1 = dy, .in2 = w, .sh = sh, .beta = 0.0f};
     run(&op);
     snprintf(what, sizeof what, "%s: conv2d_backward_data", file);
     expect_close(what, out, dx, nx);
@@ -266,7 +266,7 @@ static void conv_case(const char *file)
     /* backward filter, then once more with beta 1: the second pass accumulates */
     out = nans(nw);
     op.kind = MGT_OP_CONV2D_BWD_FILTER;
-    op.u.conv = (__typeof__(op.u.conv)){.out = out, .in1 = dy, .in2 = x, .sh = sh, .beta = 0.0f};
+    op.u.conv = (mgt_conv_args){.out = out, .in1 = dy, .in2 = x, .sh = sh, .beta = 0.0f};
     run(&op);
     snprintf(what, sizeof what, "%s: conv2d_backward_filter", file);
     expect_close(what, out, dw, nw);
@@ -471,7 +471,7 @@ static void check_syncbn(const char *name)
         snprintf(k, sizeof k, "x%d", i);
         float *mean = nans(c), *var = nans(c);
         mgt_op op = {.kind = MGT_OP_BN_STATS};
-        op.u.bn_stats = (__typeof__(op.u.bn_stats)){mean, var, mgt_test_golden_f32(g, k, nx), sh};
+        op.u.bn_stats = (mgt_bn_stats_args){mean, var, mgt_test_golden_f32(g, k, nx), sh};
         run(&op);
         snprintf(k, sizeof k, "mean%d", i);
         expect_close_tol("bn_stats mean", mean, mgt_test_golden_f32(g, k, c), c, tol, tol);
@@ -514,15 +514,14 @@ static void check_syncbn(const char *name)
             float *out = nans(nx);
             mgt_op op = {.kind = pass == 0 ? MGT_OP_BN_FWD_EVAL : MGT_OP_BN_BWD_ELEMT};
             if (pass == 0) {
-                op.u.bn_eval = (__typeof__(op.u.bn_eval)){out, x, w, b, mean, var, sh};
+                op.u.bn_eval = (mgt_bn_eval_args){out, x, w, b, mean, var, sh};
                 run(&op);
                 snprintf(k, sizeof k, "y%d", i);
                 expect_close_tol("y", out, mgt_test_golden_f32(g, k, nx), nx, tol, tol);
                 /* the shard's sums: batchnorm_backward's dbeta, dgamma from zero */
                 float zg[64] = {0}, zb[64] = {0}, *dx = nans(nx);
                 op = (mgt_op){.kind = MGT_OP_BN_BWD};
-                op.u.bn_bwd =
-                    (__typeof__(op.u.bn_bwd)){dx, zg, zb, dy, NULL, x, w, mean, invstd, sh};
+                op.u.bn_bwd = (mgt_bn_bwd_args){dx, zg, zb, dy, NULL, x, w, mean, invstd, sh};
                 run(&op);
                 snprintf(k, sizeof k, "sum_dy%d", i);
                 expect_close_tol("sum_dy", zb, mgt_test_golden_f32(g, k, c), c, tol, tol);
@@ -541,8 +540,8 @@ static void check_syncbn(const char *name)
                     sdy[j] = (float)sum_dy[j];
                     sdyx[j] = (float)sum_dyx[j];
                 }
-                op.u.bn_bwd_elemt = (__typeof__(op.u.bn_bwd_elemt)){out,    dy,  x,    w,  mean,
-                                                                    invstd, sdy, sdyx, sh, count};
+                op.u.bn_bwd_elemt =
+                    (mgt_bn_bwd_elemt_args){out, dy, x, w, mean, invstd, sdy, sdyx, sh, count};
                 run(&op);
                 snprintf(k, sizeof k, "dx%d", i);
                 expect_close_tol("dx", out, mgt_test_golden_f32(g, k, nx), nx, tol, tol);
@@ -949,7 +948,7 @@ static float dummy[4];
 static void expect_conv_invalid(mgt_conv2d_shape sh, const char *text)
 {
     mgt_op op = {.kind = MGT_OP_CONV2D_FWD};
-    op.u.conv = (__typeof__(op.u.conv)){.out = dummy, .in1 = dummy, .in2 = dummy, .sh = sh};
+    op.u.conv = (mgt_conv_args){.out = dummy, .in1 = dummy, .in2 = dummy, .sh = sh};
     mgt_error_clear();
     assert_int_equal(mgt_op_check(&op), MGT_ERR_INVALID);
     if (!strstr(mgt_error_last(), text) || strncmp(mgt_error_last(), "conv2d_forward: ", 16))
@@ -969,8 +968,7 @@ static void test_check_conv(void **state)
 {
     (void)state;
     mgt_op op = {.kind = MGT_OP_CONV2D_FWD};
-    op.u.conv =
-        (__typeof__(op.u.conv)){.out = dummy, .in1 = dummy, .in2 = dummy, .sh = good_conv()};
+    op.u.conv = (mgt_conv_args){.out = dummy, .in1 = dummy, .in2 = dummy, .sh = good_conv()};
     expect_ok(mgt_op_check(&op));
 
     mgt_conv2d_shape sh = good_conv();
@@ -1023,16 +1021,16 @@ static void test_check_other_ops(void **state)
 {
     (void)state;
     mgt_op op = {.kind = MGT_OP_GEMM};
-    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true,
-                                        .m = 4,
-                                        .n = 3,
-                                        .k = 5,
-                                        .a = dummy,
-                                        .lda = 4,
-                                        .b = dummy,
-                                        .ldb = 3,
-                                        .c = dummy,
-                                        .ldc = 3};
+    op.u.gemm = (mgt_gemm_args){.trans_a = true,
+                                .m = 4,
+                                .n = 3,
+                                .k = 5,
+                                .a = dummy,
+                                .lda = 4,
+                                .b = dummy,
+                                .ldb = 3,
+                                .c = dummy,
+                                .ldc = 3};
     expect_ok(mgt_op_check(&op));
     op.u.gemm.lda = 3; /* A is stored [k, m] = [5, 4] */
     expect_invalid(&op, "lda 3 < row length 4 of A (transposed)");
@@ -1068,16 +1066,16 @@ static void test_check_other_ops(void **state)
     expect_invalid(&op, "stride 0x2");
 
     op = (mgt_op){.kind = MGT_OP_BN_FWD_TRAIN};
-    op.u.bn_train = (__typeof__(op.u.bn_train)){
-        .y = dummy,
-        .save_mean = dummy,
-        .save_invstd = dummy,
-        .running_mean = dummy,
-        .running_var = dummy,
-        .x = dummy,
-        .gamma = dummy,
-        .beta = dummy,
-        .sh = {.n = 2, .c = 3, .hw = 4, .eps = 1e-5f, .momentum = 0.1f}};
+    op.u.bn_train =
+        (mgt_bn_train_args){.y = dummy,
+                            .save_mean = dummy,
+                            .save_invstd = dummy,
+                            .running_mean = dummy,
+                            .running_var = dummy,
+                            .x = dummy,
+                            .gamma = dummy,
+                            .beta = dummy,
+                            .sh = {.n = 2, .c = 3, .hw = 4, .eps = 1e-5f, .momentum = 0.1f}};
     expect_ok(mgt_op_check(&op));
     op.u.bn_train.sh.eps = 0.0f;
     expect_invalid(&op, "eps 0 must be positive");
@@ -1094,15 +1092,15 @@ static void test_check_other_ops(void **state)
     op.u.bn_train.sh.c = 32;
     expect_ok(mgt_op_check(&op));
     mgt_op stats = {.kind = MGT_OP_BN_STATS};
-    stats.u.bn_stats = (__typeof__(stats.u.bn_stats)){dummy, dummy, dummy, op.u.bn_train.sh};
+    stats.u.bn_stats = (mgt_bn_stats_args){dummy, dummy, dummy, op.u.bn_train.sh};
     expect_invalid(&stats, "takes NCHW only, not layout 1");
     /* a folded ReLU: the synchronised halves refuse it; backward needs the forward's y */
     stats.u.bn_stats.sh.layout = MGT_LAYOUT_NCHW;
     stats.u.bn_stats.sh.relu = true;
     expect_invalid(&stats, "takes no folded ReLU (relu 1)");
     mgt_op bwd = {.kind = MGT_OP_BN_BWD};
-    bwd.u.bn_bwd = (__typeof__(bwd.u.bn_bwd)){dummy, dummy, dummy, dummy, NULL,
-                                              dummy, dummy, dummy, dummy, stats.u.bn_stats.sh};
+    bwd.u.bn_bwd = (mgt_bn_bwd_args){dummy, dummy, dummy, dummy, NULL,
+                                     dummy, dummy, dummy, dummy, stats.u.bn_stats.sh};
     expect_invalid(&bwd, "y is NULL");
     bwd.u.bn_bwd.y = dummy;
     expect_ok(mgt_op_check(&bwd));
@@ -1113,20 +1111,23 @@ static void test_check_other_ops(void **state)
 
     int32_t labels[1] = {0};
     op = (mgt_op){.kind = MGT_OP_XENT_FWD};
-    op.u.xent_fwd = (__typeof__(op.u.xent_fwd)){.loss = dummy,
-                                                .probs = dummy,
-                                                .logits = dummy,
-                                                .labels = labels,
-                                                .n = 1,
-                                                .classes = 4,
-                                                .smoothing = 1.0f};
+    op.u.xent_fwd = (mgt_xent_fwd_args){.loss = dummy,
+                                        .probs = dummy,
+                                        .logits = dummy,
+                                        .labels = labels,
+                                        .n = 1,
+                                        .classes = 4,
+                                        .smoothing = 1.0f};
     expect_invalid(&op, "label smoothing 1 must be in [0, 1)");
     op.u.xent_fwd.smoothing = 0.1f;
     op.u.xent_fwd.classes = 0;
     expect_invalid(&op, "classes 0 must be positive");
+    op.u.xent_fwd.classes = 4;
+    op.u.xent_fwd.labels_b = labels; /* mixed labels go with their weights */
+    expect_invalid(&op, "labels_b without weights");
 
     op = (mgt_op){.kind = MGT_OP_TOPK};
-    op.u.topk = (__typeof__(op.u.topk)){
+    op.u.topk = (mgt_topk_args){
         .count = labels, .logits = dummy, .labels = labels, .n = 1, .classes = 4, .k = 0};
     expect_invalid(&op, "k 0 must be at least 1");
 
@@ -1172,16 +1173,16 @@ static void test_operands(void **state)
     /* gemm, A transposed: stored [k=5, m=4] with lda 6 -> 4*6 + 4; B [k=5, n=3] with ldb 7
        -> 4*7 + 3; C [m=4, n=3] with ldc 3 -> 12 */
     mgt_op op = {.kind = MGT_OP_GEMM};
-    op.u.gemm = (__typeof__(op.u.gemm)){.trans_a = true,
-                                        .m = 4,
-                                        .n = 3,
-                                        .k = 5,
-                                        .a = a,
-                                        .lda = 6,
-                                        .b = b,
-                                        .ldb = 7,
-                                        .c = c,
-                                        .ldc = 3};
+    op.u.gemm = (mgt_gemm_args){.trans_a = true,
+                                .m = 4,
+                                .n = 3,
+                                .k = 5,
+                                .a = a,
+                                .lda = 6,
+                                .b = b,
+                                .ldb = 7,
+                                .c = c,
+                                .ldc = 3};
     int n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "a")->count, 28);
@@ -1198,8 +1199,7 @@ static void test_operands(void **state)
 
     /* conv backward filter: dw [6, 4/2, 3, 3], dy [2, 6, 8, 8], x [2, 4, 8, 8] */
     op = (mgt_op){.kind = MGT_OP_CONV2D_BWD_FILTER};
-    op.u.conv =
-        (__typeof__(op.u.conv)){.out = a, .in1 = b, .in2 = c, .sh = good_conv(), .beta = 1.0f};
+    op.u.conv = (mgt_conv_args){.out = a, .in1 = b, .in2 = c, .sh = good_conv(), .beta = 1.0f};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "dw")->count, 6 * 2 * 3 * 3);
@@ -1211,15 +1211,15 @@ static void test_operands(void **state)
 
     /* batch norm backward: accumulating parameter gradients */
     op = (mgt_op){.kind = MGT_OP_BN_BWD};
-    op.u.bn_bwd = (__typeof__(op.u.bn_bwd)){.dx = a,
-                                            .dgamma = a,
-                                            .dbeta = a,
-                                            .dy = a,
-                                            .x = a,
-                                            .gamma = a,
-                                            .save_mean = a,
-                                            .save_invstd = a,
-                                            .sh = {.n = 2, .c = 3, .hw = 5, .eps = 1e-5f}};
+    op.u.bn_bwd = (mgt_bn_bwd_args){.dx = a,
+                                    .dgamma = a,
+                                    .dbeta = a,
+                                    .dy = a,
+                                    .x = a,
+                                    .gamma = a,
+                                    .save_mean = a,
+                                    .save_invstd = a,
+                                    .sh = {.n = 2, .c = 3, .hw = 5, .eps = 1e-5f}};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 8);
     assert_int_equal(find_operand(o, n, "dx")->role, MGT_OPERAND_OUT);
@@ -1230,8 +1230,8 @@ static void test_operands(void **state)
     /* topk: an int32 counter that accumulates */
     int32_t cnt[1], lab[1];
     op = (mgt_op){.kind = MGT_OP_TOPK};
-    op.u.topk = (__typeof__(op.u.topk)){
-        .count = cnt, .logits = a, .labels = lab, .n = 7, .classes = 10, .k = 5};
+    op.u.topk =
+        (mgt_topk_args){.count = cnt, .logits = a, .labels = lab, .n = 7, .classes = 10, .k = 5};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 3);
     assert_int_equal(find_operand(o, n, "count")->dtype, MGT_I32);
@@ -1242,8 +1242,7 @@ static void test_operands(void **state)
 
     /* SGD: the buffer is an operand only with momentum, and write-only on the first step */
     op = (mgt_op){.kind = MGT_OP_SGD};
-    op.u.sgd =
-        (__typeof__(op.u.sgd)){.param = a, .momentum_buf = b, .grad = c, .n = 9, .p = {.lr = 0.1f}};
+    op.u.sgd = (mgt_sgd_args){.param = a, .momentum_buf = b, .grad = c, .n = 9, .p = {.lr = 0.1f}};
     n = mgt_op_operands(&op, o);
     assert_int_equal(n, 2);
     op.u.sgd.p.momentum = 0.9f;
@@ -1257,7 +1256,7 @@ static void test_operands(void **state)
 
     /* gemm flops */
     op = (mgt_op){.kind = MGT_OP_GEMM};
-    op.u.gemm = (__typeof__(op.u.gemm)){.m = 4, .n = 3, .k = 5};
+    op.u.gemm = (mgt_gemm_args){.m = 4, .n = 3, .k = 5};
     assert_true(mgt_op_flops(&op) == 120.0);
 }
 
@@ -1358,8 +1357,8 @@ static void test_casts(void **state)
     mgt_test_golden_free(g);
 }
 
-/* gemm_lp rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and itself
-   in fp16; the fp32 C it adds to (beta) keeps its low bits. */
+/* A 16-bit gemm rounds what enters the product and nothing else: 1 + 2^-10 is 1 in bf16 and
+   itself in fp16; the fp32 C it adds to (beta) keeps its low bits. */
 static void test_gemm_lp_rounds_inputs(void **state)
 {
     (void)state;
@@ -1371,18 +1370,15 @@ static void test_gemm_lp_rounds_inputs(void **state)
                  {MGT_PREC_FP16, 3.0f * (1.0f + 0x1p-10f) + 1.0f + 0x1p-20f}};
     for (size_t i = 0; i < 2; i++) {
         float c = c0;
-        mgt_op op = {.kind = MGT_OP_GEMM_LP, .prec = cases[i].p};
-        op.u.gemm = (__typeof__(op.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1};
+        mgt_op op = {.kind = MGT_OP_GEMM, .prec = cases[i].p};
+        op.u.gemm = (mgt_gemm_args){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1};
         run(&op);
         assert_true(bits_of(c) == bits_of(cases[i].want));
     }
-    /* and an fp32 precision on a _lp kind, or a 16-bit one on gemm, is refused */
+    /* and a precision none of the three is refused */
     float c = 0;
-    mgt_op bad = {.kind = MGT_OP_GEMM_LP};
-    bad.u.gemm = (__typeof__(bad.u.gemm)){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1};
-    assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
-    bad.kind = MGT_OP_GEMM;
-    bad.prec = MGT_PREC_BF16;
+    mgt_op bad = {.kind = MGT_OP_GEMM, .prec = (mgt_precision)7};
+    bad.u.gemm = (mgt_gemm_args){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1};
     assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
 }
 

@@ -363,8 +363,10 @@ static void *raise_later(void *arg)
 
 enum { WAIT_STREAM, WAIT_EVENT, WAIT_DEVICE };
 
-/* A queue of about half a second of delayed work; another thread raises the flag after
-   50 ms; the host wait must give up within 100 ms of that with MGT_ERR_ABORTED. */
+/* A queue of about a second of delayed work; another thread raises the flag after 50 ms; the
+   host wait must give up with MGT_ERR_ABORTED within 300 ms of that, long before the queue
+   drains (100 ms was missed by 5 ms on 2 cores under a load of 21: a bound on the scheduler,
+   not on the wait). */
 static void abort_case(int which)
 {
     mgt_devset *set = mgt_test_open_mock(1, "delay=5000");
@@ -392,7 +394,7 @@ static void abort_case(int which)
         fail_msg("%s wait returned %s (%s), not aborted", names[which], mgt_status_str(st),
                  mgt_error_last());
     double late_ms = (left_at - r.raised_at) * 1e3;
-    if (late_ms > 100)
+    if (late_ms > 300)
         fail_msg("%s wait left %.1f ms after the abort flag was raised", names[which], late_ms);
     /* the abort leaves the device usable: the queue still drains */
     bool done = true;

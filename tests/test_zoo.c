@@ -22,6 +22,7 @@
 #include "mgt/nn.h"
 #include "mgt/safetensors.h"
 #include "support/fixture.h"
+#include "support/golden.h"
 
 #define TABLE MGT_TEST_DATA_DIR "/zoo/torchvision_archs.txt"
 
@@ -302,70 +303,24 @@ static const struct {
    gradients and updates relative to their tensor's largest golden gradient */
 #define TOL_FWD 2e-5
 #define TOL_GRAD 5e-4
-#define SAMPLES 64
-
-static uint32_t fnv1a(const char *s)
-{
-    uint32_t h = 0x811C9DC5u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 0x01000193u;
-    return h;
-}
-
-static uint32_t fmix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x85EBCA6Bu;
-    x ^= x >> 13;
-    x *= 0xC2B2AE35u;
-    return x ^ (x >> 16);
-}
-
-static double hash_uniform(uint32_t salt, size_t i)
-{
-    return (double)(fmix32((uint32_t)i * 0x9E3779B1u + salt) >> 8) / 16777216.0;
-}
-
-static size_t sample_index(const char *name, size_t numel, size_t idx[SAMPLES])
-{
-    if (numel <= SAMPLES) {
-        for (size_t i = 0; i < numel; i++)
-            idx[i] = i;
-        return numel;
-    }
-    char key[96];
-    snprintf(key, sizeof key, "sample:%s", name);
-    uint32_t salt = fnv1a(key);
-    for (size_t i = 0; i < SAMPLES; i++) {
-        size_t j = (size_t)(int64_t)(hash_uniform(salt, i) * (double)numel);
-        idx[i] = j < numel ? j : numel - 1;
-    }
-    return SAMPLES;
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
 
 /* The script's weights(): v = (u - 0.5) * scale + shift in double, rounded to float. */
 static void formula_tensor(const mgt_model_entry *t, float *v)
 {
     double scale, shift = 0.0;
-    if (ends_with(t->name, "running_var"))
+    if (mgt_test_ends_with(t->name, "running_var"))
         scale = 0.5, shift = 1.0;
-    else if (ends_with(t->name, "running_mean"))
+    else if (mgt_test_ends_with(t->name, "running_mean"))
         scale = 0.2;
     else if (t->ndim >= 2)
         scale = sqrt(12.0) * sqrt(2.0 / (double)(t->numel / (size_t)t->shape[0]));
-    else if (ends_with(t->name, ".bias"))
+    else if (mgt_test_ends_with(t->name, ".bias"))
         scale = 0.2;
     else
         scale = 0.4, shift = 1.0;
-    uint32_t salt = fnv1a(t->name);
+    uint32_t salt = mgt_test_fnv1a(t->name);
     for (size_t i = 0; i < t->numel; i++)
-        v[i] = (float)((hash_uniform(salt, i) - 0.5) * scale + shift);
+        v[i] = (float)((mgt_test_hash_uniform(salt, i) - 0.5) * scale + shift);
 }
 
 static const float *golden(const mgt_st_file *g, const char *name, uint64_t n)
@@ -416,7 +371,7 @@ static void layer_scale(const mgt_st_file *g, const mgt_model_entry *t, int n, i
             strchr(t[j].name + plen + 1, '.'))
             continue;
         char name[160];
-        size_t idx[SAMPLES], k = sample_index(t[j].name, t[j].numel, idx);
+        size_t idx[MGT_TEST_SAMPLES], k = mgt_test_sample_index(t[j].name, t[j].numel, idx);
         snprintf(name, sizeof name, "grad.%s.samples", t[j].name);
         *scale = fmax(*scale, max_abs(golden(g, name, k), k));
         snprintf(name, sizeof name, "grad.%s.norm", t[j].name);
@@ -519,7 +474,7 @@ static void test_golden(void **state)
         if (t[e].role == MGT_MODEL_COUNTER)
             continue;
         char name[160];
-        size_t idx[SAMPLES], k = sample_index(t[e].name, t[e].numel, idx);
+        size_t idx[MGT_TEST_SAMPLES], k = mgt_test_sample_index(t[e].name, t[e].numel, idx);
         bool par = t[e].role == MGT_MODEL_PARAM;
         if (par && fwd_only)
             continue;

@@ -1,6 +1,6 @@
 /* Measures GFLOP/s of the CPU fast path's gemm and convolutions per thread count. */
 
-/* The kernels run directly through mgt_cpu_run (no device streams). The convolutions run on
+/* The kernels run directly through cpu_run (no device streams). The convolutions run on
    both paths of the fast kernels, oneDNN's direct kernels and mgtrain's im2col + gemm, side by
    side; --ref also times the plain reference for them. */
 #include <errno.h>
@@ -90,13 +90,13 @@ static int parse_threads(const char *s, int *out, int *n)
 
 /* One warm-up (it also grows the ctx's scratch), then `repeats` timed runs; the medians of
    wall and of CPU time. */
-static int time_fast(mgt_cpu_ctx *ctx, const mgt_op *op, int repeats, double *median,
+static int time_fast(cpu_ctx *ctx, const mgt_op *op, int repeats, double *median,
                      double *cpu_median)
 {
     double t[MAX_REPEATS], c[MAX_REPEATS];
     for (int i = -1; i < repeats; i++) {
         double t0 = mgt_time_now(), c0 = cpu_now();
-        if (mgt_cpu_run(ctx, op) != MGT_OK) {
+        if (cpu_run(ctx, op) != MGT_OK) {
             fprintf(stderr, "bench_kernels: %s: %s\n", mgt_op_name(op->kind), mgt_error_last());
             return -1;
         }
@@ -205,7 +205,7 @@ int main(int argc, char **argv)
     float *y = rand_buf(ny, &seed), *w = rand_buf(nw, &seed), *dx = rand_buf(nx, &seed);
     float *dw = rand_buf(nw, &seed);
     int rc = 1;
-    mgt_cpu_ctx ctx;
+    cpu_ctx ctx;
     bool have_ctx = false;
     if (!a || !b || !c || !x || !y || !w || !dx || !dw) {
         fprintf(stderr, "bench_kernels: out of memory\n");
@@ -240,7 +240,7 @@ int main(int argc, char **argv)
     result res[4][MAX_RESULTS];
     int nres[4] = {0};
     for (int t = 0; t < nthreads; t++) {
-        if (mgt_cpu_ctx_init(&ctx, threads[t]) != MGT_OK) {
+        if (cpu_ctx_init(&ctx, threads[t]) != MGT_OK) {
             fprintf(stderr, "bench_kernels: %s\n", mgt_error_last());
             goto done;
         }
@@ -257,7 +257,7 @@ int main(int argc, char **argv)
                                              mgt_op_flops(&cases[i].op) / med * 1e-9, cpu};
             }
         }
-        mgt_cpu_ctx_destroy(&ctx);
+        cpu_ctx_destroy(&ctx);
         have_ctx = false;
     }
     if (with_ref)
@@ -297,7 +297,7 @@ int main(int argc, char **argv)
     rc = 0;
 done:
     if (have_ctx)
-        mgt_cpu_ctx_destroy(&ctx);
+        cpu_ctx_destroy(&ctx);
     free(a);
     free(b);
     free(c);

@@ -393,7 +393,9 @@ bool mgt_precision_parse(const char *name, mgt_precision *out);
 /* The low-precision forms of gemm and the three convolution passes, as autocast runs them:
    both inputs rounded to prec (round to nearest even; fp16 overflows to inf), products and
    sums in fp32, the result fp32 with alpha and beta applied in fp32. Arrays stay fp32 in
-   memory; only the values that enter the multiply are 16-bit. prec is BF16 or FP16. */
+   memory; only the values that enter the multiply are 16-bit. prec is BF16 or FP16 (F32: the
+   fp32 ops above). The op list has no kinds of their own for them: the precision is a
+   parameter of the gemm and convolution ops (mgt_op.prec). */
 mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool trans_b, int m, int n,
                        int k, float alpha, const float *a, int lda, const float *b, int ldb,
                        float beta, float *c, int ldc);
@@ -511,18 +513,23 @@ typedef struct mgt_dropout_key {
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key);
 
-/* The pointwise activations beside ReLU, with PyTorch's definitions: relu6 = clamp(x, 0, 6);
-   hardsigmoid = clamp(x / 6 + 1/2, 0, 1); hardswish = x * hardsigmoid(x); silu = x sigmoid(x);
-   sigmoid = 1 / (1 + exp(-x)); gelu = x Phi(x) (the exact erf form, approximate='none'). */
-typedef enum mgt_act {
-    MGT_ACT_RELU6,
-    MGT_ACT_HARDSIGMOID,
-    MGT_ACT_HARDSWISH,
-    MGT_ACT_SILU,
-    MGT_ACT_SIGMOID,
-    MGT_ACT_GELU,
-    MGT_ACT_COUNT
-} mgt_act;
+/* The pointwise activations beside ReLU, with PyTorch's definitions, one row each:
+   X(KIND, name) makes MGT_ACT_<KIND> and its name (mgt_act_name, the conformance cases), and
+   every switch over activations is an expansion of the list. Adding one: its row, then its
+   formula in each backend under its name: act_<name> and act_<name>_grad in
+   src/device/cpu/ref.c, act_<name> and act_<name>_bwd in src/device/cpu/act.c, struct
+   act_<name> in src/device/cuda/act.cu; a backend without it does not build. */
+#define MGT_ACT_LIST(X)                                        \
+    X(RELU6, relu6)             /* clamp(x, 0, 6) */           \
+    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */ \
+    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */       \
+    X(SILU, silu)               /* x sigmoid(x) */             \
+    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */        \
+    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */
+
+#define MGT_ACT_ENUM_(KIND, name) MGT_ACT_##KIND,
+typedef enum mgt_act { MGT_ACT_LIST(MGT_ACT_ENUM_) MGT_ACT_COUNT } mgt_act;
+#undef MGT_ACT_ENUM_
 
 /* "relu6", "hardswish", ...; "unknown" past the list. */
 const char *mgt_act_name(mgt_act act);
@@ -559,30 +566,20 @@ mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dwei
                                            int n, int c, int hw, float eps);
 
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
-   eps (target = (1-eps) one-hot + eps/classes, as torch's CrossEntropyLoss). loss[0] = mean
-   over the batch; probs [n, classes] = softmax, kept for backward. Labels outside
-   [0, classes) are a device error. */
+   eps, as torch's CrossEntropyLoss(label_smoothing=eps): row i's target is
+   (1-eps) onehot(labels_i) + eps/classes, or with the mixed labels of mixup and cutmix,
+   (1-eps) (w_i onehot(labels_i) + (1 - w_i) onehot(labels_b_i)) + eps/classes, w = weights in
+   [0, 1] (labels_b and weights both given, or both NULL). loss[0] = mean over the batch;
+   probs [n, classes] = softmax, kept for backward. A label outside [0, classes) is a device
+   error. */
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
-                                    const int32_t *labels, int n, int classes, float smoothing);
+                                    const int32_t *labels, const int32_t *labels_b,
+                                    const float *weights, int n, int classes, float smoothing);
 /* dlogits = scale * (probs - target); scale is 1/n for the batch mean. */
 mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
-                                     const int32_t *labels, int n, int classes, float smoothing,
+                                     const int32_t *labels, const int32_t *labels_b,
+                                     const float *weights, int n, int classes, float smoothing,
                                      float scale);
-
-/* The mixed-label form for mixup and cutmix: row i's target is
-   (1-eps) (w_i onehot(a_i) + (1 - w_i) onehot(b_i)) + eps/classes, as torch's
-   CrossEntropyLoss(label_smoothing=eps) with that soft target; weights in [0, 1]. loss[0] =
-   mean over the batch; probs = softmax, kept for backward. A label outside [0, classes) is
-   a device error. */
-mgt_status mgt_softmax_xent_mix_forward(mgt_stream *s, float *loss, float *probs,
-                                        const float *logits, const int32_t *labels_a,
-                                        const int32_t *labels_b, const float *weights, int n,
-                                        int classes, float smoothing);
-/* dlogits = scale * (probs - target) */
-mgt_status mgt_softmax_xent_mix_backward(mgt_stream *s, float *dlogits, const float *probs,
-                                         const int32_t *labels_a, const int32_t *labels_b,
-                                         const float *weights, int n, int classes, float smoothing,
-                                         float scale);
 
 /* count[0] += number of rows whose label is among the k largest logits. Ties rank the
    lower class index first: the label's rank is the number of classes with a larger logit

@@ -61,25 +61,6 @@ bool mgt_lr_per_epoch(mgt_lr_kind k);
    give after `epoch` calls of step(). */
 float mgt_lr_at(const mgt_lr_config *c, int epoch, int iter, int iters_per_epoch);
 
-typedef struct mgt_sgd mgt_sgd;
-
-/* Momentum state for `floats` parameters on device d (none when momentum is 0). */
-mgt_status mgt_sgd_create(mgt_device *d, size_t floats, float momentum, float weight_decay,
-                          bool nesterov, mgt_sgd **out);
-void mgt_sgd_free(mgt_sgd *o); /* NULL is a no-op */
-
-/* Enqueues one update of params from grads, each scaled by grad_scale first (1/devices turns
-   a sum over devices into DDP's mean). The first update after create or reset sets the
-   momentum buffer to the gradient, as torch.optim.SGD does. */
-mgt_status mgt_sgd_step(mgt_sgd *o, mgt_stream *s, float *params, const float *grads, float lr,
-                        float grad_scale);
-
-/* The momentum buffer (device, floats long; NULL without momentum) and whether it holds
-   state yet: for checkpoints. mgt_sgd_set_started marks a restored buffer as live. */
-float *mgt_sgd_momentum(const mgt_sgd *o, size_t *floats);
-bool mgt_sgd_started(const mgt_sgd *o);
-void mgt_sgd_set_started(mgt_sgd *o, bool started);
-
 /* ---- the references' optimizers over weight-decay groups ---- */
 
 typedef enum mgt_opt_kind {

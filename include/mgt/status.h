@@ -34,4 +34,12 @@ const char *mgt_error_last(void);
 
 void mgt_error_clear(void);
 
+/* An invariant whose failure would corrupt memory or hand back garbage (an index past a fixed
+   array, two shapes a copy relies on, a library call whose arguments were all checked):
+   checked in every build, where assert() is compiled out by NDEBUG, which the default
+   RelWithDebInfo build defines. A broken one prints the condition and where, and aborts. */
+#define MGT_ASSERT(cond) ((cond) ? (void)0 : mgt_assert_fail(#cond, __FILE__, __LINE__, __func__))
+__attribute__((noreturn)) void mgt_assert_fail(const char *cond, const char *file, int line,
+                                               const char *func);
+
 #endif

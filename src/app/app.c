@@ -30,11 +30,6 @@ static const app_command commands[] = {
     {"plot", mgt_app_cmd_plot, "draw training curves (loss, top-1, lr) from --log files"},
 };
 
-int mgt_app_device_exit(mgt_status st)
-{
-    return st == MGT_ERR_INVALID ? MGT_APP_EXIT_USAGE : MGT_APP_EXIT_FAILED;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mgtrain [train] DIR [OPTIONS]     (or --data DIR)\n"

@@ -1,6 +1,7 @@
 /* Status names and the per-thread error text that goes with a failed call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mgt/status.h"
@@ -54,3 +55,9 @@ mgt_status mgt_error_wrap(mgt_status st, const char *fmt, ...)
 const char *mgt_error_last(void) { return error_text; }
 
 void mgt_error_clear(void) { error_text[0] = '\0'; }
+
+void mgt_assert_fail(const char *cond, const char *file, int line, const char *func)
+{
+    fprintf(stderr, "mgtrain: internal error: %s:%d: %s: %s is false\n", file, line, func, cond);
+    abort();
+}

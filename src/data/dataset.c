@@ -1,11 +1,68 @@
 /* What `--data` names (an ImageFolder tree, a pack file, a folder of packs), and what every
-   reader of a split needs whatever it is stored in: a sample's bytes, the images' sizes. */
+   reader of a split needs whatever it is stored in (scan.c makes a split from a folder,
+   pack.c from a pack): its classes, labels and paths, a sample's bytes, the images' sizes. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "data/internal.h"
+
+/* ---- a split, whatever it is stored in ---- */
+
+void mgt_dataset_free(mgt_dataset *ds)
+{
+    if (!ds)
+        return;
+    mgt_pack_release(ds->pack);
+    for (int c = 0; c < ds->nclasses; c++)
+        free(ds->class_names[c]);
+    free(ds->class_names);
+    free(ds->path_off);
+    free(ds->labels);
+    free(ds->paths);
+    free(ds->dir);
+    free(ds);
+}
+
+bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b)
+{
+    if (a->nclasses != b->nclasses)
+        return false;
+    for (int c = 0; c < a->nclasses; c++)
+        if (strcmp(a->class_names[c], b->class_names[c]) != 0)
+            return false;
+    return true;
+}
+
+size_t mgt_dataset_size(const mgt_dataset *ds) { return ds->n; }
+int mgt_dataset_class_count(const mgt_dataset *ds) { return ds->nclasses; }
+const char *mgt_dataset_dir(const mgt_dataset *ds) { return ds->dir; }
+size_t mgt_dataset_links_skipped(const mgt_dataset *ds) { return ds->links_skipped; }
+
+const char *mgt_dataset_class_name(const mgt_dataset *ds, int label)
+{
+    return label >= 0 && label < ds->nclasses ? ds->class_names[label] : NULL;
+}
+
+int mgt_dataset_label(const mgt_dataset *ds, size_t i) { return i < ds->n ? ds->labels[i] : -1; }
+
+const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i)
+{
+    if (i >= ds->n)
+        return NULL;
+    return ds->pack ? mgt_pack_relpath(ds, i) : ds->paths + ds->path_off[i];
+}
+
+mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap)
+{
+    if (i >= ds->n)
+        return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
+    const char *rel = mgt_dataset_relpath(ds, i);
+    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, rel) >= cap)
+        return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir, rel);
+    return MGT_OK;
+}
 
 bool mgt_dataset_is_pack(const mgt_dataset *ds) { return ds->pack != NULL; }
 

@@ -539,31 +539,6 @@ fail:
     return st;
 }
 
-void mgt_dataset_free(mgt_dataset *ds)
-{
-    if (!ds)
-        return;
-    mgt_pack_release(ds->pack);
-    for (int c = 0; c < ds->nclasses; c++)
-        free(ds->class_names[c]);
-    free(ds->class_names);
-    free(ds->path_off);
-    free(ds->labels);
-    free(ds->paths);
-    free(ds->dir);
-    free(ds);
-}
-
-bool mgt_dataset_same_classes(const mgt_dataset *a, const mgt_dataset *b)
-{
-    if (a->nclasses != b->nclasses)
-        return false;
-    for (int c = 0; c < a->nclasses; c++)
-        if (strcmp(a->class_names[c], b->class_names[c]) != 0)
-            return false;
-    return true;
-}
-
 /* The first class (in sorted order) present in one list and absent from the other. */
 static const char *first_difference(const mgt_dataset *a, const mgt_dataset *b, bool *in_a)
 {
@@ -651,32 +626,4 @@ mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt, mg
     return MGT_OK;
 }
 
-size_t mgt_dataset_size(const mgt_dataset *ds) { return ds->n; }
-int mgt_dataset_class_count(const mgt_dataset *ds) { return ds->nclasses; }
-const char *mgt_dataset_dir(const mgt_dataset *ds) { return ds->dir; }
 double mgt_dataset_scan_seconds(const mgt_dataset *ds) { return ds->scan_s; }
-size_t mgt_dataset_links_skipped(const mgt_dataset *ds) { return ds->links_skipped; }
-
-const char *mgt_dataset_class_name(const mgt_dataset *ds, int label)
-{
-    return label >= 0 && label < ds->nclasses ? ds->class_names[label] : NULL;
-}
-
-int mgt_dataset_label(const mgt_dataset *ds, size_t i) { return i < ds->n ? ds->labels[i] : -1; }
-
-const char *mgt_dataset_relpath(const mgt_dataset *ds, size_t i)
-{
-    if (i >= ds->n)
-        return NULL;
-    return ds->pack ? mgt_pack_relpath(ds, i) : ds->paths + ds->path_off[i];
-}
-
-mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t cap)
-{
-    if (i >= ds->n)
-        return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
-    const char *rel = mgt_dataset_relpath(ds, i);
-    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, rel) >= cap)
-        return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir, rel);
-    return MGT_OK;
-}

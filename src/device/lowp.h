@@ -1,7 +1,7 @@
 /* Rounding of fp32 values to bf16 and fp16 and the 16-bit encodings, bit-exact with PyTorch's
-   casts (round to nearest even, fp16 overflow to inf, NaN kept quiet); shared by the reference
-   and the CPU kernels. Plain C with no FP environment dependence beyond rintf's default
-   rounding mode. */
+   casts (round to nearest even, fp16 overflow to inf, NaN kept quiet); shared by the reference,
+   the CPU kernels and the CUDA kernels. Plain C that nvcc compiles as well, with no FP
+   environment dependence beyond rintf's default rounding mode. */
 #ifndef MGT_DEVICE_LOWP_H
 #define MGT_DEVICE_LOWP_H
 
@@ -11,14 +11,20 @@
 
 #include "mgt/device.h"
 
-static inline uint32_t mgt_lowp_bits(float f)
+/* How the functions are declared: static inline for C; src/device/cuda/lowp.cu defines it as
+   __host__ __device__ static inline before including this, so its kernels call them. */
+#ifndef MGT_LOWP_FN
+#define MGT_LOWP_FN static inline
+#endif
+
+MGT_LOWP_FN uint32_t mgt_lowp_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-static inline float mgt_lowp_float(uint32_t u)
+MGT_LOWP_FN float mgt_lowp_float(uint32_t u)
 {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -27,7 +33,7 @@ static inline float mgt_lowp_float(uint32_t u)
 
 /* bf16 keeps fp32's exponent: dropping the low 16 bits with round-to-nearest-even is the whole
    cast (values near FLT_MAX round up to inf, as in PyTorch). */
-static inline float mgt_lowp_round_bf16(float x)
+MGT_LOWP_FN float mgt_lowp_round_bf16(float x)
 {
     uint32_t u = mgt_lowp_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u)
@@ -38,7 +44,7 @@ static inline float mgt_lowp_round_bf16(float x)
 
 /* fp16: 10 stored fraction bits above 2^-14, multiples of 2^-24 below (subnormals); from
    65520 up the value rounds to inf. */
-static inline float mgt_lowp_round_fp16(float x)
+MGT_LOWP_FN float mgt_lowp_round_fp16(float x)
 {
     float a = fabsf(x);
     if (isnan(x))
@@ -48,10 +54,10 @@ static inline float mgt_lowp_round_fp16(float x)
     uint32_t u = mgt_lowp_bits(a);
     u += 0xfffu + ((u >> 13) & 1u);
     float r = mgt_lowp_float(u & ~0x1fffu);
-    return copysignf(r >= 65536.0f ? INFINITY : r, x);
+    return copysignf(r >= 65536.0f ? mgt_lowp_float(0x7f800000u) : r, x);
 }
 
-static inline float mgt_lowp_round(mgt_precision p, float x)
+MGT_LOWP_FN float mgt_lowp_round(mgt_precision p, float x)
 {
     return p == MGT_PREC_BF16   ? mgt_lowp_round_bf16(x)
            : p == MGT_PREC_FP16 ? mgt_lowp_round_fp16(x)
@@ -59,7 +65,7 @@ static inline float mgt_lowp_round(mgt_precision p, float x)
 }
 
 /* The 16-bit encoding of x (rounded first). */
-static inline uint16_t mgt_lowp_encode(mgt_precision p, float x)
+MGT_LOWP_FN uint16_t mgt_lowp_encode(mgt_precision p, float x)
 {
     if (p == MGT_PREC_BF16)
         return (uint16_t)(mgt_lowp_bits(mgt_lowp_round_bf16(x)) >> 16);
@@ -77,7 +83,7 @@ static inline uint16_t mgt_lowp_encode(mgt_precision p, float x)
     return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ffu));
 }
 
-static inline float mgt_lowp_decode(mgt_precision p, uint16_t h)
+MGT_LOWP_FN float mgt_lowp_decode(mgt_precision p, uint16_t h)
 {
     if (p == MGT_PREC_BF16)
         return mgt_lowp_float((uint32_t)h << 16);

@@ -1,5 +1,4 @@
 /* Kernel calls as values: names, argument checks, operand lists and FLOP counts of every op. */
-#include <assert.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -81,7 +80,7 @@ typedef struct operand_list {
 static void add_operand(operand_list *l, const char *name, void **ptr, size_t count,
                         mgt_dtype dtype, mgt_operand_role role)
 {
-    assert(l->n < MGT_OP_MAX_OPERANDS);
+    MGT_ASSERT(l->n < MGT_OP_MAX_OPERANDS);
     l->out[l->n++] = (mgt_operand){name, ptr, count, dtype, role};
 }
 
@@ -188,18 +187,17 @@ static void operands_relu_bwd(mgt_op *op, operand_list *l)
 
 /* ---- gemm ---- */
 
-/* The fp32 kinds take F32 (what a zeroed op holds); the _lp kinds one of the 16-bit ones. */
+/* A gemm or convolution in F32 (what a zeroed op holds), or on inputs rounded to BF16 or FP16. */
 static mgt_status check_prec(const mgt_op *op, mgt_precision p)
 {
-    bool lowp = mgt_op_fp32_kind(op->kind) != op->kind;
-    if (lowp ? (p != MGT_PREC_BF16 && p != MGT_PREC_FP16) : p != MGT_PREC_F32)
-        return INVALID(op, "precision %d is not %s", (int)p, lowp ? "bf16 or fp16" : "f32");
+    if (p != MGT_PREC_F32 && p != MGT_PREC_BF16 && p != MGT_PREC_FP16)
+        return INVALID(op, "precision %d is not f32, bf16 or fp16", (int)p);
     return MGT_OK;
 }
 
 static mgt_status check_gemm(const mgt_op *op)
 {
-    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    const mgt_gemm_args *g = &op->u.gemm;
     mgt_status st = check_prec(op, op->prec);
     if (st != MGT_OK)
         return st;
@@ -225,7 +223,7 @@ static mgt_status check_gemm(const mgt_op *op)
 
 static void operands_gemm(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.gemm) *g = &op->u.gemm;
+    mgt_gemm_args *g = &op->u.gemm;
     size_t a = g->trans_a ? strided(g->k, g->lda, g->m) : strided(g->m, g->lda, g->k);
     size_t b = g->trans_b ? strided(g->n, g->ldb, g->k) : strided(g->k, g->ldb, g->n);
     ADD(l, g->c, "c", strided(g->m, g->ldc, g->n), MGT_F32, beta_role(g->beta));
@@ -248,7 +246,7 @@ static mgt_status check_layout(const mgt_op *op, mgt_layout l, int c, const char
 
 bool mgt_op_blocked(const mgt_op *op)
 {
-    switch (mgt_op_fp32_kind(op->kind)) {
+    switch (op->kind) {
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER:
@@ -322,12 +320,11 @@ static void operands_conv(mgt_op *op, operand_list *l)
     size_t y = zmul(sh->n, sh->k, mgt_conv2d_out_h(sh), mgt_conv2d_out_w(sh));
     size_t w = zmul(sh->k, sh->c / groups, sh->r, sh->s);
     mgt_operand_role role = beta_role(op->u.conv.beta);
-    mgt_op_kind kind = mgt_op_fp32_kind(op->kind);
-    if (kind == MGT_OP_CONV2D_FWD) {
+    if (op->kind == MGT_OP_CONV2D_FWD) {
         ADD(l, op->u.conv.out, "y", y, MGT_F32, role);
         ADD(l, op->u.conv.in1, "x", x, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
-    } else if (kind == MGT_OP_CONV2D_BWD_DATA) {
+    } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
         ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
         ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
@@ -380,7 +377,7 @@ static mgt_status check_bn_train(const mgt_op *op)
 
 static void operands_bn_train(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    mgt_bn_train_args *b = &op->u.bn_train;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
     ADD(l, b->y, "y", x, MGT_F32, OUT);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, OUT);
@@ -396,7 +393,7 @@ static mgt_status check_bn_eval(const mgt_op *op) { return check_bn_shape(op, &o
 
 static void operands_bn_eval(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    mgt_bn_eval_args *b = &op->u.bn_eval;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
     ADD(l, b->y, "y", x, MGT_F32, OUT);
     ADD(l, b->x, "x", x, MGT_F32, IN);
@@ -410,7 +407,7 @@ static mgt_status check_bn_bwd(const mgt_op *op) { return check_bn_shape(op, &op
 
 static void operands_bn_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    mgt_bn_bwd_args *b = &op->u.bn_bwd;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
     ADD(l, b->dx, "dx", x, MGT_F32, OUT);
     ADD(l, b->dgamma, "dgamma", c, MGT_F32, INOUT);
@@ -431,7 +428,7 @@ static mgt_status check_bn_stats(const mgt_op *op)
 
 static void operands_bn_stats(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    mgt_bn_stats_args *b = &op->u.bn_stats;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
     ADD(l, b->mean, "mean", c, MGT_F32, OUT);
     ADD(l, b->var, "var", c, MGT_F32, OUT);
@@ -452,7 +449,7 @@ static mgt_status check_bn_bwd_elemt(const mgt_op *op)
 
 static void operands_bn_bwd_elemt(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    mgt_bn_bwd_elemt_args *b = &op->u.bn_bwd_elemt;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
     ADD(l, b->dx, "dx", x, MGT_F32, OUT);
     ADD(l, b->dy, "dy", x, MGT_F32, IN);
@@ -535,28 +532,28 @@ static mgt_status check_planes(const mgt_op *op, int n, int c, int hw)
 
 static mgt_status check_avgpool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+    const mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
     mgt_status st = check_planes(op, a->n, a->c, a->hw);
     return st == MGT_OK ? check_layout(op, a->layout, a->c, "x") : st;
 }
 
 static void operands_avgpool_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+    mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
     ADD(l, a->y, "y", zmul(a->n, a->c, 1, 1), MGT_F32, OUT);
     ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
 }
 
 static mgt_status check_avgpool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+    const mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
     mgt_status st = check_planes(op, a->n, a->c, a->hw);
     return st == MGT_OK ? check_layout(op, a->layout, a->c, "dx") : st;
 }
 
 static void operands_avgpool_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+    mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
     ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
     ADD(l, a->dy, "dy", zmul(a->n, a->c, 1, 1), MGT_F32, IN);
 }
@@ -614,70 +611,58 @@ static mgt_status check_smoothing(const mgt_op *op, float eps)
     return MGT_OK;
 }
 
+/* labels_b and weights go together: both NULL is the one-hot target of labels */
+static mgt_status check_targets(const mgt_op *op, int n, int classes, float eps,
+                                const int32_t *labels_b, const float *weights)
+{
+    mgt_status st = check_rows(op, n, classes);
+    if (st == MGT_OK)
+        st = check_smoothing(op, eps);
+    if (st == MGT_OK && (labels_b == NULL) != (weights == NULL))
+        return INVALID(op, "%s without %s", labels_b ? "labels_b" : "weights",
+                       labels_b ? "weights" : "labels_b");
+    return st;
+}
+
+static void operands_targets(operand_list *l, const int32_t **labels, const int32_t **labels_b,
+                             const float **weights, int n)
+{
+    ADD(l, *labels, "labels", (size_t)n, MGT_I32, IN);
+    if (*labels_b) {
+        ADD(l, *labels_b, "labels_b", (size_t)n, MGT_I32, IN);
+        ADD(l, *weights, "weights", (size_t)n, MGT_F32, IN);
+    }
+}
+
 static mgt_status check_xent_fwd(const mgt_op *op)
 {
-    mgt_status st = check_rows(op, op->u.xent_fwd.n, op->u.xent_fwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xent_fwd.smoothing);
+    const mgt_xent_fwd_args *x = &op->u.xent_fwd;
+    return check_targets(op, x->n, x->classes, x->smoothing, x->labels_b, x->weights);
 }
 
 static void operands_xent_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
+    mgt_xent_fwd_args *x = &op->u.xent_fwd;
     size_t nc = zmul(x->n, x->classes, 1, 1);
     ADD(l, x->loss, "loss", 1, MGT_F32, OUT);
     ADD(l, x->probs, "probs", nc, MGT_F32, OUT);
     ADD(l, x->logits, "logits", nc, MGT_F32, IN);
-    ADD(l, x->labels, "labels", (size_t)x->n, MGT_I32, IN);
+    operands_targets(l, &x->labels, &x->labels_b, &x->weights, x->n);
 }
 
 static mgt_status check_xent_bwd(const mgt_op *op)
 {
-    mgt_status st = check_rows(op, op->u.xent_bwd.n, op->u.xent_bwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xent_bwd.smoothing);
+    const mgt_xent_bwd_args *x = &op->u.xent_bwd;
+    return check_targets(op, x->n, x->classes, x->smoothing, x->labels_b, x->weights);
 }
 
 static void operands_xent_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
+    mgt_xent_bwd_args *x = &op->u.xent_bwd;
     size_t nc = zmul(x->n, x->classes, 1, 1);
     ADD(l, x->dlogits, "dlogits", nc, MGT_F32, OUT);
     ADD(l, x->probs, "probs", nc, MGT_F32, IN);
-    ADD(l, x->labels, "labels", (size_t)x->n, MGT_I32, IN);
-}
-
-static mgt_status check_xmix_fwd(const mgt_op *op)
-{
-    mgt_status st = check_rows(op, op->u.xmix_fwd.n, op->u.xmix_fwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_fwd.smoothing);
-}
-
-static void operands_xmix_fwd(mgt_op *op, operand_list *l)
-{
-    __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
-    size_t nc = zmul(x->n, x->classes, 1, 1);
-    ADD(l, x->loss, "loss", 1, MGT_F32, OUT);
-    ADD(l, x->probs, "probs", nc, MGT_F32, OUT);
-    ADD(l, x->logits, "logits", nc, MGT_F32, IN);
-    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
-}
-
-static mgt_status check_xmix_bwd(const mgt_op *op)
-{
-    mgt_status st = check_rows(op, op->u.xmix_bwd.n, op->u.xmix_bwd.classes);
-    return st != MGT_OK ? st : check_smoothing(op, op->u.xmix_bwd.smoothing);
-}
-
-static void operands_xmix_bwd(mgt_op *op, operand_list *l)
-{
-    __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
-    size_t nc = zmul(x->n, x->classes, 1, 1);
-    ADD(l, x->dlogits, "dlogits", nc, MGT_F32, OUT);
-    ADD(l, x->probs, "probs", nc, MGT_F32, IN);
-    ADD(l, x->labels_a, "labels_a", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->labels_b, "labels_b", (size_t)x->n, MGT_I32, IN);
-    ADD(l, x->weights, "weights", (size_t)x->n, MGT_F32, IN);
+    operands_targets(l, &x->labels, &x->labels_b, &x->weights, x->n);
 }
 
 static mgt_status check_topk(const mgt_op *op)
@@ -692,7 +677,7 @@ static mgt_status check_topk(const mgt_op *op)
 
 static void operands_topk(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.topk) *t = &op->u.topk;
+    mgt_topk_args *t = &op->u.topk;
     ADD(l, t->count, "count", 1, MGT_I32, INOUT);
     ADD(l, t->logits, "logits", zmul(t->n, t->classes, 1, 1), MGT_F32, IN);
     ADD(l, t->labels, "labels", (size_t)t->n, MGT_I32, IN);
@@ -724,7 +709,7 @@ static mgt_status check_sgd(const mgt_op *op)
 
 static void operands_sgd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.sgd) *s = &op->u.sgd;
+    mgt_sgd_args *s = &op->u.sgd;
     ADD(l, s->param, "param", s->n, MGT_F32, INOUT);
     /* With momentum 0 the buffer is never touched, so it is no operand even when given; on
        the first step it is written before it is read. */
@@ -754,7 +739,7 @@ static mgt_status check_adamw(const mgt_op *op)
 
 static void operands_adamw(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.adamw) *a = &op->u.adamw;
+    mgt_adamw_args *a = &op->u.adamw;
     ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
     ADD(l, a->exp_avg, "exp_avg", a->n, MGT_F32, INOUT);
     ADD(l, a->exp_avg_sq, "exp_avg_sq", a->n, MGT_F32, INOUT);
@@ -781,7 +766,7 @@ static mgt_status check_rmsprop(const mgt_op *op)
 
 static void operands_rmsprop(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    mgt_rmsprop_args *a = &op->u.rmsprop;
     ADD(l, a->param, "param", a->n, MGT_F32, INOUT);
     ADD(l, a->square_avg, "square_avg", a->n, MGT_F32, INOUT);
     if (a->p.momentum != 0.0f)
@@ -793,33 +778,33 @@ static void operands_rmsprop(mgt_op *op, operand_list *l)
 
 static mgt_status check_chbias_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
     return check_planes(op, b->n, b->c, b->hw);
 }
 
 static void operands_chbias_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
     ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), MGT_F32, INOUT);
     ADD(l, b->bias, "bias", (size_t)b->c, MGT_F32, IN);
 }
 
 static mgt_status check_chbias_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    const mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     return check_planes(op, b->n, b->c, b->hw);
 }
 
 static void operands_chbias_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     ADD(l, b->dbias, "dbias", (size_t)b->c, MGT_F32, INOUT);
     ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), MGT_F32, IN);
 }
 
 static mgt_status check_dropout(const mgt_op *op)
 {
-    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    const mgt_dropout_args *d = &op->u.dropout;
     NEED_POS(op, d->n, "batch n");
     NEED_POS(op, d->per_image, "per-image size");
     /* the mask's counter holds j / 4 in 32 bits */
@@ -832,7 +817,7 @@ static mgt_status check_dropout(const mgt_op *op)
 
 static void operands_dropout(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.dropout) *d = &op->u.dropout;
+    mgt_dropout_args *d = &op->u.dropout;
     size_t n = (size_t)d->n * d->per_image;
     ADD(l, d->y, "y", n, MGT_F32, OUT);
     ADD(l, d->x, "x", n, MGT_F32, IN);
@@ -855,26 +840,26 @@ static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int 
 
 static mgt_status check_apool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    const mgt_apool_fwd_args *a = &op->u.apool_fwd;
     return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
 }
 
 static void operands_apool_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    mgt_apool_fwd_args *a = &op->u.apool_fwd;
     ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, OUT);
     ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), MGT_F32, IN);
 }
 
 static mgt_status check_apool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    const mgt_apool_bwd_args *a = &op->u.apool_bwd;
     return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
 }
 
 static void operands_apool_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    mgt_apool_bwd_args *a = &op->u.apool_bwd;
     ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), MGT_F32, OUT);
     ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
 }
@@ -896,7 +881,7 @@ static bool scopy_fits(int n, int rows, size_t count, size_t stride, size_t row)
 
 static mgt_status check_scopy(const mgt_op *op)
 {
-    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    const mgt_scopy_args *c = &op->u.scopy;
     NEED_POS(op, c->n, "batch n");
     NEED_POS(op, c->rows, "rows");
     NEED_POS(op, c->count, "count");
@@ -913,7 +898,7 @@ static mgt_status check_scopy(const mgt_op *op)
 
 static void operands_scopy(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.scopy) *c = &op->u.scopy;
+    mgt_scopy_args *c = &op->u.scopy;
     /* INOUT: the floats between the rows are in the extent and are left as they are */
     ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
     ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
@@ -923,7 +908,7 @@ uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f
 
 void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4])
 {
-    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    const mgt_dropout_args *d = &op->u.dropout;
     uint64_t g = d->sample0 + (uint64_t)image * d->sample_stride;
     uint32_t ctr[4] = {block, (uint32_t)d->step, (uint32_t)g,
                        ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
@@ -970,7 +955,7 @@ static mgt_status check_chscale_fwd(const mgt_op *op)
 
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
     ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
     ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
     ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
@@ -983,7 +968,7 @@ static mgt_status check_chscale_bwd(const mgt_op *op)
 
 static void operands_chscale_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
     ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
     if (a->dscale)
@@ -1008,7 +993,7 @@ static mgt_status check_lnc_fwd(const mgt_op *op)
 
 static void operands_lnc_fwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.lnc_fwd) *a = &op->u.lnc_fwd;
+    mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
     ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
     ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
@@ -1022,7 +1007,7 @@ static mgt_status check_lnc_bwd(const mgt_op *op)
 
 static void operands_lnc_bwd(mgt_op *op, operand_list *l)
 {
-    __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+    mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
     ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
     ADD(l, a->dweight, "dweight", (size_t)a->c, MGT_F32, INOUT);
     ADD(l, a->dbias, "dbias", (size_t)a->c, MGT_F32, INOUT);
@@ -1064,22 +1049,11 @@ typedef struct op_info {
 } op_info;
 
 /* A line of MGT_OP_LIST without its check_<args> or operands_<args> does not compile. */
-#define OP_INFO(KIND, name, args) [MGT_OP_##KIND] = {#name, check_##args, operands_##args},
+#define OP_INFO(KIND, name, args, stem) [MGT_OP_##KIND] = {#name, check_##args, operands_##args},
 static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 #undef OP_INFO
 
 size_t mgt_dtype_size(mgt_dtype t) { return t == MGT_U16 ? sizeof(uint16_t) : sizeof(float); }
-
-mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind)
-{
-    switch (kind) {
-    case MGT_OP_GEMM_LP: return MGT_OP_GEMM;
-    case MGT_OP_CONV_FWD_LP: return MGT_OP_CONV2D_FWD;
-    case MGT_OP_CONV_BWD_DATA_LP: return MGT_OP_CONV2D_BWD_DATA;
-    case MGT_OP_CONV_BWD_FILT_LP: return MGT_OP_CONV2D_BWD_FILTER;
-    default: return kind;
-    }
-}
 
 const char *mgt_op_name(mgt_op_kind kind)
 {
@@ -1129,7 +1103,7 @@ mgt_status mgt_op_check(const mgt_op *op)
 
 double mgt_op_flops(const mgt_op *op)
 {
-    switch (mgt_op_fp32_kind(op->kind)) {
+    switch (op->kind) {
     case MGT_OP_GEMM: return 2.0 * op->u.gemm.m * op->u.gemm.n * op->u.gemm.k;
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:

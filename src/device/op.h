@@ -1,17 +1,16 @@
 /* Kernel calls as values: what the dispatch layer hands a backend, what a mock stream queues,
    and what the conformance suite runs on every backend and on the reference.
 
-   Adding an op: one line in MGT_OP_LIST below; its argument struct in mgt_op's union (or an
-   existing one it shares); in op.c its check_<args> (sizes and parameters only) and
+   Adding an op: one row in MGT_OP_LIST below; its argument struct mgt_<args>_args and its
+   member of mgt_op's union (or an existing one it shares); in op.c its check_<args> (sizes and parameters only) and
    operands_<args> (every pointer with its element count, type and role; the NULL checks and
-   the mock's pointer checks come from these); one function per backend, each entered in that
-   backend's table indexed by kind: ref_ops in cpu/ref.c (plain loops, the truth), cpu_ops in
-   cpu/kernels.c (the mock devices' fast path), cuda_ops in cuda/backend.c (declared in
-   cuda/cuda_impl.h, defined in a .cu file, which can include this header); a public wrapper
-   in mgt/device.h and device.c where layers call it; and its case generator (plus a
-   finite-difference check for a backward) in specs[] of tests/test_conformance.c. A backend
-   table without the entry refuses the op with MGT_ERR_UNSUPPORTED; op.c does not compile
-   without check_ and operands_; CTest picks up conformance.<name> from the list by itself. */
+   the mock's pointer checks come from these); its implementation in every backend under the
+   row's stem: ref_<stem> in cpu/ref.c (plain loops, the truth), cpu_<stem> in the cpu/ file
+   of its family (the mock devices' fast path), cuda_<stem> in the cuda/ .cu file of its family;
+   its case generator gen_<stem> in tests/test_conformance.c; a public wrapper in mgt/device.h
+   and device.c where layers call it. The backends' tables, the CUDA prototypes and the
+   conformance suite's table are expansions of the list, so a row whose stem lacks any of these
+   does not build; CTest picks up conformance.<name> from the list by itself. */
 #ifndef MGT_DEVICE_OP_H
 #define MGT_DEVICE_OP_H
 
@@ -21,338 +20,406 @@
 
 #include "mgt/device.h"
 
-/* The op list, one line per op: X(KIND, name, args). KIND makes the enumerator MGT_OP_<KIND>;
-   name is what the op is called everywhere (error texts, the mock's fault=kernel@D:N:name,
-   `test_conformance --list` and so the CTest case conformance.<name>); args is the member of
-   mgt_op's union that holds its arguments. Ops sharing an argument struct (the three
-   convolution passes) share its check and operand entries, which look at the kind.
-   Order is free: nothing stores kinds as numbers. */
-#define MGT_OP_LIST(X)                                   \
-    X(FILL, fill, fill)                                  \
-    X(SCALE, scale, scale)                               \
-    X(AXPY, axpy, axpy)                                  \
-    X(SUM, sum, sum)                                     \
-    X(ADD, add, add)                                     \
-    X(GEMM, gemm, gemm)                                  \
-    X(CONV2D_FWD, conv2d_forward, conv)                  \
-    X(CONV2D_BWD_DATA, conv2d_backward_data, conv)       \
-    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv)   \
-    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train)   \
-    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval)      \
-    X(BN_BWD, batchnorm_backward, bn_bwd)                \
-    X(RELU_FWD, relu_forward, relu_fwd)                  \
-    X(RELU_BWD, relu_backward, relu_bwd)                 \
-    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd)       \
-    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd)      \
-    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd)         \
-    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd)        \
-    X(BIAS_FWD, bias_forward, bias_fwd)                  \
-    X(BIAS_BWD, bias_backward, bias_bwd)                 \
-    X(XENT_FWD, softmax_xent_forward, xent_fwd)          \
-    X(XENT_BWD, softmax_xent_backward, xent_bwd)         \
-    X(XENT_MIX_FWD, softmax_xent_mix_forward, xmix_fwd)  \
-    X(XENT_MIX_BWD, softmax_xent_mix_backward, xmix_bwd) \
-    X(TOPK, topk_correct, topk)                          \
-    X(SGD, sgd_update, sgd)                              \
-    X(GEMM_LP, gemm_lp, gemm)                            \
-    X(CONV_FWD_LP, conv2d_forward_lp, conv)              \
-    X(CONV_BWD_DATA_LP, conv2d_backward_data_lp, conv)   \
-    X(CONV_BWD_FILT_LP, conv2d_backward_filter_lp, conv) \
-    X(CAST_TO_16, cast_to_16, cast)                      \
-    X(CAST_FROM_16, cast_from_16, cast)                  \
-    X(NONFINITE, nonfinite_count, nonfinite)             \
-    X(ADAMW, adamw_update, adamw)                        \
-    X(RMSPROP, rmsprop_update, rmsprop)                  \
-    X(SUMSQ, sum_squares, sum)                           \
-    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd)      \
-    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd)     \
-    X(DROPOUT, dropout, dropout)                         \
-    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd)    \
-    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd)   \
-    X(STRIDED_COPY, strided_copy, scopy)                 \
-    X(ACT_FWD, activation_forward, act_fwd)              \
-    X(ACT_BWD, activation_backward, act_bwd)             \
-    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd)   \
-    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd)  \
-    X(BN_STATS, bn_stats, bn_stats)                      \
-    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt)     \
-    X(LNC_FWD, layernorm_channels_forward, lnc_fwd)      \
-    X(LNC_BWD, layernorm_channels_backward, lnc_bwd)
+/* The op list, one row per op: X(KIND, name, args, stem). KIND makes the enumerator
+   MGT_OP_<KIND>; name is what the op is called everywhere (error texts, the mock's
+   fault=kernel@D:N:name, `test_conformance --list` and so the CTest case conformance.<name>);
+   args is the member of mgt_op's union that holds its arguments; stem names its
+   implementation in every backend and its conformance cases (see above). Rows may share args
+   (the three convolution passes share check_conv and operands_conv, which look at the kind)
+   and a stem (one function serves the three passes, or sum and sum_squares). A variant of an
+   op (a precision, mixed labels) is a parameter of it, not a row. Order is free: nothing
+   stores kinds as numbers. */
+#define MGT_OP_LIST(X)                                               \
+    X(FILL, fill, fill, fill)                                        \
+    X(SCALE, scale, scale, scale)                                    \
+    X(AXPY, axpy, axpy, axpy)                                        \
+    X(SUM, sum, sum, sum)                                            \
+    X(ADD, add, add, add)                                            \
+    X(GEMM, gemm, gemm, gemm)                                        \
+    X(CONV2D_FWD, conv2d_forward, conv, conv2d)                      \
+    X(CONV2D_BWD_DATA, conv2d_backward_data, conv, conv2d)           \
+    X(CONV2D_BWD_FILTER, conv2d_backward_filter, conv, conv2d)       \
+    X(BN_FWD_TRAIN, batchnorm_forward_train, bn_train, bn_train)     \
+    X(BN_FWD_EVAL, batchnorm_forward_eval, bn_eval, bn_eval)         \
+    X(BN_BWD, batchnorm_backward, bn_bwd, bn_bwd)                    \
+    X(RELU_FWD, relu_forward, relu_fwd, relu_fwd)                    \
+    X(RELU_BWD, relu_backward, relu_bwd, relu_bwd)                   \
+    X(MAXPOOL_FWD, maxpool2d_forward, maxpool_fwd, maxpool_fwd)      \
+    X(MAXPOOL_BWD, maxpool2d_backward, maxpool_bwd, maxpool_bwd)     \
+    X(AVGPOOL_FWD, avgpool_forward, avgpool_fwd, avgpool_fwd)        \
+    X(AVGPOOL_BWD, avgpool_backward, avgpool_bwd, avgpool_bwd)       \
+    X(BIAS_FWD, bias_forward, bias_fwd, bias_fwd)                    \
+    X(BIAS_BWD, bias_backward, bias_bwd, bias_bwd)                   \
+    X(XENT_FWD, softmax_xent_forward, xent_fwd, xent_fwd)            \
+    X(XENT_BWD, softmax_xent_backward, xent_bwd, xent_bwd)           \
+    X(TOPK, topk_correct, topk, topk)                                \
+    X(SGD, sgd_update, sgd, sgd)                                     \
+    X(CAST_TO_16, cast_to_16, cast, cast)                            \
+    X(CAST_FROM_16, cast_from_16, cast, cast)                        \
+    X(NONFINITE, nonfinite_count, nonfinite, nonfinite)              \
+    X(ADAMW, adamw_update, adamw, adamw)                             \
+    X(RMSPROP, rmsprop_update, rmsprop, rmsprop)                     \
+    X(SUMSQ, sum_squares, sum, sum)                                  \
+    X(CHBIAS_FWD, channel_bias_forward, chbias_fwd, chbias_fwd)      \
+    X(CHBIAS_BWD, channel_bias_backward, chbias_bwd, chbias_bwd)     \
+    X(DROPOUT, dropout, dropout, dropout)                            \
+    X(APOOL_FWD, adaptive_avgpool_forward, apool_fwd, apool_fwd)     \
+    X(APOOL_BWD, adaptive_avgpool_backward, apool_bwd, apool_bwd)    \
+    X(STRIDED_COPY, strided_copy, scopy, scopy)                      \
+    X(ACT_FWD, activation_forward, act_fwd, act_fwd)                 \
+    X(ACT_BWD, activation_backward, act_bwd, act_bwd)                \
+    X(CHSCALE_FWD, channel_scale_forward, chscale_fwd, chscale_fwd)  \
+    X(CHSCALE_BWD, channel_scale_backward, chscale_bwd, chscale_bwd) \
+    X(BN_STATS, bn_stats, bn_stats, bn_stats)                        \
+    X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt, bn_bwd_elemt)   \
+    X(LNC_FWD, layernorm_channels_forward, lnc_fwd, lnc_fwd)         \
+    X(LNC_BWD, layernorm_channels_backward, lnc_bwd, lnc_bwd)
 
-#define MGT_OP_ENUM_(KIND, name, args) MGT_OP_##KIND,
+#define MGT_OP_ENUM_(KIND, name, args, stem) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
 #undef MGT_OP_ENUM_
 
-/* Arguments of each kind; names and meanings as in the mgt_* wrappers of mgt/device.h. */
+/* The argument structs of the ops, mgt_<args>_args for the args column of the op list; names
+   and meanings as in the mgt_* wrappers of mgt/device.h. */
+
+typedef struct mgt_fill_args {
+    float *x;
+    float value;
+    size_t n;
+} mgt_fill_args;
+
+typedef struct mgt_scale_args {
+    float *x;
+    float alpha;
+    size_t n;
+} mgt_scale_args;
+
+typedef struct mgt_axpy_args {
+    float *y;
+    float alpha;
+    const float *x;
+    size_t n;
+} mgt_axpy_args;
+
+typedef struct mgt_sum_args {
+    float *out;
+    const float *x;
+    size_t n;
+} mgt_sum_args;
+
+typedef struct mgt_add_args {
+    float *y;
+    const float *a, *b;
+    size_t n;
+} mgt_add_args;
+
+typedef struct mgt_gemm_args {
+    bool trans_a, trans_b;
+    int m, n, k;
+    float alpha;
+    const float *a;
+    int lda;
+    const float *b;
+    int ldb;
+    float beta;
+    float *c;
+    int ldc;
+} mgt_gemm_args;
+
+/* forward: out = y, in1 = x, in2 = w; backward data: out = dx, in1 = dy, in2 = w;
+   backward filter: out = dw, in1 = dy, in2 = x */
+typedef struct mgt_conv_args {
+    float *out;
+    const float *in1, *in2;
+    mgt_conv2d_shape sh;
+    float beta;
+} mgt_conv_args;
+
+typedef struct mgt_bn_train_args {
+    float *y, *save_mean, *save_invstd, *running_mean, *running_var;
+    const float *x, *gamma, *beta;
+    mgt_bn_shape sh;
+} mgt_bn_train_args;
+
+typedef struct mgt_bn_eval_args {
+    float *y;
+    const float *x, *gamma, *beta, *running_mean, *running_var;
+    mgt_bn_shape sh;
+} mgt_bn_eval_args;
+
+typedef struct mgt_bn_bwd_args {
+    float *dx, *dgamma, *dbeta;
+    const float *dy, *y, *x, *gamma, *save_mean, *save_invstd; /* y: sh.relu only */
+    mgt_bn_shape sh;
+} mgt_bn_bwd_args;
+
+typedef struct mgt_bn_stats_args {
+    float *mean, *var; /* this shard's per-channel mean and biased variance */
+    const float *x;
+    mgt_bn_shape sh;
+} mgt_bn_stats_args;
+
+typedef struct mgt_bn_bwd_elemt_args {
+    float *dx;
+    const float *dy, *x, *gamma, *mean, *invstd, *sum_dy, *sum_dy_xhat;
+    mgt_bn_shape sh;
+    double count; /* values per channel the sums were taken over (every shard's) */
+} mgt_bn_bwd_elemt_args;
+
+typedef struct mgt_relu_fwd_args {
+    float *y;
+    const float *x;
+    size_t n;
+} mgt_relu_fwd_args;
+
+typedef struct mgt_relu_bwd_args {
+    float *dx;
+    const float *dy, *y;
+    size_t n;
+} mgt_relu_bwd_args;
+
+typedef struct mgt_maxpool_fwd_args {
+    float *y;
+    const float *x;
+    mgt_pool2d_shape sh;
+} mgt_maxpool_fwd_args;
+
+typedef struct mgt_maxpool_bwd_args {
+    float *dx;
+    const float *dy, *x, *y;
+    mgt_pool2d_shape sh;
+} mgt_maxpool_bwd_args;
+
+typedef struct mgt_avgpool_fwd_args {
+    float *y;
+    const float *x;
+    int n, c, hw;
+    mgt_layout layout; /* of x */
+} mgt_avgpool_fwd_args;
+
+typedef struct mgt_avgpool_bwd_args {
+    float *dx;
+    const float *dy;
+    int n, c, hw;
+    mgt_layout layout; /* of dx */
+} mgt_avgpool_bwd_args;
+
+typedef struct mgt_bias_fwd_args {
+    float *y;
+    const float *bias;
+    int rows, cols;
+} mgt_bias_fwd_args;
+
+typedef struct mgt_bias_bwd_args {
+    float *dbias;
+    const float *dy;
+    int rows, cols;
+} mgt_bias_bwd_args;
+
+/* target = w onehot(labels) + (1 - w) onehot(labels_b), then smoothing; labels_b and
+   weights both NULL: w = 1 (the one-hot target of labels) */
+typedef struct mgt_xent_fwd_args {
+    float *loss, *probs;
+    const float *logits;
+    const int32_t *labels, *labels_b;
+    const float *weights;
+    int n, classes;
+    float smoothing;
+} mgt_xent_fwd_args;
+
+typedef struct mgt_xent_bwd_args {
+    float *dlogits;
+    const float *probs;
+    const int32_t *labels, *labels_b;
+    const float *weights;
+    int n, classes;
+    float smoothing, scale;
+} mgt_xent_bwd_args;
+
+typedef struct mgt_topk_args {
+    int32_t *count;
+    const float *logits;
+    const int32_t *labels;
+    int n, classes, k;
+} mgt_topk_args;
+
+/* cast_to_16: dst is uint16_t [n], src float [n]; cast_from_16 the other way */
+typedef struct mgt_cast_args {
+    void *dst;
+    const void *src;
+    size_t n;
+} mgt_cast_args;
+
+typedef struct mgt_nonfinite_args {
+    int32_t *count;
+    const float *x;
+    size_t n;
+} mgt_nonfinite_args;
+
+typedef struct mgt_sgd_args {
+    float *param, *momentum_buf;
+    const float *grad;
+    size_t n;
+    mgt_sgd_params p;
+} mgt_sgd_args;
+
+typedef struct mgt_adamw_args {
+    float *param, *exp_avg, *exp_avg_sq;
+    const float *grad;
+    size_t n;
+    mgt_adamw_params p;
+} mgt_adamw_args;
+
+typedef struct mgt_rmsprop_args {
+    float *param, *square_avg, *momentum_buf;
+    const float *grad;
+    size_t n;
+    mgt_rmsprop_params p;
+} mgt_rmsprop_args;
+
+/* y [n, c, hw] += bias[c] (a convolution's bias) */
+typedef struct mgt_chbias_fwd_args {
+    float *y;
+    const float *bias;
+    int n, c, hw;
+} mgt_chbias_fwd_args;
+
+/* dbias[c] += sum over n and hw of dy [n, c, hw] */
+typedef struct mgt_chbias_bwd_args {
+    float *dbias;
+    const float *dy;
+    int n, c, hw;
+} mgt_chbias_bwd_args;
+
+/* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
+   backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
+   see mgt_dropout in mgt/device.h */
+typedef struct mgt_dropout_args {
+    float *y;
+    const float *x;
+    int n;
+    size_t per_image;
+    float p;
+    uint64_t seed, step, sample0, sample_stride;
+    uint32_t stream;
+} mgt_dropout_args;
+
+/* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
+   averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
+typedef struct mgt_apool_fwd_args {
+    float *y;
+    const float *x;
+    int n, c, h, w, oh, ow;
+} mgt_apool_fwd_args;
+
+typedef struct mgt_apool_bwd_args {
+    float *dx;
+    const float *dy;
+    int n, c, h, w, oh, ow;
+} mgt_apool_bwd_args;
+
+/* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
+   r < rows, k < count: channel slices of NCHW (concatenation, split) and channel
+   shuffles; the regions must not overlap */
+typedef struct mgt_scopy_args {
+    float *y;
+    const float *x;
+    int n, rows;
+    size_t count, y_stride, y_row, x_stride, x_row;
+} mgt_scopy_args;
+
+typedef struct mgt_act_fwd_args {
+    float *y;
+    const float *x;
+    size_t n;
+    mgt_act act;
+} mgt_act_fwd_args;
+
+typedef struct mgt_act_bwd_args {
+    float *dx;
+    const float *dy, *x;
+    size_t n;
+    mgt_act act;
+} mgt_act_bwd_args;
+
+/* scale [n, c] per image, or [c] with shared */
+typedef struct mgt_chscale_fwd_args {
+    float *y;
+    const float *x, *scale;
+    int n, c, hw;
+    bool shared;
+} mgt_chscale_fwd_args;
+
+typedef struct mgt_chscale_bwd_args {
+    float *dx, *dscale; /* dscale NULL: not computed */
+    const float *dy, *x, *scale;
+    int n, c, hw;
+    bool shared;
+} mgt_chscale_bwd_args;
+
+/* LayerNorm over the c values of each pixel of x [n, c, hw]; weight, bias [c] */
+typedef struct mgt_lnc_fwd_args {
+    float *y;
+    const float *x, *weight, *bias;
+    int n, c, hw;
+    float eps;
+} mgt_lnc_fwd_args;
+
+typedef struct mgt_lnc_bwd_args {
+    float *dx, *dweight, *dbias; /* dweight, dbias added on */
+    const float *dy, *x, *weight;
+    int n, c, hw;
+    float eps;
+} mgt_lnc_bwd_args;
+
+/* An op: its kind, its precision, its arguments (the member the op list's args names). */
 typedef struct mgt_op {
     mgt_op_kind kind;
-    /* the 16-bit format of a _lp kind or a cast (BF16 or FP16); F32, what a zeroed op holds,
-       for every other kind */
+    /* the arithmetic of a gemm or a convolution: F32 (what a zeroed op holds), or BF16 or FP16
+       for its inputs rounded to that format (autocast's; sums and the output stay fp32); the
+       16-bit format of a cast; F32 for every other kind */
     mgt_precision prec;
     union {
-        struct {
-            float *x;
-            float value;
-            size_t n;
-        } fill;
-        struct {
-            float *x;
-            float alpha;
-            size_t n;
-        } scale;
-        struct {
-            float *y;
-            float alpha;
-            const float *x;
-            size_t n;
-        } axpy;
-        struct {
-            float *out;
-            const float *x;
-            size_t n;
-        } sum;
-        struct {
-            float *y;
-            const float *a, *b;
-            size_t n;
-        } add;
-        struct {
-            bool trans_a, trans_b;
-            int m, n, k;
-            float alpha;
-            const float *a;
-            int lda;
-            const float *b;
-            int ldb;
-            float beta;
-            float *c;
-            int ldc;
-        } gemm;
-        /* forward: out = y, in1 = x, in2 = w; backward data: out = dx, in1 = dy, in2 = w;
-           backward filter: out = dw, in1 = dy, in2 = x */
-        struct {
-            float *out;
-            const float *in1, *in2;
-            mgt_conv2d_shape sh;
-            float beta;
-        } conv;
-        struct {
-            float *y, *save_mean, *save_invstd, *running_mean, *running_var;
-            const float *x, *gamma, *beta;
-            mgt_bn_shape sh;
-        } bn_train;
-        struct {
-            float *y;
-            const float *x, *gamma, *beta, *running_mean, *running_var;
-            mgt_bn_shape sh;
-        } bn_eval;
-        struct {
-            float *dx, *dgamma, *dbeta;
-            const float *dy, *y, *x, *gamma, *save_mean, *save_invstd; /* y: sh.relu only */
-            mgt_bn_shape sh;
-        } bn_bwd;
-        struct {
-            float *mean, *var; /* this shard's per-channel mean and biased variance */
-            const float *x;
-            mgt_bn_shape sh;
-        } bn_stats;
-        struct {
-            float *dx;
-            const float *dy, *x, *gamma, *mean, *invstd, *sum_dy, *sum_dy_xhat;
-            mgt_bn_shape sh;
-            double count; /* values per channel the sums were taken over (every shard's) */
-        } bn_bwd_elemt;
-        struct {
-            float *y;
-            const float *x;
-            size_t n;
-        } relu_fwd;
-        struct {
-            float *dx;
-            const float *dy, *y;
-            size_t n;
-        } relu_bwd;
-        struct {
-            float *y;
-            const float *x;
-            mgt_pool2d_shape sh;
-        } maxpool_fwd;
-        struct {
-            float *dx;
-            const float *dy, *x, *y;
-            mgt_pool2d_shape sh;
-        } maxpool_bwd;
-        struct {
-            float *y;
-            const float *x;
-            int n, c, hw;
-            mgt_layout layout; /* of x */
-        } avgpool_fwd;
-        struct {
-            float *dx;
-            const float *dy;
-            int n, c, hw;
-            mgt_layout layout; /* of dx */
-        } avgpool_bwd;
-        struct {
-            float *y;
-            const float *bias;
-            int rows, cols;
-        } bias_fwd;
-        struct {
-            float *dbias;
-            const float *dy;
-            int rows, cols;
-        } bias_bwd;
-        struct {
-            float *loss, *probs;
-            const float *logits;
-            const int32_t *labels;
-            int n, classes;
-            float smoothing;
-        } xent_fwd;
-        struct {
-            float *dlogits;
-            const float *probs;
-            const int32_t *labels;
-            int n, classes;
-            float smoothing, scale;
-        } xent_bwd;
-        /* the mixed-label form: target = w onehot(a) + (1 - w) onehot(b), then smoothing */
-        struct {
-            float *loss, *probs;
-            const float *logits;
-            const int32_t *labels_a, *labels_b;
-            const float *weights;
-            int n, classes;
-            float smoothing;
-        } xmix_fwd;
-        struct {
-            float *dlogits;
-            const float *probs;
-            const int32_t *labels_a, *labels_b;
-            const float *weights;
-            int n, classes;
-            float smoothing, scale;
-        } xmix_bwd;
-        struct {
-            int32_t *count;
-            const float *logits;
-            const int32_t *labels;
-            int n, classes, k;
-        } topk;
-        /* cast_to_16: dst is uint16_t [n], src float [n]; cast_from_16 the other way */
-        struct {
-            void *dst;
-            const void *src;
-            size_t n;
-        } cast;
-        struct {
-            int32_t *count;
-            const float *x;
-            size_t n;
-        } nonfinite;
-        struct {
-            float *param, *momentum_buf;
-            const float *grad;
-            size_t n;
-            mgt_sgd_params p;
-        } sgd;
-        struct {
-            float *param, *exp_avg, *exp_avg_sq;
-            const float *grad;
-            size_t n;
-            mgt_adamw_params p;
-        } adamw;
-        struct {
-            float *param, *square_avg, *momentum_buf;
-            const float *grad;
-            size_t n;
-            mgt_rmsprop_params p;
-        } rmsprop;
-        /* y [n, c, hw] += bias[c] (a convolution's bias) */
-        struct {
-            float *y;
-            const float *bias;
-            int n, c, hw;
-        } chbias_fwd;
-        /* dbias[c] += sum over n and hw of dy [n, c, hw] */
-        struct {
-            float *dbias;
-            const float *dy;
-            int n, c, hw;
-        } chbias_bwd;
-        /* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
-           backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
-           see mgt_dropout in mgt/device.h */
-        struct {
-            float *y;
-            const float *x;
-            int n;
-            size_t per_image;
-            float p;
-            uint64_t seed, step, sample0, sample_stride;
-            uint32_t stream;
-        } dropout;
-        /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
-           averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
-        struct {
-            float *y;
-            const float *x;
-            int n, c, h, w, oh, ow;
-        } apool_fwd;
-        struct {
-            float *dx;
-            const float *dy;
-            int n, c, h, w, oh, ow;
-        } apool_bwd;
-        /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
-           r < rows, k < count: channel slices of NCHW (concatenation, split) and channel
-           shuffles; the regions must not overlap */
-        struct {
-            float *y;
-            const float *x;
-            int n, rows;
-            size_t count, y_stride, y_row, x_stride, x_row;
-        } scopy;
-        struct {
-            float *y;
-            const float *x;
-            size_t n;
-            mgt_act act;
-        } act_fwd;
-        struct {
-            float *dx;
-            const float *dy, *x;
-            size_t n;
-            mgt_act act;
-        } act_bwd;
-        /* scale [n, c] per image, or [c] with shared */
-        struct {
-            float *y;
-            const float *x, *scale;
-            int n, c, hw;
-            bool shared;
-        } chscale_fwd;
-        struct {
-            float *dx, *dscale; /* dscale NULL: not computed */
-            const float *dy, *x, *scale;
-            int n, c, hw;
-            bool shared;
-        } chscale_bwd;
-        /* LayerNorm over the c values of each pixel of x [n, c, hw]; weight, bias [c] */
-        struct {
-            float *y;
-            const float *x, *weight, *bias;
-            int n, c, hw;
-            float eps;
-        } lnc_fwd;
-        struct {
-            float *dx, *dweight, *dbias; /* dweight, dbias added on */
-            const float *dy, *x, *weight;
-            int n, c, hw;
-            float eps;
-        } lnc_bwd;
+        mgt_fill_args fill;
+        mgt_scale_args scale;
+        mgt_axpy_args axpy;
+        mgt_sum_args sum;
+        mgt_add_args add;
+        mgt_gemm_args gemm;
+        mgt_conv_args conv;
+        mgt_bn_train_args bn_train;
+        mgt_bn_eval_args bn_eval;
+        mgt_bn_bwd_args bn_bwd;
+        mgt_bn_stats_args bn_stats;
+        mgt_bn_bwd_elemt_args bn_bwd_elemt;
+        mgt_relu_fwd_args relu_fwd;
+        mgt_relu_bwd_args relu_bwd;
+        mgt_maxpool_fwd_args maxpool_fwd;
+        mgt_maxpool_bwd_args maxpool_bwd;
+        mgt_avgpool_fwd_args avgpool_fwd;
+        mgt_avgpool_bwd_args avgpool_bwd;
+        mgt_bias_fwd_args bias_fwd;
+        mgt_bias_bwd_args bias_bwd;
+        mgt_xent_fwd_args xent_fwd;
+        mgt_xent_bwd_args xent_bwd;
+        mgt_topk_args topk;
+        mgt_cast_args cast;
+        mgt_nonfinite_args nonfinite;
+        mgt_sgd_args sgd;
+        mgt_adamw_args adamw;
+        mgt_rmsprop_args rmsprop;
+        mgt_chbias_fwd_args chbias_fwd;
+        mgt_chbias_bwd_args chbias_bwd;
+        mgt_dropout_args dropout;
+        mgt_apool_fwd_args apool_fwd;
+        mgt_apool_bwd_args apool_bwd;
+        mgt_scopy_args scopy;
+        mgt_act_fwd_args act_fwd;
+        mgt_act_bwd_args act_bwd;
+        mgt_chscale_fwd_args chscale_fwd;
+        mgt_chscale_bwd_args chscale_bwd;
+        mgt_lnc_fwd_args lnc_fwd;
+        mgt_lnc_bwd_args lnc_bwd;
     } u;
 } mgt_op;
 
@@ -378,9 +445,6 @@ typedef struct mgt_operand {
 /* Bytes of one element: 4, or 2 for MGT_U16. */
 size_t mgt_dtype_size(mgt_dtype t);
 
-/* The fp32 kind a low-precision one rounds its inputs for (gemm_lp -> gemm, ...); any other
-   kind maps to itself. */
-mgt_op_kind mgt_op_fp32_kind(mgt_op_kind kind);
 /* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
 bool mgt_op_blocked(const mgt_op *op);
 

@@ -138,7 +138,7 @@ static nn_node *new_node(mgt_model *m, nn_kind kind, const char *name, const int
     memset(nd, 0, sizeof *nd);
     nd->kind = kind;
     memcpy(nd->name, name, len + 1);
-    assert(n_in <= NN_MAX_IN);
+    MGT_ASSERT(n_in <= NN_MAX_IN);
     for (int i = 0; i < n_in; i++)
         nd->in[i] = in[i];
     nd->n_in = n_in;
@@ -157,7 +157,7 @@ static void node_entry(mgt_model *m, nn_node *nd, const char *suffix, mgt_model_
     if (e < 0)
         return;
     m->table[e].layer = (int)(nd - m->nodes);
-    assert(nd->n_entries < NN_MAX_ENTRIES);
+    MGT_ASSERT(nd->n_entries < NN_MAX_ENTRIES);
     nd->entry[nd->n_entries++] = e;
     if (role == MGT_MODEL_PARAM) {
         assert(nd->n_params == nd->n_entries - 1); /* parameters come first */
@@ -287,13 +287,13 @@ int nn_apool(mgt_model *m, const char *name, int x, int oh, int ow)
 
 int nn_concat(mgt_model *m, const char *name, const int *in, int n)
 {
-    assert(n >= 1 && n <= NN_MAX_IN);
+    MGT_ASSERT(n >= 1 && n <= NN_MAX_IN);
     int c = 0;
     for (int i = 0; i < n; i++) {
         if (in[i] < 0)
             return -1;
-        assert(m->values[in[i]].h == m->values[in[0]].h &&
-               m->values[in[i]].w == m->values[in[0]].w);
+        MGT_ASSERT(m->values[in[i]].h == m->values[in[0]].h &&
+                   m->values[in[i]].w == m->values[in[0]].w);
         c += m->values[in[i]].c;
     }
     nn_node *nd = new_node(m, NN_CONCAT, name, in, n, c, m->values[in[0]].h, m->values[in[0]].w);
@@ -305,7 +305,7 @@ int nn_slice(mgt_model *m, const char *name, int x, int c0, int c)
     if (x < 0)
         return -1;
     const nn_value *v = &m->values[x];
-    assert(c0 >= 0 && c >= 1 && c0 + c <= v->c);
+    MGT_ASSERT(c0 >= 0 && c >= 1 && c0 + c <= v->c);
     nn_node *nd = new_node(m, NN_SLICE, name, &x, 1, c, v->h, v->w);
     if (!nd)
         return -1;
@@ -315,13 +315,13 @@ int nn_slice(mgt_model *m, const char *name, int x, int c0, int c)
 
 int nn_cat_shuffle(mgt_model *m, const char *name, const int *in, int n)
 {
-    assert(n >= 1 && n <= NN_MAX_IN);
+    MGT_ASSERT(n >= 1 && n <= NN_MAX_IN);
     for (int i = 0; i < n; i++) {
         if (in[i] < 0)
             return -1;
-        assert(m->values[in[i]].c == m->values[in[0]].c &&
-               m->values[in[i]].h == m->values[in[0]].h &&
-               m->values[in[i]].w == m->values[in[0]].w);
+        MGT_ASSERT(m->values[in[i]].c == m->values[in[0]].c &&
+                   m->values[in[i]].h == m->values[in[0]].h &&
+                   m->values[in[i]].w == m->values[in[0]].w);
     }
     const nn_value *v = &m->values[in[0]];
     nn_node *nd = new_node(m, NN_SHUFFLE, name, in, n, v->c * n, v->h, v->w);
@@ -333,7 +333,7 @@ int nn_add(mgt_model *m, const char *name, int a, int b)
     if (a < 0 || b < 0)
         return -1;
     const nn_value *v = &m->values[a];
-    assert(nn_value_floats(v) == nn_value_floats(&m->values[b]));
+    MGT_ASSERT(nn_value_floats(v) == nn_value_floats(&m->values[b]));
     int in[2] = {a, b};
     nn_node *nd = new_node(m, NN_ADD, name, in, 2, v->c, v->h, v->w);
     return nd ? nd->out : -1;
@@ -395,7 +395,7 @@ int nn_scale(mgt_model *m, const char *name, int x, int s)
     if (x < 0 || s < 0)
         return -1;
     const nn_value *v = &m->values[x];
-    assert(m->values[s].c == v->c && m->values[s].h == 1 && m->values[s].w == 1);
+    MGT_ASSERT(m->values[s].c == v->c && m->values[s].h == 1 && m->values[s].w == 1);
     int in[2] = {x, s};
     nn_node *nd = new_node(m, NN_SCALE, name, in, 2, v->c, v->h, v->w);
     return nd ? nd->out : -1;
@@ -435,7 +435,7 @@ int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
     if (x < 0 || param < 0)
         return -1;
     const nn_value *v = &m->values[x];
-    assert(m->table[param].numel == (size_t)v->c && m->table[param].role == MGT_MODEL_PARAM);
+    MGT_ASSERT(m->table[param].numel == (size_t)v->c && m->table[param].role == MGT_MODEL_PARAM);
     nn_node *nd = new_node(m, NN_LSCALE, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
@@ -504,7 +504,7 @@ static int slot_take(planner *p, size_t floats)
 
 static void slot_release(planner *p, int s)
 {
-    assert(p->slot_ref[s] > 0);
+    MGT_ASSERT(p->slot_ref[s] > 0);
     if (--p->slot_ref[s] == 0)
         p->free_slots[p->n_free++] = s;
 }

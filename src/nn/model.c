@@ -37,7 +37,7 @@ static void fill_names(void)
     int n = 0;
     for (size_t f = 0; f < N_FAMILIES; f++)
         for (const nn_arch *a = families[f]; a->name; a++) {
-            assert(n < MAX_ARCHS);
+            MGT_ASSERT(n < MAX_ARCHS);
             arch_names[n++] = a->name;
         }
     arch_names[n] = NULL;
@@ -391,12 +391,8 @@ mgt_status mgt_model_loss_mixed(mgt_model *m, mgt_stream *s, const int32_t *labe
     const float *logits = nn_logits(m);
     if ((labels_b == NULL) != (weights == NULL))
         return mgt_error_set(MGT_ERR_INVALID, "model loss: mixed labels without weights");
-    if (weights)
-        st = mgt_softmax_xent_mix_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off),
-                                          logits, labels, labels_b, weights, n, k, smoothing);
-    else
-        st = mgt_softmax_xent_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off), logits,
-                                      labels, n, k, smoothing);
+    st = mgt_softmax_xent_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off), logits,
+                                  labels, labels_b, weights, n, k, smoothing);
     if (st == MGT_OK && correct)
         st = mgt_topk_correct(s, correct, logits, labels, n, k, 1);
     if (st == MGT_OK && correct)
@@ -428,14 +424,9 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
     m->hook_ctx = ctx;
     /* A second backward without a forward would read the slots this one overwrites. */
     m->have_loss = false;
-    if (m->weights)
-        st = mgt_softmax_xent_mix_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
-                                           m->labels_b, m->weights, m->n, m->cfg.classes,
-                                           m->smoothing, m->loss_scale / (float)m->n);
-    else
-        st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
-                                       m->n, m->cfg.classes, m->smoothing,
-                                       m->loss_scale / (float)m->n);
+    st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
+                                   m->labels_b, m->weights, m->n, m->cfg.classes, m->smoothing,
+                                   m->loss_scale / (float)m->n);
     if (st == MGT_OK)
         st = nn_graph_backward(m, s);
     if (st == MGT_OK)

@@ -1,46 +1,12 @@
 /* A model's weights to and from safetensors files in torchvision's names, staged through host
    memory: load checks the whole file against the table before it changes anything. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "mgt/text.h"
 #include "nn/model_impl.h"
-
-/* A growing text of mismatch lines; a failed allocation only truncates it. */
-typedef struct text {
-    char *s;
-    size_t len, cap;
-    int lines;
-} text;
-
-__attribute__((format(printf, 2, 3))) static void text_add(text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int need = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    t->lines++;
-    if (need < 0)
-        return;
-    if (t->len + (size_t)need + 2 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (t->len + (size_t)need + 2 > cap)
-            cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s)
-            return;
-        t->s = s;
-        t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
-    va_end(ap);
-    t->len += (size_t)need;
-    t->s[t->len++] = '\n';
-    t->s[t->len] = '\0';
-}
 
 static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
 {
@@ -89,7 +55,7 @@ static mgt_status check_finite(const char *name, const void *data, size_t floats
 
 /* The error text holds the first mismatches that fit in it (mgt_error_set keeps 512 bytes);
    report->text holds them all. */
-static mgt_status mismatch_error(const mgt_model *m, const text *t)
+static mgt_status mismatch_error(const mgt_model *m, const mgt_text *t, int lines)
 {
     char brief[400];
     size_t n = 0;
@@ -111,9 +77,8 @@ static mgt_status mismatch_error(const mgt_model *m, const text *t)
     return mgt_error_set(MGT_ERR_INVALID,
                          "weights do not fit %s (%d classes, %d channels): "
                          "%d mismatch%s: %s%s",
-                         m->arch, m->cfg.classes, m->cfg.in_channels, t->lines,
-                         t->lines == 1 ? "" : "es", brief,
-                         shown < t->lines ? "; ... (the load report lists all)" : "");
+                         m->arch, m->cfg.classes, m->cfg.in_channels, lines, lines == 1 ? "" : "es",
+                         brief, shown < lines ? "; ... (the load report lists all)" : "");
 }
 
 mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
@@ -132,7 +97,8 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     bool *used = calloc((size_t)nf + 1, sizeof *used);
     int *where = malloc(((size_t)m->n_table + 1) * sizeof *where);
     char *hp = malloc(m->params_bytes), *hb = malloc(m->bufs_bytes ? m->bufs_bytes : 1);
-    text t = {0}, note = {0};
+    mgt_text t = {0}, note = {0}; /* the mismatch lines (counted in mismatches), the notes */
+    int mismatches = 0;
     if (!used || !where || !hp || !hb) {
         st = mgt_error_set(MGT_ERR_OOM, "model load: out of host memory");
         goto done;
@@ -147,7 +113,8 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         }
         int i = mgt_st_find(f, te->name);
         if (i < 0) {
-            text_add(&t, "%s: missing", te->name);
+            mismatches++;
+            mgt_text_add(&t, "%s: missing\n", te->name);
             continue;
         }
         used[i] = true;
@@ -158,14 +125,16 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         bool same = nd == te->ndim;
         for (int d = 0; same && d < nd; d++)
             same = shape[d] == te->shape[d];
+        if (!same || got != want)
+            mismatches++;
         if (!same) {
             char a[96], b[96];
             shape_str(a, sizeof a, nd, shape);
             shape_str(b, sizeof b, te->ndim, te->shape);
-            text_add(&t, "%s: shape %s in the file, %s expected", te->name, a, b);
+            mgt_text_add(&t, "%s: shape %s in the file, %s expected\n", te->name, a, b);
         } else if (got != want) {
-            text_add(&t, "%s: dtype %s in the file, %s expected", te->name, mgt_st_dtype_name(got),
-                     mgt_st_dtype_name(want));
+            mgt_text_add(&t, "%s: dtype %s in the file, %s expected\n", te->name,
+                         mgt_st_dtype_name(got), mgt_st_dtype_name(want));
         } else {
             where[e] = i;
         }
@@ -177,11 +146,13 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         if ((opts->skip_fc && is_classifier(m, name)) || opts->allow_unexpected ||
             has_prefix(name, opts->ignore_prefixes))
             rep.ignored++;
-        else
-            text_add(&t, "%s: unexpected (the model has no such tensor)", name);
+        else {
+            mismatches++;
+            mgt_text_add(&t, "%s: unexpected (the model has no such tensor)\n", name);
+        }
     }
-    if (t.lines) {
-        st = mismatch_error(m, &t);
+    if (mismatches) {
+        st = mismatch_error(m, &t, mismatches);
         rep.text = t.s;
         t.s = NULL;
         goto done;
@@ -228,17 +199,17 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
             if (m->table[e].classifier)
                 len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? " and " : "",
                                         m->table[e].name);
-        text_add(&note,
-                 "kept the model's own %s (%d classes); the file's were not loaded "
-                 "(fine-tuning)",
-                 names, m->cfg.classes);
+        mgt_text_add(&note,
+                     "kept the model's own %s (%d classes); the file's were not loaded "
+                     "(fine-tuning)\n",
+                     names, m->cfg.classes);
         rep.text = note.s;
         note.s = NULL;
     }
 
 done:
-    free(t.s);
-    free(note.s);
+    mgt_text_free(&t);
+    mgt_text_free(&note);
     free(used);
     free(where);
     free(hp);

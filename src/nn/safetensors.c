@@ -1,6 +1,5 @@
 /* Safetensors reader (validates a hostile file completely before anyone sees a tensor) and
    atomic writer, on top of cJSON. */
-#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -675,7 +674,7 @@ int mgt_st_find(const mgt_st_file *f, const char *name)
 
 static const st_tensor *tensor_at(const mgt_st_file *f, int i)
 {
-    assert(i >= 0 && i < f->n);
+    MGT_ASSERT(i >= 0 && i < f->n);
     return &f->tensors[i];
 }
 
@@ -716,13 +715,13 @@ int mgt_st_metadata_count(const mgt_st_file *f) { return f->nmeta; }
 
 const char *mgt_st_metadata_key(const mgt_st_file *f, int i)
 {
-    assert(i >= 0 && i < f->nmeta);
+    MGT_ASSERT(i >= 0 && i < f->nmeta);
     return f->meta[i].key;
 }
 
 const char *mgt_st_metadata_value(const mgt_st_file *f, int i)
 {
-    assert(i >= 0 && i < f->nmeta);
+    MGT_ASSERT(i >= 0 && i < f->nmeta);
     return f->meta[i].value;
 }
 

@@ -110,7 +110,7 @@ mgt_status train_ema_swap_in(run *r)
     /* replica 0's EMA statistics for all, as the model's own are before validation; kept
        in every replica's EMA so that all of them hold the same from here on */
     if (st == MGT_OK)
-        st = train_broadcast(r, false, false);
+        st = train_broadcast(r, TRAIN_SYNC_BUFFERS);
     for (int i = 0; i < r->n && st == MGT_OK; i++) {
         worker *w = &r->w[i];
         size_t bb;

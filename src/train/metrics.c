@@ -2,7 +2,6 @@
    epoch's totals, and the reporters (progress lines, JSON log, TensorBoard) that format records
    under the run's lock and are written after it is released, so no device waits on a write;
    after an epoch's record is written, curves.svg is drawn again from the log. */
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,49 +9,6 @@
 
 #include "mgt/version.h"
 #include "train/train_impl.h"
-
-/* ---- text ---- */
-
-void train_text_add(train_text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int need = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (need < 0)
-        return;
-    if (t->len + (size_t)need + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 512;
-        while (t->len + (size_t)need + 1 > cap)
-            cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s)
-            return;
-        t->s = s;
-        t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
-    va_end(ap);
-    t->len += (size_t)need;
-}
-
-void train_text_append(train_text *t, const void *bytes, size_t n)
-{
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 512;
-        while (t->len + n + 1 > cap)
-            cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s)
-            return;
-        t->s = s;
-        t->cap = cap;
-    }
-    memcpy(t->s + t->len, bytes, n);
-    t->len += n;
-    t->s[t->len] = 0;
-}
 
 /* ---- reporters ---- */
 
@@ -62,37 +18,37 @@ static void format_eta(double s, char *buf, size_t cap)
     snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
 }
 
-static void text_progress(train_text *out, const train_progress *p)
+static void text_progress(mgt_text *out, const train_progress *p)
 {
     char eta[32];
     format_eta(p->eta_s, eta, sizeof eta);
     int width = snprintf(NULL, 0, "%ld", p->steps);
-    train_text_add(out,
-                   "Epoch: [%d][%*ld/%ld]  Time %6.3f (%6.3f)  Data %6.3f (%6.3f)  Loss %.4e "
-                   "(%.4e)  Acc@1 %6.2f (%6.2f)  Acc@5 %6.2f (%6.2f)  lr %.4g  %.1f img/s  ETA "
-                   "%s\n",
-                   p->epoch, width, p->step, p->steps, p->step_s, p->step_avg_s, p->data_s,
-                   p->data_avg_s, p->loss, p->loss_avg, p->acc1, p->acc1_avg, p->acc5, p->acc5_avg,
-                   p->lr, p->images_per_s, eta);
+    mgt_text_add(out,
+                 "Epoch: [%d][%*ld/%ld]  Time %6.3f (%6.3f)  Data %6.3f (%6.3f)  Loss %.4e "
+                 "(%.4e)  Acc@1 %6.2f (%6.2f)  Acc@5 %6.2f (%6.2f)  lr %.4g  %.1f img/s  ETA "
+                 "%s\n",
+                 p->epoch, width, p->step, p->steps, p->step_s, p->step_avg_s, p->data_s,
+                 p->data_avg_s, p->loss, p->loss_avg, p->acc1, p->acc1_avg, p->acc5, p->acc5_avg,
+                 p->lr, p->images_per_s, eta);
 }
 
-static void text_summary(train_text *out, const train_summary *s)
+static void text_summary(mgt_text *out, const train_summary *s)
 {
     if (s->validated)
-        train_text_add(out, " * Acc@1 %.3f Acc@5 %.3f  Loss %.4f  (%ld validation images)\n",
-                       s->val_acc1, s->val_acc5, s->val_loss, s->val_images);
+        mgt_text_add(out, " * Acc@1 %.3f Acc@5 %.3f  Loss %.4f  (%ld validation images)\n",
+                     s->val_acc1, s->val_acc5, s->val_loss, s->val_images);
     if (s->ema_validated)
-        train_text_add(out, " * EMA Acc@1 %.3f Acc@5 %.3f  Loss %.4f\n", s->ema_val_acc1,
-                       s->ema_val_acc5, s->ema_val_loss);
+        mgt_text_add(out, " * EMA Acc@1 %.3f Acc@5 %.3f  Loss %.4f\n", s->ema_val_acc1,
+                     s->ema_val_acc5, s->ema_val_loss);
 }
 
 const train_reporter_i train_text_reporter = {.progress = text_progress, .summary = text_summary};
 
-static void json_line(train_text *out, cJSON *o)
+static void json_line(mgt_text *out, cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     if (s)
-        train_text_add(out, "%s\n", s);
+        mgt_text_add(out, "%s\n", s);
     free(s);
     cJSON_Delete(o);
 }
@@ -213,7 +169,7 @@ cJSON *train_start_json(const train_start *s)
     return o;
 }
 
-static void json_start(train_text *out, const train_start *s)
+static void json_start(mgt_text *out, const train_start *s)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", "config");
@@ -229,7 +185,7 @@ static void json_start(train_text *out, const train_start *s)
     json_line(out, o);
 }
 
-static void json_progress(train_text *out, const train_progress *p)
+static void json_progress(mgt_text *out, const train_progress *p)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", "train");
@@ -250,7 +206,7 @@ static void json_progress(train_text *out, const train_progress *p)
     json_line(out, o);
 }
 
-static void json_summary(train_text *out, const train_summary *s)
+static void json_summary(mgt_text *out, const train_summary *s)
 {
     if (!s->trained)
         return;
@@ -337,8 +293,8 @@ void train_reports_flush(train_reports *rep)
     pthread_mutex_lock(&rep->write_lock);
     for (int i = 0; i < rep->n; i++) {
         pthread_mutex_lock(&rep->queue_lock);
-        train_text t = rep->sink[i].queued;
-        rep->sink[i].queued = (train_text){0};
+        mgt_text t = rep->sink[i].queued;
+        rep->sink[i].queued = (mgt_text){0};
         pthread_mutex_unlock(&rep->queue_lock);
         if (t.len) {
             fwrite(t.s, 1, t.len, rep->sink[i].f);

@@ -1,7 +1,8 @@
 /* The trainer's driver: checks the configuration, builds the run's parts in order, trains
    epoch by epoch (or validates once), and frees everything on one cleanup path whatever
    happened. Each epoch: the training phase, the replica check, validation, the epoch's
-   records, the checkpoint. */
+   records, the checkpoint. Between phases, replica 0's state goes to every device (and node),
+   and the replicas are checked to agree bit for bit. */
 #include <errno.h>
 #include <time.h>
 #include <stdlib.h>
@@ -34,6 +35,191 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->max_bad_frac = 0.01;
     c->dummy_steps = 100;
 }
+
+/* ---- between phases: the replicas made identical again, and checked ---- */
+
+/* n floats of replica 0 from node 0's to every node's, through host memory (between
+   phases: the staging is allocated here). */
+static mgt_status world_bcast_dev(run *r, float *dev, size_t floats)
+{
+    size_t bytes = floats * sizeof(float);
+    char *h = malloc(bytes ? bytes : 1);
+    mgt_status st = h ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK && r->primary)
+        st = mgt_copy_d2h(r->w[0].s, h, dev, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_world_bcast(r->world, h, bytes, 0, &r->abort);
+    if (st == MGT_OK && !r->primary)
+        st = mgt_copy_h2d(r->w[0].s, dev, h, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    free(h);
+    return st;
+}
+
+/* Node 0's replica 0 to replica 0 of every node: what the broadcast inside the node then
+   hands on. */
+static mgt_status world_broadcast(run *r, unsigned what)
+{
+    bool params = what & TRAIN_SYNC_PARAMS, optimizer = what & TRAIN_SYNC_OPTIMIZER;
+    size_t pb, bb;
+    float *p0 = mgt_model_params(r->w[0].model, &pb);
+    float *b0 = mgt_model_buffers(r->w[0].model, &bb);
+    mgt_status st = MGT_OK;
+    if (params)
+        st = world_bcast_dev(r, p0, pb / sizeof(float));
+    if (st == MGT_OK)
+        st = world_bcast_dev(r, b0, bb / sizeof(float));
+    /* the step count (AdamW's bias correction) and so whether the state is live */
+    int64_t steps = optimizer ? train_optim_steps(&r->w[0].opt) : 0;
+    if (st == MGT_OK && optimizer)
+        st = mgt_world_bcast(r->world, &steps, sizeof steps, 0, &r->abort);
+    if (st == MGT_OK && optimizer)
+        train_optim_set_steps(&r->w[0].opt, (long)steps);
+    bool live = steps > 0;
+    train_opt_tensor t[TRAIN_MAX_OPT_TENSORS];
+    int nt = live ? train_optim_state(&r->w[0].opt, t) : 0;
+    for (int k = 0; k < nt && st == MGT_OK; k++)
+        st = world_bcast_dev(r, t[k].dev, t[k].floats);
+    int nbn;
+    int64_t *counts0 = mgt_model_bn_counts(r->w[0].model, &nbn);
+    if (st == MGT_OK && nbn > 0)
+        st = mgt_world_bcast(r->world, counts0, (size_t)nbn * sizeof *counts0, 0, &r->abort);
+    return st;
+}
+
+mgt_status train_world_position(run *r, int *epoch, long *step)
+{
+    int64_t v[3] = {*epoch, *step, 0};
+    double best = r->best_acc1;
+    mgt_status st = mgt_world_bcast(r->world, v, sizeof v, 0, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_world_bcast(r->world, &best, sizeof best, 0, &r->abort);
+    *epoch = (int)v[0];
+    *step = (long)v[1];
+    r->best_acc1 = best;
+    return st;
+}
+
+mgt_status train_broadcast(run *r, unsigned what)
+{
+    bool params = what & TRAIN_SYNC_PARAMS, optimizer = what & TRAIN_SYNC_OPTIMIZER;
+    if (r->nodes > 1) {
+        mgt_status st = world_broadcast(r, what);
+        if (st != MGT_OK)
+            return st;
+    }
+    if (r->n == 1)
+        return MGT_OK;
+    mgt_stream *streams[MGT_MAX_DEVICES];
+    for (int i = 0; i < r->n; i++)
+        streams[i] = r->w[i].s;
+    size_t pb, bb;
+    mgt_model_params(r->w[0].model, &pb);
+    mgt_model_buffers(r->w[0].model, &bb);
+    mgt_status st = MGT_OK;
+    if (params)
+        st = mgt_comm_broadcast(r->comm, streams, r->params, pb, 0);
+    if (st == MGT_OK)
+        st = mgt_comm_broadcast(r->comm, streams, r->buffers, bb, 0);
+    bool live = optimizer && train_optim_live(&r->w[0].opt);
+    train_opt_tensor t[MGT_MAX_DEVICES][TRAIN_MAX_OPT_TENSORS];
+    int nt = 0;
+    for (int i = 0; i < r->n && live; i++)
+        nt = train_optim_state(&r->w[i].opt, t[i]);
+    for (int k = 0; k < nt && st == MGT_OK; k++) {
+        float *bufs[MGT_MAX_DEVICES];
+        for (int i = 0; i < r->n; i++)
+            bufs[i] = t[i][k].dev;
+        st = mgt_comm_broadcast(r->comm, streams, bufs, t[0][k].floats * sizeof(float), 0);
+    }
+    int nbn;
+    int64_t *counts0 = mgt_model_bn_counts(r->w[0].model, &nbn);
+    for (int i = 1; i < r->n; i++) {
+        int m;
+        memcpy(mgt_model_bn_counts(r->w[i].model, &m), counts0, (size_t)nbn * sizeof *counts0);
+        if (optimizer)
+            train_optim_set_steps(&r->w[i].opt, train_optim_steps(&r->w[0].opt));
+    }
+    for (int i = 0; i < r->n && st == MGT_OK; i++)
+        st = mgt_stream_synchronize(streams[i], &r->abort);
+    return st;
+}
+
+/* --sync-bn: every local replica merged the same gathered statistics in the same order, so
+   the running statistics (the buffers) must be replica 0's to the bit as well. */
+static mgt_status check_local_buffers(run *r)
+{
+    size_t bytes = 0;
+    float *q0 = mgt_model_buffers(r->w[0].model, &bytes);
+    if (bytes == 0)
+        return MGT_OK;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    mgt_status st = a && b ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(r->w[0].s, a, q0, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    for (int i = 1; i < r->n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(r->w[i].s, b, mgt_model_buffers(r->w[i].model, NULL), bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(r->w[i].s, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "--sync-bn: the running statistics of %s differ from those of %s "
+                               "after the epoch: the replicas have diverged",
+                               mgt_device_name(r->w[i].d), mgt_device_name(r->w[0].d));
+    }
+    free(a);
+    free(b);
+    return st;
+}
+
+/* Every replica's parameters must equal replica 0's, to the bit: each applies the same update
+   to the same weights from the same summed gradients. A difference means a reduction or
+   broadcast went wrong, and training on would silently average different models. */
+mgt_status train_check_replicas(run *r)
+{
+    if (r->n == 1 && r->nodes == 1)
+        return MGT_OK;
+    size_t bytes;
+    float *p0 = mgt_model_params(r->w[0].model, &bytes);
+    char *a = malloc(bytes), *b = malloc(bytes);
+    mgt_status st = a && b ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(r->w[0].s, a, p0, bytes);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(r->w[0].s, &r->abort);
+    if (st == MGT_OK && r->nodes > 1) { /* the check spans the nodes: node 0's bytes to all */
+        if (r->primary)
+            memcpy(b, a, bytes);
+        st = mgt_world_bcast(r->world, b, bytes, 0, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "node %d: the parameters of %s differ from those of node 0's "
+                               "first device after the epoch: the replicas have diverged",
+                               r->node, mgt_device_name(r->w[0].d));
+    }
+    for (int i = 1; i < r->n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(r->w[i].s, b, mgt_model_params(r->w[i].model, NULL), bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(r->w[i].s, &r->abort);
+        if (st == MGT_OK && memcmp(a, b, bytes) != 0)
+            st = mgt_error_set(MGT_ERR_DEVICE,
+                               "the parameters of %s differ from those of %s after the epoch: "
+                               "the replicas have diverged",
+                               mgt_device_name(r->w[i].d), mgt_device_name(r->w[0].d));
+    }
+    free(a);
+    free(b);
+    if (st == MGT_OK && r->c->sync_bn)
+        st = check_local_buffers(r);
+    return st;
+}
+
+/* ---- the run ---- */
 
 /* What the run cannot start with, each named by its flag. */
 static mgt_status check_config(run *r)
@@ -220,7 +406,7 @@ static bool val_pass(run *r, double *loss, double *acc1, double *acc5, long *ima
     train_metrics *m = &r->m;
     m->val_loss_sum = 0;
     m->val_n = m->val_c1 = m->val_c5 = 0;
-    mgt_status st = train_broadcast(r, false, false);
+    mgt_status st = train_broadcast(r, TRAIN_SYNC_BUFFERS);
     if (st == MGT_OK)
         st = mgt_loader_set_epoch(r->data.val_ld, 0, 0);
     if (st != MGT_OK) {
@@ -379,7 +565,7 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
 static bool save_stopped(run *r)
 {
     r->res->interrupted = true;
-    mgt_status st = train_broadcast(r, false, false);
+    mgt_status st = train_broadcast(r, TRAIN_SYNC_BUFFERS);
     if (st == MGT_OK)
         st = train_checkpoint_save(r, r->epoch, r->stop_at, false);
     if (st != MGT_OK) {
@@ -414,7 +600,7 @@ static epoch_end run_epoch(run *r, int ep, long first)
         is_best = s.val_acc1 > r->best_acc1;
         if (is_best)
             r->best_acc1 = s.val_acc1;
-    } else if ((st = train_broadcast(r, false, false)) != MGT_OK) {
+    } else if ((st = train_broadcast(r, TRAIN_SYNC_BUFFERS)) != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
     }
@@ -532,7 +718,7 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     if (st == MGT_OK && r->nodes > 1) /* where node 0 goes on from */
         st = train_world_position(r, &start_epoch, &start_step);
     if (st == MGT_OK)
-        st = train_broadcast(r, true, true);
+        st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
     if (st == MGT_OK)
         st = train_workers_start(r);
     if (st == MGT_OK) {

@@ -132,8 +132,9 @@ typedef struct step_batch {
     const int32_t *y;
     int n;
     double wait_s;
-    const int32_t *y_b;   /* mixup / cutmix: the partners' labels and the weights of y */
-    const float *w;       /* NULL: no mixing */
+    const int32_t *y_b; /* the partners' labels and the weights of y (the loader's: y and 1
+                             without mixup or cutmix); NULL, NULL: one-hot y */
+    const float *w;
     mgt_dropout_key drop; /* the step's and these samples' dropout key */
 } step_batch;
 
@@ -159,13 +160,7 @@ static mgt_status next_batch(worker *w, step_batch *b)
     mgt_batch lb;
     mgt_status st = mgt_loader_next(r->data.train_ld, w->dev, w->s, &lb);
     if (st == MGT_OK)
-        *b = (step_batch){lb.images,
-                          lb.labels,
-                          lb.n,
-                          lb.wait_s,
-                          lb.mixed ? lb.labels_b : NULL,
-                          lb.mixed ? lb.weights : NULL,
-                          {0}};
+        *b = (step_batch){lb.images, lb.labels, lb.n, lb.wait_s, lb.labels_b, lb.weights, {0}};
     return st;
 }
 

@@ -38,17 +38,17 @@ static void put_le(unsigned char *b, uint64_t v, int bytes)
 }
 
 /* One record holding ev, appended to out. */
-static void add_event(train_text *out, const Tensorboard__Event *ev)
+static void add_event(mgt_text *out, const Tensorboard__Event *ev)
 {
     size_t n = tensorboard__event__get_packed_size(ev);
     unsigned char *buf = malloc(n + 16);
     if (!buf)
-        return; /* output, never state: the record is dropped (as train_text does) */
+        return; /* output, never state: the record is dropped (as mgt_text does) */
     tensorboard__event__pack(ev, buf + 12);
     put_le(buf, n, 8);
     put_le(buf + 8, masked_crc32c(buf, 8), 4);
     put_le(buf + 12 + n, masked_crc32c(buf + 12, n), 4);
-    train_text_append(out, buf, n + 16);
+    mgt_text_append(out, buf, n + 16);
     free(buf);
 }
 
@@ -82,7 +82,7 @@ static void scalar(tb_scalars *s, const char *tag, double value)
     s->n++;
 }
 
-static void add_scalars(train_text *out, tb_scalars *s, long step)
+static void add_scalars(mgt_text *out, tb_scalars *s, long step)
 {
     Tensorboard__Summary sum = TENSORBOARD__SUMMARY__INIT;
     sum.n_value = (size_t)s->n;
@@ -96,7 +96,7 @@ static void add_scalars(train_text *out, tb_scalars *s, long step)
 }
 
 /* A text summary (TensorBoard's text plugin: a scalar DT_STRING tensor of markdown). */
-static void add_text(train_text *out, const char *tag, const char *markdown, double wall_time)
+static void add_text(mgt_text *out, const char *tag, const char *markdown, double wall_time)
 {
     Tensorboard__SummaryMetadata__PluginData plugin =
         TENSORBOARD__SUMMARY_METADATA__PLUGIN_DATA__INIT;
@@ -127,7 +127,7 @@ static void add_text(train_text *out, const char *tag, const char *markdown, dou
     add_event(out, &ev);
 }
 
-static void tb_start(train_text *out, const train_start *s)
+static void tb_start(mgt_text *out, const train_start *s)
 {
     Tensorboard__SourceMetadata src = TENSORBOARD__SOURCE_METADATA__INIT;
     src.writer = "mgtrain";
@@ -141,16 +141,16 @@ static void tb_start(train_text *out, const train_start *s)
     cJSON *o = train_start_json(s);
     char *json = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
-    train_text md = {0};
-    train_text_add(&md, "mgtrain %s\n\n", mgt_version());
+    mgt_text md = {0};
+    mgt_text_add(&md, "mgtrain %s\n\n", mgt_version());
     if (s->command_line)
-        train_text_add(&md, "    %s\n\n", s->command_line);
+        mgt_text_add(&md, "    %s\n\n", s->command_line);
     if (json) {
         /* an indented block: markdown shows it as code, line for line */
-        train_text_add(&md, "    ");
+        mgt_text_add(&md, "    ");
         for (const char *c = json; *c; c++)
-            train_text_add(&md, *c == '\n' ? "\n    " : "%c", *c);
-        train_text_add(&md, "\n");
+            mgt_text_add(&md, *c == '\n' ? "\n    " : "%c", *c);
+        mgt_text_add(&md, "\n");
     }
     free(json);
     if (md.s)
@@ -158,7 +158,7 @@ static void tb_start(train_text *out, const train_start *s)
     free(md.s);
 }
 
-static void tb_progress(train_text *out, const train_progress *p)
+static void tb_progress(mgt_text *out, const train_progress *p)
 {
     tb_scalars s = {.n = 0};
     scalar(&s, "train/loss", p->loss);
@@ -170,7 +170,7 @@ static void tb_progress(train_text *out, const train_progress *p)
     add_scalars(out, &s, (long)p->epoch * p->steps + p->step + 1);
 }
 
-static void tb_summary(train_text *out, const train_summary *sm)
+static void tb_summary(mgt_text *out, const train_summary *sm)
 {
     tb_scalars s = {.n = 0};
     if (sm->trained) {

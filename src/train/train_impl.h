@@ -34,6 +34,7 @@
 #include "mgt/nn.h"
 #include "mgt/optim.h"
 #include "mgt/safetensors.h"
+#include "mgt/text.h"
 #include "mgt/train.h"
 
 #define LAG 2        /* steps a worker's host runs ahead of reading their metrics */
@@ -201,18 +202,12 @@ typedef struct train_summary {
     const mgt_step_profile *profile; /* per device, when the run measured one; else NULL */
 } train_summary;
 
-/* A growing text; a failed allocation drops what did not fit (output, never state). */
-typedef struct train_text {
-    char *s;
-    size_t len, cap;
-} train_text;
-
 /* A reporter formats records as text, without I/O: it runs under the run's lock. Each entry
    may be NULL (nothing to say about that record). */
 typedef struct train_reporter_i {
-    void (*start)(train_text *out, const train_start *s);
-    void (*progress)(train_text *out, const train_progress *p);
-    void (*summary)(train_text *out, const train_summary *s);
+    void (*start)(mgt_text *out, const train_start *s);
+    void (*progress)(mgt_text *out, const train_progress *p);
+    void (*summary)(mgt_text *out, const train_summary *s);
 } train_reporter_i;
 
 extern const train_reporter_i train_text_reporter; /* the progress lines, " * Acc@1 ..." */
@@ -229,7 +224,7 @@ typedef struct train_reports {
     struct {
         const train_reporter_i *i;
         FILE *f;
-        train_text queued;
+        mgt_text queued;
     } sink[3];
     int n;
     pthread_mutex_t queue_lock, write_lock;
@@ -299,7 +294,17 @@ mgt_status train_open_data(run *r);
 mgt_status train_make_workers(run *r);
 mgt_status train_make_comm(run *r);
 void train_free_parts(run *r);
-mgt_status train_broadcast(run *r, bool params, bool optimizer);
+
+/* run.c, between phases */
+/* What train_broadcast copies from replica 0 (node 0's across nodes) to every other replica:
+   the batch-norm statistics and counts always (TRAIN_SYNC_BUFFERS alone, before validation and
+   checkpoints), with the parameters and the optimizer state too at the start of a run. */
+enum train_sync {
+    TRAIN_SYNC_BUFFERS = 0,
+    TRAIN_SYNC_PARAMS = 1u << 0,
+    TRAIN_SYNC_OPTIMIZER = 1u << 1,
+};
+mgt_status train_broadcast(run *r, unsigned what);
 mgt_status train_check_replicas(run *r);
 /* A multi-node run's start (epoch, step, best top-1) from node 0, where --resume found it. */
 mgt_status train_world_position(run *r, int *epoch, long *step);
@@ -315,8 +320,6 @@ void train_reports_free(train_reports *rep);
 void train_reports_start(train_reports *rep, const train_start *s);
 void train_reports_summary(train_reports *rep, const train_summary *s);
 void train_reports_flush(train_reports *rep); /* never with the run's lock held */
-void train_text_add(train_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void train_text_append(train_text *t, const void *bytes, size_t n); /* binary-safe */
 /* The configuration of the start record as a JSON object (metrics.c), for the log and
    TensorBoard's text. */
 struct cJSON *train_start_json(const train_start *s);

@@ -1,5 +1,7 @@
 /* Shared by the trainer tests: a temp folder, a small synthetic ImageFolder tree, mock devices
    and quiet progress output. */
+#include <errno.h>
+#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,11 +49,82 @@ void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *
     free(px);
 }
 
+static int remove_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 int mgt_test_remove_tree(const char *root)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
+    if (getenv("MGT_KEEP_TEST_DIR"))
+        return 0;
+    /* a tree that is not there is removed, as `rm -rf` had it */
+    return nftw(root, remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+const char *mgt_test_path(const char *fmt, ...)
+{
+    static char bufs[8][4096];
+    static int k;
+    char *b = bufs[k++ & 7];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, 4096, fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+void mgt_test_mkdirs(const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+    mkdir(tmp, 0755);
+}
+
+void mgt_test_parent_dirs(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = 0;
+        mgt_test_mkdirs(dir);
+    }
+}
+
+void mgt_test_write_file(const char *path, const void *p, size_t n)
+{
+    mgt_test_parent_dirs(path);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        fail_msg("%s: %s", path, strerror(errno));
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+uint8_t *mgt_test_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    assert_true(len >= 0);
+    uint8_t *b = malloc((size_t)len + 1);
+    assert_non_null(b);
+    *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
 }
 
 mgt_devset *mgt_test_open_mock(int n, const char *spec)

@@ -31,8 +31,29 @@ void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *
                            int n_classes, int n_train, int n_val, int side, uint32_t seed,
                            mgt_test_pixel_fn pixel);
 
-/* rm -rf root; 0 on success (a cmocka teardown's answer). */
+/* rm -rf root (kept when MGT_KEEP_TEST_DIR is set, to look at); 0 on success (a cmocka
+   teardown's answer). */
 int mgt_test_remove_tree(const char *root);
+
+/* ---- files ---- */
+
+/* printf into one of eight rotating 4096-byte buffers: a path built inline, good for the next
+   seven calls (MGT_TEST_HOLD keeps one longer). */
+const char *mgt_test_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* char name[4096] = the formatted path, in the caller's frame; a longer one fails the test. */
+#define MGT_TEST_HOLD(name, ...)                                         \
+    char name[4096];                                                     \
+    if ((size_t)snprintf(name, sizeof name, __VA_ARGS__) >= sizeof name) \
+    fail_msg("path too long")
+
+/* mkdir -p path, and the same for the folder path is in. */
+void mgt_test_mkdirs(const char *path);
+void mgt_test_parent_dirs(const char *path);
+/* Writes n bytes to path, making its folders first; fails the test on any error. */
+void mgt_test_write_file(const char *path, const void *p, size_t n);
+/* The whole file, malloc'd with a spare byte, its size in *n; fails the test when it cannot
+   be read. */
+uint8_t *mgt_test_read_file(const char *path, size_t *n);
 
 /* Mock devices 0..n-1 with the options in spec; fails the test when they cannot be opened. */
 mgt_devset *mgt_test_open_mock(int n, const char *spec);

@@ -1,6 +1,7 @@
 /* The tests' array goldens: loading a file and finding its arrays (see golden.h). */
 #include "golden.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -74,4 +75,71 @@ float *mgt_test_golden_f32(mgt_test_golden *g, const char *name, size_t count)
 int32_t *mgt_test_golden_i32(mgt_test_golden *g, const char *name, size_t count)
 {
     return mgt_test_golden_find(g, name, count, true)->data;
+}
+
+uint32_t mgt_test_fnv1a(const char *s)
+{
+    uint32_t h = 0x811C9DC5u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x01000193u;
+    return h;
+}
+
+static uint32_t fmix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    return x ^ (x >> 16);
+}
+
+double mgt_test_hash_uniform(uint32_t salt, size_t i)
+{
+    return (double)(fmix32((uint32_t)i * 0x9E3779B1u + salt) >> 8) / 16777216.0;
+}
+
+size_t mgt_test_sample_index(const char *name, size_t numel, size_t idx[MGT_TEST_SAMPLES])
+{
+    if (numel <= MGT_TEST_SAMPLES) {
+        for (size_t i = 0; i < numel; i++)
+            idx[i] = i;
+        return numel;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "sample:%s", name);
+    uint32_t salt = mgt_test_fnv1a(key);
+    for (size_t i = 0; i < MGT_TEST_SAMPLES; i++) {
+        size_t j = (size_t)(int64_t)(mgt_test_hash_uniform(salt, i) * (double)numel);
+        idx[i] = j < numel ? j : numel - 1;
+    }
+    return MGT_TEST_SAMPLES;
+}
+
+bool mgt_test_ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+double mgt_test_replay_uniform(void *replay, double lo, double hi)
+{
+    mgt_test_replay *r = replay;
+    if (r->pos >= r->n || r->kind[r->pos] != 'u' || fabs(lo - r->lo[r->pos]) > 1e-6 ||
+        fabs(hi - r->hi[r->pos]) > 1e-6) {
+        r->bad = true;
+        return lo;
+    }
+    return r->v[r->pos++];
+}
+
+int64_t mgt_test_replay_randint(void *replay, int64_t lo, int64_t hi)
+{
+    mgt_test_replay *r = replay;
+    if (r->pos >= r->n || r->kind[r->pos] != 'i' || lo != (int64_t)r->lo[r->pos] ||
+        hi != (int64_t)r->hi[r->pos]) {
+        r->bad = true;
+        return lo;
+    }
+    return (int64_t)r->v[r->pos++];
 }

@@ -40,4 +40,35 @@ mgt_test_golden_array *mgt_test_golden_find(mgt_test_golden *g, const char *name
 float *mgt_test_golden_f32(mgt_test_golden *g, const char *name, size_t count);
 int32_t *mgt_test_golden_i32(mgt_test_golden *g, const char *name, size_t count);
 
+/* ---- the hashes of the model goldens (scripts/make_model_goldens.py's fnv1a, fmix32,
+   hash_uniform and sample positions, which the weights and the kept samples come from) ---- */
+
+/* FNV-1a of a name: the salt of its tensor's values and of its samples. */
+uint32_t mgt_test_fnv1a(const char *s);
+/* Value i of the uniform [0, 1) sequence salted by salt, from murmur3's finaliser. */
+double mgt_test_hash_uniform(uint32_t salt, size_t i);
+
+/* The elements a summary golden keeps of a tensor: all of a small one, else
+   MGT_TEST_SAMPLES positions hashed from "sample:<name>". Returns the count; idx gets them. */
+#define MGT_TEST_SAMPLES 64
+size_t mgt_test_sample_index(const char *name, size_t numel, size_t idx[MGT_TEST_SAMPLES]);
+
+/* Whether s ends with suffix (the goldens' rules pick values by a name's ending). */
+bool mgt_test_ends_with(const char *s, const char *suffix);
+
+/* ---- recorded random draws (scripts/make_data_goldens.py writes torch's, in order) ---- */
+
+/* The draws a torchvision transform made: kind 'u' (uniform in [lo, hi)) or 'i' (randint in
+   [lo, hi)), the bounds asked for and the value returned. Replayed through the hooks below, the
+   C transform gets the same values, and bad is set if it asks for another draw than recorded. */
+typedef struct mgt_test_replay {
+    int n, pos;
+    char kind[64];
+    double lo[64], hi[64], v[64];
+    bool bad;
+} mgt_test_replay;
+
+double mgt_test_replay_uniform(void *replay, double lo, double hi);
+int64_t mgt_test_replay_randint(void *replay, int64_t lo, int64_t hi);
+
 #endif

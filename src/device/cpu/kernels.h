@@ -8,31 +8,31 @@
 #include "device/op.h"
 #include "device/refusal.h"
 
-typedef struct mgt_cpu_pool mgt_cpu_pool;
+typedef struct cpu_pool cpu_pool;
 
 /* A pool of `threads` workers counting the caller: threads - 1 are spawned. */
-mgt_status mgt_cpu_pool_create(int threads, mgt_cpu_pool **out);
+mgt_status cpu_pool_create(int threads, cpu_pool **out);
 /* NULL is a no-op. */
-void mgt_cpu_pool_free(mgt_cpu_pool *p);
-int mgt_cpu_pool_threads(const mgt_cpu_pool *p);
+void cpu_pool_free(cpu_pool *p);
+int cpu_pool_threads(const cpu_pool *p);
 /* Runs fn(ctx, i, thread) for every i in [0, n), spread over the pool's threads with the
-   caller as thread 0; returns when all have run. thread < mgt_cpu_pool_threads(p), so it can
+   caller as thread 0; returns when all have run. thread < cpu_pool_threads(p), so it can
    index per-thread scratch. One parallel-for at a time per pool (callers serialise). */
-void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
+void cpu_pool_for(cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
 
 /* A 16-bit convolution shape as a refusal remembers it: the pass, the precision and the
    shape but its batch (CUDA keys its algorithm cache alike). */
-typedef struct mgt_cpu_lp_key {
+typedef struct cpu_lp_key {
     mgt_op_kind kind;
     mgt_precision prec;
     mgt_conv2d_shape sh; /* n is 0 */
-} mgt_cpu_lp_key;
+} cpu_lp_key;
 
 /* What a device's kernels run with. The owner (the mock device) fills pool, reserve and
    owner; scratch grows on demand and is kept, so a steady step loop allocates nothing. */
-typedef struct mgt_cpu_ctx {
-    mgt_cpu_pool *pool;
-    pthread_mutex_t lock; /* held by mgt_cpu_run: one kernel at a time per device */
+typedef struct cpu_ctx {
+    cpu_pool *pool;
+    pthread_mutex_t lock; /* held by cpu_run: one kernel at a time per device */
     /* counts scratch growth against the device's memory; NULL: unlimited */
     mgt_status (*reserve)(void *owner, size_t bytes);
     void (*unreserve)(void *owner, size_t bytes);
@@ -41,28 +41,35 @@ typedef struct mgt_cpu_ctx {
     size_t scratch_bytes;
     float *lowp; /* the rounded inputs of a low-precision op (kept and grown like scratch) */
     size_t lowp_bytes;
-    struct mgt_onednn *onednn; /* convolutions (groups 1) and sgemm */
-    bool conv_im2col;          /* convolutions on the im2col + gemm path even where oneDNN can */
-    bool vec_baseline;         /* activations on x86-64's baseline vectors even with AVX-512F */
+    struct onednn *onednn; /* convolutions (groups 1) and sgemm */
+    bool conv_im2col;      /* convolutions on the im2col + gemm path even where oneDNN can */
+    bool vec_baseline;     /* activations on x86-64's baseline vectors even with AVX-512F */
     /* (optional) the owner's verdict on the next attempt of a native 16-bit convolution
        (the mock's fault=lowp); NULL or MGT_LP_REFUSAL_NONE: the kernel is tried */
     mgt_lp_refusal (*lp_refusal)(void *owner);
     /* 16-bit convolution shapes refused for good (mgt_lp_refusal_action): the rounded-fp32
        path at once, as CUDA remembers a shape cuDNN refuses */
-    struct mgt_cpu_lp_key *lp_refused;
+    struct cpu_lp_key *lp_refused;
     int n_lp_refused, cap_lp_refused;
-} mgt_cpu_ctx;
+} cpu_ctx;
 
-mgt_status mgt_cpu_ctx_init(mgt_cpu_ctx *ctx, int threads);
-void mgt_cpu_ctx_destroy(mgt_cpu_ctx *ctx);
+mgt_status cpu_ctx_init(cpu_ctx *ctx, int threads);
+void cpu_ctx_destroy(cpu_ctx *ctx);
 
 /* Runs one checked op on host memory with the ctx's pool: gemm through oneDNN's sgemm,
    convolutions through oneDNN's blocked direct kernels (im2col/col2im + gemm where oneDNN has
    none, or where ctx->conv_im2col asks for it), depthwise ones as direct loops, the rest as
    parallel loops. Returns MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label
    out of range (or a oneDNN failure). */
-mgt_status mgt_cpu_run(mgt_cpu_ctx *ctx, const mgt_op *op);
-/* Whether mgt_cpu_run has a kernel for the kind (MGT_ERR_UNSUPPORTED otherwise). */
-bool mgt_cpu_supports(mgt_op_kind kind);
+mgt_status cpu_run(cpu_ctx *ctx, const mgt_op *op);
+/* Whether cpu_run has a kernel for the kind (MGT_ERR_UNSUPPORTED otherwise). */
+bool cpu_supports(mgt_op_kind kind);
+
+/* The kernels, one per row of the op list (cpu_<stem>), each given a checked op; what
+   cpu_run calls with ctx->lock held. */
+typedef mgt_status (*cpu_op_fn)(cpu_ctx *ctx, const mgt_op *op);
+#define CPU_OP_DECL_(KIND, name, args, stem) mgt_status cpu_##stem(cpu_ctx *ctx, const mgt_op *op);
+MGT_OP_LIST(CPU_OP_DECL_)
+#undef CPU_OP_DECL_
 
 #endif

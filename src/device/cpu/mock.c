@@ -2,7 +2,7 @@
  * GPU's, with a peer-access matrix, a memory limit, injected faults and random op delays.
  *
  * Each stream is a bounded ring of commands and one thread that runs them in order. Kernels
- * run on the device's thread pool (mgt_cpu_run), the stream thread taking part. An event
+ * run on the device's thread pool (cpu_run), the stream thread taking part. An event
  * counts records: recording enqueues generation g, a wait captures the latest generation at
  * the time of the call (as cudaStreamWaitEvent does), so every wait points at a record that
  * was enqueued earlier and streams cannot wait on each other in a cycle.
@@ -60,7 +60,7 @@ typedef struct mock_stream mock_stream;
 
 typedef struct mock_dev {
     mgt_device *dev;
-    mgt_cpu_ctx ctx;
+    cpu_ctx ctx;
     pthread_mutex_t lock; /* guards allocs, streams and the failure text */
     mock_alloc *allocs;   /* sorted by address */
     int nallocs, cap_allocs;
@@ -402,7 +402,7 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
-        if (mgt_cpu_run(&md->ctx, &c->u.op) != MGT_OK) {
+        if (cpu_run(&md->ctx, &c->u.op) != MGT_OK) {
             snprintf(text, sizeof text, "kernel %s failed: %s", name, mgt_error_last());
             mock_fail(md, text);
         }
@@ -771,7 +771,7 @@ static mgt_layout mock_act_layout(const mgt_device *d)
 static bool mock_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return mgt_cpu_supports(op->kind);
+    return cpu_supports(op->kind);
 }
 
 static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
@@ -859,7 +859,7 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
         md->seed = opt->seed;
         md->link_bw = opt->link_bytes_per_s;
         md->link_lat = opt->link_latency_s;
-        if (mgt_cpu_ctx_init(&md->ctx, threads) != MGT_OK) {
+        if (cpu_ctx_init(&md->ctx, threads) != MGT_OK) {
             mock_devset_close(set);
             return mgt_error_set(MGT_ERR_DEVICE, "%s: cannot start %d compute threads", d->name,
                                  threads);
@@ -880,7 +880,7 @@ static void mock_devset_close(mgt_devset *set)
         if (!md)
             continue;
         if (md->ctx.pool)
-            mgt_cpu_ctx_destroy(&md->ctx);
+            cpu_ctx_destroy(&md->ctx);
         for (int k = 0; k < md->nallocs; k++)
             free(md->allocs[k].p);
         free(md->allocs);

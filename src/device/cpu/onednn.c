@@ -8,7 +8,6 @@
    op. The filter gradient is summed per thread-part over its chunks and the parts are added
    in part order, so results never depend on timing. oneDNN's own OpenMP threads stay off:
    every thread that calls in runs single-threaded and the pool does the splitting. */
-#include <assert.h>
 #include <omp.h>
 #include <pthread.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -51,7 +50,7 @@ typedef struct prim {
     dnnl_memory_t *mem;         /* threads x M_COUNT */
 } prim;
 
-struct mgt_onednn_plan {
+struct onednn_plan {
     conv_kind kind;
     bool bf16; /* a conv2d_*_lp op in bf16: the reorders round its inputs to bf16 */
     mgt_conv2d_shape sh;
@@ -66,14 +65,14 @@ struct mgt_onednn_plan {
        reorders the sum to plain once, instead of once per chunk */
     bool w_blocked_sum;
     size_t off_w2;
-    mgt_onednn_plan *next;
+    onednn_plan *next;
 };
 
-struct mgt_onednn {
+struct onednn {
     int threads;
     dnnl_engine_t eng;
     dnnl_stream_t *streams;
-    mgt_onednn_plan *plans;
+    onednn_plan *plans;
 };
 
 static _Thread_local bool omp_single;
@@ -90,20 +89,19 @@ static void single_threaded(void)
 static size_t align_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
-void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                      const float *b, int ldb, float beta, float *c, int ldc)
+void onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                  const float *b, int ldb, float beta, float *c, int ldc)
 {
     single_threaded();
     dnnl_status_t s =
         dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     /* op.c has checked every shape and leading dimension: a refusal is a broken invariant */
-    assert(s == dnnl_success);
-    (void)s;
+    MGT_ASSERT(s == dnnl_success);
 }
 
 static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
-static void prim_free(mgt_onednn *o, prim *p);
-static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb, prim *p);
+static void prim_free(onednn *o, prim *p);
+static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p);
 
 /* oneDNN builds its process-wide state (CPU detection, primitive cache and its lock, JIT
    runtime) lazily, on first use, behind C++ static guards that are invisible to the thread
@@ -114,16 +112,16 @@ static void warm_up(void)
     /* Plans are cached per device here; oneDNN's process-wide cache would only share
        primitives between device threads through synchronisation the sanitizer cannot see. */
     dnnl_set_primitive_cache_capacity(0);
-    mgt_onednn o = {.threads = 1};
+    onednn o = {.threads = 1};
     dnnl_stream_t st = NULL;
     if (dnnl_engine_create(&o.eng, dnnl_cpu, 0) != dnnl_success)
         return;
     o.streams = &st;
     if (dnnl_stream_create(&st, o.eng, dnnl_stream_default_flags) == dnnl_success) {
-        mgt_onednn_plan pl = {.kind = K_FWD, .sh = {1, 16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1}};
+        onednn_plan pl = {.kind = K_FWD, .sh = {1, 16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1}};
         float c[4] = {0};
         single_threaded();
-        mgt_onednn_sgemm(false, false, 2, 2, 1, 1.0f, c, 1, c, 2, 0.0f, c, 2);
+        onednn_sgemm(false, false, 2, 2, 1, 1.0f, c, 1, c, 2, 0.0f, c, 2);
         (void)make_conv(&o, &pl, 1, &pl.full);
         prim_free(&o, &pl.full);
         dnnl_stream_destroy(st);
@@ -131,11 +129,11 @@ static void warm_up(void)
     dnnl_engine_destroy(o.eng);
 }
 
-mgt_status mgt_onednn_create(int threads, mgt_onednn **out)
+mgt_status onednn_create(int threads, onednn **out)
 {
     *out = NULL;
     pthread_once(&warm_once, warm_up);
-    mgt_onednn *o = calloc(1, sizeof *o);
+    onednn *o = calloc(1, sizeof *o);
     if (o == NULL)
         return mgt_error_set(MGT_ERR_OOM, "oneDNN: out of host memory");
     o->threads = threads;
@@ -144,7 +142,7 @@ mgt_status mgt_onednn_create(int threads, mgt_onednn **out)
     for (int t = 0; t < threads && s == dnnl_success; t++)
         s = dnnl_stream_create(&o->streams[t], o->eng, dnnl_stream_default_flags);
     if (s != dnnl_success) {
-        mgt_onednn_free(o);
+        onednn_free(o);
         return mgt_error_set(MGT_ERR_DEVICE, "oneDNN: cannot open the CPU engine: %s",
                              dnnl_status2str(s));
     }
@@ -152,7 +150,7 @@ mgt_status mgt_onednn_create(int threads, mgt_onednn **out)
     return MGT_OK;
 }
 
-static void prim_free(mgt_onednn *o, prim *p)
+static void prim_free(onednn *o, prim *p)
 {
     dnnl_primitive_t *ps[] = {&p->conv, &p->ra, &p->rb, &p->ro, &p->rw, &p->w_out, &p->w_acc};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
@@ -167,12 +165,12 @@ static void prim_free(mgt_onednn *o, prim *p)
     memset(p, 0, sizeof *p);
 }
 
-void mgt_onednn_free(mgt_onednn *o)
+void onednn_free(onednn *o)
 {
     if (o == NULL)
         return;
     while (o->plans) {
-        mgt_onednn_plan *pl = o->plans;
+        onednn_plan *pl = o->plans;
         o->plans = pl->next;
         prim_free(o, &pl->full);
         prim_free(o, &pl->last);
@@ -262,7 +260,7 @@ static dnnl_status_t make_attr(float sum, dnnl_primitive_attr_t *attr)
 
 /* A primitive from its descriptor (see make_attr); *sp grows to its scratchpad. ref_ok:
    whether oneDNN's reference implementation is acceptable, or means "not supported". */
-static dnnl_status_t make_prim(mgt_onednn *o, const_dnnl_op_desc_t desc, float sum,
+static dnnl_status_t make_prim(onednn *o, const_dnnl_op_desc_t desc, float sum,
                                const_dnnl_primitive_desc_t hint, bool ref_ok,
                                dnnl_primitive_desc_t *pd_out, dnnl_primitive_t *out, size_t *sp)
 {
@@ -292,7 +290,7 @@ static dnnl_status_t make_prim(mgt_onednn *o, const_dnnl_op_desc_t desc, float s
 }
 
 /* A reorder from -> to, accumulating (to = reorder(from) + sum * to) where sum != 0. */
-static dnnl_status_t make_reorder(mgt_onednn *o, const dnnl_memory_desc_t *from,
+static dnnl_status_t make_reorder(onednn *o, const dnnl_memory_desc_t *from,
                                   const dnnl_memory_desc_t *to, float sum, dnnl_primitive_t *out,
                                   size_t *sp)
 {
@@ -321,7 +319,7 @@ static void dims4(dnnl_dims_t d, int a, int b, int c, int e)
 }
 
 /* The convolution of sh (n = mb) of the plan's kind, with reorders and memory objects. */
-static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb, prim *p)
+static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p)
 {
     const mgt_conv2d_shape *sh = &pl->sh;
     int pp = mgt_conv2d_out_h(sh), qq = mgt_conv2d_out_w(sh);
@@ -492,7 +490,7 @@ static dnnl_status_t make_conv(mgt_onednn *o, const mgt_onednn_plan *pl, int mb,
     return s;
 }
 
-static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, bool bf16,
+static bool plan_matches(const onednn_plan *pl, conv_kind kind, bool bf16,
                          const mgt_conv2d_shape *sh, uint32_t beta_bits)
 {
     return pl->kind == kind && pl->bf16 == bf16 && pl->beta_bits == beta_bits &&
@@ -501,7 +499,7 @@ static bool plan_matches(const mgt_onednn_plan *pl, conv_kind kind, bool bf16,
 
 /* Scratch of a plan whose primitives exist: shared weights or parts, then per thread the
    internal a, b, o and w buffers and the scratchpad, each the larger of the two primitives'. */
-static void plan_layout(mgt_onednn_plan *pl)
+static void plan_layout(onednn_plan *pl)
 {
     const prim *ps[2] = {&pl->full, pl->last.mb ? &pl->last : NULL};
     size_t fa = 0, fb = 0, fo = 0, fw = 0, fsp = 0;
@@ -537,10 +535,9 @@ static void plan_layout(mgt_onednn_plan *pl)
     }
 }
 
-mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan **plan,
-                                size_t *scratch_floats)
+mgt_status onednn_conv_plan(onednn *o, const mgt_op *op, onednn_plan **plan, size_t *scratch_floats)
 {
-    mgt_op_kind fk = mgt_op_fp32_kind(op->kind);
+    mgt_op_kind fk = op->kind;
     conv_kind kind = fk == MGT_OP_CONV2D_FWD        ? K_FWD
                      : fk == MGT_OP_CONV2D_BWD_DATA ? K_BWD_DATA
                                                     : K_BWD_FILTER;
@@ -548,7 +545,7 @@ mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     uint32_t beta_bits;
     memcpy(&beta_bits, &op->u.conv.beta, sizeof beta_bits);
-    mgt_onednn_plan **link = &o->plans, *pl = NULL;
+    onednn_plan **link = &o->plans, *pl = NULL;
     for (; *link; link = &(*link)->next) {
         if (plan_matches(*link, kind, bf16, sh, beta_bits)) {
             pl = *link;
@@ -603,8 +600,8 @@ mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan
 /* ---- running ---- */
 
 typedef struct run_job {
-    mgt_onednn *o;
-    const mgt_onednn_plan *pl;
+    onednn *o;
+    const onednn_plan *pl;
     const mgt_op *op;
     float *scratch;
     atomic_int failed; /* the first dnnl_status_t != success */
@@ -641,13 +638,13 @@ typedef struct bufs {
 
 static bufs bufs_of(const run_job *j, int t)
 {
-    const mgt_onednn_plan *pl = j->pl;
+    const onednn_plan *pl = j->pl;
     float *a = j->scratch + pl->shared + (size_t)t * pl->per_thread;
     return (bufs){a, a + pl->off_b, a + pl->off_o, a + pl->off_w, a + pl->off_w2, a + pl->off_sp};
 }
 
 /* Image offset and primitive of chunk i. */
-static const prim *chunk_prim(const mgt_onednn_plan *pl, int i, size_t *n0)
+static const prim *chunk_prim(const onednn_plan *pl, int i, size_t *n0)
 {
     *n0 = (size_t)i * pl->chunk;
     return i == pl->chunks - 1 && pl->last.mb ? &pl->last : &pl->full;
@@ -657,7 +654,7 @@ static const prim *chunk_prim(const mgt_onednn_plan *pl, int i, size_t *n0)
 static void data_item(void *c, int i, int t)
 {
     run_job *j = c;
-    const mgt_onednn_plan *pl = j->pl;
+    const onednn_plan *pl = j->pl;
     const mgt_conv2d_shape *sh = &pl->sh;
     single_threaded();
     size_t n0;
@@ -705,7 +702,7 @@ static void data_item(void *c, int i, int t)
 static void filter_item(void *c, int i, int t)
 {
     run_job *j = c;
-    const mgt_onednn_plan *pl = j->pl;
+    const onednn_plan *pl = j->pl;
     const mgt_conv2d_shape *sh = &pl->sh;
     single_threaded();
     size_t xs = (size_t)sh->c * sh->h * sh->w;
@@ -767,7 +764,7 @@ static void reduce_item(void *c, int i, int t)
 {
     (void)t;
     run_job *j = c;
-    const mgt_onednn_plan *pl = j->pl;
+    const onednn_plan *pl = j->pl;
     size_t lo = (size_t)i * REDUCE_ITEM,
            hi = lo + REDUCE_ITEM < pl->dw_n ? lo + REDUCE_ITEM : pl->dw_n;
     float *dw = j->op->u.conv.out, beta = j->op->u.conv.beta;
@@ -779,17 +776,16 @@ static void reduce_item(void *c, int i, int t)
     }
 }
 
-mgt_status mgt_onednn_conv_run(mgt_onednn *o, mgt_onednn_plan *pl, mgt_cpu_pool *pool,
-                               const mgt_op *op, float *scratch)
+mgt_status onednn_conv_run(onednn *o, onednn_plan *pl, cpu_pool *pool, const mgt_op *op,
+                           float *scratch)
 {
     run_job j = {.o = o, .pl = pl, .op = op, .scratch = scratch};
     atomic_init(&j.failed, dnnl_success);
     single_threaded();
     if (pl->kind == K_BWD_FILTER) {
-        mgt_cpu_pool_for(pool, pl->parts, filter_item, &j);
+        cpu_pool_for(pool, pl->parts, filter_item, &j);
         if (atomic_load(&j.failed) == dnnl_success)
-            mgt_cpu_pool_for(pool, (int)((pl->dw_n + REDUCE_ITEM - 1) / REDUCE_ITEM), reduce_item,
-                             &j);
+            cpu_pool_for(pool, (int)((pl->dw_n + REDUCE_ITEM - 1) / REDUCE_ITEM), reduce_item, &j);
     } else {
         /* the weights once, on this thread, for the primitive(s) that want them blocked */
         const prim *ps[2] = {&pl->full, pl->last.mb ? &pl->last : NULL};
@@ -800,7 +796,7 @@ mgt_status mgt_onednn_conv_run(mgt_onednn *o, mgt_onednn_plan *pl, mgt_cpu_pool 
                                mem_at(ps[i], 0, M_UW, op->u.conv.in2),
                                mem_at(ps[i], 0, M_IW, scratch + ps[i]->w_off), b.sp));
         if (atomic_load(&j.failed) == dnnl_success)
-            mgt_cpu_pool_for(pool, pl->chunks, data_item, &j);
+            cpu_pool_for(pool, pl->chunks, data_item, &j);
     }
     int f = atomic_load(&j.failed);
     if (f != dnnl_success)

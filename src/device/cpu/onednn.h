@@ -6,33 +6,33 @@
 
 #include "device/op.h"
 
-typedef struct mgt_cpu_pool mgt_cpu_pool;
+typedef struct cpu_pool cpu_pool;
 
 /* A device's oneDNN state: engine, one stream per pool thread, and the plans made so far. */
-typedef struct mgt_onednn mgt_onednn;
-/* How one convolution op of one shape runs (made once, kept by its mgt_onednn). */
-typedef struct mgt_onednn_plan mgt_onednn_plan;
+typedef struct onednn onednn;
+/* How one convolution op of one shape runs (made once, kept by its onednn). */
+typedef struct onednn_plan onednn_plan;
 
-mgt_status mgt_onednn_create(int threads, mgt_onednn **out);
+mgt_status onednn_create(int threads, onednn **out);
 /* NULL is a no-op. */
-void mgt_onednn_free(mgt_onednn *o);
+void onednn_free(onednn *o);
 
 /* Row-major C = alpha op(A) op(B) + beta C on the calling thread only (oneDNN's own threads
    are off for every thread that calls in here: the pool splits the work). */
-void mgt_onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                      const float *b, int ldb, float beta, float *c, int ldc);
+void onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                  const float *b, int ldb, float beta, float *c, int ldc);
 
 /* The plan for a conv op (forward, backward data or backward filter, fp32 or its bf16 _lp
    form: bf16 inputs, fp32 output), made on first use.
    MGT_ERR_UNSUPPORTED (no error text) where oneDNN has no kernel for it (grouped shapes, or
    a primitive oneDNN refuses): the caller runs its own path. *scratch_floats is what
-   mgt_onednn_conv_run needs. Called by the device's one kernel thread at a time. */
-mgt_status mgt_onednn_conv_plan(mgt_onednn *o, const mgt_op *op, mgt_onednn_plan **plan,
-                                size_t *scratch_floats);
+   onednn_conv_run needs. Called by the device's one kernel thread at a time. */
+mgt_status onednn_conv_plan(onednn *o, const mgt_op *op, onednn_plan **plan,
+                            size_t *scratch_floats);
 /* Runs op with its plan on the pool, scratch holding the plan's scratch_floats (64-byte
    aligned). The split is a function of the shape and the pool's thread count only, so runs
    are bit-identical. MGT_ERR_DEVICE where oneDNN fails at run time. */
-mgt_status mgt_onednn_conv_run(mgt_onednn *o, mgt_onednn_plan *plan, mgt_cpu_pool *pool,
-                               const mgt_op *op, float *scratch);
+mgt_status onednn_conv_run(onednn *o, onednn_plan *plan, cpu_pool *pool, const mgt_op *op,
+                           float *scratch);
 
 #endif

@@ -21,7 +21,7 @@ typedef void (*pool_fn)(void *ctx, int i, int thread);
    that is already over (or half-overwritten by the next one) can therefore never claim an
    item: its CAS fails on the generation. This lets the caller return as soon as every item
    has run, without waiting for sleeping workers to check in. */
-struct mgt_cpu_pool {
+struct cpu_pool {
     int threads;
     pthread_t *tids;
 
@@ -40,7 +40,7 @@ struct mgt_cpu_pool {
 };
 
 typedef struct worker_arg {
-    mgt_cpu_pool *pool;
+    cpu_pool *pool;
     int thread;
 } worker_arg;
 
@@ -54,7 +54,7 @@ static inline void cpu_relax(void)
 }
 
 /* Claims and runs items of generation g until none is left. */
-static void run_items(mgt_cpu_pool *p, unsigned g, pool_fn fn, void *ctx, int n, int thread)
+static void run_items(cpu_pool *p, unsigned g, pool_fn fn, void *ctx, int n, int thread)
 {
     uint64_t v = atomic_load(&p->next);
     for (;;) {
@@ -78,7 +78,7 @@ static void *worker_main(void *arg)
 {
     worker_arg wa = *(worker_arg *)arg;
     free(arg);
-    mgt_cpu_pool *p = wa.pool;
+    cpu_pool *p = wa.pool;
     unsigned seen = 0;
     for (;;) {
         for (int i = 0; i < POOL_SPIN && atomic_load(&p->gen) == seen && !atomic_load(&p->stop);
@@ -104,7 +104,7 @@ static void *worker_main(void *arg)
     }
 }
 
-static void pool_stop_join(mgt_cpu_pool *p, int started)
+static void pool_stop_join(cpu_pool *p, int started)
 {
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, true);
@@ -114,12 +114,12 @@ static void pool_stop_join(mgt_cpu_pool *p, int started)
         pthread_join(p->tids[i], NULL);
 }
 
-mgt_status mgt_cpu_pool_create(int threads, mgt_cpu_pool **out)
+mgt_status cpu_pool_create(int threads, cpu_pool **out)
 {
     *out = NULL;
     if (threads < 1 || threads > 4096)
         return mgt_error_set(MGT_ERR_INVALID, "cpu pool: %d threads (1..4096)", threads);
-    mgt_cpu_pool *p = calloc(1, sizeof *p);
+    cpu_pool *p = calloc(1, sizeof *p);
     if (p == NULL)
         return mgt_error_set(MGT_ERR_OOM, "cpu pool: out of memory");
     p->threads = threads;
@@ -171,7 +171,7 @@ fail:
     return st;
 }
 
-void mgt_cpu_pool_free(mgt_cpu_pool *p)
+void cpu_pool_free(cpu_pool *p)
 {
     if (p == NULL)
         return;
@@ -183,9 +183,9 @@ void mgt_cpu_pool_free(mgt_cpu_pool *p)
     free(p);
 }
 
-int mgt_cpu_pool_threads(const mgt_cpu_pool *p) { return p->threads; }
+int cpu_pool_threads(const cpu_pool *p) { return p->threads; }
 
-void mgt_cpu_pool_for(mgt_cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx)
+void cpu_pool_for(cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx)
 {
     if (n <= 0)
         return;

@@ -17,9 +17,44 @@ static float with_beta(double v, float beta, float old)
     return beta == 0.0f ? (float)v : (float)(v + (double)beta * old);
 }
 
+/* A gemm or convolution in a 16-bit precision is the fp32 op on inputs rounded to the 16-bit
+   format: the product of two bf16 or two fp16 values is exact in fp32, so rounding the inputs
+   and multiplying in (here: double) precision is the whole of the arithmetic difference. */
+static mgt_status ref_lowp(const mgt_op *op, mgt_status (*fp32)(const mgt_op *op))
+{
+    mgt_op f = *op;
+    f.prec = MGT_PREC_F32;
+    mgt_precision prec = op->prec;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    float *copies[MGT_OP_MAX_OPERANDS] = {0};
+    int n = mgt_op_operands(&f, ops);
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        if (ops[i].role != MGT_OPERAND_IN)
+            continue;
+        const float *src = *ops[i].ptr;
+        copies[i] = malloc(ops[i].count * sizeof(float));
+        if (!copies[i]) {
+            st = mgt_error_set(MGT_ERR_OOM, "reference: %s: no memory for a rounded copy of %s",
+                               mgt_op_name(op->kind), ops[i].name);
+            break;
+        }
+        for (size_t k = 0; k < ops[i].count; k++)
+            copies[i][k] = mgt_lowp_round(prec, src[k]);
+        *ops[i].ptr = copies[i];
+    }
+    if (st == MGT_OK)
+        st = fp32(&f);
+    for (int i = 0; i < n; i++)
+        free(copies[i]);
+    return st;
+}
+
 static mgt_status ref_gemm(const mgt_op *op)
 {
-    const __typeof__(op->u.gemm) *g = &op->u.gemm;
+    if (op->prec != MGT_PREC_F32)
+        return ref_lowp(op, ref_gemm);
+    const mgt_gemm_args *g = &op->u.gemm;
     for (int i = 0; i < g->m; i++) {
         for (int j = 0; j < g->n; j++) {
             double acc = 0.0;
@@ -148,6 +183,16 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
     return MGT_OK;
 }
 
+/* The pass the kind says, in the op's precision. */
+static mgt_status ref_conv2d(const mgt_op *op)
+{
+    if (op->prec != MGT_PREC_F32)
+        return ref_lowp(op, ref_conv2d);
+    return op->kind == MGT_OP_CONV2D_FWD        ? ref_conv_fwd(op)
+           : op->kind == MGT_OP_CONV2D_BWD_DATA ? ref_conv_bwd_data(op)
+                                                : ref_conv_bwd_filter(op);
+}
+
 /* Element i of channel c in an [n, c, hw] tensor. */
 static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
 {
@@ -163,13 +208,13 @@ static float bn_out(const mgt_bn_shape *sh, double v)
 
 static double bn_dy(const mgt_op *op, size_t j)
 {
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     return b->sh.relu && !(b->y[j] > 0.0f) ? 0.0 : b->dy[j];
 }
 
 static mgt_status ref_bn_train(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_train) *b = &op->u.bn_train;
+    const mgt_bn_train_args *b = &op->u.bn_train;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -204,7 +249,7 @@ static mgt_status ref_bn_train(const mgt_op *op)
 
 static mgt_status ref_bn_eval(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_eval) *b = &op->u.bn_eval;
+    const mgt_bn_eval_args *b = &op->u.bn_eval;
     const mgt_bn_shape *sh = &b->sh;
     for (int c = 0; c < sh->c; c++) {
         double invstd = 1.0 / sqrt((double)b->running_var[c] + sh->eps);
@@ -224,7 +269,7 @@ static mgt_status ref_bn_eval(const mgt_op *op)
    accumulated outputs). */
 static mgt_status ref_bn_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_bwd) *b = &op->u.bn_bwd;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -253,7 +298,7 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
 /* One shard's per-channel mean and biased variance, two passes in double as bn_train. */
 static mgt_status ref_bn_stats(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_stats) *b = &op->u.bn_stats;
+    const mgt_bn_stats_args *b = &op->u.bn_stats;
     const mgt_bn_shape *sh = &b->sh;
     double m = (double)sh->n * sh->hw;
     for (int c = 0; c < sh->c; c++) {
@@ -277,7 +322,7 @@ static mgt_status ref_bn_stats(const mgt_op *op)
    dx = gamma * invstd / count * (count*dy - sum_dy - xhat*sum_dy_xhat). */
 static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
 {
-    const __typeof__(op->u.bn_bwd_elemt) *b = &op->u.bn_bwd_elemt;
+    const mgt_bn_bwd_elemt_args *b = &op->u.bn_bwd_elemt;
     const mgt_bn_shape *sh = &b->sh;
     double m = b->count;
     for (int c = 0; c < sh->c; c++) {
@@ -377,25 +422,35 @@ static mgt_status check_labels(mgt_op_kind kind, const int32_t *labels, int n, i
     return MGT_OK;
 }
 
-/* With target t = (1-eps) one-hot(label) + eps/C and log p = z - lse, a row's loss is
-   -sum t_j log p_j = (1-eps)(lse - z_label) + eps/C * sum_j (lse - z_j). */
+/* Row i's target labels (b_i = a_i, w_i = 1 without labels_b and weights). */
+static mgt_status check_targets(mgt_op_kind kind, const int32_t *labels, const int32_t *labels_b,
+                                int n, int classes)
+{
+    mgt_status st = check_labels(kind, labels, n, classes);
+    return st == MGT_OK && labels_b ? check_labels(kind, labels_b, n, classes) : st;
+}
+
+/* The target t = (1-eps)(w onehot(a) + (1-w) onehot(b)) + eps/C: a row's loss is
+   -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
 static mgt_status ref_xent_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.xent_fwd) *x = &op->u.xent_fwd;
-    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
+    const mgt_xent_fwd_args *x = &op->u.xent_fwd;
+    mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     double eps = x->smoothing, total = 0.0;
     for (int i = 0; i < x->n; i++) {
         const float *z = x->logits + (size_t)i * x->classes;
         float *pr = x->probs + (size_t)i * x->classes;
-        double lse = row_logsumexp(z, x->classes);
+        double lse = row_logsumexp(z, x->classes), w = x->weights ? x->weights[i] : 1.0;
+        int a = x->labels[i], b = x->labels_b ? x->labels_b[i] : a;
         double smooth = 0.0;
         for (int j = 0; j < x->classes; j++) {
             pr[j] = (float)exp((double)z[j] - lse);
             smooth += lse - z[j];
         }
-        total += (1.0 - eps) * (lse - z[x->labels[i]]) + eps / x->classes * smooth;
+        total +=
+            (1.0 - eps) * (w * (lse - z[a]) + (1.0 - w) * (lse - z[b])) + eps / x->classes * smooth;
     }
     x->loss[0] = (float)(total / x->n);
     return MGT_OK;
@@ -403,63 +458,18 @@ static mgt_status ref_xent_fwd(const mgt_op *op)
 
 static mgt_status ref_xent_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.xent_bwd) *x = &op->u.xent_bwd;
-    mgt_status st = check_labels(op->kind, x->labels, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    double eps = x->smoothing;
-    for (int i = 0; i < x->n; i++)
-        for (int j = 0; j < x->classes; j++) {
-            size_t ij = (size_t)i * x->classes + j;
-            double t = eps / x->classes + (j == x->labels[i] ? 1.0 - eps : 0.0);
-            x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
-        }
-    return MGT_OK;
-}
-
-/* The mixed target t = (1-eps)(w onehot(a) + (1-w) onehot(b)) + eps/C: a row's loss is
-   -sum t_j log p_j = (1-eps)(w (lse - z_a) + (1-w)(lse - z_b)) + eps/C * sum_j (lse - z_j). */
-static mgt_status ref_xmix_fwd(const mgt_op *op)
-{
-    const __typeof__(op->u.xmix_fwd) *x = &op->u.xmix_fwd;
-    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
-    if (st != MGT_OK)
-        return st;
-    double eps = x->smoothing, total = 0.0;
-    for (int i = 0; i < x->n; i++) {
-        const float *z = x->logits + (size_t)i * x->classes;
-        float *pr = x->probs + (size_t)i * x->classes;
-        double lse = row_logsumexp(z, x->classes), w = x->weights[i];
-        double smooth = 0.0;
-        for (int j = 0; j < x->classes; j++) {
-            pr[j] = (float)exp((double)z[j] - lse);
-            smooth += lse - z[j];
-        }
-        total +=
-            (1.0 - eps) * (w * (lse - z[x->labels_a[i]]) + (1.0 - w) * (lse - z[x->labels_b[i]])) +
-            eps / x->classes * smooth;
-    }
-    x->loss[0] = (float)(total / x->n);
-    return MGT_OK;
-}
-
-static mgt_status ref_xmix_bwd(const mgt_op *op)
-{
-    const __typeof__(op->u.xmix_bwd) *x = &op->u.xmix_bwd;
-    mgt_status st = check_labels(op->kind, x->labels_a, x->n, x->classes);
-    if (st == MGT_OK)
-        st = check_labels(op->kind, x->labels_b, x->n, x->classes);
+    const mgt_xent_bwd_args *x = &op->u.xent_bwd;
+    mgt_status st = check_targets(op->kind, x->labels, x->labels_b, x->n, x->classes);
     if (st != MGT_OK)
         return st;
     double eps = x->smoothing;
     for (int i = 0; i < x->n; i++) {
-        double w = x->weights[i];
+        double w = x->weights ? x->weights[i] : 1.0;
+        int a = x->labels[i], b = x->labels_b ? x->labels_b[i] : a;
         for (int j = 0; j < x->classes; j++) {
             size_t ij = (size_t)i * x->classes + j;
-            double t = eps / x->classes + (1.0 - eps) * ((j == x->labels_a[i] ? w : 0.0) +
-                                                         (j == x->labels_b[i] ? 1.0 - w : 0.0));
+            double t =
+                eps / x->classes + (1.0 - eps) * ((j == a ? w : 0.0) + (j == b ? 1.0 - w : 0.0));
             x->dlogits[ij] = (float)((double)x->scale * (x->probs[ij] - t));
         }
     }
@@ -468,7 +478,7 @@ static mgt_status ref_xmix_bwd(const mgt_op *op)
 
 static mgt_status ref_topk(const mgt_op *op)
 {
-    const __typeof__(op->u.topk) *t = &op->u.topk;
+    const mgt_topk_args *t = &op->u.topk;
     mgt_status st = check_labels(op->kind, t->labels, t->n, t->classes);
     if (st != MGT_OK)
         return st;
@@ -491,7 +501,7 @@ static mgt_status ref_topk(const mgt_op *op)
    step rather than drifting by a rounding a step. */
 static mgt_status ref_sgd(const mgt_op *op)
 {
-    const __typeof__(op->u.sgd) *s = &op->u.sgd;
+    const mgt_sgd_args *s = &op->u.sgd;
     const mgt_sgd_params *p = &s->p;
     for (size_t i = 0; i < s->n; i++) {
         float d = p->grad_scale * s->grad[i] + p->weight_decay * s->param[i];
@@ -512,7 +522,7 @@ static mgt_status ref_sgd(const mgt_op *op)
 /* AdamW and RMSprop in float, in torch's order of operations (see mgt/device.h). */
 static mgt_status ref_adamw(const mgt_op *op)
 {
-    const __typeof__(op->u.adamw) *a = &op->u.adamw;
+    const mgt_adamw_args *a = &op->u.adamw;
     const mgt_adamw_params *p = &a->p;
     for (size_t i = 0; i < a->n; i++) {
         float g = p->grad_scale * a->grad[i];
@@ -529,7 +539,7 @@ static mgt_status ref_adamw(const mgt_op *op)
 
 static mgt_status ref_rmsprop(const mgt_op *op)
 {
-    const __typeof__(op->u.rmsprop) *a = &op->u.rmsprop;
+    const mgt_rmsprop_args *a = &op->u.rmsprop;
     const mgt_rmsprop_params *p = &a->p;
     for (size_t i = 0; i < a->n; i++) {
         float g = p->grad_scale * a->grad[i] + p->weight_decay * a->param[i];
@@ -544,15 +554,6 @@ static mgt_status ref_rmsprop(const mgt_op *op)
             a->param[i] += -p->lr * (g / avg);
         }
     }
-    return MGT_OK;
-}
-
-static mgt_status ref_sum_squares(const mgt_op *op)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < op->u.sum.n; i++)
-        s += (double)op->u.sum.x[i] * op->u.sum.x[i];
-    op->u.sum.out[0] = (float)s;
     return MGT_OK;
 }
 
@@ -577,11 +578,13 @@ static mgt_status ref_axpy(const mgt_op *op)
     return MGT_OK;
 }
 
+/* sum, or sum_squares */
 static mgt_status ref_sum(const mgt_op *op)
 {
+    bool squares = op->kind == MGT_OP_SUMSQ;
     double s = 0.0;
     for (size_t i = 0; i < op->u.sum.n; i++)
-        s += op->u.sum.x[i];
+        s += squares ? (double)op->u.sum.x[i] * op->u.sum.x[i] : op->u.sum.x[i];
     op->u.sum.out[0] = (float)s;
     return MGT_OK;
 }
@@ -612,7 +615,7 @@ static mgt_status ref_relu_bwd(const mgt_op *op)
 
 static mgt_status ref_avgpool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_fwd) *a = &op->u.avgpool_fwd;
+    const mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
     for (int n = 0; n < a->n; n++)
         for (int c = 0; c < a->c; c++) {
             double s = 0.0;
@@ -625,7 +628,7 @@ static mgt_status ref_avgpool_fwd(const mgt_op *op)
 
 static mgt_status ref_avgpool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.avgpool_bwd) *a = &op->u.avgpool_bwd;
+    const mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
     for (int n = 0; n < a->n; n++)
         for (int c = 0; c < a->c; c++)
             for (int i = 0; i < a->hw; i++)
@@ -636,7 +639,7 @@ static mgt_status ref_avgpool_bwd(const mgt_op *op)
 
 static mgt_status ref_bias_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bias_fwd) *b = &op->u.bias_fwd;
+    const mgt_bias_fwd_args *b = &op->u.bias_fwd;
     for (int r = 0; r < b->rows; r++)
         for (int j = 0; j < b->cols; j++)
             b->y[(size_t)r * b->cols + j] += b->bias[j];
@@ -645,7 +648,7 @@ static mgt_status ref_bias_fwd(const mgt_op *op)
 
 static mgt_status ref_bias_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.bias_bwd) *b = &op->u.bias_bwd;
+    const mgt_bias_bwd_args *b = &op->u.bias_bwd;
     for (int j = 0; j < b->cols; j++) {
         double s = 0.0;
         for (int r = 0; r < b->rows; r++)
@@ -657,7 +660,7 @@ static mgt_status ref_bias_bwd(const mgt_op *op)
 
 static mgt_status ref_chbias_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_fwd) *b = &op->u.chbias_fwd;
+    const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
     for (int i = 0; i < b->n; i++)
         for (int ch = 0; ch < b->c; ch++)
             for (int j = 0; j < b->hw; j++)
@@ -667,7 +670,7 @@ static mgt_status ref_chbias_fwd(const mgt_op *op)
 
 static mgt_status ref_chbias_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chbias_bwd) *b = &op->u.chbias_bwd;
+    const mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     for (int ch = 0; ch < b->c; ch++) {
         double s = 0.0;
         for (int i = 0; i < b->n; i++)
@@ -680,7 +683,7 @@ static mgt_status ref_chbias_bwd(const mgt_op *op)
 
 static mgt_status ref_dropout(const mgt_op *op)
 {
-    const __typeof__(op->u.dropout) *d = &op->u.dropout;
+    const mgt_dropout_args *d = &op->u.dropout;
     uint32_t t = mgt_dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
     for (int i = 0; i < d->n; i++)
@@ -695,7 +698,7 @@ static mgt_status ref_dropout(const mgt_op *op)
 
 static mgt_status ref_apool_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_fwd) *a = &op->u.apool_fwd;
+    const mgt_apool_fwd_args *a = &op->u.apool_fwd;
     for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
         const float *x = a->x + nc * a->h * a->w;
         for (int i = 0; i < a->oh; i++)
@@ -715,7 +718,7 @@ static mgt_status ref_apool_fwd(const mgt_op *op)
 
 static mgt_status ref_apool_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.apool_bwd) *a = &op->u.apool_bwd;
+    const mgt_apool_bwd_args *a = &op->u.apool_bwd;
     for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
         float *dx = a->dx + nc * a->h * a->w;
         for (size_t k = 0; k < (size_t)a->h * a->w; k++)
@@ -736,7 +739,7 @@ static mgt_status ref_apool_bwd(const mgt_op *op)
 
 static mgt_status ref_scopy(const mgt_op *op)
 {
-    const __typeof__(op->u.scopy) *c = &op->u.scopy;
+    const mgt_scopy_args *c = &op->u.scopy;
     for (int i = 0; i < c->n; i++)
         for (int r = 0; r < c->rows; r++)
             for (size_t k = 0; k < c->count; k++)
@@ -745,17 +748,52 @@ static mgt_status ref_scopy(const mgt_op *op)
     return MGT_OK;
 }
 
-/* The activations in double, straight from their definitions (mgt_activation_forward);
-   the float result is the double one rounded. */
+/* ---- activations: each one's value and derivative (the one torch's backward uses at the
+   kinks) in double, straight from its definition, one pair per row of MGT_ACT_LIST; the float
+   result is the double one rounded ---- */
+
+static double act_relu6(double x) { return x < 0.0 ? 0.0 : x > 6.0 ? 6.0 : x; }
+static double act_relu6_grad(double x) { return x > 0.0 && x < 6.0 ? 1.0 : 0.0; }
+
+static double act_hardsigmoid(double x) { return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5; }
+static double act_hardsigmoid_grad(double x) { return x > -3.0 && x < 3.0 ? 1.0 / 6.0 : 0.0; }
+
+static double act_hardswish(double x)
+{
+    return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
+}
+static double act_hardswish_grad(double x)
+{
+    return x < -3.0 ? 0.0 : x <= 3.0 ? x / 3.0 + 0.5 : 1.0;
+}
+
+static double act_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double act_sigmoid_grad(double x)
+{
+    double sg = act_sigmoid(x);
+    return sg * (1.0 - sg);
+}
+
+static double act_silu(double x) { return x / (1.0 + exp(-x)); }
+static double act_silu_grad(double x)
+{
+    double sg = act_sigmoid(x);
+    return sg * (1.0 + x * (1.0 - sg));
+}
+
+static double act_gelu(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double act_gelu_grad(double x)
+{
+    return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
 static double ref_act(mgt_act act, double x)
 {
     switch (act) {
-    case MGT_ACT_RELU6: return x < 0.0 ? 0.0 : x > 6.0 ? 6.0 : x;
-    case MGT_ACT_HARDSIGMOID: return x <= -3.0 ? 0.0 : x >= 3.0 ? 1.0 : x / 6.0 + 0.5;
-    case MGT_ACT_HARDSWISH: return x <= -3.0 ? 0.0 : x >= 3.0 ? x : x * (x + 3.0) / 6.0;
-    case MGT_ACT_SILU: return x / (1.0 + exp(-x));
-    case MGT_ACT_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case MGT_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+#define REF_ACT(KIND, name) \
+    case MGT_ACT_##KIND: return act_##name(x);
+        MGT_ACT_LIST(REF_ACT)
+#undef REF_ACT
     case MGT_ACT_COUNT: break;
     }
     return NAN;
@@ -764,19 +802,10 @@ static double ref_act(mgt_act act, double x)
 static double ref_act_grad(mgt_act act, double x)
 {
     switch (act) {
-    case MGT_ACT_RELU6: return x > 0.0 && x < 6.0 ? 1.0 : 0.0;
-    case MGT_ACT_HARDSIGMOID: return x > -3.0 && x < 3.0 ? 1.0 / 6.0 : 0.0;
-    case MGT_ACT_HARDSWISH: return x < -3.0 ? 0.0 : x <= 3.0 ? x / 3.0 + 0.5 : 1.0;
-    case MGT_ACT_SILU: {
-        double sg = 1.0 / (1.0 + exp(-x));
-        return sg * (1.0 + x * (1.0 - sg));
-    }
-    case MGT_ACT_SIGMOID: {
-        double sg = 1.0 / (1.0 + exp(-x));
-        return sg * (1.0 - sg);
-    }
-    case MGT_ACT_GELU:
-        return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+#define REF_ACT_GRAD(KIND, name) \
+    case MGT_ACT_##KIND: return act_##name##_grad(x);
+        MGT_ACT_LIST(REF_ACT_GRAD)
+#undef REF_ACT_GRAD
     case MGT_ACT_COUNT: break;
     }
     return NAN;
@@ -784,7 +813,7 @@ static double ref_act_grad(mgt_act act, double x)
 
 static mgt_status ref_act_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.act_fwd) *a = &op->u.act_fwd;
+    const mgt_act_fwd_args *a = &op->u.act_fwd;
     for (size_t i = 0; i < a->n; i++)
         a->y[i] = (float)ref_act(a->act, a->x[i]);
     return MGT_OK;
@@ -792,7 +821,7 @@ static mgt_status ref_act_fwd(const mgt_op *op)
 
 static mgt_status ref_act_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.act_bwd) *a = &op->u.act_bwd;
+    const mgt_act_bwd_args *a = &op->u.act_bwd;
     for (size_t i = 0; i < a->n; i++)
         a->dx[i] = (float)((double)a->dy[i] * ref_act_grad(a->act, a->x[i]));
     return MGT_OK;
@@ -815,7 +844,7 @@ static void ref_lnc_stats(const float *x, int c, size_t hw, float eps, double *m
 
 static mgt_status ref_lnc_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.lnc_fwd) *a = &op->u.lnc_fwd;
+    const mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
     size_t hw = (size_t)a->hw;
     for (int i = 0; i < a->n; i++)
         for (size_t j = 0; j < hw; j++) {
@@ -832,7 +861,7 @@ static mgt_status ref_lnc_fwd(const mgt_op *op)
 
 static mgt_status ref_lnc_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.lnc_bwd) *a = &op->u.lnc_bwd;
+    const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
     size_t hw = (size_t)a->hw;
     for (int ch = 0; ch < a->c; ch++) {
         double sw = 0.0, sb = 0.0;
@@ -871,7 +900,7 @@ static mgt_status ref_lnc_bwd(const mgt_op *op)
 
 static mgt_status ref_chscale_fwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_fwd) *a = &op->u.chscale_fwd;
+    const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
     for (int i = 0; i < a->n; i++)
         for (int ch = 0; ch < a->c; ch++) {
             float sc = a->scale[(a->shared ? 0 : (size_t)i * a->c) + ch];
@@ -884,7 +913,7 @@ static mgt_status ref_chscale_fwd(const mgt_op *op)
 
 static mgt_status ref_chscale_bwd(const mgt_op *op)
 {
-    const __typeof__(op->u.chscale_bwd) *a = &op->u.chscale_bwd;
+    const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     for (int ch = 0; ch < a->c; ch++) {
         double shared_sum = 0.0;
         for (int i = 0; i < a->n; i++) {
@@ -909,45 +938,9 @@ static mgt_status ref_chscale_bwd(const mgt_op *op)
 
 /* ---- mixed precision ---- */
 
-static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op);
-
-/* A low-precision op is its fp32 kind on inputs rounded to the 16-bit format: the product of
-   two bf16 or two fp16 values is exact in fp32, so rounding the inputs and multiplying in
-   (here: double) precision is the whole of the arithmetic difference. */
-static mgt_status ref_lowp(const mgt_op *op)
-{
-    mgt_op f = *op;
-    f.kind = mgt_op_fp32_kind(op->kind);
-    f.prec = MGT_PREC_F32;
-    mgt_precision prec = op->prec;
-    mgt_operand ops[MGT_OP_MAX_OPERANDS];
-    float *copies[MGT_OP_MAX_OPERANDS] = {0};
-    int n = mgt_op_operands(&f, ops);
-    mgt_status st = MGT_OK;
-    for (int i = 0; i < n && st == MGT_OK; i++) {
-        if (ops[i].role != MGT_OPERAND_IN)
-            continue;
-        const float *src = *ops[i].ptr;
-        copies[i] = malloc(ops[i].count * sizeof(float));
-        if (!copies[i]) {
-            st = mgt_error_set(MGT_ERR_OOM, "reference: %s: no memory for a rounded copy of %s",
-                               mgt_op_name(op->kind), ops[i].name);
-            break;
-        }
-        for (size_t k = 0; k < ops[i].count; k++)
-            copies[i][k] = mgt_lowp_round(prec, src[k]);
-        *ops[i].ptr = copies[i];
-    }
-    if (st == MGT_OK)
-        st = ref_ops[f.kind](&f);
-    for (int i = 0; i < n; i++)
-        free(copies[i]);
-    return st;
-}
-
 static mgt_status ref_cast(const mgt_op *op)
 {
-    const __typeof__(op->u.cast) *c = &op->u.cast;
+    const mgt_cast_args *c = &op->u.cast;
     if (op->kind == MGT_OP_CAST_TO_16) {
         const float *x = c->src;
         uint16_t *h = c->dst;
@@ -971,66 +964,14 @@ static mgt_status ref_nonfinite(const mgt_op *op)
     return MGT_OK;
 }
 
-/* One function per kind; a kind left out has no reference and is reported so. */
-static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {
-    [MGT_OP_FILL] = ref_fill,
-    [MGT_OP_SCALE] = ref_scale,
-    [MGT_OP_AXPY] = ref_axpy,
-    [MGT_OP_SUM] = ref_sum,
-    [MGT_OP_ADD] = ref_add,
-    [MGT_OP_GEMM] = ref_gemm,
-    [MGT_OP_CONV2D_FWD] = ref_conv_fwd,
-    [MGT_OP_CONV2D_BWD_DATA] = ref_conv_bwd_data,
-    [MGT_OP_CONV2D_BWD_FILTER] = ref_conv_bwd_filter,
-    [MGT_OP_BN_FWD_TRAIN] = ref_bn_train,
-    [MGT_OP_BN_FWD_EVAL] = ref_bn_eval,
-    [MGT_OP_BN_BWD] = ref_bn_bwd,
-    [MGT_OP_BN_STATS] = ref_bn_stats,
-    [MGT_OP_BN_BWD_ELEMT] = ref_bn_bwd_elemt,
-    [MGT_OP_RELU_FWD] = ref_relu_fwd,
-    [MGT_OP_RELU_BWD] = ref_relu_bwd,
-    [MGT_OP_MAXPOOL_FWD] = ref_maxpool_fwd,
-    [MGT_OP_MAXPOOL_BWD] = ref_maxpool_bwd,
-    [MGT_OP_AVGPOOL_FWD] = ref_avgpool_fwd,
-    [MGT_OP_AVGPOOL_BWD] = ref_avgpool_bwd,
-    [MGT_OP_BIAS_FWD] = ref_bias_fwd,
-    [MGT_OP_BIAS_BWD] = ref_bias_bwd,
-    [MGT_OP_XENT_FWD] = ref_xent_fwd,
-    [MGT_OP_XENT_BWD] = ref_xent_bwd,
-    [MGT_OP_XENT_MIX_FWD] = ref_xmix_fwd,
-    [MGT_OP_XENT_MIX_BWD] = ref_xmix_bwd,
-    [MGT_OP_TOPK] = ref_topk,
-    [MGT_OP_SGD] = ref_sgd,
-    [MGT_OP_ADAMW] = ref_adamw,
-    [MGT_OP_RMSPROP] = ref_rmsprop,
-    [MGT_OP_SUMSQ] = ref_sum_squares,
-    [MGT_OP_ACT_FWD] = ref_act_fwd,
-    [MGT_OP_ACT_BWD] = ref_act_bwd,
-    [MGT_OP_CHSCALE_FWD] = ref_chscale_fwd,
-    [MGT_OP_CHSCALE_BWD] = ref_chscale_bwd,
-    [MGT_OP_LNC_FWD] = ref_lnc_fwd,
-    [MGT_OP_LNC_BWD] = ref_lnc_bwd,
-    [MGT_OP_CHBIAS_FWD] = ref_chbias_fwd,
-    [MGT_OP_CHBIAS_BWD] = ref_chbias_bwd,
-    [MGT_OP_DROPOUT] = ref_dropout,
-    [MGT_OP_APOOL_FWD] = ref_apool_fwd,
-    [MGT_OP_APOOL_BWD] = ref_apool_bwd,
-    [MGT_OP_STRIDED_COPY] = ref_scopy,
-    [MGT_OP_GEMM_LP] = ref_lowp,
-    [MGT_OP_CONV_FWD_LP] = ref_lowp,
-    [MGT_OP_CONV_BWD_DATA_LP] = ref_lowp,
-    [MGT_OP_CONV_BWD_FILT_LP] = ref_lowp,
-    [MGT_OP_CAST_TO_16] = ref_cast,
-    [MGT_OP_CAST_FROM_16] = ref_cast,
-    [MGT_OP_NONFINITE] = ref_nonfinite,
-};
+/* One function per row of the op list, ref_<stem>. */
+#define REF_OP(KIND, name, args, stem) [MGT_OP_##KIND] = ref_##stem,
+static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {MGT_OP_LIST(REF_OP)};
+#undef REF_OP
 
 mgt_status mgt_ref_run(const mgt_op *op)
 {
     if ((unsigned)op->kind >= MGT_OP_COUNT)
         return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
-    if (!ref_ops[op->kind])
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "reference: %s has no reference",
-                             mgt_op_name(op->kind));
     return ref_ops[op->kind](op);
 }

@@ -228,59 +228,10 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 
 /* ---- kernels ---- */
 
-/* One function per kind; a kind left out is refused as unsupported at launch. */
-static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {
-    [MGT_OP_FILL] = mgt_cuda_fill,
-    [MGT_OP_SCALE] = mgt_cuda_scale,
-    [MGT_OP_AXPY] = mgt_cuda_axpy,
-    [MGT_OP_SUM] = mgt_cuda_sum,
-    [MGT_OP_ADD] = mgt_cuda_add,
-    [MGT_OP_GEMM] = mgt_cuda_gemm,
-    [MGT_OP_CONV2D_FWD] = mgt_cuda_conv2d,
-    [MGT_OP_CONV2D_BWD_DATA] = mgt_cuda_conv2d,
-    [MGT_OP_CONV2D_BWD_FILTER] = mgt_cuda_conv2d,
-    [MGT_OP_BN_FWD_TRAIN] = mgt_cuda_bn_forward_train,
-    [MGT_OP_BN_FWD_EVAL] = mgt_cuda_bn_forward_eval,
-    [MGT_OP_BN_BWD] = mgt_cuda_bn_backward,
-    [MGT_OP_RELU_FWD] = mgt_cuda_relu_forward,
-    [MGT_OP_RELU_BWD] = mgt_cuda_relu_backward,
-    [MGT_OP_MAXPOOL_FWD] = mgt_cuda_maxpool_forward,
-    [MGT_OP_MAXPOOL_BWD] = mgt_cuda_maxpool_backward,
-    [MGT_OP_AVGPOOL_FWD] = mgt_cuda_avgpool_forward,
-    [MGT_OP_AVGPOOL_BWD] = mgt_cuda_avgpool_backward,
-    [MGT_OP_BIAS_FWD] = mgt_cuda_bias_forward,
-    [MGT_OP_BIAS_BWD] = mgt_cuda_bias_backward,
-    [MGT_OP_XENT_FWD] = mgt_cuda_xent_forward,
-    [MGT_OP_XENT_BWD] = mgt_cuda_xent_backward,
-    [MGT_OP_XENT_MIX_FWD] = mgt_cuda_xent_mix_forward,
-    [MGT_OP_XENT_MIX_BWD] = mgt_cuda_xent_mix_backward,
-    [MGT_OP_TOPK] = mgt_cuda_topk,
-    [MGT_OP_SGD] = mgt_cuda_sgd_update,
-    [MGT_OP_GEMM_LP] = mgt_cuda_gemm_lp,
-    [MGT_OP_CONV_FWD_LP] = mgt_cuda_conv2d_lp,
-    [MGT_OP_CONV_BWD_DATA_LP] = mgt_cuda_conv2d_lp,
-    [MGT_OP_CONV_BWD_FILT_LP] = mgt_cuda_conv2d_lp,
-    [MGT_OP_CAST_TO_16] = mgt_cuda_cast,
-    [MGT_OP_CAST_FROM_16] = mgt_cuda_cast,
-    [MGT_OP_NONFINITE] = mgt_cuda_nonfinite,
-    [MGT_OP_ADAMW] = mgt_cuda_adamw_update,
-    [MGT_OP_RMSPROP] = mgt_cuda_rmsprop_update,
-    [MGT_OP_SUMSQ] = mgt_cuda_sum,
-    [MGT_OP_ACT_FWD] = mgt_cuda_act_forward,
-    [MGT_OP_ACT_BWD] = mgt_cuda_act_backward,
-    [MGT_OP_CHSCALE_FWD] = mgt_cuda_chscale_forward,
-    [MGT_OP_CHSCALE_BWD] = mgt_cuda_chscale_backward,
-    [MGT_OP_BN_STATS] = mgt_cuda_bn_stats,
-    [MGT_OP_BN_BWD_ELEMT] = mgt_cuda_bn_backward_elemt,
-    [MGT_OP_LNC_FWD] = mgt_cuda_lnc_forward,
-    [MGT_OP_LNC_BWD] = mgt_cuda_lnc_backward,
-    [MGT_OP_CHBIAS_FWD] = mgt_cuda_channel_bias_forward,
-    [MGT_OP_CHBIAS_BWD] = mgt_cuda_channel_bias_backward,
-    [MGT_OP_DROPOUT] = mgt_cuda_dropout,
-    [MGT_OP_STRIDED_COPY] = mgt_cuda_strided_copy,
-    [MGT_OP_APOOL_FWD] = mgt_cuda_adaptive_avgpool_forward,
-    [MGT_OP_APOOL_BWD] = mgt_cuda_adaptive_avgpool_backward,
-};
+/* One function per row of the op list, cuda_<stem>. */
+#define CUDA_OP(KIND, name, args, stem) [MGT_OP_##KIND] = cuda_##stem,
+static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CUDA_OP)};
+#undef CUDA_OP
 
 /* cuDNN and the kernels here take NCHW activations; mgt_device_act_layout never asks a CUDA
    model for another layout. */

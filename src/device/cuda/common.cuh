@@ -20,8 +20,6 @@ enum mgt_cuda_flag_code {
     MGT_CUDA_FLAG_XENT_FWD_LABEL = 1,
     MGT_CUDA_FLAG_XENT_BWD_LABEL = 2,
     MGT_CUDA_FLAG_TOPK_LABEL = 3,
-    MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL = 4,
-    MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL = 5,
 };
 // Slots of the flag array: the code is stored last so the host never sees it without the
 // row and label beside it.
@@ -185,5 +183,82 @@ mgt_status mgt_cuda_to_nhwc16(mgt_cuda_stream *s, uint16_t *dst, const float *sr
 // is 0).
 mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *src, int n, int c,
                                 int hw, float beta, bool bf16);
+
+// ---- what the kernel files share ----
+
+// Every launcher opens with it: the replica's GPU current, its sticky error returned.
+#define MGT_ENTER(s)                        \
+    do {                                    \
+        mgt_status st_ = mgt_cuda_enter(s); \
+        if (st_ != MGT_OK)                  \
+            return st_;                     \
+    } while (0)
+
+const int kThreads = 256; // threads per block of the 1-D kernels
+const int kWarpsPerBlock = kThreads / 32;
+const unsigned kFullMask = 0xffffffffu;
+
+// Enough blocks to cover n with one element per thread, capped: the kernels loop
+// (grid-stride), so the cap only bounds the launch, never the work.
+inline unsigned blocks_for(size_t n)
+{
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b < 1)
+        b = 1;
+    if (b > ((size_t)1 << 20))
+        b = (size_t)1 << 20;
+    return (unsigned)b;
+}
+
+// Blocks for kernels that give one warp to each of `rows` rows.
+inline unsigned blocks_for_rows(long rows)
+{
+    long b = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (b < 1)
+        b = 1;
+    if (b > 65535)
+        b = 65535;
+    return (unsigned)b;
+}
+
+__device__ inline size_t thread_index() { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ inline size_t thread_stride() { return (size_t)gridDim.x * blockDim.x; }
+
+// Butterfly reductions: every lane ends with the same value, combined in a fixed order.
+__device__ inline float warp_sum(float v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(kFullMask, v, off);
+    return v;
+}
+
+__device__ inline int warp_sum_int(int v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(kFullMask, v, off);
+    return v;
+}
+
+__device__ inline float warp_max(float v)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
+    return v;
+}
+
+// Records the first bad label of the replica in its mapped flag; the host turns it into
+// MGT_ERR_DEVICE at the next wait. The claim (in device memory) picks one writer; the code
+// slot is written last, after a fence that makes row and label visible to the host first.
+__device__ inline void raise_label_error(int *flag, int *claim, int code, int row, int label,
+                                         int classes)
+{
+    if (atomicCAS(claim, 0, 1) != 0)
+        return;
+    flag[MGT_CUDA_FLAG_ROW] = row;
+    flag[MGT_CUDA_FLAG_LABEL] = label;
+    flag[MGT_CUDA_FLAG_CLASSES] = classes;
+    __threadfence_system();
+    *(volatile int *)&flag[MGT_CUDA_FLAG_CODE] = code;
+}
 
 #endif

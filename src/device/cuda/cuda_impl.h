@@ -122,59 +122,16 @@ mgt_status mgt_cuda_xcomm_allgather(mgt_cuda_xcomm *x, mgt_cuda_stream *s, const
                                     float *recv, size_t n);
 void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x); /* NULL is a no-op */
 
-/* ---- kernels: one per op kind, each given a checked op on s's replica ----
-   Semantics exactly those of mgt/device.h; backend.c's table maps kinds to them. */
+/* ---- kernels: one per row of the op list, cuda_<stem>, each given a checked op on s's
+   replica, with the semantics of mgt/device.h; defined in the .cu file of the op's family (own
+   kernels) or in dnn.cu (gemm on cuBLAS; the convolutions and batch norm on cuDNN). backend.c's
+   table is the same expansion of the list. ---- */
 
 typedef mgt_status (*mgt_cuda_op_fn)(mgt_cuda_stream *s, const mgt_op *op);
-
-/* own kernels (kernels.cu) */
-mgt_status mgt_cuda_fill(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_scale(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_axpy(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_sum(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_add(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_relu_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_relu_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_maxpool_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_maxpool_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_mix_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_xent_mix_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_topk(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_sgd_update(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_adamw_update(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_rmsprop_update(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_act_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_act_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_chscale_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_chscale_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bn_stats(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bn_backward_elemt(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_lnc_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_lnc_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_channel_bias_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_channel_bias_backward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_dropout(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_strided_copy(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_adaptive_avgpool_forward(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_adaptive_avgpool_backward(mgt_cuda_stream *s, const mgt_op *op);
-
-/* library kernels (dnn.cu): gemm on cuBLAS; the three convolution passes (the kind says
-   which) and batch norm on cuDNN */
-mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op);
-mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op);
+#define MGT_CUDA_OP_DECL_(KIND, name, args, stem) \
+    mgt_status cuda_##stem(mgt_cuda_stream *s, const mgt_op *op);
+MGT_OP_LIST(MGT_CUDA_OP_DECL_)
+#undef MGT_CUDA_OP_DECL_
 
 #ifdef __cplusplus
 }

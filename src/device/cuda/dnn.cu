@@ -13,13 +13,6 @@
 #include "device/cuda/common.cuh"
 #include "device/refusal.h"
 
-#define MGT_ENTER(s)                        \
-    do {                                    \
-        mgt_status st_ = mgt_cuda_enter(s); \
-        if (st_ != MGT_OK)                  \
-            return st_;                     \
-    } while (0)
-
 // ---- handles, made on first use per stream ----
 
 static mgt_status ensure_blas(mgt_cuda_stream *s)
@@ -80,7 +73,7 @@ static mgt_status ensure_dnn(mgt_cuda_stream *s)
 //   C^T = op(B)^T op(A)^T   (column-major, C^T [n, m], ldc)
 // i.e. cuBLAS's "A" is our B (ldb) with our trans_b, its "B" is our A (lda) with our
 // trans_a, and its M, N, K are our n, m, k.
-mgt_status mgt_cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
+static mgt_status gemm_f32(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     mgt_status st = ensure_blas(s);
@@ -667,7 +660,7 @@ static mgt_status conv2d(mgt_cuda_stream *s, mgt_op_kind dir, const conv_io &io,
 
 // The kind says which pass: forward out=y in1=x in2=w; backward data out=dx in1=dy in2=w;
 // backward filter out=dw in1=dy in2=x. out = conv + beta * out.
-mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
+static mgt_status conv2d_f32(mgt_cuda_stream *s, const mgt_op *op)
 {
     const mgt_op_kind dir = op->kind;
     const auto &c = op->u.conv;
@@ -683,8 +676,8 @@ mgt_status mgt_cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
 // ---- mixed precision ----
 
 // cuBLAS on the 16-bit copies with an fp32 C and fp32 accumulation (CUBLAS_COMPUTE_32F):
-// exactly gemm_lp's arithmetic, on tensor cores where the GPU has them.
-mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
+// exactly a 16-bit gemm's arithmetic, on tensor cores where the GPU has them.
+static mgt_status gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
 {
     mgt_status st = mgt_cuda_enter(s);
     if (st == MGT_OK)
@@ -701,7 +694,12 @@ mgt_status mgt_cuda_gemm_lp(mgt_cuda_stream *s, const mgt_op *op)
                                 g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k, &g.alpha, g.b,
                                 t, g.ldb, g.a, t, g.lda, &g.beta, g.c, CUDA_R_32F, g.ldc,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return MGT_CUDA_AFTER(s, "gemm_lp (cublasGemmEx)");
+    return MGT_CUDA_AFTER(s, "gemm (cublasGemmEx)");
+}
+
+mgt_status cuda_gemm(mgt_cuda_stream *s, const mgt_op *op)
+{
+    return op->prec == MGT_PREC_F32 ? gemm_f32(s, op) : gemm_lp(s, op);
 }
 
 // The tensor-core path: the two inputs as NHWC (filters KRSC) 16-bit copies in s->lowp, cuDNN's
@@ -715,7 +713,7 @@ static mgt_status conv2d_tensor_cores(mgt_cuda_stream *s, const mgt_op *op, mgt_
 {
     const auto &c = op->u.conv;
     const mgt_conv2d_shape *sh = &c.sh;
-    const mgt_op_kind dir = mgt_op_fp32_kind(op->kind);
+    const mgt_op_kind dir = op->kind;
     const bool bf16 = op->prec == MGT_PREC_BF16;
     const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh), cg = sh->c / sh->groups;
     const size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w, ny = (size_t)sh->n * sh->k * p * q,
@@ -769,7 +767,7 @@ static std::vector<int> no16_key(const mgt_cuda_dev *d, const mgt_op *op)
 {
     const auto &c = op->u.conv;
     std::vector<int> key =
-        conv_key(d->set->opt, mgt_op_fp32_kind(op->kind), &c.sh,
+        conv_key(d->set->opt, op->kind, &c.sh,
                  op->prec == MGT_PREC_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF);
     key.push_back(c.sh.n);
     return key;
@@ -779,7 +777,7 @@ static std::vector<int> no16_key(const mgt_cuda_dev *d, const mgt_op *op)
 // elsewhere the inputs rounded in fp32 and the fp32 convolution: autocast's input rounding with
 // an fp32 result (the reference's arithmetic exactly). Which refusal sends a shape to the
 // fp32 path, for this call or for good, and which one is an error, is refusal.h's decision.
-mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
+static mgt_status conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
 {
     mgt_status st = mgt_cuda_enter(s);
     if (st != MGT_OK)
@@ -816,7 +814,13 @@ mgt_status mgt_cuda_conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
     }
     mgt_op f;
     st = mgt_cuda_lowp_inputs(s, op, false, &f);
-    return st != MGT_OK ? st : mgt_cuda_conv2d(s, &f);
+    return st != MGT_OK ? st : conv2d_f32(s, &f);
+}
+
+// The pass the kind says, in the op's precision.
+mgt_status cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
+{
+    return op->prec == MGT_PREC_F32 ? conv2d_f32(s, op) : conv2d_lp(s, op);
 }
 
 // ---- batch norm: x, y, dx, dy [n, c, hw] as NCHW [n, c, hw, 1]; per-channel [1, c, 1, 1] ----
@@ -839,7 +843,7 @@ static mgt_status bn_relu_after(mgt_cuda_stream *s, float *y, const mgt_bn_shape
     mgt_op r{};
     r.kind = MGT_OP_RELU_FWD;
     r.u.relu_fwd = {y, y, bn_count(sh)};
-    return mgt_cuda_relu_forward(s, &r);
+    return cuda_relu_fwd(s, &r);
 }
 
 static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
@@ -852,7 +856,7 @@ static mgt_status bn_descs(mgt_cuda_stream *s, const mgt_bn_shape *sh)
     return MGT_OK;
 }
 
-mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_train(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_train;
@@ -870,7 +874,7 @@ mgt_status mgt_cuda_bn_forward_train(mgt_cuda_stream *s, const mgt_op *op)
     return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
-mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_eval(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_eval;
@@ -888,7 +892,7 @@ mgt_status mgt_cuda_bn_forward_eval(mgt_cuda_stream *s, const mgt_op *op)
     return st == MGT_OK ? bn_relu_after(s, b.y, &b.sh) : st;
 }
 
-mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_bn_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &b = op->u.bn_bwd;
@@ -902,7 +906,7 @@ mgt_status mgt_cuda_bn_backward(mgt_cuda_stream *s, const mgt_op *op)
         r.kind = MGT_OP_RELU_BWD;
         r.u.relu_bwd = {(float *)s->scratch, b.dy, b.y, bn_count(&b.sh)};
         if (st == MGT_OK)
-            st = mgt_cuda_relu_backward(s, &r);
+            st = cuda_relu_bwd(s, &r);
         dy = (const float *)s->scratch;
     }
     if (st != MGT_OK)

@@ -3,81 +3,33 @@
 // the GPU has them), and the NCHW <-> NHWC 16-bit conversions of the convolutions' tensor-core
 // path (dnn.cu).
 //
-// The rounding is written out bit for bit as in src/device/lowp.h (round to nearest even,
-// fp16 overflow to inf, NaN kept quiet with its sign) rather than through cuda_bf16.h's
-// intrinsics, whose NaN encodings differ from the CPU's; the conformance suite holds the two
-// to the same bits.
+// The rounding is src/device/lowp.h's (round to nearest even, fp16 overflow to inf, NaN kept
+// quiet with its sign), compiled for the device, rather than cuda_bf16.h's intrinsics, whose
+// NaN encodings differ from the CPU's; the conformance suite holds the two to the same bits.
 #include <cstdint>
 #include <cstring>
 
 #include "device/cuda/common.cuh"
+#define MGT_LOWP_FN __host__ __device__ static inline
+#include "device/lowp.h"
 
 namespace {
 
-const int kThreads = 256;
-
-unsigned blocks_for(size_t n)
+// The rounding and encodings of src/device/lowp.h, the ones the reference and the CPU
+// kernels use, compiled here for the device.
+__device__ inline float round_to(bool bf16, float x)
 {
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b < 1)
-        b = 1;
-    if (b > ((size_t)1 << 20))
-        b = (size_t)1 << 20;
-    return (unsigned)b;
+    return bf16 ? mgt_lowp_round_bf16(x) : mgt_lowp_round_fp16(x);
 }
 
-__device__ float round_bf16(float x)
+__device__ inline uint16_t encode(bool bf16, float x)
 {
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return __uint_as_float((u | 0x00400000u) & 0xffff0000u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __uint_as_float(u & 0xffff0000u);
+    return mgt_lowp_encode(bf16 ? MGT_PREC_BF16 : MGT_PREC_FP16, x);
 }
 
-__device__ float round_fp16(float x)
+__device__ inline float decode(bool bf16, uint16_t h)
 {
-    float a = fabsf(x);
-    if (isnan(x))
-        return x;
-    if (a < 0x1p-14f)
-        return copysignf(rintf(a * 0x1p24f) * 0x1p-24f, x);
-    uint32_t u = __float_as_uint(a);
-    u += 0xfffu + ((u >> 13) & 1u);
-    float r = __uint_as_float(u & ~0x1fffu);
-    return copysignf(r >= 65536.0f ? __int_as_float(0x7f800000) : r, x);
-}
-
-__device__ float round_to(bool bf16, float x) { return bf16 ? round_bf16(x) : round_fp16(x); }
-
-__device__ uint16_t encode(bool bf16, float x)
-{
-    if (bf16)
-        return (uint16_t)(__float_as_uint(round_bf16(x)) >> 16);
-    float r = round_fp16(x);
-    uint32_t u = __float_as_uint(r);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    float a = fabsf(r);
-    if (isnan(r))
-        return (uint16_t)(sign | 0x7e00u);
-    if (isinf(r))
-        return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x1p-14f)
-        return (uint16_t)(sign | (uint16_t)(a * 0x1p24f));
-    uint32_t e = ((u >> 23) & 0xffu) - 127u + 15u;
-    return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ffu));
-}
-
-__device__ float decode(bool bf16, uint16_t h)
-{
-    if (bf16)
-        return __uint_as_float((uint32_t)h << 16);
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0)
-        return copysignf((float)m * 0x1p-24f, __uint_as_float(sign | 0x3f800000u));
-    if (e == 31)
-        return __uint_as_float(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0u));
-    return __uint_as_float(sign | ((e - 15u + 127u) << 23) | (m << 13));
+    return mgt_lowp_decode(bf16 ? MGT_PREC_BF16 : MGT_PREC_FP16, h);
 }
 
 __global__ void k_round(float *dst, const float *src, size_t n, bool bf16)
@@ -139,14 +91,7 @@ __global__ void k_nonfinite(int32_t *count, const float *x, size_t n)
 
 } // namespace
 
-#define MGT_ENTER(s)                        \
-    do {                                    \
-        mgt_status st_ = mgt_cuda_enter(s); \
-        if (st_ != MGT_OK)                  \
-            return st_;                     \
-    } while (0)
-
-mgt_status mgt_cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_cast(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.cast;
@@ -176,7 +121,7 @@ mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *
     return MGT_CUDA_AFTER(s, "from_nhwc16");
 }
 
-mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
+mgt_status cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.nonfinite;
@@ -193,7 +138,6 @@ mgt_status mgt_cuda_nonfinite(mgt_cuda_stream *s, const mgt_op *op)
 mgt_status mgt_cuda_lowp_inputs(mgt_cuda_stream *s, const mgt_op *op, bool encode16, mgt_op *f)
 {
     *f = *op;
-    f->kind = mgt_op_fp32_kind(op->kind);
     f->prec = MGT_PREC_F32;
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(f, ops);

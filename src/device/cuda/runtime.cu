@@ -104,8 +104,6 @@ static const char *flag_op_name(int code)
     case MGT_CUDA_FLAG_XENT_FWD_LABEL: return "softmax_xent_forward";
     case MGT_CUDA_FLAG_XENT_BWD_LABEL: return "softmax_xent_backward";
     case MGT_CUDA_FLAG_TOPK_LABEL: return "topk_correct";
-    case MGT_CUDA_FLAG_XENT_MIX_FWD_LABEL: return "softmax_xent_mix_forward";
-    case MGT_CUDA_FLAG_XENT_MIX_BWD_LABEL: return "softmax_xent_mix_backward";
     default: return "kernel";
     }
 }

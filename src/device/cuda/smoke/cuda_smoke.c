@@ -181,7 +181,8 @@ static void bad_label(void)
     if (!check(mgt_copy_h2d(s, dlogits, logits, sizeof logits), "bad label: copy") ||
         !check(mgt_copy_h2d(s, dlabels, labels, sizeof labels), "bad label: copy"))
         goto done;
-    mgt_status st = mgt_softmax_xent_forward(s, dloss, dprobs, dlogits, dlabels, n, classes, 0.1f);
+    mgt_status st =
+        mgt_softmax_xent_forward(s, dloss, dprobs, dlogits, dlabels, NULL, NULL, n, classes, 0.1f);
     if (st == MGT_OK)
         st = mgt_stream_synchronize(s, NULL);
     char detail[600];

@@ -1,0 +1,672 @@
+/* The CPU kernels of batch norm (NCHW and nChw16c, the training forward with its statistics,
+   eval, backward, the split statistics of SyncBN) and of the layer norm over channels. */
+#include "device/cpu/vec.h"
+
+/* The batch-norm sums run in float over sixteen lanes, in blocks of BN_BLOCK elements (64 adds
+   per lane at most, so rounding stays near 1e-6 relative), and each block's lanes are added
+   into double in a fixed order: no float-to-double conversion in the inner loop, which made
+   the all-double version compute-bound at a third of this speed. */
+#define BN_BLOCK 1024
+
+static inline double hsum_f4x4(vf a0, vf a1, vf a2, vf a3)
+{
+    vf a = (a0 + a1) + (a2 + a3);
+    return ((double)a[0] + (double)a[1]) + ((double)a[2] + (double)a[3]);
+}
+
+/* Sums of d = x - shift and of d^2 over x[0..n), in one pass. */
+static void sum_shifted(const float *x, size_t n, float shift, double *s1, double *s2)
+{
+    vf k = vdup(shift);
+    double t1 = 0, t2 = 0;
+    size_t j = 0;
+    while (j + 16 <= n) {
+        size_t end = j + min_z(BN_BLOCK, (n - j) / 16 * 16);
+        vf z = vdup(0.0f), a0 = z, a1 = z, a2 = z, a3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
+        for (; j < end; j += 16) {
+            vf d0 = vld(x + j) - k, d1 = vld(x + j + 4) - k;
+            vf d2 = vld(x + j + 8) - k, d3 = vld(x + j + 12) - k;
+            a0 += d0;
+            a1 += d1;
+            a2 += d2;
+            a3 += d3;
+            q0 += d0 * d0;
+            q1 += d1 * d1;
+            q2 += d2 * d2;
+            q3 += d3 * d3;
+        }
+        t1 += hsum_f4x4(a0, a1, a2, a3);
+        t2 += hsum_f4x4(q0, q1, q2, q3);
+    }
+    for (; j < n; j++) {
+        double d = (double)x[j] - shift;
+        t1 += d;
+        t2 += d * d;
+    }
+    *s1 += t1;
+    *s2 += t2;
+}
+
+/* Sums of dy and of dy * (x - mean) over [0..n), in one pass; dy masked by y > 0 where y is
+   not NULL (a folded ReLU). */
+static void sum_dy_prod(const float *dy, const float *y, const float *x, size_t n, float mean,
+                        double *sdy, double *sdyx)
+{
+    vf m = vdup(mean);
+    double t1 = 0, t2 = 0;
+    size_t j = 0;
+    while (j + 16 <= n) {
+        size_t end = j + min_z(BN_BLOCK, (n - j) / 16 * 16);
+        vf z = vdup(0.0f), a0 = z, a1 = z, a2 = z, a3 = z, p0 = z, p1 = z, p2 = z, p3 = z;
+        for (; j < end; j += 16) {
+            vf g0 = v_relu_dy(dy, y, j), g1 = v_relu_dy(dy, y, j + 4);
+            vf g2 = v_relu_dy(dy, y, j + 8), g3 = v_relu_dy(dy, y, j + 12);
+            a0 += g0;
+            a1 += g1;
+            a2 += g2;
+            a3 += g3;
+            p0 += g0 * (vld(x + j) - m);
+            p1 += g1 * (vld(x + j + 4) - m);
+            p2 += g2 * (vld(x + j + 8) - m);
+            p3 += g3 * (vld(x + j + 12) - m);
+        }
+        t1 += hsum_f4x4(a0, a1, a2, a3);
+        t2 += hsum_f4x4(p0, p1, p2, p3);
+    }
+    for (; j < n; j++) {
+        float g = relu_dy(dy, y, j);
+        t1 += g;
+        t2 += (double)g * ((double)x[j] - mean);
+    }
+    *sdy += t1;
+    *sdyx += t2;
+}
+
+static void bn_train_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const mgt_bn_train_args *b = &op->u.bn_train;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    const float *x = b->x + (size_t)ch * hw;
+    float *y = b->y + (size_t)ch * hw;
+    size_t count = (size_t)b->sh.n * hw;
+    /* One pass over shifted data: with the channel's first value as the shift, s1 and s2 stay
+       of the order of the spread, not of the mean, so s2 - s1^2/count loses little to
+       cancellation even where the mean is many spreads from zero. */
+    float first = x[0];
+    double s1 = 0, s2 = 0;
+    for (int ni = 0; ni < b->sh.n; ni++)
+        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+    double mean = first + s1 / (double)count;
+    double ss = s2 - s1 * s1 / (double)count;
+    if (ss < 0)
+        ss = 0;
+    double var = ss / (double)count;
+    double invstd = 1.0 / sqrt(var + (double)b->sh.eps);
+    b->save_mean[ch] = (float)mean;
+    b->save_invstd[ch] = (float)invstd;
+    double m = b->sh.momentum;
+    double unbiased = ss / (double)(count - 1); /* mgt_op_check ensures count > 1 */
+    b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
+    b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
+    float fm = (float)mean, scale = b->gamma[ch] * (float)invstd, shift = b->beta[ch];
+    for (int ni = 0; ni < b->sh.n; ni++)
+        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift, b->sh.relu);
+}
+
+static void bn_eval_item(void *c, int i, int t)
+{
+    (void)t;
+    const plane_job *j = c;
+    const mgt_bn_eval_args *b = &j->op->u.bn_eval;
+    size_t hw = (size_t)b->sh.hw, lo, hi;
+    item_range((size_t)b->sh.n * b->sh.c, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        int ch = (int)(pl % (size_t)b->sh.c);
+        float mean = b->running_mean[ch];
+        float scale = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
+        float shift = b->beta[ch];
+        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift, b->sh.relu);
+    }
+}
+
+static void bn_bwd_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    size_t off = (size_t)ch * hw;
+    double count = (double)b->sh.n * (double)hw;
+    double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
+    double sdy = 0, sdyx = 0;
+    const float *ys = b->sh.relu ? b->y + off : NULL; /* the folded ReLU's mask */
+    for (int ni = 0; ni < b->sh.n; ni++)
+        sum_dy_prod(b->dy + off + ni * stride, ys ? ys + ni * stride : NULL,
+                    b->x + off + ni * stride, hw, (float)mean, &sdy, &sdyx);
+    double sdyxhat = sdyx * invstd;
+    b->dgamma[ch] += (float)sdyxhat;
+    b->dbeta[ch] += (float)sdy;
+    /* dx = gamma*invstd * (dy - mean(dy) - xhat * mean(dy*xhat)) */
+    float k = b->gamma[ch] * (float)invstd;
+    float mdy = (float)(sdy / count);
+    float kx = (float)(sdyxhat / count * invstd); /* applied to (x - mean) */
+    float fm = (float)mean;
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
+        const float *y = ys ? ys + ni * stride : NULL;
+        float *dx = b->dx + off + ni * stride;
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(dx + e, k * (v_relu_dy(dy, y, e) - mdy - (vld(x + e) - fm) * kx));
+        for (; e < hw; e++)
+            dx[e] = k * (relu_dy(dy, y, e) - mdy - (x[e] - fm) * kx);
+    }
+}
+
+/* bn_train's statistics alone: one pass over shifted data, the same sums. */
+static void bn_stats_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const mgt_bn_stats_args *b = &op->u.bn_stats;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    const float *x = b->x + (size_t)ch * hw;
+    size_t count = (size_t)b->sh.n * hw;
+    float first = x[0];
+    double s1 = 0, s2 = 0;
+    for (int ni = 0; ni < b->sh.n; ni++)
+        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+    double ss = s2 - s1 * s1 / (double)count;
+    if (ss < 0)
+        ss = 0;
+    b->mean[ch] = (float)(first + s1 / (double)count);
+    b->var[ch] = (float)(ss / (double)count);
+}
+
+/* bn_bwd's dx with the sums and count given. */
+static void bn_bwd_elemt_item(void *c, int ch, int t)
+{
+    (void)t;
+    const mgt_op *op = c;
+    const mgt_bn_bwd_elemt_args *b = &op->u.bn_bwd_elemt;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
+    size_t off = (size_t)ch * hw;
+    double invstd = b->invstd[ch];
+    float k = b->gamma[ch] * (float)invstd;
+    float mdy = (float)(b->sum_dy[ch] / b->count);
+    float kx = (float)(b->sum_dy_xhat[ch] / b->count * invstd);
+    float fm = b->mean[ch];
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
+        float *dx = b->dx + off + ni * stride;
+        size_t e = 0;
+        for (; e + VW <= hw; e += VW)
+            vst(dx + e, k * (vld(dy + e) - mdy - (vld(x + e) - fm) * kx));
+        for (; e < hw; e++)
+            dx[e] = k * (dy[e] - mdy - (x[e] - fm) * kx);
+    }
+}
+
+/* ---- batch norm and the global average pool on nChw16c ----
+   A 16-float row of a blocked tensor is one pixel of 16 channels, so one vector carries a whole
+   channel block. The sums are the NCHW kernels' own, term for term: sum_shifted's and
+   sum_dy_prod's four-lane float accumulators become sixteen per-pixel-offset accumulators of 16
+   channels, folded and widened to double in hsum_f4x4's order, the tail and the images added in
+   double as there; sum_f's eight double lanes likewise. So a model gives the same bits in either
+   layout (test_train checks a whole run). The images are split into BNB_PARTS parts (one item
+   each, so a 16-channel layer keeps every thread busy); each image's sums land in scratch and are
+   added in image order. */
+#define BNB_PARTS 8
+
+static int bnb_parts(int n) { return n < BNB_PARTS ? n : BNB_PARTS; }
+
+/* What a blocked batch-norm op's items share: the op's arrays seen as [n, c/16, hw, 16], each
+   image's two sums per channel, and the per-channel coefficients of the elementwise pass. */
+typedef struct bnb_job {
+    int n, cb, parts;
+    size_t hw;
+    const float *x, *dy; /* dy: backward only */
+    const float *ymask;  /* backward with a folded ReLU: the forward's output, else NULL */
+    float *y;            /* y, or dx */
+    bool relu;           /* forward with a folded ReLU */
+    double *sums;        /* [n][2][c]: per image, the first sum of every channel, then the second */
+    const float *shift;  /* [c]: the value each channel's sums are shifted by */
+    float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
+    size_t units;        /* planes per item of the elementwise pass */
+    bool avx512;         /* the sums on the AVX-512F build of their loop */
+} bnb_job;
+
+/* dy where the folded ReLU's output y (NULL: none) is positive, as relu_bwd_item masks it (a
+   macro: a function returning 16 lanes would change its ABI between the two builds) */
+#define V16_RELU_DY(dy, y, at) \
+    ((y) ? (vf16)((vi16)V16_LD((dy) + (at)) & (V16_LD((y) + (at)) > 0.0f)) : V16_LD((dy) + (at)))
+
+/* One image plane of one block: per channel, t1 = sum of a and t2 = sum of b, where backward
+   (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
+   sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. */
+__attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
+                                                                      const float *dy,
+                                                                      const float *y, size_t hw,
+                                                                      const float *shift,
+                                                                      double *t1, double *t2)
+{
+    vf16 k = V16_LD(shift);
+    for (int l = 0; l < 16; l++)
+        t1[l] = t2[l] = 0;
+    size_t j = 0;
+    while (j + 16 <= hw) {
+        size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);
+        vf16 a[16], q[16]; /* by pixel offset within a group of 16, as the four 4-lane vectors */
+        memset(a, 0, sizeof a);
+        memset(q, 0, sizeof q);
+        for (; j < end; j += 16)
+            for (int g = 0; g < 16; g++) {
+                vf16 v = V16_LD(x + (j + (size_t)g) * 16) - k;
+                if (dy) {
+                    vf16 d = V16_RELU_DY(dy, y, (j + (size_t)g) * 16);
+                    a[g] += d;
+                    q[g] += d * v;
+                } else {
+                    a[g] += v;
+                    q[g] += v * v;
+                }
+            }
+        /* hsum_f4x4: lane l of (a0 + a1) + (a2 + a3), then the four lanes in double */
+        vf16 fa[4], fq[4];
+        for (int l = 0; l < 4; l++) {
+            fa[l] = (a[l] + a[4 + l]) + (a[8 + l] + a[12 + l]);
+            fq[l] = (q[l] + q[4 + l]) + (q[8 + l] + q[12 + l]);
+        }
+        for (int c = 0; c < 16; c++) {
+            t1[c] += ((double)fa[0][c] + (double)fa[1][c]) + ((double)fa[2][c] + (double)fa[3][c]);
+            t2[c] += ((double)fq[0][c] + (double)fq[1][c]) + ((double)fq[2][c] + (double)fq[3][c]);
+        }
+    }
+    for (; j < hw; j++)
+        for (int c = 0; c < 16; c++) {
+            if (dy) {
+                float g = relu_dy(dy, y, j * 16 + (size_t)c);
+                t1[c] += g;
+                t2[c] += (double)g * ((double)x[j * 16 + (size_t)c] - shift[c]);
+            } else {
+                double d = (double)x[j * 16 + (size_t)c] - shift[c];
+                t1[c] += d;
+                t2[c] += d * d;
+            }
+        }
+}
+
+/* The loop above twice, as the activations have it: its 32 accumulators of 16 lanes fit AVX-512's
+   registers, and the same per-lane IEEE operations give the same bits in both builds. */
+static void bnb_plane_sums_base(const float *x, const float *dy, const float *y, size_t hw,
+                                const float *shift, double *t1, double *t2)
+{
+    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
+}
+
+__attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float *x,
+                                                                     const float *dy,
+                                                                     const float *y, size_t hw,
+                                                                     const float *shift, double *t1,
+                                                                     double *t2)
+{
+    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
+}
+
+/* The sums of this item's images of one block, each image's into its own place. */
+static void bnb_sums_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    int b = i / j->parts, p = i % j->parts;
+    int n0 = (int)((long long)j->n * p / j->parts),
+        n1 = (int)((long long)j->n * (p + 1) / j->parts);
+    size_t ch = (size_t)j->cb * 16;
+    for (int ni = n0; ni < n1; ni++) {
+        size_t base = ((size_t)ni * j->cb + b) * j->hw * 16;
+        double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
+        (j->avx512 ? bnb_plane_sums_avx512 : bnb_plane_sums_base)(
+            j->x + base, j->dy ? j->dy + base : NULL, j->ymask ? j->ymask + base : NULL, j->hw,
+            j->shift + (size_t)b * 16, out, out + ch);
+    }
+}
+
+/* Channel ch's two sums over every image, added in image order as the NCHW kernels add them. */
+static void bnb_total(const bnb_job *j, int ch, double *s1, double *s2)
+{
+    size_t c = (size_t)j->cb * 16;
+    double a = 0, q = 0;
+    for (int ni = 0; ni < j->n; ni++) {
+        a += j->sums[(size_t)ni * 2 * c + (size_t)ch];
+        q += j->sums[(size_t)ni * 2 * c + c + (size_t)ch];
+    }
+    *s1 = a;
+    *s2 = q;
+}
+
+/* A block's 16 per-channel coefficients as four SSE vectors: the elementwise passes below run
+   on the baseline build, where GCC lowers 16-lane comparisons (the ReLU masks) to scalar code. */
+static void v_ld4(vf v[4], const float *p)
+{
+    for (int q = 0; q < 4; q++)
+        v[q] = vld(p + 4 * q);
+}
+
+/* The elementwise pass of the forward (train and eval): y = (x - k0) * k1 + k2 per channel,
+   then with a folded ReLU relu_fwd_item's max(., 0). */
+static void bnb_affine_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    bool relu = j->relu;
+    size_t lo, hi;
+    item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb;
+        vf sub[4], mul[4], add[4];
+        v_ld4(sub, j->k0 + b * 16);
+        v_ld4(mul, j->k1 + b * 16);
+        v_ld4(add, j->k2 + b * 16);
+        const float *x = j->x + pl * j->hw * 16;
+        float *y = j->y + pl * j->hw * 16;
+        for (size_t e = 0; e < j->hw * 16; e += 16)
+            for (int q = 0; q < 4; q++) {
+                vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
+                vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+            }
+    }
+}
+
+/* The elementwise pass of the backward: dx = k1 * (dy - k2 - (x - k0) * kx), kx in shift, dy
+   masked by a folded ReLU's output. */
+static void bnb_dx_item(void *c, int i, int t)
+{
+    (void)t;
+    const bnb_job *j = c;
+    size_t lo, hi;
+    item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb;
+        vf fm[4], k[4], mdy[4], kx[4];
+        v_ld4(fm, j->k0 + b * 16);
+        v_ld4(k, j->k1 + b * 16);
+        v_ld4(mdy, j->k2 + b * 16);
+        v_ld4(kx, j->shift + b * 16);
+        size_t off = pl * j->hw * 16;
+        const float *x = j->x + off, *dy = j->dy + off, *ym = j->ymask ? j->ymask + off : NULL;
+        float *dx = j->y + off;
+        for (size_t e = 0; e < j->hw * 16; e += 16)
+            for (int q = 0; q < 4; q++) {
+                size_t at = e + 4 * (size_t)q;
+                vst(dx + at,
+                    k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
+            }
+    }
+}
+
+/* A blocked batch-norm op's job over x, dy (backward; else NULL) and y (or dx), with its scratch:
+   the images' sums, then four [c] float arrays. */
+static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *sh, const float *x,
+                            const float *dy, float *y, bnb_job *j)
+{
+    int parts = bnb_parts(sh->n), cb = sh->c / 16;
+    size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
+    mgt_status st = cpu_scratch_ensure(ctx, op, sum_floats + 4 * c);
+    if (st != MGT_OK)
+        return st;
+    float *f = ctx->scratch + sum_floats;
+    *j = (bnb_job){.n = sh->n,
+                   .cb = cb,
+                   .parts = parts,
+                   .hw = (size_t)sh->hw,
+                   .x = x,
+                   .dy = dy,
+                   .ymask = dy && sh->relu ? op->u.bn_bwd.y : NULL, /* dy: op is bn_bwd */
+                   .y = y,
+                   .relu = !dy && sh->relu,
+                   .sums = (double *)ctx->scratch,
+                   .shift = f,
+                   .k0 = f + c,
+                   .k1 = f + 2 * c,
+                   .k2 = f + 3 * c,
+                   .units = units_per_item((size_t)sh->hw * 16),
+                   .avx512 = vec_avx512(ctx)};
+    return MGT_OK;
+}
+
+/* bn_train's statistics and update as bn_train_item has them, per channel, from the sums. */
+static mgt_status run_bn_train_blocked(cpu_ctx *ctx, const mgt_op *op)
+{
+    const mgt_bn_train_args *b = &op->u.bn_train;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
+    if (st != MGT_OK)
+        return st;
+    float *shift = (float *)j.shift;
+    for (int ch = 0; ch < b->sh.c; ch++) /* each channel's first value, as bn_train_item */
+        shift[ch] = b->x[mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0)];
+    POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
+    size_t count = (size_t)b->sh.n * (size_t)b->sh.hw;
+    for (int ch = 0; ch < b->sh.c; ch++) {
+        double s1, s2;
+        bnb_total(&j, ch, &s1, &s2);
+        double mean = shift[ch] + s1 / (double)count;
+        double ss = s2 - s1 * s1 / (double)count;
+        if (ss < 0)
+            ss = 0;
+        double invstd = 1.0 / sqrt(ss / (double)count + (double)b->sh.eps);
+        b->save_mean[ch] = (float)mean;
+        b->save_invstd[ch] = (float)invstd;
+        double m = b->sh.momentum, unbiased = ss / (double)(count - 1);
+        b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
+        b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
+        j.k0[ch] = (float)mean;
+        j.k1[ch] = b->gamma[ch] * (float)invstd;
+        j.k2[ch] = b->beta[ch];
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_affine_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_eval_blocked(cpu_ctx *ctx, const mgt_op *op)
+{
+    const mgt_bn_eval_args *b = &op->u.bn_eval;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, NULL, b->y, &j);
+    if (st != MGT_OK)
+        return st;
+    for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_eval_item */
+        j.k0[ch] = b->running_mean[ch];
+        j.k1[ch] = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
+        j.k2[ch] = b->beta[ch];
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_affine_item, &j);
+    return MGT_OK;
+}
+
+static mgt_status run_bn_bwd_blocked(cpu_ctx *ctx, const mgt_op *op)
+{
+    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
+    bnb_job j;
+    mgt_status st = bnb_setup(ctx, op, &b->sh, b->x, b->dy, b->dx, &j);
+    if (st != MGT_OK)
+        return st;
+    /* the sums' shift is the mean; once they are taken, the same array holds dx's kx */
+    float *kx = (float *)j.shift;
+    memcpy(kx, b->save_mean, (size_t)b->sh.c * sizeof(float));
+    POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
+    double count = (double)b->sh.n * (double)b->sh.hw;
+    for (int ch = 0; ch < b->sh.c; ch++) { /* as bn_bwd_item */
+        double sdy, sdyx, invstd = b->save_invstd[ch];
+        bnb_total(&j, ch, &sdy, &sdyx);
+        double sdyxhat = sdyx * invstd;
+        b->dgamma[ch] += (float)sdyxhat;
+        b->dbeta[ch] += (float)sdy;
+        j.k0[ch] = b->save_mean[ch];
+        j.k1[ch] = b->gamma[ch] * (float)invstd;
+        j.k2[ch] = (float)(sdy / count);
+        kx[ch] = (float)(sdyxhat / count * invstd);
+    }
+    POOL_FOR(ctx, items_of((size_t)j.n * j.cb, j.units), bnb_dx_item, &j);
+    return MGT_OK;
+}
+
+/* LayerNorm over channels: one item per image, channels outer and pixels inner so every pass
+   streams the planes; per-pixel statistics and sums in double in scratch of the job; the
+   parameter gradients' per-image partial sums are added in image order afterwards, so no
+   result depends on threads. */
+typedef struct lnc_job {
+    const mgt_op *op;
+    double *scratch; /* per image: 4 * hw pixel values, then 2 * c channel partial sums */
+} lnc_job;
+
+static size_t lnc_scratch_per_image(int c, int hw) { return 4 * (size_t)hw + 2 * (size_t)c; }
+
+/* mean and rstd of each pixel of one image x [c, hw] */
+static void lnc_stats(const float *x, int c, size_t hw, float eps, double *mean, double *rstd)
+{
+    for (size_t j = 0; j < hw; j++)
+        mean[j] = rstd[j] = 0.0;
+    for (int ch = 0; ch < c; ch++) {
+        const float *xp = x + (size_t)ch * hw;
+        for (size_t j = 0; j < hw; j++)
+            mean[j] += xp[j];
+    }
+    for (size_t j = 0; j < hw; j++)
+        mean[j] /= c;
+    for (int ch = 0; ch < c; ch++) {
+        const float *xp = x + (size_t)ch * hw;
+        for (size_t j = 0; j < hw; j++) {
+            double d = xp[j] - mean[j];
+            rstd[j] += d * d;
+        }
+    }
+    for (size_t j = 0; j < hw; j++)
+        rstd[j] = 1.0 / sqrt(rstd[j] / c + (double)eps);
+}
+
+static void lnc_fwd_item(void *v, int i, int t)
+{
+    (void)t;
+    const lnc_job *j = v;
+    const mgt_lnc_fwd_args *a = &j->op->u.lnc_fwd;
+    size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
+    double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
+    lnc_stats(a->x + off, a->c, hw, a->eps, mean, rstd);
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw;
+        float *yp = a->y + off + (size_t)ch * hw;
+        double w = a->weight[ch], b = a->bias[ch];
+        for (size_t e = 0; e < hw; e++)
+            yp[e] = (float)((xp[e] - mean[e]) * rstd[e] * w + b);
+    }
+}
+
+static void lnc_bwd_item(void *v, int i, int t)
+{
+    (void)t;
+    const lnc_job *j = v;
+    const mgt_lnc_bwd_args *a = &j->op->u.lnc_bwd;
+    size_t hw = (size_t)a->hw, off = (size_t)i * a->c * hw;
+    double *mean = j->scratch + (size_t)i * lnc_scratch_per_image(a->c, a->hw), *rstd = mean + hw;
+    double *mg = rstd + hw, *mgx = mg + hw, *sw = mgx + hw, *sb = sw + a->c;
+    lnc_stats(a->x + off, a->c, hw, a->eps, mean, rstd);
+    for (size_t e = 0; e < hw; e++)
+        mg[e] = mgx[e] = 0.0;
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw, *dyp = a->dy + off + (size_t)ch * hw;
+        double w = a->weight[ch], s0 = 0.0, s1 = 0.0;
+        for (size_t e = 0; e < hw; e++) {
+            double xh = (xp[e] - mean[e]) * rstd[e], g = (double)dyp[e] * w;
+            mg[e] += g;
+            mgx[e] += g * xh;
+            s0 += (double)dyp[e] * xh;
+            s1 += dyp[e];
+        }
+        sw[ch] = s0;
+        sb[ch] = s1;
+    }
+    for (int ch = 0; ch < a->c; ch++) {
+        const float *xp = a->x + off + (size_t)ch * hw, *dyp = a->dy + off + (size_t)ch * hw;
+        float *dxp = a->dx + off + (size_t)ch * hw;
+        double w = a->weight[ch];
+        for (size_t e = 0; e < hw; e++) {
+            double xh = (xp[e] - mean[e]) * rstd[e];
+            dxp[e] = (float)(rstd[e] * ((double)dyp[e] * w - mg[e] / a->c - xh * mgx[e] / a->c));
+        }
+    }
+}
+
+mgt_status cpu_bn_train(cpu_ctx *ctx, const mgt_op *op)
+{
+    if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_train_blocked(ctx, op);
+    POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, op);
+    return MGT_OK;
+}
+
+mgt_status cpu_bn_eval(cpu_ctx *ctx, const mgt_op *op)
+{
+    if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_eval_blocked(ctx, op);
+    plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
+    POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units), bn_eval_item,
+             &j);
+    return MGT_OK;
+}
+
+mgt_status cpu_bn_bwd(cpu_ctx *ctx, const mgt_op *op)
+{
+    if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
+        return run_bn_bwd_blocked(ctx, op);
+    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, op);
+    return MGT_OK;
+}
+
+mgt_status cpu_bn_stats(cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_stats.sh.c, bn_stats_item, op);
+    return MGT_OK;
+}
+
+mgt_status cpu_bn_bwd_elemt(cpu_ctx *ctx, const mgt_op *op)
+{
+    POOL_FOR(ctx, op->u.bn_bwd_elemt.sh.c, bn_bwd_elemt_item, op);
+    return MGT_OK;
+}
+
+static mgt_status run_lnc(cpu_ctx *ctx, const mgt_op *op, int n, int c, int hw)
+{
+    lnc_job j = {op, malloc((size_t)n * lnc_scratch_per_image(c, hw) * sizeof(double))};
+    if (!j.scratch)
+        return mgt_error_set(MGT_ERR_OOM, "%s: out of host memory", mgt_op_name(op->kind));
+    POOL_FOR(ctx, n, op->kind == MGT_OP_LNC_FWD ? lnc_fwd_item : lnc_bwd_item, &j);
+    if (op->kind == MGT_OP_LNC_BWD) {
+        const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
+        for (int ch = 0; ch < c; ch++) {
+            double sw = 0.0, sb = 0.0;
+            for (int i = 0; i < n; i++) {
+                const double *p =
+                    j.scratch + (size_t)i * lnc_scratch_per_image(c, hw) + 4 * (size_t)hw;
+                sw += p[ch];
+                sb += p[c + ch];
+            }
+            a->dweight[ch] += (float)sw;
+            a->dbias[ch] += (float)sb;
+        }
+    }
+    free(j.scratch);
+    return MGT_OK;
+}
+
+mgt_status cpu_lnc_fwd(cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_lnc(ctx, op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw);
+}
+
+mgt_status cpu_lnc_bwd(cpu_ctx *ctx, const mgt_op *op)
+{
+    return run_lnc(ctx, op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw);
+}

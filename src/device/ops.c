@@ -1,0 +1,391 @@
+/* The public op wrappers of mgt/device.h: each builds its mgt_op from its arguments and hands it
+   to mgt_op_launch (device.c), which checks it and passes it to the backend; also the names of
+   the precisions and activations. */
+#include <string.h>
+
+#include "device/backend.h"
+
+static mgt_status bad_arg(const char *call, const char *what)
+{
+    return mgt_error_set(MGT_ERR_INVALID, "%s: %s", call, what);
+}
+
+#define LAUNCH(KIND, FIELD, ...)                         \
+    do {                                                 \
+        mgt_op op_ = {.kind = KIND};                     \
+        op_.u.FIELD = (mgt_##FIELD##_args){__VA_ARGS__}; \
+        return mgt_op_launch(s, &op_);                   \
+    } while (0)
+
+mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n)
+{
+    LAUNCH(MGT_OP_FILL, fill, x, value, n);
+}
+
+mgt_status mgt_scale(mgt_stream *s, float *x, float alpha, size_t n)
+{
+    LAUNCH(MGT_OP_SCALE, scale, x, alpha, n);
+}
+
+mgt_status mgt_axpy(mgt_stream *s, float *y, float alpha, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_AXPY, axpy, y, alpha, x, n);
+}
+
+mgt_status mgt_sum(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUM, sum, out, x, n);
+}
+
+mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_SUMSQ, sum, out, x, n);
+}
+
+mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
+{
+    LAUNCH(MGT_OP_ADD, add, y, a, b, n);
+}
+
+mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static mgt_status conv_prec(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, float *out,
+                            const float *in1, const float *in2, const mgt_conv2d_shape *sh,
+                            float beta)
+{
+    if (!sh)
+        return bad_arg(mgt_op_name(kind), "no shape");
+    mgt_op op = {.kind = kind};
+    op.u.conv.out = out;
+    op.u.conv.in1 = in1;
+    op.u.conv.in2 = in2;
+    op.u.conv.sh = *sh;
+    op.u.conv.beta = beta;
+    op.prec = prec;
+    return mgt_op_launch(s, &op);
+}
+
+static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float *in1,
+                       const float *in2, const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, kind, MGT_PREC_F32, out, in1, in2, sh, beta);
+}
+
+mgt_status mgt_conv2d_forward(mgt_stream *s, float *y, const float *x, const float *w,
+                              const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_FWD, y, x, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_data(mgt_stream *s, float *dx, const float *dy, const float *w,
+                                    const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_BWD_DATA, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_filter(mgt_stream *s, float *dw, const float *dy, const float *x,
+                                      const mgt_conv2d_shape *sh, float beta)
+{
+    return conv(s, MGT_OP_CONV2D_BWD_FILTER, dw, dy, x, sh, beta);
+}
+
+const char *mgt_precision_name(mgt_precision p)
+{
+    return p == MGT_PREC_BF16 ? "bf16" : p == MGT_PREC_FP16 ? "fp16" : "f32";
+}
+
+bool mgt_precision_parse(const char *name, mgt_precision *out)
+{
+    static const mgt_precision all[] = {MGT_PREC_F32, MGT_PREC_BF16, MGT_PREC_FP16};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, mgt_precision_name(all[i])) == 0) {
+            *out = all[i];
+            return true;
+        }
+    return false;
+}
+
+mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool trans_b, int m, int n,
+                       int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc)
+{
+    mgt_op op = {.kind = MGT_OP_GEMM, .prec = prec};
+    op.u.gemm = (mgt_gemm_args){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, const float *x,
+                                 const float *w, const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, MGT_OP_CONV2D_FWD, prec, y, x, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_data_lp(mgt_stream *s, mgt_precision prec, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta)
+{
+    return conv_prec(s, MGT_OP_CONV2D_BWD_DATA, prec, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_filter_lp(mgt_stream *s, mgt_precision prec, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_prec(s, MGT_OP_CONV2D_BWD_FILTER, prec, dw, dy, x, sh, beta);
+}
+
+mgt_status mgt_cast_to_16(mgt_stream *s, mgt_precision prec, uint16_t *h, const float *x, size_t n)
+{
+    mgt_op op = {.kind = MGT_OP_CAST_TO_16, .prec = prec};
+    op.u.cast = (mgt_cast_args){h, x, n};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_cast_from_16(mgt_stream *s, mgt_precision prec, float *x, const uint16_t *h,
+                            size_t n)
+{
+    mgt_op op = {.kind = MGT_OP_CAST_FROM_16, .prec = prec};
+    op.u.cast = (mgt_cast_args){x, h, n};
+    return mgt_op_launch(s, &op);
+}
+
+mgt_status mgt_nonfinite_count(mgt_stream *s, int32_t *count, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_NONFINITE, nonfinite, count, x, n);
+}
+
+mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
+                                       float *save_invstd, float *running_mean, float *running_var,
+                                       const float *x, const float *gamma, const float *beta,
+                                       const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_forward_train", "no shape");
+    LAUNCH(MGT_OP_BN_FWD_TRAIN, bn_train, y, save_mean, save_invstd, running_mean, running_var, x,
+           gamma, beta, *sh);
+}
+
+mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
+                                      const float *beta, const float *running_mean,
+                                      const float *running_var, const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_forward_eval", "no shape");
+    LAUNCH(MGT_OP_BN_FWD_EVAL, bn_eval, y, x, gamma, beta, running_mean, running_var, *sh);
+}
+
+mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
+                                  const float *dy, const float *y, const float *x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_backward", "no shape");
+    LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, y, x, gamma, save_mean, save_invstd, *sh);
+}
+
+mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,
+                        const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("bn_stats", "no shape");
+    LAUNCH(MGT_OP_BN_STATS, bn_stats, mean, var, x, *sh);
+}
+
+mgt_status mgt_bn_backward_elemt(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                 const float *gamma, const float *mean, const float *invstd,
+                                 const float *sum_dy, const float *sum_dy_xhat, double count,
+                                 const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("bn_backward_elemt", "no shape");
+    LAUNCH(MGT_OP_BN_BWD_ELEMT, bn_bwd_elemt, dx, dy, x, gamma, mean, invstd, sum_dy, sum_dy_xhat,
+           *sh, count);
+}
+
+mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n)
+{
+    LAUNCH(MGT_OP_RELU_FWD, relu_fwd, y, x, n);
+}
+
+mgt_status mgt_relu_backward(mgt_stream *s, float *dx, const float *dy, const float *y, size_t n)
+{
+    LAUNCH(MGT_OP_RELU_BWD, relu_bwd, dx, dy, y, n);
+}
+
+mgt_status mgt_maxpool2d_forward(mgt_stream *s, float *y, const float *x,
+                                 const mgt_pool2d_shape *sh)
+{
+    if (!sh)
+        return bad_arg("maxpool2d_forward", "no shape");
+    LAUNCH(MGT_OP_MAXPOOL_FWD, maxpool_fwd, y, x, *sh);
+}
+
+mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                  const float *y, const mgt_pool2d_shape *sh)
+{
+    if (!sh)
+        return bad_arg("maxpool2d_backward", "no shape");
+    LAUNCH(MGT_OP_MAXPOOL_BWD, maxpool_bwd, dx, dy, x, y, *sh);
+}
+
+mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw,
+                               mgt_layout l)
+{
+    LAUNCH(MGT_OP_AVGPOOL_FWD, avgpool_fwd, y, x, n, c, hw, l);
+}
+
+mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw,
+                                mgt_layout l)
+{
+    LAUNCH(MGT_OP_AVGPOOL_BWD, avgpool_bwd, dx, dy, n, c, hw, l);
+}
+
+mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols)
+{
+    LAUNCH(MGT_OP_BIAS_FWD, bias_fwd, y, bias, rows, cols);
+}
+
+mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols)
+{
+    LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
+}
+
+mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
+                                    int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_FWD, chbias_fwd, y, bias, n, c, hw);
+}
+
+mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
+                                     int hw)
+{
+    LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
+}
+
+mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
+                                        int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_FWD, apool_fwd, y, x, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
+                                         int h, int w, int oh, int ow)
+{
+    LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh)
+{
+    if (!sh)
+        return bad_arg("strided_copy", "no shape");
+    LAUNCH(MGT_OP_STRIDED_COPY, scopy, y, x, sh->n, sh->rows, sh->count, sh->y_stride, sh->y_row,
+           sh->x_stride, sh->x_row);
+}
+
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key)
+{
+    if (!key)
+        return bad_arg("dropout", "no key");
+    LAUNCH(MGT_OP_DROPOUT, dropout, y, x, n, per_image, p, key->seed, key->step, key->sample0,
+           key->sample_stride, key->stream);
+}
+
+const char *mgt_act_name(mgt_act act)
+{
+#define ACT_NAME(KIND, name) [MGT_ACT_##KIND] = #name,
+    static const char *const names[MGT_ACT_COUNT] = {MGT_ACT_LIST(ACT_NAME)};
+#undef ACT_NAME
+    return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
+}
+
+mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_FWD, act_fwd, y, x, n, act);
+}
+
+mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
+                                   size_t n, mgt_act act)
+{
+    LAUNCH(MGT_OP_ACT_BWD, act_bwd, dx, dy, x, n, act);
+}
+
+mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
+                                     int n, int c, int hw, bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
+                                      const float *x, const float *scale, int n, int c, int hw,
+                                      bool shared)
+{
+    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
+                                          const float *weight, const float *bias, int n, int c,
+                                          int hw, float eps)
+{
+    LAUNCH(MGT_OP_LNC_FWD, lnc_fwd, y, x, weight, bias, n, c, hw, eps);
+}
+
+mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
+                                           const float *dy, const float *x, const float *weight,
+                                           int n, int c, int hw, float eps)
+{
+    LAUNCH(MGT_OP_LNC_BWD, lnc_bwd, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
+}
+
+mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
+                                    const int32_t *labels, const int32_t *labels_b,
+                                    const float *weights, int n, int classes, float smoothing)
+{
+    LAUNCH(MGT_OP_XENT_FWD, xent_fwd, loss, probs, logits, labels, labels_b, weights, n, classes,
+           smoothing);
+}
+
+mgt_status mgt_softmax_xent_backward(mgt_stream *s, float *dlogits, const float *probs,
+                                     const int32_t *labels, const int32_t *labels_b,
+                                     const float *weights, int n, int classes, float smoothing,
+                                     float scale)
+{
+    LAUNCH(MGT_OP_XENT_BWD, xent_bwd, dlogits, probs, labels, labels_b, weights, n, classes,
+           smoothing, scale);
+}
+
+mgt_status mgt_topk_correct(mgt_stream *s, int32_t *count, const float *logits,
+                            const int32_t *labels, int n, int classes, int k)
+{
+    LAUNCH(MGT_OP_TOPK, topk, count, logits, labels, n, classes, k);
+}
+
+mgt_status mgt_sgd_update(mgt_stream *s, float *param, float *momentum_buf, const float *grad,
+                          size_t n, const mgt_sgd_params *p)
+{
+    if (!p)
+        return bad_arg("sgd_update", "no parameters");
+    LAUNCH(MGT_OP_SGD, sgd, param, momentum_buf, grad, n, *p);
+}
+
+mgt_status mgt_adamw_update(mgt_stream *s, float *param, float *exp_avg, float *exp_avg_sq,
+                            const float *grad, size_t n, const mgt_adamw_params *p)
+{
+    if (!p)
+        return bad_arg("adamw_update", "no parameters");
+    LAUNCH(MGT_OP_ADAMW, adamw, param, exp_avg, exp_avg_sq, grad, n, *p);
+}
+
+mgt_status mgt_rmsprop_update(mgt_stream *s, float *param, float *square_avg, float *momentum_buf,
+                              const float *grad, size_t n, const mgt_rmsprop_params *p)
+{
+    if (!p)
+        return bad_arg("rmsprop_update", "no parameters");
+    LAUNCH(MGT_OP_RMSPROP, rmsprop, param, square_avg, momentum_buf, grad, n, *p);
+}
