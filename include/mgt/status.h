@@ -42,4 +42,13 @@ void mgt_error_clear(void);
 __attribute__((noreturn)) void mgt_assert_fail(const char *cond, const char *file, int line,
                                                const char *func);
 
+/* Cleanup keeps a failure's text: a function that frees runs on the error path of the call
+   that failed, and what it calls (a wait on a failed device, a stream that was never made)
+   sets text of its own. It saves the text first and puts it back when it is done. */
+typedef struct mgt_error_saved {
+    char text[512];
+} mgt_error_saved;
+void mgt_error_save(mgt_error_saved *s);
+void mgt_error_restore(const mgt_error_saved *s);
+
 #endif

@@ -61,3 +61,11 @@ void mgt_assert_fail(const char *cond, const char *file, int line, const char *f
     fprintf(stderr, "mgtrain: internal error: %s:%d: %s: %s is false\n", file, line, func, cond);
     abort();
 }
+
+void mgt_error_save(mgt_error_saved *s)
+{
+    _Static_assert(sizeof s->text == sizeof error_text, "the saved text holds all of it");
+    memcpy(s->text, error_text, sizeof error_text);
+}
+
+void mgt_error_restore(const mgt_error_saved *s) { memcpy(error_text, s->text, sizeof error_text); }
