@@ -148,6 +148,7 @@ typedef struct mgt_train_result {
     float loss_scale;     /* --amp fp16: the loss scale at the end (GradScaler's) */
     long skipped_steps;   /* --amp fp16: steps this call skipped for an inf or NaN */
     bool interrupted;     /* stopped early by stop or the time limit, checkpoint saved */
+    bool remote_failure;  /* the run failed because another node did (which says why) */
     char checkpoint[512]; /* the last checkpoint written ("" when none) */
 } mgt_train_result;
 

@@ -262,6 +262,13 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
         st = field_write(wr, &fields[i], &s);
+    size_t bad = 0;
+    const char *first = st == MGT_OK ? mgt_st_writer_nonfinite(wr, &bad) : NULL;
+    if (first) /* never a diverged model in place of the last good checkpoint */
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged: %zu NaN or infinite values (the first in "
+                           "%s); nothing was written over %s",
+                           bad, first, dir);
     if (st == MGT_OK)
         st = mgt_st_writer_save(wr, path);
     if (st == MGT_OK && is_best)

@@ -4,6 +4,7 @@
    records, the checkpoint. Between phases, replica 0's state goes to every device (and node),
    and the replicas are checked to agree bit for bit. */
 #include <errno.h>
+#include <math.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +175,72 @@ static mgt_status check_local_buffers(run *r)
     }
     free(a);
     free(b);
+    return st;
+}
+
+/* Where the first non-finite value of an arena lies: the table's name of the tensor that
+   holds it (role PARAM or BUFFER). */
+static const char *first_nonfinite(const mgt_model *m, mgt_model_role role, const float *host,
+                                   size_t floats)
+{
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t at = floats;
+    for (size_t k = 0; k < floats && at == floats; k++)
+        if (!isfinite(host[k]))
+            at = k;
+    for (int i = 0; i < n; i++)
+        if (t[i].role == role && at >= t[i].offset / sizeof(float) &&
+            at < t[i].offset / sizeof(float) + t[i].numel)
+            return t[i].name;
+    return "?";
+}
+
+mgt_status train_check_finite(run *r)
+{
+    worker *w = &r->w[0];
+    size_t pb, bb;
+    const float *p = mgt_model_params(w->model, &pb);
+    const float *b = mgt_model_buffers(w->model, &bb);
+    int32_t *dev = mgt_buffer_ptr(w->dev_correct); /* slot 0's pair: free between phases */
+    mgt_status st = mgt_nonfinite_count(w->s, dev, p, pb / sizeof(float));
+    if (st == MGT_OK && bb)
+        st = mgt_nonfinite_count(w->s, dev + 1, b, bb / sizeof(float));
+    else if (st == MGT_OK)
+        st = mgt_memset(w->s, dev + 1, 0, sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, w->host_correct, dev, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK || (w->host_correct[0] == 0 && w->host_correct[1] == 0))
+        return st;
+    /* diverged: name the first tensor of each arena that holds a NaN or an infinity */
+    long np = w->host_correct[0], nb = w->host_correct[1];
+    float *hp = malloc(pb ? pb : 1), *hb = malloc(bb ? bb : 1);
+    st = hp && hb ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, hp, p, pb);
+    if (st == MGT_OK && bb)
+        st = mgt_copy_d2h(w->s, hb, b, bb);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st == MGT_OK) {
+        char what[2][160] = {"", ""};
+        if (np)
+            snprintf(what[0], sizeof what[0], "%ld of %zu parameters (the first in %s)", np,
+                     pb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_PARAM, hp, pb / sizeof(float)));
+        if (nb)
+            snprintf(what[1], sizeof what[1], "%ld of %zu batch-norm statistics (the first in %s)",
+                     nb, bb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_BUFFER, hb, bb / sizeof(float)));
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged (a lower --lr?): %s%s%s are NaN or infinite; "
+                           "no checkpoint is written from it",
+                           what[0], np && nb ? " and " : "", what[1]);
+    }
+    free(hp);
+    free(hb);
     return st;
 }
 
@@ -452,7 +519,7 @@ static bool validate(run *r, train_summary *s)
         long images;
         bool ok = st == MGT_OK &&
                   val_pass(r, &res->ema_val_loss, &res->ema_val_acc1, &res->ema_val_acc5, &images);
-        if (st == MGT_OK && !r->failed)
+        if (st == MGT_OK && !r->fail.set)
             st = train_ema_swap_out(r);
         if (st != MGT_OK) {
             train_fail(r, mgt_error_wrap(st, "EMA validation of epoch %d", r->epoch));
@@ -577,6 +644,22 @@ static bool save_stopped(run *r)
     return true;
 }
 
+/* A validation loss that is not a number stops the run: the model has diverged (its weights
+   may still be finite, its logits are not), and nothing is saved from it. */
+static bool loss_diverged(run *r, const train_summary *s)
+{
+    bool ema = isfinite(s->val_loss);
+    double loss = ema ? s->ema_val_loss : s->val_loss;
+    if (isfinite(loss) || (ema && !s->ema_validated))
+        return false;
+    train_fail_root(r, mgt_error_set(MGT_ERR_DEVICE,
+                                     "epoch %d: the %svalidation loss is %s: the model has "
+                                     "diverged (a lower --lr?); no checkpoint is written from it",
+                                     s->epoch, ema ? "EMA model's " : "",
+                                     isnan(loss) ? "NaN" : "infinite"));
+    return true;
+}
+
 typedef enum epoch_end { EPOCH_DONE, EPOCH_STOPPED, EPOCH_FAILED } epoch_end;
 
 static epoch_end run_epoch(run *r, int ep, long first)
@@ -589,6 +672,10 @@ static epoch_end run_epoch(run *r, int ep, long first)
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
     }
+    if ((st = train_check_finite(r)) != MGT_OK) {
+        train_fail_root(r, mgt_error_wrap(st, "epoch %d", ep));
+        return EPOCH_FAILED;
+    }
     train_summary s;
     epoch_results(r, ep_s, &s);
     if (r->stop_at < r->data.steps_per_epoch)
@@ -596,6 +683,8 @@ static epoch_end run_epoch(run *r, int ep, long first)
     bool is_best = false;
     if (r->data.val_ld) {
         if (!validate(r, &s))
+            return EPOCH_FAILED;
+        if (loss_diverged(r, &s))
             return EPOCH_FAILED;
         is_best = s.val_acc1 > r->best_acc1;
         if (is_best)
@@ -640,17 +729,21 @@ static bool train_epochs(run *r, int start_epoch, long start_step)
     return true;
 }
 
-/* The one cleanup path: stops the workers, frees every part, and leaves st's text (the
-   run's first failure, or the set-up error) as this thread's error text. */
+/* The one cleanup path: stops the workers, places a device's fault, frees every part, and
+   leaves the run's first failure (or the set-up error, st) as this thread's error text: what
+   cleanup reports never replaces it. */
 static mgt_status run_finish(run *r, mgt_status st)
 {
-    char text[sizeof r->fail_text];
-    snprintf(text, sizeof text, "%s", r->failed ? r->fail_text : mgt_error_last());
-    if (r->failed)
-        st = r->fail_status != MGT_OK ? r->fail_status : MGT_ERR_DEVICE;
-    if (st != MGT_OK)
-        mgt_abort_raise(&r->abort);
+    if (st != MGT_OK && !r->fail.set) /* a set-up error: its text is still this thread's */
+        train_fail(r, st);
     train_workers_stop(r);
+    char text[sizeof r->fail.cause + 256];
+    if (r->fail.set) {
+        train_failure_settle(r);
+        train_failure_line(r, text, sizeof text);
+        st = r->fail.status;
+        r->res->remote_failure = r->fail.remote;
+    }
     train_free_parts(r);
     mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
     if (r->reports.n)
