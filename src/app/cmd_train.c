@@ -29,13 +29,14 @@ static void on_sigint(int sig)
     atomic_store(&stop_requested, sig);
 }
 
-/* A failed run's one line. On several nodes it names the node, goes to the others (which
-   then stop without a line of their own), and a failure that was another node's prints
-   nothing here. */
-static void train_fail_line(mgt_world *w, const char *text)
+/* A failed run's one line. On several nodes it names the node and goes to the others (which
+   then stop without a line of their own); a failure that was another node's (remote) prints
+   nothing here. A node that failed on its own prints its line even where another node's
+   message came in meanwhile: both failed, and each says why (before, each saw the other's
+   message and neither printed anything). */
+static void train_fail_line(mgt_world *w, const char *text, bool remote)
 {
-    char other[8];
-    if (mgt_world_poll_failure(w, other, sizeof other))
+    if (remote)
         return;
     if (mgt_world_size(w) == 1) {
         fprintf(stderr, "mgtrain: %s\n", text);
@@ -671,7 +672,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {
-        train_fail_line(world, mgt_error_last());
+        train_fail_line(world, mgt_error_last(), false);
         mgt_world_close(world, true);
         return mgt_app_device_exit(st);
     }
@@ -707,9 +708,9 @@ int mgt_app_cmd_train(int argc, char **argv)
     if (quiet)
         fclose(quiet);
     if (st != MGT_OK) {
-        train_fail_line(world, why);
+        train_fail_line(world, why, res.remote_failure);
         mgt_world_close(world, true);
-        return 1;
+        return st == MGT_ERR_USAGE ? 2 : 1;
     }
     mgt_world_close(world, false);
     /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */

@@ -122,7 +122,9 @@ static const train_marker *first_unclean_mark(const worker *w)
 
 void train_failure_settle(run *r)
 {
-    if (!r->fail.set || r->fail.remote || r->fail.root)
+    /* a device that failed here is this node's own failure, even where another node's came
+       in first (both failed: each says why) */
+    if (!r->fail.set || r->fail.root)
         return;
     for (int i = 0; i < r->n; i++) {
         mgt_device *d = mgt_devset_device(r->set, i);

@@ -5,10 +5,11 @@
    and the replicas are checked to agree bit for bit. */
 #include <errno.h>
 #include <math.h>
-#include <time.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/train_impl.h"
@@ -342,6 +343,130 @@ static mgt_status check_config(run *r)
         return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
                                               "negative");
     return MGT_OK;
+}
+
+/* The shortest text of x that reads back as x: "0.2", not "0.200000003". */
+static const char *float_text(char *buf, size_t cap, double x)
+{
+    for (int digits = 6; digits < 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, x);
+        if ((float)strtod(buf, NULL) == (float)x)
+            break;
+    }
+    return buf;
+}
+
+/* The settings every node must share, as "NAME\tVALUE\n" lines; lost: an allocation failed
+   (a partial text would compare wrong). */
+typedef struct settings_text {
+    mgt_text t;
+    bool lost;
+} settings_text;
+
+/* One setting (no tab or newline in the value). */
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+{
+    char v[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    for (char *p = v; *p; p++)
+        if (*p == '\t' || *p == '\n')
+            *p = ' ';
+    if (!mgt_text_add(&t->t, "%s\t%s\n", name, v))
+        t->lost = true;
+}
+
+/* Every node of a multi-node run must take the same steps: the same model, batch, steps,
+   schedule, optimizer, precision, data (size and classes), seed and every flag that changes
+   a step. Compared as a digest at start-up; a difference is the run's one line, naming the
+   first setting that differs and both values (one node says it; the others say nothing).
+   Before, only --gpus was compared: --max-steps 4 against 8 hung at the end of the shorter
+   run, resnet20 against resnet32 died in MPI_ERR_TRUNCATE, -b 32 against 64 trained on. */
+static mgt_status agree_with_nodes(run *r)
+{
+    if (r->nodes == 1)
+        return MGT_OK;
+    const mgt_train_config *c = r->c;
+    const mgt_lr_config *lr = &c->lr;
+    const train_data *d = &r->data;
+    settings_text t = {0};
+    char fb[32];
+#define F(x) float_text(fb, sizeof fb, (double)(x))
+    setting(&t, "--arch", "%s", c->arch);
+    setting(&t, "-b", "%d", c->batch_size);
+    setting(&t, "--epochs", "%d", c->epochs);
+    setting(&t, "--start-epoch", "%d", c->start_epoch);
+    setting(&t, "--max-steps", "%ld", r->ctl.max_steps);
+    setting(&t, "--evaluate", "%s", c->evaluate ? "yes" : "no");
+    setting(&t, "--lr", "%s", F(lr->lr));
+    setting(&t, "the lr schedule", "%s", mgt_lr_kind_name(lr->kind));
+    setting(&t, "--lr-step", "%d", lr->step_epochs);
+    setting(&t, "--lr-gamma", "%s", F(lr->gamma));
+    setting(&t, "--lr-min", "%s", F(lr->lr_min));
+    setting(&t, "the warm-up epochs", "%s", F(lr->warmup_epochs));
+    setting(&t, "--lr-warmup-method", "%d", (int)lr->warmup_method);
+    setting(&t, "--lr-warmup-decay", "%s", F(lr->warmup_decay));
+    setting(&t, "--opt", "%s%s", mgt_opt_kind_name(c->opt), c->nesterov ? " --nesterov" : "");
+    setting(&t, "--momentum", "%s", F(c->momentum));
+    setting(&t, "--weight-decay", "%s", F(c->weight_decay));
+    setting(&t, "--norm-weight-decay", "%s", F(c->norm_weight_decay));
+    setting(&t, "--bias-weight-decay", "%s", F(c->bias_weight_decay));
+    setting(&t, "--clip-grad-norm", "%s", F(c->clip_grad_norm));
+    setting(&t, "--accum-steps", "%d", c->accum_steps);
+    setting(&t, "--model-ema", "%s", c->model_ema ? "yes" : "no");
+    setting(&t, "--model-ema-decay", "%s", F(c->model_ema_decay));
+    setting(&t, "--model-ema-steps", "%d", c->model_ema_steps);
+    setting(&t, "--label-smoothing", "%s", F(c->label_smoothing));
+    setting(&t, "--amp", "%s", mgt_precision_name(c->amp));
+    setting(&t, "--grad-dtype", "%s", mgt_precision_name(c->grad_dtype));
+    setting(&t, "--bucket-mb", "%zu bytes", c->bucket_bytes);
+    setting(&t, "--allreduce", "%d", (int)c->allreduce);
+    setting(&t, "--seed", "%llu", (unsigned long long)c->seed);
+    setting(&t, "--freeze-bn", "%s", c->freeze_bn ? "yes" : "no");
+    setting(&t, "--sync-bn", "%s", c->sync_bn ? "yes" : "no");
+    setting(&t, "--zero-init-residual", "%s", c->zero_init_residual ? "yes" : "no");
+    setting(&t, "--augment", "%d", (int)c->augment);
+    setting(&t, "--auto-augment", "%s", mgt_auto_augment_name(c->auto_augment));
+    setting(&t, "--interpolation", "%s", mgt_interp_name(c->interpolation));
+    setting(&t, "--random-erase", "%s", F(c->random_erase));
+    setting(&t, "--mixup-alpha", "%s", F(c->mixup_alpha));
+    setting(&t, "--cutmix-alpha", "%s", F(c->cutmix_alpha));
+    setting(&t, "--exact-decode", "%s", c->exact_decode ? "yes" : "no");
+    setting(&t, "--val-resize-size", "%d", c->val_resize_size);
+    setting(&t, "--val-crop-size", "%d", c->val_crop_size);
+    setting(&t, "--normalize", "%s", c->normalize_auto ? "auto" : "no");
+    setting(&t, "--mean", "%s", c->mean_std_set ? "given" : "ImageNet's");
+    for (int i = 0; c->mean_std_set && i < 3; i++) {
+        setting(&t, "--mean", "%s", F(c->mean[i]));
+        setting(&t, "--std", "%s", F(c->std[i]));
+    }
+    setting(&t, "--image-size", "%d", d->size);
+    setting(&t, "the data", "%s", c->dummy ? "synthetic (--dummy)" : "a dataset");
+    setting(&t, "the training images", "%zu", d->train_samples);
+    setting(&t, "the validation images", "%zu", d->val_samples);
+    setting(&t, "the image channels", "%d", d->channels);
+    setting(&t, "the steps per epoch", "%ld", d->steps_per_epoch);
+    setting(&t, "the classes", "%d", d->classes);
+    for (int i = 0; d->train_ds && i < d->classes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "class %d", i);
+        setting(&t, name, "%s", mgt_dataset_class_name(d->train_ds, i));
+    }
+#undef F
+    if (t.lost || !t.t.s) {
+        mgt_text_free(&t.t);
+        return mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    }
+    bool speaker;
+    mgt_status st = mgt_world_check_same(r->world, t.t.s, &r->abort, &speaker);
+    mgt_text_free(&t.t);
+    if (st != MGT_OK && !speaker) /* the node that differs says it */
+        train_fail_remote(r, mgt_error_last());
+    return st;
 }
 
 /* A checkpoint folder that cannot be written is found now, not after the first epoch. */
@@ -738,6 +863,10 @@ static mgt_status run_finish(run *r, mgt_status st)
         train_fail(r, st);
     train_workers_stop(r);
     char text[sizeof r->fail.cause + 256];
+    char other[8];
+    if (r->fail.set && !r->fail.remote && r->fail.status == MGT_ERR_ABORTED && r->nodes > 1 &&
+        mgt_world_poll_failure(r->world, other, sizeof other))
+        r->fail.remote = true; /* a wait left because another node failed: that node's line */
     if (r->fail.set) {
         train_failure_settle(r);
         train_failure_line(r, text, sizeof text);
@@ -800,6 +929,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = open_outputs(r);
     if (st == MGT_OK)
         st = train_open_data(r);
+    if (st == MGT_OK)
+        st = agree_with_nodes(r);
     if (st == MGT_OK)
         st = train_make_workers(r);
     if (st == MGT_OK)
