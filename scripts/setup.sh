@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mgtrain needs to build, test and train; silent when all are present.
+#   --test  also what the test suite calls (scripts/test.sh passes it): Debian's PyTorch and
+#           torchvision, the reference of the interop tests (zoo.strict, models.torch_load, the
+#           checkpoint's strict load); training itself needs neither
+#   --list  print the packages that would be checked, one a line, and exit
 set -euo pipefail
 
 packages=(
@@ -22,6 +26,23 @@ packages=(
   libopenmpi-dev        # multi-node runs: one process per node on Open MPI (-DMGT_MPI)
   openmpi-bin           # mpirun, for those runs and their tests
 )
+test_packages=(
+  python3-torch         # PyTorch 1.13: the interop tests load mgtrain's files into it
+  python3-torchvision   # torchvision 0.14: its models and weights, both ways
+)
+
+list=false
+for arg in "$@"; do
+  case $arg in
+  --test) packages+=("${test_packages[@]}") ;;
+  --list) list=true ;;
+  *) echo "setup: unknown option '$arg' (--test, --list)" >&2; exit 2 ;;
+  esac
+done
+if $list; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
