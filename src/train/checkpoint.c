@@ -447,9 +447,19 @@ mgt_status train_resume(run *r, int *epoch, long *step)
         *step = 0; /* --start-epoch given: that epoch from its start */
     }
     if (*step >= r->data.steps_per_epoch) { /* the epoch's images are all seen */
+        fprintf(r->out,
+                "=> %s stopped at step %ld of epoch %d, past this run's %ld steps per epoch "
+                "(--max-steps, -b or the data differ from the run that saved it): that epoch "
+                "counts as done, and training goes on at epoch %d\n",
+                path, *step, *epoch, r->data.steps_per_epoch, *epoch + 1);
         ++*epoch;
         *step = 0;
     }
+    if (*epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--epochs %d: %s has trained %d epoch%s already: nothing is left to "
+                             "train (raise --epochs to go on, or --evaluate it)",
+                             c->epochs, path, *epoch, *epoch == 1 ? "" : "s");
     fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path, *epoch,
             *step, r->best_acc1);
     return MGT_OK;

@@ -289,59 +289,65 @@ mgt_status train_check_replicas(run *r)
 
 /* ---- the run ---- */
 
-/* What the run cannot start with, each named by its flag. */
+/* What the run cannot start with, each named by its flag (MGT_ERR_USAGE: a command line
+   that cannot work). */
 static mgt_status check_config(run *r)
 {
     const mgt_train_config *c = r->c;
     if (!c->arch)
-        return mgt_error_set(MGT_ERR_INVALID, "--arch is missing");
+        return mgt_error_set(MGT_ERR_USAGE, "--arch is missing");
     r->arch = mgt_arch_find(c->arch);
     if (!r->arch)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--arch '%s': unknown architecture (mgtrain model "
                              "--help lists them)",
                              c->arch);
     if (!c->dummy && !c->data_dir)
-        return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
+        return mgt_error_set(MGT_ERR_USAGE, "--data DIR is missing (or use --dummy)");
     if (c->amp != MGT_PREC_F32 && c->amp != MGT_PREC_BF16 && c->amp != MGT_PREC_FP16)
-        return mgt_error_set(MGT_ERR_INVALID, "--amp: unknown precision %d", (int)c->amp);
+        return mgt_error_set(MGT_ERR_USAGE, "--amp: unknown precision %d", (int)c->amp);
     if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
-        return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
+        return mgt_error_set(MGT_ERR_USAGE, "loss_scale_init %g is not a positive number",
                              (double)c->loss_scale_init);
     if (c->evaluate && c->dummy)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--evaluate needs --data: dummy data has no validation split");
     if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--resume auto: there is nothing to resume from without "
                              "--checkpoint-dir");
     if (c->batch_size < r->wn)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "-b %d is smaller than the device count %d: -b is the total batch "
                              "over all devices%s",
                              c->batch_size, r->wn, r->nodes > 1 ? " of all nodes" : "");
+    if (c->start_epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--start-epoch %d is not below --epochs %d: nothing would be trained "
+                             "(epochs are numbered from 0)",
+                             c->start_epoch, c->epochs);
     if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
-        return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
-                                              "positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--epochs, --print-freq and --bucket-mb must be "
+                                            "positive");
     if (c->dummy && c->dummy_steps < 1)
-        return mgt_error_set(MGT_ERR_INVALID, "--dummy-steps must be positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--dummy-steps must be positive");
     if (!(c->random_erase >= 0 && c->random_erase <= 1))
-        return mgt_error_set(MGT_ERR_INVALID, "--random-erase %g is not a probability",
+        return mgt_error_set(MGT_ERR_USAGE, "--random-erase %g is not a probability",
                              (double)c->random_erase);
     if (mgt_lr_per_epoch(c->lr.kind) && c->lr.warmup_epochs != (float)(int)c->lr.warmup_epochs)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--lr-warmup-epochs %g: the references' warm-up is whole epochs",
                              (double)c->lr.warmup_epochs);
     if (c->accum_steps < 1 || c->model_ema_steps < 1 || !(c->clip_grad_norm >= 0) ||
         !(c->model_ema_decay >= 0 && c->model_ema_decay <= 1))
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--accum-steps %d and --model-ema-steps %d must be positive, "
                              "--clip-grad-norm %g not negative, --model-ema-decay %g in [0, 1]",
                              c->accum_steps, c->model_ema_steps, (double)c->clip_grad_norm,
                              (double)c->model_ema_decay);
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
-        return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
-                                              "negative");
+        return mgt_error_set(MGT_ERR_USAGE, "--mixup-alpha and --cutmix-alpha must not be "
+                                            "negative");
     return MGT_OK;
 }
 
@@ -469,6 +475,36 @@ static mgt_status agree_with_nodes(run *r)
     return st;
 }
 
+/* path and every missing folder above it, as mkdir -p makes them; a part that exists and is
+   not a folder, or that cannot be made, is named. */
+static mgt_status make_folder(const char *flag, const char *path)
+{
+    char part[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof part)
+        return mgt_error_set(MGT_ERR_USAGE, "%s '%s': not a usable folder name", flag, path);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        memcpy(part, path, i);
+        part[i] = '\0';
+        struct stat sb;
+        if (stat(part, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return i == n
+                           ? mgt_error_set(MGT_ERR_IO, "%s %s: not a folder", flag, path)
+                           : mgt_error_set(MGT_ERR_IO, "%s %s: %s: not a folder", flag, path, part);
+        } else if (mkdir(part, 0777) != 0 && errno != EEXIST) {
+            return mgt_error_set(MGT_ERR_IO, "%s %s: cannot make %s: %s", flag, path, part,
+                                 strerror(errno));
+        }
+    }
+    if (access(path, W_OK | X_OK) != 0)
+        return mgt_error_set(MGT_ERR_IO, "%s %s: cannot write in it: %s", flag, path,
+                             strerror(errno));
+    return MGT_OK;
+}
+
 /* A checkpoint folder that cannot be written is found now, not after the first epoch. */
 static mgt_status open_outputs(run *r)
 {
@@ -477,10 +513,9 @@ static mgt_status open_outputs(run *r)
         train_reports_init(&r->reports, r->out, NULL, NULL);
         return MGT_OK;
     }
-    if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
-                              access(c->checkpoint_dir, W_OK | X_OK) != 0))
-        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
-                             strerror(errno));
+    mgt_status st = c->checkpoint_dir ? make_folder("--checkpoint-dir", c->checkpoint_dir) : MGT_OK;
+    if (st != MGT_OK)
+        return st;
     if (c->log_path) {
         r->log = fopen(c->log_path, "a");
         if (!r->log)

@@ -34,7 +34,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     if (aug == MGT_AUGMENT_DEFAULT)
         aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
     if (c->val_crop_size > 0 && c->val_crop_size != d->size)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--val-crop-size %d differs from the training size %d: the model "
                              "is planned for one input size",
                              c->val_crop_size, d->size);
@@ -55,7 +55,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
         return st;
     /* the recipe's additions act on the training transform */
     if (c->auto_augment != MGT_AUTO_AUGMENT_NONE && aug == MGT_AUGMENT_NONE)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--auto-augment %s works after a random crop: not "
                              "with --augment none",
                              mgt_auto_augment_name(c->auto_augment));
