@@ -15,12 +15,13 @@ done
 grep -qx python3-torch <<<"$(bash "$src/scripts/setup.sh" --list)" &&
   fail "setup.sh without --test installs python3-torch (the main job need not have it)"
 
-# a Python without torch: a skip outside the test command, a failure under it
-out=$(env -u MGT_TEST_REQUIRE_DEPS MGT_TEST_PYTHON=/nonexistent/python3 "$test_models" torch_load 2>&1)
+# a Python without torch: a skip outside the test command, a failure under it (the sanitizer
+# build's MGT_TORCH_LOAD_PYTHON=0, which runs mgtrain's side only, is left out)
+out=$(env -u MGT_TEST_REQUIRE_DEPS -u MGT_TORCH_LOAD_PYTHON MGT_TEST_PYTHON=/nonexistent/python3 "$test_models" torch_load 2>&1)
 rc=$?
 [ $rc = 0 ] || fail "outside the test command: exit $rc, expected skips: $(tail -3 <<<"$out")"
 grep -q "skipped: PyTorch (python3-torch) is not available" <<<"$out" || fail "no skip said: $(tail -3 <<<"$out")"
-out=$(MGT_TEST_REQUIRE_DEPS=1 MGT_TEST_PYTHON=/nonexistent/python3 "$test_models" torch_load 2>&1)
+out=$(env -u MGT_TORCH_LOAD_PYTHON MGT_TEST_REQUIRE_DEPS=1 MGT_TEST_PYTHON=/nonexistent/python3 "$test_models" torch_load 2>&1)
 rc=$?
 [ $rc != 0 ] || fail "under MGT_TEST_REQUIRE_DEPS=1 the missing PyTorch passed as skipped"
 grep -q "scripts/setup.sh --test installs it" <<<"$out" || fail "no reason given: $(tail -3 <<<"$out")"
