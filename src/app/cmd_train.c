@@ -628,15 +628,9 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.tensorboard_dir = optarg;
             ctl.profile = true; /* the step per device, for TensorBoard */
             break;
-        case OPT_TIME_LIMIT:
-            ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s);
-            break;
-        case OPT_TIMEOUT:
-            ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s);
-            break;
-        case OPT_MAX_STEPS:
-            ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps);
-            break;
+        case OPT_TIME_LIMIT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s); break;
+        case OPT_TIMEOUT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_MAX_STEPS: ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps); break;
         case OPT_DUMMY_STEPS:
             ok = mgt_app_flag_int(flag, optarg, 1, 1L << 30, &v);
             c.dummy_steps = (int)v;
