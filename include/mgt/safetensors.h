@@ -102,7 +102,7 @@ void mgt_st_writer_free(mgt_st_writer *w);
 mgt_status mgt_st_writer_add(mgt_st_writer *w, const char *name, mgt_st_dtype dtype, int ndim,
                              const int64_t *shape, const void *data);
 
-/* The first F32 or F64 tensor (in the order added) holding a NaN or an infinity, or NULL
+/* The first floating-point tensor (F64, F32, F16, BF16; in the order added) holding a NaN or an infinity, or NULL
    when every one is finite; *count (may be NULL) gets how many such values the tensors hold
    in all. The name is the writer's (valid until it is freed). Reads every float tensor's
    data: the caller's guard against saving a diverged model. */

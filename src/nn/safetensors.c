@@ -761,6 +761,15 @@ const char *mgt_st_writer_nonfinite(const mgt_st_writer *w, size_t *count)
         else if (t->dtype == MGT_ST_F64)
             for (uint64_t k = 0; k < t->bytes / sizeof(double); k++)
                 bad += !isfinite(((const double *)t->data)[k]);
+        else if (t->dtype == MGT_ST_F16 || t->dtype == MGT_ST_BF16) {
+            /* a half's exponent all ones: an infinity or a NaN */
+            const uint16_t e = t->dtype == MGT_ST_F16 ? 0x7c00 : 0x7f80;
+            for (uint64_t k = 0; k < t->bytes / sizeof(uint16_t); k++) {
+                uint16_t h;
+                memcpy(&h, (const unsigned char *)t->data + k * sizeof h, sizeof h);
+                bad += (h & e) == e;
+            }
+        }
         if (bad > before && !first)
             first = t->name;
     }
