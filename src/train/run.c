@@ -429,6 +429,7 @@ static mgt_status agree_with_nodes(run *r)
     setting(&t, "--label-smoothing", "%s", F(c->label_smoothing));
     setting(&t, "--amp", "%s", mgt_precision_name(c->amp));
     setting(&t, "--grad-dtype", "%s", mgt_precision_name(c->grad_dtype));
+    setting(&t, "the first loss scale", "%s", F(c->loss_scale_init)); /* fp16's, API only */
     setting(&t, "--bucket-mb", "%zu bytes", c->bucket_bytes);
     setting(&t, "--allreduce", "%d", (int)c->allreduce);
     setting(&t, "--seed", "%llu", (unsigned long long)c->seed);
