@@ -937,8 +937,14 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->wn = r->nodes * r->n;
     r->wfirst = r->node * r->n;
     r->primary = r->node == 0;
+    /* start-up (scanning the data, building replicas, reading a checkpoint) may take one node
+       much longer than another: until the first step its waits on the other nodes are bounded
+       by --timeout or TRAIN_START_WAIT_S, whichever is longer; the steps' by --timeout */
     if (r->world)
-        mgt_world_set_timeout(r->world, c->step_timeout_s);
+        mgt_world_set_timeout(r->world,
+                              c->step_timeout_s > 0 && c->step_timeout_s < TRAIN_START_WAIT_S
+                                  ? TRAIN_START_WAIT_S
+                                  : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
     mgt_devset_set_waits(set, &r->abort, c->step_timeout_s);
@@ -979,6 +985,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = train_world_position(r, &start_epoch, &start_step);
     if (st == MGT_OK)
         st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
+    if (r->world)
+        mgt_world_set_timeout(r->world, c->step_timeout_s);
     if (st == MGT_OK)
         st = train_workers_start(r);
     if (st == MGT_OK) {

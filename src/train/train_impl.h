@@ -58,6 +58,9 @@ typedef struct train_opt_tensor {
 
 #define TRAIN_OPT_PREFIX "optimizer."
 #define TRAIN_MAX_OPT_TENSORS 4
+/* Seconds a node waits at start-up for the others (at least; --timeout when longer): one may
+   scan its data or read a checkpoint much longer than another. */
+#define TRAIN_START_WAIT_S 600.0
 
 /* A replica's optimizer. A new optimizer is a kind in mgt/optim.h; its state tensors come
    through train_optim_state, and checkpoints and broadcasts follow that table. */
