@@ -175,6 +175,44 @@ static void test_exit_codes(void **state)
         print_message("a CUDA device is present: --device cuda's failure is not tested\n");
 }
 
+/* The battery's bad command lines (issue 32): each one line naming the flag as typed and why,
+   exit 2 for a bad or contradictory value (was 1 for --data '' and --val-crop-size 30, the
+   alias's name for --train-crop-size and --lr-step-size, --gpus '' took every device,
+   --start-epoch 5 --epochs 2 trained nothing and exited 0); --checkpoint-dir naming a file
+   says it is not a folder (was "Permission denied"), and a missing nested folder is made. */
+static void test_bad_values_name_their_flag(void **state)
+{
+    (void)state;
+    expect(app("--data", "", QUICK, MOCK2, NULL), 2, "--data '': an empty path");
+    expect(app(data_dir, QUICK, MOCK2, "--val-crop-size", "30", NULL), 2,
+           "--val-crop-size 30 differs from the training size 12");
+    expect(app(data_dir, QUICK, MOCK2, "--train-crop-size", "0", NULL), 2, "--train-crop-size '0'");
+    expect(app(data_dir, QUICK, MOCK2, "--image-size", "0", NULL), 2, "--image-size '0'");
+    expect(app(data_dir, QUICK, MOCK2, "--lr-step-size", "0", NULL), 2, "--lr-step-size '0'");
+    expect(app(data_dir, QUICK, MOCK2, "--lr-step", "0", NULL), 2, "--lr-step '0'");
+    expect(app(data_dir, QUICK, MOCK2, "--learning-rate", "x", NULL), 2, "--learning-rate 'x'");
+    expect(app(data_dir, QUICK, "--device", "cpu", "--gpus", "", NULL), 2,
+           "--gpus '': an empty list");
+    expect(app(data_dir, QUICK, MOCK2, "--start-epoch", "5", "--epochs", "2", NULL), 2,
+           "--start-epoch 5 is not below --epochs 2");
+    char file[400], nested[400], ck[512];
+    snprintf(file, sizeof file, "%s/a-file", root);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    char want[1024];
+    snprintf(want, sizeof want, "--checkpoint-dir %s: not a folder", file);
+    expect(app(data_dir, QUICK, MOCK2, "--checkpoint-dir", file, NULL), 1, want);
+    snprintf(nested, sizeof nested, "%s/made/by/the/run", root);
+    expect(app(data_dir, QUICK, MOCK2, "--checkpoint-dir", nested, NULL), 0, NULL);
+    snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", nested);
+    assert_int_equal(access(ck, F_OK), 0);
+    /* a missing parent that cannot be made is named */
+    snprintf(nested, sizeof nested, "%s/a-file/below", root);
+    snprintf(want, sizeof want, "--checkpoint-dir %s: %s: not a folder", nested, file);
+    expect(app(data_dir, QUICK, MOCK2, "--checkpoint-dir", nested, NULL), 1, want);
+}
+
 static void *press_ctrl_c(void *arg)
 {
     const char *log = arg;
@@ -222,6 +260,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_positional_dataset),
         cmocka_unit_test(test_exit_codes),
+        cmocka_unit_test(test_bad_values_name_their_flag),
         cmocka_unit_test(test_ctrl_c_exits_130),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

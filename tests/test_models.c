@@ -1581,14 +1581,8 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
     const char *script = MGT_TEST_DATA_DIR "/../../scripts/check_torch_load.py";
     const char *py = getenv("MGT_TORCH_LOAD_PYTHON");
     bool python = !py || strcmp(py, "0") != 0;
-    static int have_torch = -1; /* asked once: importing torch takes a second */
-    if (python && have_torch < 0)
-        have_torch = access("/usr/bin/python3", X_OK) == 0 &&
-                     system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    if (python && !have_torch) {
-        print_message("test_torch_load: skipped: /usr/bin/python3 with torch is not available\n");
-        skip();
-    }
+    if (python && !mgt_test_python_has("torch")) /* asked once: importing torch takes 1 s */
+        mgt_test_skip_missing("test_torch_load", "PyTorch (python3-torch)");
     char wpath[512], cpath[512], cmd[1700];
     tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
     tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
@@ -1687,17 +1681,15 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
         unlink(cpath);
         return;
     }
-    snprintf(cmd, sizeof cmd, "MGT_CHECK_GRADS=%d /usr/bin/python3 '%s' '%s' '%s' 2>&1", grads,
-             script, wpath, cpath);
+    snprintf(cmd, sizeof cmd, "MGT_CHECK_GRADS=%d '%s' '%s' '%s' '%s' 2>&1", grads,
+             mgt_test_python(), script, wpath, cpath);
     int rc = system(cmd);
     unlink(wpath);
     unlink(cpath);
     if (rc == -1 || !WIFEXITED(rc))
         fail_msg("could not run %s", cmd);
-    if (WEXITSTATUS(rc) == 77) {
-        print_message("test_torch_load: skipped: PyTorch is missing\n");
-        skip();
-    }
+    if (WEXITSTATUS(rc) == 77)
+        mgt_test_skip_missing("test_torch_load", "PyTorch (python3-torch)");
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 

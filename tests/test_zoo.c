@@ -529,11 +529,6 @@ static void test_golden(void **state)
 
 #define PRETRAINED_SIZE 64
 
-static bool have_torchvision(void)
-{
-    return system("/usr/bin/python3 -c 'import torchvision' >/dev/null 2>&1") == 0;
-}
-
 /* The --pretrained direction for ARCH: mgt_model_load (as train_load_pretrained takes a file)
    of torchvision's weights at wpath must give cpath's eval logits; then mgtrain writes the
    model to out_path. Returns the largest logit error relative to the largest logit, and fails
@@ -595,22 +590,18 @@ static double load_torchvision(const char *arch, int size, const char *wpath, co
 static void test_pretrained(void **state)
 {
     (void)state;
-    if (!have_torchvision()) {
-        print_message("pretrained: skipped: /usr/bin/python3 with torchvision is not available\n");
-        skip();
-    }
+    if (!mgt_test_python_has("torchvision"))
+        mgt_test_skip_missing("pretrained", "torchvision (python3-torchvision)");
     char wpath[128], cpath[128], cmd[1024];
     snprintf(wpath, sizeof wpath, "/tmp/mgt_zoo_pretrained_%d.weights.safetensors", (int)getpid());
     snprintf(cpath, sizeof cpath, "/tmp/mgt_zoo_pretrained_%d.check.safetensors", (int)getpid());
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/../../scripts/write_torch_weights.py %s %d %s %s",
-             MGT_TEST_DATA_DIR, arg, PRETRAINED_SIZE, wpath, cpath);
+    snprintf(cmd, sizeof cmd, "'%s' %s/../../scripts/write_torch_weights.py %s %d %s %s",
+             mgt_test_python(), MGT_TEST_DATA_DIR, arg, PRETRAINED_SIZE, wpath, cpath);
     if (system(cmd) != 0)
         fail_msg("%s failed", cmd);
     load_torchvision(arg, PRETRAINED_SIZE, wpath, cpath, wpath);
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/../../scripts/write_torch_weights.py --verify %s %s %s",
-             MGT_TEST_DATA_DIR, arg, wpath, cpath);
+    snprintf(cmd, sizeof cmd, "'%s' %s/../../scripts/write_torch_weights.py --verify %s %s %s",
+             mgt_test_python(), MGT_TEST_DATA_DIR, arg, wpath, cpath);
     int rc = system(cmd);
     unlink(wpath);
     unlink(cpath);
@@ -629,15 +620,13 @@ static const char *const *strict_one_args; /* ARCH SIZE WEIGHTS CHECK OUT */
 static void test_strict(void **state)
 {
     (void)state;
-    if (!have_torchvision()) {
-        print_message("strict: skipped: /usr/bin/python3 with torchvision is not available\n");
-        skip();
-    }
+    if (!mgt_test_python_has("torchvision"))
+        mgt_test_skip_missing("strict", "torchvision (python3-torchvision)");
     size_t cap = 4096, len = 0;
     char *cmd = malloc(cap);
     assert_non_null(cmd);
-    len += (size_t)snprintf(cmd, cap, "/usr/bin/python3 %s/../../scripts/check_zoo_strict.py %s %d",
-                            MGT_TEST_DATA_DIR, self_path, PRETRAINED_SIZE);
+    len += (size_t)snprintf(cmd, cap, "'%s' %s/../../scripts/check_zoo_strict.py %s %d",
+                            mgt_test_python(), MGT_TEST_DATA_DIR, self_path, PRETRAINED_SIZE);
     int count = 0;
     for (const char *const *a = mgt_model_arch_names(); *a; a++) {
         if (!in_torchvision(*a))

@@ -92,8 +92,8 @@ mgt_status mgt_dataset_probe(const mgt_dataset *ds, int probe, int *w, int *h, i
 
 /* A pack: the splits of an ImageFolder tree in one file (format in src/data/pack.c and the
    README): an index, labels, class names and each image either kept as its JPEG, re-encoded
-   as JPEG at a maximum side, or stored as raw pixels; every record with a CRC-32. Read
-   memory-mapped. A file that was bad when packed is kept as a bad record holding the reason,
+   as JPEG at a maximum side, or stored as raw pixels; every record with a CRC-32. Read with
+   pread, the index copied when a split is opened. A file that was bad when packed is kept as a bad record holding the reason,
    and is skipped (or fatal under --strict-data) as it would be in the folder. */
 typedef enum mgt_pack_format {
     MGT_PACK_JPEG, /* JPEGs that fit the maximum side as they are; the rest re-encoded */

@@ -148,12 +148,14 @@ typedef struct mgt_train_result {
     float loss_scale;     /* --amp fp16: the loss scale at the end (GradScaler's) */
     long skipped_steps;   /* --amp fp16: steps this call skipped for an inf or NaN */
     bool interrupted;     /* stopped early by stop or the time limit, checkpoint saved */
+    bool remote_failure;  /* the run failed because another node did (which says why) */
     char checkpoint[512]; /* the last checkpoint written ("" when none) */
 } mgt_train_result;
 
 /* Runs the training (or, with evaluate, one validation) on the devices of set; ctl may be
-   NULL. Errors carry one line naming the device, the step and the cause (bad configuration:
-   MGT_ERR_INVALID naming the field's flag); the last good checkpoint is kept. */
+   NULL. Errors carry one line naming the device, the step and the cause (a bad or
+   contradictory setting: MGT_ERR_USAGE naming the field's flag; a bad file: MGT_ERR_INVALID);
+   the last good checkpoint is kept, and nothing is saved from a diverged model. */
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *r);
 

@@ -54,6 +54,15 @@ void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s);
    naming the nodes and their counts. Collective. */
 mgt_status mgt_world_check_devices(mgt_world *w, int local_devices);
 
+/* Every node must run with the same settings: those that shape a step (the flags, the data's
+   size and classes). settings holds lines "NAME\tVALUE\n" in an order every node follows.
+   Collective: digests of them are compared; where they differ, every node returns
+   MGT_ERR_USAGE with the same text, naming the first setting that differs and both values,
+   and *speaker is true on the one node whose line it is (the lowest that differs from node 0)
+   and false on the others, which say nothing. A world of one: MGT_OK. */
+mgt_status mgt_world_check_same(mgt_world *w, const char *settings, const mgt_abort *abort,
+                                bool *speaker);
+
 /* Collectives of the main thread over the world communicator. All abortable. */
 mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, const mgt_abort *abort);
 /* all[r * bytes ..] gets rank r's `mine`. */

@@ -1,5 +1,5 @@
 /* `mgtrain pack`: an ImageFolder tree into one pack file (or a folder of train.pack and
-   val.pack) that training reads memory-mapped. */
+   val.pack) that training reads record by record. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>

@@ -29,13 +29,14 @@ static void on_sigint(int sig)
     atomic_store(&stop_requested, sig);
 }
 
-/* A failed run's one line. On several nodes it names the node, goes to the others (which
-   then stop without a line of their own), and a failure that was another node's prints
-   nothing here. */
-static void train_fail_line(mgt_world *w, const char *text)
+/* A failed run's one line. On several nodes it names the node and goes to the others (which
+   then stop without a line of their own); a failure that was another node's (remote) prints
+   nothing here. A node that failed on its own prints its line even where another node's
+   message came in meanwhile: both failed, and each says why (before, each saw the other's
+   message and neither printed anything). */
+static void train_fail_line(mgt_world *w, const char *text, bool remote)
 {
-    char other[8];
-    if (mgt_world_poll_failure(w, other, sizeof other))
+    if (remote)
         return;
     if (mgt_world_size(w) == 1) {
         fprintf(stderr, "mgtrain: %s\n", text);
@@ -394,16 +395,28 @@ int mgt_app_cmd_train(int argc, char **argv)
     int opt;
     optind = 0; /* 0, not 1: glibc then also resets its permutation of a positional DIR */
     opterr = 0;
-    while (ok && (opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, NULL)) != -1) {
+    int at = -1;
+    char flag[48]; /* the flag as the user typed it ("--train-crop-size", not its alias) */
+    while (ok && (at = -1, opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, &at)) != -1) {
+        if (at >= 0)
+            snprintf(flag, sizeof flag, "--%s", longopts[at].name);
+        else
+            snprintf(flag, sizeof flag, "-%c", opt);
         switch (opt) {
-        case OPT_DATA: c.data_dir = optarg; break;
+        case OPT_DATA:
+            c.data_dir = optarg;
+            if (!*optarg) {
+                fprintf(stderr, "mgtrain: --data '': an empty path (a dataset folder or pack)\n");
+                ok = false;
+            }
+            break;
         case OPT_DUMMY: c.dummy = true; break;
         case 'j':
-            ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 1024, &v);
             c.workers = (int)v;
             break;
         case OPT_IMAGE_SIZE:
-            ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
+            ok = mgt_app_flag_int(flag, optarg, 8, 4096, &v);
             c.image_size = (int)v;
             break;
         case OPT_AUGMENT:
@@ -420,11 +433,11 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_MEAN:
-            ok = parse_triple("--mean", optarg, c.mean, false);
+            ok = parse_triple(flag, optarg, c.mean, false);
             c.mean_std_set = true;
             break;
         case OPT_STD:
-            ok = parse_triple("--std", optarg, c.std, true);
+            ok = parse_triple(flag, optarg, c.std, true);
             c.mean_std_set = true;
             break;
         case OPT_NORMALIZE:
@@ -435,34 +448,32 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.normalize_auto = true;
             break;
         case OPT_STRICT: c.strict_data = true; break;
-        case OPT_MAX_BAD:
-            ok = mgt_app_flag_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac);
-            break;
+        case OPT_MAX_BAD: ok = mgt_app_flag_float(flag, optarg, 0, 1, &c.max_bad_frac); break;
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
         case OPT_EPOCHS:
-            ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.epochs = (int)v;
             break;
         case OPT_START_EPOCH:
-            ok = mgt_app_flag_int("--start-epoch", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 100000, &v);
             c.start_epoch = (int)v;
             break;
         case 'b':
-            ok = mgt_app_flag_int("--batch-size", optarg, 1, 1 << 24, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 24, &v);
             c.batch_size = (int)v;
             break;
         case OPT_LR:
-            ok = mgt_app_flag_float("--lr", optarg, 0, 1e6, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
             c.lr.lr = (float)x;
             break;
         case OPT_MOMENTUM:
-            ok = mgt_app_flag_float("--momentum", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.momentum = (float)x;
             break;
         case OPT_WD:
-            ok = mgt_app_flag_float("--weight-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.weight_decay = (float)x;
             break;
         case OPT_NESTEROV: c.nesterov = true; break;
@@ -473,27 +484,25 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_CLIP:
-            ok = mgt_app_flag_float("--clip-grad-norm", optarg, 0, 1e12, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e12, &x);
             c.clip_grad_norm = (float)x;
             break;
         case OPT_ACCUM:
-            ok = mgt_app_flag_int("--accum-steps", optarg, 1, 1 << 20, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 20, &v);
             c.accum_steps = (int)v;
             break;
         case OPT_EMA: c.model_ema = true; break;
         case OPT_EMA_DECAY:
-            ok = mgt_app_flag_float("--model-ema-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.model_ema_decay = (float)x;
             break;
         case OPT_EMA_STEPS:
-            ok = mgt_app_flag_int("--model-ema-steps", optarg, 1, 1 << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.model_ema_steps = (int)v;
             break;
         case OPT_NORM_WD:
         case OPT_BIAS_WD:
-            ok = mgt_app_flag_float(opt == OPT_NORM_WD ? "--norm-weight-decay"
-                                                       : "--bias-weight-decay",
-                                    optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             *(opt == OPT_NORM_WD ? &c.norm_weight_decay : &c.bias_weight_decay) = (float)x;
             break;
         case OPT_LR_SCHEDULER:
@@ -512,16 +521,16 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_LR_WARMUP_EPOCHS:
             ref_lr_flag = "--lr-warmup-epochs";
-            ok = mgt_app_flag_int("--lr-warmup-epochs", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 100000, &v);
             c.lr.warmup_epochs = (float)v;
             break;
         case OPT_LR_WARMUP_DECAY:
             ref_lr_flag = "--lr-warmup-decay";
-            ok = mgt_app_flag_float("--lr-warmup-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.lr.warmup_decay = (float)x;
             break;
         case OPT_LR_MIN:
-            ok = mgt_app_flag_float("--lr-min", optarg, 0, 1e6, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
             c.lr.lr_min = (float)x;
             break;
         case OPT_SCHEDULE:
@@ -532,31 +541,29 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_LR_STEP:
-            ok = mgt_app_flag_int("--lr-step", optarg, 1, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.lr.step_epochs = (int)v;
             break;
         case OPT_LR_GAMMA:
-            ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.lr.gamma = (float)x;
             break;
         case OPT_WARMUP:
             mgtrain_lr_flag = "--warmup-epochs";
-            ok = mgt_app_flag_float("--warmup-epochs", optarg, 0, 100000, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 100000, &x);
             c.lr.warmup_epochs = (float)x;
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
         case OPT_SYNC_BN: c.sync_bn = true; break;
-        case OPT_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
-        case OPT_GRAD_DTYPE:
-            ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
-            break;
+        case OPT_AMP: ok = mgt_app_flag_precision(flag, optarg, true, &c.amp); break;
+        case OPT_GRAD_DTYPE: ok = mgt_app_flag_precision(flag, optarg, false, &c.grad_dtype); break;
         case OPT_EXACT_DECODE: c.exact_decode = true; break;
         case OPT_VAL_RESIZE:
-            ok = mgt_app_flag_int("--val-resize-size", optarg, 1, 65536, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 65536, &v);
             c.val_resize_size = (int)v;
             break;
         case OPT_VAL_CROP:
-            ok = mgt_app_flag_int("--val-crop-size", optarg, 8, 4096, &v);
+            ok = mgt_app_flag_int(flag, optarg, 8, 4096, &v);
             c.val_crop_size = (int)v;
             break;
         case OPT_INTERP:
@@ -568,24 +575,30 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_RANDOM_ERASE:
-            ok = mgt_app_flag_float("--random-erase", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.random_erase = (float)x;
             break;
         case OPT_MIXUP:
         case OPT_CUTMIX:
-            ok = mgt_app_flag_float(opt == OPT_MIXUP ? "--mixup-alpha" : "--cutmix-alpha", optarg,
-                                    0, 1000, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1000, &x);
             *(opt == OPT_MIXUP ? &c.mixup_alpha : &c.cutmix_alpha) = (float)x;
             break;
         case OPT_SMOOTHING:
-            ok = mgt_app_flag_float("--label-smoothing", optarg, 0, 0.999, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 0.999, &x);
             c.label_smoothing = (float)x;
             break;
         case OPT_SEED:
-            ok = mgt_app_flag_int("--seed", optarg, 0, 0x7fffffffL, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 0x7fffffffL, &v);
             c.seed = (uint64_t)v;
             break;
-        case OPT_GPUS: gpus = optarg; break;
+        case OPT_GPUS:
+            gpus = optarg;
+            if (!*optarg) { /* was taken as every device */
+                fprintf(stderr, "mgtrain: --gpus '': an empty list (device ids such as 0,1; "
+                                "leave --gpus out for every device)\n");
+                ok = false;
+            }
+            break;
         case OPT_DEVICE:
             if (mgt_app_parse_device_kind(optarg, &kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
@@ -594,7 +607,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_MOCK: mock = optarg; break;
         case OPT_BUCKET:
-            ok = mgt_app_flag_float("--bucket-mb", optarg, 0.001, 4096, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0.001, 4096, &x);
             c.bucket_bytes = (size_t)(x * 1024 * 1024);
             break;
         case OPT_ALLREDUCE:
@@ -604,7 +617,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case 'p':
-            ok = mgt_app_flag_int("--print-freq", optarg, 1, 1 << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.print_freq = (int)v;
             break;
         case 'e': c.evaluate = true; break;
@@ -615,17 +628,11 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.tensorboard_dir = optarg;
             ctl.profile = true; /* the step per device, for TensorBoard */
             break;
-        case OPT_TIME_LIMIT:
-            ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s);
-            break;
-        case OPT_TIMEOUT:
-            ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s);
-            break;
-        case OPT_MAX_STEPS:
-            ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &ctl.max_steps);
-            break;
+        case OPT_TIME_LIMIT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s); break;
+        case OPT_TIMEOUT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_MAX_STEPS: ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps); break;
         case OPT_DUMMY_STEPS:
-            ok = mgt_app_flag_int("--dummy-steps", optarg, 1, 1L << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1L << 30, &v);
             c.dummy_steps = (int)v;
             break;
         case 'h': train_usage(stdout); return 0;
@@ -671,7 +678,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {
-        train_fail_line(world, mgt_error_last());
+        train_fail_line(world, mgt_error_last(), false);
         mgt_world_close(world, true);
         return mgt_app_device_exit(st);
     }
@@ -707,9 +714,9 @@ int mgt_app_cmd_train(int argc, char **argv)
     if (quiet)
         fclose(quiet);
     if (st != MGT_OK) {
-        train_fail_line(world, why);
+        train_fail_line(world, why, res.remote_failure);
         mgt_world_close(world, true);
-        return 1;
+        return st == MGT_ERR_USAGE ? 2 : 1;
     }
     mgt_world_close(world, false);
     /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */

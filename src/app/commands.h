@@ -13,7 +13,7 @@ int mgt_app_cmd_bench(int argc, char **argv);
 int mgt_app_cmd_import_idx(int argc, char **argv);
 int mgt_app_cmd_check_data(int argc, char **argv);
 int mgt_app_cmd_bench_data(int argc, char **argv);
-/* `pack` (cmd_pack.c): an ImageFolder tree into a pack file read memory-mapped */
+/* `pack` (cmd_pack.c): an ImageFolder tree into one pack file */
 int mgt_app_cmd_pack(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
 int mgt_app_cmd_plot(int argc, char **argv);

@@ -15,6 +15,8 @@ void mgt_dataset_free(mgt_dataset *ds)
     if (!ds)
         return;
     mgt_pack_release(ds->pack);
+    free(ds->entries);
+    free(ds->strings);
     for (int c = 0; c < ds->nclasses; c++)
         free(ds->class_names[c]);
     free(ds->class_names);
@@ -74,7 +76,7 @@ mgt_status mgt_dataset_fetch(const mgt_dataset *ds, size_t i, uint8_t **buf, siz
     if (st != MGT_OK)
         return st;
     if (ds->pack)
-        return mgt_pack_fetch(ds, i, out);
+        return mgt_pack_fetch(ds, i, buf, cap, out);
     size_t len = 0;
     st = mgt_data_read_file(name, buf, cap, &len);
     out->bytes = *buf;

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -746,6 +747,36 @@ struct mgt_st_writer {
     st_wmeta *meta;
     size_t nmeta, meta_cap;
 };
+
+const char *mgt_st_writer_nonfinite(const mgt_st_writer *w, size_t *count)
+{
+    const char *first = NULL;
+    size_t bad = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        const st_wtensor *t = &w->t[i];
+        size_t before = bad;
+        if (t->dtype == MGT_ST_F32)
+            for (uint64_t k = 0; k < t->bytes / sizeof(float); k++)
+                bad += !isfinite(((const float *)t->data)[k]);
+        else if (t->dtype == MGT_ST_F64)
+            for (uint64_t k = 0; k < t->bytes / sizeof(double); k++)
+                bad += !isfinite(((const double *)t->data)[k]);
+        else if (t->dtype == MGT_ST_F16 || t->dtype == MGT_ST_BF16) {
+            /* a half's exponent all ones: an infinity or a NaN */
+            const uint16_t e = t->dtype == MGT_ST_F16 ? 0x7c00 : 0x7f80;
+            for (uint64_t k = 0; k < t->bytes / sizeof(uint16_t); k++) {
+                uint16_t h;
+                memcpy(&h, (const unsigned char *)t->data + k * sizeof h, sizeof h);
+                bad += (h & e) == e;
+            }
+        }
+        if (bad > before && !first)
+            first = t->name;
+    }
+    if (count)
+        *count = bad;
+    return first;
+}
 
 mgt_status mgt_st_writer_create(mgt_st_writer **out)
 {

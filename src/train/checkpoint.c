@@ -262,6 +262,13 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
         st = field_write(wr, &fields[i], &s);
+    size_t bad = 0;
+    const char *first = st == MGT_OK ? mgt_st_writer_nonfinite(wr, &bad) : NULL;
+    if (first) /* never a diverged model in place of the last good checkpoint */
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged: %zu NaN or infinite values (the first in "
+                           "%s); nothing was written over %s",
+                           bad, first, dir);
     if (st == MGT_OK)
         st = mgt_st_writer_save(wr, path);
     if (st == MGT_OK && is_best)
@@ -440,9 +447,19 @@ mgt_status train_resume(run *r, int *epoch, long *step)
         *step = 0; /* --start-epoch given: that epoch from its start */
     }
     if (*step >= r->data.steps_per_epoch) { /* the epoch's images are all seen */
+        fprintf(r->out,
+                "=> %s stopped at step %ld of epoch %d, past this run's %ld steps per epoch "
+                "(--max-steps, -b or the data differ from the run that saved it): that epoch "
+                "counts as done, and training goes on at epoch %d\n",
+                path, *step, *epoch, r->data.steps_per_epoch, *epoch + 1);
         ++*epoch;
         *step = 0;
     }
+    if (*epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--epochs %d: %s has trained %d epoch%s already: nothing is left to "
+                             "train (raise --epochs to go on, or --evaluate it)",
+                             c->epochs, path, *epoch, *epoch == 1 ? "" : "s");
     fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path, *epoch,
             *step, r->best_acc1);
     return MGT_OK;

@@ -4,10 +4,12 @@
    records, the checkpoint. Between phases, replica 0's state goes to every device (and node),
    and the replicas are checked to agree bit for bit. */
 #include <errno.h>
-#include <time.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/train_impl.h"
@@ -177,6 +179,72 @@ static mgt_status check_local_buffers(run *r)
     return st;
 }
 
+/* Where the first non-finite value of an arena lies: the table's name of the tensor that
+   holds it (role PARAM or BUFFER). */
+static const char *first_nonfinite(const mgt_model *m, mgt_model_role role, const float *host,
+                                   size_t floats)
+{
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t at = floats;
+    for (size_t k = 0; k < floats && at == floats; k++)
+        if (!isfinite(host[k]))
+            at = k;
+    for (int i = 0; i < n; i++)
+        if (t[i].role == role && at >= t[i].offset / sizeof(float) &&
+            at < t[i].offset / sizeof(float) + t[i].numel)
+            return t[i].name;
+    return "?";
+}
+
+mgt_status train_check_finite(run *r)
+{
+    worker *w = &r->w[0];
+    size_t pb, bb;
+    const float *p = mgt_model_params(w->model, &pb);
+    const float *b = mgt_model_buffers(w->model, &bb);
+    int32_t *dev = mgt_buffer_ptr(w->dev_correct); /* slot 0's pair: free between phases */
+    mgt_status st = mgt_nonfinite_count(w->s, dev, p, pb / sizeof(float));
+    if (st == MGT_OK && bb)
+        st = mgt_nonfinite_count(w->s, dev + 1, b, bb / sizeof(float));
+    else if (st == MGT_OK)
+        st = mgt_memset(w->s, dev + 1, 0, sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, w->host_correct, dev, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK || (w->host_correct[0] == 0 && w->host_correct[1] == 0))
+        return st;
+    /* diverged: name the first tensor of each arena that holds a NaN or an infinity */
+    long np = w->host_correct[0], nb = w->host_correct[1];
+    float *hp = malloc(pb ? pb : 1), *hb = malloc(bb ? bb : 1);
+    st = hp && hb ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, hp, p, pb);
+    if (st == MGT_OK && bb)
+        st = mgt_copy_d2h(w->s, hb, b, bb);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st == MGT_OK) {
+        char what[2][160] = {"", ""};
+        if (np)
+            snprintf(what[0], sizeof what[0], "%ld of %zu parameters (the first in %s)", np,
+                     pb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_PARAM, hp, pb / sizeof(float)));
+        if (nb)
+            snprintf(what[1], sizeof what[1], "%ld of %zu batch-norm statistics (the first in %s)",
+                     nb, bb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_BUFFER, hb, bb / sizeof(float)));
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged (a lower --lr?): %s%s%s are NaN or infinite; "
+                           "no checkpoint is written from it",
+                           what[0], np && nb ? " and " : "", what[1]);
+    }
+    free(hp);
+    free(hb);
+    return st;
+}
+
 /* Every replica's parameters must equal replica 0's, to the bit: each applies the same update
    to the same weights from the same summed gradients. A difference means a reduction or
    broadcast went wrong, and training on would silently average different models. */
@@ -221,59 +289,220 @@ mgt_status train_check_replicas(run *r)
 
 /* ---- the run ---- */
 
-/* What the run cannot start with, each named by its flag. */
+/* What the run cannot start with, each named by its flag (MGT_ERR_USAGE: a command line
+   that cannot work). */
 static mgt_status check_config(run *r)
 {
     const mgt_train_config *c = r->c;
     if (!c->arch)
-        return mgt_error_set(MGT_ERR_INVALID, "--arch is missing");
+        return mgt_error_set(MGT_ERR_USAGE, "--arch is missing");
     r->arch = mgt_arch_find(c->arch);
     if (!r->arch)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--arch '%s': unknown architecture (mgtrain model "
                              "--help lists them)",
                              c->arch);
     if (!c->dummy && !c->data_dir)
-        return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
+        return mgt_error_set(MGT_ERR_USAGE, "--data DIR is missing (or use --dummy)");
     if (c->amp != MGT_PREC_F32 && c->amp != MGT_PREC_BF16 && c->amp != MGT_PREC_FP16)
-        return mgt_error_set(MGT_ERR_INVALID, "--amp: unknown precision %d", (int)c->amp);
+        return mgt_error_set(MGT_ERR_USAGE, "--amp: unknown precision %d", (int)c->amp);
     if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
-        return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
+        return mgt_error_set(MGT_ERR_USAGE, "loss_scale_init %g is not a positive number",
                              (double)c->loss_scale_init);
     if (c->evaluate && c->dummy)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--evaluate needs --data: dummy data has no validation split");
     if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--resume auto: there is nothing to resume from without "
                              "--checkpoint-dir");
     if (c->batch_size < r->wn)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "-b %d is smaller than the device count %d: -b is the total batch "
                              "over all devices%s",
                              c->batch_size, r->wn, r->nodes > 1 ? " of all nodes" : "");
+    if (c->start_epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--start-epoch %d is not below --epochs %d: nothing would be trained "
+                             "(epochs are numbered from 0)",
+                             c->start_epoch, c->epochs);
     if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
-        return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
-                                              "positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--epochs, --print-freq and --bucket-mb must be "
+                                            "positive");
     if (c->dummy && c->dummy_steps < 1)
-        return mgt_error_set(MGT_ERR_INVALID, "--dummy-steps must be positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--dummy-steps must be positive");
     if (!(c->random_erase >= 0 && c->random_erase <= 1))
-        return mgt_error_set(MGT_ERR_INVALID, "--random-erase %g is not a probability",
+        return mgt_error_set(MGT_ERR_USAGE, "--random-erase %g is not a probability",
                              (double)c->random_erase);
     if (mgt_lr_per_epoch(c->lr.kind) && c->lr.warmup_epochs != (float)(int)c->lr.warmup_epochs)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--lr-warmup-epochs %g: the references' warm-up is whole epochs",
                              (double)c->lr.warmup_epochs);
     if (c->accum_steps < 1 || c->model_ema_steps < 1 || !(c->clip_grad_norm >= 0) ||
         !(c->model_ema_decay >= 0 && c->model_ema_decay <= 1))
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--accum-steps %d and --model-ema-steps %d must be positive, "
                              "--clip-grad-norm %g not negative, --model-ema-decay %g in [0, 1]",
                              c->accum_steps, c->model_ema_steps, (double)c->clip_grad_norm,
                              (double)c->model_ema_decay);
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
-        return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
-                                              "negative");
+        return mgt_error_set(MGT_ERR_USAGE, "--mixup-alpha and --cutmix-alpha must not be "
+                                            "negative");
+    return MGT_OK;
+}
+
+/* The shortest text of x that reads back as x: "0.2", not "0.200000003". */
+static const char *float_text(char *buf, size_t cap, double x)
+{
+    for (int digits = 6; digits < 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, x);
+        if ((float)strtod(buf, NULL) == (float)x)
+            break;
+    }
+    return buf;
+}
+
+/* The settings every node must share, as "NAME\tVALUE\n" lines; lost: an allocation failed
+   (a partial text would compare wrong). */
+typedef struct settings_text {
+    mgt_text t;
+    bool lost;
+} settings_text;
+
+/* One setting (no tab or newline in the value). */
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+{
+    char v[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    for (char *p = v; *p; p++)
+        if (*p == '\t' || *p == '\n')
+            *p = ' ';
+    if (!mgt_text_add(&t->t, "%s\t%s\n", name, v))
+        t->lost = true;
+}
+
+/* Every node of a multi-node run must take the same steps: the same model, batch, steps,
+   schedule, optimizer, precision, data (size and classes), seed and every flag that changes
+   a step. Compared as a digest at start-up; a difference is the run's one line, naming the
+   first setting that differs and both values (one node says it; the others say nothing).
+   Before, only --gpus was compared: --max-steps 4 against 8 hung at the end of the shorter
+   run, resnet20 against resnet32 died in MPI_ERR_TRUNCATE, -b 32 against 64 trained on. */
+static mgt_status agree_with_nodes(run *r)
+{
+    if (r->nodes == 1)
+        return MGT_OK;
+    const mgt_train_config *c = r->c;
+    const mgt_lr_config *lr = &c->lr;
+    const train_data *d = &r->data;
+    settings_text t = {0};
+    char fb[32];
+#define F(x) float_text(fb, sizeof fb, (double)(x))
+    setting(&t, "--arch", "%s", c->arch);
+    setting(&t, "-b", "%d", c->batch_size);
+    setting(&t, "--epochs", "%d", c->epochs);
+    setting(&t, "--start-epoch", "%d", c->start_epoch);
+    setting(&t, "--max-steps", "%ld", r->ctl.max_steps);
+    setting(&t, "--evaluate", "%s", c->evaluate ? "yes" : "no");
+    setting(&t, "--lr", "%s", F(lr->lr));
+    setting(&t, "the lr schedule", "%s", mgt_lr_kind_name(lr->kind));
+    setting(&t, "--lr-step", "%d", lr->step_epochs);
+    setting(&t, "--lr-gamma", "%s", F(lr->gamma));
+    setting(&t, "--lr-min", "%s", F(lr->lr_min));
+    setting(&t, "the warm-up epochs", "%s", F(lr->warmup_epochs));
+    setting(&t, "--lr-warmup-method", "%d", (int)lr->warmup_method);
+    setting(&t, "--lr-warmup-decay", "%s", F(lr->warmup_decay));
+    setting(&t, "--opt", "%s%s", mgt_opt_kind_name(c->opt), c->nesterov ? " --nesterov" : "");
+    setting(&t, "--momentum", "%s", F(c->momentum));
+    setting(&t, "--weight-decay", "%s", F(c->weight_decay));
+    setting(&t, "--norm-weight-decay", "%s", F(c->norm_weight_decay));
+    setting(&t, "--bias-weight-decay", "%s", F(c->bias_weight_decay));
+    setting(&t, "--clip-grad-norm", "%s", F(c->clip_grad_norm));
+    setting(&t, "--accum-steps", "%d", c->accum_steps);
+    setting(&t, "--model-ema", "%s", c->model_ema ? "yes" : "no");
+    setting(&t, "--model-ema-decay", "%s", F(c->model_ema_decay));
+    setting(&t, "--model-ema-steps", "%d", c->model_ema_steps);
+    setting(&t, "--label-smoothing", "%s", F(c->label_smoothing));
+    setting(&t, "--amp", "%s", mgt_precision_name(c->amp));
+    setting(&t, "--grad-dtype", "%s", mgt_precision_name(c->grad_dtype));
+    setting(&t, "the first loss scale", "%s", F(c->loss_scale_init)); /* fp16's, API only */
+    setting(&t, "--bucket-mb", "%zu bytes", c->bucket_bytes);
+    setting(&t, "--allreduce", "%d", (int)c->allreduce);
+    setting(&t, "--seed", "%llu", (unsigned long long)c->seed);
+    setting(&t, "--freeze-bn", "%s", c->freeze_bn ? "yes" : "no");
+    setting(&t, "--sync-bn", "%s", c->sync_bn ? "yes" : "no");
+    setting(&t, "--zero-init-residual", "%s", c->zero_init_residual ? "yes" : "no");
+    setting(&t, "--augment", "%d", (int)c->augment);
+    setting(&t, "--auto-augment", "%s", mgt_auto_augment_name(c->auto_augment));
+    setting(&t, "--interpolation", "%s", mgt_interp_name(c->interpolation));
+    setting(&t, "--random-erase", "%s", F(c->random_erase));
+    setting(&t, "--mixup-alpha", "%s", F(c->mixup_alpha));
+    setting(&t, "--cutmix-alpha", "%s", F(c->cutmix_alpha));
+    setting(&t, "--exact-decode", "%s", c->exact_decode ? "yes" : "no");
+    setting(&t, "--val-resize-size", "%d", c->val_resize_size);
+    setting(&t, "--val-crop-size", "%d", c->val_crop_size);
+    setting(&t, "--normalize", "%s", c->normalize_auto ? "auto" : "no");
+    setting(&t, "--mean", "%s", c->mean_std_set ? "given" : "ImageNet's");
+    for (int i = 0; c->mean_std_set && i < 3; i++) {
+        setting(&t, "--mean", "%s", F(c->mean[i]));
+        setting(&t, "--std", "%s", F(c->std[i]));
+    }
+    setting(&t, "--image-size", "%d", d->size);
+    setting(&t, "the data", "%s", c->dummy ? "synthetic (--dummy)" : "a dataset");
+    setting(&t, "the training images", "%zu", d->train_samples);
+    setting(&t, "the validation images", "%zu", d->val_samples);
+    setting(&t, "the image channels", "%d", d->channels);
+    setting(&t, "the steps per epoch", "%ld", d->steps_per_epoch);
+    setting(&t, "the classes", "%d", d->classes);
+    for (int i = 0; d->train_ds && i < d->classes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "class %d", i);
+        setting(&t, name, "%s", mgt_dataset_class_name(d->train_ds, i));
+    }
+#undef F
+    if (t.lost || !t.t.s) {
+        mgt_text_free(&t.t);
+        return mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    }
+    bool speaker;
+    mgt_status st = mgt_world_check_same(r->world, t.t.s, &r->abort, &speaker);
+    mgt_text_free(&t.t);
+    if (st != MGT_OK && !speaker) /* the node that differs says it */
+        train_fail_remote(r, mgt_error_last());
+    return st;
+}
+
+/* path and every missing folder above it, as mkdir -p makes them; a part that exists and is
+   not a folder, or that cannot be made, is named. */
+static mgt_status make_folder(const char *flag, const char *path)
+{
+    char part[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof part)
+        return mgt_error_set(MGT_ERR_USAGE, "%s '%s': not a usable folder name", flag, path);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        memcpy(part, path, i);
+        part[i] = '\0';
+        struct stat sb;
+        if (stat(part, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return i == n
+                           ? mgt_error_set(MGT_ERR_IO, "%s %s: not a folder", flag, path)
+                           : mgt_error_set(MGT_ERR_IO, "%s %s: %s: not a folder", flag, path, part);
+        } else if (mkdir(part, 0777) != 0 && errno != EEXIST) {
+            return mgt_error_set(MGT_ERR_IO, "%s %s: cannot make %s: %s", flag, path, part,
+                                 strerror(errno));
+        }
+    }
+    if (access(path, W_OK | X_OK) != 0)
+        return mgt_error_set(MGT_ERR_IO, "%s %s: cannot write in it: %s", flag, path,
+                             strerror(errno));
     return MGT_OK;
 }
 
@@ -285,10 +514,9 @@ static mgt_status open_outputs(run *r)
         train_reports_init(&r->reports, r->out, NULL, NULL);
         return MGT_OK;
     }
-    if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
-                              access(c->checkpoint_dir, W_OK | X_OK) != 0))
-        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
-                             strerror(errno));
+    mgt_status st = c->checkpoint_dir ? make_folder("--checkpoint-dir", c->checkpoint_dir) : MGT_OK;
+    if (st != MGT_OK)
+        return st;
     if (c->log_path) {
         r->log = fopen(c->log_path, "a");
         if (!r->log)
@@ -452,7 +680,7 @@ static bool validate(run *r, train_summary *s)
         long images;
         bool ok = st == MGT_OK &&
                   val_pass(r, &res->ema_val_loss, &res->ema_val_acc1, &res->ema_val_acc5, &images);
-        if (st == MGT_OK && !r->failed)
+        if (st == MGT_OK && !r->fail.set)
             st = train_ema_swap_out(r);
         if (st != MGT_OK) {
             train_fail(r, mgt_error_wrap(st, "EMA validation of epoch %d", r->epoch));
@@ -577,6 +805,22 @@ static bool save_stopped(run *r)
     return true;
 }
 
+/* A validation loss that is not a number stops the run: the model has diverged (its weights
+   may still be finite, its logits are not), and nothing is saved from it. */
+static bool loss_diverged(run *r, const train_summary *s)
+{
+    bool ema = isfinite(s->val_loss);
+    double loss = ema ? s->ema_val_loss : s->val_loss;
+    if (isfinite(loss) || (ema && !s->ema_validated))
+        return false;
+    train_fail_root(r, mgt_error_set(MGT_ERR_DEVICE,
+                                     "epoch %d: the %svalidation loss is %s: the model has "
+                                     "diverged (a lower --lr?); no checkpoint is written from it",
+                                     s->epoch, ema ? "EMA model's " : "",
+                                     isnan(loss) ? "NaN" : "infinite"));
+    return true;
+}
+
 typedef enum epoch_end { EPOCH_DONE, EPOCH_STOPPED, EPOCH_FAILED } epoch_end;
 
 static epoch_end run_epoch(run *r, int ep, long first)
@@ -589,6 +833,10 @@ static epoch_end run_epoch(run *r, int ep, long first)
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
     }
+    if ((st = train_check_finite(r)) != MGT_OK) {
+        train_fail_root(r, mgt_error_wrap(st, "epoch %d", ep));
+        return EPOCH_FAILED;
+    }
     train_summary s;
     epoch_results(r, ep_s, &s);
     if (r->stop_at < r->data.steps_per_epoch)
@@ -596,6 +844,8 @@ static epoch_end run_epoch(run *r, int ep, long first)
     bool is_best = false;
     if (r->data.val_ld) {
         if (!validate(r, &s))
+            return EPOCH_FAILED;
+        if (loss_diverged(r, &s))
             return EPOCH_FAILED;
         is_best = s.val_acc1 > r->best_acc1;
         if (is_best)
@@ -640,17 +890,25 @@ static bool train_epochs(run *r, int start_epoch, long start_step)
     return true;
 }
 
-/* The one cleanup path: stops the workers, frees every part, and leaves st's text (the
-   run's first failure, or the set-up error) as this thread's error text. */
+/* The one cleanup path: stops the workers, places a device's fault, frees every part, and
+   leaves the run's first failure (or the set-up error, st) as this thread's error text: what
+   cleanup reports never replaces it. */
 static mgt_status run_finish(run *r, mgt_status st)
 {
-    char text[sizeof r->fail_text];
-    snprintf(text, sizeof text, "%s", r->failed ? r->fail_text : mgt_error_last());
-    if (r->failed)
-        st = r->fail_status != MGT_OK ? r->fail_status : MGT_ERR_DEVICE;
-    if (st != MGT_OK)
-        mgt_abort_raise(&r->abort);
+    if (st != MGT_OK && !r->fail.set) /* a set-up error: its text is still this thread's */
+        train_fail(r, st);
     train_workers_stop(r);
+    char text[sizeof r->fail.cause + 256];
+    char other[8];
+    if (r->fail.set && !r->fail.remote && r->fail.status == MGT_ERR_ABORTED && r->nodes > 1 &&
+        mgt_world_poll_failure(r->world, other, sizeof other))
+        r->fail.remote = true; /* a wait left because another node failed: that node's line */
+    if (r->fail.set) {
+        train_failure_settle(r);
+        train_failure_line(r, text, sizeof text);
+        st = r->fail.status;
+        r->res->remote_failure = r->fail.remote;
+    }
     train_free_parts(r);
     mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
     if (r->reports.n)
@@ -679,8 +937,14 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->wn = r->nodes * r->n;
     r->wfirst = r->node * r->n;
     r->primary = r->node == 0;
+    /* start-up (scanning the data, building replicas, reading a checkpoint) may take one node
+       much longer than another: until the first step its waits on the other nodes are bounded
+       by --timeout or TRAIN_START_WAIT_S, whichever is longer; the steps' by --timeout */
     if (r->world)
-        mgt_world_set_timeout(r->world, c->step_timeout_s);
+        mgt_world_set_timeout(r->world,
+                              c->step_timeout_s > 0 && c->step_timeout_s < TRAIN_START_WAIT_S
+                                  ? TRAIN_START_WAIT_S
+                                  : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
     mgt_devset_set_waits(set, &r->abort, c->step_timeout_s);
@@ -708,6 +972,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     if (st == MGT_OK)
         st = train_open_data(r);
     if (st == MGT_OK)
+        st = agree_with_nodes(r);
+    if (st == MGT_OK)
         st = train_make_workers(r);
     if (st == MGT_OK)
         st = train_make_comm(r);
@@ -719,6 +985,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = train_world_position(r, &start_epoch, &start_step);
     if (st == MGT_OK)
         st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
+    if (r->world)
+        mgt_world_set_timeout(r->world, c->step_timeout_s);
     if (st == MGT_OK)
         st = train_workers_start(r);
     if (st == MGT_OK) {

@@ -34,7 +34,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     if (aug == MGT_AUGMENT_DEFAULT)
         aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
     if (c->val_crop_size > 0 && c->val_crop_size != d->size)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--val-crop-size %d differs from the training size %d: the model "
                              "is planned for one input size",
                              c->val_crop_size, d->size);
@@ -55,7 +55,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
         return st;
     /* the recipe's additions act on the training transform */
     if (c->auto_augment != MGT_AUTO_AUGMENT_NONE && aug == MGT_AUGMENT_NONE)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--auto-augment %s works after a random crop: not "
                              "with --augment none",
                              mgt_auto_augment_name(c->auto_augment));
@@ -122,7 +122,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)d->per_dev_batch == 1;
     st = mgt_loader_create(&lo, &d->train_ld);
     if (st != MGT_OK)
-        return st;
+        return mgt_error_wrap(st, "the training data loader");
     d->train_samples = mgt_dataset_size(d->train_ds);
     d->val_samples = mgt_dataset_size(d->val_ds);
     d->steps_per_epoch = (long)mgt_loader_batches(d->train_ld, 0);
@@ -136,7 +136,8 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     vo.split = MGT_SPLIT_EXACT;
     vo.shuffle = false;
     vo.continuous = false;
-    return mgt_loader_create(&vo, &d->val_ld);
+    st = mgt_loader_create(&vo, &d->val_ld);
+    return st == MGT_OK ? MGT_OK : mgt_error_wrap(st, "the validation data loader");
 }
 
 mgt_status train_open_data(run *r)
@@ -195,7 +196,7 @@ static mgt_status make_dummy_batch(run *r, worker *w)
     return st;
 }
 
-/* The metric slots and events of a worker. */
+/* The metric slots and events of a worker, and the marks that place a device fault. */
 static mgt_status make_slots(run *r, worker *w)
 {
     /* one more float than the slots: the gradients' sum of squares for --clip-grad-norm */
@@ -204,18 +205,19 @@ static mgt_status make_slots(run *r, worker *w)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
-    if (st == MGT_OK)
-        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+    if (st == MGT_OK) /* [0]: validation's loss sum, [1]: clipping's sum of squares */
+        st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_buffer_alloc(w->d, sizeof(int32_t), &w->dev_nonfinite);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_host_alloc(w->d, sizeof(int32_t), (void **)&w->host_nonfinite);
-    st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
             st = mgt_event_create(w->d, &w->prof_ev[k][p]);
     }
+    if (st == MGT_OK)
+        st = train_marks_create(w);
     return st;
 }
 
@@ -242,14 +244,15 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
         r->buffers[i] = mgt_model_buffers(w->model, NULL);
-        st = train_optim_create(&w->opt, w->d, w->model, c);
+        if ((st = train_optim_create(&w->opt, w->d, w->model, c)) != MGT_OK)
+            mgt_error_wrap(st, "the optimizer's state");
     }
-    if (st == MGT_OK)
-        st = train_ema_create(r, w);
-    if (st == MGT_OK)
-        st = make_slots(r, w);
-    if (st == MGT_OK && c->dummy)
-        st = make_dummy_batch(r, w);
+    if (st == MGT_OK && (st = train_ema_create(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "--model-ema's averages");
+    if (st == MGT_OK && (st = make_slots(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "the metric slots");
+    if (st == MGT_OK && c->dummy && (st = make_dummy_batch(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "the synthetic batch");
     if (st == MGT_OK && i == 0)
         st = mgt_model_init(w->model, w->s, c->seed);
     return st;
@@ -275,6 +278,7 @@ static void free_worker(worker *w)
         mgt_host_free(w->d, w->host_loss);
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
+    train_marks_free(w);
     train_optim_free(&w->opt);
     train_ema_free(w);
     mgt_model_free(w->model);
@@ -329,6 +333,8 @@ mgt_status train_make_comm(run *r)
                           .abort = &r->abort,
                           .grad_dtype = r->c->grad_dtype};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
+    if (st != MGT_OK)
+        mgt_error_wrap(st, "the gradient all-reduce");
     free(ends);
     for (int i = 0; st == MGT_OK && r->c->sync_bn && i < r->n; i++) {
         mgt_bn_sync bs = {

@@ -21,30 +21,6 @@ static long most_started(const run *r)
     return most;
 }
 
-void train_fail(run *r, mgt_status st)
-{
-    pthread_mutex_lock(&r->lock);
-    if (!r->failed) {
-        snprintf(r->fail_text, sizeof r->fail_text, "%s", mgt_error_last());
-        r->failed = true;
-        r->fail_status = st;
-    }
-    pthread_mutex_unlock(&r->lock);
-    mgt_abort_raise(&r->abort);
-    pthread_mutex_lock(&r->lock);
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->lock);
-}
-
-/* A worker's failure: the device, where it was, and the cause. An abort caused by another
-   thread's failure is not a cause of its own. */
-static void worker_fail(worker *w, mgt_status st, const char *where)
-{
-    if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&w->r->abort))
-        return;
-    train_fail(w->r, mgt_error_wrap(st, "%s: %s", mgt_device_name(w->d), where));
-}
-
 /* The abort flag was raised without a failure on record: the data loaders raise it
    themselves on a fatal data error, and the comm threads on a failed exchange with the other
    nodes, so the cause is theirs (the workers may not have reported it yet). */
@@ -62,8 +38,12 @@ static void blame_abort(run *r)
     mgt_loader *lds[2] = {r->data.train_ld, r->data.val_ld};
     for (int i = 0; i < 2; i++) {
         mgt_status st = lds[i] ? mgt_loader_error(lds[i]) : MGT_OK;
-        if (st != MGT_OK) {
-            train_fail(r, mgt_error_wrap(st, "epoch %d: data", r->epoch));
+        if (st != MGT_OK) { /* a bad image is a cause; a failed copy may be a device's */
+            mgt_error_wrap(st, "epoch %d: data", r->epoch);
+            if (st == MGT_ERR_DEVICE)
+                train_fail(r, st);
+            else
+                train_fail_root(r, st);
             return;
         }
     }
@@ -94,9 +74,11 @@ static mgt_status meter_step(worker *w, long k)
         w->prof.optimizer_s += 1e-3 * ms[3];
         w->prof.steps++;
     }
-    if (!isfinite(loss))
-        return mgt_error_set(MGT_ERR_DEVICE, "the loss is %s at epoch %d step %ld",
-                             isnan(loss) ? "NaN" : "infinite", r->epoch, k);
+    if (!isfinite(loss)) { /* the step whose loss it is, not the one the host is at */
+        st = mgt_error_set(MGT_ERR_DEVICE, "the loss is %s", isnan(loss) ? "NaN" : "infinite");
+        train_fail_worker(w, st, k, false, "loss", true);
+        return st;
+    }
     pthread_mutex_lock(&r->lock);
     train_metrics_add(r, w, k, slot, loss);
     pthread_mutex_unlock(&r->lock);
@@ -138,10 +120,16 @@ typedef struct step_batch {
     mgt_dropout_key drop; /* the step's and these samples' dropout key */
 } step_batch;
 
-/* With profile, an event marking the end of a stage (0: the step's start). */
-static mgt_status mark(worker *w, int slot, int stage)
+/* The end of a stage of step k (0: the step's start): with profile, its timing event; and
+   for stages 1..4, the mark that places a device fault (failure.c). */
+static mgt_status mark(worker *w, long k, int slot, int stage)
 {
-    return w->r->ctl.profile ? mgt_event_record(w->prof_ev[slot][stage], w->s) : MGT_OK;
+    static const char *const stages[PROF_MARKS] = {NULL, "forward", "backward",
+                                                   "gradient all-reduce", "optimizer"};
+    mgt_status st = w->r->ctl.profile ? mgt_event_record(w->prof_ev[slot][stage], w->s) : MGT_OK;
+    if (st == MGT_OK && stages[stage])
+        st = train_mark(w, k, false, stages[stage]);
+    return st;
 }
 
 static mgt_status next_batch(worker *w, step_batch *b)
@@ -183,8 +171,8 @@ static bool window_last(const run *r, long k)
 /* Forward, loss and backward of one batch; the gradients accumulate in the grad arena and,
    at the last micro-batch of a window, each layer's are handed to the all-reduce as backward
    completes them. */
-static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *correct, int slot,
-                                   bool reduce, const char **where)
+static mgt_status forward_backward(worker *w, long k, const step_batch *b, int32_t *correct,
+                                   int slot, bool reduce, const char **where)
 {
     run *r = w->r;
     *where = "forward";
@@ -194,7 +182,7 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
         st = mgt_model_loss_mixed(w->model, w->s, b->y, b->y_b, b->w, r->c->label_smoothing,
                                   correct);
     if (st == MGT_OK)
-        st = mark(w, slot, 1);
+        st = mark(w, k, slot, 1);
     if (st != MGT_OK)
         return st;
     *where = "backward";
@@ -205,7 +193,7 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     if (st == MGT_OK)
         st = mgt_model_backward(w->model, w->s, reduce ? grads_ready : NULL, w);
     if (st == MGT_OK)
-        st = mark(w, slot, 2);
+        st = mark(w, k, slot, 2);
     return st;
 }
 
@@ -267,7 +255,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
     *where = "gradient all-reduce";
     mgt_status st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
     if (st == MGT_OK)
-        st = mark(w, slot, 3);
+        st = mark(w, k, slot, 3);
     if (st != MGT_OK)
         return st;
     *where = "optimizer";
@@ -283,7 +271,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
         scale /= (double)w->scaler.scale;
         st = scaler_check(w, &skip);
         if (st != MGT_OK || skip)
-            return st != MGT_OK ? st : mark(w, slot, 4);
+            return st != MGT_OK ? st : mark(w, k, slot, 4);
     }
     float clip = 1.0f;
     if (r->c->clip_grad_norm > 0)
@@ -297,7 +285,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
             st = train_ema_update(w);
     }
     if (st == MGT_OK)
-        st = mark(w, slot, 4);
+        st = mark(w, k, slot, 4);
     return st;
 }
 
@@ -322,19 +310,19 @@ static mgt_status train_step(worker *w, long k, const char **where)
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
     bool reduce = window_last(r, k);
     *where = "forward";
-    st = mark(w, slot, 0);
+    st = mark(w, k, slot, 0);
     if (st == MGT_OK)
         st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK && k == window_start(r, k))
         st = mgt_model_zero_grad(w->model, w->s);
     if (st == MGT_OK)
-        st = forward_backward(w, &b, correct, slot, reduce, where);
+        st = forward_backward(w, k, &b, correct, slot, reduce, where);
     if (st == MGT_OK && reduce)
         st = reduce_update(w, k, slot, where);
     else if (st == MGT_OK) { /* no reduction nor update in this step: their marks now */
-        st = mark(w, slot, 3);
+        st = mark(w, k, slot, 3);
         if (st == MGT_OK)
-            st = mark(w, slot, 4);
+            st = mark(w, k, slot, 4);
     }
     if (st != MGT_OK)
         return st;
@@ -344,6 +332,8 @@ static mgt_status train_step(worker *w, long k, const char **where)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_event_record(w->slot_ev[slot], w->s);
+    if (st == MGT_OK)
+        st = train_mark(w, k, false, "metrics");
     w->slot_n[slot] = b.n;
     w->slot_wait[slot] = b.wait_s;
     return st;
@@ -353,30 +343,31 @@ static void train_phase(worker *w)
 {
     run *r = w->r;
     long first = r->first_step;
-    long k = first;
+    long k = first, at = first; /* at: the step the failing call was about */
     const char *where = "starting";
     mgt_status st = MGT_OK;
     w->scaler = r->scaler; /* set by the main thread before the phase began */
     for (; begin_step(w, k); k++) {
         if (k - first >= LAG) {
             where = "reading metrics";
-            st = meter_step(w, k - LAG);
+            at = k - LAG;
+            st = meter_step(w, at);
             if (st != MGT_OK)
                 break;
         }
+        at = k;
         st = train_step(w, k, &where);
         if (st != MGT_OK)
             break;
     }
     if (st == MGT_OK) {
         where = "reading metrics";
-        for (long j = k - LAG > first ? k - LAG : first; j < k && st == MGT_OK; j++)
-            st = meter_step(w, j);
+        for (at = k - LAG > first ? k - LAG : first; at < k && st == MGT_OK; at++)
+            st = meter_step(w, at);
+        at--;
     }
     if (st != MGT_OK) {
-        char at[96];
-        snprintf(at, sizeof at, "epoch %d step %ld (%s)", r->epoch, k, where);
-        worker_fail(w, st, at);
+        train_fail_worker(w, st, at, false, where, false);
     } else if (w->dev == 0) {
         pthread_mutex_lock(&r->lock);
         r->scaler = w->scaler;
@@ -397,7 +388,7 @@ static void val_phase(worker *w)
         st = mgt_fill(w->s, loss_sum, 0.0f, 1);
     long images = 0;
     size_t i = 0;
-    for (; i < batches && st == MGT_OK; i++) {
+    for (; i < batches && st == MGT_OK; i += st == MGT_OK) {
         mgt_batch b;
         st = mgt_loader_next(r->data.val_ld, w->dev, w->s, &b);
         if (st == MGT_OK)
@@ -406,7 +397,10 @@ static void val_phase(worker *w)
             st = mgt_model_loss(w->model, w->s, b.labels, 0.0f, correct);
         if (st == MGT_OK)
             st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(w->model), 1);
-        images += b.n;
+        if (st == MGT_OK)
+            st = train_mark(w, (long)i, true, "validation");
+        if (st == MGT_OK)
+            images += b.n;
     }
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, &w->host_loss[0], loss_sum, sizeof(float));
@@ -415,9 +409,8 @@ static void val_phase(worker *w)
     if (st == MGT_OK)
         st = mgt_stream_synchronize(w->s, &r->abort);
     if (st != MGT_OK) {
-        char at[96];
-        snprintf(at, sizeof at, "validation of epoch %d, batch %zu", r->epoch, i);
-        worker_fail(w, st, at);
+        /* i: the batch whose call failed (batches: the totals' copy after the last) */
+        train_fail_worker(w, st, (long)i, true, "validation", false);
         return;
     }
     pthread_mutex_lock(&r->lock);
@@ -509,11 +502,12 @@ static void time_out(run *r)
                      mgt_device_name(r->w[i].d));
     long step = r->m.next_complete;
     pthread_mutex_unlock(&r->lock);
-    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
-                                "%s: no training step finished within --timeout %g s (epoch %d "
-                                "step %ld): the device or its data loader stalled%s",
-                                who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step,
-                                r->nodes > 1 ? ", or another node stopped answering" : ""));
+    train_fail_root(r,
+                    mgt_error_set(MGT_ERR_TIMEOUT,
+                                  "%s: no training step finished within --timeout %g s (epoch %d "
+                                  "step %ld): the device or its data loader stalled%s",
+                                  who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch,
+                                  step, r->nodes > 1 ? ", or another node stopped answering" : ""));
     pthread_mutex_lock(&r->lock);
 }
 
@@ -522,11 +516,10 @@ static void time_out(run *r)
    held; released around a failure, which takes it. */
 static void watch_world(run *r, enum train_phase kind, bool *stopping)
 {
-    char text[sizeof r->fail_text];
-    if (!r->failed && mgt_world_poll_failure(r->world, text, sizeof text)) {
-        r->remote_failed = true;
+    char text[sizeof r->fail.cause];
+    if (!r->fail.set && mgt_world_poll_failure(r->world, text, sizeof text)) {
         pthread_mutex_unlock(&r->lock);
-        train_fail(r, mgt_error_set(MGT_ERR_ABORTED, "another node failed: %s", text));
+        train_fail_remote(r, text);
         pthread_mutex_lock(&r->lock);
         return;
     }
@@ -563,7 +556,7 @@ bool train_run_phase(run *r, enum train_phase kind)
     bool stopping = false;
     /* a raised abort without a recorded failure (a loader's fatal error) also ends the phase:
        workers that see the flag before the phase starts never report to it */
-    while (r->done_in_phase < r->n && !r->failed && !mgt_abort_is_raised(&r->abort)) {
+    while (r->done_in_phase < r->n && !r->fail.set && !mgt_abort_is_raised(&r->abort)) {
         mgt_cond_wait_slice(&r->cv, &r->lock);
         double now = mgt_time_now();
         if (kind == PHASE_TRAIN && !stopping &&
@@ -584,11 +577,14 @@ bool train_run_phase(run *r, enum train_phase kind)
             now - r->m.last_progress > c->step_timeout_s)
             time_out(r);
     }
-    bool ok = !r->failed;
-    bool tell = r->failed && !r->remote_failed && r->nodes > 1;
+    bool ok = !r->fail.set;
+    bool tell = r->fail.set && !r->fail.remote && r->nodes > 1;
+    char text[sizeof r->fail.cause];
+    if (tell)
+        train_failure_line(r, text, sizeof text);
     pthread_mutex_unlock(&r->lock);
     if (tell) /* the other nodes stop now, not at their next wait's timeout */
-        mgt_world_notify_failure(r->world, r->fail_text);
+        mgt_world_notify_failure(r->world, text);
     if (ok && mgt_abort_is_raised(&r->abort)) {
         blame_abort(r);
         ok = false;

@@ -1,7 +1,8 @@
 /* The trainer's private parts, shared by its files:
  *   run.c        the driver: configuration, the epoch loop, one cleanup path;
  *   setup.c      data, replicas, communication, broadcasts and the replica check;
- *   step.c       worker threads, the phase protocol, the training and validation steps, failure;
+ *   step.c       worker threads, the phase protocol, the training and validation steps;
+ *   failure.c    the run's first failure: recorded once, placed on its device and step, its line;
  *   metrics.c    the per-step ring, the epoch's totals and the reporters (progress, JSON log);
  *   tensorboard.c the TensorBoard reporter: event records (length, masked CRC-32C, Event);
  *   checkpoint.c the training state and its symmetric save and load, --resume;
@@ -12,8 +13,9 @@
  * (an epoch's training, a validation) by bumping a phase counter that the workers wait on;
  * while a phase runs it only watches: the stop request, the time limit, the step timeout.
  * Worker i owns replica i, its streams and its optimizer state, and runs every step of the
- * phase. Any failure goes through train_fail(): the first one's text is kept, the abort flag
- * is raised, and every wait (loader, all-reduce, device, phase) leaves soon after.
+ * phase. Any failure goes through failure.c: the first one is kept (r->fail), the abort flag
+ * is raised, and every wait (loader, all-reduce, device, phase) leaves soon after; nothing
+ * that follows (other threads' errors, cleanup) replaces it.
  *
  * Metrics without stalls. A step's loss and top-1/top-5 counts are copied to pinned host
  * slots on the device's stream; the worker reads step k's slot at the start of step k+LAG,
@@ -56,6 +58,9 @@ typedef struct train_opt_tensor {
 
 #define TRAIN_OPT_PREFIX "optimizer."
 #define TRAIN_MAX_OPT_TENSORS 4
+/* Seconds a node waits at start-up for the others (at least; --timeout when longer): one may
+   scan its data or read a checkpoint much longer than another. */
+#define TRAIN_START_WAIT_S 600.0
 
 /* A replica's optimizer. A new optimizer is a kind in mgt/optim.h; its state tensors come
    through train_optim_state, and checkpoints and broadcasts follow that table. */
@@ -109,6 +114,34 @@ typedef struct train_ema {
     long n_averaged;                /* AveragedModel's; 0: the next update copies */
 } train_ema;
 
+/* A failure: the cause and where it happened. */
+typedef struct train_failure {
+    bool set;
+    mgt_status status;
+    int device;      /* the index of the device it happened on; -1: not one device's */
+    int epoch;       /* -1: not known (the text says where) */
+    long step;       /* the training step, or with validation the batch; -1: none */
+    bool validation; /* in a validation pass */
+    char phase[32];  /* the stage of the step: "forward", "loss", "backward", ... */
+    char cause[768];
+    bool root;   /* a cause in itself (a NaN loss, a timeout, bad input), never the consequence
+                    of a device fault that another device's marks might show */
+    bool remote; /* another node's failure: that node prints the line */
+} train_failure;
+
+/* A worker's mark: an event recorded after a stage of its work, and what that stage was. */
+#define TRAIN_MARKS \
+    32 /* per worker: more than the stages in flight (LAG + 1 steps of 5, or a
+                          validation's batches in the loader's few slots) */
+typedef struct train_marker {
+    mgt_event *ev;
+    int epoch;
+    long step; /* or the validation batch */
+    bool validation;
+    const char *phase; /* static: the stage that ends at this mark */
+    long seq;          /* the mark's number in the worker's order (0: none yet) */
+} train_marker;
+
 typedef struct worker {
     run *r;
     int dev;
@@ -138,6 +171,10 @@ typedef struct worker {
     train_scaler scaler;
     mgt_buffer *dev_nonfinite;
     int32_t *host_nonfinite;
+    /* failure: the marks of its work, and where it stood when it noticed a failure */
+    train_marker marks[TRAIN_MARKS];
+    long mark_seq;
+    train_failure noticed;
 } worker;
 
 typedef struct train_data {
@@ -269,10 +306,7 @@ struct run {
     long stop_at;    /* steps of the epoch to run (lowered by a stop) */
     /* failure */
     mgt_abort abort;
-    bool failed;
-    mgt_status fail_status;
-    char fail_text[768];
-    bool remote_failed; /* the failure is another node's, which prints its line */
+    train_failure fail; /* the first (failure.c), under lock */
     bool stop_world;    /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
@@ -283,8 +317,28 @@ struct run {
     train_scaler scaler; /* between training phases: worker 0's, for checkpoints and resume */
 };
 
+/* failure.c: the first failure recorded wins; each records this thread's error text as the
+   cause, raises the abort flag and wakes every wait. */
+void train_fail(run *r, mgt_status st); /* the text says where */
+/* The same for a cause in itself (a timeout, a diverged model): a device fault found after
+   it does not take its place. */
+void train_fail_root(run *r, mgt_status st);
+/* A worker's failure at a step (or validation batch) and stage; root: a cause in itself. An
+   MGT_ERR_ABORTED after the flag was raised is another thread's failure and not recorded. */
+void train_fail_worker(worker *w, mgt_status st, long step, bool validation, const char *phase,
+                       bool root);
+void train_fail_remote(run *r, const char *text); /* another node failed: its line */
+mgt_status train_marks_create(worker *w);
+void train_marks_free(worker *w);
+/* Records w's next mark on its stream: the stage `phase` of `step` ends here. */
+mgt_status train_mark(worker *w, long step, bool validation, const char *phase);
+/* Once the threads have stopped: a device that failed is the failure, placed at the first of
+   its worker's marks that ran after the fault (else where its worker noticed it). */
+void train_failure_settle(run *r);
+/* The failure as the run's one line: "mock:0: epoch 1 step 8 (forward): cause". */
+void train_failure_line(const run *r, char *out, size_t cap);
+
 /* step.c */
-void train_fail(run *r, mgt_status st); /* records this thread's error text; first one wins */
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
 bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
@@ -306,6 +360,9 @@ enum train_sync {
 };
 mgt_status train_broadcast(run *r, unsigned what);
 mgt_status train_check_replicas(run *r);
+/* Replica 0's parameters and batch-norm statistics are all finite; else MGT_ERR_DEVICE saying
+   how many are not and the first tensor of each that holds one. Between phases. */
+mgt_status train_check_finite(run *r);
 /* A multi-node run's start (epoch, step, best top-1) from node 0, where --resume found it. */
 mgt_status train_world_position(run *r, int *epoch, long *step);
 
