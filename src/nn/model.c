@@ -99,6 +99,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     m->loss_scale = 1.0f;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     m->cfg.arch = m->arch;
+    m->head = a->head;
     m->dev = d;
     mgt_status st = a->build(m, a->arg);
     if (st == MGT_OK)
@@ -178,6 +179,8 @@ void mgt_model_free(mgt_model *m)
 }
 
 const mgt_model_config *mgt_model_get_config(const mgt_model *m) { return &m->cfg; }
+
+const char *mgt_model_head(const mgt_model *m) { return m->head; }
 
 /* ---- accessors ---- */
 
