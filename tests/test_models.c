@@ -1307,7 +1307,8 @@ static void test_long_name(void **state)
         nn_linear(m, "fc", nn_gap(m, "avgpool", x), m->cfg.classes);
         assert_int_equal(nn_plan(m), MGT_ERR_INVALID);
         print_message("%s\n", mgt_error_last());
-        assert_non_null(strstr(mgt_error_last(), k == 0 ? "names no classifier head" : "its head '"));
+        assert_non_null(
+            strstr(mgt_error_last(), k == 0 ? "names no classifier head" : "its head '"));
         mgt_model_free(m);
     }
 }

@@ -658,8 +658,7 @@ static void test_finetune_one(const char *arch)
     mgt_model_load_options strict = {.adapt_stem = true};
     assert_int_equal(mgt_model_load(b, s, f, &strict, &rep), MGT_ERR_INVALID);
     char head0[64];
-    snprintf(head0, sizeof head0, "%.*s.", (int)strcspn(mgt_model_head(b), " "),
-             mgt_model_head(b));
+    snprintf(head0, sizeof head0, "%.*s.", (int)strcspn(mgt_model_head(b), " "), mgt_model_head(b));
     assert_non_null(strstr(mgt_error_last(), head0));
     free(rep.text);
     mgt_model_load_options lo = {.new_head = true, .adapt_stem = true};

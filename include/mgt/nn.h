@@ -234,12 +234,12 @@ typedef struct mgt_model_entry {
     char name[64]; /* torchvision's state_dict name */
     mgt_model_role role;
     mgt_model_what what;
-    int layer;       /* index into mgt_model_layers of the layer that owns it */
+    int layer; /* index into mgt_model_layers of the layer that owns it */
     /* its shape depends on the class count: a tensor of the architecture's classifier head
        (mgt_model_head) */
     bool classifier;
     bool stem; /* the first convolution's weight, whose second dimension is the input channels */
-    int ndim;        /* 0 for num_batches_tracked */
+    int ndim;  /* 0 for num_batches_tracked */
     int64_t shape[4];
     size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
