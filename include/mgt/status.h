@@ -13,6 +13,8 @@ typedef enum mgt_status {
     MGT_ERR_IO,          /* a file or folder could not be read or written */
     MGT_ERR_UNSUPPORTED, /* the backend or build cannot do this */
     MGT_ERR_TIMEOUT,     /* a bounded wait ran out */
+    MGT_ERR_USAGE,       /* a setting (a flag's value) that cannot work, alone or with another,
+                            or differs between the nodes: the command line is wrong (exit 2) */
 } mgt_status;
 
 /* A short name for a status ("out of memory"); never NULL. */

@@ -106,6 +106,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
     mgt_devset_options sw = {0};
     mgt_train_config c;
     mgt_train_config_defaults(&c);
+    c.arch = "resnet18"; /* the ImageNet example's, unless -a says */
     c.dummy = true;
     c.epochs = 1;
     c.lr.lr = 0.01f;
@@ -202,7 +203,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
         return mgt_app_device_exit(rst);
     }
     if (!mgt_arch_find(c.arch)) {
-        fprintf(stderr, "mgtrain bench: --arch '%s': unknown architecture (mgtrain --help)\n",
+        fprintf(stderr,
+                "mgtrain bench: --arch '%s': unknown architecture (`mgtrain model` lists them)\n",
                 c.arch);
         return 2;
     }

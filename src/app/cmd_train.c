@@ -240,7 +240,20 @@ enum {
     OPT_EMA,
     OPT_EMA_DECAY,
     OPT_EMA_STEPS,
+    OPT_KEEP_LAST,
+    OPT_OVERWRITE,
+    OPT_PER_CLASS,
+    OPT_CONFUSION,
+    OPT_AUGMIX_SEVERITY,
 };
+
+/* Whether v is a value of --amp: `--amp bf16` takes it, a bare --amp (the references'
+   switch) leaves the next word alone. */
+static bool is_amp_word(const char *v)
+{
+    return v && (strcmp(v, "bf16") == 0 || strcmp(v, "fp16") == 0 || strcmp(v, "f32") == 0 ||
+                 strcmp(v, "fp32") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0);
+}
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
    argument), the architecture, and the combinations that contradict each other. */
@@ -290,7 +303,7 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
         fprintf(stderr, "mgtrain: Nesterov momentum needs --momentum above 0\n");
         return false;
     }
-    if (!mgt_arch_find(c->arch)) {
+    if (c->arch && !mgt_arch_find(c->arch)) {
         int n;
         const mgt_arch_info *a = mgt_arch_list(&n);
         fprintf(stderr, "mgtrain: --arch '%s': unknown architecture (expected", c->arch);
@@ -306,6 +319,10 @@ int mgt_app_cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"data", required_argument, NULL, OPT_DATA},
+        {"data-path", required_argument, NULL, OPT_DATA}, /* the references' names */
+        {"model", required_argument, NULL, 'a'},
+        {"output-dir", required_argument, NULL, OPT_CKPT},
+        {"test-only", no_argument, NULL, 'e'},
         {"dummy", no_argument, NULL, OPT_DUMMY},
         {"workers", required_argument, NULL, 'j'},
         {"image-size", required_argument, NULL, OPT_IMAGE_SIZE},
@@ -355,7 +372,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
         {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
-        {"amp", required_argument, NULL, OPT_AMP},
+        {"amp", optional_argument, NULL, OPT_AMP},
         {"grad-dtype", required_argument, NULL, OPT_GRAD_DTYPE},
         {"opt", required_argument, NULL, OPT_OPT},
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
@@ -370,6 +387,11 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
         {"checkpoint-dir", required_argument, NULL, OPT_CKPT},
+        {"keep-last", required_argument, NULL, OPT_KEEP_LAST},
+        {"overwrite", no_argument, NULL, OPT_OVERWRITE},
+        {"per-class", no_argument, NULL, OPT_PER_CLASS},
+        {"confusion", required_argument, NULL, OPT_CONFUSION},
+        {"augmix-severity", required_argument, NULL, OPT_AUGMIX_SEVERITY},
         {"log", required_argument, NULL, OPT_LOG},
         {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
@@ -388,13 +410,34 @@ int mgt_app_cmd_train(int argc, char **argv)
     /* which schedule family the flags chose: mgtrain's (--lr-schedule, --warmup-epochs) or
        the references' (--lr-scheduler, --lr-warmup-*); mixing them is refused */
     const char *mgtrain_lr_flag = NULL, *ref_lr_flag = NULL;
+    /* a flag of torchvision's references by its name there: -b differs (total here, per GPU
+       there), which start-up then says; a bare --amp, whose precision follows the devices */
+    const char *ref_flag = NULL;
+    bool amp_auto = false, scheduler_given = false;
     long v;
     double x;
     bool ok = true;
     int opt;
     optind = 0; /* 0, not 1: glibc then also resets its permutation of a positional DIR */
     opterr = 0;
-    while (ok && (opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, NULL)) != -1) {
+    int at;
+    while (ok && (at = -1, opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, &at)) != -1) {
+        static const char *const ref_names[] = {"data-path",
+                                                "model",
+                                                "output-dir",
+                                                "test-only",
+                                                "lr-scheduler",
+                                                "lr-step-size",
+                                                "lr-warmup-epochs",
+                                                "lr-warmup-method",
+                                                "lr-warmup-decay",
+                                                "train-crop-size",
+                                                "val-resize-size",
+                                                "val-crop-size",
+                                                NULL};
+        for (int i = 0; at >= 0 && ref_names[i]; i++)
+            if (strcmp(longopts[at].name, ref_names[i]) == 0)
+                ref_flag = ref_names[i];
         switch (opt) {
         case OPT_DATA: c.data_dir = optarg; break;
         case OPT_DUMMY: c.dummy = true; break;
@@ -498,6 +541,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_LR_SCHEDULER:
             ref_lr_flag = "--lr-scheduler";
+            scheduler_given = true;
             if (mgt_lr_scheduler_parse(optarg, &c.lr.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
                 ok = false;
@@ -546,7 +590,25 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
         case OPT_SYNC_BN: c.sync_bn = true; break;
-        case OPT_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
+        case OPT_AMP:
+            /* `--amp bf16`, `--amp=fp16`, or the references' bare --amp (autocast as each
+               device kind does it: fp16 on CUDA, bf16 on CPU mock devices) */
+            if (!optarg && optind < argc && is_amp_word(argv[optind]))
+                optarg = argv[optind++];
+            if (!optarg || strcmp(optarg, "auto") == 0) {
+                amp_auto = true;
+                ref_flag = ref_flag ? ref_flag : "amp";
+            } else if (strcmp(optarg, "off") == 0 || strcmp(optarg, "f32") == 0 ||
+                       strcmp(optarg, "fp32") == 0) {
+                c.amp = MGT_PREC_F32;
+                amp_auto = false;
+            } else {
+                ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp);
+                if (!ok)
+                    fprintf(stderr, "mgtrain: --amp takes bf16, fp16, off, or no value (see "
+                                    "mgtrain train --help)\n");
+            }
+            break;
         case OPT_GRAD_DTYPE:
             ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
             break;
@@ -559,7 +621,20 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = mgt_app_flag_int("--val-crop-size", optarg, 8, 4096, &v);
             c.val_crop_size = (int)v;
             break;
+        case OPT_KEEP_LAST:
+            ok = mgt_app_flag_int("--keep-last", optarg, 1, 1000000, &v);
+            c.keep_last = (int)v;
+            break;
+        case OPT_OVERWRITE: c.overwrite = true; break;
+        case OPT_PER_CLASS: c.per_class = true; break;
+        case OPT_CONFUSION: c.confusion_path = optarg; break;
+        case OPT_AUGMIX_SEVERITY:
+            ok = mgt_app_flag_int("--augmix-severity", optarg, 1, 10, &v);
+            c.augmix_severity = (int)v;
+            break;
         case OPT_INTERP:
+            c.interpolation_set = true;
+            /* fall through */
         case OPT_AUTO_AUGMENT:
             if ((opt == OPT_INTERP ? mgt_interp_parse(optarg, &c.interpolation)
                                    : mgt_auto_augment_parse(optarg, &c.auto_augment)) != MGT_OK) {
@@ -630,7 +705,8 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case 'h': train_usage(stdout); return 0;
         case ':':
-            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain --help)\n", argv[optind - 1]);
+            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain train --help)\n",
+                    argv[optind - 1]);
             ok = false;
             break;
         default:
@@ -651,11 +727,9 @@ int mgt_app_cmd_train(int argc, char **argv)
                 mgtrain_lr_flag, ref_lr_flag);
         return 2;
     }
-    if (ref_lr_flag && !mgt_lr_per_epoch(c.lr.kind)) {
-        fprintf(stderr, "mgtrain: %s needs --lr-scheduler steplr|cosineannealinglr|exponentiallr\n",
-                ref_lr_flag);
-        return 2;
-    }
+    /* --lr-warmup-* without --lr-scheduler: the references' default scheduler, steplr */
+    if (ref_lr_flag && !scheduler_given)
+        c.lr.kind = MGT_LR_STEPLR;
     if (mgt_lr_per_epoch(c.lr.kind) && c.lr.warmup_method == MGT_LR_WARMUP_PER_STEP)
         c.lr.warmup_method = MGT_LR_WARMUP_CONSTANT; /* the references' default */
     if (!check_flags(&c, argc, argv))
@@ -676,6 +750,19 @@ int mgt_app_cmd_train(int argc, char **argv)
         return mgt_app_device_exit(st);
     }
     int replicas = mgt_devset_count(set) * mgt_world_size(world);
+    bool cuda = mgt_devset_kind(set) == MGT_DEVICE_CUDA;
+    if (amp_auto) /* as the references' autocast: torch.cuda.amp's fp16, CPU autocast's bf16 */
+        c.amp = cuda ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    if (amp_auto && mgt_world_rank(world) == 0)
+        printf("=> --amp: %s on these %s devices (as torch.cuda.amp on GPUs, with loss scaling; "
+               "bf16 as torch.autocast on CPU mock devices); --amp bf16 or fp16 chooses\n",
+               cuda ? "fp16" : "bf16", cuda ? "CUDA" : "mock");
+    if (ref_flag && mgt_world_rank(world) == 0 && !c.evaluate)
+        printf("=> -b %d is the total batch over all %d devices here (%d each); torchvision's "
+               "references (--%s) take -b per GPU: their -b %d on %d GPUs is -b %d here\n",
+               c.batch_size, replicas, c.batch_size / (replicas ? replicas : 1), ref_flag,
+               c.batch_size / (replicas ? replicas : 1), replicas,
+               c.batch_size / (replicas ? replicas : 1) * replicas);
     if (c.batch_size < replicas) {
         fprintf(stderr,
                 "mgtrain: -b %d is smaller than the device count %d: -b is the total "
@@ -709,7 +796,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     if (st != MGT_OK) {
         train_fail_line(world, why);
         mgt_world_close(world, true);
-        return 1;
+        return st == MGT_ERR_USAGE ? 2 : 1;
     }
     mgt_world_close(world, false);
     /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */

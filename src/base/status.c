@@ -19,6 +19,7 @@ const char *mgt_status_str(mgt_status st)
     case MGT_ERR_IO: return "I/O error";
     case MGT_ERR_UNSUPPORTED: return "unsupported";
     case MGT_ERR_TIMEOUT: return "timed out";
+    case MGT_ERR_USAGE: return "bad usage";
     }
     return "unknown status";
 }

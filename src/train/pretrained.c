@@ -15,6 +15,8 @@ static void say_pretrained(run *r, const mgt_st_file *f, const train_state *s,
     const char *path = r->c->pretrained;
     const mgt_model *m = r->w[0].model;
     const mgt_model_config *mc = mgt_model_get_config(m);
+    if (r->c->evaluate) /* the evaluation's first line names the file */
+        return;
     fprintf(r->out, "=> loaded pretrained weights from %s (%d tensors)\n", path, rep->loaded);
     if (rep->head_classes)
         fprintf(r->out,
@@ -45,23 +47,21 @@ mgt_status train_load_pretrained(run *r)
     if (!path)
         return MGT_OK;
     worker *w0 = &r->w[0];
-    mgt_st_file *f = NULL;
+    const mgt_st_file *f = r->pretrained_f; /* opened by train_open_sources */
     mgt_model_load_report rep = {0};
     train_state s = {0};
-    mgt_status st = mgt_st_open(path, &f);
-    if (st == MGT_OK) {
-        /* a malformed training state is no reason to refuse the weights: it is only shown */
-        train_state_read(f, path, &s);
-        mgt_error_clear();
-        mgt_model_load_options lo = {
-            .new_head = true, .adapt_stem = true, .ignore_prefixes = train_opt_prefixes};
-        st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
-        if (st != MGT_OK)
-            mgt_error_wrap(st, "%s", path);
-    }
+    /* a malformed training state is no reason to refuse the weights: it is only shown */
+    train_state_read(f, path, &s);
+    mgt_error_clear();
+    /* -e evaluates the file's model as it is: no new head, no adapted stem */
+    bool tune = !r->c->evaluate;
+    mgt_model_load_options lo = {
+        .new_head = tune, .adapt_stem = tune, .ignore_prefixes = train_opt_prefixes};
+    mgt_status st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
+    if (st != MGT_OK)
+        mgt_error_wrap(st, "%s", path);
     if (st == MGT_OK)
         say_pretrained(r, f, &s, &rep);
     free(rep.text);
-    mgt_st_close(f);
     return st != MGT_OK ? train_flag_error(st, "--pretrained") : MGT_OK;
 }

@@ -102,12 +102,28 @@ static void loader_common(run *r, mgt_loader_options *o, mgt_device **devs)
     o->world_first = r->wfirst;
 }
 
+static mgt_status make_val_loader(run *r, const mgt_transform *vt, mgt_device **devs)
+{
+    train_data *d = &r->data;
+    mgt_loader_options vo;
+    mgt_loader_options_init(&vo, d->val_ds, vt, r->n, d->per_dev_batch);
+    loader_common(r, &vo, devs);
+    vo.split = MGT_SPLIT_EXACT;
+    vo.shuffle = false;
+    vo.continuous = false;
+    return mgt_loader_create(&vo, &d->val_ld);
+}
+
 static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transform *vt)
 {
     train_data *d = &r->data;
     mgt_device *devs[MGT_MAX_DEVICES];
     for (int i = 0; i < r->n; i++)
         devs[i] = mgt_devset_device(r->set, i);
+    d->train_samples = mgt_dataset_size(d->train_ds);
+    d->val_samples = mgt_dataset_size(d->val_ds);
+    if (r->c->evaluate) /* -e: no training loader (its threads and batches) */
+        return make_val_loader(r, vt, devs);
     mgt_loader_options lo;
     mgt_loader_options_init(&lo, d->train_ds, tt, r->n, d->per_dev_batch);
     loader_common(r, &lo, devs);
@@ -123,20 +139,12 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     st = mgt_loader_create(&lo, &d->train_ld);
     if (st != MGT_OK)
         return st;
-    d->train_samples = mgt_dataset_size(d->train_ds);
-    d->val_samples = mgt_dataset_size(d->val_ds);
     d->steps_per_epoch = (long)mgt_loader_batches(d->train_ld, 0);
     if (r->ctl.max_steps > 0 && r->ctl.max_steps < d->steps_per_epoch)
         d->steps_per_epoch = r->ctl.max_steps;
     if (r->ctl.no_validation)
         return MGT_OK;
-    mgt_loader_options vo;
-    mgt_loader_options_init(&vo, d->val_ds, vt, r->n, d->per_dev_batch);
-    loader_common(r, &vo, devs);
-    vo.split = MGT_SPLIT_EXACT;
-    vo.shuffle = false;
-    vo.continuous = false;
-    return mgt_loader_create(&vo, &d->val_ld);
+    return make_val_loader(r, vt, devs);
 }
 
 mgt_status train_open_data(run *r)
@@ -155,10 +163,15 @@ mgt_status train_open_data(run *r)
     st = mgt_dataset_probe(d->train_ds, 64, &w, &h, &d->channels);
     if (st != MGT_OK)
         return st;
+    if (r->c->image_channels > 0) /* the checkpoint's (or the caller's): images converted */
+        d->channels = r->c->image_channels;
     d->size = r->c->image_size > 0 ? r->c->image_size : mgt_arch_image_size(r->arch, w, h);
     mgt_transform tt, vt;
     st = make_transforms(r, w, h, &tt, &vt);
-    return st == MGT_OK ? make_loaders(r, &tt, &vt) : st;
+    if (st != MGT_OK)
+        return st;
+    d->val_t = vt; /* what checkpoints say the model is validated with */
+    return make_loaders(r, &tt, &vt);
 }
 
 /* ---- replicas ---- */
@@ -204,13 +217,19 @@ static mgt_status make_slots(run *r, worker *w)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
-    if (st == MGT_OK)
-        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+    if (st == MGT_OK) /* [0]: validation's loss sum, [1]: clipping's sum of squares */
+        st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_buffer_alloc(w->d, sizeof(int32_t), &w->dev_nonfinite);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_host_alloc(w->d, sizeof(int32_t), (void **)&w->host_nonfinite);
-    st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
+    size_t k = (size_t)r->data.classes;
+    if (st == MGT_OK && r->c->evaluate) /* -e: each batch's logits, for the confusion counts */
+        st = mgt_host_alloc(w->d, (size_t)r->data.per_dev_batch * k * sizeof(float),
+                            (void **)&w->host_logits);
+    if (st == MGT_OK && r->c->evaluate && k <= TRAIN_CONFUSION_MAX &&
+        !(w->confusion = calloc(k * k, sizeof *w->confusion)))
+        st = mgt_error_set(MGT_ERR_OOM, "the confusion matrix: host memory exhausted");
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
@@ -271,6 +290,9 @@ static void free_worker(worker *w)
     mgt_buffer_free(w->dev_nonfinite);
     if (w->host_nonfinite)
         mgt_host_free(w->d, w->host_nonfinite);
+    if (w->host_logits)
+        mgt_host_free(w->d, w->host_logits);
+    free(w->confusion);
     if (w->host_loss)
         mgt_host_free(w->d, w->host_loss);
     if (w->host_correct)
