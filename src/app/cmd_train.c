@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "app/commands.h"
@@ -21,7 +22,12 @@ static atomic_int stop_requested;
 static void on_sigint(int sig)
 {
     if (atomic_load(&stop_requested)) {
-        /* a second signal: the user wants out now */
+        /* a second signal: the user wants out now; one line (write(2) is async-signal-safe)
+           says that the run ends unsaved and the last checkpoint stays as it was */
+        static const char line[] = "\nmgtrain: a second interrupt: quitting now, without saving "
+                                   "(the last checkpoint written stays as it was)\n";
+        ssize_t ignored = write(STDERR_FILENO, line, sizeof line - 1);
+        (void)ignored;
         signal(sig, SIG_DFL);
         raise(sig);
         return;
@@ -61,10 +67,9 @@ static void train_usage(FILE *f)
         "                         or a pack (mgtrain pack), or a folder of train.pack, val.pack\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
-        "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
-        "                         the images' own size for resnet20..110)\n"
-        "  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
-        "                         pad-crop for the CIFAR-style ones)\n"
+        "  --image-size S         training/validation side (default: the checkpoint's with\n"
+        "                         -e or --resume, else the family's: see below)\n"
+        "  --augment KIND         rrc | pad-crop | none (default: the family's)\n"
         "  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
         "  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
         "  --normalize auto       compute mean and std from the training images first\n"
@@ -76,25 +81,32 @@ static void train_usage(FILE *f)
         "torchvision's references recipe\n"
         "  --train-crop-size S    the training crop (= --image-size)\n"
         "  --val-resize-size S    validation: the shorter side before the centre crop\n"
-        "  --val-crop-size S      validation crop (must equal the training size)\n"
+        "  --val-crop-size S      validation crop; another than the training size validates\n"
+        "                         at it (FixRes: --train-crop-size 176 --val-crop-size 224)\n"
         "  --interpolation M      bilinear | bicubic | nearest, resizes and policy ops (bilinear)\n"
-        "  --auto-augment P       ta_wide | ra | imagenet: TrivialAugmentWide, RandAugment,\n"
-        "                         AutoAugment's ImageNet policy (none)\n"
+        "  --auto-augment P       ta_wide | ra | imagenet | cifar10 | svhn | augmix:\n"
+        "                         TrivialAugmentWide, RandAugment, AutoAugment's policies,\n"
+        "                         AugMix (none)\n"
+        "  --augmix-severity N    AugMix's severity, 1..10 (3)\n"
         "  --random-erase P       RandomErasing's probability (0)\n"
         "  --mixup-alpha A        mixup with lambda ~ Beta(A, A) (0: off)\n"
         "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
         "                         the two per sample, even odds)\n"
         "model\n"
-        "  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
-        "  --pretrained FILE      start from safetensors weights with torchvision names\n"
-        "                         (fc.* skipped when the class count differs)\n"
+        "  -a, --arch NAME        one of the architectures below (`mgtrain model` lists them\n"
+        "                         with sizes); default: the checkpoint's, else resnet18\n"
+        "  --pretrained FILE      start from safetensors weights with torchvision names; the\n"
+        "                         head is re-initialised for another class count, the stem\n"
+        "                         adapted to other input channels (a .pth: convert it with\n"
+        "                         scripts/pth_to_safetensors.py)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
         "                         (PyTorch's SyncBatchNorm; the devices of one node)\n"
-        "  --amp bf16|fp16        mixed precision as torch.autocast: convolutions and linear\n"
+        "  --amp [bf16|fp16|off]  mixed precision as torch.autocast: convolutions and linear\n"
         "                         layers on 16-bit inputs with fp32 sums; fp16 with dynamic\n"
-        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5)\n"
+        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5);\n"
+        "                         bare, as the references: fp16 on CUDA, bf16 on mock devices\n"
         "  --grad-dtype f32|bf16  the gradient all-reduce's precision (f32)\n"
         "optimisation\n"
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
@@ -131,9 +143,15 @@ static void train_usage(FILE *f)
         "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
         "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
         "  -p, --print-freq N     progress line every N steps (10)\n"
-        "  -e, --evaluate         validate once and stop\n"
+        "  -e, --evaluate         validate once and stop (the checkpoint of --resume or\n"
+        "                         --pretrained, with its architecture, size and transform)\n"
+        "  --per-class            -e: every class's top-1 (default: the five lowest)\n"
+        "  --confusion FILE.csv   -e: the confusion matrix with class names\n"
         "  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
-        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
+        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go;\n"
+        "                         one that holds another run's needs --resume or --overwrite\n"
+        "  --overwrite            start afresh over CHECKPOINT_DIR's checkpoints\n"
+        "  --keep-last N          also keep the last N epochs as model_<epoch>.safetensors\n"
         "  --log FILE             JSON lines: the configuration first, then one per progress\n"
         "                         line and one per epoch (with --checkpoint-dir, curves.svg\n"
         "                         there is drawn from it after each epoch)\n"
@@ -143,9 +161,19 @@ static void train_usage(FILE *f)
         "  --timeout SECONDS      abort when no step finishes for this long\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
+        "torchvision's references' names: --model (-a), --data-path (--data), --output-dir\n"
+        "(--checkpoint-dir), --test-only (-e), --lr-scheduler, --lr-warmup-*, --amp; -b is the\n"
+        "total over all devices here (per GPU there).\n"
         "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint (exit status\n"
         "128 + the signal: 130, 143); a second one quits at once. Bad flags exit 2; a run that\n"
         "cannot be done or fails exits 1.\n");
+    fprintf(f,
+            "\narchitectures (%d; `mgtrain model` for sizes, `mgtrain model -a NAME` for the "
+            "layers):\n",
+            mgt_app_arch_count());
+    mgt_app_print_archs(f);
+    fprintf(f, "\neach family's defaults (--image-size, --augment, the validation transform):\n");
+    mgt_app_print_family_defaults(f);
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -304,12 +332,9 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
         return false;
     }
     if (c->arch && !mgt_arch_find(c->arch)) {
-        int n;
-        const mgt_arch_info *a = mgt_arch_list(&n);
-        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture (expected", c->arch);
-        for (int i = 0; i < n; i++)
-            fprintf(stderr, "%s %s", i ? "," : "", a[i].name);
-        fprintf(stderr, ")\n");
+        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture; the %d known:\n", c->arch,
+                mgt_app_arch_count());
+        mgt_app_print_archs(stderr);
         return false;
     }
     return true;

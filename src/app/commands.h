@@ -3,6 +3,8 @@
 #ifndef MGT_APP_COMMANDS_H
 #define MGT_APP_COMMANDS_H
 
+#include <stdio.h>
+
 #include "mgt/device.h"
 
 int mgt_app_cmd_devices(int argc, char **argv);
@@ -37,6 +39,14 @@ bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *o
 bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out);
 /* --amp bf16|fp16 (f32_name: also "f32" for plain fp32, as --grad-dtype takes) */
 bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out);
+
+/* Every architecture by family, one family a line ("  resnet: resnet18 resnet34 ..."), and
+   how many there are. */
+void mgt_app_print_archs(FILE *f);
+int mgt_app_arch_count(void);
+/* Each family's defaults, one a line: input side, training augmentation, validation
+   transform (for `train --help`). */
+void mgt_app_print_family_defaults(FILE *f);
 
 /* Parses a --gpus list such as "0,1,2,3" or "0,0" into ids; at most MGT_MAX_DEVICES. */
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);

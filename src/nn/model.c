@@ -68,12 +68,13 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (!cfg || !cfg->arch)
         return mgt_error_set(MGT_ERR_INVALID, "no architecture given");
     const nn_arch *a = find_arch(cfg->arch);
-    if (!a) {
-        char known[400];
-        size_t len = 0;
-        for (const char *const *n = mgt_model_arch_names(); *n && len < sizeof known; n++)
-            len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", *n);
-        return mgt_error_set(MGT_ERR_INVALID, "unknown architecture '%s' (%s)", cfg->arch, known);
+    if (!a) { /* the list is longer than an error's text: the command that lists them */
+        int known = 0;
+        for (const char *const *n = mgt_model_arch_names(); *n; n++)
+            known++;
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "unknown architecture '%s' (`mgtrain model` lists the %d known)",
+                             cfg->arch, known);
     }
     if (cfg->classes < 1 || cfg->classes > (1 << 24))
         return mgt_error_set(MGT_ERR_INVALID, "model %s: %d classes (expected 1 to %d)", cfg->arch,

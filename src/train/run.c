@@ -707,6 +707,12 @@ static bool evaluate(run *r, int epoch)
 
 static bool begin_epoch(run *r, int ep, long first)
 {
+    if (first > 0 && r->primary)
+        fprintf(
+            r->out,
+            "=> epoch %d resumes at step %ld of %ld: its averages (in parentheses) and training "
+            "loss cover steps %ld to %ld only\n",
+            ep, first, r->data.steps_per_epoch, first, r->data.steps_per_epoch - 1);
     r->epoch = ep;
     r->first_step = first;
     r->stop_at = r->data.steps_per_epoch;
@@ -728,6 +734,8 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
     mgt_train_result *res = r->res;
     const train_metrics *m = &r->m;
     res->steps += r->stop_at - r->first_step;
+    r->run_images += m->n;
+    r->run_train_s += ep_s;
     res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
     res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
     double timed_s = m->last_complete - m->timed_start;
@@ -786,8 +794,10 @@ static epoch_end run_epoch(run *r, int ep, long first)
         if (!validate(r, &s))
             return EPOCH_FAILED;
         is_best = s.val_acc1 > r->best_acc1;
-        if (is_best)
+        if (is_best) {
             r->best_acc1 = s.val_acc1;
+            r->res->best_epoch = ep;
+        }
     } else if ((st = train_broadcast(r, TRAIN_SYNC_BUFFERS)) != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
@@ -818,10 +828,49 @@ static epoch_end run_epoch(run *r, int ep, long first)
     return EPOCH_DONE;
 }
 
+/* Each device's memory in use, kept at its most (no allocation happens in the step loop, so
+   after set-up and each epoch it is seen). */
+static void sample_memory(run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        size_t used = 0, total = 0;
+        mgt_device_memory(mgt_devset_device(r->set, i), &used, &total);
+        if (used > r->res->peak_bytes[i])
+            r->res->peak_bytes[i] = used;
+    }
+}
+
+/* The run's last lines: how long, how fast, the best top-1 and its epoch, the memory. */
+static void print_end(run *r, bool ok)
+{
+    mgt_train_result *res = r->res;
+    FILE *o = r->out;
+    long t = (long)(res->total_s + 0.5);
+    fprintf(o, "=> %s: %d epoch%s in %ld:%02ld:%02ld (%ld steps, %.1f training images/s)",
+            !ok                ? "failed"
+            : res->interrupted ? "stopped"
+                               : "done",
+            res->epochs_done, res->epochs_done == 1 ? "" : "s", t / 3600, (t / 60) % 60, t % 60,
+            res->steps, res->run_images_per_s);
+    if (res->best_epoch >= 0)
+        fprintf(o, "; best Acc@1 %.3f at epoch %d", r->best_acc1, res->best_epoch);
+    else if (r->best_acc1 > 0)
+        fprintf(o, "; best Acc@1 %.3f (before the resume)", r->best_acc1);
+    if (res->best_epoch >= 0 && r->c->checkpoint_dir)
+        fprintf(o, " (%s/model_best.safetensors)", r->c->checkpoint_dir);
+    fprintf(o, "\n=> device memory at its peak:");
+    for (int i = 0; i < r->n; i++)
+        fprintf(o, "%s %s %.1f MiB", i ? "," : "", mgt_device_name(mgt_devset_device(r->set, i)),
+                (double)res->peak_bytes[i] / (1024.0 * 1024.0));
+    fprintf(o, "\n");
+    fflush(o);
+}
+
 static bool train_epochs(run *r, int start_epoch, long start_step)
 {
     for (int ep = start_epoch; ep < r->c->epochs; ep++) {
         epoch_end e = run_epoch(r, ep, ep == start_epoch ? start_step : 0);
+        sample_memory(r);
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
     }
@@ -921,11 +970,17 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
     if (st == MGT_OK)
         st = train_workers_start(r);
+    res->best_epoch = -1;
     if (st == MGT_OK) {
+        sample_memory(r);
         if (r->primary)
             print_start(r, start_epoch);
         report_start(r, start_epoch, start_step);
         bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
+        res->total_s = mgt_time_now() - r->start_s;
+        res->run_images_per_s = r->run_train_s > 0 ? (double)r->run_images / r->run_train_s : 0;
+        if (!c->evaluate && r->primary)
+            print_end(r, ok);
         if (!ok)
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */
     }

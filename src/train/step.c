@@ -81,6 +81,18 @@ static mgt_status meter_step(worker *w, long k)
     if (st != MGT_OK)
         return st;
     float loss = w->host_loss[slot];
+    /* the step's time is the device's, from the previous step's end to this one's: it covers
+       a wait for the host (data, enqueueing) as the host's clock would, without the host's
+       lag; the host meters LAG steps behind, and at an epoch's end meters the last ones in a
+       burst, whose gaps on its clock (0.000 s) were not the steps' */
+    w->slot_step_s[slot] = 0;
+    if (k > r->first_step) {
+        float ms;
+        st = mgt_event_elapsed_ms(w->slot_ev[(k - 1) % SLOTS], w->slot_ev[slot], &ms);
+        if (st != MGT_OK)
+            return st;
+        w->slot_step_s[slot] = 1e-3 * ms;
+    }
     if (r->ctl.profile && k - r->first_step >= r->ctl.warmup_steps) {
         float ms[PROF_MARKS - 1];
         for (int p = 0; p < PROF_MARKS - 1 && st == MGT_OK; p++)

@@ -97,6 +97,7 @@ typedef struct step_acc {
     double loss_sum; /* sum over devices of loss * n */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
+    double step_s; /* the slowest device's time for the step (0: not measured) */
     int reported;  /* devices that added to it */
 } step_acc;
 
@@ -129,6 +130,7 @@ typedef struct worker {
     mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
+    double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
     long started; /* steps begun in this phase, under r->lock */
@@ -297,6 +299,8 @@ struct run {
     mgt_st_file *resume_f, *pretrained_f;
     char resume_path[4096]; /* --resume's file ("auto" resolved); "" when none */
     mgt_ckpt_info ckpt;     /* what the resumed (or -e'd, or --pretrained) checkpoint says */
+    long run_images;        /* training images of this call, over its epochs */
+    double run_train_s;     /* and the seconds their training phases took */
     bool have_ckpt;
 };
 
