@@ -64,6 +64,13 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
 mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt, mgt_dataset **train,
                                 mgt_dataset **val);
 
+/* A split of loose image files (`mgtrain predict`): each path a file (taken whatever its
+   extension) or a folder (every image file under it, recursively, in sorted order; names
+   starting with '.' skipped; links to folders not followed), in the order given, one class
+   "?", each sample's relpath the whole path. Errors name the path: missing, neither file nor
+   folder, a folder without images. */
+mgt_status mgt_dataset_from_paths(const char *const *paths, int n, mgt_dataset **out);
+
 void mgt_dataset_free(mgt_dataset *ds); /* NULL is a no-op */
 
 size_t mgt_dataset_size(const mgt_dataset *ds);

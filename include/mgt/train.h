@@ -206,6 +206,39 @@ typedef struct mgt_train_result {
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *r);
 
+/* ---- mgtrain predict ---- */
+
+#define MGT_PREDICT_MAX_K 20
+
+typedef struct mgt_predict_config {
+    const char *weights;       /* an mgtrain checkpoint (its metadata describes the model), or
+                                torchvision weights (then arch is needed) */
+    const char *arch;          /* NULL: the checkpoint's */
+    int image_size;            /* 0: the checkpoint's, else the architecture's */
+    int in_channels;           /* 0: the checkpoint's, else 3 */
+    const char *class_names;   /* (optional) a file of names, one a line */
+    const char *const *inputs; /* image files and folders (every image under them) */
+    int n_inputs;
+    int top_k;         /* classes per image (5) */
+    int batch_size;    /* images per step over all devices (32) */
+    int workers;       /* decode threads; -1: one per core */
+    mgt_precision amp; /* as --amp */
+    bool json;         /* one JSON object a line: path, top [{class, index, probability}] */
+    FILE *out;         /* the predictions */
+    FILE *info;        /* the "=>" line and the warnings; NULL: stderr */
+} mgt_predict_config;
+
+typedef struct mgt_predict_result {
+    size_t images, failed; /* images named, and those that could not be read */
+} mgt_predict_result;
+
+void mgt_predict_config_defaults(mgt_predict_config *c);
+/* Predicts every image of c->inputs with the model of c->weights through its validation
+   transform (mgt_ckpt_info_transform), batched over set's devices, in the order the inputs
+   name them (a folder's images sorted); an image that cannot be read gets its line with the
+   reason in the warnings and counts as failed. MGT_ERR_USAGE for contradictory settings. */
+mgt_status mgt_predict_run(const mgt_predict_config *c, mgt_devset *set, mgt_predict_result *r);
+
 /* Training curves from JSON logs written by --log: loss, top-1 and lr against epochs
    (training per progress line, validation and the EMA model's per epoch), the logs overlaid
    in one SVG at svg_path (written through a temporary file and a rename). labels (may be

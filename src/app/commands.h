@@ -20,6 +20,7 @@ int mgt_app_cmd_pack(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
 int mgt_app_cmd_plot(int argc, char **argv);
 int mgt_app_cmd_export(int argc, char **argv);
+int mgt_app_cmd_predict(int argc, char **argv);
 
 /* Exit statuses, the same in every command: 0 done; 1 a run that cannot be done or failed
    (missing or corrupt data or checkpoint, no GPU for --device cuda, a device error, a NaN
