@@ -70,6 +70,9 @@ typedef struct mgt_model_config {
     /* Every layer on its own kernels: no ReLU folded into the batch norm before it. The
        folded pair gives the same bits; tests compare the two. */
     bool no_fusion;
+    /* Evaluation only: no gradient arena is allocated (a training forward, backward and
+       zero_grad are refused). What a validation twin at another input size needs (FixRes). */
+    bool inference;
 } mgt_model_config;
 
 /* How a sync_bn model reaches the other replicas without knowing them: gather(ctx, mine,

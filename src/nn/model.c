@@ -108,7 +108,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (st == MGT_OK && d) {
         mgt_stream *s = NULL;
         st = mgt_buffer_alloc(d, m->params_bytes, &m->params_buf);
-        if (st == MGT_OK)
+        if (st == MGT_OK && !cfg->inference)
             st = mgt_buffer_alloc(d, m->params_bytes, &m->grads_buf);
         /* a model without batch norm has no buffers; the arena still exists */
         if (st == MGT_OK)
@@ -117,7 +117,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
             st = mgt_buffer_alloc(d, m->acts_bytes, &m->acts_buf);
         if (st == MGT_OK) {
             m->params = mgt_buffer_ptr(m->params_buf);
-            m->grads = mgt_buffer_ptr(m->grads_buf);
+            m->grads = m->grads_buf ? mgt_buffer_ptr(m->grads_buf) : NULL;
             m->bufs = mgt_buffer_ptr(m->bufs_buf);
             m->acts = mgt_buffer_ptr(m->acts_buf);
             st = mgt_stream_create(d, &s);
@@ -126,7 +126,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
            optimizer and the all-reduce run over whole arenas. */
         if (st == MGT_OK)
             st = mgt_memset(s, m->params, 0, m->params_bytes);
-        if (st == MGT_OK)
+        if (st == MGT_OK && m->grads)
             st = mgt_memset(s, m->grads, 0, m->params_bytes);
         if (st == MGT_OK && m->bufs_bytes)
             st = mgt_memset(s, m->bufs, 0, m->bufs_bytes);
@@ -316,6 +316,10 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
                              m->arch, m->cfg.batch);
     if (!x)
         return mgt_error_set(MGT_ERR_INVALID, "model forward: no input");
+    if (train && m->cfg.inference)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model forward: this %s was made for inference (no gradients)",
+                             m->arch);
     /* PyTorch refuses this too ("Expected more than 1 value per channel when training"):
        the batch variance of one value is 0 and the BN output would be its bias alone.
        A frozen BN takes no batch statistics, so any batch will do. */
@@ -447,5 +451,7 @@ mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s)
     mgt_status st = nn_need_device(m, "model zero_grad");
     if (st != MGT_OK)
         return st;
+    if (!m->grads)
+        return mgt_error_set(MGT_ERR_INVALID, "model zero_grad: this %s has no gradients", m->arch);
     return mgt_memset(s, m->grads, 0, m->params_bytes);
 }

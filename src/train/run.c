@@ -423,6 +423,9 @@ static void print_start(run *r, int start_epoch)
                 "%dx%dx%d, %ld steps per epoch\n",
                 c->data_dir, d->train_samples, d->val_samples, d->classes, d->channels, d->size,
                 d->size, d->steps_per_epoch);
+    if (d->val_t.size > 0 && d->val_t.size != d->size)
+        fprintf(o, "=> validation at %dx%d (FixRes: a twin of each replica planned for it)\n",
+                d->val_t.size, d->val_t.size);
     mgt_model_counts mc;
     mgt_model_get_counts(r->w[0].model, &mc);
     fprintf(o,

@@ -33,14 +33,12 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     mgt_augment aug = c->augment;
     if (aug == MGT_AUGMENT_DEFAULT)
         aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
-    if (c->val_crop_size > 0 && c->val_crop_size != d->size)
-        return mgt_error_set(MGT_ERR_INVALID,
-                             "--val-crop-size %d differs from the training size %d: the model "
-                             "is planned for one input size",
-                             c->val_crop_size, d->size);
-    mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, d->size, d->channels);
+    /* FixRes: validation may crop at another size than training (each replica then has a
+       validation twin planned for it) */
+    int vsize = c->val_crop_size > 0 ? c->val_crop_size : d->size;
+    mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, vsize, d->channels);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
-        vt->resize = (w == d->size && h == d->size) ? 0 : d->size;
+        vt->resize = (w == vsize && h == vsize) ? 0 : vsize;
     if (st == MGT_OK && c->val_resize_size > 0)
         vt->resize = c->val_resize_size;
     vt->interp = c->interpolation;
@@ -170,7 +168,9 @@ mgt_status train_open_data(run *r)
     st = make_transforms(r, w, h, &tt, &vt);
     if (st != MGT_OK)
         return st;
-    d->val_t = vt; /* what checkpoints say the model is validated with */
+    d->val_t = vt;      /* what checkpoints say the model is validated with */
+    if (r->c->evaluate) /* -e: the model is planned at the validation crop */
+        d->size = vt.size;
     return make_loaders(r, &tt, &vt);
 }
 
@@ -238,6 +238,39 @@ static mgt_status make_slots(run *r, worker *w)
     return st;
 }
 
+/* FixRes (--val-crop-size other than the training size): a twin of the replica planned for
+   the validation crop, without gradients, into which the replica's weights and statistics
+   are copied before each validation. Refused where the parameters depend on the input size
+   (they would not be the same tensors). */
+static mgt_status make_val_twin(run *r, worker *w, const mgt_model_config *train_cfg)
+{
+    mgt_model_config vc = *train_cfg;
+    vc.image_size = r->data.val_t.size;
+    vc.inference = true;
+    vc.sync_bn = false;
+    vc.freeze_bn = false;
+    mgt_status st = mgt_model_create(&vc, w->d, &w->val_model);
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "--val-crop-size %d", vc.image_size);
+    size_t pa, pb, ba, bb;
+    mgt_model_params(w->model, &pa);
+    mgt_model_params(w->val_model, &pb);
+    mgt_model_buffers(w->model, &ba);
+    mgt_model_buffers(w->val_model, &bb);
+    int na, nb;
+    const mgt_model_entry *ta = mgt_model_table(w->model, &na);
+    const mgt_model_entry *tb = mgt_model_table(w->val_model, &nb);
+    bool same = pa == pb && ba == bb && na == nb;
+    for (int e = 0; same && e < na; e++)
+        same = ta[e].offset == tb[e].offset && ta[e].numel == tb[e].numel;
+    if (!same)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--val-crop-size %d: %s's parameters depend on its input size (%d "
+                             "in training): it cannot validate at another",
+                             vc.image_size, r->c->arch, train_cfg->image_size);
+    return MGT_OK;
+}
+
 static mgt_status make_worker(run *r, int i)
 {
     const mgt_train_config *c = r->c;
@@ -269,6 +302,8 @@ static mgt_status make_worker(run *r, int i)
         st = make_slots(r, w);
     if (st == MGT_OK && c->dummy)
         st = make_dummy_batch(r, w);
+    if (st == MGT_OK && r->data.val_t.size > 0 && r->data.val_t.size != r->data.size)
+        st = make_val_twin(r, w, &mc);
     if (st == MGT_OK && i == 0)
         st = mgt_model_init(w->model, w->s, c->seed);
     return st;
@@ -299,6 +334,7 @@ static void free_worker(worker *w)
         mgt_host_free(w->d, w->host_correct);
     train_optim_free(&w->opt);
     train_ema_free(w);
+    mgt_model_free(w->val_model);
     mgt_model_free(w->model);
     mgt_stream_free(w->s);
 }

@@ -452,7 +452,18 @@ static void val_phase(worker *w)
     /* -e waits for each batch: its logits and numbers are read as it goes */
     bool detail = r->c->evaluate;
     int k = r->data.classes;
-    mgt_status st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    mgt_model *m = w->model;
+    mgt_status st = MGT_OK;
+    if (w->val_model) { /* FixRes: the weights and statistics into the twin at the val crop */
+        size_t pb, bb;
+        const float *p = mgt_model_params(w->model, &pb), *q = mgt_model_buffers(w->model, &bb);
+        st = mgt_copy_d2d(w->s, mgt_model_params(w->val_model, NULL), p, pb);
+        if (st == MGT_OK && bb)
+            st = mgt_copy_d2d(w->s, mgt_model_buffers(w->val_model, NULL), q, bb);
+        m = w->val_model;
+    }
+    if (st == MGT_OK)
+        st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_fill(w->s, loss_sum, 0.0f, 1);
     w->host_correct[0] = w->host_correct[1] = 0;
@@ -463,11 +474,11 @@ static void val_phase(worker *w)
         const float *logits = NULL;
         st = mgt_loader_next(r->data.val_ld, w->dev, w->s, &b);
         if (st == MGT_OK)
-            st = mgt_model_forward(w->model, w->s, b.images, b.n, false, &logits);
+            st = mgt_model_forward(m, w->s, b.images, b.n, false, &logits);
         if (st == MGT_OK)
-            st = mgt_model_loss(w->model, w->s, b.labels, 0.0f, correct);
+            st = mgt_model_loss(m, w->s, b.labels, 0.0f, correct);
         if (st == MGT_OK)
-            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(w->model), 1);
+            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(m), 1);
         images += b.n;
         if (!detail || st != MGT_OK)
             continue;
@@ -476,7 +487,7 @@ static void val_phase(worker *w)
         if (w->host_logits)
             st = mgt_copy_d2h(w->s, w->host_logits, logits, (size_t)b.n * k * sizeof(float));
         if (st == MGT_OK)
-            st = mgt_copy_d2h(w->s, &loss, mgt_model_loss_ptr(w->model), sizeof loss);
+            st = mgt_copy_d2h(w->s, &loss, mgt_model_loss_ptr(m), sizeof loss);
         if (st == MGT_OK)
             st = mgt_copy_d2h(w->s, &w->host_correct[0], correct, 2 * sizeof(int32_t));
         if (st == MGT_OK)

@@ -118,6 +118,7 @@ typedef struct worker {
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
+    mgt_model *val_model; /* FixRes: the replica planned for the validation crop (or NULL) */
     train_optim opt;
     train_ema ema;
     /* metrics */
