@@ -60,6 +60,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     tt->interp = c->interpolation;
     tt->exact_decode = c->exact_decode;
     tt->auto_augment = c->auto_augment;
+    tt->augmix_severity = c->augmix_severity;
     tt->random_erase = c->random_erase;
     if ((st = mgt_transform_check(tt)) != MGT_OK)
         return st;
