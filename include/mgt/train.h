@@ -194,7 +194,7 @@ typedef struct mgt_train_result {
     double total_s;          /* the whole run, set-up included */
     double run_images_per_s; /* training images per second over every epoch of this call */
     size_t peak_bytes[MGT_MAX_DEVICES]; /* each device's most memory in use */
-    /* -e: the confusion matrix [true][predicted] (classes x classes, malloc'd; the caller
+    /* -e: the confusion matrix [true][predicted] (classes x classes; mgt_train_result_free
        frees it) and its class count; NULL without -e */
     long *confusion;
     int confusion_classes;
@@ -205,6 +205,8 @@ typedef struct mgt_train_result {
    MGT_ERR_INVALID naming the field's flag); the last good checkpoint is kept. */
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *r);
+/* Frees what a result holds (-e's confusion matrix); the numbers stay. */
+void mgt_train_result_free(mgt_train_result *r);
 
 /* ---- mgtrain predict ---- */
 

@@ -810,6 +810,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     signal(SIGTERM, on_sigint);
     mgt_train_result res;
     st = mgt_train_run(&c, &ctl, set, &res);
+    mgt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     /* the run's line, before closing the devices (which may set a text of their own) */

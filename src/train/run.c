@@ -908,6 +908,13 @@ static mgt_status run_finish(run *r, mgt_status st)
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
+void mgt_train_result_free(mgt_train_result *r)
+{
+    free(r->confusion);
+    r->confusion = NULL;
+    r->confusion_classes = 0;
+}
+
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *res)
 {

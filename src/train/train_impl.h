@@ -6,6 +6,9 @@
  *   tensorboard.c the TensorBoard reporter: event records (length, masked CRC-32C, Event);
  *   checkpoint.c the training state and its symmetric save and load, --resume;
  *   pretrained.c --pretrained: weights from torchvision files or mgtrain checkpoints;
+ *   source.c     the --resume and --pretrained files, opened first; what a checkpoint says of
+ *                its model (mgt_ckpt_info) and the defaults that gives -e and --resume;
+ *   predict.c    `mgtrain predict`: a checkpoint's top-k classes for image files;
  *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
  *
  * Threads. The main thread prepares data, replicas and communication, then drives phases
