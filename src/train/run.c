@@ -324,6 +324,15 @@ static void print_devices(run *r)
         fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
                 r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
     fprintf(o, "\n");
+    /* Ctrl-C on mpirun reaches the ranks as SIGTERM with a SIGKILL soon after: a stop's save
+       must fit between them (an unfinished one leaves the previous checkpoint) */
+    double grace = mgt_world_kill_grace_s();
+    if (r->nodes > 1 && r->c->checkpoint_dir && !r->c->evaluate && grace >= 0)
+        fprintf(o,
+                "=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after %g s and SIGKILL "
+                "%g s later (mpirun --mca odls_base_sigkill_timeout S sets both): the stop's "
+                "checkpoint must be written in that time, or the previous one stays\n",
+                grace, grace);
 }
 
 /* -e's start: what is evaluated, on what, how: nothing of training. */
@@ -357,8 +366,8 @@ static void print_eval_start(run *r)
     fprintf(o, " std");
     for (int i = 0; i < d->channels && i < 3; i++)
         fprintf(o, " %.4g", (double)vt->std[i]);
-    fprintf(o, "\n=> batches of %d per device, %zu on the first%s\n", d->per_dev_batch,
-            mgt_loader_batches(d->val_ld, 0), c->amp != MGT_PREC_F32 ? "" : "");
+    fprintf(o, "\n=> batches of %d images per device, %zu batches on the first device\n",
+            d->per_dev_batch, mgt_loader_batches(d->val_ld, 0));
     if (c->amp != MGT_PREC_F32)
         fprintf(o, "=> mixed precision %s\n", mgt_precision_name(c->amp));
     fflush(o);

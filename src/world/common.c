@@ -20,3 +20,12 @@ int world_env_size(const char **var)
         *var = NULL;
     return 1;
 }
+
+double mgt_world_kill_grace_s(void)
+{
+    if (!getenv("OMPI_COMM_WORLD_SIZE"))
+        return -1;
+    /* mpirun passes its --mca parameters to the ranks as OMPI_MCA_<name> */
+    const char *v = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    return v && *v ? atof(v) : 1.0;
+}
