@@ -19,6 +19,8 @@
 #   keep_last  --keep-last 2 over 3 epochs keeps model_1 and model_2
 #   console    the checkpoint lines, the closing summary, a resumed epoch's notice, a second
 #              Ctrl-C's line
+#   fixres     training at 24 px validated at 32 (--val-crop-size): each validation runs the
+#              trained weights (its numbers are -e's from the checkpoint, to the digit)
 #   cli        the references' aliases, a bare --amp, -b's note, --lr-warmup-epochs alone,
 #              help and --version
 # usage: test_finetune.sh CASE MGTRAIN DATA_SAMPLE SCRATCH
@@ -217,6 +219,19 @@ console)
   set -e
   [ $rc -eq 130 ] || { cat twice.out >&2; fail "two Ctrl-C: exit $rc, expected 130"; }
   has twice.out "mgtrain: a second interrupt: quitting now, without saving"
+  ;;
+fixres)
+  # the twin planned at 32 px validates the weights trained at 24: were they not copied in,
+  # the training's validation would be the initial model's and -e's (the checkpoint's) another
+  run train 0 "$sample" -a resnet20 "${QUICK[@]}" --epochs 2 --lr 0.02 --image-size 24 \
+    --val-crop-size 32 --checkpoint-dir ck
+  has train.out "=> validation at 32x32 (FixRes: a twin of each replica planned for it)"
+  run eval 0 "$sample" -e --resume ck/checkpoint.safetensors "${QUICK[@]}"
+  has eval.out "input 24 px, 1 channel, its mean and std, validation resize 32, validation crop 32"
+  has eval.out "1x32x32; resize 32 (bilinear), centre crop 32"
+  want=$(grep '^ \* Acc@1' train.out | tail -1)
+  [ "$(grep '^ \* Acc@1' eval.out)" = "$want" ] ||
+    fail "-e: $(grep '^ \* Acc@1' eval.out); the training's last validation: $want"
   ;;
 cli)
   run aliases 0 --model resnet20 --data-path "$sample" --output-dir ck "${QUICK[@]}" --epochs 1 --max-steps 2
