@@ -10,37 +10,15 @@
 #include "data/internal.h"
 
 typedef struct path_list {
-    char *buf;
-    size_t len, cap;
-    size_t *off;
-    size_t n, ncap;
+    data_strbuf names;
+    data_offvec off;
 } path_list;
 
 static mgt_status add_path(path_list *p, const char *path)
 {
-    size_t l = strlen(path) + 1;
-    if (p->len + l > p->cap) {
-        size_t cap = p->cap ? p->cap : 4096;
-        while (p->len + l > cap)
-            cap *= 2;
-        char *b = realloc(p->buf, cap);
-        if (!b)
-            return mgt_error_set(MGT_ERR_OOM, "predict: host memory exhausted");
-        p->buf = b;
-        p->cap = cap;
-    }
-    if (p->n == p->ncap) {
-        size_t cap = p->ncap ? p->ncap * 2 : 256;
-        size_t *o = realloc(p->off, cap * sizeof *o);
-        if (!o)
-            return mgt_error_set(MGT_ERR_OOM, "predict: host memory exhausted");
-        p->off = o;
-        p->ncap = cap;
-    }
-    memcpy(p->buf + p->len, path, l);
-    p->off[p->n++] = p->len;
-    p->len += l;
-    return MGT_OK;
+    size_t off;
+    mgt_status st = data_strbuf_add(&p->names, path, strlen(path), &off);
+    return st == MGT_OK ? data_offvec_push(&p->off, off) : st;
 }
 
 static int by_name(const struct dirent **a, const struct dirent **b)
@@ -91,9 +69,9 @@ mgt_status mgt_dataset_from_paths(const char *const *paths, int n, mgt_dataset *
         if (stat(paths[i], &sb) != 0)
             st = mgt_error_set(MGT_ERR_IO, "%s: %s", paths[i], strerror(errno));
         else if (S_ISDIR(sb.st_mode)) {
-            size_t before = p.n;
+            size_t before = p.off.n;
             st = walk(&p, paths[i], 0);
-            if (st == MGT_OK && p.n == before)
+            if (st == MGT_OK && p.off.n == before)
                 st = mgt_error_set(MGT_ERR_INVALID,
                                    "%s: no image files in it (extensions: jpg jpeg png bmp gif "
                                    "pgm ppm tga)",
@@ -103,7 +81,7 @@ mgt_status mgt_dataset_from_paths(const char *const *paths, int n, mgt_dataset *
         else
             st = add_path(&p, paths[i]); /* named: taken whatever its extension */
     }
-    if (st == MGT_OK && p.n == 0)
+    if (st == MGT_OK && p.off.n == 0)
         st = mgt_error_set(MGT_ERR_INVALID, "no image given");
     mgt_dataset *ds = st == MGT_OK ? calloc(1, sizeof *ds) : NULL;
     if (st == MGT_OK && !ds)
@@ -112,20 +90,20 @@ mgt_status mgt_dataset_from_paths(const char *const *paths, int n, mgt_dataset *
         ds->dir = strdup("");
         ds->nclasses = 1;
         ds->class_names = calloc(1, sizeof *ds->class_names);
-        ds->labels = calloc(p.n, sizeof *ds->labels);
+        ds->labels = calloc(p.off.n, sizeof *ds->labels);
         if (ds->class_names)
             ds->class_names[0] = strdup("?");
         if (!ds->dir || !ds->class_names || !ds->class_names[0] || !ds->labels)
             st = mgt_error_set(MGT_ERR_OOM, "predict: host memory exhausted");
-        ds->n = p.n;
-        ds->paths = p.buf;
-        ds->paths_len = p.len;
-        ds->path_off = p.off;
-        p.buf = NULL;
-        p.off = NULL;
+        ds->n = p.off.n;
+        ds->paths = p.names.p;
+        ds->paths_len = p.names.len;
+        ds->path_off = p.off.v;
+        p.names.p = NULL;
+        p.off.v = NULL;
     }
-    free(p.buf);
-    free(p.off);
+    free(p.names.p);
+    free(p.off.v);
     if (st != MGT_OK) {
         mgt_dataset_free(ds);
         return st;
