@@ -48,6 +48,8 @@ What each file checks, and against what:
   they show every index each rank gets. From torch itself when importable, else from a
   transcription of DistributedSampler.__iter__ (torch 1.13, torch/utils/data/distributed.py).
 """
+import contextlib
+import gzip
 import math
 import os
 import random
@@ -77,6 +79,14 @@ except ImportError:
 
 def f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@contextlib.contextmanager
+def gz_lines(path):
+    """A gzip text file written a line at a time (mtime 0: a rerun writes the same bytes);
+    yields line(text)."""
+    with gzip.GzipFile(path, "wb", mtime=0) as gz:
+        yield lambda t: gz.write((t + "\n").encode())
 
 
 # ---------------------------------------------------------------- RandomResizedCrop
@@ -410,7 +420,6 @@ def aug_images():
 
 
 def write_augment_ops(path):
-    import gzip
     from torchvision.transforms import InterpolationMode as IM
     from torchvision.transforms.autoaugment import _apply_op
 
@@ -432,9 +441,7 @@ def write_augment_ops(path):
         for op, mags in enhance + lut:
             for m in mags:
                 cases.append((op, "bilinear", IM.BILINEAR, m, k))
-    with gzip.GzipFile(path, "wb", mtime=0) as gz:
-        def line(t):
-            gz.write((t + "\n").encode())
+    with gz_lines(path) as line:
         line("# torchvision %s autoaugment._apply_op on PIL %s images, by "
              "scripts/make_data_goldens.py" % (torchvision.__version__, Image.__version__))
         line("# images: count, then per image 'w h c' and its pixels (HWC, hex); cases: count, "
@@ -495,7 +502,6 @@ def hwc_hex(t):
 
 
 def write_augmix_ops(path):
-    import gzip
     from torchvision.transforms import InterpolationMode as IM
     from torchvision.transforms.autoaugment import _apply_op
 
@@ -508,9 +514,7 @@ def write_augmix_ops(path):
            ("Posterize", [4.0, 3.0, 1.0, 0.0]), ("Solarize", [255.0, 128.0, 100.5, 0.0]),
            ("AutoContrast", [0.0]), ("Equalize", [0.0])]
     cases = [(op, m, k) for k in range(len(imgs)) for op, mags in ops for m in mags]
-    with gzip.GzipFile(path, "wb", mtime=0) as gz:
-        def line(t):
-            gz.write((t + "\n").encode())
+    with gz_lines(path) as line:
         line("# torchvision %s / torch %s autoaugment._apply_op on uint8 CHW tensors (bilinear, "
              "fill None), as AugMix calls it, by scripts/make_data_goldens.py"
              % (torchvision.__version__, torch.__version__))
@@ -528,7 +532,6 @@ def write_augmix(path):
     """AugMix(severity).forward on each image with torch's draws recorded: the two Dirichlet
     samples (through _sample_dirichlet) and every torch.randint (a chain's depth, an op, a
     magnitude bin, a sign), in the order forward makes them."""
-    import gzip
     from torchvision.transforms import autoaugment as A
 
     imgs = aug_images()
@@ -548,9 +551,7 @@ def write_augmix(path):
         return out
 
     cases = 0
-    with gzip.GzipFile(path, "wb", mtime=0) as gz:
-        def line(t):
-            gz.write((t + "\n").encode())
+    with gz_lines(path) as line:
         line("# torchvision %s / torch %s AugMix(severity) on uint8 CHW tensors, its draws recorded, "
              "by scripts/make_data_goldens.py" % (torchvision.__version__, torch.__version__))
         line("# per case 'image severity ndraws', then the draws in order ('d' and the Dirichlet "

@@ -66,15 +66,23 @@ typedef struct gimg {
     uint8_t *px;
 } gimg;
 
+/* A golden file of tests/data/pipeline, or the test fails naming the script that makes it. */
+static gzFile open_golden(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    gzFile g = gzopen(path, "rb");
+    if (!g)
+        fail_msg("%s missing (make it with scripts/make_data_goldens.py)", path);
+    return g;
+}
+
 /* Every op of the three policies, as torchvision 0.14's _apply_op gives it on a PIL image,
    at fixed magnitudes (signs included) and every interpolation: pixel for pixel. */
 static void test_policy_ops_golden(void **state)
 {
     (void)state;
-    gzFile g = gzopen(GOLDEN_DIR "/augment_ops.txt.gz", "rb");
-    if (!g)
-        fail_msg("%s/augment_ops.txt.gz missing (make it with scripts/make_data_goldens.py)",
-                 GOLDEN_DIR);
+    gzFile g = open_golden("augment_ops.txt.gz");
     char *buf = NULL;
     size_t cap = 0;
     int nimg = atoi(gz_data_line(g, &buf, &cap));
@@ -133,8 +141,7 @@ static void test_policy_ops_golden(void **state)
 /* The images of augment_ops.txt.gz (which augmix_ops and augmix use too). */
 static int load_aug_images(gimg *imgs, int cap)
 {
-    gzFile g = gzopen(GOLDEN_DIR "/augment_ops.txt.gz", "rb");
-    assert_non_null(g);
+    gzFile g = open_golden("augment_ops.txt.gz");
     char *buf = NULL;
     size_t bcap = 0;
     int nimg = atoi(gz_data_line(g, &buf, &bcap));
@@ -157,9 +164,7 @@ static void test_augmix_ops_golden(void **state)
     (void)state;
     gimg imgs[4];
     int nimg = load_aug_images(imgs, 4);
-    gzFile g = gzopen(GOLDEN_DIR "/augmix_ops.txt.gz", "rb");
-    if (!g)
-        fail_msg("%s/augmix_ops.txt.gz missing (scripts/make_data_goldens.py)", GOLDEN_DIR);
+    gzFile g = open_golden("augmix_ops.txt.gz");
     char *buf = NULL;
     size_t cap = 0;
     int ncases = atoi(gz_data_line(g, &buf, &cap)), failed = 0;
@@ -233,9 +238,7 @@ static void test_augmix_golden(void **state)
     (void)state;
     gimg imgs[4];
     int nimg = load_aug_images(imgs, 4);
-    gzFile g = gzopen(GOLDEN_DIR "/augmix.txt.gz", "rb");
-    if (!g)
-        fail_msg("%s/augmix.txt.gz missing (scripts/make_data_goldens.py)", GOLDEN_DIR);
+    gzFile g = open_golden("augmix.txt.gz");
     char *buf = NULL;
     size_t cap = 0;
     int cases = 0, failed = 0;
