@@ -178,14 +178,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
             ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
             break;
         case 'h': bench_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain bench: %s needs a value\n", argv[optind - 1]);
-            ok = false;
-            break;
         default:
-            if (mgt_app_device_switch(opt, &sw))
+            if (opt != ':' && mgt_app_device_switch(opt, &sw))
                 break;
-            fprintf(stderr, "mgtrain bench: unknown option '%s'\n", argv[optind - 1]);
+            mgt_app_bad_option("bench", opt, argv);
             ok = false;
         }
     }

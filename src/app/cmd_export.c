@@ -144,11 +144,7 @@ int mgt_app_cmd_export(int argc, char **argv)
         case O_MEAN: ok = mean_set = parse_triple("--mean", optarg, mean); break;
         case O_STD: ok = std_set = parse_triple("--std", optarg, std); break;
         case 'h': export_usage(stdout); return 0;
-        case ':': fprintf(stderr, "mgtrain export: %s needs a value\n", argv[optind - 1]); return 2;
-        default:
-            fprintf(stderr, "mgtrain export: unknown option '%s' (mgtrain export --help)\n",
-                    argv[optind - 1]);
-            return 2;
+        default: return mgt_app_bad_option("export", ch, argv);
         }
         if (!ok)
             return 2;

@@ -108,16 +108,10 @@ int mgt_app_cmd_predict(int argc, char **argv)
             break;
         case O_MOCK: devs.mock = optarg; break;
         case 'h': predict_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain predict: %s needs a value (mgtrain predict --help)\n",
-                    argv[optind - 1]);
-            return 2;
         default:
-            if (mgt_app_device_switch(ch, &devs.sw))
+            if (ch != ':' && mgt_app_device_switch(ch, &devs.sw))
                 break;
-            fprintf(stderr, "mgtrain predict: unknown option '%s' (mgtrain predict --help)\n",
-                    argv[optind - 1]);
-            return 2;
+            return mgt_app_bad_option("predict", ch, argv);
         }
     }
     if (!ok)

@@ -729,16 +729,10 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.dummy_steps = (int)v;
             break;
         case 'h': train_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain train --help)\n",
-                    argv[optind - 1]);
-            ok = false;
-            break;
         default:
-            if (mgt_app_device_switch(opt, &sw))
+            if (opt != ':' && mgt_app_device_switch(opt, &sw))
                 break;
-            fprintf(stderr, "mgtrain: unknown option '%s' (see mgtrain train --help)\n",
-                    argv[optind - 1]);
+            mgt_app_bad_option("train", opt, argv);
             ok = false;
         }
     }

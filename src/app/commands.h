@@ -38,6 +38,9 @@ int mgt_app_device_exit(mgt_status st);
    "mgtrain: FLAG 'VALUE': expected ..." to stderr and returns false. */
 bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out);
 bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out);
+/* The one line for an option getopt refused (c ':' a flag without its value, else an unknown
+   one): "mgtrain CMD: FLAG needs a value (mgtrain CMD --help)"; returns 2, the usage status. */
+int mgt_app_bad_option(const char *cmd, int c, char **argv);
 /* --amp bf16|fp16 (f32_name: also "f32" for plain fp32, as --grad-dtype takes) */
 bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out);
 

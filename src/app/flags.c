@@ -1,5 +1,6 @@
 /* Numeric flag values, checked against their range with a message naming the flag. */
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,17 @@
 
 #include "app/commands.h"
 #include "mgt/nn.h"
+
+int mgt_app_bad_option(const char *cmd, int c, char **argv)
+{
+    if (c == ':')
+        fprintf(stderr, "mgtrain %s: %s needs a value (mgtrain %s --help)\n", cmd, argv[optind - 1],
+                cmd);
+    else
+        fprintf(stderr, "mgtrain %s: unknown option '%s' (mgtrain %s --help)\n", cmd,
+                argv[optind - 1], cmd);
+    return 2;
+}
 
 bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out)
 {

@@ -259,6 +259,11 @@ cli)
   [ "$(tail -n +2 model_unknown.out | tr ' ' '\n' | grep -c '_\|[0-9]$')" -ge 36 ] || fail "the list is cut"
   run bench_unknown 2 bench -a resnet19 --device cpu
   has bench_unknown.out "\`mgtrain model\` lists them"
+  # a flag without its value, or unknown: one line naming the subcommand's help
+  run bench_amp 2 bench -a resnet20 --amp
+  has bench_amp.out "mgtrain bench: --amp needs a value (mgtrain bench --help)"
+  run bogus 2 "$sample" --bogus
+  has bogus.out "mgtrain train: unknown option '--bogus' (mgtrain train --help)"
   run version 0 --version
   grep -q "^mgtrain [0-9]*\.[0-9]*\.[0-9]*" version.out || fail "--version: $(cat version.out)"
   ;;
