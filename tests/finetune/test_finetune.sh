@@ -208,12 +208,18 @@ console)
   run resumed 0 "$sample" -a resnet20 "${QUICK[@]}" --epochs 1 --checkpoint-dir ck2 --resume auto -p 1
   grep -q "^=> epoch 0 resumes at step [1-9][0-9]* of 10: its averages (in parentheses) and training loss cover steps" resumed.out ||
     { cat resumed.out >&2; fail "no notice for the resumed epoch"; }
-  # two Ctrl-C: the second quits at once, saying so
+  # two Ctrl-C: the second quits at once, saying so. Device 0 hangs in its first update, so
+  # the first cannot end the run before the second comes (two signals sent back to back may
+  # be delivered as one, and a run that stops first restores SIGINT's default)
   set +e
-  "$mgtrain" "$sample" -a resnet20 "${QUICK[@]}" --epochs 50 -p 1 > twice.out 2>&1 &
+  "$mgtrain" "$sample" -a resnet20 --gpus 0,1 --device cpu --mock 'threads=1;fault=hang@0:1:sgd_update' \
+    -j 2 -b 32 --epochs 50 -p 1 --timeout 60 > twice.out 2>&1 &
   pid=$!
-  for _ in $(seq 600); do grep -q '^Epoch: ' twice.out && break; sleep 0.05; done
-  kill -INT $pid; kill -INT $pid
+  for _ in $(seq 600); do grep -q '^=> epochs ' twice.out && break; sleep 0.05; done
+  sleep 0.3
+  kill -INT $pid
+  sleep 0.3
+  kill -INT $pid
   wait $pid
   rc=$?
   set -e
