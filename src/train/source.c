@@ -172,7 +172,8 @@ mgt_status mgt_ckpt_info_transform(const mgt_ckpt_info *i, mgt_transform *t)
 mgt_status train_open_sources(run *r)
 {
     const mgt_train_config *c = r->c;
-    if (c->resume && strcmp(c->resume, "auto") == 0 && c->checkpoint_dir) {
+    bool auto_resume = c->resume && strcmp(c->resume, "auto") == 0;
+    if (auto_resume && c->checkpoint_dir) {
         int len = snprintf(r->resume_path, sizeof r->resume_path, "%s/checkpoint.safetensors",
                            c->checkpoint_dir);
         if (len < 0 || (size_t)len >= sizeof r->resume_path)
@@ -180,7 +181,8 @@ mgt_status train_open_sources(run *r)
                                  c->checkpoint_dir);
         if (access(r->resume_path, F_OK) != 0)
             r->resume_path[0] = 0; /* nothing to resume: train_resume says so */
-    } else if (c->resume) {
+    } else if (c->resume && !auto_resume) {
+        /* (auto without a --checkpoint-dir is check_config's refusal) */
         snprintf(r->resume_path, sizeof r->resume_path, "%s", c->resume);
     }
     mgt_status st = MGT_OK;
