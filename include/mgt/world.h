@@ -41,6 +41,10 @@ void mgt_world_close(mgt_world *w, bool failed);
 int mgt_world_rank(const mgt_world *w); /* this node's rank, 0 for a world of one */
 int mgt_world_size(const mgt_world *w); /* nodes */
 const char *mgt_world_host(const mgt_world *w);
+/* How Open MPI's mpirun ends the job on Ctrl-C: SIGCONT to every rank, SIGTERM this many
+   seconds later, SIGKILL as long after that (its odls_base_sigkill_timeout, 1 unless given);
+   -1 where the launcher is not Open MPI's. */
+double mgt_world_kill_grace_s(void);
 
 /* Time a wait may take before it fails with MGT_ERR_TIMEOUT (0: no limit; --timeout). */
 void mgt_world_set_timeout(mgt_world *w, double seconds);

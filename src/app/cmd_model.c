@@ -171,6 +171,12 @@ int mgt_app_cmd_model(int argc, char **argv)
     }
     if (!arch)
         return list_archs(classes, in_channels, size);
+    if (!mgt_arch_find(arch)) { /* every name, however many there are */
+        fprintf(stderr, "mgtrain model: -a '%s': unknown architecture; the %d known:\n", arch,
+                mgt_app_arch_count());
+        mgt_app_print_archs(stderr);
+        return 2;
+    }
     mgt_model_config cfg = default_config(arch, classes, in_channels, size);
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
@@ -179,8 +185,8 @@ int mgt_app_cmd_model(int argc, char **argv)
     }
     mgt_model_counts c;
     mgt_model_get_counts(m, &c);
-    printf("%s: input %dx%dx%d, %d classes\n\n", cfg.arch, cfg.in_channels, cfg.image_size,
-           cfg.image_size, cfg.classes);
+    printf("%s: input %dx%dx%d, %d classes, classifier head %s\n\n", cfg.arch, cfg.in_channels,
+           cfg.image_size, cfg.image_size, cfg.classes, mgt_model_head(m));
     print_layers(m);
     if (params)
         print_params(m);

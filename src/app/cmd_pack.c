@@ -122,12 +122,7 @@ int mgt_app_cmd_pack(int argc, char **argv)
             break;
         case 'q': quiet = true; break;
         case 'h': pack_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain pack: %s needs a value (try --help)\n", argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "mgtrain pack: unknown option '%s' (try --help)\n", argv[optind - 1]);
-            return 2;
+        default: return mgt_app_bad_option("pack", c, argv);
         }
         if (!ok)
             return 2;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "app/commands.h"
@@ -21,7 +22,12 @@ static atomic_int stop_requested;
 static void on_sigint(int sig)
 {
     if (atomic_load(&stop_requested)) {
-        /* a second signal: the user wants out now */
+        /* a second signal: the user wants out now; one line (write(2) is async-signal-safe)
+           says that the run ends unsaved and the last checkpoint stays as it was */
+        static const char line[] = "\nmgtrain: a second interrupt: quitting now, without saving "
+                                   "(the last checkpoint written stays as it was)\n";
+        ssize_t ignored = write(STDERR_FILENO, line, sizeof line - 1);
+        (void)ignored;
         signal(sig, SIG_DFL);
         raise(sig);
         return;
@@ -62,10 +68,9 @@ static void train_usage(FILE *f)
         "                         or a pack (mgtrain pack), or a folder of train.pack, val.pack\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
-        "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
-        "                         the images' own size for resnet20..110)\n"
-        "  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
-        "                         pad-crop for the CIFAR-style ones)\n"
+        "  --image-size S         training/validation side (default: the checkpoint's with\n"
+        "                         -e or --resume, else the family's: see below)\n"
+        "  --augment KIND         rrc | pad-crop | none (default: the family's)\n"
         "  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
         "  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
         "  --normalize auto       compute mean and std from the training images first\n"
@@ -77,25 +82,32 @@ static void train_usage(FILE *f)
         "torchvision's references recipe\n"
         "  --train-crop-size S    the training crop (= --image-size)\n"
         "  --val-resize-size S    validation: the shorter side before the centre crop\n"
-        "  --val-crop-size S      validation crop (must equal the training size)\n"
+        "  --val-crop-size S      validation crop; another than the training size validates\n"
+        "                         at it (FixRes: --train-crop-size 176 --val-crop-size 224)\n"
         "  --interpolation M      bilinear | bicubic | nearest, resizes and policy ops (bilinear)\n"
-        "  --auto-augment P       ta_wide | ra | imagenet: TrivialAugmentWide, RandAugment,\n"
-        "                         AutoAugment's ImageNet policy (none)\n"
+        "  --auto-augment P       ta_wide | ra | imagenet | cifar10 | svhn | augmix:\n"
+        "                         TrivialAugmentWide, RandAugment, AutoAugment's policies,\n"
+        "                         AugMix (none)\n"
+        "  --augmix-severity N    AugMix's severity, 1..10 (3)\n"
         "  --random-erase P       RandomErasing's probability (0)\n"
         "  --mixup-alpha A        mixup with lambda ~ Beta(A, A) (0: off)\n"
         "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
         "                         the two per sample, even odds)\n"
         "model\n"
-        "  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
-        "  --pretrained FILE      start from safetensors weights with torchvision names\n"
-        "                         (fc.* skipped when the class count differs)\n"
+        "  -a, --arch NAME        one of the architectures below (`mgtrain model` lists them\n"
+        "                         with sizes); default: the checkpoint's, else resnet18\n"
+        "  --pretrained FILE      start from safetensors weights with torchvision names; the\n"
+        "                         head is re-initialised for another class count, the stem\n"
+        "                         adapted to other input channels (a .pth: convert it with\n"
+        "                         scripts/pth_to_safetensors.py)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
         "                         (PyTorch's SyncBatchNorm; the devices of one node)\n"
-        "  --amp bf16|fp16        mixed precision as torch.autocast: convolutions and linear\n"
+        "  --amp [bf16|fp16|off]  mixed precision as torch.autocast: convolutions and linear\n"
         "                         layers on 16-bit inputs with fp32 sums; fp16 with dynamic\n"
-        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5)\n"
+        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5);\n"
+        "                         bare, as the references: fp16 on CUDA, bf16 on mock devices\n"
         "  --grad-dtype f32|bf16  the gradient all-reduce's precision (f32)\n"
         "optimisation\n"
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
@@ -132,9 +144,15 @@ static void train_usage(FILE *f)
         "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
         "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
         "  -p, --print-freq N     progress line every N steps (10)\n"
-        "  -e, --evaluate         validate once and stop\n"
+        "  -e, --evaluate         validate once and stop (the checkpoint of --resume or\n"
+        "                         --pretrained, with its architecture, size and transform)\n"
+        "  --per-class            -e: every class's top-1 (default: the five lowest)\n"
+        "  --confusion FILE.csv   -e: the confusion matrix with class names\n"
         "  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
-        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
+        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go;\n"
+        "                         one that holds another run's needs --resume or --overwrite\n"
+        "  --overwrite            start afresh over CHECKPOINT_DIR's checkpoints\n"
+        "  --keep-last N          also keep the last N epochs as model_<epoch>.safetensors\n"
         "  --log FILE             JSON lines: the configuration first, then one per progress\n"
         "                         line and one per epoch (with --checkpoint-dir, curves.svg\n"
         "                         there is drawn from it after each epoch)\n"
@@ -144,9 +162,19 @@ static void train_usage(FILE *f)
         "  --timeout SECONDS      abort when no step finishes for this long\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
+        "torchvision's references' names: --model (-a), --data-path (--data), --output-dir\n"
+        "(--checkpoint-dir), --test-only (-e), --lr-scheduler, --lr-warmup-*, --amp; -b is the\n"
+        "total over all devices here (per GPU there).\n"
         "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint (exit status\n"
         "128 + the signal: 130, 143); a second one quits at once. Bad flags exit 2; a run that\n"
         "cannot be done or fails exits 1.\n");
+    fprintf(f,
+            "\narchitectures (%d; `mgtrain model` for sizes, `mgtrain model -a NAME` for the "
+            "layers):\n",
+            mgt_app_arch_count());
+    mgt_app_print_archs(f);
+    fprintf(f, "\neach family's defaults (--image-size, --augment, the validation transform):\n");
+    mgt_app_print_family_defaults(f);
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -241,7 +269,20 @@ enum {
     OPT_EMA,
     OPT_EMA_DECAY,
     OPT_EMA_STEPS,
+    OPT_KEEP_LAST,
+    OPT_OVERWRITE,
+    OPT_PER_CLASS,
+    OPT_CONFUSION,
+    OPT_AUGMIX_SEVERITY,
 };
+
+/* Whether v is a value of --amp: `--amp bf16` takes it, a bare --amp (the references'
+   switch) leaves the next word alone. */
+static bool is_amp_word(const char *v)
+{
+    return v && (strcmp(v, "bf16") == 0 || strcmp(v, "fp16") == 0 || strcmp(v, "f32") == 0 ||
+                 strcmp(v, "fp32") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0);
+}
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
    argument), the architecture, and the combinations that contradict each other. */
@@ -291,13 +332,10 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
         fprintf(stderr, "mgtrain: Nesterov momentum needs --momentum above 0\n");
         return false;
     }
-    if (!mgt_arch_find(c->arch)) {
-        int n;
-        const mgt_arch_info *a = mgt_arch_list(&n);
-        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture (expected", c->arch);
-        for (int i = 0; i < n; i++)
-            fprintf(stderr, "%s %s", i ? "," : "", a[i].name);
-        fprintf(stderr, ")\n");
+    if (c->arch && !mgt_arch_find(c->arch)) {
+        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture; the %d known:\n", c->arch,
+                mgt_app_arch_count());
+        mgt_app_print_archs(stderr);
         return false;
     }
     return true;
@@ -307,6 +345,10 @@ int mgt_app_cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"data", required_argument, NULL, OPT_DATA},
+        {"data-path", required_argument, NULL, OPT_DATA}, /* the references' names */
+        {"model", required_argument, NULL, 'a'},
+        {"output-dir", required_argument, NULL, OPT_CKPT},
+        {"test-only", no_argument, NULL, 'e'},
         {"dummy", no_argument, NULL, OPT_DUMMY},
         {"workers", required_argument, NULL, 'j'},
         {"image-size", required_argument, NULL, OPT_IMAGE_SIZE},
@@ -356,7 +398,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
         {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
-        {"amp", required_argument, NULL, OPT_AMP},
+        {"amp", optional_argument, NULL, OPT_AMP},
         {"grad-dtype", required_argument, NULL, OPT_GRAD_DTYPE},
         {"opt", required_argument, NULL, OPT_OPT},
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
@@ -371,6 +413,11 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
         {"checkpoint-dir", required_argument, NULL, OPT_CKPT},
+        {"keep-last", required_argument, NULL, OPT_KEEP_LAST},
+        {"overwrite", no_argument, NULL, OPT_OVERWRITE},
+        {"per-class", no_argument, NULL, OPT_PER_CLASS},
+        {"confusion", required_argument, NULL, OPT_CONFUSION},
+        {"augmix-severity", required_argument, NULL, OPT_AUGMIX_SEVERITY},
         {"log", required_argument, NULL, OPT_LOG},
         {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
@@ -389,6 +436,10 @@ int mgt_app_cmd_train(int argc, char **argv)
     /* which schedule family the flags chose: mgtrain's (--lr-schedule, --warmup-epochs) or
        the references' (--lr-scheduler, --lr-warmup-*); mixing them is refused */
     const char *mgtrain_lr_flag = NULL, *ref_lr_flag = NULL;
+    /* a flag of torchvision's references by its name there: -b differs (total here, per GPU
+       there), which start-up then says; a bare --amp, whose precision follows the devices */
+    const char *ref_flag = NULL;
+    bool amp_auto = false, scheduler_given = false;
     long v;
     double x;
     bool ok = true;
@@ -402,6 +453,22 @@ int mgt_app_cmd_train(int argc, char **argv)
             snprintf(flag, sizeof flag, "--%s", longopts[at].name);
         else
             snprintf(flag, sizeof flag, "-%c", opt);
+        static const char *const ref_names[] = {"data-path",
+                                                "model",
+                                                "output-dir",
+                                                "test-only",
+                                                "lr-scheduler",
+                                                "lr-step-size",
+                                                "lr-warmup-epochs",
+                                                "lr-warmup-method",
+                                                "lr-warmup-decay",
+                                                "train-crop-size",
+                                                "val-resize-size",
+                                                "val-crop-size",
+                                                NULL};
+        for (int i = 0; at >= 0 && ref_names[i]; i++)
+            if (strcmp(longopts[at].name, ref_names[i]) == 0)
+                ref_flag = ref_names[i];
         switch (opt) {
         case OPT_DATA:
             c.data_dir = optarg;
@@ -507,6 +574,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_LR_SCHEDULER:
             ref_lr_flag = "--lr-scheduler";
+            scheduler_given = true;
             if (mgt_lr_scheduler_parse(optarg, &c.lr.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
                 ok = false;
@@ -555,7 +623,25 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
         case OPT_SYNC_BN: c.sync_bn = true; break;
-        case OPT_AMP: ok = mgt_app_flag_precision(flag, optarg, true, &c.amp); break;
+        case OPT_AMP:
+            /* `--amp bf16`, `--amp=fp16`, or the references' bare --amp (autocast as each
+               device kind does it: fp16 on CUDA, bf16 on CPU mock devices) */
+            if (!optarg && optind < argc && is_amp_word(argv[optind]))
+                optarg = argv[optind++];
+            if (!optarg || strcmp(optarg, "auto") == 0) {
+                amp_auto = true;
+                ref_flag = ref_flag ? ref_flag : "amp";
+            } else if (strcmp(optarg, "off") == 0 || strcmp(optarg, "f32") == 0 ||
+                       strcmp(optarg, "fp32") == 0) {
+                c.amp = MGT_PREC_F32;
+                amp_auto = false;
+            } else {
+                ok = mgt_app_flag_precision(flag, optarg, true, &c.amp);
+                if (!ok)
+                    fprintf(stderr, "mgtrain: --amp takes bf16, fp16, off, or no value (see "
+                                    "mgtrain train --help)\n");
+            }
+            break;
         case OPT_GRAD_DTYPE: ok = mgt_app_flag_precision(flag, optarg, false, &c.grad_dtype); break;
         case OPT_EXACT_DECODE: c.exact_decode = true; break;
         case OPT_VAL_RESIZE:
@@ -566,7 +652,20 @@ int mgt_app_cmd_train(int argc, char **argv)
             ok = mgt_app_flag_int(flag, optarg, 8, 4096, &v);
             c.val_crop_size = (int)v;
             break;
+        case OPT_KEEP_LAST:
+            ok = mgt_app_flag_int("--keep-last", optarg, 1, 1000000, &v);
+            c.keep_last = (int)v;
+            break;
+        case OPT_OVERWRITE: c.overwrite = true; break;
+        case OPT_PER_CLASS: c.per_class = true; break;
+        case OPT_CONFUSION: c.confusion_path = optarg; break;
+        case OPT_AUGMIX_SEVERITY:
+            ok = mgt_app_flag_int("--augmix-severity", optarg, 1, 10, &v);
+            c.augmix_severity = (int)v;
+            break;
         case OPT_INTERP:
+            c.interpolation_set = true;
+            /* fall through */
         case OPT_AUTO_AUGMENT:
             if ((opt == OPT_INTERP ? mgt_interp_parse(optarg, &c.interpolation)
                                    : mgt_auto_augment_parse(optarg, &c.auto_augment)) != MGT_OK) {
@@ -636,15 +735,10 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.dummy_steps = (int)v;
             break;
         case 'h': train_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain --help)\n", argv[optind - 1]);
-            ok = false;
-            break;
         default:
-            if (mgt_app_device_switch(opt, &sw))
+            if (opt != ':' && mgt_app_device_switch(opt, &sw))
                 break;
-            fprintf(stderr, "mgtrain: unknown option '%s' (see mgtrain train --help)\n",
-                    argv[optind - 1]);
+            mgt_app_bad_option("train", opt, argv);
             ok = false;
         }
     }
@@ -658,11 +752,9 @@ int mgt_app_cmd_train(int argc, char **argv)
                 mgtrain_lr_flag, ref_lr_flag);
         return 2;
     }
-    if (ref_lr_flag && !mgt_lr_per_epoch(c.lr.kind)) {
-        fprintf(stderr, "mgtrain: %s needs --lr-scheduler steplr|cosineannealinglr|exponentiallr\n",
-                ref_lr_flag);
-        return 2;
-    }
+    /* --lr-warmup-* without --lr-scheduler: the references' default scheduler, steplr */
+    if (ref_lr_flag && !scheduler_given)
+        c.lr.kind = MGT_LR_STEPLR;
     if (mgt_lr_per_epoch(c.lr.kind) && c.lr.warmup_method == MGT_LR_WARMUP_PER_STEP)
         c.lr.warmup_method = MGT_LR_WARMUP_CONSTANT; /* the references' default */
     if (!check_flags(&c, argc, argv))
@@ -683,6 +775,19 @@ int mgt_app_cmd_train(int argc, char **argv)
         return mgt_app_device_exit(st);
     }
     int replicas = mgt_devset_count(set) * mgt_world_size(world);
+    bool cuda = mgt_devset_kind(set) == MGT_DEVICE_CUDA;
+    if (amp_auto) /* as the references' autocast: torch.cuda.amp's fp16, CPU autocast's bf16 */
+        c.amp = cuda ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    if (amp_auto && mgt_world_rank(world) == 0)
+        printf("=> --amp: %s on these %s devices (as torch.cuda.amp on GPUs, with loss scaling; "
+               "bf16 as torch.autocast on CPU mock devices); --amp bf16 or fp16 chooses\n",
+               cuda ? "fp16" : "bf16", cuda ? "CUDA" : "mock");
+    if (ref_flag && mgt_world_rank(world) == 0 && !c.evaluate)
+        printf("=> -b %d is the total batch over all %d devices here (%d each); torchvision's "
+               "references (--%s) take -b per GPU: their -b %d on %d GPUs is -b %d here\n",
+               c.batch_size, replicas, c.batch_size / (replicas ? replicas : 1), ref_flag,
+               c.batch_size / (replicas ? replicas : 1), replicas,
+               c.batch_size / (replicas ? replicas : 1) * replicas);
     if (c.batch_size < replicas) {
         fprintf(stderr,
                 "mgtrain: -b %d is smaller than the device count %d: -b is the total "
@@ -705,6 +810,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     signal(SIGTERM, on_sigint);
     mgt_train_result res;
     st = mgt_train_run(&c, &ctl, set, &res);
+    mgt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     /* the run's line, before closing the devices (which may set a text of their own) */

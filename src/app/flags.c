@@ -1,10 +1,24 @@
 /* Numeric flag values, checked against their range with a message naming the flag. */
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "app/commands.h"
+#include "mgt/nn.h"
+
+int mgt_app_bad_option(const char *cmd, int c, char **argv)
+{
+    if (c == ':')
+        fprintf(stderr, "mgtrain %s: %s needs a value (mgtrain %s --help)\n", cmd, argv[optind - 1],
+                cmd);
+    else
+        fprintf(stderr, "mgtrain %s: unknown option '%s' (mgtrain %s --help)\n", cmd,
+                argv[optind - 1], cmd);
+    return 2;
+}
 
 bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out)
 {
@@ -44,4 +58,49 @@ bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mg
     }
     *out = p;
     return true;
+}
+
+int mgt_app_arch_count(void)
+{
+    int n;
+    mgt_arch_list(&n);
+    return n;
+}
+
+void mgt_app_print_archs(FILE *f)
+{
+    int n;
+    const mgt_arch_info *a = mgt_arch_list(&n);
+    int col = 0;
+    for (int i = 0; i < n; i++) {
+        bool first = i == 0 || strcmp(a[i - 1].family, a[i].family) != 0;
+        bool last = i + 1 == n || strcmp(a[i + 1].family, a[i].family) != 0;
+        if (first)
+            col = fprintf(f, "  %-14s", a[i].family);
+        else if (col + 1 + (int)strlen(a[i].name) > 96) /* a long family wraps under itself */
+            col = fprintf(f, "\n  %-14s", "") - 1;
+        col += fprintf(f, " %s", a[i].name);
+        if (last)
+            fprintf(f, "\n");
+    }
+}
+
+void mgt_app_print_family_defaults(FILE *f)
+{
+    int n;
+    const mgt_arch_info *a = mgt_arch_list(&n);
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && strcmp(a[i - 1].family, a[i].family) == 0)
+            continue;
+        char side[32];
+        if (a[i].image_size > 0)
+            snprintf(side, sizeof side, "%d px", a[i].image_size);
+        else
+            snprintf(side, sizeof side, "images' own size");
+        fprintf(f, "  %-14s %-17s %-25s %s\n", a[i].family, side,
+                a[i].augment == MGT_ARCH_AUGMENT_RRC ? "rrc (RandomResizedCrop)"
+                                                     : "pad-crop (4 px)",
+                a[i].eval == MGT_ARCH_EVAL_RESIZE_CROP ? "resize 256/224, centre crop"
+                                                       : "the images as they are");
+    }
 }

@@ -61,7 +61,8 @@ mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t c
     if (i >= ds->n)
         return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
     const char *rel = mgt_dataset_relpath(ds, i);
-    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, rel) >= cap)
+    /* a split of loose files (mgt_dataset_from_paths) keeps each path whole */
+    if ((size_t)snprintf(buf, cap, "%s%s%s", ds->dir, ds->dir[0] ? "/" : "", rel) >= cap)
         return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir, rel);
     return MGT_OK;
 }

@@ -68,6 +68,19 @@ typedef int (*mgt_data_for_fn)(void *ctx, int worker, size_t i);
 int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_data_for_fn fn,
                           void *ctx);
 
+/* Growable containers for file lists (scan.c): names packed with their NULs, and offsets
+   into them. data_strbuf_add appends n bytes of s and a NUL, *off the offset it starts at. */
+typedef struct data_strbuf {
+    char *p;
+    size_t len, cap;
+} data_strbuf;
+typedef struct data_offvec {
+    size_t *v;
+    size_t n, cap;
+} data_offvec;
+mgt_status data_strbuf_add(data_strbuf *b, const char *s, size_t n, size_t *off);
+mgt_status data_offvec_push(data_offvec *o, size_t x);
+
 /* Whether a file name ends in one of ImageFolder's extensions (any case). */
 bool mgt_data_has_image_ext(const char *name);
 

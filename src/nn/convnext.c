@@ -92,6 +92,6 @@ static mgt_status build_convnext(mgt_model *m, const void *arg)
 static const convnext_def tiny = {{3, 3, 9, 3}, {96, 192, 384, 768}, 0.1f};
 
 const nn_arch nn_convnext_archs[] = {
-    {"convnext_tiny", "convnext", build_convnext, &tiny},
-    {NULL, NULL, NULL, NULL},
+    {"convnext_tiny", "convnext", build_convnext, &tiny, "classifier.2"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

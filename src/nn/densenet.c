@@ -81,7 +81,7 @@ static mgt_status build_densenet(mgt_model *m, const void *arg)
 static const densenet_def d121 = {{6, 12, 24, 16}, 32, 64, 4}, d169 = {{6, 12, 32, 32}, 32, 64, 4};
 
 const nn_arch nn_densenet_archs[] = {
-    {"densenet121", "densenet", build_densenet, &d121},
-    {"densenet169", "densenet", build_densenet, &d169},
-    {NULL, NULL, NULL, NULL},
+    {"densenet121", "densenet", build_densenet, &d121, "classifier"},
+    {"densenet169", "densenet", build_densenet, &d169, "classifier"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

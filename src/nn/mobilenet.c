@@ -325,12 +325,12 @@ static const effnet_def b0 = {1.0, 1.0, 0.2f};
 static const effnet_def b1 = {1.0, 1.1, 0.2f};
 
 const nn_arch nn_mobile_archs[] = {
-    {"mobilenet_v2", "mobilenet", build_mobilenet_v2, NULL},
-    {"mobilenet_v3_large", "mobilenet", build_mobilenet_v3, &v3_large_def},
-    {"mobilenet_v3_small", "mobilenet", build_mobilenet_v3, &v3_small_def},
-    {"efficientnet_b0", "efficientnet", build_efficientnet, &b0},
-    {"efficientnet_b1", "efficientnet", build_efficientnet, &b1},
-    {"regnet_x_400mf", "regnet", build_regnet, &rx400},
-    {"regnet_y_400mf", "regnet", build_regnet, &ry400},
-    {NULL, NULL, NULL, NULL},
+    {"mobilenet_v2", "mobilenet", build_mobilenet_v2, NULL, "classifier.1"},
+    {"mobilenet_v3_large", "mobilenet", build_mobilenet_v3, &v3_large_def, "classifier.3"},
+    {"mobilenet_v3_small", "mobilenet", build_mobilenet_v3, &v3_small_def, "classifier.3"},
+    {"efficientnet_b0", "efficientnet", build_efficientnet, &b0, "classifier.1"},
+    {"efficientnet_b1", "efficientnet", build_efficientnet, &b1, "classifier.1"},
+    {"regnet_x_400mf", "regnet", build_regnet, &rx400, "fc"},
+    {"regnet_y_400mf", "regnet", build_regnet, &ry400, "fc"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -63,7 +63,7 @@ static mgt_status build_shufflenet(mgt_model *m, const void *arg)
 static const int x0_5[5] = {24, 48, 96, 192, 1024}, x1_0[5] = {24, 116, 232, 464, 1024};
 
 const nn_arch nn_shufflenet_archs[] = {
-    {"shufflenet_v2_x0_5", "shufflenet", build_shufflenet, x0_5},
-    {"shufflenet_v2_x1_0", "shufflenet", build_shufflenet, x1_0},
-    {NULL, NULL, NULL, NULL},
+    {"shufflenet_v2_x0_5", "shufflenet", build_shufflenet, x0_5, "fc"},
+    {"shufflenet_v2_x1_0", "shufflenet", build_shufflenet, x1_0, "fc"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -17,7 +17,6 @@
 void mgt_train_config_defaults(mgt_train_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->arch = "resnet18";
     c->workers = -1;
     c->epochs = 90;
     c->start_epoch = -1;
@@ -36,6 +35,7 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
     c->dummy_steps = 100;
+    c->augmix_severity = 3;
 }
 
 /* ---- between phases: the replicas made identical again, and checked ---- */
@@ -515,6 +515,8 @@ static mgt_status open_outputs(run *r)
         return MGT_OK;
     }
     mgt_status st = c->checkpoint_dir ? make_folder("--checkpoint-dir", c->checkpoint_dir) : MGT_OK;
+    if (st == MGT_OK)
+        st = train_checkpoint_dir_check(r);
     if (st != MGT_OK)
         return st;
     if (c->log_path) {
@@ -541,10 +543,8 @@ static mgt_status open_outputs(run *r)
     return MGT_OK;
 }
 
-static void print_start(run *r, int start_epoch)
+static void print_devices(run *r)
 {
-    const mgt_train_config *c = r->c;
-    const train_data *d = &r->data;
     FILE *o = r->out;
     fprintf(o, "=> devices (%d, %s):", r->n, mgt_device_kind_name(mgt_devset_kind(r->set)));
     for (int i = 0; i < r->n; i++)
@@ -552,7 +552,67 @@ static void print_start(run *r, int start_epoch)
     if (r->nodes > 1)
         fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
                 r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
-    fprintf(o, "\n=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->wn,
+    fprintf(o, "\n");
+    /* Ctrl-C on mpirun reaches the ranks as SIGTERM with a SIGKILL soon after: a stop's save
+       must fit between them (an unfinished one leaves the previous checkpoint) */
+    double grace = mgt_world_kill_grace_s();
+    if (r->nodes > 1 && r->c->checkpoint_dir && !r->c->evaluate && grace >= 0)
+        fprintf(o,
+                "=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after %g s and SIGKILL "
+                "%g s later (mpirun --mca odls_base_sigkill_timeout S sets both): the stop's "
+                "checkpoint must be written in that time, or the previous one stays\n",
+                grace, grace);
+}
+
+/* -e's start: what is evaluated, on what, how: nothing of training. */
+static void print_eval_start(run *r)
+{
+    const mgt_train_config *c = r->c;
+    const train_data *d = &r->data;
+    const mgt_transform *vt = &d->val_t;
+    FILE *o = r->out;
+    print_devices(r);
+    mgt_model_counts mc;
+    mgt_model_get_counts(r->w[0].model, &mc);
+    const char *src = r->resume_f ? r->resume_path : c->pretrained;
+    fprintf(o, "=> evaluating %s: %s (%s), %zu parameters, %.3f GMACs per image", src ? src : "",
+            c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9);
+    if (r->have_ckpt && r->ckpt.is_checkpoint)
+        fprintf(o, ", trained %d epoch%s (best Acc@1 %.3f)", r->ckpt.epoch,
+                r->ckpt.epoch == 1 ? "" : "s", r->ckpt.best_acc1);
+    if (!src)
+        fprintf(o, " (no --resume or --pretrained: its initial weights)");
+    fprintf(o, "\n=> data: %s: %zu validation images, %d classes, %dx%dx%d", c->data_dir,
+            d->val_samples, d->classes, d->channels, d->size, d->size);
+    if (vt->resize > 0)
+        fprintf(o, "; resize %d (%s), centre crop %d", vt->resize, mgt_interp_name(vt->interp),
+                vt->size);
+    else
+        fprintf(o, "; centre crop %d", vt->size);
+    fprintf(o, "; mean");
+    for (int i = 0; i < d->channels && i < 3; i++)
+        fprintf(o, " %.4g", (double)vt->mean[i]);
+    fprintf(o, " std");
+    for (int i = 0; i < d->channels && i < 3; i++)
+        fprintf(o, " %.4g", (double)vt->std[i]);
+    fprintf(o, "\n=> batches of %d images per device, %zu batches on the first device\n",
+            d->per_dev_batch, mgt_loader_batches(d->val_ld, 0));
+    if (c->amp != MGT_PREC_F32)
+        fprintf(o, "=> mixed precision %s\n", mgt_precision_name(c->amp));
+    fflush(o);
+}
+
+static void print_start(run *r, int start_epoch)
+{
+    const mgt_train_config *c = r->c;
+    const train_data *d = &r->data;
+    FILE *o = r->out;
+    if (c->evaluate) {
+        print_eval_start(r);
+        return;
+    }
+    print_devices(r);
+    fprintf(o, "=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->wn,
             d->per_dev_batch * r->wn);
     if (d->per_dev_batch * r->wn != c->batch_size)
         fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
@@ -601,6 +661,9 @@ static void print_start(run *r, int start_epoch)
                 "%dx%dx%d, %ld steps per epoch\n",
                 c->data_dir, d->train_samples, d->val_samples, d->classes, d->channels, d->size,
                 d->size, d->steps_per_epoch);
+    if (d->val_t.size > 0 && d->val_t.size != d->size)
+        fprintf(o, "=> validation at %dx%d (FixRes: a twin of each replica planned for it)\n",
+                d->val_t.size, d->val_t.size);
     mgt_model_counts mc;
     mgt_model_get_counts(r->w[0].model, &mc);
     fprintf(o,
@@ -733,20 +796,164 @@ static void summary_place(run *r, train_summary *s)
     s->profile = r->ctl.profile ? r->res->profile : NULL;
 }
 
+/* A CSV field: quoted (with quotes doubled) where it holds a comma, quote or line break. */
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"')
+            fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* --confusion FILE: the matrix with class names, rows the true classes, columns the predicted
+   ones; written through a temporary file and a rename. */
+static mgt_status write_confusion(run *r, const long *cm, int k)
+{
+    const char *path = r->c->confusion_path;
+    const mgt_dataset *ds = r->data.val_ds;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return mgt_error_set(MGT_ERR_IO, "--confusion %s: %s", path, strerror(errno));
+    fputs("true \\ predicted", f);
+    for (int j = 0; j < k; j++) {
+        fputc(',', f);
+        csv_field(f, mgt_dataset_class_name(ds, j));
+    }
+    fputc('\n', f);
+    for (int i = 0; i < k; i++) {
+        csv_field(f, mgt_dataset_class_name(ds, i));
+        for (int j = 0; j < k; j++)
+            fprintf(f, ",%ld", cm[(size_t)i * k + j]);
+        fputc('\n', f);
+    }
+    bool bad = ferror(f) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        mgt_status st = mgt_error_set(MGT_ERR_IO, "--confusion %s: %s", path, strerror(errno));
+        remove(tmp);
+        return st;
+    }
+    return MGT_OK;
+}
+
+typedef struct class_acc {
+    int c;
+    double acc;
+    long n;
+} class_acc;
+
+static int by_acc(const void *a, const void *b)
+{
+    const class_acc *x = a, *y = b;
+    return x->acc < y->acc ? -1 : x->acc > y->acc ? 1 : x->c - y->c;
+}
+
+/* -e's confusion counts: every replica's (and node's) summed into the result, per-class top-1
+   said (the five lowest, or every class with --per-class), the CSV written. */
+static mgt_status eval_classes(run *r)
+{
+    int k = r->data.classes;
+    if (!r->w[0].confusion) {
+        if (r->c->confusion_path)
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "--confusion: %d classes, more than the %d a matrix is kept for",
+                                 k, TRAIN_CONFUSION_MAX);
+        return MGT_OK;
+    }
+    size_t kk = (size_t)k * k;
+    long *cm = calloc(kk, sizeof *cm);
+    class_acc *acc = calloc((size_t)k, sizeof *acc);
+    double *sum = r->nodes > 1 ? calloc(kk, sizeof *sum) : NULL;
+    mgt_status st = cm && acc && (r->nodes == 1 || sum)
+                        ? MGT_OK
+                        : mgt_error_set(MGT_ERR_OOM, "the confusion matrix: host memory exhausted");
+    for (int i = 0; i < r->n && st == MGT_OK; i++)
+        for (size_t e = 0; e < kk; e++)
+            cm[e] += r->w[i].confusion[e];
+    if (st == MGT_OK && sum) {
+        for (size_t e = 0; e < kk; e++)
+            sum[e] = (double)cm[e];
+        st = mgt_world_sum(r->world, sum, kk, &r->abort);
+        for (size_t e = 0; st == MGT_OK && e < kk; e++)
+            cm[e] = (long)sum[e];
+    }
+    free(sum);
+    if (st != MGT_OK) {
+        free(cm);
+        free(acc);
+        return st;
+    }
+    for (int i = 0; i < k; i++) {
+        long n = 0;
+        for (int j = 0; j < k; j++)
+            n += cm[(size_t)i * k + j];
+        acc[i] = (class_acc){i, n ? 100.0 * (double)cm[(size_t)i * k + i] / (double)n : 0, n};
+    }
+    const mgt_dataset *ds = r->data.val_ds;
+    FILE *o = r->out;
+    if (r->c->per_class) {
+        fprintf(o, "=> top-1 per class:\n");
+        for (int i = 0; i < k; i++)
+            fprintf(o, "   %-24s %7.3f%%  (%ld images)\n", mgt_dataset_class_name(ds, i),
+                    acc[i].acc, acc[i].n);
+    } else if (k > 1) {
+        qsort(acc, (size_t)k, sizeof *acc, by_acc);
+        int show = k < 5 ? k : 5;
+        fprintf(o, "=> top-1 per class, the %d lowest:", show);
+        for (int i = 0; i < show; i++)
+            fprintf(o, "%s %s %.2f%%", i ? "," : "", mgt_dataset_class_name(ds, acc[i].c),
+                    acc[i].acc);
+        fprintf(o, " (--per-class lists all %d)\n", k);
+    }
+    if (r->c->confusion_path && r->primary) {
+        st = write_confusion(r, cm, k);
+        if (st == MGT_OK)
+            fprintf(o, "=> confusion matrix (rows true, columns predicted) in %s\n",
+                    r->c->confusion_path);
+    }
+    free(acc);
+    r->res->confusion = cm;
+    r->res->confusion_classes = k;
+    return st;
+}
+
 static bool evaluate(run *r, int epoch)
 {
     r->epoch = epoch;
     train_summary s = {.epoch = epoch};
     summary_place(r, &s);
+    r->m.val_run_loss = 0;
+    r->m.val_run_n = r->m.val_run_c1 = r->m.val_run_c5 = r->m.val_batches_done = 0;
+    r->m.val_start = mgt_time_now();
     if (!validate(r, &s))
         return false;
     train_reports_summary(&r->reports, &s);
     train_reports_flush(&r->reports);
+    mgt_status st = eval_classes(r);
+    if (st != MGT_OK) {
+        train_fail(r, st);
+        return false;
+    }
     return true;
 }
 
 static bool begin_epoch(run *r, int ep, long first)
 {
+    if (first > 0 && r->primary)
+        fprintf(
+            r->out,
+            "=> epoch %d resumes at step %ld of %ld: its averages (in parentheses) and training "
+            "loss cover steps %ld to %ld only\n",
+            ep, first, r->data.steps_per_epoch, first, r->data.steps_per_epoch - 1);
     r->epoch = ep;
     r->first_step = first;
     r->stop_at = r->data.steps_per_epoch;
@@ -768,6 +975,8 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
     mgt_train_result *res = r->res;
     const train_metrics *m = &r->m;
     res->steps += r->stop_at - r->first_step;
+    r->run_images += m->n;
+    r->run_train_s += ep_s;
     res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
     res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
     double timed_s = m->last_complete - m->timed_start;
@@ -795,13 +1004,13 @@ static bool save_stopped(run *r)
     r->res->interrupted = true;
     mgt_status st = train_broadcast(r, TRAIN_SYNC_BUFFERS);
     if (st == MGT_OK)
-        st = train_checkpoint_save(r, r->epoch, r->stop_at, false);
+        st = train_checkpoint_save(r, r->epoch, r->stop_at, false, -1);
     if (st != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "checkpoint at epoch %d step %ld", r->epoch, r->stop_at));
         return false;
     }
-    fprintf(r->out, "=> stopped at epoch %d step %ld; checkpoint %s\n", r->epoch, r->stop_at,
-            r->res->checkpoint[0] ? r->res->checkpoint : "(none: no --checkpoint-dir)");
+    fprintf(r->out, "=> stopped at epoch %d step %ld%s\n", r->epoch, r->stop_at,
+            r->res->checkpoint[0] ? "" : "; no checkpoint (no --checkpoint-dir)");
     return true;
 }
 
@@ -848,8 +1057,10 @@ static epoch_end run_epoch(run *r, int ep, long first)
         if (loss_diverged(r, &s))
             return EPOCH_FAILED;
         is_best = s.val_acc1 > r->best_acc1;
-        if (is_best)
+        if (is_best) {
             r->best_acc1 = s.val_acc1;
+            r->res->best_epoch = ep;
+        }
     } else if ((st = train_broadcast(r, TRAIN_SYNC_BUFFERS)) != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
@@ -857,7 +1068,7 @@ static epoch_end run_epoch(run *r, int ep, long first)
     r->res->epochs_done++;
     train_reports_summary(&r->reports, &s);
     train_reports_flush(&r->reports);
-    st = train_checkpoint_save(r, ep + 1, 0, is_best);
+    st = train_checkpoint_save(r, ep + 1, 0, is_best, s.validated ? s.val_acc1 : -1);
     if (st != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "checkpoint after epoch %d", ep));
         return EPOCH_FAILED;
@@ -880,10 +1091,49 @@ static epoch_end run_epoch(run *r, int ep, long first)
     return EPOCH_DONE;
 }
 
+/* Each device's memory in use, kept at its most (no allocation happens in the step loop, so
+   after set-up and each epoch it is seen). */
+static void sample_memory(run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        size_t used = 0, total = 0;
+        mgt_device_memory(mgt_devset_device(r->set, i), &used, &total);
+        if (used > r->res->peak_bytes[i])
+            r->res->peak_bytes[i] = used;
+    }
+}
+
+/* The run's last lines: how long, how fast, the best top-1 and its epoch, the memory. */
+static void print_end(run *r, bool ok)
+{
+    mgt_train_result *res = r->res;
+    FILE *o = r->out;
+    long t = (long)(res->total_s + 0.5);
+    fprintf(o, "=> %s: %d epoch%s in %ld:%02ld:%02ld (%ld steps, %.1f training images/s)",
+            !ok                ? "failed"
+            : res->interrupted ? "stopped"
+                               : "done",
+            res->epochs_done, res->epochs_done == 1 ? "" : "s", t / 3600, (t / 60) % 60, t % 60,
+            res->steps, res->run_images_per_s);
+    if (res->best_epoch >= 0)
+        fprintf(o, "; best Acc@1 %.3f at epoch %d", r->best_acc1, res->best_epoch);
+    else if (r->best_acc1 > 0)
+        fprintf(o, "; best Acc@1 %.3f (before the resume)", r->best_acc1);
+    if (res->best_epoch >= 0 && r->c->checkpoint_dir)
+        fprintf(o, " (%s/model_best.safetensors)", r->c->checkpoint_dir);
+    fprintf(o, "\n=> device memory at its peak:");
+    for (int i = 0; i < r->n; i++)
+        fprintf(o, "%s %s %.1f MiB", i ? "," : "", mgt_device_name(mgt_devset_device(r->set, i)),
+                (double)res->peak_bytes[i] / (1024.0 * 1024.0));
+    fprintf(o, "\n");
+    fflush(o);
+}
+
 static bool train_epochs(run *r, int start_epoch, long start_step)
 {
     for (int ep = start_epoch; ep < r->c->epochs; ep++) {
         epoch_end e = run_epoch(r, ep, ep == start_epoch ? start_step : 0);
+        sample_memory(r);
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
     }
@@ -910,6 +1160,9 @@ static mgt_status run_finish(run *r, mgt_status st)
         r->res->remote_failure = r->fail.remote;
     }
     train_free_parts(r);
+    train_close_sources(r);
+    if (r->have_ckpt)
+        mgt_ckpt_info_free(&r->ckpt);
     mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
     if (r->reports.n)
         train_reports_free(&r->reports);
@@ -923,12 +1176,20 @@ static mgt_status run_finish(run *r, mgt_status st)
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
+void mgt_train_result_free(mgt_train_result *r)
+{
+    free(r->confusion);
+    r->confusion = NULL;
+    r->confusion_classes = 0;
+}
+
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *res)
 {
     memset(res, 0, sizeof *res);
-    run R = {.c = c, .set = set, .n = mgt_devset_count(set), .res = res};
+    run R = {.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
     run *r = &R;
+    r->c = c = &r->cfg;
     if (ctl)
         r->ctl = *ctl;
     r->world = r->ctl.world;
@@ -965,12 +1226,20 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     long start_step = 0;
     mgt_status st = r->world ? mgt_world_check_devices(r->world, r->n) : MGT_OK;
     if (st == MGT_OK)
+        st = train_open_sources(r);
+    if (st == MGT_OK)
+        st = train_checkpoint_defaults(r, &r->cfg);
+    if (!r->cfg.arch)
+        r->cfg.arch = "resnet18";
+    if (st == MGT_OK)
         st = check_config(r);
     r->data.per_dev_batch = r->wn > 0 ? c->batch_size / r->wn : 0;
     if (st == MGT_OK)
         st = open_outputs(r);
     if (st == MGT_OK)
         st = train_open_data(r);
+    if (st == MGT_OK)
+        st = train_check_data_against(r);
     if (st == MGT_OK)
         st = agree_with_nodes(r);
     if (st == MGT_OK)
@@ -989,11 +1258,17 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         mgt_world_set_timeout(r->world, c->step_timeout_s);
     if (st == MGT_OK)
         st = train_workers_start(r);
+    res->best_epoch = -1;
     if (st == MGT_OK) {
+        sample_memory(r);
         if (r->primary)
             print_start(r, start_epoch);
         report_start(r, start_epoch, start_step);
         bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
+        res->total_s = mgt_time_now() - r->start_s;
+        res->run_images_per_s = r->run_train_s > 0 ? (double)r->run_images / r->run_train_s : 0;
+        if (!c->evaluate && r->primary)
+            print_end(r, ok);
         if (!ok)
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */
     }

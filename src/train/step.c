@@ -61,6 +61,18 @@ static mgt_status meter_step(worker *w, long k)
     if (st != MGT_OK)
         return st;
     float loss = w->host_loss[slot];
+    /* the step's time is the device's, from the previous step's end to this one's: it covers
+       a wait for the host (data, enqueueing) as the host's clock would, without the host's
+       lag; the host meters LAG steps behind, and at an epoch's end meters the last ones in a
+       burst, whose gaps on its clock (0.000 s) were not the steps' */
+    w->slot_step_s[slot] = 0;
+    if (k > r->first_step) {
+        float ms;
+        st = mgt_event_elapsed_ms(w->slot_ev[(k - 1) % SLOTS], w->slot_ev[slot], &ms);
+        if (st != MGT_OK)
+            return st;
+        w->slot_step_s[slot] = 1e-3 * ms;
+    }
     if (r->ctl.profile && k - r->first_step >= r->ctl.warmup_steps) {
         float ms[PROF_MARKS - 1];
         for (int p = 0; p < PROF_MARKS - 1 && st == MGT_OK; p++)
@@ -377,30 +389,105 @@ static void train_phase(worker *w)
 
 /* ---- validation ---- */
 
+/* -e's bookkeeping of one validation batch, after the device has finished it: the batch's
+   logits (on the host) into this replica's confusion counts, its loss and hits into the run's
+   totals so far, and from device 0 a progress line every --print-freq batches. */
+static void val_account(worker *w, const mgt_batch *b, size_t i, size_t batches, float loss,
+                        const int32_t *hits_before)
+{
+    run *r = w->r;
+    int k = r->data.classes;
+    for (int j = 0; w->confusion && j < b->n; j++) {
+        const float *row = w->host_logits + (size_t)j * k;
+        int best = 0;
+        for (int c = 1; c < k; c++)
+            if (row[c] > row[best])
+                best = c;
+        int y = b->labels_host[j];
+        if (y >= 0 && y < k)
+            w->confusion[(size_t)y * k + best]++;
+    }
+    pthread_mutex_lock(&r->lock);
+    train_metrics *m = &r->m;
+    m->val_run_loss += (double)loss * b->n;
+    m->val_run_n += b->n;
+    m->val_run_c1 += w->host_correct[0] - hits_before[0];
+    m->val_run_c5 += w->host_correct[1] - hits_before[1];
+    m->val_batches_done++;
+    if (w->dev == 0 && ((long)i % r->c->print_freq == 0 || i + 1 == batches)) {
+        double now = mgt_time_now(), el = now - m->val_start;
+        double total = (double)batches * r->n, done = (double)m->val_batches_done;
+        double n = (double)(m->val_run_n ? m->val_run_n : 1);
+        char eta[32];
+        long t = (long)(el / done * (total - done) + 0.5);
+        snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60,
+                 t % 60 > 0 ? t % 60 : 0);
+        int width = snprintf(NULL, 0, "%zu", batches);
+        fprintf(r->out,
+                "Test: [%*zu/%zu]  Time %6.3f  Loss %.4e  Acc@1 %6.2f  Acc@5 %6.2f  %ld images  "
+                "%.1f img/s  ETA %s\n",
+                width, i, batches, el / (double)(i + 1), m->val_run_loss / n,
+                100.0 * (double)m->val_run_c1 / n, 100.0 * (double)m->val_run_c5 / n, m->val_run_n,
+                (double)m->val_run_n / (el > 0 ? el : 1), t < 0 ? "0:00:00" : eta);
+        fflush(r->out);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
 static void val_phase(worker *w)
 {
     run *r = w->r;
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * SLOTS;
     float *loss_sum = mgt_buffer_ptr(w->dev_val);
     size_t batches = mgt_loader_batches(r->data.val_ld, w->dev);
-    mgt_status st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    /* -e waits for each batch: its logits and numbers are read as it goes */
+    bool detail = r->c->evaluate;
+    int k = r->data.classes;
+    mgt_model *m = w->model;
+    mgt_status st = MGT_OK;
+    if (w->val_model) { /* FixRes: the weights and statistics into the twin at the val crop */
+        size_t pb, bb;
+        const float *p = mgt_model_params(w->model, &pb), *q = mgt_model_buffers(w->model, &bb);
+        st = mgt_copy_d2d(w->s, mgt_model_params(w->val_model, NULL), p, pb);
+        if (st == MGT_OK && bb)
+            st = mgt_copy_d2d(w->s, mgt_model_buffers(w->val_model, NULL), q, bb);
+        m = w->val_model;
+    }
+    if (st == MGT_OK)
+        st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_fill(w->s, loss_sum, 0.0f, 1);
+    w->host_correct[0] = w->host_correct[1] = 0;
     long images = 0;
     size_t i = 0;
     for (; i < batches && st == MGT_OK; i += st == MGT_OK) {
         mgt_batch b;
+        const float *logits = NULL;
         st = mgt_loader_next(r->data.val_ld, w->dev, w->s, &b);
         if (st == MGT_OK)
-            st = mgt_model_forward(w->model, w->s, b.images, b.n, false, NULL);
+            st = mgt_model_forward(m, w->s, b.images, b.n, false, &logits);
         if (st == MGT_OK)
-            st = mgt_model_loss(w->model, w->s, b.labels, 0.0f, correct);
+            st = mgt_model_loss(m, w->s, b.labels, 0.0f, correct);
         if (st == MGT_OK)
-            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(w->model), 1);
+            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(m), 1);
         if (st == MGT_OK)
             st = train_mark(w, (long)i, true, "validation");
         if (st == MGT_OK)
             images += b.n;
+        if (!detail || st != MGT_OK)
+            continue;
+        int32_t before[2] = {w->host_correct[0], w->host_correct[1]};
+        float loss = 0;
+        if (w->host_logits)
+            st = mgt_copy_d2h(w->s, w->host_logits, logits, (size_t)b.n * k * sizeof(float));
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(w->s, &loss, mgt_model_loss_ptr(m), sizeof loss);
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(w->s, &w->host_correct[0], correct, 2 * sizeof(int32_t));
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(w->s, &r->abort);
+        if (st == MGT_OK)
+            val_account(w, &b, i, batches, loss, before);
     }
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, &w->host_loss[0], loss_sum, sizeof(float));

@@ -7,6 +7,9 @@
  *   tensorboard.c the TensorBoard reporter: event records (length, masked CRC-32C, Event);
  *   checkpoint.c the training state and its symmetric save and load, --resume;
  *   pretrained.c --pretrained: weights from torchvision files or mgtrain checkpoints;
+ *   source.c     the --resume and --pretrained files, opened first; what a checkpoint says of
+ *                its model (mgt_ckpt_info) and the defaults that gives -e and --resume;
+ *   predict.c    `mgtrain predict`: a checkpoint's top-k classes for image files;
  *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
  *
  * Threads. The main thread prepares data, replicas and communication, then drives phases
@@ -102,6 +105,7 @@ typedef struct step_acc {
     double loss_sum; /* sum over devices of loss * n */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
+    double step_s; /* the slowest device's time for the step (0: not measured) */
     int reported;  /* devices that added to it */
 } step_acc;
 
@@ -150,6 +154,7 @@ typedef struct worker {
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
+    mgt_model *val_model; /* FixRes: the replica planned for the validation crop (or NULL) */
     train_optim opt;
     train_ema ema;
     /* metrics */
@@ -162,6 +167,7 @@ typedef struct worker {
     mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
+    double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
     long started; /* steps begun in this phase, under r->lock */
@@ -175,12 +181,19 @@ typedef struct worker {
     train_marker marks[TRAIN_MARKS];
     long mark_seq;
     train_failure noticed;
+    /* -e: each validation batch's logits (pinned [batch][classes]) and this replica's
+       confusion counts [true][predicted] (host; NULL past TRAIN_CONFUSION_MAX classes) */
+    float *host_logits;
+    long *confusion;
 } worker;
+
+#define TRAIN_CONFUSION_MAX 4096 /* classes up to which -e counts the confusion matrix */
 
 typedef struct train_data {
     mgt_dataset *train_ds, *val_ds;
     mgt_loader *train_ld, *val_ld;
     int classes, channels, size;
+    mgt_transform val_t; /* the validation transform (with --dummy: zeroed) */
     int per_dev_batch;
     size_t train_samples, val_samples;
     long steps_per_epoch; /* training batches per device this run takes per epoch */
@@ -199,6 +212,10 @@ typedef struct train_metrics {
     /* validation totals */
     double val_loss_sum;
     long val_n, val_c1, val_c5;
+    /* -e: the totals so far, batch by batch (for the progress lines), and when it began */
+    double val_run_loss;
+    long val_run_n, val_run_c1, val_run_c5, val_batches_done;
+    double val_start;
 } train_metrics;
 
 /* What one progress line says. */
@@ -277,9 +294,10 @@ typedef struct train_reports {
 enum train_phase { PHASE_TRAIN, PHASE_VAL, PHASE_EXIT };
 
 struct run {
-    const mgt_train_config *c;
-    mgt_train_controls ctl; /* the caller's, or the defaults */
-    mgt_lr_config lr;       /* c->lr spanning c->epochs */
+    const mgt_train_config *c; /* &cfg */
+    mgt_train_config cfg;      /* the caller's, with the checkpoint's defaults (source.c) */
+    mgt_train_controls ctl;    /* the caller's, or the defaults */
+    mgt_lr_config lr;          /* c->lr spanning c->epochs */
     const mgt_arch_info *arch;
     mgt_devset *set;
     int n;
@@ -315,6 +333,13 @@ struct run {
     double start_s;
     mgt_train_result *res;
     train_scaler scaler; /* between training phases: worker 0's, for checkpoints and resume */
+    /* the model's sources (source.c), opened before anything is built */
+    mgt_st_file *resume_f, *pretrained_f;
+    char resume_path[4096]; /* --resume's file ("auto" resolved); "" when none */
+    mgt_ckpt_info ckpt;     /* what the resumed (or -e'd, or --pretrained) checkpoint says */
+    long run_images;        /* training images of this call, over its epochs */
+    double run_train_s;     /* and the seconds their training phases took */
+    bool have_ckpt;
 };
 
 /* failure.c: the first failure recorded wins; each records this thread's error text as the
@@ -415,7 +440,12 @@ mgt_status train_state_read(const mgt_st_file *f, const char *path, train_state 
 mgt_status train_flag_error(mgt_status st, const char *flag);
 /* The tensor name prefixes of the training state, NULL-terminated: a model load ignores them. */
 extern const char *const train_opt_prefixes[];
-mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best);
+/* Writes checkpoint.safetensors (and model_best when is_best, model_<epoch> under
+   --keep-last) and says so in one line with acc1 (< 0: not validated). */
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best, double acc1);
+/* A fresh run into a folder with another run's checkpoints: MGT_ERR_USAGE unless --resume,
+   --overwrite or -e. */
+mgt_status train_checkpoint_dir_check(run *r);
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);
@@ -437,5 +467,24 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
 
 /* pretrained.c */
 mgt_status train_load_pretrained(run *r);
+
+/* source.c */
+/* Opens --resume's file (auto: CHECKPOINT_DIR/checkpoint.safetensors, when there) and
+   --pretrained's, so that a file that cannot be used is said before anything is built. */
+mgt_status train_open_sources(run *r);
+void train_close_sources(run *r);
+/* The checkpoint's architecture, input size and channels, normalisation and validation
+   transform into c where the flags left them unset (-e, --resume; --pretrained gives the
+   architecture only), in one "=> from FILE: ..." line; a flag that overrides one says so.
+   A -a that contradicts the checkpoint of -e or --resume is refused. */
+mgt_status train_checkpoint_defaults(run *r, mgt_train_config *c);
+/* After the data is open: the checkpoint's class count must be the data's (-e, --resume), and
+   other class names are said. */
+mgt_status train_check_data_against(run *r);
+/* The model's description every checkpoint carries beside mgt_model_add_to_writer's arch,
+   classes, in_channels and image_size: family, class_names (a JSON list), mean and std (JSON
+   lists, one number per channel), val_resize_size, val_crop_size, interpolation: what
+   mgt_ckpt_info_read gives back. */
+mgt_status train_add_model_info(run *r, mgt_st_writer *w);
 
 #endif

@@ -81,3 +81,12 @@ mgt_status world_settings_differ(const char *mine, int rank, const char *theirs)
                              bnl, bn, bvl > 120 ? 120 : bvl, bv, rank, tail);
     }
 }
+
+double mgt_world_kill_grace_s(void)
+{
+    if (!getenv("OMPI_COMM_WORLD_SIZE"))
+        return -1;
+    /* mpirun passes its --mca parameters to the ranks as OMPI_MCA_<name> */
+    const char *v = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    return v && *v ? atof(v) : 1.0;
+}

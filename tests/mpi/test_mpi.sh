@@ -36,6 +36,9 @@ equivalence)
         >"$tmp/two.txt" 2>&1 || fail "2x2: $(tail -5 "$tmp/two.txt")"
     grep -q "world: 2 nodes x 2 devices = 4 replicas" "$tmp/two.txt" || fail "2x2 did not say its world"
     grep -q "8 per device x 4 devices = 32 per step" "$tmp/two.txt" || fail "2x2 did not say its batch"
+    # what Ctrl-C on Open MPI's mpirun does (SIGTERM after 1 s, SIGKILL 1 s later): said
+    grep -q "^=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after 1 s and SIGKILL 1 s later" "$tmp/two.txt" ||
+        fail "2x2 did not say what Ctrl-C on mpirun does to a checkpoint"
     [ "$(grep -c '(300 validation images)' "$tmp/two.txt")" = 2 ] ||
         fail "2x2 printed other than two validations of 300 images (only node 0 prints)"
     cmp "$tmp/one/checkpoint.safetensors" "$tmp/two/checkpoint.safetensors" ||
@@ -149,12 +152,13 @@ stall)
     echo "ended $(($(date +%s) - start)) s after the stall: $(grep '^mgtrain' "$tmp/out.txt")"
     ;;
 sigint)
-    # SIGINT to the ranks (Open MPI 4.1's mpirun does not forward it: on Ctrl-C it ends the job
-    # itself, SIGTERM then SIGKILL a second later, and exits 1 whatever the ranks do): the nodes
-    # agree on the step to stop at, node 0 saves, mpirun exits 130 as the ranks do, and the
-    # checkpoint goes on (here on 1x4)
-    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --print-freq 1 \
-        --checkpoint-dir "$tmp/ck" >"$tmp/out.txt" 2>&1 &
+    # SIGINT to the ranks, as a Ctrl-C on mpirun cannot give it (Open MPI 4.1's mpirun does not
+    # forward SIGINT: it sends every rank SIGCONT, SIGTERM S s later and SIGKILL S s after that,
+    # and exits 1 whatever the ranks return; S = 3 here, which node 0's Ctrl-C line must say):
+    # the nodes agree on the step to stop at, node 0 saves, mpirun exits 130 as the ranks do,
+    # and the checkpoint goes on (here on 1x4)
+    "${MPIRUN[@]}" --mca odls_base_sigkill_timeout 3 -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 \
+        --epochs 100 --max-steps 1000000 --print-freq 1 --checkpoint-dir "$tmp/ck" >"$tmp/out.txt" 2>&1 &
     mp=$!
     for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]\[ *3/' "$tmp/out.txt" && break; sleep 0.1; done
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
@@ -168,10 +172,12 @@ sigint)
     wait $mp
     rc=$?
     [ $rc = 130 ] || fail "exit status $rc after SIGINT, not 130: $(grep -a '^mgtrain\|^=> stopped' "$tmp/out.txt")"
-    # mid-epoch: the agreed step and its line; a signal during validation stops after the
-    # epoch's checkpoint, without a line
-    grep -q '^=> stopped at epoch .* step .*; checkpoint .*checkpoint.safetensors' "$tmp/out.txt" ||
-        [ -f "$tmp/ck/checkpoint.safetensors" ] || fail "no stop with a checkpoint: $(tail -5 "$tmp/out.txt")"
+    grep -q "^=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after 3 s and SIGKILL 3 s later" "$tmp/out.txt" ||
+        fail "the Ctrl-C line does not give mpirun's --mca value"
+    # mid-epoch: the agreed step and its line (`=> stopped at epoch E step S`); a signal during
+    # validation stops after the epoch's checkpoint, and the summary says `=> stopped:`
+    grep -q '^=> stopped' "$tmp/out.txt" && [ -f "$tmp/ck/checkpoint.safetensors" ] ||
+        fail "no stop with a checkpoint: $(grep -v '^Epoch\|^Test' "$tmp/out.txt" | tail -5)"
     timeout "$T" "$mgtrain" "${RUN[@]}" --gpus 0,1,2,3 --epochs 4 --checkpoint-dir "$tmp/ck" \
         --resume auto >"$tmp/resume.txt" 2>&1 || fail "resume: $(tail -3 "$tmp/resume.txt")"
     grep -q 'resumed from' "$tmp/resume.txt" || fail "did not resume: $(tail -3 "$tmp/resume.txt")"
