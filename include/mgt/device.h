@@ -199,6 +199,12 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
    fault=kernel@D:N numbers). False, and zeros, on backends that keep no counts (CUDA). A test
    that sweeps N knows from them when it has passed the last allocation of a run. */
 bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
+/* Gives the device up, without waiting on it: its queued work is dropped, a kernel that never
+   returns is left behind, and it counts as failed (its first failure's text kept, else `why`),
+   so that the streams of other devices and host threads waiting on its events go on. Its
+   streams, events and buffers are still freed as usual. On CUDA nothing can stop a running
+   kernel: the call does nothing there, and the device is simply not touched again. */
+void mgt_device_abandon(mgt_device *d, const char *why);
 
 /* ---- memory ---- */
 

@@ -211,6 +211,18 @@ static mgt_status injected_alloc_fault(mock_dev *md, size_t bytes, const char *w
     return MGT_OK;
 }
 
+/* The queued work of every stream is skipped from now on (the device is failed) and a hung
+   kernel leaves its loop (quit): records still complete, so nothing waits on the device. */
+static void mock_abandon(mgt_device *d, const char *why)
+{
+    mock_dev *md = dev_of(d);
+    mock_fail(md, why);
+    pthread_mutex_lock(&md->lock);
+    for (mock_stream *ms = md->streams; ms; ms = ms->next)
+        atomic_store(&ms->quit, true);
+    pthread_mutex_unlock(&md->lock);
+}
+
 static void mock_counts(const mgt_device *d, long *allocs, long *kernels)
 {
     mock_dev *md = dev_of(d);
@@ -1015,6 +1027,7 @@ static const mgt_backend_i mock_backend = {
     .supports_op = mock_supports_op,
     .launch = mock_launch,
     .counts = mock_counts,
+    .abandon = mock_abandon,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }
