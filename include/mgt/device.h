@@ -205,6 +205,9 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
    streams, events and buffers are still freed as usual. On CUDA nothing can stop a running
    kernel: the call does nothing there, and the device is simply not touched again. */
 void mgt_device_abandon(mgt_device *d, const char *why);
+/* Lets waits on d run again after one ran out: for a device whose work only waited on
+   another that has since been abandoned (its waits now complete). */
+void mgt_device_unstall(mgt_device *d);
 
 /* ---- memory ---- */
 

@@ -21,6 +21,7 @@ static void record(run *r, const train_failure *f)
     if (!r->fail.set) {
         r->fail = *f;
         r->fail.set = true;
+        r->fail_at = mgt_time_now();
         if (r->fail.status == MGT_OK)
             r->fail.status = MGT_ERR_DEVICE;
     }

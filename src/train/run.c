@@ -1150,6 +1150,23 @@ static bool droppable(const run *r)
             f->status == MGT_ERR_TIMEOUT);
 }
 
+/* Which device stalled, when a wait ran out: the one whose own work of its current step
+   (forward and backward, which wait on no peer) has not finished, where it is the only one;
+   else the device whose wait ran out. A peer's streams wait behind a stalled device, so any
+   of their waits (a loader's, the all-reduce's) may run out first. */
+static int stalled_device(const run *r)
+{
+    int found = -1, count = 0;
+    for (int i = 0; i < r->n; i++) {
+        bool done = true;
+        if (r->w[i].own_ev && (mgt_event_query(r->w[i].own_ev, &done) != MGT_OK || !done)) {
+            found = i;
+            count++;
+        }
+    }
+    return count == 1 ? found : r->fail.device;
+}
+
 /* "mock:2 (epoch 0 step 5), mock:1 (...)": every device lost so far. */
 static void lost_text(const run *r, char *out, size_t cap)
 {
@@ -1204,13 +1221,18 @@ static mgt_status survivors_settle(run *r, int lost)
    then says why, and what was saved). */
 static bool drop_failed_device(run *r, int *ep, long *first)
 {
-    double t0 = mgt_time_now();
-    /* a stalled device is given up before anything waits on it */
+    double t0 = r->fail.set ? r->fail_at : mgt_time_now();
+    /* a stalled device is given up before anything waits on it; the others' waits, which ran
+       out behind it, may go on */
     if (r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
-        r->fail.device < r->n)
-        mgt_device_abandon(
-            r->devs[r->fail.device],
-            "given up: its work made no progress within the wait limit (--device-timeout)");
+        r->fail.device < r->n) {
+        int d = stalled_device(r);
+        mgt_device_abandon(r->devs[d], "given up: its own work made no progress within the "
+                                       "wait limit (--device-timeout)");
+        for (int i = 0; i < r->n; i++)
+            if (i != d)
+                mgt_device_unstall(r->devs[i]);
+    }
     train_workers_join(r);
     train_failure_settle(r);
     if (!droppable(r))
@@ -1228,7 +1250,12 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     l->at = t0 - r->start_s;
     int left = r->n - 1, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
     fprintf(r->out, "=> %s\n", line);
-    atomic_store(&r->abort.raised, 0); /* every thread that saw it has left */
+    /* every thread that saw the flag has left (the loaders' go first, with their batches for
+       the old shards) */
+    mgt_loader_free(r->data.train_ld);
+    mgt_loader_free(r->data.val_ld);
+    r->data.train_ld = r->data.val_ld = NULL;
+    atomic_store(&r->abort.raised, 0);
     mgt_status st = survivors_settle(r, f);
     if (st != MGT_OK) {
         char why[512];
@@ -1292,8 +1319,9 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         return false;
     }
     /* the run again over the survivors */
-    for (int i = f; i + 1 < r->n; i++)
-        r->devs[i] = r->devs[i + 1];
+    for (int i = 0, j = 0; i < r->n; i++)
+        if (i != f)
+            r->devs[j++] = r->w[i].d;
     r->n = left;
     r->wn = left;
     r->data.per_dev_batch = r->c->batch_size / left;
@@ -1324,7 +1352,7 @@ static bool drop_failed_device(run *r, int *ep, long *first)
                                 mgt_device_name(r->devs[i]));
     fprintf(r->out,
             "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
-            "%d images per device (%.2f s to re-form)\n",
+            "%d images per device (%.3f s from the failure's notice)\n",
             l->name, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
             l->resume_s);
     *ep = r->epoch;

@@ -185,6 +185,8 @@ static mgt_status make_keep(worker *w)
 {
     w->keep_step = -1;
     mgt_status st = mgt_event_create(w->d, &w->own_ev);
+    if (st == MGT_OK)
+        st = mgt_event_create(w->d, &w->reduced_ev);
     size_t bytes;
     mgt_model_buffers(w->model, &bytes);
     int nc;
@@ -340,6 +342,7 @@ static void free_worker(worker *w)
     if (w->s)
         mgt_stream_synchronize(w->s, NULL);
     mgt_event_free(w->own_ev);
+    mgt_event_free(w->reduced_ev);
     mgt_buffer_free(w->bn_keep);
     free(w->counts_keep);
     for (int k = 0; k < SLOTS; k++) {

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train/train_impl.h"
 
@@ -271,18 +272,36 @@ static mgt_status clip_factor(worker *w, const float *grads, size_t floats, doub
 /* --on-device-failure continue: step k's update is made only once every device's all-reduce
    has completed on a sound device, so that the survivors of a failure either all make it or
    all leave it out. Each device waits first for its own work (forward and backward: a stall
-   there is its own), then for the exchange (which waits on the peers: twice the limit, so
-   that a stalled peer's own wait runs out first and names it), then for the others. Returns
-   MGT_ERR_ABORTED when another device failed before every device got here. The host waits
-   for the device once per step: the cost of knowing. */
+   there is its own, and runs out the wait limit), then for the exchange, which waits on the
+   peers: polled for twice the limit, so that a stalled peer's own wait runs out first and
+   names it (a wait that runs out marks its device stalled for good), then for the others.
+   Returns MGT_ERR_ABORTED when another device failed before every device got here. The host
+   waits for the device once per step: the cost of knowing. */
 static mgt_status commit_step(worker *w, long k)
 {
     run *r = w->r;
+    const mgt_train_config *c = r->c;
+    double limit = c->device_timeout_s > 0 ? c->device_timeout_s
+                   : c->step_timeout_s > 0 ? c->step_timeout_s
+                                           : MGT_DEVICE_WAIT_LIMIT_S;
     mgt_status st = mgt_event_synchronize(w->own_ev, &r->abort);
-    if (st == MGT_OK) {
-        st = mgt_stream_synchronize(w->s, &r->abort);
-        if (st == MGT_ERR_TIMEOUT && !mgt_abort_is_raised(&r->abort))
-            st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_event_record(w->reduced_ev, w->s);
+    for (double t0 = mgt_time_now(); st == MGT_OK;) {
+        bool done;
+        st = mgt_event_query(w->reduced_ev, &done);
+        if (st != MGT_OK || done)
+            break;
+        if (mgt_abort_is_raised(&r->abort))
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: step %ld left out: another device failed",
+                                 mgt_device_name(w->d), k);
+        if (mgt_time_now() - t0 > 2 * limit)
+            st = mgt_error_set(MGT_ERR_TIMEOUT,
+                               "%s: step %ld's gradient all-reduce made no progress within %g s "
+                               "(twice --device-timeout)",
+                               mgt_device_name(w->d), k, 2 * limit);
+        else
+            usleep(100);
     }
     if (st != MGT_OK)
         return st;

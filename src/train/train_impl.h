@@ -181,7 +181,7 @@ typedef struct worker {
     /* --on-device-failure continue: the event after its own work of a step (forward and
        backward, before the all-reduce waits on the peers), and the batch-norm statistics as
        they were at the start of the step `keep_step` (a re-run step must not count twice) */
-    mgt_event *own_ev;
+    mgt_event *own_ev, *reduced_ev;
     mgt_buffer *bn_keep;
     int64_t *counts_keep; /* num_batches_tracked, host */
     long keep_step;
@@ -343,13 +343,14 @@ struct run {
         int epoch;
         long step;
         char phase[32];
-        double at;       /* seconds since the run's start */
-        double resume_s; /* from the failure to training again on the survivors */
+        double at;       /* seconds since the run's start, when it was noticed */
+        double resume_s; /* from then to training again on the survivors */
     } lost[MGT_MAX_DEVICES];
     int nlost;
     /* failure */
     mgt_abort abort;
     train_failure fail; /* the first (failure.c), under lock */
+    double fail_at;     /* when it was recorded (mgt_time_now) */
     bool stop_world;    /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
