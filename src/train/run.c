@@ -799,6 +799,7 @@ static void summary_place(run *r, train_summary *s)
     s->global_step = (long)(s->epoch + (s->trained ? 1 : 0)) * steps;
     s->lr = mgt_lr_at(&r->lr, s->epoch, (int)(steps > 0 ? steps - 1 : 0), (int)steps);
     s->devices = r->n;
+    s->devices_lost = r->nlost;
     s->profile = r->ctl.profile ? r->res->profile : NULL;
 }
 
@@ -1235,6 +1236,9 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     }
     train_workers_join(r);
     train_failure_settle(r);
+    if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
+        fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
+                        "(every node must keep the same device count)\n");
     if (!droppable(r))
         return false;
     int f = r->fail.device;

@@ -261,7 +261,8 @@ typedef struct train_summary {
     double lr;        /* the rate of the epoch's last step */
     long global_step; /* (epoch + 1) x steps per epoch: where its points go on a step axis */
     long steps_per_epoch;
-    int devices;                     /* profile[0 .. devices - 1] */
+    int devices;                     /* training now; profile[0 .. devices - 1] */
+    int devices_lost;                /* --on-device-failure continue: dropped so far */
     const mgt_step_profile *profile; /* per device, when the run measured one; else NULL */
 } train_summary;
 
