@@ -1239,6 +1239,15 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
         fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
                         "(every node must keep the same device count)\n");
+    /* the failure noticed by one device's thread may be another's fault (a peer copy from it,
+       the all-reduce's enqueue): the device that failed is the one to drop */
+    for (int i = 0; r->fail.device >= 0 && i < r->n; i++)
+        if (mgt_device_synchronize(r->devs[i], NULL) == MGT_ERR_DEVICE) {
+            pthread_mutex_lock(&r->lock);
+            r->fail.device = i;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
     if (!droppable(r))
         return false;
     int f = r->fail.device;
