@@ -76,9 +76,9 @@ typedef struct mgt_train_config {
     bool continue_on_device_failure;
     int min_devices;         /* the fewest devices to go on with (0: 1) */
     double device_timeout_s; /* the longest a wait on one device may take; 0: --timeout's */
-    int image_size;               /* 0: the checkpoint's (-e, --resume), else the
+    int image_size;          /* 0: the checkpoint's (-e, --resume), else the
                                      architecture's (mgt_arch_info.image_size) */
-    int image_channels;           /* 0: the checkpoint's (-e, --resume), else the data's */
+    int image_channels;      /* 0: the checkpoint's (-e, --resume), else the data's */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];
