@@ -56,9 +56,14 @@ typedef struct mgt_comm_config {
        does; every device ends with the same bf16 sum, decoded into its fp32 gradients. One node
        only (refused with a world of more than one process). */
     mgt_precision grad_dtype;
+    /* (optional) the devices of the set it spans, in rank order (all n_devices of the set's):
+       the survivors of a lost device re-form the tree and the ring over themselves. NULL:
+       every device of the set. Rank i of every call below is devices[i]. */
+    mgt_device *const *devices;
+    int n_devices;
 } mgt_comm_config;
 
-/* Creates one comm stream, a receive buffer and events per device of the set. */
+/* Creates one comm stream, a receive buffer and events per device it spans. */
 mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm **out);
 void mgt_comm_free(mgt_comm *c); /* NULL is a no-op */
 

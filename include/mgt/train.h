@@ -69,9 +69,16 @@ typedef struct mgt_train_config {
     const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
     double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
     double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
-    int image_size;               /* 0: the checkpoint's (-e, --resume), else the
+    /* --on-device-failure continue: a device that fails in a training step (a kernel or
+       runtime error, an allocation, a peer copy, no progress for device_timeout_s) is dropped
+       and the survivors go on from that step at the same global batch, down to min_devices;
+       false: the run ends (abort, the default). One node only. */
+    bool continue_on_device_failure;
+    int min_devices;         /* the fewest devices to go on with (0: 1) */
+    double device_timeout_s; /* the longest a wait on one device may take; 0: --timeout's */
+    int image_size;          /* 0: the checkpoint's (-e, --resume), else the
                                      architecture's (mgt_arch_info.image_size) */
-    int image_channels;           /* 0: the checkpoint's (-e, --resume), else the data's */
+    int image_channels;      /* 0: the checkpoint's (-e, --resume), else the data's */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];

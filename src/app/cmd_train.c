@@ -160,6 +160,12 @@ static void train_usage(FILE *f)
         "                         step per device) in DIR\n"
         "  --time-limit SECONDS   stop with a checkpoint after this long\n"
         "  --timeout SECONDS      abort when no step finishes for this long\n"
+        "  --on-device-failure abort|continue  on a device's failure in training, end the\n"
+        "                         run (abort, the default) or drop the device and go on\n"
+        "                         with the others from the failed step (one node)\n"
+        "  --min-devices N        continue: the fewest devices to go on with (1)\n"
+        "  --device-timeout SECONDS  a device whose work makes no progress this long has\n"
+        "                         failed (default: --timeout, else 600)\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
         "torchvision's references' names: --model (-a), --data-path (--data), --output-dir\n"
@@ -241,6 +247,9 @@ enum {
     OPT_TENSORBOARD,
     OPT_TIME_LIMIT,
     OPT_TIMEOUT,
+    OPT_ON_DEVICE_FAILURE,
+    OPT_MIN_DEVICES,
+    OPT_DEVICE_TIMEOUT,
     OPT_MAX_STEPS,
     OPT_DUMMY_STEPS,
     OPT_ALLREDUCE,
@@ -422,6 +431,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"on-device-failure", required_argument, NULL, OPT_ON_DEVICE_FAILURE},
+        {"min-devices", required_argument, NULL, OPT_MIN_DEVICES},
+        {"device-timeout", required_argument, NULL, OPT_DEVICE_TIMEOUT},
         {"max-steps", required_argument, NULL, OPT_MAX_STEPS},
         {"dummy-steps", required_argument, NULL, OPT_DUMMY_STEPS},
         {"help", no_argument, NULL, 'h'},
@@ -729,6 +741,19 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_TIME_LIMIT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s); break;
         case OPT_TIMEOUT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_ON_DEVICE_FAILURE:
+            ok = strcmp(optarg, "abort") == 0 || strcmp(optarg, "continue") == 0;
+            if (!ok)
+                fprintf(stderr, "mgtrain: %s '%s': expected abort or continue\n", flag, optarg);
+            c.continue_on_device_failure = strcmp(optarg, "continue") == 0;
+            break;
+        case OPT_MIN_DEVICES:
+            ok = mgt_app_flag_int(flag, optarg, 1, MGT_MAX_DEVICES, &v);
+            c.min_devices = (int)v;
+            break;
+        case OPT_DEVICE_TIMEOUT:
+            ok = mgt_app_flag_float(flag, optarg, 0.001, 1e9, &c.device_timeout_s);
+            break;
         case OPT_MAX_STEPS: ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps); break;
         case OPT_DUMMY_STEPS:
             ok = mgt_app_flag_int(flag, optarg, 1, 1L << 30, &v);

@@ -40,6 +40,7 @@
 struct mgt_comm {
     mgt_devset *set;
     int n;
+    mgt_device *devs[MGT_MAX_DEVICES]; /* the n devices it spans: the set's, or a subset */
     float **grads;
     size_t bytes;
     int nb;
@@ -161,7 +162,7 @@ static mgt_status make_xcomm(mgt_comm *c)
         return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     mgt_status st = MGT_OK;
     for (int j = 0; j < c->n && st == MGT_OK; j++) {
-        mgt_device *d = mgt_devset_device(c->set, j);
+        mgt_device *d = c->devs[j];
         unsigned char id[MGT_XCOMM_ID_MAX + sizeof(uint64_t)];
         uint64_t len = 0;
         size_t l = 0;
@@ -233,7 +234,7 @@ static mgt_status make_nodes(mgt_comm *c)
         return make_xcomm(c);
     mgt_status st = mgt_world_channels(c->world, c->n);
     for (int i = 0; i < c->n && st == MGT_OK; i++) {
-        mgt_device *d = mgt_devset_device(c->set, i);
+        mgt_device *d = c->devs[i];
         st = mgt_host_alloc(d, (total ? total : 1) * sizeof(float), (void **)&c->stage[i]);
         if (st == MGT_OK)
             st = mgt_host_alloc(d, (total ? total : 1) * (size_t)c->nodes * sizeof(float),
@@ -266,7 +267,14 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     if (!c)
         return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     c->set = set;
-    c->n = mgt_devset_count(set);
+    c->n = cfg->devices ? cfg->n_devices : mgt_devset_count(set);
+    if (c->n < 1 || c->n > MGT_MAX_DEVICES) {
+        int n = c->n;
+        free(c);
+        return mgt_error_set(MGT_ERR_INVALID, "comm: %d devices", n);
+    }
+    for (int i = 0; i < c->n; i++)
+        c->devs[i] = cfg->devices ? cfg->devices[i] : mgt_devset_device(set, i);
     c->bytes = cfg->bytes;
     c->algo = cfg->algo;
     c->world = cfg->world;
@@ -316,7 +324,7 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         if (c->end[b] - c->begin[b] > largest)
             largest = c->end[b] - c->begin[b];
     for (int i = 0; i < c->n && st == MGT_OK; i++) {
-        mgt_device *d = mgt_devset_device(set, i);
+        mgt_device *d = c->devs[i];
         c->grads[i] = cfg->grads[i];
         st = mgt_stream_create(d, &c->stream[i]);
         if (st == MGT_OK && c->n > 1)
@@ -379,7 +387,7 @@ void mgt_comm_free(mgt_comm *c)
         mgt_event_free(c->staged[k]);
     free(c->staged);
     for (int i = 0; c->stage && i < c->n; i++) {
-        mgt_device *d = mgt_devset_device(c->set, i);
+        mgt_device *d = c->devs[i];
         if (c->stage[i])
             mgt_host_free(d, c->stage[i]);
         if (c->gathered[i])

@@ -96,6 +96,10 @@ typedef struct mgt_backend_i {
     /* (optional) the allocations and kernels counted for injected faults (see
        mgt_device_counts); NULL: none kept */
     void (*counts)(const mgt_device *d, long *allocs, long *kernels);
+    /* (optional) the device is given up (mgt_device_abandon): its queued work is dropped and
+       a kernel that never returns is left behind, so that no stream of another device and no
+       host thread waits on it any more; never blocks. NULL: nothing can be done */
+    void (*abandon)(mgt_device *d, const char *why);
 } mgt_backend_i;
 
 struct mgt_device {

@@ -577,6 +577,18 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels)
     return true;
 }
 
+void mgt_device_abandon(mgt_device *d, const char *why)
+{
+    if (d && d->set->iface->abandon)
+        d->set->iface->abandon(d, why);
+}
+
+void mgt_device_unstall(mgt_device *d)
+{
+    if (d)
+        atomic_store(&d->stalled, false);
+}
+
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 mgt_status mgt_device_reserve(mgt_device *d, size_t bytes, const char *what)

@@ -37,6 +37,9 @@ static void text_summary(mgt_text *out, const train_summary *s)
     if (s->validated)
         mgt_text_add(out, " * Acc@1 %.3f Acc@5 %.3f  Loss %.4f  (%ld validation images)\n",
                      s->val_acc1, s->val_acc5, s->val_loss, s->val_images);
+    if (s->devices_lost && s->trained)
+        mgt_text_add(out, " * trained on %d device%s (%d lost: --on-device-failure continue)\n",
+                     s->devices, s->devices == 1 ? "" : "s", s->devices_lost);
     if (s->ema_validated)
         mgt_text_add(out, " * EMA Acc@1 %.3f Acc@5 %.3f  Loss %.4f\n", s->ema_val_acc1,
                      s->ema_val_acc5, s->ema_val_loss);
@@ -218,6 +221,9 @@ static void json_summary(mgt_text *out, const train_summary *s)
     cJSON_AddNumberToObject(o, "images_per_s", s->images_per_s);
     cJSON_AddNumberToObject(o, "epoch_s", s->epoch_s);
     cJSON_AddNumberToObject(o, "lr", f32(s->lr));
+    cJSON_AddNumberToObject(o, "devices", s->devices);
+    if (s->devices_lost)
+        cJSON_AddNumberToObject(o, "devices_lost", s->devices_lost);
     if (s->validated) {
         cJSON_AddNumberToObject(o, "val_loss", s->val_loss);
         cJSON_AddNumberToObject(o, "val_acc1", s->val_acc1);

@@ -119,7 +119,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     train_data *d = &r->data;
     mgt_device *devs[MGT_MAX_DEVICES];
     for (int i = 0; i < r->n; i++)
-        devs[i] = mgt_devset_device(r->set, i);
+        devs[i] = r->devs[i];
     d->train_samples = mgt_dataset_size(d->train_ds);
     d->val_samples = mgt_dataset_size(d->val_ds);
     if (r->c->evaluate) /* -e: no training loader (its threads and batches) */
@@ -168,17 +168,35 @@ mgt_status train_open_data(run *r)
     if (r->c->image_channels > 0) /* the checkpoint's (or the caller's): images converted */
         d->channels = r->c->image_channels;
     d->size = r->c->image_size > 0 ? r->c->image_size : mgt_arch_image_size(r->arch, w, h);
-    mgt_transform tt, vt;
-    st = make_transforms(r, w, h, &tt, &vt);
+    st = make_transforms(r, w, h, &d->tt, &d->vt);
     if (st != MGT_OK)
         return st;
-    d->val_t = vt;      /* what checkpoints say the model is validated with */
+    d->val_t = d->vt;   /* what checkpoints say the model is validated with */
     if (r->c->evaluate) /* -e: the model is planned at the validation crop */
-        d->size = vt.size;
-    return make_loaders(r, &tt, &vt);
+        d->size = d->vt.size;
+    return make_loaders(r, &d->tt, &d->vt);
 }
 
 /* ---- replicas ---- */
+
+/* --on-device-failure continue: the event after a step's own work, and room for the
+   batch-norm statistics at a step's start. */
+static mgt_status make_keep(worker *w)
+{
+    w->keep_step = -1;
+    mgt_status st = mgt_event_create(w->d, &w->own_ev);
+    if (st == MGT_OK)
+        st = mgt_event_create(w->d, &w->reduced_ev);
+    size_t bytes;
+    mgt_model_buffers(w->model, &bytes);
+    int nc;
+    mgt_model_bn_counts(w->model, &nc);
+    if (st == MGT_OK && bytes)
+        st = mgt_buffer_alloc(w->d, bytes, &w->bn_keep);
+    if (st == MGT_OK && !(w->counts_keep = calloc((size_t)(nc > 0 ? nc : 1), sizeof(int64_t))))
+        st = mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    return st;
+}
 
 static mgt_status make_dummy_batch(run *r, worker *w)
 {
@@ -283,7 +301,7 @@ static mgt_status make_worker(run *r, int i)
     worker *w = &r->w[i];
     w->r = r;
     w->dev = i;
-    w->d = mgt_devset_device(r->set, i);
+    w->d = r->devs[i];
     mgt_status st = mgt_stream_create(w->d, &w->s);
     mgt_model_config mc = {.arch = c->arch,
                            .classes = r->data.classes,
@@ -312,6 +330,8 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK && r->data.val_t.size > 0 && r->data.val_t.size != r->data.size &&
         (st = make_val_twin(r, w, &mc)) != MGT_OK)
         mgt_error_wrap(st, "the validation model (--val-crop-size)");
+    if (st == MGT_OK && c->continue_on_device_failure && (st = make_keep(w)) != MGT_OK)
+        mgt_error_wrap(st, "--on-device-failure continue's batch-norm copy");
     if (st == MGT_OK && i == 0)
         st = mgt_model_init(w->model, w->s, c->seed);
     return st;
@@ -321,6 +341,10 @@ static void free_worker(worker *w)
 {
     if (w->s)
         mgt_stream_synchronize(w->s, NULL);
+    mgt_event_free(w->own_ev);
+    mgt_event_free(w->reduced_ev);
+    mgt_buffer_free(w->bn_keep);
+    free(w->counts_keep);
     for (int k = 0; k < SLOTS; k++) {
         mgt_event_free(w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS; p++)
@@ -394,7 +418,9 @@ mgt_status train_make_comm(run *r)
                           .algo = r->c->allreduce,
                           .world = r->world,
                           .abort = &r->abort,
-                          .grad_dtype = r->c->grad_dtype};
+                          .grad_dtype = r->c->grad_dtype,
+                          .devices = r->devs,
+                          .n_devices = r->n};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     if (st != MGT_OK)
         mgt_error_wrap(st, "the gradient all-reduce");
@@ -407,16 +433,35 @@ mgt_status train_make_comm(run *r)
     return st;
 }
 
-void train_free_parts(run *r)
+/* n: the workers made (the devices before one was lost) */
+static void free_replicas(run *r, int n)
 {
     mgt_loader_free(r->data.train_ld);
     mgt_loader_free(r->data.val_ld);
+    r->data.train_ld = r->data.val_ld = NULL;
     mgt_comm_free(r->comm);
-    for (int i = 0; r->w && i < r->n; i++)
+    r->comm = NULL;
+    for (int i = 0; r->w && i < n; i++)
         free_worker(&r->w[i]);
     free(r->w);
     free(r->params);
     free(r->buffers);
+    r->w = NULL;
+    r->params = r->buffers = NULL;
+}
+
+void train_free_parts(run *r)
+{
+    free_replicas(r, r->n);
     mgt_dataset_free(r->data.train_ds);
     mgt_dataset_free(r->data.val_ds);
+}
+
+mgt_status train_remake_parts(run *r)
+{
+    free_replicas(r, r->n + 1);
+    mgt_status st = r->data.train_ds ? make_loaders(r, &r->data.tt, &r->data.vt) : MGT_OK;
+    if (st == MGT_OK)
+        st = train_make_workers(r);
+    return st == MGT_OK ? train_make_comm(r) : st;
 }
