@@ -64,14 +64,16 @@ typedef struct mgt_train_config {
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
-    mgt_allreduce_algo allreduce; /* tree (the default) or ring */
-    const char *log_path;         /* JSON lines; NULL: none */
-    const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
-    double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
-    double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
-    int image_size;               /* 0: the checkpoint's (-e, --resume), else the
+    mgt_allreduce_algo allreduce;    /* tree (the default) or ring */
+    mgt_node_exchange node_exchange; /* across nodes: auto (the default), allgather or
+                                        reduce-scatter (mgt/comm.h) */
+    const char *log_path;            /* JSON lines; NULL: none */
+    const char *tensorboard_dir;     /* TensorBoard event files go here; NULL: none */
+    double time_limit_s;             /* stop (with a checkpoint) after this long; 0: none */
+    double step_timeout_s;           /* abort when no step finishes for this long; 0: none */
+    int image_size;                  /* 0: the checkpoint's (-e, --resume), else the
                                      architecture's (mgt_arch_info.image_size) */
-    int image_channels;           /* 0: the checkpoint's (-e, --resume), else the data's */
+    int image_channels;              /* 0: the checkpoint's (-e, --resume), else the data's */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];

@@ -394,6 +394,7 @@ mgt_status train_make_comm(run *r)
                           .algo = r->c->allreduce,
                           .world = r->world,
                           .abort = &r->abort,
+                          .node_exchange = r->c->node_exchange,
                           .grad_dtype = r->c->grad_dtype};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     if (st != MGT_OK)

@@ -45,7 +45,60 @@ equivalence)
         fail "the 2x2 weights differ from the 1x4 weights"
     [ "$(val_line "$tmp/one.txt")" = "$(val_line "$tmp/two.txt")" ] ||
         fail "validation differs: 1x4 '$(val_line "$tmp/one.txt")', 2x2 '$(val_line "$tmp/two.txt")'"
-    echo "2x2 = 1x4: $(val_line "$tmp/two.txt")"
+    # auto takes the all-gather at 2 nodes and says why; the reduce-scatter gives the same bytes
+    grep -q "=> node exchange: all-gather for every bucket .*at 2 nodes" "$tmp/two.txt" ||
+        fail "2x2 did not say its exchange: $(grep 'node exchange' "$tmp/two.txt")"
+    timeout "$T" "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 2 --checkpoint-dir "$tmp/two_rs" \
+        --node-exchange reduce-scatter >"$tmp/two_rs.txt" 2>&1 || fail "2x2 reduce-scatter: $(tail -5 "$tmp/two_rs.txt")"
+    cmp "$tmp/one/checkpoint.safetensors" "$tmp/two_rs/checkpoint.safetensors" ||
+        fail "the 2x2 weights with --node-exchange reduce-scatter differ from the 1x4 weights"
+    echo "2x2 = 1x4 with either exchange: $(val_line "$tmp/two.txt")"
+    ;;
+equivalence4)
+    # 4 processes x 1 mock device against 1 x 4, with either exchange across the nodes; one
+    # compute thread per device on both sides (mock kernels split work by thread count)
+    R=("${RUN[@]}" --epochs 2 --mock threads=1)
+    timeout "$T" "$mgtrain" "${R[@]}" --gpus 0,1,2,3 --checkpoint-dir "$tmp/one" >"$tmp/one.txt" 2>&1 ||
+        fail "1x4: $(tail -3 "$tmp/one.txt")"
+    for x in reduce-scatter allgather; do
+        timeout "$T" "${MPIRUN[@]}" -np 4 "$mgtrain" "${R[@]}" --gpus 0 --node-exchange $x \
+            --checkpoint-dir "$tmp/$x" >"$tmp/$x.txt" 2>&1 || fail "4x1 $x: $(tail -5 "$tmp/$x.txt")"
+        grep -q "world: 4 nodes x 1 devices = 4 replicas" "$tmp/$x.txt" || fail "4x1 did not say its world"
+        grep -q "=> node exchange: .*(--node-exchange $x)" "$tmp/$x.txt" ||
+            fail "4x1 did not say its exchange: $(grep 'node exchange' "$tmp/$x.txt")"
+        cmp "$tmp/one/checkpoint.safetensors" "$tmp/$x/checkpoint.safetensors" ||
+            fail "the 4x1 weights ($x) differ from the 1x4 weights"
+        [ "$(val_line "$tmp/one.txt")" = "$(val_line "$tmp/$x.txt")" ] || fail "validation differs ($x)"
+    done
+    echo "4x1 = 1x4 with either exchange: $(val_line "$tmp/one.txt")"
+    ;;
+equivalence3)
+    # the rule for 3 nodes: with a power-of-two device count per node (1, 2) N x L = 1 x NL,
+    # so 3 x 1 = 1 x 3 (pieces of unequal length) and 3 x 2 = 1 x 6; with 3 devices a node the
+    # single-process tree pairs devices across nodes, so 2 x 3 gives its own bytes, the same
+    # with either exchange, not 1 x 6's
+    R=("${RUN[@]}" --epochs 1 -b 48 --mock threads=1)
+    for g in 0,1,2 0,1,2,3,4,5; do
+        timeout "$T" "$mgtrain" "${R[@]}" --gpus $g --checkpoint-dir "$tmp/one$g" >"$tmp/one$g.txt" 2>&1 ||
+            fail "1 x $g: $(tail -3 "$tmp/one$g.txt")"
+    done
+    timeout "$T" "${MPIRUN[@]}" -np 3 "$mgtrain" "${R[@]}" --gpus 0 --node-exchange reduce-scatter \
+        --checkpoint-dir "$tmp/3x1" >"$tmp/3x1.txt" 2>&1 || fail "3x1: $(tail -5 "$tmp/3x1.txt")"
+    cmp "$tmp/one0,1,2/checkpoint.safetensors" "$tmp/3x1/checkpoint.safetensors" || fail "3x1 differs from 1x3"
+    timeout "$T" "${MPIRUN[@]}" -np 3 "$mgtrain" "${R[@]}" --gpus 0,1 \
+        --checkpoint-dir "$tmp/3x2" >"$tmp/3x2.txt" 2>&1 || fail "3x2: $(tail -5 "$tmp/3x2.txt")"
+    grep -q "=> node exchange: reduce-scatter + all-gather for " "$tmp/3x2.txt" ||
+        fail "3x2 auto took no reduce-scatter: $(grep 'node exchange' "$tmp/3x2.txt")"
+    cmp "$tmp/one0,1,2,3,4,5/checkpoint.safetensors" "$tmp/3x2/checkpoint.safetensors" || fail "3x2 differs from 1x6"
+    for x in reduce-scatter allgather; do
+        timeout "$T" "${MPIRUN[@]}" -np 2 "$mgtrain" "${R[@]}" --gpus 0,1,2 --node-exchange $x \
+            --checkpoint-dir "$tmp/2x3$x" >"$tmp/2x3$x.txt" 2>&1 || fail "2x3 $x: $(tail -5 "$tmp/2x3$x.txt")"
+    done
+    cmp "$tmp/2x3reduce-scatter/checkpoint.safetensors" "$tmp/2x3allgather/checkpoint.safetensors" ||
+        fail "2x3 differs between the exchanges"
+    ! cmp -s "$tmp/one0,1,2,3,4,5/checkpoint.safetensors" "$tmp/2x3allgather/checkpoint.safetensors" ||
+        fail "2x3 gave 1x6's bytes: the documented rule (mgt/comm.h, README) says it does not"
+    echo "3x1 = 1x3, 3x2 = 1x6; 2x3 the same with either exchange, not 1x6"
     ;;
 resume)
     # a 2x2 checkpoint goes on on 1x4 exactly as 1x4 would have, and on 1x2
@@ -65,13 +118,22 @@ resume)
     grep -q '(300 validation images)' "$tmp/on2.txt" || fail "1x2 did not validate"
     echo "resumed on 1x4 (bit-identical) and on 1x2"
     ;;
-fault)
-    # a kernel fault on device 1 of rank 1 ends both ranks within 10 s (timed from the first
+fault | fault4)
+    # a kernel fault on one rank's device ends every rank within 10 s (timed from the first
     # progress line: start-up is slow under the sanitizers), with one line naming the node,
-    # the device, the step and the cause
-    "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 3 --max-steps 1000000 --print-freq 1 : \
-        -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 3 --max-steps 1000000 --print-freq 1 \
-        --mock 'fault=kernel@1:400' >"$tmp/out.txt" 2>&1 &
+    # the device, the step and the cause: device 1 of rank 1 of 2 (2 devices each), or device
+    # 0 of rank 3 of 4 (1 device each, the reduce-scatter across the nodes)
+    if [ "$case_name" = fault ]; then
+        np=2 victim=1 dev=1 G=(--gpus 0,1)
+    else
+        np=4 victim=3 dev=0 G=(--gpus 0 --node-exchange reduce-scatter)
+    fi
+    R=("${RUN[@]}" "${G[@]}" --epochs 3 --max-steps 1000000 --print-freq 1)
+    launch=()
+    [ $victim -gt 0 ] && launch+=(-np $victim "$mgtrain" "${R[@]}" :)
+    launch+=(-np 1 "$mgtrain" "${R[@]}" --mock "fault=kernel@$dev:400")
+    [ $((np - victim - 1)) -gt 0 ] && launch+=(: -np $((np - victim - 1)) "$mgtrain" "${R[@]}")
+    "${MPIRUN[@]}" "${launch[@]}" >"$tmp/out.txt" 2>&1 &
     mp=$!
     for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     start=$(date +%s)
@@ -79,21 +141,21 @@ fault)
     if kill -0 $mp 2>/dev/null; then
         pkill -9 -P $mp
         kill -9 $mp
-        fail "both ranks still run 30 s after training started"
+        fail "the ranks still run 30 s after training started"
     fi
     wait $mp
     rc=$?
     took=$(($(date +%s) - start))
     [ $rc -ne 0 ] || fail "rc 0: $(tail -5 "$tmp/out.txt")"
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || fail "the fault came before training: $(grep '^mgtrain: ' "$tmp/out.txt")"
-    [ $took -le 10 ] || fail "took ${took} s to end both ranks"
+    [ $took -le 10 ] || fail "took ${took} s to end every rank"
     [ "$(grep -c '^mgtrain: ' "$tmp/out.txt")" = 1 ] || fail "not one line: $(grep '^mgtrain: ' "$tmp/out.txt")"
     # the worker's words ("mock:1: epoch 0 step N (...): ...") or, where the device's
     # exchange with the other node failed first, the all-reduce's ("epoch 0 step N (the
     # all-reduce): device 1: ...: mock:1: ...")
     line=$(grep '^mgtrain: ' "$tmp/out.txt")
     case $line in
-    "mgtrain: node 1 of 2 "*mock:1*) ;;
+    "mgtrain: node $victim of $np "*mock:$dev*) ;;
     *) fail "the line does not name node and device: $line" ;;
     esac
     case $line in
@@ -102,54 +164,68 @@ fault)
     esac
     echo "ended within ${took} s of training's start: $(grep '^mgtrain: ' "$tmp/out.txt")"
     ;;
-kill)
-    # rank 1 SIGKILLed mid-training: rank 0 stops (mpirun's own reaction, or --timeout) and
-    # nothing hangs
-    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --timeout 5 \
+kill | kill4)
+    # a rank SIGKILLed mid-training: the others stop (mpirun's own reaction, or --timeout) and
+    # nothing hangs; rank 1 of 2, or rank 0 of 4 with the reduce-scatter across the nodes
+    if [ "$case_name" = kill ]; then
+        np=2 victim=1 G=(--gpus 0,1)
+    else
+        np=4 victim=0 G=(--gpus 0 --node-exchange reduce-scatter)
+    fi
+    "${MPIRUN[@]}" -np $np "$mgtrain" "${RUN[@]}" "${G[@]}" --epochs 100 --max-steps 1000000 --timeout 5 \
         >"$tmp/out.txt" 2>&1 &
     mp=$!
     for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
-    victim=
+    pid=
     for p in $(pgrep -P $mp); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$victim && pid=$p
     done
-    [ -n "$victim" ] || { kill $mp; fail "no rank 1 among mpirun's children"; }
+    [ -n "$pid" ] || { kill $mp; fail "no rank $victim among mpirun's children"; }
     start=$(date +%s)
-    kill -9 "$victim"
+    kill -9 "$pid"
     for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     if kill -0 $mp 2>/dev/null; then
+        pkill -9 -P $mp
         kill -9 $mp
-        fail "rank 0 still runs 20 s after rank 1 was killed"
+        fail "the other ranks still run 20 s after rank $victim was killed"
     fi
     wait $mp
     rc=$?
     [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
-    echo "stopped $(($(date +%s) - start)) s after the kill, rc $rc"
+    echo "stopped $(($(date +%s) - start)) s after the kill of rank $victim of $np, rc $rc"
     ;;
-stall)
-    # rank 1 stopped (SIGSTOP: alive, so mpirun does not react): rank 0 ends after --timeout
-    # with a line saying so, and its MPI_Abort takes the stopped rank too
-    "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 100 --max-steps 1000000 --timeout 3 \
+stall | stall4)
+    # a rank stopped (SIGSTOP: alive, so mpirun does not react): the others end after --timeout
+    # with a line saying so, and MPI_Abort takes the stopped rank too; rank 1 of 2, or rank 2
+    # of 4 with the reduce-scatter across the nodes
+    if [ "$case_name" = stall ]; then
+        np=2 victim=1 G=(--gpus 0,1)
+    else
+        np=4 victim=2 G=(--gpus 0 --node-exchange reduce-scatter)
+    fi
+    "${MPIRUN[@]}" -np $np "$mgtrain" "${RUN[@]}" "${G[@]}" --epochs 100 --max-steps 1000000 --timeout 3 \
         >"$tmp/out.txt" 2>&1 &
     mp=$!
     for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
     for p in $(pgrep -P $mp); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -STOP "$p"
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$victim && kill -STOP "$p"
     done
     start=$(date +%s)
     for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     if kill -0 $mp 2>/dev/null; then
         pkill -9 -P $mp
         kill -9 $mp
-        fail "still running 20 s after rank 1 stalled"
+        fail "still running 20 s after rank $victim stalled"
     fi
     wait $mp
-    # the step timeout, or a wait of the main thread's (validation's totals) running out
-    grep -q '^mgtrain: node 0 of 2 .*within --timeout 3 s' "$tmp/out.txt" ||
-        fail "no timeout line: $(grep '^mgtrain' "$tmp/out.txt")"
-    echo "ended $(($(date +%s) - start)) s after the stall: $(grep '^mgtrain' "$tmp/out.txt")"
+    # the step timeout, or a wait of the main thread's (validation's totals) running out, on
+    # a rank other than the stalled one (which mpirun's kill may wake long enough to time out
+    # too: it sends SIGCONT before its SIGTERM and SIGKILL)
+    grep -E "^mgtrain: node [0-9]+ of $np .*within --timeout 3 s" "$tmp/out.txt" |
+        grep -qv "^mgtrain: node $victim of " || fail "no timeout line: $(grep '^mgtrain' "$tmp/out.txt")"
+    echo "ended $(($(date +%s) - start)) s after the stall of rank $victim of $np: $(grep '^mgtrain' "$tmp/out.txt" | head -1)"
     ;;
 sigint)
     # SIGINT to the ranks, as a Ctrl-C on mpirun cannot give it (Open MPI 4.1's mpirun does not
@@ -218,15 +294,25 @@ fault_both)
     grep -a '^mgtrain: ' "$tmp/out.txt"
     ;;
 bench)
-    # bench allreduce across 2 ranks: a row per size with both variants, the model beside them
+    # bench allreduce across 2 ranks: a row per size with both exchanges, the model and the
+    # ring's bound beside them
     timeout "$T" "${MPIRUN[@]}" -np 2 "$mgtrain" bench allreduce --device cpu --gpus 0,1 \
         --mock 'link=25GB/s,10us;xlink=1GB/s,20us' --min-bytes 64K --max-bytes 256K \
         --json "$tmp/b.json" >"$tmp/out.txt" 2>&1 || fail "bench: $(tail -5 "$tmp/out.txt")"
     grep -q '2 nodes x 2 mock devices = 4' "$tmp/out.txt" || fail "no world line: $(head -3 "$tmp/out.txt")"
     [ "$(grep -cE '^ +(65536|131072|262144) \|' "$tmp/out.txt")" = 3 ] || fail "not 3 rows: $(cat "$tmp/out.txt")"
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and d["devices"]==4 and len(r)==3 and all(x["hier"]["time_s"]>0 and x["flat"]["model_s"]>0 for x in r)' \
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["results"]; assert d["nodes"]==2 and d["devices"]==4 and len(r)==3 and all(x["allgather"]["time_s"]>0 and x["reduce_scatter"]["model_s"]>0 and 0<x["ring_model_s"]<=x["reduce_scatter"]["model_s"] for x in r)' \
         "$tmp/b.json" || fail "bad --json: $(cat "$tmp/b.json")"
     echo "$(grep -E '^ +262144' "$tmp/out.txt")"
+    # the model table alone (one process): a small model's measured step, three node counts;
+    # the new exchange at most today's, and a ring's time from 8 nodes on (at 2 the all-gather's
+    # one latency beats the ring's two)
+    timeout "$T" "$mgtrain" bench allreduce --device cpu --gpus 0 --mock 'xlink=1GB/s,20us' \
+        --model-nodes 2,8,64 --model-arch resnet20 --model-batch 4 --json "$tmp/m.json" \
+        >"$tmp/model.txt" 2>&1 || fail "bench --model-nodes: $(tail -5 "$tmp/model.txt")"
+    python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]; r=m["rows"]; assert m["arch"]=="resnet20" and m["backward_s"]>0 and [x["nodes"] for x in r]==[2,8,64] and all(x["new"]["allreduce_s"]<=x["allgather"]["allreduce_s"] and x["new"]["step_s"]<=x["allgather"]["step_s"] for x in r) and all(x["ring"]["allreduce_s"]<=x["new"]["allreduce_s"] for x in r[1:]) and r[2]["allgather"]["allreduce_s"]>5*r[2]["new"]["allreduce_s"]' \
+        "$tmp/m.json" || fail "bad model table: $(cat "$tmp/model.txt")"
+    grep -E '^ +64 \|' "$tmp/model.txt"
     # the training step across 2 ranks: rows of 1 and 2 devices per node, the world's rate
     timeout "$T" "${MPIRUN[@]}" -np 2 "$mgtrain" bench --device cpu --gpus 0,1 --mock threads=1 \
         -a resnet20 -b 8 --dummy --image-size 28 --in-channels 1 --classes 10 --steps 2 --warmup 1 \
