@@ -58,8 +58,9 @@ int mgt_comm_exchange_chunks(int nodes, size_t bytes);
    each collective of each chunk costs (nodes - 1) latencies, and the bytes a node receives
    pass at the link's bandwidth. */
 double mgt_comm_exchange_seconds(mgt_node_exchange x, int nodes, size_t bytes, const mgt_link *l);
-/* A ring all-reduce of `bytes` over `nodes` nodes with one such link each, the lower bound:
-   2 (nodes - 1) (latency + bytes / (nodes x bandwidth)). */
+/* A ring all-reduce of `bytes` over `nodes` nodes with one such link each: 2 (nodes - 1)
+   (latency + bytes / (nodes x bandwidth)), the bound on the bytes a node must receive (at 2
+   nodes the all-gather's one latency beats its two). */
 double mgt_comm_ring_seconds(int nodes, size_t bytes, const mgt_link *l);
 /* The exchange AUTO gives a shard of `bytes`: the faster in the model, the all-gather on a tie
    (2 nodes: the same bytes, half the latencies). */

@@ -48,8 +48,8 @@ static void bench_usage(FILE *f)
            "at the same per-device batch, with each device's step broken down.\n"
            "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
            "and compares the two exchanges across nodes (--node-exchange), next to the link\n"
-           "model's prediction (--mock xlink=BW,LAT models the link between nodes) and a ring's\n"
-           "lower bound. --model-nodes adds a table of the modelled all-reduce and step of\n"
+           "model's prediction (--mock xlink=BW,LAT models the link between nodes) and a ring\n"
+           "all-reduce's time. --model-nodes adds a table of the modelled all-reduce and step of\n"
            "--model-arch (resnet50) at those node counts, from one node's measured step\n"
            "(--model-batch images a device, 8) or --model-step.\n"
            "Under mpirun, bench runs each row on that many devices of every node (the same\n"
@@ -469,7 +469,7 @@ static double predict(mgt_allreduce_algo a, int n, size_t bytes, const mgt_mock_
 
 /* Across nodes: the reduce-scatter and all-gather inside the node over the mock link (log2 L
    levels each, the shards side by side) and then the exchange of a shard over the inter-node
-   link, as mgt_comm models it; x = AUTO gives a ring's lower bound for that part instead. */
+   link, as mgt_comm models it; x = AUTO gives a ring all-reduce's time for that part instead. */
 static double predict_nodes(mgt_node_exchange x, int nodes, int n, size_t bytes,
                             const mgt_mock_options *o)
 {
@@ -634,7 +634,7 @@ static void print_model_table(const step_model *m, const int *nodes, int nn, con
         printf(" %.0f%%", 100 * m->ready[b]);
     printf("\nexchanges: allgather (every bucket all-gathered), new (--node-exchange auto: "
            "reduce-scatter + all-gather where the model says it is faster), ring (a ring "
-           "all-reduce's lower bound)\n");
+           "all-reduce's time: the bandwidth bound, 2 (N-1)/N of a shard in a node)\n");
     printf("%6s | %-28s | %-28s | %9s %9s\n", "", "     ms per all-reduce", "     ms per step",
            "allgather", "new");
     printf("%6s | %9s %9s %8s | %9s %9s %8s | %9s %9s\n", "nodes", "allgather", "new", "ring",
@@ -873,7 +873,7 @@ static int bench_allreduce(int argc, char **argv)
     if (na > 0 && nodes > 1 && model)
         printf("mock inter-node link: %.3g GB/s, %.3g us per device; model = 2 log2(L) (lat + "
                "shard/bw) inside the node + the exchange's time on the link (chunks x steps x "
-               "xlat + bytes in / xbw); ring = a ring's lower bound for the exchange, 2 (N-1) "
+               "xlat + bytes in / xbw); ring = a ring all-reduce's time for the exchange, 2 (N-1) "
                "(xlat + shard / (N xbw))\n",
                mo.xlink_bytes_per_s / 1e9, mo.xlink_latency_s * 1e6);
     if (na > 0) {

@@ -344,3 +344,7 @@ bad_env)
     fail "unknown case $case_name"
     ;;
 esac
+# a sanitizer's report in any rank's output fails the case, even one that expected a failure
+if grep -lE "ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:" "$tmp"/*.txt 2>/dev/null; then
+    fail "a sanitizer reported (the files above)"
+fi
