@@ -74,9 +74,9 @@ typedef enum mgt_fault_kind {
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
                          (BW in B, KB, MB or GB per second; LAT in us or ms)
-     xlink=BW,LAT        the link between nodes of a multi-node run (mgt/world.h): each
-                         device's exchange with the other nodes takes at least
-                         (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
+     xlink=BW,LAT        the link between nodes of a multi-node run, one per device
+                         (mgt/world.h): a collective bringing a node b bytes takes
+                         (nodes - 1) x LAT + b / BW once the link is free
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path
      layout=blocked|nchw activations kept in oneDNN's nChw16c between ops where a model can
