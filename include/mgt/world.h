@@ -107,6 +107,9 @@ mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *send, vo
 /* Completes operation op of channel chan: MPI's part, then the link model's time. Abortable
    (the flag, another node's failure, --timeout). */
 mgt_status mgt_world_chan_wait(mgt_world *w, int chan, int op, const mgt_abort *abort);
+/* Bytes this node's channels were sent by the other ranks (the collectives' receive counts,
+   its own pieces left out) since the channels were made: what crossed the link into the node. */
+uint64_t mgt_world_chan_bytes_in(const mgt_world *w);
 
 /* Control messages beside the data: a failure's one line, a stop's proposed step. */
 /* Tells every other rank that this one failed (text: the line it prints); waits up to a

@@ -401,10 +401,11 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
 }
 
 /* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a, and
-   across nodes with exchange x. */
+   across nodes with exchange x; *bytes_in: what the other nodes sent this one per all-reduce
+   over MPI (0 where the exchange does not go through the world: NCCL). */
 static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
                                  mgt_allreduce_algo a, mgt_world *world, mgt_node_exchange x,
-                                 double *seconds)
+                                 double *seconds, double *bytes_in)
 {
     int n = mgt_devset_count(set);
     size_t ends[1] = {bytes};
@@ -425,10 +426,13 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
     st = mgt_world_barrier(world, NULL);
     int iters = 0, warm = 2;
     double t0 = 0, now = 0;
+    uint64_t in0 = 0;
     /* at least 5 timed iterations and 0.3 s, at most 1000 */
     while (st == MGT_OK) {
-        if (iters == warm)
+        if (iters == warm) {
             t0 = mgt_time_now();
+            in0 = mgt_world_chan_bytes_in(world);
+        }
         /* one thread drives every device: all mark the bucket ready before any waits */
         for (int i = 0; i < n && st == MGT_OK; i++)
             st = mgt_comm_step_begin(c, i);
@@ -448,6 +452,7 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
             break;
     }
     *seconds = (now - t0) / (iters - warm);
+    *bytes_in = (double)(mgt_world_chan_bytes_in(world) - in0) / (iters - warm);
     mgt_comm_free(c);
     return st;
 }
@@ -879,8 +884,8 @@ static int bench_allreduce(int argc, char **argv)
     if (na > 0) {
         printf("%12s", "size");
         for (int a = 0; a < na; a++)
-            printf(" | %-14s %9s %9s %9s%s", vs[a].name, "time us", "algbw", "busbw",
-                   model ? "  model us" : "");
+            printf(" | %-14s %9s %9s %9s%s%s", vs[a].name, "time us", "algbw", "busbw",
+                   nodes > 1 ? "  in/size" : "", model ? "  model us" : "");
         if (model && nodes > 1)
             printf(" | %9s", "ring us");
         if (na == 2)
@@ -897,16 +902,22 @@ static int bench_allreduce(int argc, char **argv)
     double sizes[64], busbw[2][64];
     int ns = 0;
     for (size_t bytes = lo; na > 0 && bytes <= hi && st == MGT_OK && ns < 64; bytes *= 2, ns++) {
-        double t[2] = {0, 0}, pm[2] = {0, 0};
+        double t[2] = {0, 0}, pm[2] = {0, 0}, in[2] = {0, 0};
         printf("%12zu", bytes);
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "bytes", (double)bytes);
         for (int a = 0; a < na && st == MGT_OK; a++) {
-            st = time_allreduce(set, ptr, streams, bytes, vs[a].algo, world, vs[a].x, &t[a]);
+            st =
+                time_allreduce(set, ptr, streams, bytes, vs[a].algo, world, vs[a].x, &t[a], &in[a]);
             double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (wn - 1) / wn;
             pm[a] = nodes > 1 ? predict_nodes(vs[a].x, nodes, n, bytes, &mo)
                               : predict(vs[a].algo, n, bytes, &mo);
             printf(" | %-14s %9.1f %8.3gG %8.3gG", "", t[a] * 1e6, alg, bus);
+            /* what crossed into this node, as a multiple of the message (not counted on NCCL) */
+            if (nodes > 1 && in[a] > 0)
+                printf(" %8.3fx", in[a] / (double)bytes);
+            else if (nodes > 1)
+                printf(" %9s", "-");
             if (model)
                 printf(" %9.1f", pm[a] * 1e6);
             busbw[a][ns] = bus;
@@ -914,6 +925,8 @@ static int bench_allreduce(int argc, char **argv)
             cJSON_AddNumberToObject(o, "time_s", t[a]);
             cJSON_AddNumberToObject(o, "algbw_gbs", alg);
             cJSON_AddNumberToObject(o, "busbw_gbs", bus);
+            if (nodes > 1)
+                cJSON_AddNumberToObject(o, "bytes_in", in[a]);
             if (model)
                 cJSON_AddNumberToObject(o, "model_s", pm[a]);
             cJSON_AddItemToObject(row, vs[a].key, o);

@@ -68,6 +68,7 @@ struct chan_op {
 struct world_chan {
     MPI_Comm comm;
     double link_free;
+    _Atomic uint64_t bytes_in; /* received from the other ranks by its collectives */
     struct chan_op ops[MGT_WORLD_CHAN_OPS];
 };
 
@@ -496,6 +497,7 @@ static void op_link(mgt_world *w, int chan, struct chan_op *o, size_t bytes_in)
         ch->link_free = o->link_end;
     }
     o->busy = true;
+    atomic_fetch_add(&ch->bytes_in, (uint64_t)bytes_in);
 }
 
 mgt_status mgt_world_chan_alltoall(mgt_world *w, int chan, const void *send, const size_t *counts,
@@ -547,6 +549,14 @@ mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *send, vo
         return mpi_error(rc, "MPI_Iallgatherv");
     op_link(w, chan, o, in);
     return MGT_OK;
+}
+
+uint64_t mgt_world_chan_bytes_in(const mgt_world *w)
+{
+    uint64_t sum = 0;
+    for (int i = 0; w && i < w->nchan; i++)
+        sum += atomic_load(&w->chan[i]->bytes_in);
+    return sum;
 }
 
 mgt_status mgt_world_chan_wait(mgt_world *w, int chan, int op, const mgt_abort *abort)
