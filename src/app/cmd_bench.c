@@ -400,12 +400,19 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
     return true;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a, and
-   across nodes with exchange x; *bytes_in: what the other nodes sent this one per all-reduce
+   across nodes with exchange x: the median of the timed iterations (*mean_s: their mean), so
+   that another program's burst on a shared machine moves it less; *bytes_in: what the other nodes sent this one per all-reduce
    over MPI (0 where the exchange does not go through the world: NCCL). */
 static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
                                  mgt_allreduce_algo a, mgt_world *world, mgt_node_exchange x,
-                                 double *seconds, double *bytes_in)
+                                 double *seconds, double *mean_s, double *bytes_in)
 {
     int n = mgt_devset_count(set);
     size_t ends[1] = {bytes};
@@ -424,13 +431,14 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
         return st;
     /* the nodes start together; each iteration's exchange keeps them so */
     st = mgt_world_barrier(world, NULL);
+    enum { MAX_TIMED = 1000 };
     int iters = 0, warm = 2;
-    double t0 = 0, now = 0;
+    double t0 = 0, now = 0, last = 0, each[MAX_TIMED];
     uint64_t in0 = 0;
-    /* at least 5 timed iterations and 0.3 s, at most 1000 */
+    /* at least 5 timed iterations and 0.3 s, at most MAX_TIMED */
     while (st == MGT_OK) {
         if (iters == warm) {
-            t0 = mgt_time_now();
+            t0 = last = mgt_time_now();
             in0 = mgt_world_chan_bytes_in(world);
         }
         /* one thread drives every device: all mark the bucket ready before any waits */
@@ -442,16 +450,22 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
             st = mgt_comm_step_end(c, i, streams[i], NULL);
         for (int i = 0; i < n && st == MGT_OK; i++)
             st = mgt_stream_synchronize(streams[i], NULL);
-        iters++;
         now = mgt_time_now();
+        if (iters >= warm)
+            each[iters - warm] = now - last;
+        last = now;
+        iters++;
         /* every node must run as many: node 0's count decides, once the minimum is met */
-        int more = !(iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + 1000));
+        int more = !(iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + MAX_TIMED));
         if (st == MGT_OK && mgt_world_size(world) > 1 && iters >= warm + 5)
             st = mgt_world_bcast(world, &more, sizeof more, 0, NULL);
         if (!more)
             break;
     }
-    *seconds = (now - t0) / (iters - warm);
+    int timed = iters - warm;
+    *mean_s = (now - t0) / timed;
+    qsort(each, (size_t)timed, sizeof *each, cmp_double);
+    *seconds = timed % 2 ? each[timed / 2] : (each[timed / 2 - 1] + each[timed / 2]) / 2;
     *bytes_in = (double)(mgt_world_chan_bytes_in(world) - in0) / (iters - warm);
     mgt_comm_free(c);
     return st;
@@ -864,13 +878,15 @@ static int bench_allreduce(int argc, char **argv)
     }
     if (na > 0 && nodes > 1)
         printf("mgtrain bench allreduce: %d nodes x %d %s devices = %d; busbw = algbw * 2(n-1)/n "
-               "(nccl-tests)\nacross nodes: allgather (every node's shard gathered and added, "
-               "the exchange before reduce-scatter existed), reduce-scatter (pieces all-to-all, "
-               "added, all-gathered)\n",
+               "(nccl-tests); time: the median of the timed iterations\nacross nodes: allgather "
+               "(every node's shard gathered and added, the exchange before reduce-scatter "
+               "existed), reduce-scatter (pieces all-to-all, added, all-gathered); in/size: the "
+               "bytes MPI brought into a node, over the message's\n",
                nodes, n, mgt_device_kind_name(bd.kind), wn);
     else if (na > 0)
-        printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests)\n", n,
-               mgt_device_kind_name(bd.kind));
+        printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests); "
+               "time: the median of the timed iterations\n",
+               n, mgt_device_kind_name(bd.kind));
     if (na > 0 && mo.link_bytes_per_s > 0)
         printf("mock link model: %.3g GB/s, %.3g us per peer copy; 'model' = the time it "
                "predicts\n",
@@ -902,13 +918,13 @@ static int bench_allreduce(int argc, char **argv)
     double sizes[64], busbw[2][64];
     int ns = 0;
     for (size_t bytes = lo; na > 0 && bytes <= hi && st == MGT_OK && ns < 64; bytes *= 2, ns++) {
-        double t[2] = {0, 0}, pm[2] = {0, 0}, in[2] = {0, 0};
+        double t[2] = {0, 0}, pm[2] = {0, 0}, in[2] = {0, 0}, mean[2] = {0, 0};
         printf("%12zu", bytes);
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "bytes", (double)bytes);
         for (int a = 0; a < na && st == MGT_OK; a++) {
-            st =
-                time_allreduce(set, ptr, streams, bytes, vs[a].algo, world, vs[a].x, &t[a], &in[a]);
+            st = time_allreduce(set, ptr, streams, bytes, vs[a].algo, world, vs[a].x, &t[a],
+                                &mean[a], &in[a]);
             double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (wn - 1) / wn;
             pm[a] = nodes > 1 ? predict_nodes(vs[a].x, nodes, n, bytes, &mo)
                               : predict(vs[a].algo, n, bytes, &mo);
@@ -923,6 +939,7 @@ static int bench_allreduce(int argc, char **argv)
             busbw[a][ns] = bus;
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "time_s", t[a]);
+            cJSON_AddNumberToObject(o, "mean_s", mean[a]);
             cJSON_AddNumberToObject(o, "algbw_gbs", alg);
             cJSON_AddNumberToObject(o, "busbw_gbs", bus);
             if (nodes > 1)
