@@ -395,31 +395,36 @@ static mgt_status land(mgt_comm *c, int j, int b, int k)
 }
 
 /* Device j's shard of bucket b across the nodes, a pipeline over its chunks. On the link, in
-   order: first(0), first(1), gather(0), first(2), gather(1), ...: chunk k + 1's first
-   collective is started before chunk k is added, and chunk k's gather queues behind it, so the
-   link has work while the host adds. At most three operations are in flight. */
+   order: first(0), first(1), gather(0), first(2), gather(1), ...: two chunks' first
+   collectives are in flight before chunk k is added, and chunk k's gather queues behind them,
+   so the link has the next transfer queued while the host adds and while this thread waits to
+   be scheduled again after a wait (on a loaded machine, milliseconds a chunk). Chunk k + 2's
+   first collective reuses chunk k's receive slot once chunk k is added. At most four
+   operations are in flight (MGT_WORLD_CHAN_OPS). */
 static mgt_status exchange(mgt_comm *c, struct comm_thread *t, int b)
 {
     int j = t->dev, chunks = c->x->xb[b].chunks;
     bool rs = c->x->xb[b].kind == MGT_NODE_EXCHANGE_REDUCE_SCATTER;
     int first[2], gather = -1, prev = -1;
     mgt_status st = start_first(c, t, b, 0, &first[0]);
+    if (st == MGT_OK && chunks > 1)
+        st = start_first(c, t, b, 1, &first[1]);
     for (int k = 0; k < chunks && st == MGT_OK; k++) {
         st = mgt_world_chan_wait(c->world, j, first[k % 2], c->abort);
-        if (st == MGT_OK && k + 1 < chunks)
-            st = start_first(c, t, b, k + 1, &first[(k + 1) % 2]);
         if (st != MGT_OK)
             break;
         sum_chunk(c, j, b, k);
-        if (!rs) {
-            st = land(c, j, b, k);
-            continue;
+        if (rs) {
+            prev = gather;
+            st = start_gather(c, t, b, k, &gather);
         }
-        prev = gather;
-        st = start_gather(c, t, b, k, &gather);
-        if (st == MGT_OK && k > 0)
+        if (st == MGT_OK && k + 2 < chunks)
+            st = start_first(c, t, b, k + 2, &first[k % 2]);
+        if (st == MGT_OK && !rs)
+            st = land(c, j, b, k);
+        if (st == MGT_OK && rs && k > 0)
             st = mgt_world_chan_wait(c->world, j, prev, c->abort);
-        if (st == MGT_OK && k > 0)
+        if (st == MGT_OK && rs && k > 0)
             st = land(c, j, b, k - 1);
     }
     if (st == MGT_OK && rs)
