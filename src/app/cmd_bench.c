@@ -400,14 +400,70 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
     return true;
 }
 
+/* One all-reduce of comm c over every device of every node. */
+static mgt_status allreduce_once(mgt_comm *c, mgt_stream **streams, int n, size_t bytes)
+{
+    mgt_status st = MGT_OK;
+    /* one thread drives every device: all mark the bucket ready before any waits */
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_step_begin(c, i);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_grads_ready(c, i, streams[i], bytes);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_step_end(c, i, streams[i], NULL);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_stream_synchronize(streams[i], NULL);
+    return st;
+}
+
+/* The all-reduce checked before it is timed: world device g holds g * 7 + e % 13 at float e,
+   small integers whose sum is exact in any order, so every float of every device must come
+   back as the sum over the world's W devices, 7 W (W - 1) / 2 + W (e % 13). Catches a chunk or
+   piece sent, added or landed in the wrong place, or left stale. */
+static mgt_status check_allreduce(mgt_comm *c, mgt_devset *set, float **bufs, mgt_stream **streams,
+                                  size_t bytes, mgt_world *world)
+{
+    int n = mgt_devset_count(set), w = n * mgt_world_size(world);
+    size_t nf = bytes / sizeof(float);
+    float *h = malloc(bytes ? bytes : 1);
+    if (!h)
+        return mgt_error_set(MGT_ERR_OOM, "bench allreduce: host memory exhausted");
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        int g = mgt_world_rank(world) * n + i;
+        for (size_t e = 0; e < nf; e++)
+            h[e] = (float)(g * 7 + (int)(e % 13));
+        st = mgt_copy_h2d(streams[i], bufs[i], h, bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(streams[i], NULL);
+    }
+    if (st == MGT_OK)
+        st = allreduce_once(c, streams, n, bytes);
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(streams[i], h, bufs[i], bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(streams[i], NULL);
+        for (size_t e = 0; e < nf && st == MGT_OK; e++) {
+            float want = (float)(7 * w * (w - 1) / 2 + w * (int)(e % 13));
+            if (h[e] != want)
+                st = mgt_error_set(MGT_ERR_INVALID,
+                                   "the all-reduce of %zu bytes gave %g at float %zu of device "
+                                   "%d, not the sum %g",
+                                   bytes, h[e], e, i, want);
+        }
+    }
+    free(h);
+    return st;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a, and
-   across nodes with exchange x: the median of the timed iterations (*mean_s: their mean), so
+/* Seconds per all-reduce of `bytes` (each device's buffer) with algorithm a, and across nodes
+   with exchange x, once check_allreduce has passed: the median of the timed iterations (*mean_s: their mean), so
    that another program's burst on a shared machine moves it less; *bytes_in: what the other nodes sent this one per all-reduce
    over MPI (0 where the exchange does not go through the world: NCCL). */
 static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
@@ -429,8 +485,10 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
     mgt_status st = mgt_comm_create(set, &cc, &c);
     if (st != MGT_OK)
         return st;
+    st = check_allreduce(c, set, bufs, streams, bytes, world);
     /* the nodes start together; each iteration's exchange keeps them so */
-    st = mgt_world_barrier(world, NULL);
+    if (st == MGT_OK)
+        st = mgt_world_barrier(world, NULL);
     enum { MAX_TIMED = 1000 };
     int iters = 0, warm = 2;
     double t0 = 0, now = 0, last = 0, each[MAX_TIMED];
@@ -441,15 +499,7 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
             t0 = last = mgt_time_now();
             in0 = mgt_world_chan_bytes_in(world);
         }
-        /* one thread drives every device: all mark the bucket ready before any waits */
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_step_begin(c, i);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_grads_ready(c, i, streams[i], bytes);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_step_end(c, i, streams[i], NULL);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_stream_synchronize(streams[i], NULL);
+        st = allreduce_once(c, streams, n, bytes);
         now = mgt_time_now();
         if (iters >= warm)
             each[iters - warm] = now - last;
@@ -463,6 +513,10 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
             break;
     }
     int timed = iters - warm;
+    if (st != MGT_OK || timed < 1) {
+        mgt_comm_free(c);
+        return st;
+    }
     *mean_s = (now - t0) / timed;
     qsort(each, (size_t)timed, sizeof *each, cmp_double);
     *seconds = timed % 2 ? each[timed / 2] : (each[timed / 2 - 1] + each[timed / 2]) / 2;

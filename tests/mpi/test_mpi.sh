@@ -323,11 +323,13 @@ bench)
     ;;
 bytes)
     # what crosses into a node per all-reduce, counted at MPI's collectives, at 2, 4 and 8
-    # ranks (one device each, 1 MiB): the reduce-scatter's stays under 2 x the message
-    # (2 (N-1)/N: 1, 1.5, 1.75), the all-gather's grows as N - 1 (1, 3, 7)
+    # ranks (one device each, 8 MiB): the reduce-scatter's stays under 2 x the message
+    # (2 (N-1)/N: 1, 1.5, 1.75), the all-gather's grows as N - 1 (1, 3, 7). The bench checks
+    # each exchange's sums first (every float, integers exact in any order), here over 4, 2
+    # and 1 pipelined chunks a shard
     for np in 2 4 8; do
         timeout "$T" "${MPIRUN[@]}" -np $np "$mgtrain" bench allreduce --device cpu --gpus 0 \
-            --mock threads=1 --min-bytes 1M --max-bytes 1M --json "$tmp/b$np.json" \
+            --mock threads=1 --min-bytes 8M --max-bytes 8M --json "$tmp/b$np.json" \
             >"$tmp/b$np.txt" 2>&1 || fail "bench at $np ranks: $(tail -5 "$tmp/b$np.txt")"
         python3 -c 'import json,sys; n=int(sys.argv[2]); r=json.load(open(sys.argv[1]))["results"][0]; b=r["bytes"]; ag=r["allgather"]["bytes_in"]/b; rs=r["reduce_scatter"]["bytes_in"]/b; assert abs(ag-(n-1))<1e-9 and abs(rs-2*(n-1)/n)<1e-9, (n, ag, rs); print(f"{n} ranks: in/size allgather {ag:g}, reduce-scatter {rs:g}")' \
             "$tmp/b$np.json" $np || fail "bytes in at $np ranks: $(tail -2 "$tmp/b$np.txt")"
