@@ -26,6 +26,33 @@ T=${MGT_MPI_RUN_TIMEOUT:-240}
 
 fail() { echo "FAIL: $*"; exit 1; }
 val_line() { grep -a ' \* Acc@1' "$1" | tail -1; }
+# long_run NP TIMEOUT ARGS...: a training that would run for hours, started under mpirun in the
+# background (mp: mpirun's pid, output in out.txt), returned to once its first progress line is out
+long_run() {
+    local np=$1 t=$2
+    shift 2
+    "${MPIRUN[@]}" -np "$np" "$mgtrain" "${RUN[@]}" "$@" --epochs 100 --max-steps 1000000 --timeout "$t" \
+        >"$tmp/out.txt" 2>&1 &
+    mp=$!
+    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
+    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
+}
+# rank_pids R: the pid of rank R among mpirun's children
+rank_pids() {
+    for p in $(pgrep -P $mp); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$1 && echo "$p"
+    done
+}
+# end_within_20s WHAT: mpirun's status once it has ended, or a failure (WHAT) after 20 s
+end_within_20s() {
+    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $mp 2>/dev/null; then
+        pkill -9 -P $mp
+        kill -9 $mp
+        fail "$1"
+    fi
+    wait $mp
+}
 
 case $case_name in
 equivalence)
@@ -172,25 +199,12 @@ kill | kill4)
     else
         np=4 victim=0 G=(--gpus 0 --node-exchange reduce-scatter)
     fi
-    "${MPIRUN[@]}" -np $np "$mgtrain" "${RUN[@]}" "${G[@]}" --epochs 100 --max-steps 1000000 --timeout 5 \
-        >"$tmp/out.txt" 2>&1 &
-    mp=$!
-    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
-    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
-    pid=
-    for p in $(pgrep -P $mp); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$victim && pid=$p
-    done
+    long_run $np 5 "${G[@]}"
+    pid=$(rank_pids $victim)
     [ -n "$pid" ] || { kill $mp; fail "no rank $victim among mpirun's children"; }
     start=$(date +%s)
     kill -9 "$pid"
-    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-    if kill -0 $mp 2>/dev/null; then
-        pkill -9 -P $mp
-        kill -9 $mp
-        fail "the other ranks still run 20 s after rank $victim was killed"
-    fi
-    wait $mp
+    end_within_20s "the other ranks still run 20 s after rank $victim was killed"
     rc=$?
     [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
     echo "stopped $(($(date +%s) - start)) s after the kill of rank $victim of $np, rc $rc"
@@ -204,22 +218,10 @@ stall | stall4)
     else
         np=4 victim=2 G=(--gpus 0 --node-exchange reduce-scatter)
     fi
-    "${MPIRUN[@]}" -np $np "$mgtrain" "${RUN[@]}" "${G[@]}" --epochs 100 --max-steps 1000000 --timeout 3 \
-        >"$tmp/out.txt" 2>&1 &
-    mp=$!
-    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
-    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
-    for p in $(pgrep -P $mp); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$victim && kill -STOP "$p"
-    done
+    long_run $np 3 "${G[@]}"
+    for p in $(rank_pids $victim); do kill -STOP "$p"; done
     start=$(date +%s)
-    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
-    if kill -0 $mp 2>/dev/null; then
-        pkill -9 -P $mp
-        kill -9 $mp
-        fail "still running 20 s after rank $victim stalled"
-    fi
-    wait $mp
+    end_within_20s "still running 20 s after rank $victim stalled"
     # the step timeout, or a wait of the main thread's (validation's totals) running out, on
     # a rank other than the stalled one (which mpirun's kill may wake long enough to time out
     # too: it sends SIGCONT before its SIGTERM and SIGKILL)
