@@ -23,18 +23,29 @@ RUN=("$data" -a resnet20 --device cpu -b 32 --max-steps 3 -j 1 --seed 7)
 # each run's bound (hang checks, not timings): generous, the sanitizers' runs on this loaded
 # machine take minutes
 T=${MGT_MPI_RUN_TIMEOUT:-240}
+# the bounds on time below (--timeout, how soon a failure ends every rank, how long a start may
+# take) are a machine's at full speed; a sanitizer's build runs slower and its CTest sets
+# MGT_TEST_TIME_SCALE (tests/CMakeLists.txt) so that they are its multiples: a TSan run then
+# tests races, not the scheduler
+S=${MGT_TEST_TIME_SCALE:-1}
+[[ $S =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: MGT_TEST_TIME_SCALE '$S' is not a whole number of 1 or more"; exit 1; }
+# secs N: N seconds of a full-speed machine, scaled
+secs() { echo $(($1 * S)); }
+# polls N: the 0.1 s polls in N seconds, scaled
+polls() { seq 1 $(($1 * 10 * S)); }
 
 fail() { echo "FAIL: $*"; exit 1; }
 val_line() { grep -a ' \* Acc@1' "$1" | tail -1; }
-# long_run NP TIMEOUT ARGS...: a training that would run for hours, started under mpirun in the
-# background (mp: mpirun's pid, output in out.txt), returned to once its first progress line is out
+# long_run NP TIMEOUT ARGS...: a training that would run for hours (--timeout TIMEOUT, scaled),
+# started under mpirun in the background (mp: mpirun's pid, output in out.txt), returned to once
+# its first progress line is out
 long_run() {
     local np=$1 t=$2
     shift 2
-    "${MPIRUN[@]}" -np "$np" "$mgtrain" "${RUN[@]}" "$@" --epochs 100 --max-steps 1000000 --timeout "$t" \
+    "${MPIRUN[@]}" -np "$np" "$mgtrain" "${RUN[@]}" "$@" --epochs 100 --max-steps 1000000 --timeout "$(secs "$t")" \
         >"$tmp/out.txt" 2>&1 &
     mp=$!
-    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
+    for _ in $(polls 120); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
 }
 # rank_pids R: the pid of rank R among mpirun's children
@@ -43,9 +54,9 @@ rank_pids() {
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$1 && echo "$p"
     done
 }
-# end_within_20s WHAT: mpirun's status once it has ended, or a failure (WHAT) after 20 s
+# end_within_20s WHAT: mpirun's status once it has ended, or a failure (WHAT) after 20 s (scaled)
 end_within_20s() {
-    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    for _ in $(polls 20); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     if kill -0 $mp 2>/dev/null; then
         pkill -9 -P $mp
         kill -9 $mp
@@ -146,7 +157,7 @@ resume)
     echo "resumed on 1x4 (bit-identical) and on 1x2"
     ;;
 fault | fault4)
-    # a kernel fault on one rank's device ends every rank within 10 s (timed from the first
+    # a kernel fault on one rank's device ends every rank within 10 s (scaled; timed from the first
     # progress line: start-up is slow under the sanitizers), with one line naming the node,
     # the device, the step and the cause: device 1 of rank 1 of 2 (2 devices each), or device
     # 0 of rank 3 of 4 (1 device each, the reduce-scatter across the nodes)
@@ -162,20 +173,20 @@ fault | fault4)
     [ $((np - victim - 1)) -gt 0 ] && launch+=(: -np $((np - victim - 1)) "$mgtrain" "${R[@]}")
     "${MPIRUN[@]}" "${launch[@]}" >"$tmp/out.txt" 2>&1 &
     mp=$!
-    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    for _ in $(polls 120); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     start=$(date +%s)
-    for _ in $(seq 1 300); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    for _ in $(polls 30); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     if kill -0 $mp 2>/dev/null; then
         pkill -9 -P $mp
         kill -9 $mp
-        fail "the ranks still run 30 s after training started"
+        fail "the ranks still run $(secs 30) s after training started"
     fi
     wait $mp
     rc=$?
     took=$(($(date +%s) - start))
     [ $rc -ne 0 ] || fail "rc 0: $(tail -5 "$tmp/out.txt")"
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || fail "the fault came before training: $(grep '^mgtrain: ' "$tmp/out.txt")"
-    [ $took -le 10 ] || fail "took ${took} s to end every rank"
+    [ $took -le "$(secs 10)" ] || fail "took ${took} s to end every rank"
     [ "$(grep -c '^mgtrain: ' "$tmp/out.txt")" = 1 ] || fail "not one line: $(grep '^mgtrain: ' "$tmp/out.txt")"
     # the worker's words ("mock:1: epoch 0 step N (...): ...") or, where the device's
     # exchange with the other node failed first, the all-reduce's ("epoch 0 step N (the
@@ -204,7 +215,7 @@ kill | kill4)
     [ -n "$pid" ] || { kill $mp; fail "no rank $victim among mpirun's children"; }
     start=$(date +%s)
     kill -9 "$pid"
-    end_within_20s "the other ranks still run 20 s after rank $victim was killed"
+    end_within_20s "the other ranks still run $(secs 20) s after rank $victim was killed"
     rc=$?
     [ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
     echo "stopped $(($(date +%s) - start)) s after the kill of rank $victim of $np, rc $rc"
@@ -221,36 +232,37 @@ stall | stall4)
     long_run $np 3 "${G[@]}"
     for p in $(rank_pids $victim); do kill -STOP "$p"; done
     start=$(date +%s)
-    end_within_20s "still running 20 s after rank $victim stalled"
+    end_within_20s "still running $(secs 20) s after rank $victim stalled"
     # the step timeout, or a wait of the main thread's (validation's totals) running out, on
     # a rank other than the stalled one (which mpirun's kill may wake long enough to time out
     # too: it sends SIGCONT before its SIGTERM and SIGKILL)
-    grep -E "^mgtrain: node [0-9]+ of $np .*within --timeout 3 s" "$tmp/out.txt" |
+    grep -E "^mgtrain: node [0-9]+ of $np .*within --timeout $(secs 3) s" "$tmp/out.txt" |
         grep -qv "^mgtrain: node $victim of " || fail "no timeout line: $(grep '^mgtrain' "$tmp/out.txt")"
     echo "ended $(($(date +%s) - start)) s after the stall of rank $victim of $np: $(grep '^mgtrain' "$tmp/out.txt" | head -1)"
     ;;
 sigint)
     # SIGINT to the ranks, as a Ctrl-C on mpirun cannot give it (Open MPI 4.1's mpirun does not
-    # forward SIGINT: it sends every rank SIGCONT, SIGTERM S s later and SIGKILL S s after that,
-    # and exits 1 whatever the ranks return; S = 3 here, which node 0's Ctrl-C line must say):
+    # forward SIGINT: it sends every rank SIGCONT, SIGTERM G s later and SIGKILL G s after that,
+    # and exits 1 whatever the ranks return; G = 3 here, scaled, which node 0's Ctrl-C line must
+    # say):
     # the nodes agree on the step to stop at, node 0 saves, mpirun exits 130 as the ranks do,
     # and the checkpoint goes on (here on 1x4)
-    "${MPIRUN[@]}" --mca odls_base_sigkill_timeout 3 -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 \
+    "${MPIRUN[@]}" --mca odls_base_sigkill_timeout "$(secs 3)" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 \
         --epochs 100 --max-steps 1000000 --print-freq 1 --checkpoint-dir "$tmp/ck" >"$tmp/out.txt" 2>&1 &
     mp=$!
-    for _ in $(seq 1 1200); do grep -q '^Epoch: \[0\]\[ *3/' "$tmp/out.txt" && break; sleep 0.1; done
+    for _ in $(polls 120); do grep -q '^Epoch: \[0\]\[ *3/' "$tmp/out.txt" && break; sleep 0.1; done
     grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
     kill -INT $(pgrep -P $mp)
-    for _ in $(seq 1 200); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    for _ in $(polls 20); do kill -0 $mp 2>/dev/null || break; sleep 0.1; done
     if kill -0 $mp 2>/dev/null; then
         pkill -9 -P $mp
         kill -9 $mp
-        fail "still running 20 s after SIGINT"
+        fail "still running $(secs 20) s after SIGINT"
     fi
     wait $mp
     rc=$?
     [ $rc = 130 ] || fail "exit status $rc after SIGINT, not 130: $(grep -a '^mgtrain\|^=> stopped' "$tmp/out.txt")"
-    grep -q "^=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after 3 s and SIGKILL 3 s later" "$tmp/out.txt" ||
+    grep -q "^=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after $(secs 3) s and SIGKILL $(secs 3) s later" "$tmp/out.txt" ||
         fail "the Ctrl-C line does not give mpirun's --mca value"
     # mid-epoch: the agreed step and its line (`=> stopped at epoch E step S`); a signal during
     # validation stops after the epoch's checkpoint, and the summary says `=> stopped:`
@@ -271,7 +283,7 @@ disagree)
         "-b 32|-b 64|-b: 64 on node 1, 32 on node 0"; do
         IFS='|' read -r a b want <<<"$pair"
         # shellcheck disable=SC2086
-        timeout 120 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 $a : \
+        timeout "$(secs 120)" "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 $a : \
             -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 $b >"$tmp/out.txt" 2>&1
         rc=$?
         [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "$a against $b: rc $rc: $(tail -3 "$tmp/out.txt")"
@@ -285,7 +297,7 @@ disagree)
 fault_both)
     # the same kernel fault on both ranks: each prints its own line (before: each saw the
     # other's message and took the failure for the other's, and no mgtrain line was printed)
-    timeout 120 "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 \
+    timeout "$(secs 120)" "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 \
         --mock 'fault=kernel@1:100' >"$tmp/out.txt" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "rc $rc: $(tail -3 "$tmp/out.txt")"
@@ -340,7 +352,7 @@ bytes)
 bad_env)
     # nodes with different local device counts, and --grad-dtype bf16 across nodes: clear
     # errors, no hang
-    timeout 60 "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
+    timeout "$(secs 60)" "${MPIRUN[@]}" -np 1 "$mgtrain" "${RUN[@]}" --gpus 0,1 --epochs 1 : \
         -np 1 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 >"$tmp/out.txt" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "rc $rc: $(tail -5 "$tmp/out.txt")"
@@ -348,7 +360,7 @@ bad_env)
         "$tmp/out.txt" || fail "no clear error: $(grep mgtrain "$tmp/out.txt")"
     echo "$(grep -m1 'node 1 has' "$tmp/out.txt")"
     # --grad-dtype bf16 is for one node: across processes a one-line refusal, no hang
-    timeout 60 "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 --grad-dtype bf16 \
+    timeout "$(secs 60)" "${MPIRUN[@]}" -np 2 "$mgtrain" "${RUN[@]}" --gpus 0 --epochs 1 --grad-dtype bf16 \
         >"$tmp/bf16.txt" 2>&1
     rc=$?
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "--grad-dtype bf16 across ranks: rc $rc"
