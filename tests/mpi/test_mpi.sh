@@ -45,8 +45,9 @@ long_run() {
     "${MPIRUN[@]}" -np "$np" "$mgtrain" "${RUN[@]}" "$@" --epochs 100 --max-steps 1000000 --timeout "$(secs "$t")" \
         >"$tmp/out.txt" 2>&1 &
     mp=$!
-    for _ in $(polls 120); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; sleep 0.1; done
-    grep -q '^Epoch: \[0\]' "$tmp/out.txt" || { kill $mp; fail "training did not start: $(tail -3 "$tmp/out.txt")"; }
+    for _ in $(polls 120); do grep -q '^Epoch: \[0\]' "$tmp/out.txt" && break; kill -0 $mp 2>/dev/null || break; sleep 0.1; done
+    grep -q '^Epoch: \[0\]' "$tmp/out.txt" ||
+        { kill $mp 2>/dev/null; fail "training did not start: $(grep -a '^mgtrain' "$tmp/out.txt" || tail -3 "$tmp/out.txt")"; }
 }
 # rank_pids R: the pid of rank R among mpirun's children
 rank_pids() {
