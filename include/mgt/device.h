@@ -95,9 +95,9 @@ typedef struct mgt_mock_fault {
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
                          (BW in B, KB, MB or GB per second; LAT in us or ms)
-     xlink=BW,LAT        the link between nodes of a multi-node run (mgt/world.h): each
-                         device's exchange with the other nodes takes at least
-                         (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
+     xlink=BW,LAT        the link between nodes of a multi-node run, one per device
+                         (mgt/world.h): a collective bringing a node b bytes takes
+                         (nodes - 1) x LAT + b / BW once the link is free
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path
      layout=blocked|nchw activations kept in oneDNN's nChw16c between ops where a model can
@@ -165,6 +165,14 @@ void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_
 int mgt_devset_count(const mgt_devset *set);
 mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
+/* Whether the set's device memory is host memory that host threads may read and write once
+   events order them (mock devices): a collective across processes can then run in it, without
+   copies through pinned memory. */
+bool mgt_devset_host_memory(const mgt_devset *set);
+/* From now on, buffers freed on d are not given back to the system: their memory was lent to a
+   transfer that cannot be cancelled (an MPI collective a failed exchange left in flight, which
+   may still read or write it until the process ends in MPI_Abort). */
+void mgt_device_keep_memory(mgt_device *d);
 /* Whether a copy from device i to device j goes directly (else through pinned host memory). */
 bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j);
 /* Measures the rate of mgt_copy_peer from device i to device j (i != j), direct or staged as
@@ -292,6 +300,13 @@ mgt_status mgt_xcomm_create(mgt_device *d, const void *id, size_t len, int nrank
    r * n. */
 mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, float *recv,
                                size_t n);
+/* Whether the backend's collective has an all-to-all (NCCL's grouped sends and receives). */
+bool mgt_xcomm_can_alltoall(const mgt_devset *set);
+/* Enqueued on s: rank p gets counts[p] floats at send + displs[p]; recv + r * stride gets rank
+   r's `each` floats for this rank (each == counts[this rank] on every rank; counts and displs
+   have one entry per rank). */
+mgt_status mgt_xcomm_alltoall(mgt_xcomm *x, mgt_stream *s, const float *send, const size_t *counts,
+                              const size_t *displs, float *recv, size_t each, size_t stride);
 void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 
 /* ---- kernels ---- */

@@ -64,11 +64,13 @@ typedef struct mgt_train_config {
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
-    mgt_allreduce_algo allreduce; /* tree (the default) or ring */
-    const char *log_path;         /* JSON lines; NULL: none */
-    const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
-    double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
-    double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
+    mgt_allreduce_algo allreduce;    /* tree (the default) or ring */
+    mgt_node_exchange node_exchange; /* across nodes: auto (the default), allgather or
+                                        reduce-scatter (mgt/comm.h) */
+    const char *log_path;            /* JSON lines; NULL: none */
+    const char *tensorboard_dir;     /* TensorBoard event files go here; NULL: none */
+    double time_limit_s;             /* stop (with a checkpoint) after this long; 0: none */
+    double step_timeout_s;           /* abort when no step finishes for this long; 0: none */
     /* --on-device-failure continue: a device that fails in a training step (a kernel or
        runtime error, an allocation, a peer copy, no progress for device_timeout_s) is dropped
        and the survivors go on from that step at the same global batch, down to min_devices;

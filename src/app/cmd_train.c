@@ -142,7 +142,10 @@ static void train_usage(FILE *f)
         "  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
         "  --mock SPEC            mock-device options (see README)\n"
         "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
-        "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
+        "  --allreduce tree|ring  the all-reduce algorithm (tree)\n"
+        "  --node-exchange auto|allgather|reduce-scatter\n"
+        "                         how shards cross the nodes under mpirun (auto: per "
+        "bucket)\n" MGT_APP_SWITCH_USAGE "run\n"
         "  -p, --print-freq N     progress line every N steps (10)\n"
         "  -e, --evaluate         validate once and stop (the checkpoint of --resume or\n"
         "                         --pretrained, with its architecture, size and transform)\n"
@@ -253,6 +256,7 @@ enum {
     OPT_MAX_STEPS,
     OPT_DUMMY_STEPS,
     OPT_ALLREDUCE,
+    OPT_NODE_EXCHANGE,
     OPT_FREEZE_BN,
     OPT_SYNC_BN,
     OPT_EXACT_DECODE,
@@ -396,6 +400,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"mock", required_argument, NULL, OPT_MOCK},
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
+        {"node-exchange", required_argument, NULL, OPT_NODE_EXCHANGE},
         {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
         {"sync-bn", no_argument, NULL, OPT_SYNC_BN},
         {"exact-decode", no_argument, NULL, OPT_EXACT_DECODE},
@@ -727,6 +732,12 @@ int mgt_app_cmd_train(int argc, char **argv)
                 ok = false;
             }
             break;
+        case OPT_NODE_EXCHANGE:
+            if (mgt_node_exchange_parse(optarg, &c.node_exchange) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
         case 'p':
             ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.print_freq = (int)v;
@@ -822,6 +833,8 @@ int mgt_app_cmd_train(int argc, char **argv)
         mgt_world_close(world, true);
         return 2;
     }
+    /* --mock xlink: the modelled link between nodes, which the exchange is chosen on */
+    mgt_world_set_link(world, devs.mock_opts.xlink_bytes_per_s, devs.mock_opts.xlink_latency_s);
     ctl.world = world;
     ctl.command_line = mgt_app_command_line();
     FILE *quiet = NULL;

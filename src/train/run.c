@@ -556,8 +556,9 @@ static void print_devices(run *r)
     for (int i = 0; i < r->n; i++)
         fprintf(o, " %s", mgt_device_name(r->devs[i]));
     if (r->nodes > 1)
-        fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
-                r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
+        fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)\n=> %s",
+                r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world),
+                mgt_comm_exchange_line(r->comm));
     fprintf(o, "\n");
     /* Ctrl-C on mpirun reaches the ranks as SIGTERM with a SIGKILL soon after: a stop's save
        must fit between them (an unfinished one leaves the previous checkpoint) */

@@ -418,6 +418,7 @@ mgt_status train_make_comm(run *r)
                           .algo = r->c->allreduce,
                           .world = r->world,
                           .abort = &r->abort,
+                          .node_exchange = r->c->node_exchange,
                           .grad_dtype = r->c->grad_dtype,
                           .devices = r->devs,
                           .n_devices = r->n};

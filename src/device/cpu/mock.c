@@ -961,6 +961,16 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
     return MGT_OK;
 }
 
+/* The blocks of devices whose memory was lent to a transfer that cannot be cancelled
+   (mgt_device_keep_memory): they outlive their set, held here until the process ends. */
+typedef struct mock_kept {
+    mock_alloc *allocs;
+    int n;
+    struct mock_kept *next;
+} mock_kept;
+static mock_kept *kept_blocks;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void mock_devset_close(mgt_devset *set)
 {
     for (int i = 0; i < set->n; i++) {
@@ -969,9 +979,18 @@ static void mock_devset_close(mgt_devset *set)
             continue;
         if (md->ctx.pool)
             cpu_ctx_destroy(&md->ctx);
-        for (int k = 0; k < md->nallocs; k++)
-            free(md->allocs[k].p);
-        free(md->allocs);
+        mock_kept *k = atomic_load(&set->devs[i].keep_memory) ? malloc(sizeof *k) : NULL;
+        if (k) {
+            *k = (mock_kept){md->allocs, md->nallocs, NULL};
+            pthread_mutex_lock(&kept_lock);
+            k->next = kept_blocks;
+            kept_blocks = k;
+            pthread_mutex_unlock(&kept_lock);
+        } else if (!atomic_load(&set->devs[i].keep_memory)) {
+            for (int k = 0; k < md->nallocs; k++)
+                free(md->allocs[k].p);
+            free(md->allocs);
+        } /* else no room to hold them: left unreachable, still allocated */
         for (int k = 0; k < md->nhost; k++)
             free(md->host[k]);
         free(md->host);
@@ -999,6 +1018,7 @@ static bool mock_can_access_peer(const mgt_devset *set, int i, int j)
 
 static const mgt_backend_i mock_backend = {
     .name = "mock",
+    .host_memory = true,
     .device_count = mock_device_count,
     .devset_open = mock_devset_open,
     .devset_close = mock_devset_close,
