@@ -32,6 +32,16 @@ TOL_FWD, TOL_GRAD = 2e-5, 5e-4
 OWN = 3
 
 
+def with_metadata(model, sd):
+    """sd as an OrderedDict carrying model's own state_dict versions (torch.save keeps them in
+    _metadata; a safetensors file has none, and MNASNet refuses a state_dict without its
+    version 2)"""
+    from collections import OrderedDict
+    out = OrderedDict(sd)
+    out._metadata = model.state_dict()._metadata
+    return out
+
+
 def build(arch, classes, cin):
     try:
         import torchvision
@@ -50,7 +60,7 @@ def main():
     check, cmeta = load_safetensors(sys.argv[2])
     arch, classes = meta["arch"], int(meta["classes"])
     model, source = build(arch, classes, int(meta["in_channels"]))
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(with_metadata(model, weights), strict=True)
     # dropout and stochastic depth at p = 0, as the C side builds them (no_dropout)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":

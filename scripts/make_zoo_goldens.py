@@ -36,6 +36,9 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
 # golden says no_dropout = 1 and the C test builds them so
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0}}
+# The auxiliary classifiers, in the order mgtrain numbers them (its table's), and the weight
+# of each one's loss in the loss trained (mgtrain's mgt_arch_info.aux_weight)
+AUX = {"inception_v3": (["AuxLogits"], 0.4), "googlenet": (["aux1", "aux2"], 0.3)}
 
 # ---- the dropout mask ----
 
@@ -152,8 +155,19 @@ def case(arch, size):
     m64.train()
     opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     opt.zero_grad()
-    logits = m64(x.double())
+    aux_names, aux_weight = AUX.get(arch, ([], 0.0))
+    aux_out = {}
+    hooks = [getattr(m64, a).register_forward_hook(
+        lambda mod, i, o, a=a: aux_out.__setitem__(a, o)) for a in aux_names]
+    out = m64(x.double())
+    for h in hooks:
+        h.remove()
+    logits = out[0] if aux_names else out
     loss = F.cross_entropy(logits, labels, label_smoothing=SMOOTHING)
+    aux_losses = [F.cross_entropy(aux_out[a], labels, label_smoothing=SMOOTHING)
+                  for a in aux_names]
+    for a in aux_losses:
+        loss = loss + aux_weight * a
     loss.backward()
     grads = {n: f32(p.grad) for n, p in m64.named_parameters()}
     opt.step()
@@ -161,6 +175,8 @@ def case(arch, size):
              for n, t in m64.state_dict().items()}
     g = [("input", x), ("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
          ("step1.logits", f32(logits)), ("step1.loss", f32(loss.reshape(1)))]
+    if aux_losses:
+        g.append(("step1.aux_loss", f32(torch.stack(aux_losses).detach())))
     g += summarise("grad.", grads)
     g += summarise("step1.", state)
     tag = "%s_3x%dx%d" % (arch, size, size)
@@ -168,7 +184,7 @@ def case(arch, size):
             "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
             "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
             "torchvision": torchvision.__version__, "torch": torch.__version__,
-            "no_dropout": "1" if arch in NO_SDEPTH else "0"}
+            "no_dropout": "1" if arch in NO_SDEPTH else "0", "aux_weight": repr(aux_weight)}
     n = save_safetensors(os.path.join(OUT, tag + ".golden.safetensors"), g, meta)
     print("%s: loss %.6f, %d bytes" % (tag, float(loss), n), flush=True)
 

@@ -1,7 +1,8 @@
 /* Tests of the model zoo, one architecture list for every family: `test_zoo tables` holds
    every architecture mgtrain registers (bar the CIFAR ResNets, which torchvision lacks) to
-   torchvision 0.14's parameter count, convolution + linear MACs at 224 and every state_dict
-   name and shape in order (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
+   torchvision 0.14's parameter count, convolution + linear MACs of an evaluation at its default
+   side, every state_dict name and shape in order, and the default side and validation resize
+   of torchvision's weights (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
    `test_zoo learn FAMILY` trains the family's representative on a fixed tiny batch on two
    mock devices: the loss must fall and the replicas stay bit-identical. CTest runs one entry
    per family (tests/CMakeLists.txt, MGT_ZOO_FAMILIES); a family of the other helpers is one
@@ -79,11 +80,17 @@ static void test_tables(void **state)
         if (!p)
             fail_msg("%s is not in %s (run scripts/make_zoo_tables.py)", *a, TABLE);
         unsigned long long params, macs;
-        int n_entries;
+        int n_entries, crop, resize;
         p += strlen(key);
-        assert_int_equal(sscanf(p, "%llu %llu %d", &params, &macs, &n_entries), 3);
+        assert_int_equal(
+            sscanf(p, "%llu %llu %d %d %d", &params, &macs, &n_entries, &crop, &resize), 5);
+        /* the default input side and validation resize are torchvision's weights' */
+        const mgt_arch_info *info = mgt_arch_find(*a);
+        if (info->image_size != crop || mgt_arch_resize_size(info, crop) != resize)
+            fail_msg("%s: input %d, resize %d; torchvision's weights %d, %d", *a, info->image_size,
+                     mgt_arch_resize_size(info, crop), crop, resize);
         mgt_model_config cfg = {
-            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = 224, .batch = 1};
+            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = crop, .batch = 1};
         mgt_model *m;
         CHECK(mgt_model_create(&cfg, NULL, &m));
         mgt_model_counts c;
@@ -91,8 +98,8 @@ static void test_tables(void **state)
         if (c.params != params)
             fail_msg("%s: %zu parameters, torchvision %llu", *a, c.params, params);
         if (c.macs_conv_fc != macs)
-            fail_msg("%s: %llu conv + linear MACs at 224, torchvision %llu", *a,
-                     (unsigned long long)c.macs_conv_fc, macs);
+            fail_msg("%s: %llu conv + linear MACs at %d, torchvision %llu", *a,
+                     (unsigned long long)c.macs_conv_fc, crop, macs);
         int n;
         const mgt_model_entry *t = mgt_model_table(m, &n);
         if (n != n_entries)
@@ -463,6 +470,19 @@ static void test_golden(void **state)
     want = golden(g, "step1.loss", 1);
     close_to("step1.loss", loss, NULL, want, 1, TOL_FWD, fabs(want[0]));
     free(loss);
+    /* the auxiliary classifiers' own losses, which the loss above weights in */
+    int n_aux = mgt_model_aux_count(m);
+    if (n_aux) {
+        const char *w = mgt_st_metadata_get(g, "aux_weight");
+        assert_non_null(w);
+        assert_true(mgt_model_aux_weight(m) == (float)atof(w));
+        float *aux = to_host(s, mgt_model_aux_loss_ptr(m), (size_t)n_aux * sizeof(float));
+        want = golden(g, "step1.aux_loss", (uint64_t)n_aux);
+        close_to("step1.aux_loss", aux, NULL, want, (size_t)n_aux, TOL_FWD, max_abs(want, n_aux));
+        free(aux);
+    } else if (mgt_st_find(g, "step1.aux_loss") >= 0) {
+        fail_msg("%s: the golden has auxiliary losses, the model no auxiliary classifier", arg);
+    }
     CHECK(mgt_model_backward(m, s, NULL, NULL));
     float *hg = to_host(s, mgt_model_grads(m, NULL), pb);
     mgt_sgd_params sp = {

@@ -61,8 +61,8 @@ static void train_usage(FILE *f)
         "                         or a pack (mgtrain pack), or a folder of train.pack, val.pack\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
-        "  --image-size S         training/validation side (default: 224 for resnet18..152,\n"
-        "                         the images' own size for resnet20..110)\n"
+        "  --image-size S         training/validation side (default: the architecture's, as\n"
+        "                         `mgtrain model` lists it; the images' own for resnet20..110)\n"
         "  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
         "                         pad-crop for the CIFAR-style ones)\n"
         "  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
@@ -85,9 +85,15 @@ static void train_usage(FILE *f)
         "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
         "                         the two per sample, even odds)\n"
         "model\n"
-        "  -a, --arch NAME        resnet18|34|50|101|152, resnet20|32|44|56|110 (resnet18)\n"
+        "  -a, --arch NAME        any of `mgtrain model`'s list (resnet18)\n"
         "  --pretrained FILE      start from safetensors weights with torchvision names\n"
         "                         (fc.* skipped when the class count differs)\n"
+        "  --aux-logits on|off    inception_v3's and googlenet's auxiliary classifiers, trained\n"
+        "                         beside the main one (on; googlenet under --pretrained: off)\n"
+        "  --aux-weight X         each auxiliary loss's weight in the loss (inception_v3 0.4,\n"
+        "                         googlenet 0.3)\n"
+        "  --transform-input on|off  inception_v3's and googlenet's input map to the\n"
+        "                         normalisation of their ported weights (on under --pretrained)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
@@ -240,6 +246,9 @@ enum {
     OPT_EMA,
     OPT_EMA_DECAY,
     OPT_EMA_STEPS,
+    OPT_AUX_LOGITS,
+    OPT_AUX_WEIGHT,
+    OPT_TRANSFORM_INPUT,
 };
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
@@ -318,6 +327,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"arch", required_argument, NULL, 'a'},
         {"pretrained", required_argument, NULL, OPT_PRETRAINED},
         {"zero-init-residual", no_argument, NULL, OPT_ZIR},
+        {"aux-logits", required_argument, NULL, OPT_AUX_LOGITS},
+        {"aux-weight", required_argument, NULL, OPT_AUX_WEIGHT},
+        {"transform-input", required_argument, NULL, OPT_TRANSFORM_INPUT},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"start-epoch", required_argument, NULL, OPT_START_EPOCH},
         {"batch-size", required_argument, NULL, 'b'},
@@ -441,6 +453,14 @@ int mgt_app_cmd_train(int argc, char **argv)
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
+        case OPT_AUX_LOGITS: ok = mgt_app_flag_onoff("--aux-logits", optarg, &c.aux_logits); break;
+        case OPT_AUX_WEIGHT:
+            ok = mgt_app_flag_float("--aux-weight", optarg, 0, 1e6, &x);
+            c.aux_weight = (float)x;
+            break;
+        case OPT_TRANSFORM_INPUT:
+            ok = mgt_app_flag_onoff("--transform-input", optarg, &c.transform_input);
+            break;
         case OPT_EPOCHS:
             ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v);
             c.epochs = (int)v;

@@ -37,6 +37,8 @@ bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *o
 bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out);
 /* --amp bf16|fp16 (f32_name: also "f32" for plain fp32, as --grad-dtype takes) */
 bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out);
+/* "on" (1) or "off" (0) */
+bool mgt_app_flag_onoff(const char *flag, const char *v, int *out);
 
 /* Parses a --gpus list such as "0,1,2,3" or "0,0" into ids; at most MGT_MAX_DEVICES. */
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);

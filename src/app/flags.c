@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "app/commands.h"
 
@@ -43,5 +44,15 @@ bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mg
         return false;
     }
     *out = p;
+    return true;
+}
+
+bool mgt_app_flag_onoff(const char *flag, const char *v, int *out)
+{
+    if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+        fprintf(stderr, "mgtrain: %s '%s': expected on or off\n", flag, v);
+        return false;
+    }
+    *out = strcmp(v, "on") == 0;
     return true;
 }

@@ -34,6 +34,9 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
     c->dummy_steps = 100;
+    c->aux_logits = -1;
+    c->aux_weight = -1;
+    c->transform_input = -1;
 }
 
 /* ---- between phases: the replicas made identical again, and checked ---- */
@@ -274,6 +277,15 @@ static mgt_status check_config(run *r)
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
         return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
                                               "negative");
+    if ((c->aux_logits >= 0 || c->aux_weight >= 0) && r->arch->aux_weight == 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--aux-logits, --aux-weight: %s has no auxiliary classifiers "
+                             "(inception_v3 and googlenet have)",
+                             c->arch);
+    if (c->transform_input > 0 && !r->arch->transform_input)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--transform-input: %s has none (inception_v3 and googlenet have)",
+                             c->arch);
     return MGT_OK;
 }
 

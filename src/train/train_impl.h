@@ -94,7 +94,8 @@ typedef struct train_scaler {
 } train_scaler;
 
 typedef struct step_acc {
-    double loss_sum; /* sum over devices of loss * n */
+    double loss_sum;                   /* sum over devices of loss * n */
+    double aux_sum[MGT_MODEL_MAX_AUX]; /* the same of each auxiliary loss */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
     int reported;  /* devices that added to it */
@@ -121,6 +122,7 @@ typedef struct worker {
     train_ema ema;
     /* metrics */
     float *host_loss;        /* pinned [SLOTS] */
+    float *host_aux;         /* pinned [SLOTS][MGT_MODEL_MAX_AUX]: the auxiliary losses */
     int32_t *host_correct;   /* pinned [SLOTS][2] */
     mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
     mgt_buffer *dev_val;     /* [1] float: validation loss sum */
@@ -154,6 +156,7 @@ typedef struct train_metrics {
     step_acc ring[STEP_RING];
     long next_complete; /* the next step to complete */
     double loss_sum;
+    double aux_sum[MGT_MODEL_MAX_AUX];
     long n, c1, c5;
     double data_s;
     double start, last_progress, last_complete;
@@ -171,6 +174,8 @@ typedef struct train_progress {
     double step_s, step_avg_s, data_s, data_avg_s;
     double loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg;
     double lr, images_per_s, eta_s;
+    int n_aux; /* auxiliary classifiers: their own losses (the loss above weights them in) */
+    double aux[MGT_MODEL_MAX_AUX], aux_avg[MGT_MODEL_MAX_AUX];
 } train_progress;
 
 /* What the run's first record says: the configuration, resolved where the run resolved it. */
