@@ -16,7 +16,7 @@ def run(dt):
     x = torch.randn(z.BATCH, 3, size, size, generator=gen)
     labels = torch.randint(0, z.CLASSES, (z.BATCH,), generator=gen)
     m = model.to(dt); m.train()
-    loss = F.cross_entropy(m(x.to(dt)), labels, label_smoothing=z.SMOOTHING)
+    loss = z.train_loss(m, arch, x.to(dt), labels)[1]
     loss.backward()
     return {n: p.grad.double() for n, p in m.named_parameters()}
 g64, g32 = run(torch.float64), run(torch.float32)

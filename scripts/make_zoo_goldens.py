@@ -32,7 +32,7 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("densenet121", 128), ("convnext_tiny", 32),
          ("vgg13", 32), ("vgg16", 32), ("vgg19", 32), ("vgg13_bn", 32), ("vgg16_bn", 32),
          ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
-         ("regnet_y_400mf", 96)]
+         ("regnet_y_400mf", 96), ("mnasnet0_5", 96)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
 # golden says no_dropout = 1 and the C test builds them so
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0}}
@@ -141,6 +141,26 @@ def summarise(prefix, tensors):
     return out
 
 
+def train_loss(model, arch, x, labels):
+    """A training forward of model (in training mode) and its loss: the main cross-entropy
+    plus AUX's weight times each auxiliary classifier's (their outputs caught by hooks, in
+    mgtrain's order). Returns the logits, the loss and the auxiliary losses."""
+    aux_names, aux_weight = AUX.get(arch, ([], 0.0))
+    aux_out = {}
+    hooks = [getattr(model, a).register_forward_hook(
+        lambda mod, i, o, a=a: aux_out.__setitem__(a, o)) for a in aux_names]
+    out = model(x)
+    for h in hooks:
+        h.remove()
+    logits = out[0] if aux_names else out
+    loss = F.cross_entropy(logits, labels, label_smoothing=SMOOTHING)
+    aux_losses = [F.cross_entropy(aux_out[a], labels, label_smoothing=SMOOTHING)
+                  for a in aux_names]
+    for a in aux_losses:
+        loss = loss + aux_weight * a
+    return logits, loss, aux_losses
+
+
 def case(arch, size):
     model = torchvision.models.__dict__[arch](num_classes=CLASSES, **NO_SDEPTH.get(arch, {}))
     weights(model)
@@ -155,19 +175,7 @@ def case(arch, size):
     m64.train()
     opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     opt.zero_grad()
-    aux_names, aux_weight = AUX.get(arch, ([], 0.0))
-    aux_out = {}
-    hooks = [getattr(m64, a).register_forward_hook(
-        lambda mod, i, o, a=a: aux_out.__setitem__(a, o)) for a in aux_names]
-    out = m64(x.double())
-    for h in hooks:
-        h.remove()
-    logits = out[0] if aux_names else out
-    loss = F.cross_entropy(logits, labels, label_smoothing=SMOOTHING)
-    aux_losses = [F.cross_entropy(aux_out[a], labels, label_smoothing=SMOOTHING)
-                  for a in aux_names]
-    for a in aux_losses:
-        loss = loss + aux_weight * a
+    logits, loss, aux_losses = train_loss(m64, arch, x.double(), labels)
     loss.backward()
     grads = {n: f32(p.grad) for n, p in m64.named_parameters()}
     opt.step()
@@ -175,6 +183,7 @@ def case(arch, size):
              for n, t in m64.state_dict().items()}
     g = [("input", x), ("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
          ("step1.logits", f32(logits)), ("step1.loss", f32(loss.reshape(1)))]
+    aux_weight = AUX.get(arch, ([], 0.0))[1]
     if aux_losses:
         g.append(("step1.aux_loss", f32(torch.stack(aux_losses).detach())))
     g += summarise("grad.", grads)

@@ -1741,8 +1741,23 @@ static void test_torch_load(void **state)
 
 /* No argument: every test but test_torch_load; "torch_load": that one alone, a CTest test of
    its own (models.torch_load) so that its two minutes of PyTorch run beside the rest. */
+/* `torch_load ARCH SIZE [BATCH]`: one architecture's case, every gradient (a tool for a new
+   architecture: its worst tensors against PyTorch in float64) */
+static const char *const *one_args;
+
+static void test_torch_load_one(void **state)
+{
+    (void)state;
+    torch_load_case(one_args[0], one_args[2] ? atoi(one_args[2]) : 2, atoi(one_args[1]), true);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 3 && strcmp(argv[1], "torch_load") == 0) {
+        one_args = (const char *const *)argv + 2;
+        const struct CMUnitTest t[] = {cmocka_unit_test(test_torch_load_one)};
+        return cmocka_run_group_tests(t, group_setup, group_teardown);
+    }
     if (argc > 1 && strcmp(argv[1], "torch_load") == 0) {
         const struct CMUnitTest t[] = {cmocka_unit_test(test_torch_load)};
         return cmocka_run_group_tests(t, group_setup, group_teardown);

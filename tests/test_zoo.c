@@ -131,6 +131,7 @@ typedef struct learn_case {
     int size, classes, batch, steps;
     float lr;
     bool no_dropout;
+    bool no_aux; /* built without its auxiliary classifiers */
 } learn_case;
 
 /* One representative per family at the smallest input it takes here. AlexNet learns without
@@ -140,15 +141,23 @@ typedef struct learn_case {
    in 24 (PyTorch, lr 0.05); here 1.386 to 1.14 in 28. Its dropout masks are the conformance suite's and
    test_equivalence's (squeezenet1_1) to check. */
 static const learn_case learn_cases[] = {
-    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false},
-    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true},
-    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false},
-    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false},
-    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false},
-    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false},
-    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false},
-    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false},
-    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false},
+    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false, false},
+    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true, false},
+    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false, false},
+    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false, false},
+    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false, false},
+    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false, false},
+    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false, false},
+    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false, false},
+    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false, false},
+    /* torchvision's classifier init, U(+-sqrt(3 / classes)), starts 4 classes at a loss of 15
+       (PyTorch: 11): a smaller step */
+    {"mnasnet", "mnasnet0_5", 64, 4, 4, 8, 0.001f, false, false},
+    /* with its two auxiliary classifiers, whose losses join the loss that must fall */
+    {"googlenet", "googlenet", 64, 4, 4, 8, 0.005f, false, false},
+    /* at its smallest side, 75, without the auxiliary classifier (which needs 299: the
+       golden holds that one to PyTorch) */
+    {"inception", "inception_v3", 75, 4, 4, 8, 0.005f, false, true},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
@@ -204,7 +213,8 @@ static void test_learn(void **state)
                                 .in_channels = 3,
                                 .image_size = lc->size,
                                 .batch = lc->batch,
-                                .no_dropout = lc->no_dropout};
+                                .no_dropout = lc->no_dropout,
+                                .no_aux_logits = lc->no_aux};
         CHECK(mgt_model_create(&cfg, r[k].d, &r[k].m));
         CHECK(mgt_model_init(r[k].m, r[k].s, 42));
         size_t pb;
@@ -300,7 +310,8 @@ static const struct {
                     {"vgg19_bn", 32, false},
                     {"shufflenet_v2_x1_0", 96, false},
                     {"mobilenet_v3_small", 64, false},
-                    {"regnet_y_400mf", 96, false}};
+                    {"regnet_y_400mf", 96, false},
+                    {"mnasnet0_5", 96, false}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f

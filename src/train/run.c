@@ -392,6 +392,19 @@ static void print_start(run *r, int start_epoch)
             "device\n",
             c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
             (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
+    const mgt_model *m0 = r->w[0].model;
+    if (mgt_model_aux_count(m0))
+        fprintf(o,
+                "=> %d auxiliary classifier%s in training: loss = main + %g x each auxiliary "
+                "loss (--aux-weight; Aux on the progress lines, unweighted); validation uses the "
+                "main one\n",
+                mgt_model_aux_count(m0), mgt_model_aux_count(m0) > 1 ? "s" : "",
+                (double)mgt_model_aux_weight(m0));
+    else if (r->arch->aux_weight > 0)
+        fprintf(o, "=> built without its auxiliary classifiers (--aux-logits)\n");
+    if (mgt_model_get_config(m0)->transform_input)
+        fprintf(o, "=> transform_input: the ImageNet-normalised input mapped to (x - 0.5) / 0.5 "
+                   "per channel, as torchvision does for its ported weights\n");
     if (c->amp != MGT_PREC_F32)
         fprintf(o,
                 "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs, "
