@@ -82,8 +82,10 @@ def main():
     with torch.no_grad():
         rel("eval_logits", model(x), check["eval_logits"])
     model.train()
-    logits = model(x)
-    loss = F.cross_entropy(logits, labels, label_smoothing=float(cmeta["smoothing"]))
+    # the loss mgtrain trains: with the auxiliary classifiers' losses where the model has them
+    import make_zoo_goldens as zg
+    smoothing = float(cmeta["smoothing"])
+    logits, loss, _ = zg.train_loss(model, arch, x, labels, smoothing)
     loss.backward()
     rel("train_logits", logits.detach(), check["train_logits"])
     rel("loss", loss.detach(), check["loss"])
@@ -109,8 +111,7 @@ def main():
     own = {}
     if check_grads:
         model32.train()
-        F.cross_entropy(model32(x.float()), labels,
-                        label_smoothing=float(cmeta["smoothing"])).backward()
+        zg.train_loss(model32, arch, x.float(), labels, smoothing)[1].backward()
         for name, p in model32.named_parameters():
             g64 = params[name].grad.reshape(-1)
             idx = mg.sample_index(name, p.numel())

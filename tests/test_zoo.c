@@ -289,7 +289,17 @@ static void test_learn(void **state)
    in float64 on the ResNet hash weights, where they are well conditioned. The architectures not
    here (the bottleneck ResNets, RegNet X, EfficientNet B1, densenet169) are ill-conditioned
    under this formula (check_zoo_float32.py: PyTorch's own float32 misses in most tensors) and
-   are held to PyTorch there instead. */
+   are held to PyTorch there instead. The same formula leaves PyTorch's own float32 gradients
+   outside TOL_GRAD in most tensors of googlenet at 64 (122 of 187; 83 at 128, 156 at 224) and
+   inception_v3 at 299 (273 of 292: also its stride-2 max pools, where float32 picks another
+   pixel than float64 in single windows), and in 12 of 506 of efficientnet_b5 at 64: their
+   goldens hold the forward (with the auxiliary losses, and B5's BN eps 1e-3 and momentum 0.01
+   in the running statistics); test_torch_load holds googlenet's gradients. efficientnet_v2_s
+   has no golden: with this formula its evaluation logits reach 1e4 and PyTorch's own float32
+   misses its float64 ones by 0.8 of the largest; test_torch_load holds it all (logits, loss,
+   every gradient, BN statistics). mnasnet0_5 at 96: at 64 its 2x2 last stages leave the
+   gradients at float32 noise (mgtrain's oneDNN and im2col paths differ from each other by 2%
+   there, where PyTorch's float32 happens to stay within 1e-4). */
 static const struct {
     const char *arch;
     int size;
@@ -311,7 +321,10 @@ static const struct {
                     {"shufflenet_v2_x1_0", 96, false},
                     {"mobilenet_v3_small", 64, false},
                     {"regnet_y_400mf", 96, false},
-                    {"mnasnet0_5", 96, false}};
+                    {"mnasnet0_5", 96, false},
+                    {"googlenet", 64, true},
+                    {"inception_v3", 299, true},
+                    {"efficientnet_b5", 64, true}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -456,7 +469,19 @@ static void test_golden(void **state)
     CHECK(mgt_buffer_alloc(d, pb, &mom));
     float *x = mgt_buffer_ptr(io);
     int32_t *labels = (int32_t *)(x + nx);
-    CHECK(mgt_copy_h2d(s, x, golden(g, "input", nx), nx * sizeof(float)));
+    /* a large input is the script's hash formula: uniform, variance 1 */
+    const char *in = mgt_st_metadata_get(g, "input");
+    float *hx = NULL;
+    if (in && strcmp(in, "hash") == 0) {
+        hx = malloc(nx * sizeof *hx);
+        assert_non_null(hx);
+        uint32_t salt = fnv1a("input");
+        for (size_t i = 0; i < nx; i++)
+            hx[i] = (float)((hash_uniform(salt, i) - 0.5) * sqrt(12.0));
+    }
+    CHECK(mgt_copy_h2d(s, x, hx ? hx : golden(g, "input", nx), nx * sizeof(float)));
+    CHECK(mgt_stream_synchronize(s, NULL));
+    free(hx);
     CHECK(mgt_copy_h2d(s, labels, golden(g, "labels", (uint64_t)batch),
                        (size_t)batch * sizeof(int32_t)));
     n_bad = 0;
@@ -475,11 +500,16 @@ static void test_golden(void **state)
     CHECK(mgt_model_loss(m, s, labels, SMOOTHING, NULL));
     hl = to_host(s, logits, nl * sizeof(float));
     want = golden(g, "step1.logits", nl);
-    close_to("step1.logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    /* the training forward's values: TOL_FWD, or the golden's tol_train (3x PyTorch's own
+       float32 error on them where a BN over few values per channel leaves float32 itself
+       short of TOL_FWD: googlenet, inception_v3) */
+    const char *tt = mgt_st_metadata_get(g, "tol_train");
+    double tol_train = tt ? fmax(TOL_FWD, atof(tt)) : TOL_FWD;
+    close_to("step1.logits", hl, NULL, want, nl, tol_train, max_abs(want, nl));
     free(hl);
     float *loss = to_host(s, mgt_model_loss_ptr(m), sizeof(float));
     want = golden(g, "step1.loss", 1);
-    close_to("step1.loss", loss, NULL, want, 1, TOL_FWD, fabs(want[0]));
+    close_to("step1.loss", loss, NULL, want, 1, tol_train, fabs(want[0]));
     free(loss);
     /* the auxiliary classifiers' own losses, which the loss above weights in */
     int n_aux = mgt_model_aux_count(m);
@@ -489,7 +519,7 @@ static void test_golden(void **state)
         assert_true(mgt_model_aux_weight(m) == (float)atof(w));
         float *aux = to_host(s, mgt_model_aux_loss_ptr(m), (size_t)n_aux * sizeof(float));
         want = golden(g, "step1.aux_loss", (uint64_t)n_aux);
-        close_to("step1.aux_loss", aux, NULL, want, (size_t)n_aux, TOL_FWD, max_abs(want, n_aux));
+        close_to("step1.aux_loss", aux, NULL, want, (size_t)n_aux, tol_train, max_abs(want, n_aux));
         free(aux);
     } else if (mgt_st_find(g, "step1.aux_loss") >= 0) {
         fail_msg("%s: the golden has auxiliary losses, the model no auxiliary classifier", arg);
@@ -531,7 +561,8 @@ static void test_golden(void **state)
         snprintf(name, sizeof name, "step1.%s.samples", t[e].name);
         const float *sw = golden(g, name, k);
         /* the update moves by lr * (g + wd p): its error is the gradient's, times lr */
-        close_to(name, v1, idx, sw, k, 1.0, TOL_FWD * max_abs(sw, k) + TOL_GRAD * LR * gscale);
+        close_to(name, v1, idx, sw, k, 1.0,
+                 (par ? TOL_FWD : tol_train) * max_abs(sw, k) + TOL_GRAD * LR * gscale);
     }
     if (n_bad)
         fail_msg("%s: %d tensors outside the tolerances", arg, n_bad);
@@ -673,8 +704,16 @@ static void test_strict(void **state)
     for (const char *const *a = mgt_model_arch_names(); *a; a++) {
         if (!in_torchvision(*a))
             continue;
-        assert_true(len + strlen(*a) + 2 < cap);
+        assert_true(len + strlen(*a) + 8 < cap);
         len += (size_t)snprintf(cmd + len, cap - len, " %s", *a);
+        /* an architecture that PRETRAINED_SIZE is too small for goes at its own side */
+        mgt_model_config cfg = {
+            .arch = *a, .classes = 10, .in_channels = 3, .image_size = PRETRAINED_SIZE, .batch = 2};
+        mgt_model *m;
+        if (mgt_model_create(&cfg, NULL, &m) == MGT_OK)
+            mgt_model_free(m);
+        else
+            len += (size_t)snprintf(cmd + len, cap - len, ":%d", mgt_arch_find(*a)->image_size);
         count++;
     }
     assert_true(count > 0);

@@ -349,6 +349,8 @@ typedef struct train_state {
     int loss_scale_growth; /* format 3: its clean steps since the last change */
     char amp[8];           /* the run's --amp, for people (not read back) */
     char sync_bn[4];       /* the run's --sync-bn ("yes"/"no"), for people (not read back) */
+    /* "on" where the model maps its input (transform_input): a resumed run must too */
+    char transform_input[4];
     long optimizer_steps;  /* (3) updates done: torch's per-parameter "step" */
     long ema_n_averaged;   /* (3) the EMA model's n_averaged (0 without --model-ema) */
     char lr_schedule[160]; /* what the schedule was, for people (not read back) */
