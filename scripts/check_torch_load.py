@@ -16,6 +16,8 @@ import math
 import os
 import sys
 
+# sleeping OpenMP workers beside other tests (check_zoo_strict.py says why); before torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import torch
     import torch.nn.functional as F

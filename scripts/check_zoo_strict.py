@@ -17,7 +17,11 @@ import sys
 import tempfile
 import time
 
-import torch
+# Sleeping, not spinning, OpenMP workers (PyTorch's and, inherited, mgtrain's oneDNN): beside
+# other tests on 2 busy cores, spinning ones took 20x the CPU (efficientnet_b1 and
+# mobilenet_v2: 65 s of CPU against 3.4 s, 2026-12-06). Read when libgomp loads: before torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import write_torch_weights as wtw  # noqa: E402
