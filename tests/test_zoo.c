@@ -475,9 +475,9 @@ static void test_golden(void **state)
     if (in && strcmp(in, "hash") == 0) {
         hx = malloc(nx * sizeof *hx);
         assert_non_null(hx);
-        uint32_t salt = fnv1a("input");
+        uint32_t salt = mgt_test_fnv1a("input");
         for (size_t i = 0; i < nx; i++)
-            hx[i] = (float)((hash_uniform(salt, i) - 0.5) * sqrt(12.0));
+            hx[i] = (float)((mgt_test_hash_uniform(salt, i) - 0.5) * sqrt(12.0));
     }
     CHECK(mgt_copy_h2d(s, x, hx ? hx : golden(g, "input", nx), nx * sizeof(float)));
     CHECK(mgt_stream_synchronize(s, NULL));
