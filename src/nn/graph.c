@@ -248,7 +248,7 @@ int nn_affine(mgt_model *m, const char *name, int x, const float *scale, const f
     if (!nd)
         return -1;
     int c = m->values[nd->out].c;
-    assert(c <= 4);
+    MGT_ASSERT(c <= 4);
     for (int i = 0; i < c; i++) {
         nd->u.fixed.scale[i] = scale[i];
         nd->u.fixed.shift[i] = shift[i];
@@ -260,7 +260,7 @@ void nn_aux_logits(mgt_model *m, int v)
 {
     if (v < 0)
         return;
-    assert(m->n_aux < NN_MAX_AUX);
+    MGT_ASSERT(m->n_aux < NN_MAX_AUX);
     m->aux_value[m->n_aux++] = v;
     nn_node_of(m, v)->aux_out = m->n_aux;
 }

@@ -6,7 +6,6 @@
    the RegNets X and Y from 400MF to 32GF and Y 128GF (grouped 3x3 bottlenecks, Y with
    squeeze-excite), which share the conv-BN-act and squeeze-excite units. Module names are torchvision's (features.3.conv.1.0,
    features.4.block.2.fc1, trunk_output.block2.block2-0.f.se.fc1, classifier.1, ...). */
-#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 
@@ -295,7 +294,7 @@ static mgt_status build_efficientnet(mgt_model *m, const void *arg)
     const effnet_def *d = arg;
     char p[NN_NAME];
     int layers[8], total = 0;
-    assert(d->n_stages <= 8);
+    MGT_ASSERT(d->n_stages <= 8);
     for (int s = 0; s < d->n_stages; s++) {
         layers[s] = (int)ceil(d->stages[s].layers * d->depth);
         total += layers[s];
