@@ -26,8 +26,15 @@ What each file checks, and against what:
   RandAugment and AutoAugment) on fixed 8-bit PIL images, each op at fixed magnitudes and,
   for the geometric ones, with nearest, bilinear and bicubic interpolation: the output
   pixels (mgtrain must match exactly: the ops are PIL's arithmetic).
-- augment_space.txt: the magnitude tables of the three policies' _augmentation_space and
-  AutoAugmentPolicy.IMAGENET's sub-policies, from torchvision itself.
+- augment_space.txt: the magnitude tables of the policies' _augmentation_space (AugMix's
+  too) and AutoAugmentPolicy's IMAGENET, CIFAR10 and SVHN sub-policies, from torchvision
+  itself.
+- augmix_ops.txt.gz: the same _apply_op on uint8 tensors (CHW), as AugMix calls it: tensor
+  arithmetic (affine transforms through grid_sample, bilinear; the enhancers as _blend in
+  float32, truncated), each op at fixed magnitudes, on the same images (exact).
+- augmix.txt.gz: AugMix(severity) itself on uint8 tensors, its random draws recorded (the
+  Dirichlet weights, each chain's depth, ops, magnitude bins and signs) beside the output,
+  so that mgtrain replays the draws and must give the same pixels.
 - erase.txt: RandomErasing.get_params replayed like rrc.txt (draws from torch's generator,
   the rectangle from torchvision).
 - mix.txt: mixup and cutmix as torchvision's references recipe does them
@@ -41,6 +48,8 @@ What each file checks, and against what:
   they show every index each rank gets. From torch itself when importable, else from a
   transcription of DistributedSampler.__iter__ (torch 1.13, torch/utils/data/distributed.py).
 """
+import contextlib
+import gzip
 import math
 import os
 import random
@@ -70,6 +79,14 @@ except ImportError:
 
 def f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
+
+
+@contextlib.contextmanager
+def gz_lines(path):
+    """A gzip text file written a line at a time (mtime 0: a rerun writes the same bytes);
+    yields line(text)."""
+    with gzip.GzipFile(path, "wb", mtime=0) as gz:
+        yield lambda t: gz.write((t + "\n").encode())
 
 
 # ---------------------------------------------------------------- RandomResizedCrop
@@ -403,7 +420,6 @@ def aug_images():
 
 
 def write_augment_ops(path):
-    import gzip
     from torchvision.transforms import InterpolationMode as IM
     from torchvision.transforms.autoaugment import _apply_op
 
@@ -425,9 +441,7 @@ def write_augment_ops(path):
         for op, mags in enhance + lut:
             for m in mags:
                 cases.append((op, "bilinear", IM.BILINEAR, m, k))
-    with gzip.GzipFile(path, "wb", mtime=0) as gz:
-        def line(t):
-            gz.write((t + "\n").encode())
+    with gz_lines(path) as line:
         line("# torchvision %s autoaugment._apply_op on PIL %s images, by "
              "scripts/make_data_goldens.py" % (torchvision.__version__, Image.__version__))
         line("# images: count, then per image 'w h c' and its pixels (HWC, hex); cases: count, "
@@ -458,19 +472,109 @@ def write_augment_space(path):
         spaces = [("ta_wide", 31, 0, 0, A.TrivialAugmentWide()._augmentation_space(31)),
                   ("ra", 31, 30, 40, A.RandAugment()._augmentation_space(31, (30, 40))),
                   ("ra", 31, 224, 224, A.RandAugment()._augmentation_space(31, (224, 224))),
-                  ("imagenet", 10, 30, 40, A.AutoAugment()._augmentation_space(10, (30, 40)))]
+                  ("imagenet", 10, 30, 40, A.AutoAugment()._augmentation_space(10, (30, 40))),
+                  ("augmix", 10, 30, 40, A.AugMix()._augmentation_space(10, (30, 40)))]
         for name, bins, h, w, space in spaces:
             f.write("space %s %d %d %d %d\n" % (name, bins, h, w, len(space)))
             for op, (mags, signed) in space.items():
                 vals = [float(v) for v in mags.reshape(-1).tolist()] if mags.ndim > 0 else []
                 f.write("%s %d %d %s\n" % (op, int(signed), len(vals),
                                            " ".join("%.9g" % v for v in vals)))
-        pol = A.AutoAugment(A.AutoAugmentPolicy.IMAGENET).policies
-        f.write("imagenet %d\n" % len(pol))
-        for (a, b) in pol:
-            f.write("%s %.9g %d %s %.9g %d\n" % (a[0], a[1], -1 if a[2] is None else a[2],
-                                                b[0], b[1], -1 if b[2] is None else b[2]))
+        for name, policy in (("imagenet", A.AutoAugmentPolicy.IMAGENET),
+                             ("cifar10", A.AutoAugmentPolicy.CIFAR10),
+                             ("svhn", A.AutoAugmentPolicy.SVHN)):
+            pol = A.AutoAugment(policy).policies
+            f.write("%s %d\n" % (name, len(pol)))
+            for (a, b) in pol:
+                f.write("%s %.9g %d %s %.9g %d\n" % (a[0], a[1], -1 if a[2] is None else a[2],
+                                                    b[0], b[1], -1 if b[2] is None else b[2]))
     return len(spaces)
+
+
+def chw(img):
+    """An HWC (or HW) uint8 array as the CHW uint8 tensor AugMix works on."""
+    a = img if img.ndim == 3 else img[:, :, None]
+    return torch.from_numpy(a.transpose(2, 0, 1).copy())
+
+
+def hwc_hex(t):
+    return t.permute(1, 2, 0).contiguous().numpy().tobytes().hex()
+
+
+def write_augmix_ops(path):
+    from torchvision.transforms import InterpolationMode as IM
+    from torchvision.transforms.autoaugment import _apply_op
+
+    imgs = aug_images()
+    ops = [("ShearX", [0.3, -0.17, 0.099]), ("ShearY", [0.3, -0.17, 0.099]),
+           ("TranslateX", [5.7, -3.2, 13.3]), ("TranslateY", [5.7, -3.2, 9.9]),
+           ("Rotate", [30.0, -13.5, 3.33, 90.0]),
+           ("Brightness", [0.9, -0.5, 0.33, -0.99, 0.0]), ("Color", [0.9, -0.5, 0.33, -0.99]),
+           ("Contrast", [0.9, -0.5, 0.33, -0.99]), ("Sharpness", [0.9, -0.5, 0.33, -0.99]),
+           ("Posterize", [4.0, 3.0, 1.0, 0.0]), ("Solarize", [255.0, 128.0, 100.5, 0.0]),
+           ("AutoContrast", [0.0]), ("Equalize", [0.0])]
+    cases = [(op, m, k) for k in range(len(imgs)) for op, mags in ops for m in mags]
+    with gz_lines(path) as line:
+        line("# torchvision %s / torch %s autoaugment._apply_op on uint8 CHW tensors (bilinear, "
+             "fill None), as AugMix calls it, by scripts/make_data_goldens.py"
+             % (torchvision.__version__, torch.__version__))
+        line("# cases: count, then per case 'op magnitude image' and the output pixels (HWC, hex) "
+             "of augment_ops.txt.gz's images")
+        line("%d" % len(cases))
+        for op, m, k in cases:
+            out = _apply_op(chw(imgs[k]), op, m, interpolation=IM.BILINEAR, fill=None)
+            line("%s %.17g %d" % (op, m, k))
+            line(hwc_hex(out))
+    return len(cases)
+
+
+def write_augmix(path):
+    """AugMix(severity).forward on each image with torch's draws recorded: the two Dirichlet
+    samples (through _sample_dirichlet) and every torch.randint (a chain's depth, an op, a
+    magnitude bin, a sign), in the order forward makes them."""
+    from torchvision.transforms import autoaugment as A
+
+    imgs = aug_images()
+    draws = []
+
+    class Recorded(A.AugMix):
+        def _sample_dirichlet(self, params):
+            out = super()._sample_dirichlet(params)
+            draws.append(("d", [float(v) for v in out.reshape(-1).tolist()]))
+            return out
+
+    real_randint = torch.randint
+
+    def randint(*args, **kw):
+        out = real_randint(*args, **kw)
+        draws.append(("r", [int(out.reshape(-1)[0])]))
+        return out
+
+    cases = 0
+    with gz_lines(path) as line:
+        line("# torchvision %s / torch %s AugMix(severity) on uint8 CHW tensors, its draws recorded, "
+             "by scripts/make_data_goldens.py" % (torchvision.__version__, torch.__version__))
+        line("# per case 'image severity ndraws', then the draws in order ('d' and the Dirichlet "
+             "sample as float32 hex, or 'r' and the randint), then the output pixels (HWC, hex)")
+        torch.manual_seed(2025)
+        torch.randint = randint
+        try:
+            for k in range(len(imgs)):
+                for severity in (1, 3, 10):
+                    for rep in range(6):
+                        draws.clear()
+                        out = Recorded(severity=severity)(chw(imgs[k]))
+                        line("%d %d %d" % (k, severity, len(draws)))
+                        for kind, vals in draws:
+                            if kind == "d":
+                                line("d " + np.asarray(vals, dtype=np.float32).tobytes().hex())
+                            else:
+                                line("r %d" % vals[0])
+                        line(hwc_hex(out))
+                        cases += 1
+        finally:
+            torch.randint = real_randint
+    return cases
 
 
 def write_erase(path):
@@ -623,6 +727,8 @@ def main():
     if HAVE_TORCH and HAVE_PIL:
         print("augment_ops.txt.gz: %d cases" % write_augment_ops(os.path.join(OUT, "augment_ops.txt.gz")))
         print("augment_space.txt: %d spaces" % write_augment_space(os.path.join(OUT, "augment_space.txt")))
+        print("augmix_ops.txt.gz: %d cases" % write_augmix_ops(os.path.join(OUT, "augmix_ops.txt.gz")))
+        print("augmix.txt.gz: %d cases" % write_augmix(os.path.join(OUT, "augmix.txt.gz")))
         print("erase.txt: %d cases" % write_erase(os.path.join(OUT, "erase.txt")))
         print("mix.txt: %d cases" % write_mix(os.path.join(OUT, "mix.txt")))
     else:

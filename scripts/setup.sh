@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mgtrain needs to build, test and train; silent when all are present.
+#   --test  also what the test suite calls (scripts/test.sh passes it): Debian's PyTorch and
+#           torchvision, the reference of the interop tests (zoo.strict, models.torch_load, the
+#           checkpoint's strict load), protobuf and onnx for the report and export checks;
+#           training itself needs none of them
+#   --list  print the packages that would be checked, one a line, and exit
 set -euo pipefail
 
 packages=(
@@ -16,12 +21,29 @@ packages=(
   protobuf-c-compiler   # protoc-c: C from those .proto files at build time
   libisal-dev           # CRC-32C (ISA-L's crc32_iscsi) of TensorBoard's event records
   libonnx-dev           # onnx.proto, the ONNX format's own definition (mgtrain export)
-  python3-protobuf      # tests: the event files decoded by Google's protobuf
-  python3-onnx          # tests: onnx.checker on every exported architecture
   dataset-fashion-mnist # the bundled real data set
   libopenmpi-dev        # multi-node runs: one process per node on Open MPI (-DMGT_MPI)
   openmpi-bin           # mpirun, for those runs and their tests
 )
+test_packages=(
+  python3-torch         # PyTorch 1.13: the interop tests load mgtrain's files into it
+  python3-torchvision   # torchvision 0.14: its models and weights, both ways
+  python3-protobuf      # the event files decoded by Google's protobuf (report.tensorboard)
+  python3-onnx          # onnx.checker on every exported architecture (export.check_*)
+)
+
+list=false
+for arg in "$@"; do
+  case $arg in
+  --test) packages+=("${test_packages[@]}") ;;
+  --list) list=true ;;
+  *) echo "setup: unknown option '$arg' (--test, --list)" >&2; exit 2 ;;
+  esac
+done
+if $list; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do

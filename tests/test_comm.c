@@ -384,6 +384,52 @@ static void test_bad_config(void **state)
     mgt_devset_free(set);
 }
 
+/* Each allocation of mgt_comm_create failing in turn (3 devices, the ring's extra streams and
+   bf16's buffers too): the error is the injected one, not what the cleanup of the half-made
+   communicator says (was "stream synchronize: no stream": the free waited on a stream that was
+   never made, and its error replaced the cause). */
+static void test_create_failure_keeps_its_cause(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; d++)
+        for (long n = 1;; n++) {
+            char spec[64];
+            snprintf(spec, sizeof spec, "fault=alloc@%d:%ld", d, n);
+            int ids[3] = {0, 1, 2};
+            mgt_mock_options o;
+            CHECK(mgt_mock_options_parse(&o, spec));
+            mgt_devset *set;
+            CHECK(
+                mgt_devset_open(MGT_DEVICE_MOCK, ids, 3, &(mgt_devset_options){.mock = &o}, &set));
+            float *g[3] = {(float *)16, (float *)16, (float *)16}; /* never touched */
+            size_t ends[2] = {4096, 8192};
+            mgt_comm_config cfg = {.grads = g,
+                                   .bytes = 8192,
+                                   .layer_ends = ends,
+                                   .n_layer_ends = 2,
+                                   .bucket_bytes = 4096,
+                                   .algo = MGT_ALLREDUCE_RING,
+                                   .grad_dtype = MGT_PREC_BF16};
+            mgt_comm *c = NULL;
+            mgt_status st = mgt_comm_create(set, &cfg, &c);
+            char err[512];
+            snprintf(err, sizeof err, "%s", mgt_error_last());
+            long allocs, kernels;
+            assert_true(mgt_device_counts(mgt_devset_device(set, d), &allocs, &kernels));
+            mgt_comm_free(c);
+            mgt_devset_free(set);
+            if (allocs < n) { /* past the last allocation */
+                CHECK(st);
+                assert_true(n > 2);
+                break;
+            }
+            char want[96];
+            snprintf(want, sizeof want, "injected allocation failure (allocation #%ld", n);
+            if (st != MGT_ERR_OOM || !strstr(err, want))
+                fail_msg("%s: status %d: %s", spec, (int)st, err);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,6 +442,7 @@ int main(void)
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_step_end_aborts),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_create_failure_keeps_its_cause),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

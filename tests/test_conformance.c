@@ -2559,9 +2559,11 @@ static const int topk_shapes[][4] = {
 
 static bool gen_topk(tcase *c, int idx, rng *r)
 {
-    if (idx >= N_TOPK_SHAPES + 3)
+    if (idx >= N_TOPK_SHAPES + 5)
         return false;
     int n, classes, k, ties;
+    /* the last two: NaN and infinite logits, the label's among them (a diverged model) */
+    bool nonfinite = idx >= N_TOPK_SHAPES + 3;
     if (idx < N_TOPK_SHAPES) {
         n = topk_shapes[idx][0];
         classes = topk_shapes[idx][1];
@@ -2588,6 +2590,10 @@ static bool gen_topk(tcase *c, int idx, rng *r)
                 mx = z[j] > mx ? z[j] : mx;
             z[labels[i]] = mx;
         }
+        const float odd[3] = {NAN, INFINITY, -INFINITY};
+        for (int j = 0; nonfinite && j < classes; j++)
+            if (rng_int(r, 0, 3) == 0)
+                z[j] = odd[rng_int(r, 0, 2)];
     }
     int32_t *count = case_i32(c, 1);
     count[0] = rng_int(r, 0, 1000); /* accumulates */
@@ -2599,7 +2605,8 @@ static bool gen_topk(tcase *c, int idx, rng *r)
     c->op.u.topk.classes = classes;
     c->op.u.topk.k = k;
     c->rtol = 0;
-    case_desc(c, "n=%d classes=%d k=%d%s", n, classes, k, ties ? " ties" : "");
+    case_desc(c, "n=%d classes=%d k=%d%s%s", n, classes, k, ties ? " ties" : "",
+              nonfinite ? " nan/inf" : "");
     return true;
 }
 

@@ -666,6 +666,52 @@ static void test_xent_topk(void **state)
     }
 }
 
+/* A NaN or infinite logit of the label is never correct, and a NaN elsewhere ranks above the
+   label (as torch.topk ranks NaN above every number): a diverged model's validation counts no
+   image as correct (before: a row of NaN logits was rank 0, and Acc@1 read 100). The reference
+   and every kernel configuration, rows of 4 classes, k = 1 and 2. */
+static void test_topk_nonfinite(void **state)
+{
+    (void)state;
+    const float nan = NAN, inf = INFINITY;
+    enum { ROWS = 9, CLASSES = 4 };
+    const float z[ROWS][CLASSES] = {
+        {nan, nan, nan, nan}, /* every logit NaN */
+        {0.5f, nan, 0.1f, 0}, /* the label's (1) is NaN */
+        {0.5f, inf, 0.1f, 0}, /* the label's (1) is +inf */
+        {-inf, 2, 1, 0},      /* the label's (0) is -inf */
+        {1, 2, nan, 0},       /* label 1 is the largest number, but a NaN ranks above it */
+        {1, 2, 0, -inf},      /* label 1 first: -inf elsewhere is below it (correct) */
+        {inf, 2, 0, 0},       /* label 1 second after +inf elsewhere (top-2 only) */
+        {1, nan, nan, 3},     /* label 3 below two NaNs: not even top-2 */
+        {1, 5, 2, 0},         /* finite: label 1 first (correct) */
+    };
+    const int32_t labels[ROWS] = {0, 1, 1, 0, 1, 1, 1, 3, 1};
+    const int32_t want[3] = {0, 2, 4}; /* correct rows for k = 1 and k = 2 (index k) */
+    float logits[ROWS * CLASSES];
+    memcpy(logits, z, sizeof logits);
+    for (int k = 1; k <= 2; k++) {
+        int32_t count = 0;
+        mgt_op op = {.kind = MGT_OP_TOPK,
+                     .u.topk = {.count = &count,
+                                .logits = logits,
+                                .labels = labels,
+                                .n = ROWS,
+                                .classes = CLASSES,
+                                .k = k}};
+        assert_int_equal(mgt_ref_run(&op), MGT_OK);
+        if (count != want[k])
+            fail_msg("reference, k=%d: %d rows correct, expected %d", k, count, want[k]);
+        for (int c = 0; c < NCTX; c++) {
+            count = 0;
+            assert_int_equal(cpu_run(&ctxs[c], &op), MGT_OK);
+            if (count != want[k])
+                fail_msg("kernel (context %d), k=%d: %d rows correct, expected %d", c, k, count,
+                         want[k]);
+        }
+    }
+}
+
 static void bad_label_case(mgt_op *op, int32_t *labels, int row, int32_t bad)
 {
     labels[row] = bad;
@@ -1053,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_xent_topk),
+        cmocka_unit_test(test_topk_nonfinite),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_scratch),
         cmocka_unit_test(test_activation_vectors),

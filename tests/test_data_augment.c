@@ -1,7 +1,9 @@
 /* Tests of the augmentations of torchvision's references recipe: every policy op against
-   torchvision 0.14's own _apply_op on fixed images (exact), the policies' magnitude tables
-   and AutoAugment's ImageNet sub-policies against torchvision's, RandomErasing's parameters
-   replayed from torch's generator, and the policies and erasing inside the transform. */
+   torchvision 0.14's own _apply_op on fixed images (exact; PIL images, and for AugMix uint8
+   tensors), AugMix itself with torch's draws replayed (exact), the policies' magnitude tables
+   and AutoAugment's IMAGENET, CIFAR10 and SVHN sub-policies against torchvision's,
+   RandomErasing's parameters replayed from torch's generator, and the policies and erasing
+   inside the transform. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,15 +66,23 @@ typedef struct gimg {
     uint8_t *px;
 } gimg;
 
+/* A golden file of tests/data/pipeline, or the test fails naming the script that makes it. */
+static gzFile open_golden(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    gzFile g = gzopen(path, "rb");
+    if (!g)
+        fail_msg("%s missing (make it with scripts/make_data_goldens.py)", path);
+    return g;
+}
+
 /* Every op of the three policies, as torchvision 0.14's _apply_op gives it on a PIL image,
    at fixed magnitudes (signs included) and every interpolation: pixel for pixel. */
 static void test_policy_ops_golden(void **state)
 {
     (void)state;
-    gzFile g = gzopen(GOLDEN_DIR "/augment_ops.txt.gz", "rb");
-    if (!g)
-        fail_msg("%s/augment_ops.txt.gz missing (make it with scripts/make_data_goldens.py)",
-                 GOLDEN_DIR);
+    gzFile g = open_golden("augment_ops.txt.gz");
     char *buf = NULL;
     size_t cap = 0;
     int nimg = atoi(gz_data_line(g, &buf, &cap));
@@ -128,6 +138,158 @@ static void test_policy_ops_golden(void **state)
     mgt_transform_scratch_free(&s);
 }
 
+/* The images of augment_ops.txt.gz (which augmix_ops and augmix use too). */
+static int load_aug_images(gimg *imgs, int cap)
+{
+    gzFile g = open_golden("augment_ops.txt.gz");
+    char *buf = NULL;
+    size_t bcap = 0;
+    int nimg = atoi(gz_data_line(g, &buf, &bcap));
+    assert_true(nimg > 0 && nimg <= cap);
+    for (int k = 0; k < nimg; k++) {
+        assert_int_equal(
+            sscanf(gz_line(g, &buf, &bcap), "%d %d %d", &imgs[k].w, &imgs[k].h, &imgs[k].c), 3);
+        imgs[k].px = malloc((size_t)imgs[k].w * imgs[k].h * imgs[k].c);
+        unhex(gz_line(g, &buf, &bcap), imgs[k].px, (size_t)imgs[k].w * imgs[k].h * imgs[k].c);
+    }
+    gzclose(g);
+    free(buf);
+    return nimg;
+}
+
+/* AugMix's ops as torchvision 0.14's _apply_op gives them on a uint8 tensor (tensor
+   arithmetic: grid_sample, float32 blends): pixel for pixel. */
+static void test_augmix_ops_golden(void **state)
+{
+    (void)state;
+    gimg imgs[4];
+    int nimg = load_aug_images(imgs, 4);
+    gzFile g = open_golden("augmix_ops.txt.gz");
+    char *buf = NULL;
+    size_t cap = 0;
+    int ncases = atoi(gz_data_line(g, &buf, &cap)), failed = 0;
+    mgt_transform_scratch s = {0};
+    for (int i = 0; i < ncases; i++) {
+        char opname[32];
+        double mag;
+        int k;
+        assert_int_equal(sscanf(gz_line(g, &buf, &cap), "%31s %lf %d", opname, &mag, &k), 3);
+        assert_true(k >= 0 && k < nimg);
+        mgt_aug_op op;
+        CHECK(mgt_aug_op_parse(opname, &op));
+        size_t n = (size_t)imgs[k].w * imgs[k].h * imgs[k].c;
+        uint8_t *want = malloc(n), *got = malloc(n);
+        unhex(gz_line(g, &buf, &cap), want, n);
+        memcpy(got, imgs[k].px, n);
+        CHECK(mgt_augment_op_tensor(op, mag, got, imgs[k].w, imgs[k].h, imgs[k].c, &s));
+        int diff = 0, worst = 0;
+        for (size_t q = 0; q < n; q++)
+            if (got[q] != want[q]) {
+                diff++;
+                worst = abs(got[q] - want[q]) > worst ? abs(got[q] - want[q]) : worst;
+            }
+        if (diff) {
+            print_message("%s %g on image %d (%dx%dx%d): %d of %zu values differ, worst %d\n",
+                          opname, mag, k, imgs[k].w, imgs[k].h, imgs[k].c, diff, n, worst);
+            failed++;
+        }
+        free(want);
+        free(got);
+    }
+    gzclose(g);
+    print_message("augmix ops: %d cases against torchvision's tensor ops, %d differ\n", ncases,
+                  failed);
+    assert_int_equal(failed, 0);
+    for (int k = 0; k < nimg; k++)
+        free(imgs[k].px);
+    free(buf);
+    mgt_transform_scratch_free(&s);
+}
+
+/* torch's recorded draws, replayed: Dirichlet samples and randint results in order. */
+typedef struct torch_draws {
+    float dir[2][3];
+    int n_dir;
+    long ints[64];
+    int n_int, next_int, next_dir;
+} torch_draws;
+
+static void torch_dirichlet(void *ctx, int n, float *out)
+{
+    torch_draws *r = ctx;
+    assert_true(r->next_dir < r->n_dir);
+    memcpy(out, r->dir[r->next_dir++], (size_t)n * sizeof(float));
+}
+
+static int64_t torch_randint(void *ctx, int64_t lo, int64_t hi)
+{
+    torch_draws *r = ctx;
+    assert_true(r->next_int < r->n_int);
+    long v = r->ints[r->next_int++];
+    assert_true(v >= lo && v < hi); /* the same call, in the same order */
+    return v;
+}
+
+/* AugMix(severity) as torchvision runs it on a uint8 tensor, with torch's own draws replayed:
+   the chains, their ops and magnitudes, the float32 mix and its truncation, pixel for pixel;
+   every draw consumed, in torchvision's order. */
+static void test_augmix_golden(void **state)
+{
+    (void)state;
+    gimg imgs[4];
+    int nimg = load_aug_images(imgs, 4);
+    gzFile g = open_golden("augmix.txt.gz");
+    char *buf = NULL;
+    size_t cap = 0;
+    int cases = 0, failed = 0;
+    mgt_transform_scratch s = {0};
+    char *l;
+    while ((l = gz_data_line(g, &buf, &cap)) != NULL) {
+        int k, severity, nd;
+        assert_int_equal(sscanf(l, "%d %d %d", &k, &severity, &nd), 3);
+        torch_draws r = {0};
+        for (int i = 0; i < nd; i++) {
+            l = gz_line(g, &buf, &cap);
+            if (l[0] == 'd') {
+                size_t n = (strlen(l) - 2) / 8;
+                assert_true(r.n_dir < 2 && n <= 3);
+                unhex(l + 2, (uint8_t *)r.dir[r.n_dir++], n * sizeof(float));
+            } else {
+                assert_true(r.n_int < 64);
+                r.ints[r.n_int++] = atol(l + 2);
+            }
+        }
+        size_t n = (size_t)imgs[k].w * imgs[k].h * imgs[k].c;
+        uint8_t *want = malloc(n), *got = malloc(n);
+        unhex(gz_line(g, &buf, &cap), want, n);
+        memcpy(got, imgs[k].px, n);
+        mgt_augmix_draws d = {.dirichlet = torch_dirichlet, .randint = torch_randint, .ctx = &r};
+        CHECK(mgt_augmix(severity, &d, got, imgs[k].w, imgs[k].h, imgs[k].c, &s));
+        assert_int_equal(r.next_dir, r.n_dir);
+        assert_int_equal(r.next_int, r.n_int);
+        int diff = 0;
+        for (size_t q = 0; q < n; q++)
+            diff += got[q] != want[q];
+        if (diff) {
+            print_message("augmix severity %d on image %d: %d of %zu values differ\n", severity, k,
+                          diff, n);
+
+            failed++;
+        }
+        cases++;
+        free(want);
+        free(got);
+    }
+    gzclose(g);
+    print_message("augmix: %d cases against torchvision's AugMix, %d differ\n", cases, failed);
+    assert_true(cases >= 50);
+    assert_int_equal(failed, 0);
+    for (int k = 0; k < nimg; k++)
+        free(imgs[k].px);
+    free(buf);
+    mgt_transform_scratch_free(&s);
+}
+
 /* The magnitudes each policy draws from, and AutoAugment's ImageNet sub-policies, as
    torchvision's own tables (within one float ulp: torch's linspace computes a few middle
    values with a vector loop whose last bit depends on the CPU). */
@@ -137,7 +299,7 @@ static void test_augment_space_golden(void **state)
     FILE *f = fopen(GOLDEN_DIR "/augment_space.txt", "r");
     assert_non_null(f);
     char line[8192];
-    int spaces = 0, values = 0, ulps = 0;
+    int spaces = 0, values = 0, ulps = 0, policies = 0;
     while (fgets(line, sizeof line, f)) {
         if (line[0] == '#')
             continue;
@@ -174,7 +336,13 @@ static void test_augment_space_golden(void **state)
                 }
             }
             spaces++;
-        } else if (sscanf(line, "imagenet %d", &nops) == 1) {
+        } else if (sscanf(line, "%31s %d", name, &nops) == 2 &&
+                   (strcmp(name, "imagenet") == 0 || strcmp(name, "cifar10") == 0 ||
+                    strcmp(name, "svhn") == 0)) {
+            const mgt_aa_step(*pol)[2] = strcmp(name, "cifar10") == 0 ? mgt_aa_cifar10
+                                         : strcmp(name, "svhn") == 0  ? mgt_aa_svhn
+                                                                      : mgt_aa_imagenet;
+            policies++;
             assert_int_equal(nops, 25);
             for (int i = 0; i < 25; i++) {
                 char a[32], b[32];
@@ -186,19 +354,20 @@ static void test_augment_space_golden(void **state)
                 mgt_aug_op oa, ob;
                 CHECK(mgt_aug_op_parse(a, &oa));
                 CHECK(mgt_aug_op_parse(b, &ob));
-                assert_int_equal(mgt_aa_imagenet[i][0].op, oa);
-                assert_int_equal(mgt_aa_imagenet[i][1].op, ob);
-                assert_true(mgt_aa_imagenet[i][0].p == (float)pa);
-                assert_true(mgt_aa_imagenet[i][1].p == (float)pb);
-                assert_int_equal(mgt_aa_imagenet[i][0].bin, ba);
-                assert_int_equal(mgt_aa_imagenet[i][1].bin, bb);
+                assert_int_equal(pol[i][0].op, oa);
+                assert_int_equal(pol[i][1].op, ob);
+                assert_true(pol[i][0].p == (float)pa);
+                assert_true(pol[i][1].p == (float)pb);
+                assert_int_equal(pol[i][0].bin, ba);
+                assert_int_equal(pol[i][1].bin, bb);
             }
         }
     }
     fclose(f);
     print_message("policy magnitudes: %d spaces, %d values, %d one ulp off\n", spaces, values,
                   ulps);
-    assert_int_equal(spaces, 4);
+    assert_int_equal(spaces, 5);
+    assert_int_equal(policies, 3);
     assert_true(ulps <= values / 20);
 }
 
@@ -255,12 +424,14 @@ static void test_policies_in_transform(void **state)
     for (int i = 0; i < W * H * 3; i++)
         px[i] = (uint8_t)((i * 37 + (i / 7) * 11) & 0xff);
     mgt_image img = {.pixels = px, .w = W, .h = H, .c = 3};
-    const mgt_auto_augment pols[] = {MGT_AUTO_AUGMENT_NONE, MGT_AUTO_AUGMENT_TA_WIDE,
-                                     MGT_AUTO_AUGMENT_RA, MGT_AUTO_AUGMENT_IMAGENET};
+    const mgt_auto_augment pols[] = {MGT_AUTO_AUGMENT_NONE,    MGT_AUTO_AUGMENT_TA_WIDE,
+                                     MGT_AUTO_AUGMENT_RA,      MGT_AUTO_AUGMENT_IMAGENET,
+                                     MGT_AUTO_AUGMENT_CIFAR10, MGT_AUTO_AUGMENT_SVHN,
+                                     MGT_AUTO_AUGMENT_AUGMIX};
     float *a = malloc(sizeof(float) * 3 * 32 * 32), *b = malloc(sizeof(float) * 3 * 32 * 32),
           *base = malloc(sizeof(float) * 3 * 32 * 32);
     mgt_transform_scratch s = {0};
-    for (size_t p = 0; p < 4; p++) {
+    for (size_t p = 0; p < sizeof pols / sizeof *pols; p++) {
         mgt_transform t;
         CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
         t.auto_augment = pols[p];
@@ -318,8 +489,13 @@ static void test_policies_in_transform(void **state)
     t.random_erase = 1.5f;
     assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);
     mgt_auto_augment aa;
-    assert_int_equal(mgt_auto_augment_parse("augmix", &aa), MGT_ERR_INVALID);
-    assert_non_null(strstr(mgt_error_last(), "ta_wide, ra, imagenet"));
+    assert_int_equal(mgt_auto_augment_parse("fancy", &aa), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "ta_wide, ra, imagenet, cifar10, svhn, augmix"));
+    CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
+    t.auto_augment = MGT_AUTO_AUGMENT_AUGMIX;
+    t.augmix_severity = 11;
+    assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "--augmix-severity 11"));
     mgt_interp m;
     assert_int_equal(mgt_interp_parse("lanczos", &m), MGT_ERR_INVALID);
     mgt_transform_scratch_free(&s);
@@ -503,7 +679,8 @@ static void test_mix_draws(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_policy_ops_golden),   cmocka_unit_test(test_augment_space_golden),
+        cmocka_unit_test(test_policy_ops_golden),   cmocka_unit_test(test_augmix_ops_golden),
+        cmocka_unit_test(test_augmix_golden),       cmocka_unit_test(test_augment_space_golden),
         cmocka_unit_test(test_erase_params_golden), cmocka_unit_test(test_policies_in_transform),
         cmocka_unit_test(test_mix_golden),          cmocka_unit_test(test_mix_draws),
     };

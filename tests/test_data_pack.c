@@ -421,6 +421,51 @@ static void expect_pack_error(const char *path, const char *needle)
     assert_null(ds);
 }
 
+/* A pack that shrinks under a run (truncate -s while training from it) ends the run with an
+   error naming the file, never SIGBUS (before: records and index were read through a map,
+   and a page past the new end killed the process, exit 135). Mid-epoch, the first record
+   past the end is fatal (not a bad image to skip); at the next epoch, the size check says so
+   before a record is read. A record changed in place fails its CRC, naming pack and record. */
+static void test_pack_changed_under_a_run(void **state)
+{
+    (void)state;
+    MGT_TEST_HOLD(pk, "%s/shrinks.pack", g_root);
+    mgt_pack_options o = quiet_options(MGT_PACK_RAW, 0);
+    pack_tree(SAMPLE_DIR, pk, &o, NULL);
+    mgt_dataset *ds;
+    CHECK(mgt_pack_open(pk, "train", &ds));
+    mgt_transform t;
+    CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RESIZE_CROP, 28, 1));
+    t.resize = 0;
+    mgt_loader_options lo;
+    mgt_loader_options_init(&lo, ds, &t, 1, 10);
+    lo.workers = 1;
+    lo.shuffle = false;
+    lo.split = MGT_SPLIT_EXACT;
+    lo.continuous = false;
+    lo.prefetch = 1;
+    lo.bad.warn = mgt_test_quiet();
+    mgt_loader *l;
+    CHECK(mgt_loader_create(&lo, &l));
+    CHECK(mgt_loader_set_epoch(l, 0, 0));
+    mgt_batch bt;
+    CHECK(mgt_loader_next(l, 0, NULL, &bt));
+    assert_int_equal(truncate(pk, 20000), 0); /* 20 of the 600 records left, no index */
+    mgt_status st = MGT_OK;
+    for (size_t b = 1; st == MGT_OK && b < mgt_loader_batches(l, 0); b++)
+        st = mgt_loader_next(l, 0, NULL, &bt);
+    if (st == MGT_OK || !contains(mgt_error_last(), pk) || !contains(mgt_error_last(), "changed"))
+        fail_msg("reading past the new end: status %d, '%s'", st, mgt_error_last());
+    mgt_loader_free(l);
+    /* the next epoch (a fresh loader here) is refused before it reads */
+    CHECK(mgt_loader_create(&lo, &l));
+    st = mgt_loader_set_epoch(l, 1, 0);
+    if (st == MGT_OK || !contains(mgt_error_last(), pk) || !contains(mgt_error_last(), "changed"))
+        fail_msg("a new epoch of a shrunk pack: status %d, '%s'", st, mgt_error_last());
+    mgt_loader_free(l);
+    mgt_dataset_free(ds);
+}
+
 /* Hostile pack files are refused with a message naming the file and the fault, never a
    crash: every offset, size, label and string is checked before use. */
 static void test_pack_hostile(void **state)
@@ -446,6 +491,8 @@ static void test_pack_hostile(void **state)
     MUTATE(b[0] = 'X', "no MGTPACK magic");
     MUTATE(b[9] ^= 1, "header checksum mismatch");
     MUTATE((wr32(b + 8, 2), FIX_HEADER()), "pack format version 2");
+    /* an unknown record format (0 JPEG, 1 raw) was taken as it came */
+    MUTATE((wr32(b + 28, 7), FIX_HEADER()), "record format 7");
     MUTATE((b[16] ^= 0x40, FIX_HEADER()), "split table");
     MUTATE(len = (size_t)table + 10, "split table outside the file");
     MUTATE(b[table + 20] ^= 1, "split table checksum mismatch");
@@ -462,6 +509,10 @@ static void test_pack_hostile(void **state)
     MUTATE((b[eo + 24] = 7, FIX_ENTRIES()), "record 3: unknown record kind");
     MUTATE((wr32(b + eo + 8, 100), FIX_ENTRIES()), "record 3: raw pixels of the wrong size");
     MUTATE((wr32(b + eo + 28, 1u << 30), FIX_ENTRIES()), "name lies outside the strings");
+    /* a split of no records (was "entries outside the file") */
+    MUTATE((wr32(b + table + 16, 0), wr32(b + table + 20, 0),
+            wr32(b + 24, (uint32_t)crc32(0, b + table, 64 * rd32(b + 12))), FIX_HEADER()),
+           "split train holds no records");
     /* no such split */
     mgt_test_write_file(bad, g, n);
     mgt_dataset *ds = (mgt_dataset *)1;
@@ -576,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_pack_bad_and_corrupt),
         cmocka_unit_test(test_pack_crc_message),
         cmocka_unit_test(test_pack_hostile),
+        cmocka_unit_test(test_pack_changed_under_a_run),
         cmocka_unit_test(test_pack_atomic_and_open_forms),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

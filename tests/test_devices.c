@@ -523,6 +523,19 @@ static void test_fault_alloc(void **state)
     mgt_device_memory(d1, &used, NULL);
     assert_int_equal(used, used_before);
     CHECK(mgt_buffer_alloc(d1, 1000, &b[3])); /* only the Nth fails */
+    /* pinned host memory counts too (the set's own staging, made while it opened, does not) */
+    mgt_devset *set2 = mgt_test_open_mock(1, "fault=alloc@0:2");
+    mgt_device *e = mgt_devset_device(set2, 0);
+    void *h1, *h2;
+    CHECK(mgt_host_alloc(e, 64, &h1));
+    mgt_status hst = mgt_host_alloc(e, 64, &h2);
+    if (hst != MGT_ERR_OOM || !strstr(mgt_error_last(), "allocation #2 on this device, 64 pinned"))
+        fail_msg("the 2nd allocation, pinned, did not fail as injected: %s", mgt_error_last());
+    long allocs, kernels;
+    assert_true(mgt_device_counts(e, &allocs, &kernels));
+    assert_int_equal(allocs, 2);
+    mgt_host_free(e, h1);
+    mgt_devset_free(set2);
     for (int i = 0; i < 5; i++)
         mgt_buffer_free(a[i]);
     for (int i = 0; i < 4; i++)
@@ -543,6 +556,11 @@ static void test_fault_kernel(void **state)
     CHECK(mgt_stream_create(d0, &s0));
     CHECK(mgt_stream_create(d1, &s1));
     CHECK(mgt_event_create(d0, &e0));
+    mgt_event *before, *after; /* recorded around the failing kernel: what ran, what did not */
+    CHECK(mgt_event_create_ordering(d0, &before));
+    CHECK(mgt_event_create_ordering(d0, &after));
+    bool clean;
+    assert_false(mgt_event_outcome(before, &clean)); /* never recorded: not known */
     enum { N = 100 };
     mgt_buffer *b0, *b1;
     CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
@@ -553,8 +571,10 @@ static void test_fault_kernel(void **state)
         host[i] = (float)i;
     CHECK(mgt_copy_h2d(s0, x0, host, sizeof host)); /* a copy, not a kernel */
     CHECK(mgt_fill(s0, x0, 1.0f, N));               /* kernel 1 */
-    CHECK(mgt_scale(s0, x0, 2.0f, N));              /* kernel 2: fails when it runs */
-    mgt_status rec = mgt_event_record(e0, s0);      /* ok unless the failure already ran */
+    CHECK(mgt_event_record(before, s0));
+    CHECK(mgt_scale(s0, x0, 2.0f, N));         /* kernel 2: fails when it runs */
+    mgt_status rec = mgt_event_record(e0, s0); /* ok unless the failure already ran */
+    mgt_status rec_after = mgt_event_record(after, s0);
     if (rec == MGT_OK)
         CHECK(mgt_stream_wait_event(s1, e0));
     CHECK(mgt_copy_h2d(s1, x1, host, sizeof host));
@@ -576,6 +596,19 @@ static void test_fault_kernel(void **state)
         assert_int_equal(st, MGT_ERR_DEVICE);
     }
 
+    /* the work before the failure ran on a sound device; a record after it (or refused by
+       the failed device) did not; the kernel count stopped at the failure */
+    assert_true(mgt_event_outcome(before, &clean));
+    assert_true(clean);
+    if (rec_after == MGT_OK) {
+        assert_true(mgt_event_outcome(after, &clean));
+        assert_false(clean);
+    }
+    long allocs, kernels;
+    assert_true(mgt_device_counts(d0, &allocs, &kernels));
+    assert_int_equal(allocs, 1);
+    assert_int_equal(kernels, 2);
+
     /* device 1: unaffected, and not hung on the failed device's event */
     CHECK(mgt_stream_synchronize(s1, NULL));
     CHECK(mgt_device_synchronize(d1, NULL));
@@ -583,6 +616,8 @@ static void test_fault_kernel(void **state)
         assert_true(out[i] == 3.0f * host[i]);
 
     mgt_event_free(e0);
+    mgt_event_free(before);
+    mgt_event_free(after);
     mgt_buffer_free(b0);
     mgt_buffer_free(b1);
     mgt_stream_free(s0);

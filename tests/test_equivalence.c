@@ -325,6 +325,8 @@ static void test_validation_same_on_any_device_count(void **state)
                  "(last Acc@1 %.3f)",
                  res.val_acc1);
     double acc1 = 0, acc5 = 0, loss = 0;
+    long *cm1 = NULL;
+    int k = 0;
     for (int n = 1; n <= 4; n++) {
         base_config(&c, false, NULL);
         ctl.no_validation = false;
@@ -334,19 +336,36 @@ static void test_validation_same_on_any_device_count(void **state)
         run_on(&c, n, &res);
         printf("validation on %d devices: Acc@1 %.3f Acc@5 %.3f loss %.9f\n", n, res.val_acc1,
                res.val_acc5, res.val_loss);
+        /* -e's confusion matrix: every image once, its diagonal the top-1 */
+        assert_non_null(res.confusion);
+        long total = 0, right = 0;
+        for (int i = 0; i < res.confusion_classes; i++)
+            for (int j = 0; j < res.confusion_classes; j++) {
+                total += res.confusion[(size_t)i * res.confusion_classes + j];
+                right += i == j ? res.confusion[(size_t)i * res.confusion_classes + j] : 0;
+            }
+        assert_true(fabs(100.0 * (double)right / (double)total - res.val_acc1) < 1e-9);
         if (n == 1) {
             /* 30 images: neither none nor all right, and not one class for all */
             assert_true(res.val_acc1 > 40.0 && res.val_acc1 < 100.0);
+            assert_int_equal(total, 30);
             acc1 = res.val_acc1;
             acc5 = res.val_acc5;
             loss = res.val_loss;
+            cm1 = res.confusion;
+            k = res.confusion_classes;
+            res.confusion = NULL;
             continue;
         }
+        assert_int_equal(res.confusion_classes, k);
+        assert_memory_equal(res.confusion, cm1, (size_t)k * k * sizeof *cm1);
+        mgt_train_result_free(&res);
         assert_true(res.val_acc1 == acc1);
         assert_true(res.val_acc5 == acc5);
         if (!(fabs(res.val_loss - loss) <= 1e-6 * (1.0 + fabs(loss))))
             fail_msg("validation loss %.9f on %d devices, %.9f on 1", res.val_loss, n, loss);
     }
+    free(cm1);
 }
 
 /* ---- the frozen backward against finite differences ---- */

@@ -1105,16 +1105,17 @@ static void test_load_mismatch(void **state)
     snap_free(&after);
     mgt_model_free(m);
 
-    /* skip_fc: fine-tuning from the 10-class weights into 100 classes */
+    /* new_head: fine-tuning from the 10-class weights into 100 classes */
     m = golden_resnet20(100, 1, 1);
     OK(mgt_model_init(m, E.s, 1));
-    mgt_model_load_options opts = {.skip_fc = true};
+    mgt_model_load_options opts = {.new_head = true};
     OK(mgt_model_load_safetensors(m, E.s, golden, &opts, &rep));
     assert_int_equal(rep.skipped, 2);
-    assert_int_equal(rep.ignored, 2);
+    assert_int_equal(rep.ignored, 0);
+    assert_int_equal(rep.head_classes, 10);
     assert_non_null(rep.text);
-    assert_non_null(strstr(rep.text, "fc"));
-    print_message("skip_fc note: %s", rep.text);
+    assert_non_null(strstr(rep.text, "fc.weight, fc.bias: the file's are for 10 classes"));
+    print_message("new_head note: %s", rep.text);
     free(rep.text);
     snap_take(m, &after);
     int n;
@@ -1266,6 +1267,7 @@ static void test_long_name(void **state)
         assert_non_null(m);
         m->cfg = golden20_cfg;
         snprintf(m->arch, sizeof m->arch, "long_names");
+        m->head = "fc";
         char name[NN_NAME];
         int x = nn_input(m);
         if (k == 0) /* 63 characters: kept */
@@ -1290,6 +1292,23 @@ static void test_long_name(void **state)
             assert_non_null(strstr(mgt_error_last(), "trunk_output.block1.block1-0.f.se.a_longer"));
             assert_non_null(strstr(mgt_error_last(), "63 characters"));
         }
+        mgt_model_free(m);
+    }
+    /* an architecture that names no head, or one that is not a layer with an output per
+       class, is refused: fine-tuning would not know what to replace */
+    const char *heads[] = {NULL, "classifier", "avgpool"};
+    for (int k = 0; k < 3; k++) {
+        mgt_model *m = calloc(1, sizeof *m);
+        assert_non_null(m);
+        m->cfg = golden20_cfg;
+        snprintf(m->arch, sizeof m->arch, "no_head");
+        m->head = heads[k];
+        int x = nn_conv(m, "conv1", nn_input(m), 4, 3, 1, 1, 1, false);
+        nn_linear(m, "fc", nn_gap(m, "avgpool", x), m->cfg.classes);
+        assert_int_equal(nn_plan(m), MGT_ERR_INVALID);
+        print_message("%s\n", mgt_error_last());
+        assert_non_null(
+            strstr(mgt_error_last(), k == 0 ? "names no classifier head" : "its head '"));
         mgt_model_free(m);
     }
 }
@@ -1581,14 +1600,8 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
     const char *script = MGT_TEST_DATA_DIR "/../../scripts/check_torch_load.py";
     const char *py = getenv("MGT_TORCH_LOAD_PYTHON");
     bool python = !py || strcmp(py, "0") != 0;
-    static int have_torch = -1; /* asked once: importing torch takes a second */
-    if (python && have_torch < 0)
-        have_torch = access("/usr/bin/python3", X_OK) == 0 &&
-                     system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    if (python && !have_torch) {
-        print_message("test_torch_load: skipped: /usr/bin/python3 with torch is not available\n");
-        skip();
-    }
+    if (python && !mgt_test_python_has("torch")) /* asked once: importing torch takes 1 s */
+        mgt_test_skip_missing("test_torch_load", "PyTorch (python3-torch)");
     char wpath[512], cpath[512], cmd[1700];
     tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
     tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
@@ -1687,17 +1700,15 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
         unlink(cpath);
         return;
     }
-    snprintf(cmd, sizeof cmd, "MGT_CHECK_GRADS=%d /usr/bin/python3 '%s' '%s' '%s' 2>&1", grads,
-             script, wpath, cpath);
+    snprintf(cmd, sizeof cmd, "MGT_CHECK_GRADS=%d '%s' '%s' '%s' '%s' 2>&1", grads,
+             mgt_test_python(), script, wpath, cpath);
     int rc = system(cmd);
     unlink(wpath);
     unlink(cpath);
     if (rc == -1 || !WIFEXITED(rc))
         fail_msg("could not run %s", cmd);
-    if (WEXITSTATUS(rc) == 77) {
-        print_message("test_torch_load: skipped: PyTorch is missing\n");
-        skip();
-    }
+    if (WEXITSTATUS(rc) == 77)
+        mgt_test_skip_missing("test_torch_load", "PyTorch (python3-torch)");
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -581,6 +582,38 @@ static void test_writer_refuses(void **state)
     assert_string_equal(mgt_st_dtype_name(MGT_ST_BOOL), "BOOL");
 }
 
+/* The writer names the first tensor holding a NaN or an infinity, in any float type, and
+   counts them all: the checkpoint's guard against writing a diverged model over the last good
+   one (issue 32: model_best.safetensors was written with an infinite running variance). */
+static void test_writer_nonfinite(void **state)
+{
+    (void)state;
+    mgt_st_writer *w = NULL;
+    assert_int_equal(mgt_st_writer_create(&w), MGT_OK);
+    const int64_t two[1] = {2};
+    const float fine[2] = {1, -2}, var[2] = {0.5f, INFINITY}, w32[2] = {NAN, NAN};
+    const double f64[2] = {-INFINITY, 0};
+    const uint16_t f16[2] = {0x3c00, 0x7e00} /* 1, NaN */, bf16[2] = {0x3f80, 0xff80} /* 1, -inf */;
+    const uint16_t ok16[2] = {0x7bff, 0xfbff}; /* the largest finite halves */
+    const int32_t ints[2] = {-1, 0x7f800000};  /* an int's bits are no float's */
+    size_t bad = 99;
+    assert_int_equal(mgt_st_writer_add(w, "fc.weight", MGT_ST_F32, 1, two, fine), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "half.ok", MGT_ST_F16, 1, two, ok16), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "step", MGT_ST_I32, 1, two, ints), MGT_OK);
+    assert_null(mgt_st_writer_nonfinite(w, &bad));
+    assert_int_equal(bad, 0);
+    assert_int_equal(mgt_st_writer_add(w, "bn1.running_var", MGT_ST_F32, 1, two, var), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "conv1.weight", MGT_ST_F32, 1, two, w32), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "x.f64", MGT_ST_F64, 1, two, f64), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "x.f16", MGT_ST_F16, 1, two, f16), MGT_OK);
+    assert_int_equal(mgt_st_writer_add(w, "x.bf16", MGT_ST_BF16, 1, two, bf16), MGT_OK);
+    const char *first = mgt_st_writer_nonfinite(w, &bad);
+    assert_non_null(first);
+    assert_string_equal(first, "bn1.running_var");
+    assert_int_equal(bad, 6);
+    mgt_st_writer_free(w);
+}
+
 /* ---- failed saves ---- */
 
 static const unsigned char old_contents[] = "the last good checkpoint";
@@ -694,12 +727,19 @@ static void test_save_relative_path(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),          cmocka_unit_test(test_empty_writer),
-        cmocka_unit_test(test_golden_torch_like),   cmocka_unit_test(test_golden_sloppy),
-        cmocka_unit_test(test_bad_corpus),          cmocka_unit_test(test_truncations),
-        cmocka_unit_test(test_byte_flips),          cmocka_unit_test(test_open_errors),
-        cmocka_unit_test(test_writer_refuses),      cmocka_unit_test(test_save_into_missing_folder),
-        cmocka_unit_test(test_save_failing_midway), cmocka_unit_test(test_save_relative_path),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_empty_writer),
+        cmocka_unit_test(test_golden_torch_like),
+        cmocka_unit_test(test_golden_sloppy),
+        cmocka_unit_test(test_bad_corpus),
+        cmocka_unit_test(test_truncations),
+        cmocka_unit_test(test_byte_flips),
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_writer_refuses),
+        cmocka_unit_test(test_writer_nonfinite),
+        cmocka_unit_test(test_save_into_missing_folder),
+        cmocka_unit_test(test_save_failing_midway),
+        cmocka_unit_test(test_save_relative_path),
     };
     return cmocka_run_group_tests_name("safetensors", tests, NULL, NULL);
 }

@@ -956,10 +956,10 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(mgt_error_last(), "/nonexistent/mgt-data"));
     base_config(&c);
     c.batch_size = 1;
-    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_ERR_INVALID);
+    assert_int_equal(train(&c, 2, "threads=1", &res), MGT_ERR_USAGE);
     assert_non_null(strstr(mgt_error_last(), "-b 1"));
     mgt_devset *set = mgt_test_open_mock(2, "threads=1"); /* no controls: the defaults */
-    assert_int_equal(mgt_train_run(&c, NULL, set, &res), MGT_ERR_INVALID);
+    assert_int_equal(mgt_train_run(&c, NULL, set, &res), MGT_ERR_USAGE);
     assert_non_null(strstr(mgt_error_last(), "-b 1"));
     mgt_devset_free(set);
     base_config(&c);
@@ -975,7 +975,7 @@ static void test_bad_input(void **state)
     /* a library caller gets the refusal too, not a silent fresh start */
     base_config(&c);
     c.resume = "auto";
-    assert_int_equal(train(&c, 1, "threads=1", &res), MGT_ERR_INVALID);
+    assert_int_equal(train(&c, 1, "threads=1", &res), MGT_ERR_USAGE);
     assert_non_null(strstr(mgt_error_last(), "nothing to resume from without --checkpoint-dir"));
 
     char *argv1[] = {"mgtrain", "--data", data_dir, "--lr", "fast", NULL};

@@ -64,6 +64,13 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
 mgt_status mgt_imagefolder_open(const char *dir, const mgt_scan_options *opt, mgt_dataset **train,
                                 mgt_dataset **val);
 
+/* A split of loose image files (`mgtrain predict`): each path a file (taken whatever its
+   extension) or a folder (every image file under it, recursively, in sorted order; names
+   starting with '.' skipped; links to folders not followed), in the order given, one class
+   "?", each sample's relpath the whole path. Errors name the path: missing, neither file nor
+   folder, a folder without images. */
+mgt_status mgt_dataset_from_paths(const char *const *paths, int n, mgt_dataset **out);
+
 void mgt_dataset_free(mgt_dataset *ds); /* NULL is a no-op */
 
 size_t mgt_dataset_size(const mgt_dataset *ds);
@@ -92,8 +99,8 @@ mgt_status mgt_dataset_probe(const mgt_dataset *ds, int probe, int *w, int *h, i
 
 /* A pack: the splits of an ImageFolder tree in one file (format in src/data/pack.c and the
    README): an index, labels, class names and each image either kept as its JPEG, re-encoded
-   as JPEG at a maximum side, or stored as raw pixels; every record with a CRC-32. Read
-   memory-mapped. A file that was bad when packed is kept as a bad record holding the reason,
+   as JPEG at a maximum side, or stored as raw pixels; every record with a CRC-32. Read with
+   pread, the index copied when a split is opened. A file that was bad when packed is kept as a bad record holding the reason,
    and is skipped (or fatal under --strict-data) as it would be in the folder. */
 typedef enum mgt_pack_format {
     MGT_PACK_JPEG, /* JPEGs that fit the maximum side as they are; the rest re-encoded */
@@ -265,9 +272,15 @@ typedef enum mgt_auto_augment {
     MGT_AUTO_AUGMENT_TA_WIDE,
     MGT_AUTO_AUGMENT_RA,
     MGT_AUTO_AUGMENT_IMAGENET,
+    MGT_AUTO_AUGMENT_CIFAR10, /* AutoAugment's CIFAR10 policy (25 pairs, the same ops) */
+    MGT_AUTO_AUGMENT_SVHN,    /* AutoAugment's SVHN policy */
+    /* AugMix(severity, mixture_width 3, chain_depth -1, alpha 1, all_ops): on a uint8 tensor,
+       so its ops are torchvision's tensor arithmetic (mgt_augment_op_tensor), not PIL's */
+    MGT_AUTO_AUGMENT_AUGMIX,
 } mgt_auto_augment;
 
-/* "bilinear"|"nearest"|"bicubic" and "none"|"ta_wide"|"ra"|"imagenet"; MGT_ERR_INVALID
+/* "bilinear"|"nearest"|"bicubic" and "none"|"ta_wide"|"ra"|"imagenet"|"cifar10"|"svhn"|
+   "augmix"; MGT_ERR_INVALID
    with a message naming the accepted words. */
 mgt_status mgt_interp_parse(const char *s, mgt_interp *out);
 mgt_status mgt_auto_augment_parse(const char *s, mgt_auto_augment *out);
@@ -293,6 +306,7 @@ typedef struct mgt_transform {
     float mean[3], std[3];         /* per channel, on the 0..1 scale */
     mgt_interp interp;             /* resizes and geometric policy ops (bilinear) */
     mgt_auto_augment auto_augment; /* training kinds only (none) */
+    int augmix_severity;           /* AUGMIX: 1..10 (3) */
     float random_erase;            /* RandomErasing's probability (0: off) */
     bool exact_decode; /* JPEGs decoded whole at full scale, torchvision's pixels (else at the
                           smallest DCT scale that covers the crop at the output size, and
@@ -354,6 +368,27 @@ typedef struct mgt_aa_step {
     int bin;
 } mgt_aa_step;
 extern const mgt_aa_step mgt_aa_imagenet[25][2];
+extern const mgt_aa_step mgt_aa_cifar10[25][2];
+extern const mgt_aa_step mgt_aa_svhn[25][2];
+
+/* One op as torchvision 0.14's _apply_op does it to a uint8 tensor (bilinear, fill None), as
+   AugMix calls it: an HWC w x h image of c (1 or 3) channels, in place. */
+mgt_status mgt_augment_op_tensor(mgt_aug_op op, double magnitude, uint8_t *px, int w, int h, int c,
+                                 mgt_transform_scratch *scratch);
+
+/* Where AugMix's draws come from: Dirichlet(1, ..., 1) samples of n (2 or 3) weights, and
+   torch.randint(lo, hi)'s integers in [lo, hi). */
+typedef struct mgt_augmix_draws {
+    void (*dirichlet)(void *ctx, int n, float *out);
+    int64_t (*randint)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+} mgt_augmix_draws;
+/* AugMix.forward on an HWC uint8 image in place, its draws in torchvision's order (the two
+   Dirichlet samples, then per chain its depth and per op the op, the bin, the sign). */
+mgt_status mgt_augmix(int severity, const mgt_augmix_draws *d, uint8_t *px, int w, int h, int c,
+                      mgt_transform_scratch *scratch);
+/* The draws over a Philox stream. */
+mgt_augmix_draws mgt_augmix_draws_philox(mgt_rng *rng);
 
 /* ImageNet's normalisation (torchvision's reference scripts). For one channel the gray
    equivalents by the L formula: mean 0.4590, std 0.2256. */

@@ -59,7 +59,8 @@ typedef enum mgt_fault_kind {
      threads=N           compute threads per device (default: cores / devices, at least 1)
      mem=SIZE            memory per device, e.g. 512M, 8G (default: the machine's memory)
      peers=all|none|0-1,2-3   which pairs reach each other directly (ids of opened devices)
-     fault=alloc@D:N     the Nth allocation on device D fails (N counts from 1; D opened)
+     fault=alloc@D:N     the Nth allocation on device D, of its memory or of pinned host
+                         memory, fails (N counts from 1, from when the set is open; D opened)
      fault=kernel@D:N    the Nth kernel on device D fails
      fault=kernel@D:N:OP the Nth OP kernel (an op name, e.g. axpy, sgd_update) on D fails
      fault=hang@D:N[:OP] the Nth kernel (of OP) on D never finishes: waits on it run into
@@ -176,6 +177,11 @@ mgt_device_kind mgt_device_get_kind(const mgt_device *d);
 void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total);
 /* Waits for every stream of the device. */
 mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
+/* What mock devices count for their injected faults: the allocations asked of the device so
+   far (device and pinned memory, what fault=alloc@D:N numbers) and the kernels run (what
+   fault=kernel@D:N numbers). False, and zeros, on backends that keep no counts (CUDA). A test
+   that sweeps N knows from them when it has passed the last allocation of a run. */
+bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
 
 /* ---- memory ---- */
 
@@ -221,6 +227,12 @@ mgt_status mgt_stream_wait_event(mgt_stream *s, mgt_event *e);
 mgt_status mgt_event_synchronize(mgt_event *e, const mgt_abort *abort);
 /* *done = whether the latest record has run; never blocks. */
 mgt_status mgt_event_query(mgt_event *e, bool *done);
+/* After a device failure, which work ran: *clean says whether the event's latest record ran
+   while its device was still sound (the work enqueued before it ran), or only completed so
+   that nothing waits on a failed device (the work before it may have been skipped). Returns
+   false where that is not known: no record has run yet, or the backend cannot tell (CUDA,
+   whose sticky errors hide every event's state). Sets no error text. */
+bool mgt_event_outcome(mgt_event *e, bool *clean);
 /* Milliseconds between two completed records of events made by mgt_event_create. */
 mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms);
 

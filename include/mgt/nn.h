@@ -79,6 +79,9 @@ typedef struct mgt_model_config {
        the pixel, the normalisation their ported weights were trained with. torchvision sets
        it when it loads pretrained weights and leaves it off otherwise. */
     bool transform_input;
+    /* Evaluation only: no gradient arena is allocated (a training forward, backward and
+       zero_grad are refused). What a validation twin at another input size needs (FixRes). */
+    bool inference;
 } mgt_model_config;
 
 /* How a sync_bn model reaches the other replicas without knowing them: gather(ctx, mine,
@@ -148,6 +151,11 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
 /* Waits for the device's pending work (as buffer frees do). NULL is a no-op. */
 void mgt_model_free(mgt_model *m);
 const mgt_model_config *mgt_model_get_config(const mgt_model *m); /* arch is the model's copy */
+/* The architecture's classifier head: its module names, space-separated ("fc", "classifier.1"),
+   whose tensors have `classifier` set in the table, as have the auxiliary classifiers' last
+   layers (Inception v3's AuxLogits.fc, GoogLeNet's aux1.fc2 and aux2.fc2: training only, not
+   named here). Static. */
+const char *mgt_model_head(const mgt_model *m);
 
 /* torchvision's initialisation, drawn on the host from a Philox stream per tensor keyed by
    seed (MGT_RNG_INIT, index = the tensor's table position) and copied in: convs
@@ -271,9 +279,12 @@ typedef struct mgt_model_entry {
     char name[64]; /* torchvision's state_dict name */
     mgt_model_role role;
     mgt_model_what what;
-    int layer;       /* index into mgt_model_layers of the layer that owns it */
-    bool classifier; /* its shape depends on the class count (the last linear layer) */
-    int ndim;        /* 0 for num_batches_tracked */
+    int layer; /* index into mgt_model_layers of the layer that owns it */
+    /* its shape depends on the class count: a tensor of the architecture's classifier head
+       (mgt_model_head) or of an auxiliary classifier's last layer */
+    bool classifier;
+    bool stem; /* the first convolution's weight, whose second dimension is the input channels */
+    int ndim;  /* 0 for num_batches_tracked */
     int64_t shape[4];
     size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
@@ -326,10 +337,19 @@ void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
 /* ---- weights ---- */
 
 typedef struct mgt_model_load_options {
-    /* Fine-tuning with another class count: the classifier tensors of the model (entries
-       with `classifier` set: fc.* of a ResNet) keep their values and those in the file are
-       ignored; the report says so. */
-    bool skip_fc;
+    /* Fine-tuning to another class count: head tensors (entries with `classifier` set, the
+       architecture's mgt_model_head and the auxiliary classifiers' last layers) whose shape in the file differs from the model's keep
+       the model's values (torchvision's initialisation, after mgt_model_init) and the file's
+       are ignored; report->head_classes says how many classes the file's head had. A head of
+       the same shape loads as usual. */
+    bool new_head;
+    /* Another input channel count: a stem weight (the first convolution's, `stem` set) whose
+       file shape differs in its input channels only is adapted as timm's adapt_input_conv
+       does: to 1 channel, the file's channels summed (exact for grey images that the file's
+       model saw as equal R, G and B); to k channels, the file's repeated in turn and scaled
+       by file channels / k. report->stem_channels says from how many. A grouped stem is not
+       adapted (a mismatch as usual). */
+    bool adapt_stem;
     /* Tensors in the file that the model lacks are ignored (a checkpoint that also holds
        optimizer state) instead of being errors. */
     bool allow_unexpected;
@@ -339,12 +359,15 @@ typedef struct mgt_model_load_options {
 } mgt_model_load_options;
 
 typedef struct mgt_model_load_report {
-    int loaded;  /* model tensors taken from the file */
-    int skipped; /* model tensors left as they were (skip_fc) */
-    int ignored; /* file tensors not used */
+    int loaded;        /* model tensors taken from the file (an adapted stem counts) */
+    int skipped;       /* model tensors left as they were (new_head) */
+    int ignored;       /* file tensors not used */
+    int head_classes;  /* new_head replaced the head: the file's class count; else 0 */
+    int stem_channels; /* adapt_stem adapted the stem: the file's input channels; else 0 */
     /* malloc'd text, caller frees (NULL when there is nothing to say): on a mismatch every
-       mismatch, one per line; after skip_fc a note naming what was skipped. The error text of
-       a failed load holds as many of the mismatches as fit in it, and their count. */
+       mismatch, one per line; after new_head or adapt_stem a line for each naming what was
+       replaced or adapted. The error text of a failed load holds as many of the mismatches
+       as fit in it, and their count. */
     char *text;
 } mgt_model_load_report;
 

@@ -102,6 +102,12 @@ void mgt_st_writer_free(mgt_st_writer *w);
 mgt_status mgt_st_writer_add(mgt_st_writer *w, const char *name, mgt_st_dtype dtype, int ndim,
                              const int64_t *shape, const void *data);
 
+/* The first floating-point tensor (F64, F32, F16, BF16; in the order added) holding a NaN or an infinity, or NULL
+   when every one is finite; *count (may be NULL) gets how many such values the tensors hold
+   in all. The name is the writer's (valid until it is freed). Reads every float tensor's
+   data: the caller's guard against saving a diverged model. */
+const char *mgt_st_writer_nonfinite(const mgt_st_writer *w, size_t *count);
+
 /* Stores key -> value in __metadata__ (both copied, both UTF-8); a second call with the same
    key replaces the value. */
 mgt_status mgt_st_writer_set_metadata(mgt_st_writer *w, const char *key, const char *value);

@@ -13,6 +13,8 @@ typedef enum mgt_status {
     MGT_ERR_IO,          /* a file or folder could not be read or written */
     MGT_ERR_UNSUPPORTED, /* the backend or build cannot do this */
     MGT_ERR_TIMEOUT,     /* a bounded wait ran out */
+    MGT_ERR_USAGE,       /* a setting (a flag's value) that cannot work, alone or with another,
+                            or differs between the nodes: the command line is wrong (exit 2) */
 } mgt_status;
 
 /* A short name for a status ("out of memory"); never NULL. */
@@ -41,5 +43,14 @@ void mgt_error_clear(void);
 #define MGT_ASSERT(cond) ((cond) ? (void)0 : mgt_assert_fail(#cond, __FILE__, __LINE__, __func__))
 __attribute__((noreturn)) void mgt_assert_fail(const char *cond, const char *file, int line,
                                                const char *func);
+
+/* Cleanup keeps a failure's text: a function that frees runs on the error path of the call
+   that failed, and what it calls (a wait on a failed device, a stream that was never made)
+   sets text of its own. It saves the text first and puts it back when it is done. */
+typedef struct mgt_error_saved {
+    char text[512];
+} mgt_error_saved;
+void mgt_error_save(mgt_error_saved *s);
+void mgt_error_restore(const mgt_error_saved *s);
 
 #endif

@@ -15,6 +15,7 @@
 #include "mgt/data.h"
 #include "mgt/device.h"
 #include "mgt/optim.h"
+#include "mgt/safetensors.h"
 #include "mgt/world.h"
 
 typedef enum mgt_augment {
@@ -33,12 +34,13 @@ typedef struct mgt_train_config {
     int dummy_classes;    /* with dummy: 0 = the architecture's synthetic_classes */
     int dummy_steps;      /* with dummy: steps per epoch (100) */
     int dummy_channels;   /* with dummy: image channels (3) */
-    const char *arch;
-    int workers;      /* decode threads in total; -1: one per core */
-    int epochs;       /* the run's length, and the length of the lr schedule */
-    int start_epoch;  /* -1: 0, or the checkpoint's with resume */
-    int batch_size;   /* over all devices; each gets batch_size / devices */
-    mgt_lr_config lr; /* lr.epochs is ignored: the schedule spans `epochs` */
+    const char *arch;     /* NULL: the checkpoint's (--resume, -e, or --pretrained's mgtrain
+                         checkpoint), else resnet18 */
+    int workers;          /* decode threads in total; -1: one per core */
+    int epochs;           /* the run's length, and the length of the lr schedule */
+    int start_epoch;      /* -1: 0, or the checkpoint's with resume */
+    int batch_size;       /* over all devices; each gets batch_size / devices */
+    mgt_lr_config lr;     /* lr.epochs is ignored: the schedule spans `epochs` */
     float momentum, weight_decay;
     bool nesterov;
     mgt_opt_kind opt;        /* --opt (sgd); sgd with nesterov is sgd_nesterov */
@@ -51,9 +53,13 @@ typedef struct mgt_train_config {
     int model_ema_steps;     /* update the EMA every this many optimizer steps (32) */
     float label_smoothing;
     int print_freq;
-    const char *resume;     /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
-    bool evaluate;          /* validate once and stop */
-    const char *pretrained; /* safetensors weights with torchvision names (or an mgtrain
+    const char *resume;         /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
+    bool evaluate;              /* validate once and stop */
+    bool per_class;             /* -e: every class's top-1 (else the five lowest) */
+    const char *confusion_path; /* -e: the confusion matrix as CSV with class names; NULL: none */
+    bool overwrite;             /* a fresh run may overwrite checkpoint_dir's checkpoints */
+    int keep_last;              /* also keep the last N epochs as model_<epoch>.safetensors */
+    const char *pretrained;     /* safetensors weights with torchvision names (or an mgtrain
                                checkpoint, whose optimizer state and metadata are ignored) */
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
@@ -63,7 +69,9 @@ typedef struct mgt_train_config {
     const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
     double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
     double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
-    int image_size;               /* 0: the architecture's (mgt_arch_info.image_size) */
+    int image_size;               /* 0: the checkpoint's (-e, --resume), else the
+                                     architecture's (mgt_arch_info.image_size) */
+    int image_channels;           /* 0: the checkpoint's (-e, --resume), else the data's */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];
@@ -83,12 +91,15 @@ typedef struct mgt_train_config {
     double max_bad_frac;
     /* torchvision's references recipe (mgt/data.h) */
     mgt_interp interpolation;        /* resizes and geometric policy ops (bilinear) */
+    bool interpolation_set;          /* given (else the checkpoint's under -e, --resume) */
     mgt_auto_augment auto_augment;   /* after the crop and flip (none) */
+    int augmix_severity;             /* --auto-augment augmix: its severity, 1..10 (3) */
     float random_erase;              /* RandomErasing's probability (0) */
     float mixup_alpha, cutmix_alpha; /* batch mixing (0: off) */
     int val_resize_size;             /* the shorter side before the centre crop (0: the arch's) */
-    int val_crop_size;               /* 0: the training size; the model takes one input size,
-                                      so another is refused */
+    int val_crop_size;               /* 0: the training size; another (FixRes: train at 176,
+                                      validate at 224) validates a twin of each replica
+                                      planned for that size */
     bool exact_decode;               /* JPEGs whole at full scale: torchvision's pixels */
     /* mixed precision (mgt/nn.h's mgt_model_config.amp): F32 (off), BF16 or FP16; fp16 runs
        with dynamic loss scaling (MGT_SCALER_*) */
@@ -105,6 +116,36 @@ typedef struct mgt_train_config {
 #define MGT_SCALER_GROWTH 2.0f
 #define MGT_SCALER_BACKOFF 0.5f
 #define MGT_SCALER_INTERVAL 2000
+
+/* What a checkpoint says of its model, from its metadata (every mgtrain checkpoint holds it;
+   older ones the first four): what -e, --resume, `mgtrain predict` and `mgtrain export` take
+   as their defaults. A field the file lacks is empty (arch ""), -1 or false. */
+typedef struct mgt_ckpt_info {
+    char arch[64];
+    int classes, in_channels, image_size;
+    char **class_names; /* classes strings (malloc'd), or NULL when the file has none */
+    bool has_norm;      /* mean and std, per channel (in_channels of them) */
+    float mean[3], std[3];
+    int val_resize_size; /* the validation resize (shorter side) before the centre crop at
+                                 image_size; -1: not saved */
+    int val_crop_size;   /* the validation crop; -1: not saved (image_size) */
+    bool has_interp;
+    mgt_interp interpolation; /* the validation resize's */
+    bool is_checkpoint;       /* it holds training state (epoch, step, ...) */
+    int epoch;                /* with is_checkpoint: the next epoch it would train */
+    double best_acc1;         /* with is_checkpoint */
+} mgt_ckpt_info;
+
+/* Reads what f (opened from path) says of its model. Errors name the path and the key of a
+   malformed value (a class_names that is not a list of `classes` strings, a mean that is not
+   numbers); a key the file lacks is no error. Free with mgt_ckpt_info_free. */
+mgt_status mgt_ckpt_info_read(const mgt_st_file *f, const char *path, mgt_ckpt_info *out);
+void mgt_ckpt_info_free(mgt_ckpt_info *i);
+/* The validation transform the info describes: RESIZE_CROP at image_size (or val_crop_size)
+   from val_resize_size, with its mean, std and interpolation; what the file lacks comes from
+   the architecture's policy and ImageNet's normalisation. MGT_ERR_INVALID when it has no
+   architecture, size or channels. */
+mgt_status mgt_ckpt_info_transform(const mgt_ckpt_info *i, mgt_transform *t);
 
 /* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
 void mgt_train_config_defaults(mgt_train_config *c);
@@ -152,17 +193,62 @@ typedef struct mgt_train_result {
     double timed_images_per_s;                 /* the same after the warm-up steps */
     double timed_step_s;                       /* seconds per step after the warm-up steps */
     mgt_step_profile profile[MGT_MAX_DEVICES]; /* with profile: per device, the last epoch */
-    float loss_scale;     /* --amp fp16: the loss scale at the end (GradScaler's) */
-    long skipped_steps;   /* --amp fp16: steps this call skipped for an inf or NaN */
-    bool interrupted;     /* stopped early by stop or the time limit, checkpoint saved */
-    char checkpoint[512]; /* the last checkpoint written ("" when none) */
+    float loss_scale;        /* --amp fp16: the loss scale at the end (GradScaler's) */
+    long skipped_steps;      /* --amp fp16: steps this call skipped for an inf or NaN */
+    bool interrupted;        /* stopped early by stop or the time limit, checkpoint saved */
+    bool remote_failure;     /* the run failed because another node did (which says why) */
+    char checkpoint[4200];   /* the last checkpoint written ("" when none) */
+    int best_epoch;          /* the epoch of best_acc1 (-1: none validated in this run) */
+    double total_s;          /* the whole run, set-up included */
+    double run_images_per_s; /* training images per second over every epoch of this call */
+    size_t peak_bytes[MGT_MAX_DEVICES]; /* each device's most memory in use */
+    /* -e: the confusion matrix [true][predicted] (classes x classes; mgt_train_result_free
+       frees it) and its class count; NULL without -e */
+    long *confusion;
+    int confusion_classes;
 } mgt_train_result;
 
 /* Runs the training (or, with evaluate, one validation) on the devices of set; ctl may be
-   NULL. Errors carry one line naming the device, the step and the cause (bad configuration:
-   MGT_ERR_INVALID naming the field's flag); the last good checkpoint is kept. */
+   NULL. Errors carry one line naming the device, the step and the cause (a bad or
+   contradictory setting: MGT_ERR_USAGE naming the field's flag; a bad file: MGT_ERR_INVALID);
+   the last good checkpoint is kept, and nothing is saved from a diverged model. */
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *r);
+/* Frees what a result holds (-e's confusion matrix); the numbers stay. */
+void mgt_train_result_free(mgt_train_result *r);
+
+/* ---- mgtrain predict ---- */
+
+#define MGT_PREDICT_MAX_K 20
+
+typedef struct mgt_predict_config {
+    const char *weights;       /* an mgtrain checkpoint (its metadata describes the model), or
+                                torchvision weights (then arch is needed) */
+    const char *arch;          /* NULL: the checkpoint's */
+    int image_size;            /* 0: the checkpoint's, else the architecture's */
+    int in_channels;           /* 0: the checkpoint's, else 3 */
+    const char *class_names;   /* (optional) a file of names, one a line */
+    const char *const *inputs; /* image files and folders (every image under them) */
+    int n_inputs;
+    int top_k;         /* classes per image (5) */
+    int batch_size;    /* images per step over all devices (32) */
+    int workers;       /* decode threads; -1: one per core */
+    mgt_precision amp; /* as --amp */
+    bool json;         /* one JSON object a line: path, top [{class, index, probability}] */
+    FILE *out;         /* the predictions */
+    FILE *info;        /* the "=>" line and the warnings; NULL: stderr */
+} mgt_predict_config;
+
+typedef struct mgt_predict_result {
+    size_t images, failed; /* images named, and those that could not be read */
+} mgt_predict_result;
+
+void mgt_predict_config_defaults(mgt_predict_config *c);
+/* Predicts every image of c->inputs with the model of c->weights through its validation
+   transform (mgt_ckpt_info_transform), batched over set's devices, in the order the inputs
+   name them (a folder's images sorted); an image that cannot be read gets its line with the
+   reason in the warnings and counts as failed. MGT_ERR_USAGE for contradictory settings. */
+mgt_status mgt_predict_run(const mgt_predict_config *c, mgt_devset *set, mgt_predict_result *r);
 
 /* Training curves from JSON logs written by --log: loss, top-1 and lr against epochs
    (training per progress line, validation and the EMA model's per epoch), the logs overlaid

@@ -41,6 +41,10 @@ void mgt_world_close(mgt_world *w, bool failed);
 int mgt_world_rank(const mgt_world *w); /* this node's rank, 0 for a world of one */
 int mgt_world_size(const mgt_world *w); /* nodes */
 const char *mgt_world_host(const mgt_world *w);
+/* How Open MPI's mpirun ends the job on Ctrl-C: SIGCONT to every rank, SIGTERM this many
+   seconds later, SIGKILL as long after that (its odls_base_sigkill_timeout, 1 unless given);
+   -1 where the launcher is not Open MPI's. */
+double mgt_world_kill_grace_s(void);
 
 /* Time a wait may take before it fails with MGT_ERR_TIMEOUT (0: no limit; --timeout). */
 void mgt_world_set_timeout(mgt_world *w, double seconds);
@@ -53,6 +57,15 @@ void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s);
 /* Every node must bring the same number of local devices: MGT_ERR_INVALID otherwise,
    naming the nodes and their counts. Collective. */
 mgt_status mgt_world_check_devices(mgt_world *w, int local_devices);
+
+/* Every node must run with the same settings: those that shape a step (the flags, the data's
+   size and classes). settings holds lines "NAME\tVALUE\n" in an order every node follows.
+   Collective: digests of them are compared; where they differ, every node returns
+   MGT_ERR_USAGE with the same text, naming the first setting that differs and both values,
+   and *speaker is true on the one node whose line it is (the lowest that differs from node 0)
+   and false on the others, which say nothing. A world of one: MGT_OK. */
+mgt_status mgt_world_check_same(mgt_world *w, const char *settings, const mgt_abort *abort,
+                                bool *speaker);
 
 /* Collectives of the main thread over the world communicator. All abortable. */
 mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, const mgt_abort *abort);

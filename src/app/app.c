@@ -25,7 +25,9 @@ static const app_command commands[] = {
     {"import-idx", mgt_app_cmd_import_idx,
      "turn Fashion-MNIST's IDX files into an ImageFolder tree"},
     {"bench-data", mgt_app_cmd_bench_data, "measure decode + augment images/s per thread"},
-    {"pack", mgt_app_cmd_pack, "pack an ImageFolder tree into one memory-mapped file"},
+    {"pack", mgt_app_cmd_pack, "pack an ImageFolder tree into one file of records"},
+    {"predict", mgt_app_cmd_predict,
+     "a trained model's top classes for images (predict --checkpoint FILE IMAGE|DIR...)"},
     {"export", mgt_app_cmd_export, "write a trained model as ONNX (export --onnx OUT.onnx ...)"},
     {"plot", mgt_app_cmd_plot, "draw training curves (loss, top-1, lr) from --log files"},
 };

@@ -106,6 +106,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
     mgt_devset_options sw = {0};
     mgt_train_config c;
     mgt_train_config_defaults(&c);
+    c.arch = "resnet18"; /* the ImageNet example's, unless -a says */
     c.dummy = true;
     c.epochs = 1;
     c.lr.lr = 0.01f;
@@ -177,14 +178,10 @@ int mgt_app_cmd_bench(int argc, char **argv)
             ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
             break;
         case 'h': bench_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain bench: %s needs a value\n", argv[optind - 1]);
-            ok = false;
-            break;
         default:
-            if (mgt_app_device_switch(opt, &sw))
+            if (opt != ':' && mgt_app_device_switch(opt, &sw))
                 break;
-            fprintf(stderr, "mgtrain bench: unknown option '%s'\n", argv[optind - 1]);
+            mgt_app_bad_option("bench", opt, argv);
             ok = false;
         }
     }
@@ -202,7 +199,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
         return mgt_app_device_exit(rst);
     }
     if (!mgt_arch_find(c.arch)) {
-        fprintf(stderr, "mgtrain bench: --arch '%s': unknown architecture (mgtrain --help)\n",
+        fprintf(stderr,
+                "mgtrain bench: --arch '%s': unknown architecture (`mgtrain model` lists them)\n",
                 c.arch);
         return 2;
     }

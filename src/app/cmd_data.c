@@ -24,16 +24,6 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The error for an option getopt refused: an unknown one, or one without its value. */
-static int bad_option(const char *cmd, int c, char **argv)
-{
-    if (c == ':')
-        fprintf(stderr, "mgtrain %s: %s needs a value (try --help)\n", cmd, argv[optind - 1]);
-    else
-        fprintf(stderr, "mgtrain %s: unknown option '%s' (try --help)\n", cmd, argv[optind - 1]);
-    return 2;
-}
-
 /* ---- import-idx ---- */
 
 static void import_usage(FILE *f)
@@ -83,7 +73,7 @@ int mgt_app_cmd_import_idx(int argc, char **argv)
             break;
         case 'q': quiet = true; break;
         case 'h': import_usage(stdout); return 0;
-        default: return bad_option("import-idx", c, argv);
+        default: return mgt_app_bad_option("import-idx", c, argv);
         }
     }
     if (optind < argc) {
@@ -188,7 +178,7 @@ int mgt_app_cmd_check_data(int argc, char **argv)
                 return 2;
             break;
         case 'h': check_usage(stdout); return 0;
-        default: return bad_option("check-data", c, argv);
+        default: return mgt_app_bad_option("check-data", c, argv);
         }
     }
     if (optind < argc) {
@@ -336,7 +326,7 @@ int mgt_app_cmd_bench_data(int argc, char **argv)
             ok = mgt_app_flag_float("--step-images-per-s", optarg, 1e-3, 1e9, &step_rate);
             break;
         case 'h': bench_usage(stdout); return 0;
-        default: return bad_option("bench-data", c, argv);
+        default: return mgt_app_bad_option("bench-data", c, argv);
         }
         if (!ok)
             return 2;

@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "mgt/data.h"
 #include "mgt/nn.h"
+#include "mgt/train.h"
 #include "mgt/version.h"
 
 static void export_usage(FILE *f)
@@ -143,11 +144,7 @@ int mgt_app_cmd_export(int argc, char **argv)
         case O_MEAN: ok = mean_set = parse_triple("--mean", optarg, mean); break;
         case O_STD: ok = std_set = parse_triple("--std", optarg, std); break;
         case 'h': export_usage(stdout); return 0;
-        case ':': fprintf(stderr, "mgtrain export: %s needs a value\n", argv[optind - 1]); return 2;
-        default:
-            fprintf(stderr, "mgtrain export: unknown option '%s' (mgtrain export --help)\n",
-                    argv[optind - 1]);
-            return 2;
+        default: return mgt_app_bad_option("export", ch, argv);
         }
         if (!ok)
             return 2;
@@ -307,13 +304,22 @@ int mgt_app_cmd_export(int argc, char **argv)
     char nums[4][96];
     snprintf(nums[0], sizeof nums[0], "%d", classes);
     snprintf(nums[1], sizeof nums[1], "[%d, %d, %d]", channels, size, size);
-    /* training's default normalisation (mgt_transform_init): ImageNet's, its grey for 1 channel */
+    /* the checkpoint's normalisation (every checkpoint says it), else training's default
+       (mgt_transform_init): ImageNet's, its grey for 1 channel */
+    mgt_ckpt_info info = {0};
+    bool have_info = mgt_ckpt_info_read(f, src, &info) == MGT_OK;
     for (int c = 0; c < 3; c++) {
         if (!mean_set)
-            mean[c] = channels == 1 ? 0.4590f : mgt_imagenet_mean[c];
+            mean[c] = have_info && info.has_norm ? info.mean[c]
+                      : channels == 1            ? 0.4590f
+                                                 : mgt_imagenet_mean[c];
         if (!std_set)
-            std[c] = channels == 1 ? 0.2256f : mgt_imagenet_std[c];
+            std[c] = have_info && info.has_norm ? info.std[c]
+                     : channels == 1            ? 0.2256f
+                                                : mgt_imagenet_std[c];
     }
+    if (have_info)
+        mgt_ckpt_info_free(&info);
     /* one value per input channel, as the training transform takes them */
     for (int k = 2; k < 4; k++) {
         const float *v = k == 2 ? mean : std;

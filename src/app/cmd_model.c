@@ -202,6 +202,12 @@ int mgt_app_cmd_model(int argc, char **argv)
     }
     if (!arch)
         return list_archs(classes, in_channels, size);
+    if (!mgt_arch_find(arch)) { /* every name, however many there are */
+        fprintf(stderr, "mgtrain model: -a '%s': unknown architecture; the %d known:\n", arch,
+                mgt_app_arch_count());
+        mgt_app_print_archs(stderr);
+        return 2;
+    }
     mgt_model_config cfg = default_config(arch, classes, in_channels, size, aux, ti);
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
@@ -213,8 +219,8 @@ int mgt_app_cmd_model(int argc, char **argv)
     const mgt_arch_info *ai = mgt_arch_find(cfg.arch);
     char vt[64];
     eval_transform(ai, cfg.image_size, vt, sizeof vt);
-    printf("%s: input %dx%dx%d, %d classes; validation: %s\n", cfg.arch, cfg.in_channels,
-           cfg.image_size, cfg.image_size, cfg.classes, vt);
+    printf("%s: input %dx%dx%d, %d classes, classifier head %s; validation: %s\n", cfg.arch,
+           cfg.in_channels, cfg.image_size, cfg.image_size, cfg.classes, mgt_model_head(m), vt);
     if (mgt_model_aux_count(m))
         printf("auxiliary classifiers: %d, in training only (marked aux), each loss weighted %g "
                "(--aux-weight; --aux-logits off builds none)\n",

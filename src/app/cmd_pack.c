@@ -1,5 +1,5 @@
 /* `mgtrain pack`: an ImageFolder tree into one pack file (or a folder of train.pack and
-   val.pack) that training reads memory-mapped. */
+   val.pack) that training reads record by record. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -122,12 +122,7 @@ int mgt_app_cmd_pack(int argc, char **argv)
             break;
         case 'q': quiet = true; break;
         case 'h': pack_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain pack: %s needs a value (try --help)\n", argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "mgtrain pack: unknown option '%s' (try --help)\n", argv[optind - 1]);
-            return 2;
+        default: return mgt_app_bad_option("pack", c, argv);
         }
         if (!ok)
             return 2;

@@ -43,11 +43,7 @@ int mgt_app_cmd_plot(int argc, char **argv)
             labels[n_labels++] = optarg;
             break;
         case 'h': plot_usage(stdout); return 0;
-        case ':': fprintf(stderr, "mgtrain plot: %s needs a value\n", argv[optind - 1]); return 2;
-        default:
-            fprintf(stderr, "mgtrain plot: unknown option '%s' (mgtrain plot --help)\n",
-                    argv[optind - 1]);
-            return 2;
+        default: return mgt_app_bad_option("plot", ch, argv);
         }
     }
     int n = argc - optind;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "app/commands.h"
@@ -21,7 +22,12 @@ static atomic_int stop_requested;
 static void on_sigint(int sig)
 {
     if (atomic_load(&stop_requested)) {
-        /* a second signal: the user wants out now */
+        /* a second signal: the user wants out now; one line (write(2) is async-signal-safe)
+           says that the run ends unsaved and the last checkpoint stays as it was */
+        static const char line[] = "\nmgtrain: a second interrupt: quitting now, without saving "
+                                   "(the last checkpoint written stays as it was)\n";
+        ssize_t ignored = write(STDERR_FILENO, line, sizeof line - 1);
+        (void)ignored;
         signal(sig, SIG_DFL);
         raise(sig);
         return;
@@ -29,13 +35,14 @@ static void on_sigint(int sig)
     atomic_store(&stop_requested, sig);
 }
 
-/* A failed run's one line. On several nodes it names the node, goes to the others (which
-   then stop without a line of their own), and a failure that was another node's prints
-   nothing here. */
-static void train_fail_line(mgt_world *w, const char *text)
+/* A failed run's one line. On several nodes it names the node and goes to the others (which
+   then stop without a line of their own); a failure that was another node's (remote) prints
+   nothing here. A node that failed on its own prints its line even where another node's
+   message came in meanwhile: both failed, and each says why (before, each saw the other's
+   message and neither printed anything). */
+static void train_fail_line(mgt_world *w, const char *text, bool remote)
 {
-    char other[8];
-    if (mgt_world_poll_failure(w, other, sizeof other))
+    if (remote)
         return;
     if (mgt_world_size(w) == 1) {
         fprintf(stderr, "mgtrain: %s\n", text);
@@ -61,10 +68,9 @@ static void train_usage(FILE *f)
         "                         or a pack (mgtrain pack), or a folder of train.pack, val.pack\n"
         "  --dummy                synthetic data (fixed random batches), no files\n"
         "  -j, --workers N        image decode threads in total (default: one per core)\n"
-        "  --image-size S         training/validation side (default: the architecture's, as\n"
-        "                         `mgtrain model` lists it; the images' own for resnet20..110)\n"
-        "  --augment KIND         rrc | pad-crop | none (default: rrc for the ImageNet ResNets,\n"
-        "                         pad-crop for the CIFAR-style ones)\n"
+        "  --image-size S         training/validation side (default: the checkpoint's with\n"
+        "                         -e or --resume, else the family's: see below)\n"
+        "  --augment KIND         rrc | pad-crop | none (default: the family's)\n"
         "  --mean A[,B,C]         per-channel mean on the 0..1 scale (default: ImageNet's)\n"
         "  --std A[,B,C]          per-channel std (default: ImageNet's)\n"
         "  --normalize auto       compute mean and std from the training images first\n"
@@ -76,18 +82,24 @@ static void train_usage(FILE *f)
         "torchvision's references recipe\n"
         "  --train-crop-size S    the training crop (= --image-size)\n"
         "  --val-resize-size S    validation: the shorter side before the centre crop\n"
-        "  --val-crop-size S      validation crop (must equal the training size)\n"
+        "  --val-crop-size S      validation crop; another than the training size validates\n"
+        "                         at it (FixRes: --train-crop-size 176 --val-crop-size 224)\n"
         "  --interpolation M      bilinear | bicubic | nearest, resizes and policy ops (bilinear)\n"
-        "  --auto-augment P       ta_wide | ra | imagenet: TrivialAugmentWide, RandAugment,\n"
-        "                         AutoAugment's ImageNet policy (none)\n"
+        "  --auto-augment P       ta_wide | ra | imagenet | cifar10 | svhn | augmix:\n"
+        "                         TrivialAugmentWide, RandAugment, AutoAugment's policies,\n"
+        "                         AugMix (none)\n"
+        "  --augmix-severity N    AugMix's severity, 1..10 (3)\n"
         "  --random-erase P       RandomErasing's probability (0)\n"
         "  --mixup-alpha A        mixup with lambda ~ Beta(A, A) (0: off)\n"
         "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
         "                         the two per sample, even odds)\n"
         "model\n"
-        "  -a, --arch NAME        any of `mgtrain model`'s list (resnet18)\n"
-        "  --pretrained FILE      start from safetensors weights with torchvision names\n"
-        "                         (fc.* skipped when the class count differs)\n"
+        "  -a, --arch NAME        one of the architectures below (`mgtrain model` lists them\n"
+        "                         with sizes); default: the checkpoint's, else resnet18\n"
+        "  --pretrained FILE      start from safetensors weights with torchvision names; the\n"
+        "                         head is re-initialised for another class count, the stem\n"
+        "                         adapted to other input channels (a .pth: convert it with\n"
+        "                         scripts/pth_to_safetensors.py)\n"
         "  --aux-logits on|off    inception_v3's and googlenet's auxiliary classifiers, trained\n"
         "                         beside the main one (on; googlenet under --pretrained: off)\n"
         "  --aux-weight X         each auxiliary loss's weight in the loss (inception_v3 0.4,\n"
@@ -98,9 +110,10 @@ static void train_usage(FILE *f)
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
         "                         (PyTorch's SyncBatchNorm; the devices of one node)\n"
-        "  --amp bf16|fp16        mixed precision as torch.autocast: convolutions and linear\n"
+        "  --amp [bf16|fp16|off]  mixed precision as torch.autocast: convolutions and linear\n"
         "                         layers on 16-bit inputs with fp32 sums; fp16 with dynamic\n"
-        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5)\n"
+        "                         loss scaling (GradScaler's: 2^16, x2 per 2000 steps, x0.5);\n"
+        "                         bare, as the references: fp16 on CUDA, bf16 on mock devices\n"
         "  --grad-dtype f32|bf16  the gradient all-reduce's precision (f32)\n"
         "optimisation\n"
         "  --epochs N             (90)          --start-epoch N   (0, or the checkpoint's)\n"
@@ -137,9 +150,15 @@ static void train_usage(FILE *f)
         "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
         "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
         "  -p, --print-freq N     progress line every N steps (10)\n"
-        "  -e, --evaluate         validate once and stop\n"
+        "  -e, --evaluate         validate once and stop (the checkpoint of --resume or\n"
+        "                         --pretrained, with its architecture, size and transform)\n"
+        "  --per-class            -e: every class's top-1 (default: the five lowest)\n"
+        "  --confusion FILE.csv   -e: the confusion matrix with class names\n"
         "  --resume PATH|auto     continue from a checkpoint (auto: CHECKPOINT_DIR's, if any)\n"
-        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go\n"
+        "  --checkpoint-dir DIR   where checkpoint.safetensors and model_best.safetensors go;\n"
+        "                         one that holds another run's needs --resume or --overwrite\n"
+        "  --overwrite            start afresh over CHECKPOINT_DIR's checkpoints\n"
+        "  --keep-last N          also keep the last N epochs as model_<epoch>.safetensors\n"
         "  --log FILE             JSON lines: the configuration first, then one per progress\n"
         "                         line and one per epoch (with --checkpoint-dir, curves.svg\n"
         "                         there is drawn from it after each epoch)\n"
@@ -149,9 +168,19 @@ static void train_usage(FILE *f)
         "  --timeout SECONDS      abort when no step finishes for this long\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
+        "torchvision's references' names: --model (-a), --data-path (--data), --output-dir\n"
+        "(--checkpoint-dir), --test-only (-e), --lr-scheduler, --lr-warmup-*, --amp; -b is the\n"
+        "total over all devices here (per GPU there).\n"
         "Ctrl-C or SIGTERM stops at the next step boundary and saves a checkpoint (exit status\n"
         "128 + the signal: 130, 143); a second one quits at once. Bad flags exit 2; a run that\n"
         "cannot be done or fails exits 1.\n");
+    fprintf(f,
+            "\narchitectures (%d; `mgtrain model` for sizes, `mgtrain model -a NAME` for the "
+            "layers):\n",
+            mgt_app_arch_count());
+    mgt_app_print_archs(f);
+    fprintf(f, "\neach family's defaults (--image-size, --augment, the validation transform):\n");
+    mgt_app_print_family_defaults(f);
 }
 
 /* "0.5" or "0.485,0.456,0.406" */
@@ -246,10 +275,23 @@ enum {
     OPT_EMA,
     OPT_EMA_DECAY,
     OPT_EMA_STEPS,
+    OPT_KEEP_LAST,
+    OPT_OVERWRITE,
+    OPT_PER_CLASS,
+    OPT_CONFUSION,
+    OPT_AUGMIX_SEVERITY,
     OPT_AUX_LOGITS,
     OPT_AUX_WEIGHT,
     OPT_TRANSFORM_INPUT,
 };
+
+/* Whether v is a value of --amp: `--amp bf16` takes it, a bare --amp (the references'
+   switch) leaves the next word alone. */
+static bool is_amp_word(const char *v)
+{
+    return v && (strcmp(v, "bf16") == 0 || strcmp(v, "fp16") == 0 || strcmp(v, "f32") == 0 ||
+                 strcmp(v, "fp32") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0);
+}
 
 /* The flags as a whole, after each was parsed: the dataset (--data, or the one positional
    argument), the architecture, and the combinations that contradict each other. */
@@ -299,13 +341,10 @@ static bool check_flags(mgt_train_config *c, int argc, char **argv)
         fprintf(stderr, "mgtrain: Nesterov momentum needs --momentum above 0\n");
         return false;
     }
-    if (!mgt_arch_find(c->arch)) {
-        int n;
-        const mgt_arch_info *a = mgt_arch_list(&n);
-        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture (expected", c->arch);
-        for (int i = 0; i < n; i++)
-            fprintf(stderr, "%s %s", i ? "," : "", a[i].name);
-        fprintf(stderr, ")\n");
+    if (c->arch && !mgt_arch_find(c->arch)) {
+        fprintf(stderr, "mgtrain: --arch '%s': unknown architecture; the %d known:\n", c->arch,
+                mgt_app_arch_count());
+        mgt_app_print_archs(stderr);
         return false;
     }
     return true;
@@ -315,6 +354,10 @@ int mgt_app_cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"data", required_argument, NULL, OPT_DATA},
+        {"data-path", required_argument, NULL, OPT_DATA}, /* the references' names */
+        {"model", required_argument, NULL, 'a'},
+        {"output-dir", required_argument, NULL, OPT_CKPT},
+        {"test-only", no_argument, NULL, 'e'},
         {"dummy", no_argument, NULL, OPT_DUMMY},
         {"workers", required_argument, NULL, 'j'},
         {"image-size", required_argument, NULL, OPT_IMAGE_SIZE},
@@ -367,7 +410,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"random-erase", required_argument, NULL, OPT_RANDOM_ERASE},
         {"mixup-alpha", required_argument, NULL, OPT_MIXUP},
         {"cutmix-alpha", required_argument, NULL, OPT_CUTMIX},
-        {"amp", required_argument, NULL, OPT_AMP},
+        {"amp", optional_argument, NULL, OPT_AMP},
         {"grad-dtype", required_argument, NULL, OPT_GRAD_DTYPE},
         {"opt", required_argument, NULL, OPT_OPT},
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
@@ -382,6 +425,11 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"evaluate", no_argument, NULL, 'e'},
         {"resume", required_argument, NULL, OPT_RESUME},
         {"checkpoint-dir", required_argument, NULL, OPT_CKPT},
+        {"keep-last", required_argument, NULL, OPT_KEEP_LAST},
+        {"overwrite", no_argument, NULL, OPT_OVERWRITE},
+        {"per-class", no_argument, NULL, OPT_PER_CLASS},
+        {"confusion", required_argument, NULL, OPT_CONFUSION},
+        {"augmix-severity", required_argument, NULL, OPT_AUGMIX_SEVERITY},
         {"log", required_argument, NULL, OPT_LOG},
         {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
@@ -400,22 +448,54 @@ int mgt_app_cmd_train(int argc, char **argv)
     /* which schedule family the flags chose: mgtrain's (--lr-schedule, --warmup-epochs) or
        the references' (--lr-scheduler, --lr-warmup-*); mixing them is refused */
     const char *mgtrain_lr_flag = NULL, *ref_lr_flag = NULL;
+    /* a flag of torchvision's references by its name there: -b differs (total here, per GPU
+       there), which start-up then says; a bare --amp, whose precision follows the devices */
+    const char *ref_flag = NULL;
+    bool amp_auto = false, scheduler_given = false;
     long v;
     double x;
     bool ok = true;
     int opt;
     optind = 0; /* 0, not 1: glibc then also resets its permutation of a positional DIR */
     opterr = 0;
-    while (ok && (opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, NULL)) != -1) {
+    int at = -1;
+    char flag[48]; /* the flag as the user typed it ("--train-crop-size", not its alias) */
+    while (ok && (at = -1, opt = getopt_long(argc, argv, ":j:a:b:p:eh", longopts, &at)) != -1) {
+        if (at >= 0)
+            snprintf(flag, sizeof flag, "--%s", longopts[at].name);
+        else
+            snprintf(flag, sizeof flag, "-%c", opt);
+        static const char *const ref_names[] = {"data-path",
+                                                "model",
+                                                "output-dir",
+                                                "test-only",
+                                                "lr-scheduler",
+                                                "lr-step-size",
+                                                "lr-warmup-epochs",
+                                                "lr-warmup-method",
+                                                "lr-warmup-decay",
+                                                "train-crop-size",
+                                                "val-resize-size",
+                                                "val-crop-size",
+                                                NULL};
+        for (int i = 0; at >= 0 && ref_names[i]; i++)
+            if (strcmp(longopts[at].name, ref_names[i]) == 0)
+                ref_flag = ref_names[i];
         switch (opt) {
-        case OPT_DATA: c.data_dir = optarg; break;
+        case OPT_DATA:
+            c.data_dir = optarg;
+            if (!*optarg) {
+                fprintf(stderr, "mgtrain: --data '': an empty path (a dataset folder or pack)\n");
+                ok = false;
+            }
+            break;
         case OPT_DUMMY: c.dummy = true; break;
         case 'j':
-            ok = mgt_app_flag_int("--workers", optarg, 0, 1024, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 1024, &v);
             c.workers = (int)v;
             break;
         case OPT_IMAGE_SIZE:
-            ok = mgt_app_flag_int("--image-size", optarg, 8, 4096, &v);
+            ok = mgt_app_flag_int(flag, optarg, 8, 4096, &v);
             c.image_size = (int)v;
             break;
         case OPT_AUGMENT:
@@ -432,11 +512,11 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_MEAN:
-            ok = parse_triple("--mean", optarg, c.mean, false);
+            ok = parse_triple(flag, optarg, c.mean, false);
             c.mean_std_set = true;
             break;
         case OPT_STD:
-            ok = parse_triple("--std", optarg, c.std, true);
+            ok = parse_triple(flag, optarg, c.std, true);
             c.mean_std_set = true;
             break;
         case OPT_NORMALIZE:
@@ -447,42 +527,38 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.normalize_auto = true;
             break;
         case OPT_STRICT: c.strict_data = true; break;
-        case OPT_MAX_BAD:
-            ok = mgt_app_flag_float("--max-bad-frac", optarg, 0, 1, &c.max_bad_frac);
-            break;
+        case OPT_MAX_BAD: ok = mgt_app_flag_float(flag, optarg, 0, 1, &c.max_bad_frac); break;
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
-        case OPT_AUX_LOGITS: ok = mgt_app_flag_onoff("--aux-logits", optarg, &c.aux_logits); break;
+        case OPT_AUX_LOGITS: ok = mgt_app_flag_onoff(flag, optarg, &c.aux_logits); break;
         case OPT_AUX_WEIGHT:
-            ok = mgt_app_flag_float("--aux-weight", optarg, 0, 1e6, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
             c.aux_weight = (float)x;
             break;
-        case OPT_TRANSFORM_INPUT:
-            ok = mgt_app_flag_onoff("--transform-input", optarg, &c.transform_input);
-            break;
+        case OPT_TRANSFORM_INPUT: ok = mgt_app_flag_onoff(flag, optarg, &c.transform_input); break;
         case OPT_EPOCHS:
-            ok = mgt_app_flag_int("--epochs", optarg, 1, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.epochs = (int)v;
             break;
         case OPT_START_EPOCH:
-            ok = mgt_app_flag_int("--start-epoch", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 100000, &v);
             c.start_epoch = (int)v;
             break;
         case 'b':
-            ok = mgt_app_flag_int("--batch-size", optarg, 1, 1 << 24, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 24, &v);
             c.batch_size = (int)v;
             break;
         case OPT_LR:
-            ok = mgt_app_flag_float("--lr", optarg, 0, 1e6, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
             c.lr.lr = (float)x;
             break;
         case OPT_MOMENTUM:
-            ok = mgt_app_flag_float("--momentum", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.momentum = (float)x;
             break;
         case OPT_WD:
-            ok = mgt_app_flag_float("--weight-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.weight_decay = (float)x;
             break;
         case OPT_NESTEROV: c.nesterov = true; break;
@@ -493,31 +569,30 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_CLIP:
-            ok = mgt_app_flag_float("--clip-grad-norm", optarg, 0, 1e12, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e12, &x);
             c.clip_grad_norm = (float)x;
             break;
         case OPT_ACCUM:
-            ok = mgt_app_flag_int("--accum-steps", optarg, 1, 1 << 20, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 20, &v);
             c.accum_steps = (int)v;
             break;
         case OPT_EMA: c.model_ema = true; break;
         case OPT_EMA_DECAY:
-            ok = mgt_app_flag_float("--model-ema-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.model_ema_decay = (float)x;
             break;
         case OPT_EMA_STEPS:
-            ok = mgt_app_flag_int("--model-ema-steps", optarg, 1, 1 << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.model_ema_steps = (int)v;
             break;
         case OPT_NORM_WD:
         case OPT_BIAS_WD:
-            ok = mgt_app_flag_float(opt == OPT_NORM_WD ? "--norm-weight-decay"
-                                                       : "--bias-weight-decay",
-                                    optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             *(opt == OPT_NORM_WD ? &c.norm_weight_decay : &c.bias_weight_decay) = (float)x;
             break;
         case OPT_LR_SCHEDULER:
             ref_lr_flag = "--lr-scheduler";
+            scheduler_given = true;
             if (mgt_lr_scheduler_parse(optarg, &c.lr.kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
                 ok = false;
@@ -532,16 +607,16 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_LR_WARMUP_EPOCHS:
             ref_lr_flag = "--lr-warmup-epochs";
-            ok = mgt_app_flag_int("--lr-warmup-epochs", optarg, 0, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 100000, &v);
             c.lr.warmup_epochs = (float)v;
             break;
         case OPT_LR_WARMUP_DECAY:
             ref_lr_flag = "--lr-warmup-decay";
-            ok = mgt_app_flag_float("--lr-warmup-decay", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.lr.warmup_decay = (float)x;
             break;
         case OPT_LR_MIN:
-            ok = mgt_app_flag_float("--lr-min", optarg, 0, 1e6, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
             c.lr.lr_min = (float)x;
             break;
         case OPT_SCHEDULE:
@@ -552,34 +627,63 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_LR_STEP:
-            ok = mgt_app_flag_int("--lr-step", optarg, 1, 100000, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.lr.step_epochs = (int)v;
             break;
         case OPT_LR_GAMMA:
-            ok = mgt_app_flag_float("--lr-gamma", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.lr.gamma = (float)x;
             break;
         case OPT_WARMUP:
             mgtrain_lr_flag = "--warmup-epochs";
-            ok = mgt_app_flag_float("--warmup-epochs", optarg, 0, 100000, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 100000, &x);
             c.lr.warmup_epochs = (float)x;
             break;
         case OPT_FREEZE_BN: c.freeze_bn = true; break;
         case OPT_SYNC_BN: c.sync_bn = true; break;
-        case OPT_AMP: ok = mgt_app_flag_precision("--amp", optarg, true, &c.amp); break;
-        case OPT_GRAD_DTYPE:
-            ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
+        case OPT_AMP:
+            /* `--amp bf16`, `--amp=fp16`, or the references' bare --amp (autocast as each
+               device kind does it: fp16 on CUDA, bf16 on CPU mock devices) */
+            if (!optarg && optind < argc && is_amp_word(argv[optind]))
+                optarg = argv[optind++];
+            if (!optarg || strcmp(optarg, "auto") == 0) {
+                amp_auto = true;
+                ref_flag = ref_flag ? ref_flag : "amp";
+            } else if (strcmp(optarg, "off") == 0 || strcmp(optarg, "f32") == 0 ||
+                       strcmp(optarg, "fp32") == 0) {
+                c.amp = MGT_PREC_F32;
+                amp_auto = false;
+            } else {
+                ok = mgt_app_flag_precision(flag, optarg, true, &c.amp);
+                if (!ok)
+                    fprintf(stderr, "mgtrain: --amp takes bf16, fp16, off, or no value (see "
+                                    "mgtrain train --help)\n");
+            }
             break;
+        case OPT_GRAD_DTYPE: ok = mgt_app_flag_precision(flag, optarg, false, &c.grad_dtype); break;
         case OPT_EXACT_DECODE: c.exact_decode = true; break;
         case OPT_VAL_RESIZE:
-            ok = mgt_app_flag_int("--val-resize-size", optarg, 1, 65536, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 65536, &v);
             c.val_resize_size = (int)v;
             break;
         case OPT_VAL_CROP:
-            ok = mgt_app_flag_int("--val-crop-size", optarg, 8, 4096, &v);
+            ok = mgt_app_flag_int(flag, optarg, 8, 4096, &v);
             c.val_crop_size = (int)v;
             break;
+        case OPT_KEEP_LAST:
+            ok = mgt_app_flag_int("--keep-last", optarg, 1, 1000000, &v);
+            c.keep_last = (int)v;
+            break;
+        case OPT_OVERWRITE: c.overwrite = true; break;
+        case OPT_PER_CLASS: c.per_class = true; break;
+        case OPT_CONFUSION: c.confusion_path = optarg; break;
+        case OPT_AUGMIX_SEVERITY:
+            ok = mgt_app_flag_int("--augmix-severity", optarg, 1, 10, &v);
+            c.augmix_severity = (int)v;
+            break;
         case OPT_INTERP:
+            c.interpolation_set = true;
+            /* fall through */
         case OPT_AUTO_AUGMENT:
             if ((opt == OPT_INTERP ? mgt_interp_parse(optarg, &c.interpolation)
                                    : mgt_auto_augment_parse(optarg, &c.auto_augment)) != MGT_OK) {
@@ -588,24 +692,30 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case OPT_RANDOM_ERASE:
-            ok = mgt_app_flag_float("--random-erase", optarg, 0, 1, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             c.random_erase = (float)x;
             break;
         case OPT_MIXUP:
         case OPT_CUTMIX:
-            ok = mgt_app_flag_float(opt == OPT_MIXUP ? "--mixup-alpha" : "--cutmix-alpha", optarg,
-                                    0, 1000, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 1000, &x);
             *(opt == OPT_MIXUP ? &c.mixup_alpha : &c.cutmix_alpha) = (float)x;
             break;
         case OPT_SMOOTHING:
-            ok = mgt_app_flag_float("--label-smoothing", optarg, 0, 0.999, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0, 0.999, &x);
             c.label_smoothing = (float)x;
             break;
         case OPT_SEED:
-            ok = mgt_app_flag_int("--seed", optarg, 0, 0x7fffffffL, &v);
+            ok = mgt_app_flag_int(flag, optarg, 0, 0x7fffffffL, &v);
             c.seed = (uint64_t)v;
             break;
-        case OPT_GPUS: gpus = optarg; break;
+        case OPT_GPUS:
+            gpus = optarg;
+            if (!*optarg) { /* was taken as every device */
+                fprintf(stderr, "mgtrain: --gpus '': an empty list (device ids such as 0,1; "
+                                "leave --gpus out for every device)\n");
+                ok = false;
+            }
+            break;
         case OPT_DEVICE:
             if (mgt_app_parse_device_kind(optarg, &kind) != MGT_OK) {
                 fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
@@ -614,7 +724,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_MOCK: mock = optarg; break;
         case OPT_BUCKET:
-            ok = mgt_app_flag_float("--bucket-mb", optarg, 0.001, 4096, &x);
+            ok = mgt_app_flag_float(flag, optarg, 0.001, 4096, &x);
             c.bucket_bytes = (size_t)(x * 1024 * 1024);
             break;
         case OPT_ALLREDUCE:
@@ -624,7 +734,7 @@ int mgt_app_cmd_train(int argc, char **argv)
             }
             break;
         case 'p':
-            ok = mgt_app_flag_int("--print-freq", optarg, 1, 1 << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.print_freq = (int)v;
             break;
         case 'e': c.evaluate = true; break;
@@ -635,29 +745,18 @@ int mgt_app_cmd_train(int argc, char **argv)
             c.tensorboard_dir = optarg;
             ctl.profile = true; /* the step per device, for TensorBoard */
             break;
-        case OPT_TIME_LIMIT:
-            ok = mgt_app_flag_float("--time-limit", optarg, 0, 1e9, &c.time_limit_s);
-            break;
-        case OPT_TIMEOUT:
-            ok = mgt_app_flag_float("--timeout", optarg, 0, 1e9, &c.step_timeout_s);
-            break;
-        case OPT_MAX_STEPS:
-            ok = mgt_app_flag_int("--max-steps", optarg, 1, 1L << 40, &ctl.max_steps);
-            break;
+        case OPT_TIME_LIMIT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s); break;
+        case OPT_TIMEOUT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_MAX_STEPS: ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps); break;
         case OPT_DUMMY_STEPS:
-            ok = mgt_app_flag_int("--dummy-steps", optarg, 1, 1L << 30, &v);
+            ok = mgt_app_flag_int(flag, optarg, 1, 1L << 30, &v);
             c.dummy_steps = (int)v;
             break;
         case 'h': train_usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "mgtrain: %s needs a value (see mgtrain --help)\n", argv[optind - 1]);
-            ok = false;
-            break;
         default:
-            if (mgt_app_device_switch(opt, &sw))
+            if (opt != ':' && mgt_app_device_switch(opt, &sw))
                 break;
-            fprintf(stderr, "mgtrain: unknown option '%s' (see mgtrain train --help)\n",
-                    argv[optind - 1]);
+            mgt_app_bad_option("train", opt, argv);
             ok = false;
         }
     }
@@ -671,11 +770,9 @@ int mgt_app_cmd_train(int argc, char **argv)
                 mgtrain_lr_flag, ref_lr_flag);
         return 2;
     }
-    if (ref_lr_flag && !mgt_lr_per_epoch(c.lr.kind)) {
-        fprintf(stderr, "mgtrain: %s needs --lr-scheduler steplr|cosineannealinglr|exponentiallr\n",
-                ref_lr_flag);
-        return 2;
-    }
+    /* --lr-warmup-* without --lr-scheduler: the references' default scheduler, steplr */
+    if (ref_lr_flag && !scheduler_given)
+        c.lr.kind = MGT_LR_STEPLR;
     if (mgt_lr_per_epoch(c.lr.kind) && c.lr.warmup_method == MGT_LR_WARMUP_PER_STEP)
         c.lr.warmup_method = MGT_LR_WARMUP_CONSTANT; /* the references' default */
     if (!check_flags(&c, argc, argv))
@@ -691,11 +788,24 @@ int mgt_app_cmd_train(int argc, char **argv)
     mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {
-        train_fail_line(world, mgt_error_last());
+        train_fail_line(world, mgt_error_last(), false);
         mgt_world_close(world, true);
         return mgt_app_device_exit(st);
     }
     int replicas = mgt_devset_count(set) * mgt_world_size(world);
+    bool cuda = mgt_devset_kind(set) == MGT_DEVICE_CUDA;
+    if (amp_auto) /* as the references' autocast: torch.cuda.amp's fp16, CPU autocast's bf16 */
+        c.amp = cuda ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    if (amp_auto && mgt_world_rank(world) == 0)
+        printf("=> --amp: %s on these %s devices (as torch.cuda.amp on GPUs, with loss scaling; "
+               "bf16 as torch.autocast on CPU mock devices); --amp bf16 or fp16 chooses\n",
+               cuda ? "fp16" : "bf16", cuda ? "CUDA" : "mock");
+    if (ref_flag && mgt_world_rank(world) == 0 && !c.evaluate)
+        printf("=> -b %d is the total batch over all %d devices here (%d each); torchvision's "
+               "references (--%s) take -b per GPU: their -b %d on %d GPUs is -b %d here\n",
+               c.batch_size, replicas, c.batch_size / (replicas ? replicas : 1), ref_flag,
+               c.batch_size / (replicas ? replicas : 1), replicas,
+               c.batch_size / (replicas ? replicas : 1) * replicas);
     if (c.batch_size < replicas) {
         fprintf(stderr,
                 "mgtrain: -b %d is smaller than the device count %d: -b is the total "
@@ -718,6 +828,7 @@ int mgt_app_cmd_train(int argc, char **argv)
     signal(SIGTERM, on_sigint);
     mgt_train_result res;
     st = mgt_train_run(&c, &ctl, set, &res);
+    mgt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     /* the run's line, before closing the devices (which may set a text of their own) */
@@ -727,9 +838,9 @@ int mgt_app_cmd_train(int argc, char **argv)
     if (quiet)
         fclose(quiet);
     if (st != MGT_OK) {
-        train_fail_line(world, why);
+        train_fail_line(world, why, res.remote_failure);
         mgt_world_close(world, true);
-        return 1;
+        return st == MGT_ERR_USAGE ? 2 : 1;
     }
     mgt_world_close(world, false);
     /* a signal's stop ends as a program stopped by it does; a time limit is a planned stop */

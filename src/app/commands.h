@@ -3,6 +3,8 @@
 #ifndef MGT_APP_COMMANDS_H
 #define MGT_APP_COMMANDS_H
 
+#include <stdio.h>
+
 #include "mgt/device.h"
 
 int mgt_app_cmd_devices(int argc, char **argv);
@@ -13,11 +15,12 @@ int mgt_app_cmd_bench(int argc, char **argv);
 int mgt_app_cmd_import_idx(int argc, char **argv);
 int mgt_app_cmd_check_data(int argc, char **argv);
 int mgt_app_cmd_bench_data(int argc, char **argv);
-/* `pack` (cmd_pack.c): an ImageFolder tree into a pack file read memory-mapped */
+/* `pack` (cmd_pack.c): an ImageFolder tree into one pack file */
 int mgt_app_cmd_pack(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
 int mgt_app_cmd_plot(int argc, char **argv);
 int mgt_app_cmd_export(int argc, char **argv);
+int mgt_app_cmd_predict(int argc, char **argv);
 
 /* Exit statuses, the same in every command: 0 done; 1 a run that cannot be done or failed
    (missing or corrupt data or checkpoint, no GPU for --device cuda, a device error, a NaN
@@ -35,10 +38,21 @@ int mgt_app_device_exit(mgt_status st);
    "mgtrain: FLAG 'VALUE': expected ..." to stderr and returns false. */
 bool mgt_app_flag_int(const char *flag, const char *v, long lo, long hi, long *out);
 bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, double *out);
+/* The one line for an option getopt refused (c ':' a flag without its value, else an unknown
+   one): "mgtrain CMD: FLAG needs a value (mgtrain CMD --help)"; returns 2, the usage status. */
+int mgt_app_bad_option(const char *cmd, int c, char **argv);
 /* --amp bf16|fp16 (f32_name: also "f32" for plain fp32, as --grad-dtype takes) */
 bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out);
 /* "on" (1) or "off" (0) */
 bool mgt_app_flag_onoff(const char *flag, const char *v, int *out);
+
+/* Every architecture by family, one family a line ("  resnet: resnet18 resnet34 ..."), and
+   how many there are. */
+void mgt_app_print_archs(FILE *f);
+int mgt_app_arch_count(void);
+/* Each family's defaults, one a line: input side, training augmentation, validation
+   transform (for `train --help`). */
+void mgt_app_print_family_defaults(FILE *f);
 
 /* Parses a --gpus list such as "0,1,2,3" or "0,0" into ids; at most MGT_MAX_DEVICES. */
 mgt_status mgt_app_parse_gpus(const char *s, int *ids, int *n);

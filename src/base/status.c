@@ -19,6 +19,7 @@ const char *mgt_status_str(mgt_status st)
     case MGT_ERR_IO: return "I/O error";
     case MGT_ERR_UNSUPPORTED: return "unsupported";
     case MGT_ERR_TIMEOUT: return "timed out";
+    case MGT_ERR_USAGE: return "bad usage";
     }
     return "unknown status";
 }
@@ -61,3 +62,11 @@ void mgt_assert_fail(const char *cond, const char *file, int line, const char *f
     fprintf(stderr, "mgtrain: internal error: %s:%d: %s: %s is false\n", file, line, func, cond);
     abort();
 }
+
+void mgt_error_save(mgt_error_saved *s)
+{
+    _Static_assert(sizeof s->text == sizeof error_text, "the saved text holds all of it");
+    memcpy(s->text, error_text, sizeof error_text);
+}
+
+void mgt_error_restore(const mgt_error_saved *s) { memcpy(error_text, s->text, sizeof error_text); }

@@ -352,6 +352,8 @@ void mgt_comm_free(mgt_comm *c)
 {
     if (!c)
         return;
+    mgt_error_saved saved; /* on mgt_comm_create's error path: its cause stays the text */
+    mgt_error_save(&saved);
     if (c->threads) {
         pthread_mutex_lock(&c->lock);
         c->quit = true;
@@ -365,7 +367,8 @@ void mgt_comm_free(mgt_comm *c)
         free(c->threads);
     }
     for (int i = 0; c->stream && i < c->n; i++)
-        mgt_stream_synchronize(c->stream[i], NULL);
+        if (c->stream[i])
+            mgt_stream_synchronize(c->stream[i], NULL);
     for (int i = 0; c->xc && i < c->n; i++) {
         mgt_xcomm_free(c->xc[i]);
         mgt_buffer_free(c->xbuf[i]);
@@ -396,13 +399,13 @@ void mgt_comm_free(mgt_comm *c)
     free(c->send);
     free(c->recv_ev);
     free(c->send_ev);
-    for (size_t k = 0; c->ready && k < (size_t)c->n * (size_t)c->nb; k++) {
+    for (size_t k = 0; c->ready && c->done && k < (size_t)c->n * (size_t)c->nb; k++) {
         mgt_event_free(c->ready[k]);
         mgt_event_free(c->done[k]);
     }
     for (int i = 0; c->recv && i < c->n; i++)
         mgt_buffer_free(c->recv[i]);
-    for (int i = 0; c->g16 && i < c->n; i++) {
+    for (int i = 0; c->g16 && c->recv16 && i < c->n; i++) {
         mgt_buffer_free(c->g16[i]);
         mgt_buffer_free(c->recv16[i]);
     }
@@ -424,6 +427,7 @@ void mgt_comm_free(mgt_comm *c)
     pthread_mutex_destroy(&c->bn_lock);
     pthread_cond_destroy(&c->bn_cv);
     free(c);
+    mgt_error_restore(&saved);
 }
 
 int mgt_comm_bucket_count(const mgt_comm *c) { return c->nb; }

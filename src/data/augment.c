@@ -37,7 +37,8 @@ mgt_status mgt_aug_op_parse(const char *s, mgt_aug_op *out)
 }
 
 static const char *const interp_names[] = {"bilinear", "nearest", "bicubic"};
-static const char *const policy_names[] = {"none", "ta_wide", "ra", "imagenet"};
+static const char *const policy_names[] = {"none",    "ta_wide", "ra",    "imagenet",
+                                           "cifar10", "svhn",    "augmix"};
 
 const char *mgt_interp_name(mgt_interp m)
 {
@@ -46,7 +47,7 @@ const char *mgt_interp_name(mgt_interp m)
 
 const char *mgt_auto_augment_name(mgt_auto_augment a)
 {
-    return a >= 0 && a <= MGT_AUTO_AUGMENT_IMAGENET ? policy_names[a] : "?";
+    return a >= 0 && a <= MGT_AUTO_AUGMENT_AUGMIX ? policy_names[a] : "?";
 }
 
 mgt_status mgt_interp_parse(const char *s, mgt_interp *out)
@@ -62,13 +63,15 @@ mgt_status mgt_interp_parse(const char *s, mgt_interp *out)
 
 mgt_status mgt_auto_augment_parse(const char *s, mgt_auto_augment *out)
 {
-    for (int i = 0; i <= MGT_AUTO_AUGMENT_IMAGENET; i++)
+    for (int i = 0; i <= MGT_AUTO_AUGMENT_AUGMIX; i++)
         if (strcmp(s, policy_names[i]) == 0) {
             *out = (mgt_auto_augment)i;
             return MGT_OK;
         }
     return mgt_error_set(MGT_ERR_INVALID,
-                         "--auto-augment '%s': expected ta_wide, ra, imagenet or none", s);
+                         "--auto-augment '%s': expected ta_wide, ra, imagenet, cifar10, svhn, "
+                         "augmix or none",
+                         s);
 }
 
 /* ---- PIL's geometry ---- */
@@ -542,6 +545,21 @@ float mgt_augment_magnitude(mgt_auto_augment pol, mgt_aug_op op, int bins, int i
 {
     bool wide = pol == MGT_AUTO_AUGMENT_TA_WIDE;
     *signed_op = op >= MGT_AUG_SHEAR_X && op <= MGT_AUG_SHARPNESS;
+    if (pol == MGT_AUTO_AUGMENT_AUGMIX) /* AugMix._augmentation_space */
+        switch (op) {
+        case MGT_AUG_SHEAR_X:
+        case MGT_AUG_SHEAR_Y: return linspace_at(0.0f, 0.3f, bins, i);
+        case MGT_AUG_TRANSLATE_X: return linspace_at(0.0f, (float)(img_w / 3.0), bins, i);
+        case MGT_AUG_TRANSLATE_Y: return linspace_at(0.0f, (float)(img_h / 3.0), bins, i);
+        case MGT_AUG_ROTATE: return linspace_at(0.0f, 30.0f, bins, i);
+        case MGT_AUG_BRIGHTNESS:
+        case MGT_AUG_COLOR:
+        case MGT_AUG_CONTRAST:
+        case MGT_AUG_SHARPNESS: return linspace_at(0.0f, 0.9f, bins, i);
+        case MGT_AUG_POSTERIZE: return posterize_at(bins, 4.0, i) - 4.0f; /* 4 - round(...) */
+        case MGT_AUG_SOLARIZE: return linspace_at(255.0f, 0.0f, bins, i);
+        default: return 0.0f;
+        }
     switch (op) {
     case MGT_AUG_SHEAR_X:
     case MGT_AUG_SHEAR_Y: return linspace_at(0.0f, wide ? 0.99f : 0.3f, bins, i);
@@ -604,6 +622,64 @@ const mgt_aa_step mgt_aa_imagenet[25][2] = {
     {{MGT_AUG_EQUALIZE, 0.8f, -1}, {MGT_AUG_EQUALIZE, 0.6f, -1}},
 };
 
+/* AutoAugmentPolicy.CIFAR10: 25 sub-policies, as IMAGENET's. */
+const mgt_aa_step mgt_aa_cifar10[25][2] = {
+    {{MGT_AUG_INVERT, 0.1f, -1}, {MGT_AUG_CONTRAST, 0.2f, 6}},
+    {{MGT_AUG_ROTATE, 0.7f, 2}, {MGT_AUG_TRANSLATE_X, 0.3f, 9}},
+    {{MGT_AUG_SHARPNESS, 0.8f, 1}, {MGT_AUG_SHARPNESS, 0.9f, 3}},
+    {{MGT_AUG_SHEAR_Y, 0.5f, 8}, {MGT_AUG_TRANSLATE_Y, 0.7f, 9}},
+    {{MGT_AUG_AUTOCONTRAST, 0.5f, -1}, {MGT_AUG_EQUALIZE, 0.9f, -1}},
+    {{MGT_AUG_SHEAR_Y, 0.2f, 7}, {MGT_AUG_POSTERIZE, 0.3f, 7}},
+    {{MGT_AUG_COLOR, 0.4f, 3}, {MGT_AUG_BRIGHTNESS, 0.6f, 7}},
+    {{MGT_AUG_SHARPNESS, 0.3f, 9}, {MGT_AUG_BRIGHTNESS, 0.7f, 9}},
+    {{MGT_AUG_EQUALIZE, 0.6f, -1}, {MGT_AUG_EQUALIZE, 0.5f, -1}},
+    {{MGT_AUG_CONTRAST, 0.6f, 7}, {MGT_AUG_SHARPNESS, 0.6f, 5}},
+    {{MGT_AUG_COLOR, 0.7f, 7}, {MGT_AUG_TRANSLATE_X, 0.5f, 8}},
+    {{MGT_AUG_EQUALIZE, 0.3f, -1}, {MGT_AUG_AUTOCONTRAST, 0.4f, -1}},
+    {{MGT_AUG_TRANSLATE_Y, 0.4f, 3}, {MGT_AUG_SHARPNESS, 0.2f, 6}},
+    {{MGT_AUG_BRIGHTNESS, 0.9f, 6}, {MGT_AUG_COLOR, 0.2f, 8}},
+    {{MGT_AUG_SOLARIZE, 0.5f, 2}, {MGT_AUG_INVERT, 0.0f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.2f, -1}, {MGT_AUG_AUTOCONTRAST, 0.6f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.2f, -1}, {MGT_AUG_EQUALIZE, 0.6f, -1}},
+    {{MGT_AUG_COLOR, 0.9f, 9}, {MGT_AUG_EQUALIZE, 0.6f, -1}},
+    {{MGT_AUG_AUTOCONTRAST, 0.8f, -1}, {MGT_AUG_SOLARIZE, 0.2f, 8}},
+    {{MGT_AUG_BRIGHTNESS, 0.1f, 3}, {MGT_AUG_COLOR, 0.7f, 0}},
+    {{MGT_AUG_SOLARIZE, 0.4f, 5}, {MGT_AUG_AUTOCONTRAST, 0.9f, -1}},
+    {{MGT_AUG_TRANSLATE_Y, 0.9f, 9}, {MGT_AUG_TRANSLATE_Y, 0.7f, 9}},
+    {{MGT_AUG_AUTOCONTRAST, 0.9f, -1}, {MGT_AUG_SOLARIZE, 0.8f, 3}},
+    {{MGT_AUG_EQUALIZE, 0.8f, -1}, {MGT_AUG_INVERT, 0.1f, -1}},
+    {{MGT_AUG_TRANSLATE_Y, 0.7f, 9}, {MGT_AUG_AUTOCONTRAST, 0.9f, -1}},
+};
+
+/* AutoAugmentPolicy.SVHN: 25 sub-policies, as IMAGENET's. */
+const mgt_aa_step mgt_aa_svhn[25][2] = {
+    {{MGT_AUG_SHEAR_X, 0.9f, 4}, {MGT_AUG_INVERT, 0.2f, -1}},
+    {{MGT_AUG_SHEAR_Y, 0.9f, 8}, {MGT_AUG_INVERT, 0.7f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.6f, -1}, {MGT_AUG_SOLARIZE, 0.6f, 6}},
+    {{MGT_AUG_INVERT, 0.9f, -1}, {MGT_AUG_EQUALIZE, 0.6f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.6f, -1}, {MGT_AUG_ROTATE, 0.9f, 3}},
+    {{MGT_AUG_SHEAR_X, 0.9f, 4}, {MGT_AUG_AUTOCONTRAST, 0.8f, -1}},
+    {{MGT_AUG_SHEAR_Y, 0.9f, 8}, {MGT_AUG_INVERT, 0.4f, -1}},
+    {{MGT_AUG_SHEAR_Y, 0.9f, 5}, {MGT_AUG_SOLARIZE, 0.2f, 6}},
+    {{MGT_AUG_INVERT, 0.9f, -1}, {MGT_AUG_AUTOCONTRAST, 0.8f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.6f, -1}, {MGT_AUG_ROTATE, 0.9f, 3}},
+    {{MGT_AUG_SHEAR_X, 0.9f, 4}, {MGT_AUG_SOLARIZE, 0.3f, 3}},
+    {{MGT_AUG_SHEAR_Y, 0.8f, 8}, {MGT_AUG_INVERT, 0.7f, -1}},
+    {{MGT_AUG_EQUALIZE, 0.9f, -1}, {MGT_AUG_TRANSLATE_Y, 0.6f, 6}},
+    {{MGT_AUG_INVERT, 0.9f, -1}, {MGT_AUG_EQUALIZE, 0.6f, -1}},
+    {{MGT_AUG_CONTRAST, 0.3f, 3}, {MGT_AUG_ROTATE, 0.8f, 4}},
+    {{MGT_AUG_INVERT, 0.8f, -1}, {MGT_AUG_TRANSLATE_Y, 0.0f, 2}},
+    {{MGT_AUG_SHEAR_Y, 0.7f, 6}, {MGT_AUG_SOLARIZE, 0.4f, 8}},
+    {{MGT_AUG_INVERT, 0.6f, -1}, {MGT_AUG_ROTATE, 0.8f, 4}},
+    {{MGT_AUG_SHEAR_Y, 0.3f, 7}, {MGT_AUG_TRANSLATE_X, 0.9f, 3}},
+    {{MGT_AUG_SHEAR_X, 0.1f, 6}, {MGT_AUG_INVERT, 0.6f, -1}},
+    {{MGT_AUG_SOLARIZE, 0.7f, 2}, {MGT_AUG_TRANSLATE_Y, 0.6f, 7}},
+    {{MGT_AUG_SHEAR_Y, 0.8f, 4}, {MGT_AUG_INVERT, 0.8f, -1}},
+    {{MGT_AUG_SHEAR_X, 0.7f, 9}, {MGT_AUG_TRANSLATE_Y, 0.8f, 3}},
+    {{MGT_AUG_SHEAR_Y, 0.8f, 5}, {MGT_AUG_AUTOCONTRAST, 0.7f, -1}},
+    {{MGT_AUG_SHEAR_X, 0.7f, 2}, {MGT_AUG_INVERT, 0.1f, -1}},
+};
+
 /* One op of a policy with its drawn sign. */
 static mgt_status signed_op(mgt_aug_op op, double mag, bool sign_drawn_negative, mgt_interp interp,
                             uint8_t *px, int w, int h, int c, mgt_transform_scratch *s)
@@ -644,14 +720,23 @@ mgt_status mgt_augment_policy(const mgt_transform *t, uint8_t *px, int w, int h,
         }
         return MGT_OK;
     }
-    case MGT_AUTO_AUGMENT_IMAGENET: {
+    case MGT_AUTO_AUGMENT_AUGMIX: {
+        mgt_augmix_draws d = mgt_augmix_draws_philox(rng);
+        return mgt_augmix(t->augmix_severity, &d, px, w, h, c, s);
+    }
+    case MGT_AUTO_AUGMENT_IMAGENET:
+    case MGT_AUTO_AUGMENT_CIFAR10:
+    case MGT_AUTO_AUGMENT_SVHN: {
         /* AutoAugment.get_params: the sub-policy, two probabilities, two signs; then each
            op runs when its probability draw is <= p, negated when its sign draw is 0 */
+        const mgt_aa_step(*pol)[2] = t->auto_augment == MGT_AUTO_AUGMENT_CIFAR10 ? mgt_aa_cifar10
+                                     : t->auto_augment == MGT_AUTO_AUGMENT_SVHN  ? mgt_aa_svhn
+                                                                                 : mgt_aa_imagenet;
         int id = (int)mgt_rng_below(rng, 25);
         float probs[2] = {mgt_rng_uniform(rng), mgt_rng_uniform(rng)};
         int signs[2] = {(int)mgt_rng_below(rng, 2), (int)mgt_rng_below(rng, 2)};
         for (int k = 0; k < 2; k++) {
-            const mgt_aa_step *st = &mgt_aa_imagenet[id][k];
+            const mgt_aa_step *st = &pol[id][k];
             if (!(probs[k] <= st->p))
                 continue;
             double mag = st->bin >= 0 ? mgt_augment_magnitude(t->auto_augment, st->op, 10, st->bin,

@@ -15,6 +15,8 @@ void mgt_dataset_free(mgt_dataset *ds)
     if (!ds)
         return;
     mgt_pack_release(ds->pack);
+    free(ds->entries);
+    free(ds->strings);
     for (int c = 0; c < ds->nclasses; c++)
         free(ds->class_names[c]);
     free(ds->class_names);
@@ -59,7 +61,8 @@ mgt_status mgt_dataset_path(const mgt_dataset *ds, size_t i, char *buf, size_t c
     if (i >= ds->n)
         return mgt_error_set(MGT_ERR_INVALID, "sample %zu of %zu", i, ds->n);
     const char *rel = mgt_dataset_relpath(ds, i);
-    if ((size_t)snprintf(buf, cap, "%s/%s", ds->dir, rel) >= cap)
+    /* a split of loose files (mgt_dataset_from_paths) keeps each path whole */
+    if ((size_t)snprintf(buf, cap, "%s%s%s", ds->dir, ds->dir[0] ? "/" : "", rel) >= cap)
         return mgt_error_set(MGT_ERR_INVALID, "%s/%s: path too long", ds->dir, rel);
     return MGT_OK;
 }
@@ -74,7 +77,7 @@ mgt_status mgt_dataset_fetch(const mgt_dataset *ds, size_t i, uint8_t **buf, siz
     if (st != MGT_OK)
         return st;
     if (ds->pack)
-        return mgt_pack_fetch(ds, i, out);
+        return mgt_pack_fetch(ds, i, buf, cap, out);
     size_t len = 0;
     st = mgt_data_read_file(name, buf, cap, &len);
     out->bytes = *buf;

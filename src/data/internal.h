@@ -8,7 +8,7 @@
 
 #include "mgt/data.h"
 
-/* A split: an ImageFolder scan, or a split of a memory-mapped pack. */
+/* A split: an ImageFolder scan, or a split of a pack. */
 struct mgt_dataset {
     char *dir; /* the split folder, or "PACK[split]" */
     int nclasses;
@@ -21,9 +21,9 @@ struct mgt_dataset {
     size_t paths_len;
     size_t links_skipped; /* symbolic links to folders already entered, not followed */
     /* a pack (pack != NULL) */
-    mgt_pack *pack;         /* shared, reference-counted */
-    const uint8_t *entries; /* n entries of 32 bytes, in the map */
-    const char *strings;
+    mgt_pack *pack;   /* shared, reference-counted */
+    uint8_t *entries; /* n entries of 32 bytes: the split's copy of its index */
+    char *strings;
     double scan_s;
 };
 
@@ -35,16 +35,20 @@ typedef struct mgt_record {
     int w, h, c; /* raw: the pixels' layout */
 } mgt_record;
 
-/* Maps a pack file (the header and split table checked); release drops a reference. */
+/* Opens a pack file (the header and split table checked); release drops a reference. */
 mgt_status mgt_pack_map(const char *path, mgt_pack **out);
 void mgt_pack_release(mgt_pack *p);
 /* A split of a mapped pack as a dataset (which holds its own reference). */
 mgt_status mgt_pack_open_split(mgt_pack *p, const char *split, mgt_dataset **out);
 const char *mgt_pack_relpath(const mgt_dataset *ds, size_t i);
 void mgt_pack_entry_size(const mgt_dataset *ds, size_t i, int *w, int *h, int *c);
-/* A pack record, its CRC checked (MGT_ERR_INVALID naming the pack, record and file when it
-   does not match, or with the reason when the file was bad at packing time). */
-mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, mgt_record *out);
+/* A pack record read into *buf (grown to fit), its CRC checked (MGT_ERR_INVALID naming the
+   pack, record and file when it does not match, or with the reason when the file was bad at
+   packing time); MGT_ERR_IO when it cannot be read, the pack having shrunk included. */
+mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, uint8_t **buf, size_t *cap,
+                          mgt_record *out);
+/* MGT_ERR_IO naming the pack when its size is not the one it had when opened. */
+mgt_status mgt_pack_check(const mgt_dataset *ds);
 
 /* Sample i's bytes: a folder's file read into *buf (grown as needed), or a pointer into a
    pack. name gets "path" for messages. */
@@ -63,6 +67,19 @@ mgt_status mgt_data_read_file(const char *path, uint8_t **buf, size_t *cap, size
 typedef int (*mgt_data_for_fn)(void *ctx, int worker, size_t i);
 int mgt_data_parallel_for(size_t n, int workers, const mgt_abort *abort, mgt_data_for_fn fn,
                           void *ctx);
+
+/* Growable containers for file lists (scan.c): names packed with their NULs, and offsets
+   into them. data_strbuf_add appends n bytes of s and a NUL, *off the offset it starts at. */
+typedef struct data_strbuf {
+    char *p;
+    size_t len, cap;
+} data_strbuf;
+typedef struct data_offvec {
+    size_t *v;
+    size_t n, cap;
+} data_offvec;
+mgt_status data_strbuf_add(data_strbuf *b, const char *s, size_t n, size_t *off);
+mgt_status data_offvec_push(data_offvec *o, size_t x);
 
 /* Whether a file name ends in one of ImageFolder's extensions (any case). */
 bool mgt_data_has_image_ext(const char *name);

@@ -402,7 +402,9 @@ static bool transform_sample(worker *w, int64_t epoch, size_t first, float *dst,
             atomic_fetch_add(&l->images_done, 1);
             return true;
         }
-        if (st == MGT_ERR_OOM) { /* not the file's fault */
+        /* not the file's fault: memory, or a pack that changed under the run (or whose disk
+           fails), which every later record would hit as well */
+        if (st == MGT_ERR_OOM || (st == MGT_ERR_IO && mgt_dataset_is_pack(l->o.ds))) {
             char text[512];
             snprintf(text, sizeof text, "%s", mgt_error_last());
             pthread_mutex_lock(&l->lock);
@@ -797,6 +799,10 @@ mgt_status mgt_loader_set_epoch(mgt_loader *l, int64_t epoch, size_t first_batch
 {
     if (epoch < 0)
         return mgt_error_set(MGT_ERR_INVALID, "loader: epoch %lld", (long long)epoch);
+    /* a pack rewritten or cut since it was opened: said now, before a record is read */
+    mgt_status cst = mgt_dataset_is_pack(l->o.ds) ? mgt_pack_check(l->o.ds) : MGT_OK;
+    if (cst != MGT_OK)
+        return cst;
     pthread_mutex_lock(&l->lock);
     for (int ri = 0; ri < l->o.replicas; ri++)
         if (first_batch >= l->ranks[ri].batches) {

@@ -1,6 +1,6 @@
 /* Packed datasets: one file holding the splits of an ImageFolder tree (index, labels, class
- * names, each image re-encoded at a maximum side or as raw pixels), written atomically and
- * read memory-mapped, every record with its CRC-32.
+ * names, each image re-encoded at a maximum side or as raw pixels), written atomically, every
+ * record with its CRC-32.
  *
  * Format, version 1 (every integer little-endian; offsets from the file's start):
  *
@@ -31,7 +31,8 @@
  * a function of the folder's files, in ImageFolder's order, so packing twice gives the same
  * bytes; the file is written to a temp file, synced and renamed, so a failed pack leaves no
  * half-written one. The reader checks every offset, size, label and string against the file
- * before it is used, and each record's CRC when it is read.
+ * before it is used, and each record's CRC when it is read; it reads with pread (a pack that
+ * shrinks under a run is an error, not SIGBUS).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,7 +40,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,8 +60,10 @@ enum { KIND_ENCODED = 0, KIND_RAW = 1, KIND_BAD = 2 };
 struct mgt_pack {
     int refs;
     char *path;
-    const uint8_t *map;
-    size_t size;
+    int fd;
+    size_t size; /* when it was opened */
+    uint8_t header[HEADER_SIZE];
+    uint8_t *table; /* the split table */
     uint32_t format, max_side;
 };
 
@@ -103,12 +105,18 @@ static uint32_t crc(const void *p, size_t n)
 
 /* ---- reading ---- */
 
+/* Read with pread, never mapped: a pack that shrinks while a run reads it (another job
+   repacking it, truncate, a full disk's copy) must be an error naming the file, not SIGBUS on
+   a page past its new end. The index of a split (its entries and strings) is copied into
+   memory when it is opened, checked once; records are read into the caller's buffer. */
+
 void mgt_pack_release(mgt_pack *p)
 {
     if (!p || --p->refs > 0)
         return;
-    if (p->map)
-        munmap((void *)p->map, p->size);
+    if (p->fd >= 0)
+        close(p->fd);
+    free(p->table);
     free(p->path);
     free(p);
 }
@@ -121,6 +129,57 @@ static bool in_file(const mgt_pack *p, uint64_t off, uint64_t len)
 static mgt_status bad_pack(const char *path, const char *what)
 {
     return mgt_error_set(MGT_ERR_INVALID, "%s: not a valid mgtrain pack: %s", path, what);
+}
+
+/* The pack's size now against the size it had when opened. */
+static mgt_status check_size(const mgt_pack *p)
+{
+    struct stat sb;
+    if (fstat(p->fd, &sb) != 0)
+        return mgt_error_set(MGT_ERR_IO, "%s: %s", p->path, strerror(errno));
+    if ((uint64_t)sb.st_size != p->size)
+        return mgt_error_set(MGT_ERR_IO,
+                             "%s: the pack changed during the run: %llu bytes now, %llu when "
+                             "it was opened (a pack must not be rewritten while it is read)",
+                             p->path, (unsigned long long)sb.st_size, (unsigned long long)p->size);
+    return MGT_OK;
+}
+
+/* len bytes at off into buf; a short read is the pack having shrunk since it was opened. */
+static mgt_status read_at(const mgt_pack *p, void *buf, size_t len, uint64_t off)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = pread(p->fd, (char *)buf + got, len - got, (off_t)(off + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return mgt_error_set(MGT_ERR_IO, "%s: read: %s", p->path, strerror(errno));
+        if (n == 0) {
+            mgt_status st = check_size(p);
+            return st != MGT_OK ? st
+                                : mgt_error_set(MGT_ERR_IO,
+                                                "%s: the pack changed during the run: "
+                                                "a read at byte %llu came back short",
+                                                p->path, (unsigned long long)(off + got));
+        }
+        got += (size_t)n;
+    }
+    return MGT_OK;
+}
+
+/* A heap copy of len bytes at off (len > 0). */
+static mgt_status read_copy(const mgt_pack *p, uint64_t off, size_t len, uint8_t **out)
+{
+    *out = malloc(len ? len : 1);
+    if (!*out)
+        return mgt_error_set(MGT_ERR_OOM, "%s: out of memory", p->path);
+    mgt_status st = read_at(p, *out, len, off);
+    if (st != MGT_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static mgt_status pack_map(const char *path, mgt_pack **out)
@@ -143,26 +202,22 @@ static mgt_status pack_map(const char *path, mgt_pack **out)
         close(fd);
         return bad_pack(path, "shorter than its header");
     }
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED)
-        return mgt_error_set(MGT_ERR_IO, "%s: mmap: %s", path, strerror(e));
-    /* training reads records in a random order: no readahead past what a record asks for
-       (each fetch asks the kernel for exactly its record, MADV_WILLNEED) */
-    madvise(m, (size_t)sb.st_size, MADV_RANDOM);
+    /* training reads records in a random order: no readahead past what a record asks for */
+    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     mgt_pack *p = calloc(1, sizeof *p);
     if (!p || !(p->path = strdup(path))) {
         free(p);
-        munmap(m, (size_t)sb.st_size);
+        close(fd);
         return mgt_error_set(MGT_ERR_OOM, "%s: out of memory", path);
     }
     p->refs = 1;
-    p->map = m;
+    p->fd = fd;
     p->size = (size_t)sb.st_size;
-    const uint8_t *h = p->map;
-    mgt_status st = MGT_OK;
-    if (memcmp(h, PACK_MAGIC "\0", 8) != 0)
+    uint8_t *h = p->header;
+    mgt_status st = read_at(p, h, HEADER_SIZE, 0);
+    if (st != MGT_OK)
+        ;
+    else if (memcmp(h, PACK_MAGIC "\0", 8) != 0)
         st = bad_pack(path, "no MGTPACK magic at its start");
     else if (rd32(h + 60) != crc(h, 60))
         st = bad_pack(path, "header checksum mismatch");
@@ -170,10 +225,17 @@ static mgt_status pack_map(const char *path, mgt_pack **out)
         st = mgt_error_set(MGT_ERR_INVALID,
                            "%s: pack format version %u; this mgtrain reads version %d", path,
                            rd32(h + 8), PACK_VERSION);
+    else if (rd32(h + 28) != MGT_PACK_JPEG && rd32(h + 28) != MGT_PACK_RAW)
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: record format %u; this mgtrain reads 0 (JPEG) and 1 (raw pixels)",
+                           path, rd32(h + 28));
     else if (rd32(h + 12) == 0 || rd32(h + 12) > 16 ||
              !in_file(p, rd64(h + 16), (uint64_t)rd32(h + 12) * SPLIT_SIZE))
         st = bad_pack(path, "split table outside the file");
-    else if (crc(h + rd64(h + 16), (size_t)rd32(h + 12) * SPLIT_SIZE) != rd32(h + 24))
+    else if ((st = read_copy(p, rd64(h + 16), (size_t)rd32(h + 12) * SPLIT_SIZE, &p->table)) !=
+             MGT_OK)
+        ;
+    else if (crc(p->table, (size_t)rd32(h + 12) * SPLIT_SIZE) != rd32(h + 24))
         st = bad_pack(path, "split table checksum mismatch");
     if (st != MGT_OK) {
         mgt_pack_release(p);
@@ -188,12 +250,10 @@ static mgt_status pack_map(const char *path, mgt_pack **out)
 /* The split table's row for `name`, or NULL. */
 static const uint8_t *find_split(const mgt_pack *p, const char *name, int *count)
 {
-    const uint8_t *h = p->map;
-    int n = (int)rd32(h + 12);
+    int n = (int)rd32(p->header + 12);
     *count = n;
-    const uint8_t *t = p->map + rd64(h + 16);
     for (int i = 0; i < n; i++) {
-        const uint8_t *row = t + (size_t)i * SPLIT_SIZE;
+        const uint8_t *row = p->table + (size_t)i * SPLIT_SIZE;
         if (strncmp((const char *)row, name, 16) == 0)
             return row;
     }
@@ -202,11 +262,10 @@ static const uint8_t *find_split(const mgt_pack *p, const char *name, int *count
 
 static mgt_status split_names(const mgt_pack *p, char *buf, size_t cap)
 {
-    const uint8_t *h = p->map, *t = p->map + rd64(h + 16);
     buf[0] = '\0';
-    for (uint32_t i = 0; i < rd32(h + 12); i++) {
+    for (uint32_t i = 0; i < rd32(p->header + 12); i++) {
         char nm[17];
-        memcpy(nm, t + (size_t)i * SPLIT_SIZE, 16);
+        memcpy(nm, p->table + (size_t)i * SPLIT_SIZE, 16);
         nm[16] = '\0';
         mgt_data_sanitize(nm);
         size_t l = strlen(buf);
@@ -215,25 +274,38 @@ static mgt_status split_names(const mgt_pack *p, char *buf, size_t cap)
     return MGT_OK;
 }
 
-/* Checks one split's entries and strings against the file and fills ds from them. */
+/* Checks one split's entries and strings against the file and fills ds from them (its own
+   copies of both). */
 static mgt_status load_split(mgt_pack *p, const uint8_t *row, const char *name, mgt_dataset *ds)
 {
     const char *path = p->path;
     uint64_t n = rd64(row + 16);
     uint32_t nclasses = rd32(row + 24);
     uint64_t eoff = rd64(row + 32), soff = rd64(row + 40), ssize = rd64(row + 48);
-    if (n == 0 || n > (uint64_t)1 << 40 || !in_file(p, eoff, n * ENTRY_SIZE))
+    if (n == 0)
+        return mgt_error_set(MGT_ERR_INVALID, "%s: split %s holds no records", path, name);
+    if (n > (uint64_t)1 << 40 || !in_file(p, eoff, n * ENTRY_SIZE))
         return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: entries outside the file", path, name);
-    if (!in_file(p, soff, ssize) || ssize == 0 || p->map[soff + ssize - 1] != '\0')
+    if (!in_file(p, soff, ssize) || ssize == 0)
         return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: strings outside the file", path, name);
-    if (crc(p->map + eoff, (size_t)n * ENTRY_SIZE) != rd32(row + 28))
+    uint8_t *entries, *strings;
+    mgt_status st = read_copy(p, eoff, (size_t)n * ENTRY_SIZE, &entries);
+    if (st != MGT_OK)
+        return st;
+    ds->entries = entries;
+    if ((st = read_copy(p, soff, (size_t)ssize, &strings)) != MGT_OK)
+        return st;
+    ds->strings = (char *)strings;
+    if (strings[ssize - 1] != '\0')
+        return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: strings outside the file", path, name);
+    if (crc(entries, (size_t)n * ENTRY_SIZE) != rd32(row + 28))
         return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: index checksum mismatch", path, name);
-    if (crc(p->map + soff, (size_t)ssize) != rd32(row + 56))
+    if (crc(strings, (size_t)ssize) != rd32(row + 56))
         return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: strings checksum mismatch", path,
                              name);
     if (nclasses == 0 || nclasses > (1u << 24))
         return mgt_error_set(MGT_ERR_INVALID, "%s: split %s: %u classes", path, name, nclasses);
-    const char *s = (const char *)p->map + soff;
+    const char *s = ds->strings;
     ds->class_names = calloc(nclasses, sizeof *ds->class_names);
     ds->labels = malloc((size_t)n * sizeof *ds->labels);
     if (!ds->class_names || !ds->labels)
@@ -249,7 +321,7 @@ static mgt_status load_split(mgt_pack *p, const uint8_t *row, const char *name, 
         at += strlen(s + at) + 1;
     }
     for (uint64_t i = 0; i < n; i++) {
-        const uint8_t *e = p->map + eoff + i * ENTRY_SIZE;
+        const uint8_t *e = entries + i * ENTRY_SIZE;
         uint64_t roff = rd64(e);
         uint32_t rsize = rd32(e + 8), label = rd32(e + 16), noff = rd32(e + 28);
         unsigned kind = e[24], ch = e[25], w = rd16(e + 20), h = rd16(e + 22);
@@ -272,8 +344,6 @@ static mgt_status load_split(mgt_pack *p, const uint8_t *row, const char *name, 
         ds->labels[i] = (int32_t)label;
     }
     ds->n = (size_t)n;
-    ds->entries = p->map + eoff;
-    ds->strings = s;
     return MGT_OK;
 }
 
@@ -348,15 +418,25 @@ void mgt_pack_entry_size(const mgt_dataset *ds, size_t i, int *w, int *h, int *c
     *c = e[25];
 }
 
-mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, mgt_record *out)
+mgt_status mgt_pack_check(const mgt_dataset *ds) { return check_size(ds->pack); }
+
+mgt_status mgt_pack_fetch(const mgt_dataset *ds, size_t i, uint8_t **buf, size_t *cap,
+                          mgt_record *out)
 {
     const uint8_t *e = ds->entries + i * ENTRY_SIZE;
-    const uint8_t *bytes = ds->pack->map + rd64(e);
     size_t len = rd32(e + 8);
-    /* ask for exactly this record's pages (the map is MADV_RANDOM) */
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a0 = (uintptr_t)bytes & ~(page - 1);
-    madvise((void *)a0, (uintptr_t)bytes + len - a0, MADV_WILLNEED);
+    if (len > *cap) {
+        uint8_t *b = realloc(*buf, len);
+        if (!b)
+            return mgt_error_set(MGT_ERR_OOM, "%s: out of memory for a record of %zu bytes",
+                                 ds->dir, len);
+        *buf = b;
+        *cap = len;
+    }
+    mgt_status st = read_at(ds->pack, *buf, len, rd64(e));
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "%s/%s (record %zu)", ds->dir, mgt_pack_relpath(ds, i), i);
+    const uint8_t *bytes = *buf;
     uint32_t want = rd32(e + 12), got = crc(bytes, len);
     if (got != want)
         return mgt_error_set(MGT_ERR_INVALID,

@@ -13,12 +13,7 @@ static const char *const image_exts[] = {"jpg", "jpeg", "png", "bmp", "gif", "pg
 
 /* ---- small growable containers; every growth doubles, so a million files cost ~20 moves ---- */
 
-typedef struct strbuf {
-    char *p;
-    size_t len, cap;
-} strbuf;
-
-static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
+mgt_status data_strbuf_add(data_strbuf *b, const char *s, size_t n, size_t *off)
 {
     *off = b->len; /* set on failure too: the callers' checks do not show the compiler why */
     if (b->len + n + 1 > b->cap) {
@@ -27,7 +22,7 @@ static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
             cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p)
-            return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for file names");
+            return mgt_error_set(MGT_ERR_OOM, "out of host memory for file names");
         b->p = p;
         b->cap = cap;
     }
@@ -37,18 +32,13 @@ static mgt_status strbuf_add(strbuf *b, const char *s, size_t n, size_t *off)
     return MGT_OK;
 }
 
-typedef struct offvec {
-    size_t *v;
-    size_t n, cap;
-} offvec;
-
-static mgt_status offvec_push(offvec *o, size_t x)
+mgt_status data_offvec_push(data_offvec *o, size_t x)
 {
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 256;
         size_t *v = realloc(o->v, cap * sizeof *v);
         if (!v)
-            return mgt_error_set(MGT_ERR_OOM, "scan: out of memory for the file list");
+            return mgt_error_set(MGT_ERR_OOM, "out of host memory for the file list");
         o->v = v;
         o->cap = cap;
     }
@@ -181,13 +171,13 @@ typedef struct walk_dir {
 } walk_dir;
 
 typedef struct walk {
-    const char *root; /* the split folder */
-    strbuf names;     /* folder relpaths and file names */
-    offvec files;     /* offsets of file names in names */
+    const char *root;  /* the split folder */
+    data_strbuf names; /* folder relpaths and file names */
+    data_offvec files; /* offsets of file names in names */
     walk_dir *dirs;
     size_t ndirs, dircap;
-    seen_set seen;     /* every folder entered in the split */
-    strbuf seen_names; /* their relative paths ("" for the split; offset 0 is a pad) */
+    seen_set seen;          /* every folder entered in the split */
+    data_strbuf seen_names; /* their relative paths ("" for the split; offset 0 is a pad) */
     size_t links_skipped;
     int depth;
     size_t total; /* files found in the whole split so far */
@@ -229,7 +219,7 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
 
     mgt_status st = MGT_OK;
     size_t rel_off;
-    if ((st = strbuf_add(&w->names, rel, strlen(rel), &rel_off)) != MGT_OK)
+    if ((st = data_strbuf_add(&w->names, rel, strlen(rel), &rel_off)) != MGT_OK)
         goto done;
     if (w->ndirs == w->dircap) {
         size_t cap = w->dircap ? w->dircap * 2 : 64;
@@ -244,7 +234,7 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
     size_t me = w->ndirs++;
     w->dirs[me] = (walk_dir){.rel_off = rel_off, .first = w->files.n, .count = 0};
 
-    offvec subdirs = {0};
+    data_offvec subdirs = {0};
     struct dirent *e;
     errno = 0;
     while ((e = readdir(d)) != NULL) {
@@ -257,8 +247,8 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
             if (!mgt_data_has_image_ext(e->d_name))
                 continue;
             size_t off;
-            if ((st = strbuf_add(&w->names, e->d_name, strlen(e->d_name), &off)) != MGT_OK ||
-                (st = offvec_push(&w->files, off)) != MGT_OK)
+            if ((st = data_strbuf_add(&w->names, e->d_name, strlen(e->d_name), &off)) != MGT_OK ||
+                (st = data_offvec_push(&w->files, off)) != MGT_OK)
                 break;
             w->total++;
             if ((w->total & 1023) == 0) {
@@ -273,8 +263,8 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
             if ((size_t)snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name) >= sizeof sub)
                 continue;
             size_t off;
-            if ((st = strbuf_add(&w->names, sub, strlen(sub), &off)) != MGT_OK ||
-                (st = offvec_push(&subdirs, off)) != MGT_OK)
+            if ((st = data_strbuf_add(&w->names, sub, strlen(sub), &off)) != MGT_OK ||
+                (st = data_offvec_push(&subdirs, off)) != MGT_OK)
                 break;
         }
         errno = 0;
@@ -326,7 +316,7 @@ static mgt_status walk_dir_rec(walk *w, const char *rel)
             continue;
         }
         size_t off;
-        if ((st = strbuf_add(&w->seen_names, sub, strlen(sub), &off)) != MGT_OK ||
+        if ((st = data_strbuf_add(&w->seen_names, sub, strlen(sub), &off)) != MGT_OK ||
             (st = seen_add(&w->seen, sst.st_dev, sst.st_ino, off)) != MGT_OK)
             break;
         w->depth++;
@@ -347,8 +337,8 @@ static int cmp_dirs(const void *a, const void *b, void *base)
 }
 
 /* Walks one class folder and appends its files, in torchvision's order, to ds. */
-static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths, offvec *offs,
-                             int32_t **labels, size_t *labcap)
+static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, data_strbuf *paths,
+                             data_offvec *offs, int32_t **labels, size_t *labcap)
 {
     w->names.len = 0;
     w->files.n = 0;
@@ -388,8 +378,8 @@ static mgt_status scan_class(walk *w, mgt_dataset *ds, int label, strbuf *paths,
             full[rel_len] = '/';
             memcpy(full + rel_len + 1, name, name_len + 1);
             size_t off;
-            if ((s = strbuf_add(paths, full, rel_len + 1 + name_len, &off)) != MGT_OK ||
-                (s = offvec_push(offs, off)) != MGT_OK)
+            if ((s = data_strbuf_add(paths, full, rel_len + 1 + name_len, &off)) != MGT_OK ||
+                (s = data_offvec_push(offs, off)) != MGT_OK)
                 return s;
             if (offs->n > *labcap) {
                 size_t cap = *labcap ? *labcap * 2 : 256;
@@ -463,10 +453,10 @@ static mgt_status list_classes(mgt_dataset *ds)
 static mgt_status register_roots(walk *w, const mgt_dataset *ds)
 {
     size_t pad, off;
-    mgt_status st = strbuf_add(&w->seen_names, "", 0, &pad); /* offset 0 means unused */
+    mgt_status st = data_strbuf_add(&w->seen_names, "", 0, &pad); /* offset 0 means unused */
     struct stat sb;
     if (st == MGT_OK && stat(ds->dir, &sb) == 0 &&
-        (st = strbuf_add(&w->seen_names, "", 0, &off)) == MGT_OK)
+        (st = data_strbuf_add(&w->seen_names, "", 0, &off)) == MGT_OK)
         st = seen_add(&w->seen, sb.st_dev, sb.st_ino, off);
     for (int c = 0; st == MGT_OK && c < ds->nclasses; c++) {
         char path[4096];
@@ -476,7 +466,7 @@ static mgt_status register_roots(walk *w, const mgt_dataset *ds)
         const char *name = ds->class_names[c];
         if (seen_find(&w->seen, sb.st_dev, sb.st_ino))
             continue; /* two class names for one folder: walked under the first */
-        if ((st = strbuf_add(&w->seen_names, name, strlen(name), &off)) == MGT_OK)
+        if ((st = data_strbuf_add(&w->seen_names, name, strlen(name), &off)) == MGT_OK)
             st = seen_add(&w->seen, sb.st_dev, sb.st_ino, off);
     }
     return st;
@@ -500,8 +490,8 @@ mgt_status mgt_dataset_scan(const char *dir, const mgt_scan_options *opt, mgt_da
     }
     double t0 = mgt_time_now();
     walk w = {.root = ds->dir, .opt = opt, .t0 = t0, .last_print = t0};
-    strbuf paths = {0};
-    offvec offs = {0};
+    data_strbuf paths = {0};
+    data_offvec offs = {0};
     size_t labcap = 0;
 
     if ((st = list_classes(ds)) != MGT_OK || (st = register_roots(&w, ds)) != MGT_OK)

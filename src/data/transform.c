@@ -28,6 +28,7 @@ mgt_status mgt_transform_init(mgt_transform *t, mgt_transform_kind kind, int siz
     t->hflip = kind != MGT_TRANSFORM_RESIZE_CROP;
     t->interp = MGT_INTERP_BILINEAR;
     t->auto_augment = MGT_AUTO_AUGMENT_NONE;
+    t->augmix_severity = 3; /* AugMix's default */
     if (channels == 1) {
         t->mean[0] = 0.4590f;
         t->std[0] = 0.2256f;
@@ -70,9 +71,13 @@ mgt_status mgt_transform_check(const mgt_transform *t)
         t->interp != MGT_INTERP_BICUBIC)
         return mgt_error_set(MGT_ERR_INVALID, "transform: unknown interpolation %d",
                              (int)t->interp);
-    if (t->auto_augment < MGT_AUTO_AUGMENT_NONE || t->auto_augment > MGT_AUTO_AUGMENT_IMAGENET)
+    if (t->auto_augment < MGT_AUTO_AUGMENT_NONE || t->auto_augment > MGT_AUTO_AUGMENT_AUGMIX)
         return mgt_error_set(MGT_ERR_INVALID, "transform: unknown auto-augment policy %d",
                              (int)t->auto_augment);
+    if (t->auto_augment == MGT_AUTO_AUGMENT_AUGMIX &&
+        (t->augmix_severity < 1 || t->augmix_severity > 10))
+        return mgt_error_set(MGT_ERR_INVALID, "--augmix-severity %d: expected 1 to 10",
+                             t->augmix_severity);
     if (t->auto_augment != MGT_AUTO_AUGMENT_NONE && t->kind == MGT_TRANSFORM_RESIZE_CROP)
         return mgt_error_set(MGT_ERR_INVALID,
                              "transform: an auto-augment policy is for training transforms");

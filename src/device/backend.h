@@ -63,6 +63,9 @@ typedef struct mgt_backend_i {
     mgt_status (*event_synchronize)(mgt_event *e, const mgt_abort *abort);
     mgt_status (*event_query)(mgt_event *e, bool *done);
     mgt_status (*event_elapsed_ms)(mgt_event *start, mgt_event *end, float *ms);
+    /* (optional) whether the latest record has run, and ran on a sound device (see
+       mgt_event_outcome); NULL: never known */
+    bool (*event_outcome)(mgt_event *e, bool *clean);
 
     mgt_status (*memset)(mgt_stream *s, void *dst, int value, size_t bytes);
     mgt_status (*copy)(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src, size_t bytes);
@@ -89,6 +92,10 @@ typedef struct mgt_backend_i {
     mgt_status (*xcomm_allgather)(void *comm, mgt_stream *s, const float *send, float *recv,
                                   size_t n);
     void (*xcomm_free)(void *comm);
+
+    /* (optional) the allocations and kernels counted for injected faults (see
+       mgt_device_counts); NULL: none kept */
+    void (*counts)(const mgt_device *d, long *allocs, long *kernels);
 } mgt_backend_i;
 
 struct mgt_device {
@@ -110,6 +117,9 @@ struct mgt_devset {
     bool no_p2p;      /* every pair staged, whatever the backend allows */
     void *impl;
     void *staging; /* the dispatch layer's pinned staging for peer-less pairs */
+    /* set once mgt_devset_open has made everything the set itself holds (the staging): the
+       allocations its users make from then on are the ones injected faults count */
+    atomic_bool open;
     /* every live stream, event and buffer of the set, so that mgt_devset_free can free what
        its users left behind */
     pthread_mutex_t reg_lock;

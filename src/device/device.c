@@ -443,6 +443,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
         mgt_devset_free(set);
         return st;
     }
+    atomic_store(&set->open, true);
     *out = set;
     return MGT_OK;
 }
@@ -451,6 +452,8 @@ void mgt_devset_free(mgt_devset *set)
 {
     if (!set)
         return;
+    mgt_error_saved saved; /* frees leave the text of the failure that led here */
+    mgt_error_save(&saved);
     for (int i = 0; i < set->n; i++)
         mgt_device_synchronize(&set->devs[i], NULL);
     /* what the set's users did not free themselves, streams first: a stalled device's stream
@@ -469,6 +472,7 @@ void mgt_devset_free(mgt_devset *set)
     pthread_mutex_destroy(&set->reg_lock);
     free(set->devs);
     free(set);
+    mgt_error_restore(&saved);
 }
 
 int mgt_devset_count(const mgt_devset *set) { return set->n; }
@@ -564,6 +568,15 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort)
     return waited(d, d->set->iface->device_synchronize(d, abort));
 }
 
+bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels)
+{
+    *allocs = *kernels = 0;
+    if (!d || !d->set->iface->counts)
+        return false;
+    d->set->iface->counts(d, allocs, kernels);
+    return true;
+}
+
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 mgt_status mgt_device_reserve(mgt_device *d, size_t bytes, const char *what)
@@ -622,9 +635,12 @@ void mgt_buffer_free(mgt_buffer *b)
         return;
     mgt_devset *set = b->dev->set;
     REG_UNLINK(set, buffers, b);
+    mgt_error_saved saved; /* a wait for a failed device's work sets its text */
+    mgt_error_save(&saved);
     free_after_streams(set, b->dev, b->ptr, b->size);
     free(b);
     deferred_reap(set);
+    mgt_error_restore(&saved);
 }
 
 void *mgt_buffer_ptr(const mgt_buffer *b) { return b->ptr; }
@@ -643,8 +659,11 @@ void mgt_host_free(mgt_device *d, void *p)
 {
     if (!p)
         return;
+    mgt_error_saved saved; /* a wait for a failed device's work sets its text */
+    mgt_error_save(&saved);
     free_after_streams(d->set, d, p, 0);
     deferred_reap(d->set);
+    mgt_error_restore(&saved);
 }
 
 /* ---- streams and events ---- */
@@ -681,11 +700,14 @@ void mgt_stream_free(mgt_stream *s)
     if (!s)
         return;
     REG_UNLINK(s->dev->set, streams, s);
+    mgt_error_saved saved; /* a wait for a failed device's work sets its text */
+    mgt_error_save(&saved);
     while (atomic_load(&s->pins)) /* a buffer free recording its event here */
         sched_yield();
     if (!atomic_load(&s->dev->stalled))
         waited(s->dev, s->dev->set->iface->stream_synchronize(s, NULL));
     s->dev->set->iface->stream_destroy(s);
+    mgt_error_restore(&saved);
     mgt_event_free(s->aux);
     pthread_mutex_destroy(&s->aux_lock);
     free(s);
@@ -772,6 +794,12 @@ mgt_status mgt_event_query(mgt_event *e, bool *done)
     if (!e || !done)
         return bad_arg("event query", "no event");
     return e->dev->set->iface->event_query(e, done);
+}
+
+bool mgt_event_outcome(mgt_event *e, bool *clean)
+{
+    *clean = false;
+    return e && e->dev->set->iface->event_outcome && e->dev->set->iface->event_outcome(e, clean);
 }
 
 mgt_status mgt_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
@@ -976,6 +1004,9 @@ void mgt_xcomm_free(mgt_xcomm *x)
 {
     if (!x)
         return;
+    mgt_error_saved saved;
+    mgt_error_save(&saved);
     x->dev->set->iface->xcomm_free(x->impl);
+    mgt_error_restore(&saved);
     free(x);
 }

@@ -27,6 +27,6 @@ static mgt_status build_alexnet(mgt_model *m, const void *arg)
 }
 
 const nn_arch nn_alexnet_archs[] = {
-    {"alexnet", "alexnet", build_alexnet, NULL},
-    {NULL, NULL, NULL, NULL},
+    {"alexnet", "alexnet", build_alexnet, NULL, "classifier.6"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -95,9 +95,9 @@ static const convnext_def tiny = {{3, 3, 9, 3}, {96, 192, 384, 768}, 0.1f},
                           large = {{3, 3, 27, 3}, {192, 384, 768, 1536}, 0.5f};
 
 const nn_arch nn_convnext_archs[] = {
-    {"convnext_tiny", "convnext", build_convnext, &tiny},
-    {"convnext_small", "convnext", build_convnext, &small},
-    {"convnext_base", "convnext", build_convnext, &base},
-    {"convnext_large", "convnext", build_convnext, &large},
-    {NULL, NULL, NULL, NULL},
+    {"convnext_tiny", "convnext", build_convnext, &tiny, "classifier.2"},
+    {"convnext_small", "convnext", build_convnext, &small, "classifier.2"},
+    {"convnext_base", "convnext", build_convnext, &base, "classifier.2"},
+    {"convnext_large", "convnext", build_convnext, &large, "classifier.2"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -82,9 +82,9 @@ static const densenet_def d121 = {{6, 12, 24, 16}, 32, 64, 4}, d161 = {{6, 12, 3
                           d169 = {{6, 12, 32, 32}, 32, 64, 4}, d201 = {{6, 12, 48, 32}, 32, 64, 4};
 
 const nn_arch nn_densenet_archs[] = {
-    {"densenet121", "densenet", build_densenet, &d121},
-    {"densenet161", "densenet", build_densenet, &d161},
-    {"densenet169", "densenet", build_densenet, &d169},
-    {"densenet201", "densenet", build_densenet, &d201},
-    {NULL, NULL, NULL, NULL},
+    {"densenet121", "densenet", build_densenet, &d121, "classifier"},
+    {"densenet161", "densenet", build_densenet, &d161, "classifier"},
+    {"densenet169", "densenet", build_densenet, &d169, "classifier"},
+    {"densenet201", "densenet", build_densenet, &d201, "classifier"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

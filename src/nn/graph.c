@@ -772,6 +772,47 @@ static void plan_arena(mgt_model *m)
     }
 }
 
+/* The architecture's head (nn_arch.head) and the auxiliary classifiers' last layers (Inception
+   v3's AuxLogits.fc, GoogLeNet's aux1.fc2 and aux2.fc2), whose tensors follow the class count,
+   and the stem (the first convolution, whose weight follows the input channels): marked in
+   the table, so that fine-tuning replaces or adapts them by what they are, not by name
+   patterns. */
+static mgt_status mark_head_and_stem(mgt_model *m)
+{
+    if (!m->head || !*m->head)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: its architecture names no classifier head (nn_arch.head)",
+                             m->arch);
+    for (const char *p = m->head; *p;) {
+        size_t len = strcspn(p, " ");
+        int found = -1;
+        for (int i = 0; i < m->n_nodes && found < 0; i++)
+            if (strlen(m->nodes[i].name) == len && strncmp(m->nodes[i].name, p, len) == 0)
+                found = i;
+        if (found < 0 || m->nodes[found].n_params == 0 ||
+            m->values[m->nodes[found].out].c != m->cfg.classes)
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "model %s: its head '%.*s' is not a layer with parameters and "
+                                 "one output per class",
+                                 m->arch, (int)len, p);
+        for (int j = 0; j < m->nodes[found].n_entries; j++)
+            m->table[m->nodes[found].entry[j]].classifier = true;
+        p += len;
+        p += strspn(p, " ");
+    }
+    for (int a = 0; a < m->n_aux; a++) { /* the auxiliary classifiers' last layers */
+        const nn_node *nd = nn_node_of(m, m->aux_value[a]);
+        for (int j = 0; j < nd->n_entries; j++)
+            m->table[nd->entry[j]].classifier = true;
+    }
+    for (int i = 0; i < m->n_nodes; i++)
+        if (m->nodes[i].kind == NN_CONV) {
+            m->table[m->nodes[i].entry[0]].stem = true;
+            break;
+        }
+    return MGT_OK;
+}
+
 mgt_status nn_plan(mgt_model *m)
 {
     if (m->long_name[0])
@@ -804,19 +845,9 @@ mgt_status nn_plan(mgt_model *m)
         }
         m->values[nd->out].needs_grad = g;
     }
-    /* the last layer with parameters is the classifier, whose shapes follow the class count
-       (as do the auxiliary classifiers' last layers) */
-    for (int i = m->n_nodes - 1; i >= 0; i--)
-        if (m->nodes[i].n_params) {
-            for (int j = 0; j < m->nodes[i].n_entries; j++)
-                m->table[m->nodes[i].entry[j]].classifier = true;
-            break;
-        }
-    for (int a = 0; a < m->n_aux; a++) {
-        const nn_node *nd = nn_node_of(m, m->aux_value[a]);
-        for (int j = 0; j < nd->n_entries; j++)
-            m->table[nd->entry[j]].classifier = true;
-    }
+    mgt_status st = mark_head_and_stem(m);
+    if (st != MGT_OK)
+        return st;
     /* the nodes the main logits do not need: the auxiliary classifiers' (training only) */
     bool *reach = calloc((size_t)m->n_values, sizeof *reach);
     if (!reach)
@@ -856,7 +887,7 @@ mgt_status nn_plan(mgt_model *m)
         m->aux_probs_off[a] = act_image(&p, (size_t)m->cfg.classes);
     if (m->n_aux)
         m->aux_loss_off = act_fixed(&p, (size_t)m->n_aux);
-    mgt_status st = plan_grads(&p);
+    st = plan_grads(&p);
     if (st == MGT_OK)
         plan_fusion(m);
     if (st == MGT_OK) {

@@ -296,7 +296,9 @@ static mgt_status build_googlenet(mgt_model *m, const void *arg)
 }
 
 const nn_arch nn_inception_archs[] = {
-    {"googlenet", "googlenet", build_googlenet, NULL},
-    {"inception_v3", "inception", build_inception_v3, NULL},
-    {NULL, NULL, NULL, NULL},
+    /* the main head; the auxiliary classifiers' last layers (aux1.fc2 and aux2.fc2,
+       AuxLogits.fc), training only, follow the class count too (nn_plan marks them) */
+    {"googlenet", "googlenet", build_googlenet, NULL, "fc"},
+    {"inception_v3", "inception", build_inception_v3, NULL, "fc"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -68,12 +68,13 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (!cfg || !cfg->arch)
         return mgt_error_set(MGT_ERR_INVALID, "no architecture given");
     const nn_arch *a = find_arch(cfg->arch);
-    if (!a) {
-        char known[400];
-        size_t len = 0;
-        for (const char *const *n = mgt_model_arch_names(); *n && len < sizeof known; n++)
-            len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "", *n);
-        return mgt_error_set(MGT_ERR_INVALID, "unknown architecture '%s' (%s)", cfg->arch, known);
+    if (!a) { /* the list is longer than an error's text: the command that lists them */
+        int known = 0;
+        for (const char *const *n = mgt_model_arch_names(); *n; n++)
+            known++;
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "unknown architecture '%s' (`mgtrain model` lists the %d known)",
+                             cfg->arch, known);
     }
     if (cfg->classes < 1 || cfg->classes > (1 << 24))
         return mgt_error_set(MGT_ERR_INVALID, "model %s: %d classes (expected 1 to %d)", cfg->arch,
@@ -112,6 +113,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     m->aux_weight = info ? info->aux_weight : 0.0f;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     m->cfg.arch = m->arch;
+    m->head = a->head;
     m->dev = d;
     mgt_status st = a->build(m, a->arg);
     if (st == MGT_OK)
@@ -119,7 +121,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
     if (st == MGT_OK && d) {
         mgt_stream *s = NULL;
         st = mgt_buffer_alloc(d, m->params_bytes, &m->params_buf);
-        if (st == MGT_OK)
+        if (st == MGT_OK && !cfg->inference)
             st = mgt_buffer_alloc(d, m->params_bytes, &m->grads_buf);
         /* a model without batch norm has no buffers; the arena still exists */
         if (st == MGT_OK)
@@ -128,7 +130,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
             st = mgt_buffer_alloc(d, m->acts_bytes, &m->acts_buf);
         if (st == MGT_OK) {
             m->params = mgt_buffer_ptr(m->params_buf);
-            m->grads = mgt_buffer_ptr(m->grads_buf);
+            m->grads = m->grads_buf ? mgt_buffer_ptr(m->grads_buf) : NULL;
             m->bufs = mgt_buffer_ptr(m->bufs_buf);
             m->acts = mgt_buffer_ptr(m->acts_buf);
             st = mgt_stream_create(d, &s);
@@ -137,7 +139,7 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
            optimizer and the all-reduce run over whole arenas. */
         if (st == MGT_OK)
             st = mgt_memset(s, m->params, 0, m->params_bytes);
-        if (st == MGT_OK)
+        if (st == MGT_OK && m->grads)
             st = mgt_memset(s, m->grads, 0, m->params_bytes);
         if (st == MGT_OK && m->bufs_bytes)
             st = mgt_memset(s, m->bufs, 0, m->bufs_bytes);
@@ -191,6 +193,8 @@ void mgt_model_free(mgt_model *m)
 }
 
 const mgt_model_config *mgt_model_get_config(const mgt_model *m) { return &m->cfg; }
+
+const char *mgt_model_head(const mgt_model *m) { return m->head; }
 
 /* ---- accessors ---- */
 
@@ -336,6 +340,10 @@ mgt_status mgt_model_forward(mgt_model *m, mgt_stream *s, const float *x, int ba
                              m->arch, m->cfg.batch);
     if (!x)
         return mgt_error_set(MGT_ERR_INVALID, "model forward: no input");
+    if (train && m->cfg.inference)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model forward: this %s was made for inference (no gradients)",
+                             m->arch);
     /* PyTorch refuses this too ("Expected more than 1 value per channel when training"):
        the batch variance of one value is 0 and the BN output would be its bias alone.
        A frozen BN takes no batch statistics, so any batch will do. */
@@ -484,5 +492,7 @@ mgt_status mgt_model_zero_grad(mgt_model *m, mgt_stream *s)
     mgt_status st = nn_need_device(m, "model zero_grad");
     if (st != MGT_OK)
         return st;
+    if (!m->grads)
+        return mgt_error_set(MGT_ERR_INVALID, "model zero_grad: this %s has no gradients", m->arch);
     return mgt_memset(s, m->grads, 0, m->params_bytes);
 }

@@ -143,6 +143,7 @@ typedef struct nn_entry_init {
 struct mgt_model {
     mgt_model_config cfg;
     char arch[32];
+    const char *head; /* nn_arch.head (static) */
     mgt_device *dev;
 
     mgt_buffer *params_buf, *grads_buf, *bufs_buf, *acts_buf;
@@ -334,6 +335,12 @@ typedef struct nn_arch {
     const char *family; /* as arch.c's policy table names it */
     nn_family_build_fn build;
     const void *arg; /* the family's description of this member */
+    /* The classifier head: the module(s) whose outputs are the class scores, by their
+       torchvision names ("fc", "classifier.1", "heads.head"; several separated by spaces).
+       Their tensors, with the auxiliary classifiers' last layers (nn_plan marks those), are
+       the ones a class-count change replaces (mgt_model_entry.classifier); every
+       architecture names its own, or the model is refused. */
+    const char *head;
 } nn_arch;
 
 /* The architectures of each family, NULL-name terminated. */

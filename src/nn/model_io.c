@@ -17,15 +17,6 @@ static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
         snprintf(buf + n, size - n, "]");
 }
 
-/* Whether name is one of the model's classifier tensors (what skip_fc leaves alone). */
-static bool is_classifier(const mgt_model *m, const char *name)
-{
-    for (int e = 0; e < m->n_table; e++)
-        if (m->table[e].classifier && strcmp(m->table[e].name, name) == 0)
-            return true;
-    return false;
-}
-
 static bool has_prefix(const char *name, const char *const *prefixes)
 {
     for (; prefixes && *prefixes; prefixes++)
@@ -81,6 +72,31 @@ static mgt_status mismatch_error(const mgt_model *m, const mgt_text *t, int line
                          brief, shown < lines ? "; ... (the load report lists all)" : "");
 }
 
+/* timm's adapt_input_conv: a [k, from, r, s] file weight into the model's [k, c, r, s]: for
+   one channel the sum over the file's channels; otherwise channel j takes the file's
+   channel j mod from, times from / c. The file's data may be unaligned. */
+static void adapt_stem(float *dst, const int64_t *shape, const void *src, int from)
+{
+    const unsigned char *p = src;
+    size_t k = (size_t)shape[0], c = (size_t)shape[1], rs = (size_t)(shape[2] * shape[3]);
+    for (size_t o = 0; o < k; o++)
+        for (size_t j = 0; j < c; j++)
+            for (size_t q = 0; q < rs; q++) {
+                float v, acc = 0;
+                if (c == 1) {
+                    for (size_t i = 0; i < (size_t)from; i++) {
+                        memcpy(&v, p + ((o * (size_t)from + i) * rs + q) * sizeof v, sizeof v);
+                        acc += v;
+                    }
+                } else {
+                    memcpy(&v, p + ((o * (size_t)from + j % (size_t)from) * rs + q) * sizeof v,
+                           sizeof v);
+                    acc = v * (float)from / (float)c;
+                }
+                dst[(o * c + j) * rs + q] = acc;
+            }
+}
+
 mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
                           const mgt_model_load_options *opts, mgt_model_load_report *report)
 {
@@ -107,10 +123,6 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     for (int e = 0; e < m->n_table; e++) {
         const mgt_model_entry *te = &m->table[e];
         where[e] = -1;
-        if (opts->skip_fc && te->classifier) {
-            rep.skipped++;
-            continue;
-        }
         int i = mgt_st_find(f, te->name);
         if (i < 0) {
             mismatches++;
@@ -125,9 +137,23 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         bool same = nd == te->ndim;
         for (int d = 0; same && d < nd; d++)
             same = shape[d] == te->shape[d];
-        if (!same || got != want)
+        if (!same && opts->new_head && te->classifier && nd >= 1) {
+            /* another class count: the model's own head stays */
+            rep.skipped++;
+            if (te->what != MGT_TENSOR_BIAS || !rep.head_classes)
+                rep.head_classes = (int)shape[0];
+            continue;
+        }
+        bool stem = !same && opts->adapt_stem && te->stem && nd == 4 && got == want &&
+                    te->shape[1] == m->cfg.in_channels && shape[0] == te->shape[0] &&
+                    shape[2] == te->shape[2] && shape[3] == te->shape[3] && shape[1] >= 1 &&
+                    shape[1] <= 64;
+        if ((!same && !stem) || got != want)
             mismatches++;
-        if (!same) {
+        if (stem) {
+            where[e] = i;
+            rep.stem_channels = (int)shape[1];
+        } else if (!same) {
             char a[96], b[96];
             shape_str(a, sizeof a, nd, shape);
             shape_str(b, sizeof b, te->ndim, te->shape);
@@ -143,8 +169,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         if (used[i])
             continue;
         const char *name = mgt_st_tensor_name(f, i);
-        if ((opts->skip_fc && is_classifier(m, name)) || opts->allow_unexpected ||
-            has_prefix(name, opts->ignore_prefixes))
+        if (opts->allow_unexpected || has_prefix(name, opts->ignore_prefixes))
             rep.ignored++;
         else {
             mismatches++;
@@ -160,11 +185,12 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
 
     for (int e = 0; e < m->n_table && st == MGT_OK; e++)
         if (where[e] >= 0 && m->table[e].role != MGT_MODEL_COUNTER)
-            st = check_finite(m->table[e].name, mgt_st_tensor_data(f, where[e]), m->table[e].numel);
+            st = check_finite(m->table[e].name, mgt_st_tensor_data(f, where[e]),
+                              mgt_st_tensor_bytes(f, where[e]) / sizeof(float));
     if (st != MGT_OK)
         goto done;
 
-    /* The device's current values first, so that what the file does not set (skip_fc) stays. */
+    /* The device's current values first, so that what the file does not set (new_head) stays. */
     st = mgt_copy_d2h(s, hp, m->params, m->params_bytes);
     if (st == MGT_OK && m->bufs_bytes)
         st = mgt_copy_d2h(s, hb, m->bufs, m->bufs_bytes);
@@ -178,7 +204,9 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
             continue;
         const void *src = mgt_st_tensor_data(f, where[e]);
         size_t bytes = mgt_st_tensor_bytes(f, where[e]);
-        if (te->role == MGT_MODEL_PARAM)
+        if (te->stem && rep.stem_channels && bytes != te->numel * sizeof(float))
+            adapt_stem((float *)(hp + te->offset), te->shape, src, rep.stem_channels);
+        else if (te->role == MGT_MODEL_PARAM)
             memcpy(hp + te->offset, src, bytes);
         else if (te->role == MGT_MODEL_BUFFER)
             memcpy(hb + te->offset, src, bytes);
@@ -192,17 +220,27 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     mgt_status st2 = mgt_stream_synchronize(s, NULL);
     if (st == MGT_OK)
         st = st2;
-    if (st == MGT_OK && rep.skipped) {
+    if (st == MGT_OK && rep.head_classes) {
         char names[160] = "";
         size_t len = 0;
         for (int e = 0; e < m->n_table && len < sizeof names; e++)
             if (m->table[e].classifier)
-                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? " and " : "",
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
                                         m->table[e].name);
         mgt_text_add(&note,
-                     "kept the model's own %s (%d classes); the file's were not loaded "
-                     "(fine-tuning)\n",
-                     names, m->cfg.classes);
+                     "%s: the file's are for %d classes; kept the model's own, initialised as "
+                     "torchvision initialises them, for %d classes (fine-tuning)\n",
+                     names, rep.head_classes, m->cfg.classes);
+    }
+    for (int e = 0; st == MGT_OK && rep.stem_channels && e < m->n_table; e++)
+        if (m->table[e].stem)
+            mgt_text_add(&note,
+                         "%s: adapted from the file's %d input channels to %d (%s, as timm's "
+                         "adapt_input_conv)\n",
+                         m->table[e].name, rep.stem_channels, m->cfg.in_channels,
+                         m->cfg.in_channels == 1 ? "summed over them"
+                                                 : "repeated in turn, scaled by their ratio");
+    if (note.s) {
         rep.text = note.s;
         note.s = NULL;
     }

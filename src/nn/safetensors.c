@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -459,6 +460,28 @@ static mgt_status check_tiling(const mgt_st_file *f, const char *what)
     return st;
 }
 
+/* What a file that is not safetensors is, where its first bytes say so (NULL otherwise): a
+   weights file from PyTorch is the common mistake, and its first 8 bytes read as a header
+   length would only give a meaningless "exceeds the limit". torch.save writes a zip archive
+   whose first entry is ARCHIVE/data.pkl (since PyTorch 1.6), or before that a pickle that
+   opens with protocol 2 and a 10-byte long, its magic number. */
+static const char *foreign_format(const unsigned char *buf, size_t len)
+{
+    if (len >= 30 && memcmp(buf, "PK\x03\x04", 4) == 0) {
+        size_t name_len = (size_t)buf[26] | (size_t)buf[27] << 8;
+        const char *name = (const char *)buf + 30;
+        if (30 + name_len <= len && name_len >= 8 &&
+            memcmp(name + name_len - 8, "data.pkl", 8) == 0)
+            return "a PyTorch torch.save file (zip archive), not safetensors";
+        return "a zip archive (PyTorch's torch.save writes those), not safetensors";
+    }
+    if (len >= 4 && buf[0] == 0x80 && buf[1] == 0x02 && buf[2] == 0x8a && buf[3] == 0x0a)
+        return "a PyTorch torch.save file (its legacy pickle format), not safetensors";
+    if (len >= 2 && buf[0] == 0x80 && buf[1] >= 2 && buf[1] <= 5)
+        return "a Python pickle (torch.save's legacy format?), not safetensors";
+    return NULL;
+}
+
 /* Validates the file in buf, which it takes over (freed on failure). */
 static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what, mgt_st_file **out)
 {
@@ -481,6 +504,14 @@ static mgt_status parse_owned(unsigned char *buf, size_t len, const char *what, 
     uint64_t hlen = 0;
     for (int k = 7; k >= 0; k--)
         hlen = hlen << 8 | buf[k];
+    const char *foreign = foreign_format(buf, len);
+    if (hlen > MGT_ST_MAX_HEADER_BYTES && foreign) {
+        st = mgt_error_set(MGT_ERR_INVALID,
+                           "%s: %s: convert it with `python3 scripts/pth_to_safetensors.py %s "
+                           "OUT.safetensors` (needs PyTorch) and give OUT.safetensors",
+                           what, foreign, what);
+        goto done;
+    }
     if (hlen > MGT_ST_MAX_HEADER_BYTES) {
         st = mgt_error_set(MGT_ERR_INVALID,
                            "%s: header length %" PRIu64 " exceeds the limit of %u bytes", what,
@@ -746,6 +777,36 @@ struct mgt_st_writer {
     st_wmeta *meta;
     size_t nmeta, meta_cap;
 };
+
+const char *mgt_st_writer_nonfinite(const mgt_st_writer *w, size_t *count)
+{
+    const char *first = NULL;
+    size_t bad = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        const st_wtensor *t = &w->t[i];
+        size_t before = bad;
+        if (t->dtype == MGT_ST_F32)
+            for (uint64_t k = 0; k < t->bytes / sizeof(float); k++)
+                bad += !isfinite(((const float *)t->data)[k]);
+        else if (t->dtype == MGT_ST_F64)
+            for (uint64_t k = 0; k < t->bytes / sizeof(double); k++)
+                bad += !isfinite(((const double *)t->data)[k]);
+        else if (t->dtype == MGT_ST_F16 || t->dtype == MGT_ST_BF16) {
+            /* a half's exponent all ones: an infinity or a NaN */
+            const uint16_t e = t->dtype == MGT_ST_F16 ? 0x7c00 : 0x7f80;
+            for (uint64_t k = 0; k < t->bytes / sizeof(uint16_t); k++) {
+                uint16_t h;
+                memcpy(&h, (const unsigned char *)t->data + k * sizeof h, sizeof h);
+                bad += (h & e) == e;
+            }
+        }
+        if (bad > before && !first)
+            first = t->name;
+    }
+    if (count)
+        *count = bad;
+    return first;
+}
 
 mgt_status mgt_st_writer_create(mgt_st_writer **out)
 {

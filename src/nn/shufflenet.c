@@ -64,9 +64,9 @@ static const int x0_5[5] = {24, 48, 96, 192, 1024}, x1_0[5] = {24, 116, 232, 464
                  x1_5[5] = {24, 176, 352, 704, 1024}, x2_0[5] = {24, 244, 488, 976, 2048};
 
 const nn_arch nn_shufflenet_archs[] = {
-    {"shufflenet_v2_x0_5", "shufflenet", build_shufflenet, x0_5},
-    {"shufflenet_v2_x1_0", "shufflenet", build_shufflenet, x1_0},
-    {"shufflenet_v2_x1_5", "shufflenet", build_shufflenet, x1_5},
-    {"shufflenet_v2_x2_0", "shufflenet", build_shufflenet, x2_0},
-    {NULL, NULL, NULL, NULL},
+    {"shufflenet_v2_x0_5", "shufflenet", build_shufflenet, x0_5, "fc"},
+    {"shufflenet_v2_x1_0", "shufflenet", build_shufflenet, x1_0, "fc"},
+    {"shufflenet_v2_x1_5", "shufflenet", build_shufflenet, x1_5, "fc"},
+    {"shufflenet_v2_x2_0", "shufflenet", build_shufflenet, x2_0, "fc"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

@@ -77,7 +77,7 @@ static mgt_status build_squeezenet(mgt_model *m, const void *arg)
 static const int v10 = 10, v11 = 11;
 
 const nn_arch nn_squeezenet_archs[] = {
-    {"squeezenet1_0", "squeezenet", build_squeezenet, &v10},
-    {"squeezenet1_1", "squeezenet", build_squeezenet, &v11},
-    {NULL, NULL, NULL, NULL},
+    {"squeezenet1_0", "squeezenet", build_squeezenet, &v10, "classifier.1"},
+    {"squeezenet1_1", "squeezenet", build_squeezenet, &v11, "classifier.1"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

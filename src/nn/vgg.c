@@ -75,13 +75,13 @@ static const vgg_def v11 = {cfg_a, false}, v13 = {cfg_b, false}, v16 = {cfg_d, f
                      v16b = {cfg_d, true}, v19b = {cfg_e, true};
 
 const nn_arch nn_vgg_archs[] = {
-    {"vgg11", "vgg", build_vgg, &v11},
-    {"vgg13", "vgg", build_vgg, &v13},
-    {"vgg16", "vgg", build_vgg, &v16},
-    {"vgg19", "vgg", build_vgg, &v19},
-    {"vgg11_bn", "vgg", build_vgg, &v11b},
-    {"vgg13_bn", "vgg", build_vgg, &v13b},
-    {"vgg16_bn", "vgg", build_vgg, &v16b},
-    {"vgg19_bn", "vgg", build_vgg, &v19b},
-    {NULL, NULL, NULL, NULL},
+    {"vgg11", "vgg", build_vgg, &v11, "classifier.6"},
+    {"vgg13", "vgg", build_vgg, &v13, "classifier.6"},
+    {"vgg16", "vgg", build_vgg, &v16, "classifier.6"},
+    {"vgg19", "vgg", build_vgg, &v19, "classifier.6"},
+    {"vgg11_bn", "vgg", build_vgg, &v11b, "classifier.6"},
+    {"vgg13_bn", "vgg", build_vgg, &v13b, "classifier.6"},
+    {"vgg16_bn", "vgg", build_vgg, &v16b, "classifier.6"},
+    {"vgg19_bn", "vgg", build_vgg, &v19b, "classifier.6"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

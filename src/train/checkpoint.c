@@ -11,10 +11,12 @@
  * error naming the file and the key, never a silent 0. New state (a loss scale, a rank) is
  * one field in train_state and one row in fields[], with the format it first appears in.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -237,7 +239,30 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
              r->data.steps_per_epoch);
 }
 
-mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best)
+/* --keep-last N: the epoch checkpoints model_<epoch>.safetensors of epochs before the last N
+   go (those a run with a larger N left too). */
+static void prune_epochs(run *r, int last_epoch)
+{
+    const char *dir = r->c->checkpoint_dir;
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dp)) != NULL) {
+        int ep, len = 0;
+        if (sscanf(e->d_name, "model_%d.safetensors%n", &ep, &len) != 1 ||
+            (size_t)len != strlen(e->d_name) || ep > last_epoch - r->c->keep_last)
+            continue;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0)
+            fprintf(r->out, "=> warning: --keep-last %d: cannot remove %s: %s\n", r->c->keep_last,
+                    path, strerror(errno));
+    }
+    closedir(dp);
+}
+
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best, double acc1)
 {
     const char *dir = r->c->checkpoint_dir;
     if (!dir || !r->primary) /* node 0 writes the world's (every replica holds the same) */
@@ -251,12 +276,17 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     void *ema_host = NULL;
     train_state s;
     fill_state(r, next_epoch, next_step, &s);
-    char path[512], best[512];
+    char path[4200], best[4200], kept[4200];
     snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
     snprintf(best, sizeof best, "%s/model_best.safetensors", dir);
+    /* the references' model_<epoch>.pth: the epoch just completed */
+    snprintf(kept, sizeof kept, "%s/model_%d.safetensors", dir, next_epoch - 1);
+    bool keep = r->c->keep_last > 0 && next_step == 0 && next_epoch > 0;
     mgt_status st = mgt_st_writer_create(&wr);
     if (st == MGT_OK)
         st = mgt_model_add_to_writer(w0->model, w0->s, wr, &staging);
+    if (st == MGT_OK)
+        st = train_add_model_info(r, wr);
     if (st == MGT_OK)
         st = add_optimizer(r, wr, &opt_host);
     if (st == MGT_OK)
@@ -265,17 +295,61 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
         st = field_write(wr, &fields[i], &s);
+    size_t bad = 0;
+    const char *first = st == MGT_OK ? mgt_st_writer_nonfinite(wr, &bad) : NULL;
+    if (first) /* never a diverged model in place of the last good checkpoint */
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged: %zu NaN or infinite values (the first in "
+                           "%s); nothing was written over %s",
+                           bad, first, dir);
     if (st == MGT_OK)
         st = mgt_st_writer_save(wr, path);
     if (st == MGT_OK && is_best)
         st = mgt_st_writer_save(wr, best);
-    if (st == MGT_OK)
+    if (st == MGT_OK && keep)
+        st = mgt_st_writer_save(wr, kept);
+    if (st == MGT_OK) {
         snprintf(r->res->checkpoint, sizeof r->res->checkpoint, "%s", path);
+        if (next_step == 0 && acc1 >= 0)
+            fprintf(r->out, "=> saved %s (epoch %d, Acc@1 %.3f)%s%s%s%s\n", path, next_epoch - 1,
+                    acc1, is_best ? ", the best so far: also " : "", is_best ? best : "",
+                    keep ? ", and " : "", keep ? kept : "");
+        else if (next_step == 0)
+            fprintf(r->out, "=> saved %s (epoch %d)%s%s\n", path, next_epoch - 1,
+                    keep ? ", and " : "", keep ? kept : "");
+        else
+            fprintf(r->out, "=> saved %s (epoch %d, step %ld of %ld)\n", path, next_epoch,
+                    next_step, r->data.steps_per_epoch);
+    }
+    if (st == MGT_OK && keep)
+        prune_epochs(r, next_epoch - 1);
     mgt_st_writer_free(wr);
     free(staging);
     free(opt_host);
     free(ema_host);
     return st;
+}
+
+/* A fresh run in a folder that holds another run's checkpoints would overwrite them,
+   model_best included, with a worse model: refused unless --resume (which continues that run)
+   or --overwrite says so. */
+mgt_status train_checkpoint_dir_check(run *r)
+{
+    const mgt_train_config *c = r->c;
+    if (!c->checkpoint_dir || c->resume || c->overwrite || c->evaluate || !r->primary)
+        return MGT_OK;
+    static const char *const names[] = {"checkpoint.safetensors", "model_best.safetensors"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", c->checkpoint_dir, names[i]);
+        if (access(path, F_OK) == 0)
+            return mgt_error_set(MGT_ERR_USAGE,
+                                 "--checkpoint-dir %s holds another run's checkpoints (%s): "
+                                 "--resume auto continues that run, --overwrite starts afresh "
+                                 "over them",
+                                 c->checkpoint_dir, names[i]);
+    }
+    return MGT_OK;
 }
 
 /* ---- load ---- */
@@ -377,7 +451,8 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     const char *kind = train_optim_kind(&r->w[0].opt);
     /* plain and Nesterov SGD keep the same momentum buffer (format 2 called both "sgd") */
     bool both_sgd = strncmp(s.optimizer, "sgd", 3) == 0 && strncmp(kind, "sgd", 3) == 0;
-    if (strcmp(s.optimizer, kind) != 0 && !both_sgd)
+    bool eval = r->c->evaluate; /* -e takes the model alone */
+    if (strcmp(s.optimizer, kind) != 0 && !both_sgd && !eval)
         return mgt_error_set(MGT_ERR_INVALID,
                              "%s: holds the state of optimizer %s; this run uses %s", path,
                              s.optimizer, kind);
@@ -397,20 +472,21 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", path);
-    st = load_optimizer(r, f, path, &s);
-    if (st == MGT_OK)
+    if (!eval)
+        st = load_optimizer(r, f, path, &s);
+    if (st == MGT_OK && !eval)
         st = train_ema_load(r, f, path, s.ema_n_averaged);
     if (st != MGT_OK)
         return st;
     *epoch = s.epoch;
-    *step = rescale_step(r, &s);
+    *step = eval ? 0 : rescale_step(r, &s);
     r->best_acc1 = s.best_acc1;
     if (s.format >= 3) /* older files: GradScaler's start, as a fresh run */
         r->scaler = (train_scaler){.scale = (float)s.loss_scale, .growth = s.loss_scale_growth};
     /* a change of precision is allowed (fp16 that overflows, going on in bf16) and said once:
        only fp16 reads the loss scale, and a non-fp16 run leaves it at its start */
     const char *now = mgt_precision_name(r->c->amp);
-    if (s.amp[0] && strcmp(s.amp, now) != 0)
+    if (s.amp[0] && strcmp(s.amp, now) != 0 && !eval)
         fprintf(r->out, "=> %s was saved by a run in %s%s; this one runs in %s%s%s\n", path, s.amp,
                 strcmp(s.amp, "f32") ? " (--amp)" : "", now,
                 r->c->amp != MGT_PREC_F32 ? " (--amp)" : "",
@@ -421,28 +497,26 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
 mgt_status train_resume(run *r, int *epoch, long *step)
 {
     const mgt_train_config *c = r->c;
-    char auto_path[512];
-    const char *path = c->resume;
-    if (!path)
+    if (!c->resume)
         return MGT_OK;
-    if (strcmp(path, "auto") == 0) { /* check_config made sure of checkpoint_dir */
-        snprintf(auto_path, sizeof auto_path, "%s/checkpoint.safetensors", c->checkpoint_dir);
-        if (access(auto_path, F_OK) != 0) {
-            fprintf(r->out, "=> --resume auto: no checkpoint at %s, starting afresh\n", auto_path);
-            return MGT_OK;
-        }
-        path = auto_path;
+    if (!r->resume_f) { /* --resume auto without a checkpoint there (train_open_sources) */
+        fprintf(r->out,
+                "=> --resume auto: no checkpoint at %s/checkpoint.safetensors, starting "
+                "afresh\n",
+                c->checkpoint_dir);
+        return MGT_OK;
     }
-    mgt_st_file *f = NULL;
+    const char *path = r->resume_path;
     int saved_epoch = 0;
     long saved_step = 0;
-    mgt_status st = mgt_st_open(path, &f);
-    if (st == MGT_OK)
-        st = load_checkpoint(r, path, f, &saved_epoch, &saved_step);
-    mgt_st_close(f);
+    mgt_status st = load_checkpoint(r, path, r->resume_f, &saved_epoch, &saved_step);
     /* every text above starts with the path: one prefix names the flag */
     if (st != MGT_OK)
         return train_flag_error(st, "--resume");
+    if (c->evaluate) {
+        *epoch = saved_epoch;
+        return MGT_OK; /* the evaluation's first line names the file */
+    }
     if (c->start_epoch < 0) {
         *epoch = saved_epoch;
         *step = saved_step;
@@ -450,9 +524,19 @@ mgt_status train_resume(run *r, int *epoch, long *step)
         *step = 0; /* --start-epoch given: that epoch from its start */
     }
     if (*step >= r->data.steps_per_epoch) { /* the epoch's images are all seen */
+        fprintf(r->out,
+                "=> %s stopped at step %ld of epoch %d, past this run's %ld steps per epoch "
+                "(--max-steps, -b or the data differ from the run that saved it): that epoch "
+                "counts as done, and training goes on at epoch %d\n",
+                path, *step, *epoch, r->data.steps_per_epoch, *epoch + 1);
         ++*epoch;
         *step = 0;
     }
+    if (*epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--epochs %d: %s has trained %d epoch%s already: nothing is left to "
+                             "train (raise --epochs to go on, or --evaluate it)",
+                             c->epochs, path, *epoch, *epoch == 1 ? "" : "s");
     fprintf(r->out, "=> resumed from %s at epoch %d step %ld (best Acc@1 %.3f)\n", path, *epoch,
             *step, r->best_acc1);
     return MGT_OK;

@@ -351,7 +351,7 @@ static void complete_step(run *r, long k, const step_acc *a)
     m->c1 += a->c1;
     m->c5 += a->c5;
     m->data_s += a->data_s;
-    double step_now = now - m->last_complete;
+    double step_now = a->step_s > 0 ? a->step_s : now - m->last_complete;
     m->last_complete = now;
     m->last_progress = now;
     long done = k - r->first_step + 1;
@@ -403,6 +403,8 @@ void train_metrics_add(run *r, worker *w, long k, int slot, float loss)
     a->c5 += w->host_correct[2 * slot + 1];
     if (w->slot_wait[slot] > a->data_s)
         a->data_s = w->slot_wait[slot];
+    if (w->slot_step_s[slot] > a->step_s)
+        a->step_s = w->slot_step_s[slot];
     if (++a->reported == r->n) {
         /* steps complete in order: every device reports k before k+1 */
         step_acc done = *a;

@@ -1,29 +1,13 @@
 /* --pretrained: a torchvision state_dict, or an mgtrain checkpoint's weights and buffers, into
-   replica 0 (broadcast later). fc keeps the model's own when the file's has another class
-   count; an mgtrain checkpoint's optimizer state and training metadata are ignored, and one
-   line says so. */
+   replica 0 (broadcast later). The head (mgt_model_head, and the auxiliary classifiers' last
+   layers) keeps the model's own, torchvision-initialised, when the file's has another class
+   count, and a stem of another input channel count is adapted; one line says each. The file's
+   auxiliary classifiers are ignored when the model is built without them. An mgtrain
+   checkpoint's optimizer state and training metadata are ignored, and one line says so. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "train/train_impl.h"
-
-/* Whether the file's fc.weight has another shape than the model's (another class count):
-   then fc keeps the model's initialisation, as fine-tuning wants. */
-static bool fc_differs(const mgt_model *m, const mgt_st_file *f)
-{
-    int i = mgt_st_find(f, "fc.weight"), n;
-    const mgt_model_entry *t = mgt_model_table(m, &n);
-    for (int e = 0; e < n && i >= 0; e++) {
-        if (strcmp(t[e].name, "fc.weight") != 0)
-            continue;
-        if (mgt_st_tensor_ndim(f, i) != t[e].ndim)
-            return true;
-        for (int d = 0; d < t[e].ndim; d++)
-            if (mgt_st_tensor_shape(f, i)[d] != t[e].shape[d])
-                return true;
-    }
-    return false;
-}
 
 /* The modules of the auxiliary classifiers ("AuxLogits.", "aux1.", ...) that a model built
    without them lacks, from the same architecture described with them: their tensors in a
@@ -64,9 +48,22 @@ static void say_pretrained(run *r, const mgt_st_file *f, const train_state *s,
                            const mgt_model_load_report *rep)
 {
     const char *path = r->c->pretrained;
+    const mgt_model *m = r->w[0].model;
+    const mgt_model_config *mc = mgt_model_get_config(m);
+    if (r->c->evaluate) /* the evaluation's first line names the file */
+        return;
     fprintf(r->out, "=> loaded pretrained weights from %s (%d tensors)\n", path, rep->loaded);
-    if (rep->text)
-        fprintf(r->out, "%s\n", rep->text);
+    if (rep->head_classes)
+        fprintf(r->out,
+                "=> new head: %s re-initialised as torchvision initialises it, for %d "
+                "classes (the file's is for %d)\n",
+                mgt_model_head(m), mc->classes, rep->head_classes);
+    if (rep->stem_channels)
+        fprintf(r->out,
+                "=> input channels: the stem adapted from the file's %d channels to %d (%s, "
+                "as timm's adapt_input_conv)\n",
+                rep->stem_channels, mc->in_channels,
+                mc->in_channels == 1 ? "summed" : "repeated in turn, scaled by their ratio");
     if (s->format == 0)
         return;
     int opt = 0;
@@ -85,39 +82,35 @@ mgt_status train_load_pretrained(run *r)
     if (!path)
         return MGT_OK;
     worker *w0 = &r->w[0];
-    mgt_st_file *f = NULL;
+    const mgt_st_file *f = r->pretrained_f; /* opened by train_open_sources */
     mgt_model_load_report rep = {0};
     train_state s = {0};
-    mgt_status st = mgt_st_open(path, &f);
-    if (st == MGT_OK) {
-        /* a malformed training state is no reason to refuse the weights: it is only shown */
-        train_state_read(f, path, &s);
-        mgt_error_clear();
-        /* the optimizer's state of a checkpoint, and auxiliary classifiers the model has not */
-        const char *ignore[8] = {NULL};
-        char *aux[4];
-        int n_ign = 0, n_aux = aux_prefixes(w0->model, aux, 4);
-        for (const char *const *p = train_opt_prefixes; *p; p++)
-            ignore[n_ign++] = *p;
-        for (int i = 0; i < n_aux; i++)
-            ignore[n_ign++] = aux[i];
-        mgt_model_load_options lo = {.skip_fc = fc_differs(w0->model, f),
-                                     .ignore_prefixes = ignore};
-        st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
-        if (st == MGT_OK && n_aux)
-            fprintf(r->out,
-                    "=> built without the auxiliary classifiers (--aux-logits off): the file's "
-                    "%s*%s%s%s tensors are not used\n",
-                    aux[0], n_aux > 1 ? " and " : "", n_aux > 1 ? aux[1] : "",
-                    n_aux > 1 ? "*" : "");
-        for (int i = 0; i < n_aux; i++)
-            free(aux[i]);
-        if (st != MGT_OK)
-            mgt_error_wrap(st, "%s", path);
-    }
+    /* a malformed training state is no reason to refuse the weights: it is only shown */
+    train_state_read(f, path, &s);
+    mgt_error_clear();
+    /* the optimizer's state of a checkpoint, and auxiliary classifiers the model has not */
+    const char *ignore[8] = {NULL};
+    char *aux[4];
+    int n_ign = 0, n_aux = aux_prefixes(w0->model, aux, 4);
+    for (const char *const *p = train_opt_prefixes; *p; p++)
+        ignore[n_ign++] = *p;
+    for (int i = 0; i < n_aux; i++)
+        ignore[n_ign++] = aux[i];
+    /* -e evaluates the file's model as it is: no new head, no adapted stem */
+    bool tune = !r->c->evaluate;
+    mgt_model_load_options lo = {.new_head = tune, .adapt_stem = tune, .ignore_prefixes = ignore};
+    mgt_status st = mgt_model_load(w0->model, w0->s, f, &lo, &rep);
+    if (st == MGT_OK && n_aux)
+        fprintf(r->out,
+                "=> built without the auxiliary classifiers (--aux-logits off): the file's "
+                "%s*%s%s%s tensors are not used\n",
+                aux[0], n_aux > 1 ? " and " : "", n_aux > 1 ? aux[1] : "", n_aux > 1 ? "*" : "");
+    for (int i = 0; i < n_aux; i++)
+        free(aux[i]);
+    if (st != MGT_OK)
+        mgt_error_wrap(st, "%s", path);
     if (st == MGT_OK)
         say_pretrained(r, f, &s, &rep);
     free(rep.text);
-    mgt_st_close(f);
     return st != MGT_OK ? train_flag_error(st, "--pretrained") : MGT_OK;
 }

@@ -4,10 +4,12 @@
    records, the checkpoint. Between phases, replica 0's state goes to every device (and node),
    and the replicas are checked to agree bit for bit. */
 #include <errno.h>
-#include <time.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/train_impl.h"
@@ -15,7 +17,6 @@
 void mgt_train_config_defaults(mgt_train_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->arch = "resnet18";
     c->workers = -1;
     c->epochs = 90;
     c->start_epoch = -1;
@@ -37,6 +38,7 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->aux_logits = -1;
     c->aux_weight = -1;
     c->transform_input = -1;
+    c->augmix_severity = 3;
 }
 
 /* ---- between phases: the replicas made identical again, and checked ---- */
@@ -180,6 +182,72 @@ static mgt_status check_local_buffers(run *r)
     return st;
 }
 
+/* Where the first non-finite value of an arena lies: the table's name of the tensor that
+   holds it (role PARAM or BUFFER). */
+static const char *first_nonfinite(const mgt_model *m, mgt_model_role role, const float *host,
+                                   size_t floats)
+{
+    int n;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    size_t at = floats;
+    for (size_t k = 0; k < floats && at == floats; k++)
+        if (!isfinite(host[k]))
+            at = k;
+    for (int i = 0; i < n; i++)
+        if (t[i].role == role && at >= t[i].offset / sizeof(float) &&
+            at < t[i].offset / sizeof(float) + t[i].numel)
+            return t[i].name;
+    return "?";
+}
+
+mgt_status train_check_finite(run *r)
+{
+    worker *w = &r->w[0];
+    size_t pb, bb;
+    const float *p = mgt_model_params(w->model, &pb);
+    const float *b = mgt_model_buffers(w->model, &bb);
+    int32_t *dev = mgt_buffer_ptr(w->dev_correct); /* slot 0's pair: free between phases */
+    mgt_status st = mgt_nonfinite_count(w->s, dev, p, pb / sizeof(float));
+    if (st == MGT_OK && bb)
+        st = mgt_nonfinite_count(w->s, dev + 1, b, bb / sizeof(float));
+    else if (st == MGT_OK)
+        st = mgt_memset(w->s, dev + 1, 0, sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, w->host_correct, dev, 2 * sizeof(int32_t));
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st != MGT_OK || (w->host_correct[0] == 0 && w->host_correct[1] == 0))
+        return st;
+    /* diverged: name the first tensor of each arena that holds a NaN or an infinity */
+    long np = w->host_correct[0], nb = w->host_correct[1];
+    float *hp = malloc(pb ? pb : 1), *hb = malloc(bb ? bb : 1);
+    st = hp && hb ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_copy_d2h(w->s, hp, p, pb);
+    if (st == MGT_OK && bb)
+        st = mgt_copy_d2h(w->s, hb, b, bb);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(w->s, &r->abort);
+    if (st == MGT_OK) {
+        char what[2][160] = {"", ""};
+        if (np)
+            snprintf(what[0], sizeof what[0], "%ld of %zu parameters (the first in %s)", np,
+                     pb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_PARAM, hp, pb / sizeof(float)));
+        if (nb)
+            snprintf(what[1], sizeof what[1], "%ld of %zu batch-norm statistics (the first in %s)",
+                     nb, bb / sizeof(float),
+                     first_nonfinite(w->model, MGT_MODEL_BUFFER, hb, bb / sizeof(float)));
+        st = mgt_error_set(MGT_ERR_DEVICE,
+                           "the model has diverged (a lower --lr?): %s%s%s are NaN or infinite; "
+                           "no checkpoint is written from it",
+                           what[0], np && nb ? " and " : "", what[1]);
+    }
+    free(hp);
+    free(hb);
+    return st;
+}
+
 /* Every replica's parameters must equal replica 0's, to the bit: each applies the same update
    to the same weights from the same summed gradients. A difference means a reduction or
    broadcast went wrong, and training on would silently average different models. */
@@ -224,68 +292,232 @@ mgt_status train_check_replicas(run *r)
 
 /* ---- the run ---- */
 
-/* What the run cannot start with, each named by its flag. */
+/* What the run cannot start with, each named by its flag (MGT_ERR_USAGE: a command line
+   that cannot work). */
 static mgt_status check_config(run *r)
 {
     const mgt_train_config *c = r->c;
     if (!c->arch)
-        return mgt_error_set(MGT_ERR_INVALID, "--arch is missing");
+        return mgt_error_set(MGT_ERR_USAGE, "--arch is missing");
     r->arch = mgt_arch_find(c->arch);
     if (!r->arch)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--arch '%s': unknown architecture (mgtrain model "
                              "--help lists them)",
                              c->arch);
     if (!c->dummy && !c->data_dir)
-        return mgt_error_set(MGT_ERR_INVALID, "--data DIR is missing (or use --dummy)");
+        return mgt_error_set(MGT_ERR_USAGE, "--data DIR is missing (or use --dummy)");
     if (c->amp != MGT_PREC_F32 && c->amp != MGT_PREC_BF16 && c->amp != MGT_PREC_FP16)
-        return mgt_error_set(MGT_ERR_INVALID, "--amp: unknown precision %d", (int)c->amp);
+        return mgt_error_set(MGT_ERR_USAGE, "--amp: unknown precision %d", (int)c->amp);
     if (!(c->loss_scale_init >= 0 && c->loss_scale_init < 1e38f))
-        return mgt_error_set(MGT_ERR_INVALID, "loss_scale_init %g is not a positive number",
+        return mgt_error_set(MGT_ERR_USAGE, "loss_scale_init %g is not a positive number",
                              (double)c->loss_scale_init);
     if (c->evaluate && c->dummy)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--evaluate needs --data: dummy data has no validation split");
     if (c->resume && strcmp(c->resume, "auto") == 0 && !c->checkpoint_dir)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--resume auto: there is nothing to resume from without "
                              "--checkpoint-dir");
     if (c->batch_size < r->wn)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "-b %d is smaller than the device count %d: -b is the total batch "
                              "over all devices%s",
                              c->batch_size, r->wn, r->nodes > 1 ? " of all nodes" : "");
+    if (c->start_epoch >= c->epochs && !c->evaluate)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--start-epoch %d is not below --epochs %d: nothing would be trained "
+                             "(epochs are numbered from 0)",
+                             c->start_epoch, c->epochs);
     if (c->epochs < 1 || c->print_freq < 1 || c->bucket_bytes == 0)
-        return mgt_error_set(MGT_ERR_INVALID, "--epochs, --print-freq and --bucket-mb must be "
-                                              "positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--epochs, --print-freq and --bucket-mb must be "
+                                            "positive");
     if (c->dummy && c->dummy_steps < 1)
-        return mgt_error_set(MGT_ERR_INVALID, "--dummy-steps must be positive");
+        return mgt_error_set(MGT_ERR_USAGE, "--dummy-steps must be positive");
     if (!(c->random_erase >= 0 && c->random_erase <= 1))
-        return mgt_error_set(MGT_ERR_INVALID, "--random-erase %g is not a probability",
+        return mgt_error_set(MGT_ERR_USAGE, "--random-erase %g is not a probability",
                              (double)c->random_erase);
     if (mgt_lr_per_epoch(c->lr.kind) && c->lr.warmup_epochs != (float)(int)c->lr.warmup_epochs)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--lr-warmup-epochs %g: the references' warm-up is whole epochs",
                              (double)c->lr.warmup_epochs);
     if (c->accum_steps < 1 || c->model_ema_steps < 1 || !(c->clip_grad_norm >= 0) ||
         !(c->model_ema_decay >= 0 && c->model_ema_decay <= 1))
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--accum-steps %d and --model-ema-steps %d must be positive, "
                              "--clip-grad-norm %g not negative, --model-ema-decay %g in [0, 1]",
                              c->accum_steps, c->model_ema_steps, (double)c->clip_grad_norm,
                              (double)c->model_ema_decay);
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
-        return mgt_error_set(MGT_ERR_INVALID, "--mixup-alpha and --cutmix-alpha must not be "
-                                              "negative");
+        return mgt_error_set(MGT_ERR_USAGE, "--mixup-alpha and --cutmix-alpha must not be "
+                                            "negative");
     if ((c->aux_logits >= 0 || c->aux_weight >= 0) && r->arch->aux_weight == 0)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--aux-logits, --aux-weight: %s has no auxiliary classifiers "
                              "(inception_v3 and googlenet have)",
                              c->arch);
     if (c->transform_input > 0 && !r->arch->transform_input)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--transform-input: %s has none (inception_v3 and googlenet have)",
                              c->arch);
+    return MGT_OK;
+}
+
+/* The shortest text of x that reads back as x: "0.2", not "0.200000003". */
+static const char *float_text(char *buf, size_t cap, double x)
+{
+    for (int digits = 6; digits < 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, x);
+        if ((float)strtod(buf, NULL) == (float)x)
+            break;
+    }
+    return buf;
+}
+
+/* The settings every node must share, as "NAME\tVALUE\n" lines; lost: an allocation failed
+   (a partial text would compare wrong). */
+typedef struct settings_text {
+    mgt_text t;
+    bool lost;
+} settings_text;
+
+/* One setting (no tab or newline in the value). */
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void setting(settings_text *t, const char *name, const char *fmt, ...)
+{
+    char v[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    for (char *p = v; *p; p++)
+        if (*p == '\t' || *p == '\n')
+            *p = ' ';
+    if (!mgt_text_add(&t->t, "%s\t%s\n", name, v))
+        t->lost = true;
+}
+
+/* Every node of a multi-node run must take the same steps: the same model, batch, steps,
+   schedule, optimizer, precision, data (size and classes), seed and every flag that changes
+   a step. Compared as a digest at start-up; a difference is the run's one line, naming the
+   first setting that differs and both values (one node says it; the others say nothing).
+   Before, only --gpus was compared: --max-steps 4 against 8 hung at the end of the shorter
+   run, resnet20 against resnet32 died in MPI_ERR_TRUNCATE, -b 32 against 64 trained on. */
+static mgt_status agree_with_nodes(run *r)
+{
+    if (r->nodes == 1)
+        return MGT_OK;
+    const mgt_train_config *c = r->c;
+    const mgt_lr_config *lr = &c->lr;
+    const train_data *d = &r->data;
+    settings_text t = {0};
+    char fb[32];
+#define F(x) float_text(fb, sizeof fb, (double)(x))
+    setting(&t, "--arch", "%s", c->arch);
+    setting(&t, "-b", "%d", c->batch_size);
+    setting(&t, "--epochs", "%d", c->epochs);
+    setting(&t, "--start-epoch", "%d", c->start_epoch);
+    setting(&t, "--max-steps", "%ld", r->ctl.max_steps);
+    setting(&t, "--evaluate", "%s", c->evaluate ? "yes" : "no");
+    setting(&t, "--lr", "%s", F(lr->lr));
+    setting(&t, "the lr schedule", "%s", mgt_lr_kind_name(lr->kind));
+    setting(&t, "--lr-step", "%d", lr->step_epochs);
+    setting(&t, "--lr-gamma", "%s", F(lr->gamma));
+    setting(&t, "--lr-min", "%s", F(lr->lr_min));
+    setting(&t, "the warm-up epochs", "%s", F(lr->warmup_epochs));
+    setting(&t, "--lr-warmup-method", "%d", (int)lr->warmup_method);
+    setting(&t, "--lr-warmup-decay", "%s", F(lr->warmup_decay));
+    setting(&t, "--opt", "%s%s", mgt_opt_kind_name(c->opt), c->nesterov ? " --nesterov" : "");
+    setting(&t, "--momentum", "%s", F(c->momentum));
+    setting(&t, "--weight-decay", "%s", F(c->weight_decay));
+    setting(&t, "--norm-weight-decay", "%s", F(c->norm_weight_decay));
+    setting(&t, "--bias-weight-decay", "%s", F(c->bias_weight_decay));
+    setting(&t, "--clip-grad-norm", "%s", F(c->clip_grad_norm));
+    setting(&t, "--accum-steps", "%d", c->accum_steps);
+    setting(&t, "--model-ema", "%s", c->model_ema ? "yes" : "no");
+    setting(&t, "--model-ema-decay", "%s", F(c->model_ema_decay));
+    setting(&t, "--model-ema-steps", "%d", c->model_ema_steps);
+    setting(&t, "--label-smoothing", "%s", F(c->label_smoothing));
+    setting(&t, "--amp", "%s", mgt_precision_name(c->amp));
+    setting(&t, "--grad-dtype", "%s", mgt_precision_name(c->grad_dtype));
+    setting(&t, "the first loss scale", "%s", F(c->loss_scale_init)); /* fp16's, API only */
+    setting(&t, "--bucket-mb", "%zu bytes", c->bucket_bytes);
+    setting(&t, "--allreduce", "%d", (int)c->allreduce);
+    setting(&t, "--seed", "%llu", (unsigned long long)c->seed);
+    setting(&t, "--freeze-bn", "%s", c->freeze_bn ? "yes" : "no");
+    setting(&t, "--sync-bn", "%s", c->sync_bn ? "yes" : "no");
+    setting(&t, "--zero-init-residual", "%s", c->zero_init_residual ? "yes" : "no");
+    setting(&t, "--aux-logits", "%d", c->aux_logits);
+    setting(&t, "--aux-weight", "%s", F(c->aux_weight));
+    setting(&t, "--transform-input", "%d", c->transform_input);
+    setting(&t, "--augment", "%d", (int)c->augment);
+    setting(&t, "--auto-augment", "%s", mgt_auto_augment_name(c->auto_augment));
+    setting(&t, "--interpolation", "%s", mgt_interp_name(c->interpolation));
+    setting(&t, "--random-erase", "%s", F(c->random_erase));
+    setting(&t, "--mixup-alpha", "%s", F(c->mixup_alpha));
+    setting(&t, "--cutmix-alpha", "%s", F(c->cutmix_alpha));
+    setting(&t, "--exact-decode", "%s", c->exact_decode ? "yes" : "no");
+    setting(&t, "--val-resize-size", "%d", c->val_resize_size);
+    setting(&t, "--val-crop-size", "%d", c->val_crop_size);
+    setting(&t, "--normalize", "%s", c->normalize_auto ? "auto" : "no");
+    setting(&t, "--mean", "%s", c->mean_std_set ? "given" : "ImageNet's");
+    for (int i = 0; c->mean_std_set && i < 3; i++) {
+        setting(&t, "--mean", "%s", F(c->mean[i]));
+        setting(&t, "--std", "%s", F(c->std[i]));
+    }
+    setting(&t, "--image-size", "%d", d->size);
+    setting(&t, "the data", "%s", c->dummy ? "synthetic (--dummy)" : "a dataset");
+    setting(&t, "the training images", "%zu", d->train_samples);
+    setting(&t, "the validation images", "%zu", d->val_samples);
+    setting(&t, "the image channels", "%d", d->channels);
+    setting(&t, "the steps per epoch", "%ld", d->steps_per_epoch);
+    setting(&t, "the classes", "%d", d->classes);
+    for (int i = 0; d->train_ds && i < d->classes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "class %d", i);
+        setting(&t, name, "%s", mgt_dataset_class_name(d->train_ds, i));
+    }
+#undef F
+    if (t.lost || !t.t.s) {
+        mgt_text_free(&t.t);
+        return mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    }
+    bool speaker;
+    mgt_status st = mgt_world_check_same(r->world, t.t.s, &r->abort, &speaker);
+    mgt_text_free(&t.t);
+    if (st != MGT_OK && !speaker) /* the node that differs says it */
+        train_fail_remote(r, mgt_error_last());
+    return st;
+}
+
+/* path and every missing folder above it, as mkdir -p makes them; a part that exists and is
+   not a folder, or that cannot be made, is named. */
+static mgt_status make_folder(const char *flag, const char *path)
+{
+    char part[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof part)
+        return mgt_error_set(MGT_ERR_USAGE, "%s '%s': not a usable folder name", flag, path);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        memcpy(part, path, i);
+        part[i] = '\0';
+        struct stat sb;
+        if (stat(part, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return i == n
+                           ? mgt_error_set(MGT_ERR_IO, "%s %s: not a folder", flag, path)
+                           : mgt_error_set(MGT_ERR_IO, "%s %s: %s: not a folder", flag, path, part);
+        } else if (mkdir(part, 0777) != 0 && errno != EEXIST) {
+            return mgt_error_set(MGT_ERR_IO, "%s %s: cannot make %s: %s", flag, path, part,
+                                 strerror(errno));
+        }
+    }
+    if (access(path, W_OK | X_OK) != 0)
+        return mgt_error_set(MGT_ERR_IO, "%s %s: cannot write in it: %s", flag, path,
+                             strerror(errno));
     return MGT_OK;
 }
 
@@ -297,10 +529,11 @@ static mgt_status open_outputs(run *r)
         train_reports_init(&r->reports, r->out, NULL, NULL);
         return MGT_OK;
     }
-    if (c->checkpoint_dir && ((mkdir(c->checkpoint_dir, 0777) != 0 && errno != EEXIST) ||
-                              access(c->checkpoint_dir, W_OK | X_OK) != 0))
-        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", c->checkpoint_dir,
-                             strerror(errno));
+    mgt_status st = c->checkpoint_dir ? make_folder("--checkpoint-dir", c->checkpoint_dir) : MGT_OK;
+    if (st == MGT_OK)
+        st = train_checkpoint_dir_check(r);
+    if (st != MGT_OK)
+        return st;
     if (c->log_path) {
         r->log = fopen(c->log_path, "a");
         if (!r->log)
@@ -325,10 +558,8 @@ static mgt_status open_outputs(run *r)
     return MGT_OK;
 }
 
-static void print_start(run *r, int start_epoch)
+static void print_devices(run *r)
 {
-    const mgt_train_config *c = r->c;
-    const train_data *d = &r->data;
     FILE *o = r->out;
     fprintf(o, "=> devices (%d, %s):", r->n, mgt_device_kind_name(mgt_devset_kind(r->set)));
     for (int i = 0; i < r->n; i++)
@@ -336,7 +567,67 @@ static void print_start(run *r, int start_epoch)
     if (r->nodes > 1)
         fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
                 r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
-    fprintf(o, "\n=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->wn,
+    fprintf(o, "\n");
+    /* Ctrl-C on mpirun reaches the ranks as SIGTERM with a SIGKILL soon after: a stop's save
+       must fit between them (an unfinished one leaves the previous checkpoint) */
+    double grace = mgt_world_kill_grace_s();
+    if (r->nodes > 1 && r->c->checkpoint_dir && !r->c->evaluate && grace >= 0)
+        fprintf(o,
+                "=> Ctrl-C on mpirun: Open MPI sends every rank SIGTERM after %g s and SIGKILL "
+                "%g s later (mpirun --mca odls_base_sigkill_timeout S sets both): the stop's "
+                "checkpoint must be written in that time, or the previous one stays\n",
+                grace, grace);
+}
+
+/* -e's start: what is evaluated, on what, how: nothing of training. */
+static void print_eval_start(run *r)
+{
+    const mgt_train_config *c = r->c;
+    const train_data *d = &r->data;
+    const mgt_transform *vt = &d->val_t;
+    FILE *o = r->out;
+    print_devices(r);
+    mgt_model_counts mc;
+    mgt_model_get_counts(r->w[0].model, &mc);
+    const char *src = r->resume_f ? r->resume_path : c->pretrained;
+    fprintf(o, "=> evaluating %s: %s (%s), %zu parameters, %.3f GMACs per image", src ? src : "",
+            c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9);
+    if (r->have_ckpt && r->ckpt.is_checkpoint)
+        fprintf(o, ", trained %d epoch%s (best Acc@1 %.3f)", r->ckpt.epoch,
+                r->ckpt.epoch == 1 ? "" : "s", r->ckpt.best_acc1);
+    if (!src)
+        fprintf(o, " (no --resume or --pretrained: its initial weights)");
+    fprintf(o, "\n=> data: %s: %zu validation images, %d classes, %dx%dx%d", c->data_dir,
+            d->val_samples, d->classes, d->channels, d->size, d->size);
+    if (vt->resize > 0)
+        fprintf(o, "; resize %d (%s), centre crop %d", vt->resize, mgt_interp_name(vt->interp),
+                vt->size);
+    else
+        fprintf(o, "; centre crop %d", vt->size);
+    fprintf(o, "; mean");
+    for (int i = 0; i < d->channels && i < 3; i++)
+        fprintf(o, " %.4g", (double)vt->mean[i]);
+    fprintf(o, " std");
+    for (int i = 0; i < d->channels && i < 3; i++)
+        fprintf(o, " %.4g", (double)vt->std[i]);
+    fprintf(o, "\n=> batches of %d images per device, %zu batches on the first device\n",
+            d->per_dev_batch, mgt_loader_batches(d->val_ld, 0));
+    if (c->amp != MGT_PREC_F32)
+        fprintf(o, "=> mixed precision %s\n", mgt_precision_name(c->amp));
+    fflush(o);
+}
+
+static void print_start(run *r, int start_epoch)
+{
+    const mgt_train_config *c = r->c;
+    const train_data *d = &r->data;
+    FILE *o = r->out;
+    if (c->evaluate) {
+        print_eval_start(r);
+        return;
+    }
+    print_devices(r);
+    fprintf(o, "=> batch: %d per device x %d devices = %d per step", d->per_dev_batch, r->wn,
             d->per_dev_batch * r->wn);
     if (d->per_dev_batch * r->wn != c->batch_size)
         fprintf(o, " (-b %d split as the example does: int(b / devices) each)", c->batch_size);
@@ -385,6 +676,9 @@ static void print_start(run *r, int start_epoch)
                 "%dx%dx%d, %ld steps per epoch\n",
                 c->data_dir, d->train_samples, d->val_samples, d->classes, d->channels, d->size,
                 d->size, d->steps_per_epoch);
+    if (d->val_t.size > 0 && d->val_t.size != d->size)
+        fprintf(o, "=> validation at %dx%d (FixRes: a twin of each replica planned for it)\n",
+                d->val_t.size, d->val_t.size);
     mgt_model_counts mc;
     mgt_model_get_counts(r->w[0].model, &mc);
     fprintf(o,
@@ -477,7 +771,7 @@ static bool validate(run *r, train_summary *s)
         long images;
         bool ok = st == MGT_OK &&
                   val_pass(r, &res->ema_val_loss, &res->ema_val_acc1, &res->ema_val_acc5, &images);
-        if (st == MGT_OK && !r->failed)
+        if (st == MGT_OK && !r->fail.set)
             st = train_ema_swap_out(r);
         if (st != MGT_OK) {
             train_fail(r, mgt_error_wrap(st, "EMA validation of epoch %d", r->epoch));
@@ -530,20 +824,164 @@ static void summary_place(run *r, train_summary *s)
     s->profile = r->ctl.profile ? r->res->profile : NULL;
 }
 
+/* A CSV field: quoted (with quotes doubled) where it holds a comma, quote or line break. */
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"')
+            fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* --confusion FILE: the matrix with class names, rows the true classes, columns the predicted
+   ones; written through a temporary file and a rename. */
+static mgt_status write_confusion(run *r, const long *cm, int k)
+{
+    const char *path = r->c->confusion_path;
+    const mgt_dataset *ds = r->data.val_ds;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return mgt_error_set(MGT_ERR_IO, "--confusion %s: %s", path, strerror(errno));
+    fputs("true \\ predicted", f);
+    for (int j = 0; j < k; j++) {
+        fputc(',', f);
+        csv_field(f, mgt_dataset_class_name(ds, j));
+    }
+    fputc('\n', f);
+    for (int i = 0; i < k; i++) {
+        csv_field(f, mgt_dataset_class_name(ds, i));
+        for (int j = 0; j < k; j++)
+            fprintf(f, ",%ld", cm[(size_t)i * k + j]);
+        fputc('\n', f);
+    }
+    bool bad = ferror(f) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        mgt_status st = mgt_error_set(MGT_ERR_IO, "--confusion %s: %s", path, strerror(errno));
+        remove(tmp);
+        return st;
+    }
+    return MGT_OK;
+}
+
+typedef struct class_acc {
+    int c;
+    double acc;
+    long n;
+} class_acc;
+
+static int by_acc(const void *a, const void *b)
+{
+    const class_acc *x = a, *y = b;
+    return x->acc < y->acc ? -1 : x->acc > y->acc ? 1 : x->c - y->c;
+}
+
+/* -e's confusion counts: every replica's (and node's) summed into the result, per-class top-1
+   said (the five lowest, or every class with --per-class), the CSV written. */
+static mgt_status eval_classes(run *r)
+{
+    int k = r->data.classes;
+    if (!r->w[0].confusion) {
+        if (r->c->confusion_path)
+            return mgt_error_set(MGT_ERR_INVALID,
+                                 "--confusion: %d classes, more than the %d a matrix is kept for",
+                                 k, TRAIN_CONFUSION_MAX);
+        return MGT_OK;
+    }
+    size_t kk = (size_t)k * k;
+    long *cm = calloc(kk, sizeof *cm);
+    class_acc *acc = calloc((size_t)k, sizeof *acc);
+    double *sum = r->nodes > 1 ? calloc(kk, sizeof *sum) : NULL;
+    mgt_status st = cm && acc && (r->nodes == 1 || sum)
+                        ? MGT_OK
+                        : mgt_error_set(MGT_ERR_OOM, "the confusion matrix: host memory exhausted");
+    for (int i = 0; i < r->n && st == MGT_OK; i++)
+        for (size_t e = 0; e < kk; e++)
+            cm[e] += r->w[i].confusion[e];
+    if (st == MGT_OK && sum) {
+        for (size_t e = 0; e < kk; e++)
+            sum[e] = (double)cm[e];
+        st = mgt_world_sum(r->world, sum, kk, &r->abort);
+        for (size_t e = 0; st == MGT_OK && e < kk; e++)
+            cm[e] = (long)sum[e];
+    }
+    free(sum);
+    if (st != MGT_OK) {
+        free(cm);
+        free(acc);
+        return st;
+    }
+    for (int i = 0; i < k; i++) {
+        long n = 0;
+        for (int j = 0; j < k; j++)
+            n += cm[(size_t)i * k + j];
+        acc[i] = (class_acc){i, n ? 100.0 * (double)cm[(size_t)i * k + i] / (double)n : 0, n};
+    }
+    const mgt_dataset *ds = r->data.val_ds;
+    FILE *o = r->out;
+    if (r->c->per_class) {
+        fprintf(o, "=> top-1 per class:\n");
+        for (int i = 0; i < k; i++)
+            fprintf(o, "   %-24s %7.3f%%  (%ld images)\n", mgt_dataset_class_name(ds, i),
+                    acc[i].acc, acc[i].n);
+    } else if (k > 1) {
+        qsort(acc, (size_t)k, sizeof *acc, by_acc);
+        int show = k < 5 ? k : 5;
+        fprintf(o, "=> top-1 per class, the %d lowest:", show);
+        for (int i = 0; i < show; i++)
+            fprintf(o, "%s %s %.2f%%", i ? "," : "", mgt_dataset_class_name(ds, acc[i].c),
+                    acc[i].acc);
+        fprintf(o, " (--per-class lists all %d)\n", k);
+    }
+    if (r->c->confusion_path && r->primary) {
+        st = write_confusion(r, cm, k);
+        if (st == MGT_OK)
+            fprintf(o, "=> confusion matrix (rows true, columns predicted) in %s\n",
+                    r->c->confusion_path);
+    }
+    free(acc);
+    r->res->confusion = cm;
+    r->res->confusion_classes = k;
+    return st;
+}
+
 static bool evaluate(run *r, int epoch)
 {
     r->epoch = epoch;
     train_summary s = {.epoch = epoch};
     summary_place(r, &s);
+    r->m.val_run_loss = 0;
+    r->m.val_run_n = r->m.val_run_c1 = r->m.val_run_c5 = r->m.val_batches_done = 0;
+    r->m.val_start = mgt_time_now();
     if (!validate(r, &s))
         return false;
     train_reports_summary(&r->reports, &s);
     train_reports_flush(&r->reports);
+    mgt_status st = eval_classes(r);
+    if (st != MGT_OK) {
+        train_fail(r, st);
+        return false;
+    }
     return true;
 }
 
 static bool begin_epoch(run *r, int ep, long first)
 {
+    if (first > 0 && r->primary)
+        fprintf(
+            r->out,
+            "=> epoch %d resumes at step %ld of %ld: its averages (in parentheses) and training "
+            "loss cover steps %ld to %ld only\n",
+            ep, first, r->data.steps_per_epoch, first, r->data.steps_per_epoch - 1);
     r->epoch = ep;
     r->first_step = first;
     r->stop_at = r->data.steps_per_epoch;
@@ -565,6 +1003,8 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
     mgt_train_result *res = r->res;
     const train_metrics *m = &r->m;
     res->steps += r->stop_at - r->first_step;
+    r->run_images += m->n;
+    r->run_train_s += ep_s;
     res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
     res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
     double timed_s = m->last_complete - m->timed_start;
@@ -592,13 +1032,29 @@ static bool save_stopped(run *r)
     r->res->interrupted = true;
     mgt_status st = train_broadcast(r, TRAIN_SYNC_BUFFERS);
     if (st == MGT_OK)
-        st = train_checkpoint_save(r, r->epoch, r->stop_at, false);
+        st = train_checkpoint_save(r, r->epoch, r->stop_at, false, -1);
     if (st != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "checkpoint at epoch %d step %ld", r->epoch, r->stop_at));
         return false;
     }
-    fprintf(r->out, "=> stopped at epoch %d step %ld; checkpoint %s\n", r->epoch, r->stop_at,
-            r->res->checkpoint[0] ? r->res->checkpoint : "(none: no --checkpoint-dir)");
+    fprintf(r->out, "=> stopped at epoch %d step %ld%s\n", r->epoch, r->stop_at,
+            r->res->checkpoint[0] ? "" : "; no checkpoint (no --checkpoint-dir)");
+    return true;
+}
+
+/* A validation loss that is not a number stops the run: the model has diverged (its weights
+   may still be finite, its logits are not), and nothing is saved from it. */
+static bool loss_diverged(run *r, const train_summary *s)
+{
+    bool ema = isfinite(s->val_loss);
+    double loss = ema ? s->ema_val_loss : s->val_loss;
+    if (isfinite(loss) || (ema && !s->ema_validated))
+        return false;
+    train_fail_root(r, mgt_error_set(MGT_ERR_DEVICE,
+                                     "epoch %d: the %svalidation loss is %s: the model has "
+                                     "diverged (a lower --lr?); no checkpoint is written from it",
+                                     s->epoch, ema ? "EMA model's " : "",
+                                     isnan(loss) ? "NaN" : "infinite"));
     return true;
 }
 
@@ -614,6 +1070,10 @@ static epoch_end run_epoch(run *r, int ep, long first)
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
     }
+    if ((st = train_check_finite(r)) != MGT_OK) {
+        train_fail_root(r, mgt_error_wrap(st, "epoch %d", ep));
+        return EPOCH_FAILED;
+    }
     train_summary s;
     epoch_results(r, ep_s, &s);
     if (r->stop_at < r->data.steps_per_epoch)
@@ -622,9 +1082,13 @@ static epoch_end run_epoch(run *r, int ep, long first)
     if (r->data.val_ld) {
         if (!validate(r, &s))
             return EPOCH_FAILED;
+        if (loss_diverged(r, &s))
+            return EPOCH_FAILED;
         is_best = s.val_acc1 > r->best_acc1;
-        if (is_best)
+        if (is_best) {
             r->best_acc1 = s.val_acc1;
+            r->res->best_epoch = ep;
+        }
     } else if ((st = train_broadcast(r, TRAIN_SYNC_BUFFERS)) != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "epoch %d", ep));
         return EPOCH_FAILED;
@@ -632,7 +1096,7 @@ static epoch_end run_epoch(run *r, int ep, long first)
     r->res->epochs_done++;
     train_reports_summary(&r->reports, &s);
     train_reports_flush(&r->reports);
-    st = train_checkpoint_save(r, ep + 1, 0, is_best);
+    st = train_checkpoint_save(r, ep + 1, 0, is_best, s.validated ? s.val_acc1 : -1);
     if (st != MGT_OK) {
         train_fail(r, mgt_error_wrap(st, "checkpoint after epoch %d", ep));
         return EPOCH_FAILED;
@@ -655,28 +1119,78 @@ static epoch_end run_epoch(run *r, int ep, long first)
     return EPOCH_DONE;
 }
 
+/* Each device's memory in use, kept at its most (no allocation happens in the step loop, so
+   after set-up and each epoch it is seen). */
+static void sample_memory(run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        size_t used = 0, total = 0;
+        mgt_device_memory(mgt_devset_device(r->set, i), &used, &total);
+        if (used > r->res->peak_bytes[i])
+            r->res->peak_bytes[i] = used;
+    }
+}
+
+/* The run's last lines: how long, how fast, the best top-1 and its epoch, the memory. */
+static void print_end(run *r, bool ok)
+{
+    mgt_train_result *res = r->res;
+    FILE *o = r->out;
+    long t = (long)(res->total_s + 0.5);
+    fprintf(o, "=> %s: %d epoch%s in %ld:%02ld:%02ld (%ld steps, %.1f training images/s)",
+            !ok                ? "failed"
+            : res->interrupted ? "stopped"
+                               : "done",
+            res->epochs_done, res->epochs_done == 1 ? "" : "s", t / 3600, (t / 60) % 60, t % 60,
+            res->steps, res->run_images_per_s);
+    if (res->best_epoch >= 0)
+        fprintf(o, "; best Acc@1 %.3f at epoch %d", r->best_acc1, res->best_epoch);
+    else if (r->best_acc1 > 0)
+        fprintf(o, "; best Acc@1 %.3f (before the resume)", r->best_acc1);
+    if (res->best_epoch >= 0 && r->c->checkpoint_dir)
+        fprintf(o, " (%s/model_best.safetensors)", r->c->checkpoint_dir);
+    fprintf(o, "\n=> device memory at its peak:");
+    for (int i = 0; i < r->n; i++)
+        fprintf(o, "%s %s %.1f MiB", i ? "," : "", mgt_device_name(mgt_devset_device(r->set, i)),
+                (double)res->peak_bytes[i] / (1024.0 * 1024.0));
+    fprintf(o, "\n");
+    fflush(o);
+}
+
 static bool train_epochs(run *r, int start_epoch, long start_step)
 {
     for (int ep = start_epoch; ep < r->c->epochs; ep++) {
         epoch_end e = run_epoch(r, ep, ep == start_epoch ? start_step : 0);
+        sample_memory(r);
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
     }
     return true;
 }
 
-/* The one cleanup path: stops the workers, frees every part, and leaves st's text (the
-   run's first failure, or the set-up error) as this thread's error text. */
+/* The one cleanup path: stops the workers, places a device's fault, frees every part, and
+   leaves the run's first failure (or the set-up error, st) as this thread's error text: what
+   cleanup reports never replaces it. */
 static mgt_status run_finish(run *r, mgt_status st)
 {
-    char text[sizeof r->fail_text];
-    snprintf(text, sizeof text, "%s", r->failed ? r->fail_text : mgt_error_last());
-    if (r->failed)
-        st = r->fail_status != MGT_OK ? r->fail_status : MGT_ERR_DEVICE;
-    if (st != MGT_OK)
-        mgt_abort_raise(&r->abort);
+    if (st != MGT_OK && !r->fail.set) /* a set-up error: its text is still this thread's */
+        train_fail(r, st);
     train_workers_stop(r);
+    char text[sizeof r->fail.cause + 256];
+    char other[8];
+    if (r->fail.set && !r->fail.remote && r->fail.status == MGT_ERR_ABORTED && r->nodes > 1 &&
+        mgt_world_poll_failure(r->world, other, sizeof other))
+        r->fail.remote = true; /* a wait left because another node failed: that node's line */
+    if (r->fail.set) {
+        train_failure_settle(r);
+        train_failure_line(r, text, sizeof text);
+        st = r->fail.status;
+        r->res->remote_failure = r->fail.remote;
+    }
     train_free_parts(r);
+    train_close_sources(r);
+    if (r->have_ckpt)
+        mgt_ckpt_info_free(&r->ckpt);
     mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
     if (r->reports.n)
         train_reports_free(&r->reports);
@@ -690,12 +1204,20 @@ static mgt_status run_finish(run *r, mgt_status st)
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
+void mgt_train_result_free(mgt_train_result *r)
+{
+    free(r->confusion);
+    r->confusion = NULL;
+    r->confusion_classes = 0;
+}
+
 mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ctl, mgt_devset *set,
                          mgt_train_result *res)
 {
     memset(res, 0, sizeof *res);
-    run R = {.c = c, .set = set, .n = mgt_devset_count(set), .res = res};
+    run R = {.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
     run *r = &R;
+    r->c = c = &r->cfg;
     if (ctl)
         r->ctl = *ctl;
     r->world = r->ctl.world;
@@ -704,8 +1226,14 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     r->wn = r->nodes * r->n;
     r->wfirst = r->node * r->n;
     r->primary = r->node == 0;
+    /* start-up (scanning the data, building replicas, reading a checkpoint) may take one node
+       much longer than another: until the first step its waits on the other nodes are bounded
+       by --timeout or TRAIN_START_WAIT_S, whichever is longer; the steps' by --timeout */
     if (r->world)
-        mgt_world_set_timeout(r->world, c->step_timeout_s);
+        mgt_world_set_timeout(r->world,
+                              c->step_timeout_s > 0 && c->step_timeout_s < TRAIN_START_WAIT_S
+                                  ? TRAIN_START_WAIT_S
+                                  : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
     mgt_devset_set_waits(set, &r->abort, c->step_timeout_s);
@@ -726,12 +1254,22 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     long start_step = 0;
     mgt_status st = r->world ? mgt_world_check_devices(r->world, r->n) : MGT_OK;
     if (st == MGT_OK)
+        st = train_open_sources(r);
+    if (st == MGT_OK)
+        st = train_checkpoint_defaults(r, &r->cfg);
+    if (!r->cfg.arch)
+        r->cfg.arch = "resnet18";
+    if (st == MGT_OK)
         st = check_config(r);
     r->data.per_dev_batch = r->wn > 0 ? c->batch_size / r->wn : 0;
     if (st == MGT_OK)
         st = open_outputs(r);
     if (st == MGT_OK)
         st = train_open_data(r);
+    if (st == MGT_OK)
+        st = train_check_data_against(r);
+    if (st == MGT_OK)
+        st = agree_with_nodes(r);
     if (st == MGT_OK)
         st = train_make_workers(r);
     if (st == MGT_OK)
@@ -744,13 +1282,21 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
         st = train_world_position(r, &start_epoch, &start_step);
     if (st == MGT_OK)
         st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
+    if (r->world)
+        mgt_world_set_timeout(r->world, c->step_timeout_s);
     if (st == MGT_OK)
         st = train_workers_start(r);
+    res->best_epoch = -1;
     if (st == MGT_OK) {
+        sample_memory(r);
         if (r->primary)
             print_start(r, start_epoch);
         report_start(r, start_epoch, start_step);
         bool ok = c->evaluate ? evaluate(r, start_epoch) : train_epochs(r, start_epoch, start_step);
+        res->total_s = mgt_time_now() - r->start_s;
+        res->run_images_per_s = r->run_train_s > 0 ? (double)r->run_images / r->run_train_s : 0;
+        if (!c->evaluate && r->primary)
+            print_end(r, ok);
         if (!ok)
             st = MGT_ERR_DEVICE; /* run_finish takes the recorded failure's status */
     }

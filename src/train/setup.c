@@ -33,16 +33,14 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     mgt_augment aug = c->augment;
     if (aug == MGT_AUGMENT_DEFAULT)
         aug = r->arch->augment == MGT_ARCH_AUGMENT_RRC ? MGT_AUGMENT_RRC : MGT_AUGMENT_PAD_CROP;
-    if (c->val_crop_size > 0 && c->val_crop_size != d->size)
-        return mgt_error_set(MGT_ERR_INVALID,
-                             "--val-crop-size %d differs from the training size %d: the model "
-                             "is planned for one input size",
-                             c->val_crop_size, d->size);
-    mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, d->size, d->channels);
+    /* FixRes: validation may crop at another size than training (each replica then has a
+       validation twin planned for it) */
+    int vsize = c->val_crop_size > 0 ? c->val_crop_size : d->size;
+    mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, vsize, d->channels);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_RESIZE_CROP)
-        vt->resize = mgt_arch_resize_size(r->arch, d->size);
+        vt->resize = mgt_arch_resize_size(r->arch, vsize);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
-        vt->resize = (w == d->size && h == d->size) ? 0 : d->size;
+        vt->resize = (w == vsize && h == vsize) ? 0 : vsize;
     if (st == MGT_OK && c->val_resize_size > 0)
         vt->resize = c->val_resize_size;
     vt->interp = c->interpolation;
@@ -57,13 +55,14 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
         return st;
     /* the recipe's additions act on the training transform */
     if (c->auto_augment != MGT_AUTO_AUGMENT_NONE && aug == MGT_AUGMENT_NONE)
-        return mgt_error_set(MGT_ERR_INVALID,
+        return mgt_error_set(MGT_ERR_USAGE,
                              "--auto-augment %s works after a random crop: not "
                              "with --augment none",
                              mgt_auto_augment_name(c->auto_augment));
     tt->interp = c->interpolation;
     tt->exact_decode = c->exact_decode;
     tt->auto_augment = c->auto_augment;
+    tt->augmix_severity = c->augmix_severity;
     tt->random_erase = c->random_erase;
     if ((st = mgt_transform_check(tt)) != MGT_OK)
         return st;
@@ -104,12 +103,29 @@ static void loader_common(run *r, mgt_loader_options *o, mgt_device **devs)
     o->world_first = r->wfirst;
 }
 
+static mgt_status make_val_loader(run *r, const mgt_transform *vt, mgt_device **devs)
+{
+    train_data *d = &r->data;
+    mgt_loader_options vo;
+    mgt_loader_options_init(&vo, d->val_ds, vt, r->n, d->per_dev_batch);
+    loader_common(r, &vo, devs);
+    vo.split = MGT_SPLIT_EXACT;
+    vo.shuffle = false;
+    vo.continuous = false;
+    mgt_status st = mgt_loader_create(&vo, &d->val_ld);
+    return st == MGT_OK ? MGT_OK : mgt_error_wrap(st, "the validation data loader");
+}
+
 static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transform *vt)
 {
     train_data *d = &r->data;
     mgt_device *devs[MGT_MAX_DEVICES];
     for (int i = 0; i < r->n; i++)
         devs[i] = mgt_devset_device(r->set, i);
+    d->train_samples = mgt_dataset_size(d->train_ds);
+    d->val_samples = mgt_dataset_size(d->val_ds);
+    if (r->c->evaluate) /* -e: no training loader (its threads and batches) */
+        return make_val_loader(r, vt, devs);
     mgt_loader_options lo;
     mgt_loader_options_init(&lo, d->train_ds, tt, r->n, d->per_dev_batch);
     loader_common(r, &lo, devs);
@@ -124,7 +140,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)d->per_dev_batch == 1;
     st = mgt_loader_create(&lo, &d->train_ld);
     if (st != MGT_OK)
-        return st;
+        return mgt_error_wrap(st, "the training data loader");
     d->train_samples = mgt_dataset_size(d->train_ds);
     d->val_samples = mgt_dataset_size(d->val_ds);
     d->steps_per_epoch = (long)mgt_loader_batches(d->train_ld, 0);
@@ -132,13 +148,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
         d->steps_per_epoch = r->ctl.max_steps;
     if (r->ctl.no_validation)
         return MGT_OK;
-    mgt_loader_options vo;
-    mgt_loader_options_init(&vo, d->val_ds, vt, r->n, d->per_dev_batch);
-    loader_common(r, &vo, devs);
-    vo.split = MGT_SPLIT_EXACT;
-    vo.shuffle = false;
-    vo.continuous = false;
-    return mgt_loader_create(&vo, &d->val_ld);
+    return make_val_loader(r, vt, devs);
 }
 
 mgt_status train_open_data(run *r)
@@ -157,10 +167,17 @@ mgt_status train_open_data(run *r)
     st = mgt_dataset_probe(d->train_ds, 64, &w, &h, &d->channels);
     if (st != MGT_OK)
         return st;
+    if (r->c->image_channels > 0) /* the checkpoint's (or the caller's): images converted */
+        d->channels = r->c->image_channels;
     d->size = r->c->image_size > 0 ? r->c->image_size : mgt_arch_image_size(r->arch, w, h);
     mgt_transform tt, vt;
     st = make_transforms(r, w, h, &tt, &vt);
-    return st == MGT_OK ? make_loaders(r, &tt, &vt) : st;
+    if (st != MGT_OK)
+        return st;
+    d->val_t = vt;      /* what checkpoints say the model is validated with */
+    if (r->c->evaluate) /* -e: the model is planned at the validation crop */
+        d->size = vt.size;
+    return make_loaders(r, &tt, &vt);
 }
 
 /* ---- replicas ---- */
@@ -197,7 +214,7 @@ static mgt_status make_dummy_batch(run *r, worker *w)
     return st;
 }
 
-/* The metric slots and events of a worker. */
+/* The metric slots and events of a worker, and the marks that place a device fault. */
 static mgt_status make_slots(run *r, worker *w)
 {
     /* one more float than the slots: the gradients' sum of squares for --clip-grad-norm */
@@ -208,19 +225,60 @@ static mgt_status make_slots(run *r, worker *w)
         st = mgt_host_alloc(w->d, SLOTS * MGT_MODEL_MAX_AUX * sizeof(float), (void **)&w->host_aux);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
-    if (st == MGT_OK)
-        st = mgt_buffer_alloc(w->d, sizeof(float), &w->dev_val);
+    if (st == MGT_OK) /* [0]: validation's loss sum, [1]: clipping's sum of squares */
+        st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_buffer_alloc(w->d, sizeof(int32_t), &w->dev_nonfinite);
     if (st == MGT_OK && r->c->amp == MGT_PREC_FP16)
         st = mgt_host_alloc(w->d, sizeof(int32_t), (void **)&w->host_nonfinite);
-    st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val); /* [1]: clipping's */
+    size_t k = (size_t)r->data.classes;
+    if (st == MGT_OK && r->c->evaluate) /* -e: each batch's logits, for the confusion counts */
+        st = mgt_host_alloc(w->d, (size_t)r->data.per_dev_batch * k * sizeof(float),
+                            (void **)&w->host_logits);
+    if (st == MGT_OK && r->c->evaluate && k <= TRAIN_CONFUSION_MAX &&
+        !(w->confusion = calloc(k * k, sizeof *w->confusion)))
+        st = mgt_error_set(MGT_ERR_OOM, "the confusion matrix: host memory exhausted");
     for (int k = 0; k < SLOTS && st == MGT_OK; k++) {
         st = mgt_event_create(w->d, &w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS && st == MGT_OK && r->ctl.profile; p++)
             st = mgt_event_create(w->d, &w->prof_ev[k][p]);
     }
+    if (st == MGT_OK)
+        st = train_marks_create(w);
     return st;
+}
+
+/* FixRes (--val-crop-size other than the training size): a twin of the replica planned for
+   the validation crop, without gradients, into which the replica's weights and statistics
+   are copied before each validation. Refused where the parameters depend on the input size
+   (they would not be the same tensors). */
+static mgt_status make_val_twin(run *r, worker *w, const mgt_model_config *train_cfg)
+{
+    mgt_model_config vc = *train_cfg;
+    vc.image_size = r->data.val_t.size;
+    vc.inference = true;
+    vc.sync_bn = false;
+    vc.freeze_bn = false;
+    mgt_status st = mgt_model_create(&vc, w->d, &w->val_model);
+    if (st != MGT_OK)
+        return mgt_error_wrap(st, "--val-crop-size %d", vc.image_size);
+    size_t pa, pb, ba, bb;
+    mgt_model_params(w->model, &pa);
+    mgt_model_params(w->val_model, &pb);
+    mgt_model_buffers(w->model, &ba);
+    mgt_model_buffers(w->val_model, &bb);
+    int na, nb;
+    const mgt_model_entry *ta = mgt_model_table(w->model, &na);
+    const mgt_model_entry *tb = mgt_model_table(w->val_model, &nb);
+    bool same = pa == pb && ba == bb && na == nb;
+    for (int e = 0; same && e < na; e++)
+        same = ta[e].offset == tb[e].offset && ta[e].numel == tb[e].numel;
+    if (!same)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--val-crop-size %d: %s's parameters depend on its input size (%d "
+                             "in training): it cannot validate at another",
+                             vc.image_size, r->c->arch, train_cfg->image_size);
+    return MGT_OK;
 }
 
 static mgt_status make_worker(run *r, int i)
@@ -256,14 +314,18 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
         r->buffers[i] = mgt_model_buffers(w->model, NULL);
-        st = train_optim_create(&w->opt, w->d, w->model, c);
+        if ((st = train_optim_create(&w->opt, w->d, w->model, c)) != MGT_OK)
+            mgt_error_wrap(st, "the optimizer's state");
     }
-    if (st == MGT_OK)
-        st = train_ema_create(r, w);
-    if (st == MGT_OK)
-        st = make_slots(r, w);
-    if (st == MGT_OK && c->dummy)
-        st = make_dummy_batch(r, w);
+    if (st == MGT_OK && (st = train_ema_create(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "--model-ema's averages");
+    if (st == MGT_OK && (st = make_slots(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "the metric slots");
+    if (st == MGT_OK && c->dummy && (st = make_dummy_batch(r, w)) != MGT_OK)
+        mgt_error_wrap(st, "the synthetic batch");
+    if (st == MGT_OK && r->data.val_t.size > 0 && r->data.val_t.size != r->data.size &&
+        (st = make_val_twin(r, w, &mc)) != MGT_OK)
+        mgt_error_wrap(st, "the validation model (--val-crop-size)");
     if (st == MGT_OK && i == 0)
         st = mgt_model_init(w->model, w->s, c->seed);
     return st;
@@ -285,14 +347,19 @@ static void free_worker(worker *w)
     mgt_buffer_free(w->dev_nonfinite);
     if (w->host_nonfinite)
         mgt_host_free(w->d, w->host_nonfinite);
+    if (w->host_logits)
+        mgt_host_free(w->d, w->host_logits);
+    free(w->confusion);
     if (w->host_loss)
         mgt_host_free(w->d, w->host_loss);
     if (w->host_aux)
         mgt_host_free(w->d, w->host_aux);
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
+    train_marks_free(w);
     train_optim_free(&w->opt);
     train_ema_free(w);
+    mgt_model_free(w->val_model);
     mgt_model_free(w->model);
     mgt_stream_free(w->s);
 }
@@ -345,6 +412,8 @@ mgt_status train_make_comm(run *r)
                           .abort = &r->abort,
                           .grad_dtype = r->c->grad_dtype};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
+    if (st != MGT_OK)
+        mgt_error_wrap(st, "the gradient all-reduce");
     free(ends);
     for (int i = 0; st == MGT_OK && r->c->sync_bn && i < r->n; i++) {
         mgt_bn_sync bs = {

@@ -21,30 +21,6 @@ static long most_started(const run *r)
     return most;
 }
 
-void train_fail(run *r, mgt_status st)
-{
-    pthread_mutex_lock(&r->lock);
-    if (!r->failed) {
-        snprintf(r->fail_text, sizeof r->fail_text, "%s", mgt_error_last());
-        r->failed = true;
-        r->fail_status = st;
-    }
-    pthread_mutex_unlock(&r->lock);
-    mgt_abort_raise(&r->abort);
-    pthread_mutex_lock(&r->lock);
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->lock);
-}
-
-/* A worker's failure: the device, where it was, and the cause. An abort caused by another
-   thread's failure is not a cause of its own. */
-static void worker_fail(worker *w, mgt_status st, const char *where)
-{
-    if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&w->r->abort))
-        return;
-    train_fail(w->r, mgt_error_wrap(st, "%s: %s", mgt_device_name(w->d), where));
-}
-
 /* The abort flag was raised without a failure on record: the data loaders raise it
    themselves on a fatal data error, and the comm threads on a failed exchange with the other
    nodes, so the cause is theirs (the workers may not have reported it yet). */
@@ -62,8 +38,12 @@ static void blame_abort(run *r)
     mgt_loader *lds[2] = {r->data.train_ld, r->data.val_ld};
     for (int i = 0; i < 2; i++) {
         mgt_status st = lds[i] ? mgt_loader_error(lds[i]) : MGT_OK;
-        if (st != MGT_OK) {
-            train_fail(r, mgt_error_wrap(st, "epoch %d: data", r->epoch));
+        if (st != MGT_OK) { /* a bad image is a cause; a failed copy may be a device's */
+            mgt_error_wrap(st, "epoch %d: data", r->epoch);
+            if (st == MGT_ERR_DEVICE)
+                train_fail(r, st);
+            else
+                train_fail_root(r, st);
             return;
         }
     }
@@ -81,6 +61,18 @@ static mgt_status meter_step(worker *w, long k)
     if (st != MGT_OK)
         return st;
     float loss = w->host_loss[slot];
+    /* the step's time is the device's, from the previous step's end to this one's: it covers
+       a wait for the host (data, enqueueing) as the host's clock would, without the host's
+       lag; the host meters LAG steps behind, and at an epoch's end meters the last ones in a
+       burst, whose gaps on its clock (0.000 s) were not the steps' */
+    w->slot_step_s[slot] = 0;
+    if (k > r->first_step) {
+        float ms;
+        st = mgt_event_elapsed_ms(w->slot_ev[(k - 1) % SLOTS], w->slot_ev[slot], &ms);
+        if (st != MGT_OK)
+            return st;
+        w->slot_step_s[slot] = 1e-3 * ms;
+    }
     if (r->ctl.profile && k - r->first_step >= r->ctl.warmup_steps) {
         float ms[PROF_MARKS - 1];
         for (int p = 0; p < PROF_MARKS - 1 && st == MGT_OK; p++)
@@ -94,9 +86,11 @@ static mgt_status meter_step(worker *w, long k)
         w->prof.optimizer_s += 1e-3 * ms[3];
         w->prof.steps++;
     }
-    if (!isfinite(loss))
-        return mgt_error_set(MGT_ERR_DEVICE, "the loss is %s at epoch %d step %ld",
-                             isnan(loss) ? "NaN" : "infinite", r->epoch, k);
+    if (!isfinite(loss)) { /* the step whose loss it is, not the one the host is at */
+        st = mgt_error_set(MGT_ERR_DEVICE, "the loss is %s", isnan(loss) ? "NaN" : "infinite");
+        train_fail_worker(w, st, k, false, "loss", true);
+        return st;
+    }
     pthread_mutex_lock(&r->lock);
     train_metrics_add(r, w, k, slot, loss);
     pthread_mutex_unlock(&r->lock);
@@ -138,10 +132,16 @@ typedef struct step_batch {
     mgt_dropout_key drop; /* the step's and these samples' dropout key */
 } step_batch;
 
-/* With profile, an event marking the end of a stage (0: the step's start). */
-static mgt_status mark(worker *w, int slot, int stage)
+/* The end of a stage of step k (0: the step's start): with profile, its timing event; and
+   for stages 1..4, the mark that places a device fault (failure.c). */
+static mgt_status mark(worker *w, long k, int slot, int stage)
 {
-    return w->r->ctl.profile ? mgt_event_record(w->prof_ev[slot][stage], w->s) : MGT_OK;
+    static const char *const stages[PROF_MARKS] = {NULL, "forward", "backward",
+                                                   "gradient all-reduce", "optimizer"};
+    mgt_status st = w->r->ctl.profile ? mgt_event_record(w->prof_ev[slot][stage], w->s) : MGT_OK;
+    if (st == MGT_OK && stages[stage])
+        st = train_mark(w, k, false, stages[stage]);
+    return st;
 }
 
 static mgt_status next_batch(worker *w, step_batch *b)
@@ -183,8 +183,8 @@ static bool window_last(const run *r, long k)
 /* Forward, loss and backward of one batch; the gradients accumulate in the grad arena and,
    at the last micro-batch of a window, each layer's are handed to the all-reduce as backward
    completes them. */
-static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *correct, int slot,
-                                   bool reduce, const char **where)
+static mgt_status forward_backward(worker *w, long k, const step_batch *b, int32_t *correct,
+                                   int slot, bool reduce, const char **where)
 {
     run *r = w->r;
     *where = "forward";
@@ -194,7 +194,7 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
         st = mgt_model_loss_mixed(w->model, w->s, b->y, b->y_b, b->w, r->c->label_smoothing,
                                   correct);
     if (st == MGT_OK)
-        st = mark(w, slot, 1);
+        st = mark(w, k, slot, 1);
     if (st != MGT_OK)
         return st;
     *where = "backward";
@@ -205,7 +205,7 @@ static mgt_status forward_backward(worker *w, const step_batch *b, int32_t *corr
     if (st == MGT_OK)
         st = mgt_model_backward(w->model, w->s, reduce ? grads_ready : NULL, w);
     if (st == MGT_OK)
-        st = mark(w, slot, 2);
+        st = mark(w, k, slot, 2);
     return st;
 }
 
@@ -267,7 +267,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
     *where = "gradient all-reduce";
     mgt_status st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
     if (st == MGT_OK)
-        st = mark(w, slot, 3);
+        st = mark(w, k, slot, 3);
     if (st != MGT_OK)
         return st;
     *where = "optimizer";
@@ -283,7 +283,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
         scale /= (double)w->scaler.scale;
         st = scaler_check(w, &skip);
         if (st != MGT_OK || skip)
-            return st != MGT_OK ? st : mark(w, slot, 4);
+            return st != MGT_OK ? st : mark(w, k, slot, 4);
     }
     float clip = 1.0f;
     if (r->c->clip_grad_norm > 0)
@@ -297,7 +297,7 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
             st = train_ema_update(w);
     }
     if (st == MGT_OK)
-        st = mark(w, slot, 4);
+        st = mark(w, k, slot, 4);
     return st;
 }
 
@@ -322,19 +322,19 @@ static mgt_status train_step(worker *w, long k, const char **where)
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * slot;
     bool reduce = window_last(r, k);
     *where = "forward";
-    st = mark(w, slot, 0);
+    st = mark(w, k, slot, 0);
     if (st == MGT_OK)
         st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK && k == window_start(r, k))
         st = mgt_model_zero_grad(w->model, w->s);
     if (st == MGT_OK)
-        st = forward_backward(w, &b, correct, slot, reduce, where);
+        st = forward_backward(w, k, &b, correct, slot, reduce, where);
     if (st == MGT_OK && reduce)
         st = reduce_update(w, k, slot, where);
     else if (st == MGT_OK) { /* no reduction nor update in this step: their marks now */
-        st = mark(w, slot, 3);
+        st = mark(w, k, slot, 3);
         if (st == MGT_OK)
-            st = mark(w, slot, 4);
+            st = mark(w, k, slot, 4);
     }
     if (st != MGT_OK)
         return st;
@@ -348,6 +348,8 @@ static mgt_status train_step(worker *w, long k, const char **where)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_event_record(w->slot_ev[slot], w->s);
+    if (st == MGT_OK)
+        st = train_mark(w, k, false, "metrics");
     w->slot_n[slot] = b.n;
     w->slot_wait[slot] = b.wait_s;
     return st;
@@ -357,30 +359,31 @@ static void train_phase(worker *w)
 {
     run *r = w->r;
     long first = r->first_step;
-    long k = first;
+    long k = first, at = first; /* at: the step the failing call was about */
     const char *where = "starting";
     mgt_status st = MGT_OK;
     w->scaler = r->scaler; /* set by the main thread before the phase began */
     for (; begin_step(w, k); k++) {
         if (k - first >= LAG) {
             where = "reading metrics";
-            st = meter_step(w, k - LAG);
+            at = k - LAG;
+            st = meter_step(w, at);
             if (st != MGT_OK)
                 break;
         }
+        at = k;
         st = train_step(w, k, &where);
         if (st != MGT_OK)
             break;
     }
     if (st == MGT_OK) {
         where = "reading metrics";
-        for (long j = k - LAG > first ? k - LAG : first; j < k && st == MGT_OK; j++)
-            st = meter_step(w, j);
+        for (at = k - LAG > first ? k - LAG : first; at < k && st == MGT_OK; at++)
+            st = meter_step(w, at);
+        at--;
     }
     if (st != MGT_OK) {
-        char at[96];
-        snprintf(at, sizeof at, "epoch %d step %ld (%s)", r->epoch, k, where);
-        worker_fail(w, st, at);
+        train_fail_worker(w, st, at, false, where, false);
     } else if (w->dev == 0) {
         pthread_mutex_lock(&r->lock);
         r->scaler = w->scaler;
@@ -390,27 +393,105 @@ static void train_phase(worker *w)
 
 /* ---- validation ---- */
 
+/* -e's bookkeeping of one validation batch, after the device has finished it: the batch's
+   logits (on the host) into this replica's confusion counts, its loss and hits into the run's
+   totals so far, and from device 0 a progress line every --print-freq batches. */
+static void val_account(worker *w, const mgt_batch *b, size_t i, size_t batches, float loss,
+                        const int32_t *hits_before)
+{
+    run *r = w->r;
+    int k = r->data.classes;
+    for (int j = 0; w->confusion && j < b->n; j++) {
+        const float *row = w->host_logits + (size_t)j * k;
+        int best = 0;
+        for (int c = 1; c < k; c++)
+            if (row[c] > row[best])
+                best = c;
+        int y = b->labels_host[j];
+        if (y >= 0 && y < k)
+            w->confusion[(size_t)y * k + best]++;
+    }
+    pthread_mutex_lock(&r->lock);
+    train_metrics *m = &r->m;
+    m->val_run_loss += (double)loss * b->n;
+    m->val_run_n += b->n;
+    m->val_run_c1 += w->host_correct[0] - hits_before[0];
+    m->val_run_c5 += w->host_correct[1] - hits_before[1];
+    m->val_batches_done++;
+    if (w->dev == 0 && ((long)i % r->c->print_freq == 0 || i + 1 == batches)) {
+        double now = mgt_time_now(), el = now - m->val_start;
+        double total = (double)batches * r->n, done = (double)m->val_batches_done;
+        double n = (double)(m->val_run_n ? m->val_run_n : 1);
+        char eta[32];
+        long t = (long)(el / done * (total - done) + 0.5);
+        snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60,
+                 t % 60 > 0 ? t % 60 : 0);
+        int width = snprintf(NULL, 0, "%zu", batches);
+        fprintf(r->out,
+                "Test: [%*zu/%zu]  Time %6.3f  Loss %.4e  Acc@1 %6.2f  Acc@5 %6.2f  %ld images  "
+                "%.1f img/s  ETA %s\n",
+                width, i, batches, el / (double)(i + 1), m->val_run_loss / n,
+                100.0 * (double)m->val_run_c1 / n, 100.0 * (double)m->val_run_c5 / n, m->val_run_n,
+                (double)m->val_run_n / (el > 0 ? el : 1), t < 0 ? "0:00:00" : eta);
+        fflush(r->out);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
 static void val_phase(worker *w)
 {
     run *r = w->r;
     int32_t *correct = (int32_t *)mgt_buffer_ptr(w->dev_correct) + 2 * SLOTS;
     float *loss_sum = mgt_buffer_ptr(w->dev_val);
     size_t batches = mgt_loader_batches(r->data.val_ld, w->dev);
-    mgt_status st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    /* -e waits for each batch: its logits and numbers are read as it goes */
+    bool detail = r->c->evaluate;
+    int k = r->data.classes;
+    mgt_model *m = w->model;
+    mgt_status st = MGT_OK;
+    if (w->val_model) { /* FixRes: the weights and statistics into the twin at the val crop */
+        size_t pb, bb;
+        const float *p = mgt_model_params(w->model, &pb), *q = mgt_model_buffers(w->model, &bb);
+        st = mgt_copy_d2d(w->s, mgt_model_params(w->val_model, NULL), p, pb);
+        if (st == MGT_OK && bb)
+            st = mgt_copy_d2d(w->s, mgt_model_buffers(w->val_model, NULL), q, bb);
+        m = w->val_model;
+    }
+    if (st == MGT_OK)
+        st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_fill(w->s, loss_sum, 0.0f, 1);
+    w->host_correct[0] = w->host_correct[1] = 0;
     long images = 0;
     size_t i = 0;
-    for (; i < batches && st == MGT_OK; i++) {
+    for (; i < batches && st == MGT_OK; i += st == MGT_OK) {
         mgt_batch b;
+        const float *logits = NULL;
         st = mgt_loader_next(r->data.val_ld, w->dev, w->s, &b);
         if (st == MGT_OK)
-            st = mgt_model_forward(w->model, w->s, b.images, b.n, false, NULL);
+            st = mgt_model_forward(m, w->s, b.images, b.n, false, &logits);
         if (st == MGT_OK)
-            st = mgt_model_loss(w->model, w->s, b.labels, 0.0f, correct);
+            st = mgt_model_loss(m, w->s, b.labels, 0.0f, correct);
         if (st == MGT_OK)
-            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(w->model), 1);
-        images += b.n;
+            st = mgt_axpy(w->s, loss_sum, (float)b.n, mgt_model_loss_ptr(m), 1);
+        if (st == MGT_OK)
+            st = train_mark(w, (long)i, true, "validation");
+        if (st == MGT_OK)
+            images += b.n;
+        if (!detail || st != MGT_OK)
+            continue;
+        int32_t before[2] = {w->host_correct[0], w->host_correct[1]};
+        float loss = 0;
+        if (w->host_logits)
+            st = mgt_copy_d2h(w->s, w->host_logits, logits, (size_t)b.n * k * sizeof(float));
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(w->s, &loss, mgt_model_loss_ptr(m), sizeof loss);
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(w->s, &w->host_correct[0], correct, 2 * sizeof(int32_t));
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(w->s, &r->abort);
+        if (st == MGT_OK)
+            val_account(w, &b, i, batches, loss, before);
     }
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, &w->host_loss[0], loss_sum, sizeof(float));
@@ -419,9 +500,8 @@ static void val_phase(worker *w)
     if (st == MGT_OK)
         st = mgt_stream_synchronize(w->s, &r->abort);
     if (st != MGT_OK) {
-        char at[96];
-        snprintf(at, sizeof at, "validation of epoch %d, batch %zu", r->epoch, i);
-        worker_fail(w, st, at);
+        /* i: the batch whose call failed (batches: the totals' copy after the last) */
+        train_fail_worker(w, st, (long)i, true, "validation", false);
         return;
     }
     pthread_mutex_lock(&r->lock);
@@ -513,11 +593,12 @@ static void time_out(run *r)
                      mgt_device_name(r->w[i].d));
     long step = r->m.next_complete;
     pthread_mutex_unlock(&r->lock);
-    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
-                                "%s: no training step finished within --timeout %g s (epoch %d "
-                                "step %ld): the device or its data loader stalled%s",
-                                who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch, step,
-                                r->nodes > 1 ? ", or another node stopped answering" : ""));
+    train_fail_root(r,
+                    mgt_error_set(MGT_ERR_TIMEOUT,
+                                  "%s: no training step finished within --timeout %g s (epoch %d "
+                                  "step %ld): the device or its data loader stalled%s",
+                                  who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch,
+                                  step, r->nodes > 1 ? ", or another node stopped answering" : ""));
     pthread_mutex_lock(&r->lock);
 }
 
@@ -526,11 +607,10 @@ static void time_out(run *r)
    held; released around a failure, which takes it. */
 static void watch_world(run *r, enum train_phase kind, bool *stopping)
 {
-    char text[sizeof r->fail_text];
-    if (!r->failed && mgt_world_poll_failure(r->world, text, sizeof text)) {
-        r->remote_failed = true;
+    char text[sizeof r->fail.cause];
+    if (!r->fail.set && mgt_world_poll_failure(r->world, text, sizeof text)) {
         pthread_mutex_unlock(&r->lock);
-        train_fail(r, mgt_error_set(MGT_ERR_ABORTED, "another node failed: %s", text));
+        train_fail_remote(r, text);
         pthread_mutex_lock(&r->lock);
         return;
     }
@@ -567,7 +647,7 @@ bool train_run_phase(run *r, enum train_phase kind)
     bool stopping = false;
     /* a raised abort without a recorded failure (a loader's fatal error) also ends the phase:
        workers that see the flag before the phase starts never report to it */
-    while (r->done_in_phase < r->n && !r->failed && !mgt_abort_is_raised(&r->abort)) {
+    while (r->done_in_phase < r->n && !r->fail.set && !mgt_abort_is_raised(&r->abort)) {
         mgt_cond_wait_slice(&r->cv, &r->lock);
         double now = mgt_time_now();
         if (kind == PHASE_TRAIN && !stopping &&
@@ -588,11 +668,14 @@ bool train_run_phase(run *r, enum train_phase kind)
             now - r->m.last_progress > c->step_timeout_s)
             time_out(r);
     }
-    bool ok = !r->failed;
-    bool tell = r->failed && !r->remote_failed && r->nodes > 1;
+    bool ok = !r->fail.set;
+    bool tell = r->fail.set && !r->fail.remote && r->nodes > 1;
+    char text[sizeof r->fail.cause];
+    if (tell)
+        train_failure_line(r, text, sizeof text);
     pthread_mutex_unlock(&r->lock);
     if (tell) /* the other nodes stop now, not at their next wait's timeout */
-        mgt_world_notify_failure(r->world, r->fail_text);
+        mgt_world_notify_failure(r->world, text);
     if (ok && mgt_abort_is_raised(&r->abort)) {
         blame_abort(r);
         ok = false;

@@ -1,19 +1,24 @@
 /* The trainer's private parts, shared by its files:
  *   run.c        the driver: configuration, the epoch loop, one cleanup path;
  *   setup.c      data, replicas, communication, broadcasts and the replica check;
- *   step.c       worker threads, the phase protocol, the training and validation steps, failure;
+ *   step.c       worker threads, the phase protocol, the training and validation steps;
+ *   failure.c    the run's first failure: recorded once, placed on its device and step, its line;
  *   metrics.c    the per-step ring, the epoch's totals and the reporters (progress, JSON log);
  *   tensorboard.c the TensorBoard reporter: event records (length, masked CRC-32C, Event);
  *   checkpoint.c the training state and its symmetric save and load, --resume;
  *   pretrained.c --pretrained: weights from torchvision files or mgtrain checkpoints;
+ *   source.c     the --resume and --pretrained files, opened first; what a checkpoint says of
+ *                its model (mgt_ckpt_info) and the defaults that gives -e and --resume;
+ *   predict.c    `mgtrain predict`: a checkpoint's top-k classes for image files;
  *   optimizer.c  the optimizer as the trainer sees it: an update and a table of state tensors.
  *
  * Threads. The main thread prepares data, replicas and communication, then drives phases
  * (an epoch's training, a validation) by bumping a phase counter that the workers wait on;
  * while a phase runs it only watches: the stop request, the time limit, the step timeout.
  * Worker i owns replica i, its streams and its optimizer state, and runs every step of the
- * phase. Any failure goes through train_fail(): the first one's text is kept, the abort flag
- * is raised, and every wait (loader, all-reduce, device, phase) leaves soon after.
+ * phase. Any failure goes through failure.c: the first one is kept (r->fail), the abort flag
+ * is raised, and every wait (loader, all-reduce, device, phase) leaves soon after; nothing
+ * that follows (other threads' errors, cleanup) replaces it.
  *
  * Metrics without stalls. A step's loss and top-1/top-5 counts are copied to pinned host
  * slots on the device's stream; the worker reads step k's slot at the start of step k+LAG,
@@ -56,6 +61,9 @@ typedef struct train_opt_tensor {
 
 #define TRAIN_OPT_PREFIX "optimizer."
 #define TRAIN_MAX_OPT_TENSORS 4
+/* Seconds a node waits at start-up for the others (at least; --timeout when longer): one may
+   scan its data or read a checkpoint much longer than another. */
+#define TRAIN_START_WAIT_S 600.0
 
 /* A replica's optimizer. A new optimizer is a kind in mgt/optim.h; its state tensors come
    through train_optim_state, and checkpoints and broadcasts follow that table. */
@@ -98,6 +106,7 @@ typedef struct step_acc {
     double aux_sum[MGT_MODEL_MAX_AUX]; /* the same of each auxiliary loss */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
+    double step_s; /* the slowest device's time for the step (0: not measured) */
     int reported;  /* devices that added to it */
 } step_acc;
 
@@ -110,6 +119,34 @@ typedef struct train_ema {
     long n_averaged;                /* AveragedModel's; 0: the next update copies */
 } train_ema;
 
+/* A failure: the cause and where it happened. */
+typedef struct train_failure {
+    bool set;
+    mgt_status status;
+    int device;      /* the index of the device it happened on; -1: not one device's */
+    int epoch;       /* -1: not known (the text says where) */
+    long step;       /* the training step, or with validation the batch; -1: none */
+    bool validation; /* in a validation pass */
+    char phase[32];  /* the stage of the step: "forward", "loss", "backward", ... */
+    char cause[768];
+    bool root;   /* a cause in itself (a NaN loss, a timeout, bad input), never the consequence
+                    of a device fault that another device's marks might show */
+    bool remote; /* another node's failure: that node prints the line */
+} train_failure;
+
+/* A worker's mark: an event recorded after a stage of its work, and what that stage was. */
+#define TRAIN_MARKS \
+    32 /* per worker: more than the stages in flight (LAG + 1 steps of 5, or a
+                          validation's batches in the loader's few slots) */
+typedef struct train_marker {
+    mgt_event *ev;
+    int epoch;
+    long step; /* or the validation batch */
+    bool validation;
+    const char *phase; /* static: the stage that ends at this mark */
+    long seq;          /* the mark's number in the worker's order (0: none yet) */
+} train_marker;
+
 typedef struct worker {
     run *r;
     int dev;
@@ -118,6 +155,7 @@ typedef struct worker {
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
+    mgt_model *val_model; /* FixRes: the replica planned for the validation crop (or NULL) */
     train_optim opt;
     train_ema ema;
     /* metrics */
@@ -131,6 +169,7 @@ typedef struct worker {
     mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
+    double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
     long started; /* steps begun in this phase, under r->lock */
@@ -140,12 +179,23 @@ typedef struct worker {
     train_scaler scaler;
     mgt_buffer *dev_nonfinite;
     int32_t *host_nonfinite;
+    /* failure: the marks of its work, and where it stood when it noticed a failure */
+    train_marker marks[TRAIN_MARKS];
+    long mark_seq;
+    train_failure noticed;
+    /* -e: each validation batch's logits (pinned [batch][classes]) and this replica's
+       confusion counts [true][predicted] (host; NULL past TRAIN_CONFUSION_MAX classes) */
+    float *host_logits;
+    long *confusion;
 } worker;
+
+#define TRAIN_CONFUSION_MAX 4096 /* classes up to which -e counts the confusion matrix */
 
 typedef struct train_data {
     mgt_dataset *train_ds, *val_ds;
     mgt_loader *train_ld, *val_ld;
     int classes, channels, size;
+    mgt_transform val_t; /* the validation transform (with --dummy: zeroed) */
     int per_dev_batch;
     size_t train_samples, val_samples;
     long steps_per_epoch; /* training batches per device this run takes per epoch */
@@ -165,6 +215,10 @@ typedef struct train_metrics {
     /* validation totals */
     double val_loss_sum;
     long val_n, val_c1, val_c5;
+    /* -e: the totals so far, batch by batch (for the progress lines), and when it began */
+    double val_run_loss;
+    long val_run_n, val_run_c1, val_run_c5, val_batches_done;
+    double val_start;
 } train_metrics;
 
 /* What one progress line says. */
@@ -245,9 +299,10 @@ typedef struct train_reports {
 enum train_phase { PHASE_TRAIN, PHASE_VAL, PHASE_EXIT };
 
 struct run {
-    const mgt_train_config *c;
-    mgt_train_controls ctl; /* the caller's, or the defaults */
-    mgt_lr_config lr;       /* c->lr spanning c->epochs */
+    const mgt_train_config *c; /* &cfg */
+    mgt_train_config cfg;      /* the caller's, with the checkpoint's defaults (source.c) */
+    mgt_train_controls ctl;    /* the caller's, or the defaults */
+    mgt_lr_config lr;          /* c->lr spanning c->epochs */
     const mgt_arch_info *arch;
     mgt_devset *set;
     int n;
@@ -274,10 +329,7 @@ struct run {
     long stop_at;    /* steps of the epoch to run (lowered by a stop) */
     /* failure */
     mgt_abort abort;
-    bool failed;
-    mgt_status fail_status;
-    char fail_text[768];
-    bool remote_failed; /* the failure is another node's, which prints its line */
+    train_failure fail; /* the first (failure.c), under lock */
     bool stop_world;    /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
@@ -286,10 +338,37 @@ struct run {
     double start_s;
     mgt_train_result *res;
     train_scaler scaler; /* between training phases: worker 0's, for checkpoints and resume */
+    /* the model's sources (source.c), opened before anything is built */
+    mgt_st_file *resume_f, *pretrained_f;
+    char resume_path[4096]; /* --resume's file ("auto" resolved); "" when none */
+    mgt_ckpt_info ckpt;     /* what the resumed (or -e'd, or --pretrained) checkpoint says */
+    long run_images;        /* training images of this call, over its epochs */
+    double run_train_s;     /* and the seconds their training phases took */
+    bool have_ckpt;
 };
 
+/* failure.c: the first failure recorded wins; each records this thread's error text as the
+   cause, raises the abort flag and wakes every wait. */
+void train_fail(run *r, mgt_status st); /* the text says where */
+/* The same for a cause in itself (a timeout, a diverged model): a device fault found after
+   it does not take its place. */
+void train_fail_root(run *r, mgt_status st);
+/* A worker's failure at a step (or validation batch) and stage; root: a cause in itself. An
+   MGT_ERR_ABORTED after the flag was raised is another thread's failure and not recorded. */
+void train_fail_worker(worker *w, mgt_status st, long step, bool validation, const char *phase,
+                       bool root);
+void train_fail_remote(run *r, const char *text); /* another node failed: its line */
+mgt_status train_marks_create(worker *w);
+void train_marks_free(worker *w);
+/* Records w's next mark on its stream: the stage `phase` of `step` ends here. */
+mgt_status train_mark(worker *w, long step, bool validation, const char *phase);
+/* Once the threads have stopped: a device that failed is the failure, placed at the first of
+   its worker's marks that ran after the fault (else where its worker noticed it). */
+void train_failure_settle(run *r);
+/* The failure as the run's one line: "mock:0: epoch 1 step 8 (forward): cause". */
+void train_failure_line(const run *r, char *out, size_t cap);
+
 /* step.c */
-void train_fail(run *r, mgt_status st); /* records this thread's error text; first one wins */
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
 bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
@@ -311,6 +390,9 @@ enum train_sync {
 };
 mgt_status train_broadcast(run *r, unsigned what);
 mgt_status train_check_replicas(run *r);
+/* Replica 0's parameters and batch-norm statistics are all finite; else MGT_ERR_DEVICE saying
+   how many are not and the first tensor of each that holds one. Between phases. */
+mgt_status train_check_finite(run *r);
 /* A multi-node run's start (epoch, step, best top-1) from node 0, where --resume found it. */
 mgt_status train_world_position(run *r, int *epoch, long *step);
 
@@ -365,7 +447,12 @@ mgt_status train_state_read(const mgt_st_file *f, const char *path, train_state 
 mgt_status train_flag_error(mgt_status st, const char *flag);
 /* The tensor name prefixes of the training state, NULL-terminated: a model load ignores them. */
 extern const char *const train_opt_prefixes[];
-mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best);
+/* Writes checkpoint.safetensors (and model_best when is_best, model_<epoch> under
+   --keep-last) and says so in one line with acc1 (< 0: not validated). */
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best, double acc1);
+/* A fresh run into a folder with another run's checkpoints: MGT_ERR_USAGE unless --resume,
+   --overwrite or -e. */
+mgt_status train_checkpoint_dir_check(run *r);
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);
@@ -387,5 +474,24 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
 
 /* pretrained.c */
 mgt_status train_load_pretrained(run *r);
+
+/* source.c */
+/* Opens --resume's file (auto: CHECKPOINT_DIR/checkpoint.safetensors, when there) and
+   --pretrained's, so that a file that cannot be used is said before anything is built. */
+mgt_status train_open_sources(run *r);
+void train_close_sources(run *r);
+/* The checkpoint's architecture, input size and channels, normalisation and validation
+   transform into c where the flags left them unset (-e, --resume; --pretrained gives the
+   architecture only), in one "=> from FILE: ..." line; a flag that overrides one says so.
+   A -a that contradicts the checkpoint of -e or --resume is refused. */
+mgt_status train_checkpoint_defaults(run *r, mgt_train_config *c);
+/* After the data is open: the checkpoint's class count must be the data's (-e, --resume), and
+   other class names are said. */
+mgt_status train_check_data_against(run *r);
+/* The model's description every checkpoint carries beside mgt_model_add_to_writer's arch,
+   classes, in_channels and image_size: family, class_names (a JSON list), mean and std (JSON
+   lists, one number per channel), val_resize_size, val_crop_size, interpolation: what
+   mgt_ckpt_info_read gives back. */
+mgt_status train_add_model_info(run *r, mgt_st_writer *w);
 
 #endif

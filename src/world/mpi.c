@@ -246,6 +246,50 @@ mgt_status mgt_world_check_devices(mgt_world *w, int local_devices)
     return st;
 }
 
+mgt_status mgt_world_check_same(mgt_world *w, const char *settings, const mgt_abort *abort,
+                                bool *speaker)
+{
+    *speaker = false;
+    if (w->size == 1)
+        return MGT_OK;
+    size_t len = strlen(settings);
+    uint64_t mine[2] = {world_digest(settings, len), len}, *all = NULL;
+    char *texts = NULL;
+    all = calloc((size_t)w->size, sizeof mine);
+    mgt_status st = all ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    if (st == MGT_OK)
+        st = mgt_world_allgather(w, mine, sizeof mine, all, abort);
+    int differs = 0; /* the lowest node whose settings are not node 0's */
+    for (int r = 1; r < w->size && st == MGT_OK && !differs; r++)
+        if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+            differs = r;
+    if (st != MGT_OK || !differs) {
+        free(all);
+        return st;
+    }
+    /* they differ: every node gets every node's text and finds the same first difference */
+    size_t most = 0;
+    for (int r = 0; r < w->size; r++)
+        most = all[2 * r + 1] > most ? (size_t)all[2 * r + 1] : most;
+    char *padded = calloc(1, most + 1);
+    texts = calloc((size_t)w->size, most + 1);
+    st = padded && texts ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    if (st == MGT_OK) {
+        memcpy(padded, settings, len);
+        st = mgt_world_allgather(w, padded, most + 1, texts, abort);
+    }
+    if (st == MGT_OK) {
+        st = world_settings_differ(texts + (size_t)differs * (most + 1), differs, texts);
+        if (st == MGT_OK) /* digests differ only where the texts do: not reached */
+            st = mgt_error_set(MGT_ERR_USAGE, "the nodes disagree on their settings");
+        *speaker = w->rank == differs;
+    }
+    free(padded);
+    free(texts);
+    free(all);
+    return st;
+}
+
 mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, const mgt_abort *abort)
 {
     if (w->size == 1 || bytes == 0)

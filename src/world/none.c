@@ -54,6 +54,14 @@ mgt_status mgt_world_check_devices(mgt_world *w, int local_devices)
     return MGT_OK;
 }
 
+mgt_status mgt_world_check_same(mgt_world *w, const char *settings, const mgt_abort *abort,
+                                bool *speaker)
+{
+    (void)w, (void)settings, (void)abort;
+    *speaker = false;
+    return MGT_OK;
+}
+
 mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, const mgt_abort *abort)
 {
     (void)w, (void)buf, (void)bytes, (void)root, (void)abort;

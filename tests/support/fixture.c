@@ -161,3 +161,40 @@ FILE *mgt_test_quiet(void)
         f = fopen("/dev/null", "w");
     return f;
 }
+
+const char *mgt_test_python(void)
+{
+    const char *py = getenv("MGT_TEST_PYTHON");
+    return py && *py ? py : "/usr/bin/python3";
+}
+
+bool mgt_test_python_has(const char *module)
+{
+    static char asked[4][32];
+    static bool answer[4];
+    for (int i = 0; i < 4 && asked[i][0]; i++)
+        if (strcmp(asked[i], module) == 0)
+            return answer[i];
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import %s' >/dev/null 2>&1", mgt_test_python(), module);
+    bool has = system(cmd) == 0;
+    for (int i = 0; i < 4; i++)
+        if (!asked[i][0]) {
+            snprintf(asked[i], sizeof asked[i], "%s", module);
+            answer[i] = has;
+            break;
+        }
+    return has;
+}
+
+void mgt_test_skip_missing(const char *test, const char *what)
+{
+    const char *req = getenv("MGT_TEST_REQUIRE_DEPS");
+    if (req && strcmp(req, "1") == 0)
+        fail_msg("%s: %s is not available, and scripts/setup.sh --test installs it: under the "
+                 "test command (MGT_TEST_REQUIRE_DEPS=1) this test must run, not skip",
+                 test, what);
+    print_message("%s: skipped: %s is not available (scripts/setup.sh --test installs it)\n", test,
+                  what);
+    skip();
+}

@@ -66,4 +66,15 @@ bool mgt_test_cuda_unavailable(const char *what);
 /* Where progress lines go: nowhere, or stdout when MGT_TEST_VERBOSE is set. */
 FILE *mgt_test_quiet(void);
 
+/* The Python that the interop tests call: MGT_TEST_PYTHON, else Debian's /usr/bin/python3
+   (whose python3-torch and python3-torchvision `scripts/setup.sh --test` installs). */
+const char *mgt_test_python(void);
+/* Whether that Python imports `module` (asked once per module name and process). */
+bool mgt_test_python_has(const char *module);
+/* Skips the running test for want of `what`, saying so, where scripts/setup.sh --test would
+   have installed it; under the test command (MGT_TEST_REQUIRE_DEPS=1, set by
+   scripts/test.sh) that skip is a failure instead: a test that needs what the setup installs
+   must run there, not pass as skipped. */
+void mgt_test_skip_missing(const char *test, const char *what);
+
 #endif

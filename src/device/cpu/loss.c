@@ -125,9 +125,9 @@ static void topk_item(void *c, int i, int t)
         size_t lab = (size_t)k->labels[r];
         float v = l[lab];
         int rank = 0;
-        for (size_t e = 0; e < classes; e++)
-            rank += l[e] > v || (l[e] == v && e < lab);
-        hits += rank < k->k;
+        for (size_t e = 0; e < classes; e++) /* NaN ranks first, as in torch.topk */
+            rank += l[e] > v || (l[e] == v && e < lab) || isnan(l[e]);
+        hits += rank < k->k && isfinite(v); /* a non-finite label logit is never correct */
     }
     atomic_fetch_add(&j->hits, hits);
 }

@@ -119,6 +119,7 @@ struct mock_event {
     int nbeyond, cap_beyond;
     uint64_t time_gen; /* the newest record that has run, and when */
     double time;
+    uint64_t clean_gen; /* the newest record that ran while the device was sound */
 };
 
 static mock_dev *dev_of(const mgt_device *d) { return d->impl; }
@@ -186,15 +187,35 @@ static mgt_status check_owned(mock_dev *md, const void *p, size_t bytes, const c
                          what, arg, bytes, p);
 }
 
-static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
+/* fault=alloc@D:N: every allocation asked of the device once its set is open, of its memory
+   or of pinned host memory (which cudaHostAlloc may refuse as well), is counted; the Nth
+   fails. */
+static mgt_status injected_alloc_fault(mock_dev *md, size_t bytes, const char *what)
 {
-    mock_dev *md = dev_of(d);
+    if (!atomic_load(&md->dev->set->open))
+        return MGT_OK;
     long n = atomic_fetch_add(&md->n_allocs, 1) + 1;
     if (md->fault_kind == MGT_FAULT_ALLOC && n == md->fault_nth)
         return mgt_error_set(MGT_ERR_OOM,
                              "%s: injected allocation failure (allocation #%ld on this "
-                             "device, %zu bytes)",
-                             d->name, n, bytes);
+                             "device, %zu %s)",
+                             md->dev->name, n, bytes, what);
+    return MGT_OK;
+}
+
+static void mock_counts(const mgt_device *d, long *allocs, long *kernels)
+{
+    mock_dev *md = dev_of(d);
+    *allocs = atomic_load(&md->n_allocs);
+    *kernels = atomic_load(&md->n_kernels);
+}
+
+static mgt_status mock_alloc_mem(mgt_device *d, size_t bytes, void **ptr)
+{
+    mock_dev *md = dev_of(d);
+    mgt_status st = injected_alloc_fault(md, bytes, "bytes");
+    if (st != MGT_OK)
+        return st;
     void *p = NULL;
     if (posix_memalign(&p, MOCK_ALIGN, bytes) != 0)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu bytes", d->name,
@@ -251,6 +272,9 @@ static void mock_free_mem(mgt_device *d, void *ptr)
 static mgt_status mock_host_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
     mock_dev *md = dev_of(d);
+    mgt_status st = injected_alloc_fault(md, bytes, "pinned bytes");
+    if (st != MGT_OK)
+        return st;
     void *p = NULL;
     if (posix_memalign(&p, MOCK_ALIGN, bytes) != 0)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted allocating %zu pinned bytes",
@@ -299,9 +323,12 @@ static bool event_done(const mock_event *e, uint64_t gen)
     return false;
 }
 
-static void event_complete(mock_event *e, uint64_t gen)
+/* clean: the record ran while its device was sound (mgt_event_outcome). */
+static void event_complete(mock_event *e, uint64_t gen, bool clean)
 {
     pthread_mutex_lock(&e->lock);
+    if (clean && gen > e->clean_gen)
+        e->clean_gen = gen;
     if (gen == e->upto + 1) {
         e->upto = gen;
         for (int i = 0; i < e->nbeyond;) /* absorb records that ran early */
@@ -430,7 +457,7 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             memset(c->u.set.dst, c->u.set.value, c->u.set.n);
         return;
     case CMD_RECORD:
-        event_complete(c->u.ev.e, c->u.ev.gen);
+        event_complete(c->u.ev.e, c->u.ev.gen, !failed);
         event_release(c->u.ev.e);
         return;
     case CMD_WAIT:
@@ -622,7 +649,7 @@ static void mock_event_destroy(mgt_event *e) { event_release(e->impl); }
 /* A record refused by enqueue (a failed device) still counts as run. */
 static void run_unqueued(const cmd *c)
 {
-    event_complete(c->u.ev.e, c->u.ev.gen);
+    event_complete(c->u.ev.e, c->u.ev.gen, false);
     event_release(c->u.ev.e);
 }
 
@@ -692,6 +719,16 @@ static mgt_status mock_event_query(mgt_event *e, bool *done)
     *done = event_done(me, me->recorded);
     pthread_mutex_unlock(&me->lock);
     return mock_sticky(me->md);
+}
+
+static bool mock_event_outcome(mgt_event *e, bool *clean)
+{
+    mock_event *me = e->impl;
+    pthread_mutex_lock(&me->lock);
+    bool known = me->recorded > 0 && event_done(me, me->recorded);
+    *clean = known && me->clean_gen >= me->recorded;
+    pthread_mutex_unlock(&me->lock);
+    return known;
 }
 
 static mgt_status mock_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
@@ -931,12 +968,14 @@ static const mgt_backend_i mock_backend = {
     .event_synchronize = mock_event_synchronize,
     .event_query = mock_event_query,
     .event_elapsed_ms = mock_event_elapsed_ms,
+    .event_outcome = mock_event_outcome,
     .memset = mock_memset,
     .copy = mock_copy,
     .copy_peer = mock_copy_peer,
     .act_layout = mock_act_layout,
     .supports_op = mock_supports_op,
     .launch = mock_launch,
+    .counts = mock_counts,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

@@ -486,9 +486,13 @@ static mgt_status ref_topk(const mgt_op *op)
     for (int i = 0; i < t->n; i++) {
         const float *z = t->logits + (size_t)i * t->classes;
         int label = t->labels[i];
+        /* a NaN or infinite label logit is never correct; a NaN elsewhere ranks above it, as
+           torch.topk ranks NaN above every number */
+        if (!isfinite(z[label]))
+            continue;
         int rank = 0;
         for (int j = 0; j < t->classes; j++)
-            if (z[j] > z[label] || (z[j] == z[label] && j < label))
+            if (isnan(z[j]) || z[j] > z[label] || (z[j] == z[label] && j < label))
                 rank++;
         if (rank < t->k)
             correct++;

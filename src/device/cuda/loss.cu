@@ -125,10 +125,10 @@ __global__ void k_topk(int32_t *count, const float *logits, const int32_t *label
         int above = 0;
         for (int j = lane; j < classes; j += 32) {
             const float v = z[j];
-            above += (v > zy) || (v == zy && j < y);
+            above += (v > zy) || (v == zy && j < y) || isnan(v); // NaN first, as torch.topk
         }
         above = warp_sum_int(above);
-        if (lane == 0 && above < k)
+        if (lane == 0 && above < k && isfinite(zy)) // a non-finite label logit: never correct
             atomicAdd((int *)count, 1);
     }
 }
