@@ -161,6 +161,8 @@ __global__ void k_lnc_bwd_param(float *dw, float *db, const double *stats, const
 
 mgt_status cuda_lnc_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
+    if (op->u.lnc_fwd.hw == 1)
+        return cuda_ln_rows_fwd(s, op);
     MGT_ENTER(s);
     const auto &a = op->u.lnc_fwd;
     size_t pixels = (size_t)a.n * a.hw;
@@ -171,6 +173,8 @@ mgt_status cuda_lnc_fwd(mgt_cuda_stream *s, const mgt_op *op)
 
 mgt_status cuda_lnc_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
+    if (op->u.lnc_bwd.hw == 1)
+        return cuda_ln_rows_bwd(s, op);
     MGT_ENTER(s);
     const auto &a = op->u.lnc_bwd;
     size_t pixels = (size_t)a.n * a.hw;
