@@ -5,7 +5,8 @@ builds (ARCHS), its parameter count, its convolution + linear multiply-accumulat
 in order with its shape, at 1000 classes. tests/test_zoo.c holds every architecture
 mgtrain registers (bar the CIFAR ResNets, which torchvision lacks) to it.
 
-Usage: scripts/make_zoo_tables.py [ARCH ...] (default: all of ARCHS)"""
+Usage: scripts/make_zoo_tables.py [ARCH ...] (default: all of ARCHS; named ones replace their
+blocks in the existing file, or are added at its end, and the others stay as they are)"""
 import os
 import sys
 
@@ -20,6 +21,7 @@ ARCHS = [
     "shufflenet_v2_x0_5", "shufflenet_v2_x1_0",
     "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
     "efficientnet_b1", "regnet_x_400mf", "regnet_y_400mf", "convnext_tiny",
+    "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
 ]
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo",
@@ -52,6 +54,13 @@ def main():
     lines = ["# torchvision %s state_dicts at 1000 classes, written by scripts/make_zoo_tables.py"
              % torchvision.__version__,
              "# arch NAME PARAMS CONV_FC_MACS_224 ENTRIES, then ENTRIES lines: NAME DIMxDIM (- for 0-d)"]
+    if sys.argv[1:] and os.path.exists(OUT):  # keep the other architectures' blocks
+        keep = False
+        for line in open(OUT).read().splitlines():
+            if line.startswith("arch "):
+                keep = line.split()[1] not in archs
+            if keep:
+                lines.append(line)
     for a in archs:
         model = torchvision.models.get_model(a, num_classes=1000) \
             if hasattr(torchvision.models, "get_model") else torchvision.models.__dict__[a](num_classes=1000)

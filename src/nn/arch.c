@@ -58,6 +58,14 @@ static const mgt_arch_info archs[] = {
     IMAGENET("densenet121", "densenet"),
     IMAGENET("densenet169", "densenet"),
     IMAGENET("convnext_tiny", "convnext"),
+    IMAGENET("vit_b_16", "vit"),
+    IMAGENET("vit_b_32", "vit"),
+    IMAGENET("vit_l_16", "vit"),
+    IMAGENET("vit_l_32", "vit"),
+    IMAGENET("vit_h_14", "vit"),
+    IMAGENET("swin_t", "swin"),
+    IMAGENET("swin_s", "swin"),
+    IMAGENET("swin_b", "swin"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)
