@@ -34,12 +34,16 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("vgg13", 32), ("vgg16", 32), ("vgg19", 32), ("vgg13_bn", 32), ("vgg16_bn", 32),
          ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
          ("regnet_y_400mf", 96),
-         ("vit_b_16", 32), ("vit_b_32", 64), ("swin_t", 64), ("swin_s", 64), ("swin_b", 64)]
+         ("vit_b_16", 32), ("vit_b_32", 64), ("swin_t", 64), ("swin_s", 64), ("swin_b", 64),
+         ("swin_v2_t", 64), ("swin_v2_s", 64), ("swin_v2_b", 64)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
 # golden says no_dropout = 1 and the C test builds them so
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0},
              "swin_t": {"stochastic_depth_prob": 0.0}, "swin_s": {"stochastic_depth_prob": 0.0},
-             "swin_b": {"stochastic_depth_prob": 0.0}}
+             "swin_b": {"stochastic_depth_prob": 0.0},
+             "swin_v2_t": {"stochastic_depth_prob": 0.0},
+             "swin_v2_s": {"stochastic_depth_prob": 0.0},
+             "swin_v2_b": {"stochastic_depth_prob": 0.0}}
 # The transformers step with AdamW, the optimizer of their recipe
 ADAMW = {"lr": 1e-3, "weight_decay": 0.05}
 

@@ -22,6 +22,7 @@ ARCHS = [
     "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
     "efficientnet_b1", "regnet_x_400mf", "regnet_y_400mf", "convnext_tiny",
     "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
+    "swin_v2_t", "swin_v2_s", "swin_v2_b",
 ]
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo",

@@ -302,7 +302,10 @@ static const struct {
                     {"vit_b_32", 64, false},
                     {"swin_t", 64, false},
                     {"swin_s", 64, false},
-                    {"swin_b", 64, false}};
+                    {"swin_b", 64, false},
+                    {"swin_v2_t", 64, false},
+                    {"swin_v2_s", 64, false},
+                    {"swin_v2_b", 64, false}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f

@@ -238,7 +238,7 @@ typedef enum mgt_model_what {
     /* a learned embedding: ViT's class token and position embedding, a relative position
        bias table (--transformer-embedding-decay's group) */
     MGT_TENSOR_EMBEDDING,
-    MGT_TENSOR_INDEX, /* relative_position_index (MGT_MODEL_INDEX) */
+    MGT_TENSOR_CONSTANT, /* a constant of the definition: relative_position_index, relative_coords_table */
 } mgt_model_what;
 
 typedef struct mgt_model_entry {

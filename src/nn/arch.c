@@ -66,6 +66,9 @@ static const mgt_arch_info archs[] = {
     IMAGENET("swin_t", "swin"),
     IMAGENET("swin_s", "swin"),
     IMAGENET("swin_b", "swin"),
+    IMAGENET("swin_v2_t", "swin"),
+    IMAGENET("swin_v2_s", "swin"),
+    IMAGENET("swin_v2_b", "swin"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

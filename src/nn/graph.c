@@ -406,6 +406,31 @@ int nn_token_linear_entry(mgt_model *m, const char *name, int x, int weight)
     return nd->out;
 }
 
+int nn_layernorm_entries(mgt_model *m, const char *name, int c)
+{
+    int64_t cs[1] = {c};
+    int w = nn_add_entry(m, name, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs,
+                         init_const(1));
+    int b =
+        nn_add_entry(m, name, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
+    return w < 0 || b != w + 1 ? -1 : w;
+}
+
+int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight)
+{
+    if (x < 0 || weight < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    assert(m->table[weight].numel == (size_t)v->w);
+    nn_node *nd = new_node(m, NN_LN, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.ln_eps = eps;
+    nn_attach_param(m, nd, weight);
+    nn_attach_param(m, nd, weight + 1);
+    return nd->out;
+}
+
 int nn_layernorm(mgt_model *m, const char *name, int x, float eps)
 {
     if (x < 0)
@@ -526,6 +551,64 @@ int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, 
     return nd->out;
 }
 
+int nn_attention_v2(mgt_model *m, const char *name, int x, int heads, int windows, int logit_scale,
+                    int table_rows, const int32_t *index, const float *mask)
+{
+    int y = nn_attention(m, name, x, heads, windows, -1, table_rows, NULL, mask);
+    if (y < 0 || logit_scale < 0)
+        return -1;
+    nn_node *nd = nn_node_of(m, y);
+    size_t tt = (size_t)nd->u.attn.tokens * nd->u.attn.tokens;
+    int32_t *off = malloc(((size_t)table_rows + 1) * sizeof *off);
+    int32_t *order = malloc(tt * sizeof *order);
+    if (off && order && mgt_relpos_inverse(index, (int)tt, table_rows, off, order)) {
+        nd->u.attn.index = nn_const(m, index, tt * sizeof *index);
+        nd->u.attn.offsets = nn_const(m, off, ((size_t)table_rows + 1) * sizeof *off);
+        nd->u.attn.order = nn_const(m, order, tt * sizeof *order);
+    } else {
+        m->oom = true;
+    }
+    free(off);
+    free(order);
+    nd = nn_node_of(m, y); /* nn_const may not move nodes, but stay safe */
+    nd->u.attn.cosine = true;
+    nd->u.attn.scale = 1.0f;
+    nn_attach_param(m, nd, logit_scale);
+    return y;
+}
+
+void nn_attention_cpb(mgt_model *m, int attn_value, int w1, int b1, int w2, int coords, int hidden)
+{
+    if (attn_value < 0 || w1 < 0 || b1 < 0 || w2 < 0 || coords < 0)
+        return;
+    nn_node *nd = nn_node_of(m, attn_value);
+    nd->u.attn.cpb = hidden;
+    nn_attach_param(m, nd, w1);
+    nn_attach_param(m, nd, b1);
+    nn_attach_param(m, nd, w2);
+    nn_attach_buffer(m, nd, coords);
+}
+
+void nn_linear_zero_mid_bias(mgt_model *m, int value)
+{
+    if (value < 0)
+        return;
+    nn_node *nd = nn_node_of(m, value);
+    size_t n = (size_t)m->cfg.batch * nd->u.linear.rows;
+    float *ones = malloc(n * sizeof *ones);
+    if (!ones) {
+        m->oom = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        ones[i] = 1.0f;
+    int c = nn_const(m, ones, n * sizeof *ones);
+    free(ones);
+    nd = nn_node_of(m, value);
+    nd->u.linear.zero_mid_bias = true;
+    nd->u.linear.ones = c;
+}
+
 int nn_class_token(mgt_model *m, const char *name, int x, int token)
 {
     if (x < 0 || token < 0)
@@ -593,7 +676,7 @@ int nn_add_index(mgt_model *m, const char *prefix, const char *suffix, int ndim,
     }
     m->index_vals = v;
     memcpy(v + m->n_index_vals, values, n * sizeof *v);
-    int e = nn_add_entry(m, prefix, suffix, MGT_MODEL_INDEX, MGT_TENSOR_INDEX, ndim, shape,
+    int e = nn_add_entry(m, prefix, suffix, MGT_MODEL_INDEX, MGT_TENSOR_CONSTANT, ndim, shape,
                          (nn_entry_init){NN_INIT_NONE, 0});
     if (e >= 0)
         m->table[e].offset = m->n_index_vals;
@@ -664,6 +747,13 @@ int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
     node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
     node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
     return nd->out;
+}
+
+void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry)
+{
+    assert(m->table[entry].role == MGT_MODEL_BUFFER && nd->n_entries < NN_MAX_ENTRIES);
+    m->table[entry].layer = (int)(nd - m->nodes);
+    nd->entry[nd->n_entries++] = entry;
 }
 
 void nn_attach_param(mgt_model *m, nn_node *nd, int entry)
@@ -1032,10 +1122,14 @@ mgt_status nn_plan(mgt_model *m)
             size_t tt = (size_t)nd->u.attn.tokens * nd->u.attn.tokens * nd->u.attn.heads;
             nd->u.attn.lse_off =
                 act_image(&p, (size_t)nd->u.attn.windows * nd->u.attn.heads * nd->u.attn.tokens);
-            if (nd->u.attn.table >= 0) {
+            if (nd->u.attn.table >= 0 || nd->u.attn.cosine) {
                 nd->u.attn.bias_off = act_fixed(&p, tt);
                 nd->u.attn.dbias_off = act_fixed(&p, tt);
             }
+            if (nd->u.attn.cpb) /* h1 and its gradient [R, cpb], t, sigmoid(t) and dt [R, heads] */
+                nd->u.attn.cpb_off =
+                    act_fixed(&p, (size_t)nd->u.attn.table_rows *
+                                      (2 * (size_t)nd->u.attn.cpb + 3 * (size_t)nd->u.attn.heads));
         }
     }
     for (int i = 0; i < m->n_consts; i++)
@@ -1090,6 +1184,8 @@ mgt_status nn_plan(mgt_model *m)
         m->counts.macs += l->macs;
         if (nd->kind == NN_CONV || (nd->kind == NN_LINEAR && !nd->u.linear.functional))
             m->counts.macs_conv_fc += l->macs;
+        if (nd->kind == NN_ATTN)
+            m->counts.macs_conv_fc += nn_attn_linear_macs(m, nd);
     }
     return MGT_OK;
 }

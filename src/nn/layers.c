@@ -595,8 +595,16 @@ static mgt_status linear_forward(nn_call *c)
     int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
     mgt_status st =
         linear_gemm(c, false, true, rows, out, in, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
-    if (st == MGT_OK && c->node->u.linear.bias)
+    if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
+        /* y[:, part] += ones [rows, 1] . bias[part] for the first and last thirds */
+        const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
+        int third = out / 3;
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
+            st = mgt_gemm(c->s, false, false, rows, third, 1, 1.0f, ones, 1, c->p[1] + k * third,
+                          third, 1.0f, c->y + k * third, out);
+    } else if (st == MGT_OK && c->node->u.linear.bias) {
         st = mgt_bias_forward(c->s, c->y, c->p[1], rows, out);
+    }
     return st;
 }
 
@@ -606,8 +614,16 @@ static mgt_status linear_backward(nn_call *c)
     int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
     mgt_status st =
         linear_gemm(c, true, false, out, in, rows, c->dy, out, c->x[0], in, 1.0f, c->g[0], in);
-    if (st == MGT_OK && c->node->u.linear.bias)
+    if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
+        /* dbias[part] += ones [1, rows] . dy[:, part]; the middle third gets none */
+        const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
+        int third = out / 3;
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
+            st = mgt_gemm(c->s, false, false, 1, third, rows, 1.0f, ones, rows, c->dy + k * third,
+                          out, 1.0f, c->g[1] + k * third, third);
+    } else if (st == MGT_OK && c->node->u.linear.bias) {
         st = mgt_bias_backward(c->s, c->g[1], c->dy, rows, out);
+    }
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])

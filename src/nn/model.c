@@ -289,6 +289,10 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed)
             continue; /* a constant of the definition */
         } else if (t->role == MGT_MODEL_COUNTER) {
             m->bn_counts[t->offset] = 0;
+        } else if (t->role == MGT_MODEL_BUFFER && in->kind == NN_INIT_VALUES) {
+            const nn_constant *k = &m->consts[(int)in->arg];
+            assert(k->bytes == t->numel * sizeof(float));
+            memcpy(p, k->data, k->bytes);
         } else if (t->role == MGT_MODEL_BUFFER) {
             float v = t->what == MGT_TENSOR_RUNNING_VAR ? 1.0f : 0.0f;
             for (size_t i = 0; i < t->numel; i++)

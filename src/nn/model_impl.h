@@ -97,6 +97,11 @@ typedef struct nn_node {
             /* torch calls it through F.linear or inside MultiheadAttention: a forward hook
                does not see it, so its MACs are not conv + linear MACs (counts.macs has them) */
             bool functional;
+            /* Swin V2's qkv: the middle third of the bias (k's) is taken as 0, as torchvision
+               zeroes it in a copy at every forward; ones is a const of [batch x rows] ones
+               that adds the other two thirds (and sums their gradients) through gemm */
+            bool zero_mid_bias;
+            int ones;
         } linear;
         struct {
             float p;
@@ -120,9 +125,16 @@ typedef struct nn_node {
         struct {
             int heads, tokens, dh, windows; /* windows: groups per image */
             float scale, p;
-            uint32_t stream;  /* its dropout stream (0x10000 + its place: no nn.Dropout's) */
-            int table;        /* the relative position bias table's entry, or -1 */
-            int table_rows;   /* (2 ws - 1)^2 */
+            uint32_t stream; /* its dropout stream (0x10000 + its place: no nn.Dropout's) */
+            int table;       /* the relative position bias table's entry, or -1 */
+            int table_rows;  /* (2 ws - 1)^2 */
+            /* Swin V2: cosine attention with the node's first parameter as logit_scale, and
+               the bias 16 sigmoid(cpb_mlp(coords)) of the continuous position bias MLP (its
+               parameters the node's next three, the coordinates buffer its last entry): cpb is
+               that MLP's hidden width, 0 for a learned table */
+            bool cosine;
+            int cpb;
+            size_t cpb_off;   /* its activations and gradients (bytes into acts) */
             size_t bias_off;  /* [heads, tokens^2] gathered bias (bytes into acts) */
             size_t dbias_off; /* its gradient */
             size_t lse_off;   /* [windows, heads, tokens] per image */
@@ -147,6 +159,7 @@ typedef enum nn_init {
     NN_INIT_CONST,
     NN_INIT_NORMAL,  /* mean 0, std = arg (kaiming_normal_ gives std = gain / sqrt(fan)) */
     NN_INIT_UNIFORM, /* in [-arg, arg) (PyTorch's default for Linear and Conv2d) */
+    NN_INIT_VALUES,  /* the values of const (int)arg (nn_const): Swin V2's coordinates table */
 } nn_init;
 
 typedef struct nn_entry_init {
@@ -304,8 +317,10 @@ int nn_slice(mgt_model *m, const char *name, int x, int c0, int c);
    output channel j * n + i is input i's channel j (one strided copy per input) */
 int nn_cat_shuffle(mgt_model *m, const char *name, const int *in, int n);
 
-/* A node's table entry made beforehand (nn_add_entry) joins it as its next parameter. */
+/* A node's table entry made beforehand (nn_add_entry) joins it as its next parameter; a
+   buffer's joins after its parameters (nn_attach_buffer). */
 void nn_attach_param(mgt_model *m, nn_node *nd, int entry);
+void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry);
 /* The node being built last (the producer of the value just returned). */
 static inline nn_node *nn_last_node(mgt_model *m) { return &m->nodes[m->n_nodes - 1]; }
 
@@ -331,6 +346,11 @@ int nn_token_linear(mgt_model *m, const char *name, int x, int out, bool bias, c
 int nn_token_linear_entry(mgt_model *m, const char *name, int x, int weight);
 /* torch's LayerNorm(w) over the last dimension of x [c, h, w] (weight 1, bias 0) */
 int nn_layernorm(mgt_model *m, const char *name, int x, float eps);
+/* A LayerNorm's weight and bias entries made ahead of its node (where torchvision registers
+   the norm before layers that run before it: Swin V2's post-norms); returns the weight's,
+   the bias's is the next. nn_layernorm_of builds the node on them. */
+int nn_layernorm_entries(mgt_model *m, const char *name, int c);
+int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight);
 /* x [c, h, w] gathered by the per-image description sh (dims and axes from index 1: index 0 is
    the batch's) into a value [oc, oh, ow]; scatter: x walked, the output its grid. */
 int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *sh, int oc, int oh,
@@ -340,6 +360,17 @@ int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *s
    gathered by index [tokens^2] (int32); mask (NULL: none) [windows, tokens^2]. */
 int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, int table,
                  int table_rows, const int32_t *index, const float *mask);
+/* Swin V2's: cosine attention with logit_scale (a [heads, 1, 1] entry) and the continuous
+   position bias, whose MLP (cpb hidden, its three parameters and the coordinates buffer
+   [1, 2 ws - 1, 2 ws - 1, 2]) nn_attention_cpb attaches once they are made. */
+int nn_attention_v2(mgt_model *m, const char *name, int x, int heads, int windows, int logit_scale,
+                    int table_rows, const int32_t *index, const float *mask);
+void nn_attention_cpb(mgt_model *m, int attn_value, int w1, int b1, int w2, int coords, int hidden);
+/* Swin V2's qkv linear: the middle third of its bias taken as 0 (nn_node's zero_mid_bias). */
+void nn_linear_zero_mid_bias(mgt_model *m, int value);
+/* The MACs of a node that are conv + linear MACs beyond its own kind's (V2's cpb MLP, whose
+   Linear modules torch's hooks see). */
+uint64_t nn_attn_linear_macs(const mgt_model *m, const nn_node *nd);
 /* ViT's class token (the parameter `token`, [1, 1, dim]) before the patches of x [dim, h, w]. */
 int nn_class_token(mgt_model *m, const char *name, int x, int token);
 /* x plus the parameter `param` of x's shape (per image; ViT's position embedding). */

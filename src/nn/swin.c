@@ -1,4 +1,6 @@
-/* Swin Transformers as layer graphs, as torchvision 0.14 defines them (swin_t, swin_s, swin_b):
+/* Swin Transformers as layer graphs, as torchvision 0.14 defines them (swin_t, swin_s, swin_b;
+   swin_v2_t, swin_v2_s, swin_v2_b with window 8, cosine attention with a learned logit scale per
+   head, the continuous position bias MLP, post-norm blocks and PatchMergingV2):
    the 4x4 stride-4 patch embedding conv, a permute to [H, W, C] and LayerNorm; four stages of
    blocks (norm1, shifted window attention, stochastic depth, the residual; norm2, MLP with
    GELU, stochastic depth, the residual), patch merging between stages (the four 2x2 phases
@@ -22,7 +24,25 @@
 typedef struct swin_def {
     int embed, depths[4], heads[4], window;
     float sd_prob;
+    bool v2; /* Swin V2: cosine attention, the continuous position bias, post-norm blocks */
 } swin_def;
+
+/* The hidden width of V2's continuous position bias MLP. */
+#define CPB_HIDDEN 512
+
+/* V2's relative_coords_table [1, 2 ws - 1, 2 ws - 1, 2]: each relative offset (dy, dx) over
+   ws - 1, times 8, as sign(v) log2(|v| + 1) / 3 (float32, as torchvision computes it). */
+static void relative_coords(int ws, float *table)
+{
+    int n = 2 * ws - 1;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < 2; k++) {
+                float v = (float)((k == 0 ? i : j) - (ws - 1)) / (float)(ws - 1) * 8.0f;
+                float a = log2f(fabsf(v) + 1.0f) / 3.0f;
+                table[(i * n + j) * 2 + k] = v > 0.0f ? a : v < 0.0f ? -a : 0.0f;
+            }
+}
 
 /* The permute description between a map [h, w, c] and its windows [windows, ws^2, c] after a
    pad to whole windows and a roll by -shift (sh, sw per side): the window partition's gather,
@@ -100,8 +120,12 @@ static void relative_index(int ws, int64_t *index)
                 (int64_t)(i / ws - j / ws + ws - 1) * (2 * ws - 1) + (i % ws - j % ws + ws - 1);
 }
 
-/* Shifted window attention of x [h, w, dim] (name p = "features.S.B.attn"). */
-static int window_attention(mgt_model *m, const char *p, int x, int heads, int ws, int shift)
+/* Shifted window attention of x [h, w, dim] (name p = "features.S.B.attn"); V2's with cosine
+   attention and the continuous position bias. Its entries in torchvision's state_dict order:
+   the table (V1) or logit_scale and relative_coords_table (V2), relative_position_index, qkv,
+   proj, then V2's cpb_mlp. */
+static int window_attention(mgt_model *m, const char *p, int x, int heads, int ws, int shift,
+                            bool v2)
 {
     char n[NN_NAME];
     const nn_value *v = &m->values[x];
@@ -109,18 +133,32 @@ static int window_attention(mgt_model *m, const char *p, int x, int heads, int w
     int ph = (h + ws - 1) / ws * ws, pw = (w + ws - 1) / ws * ws;
     int sh = ws >= ph ? 0 : shift, sw = ws >= pw ? 0 : shift;
     int windows = (ph / ws) * (pw / ws), t = ws * ws, rows = (2 * ws - 1) * (2 * ws - 1);
-    int64_t ts[2] = {rows, heads}, is[1] = {(int64_t)t * t};
-    int table = nn_add_entry(m, p, "relative_position_bias_table", MGT_MODEL_PARAM,
-                             MGT_TENSOR_EMBEDDING, 2, ts, (nn_entry_init){NN_INIT_NORMAL, 0.02});
+    int64_t is[1] = {(int64_t)t * t};
+    int table = -1, logit_scale = -1, coords = -1;
     int64_t *index = malloc((size_t)t * t * sizeof *index);
     int32_t *index32 = malloc((size_t)t * t * sizeof *index32);
     float *mask = sh + sw > 0 ? malloc((size_t)windows * t * t * sizeof *mask) : NULL;
-    if (!index || !index32 || (sh + sw > 0 && !mask)) {
+    float *table_v2 = v2 ? malloc((size_t)rows * 2 * sizeof *table_v2) : NULL;
+    if (!index || !index32 || (sh + sw > 0 && !mask) || (v2 && !table_v2)) {
         free(index);
         free(index32);
         free(mask);
+        free(table_v2);
         m->oom = true;
         return -1;
+    }
+    if (v2) {
+        int64_t ls[3] = {heads, 1, 1}, cs[4] = {1, 2 * ws - 1, 2 * ws - 1, 2};
+        logit_scale = nn_add_entry(m, p, "logit_scale", MGT_MODEL_PARAM, MGT_TENSOR_SCALE, 3, ls,
+                                   (nn_entry_init){NN_INIT_CONST, log(10.0)});
+        relative_coords(ws, table_v2);
+        int k = nn_const(m, table_v2, (size_t)rows * 2 * sizeof *table_v2);
+        coords = nn_add_entry(m, p, "relative_coords_table", MGT_MODEL_BUFFER, MGT_TENSOR_CONSTANT,
+                              4, cs, (nn_entry_init){NN_INIT_VALUES, k});
+    } else {
+        int64_t ts[2] = {rows, heads};
+        table = nn_add_entry(m, p, "relative_position_bias_table", MGT_MODEL_PARAM,
+                             MGT_TENSOR_EMBEDDING, 2, ts, (nn_entry_init){NN_INIT_NORMAL, 0.02});
     }
     relative_index(ws, index);
     for (int i = 0; i < t * t; i++)
@@ -135,48 +173,81 @@ static int window_attention(mgt_model *m, const char *p, int x, int heads, int w
     y = nn_token_linear(m, n, y, 3 * dim, true, "weight", "bias");
     if (y >= 0)
         nn_last_node(m)->u.linear.functional = true;
-    y = nn_attention(m, p, y, heads, windows, table, rows, index32, mask);
+    if (v2)
+        nn_linear_zero_mid_bias(m, y);
+    int a = v2 ? nn_attention_v2(m, p, y, heads, windows, logit_scale, rows, index32, mask)
+               : nn_attention(m, p, y, heads, windows, table, rows, index32, mask);
     nn_name(m, n, sizeof n, "%s.proj", p);
-    y = nn_token_linear(m, n, y, dim, true, "weight", "bias");
+    y = nn_token_linear(m, n, a, dim, true, "weight", "bias");
     if (y >= 0)
         nn_last_node(m)->u.linear.functional = true;
+    if (v2) {
+        int64_t w1s[2] = {CPB_HIDDEN, 2}, b1s[1] = {CPB_HIDDEN}, w2s[2] = {heads, CPB_HIDDEN};
+        nn_entry_init none = {NN_INIT_NONE, 0};
+        nn_name(m, n, sizeof n, "%s.cpb_mlp.0", p);
+        int w1 =
+            nn_add_entry(m, n, "weight", MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, w1s, none);
+        int b1 = nn_add_entry(m, n, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, b1s, none);
+        nn_name(m, n, sizeof n, "%s.cpb_mlp.2", p);
+        int w2 =
+            nn_add_entry(m, n, "weight", MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, w2s, none);
+        nn_attention_cpb(m, a, w1, b1, w2, coords, CPB_HIDDEN);
+    }
     mgt_permute_shape back = window_map(h, w, dim, ws, sh, sw, true);
     nn_name(m, n, sizeof n, "%s.reverse", p);
     y = nn_permute(m, n, y, &back, h, w, dim);
     free(index);
     free(index32);
     free(mask);
+    free(table_v2);
     return y;
 }
 
-static int swin_block(mgt_model *m, const char *p, int x, int heads, int ws, int shift, float sd)
+/* V1: x + sd(attn(norm1(x))), then x + sd(mlp(norm2(x))); V2 puts each norm after its branch
+   (its entries still first in the state_dict: torchvision registers norm1 before attn). */
+static int swin_block(mgt_model *m, const char *p, int x, int heads, int ws, int shift, float sd,
+                      bool v2)
 {
     char n[NN_NAME];
-    int dim = m->values[x].w;
+    int dim = m->values[x].w, norm1 = -1, norm2 = -1, y = x;
     nn_name(m, n, sizeof n, "%s.norm1", p);
-    int y = nn_layernorm(m, n, x, 1e-5f);
+    if (v2)
+        norm1 = nn_layernorm_entries(m, n, dim);
+    else
+        y = nn_layernorm(m, n, x, 1e-5f);
     nn_name(m, n, sizeof n, "%s.attn", p);
-    y = window_attention(m, n, y, heads, ws, shift);
+    y = window_attention(m, n, y, heads, ws, shift, v2);
+    if (v2) {
+        nn_name(m, n, sizeof n, "%s.norm1", p);
+        y = nn_layernorm_of(m, n, y, 1e-5f, norm1);
+    }
     nn_name(m, n, sizeof n, "%s.stochastic_depth", p);
     y = nn_stochastic_depth(m, n, y, sd);
     nn_name(m, n, sizeof n, "%s.attention_residual", p);
     x = nn_add(m, n, x, y);
     nn_name(m, n, sizeof n, "%s.norm2", p);
-    y = nn_layernorm(m, n, x, 1e-5f);
+    if (v2)
+        norm2 = nn_layernorm_entries(m, n, dim);
+    y = v2 ? x : nn_layernorm(m, n, x, 1e-5f);
     nn_name(m, n, sizeof n, "%s.mlp.0", p);
     y = nn_token_linear(m, n, y, 4 * dim, true, "weight", "bias");
     nn_name(m, n, sizeof n, "%s.mlp.1", p);
     y = nn_activation(m, n, y, MGT_ACT_GELU);
     nn_name(m, n, sizeof n, "%s.mlp.3", p);
     y = nn_token_linear(m, n, y, dim, true, "weight", "bias");
+    if (v2) {
+        nn_name(m, n, sizeof n, "%s.norm2", p);
+        y = nn_layernorm_of(m, n, y, 1e-5f, norm2);
+    }
     nn_name(m, n, sizeof n, "%s.stochastic_depth_mlp", p);
     y = nn_stochastic_depth(m, n, y, sd);
     return nn_add(m, p, x, y);
 }
 
 /* PatchMerging: [h, w, c] padded to even sides, the phases x0 (0, 0), x1 (1, 0), x2 (0, 1),
-   x3 (1, 1) side by side [h / 2, w / 2, 4c], LayerNorm(4c), Linear(4c -> 2c, no bias). */
-static int patch_merging(mgt_model *m, const char *p, int x)
+   x3 (1, 1) side by side [h / 2, w / 2, 4c], LayerNorm(4c), Linear(4c -> 2c, no bias);
+   PatchMergingV2 the linear, then LayerNorm(2c). */
+static int patch_merging(mgt_model *m, const char *p, int x, bool v2)
 {
     char n[NN_NAME];
     const nn_value *v = &m->values[x];
@@ -190,6 +261,14 @@ static int patch_merging(mgt_model *m, const char *p, int x)
         .coef = {1, 2, 2, 1, 1, 1},
         .limit = {0, h, w, c},
         .grid_stride = {0, (size_t)w * c, (size_t)c, 1}};
+    if (v2) {
+        nn_name(m, n, sizeof n, "%s.merge", p);
+        int y = nn_permute(m, n, x, &sh, h2, w2, 4 * c);
+        nn_name(m, n, sizeof n, "%s.reduction", p);
+        y = nn_token_linear(m, n, y, 2 * c, false, "weight", NULL);
+        nn_name(m, n, sizeof n, "%s.norm", p);
+        return nn_layernorm(m, n, y, 1e-5f);
+    }
     /* torchvision registers reduction before norm: its weight comes first in the state_dict */
     nn_name(m, n, sizeof n, "%s.reduction", p);
     int64_t ws[2] = {2 * c, 4 * c};
@@ -250,11 +329,11 @@ static mgt_status build_swin(mgt_model *m, const void *arg)
         for (int i = 0; i < d->depths[s] && x >= 0; i++, id++) {
             nn_name(m, p, sizeof p, "features.%d.%d", f, i);
             x = swin_block(m, p, x, d->heads[s], d->window, i % 2 ? d->window / 2 : 0,
-                           d->sd_prob * (float)id / (float)(total - 1));
+                           d->sd_prob * (float)id / (float)(total - 1), d->v2);
         }
         if (s < 3 && x >= 0) {
             nn_name(m, p, sizeof p, "features.%d", ++f);
-            x = patch_merging(m, p, x);
+            x = patch_merging(m, p, x, d->v2);
         }
     }
     x = nn_layernorm(m, "norm", x, 1e-5f);
@@ -273,13 +352,19 @@ static mgt_status build_swin(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-static const swin_def t = {96, {2, 2, 6, 2}, {3, 6, 12, 24}, 7, 0.2f},
-                      s = {96, {2, 2, 18, 2}, {3, 6, 12, 24}, 7, 0.3f},
-                      b = {128, {2, 2, 18, 2}, {4, 8, 16, 32}, 7, 0.5f};
+static const swin_def t = {96, {2, 2, 6, 2}, {3, 6, 12, 24}, 7, 0.2f, false},
+                      s = {96, {2, 2, 18, 2}, {3, 6, 12, 24}, 7, 0.3f, false},
+                      b = {128, {2, 2, 18, 2}, {4, 8, 16, 32}, 7, 0.5f, false},
+                      v2_t = {96, {2, 2, 6, 2}, {3, 6, 12, 24}, 8, 0.2f, true},
+                      v2_s = {96, {2, 2, 18, 2}, {3, 6, 12, 24}, 8, 0.3f, true},
+                      v2_b = {128, {2, 2, 18, 2}, {4, 8, 16, 32}, 8, 0.5f, true};
 
 const nn_arch nn_swin_archs[] = {
     {"swin_t", "swin", build_swin, &t},
     {"swin_s", "swin", build_swin, &s},
     {"swin_b", "swin", build_swin, &b},
+    {"swin_v2_t", "swin", build_swin, &v2_t},
+    {"swin_v2_s", "swin", build_swin, &v2_s},
+    {"swin_v2_b", "swin", build_swin, &v2_b},
     {NULL, NULL, NULL, NULL},
 };

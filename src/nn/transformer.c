@@ -113,6 +113,7 @@ static mgt_attn_shape attn_shape(const nn_call *c)
         .y_row = (size_t)dim,
         .scale = nd->u.attn.scale,
         .masks = nd->u.attn.mask >= 0 ? nd->u.attn.windows : 0,
+        .cosine = nd->u.attn.cosine,
         .p = c->train ? nd->u.attn.p : 0.0f,
         .groups_per_sample = nd->u.attn.windows,
         .key = c->m->drop_key,
@@ -121,17 +122,86 @@ static mgt_attn_shape attn_shape(const nn_call *c)
     return sh;
 }
 
+static int attn_bias_n(const nn_node *nd) { return nd->u.attn.tokens * nd->u.attn.tokens; }
+
 static float *attn_bias(const nn_call *c)
 {
-    return c->node->u.attn.table >= 0 ? nn_act(c->m, c->node->u.attn.bias_off) : NULL;
+    const nn_node *nd = c->node;
+    return nd->u.attn.table >= 0 || nd->u.attn.cpb ? nn_act(c->m, nd->u.attn.bias_off) : NULL;
+}
+
+/* ---- Swin V2's continuous position bias: 16 sigmoid(cpb_mlp(coords)) gathered ----
+   cpb_mlp is Linear(2, hidden) + ReLU + Linear(hidden, heads, no bias) over the R rows of the
+   coordinates buffer, batch-independent, in fp32 (autocast would round its linears: the bias
+   it makes is tiny work). Its activations live in cpb_off: h1 and dh1 [R, hidden], then t
+   (pre-sigmoid), s = sigmoid(t) and their gradient [R, heads]. */
+
+typedef struct cpb_bufs {
+    float *h1, *dh1, *t, *s, *dt;
+} cpb_bufs;
+
+static cpb_bufs cpb_of(const nn_call *c)
+{
+    const nn_node *nd = c->node;
+    size_t r = (size_t)nd->u.attn.table_rows, hid = (size_t)nd->u.attn.cpb;
+    size_t h = (size_t)nd->u.attn.heads;
+    float *b = nn_act(c->m, nd->u.attn.cpb_off);
+    return (cpb_bufs){b, b + r * hid, b + 2 * r * hid, b + 2 * r * hid + r * h,
+                      b + 2 * r * hid + 2 * r * h};
+}
+
+static mgt_status cpb_forward(nn_call *c, float *bias)
+{
+    const nn_node *nd = c->node;
+    int r = nd->u.attn.table_rows, hid = nd->u.attn.cpb, h = nd->u.attn.heads;
+    cpb_bufs b = cpb_of(c);
+    const float *w1 = c->p[1], *b1 = c->p[2], *w2 = c->p[3], *coords = c->p[4];
+    mgt_status st = mgt_gemm(c->s, false, true, r, hid, 2, 1.0f, coords, 2, w1, 2, 0.0f, b.h1, hid);
+    if (st == MGT_OK)
+        st = mgt_bias_forward(c->s, b.h1, b1, r, hid);
+    if (st == MGT_OK)
+        st = mgt_relu_forward(c->s, b.h1, b.h1, (size_t)r * hid);
+    if (st == MGT_OK)
+        st = mgt_gemm(c->s, false, true, r, h, hid, 1.0f, b.h1, hid, w2, hid, 0.0f, b.t, h);
+    if (st == MGT_OK)
+        st = mgt_activation_forward(c->s, b.s, b.t, (size_t)r * h, MGT_ACT_SIGMOID);
+    if (st == MGT_OK)
+        st = mgt_relpos_bias_forward(c->s, bias, b.s, nn_const_ptr(c->m, nd->u.attn.index), r, h,
+                                     attn_bias_n(nd), 16.0f);
+    return st;
+}
+
+/* From dbias: the MLP's parameter gradients (added on). */
+static mgt_status cpb_backward(nn_call *c, const float *dbias)
+{
+    const nn_node *nd = c->node;
+    int r = nd->u.attn.table_rows, hid = nd->u.attn.cpb, h = nd->u.attn.heads;
+    cpb_bufs b = cpb_of(c);
+    const float *w2 = c->p[3], *coords = c->p[4];
+    mgt_status st = mgt_memset(c->s, b.dt, 0, (size_t)r * h * sizeof(float));
+    if (st == MGT_OK) /* ds = 16 x the segment sums of dbias */
+        st = mgt_relpos_bias_backward(c->s, b.dt, dbias, nn_const_ptr(c->m, nd->u.attn.offsets),
+                                      nn_const_ptr(c->m, nd->u.attn.order), r, h, attn_bias_n(nd),
+                                      16.0f);
+    if (st == MGT_OK)
+        st = mgt_activation_backward(c->s, b.dt, b.dt, b.t, (size_t)r * h, MGT_ACT_SIGMOID);
+    if (st == MGT_OK) /* dW2 += dt^T h1 */
+        st = mgt_gemm(c->s, true, false, h, hid, r, 1.0f, b.dt, h, b.h1, hid, 1.0f, c->g[3], hid);
+    if (st == MGT_OK) /* dh1 = dt W2, through the ReLU */
+        st = mgt_gemm(c->s, false, false, r, hid, h, 1.0f, b.dt, h, w2, hid, 0.0f, b.dh1, hid);
+    if (st == MGT_OK)
+        st = mgt_relu_backward(c->s, b.dh1, b.dh1, b.h1, (size_t)r * hid);
+    if (st == MGT_OK) /* dW1 += dh1^T coords, db1 += its column sums */
+        st = mgt_gemm(c->s, true, false, hid, 2, r, 1.0f, b.dh1, hid, coords, 2, 1.0f, c->g[1], 2);
+    if (st == MGT_OK)
+        st = mgt_bias_backward(c->s, c->g[2], b.dh1, r, hid);
+    return st;
 }
 
 static const float *attn_mask(const nn_call *c)
 {
     return c->node->u.attn.mask >= 0 ? nn_const_ptr(c->m, c->node->u.attn.mask) : NULL;
 }
-
-static int attn_bias_n(const nn_node *nd) { return nd->u.attn.tokens * nd->u.attn.tokens; }
 
 mgt_status nn_attn_forward(nn_call *c)
 {
@@ -140,14 +210,16 @@ mgt_status nn_attn_forward(nn_call *c)
     int dim = out_value(c)->w;
     float *bias = attn_bias(c);
     mgt_status st = MGT_OK;
-    if (bias)
+    if (nd->u.attn.cpb)
+        st = cpb_forward(c, bias);
+    else if (bias)
         st = mgt_relpos_bias_forward(c->s, bias, c->p[0], nn_const_ptr(c->m, nd->u.attn.index),
                                      nd->u.attn.table_rows, sh.heads, attn_bias_n(nd), 1.0f);
     if (st != MGT_OK)
         return st;
     const float *x = c->x[0];
     return mgt_attention_forward(c->s, c->y, nn_act(c->m, nd->u.attn.lse_off), x, x + dim,
-                                 x + 2 * dim, bias, attn_mask(c), NULL, &sh);
+                                 x + 2 * dim, bias, attn_mask(c), sh.cosine ? c->p[0] : NULL, &sh);
 }
 
 /* dq, dk and dv fill the qkv value's gradient column by column; then the bias table's. */
@@ -162,11 +234,15 @@ mgt_status nn_attn_backward(nn_call *c)
     int dim = out_value(c)->w;
     float *bias = attn_bias(c);
     float *dbias = bias ? nn_act(c->m, nd->u.attn.dbias_off) : NULL;
-    mgt_attn_grads g = {c->dx[0], c->dx[0] + dim, c->dx[0] + 2 * dim, dbias, NULL};
+    mgt_attn_grads g = {c->dx[0], c->dx[0] + dim, c->dx[0] + 2 * dim, dbias,
+                        sh.cosine ? c->g[0] : NULL};
     const float *x = c->x[0];
-    mgt_status st = mgt_attention_backward(c->s, &g, c->dy, c->y, nn_act(c->m, nd->u.attn.lse_off),
-                                           x, x + dim, x + 2 * dim, bias, attn_mask(c), NULL, &sh);
-    if (st == MGT_OK && bias)
+    mgt_status st =
+        mgt_attention_backward(c->s, &g, c->dy, c->y, nn_act(c->m, nd->u.attn.lse_off), x, x + dim,
+                               x + 2 * dim, bias, attn_mask(c), sh.cosine ? c->p[0] : NULL, &sh);
+    if (st == MGT_OK && nd->u.attn.cpb)
+        st = cpb_backward(c, dbias);
+    else if (st == MGT_OK && bias)
         st = mgt_relpos_bias_backward(c->s, c->g[0], dbias, nn_const_ptr(c->m, nd->u.attn.offsets),
                                       nn_const_ptr(c->m, nd->u.attn.order), nd->u.attn.table_rows,
                                       sh.heads, attn_bias_n(nd), 1.0f);
@@ -175,13 +251,22 @@ mgt_status nn_attn_backward(nn_call *c)
     return st;
 }
 
-/* q k^T and p v: 2 tokens^2 dim per window (the softmax and the bias are not counted) */
-uint64_t nn_attn_macs(const mgt_model *m, const nn_node *nd)
+/* The cpb MLP's two Linear modules (torch's hooks count them: out * in each). */
+uint64_t nn_attn_linear_macs(const mgt_model *m, const nn_node *nd)
 {
     (void)m;
+    uint64_t r = (uint64_t)nd->u.attn.table_rows, hid = (uint64_t)nd->u.attn.cpb;
+    return nd->u.attn.cpb ? r * hid * 2 + r * (uint64_t)nd->u.attn.heads * hid : 0;
+}
+
+/* q k^T and p v: 2 tokens^2 dim per window (the softmax and the bias are not counted), and the
+   cpb MLP's */
+uint64_t nn_attn_macs(const mgt_model *m, const nn_node *nd)
+{
     uint64_t t = (uint64_t)nd->u.attn.tokens;
     return 2 * (uint64_t)nd->u.attn.windows * t * t * (uint64_t)nd->u.attn.heads *
-           (uint64_t)nd->u.attn.dh;
+               (uint64_t)nd->u.attn.dh +
+           nn_attn_linear_macs(m, nd);
 }
 
 /* ---- ViT's class token and position embedding ----
