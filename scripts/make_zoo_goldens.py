@@ -25,6 +25,8 @@ from make_model_goldens import hash_uniform, save_safetensors, sample_index, f32
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo")
 LR, MOMENTUM, WD, SMOOTHING = 0.1, 0.9, 5e-4, 0.1
 CLASSES, BATCH = 10, 2
+# one image where the smallest input is large (the golden keeps the whole input)
+ONE_IMAGE = {"maxvit_t"}
 DROP_SEED, DROP_STEP = 7, 1
 
 # arch, input side (the smallest each takes, or a small one)
@@ -35,7 +37,9 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
          ("regnet_y_400mf", 96),
          ("vit_b_16", 32), ("vit_b_32", 64), ("swin_t", 64), ("swin_s", 64), ("swin_b", 64),
-         ("swin_v2_t", 64), ("swin_v2_s", 64), ("swin_v2_b", 64)]
+         ("swin_v2_t", 64), ("swin_v2_s", 64), ("swin_v2_b", 64),
+         # torchvision 0.15 and later only (run this script with one): the smallest input
+         ("maxvit_t", 224)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
 # golden says no_dropout = 1 and the C test builds them so
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0},
@@ -43,19 +47,21 @@ NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0},
              "swin_b": {"stochastic_depth_prob": 0.0},
              "swin_v2_t": {"stochastic_depth_prob": 0.0},
              "swin_v2_s": {"stochastic_depth_prob": 0.0},
-             "swin_v2_b": {"stochastic_depth_prob": 0.0}}
+             "swin_v2_b": {"stochastic_depth_prob": 0.0},
+             "maxvit_t": {"stochastic_depth_prob": 0.0}}
 # The transformers step with AdamW, the optimizer of their recipe
 ADAMW = {"lr": 1e-3, "weight_decay": 0.05}
 
 
 def is_transformer(arch):
-    return arch.startswith("vit_") or arch.startswith("swin_")
+    return arch.startswith("vit_") or arch.startswith("swin_") or arch.startswith("maxvit_")
 
 
 def build(arch, size, classes):
     """torchvision's ARCH; a ViT made for the input side (its image_size argument). The Swin
-    builders fix stochastic_depth_prob themselves: their StochasticDepth layers are set to 0."""
-    kw = dict(NO_SDEPTH.get(arch, {})) if not arch.startswith("swin_") else {}
+    and MaxViT builders fix stochastic_depth_prob themselves: their StochasticDepth layers are
+    set to 0."""
+    kw = dict(NO_SDEPTH.get(arch, {})) if arch == "convnext_tiny" else {}
     if arch.startswith("vit_"):
         kw["image_size"] = size
     model = torchvision.models.__dict__[arch](num_classes=classes, **kw)
@@ -175,8 +181,9 @@ def case(arch, size):
     weights(model)
     replace_dropout(model)
     gen = torch.Generator().manual_seed(1212)
-    x = torch.randn(BATCH, 3, size, size, generator=gen)
-    labels = torch.randint(0, CLASSES, (BATCH,), generator=gen)
+    batch = 1 if arch in ONE_IMAGE else BATCH
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    labels = torch.randint(0, CLASSES, (batch,), generator=gen)
     m64 = model.double()
     m64.eval()
     with torch.no_grad():
@@ -200,7 +207,7 @@ def case(arch, size):
     g += summarise("step1.", state)
     tag = "%s_3x%dx%d" % (arch, size, size)
     meta = {"arch": arch, "classes": str(CLASSES), "in_channels": "3", "image_size": str(size),
-            "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
+            "batch": str(batch), "lr": repr(LR), "momentum": repr(MOMENTUM),
             "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
             "torchvision": torchvision.__version__, "torch": torch.__version__,
             "no_dropout": "1" if arch in NO_SDEPTH else "0",

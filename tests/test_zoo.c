@@ -281,31 +281,37 @@ static const struct {
     const char *arch;
     int size;
     bool fwd_only;
-} golden_cases[] = {{"vgg11", 32, false},
-                    {"vgg11_bn", 32, false},
-                    {"alexnet", 63, false},
-                    {"squeezenet1_0", 32, false},
-                    {"squeezenet1_1", 32, false},
-                    {"shufflenet_v2_x0_5", 96, false},
-                    {"densenet121", 128, true},
-                    {"convnext_tiny", 32, false},
-                    {"vgg13", 32, false},
-                    {"vgg16", 32, false},
-                    {"vgg19", 32, false},
-                    {"vgg13_bn", 32, false},
-                    {"vgg16_bn", 32, false},
-                    {"vgg19_bn", 32, false},
-                    {"shufflenet_v2_x1_0", 96, false},
-                    {"mobilenet_v3_small", 64, false},
-                    {"regnet_y_400mf", 96, false},
-                    {"vit_b_16", 32, false},
-                    {"vit_b_32", 64, false},
-                    {"swin_t", 64, false},
-                    {"swin_s", 64, false},
-                    {"swin_b", 64, false},
-                    {"swin_v2_t", 64, false},
-                    {"swin_v2_s", 64, false},
-                    {"swin_v2_b", 64, false}};
+    /* the eval logits' tolerance where it is not TOL_FWD: maxvit_t's eval forward (BN on the
+       formula's running statistics through 11 layers) is ill-conditioned: PyTorch's own float32
+       logits miss its float64 ones by 4.5e-5 of the largest (mgtrain's by 9.3e-5); its
+       training logits, loss, gradients and step are held to the usual tolerances */
+    double eval_tol;
+} golden_cases[] = {{"vgg11", 32, false, 0},
+                    {"vgg11_bn", 32, false, 0},
+                    {"alexnet", 63, false, 0},
+                    {"squeezenet1_0", 32, false, 0},
+                    {"squeezenet1_1", 32, false, 0},
+                    {"shufflenet_v2_x0_5", 96, false, 0},
+                    {"densenet121", 128, true, 0},
+                    {"convnext_tiny", 32, false, 0},
+                    {"vgg13", 32, false, 0},
+                    {"vgg16", 32, false, 0},
+                    {"vgg19", 32, false, 0},
+                    {"vgg13_bn", 32, false, 0},
+                    {"vgg16_bn", 32, false, 0},
+                    {"vgg19_bn", 32, false, 0},
+                    {"shufflenet_v2_x1_0", 96, false, 0},
+                    {"mobilenet_v3_small", 64, false, 0},
+                    {"regnet_y_400mf", 96, false, 0},
+                    {"vit_b_16", 32, false, 0},
+                    {"vit_b_32", 64, false, 0},
+                    {"swin_t", 64, false, 0},
+                    {"swin_s", 64, false, 0},
+                    {"swin_b", 64, false, 0},
+                    {"swin_v2_t", 64, false, 0},
+                    {"swin_v2_s", 64, false, 0},
+                    {"swin_v2_b", 64, false, 0},
+                    {"maxvit_t", 224, false, 2e-4}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -437,10 +443,13 @@ static void test_golden(void **state)
     (void)state;
     int size = 0;
     bool fwd_only = false;
+    double eval_tol = TOL_FWD;
     for (size_t i = 0; i < sizeof golden_cases / sizeof *golden_cases; i++)
         if (arg && strcmp(golden_cases[i].arch, arg) == 0) {
             size = golden_cases[i].size;
             fwd_only = golden_cases[i].fwd_only;
+            if (golden_cases[i].eval_tol > 0)
+                eval_tol = golden_cases[i].eval_tol;
         }
     if (!size)
         fail_msg("no golden case for '%s'", arg ? arg : "(none)");
@@ -491,7 +500,7 @@ static void test_golden(void **state)
     CHECK(mgt_model_forward(m, s, x, batch, false, &logits));
     float *hl = to_host(s, logits, nl * sizeof(float));
     const float *want = golden(g, "eval_logits", nl);
-    close_to("eval_logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    close_to("eval_logits", hl, NULL, want, nl, eval_tol, max_abs(want, nl));
     free(hl);
 
     mgt_dropout_key key = {.seed = 7, .step = 1, .sample0 = 0, .sample_stride = 1};
@@ -807,18 +816,22 @@ static void test_finetune(void **state)
    ViT-B models run the same code in zoo.strict. */
 #define STRICT_BIG 200000000u
 
-/* The input side of an architecture's strict check: PRETRAINED_SIZE, or 56 where the
-   architecture takes no 64 (vit_h_14's 14-pixel patches). */
+/* The input side of an architecture's strict check: PRETRAINED_SIZE, or the first of 56
+   (vit_h_14's 14-pixel patches) and 224 (maxvit_t's smallest) it takes. */
 static int strict_size(const char *arch)
 {
-    mgt_model_config cfg = {
-        .arch = arch, .classes = 10, .in_channels = 3, .image_size = PRETRAINED_SIZE, .batch = 1};
-    mgt_model *m;
-    if (mgt_model_create(&cfg, NULL, &m) == MGT_OK) {
-        mgt_model_free(m);
-        return PRETRAINED_SIZE;
+    static const int sizes[] = {PRETRAINED_SIZE, 56, 224};
+    for (int i = 0; i < 3; i++) {
+        mgt_model_config cfg = {
+            .arch = arch, .classes = 10, .in_channels = 3, .image_size = sizes[i], .batch = 1};
+        mgt_model *m;
+        if (mgt_model_create(&cfg, NULL, &m) == MGT_OK) {
+            mgt_model_free(m);
+            return sizes[i];
+        }
     }
-    return 56;
+    fail_msg("%s takes none of the strict check's input sizes", arch);
+    return 0;
 }
 
 static const char *self_path;

@@ -531,13 +531,14 @@ mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t pe
    formula in each backend under its name: act_<name> and act_<name>_grad in
    src/device/cpu/ref.c, act_<name> and act_<name>_bwd in src/device/cpu/act.c, struct
    act_<name> in src/device/cuda/act.cu; a backend without it does not build. */
-#define MGT_ACT_LIST(X)                                        \
-    X(RELU6, relu6)             /* clamp(x, 0, 6) */           \
-    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */ \
-    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */       \
-    X(SILU, silu)               /* x sigmoid(x) */             \
-    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */        \
-    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */
+#define MGT_ACT_LIST(X)                                                                \
+    X(RELU6, relu6)             /* clamp(x, 0, 6) */                                   \
+    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */                         \
+    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */                               \
+    X(SILU, silu)               /* x sigmoid(x) */                                     \
+    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */                                \
+    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */ \
+    X(TANH, tanh)               /* tanh(x) (MaxViT's classifier) */
 
 #define MGT_ACT_ENUM_(KIND, name) MGT_ACT_##KIND,
 typedef enum mgt_act { MGT_ACT_LIST(MGT_ACT_ENUM_) MGT_ACT_COUNT } mgt_act;

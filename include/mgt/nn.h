@@ -242,7 +242,7 @@ typedef enum mgt_model_what {
 } mgt_model_what;
 
 typedef struct mgt_model_entry {
-    char name[64]; /* torchvision's state_dict name */
+    char name[128]; /* torchvision's state_dict name (MaxViT's reach 83 characters) */
     mgt_model_role role;
     mgt_model_what what;
     int layer; /* index into mgt_model_layers of the layer that owns it */
@@ -278,7 +278,7 @@ int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[64];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
+    char name[128];   /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
     const char *kind; /* "conv", "bn", "relu", "maxpool", "add", "avgpool", "linear", ... */
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */

@@ -69,6 +69,7 @@ static const mgt_arch_info archs[] = {
     IMAGENET("swin_v2_t", "swin"),
     IMAGENET("swin_v2_s", "swin"),
     IMAGENET("swin_v2_b", "swin"),
+    IMAGENET("maxvit_t", "maxvit"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

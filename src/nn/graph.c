@@ -205,6 +205,43 @@ int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int
     return nd->out;
 }
 
+int nn_avgpool(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    mgt_conv2d_shape sh = {.n = m->cfg.batch,
+                           .c = v->c,
+                           .h = v->h,
+                           .w = v->w,
+                           .k = v->c,
+                           .r = k,
+                           .s = k,
+                           .stride_h = stride,
+                           .stride_w = stride,
+                           .pad_h = pad,
+                           .pad_w = pad,
+                           .groups = v->c};
+    size_t n = (size_t)v->c * k * k;
+    float *w = malloc(n * sizeof *w);
+    if (!w) {
+        m->oom = true;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        w[i] = 1.0f / (float)(k * k);
+    int wc = nn_const(m, w, n * sizeof *w);
+    free(w);
+    nn_node *nd =
+        new_node(m, NN_CONV, name, &x, 1, sh.k, mgt_conv2d_out_h(&sh), mgt_conv2d_out_w(&sh));
+    if (!nd)
+        return -1;
+    nd->u.conv.sh = sh;
+    nd->u.conv.fixed = true;
+    nd->u.conv.weights = wc;
+    return nd->out;
+}
+
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum)
 {
     if (x < 0)
@@ -377,6 +414,14 @@ int nn_linear(mgt_model *m, const char *name, int x, int out)
         return -1;
     int in = (int)nn_value_floats(&m->values[x]);
     return linear_rows(m, name, x, 1, in, out, out, 1, 1, true, "weight", "bias");
+}
+
+int nn_linear_nobias(mgt_model *m, const char *name, int x, int out)
+{
+    if (x < 0)
+        return -1;
+    int in = (int)nn_value_floats(&m->values[x]);
+    return linear_rows(m, name, x, 1, in, out, out, 1, 1, false, "weight", NULL);
 }
 
 int nn_token_linear(mgt_model *m, const char *name, int x, int out, bool bias, const char *wname,
@@ -1182,7 +1227,8 @@ mgt_status nn_plan(mgt_model *m)
             l->params += m->table[nd->entry[j]].numel;
         l->macs = nn_kinds[nd->kind].macs ? nn_kinds[nd->kind].macs(m, nd) : 0;
         m->counts.macs += l->macs;
-        if (nd->kind == NN_CONV || (nd->kind == NN_LINEAR && !nd->u.linear.functional))
+        if ((nd->kind == NN_CONV && !nd->u.conv.fixed) ||
+            (nd->kind == NN_LINEAR && !nd->u.linear.functional))
             m->counts.macs_conv_fc += l->macs;
         if (nd->kind == NN_ATTN)
             m->counts.macs_conv_fc += nn_attn_linear_macs(m, nd);

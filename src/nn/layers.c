@@ -36,12 +36,19 @@ static int conv_out_hw(const nn_call *c)
     return v->h * v->w;
 }
 
+/* The filter: the parameter, or an average pool's fixed one. */
+static const float *conv_filter(const nn_call *c)
+{
+    return c->node->u.conv.fixed ? nn_const_ptr(c->m, c->node->u.conv.weights) : c->p[0];
+}
+
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
+    const float *w = conv_filter(c);
     mgt_status st = amp_of(c) != MGT_PREC_F32
-                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f)
-                        : mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], w, &sh, 0.0f)
+                        : mgt_conv2d_forward(c->s, c->y, c->x[0], w, &sh, 0.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
     return st;
@@ -53,19 +60,20 @@ static mgt_status conv_backward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_precision amp = amp_of(c);
-    mgt_status st =
-        amp != MGT_PREC_F32
-            ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
-            : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    const float *w = conv_filter(c);
+    mgt_status st = MGT_OK;
+    if (!c->node->u.conv.fixed)
+        st = amp != MGT_PREC_F32
+                 ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
+                 : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
         st = amp != MGT_PREC_F32
-                 ? mgt_conv2d_backward_data_lp(c->s, amp, c->dx[0], c->dy, c->p[0], &sh,
-                                               c->dx_beta[0])
-                 : mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
+                 ? mgt_conv2d_backward_data_lp(c->s, amp, c->dx[0], c->dy, w, &sh, c->dx_beta[0])
+                 : mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, w, &sh, c->dx_beta[0]);
     return st;
 }
 

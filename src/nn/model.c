@@ -14,8 +14,9 @@
 
 /* Every family's architectures, in the order `mgtrain model` lists them. */
 static const nn_arch *const families[] = {
-    nn_resnet_archs,     nn_vgg_archs,      nn_alexnet_archs,  nn_squeezenet_archs, nn_mobile_archs,
-    nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs, nn_vit_archs,        nn_swin_archs};
+    nn_resnet_archs, nn_vgg_archs,        nn_alexnet_archs,  nn_squeezenet_archs,
+    nn_mobile_archs, nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs,
+    nn_vit_archs,    nn_swin_archs,       nn_maxvit_archs};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 

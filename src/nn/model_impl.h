@@ -13,7 +13,7 @@
 
 #define NN_MAX_IN 4      /* inputs of one node */
 #define NN_MAX_ENTRIES 6 /* table entries of one node (BN: 2 params, 2 buffers, a counter) */
-#define NN_NAME 64       /* a name buffer of a definition's: the longest of a table entry's */
+#define NN_NAME 128      /* a name buffer of a definition's: the longest of a table entry's */
 
 /* ---- the graph ---- */
 
@@ -81,6 +81,10 @@ typedef struct nn_node {
         struct {
             mgt_conv2d_shape sh; /* n is set per call */
             bool bias;
+            /* an AvgPool2d (count_include_pad): a depthwise convolution whose filter is the
+               const `weights` (1 / k^2 each), no parameters, no MACs of a Conv2d */
+            bool fixed;
+            int weights;
         } conv;
         struct {
             float eps, momentum;
@@ -324,6 +328,11 @@ void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry);
 /* The node being built last (the producer of the value just returned). */
 static inline nn_node *nn_last_node(mgt_model *m) { return &m->nodes[m->n_nodes - 1]; }
 
+/* torch's AvgPool2d(k, stride, pad) with count_include_pad (a fixed depthwise convolution). */
+int nn_avgpool(mgt_model *m, const char *name, int x, int k, int stride, int pad);
+/* nn_linear without a bias (MaxViT's last classifier layer). */
+int nn_linear_nobias(mgt_model *m, const char *name, int x, int out);
+
 /* ---- the transformers' nodes (transformer.c) ---- */
 
 /* A constant the kernels read: `bytes` of data (copied) placed in the activation arena at
@@ -429,6 +438,7 @@ extern const nn_arch nn_densenet_archs[];
 extern const nn_arch nn_convnext_archs[]; /* convnext.c */
 extern const nn_arch nn_vit_archs[];      /* vit.c */
 extern const nn_arch nn_swin_archs[];     /* swin.c */
+extern const nn_arch nn_maxvit_archs[];   /* maxvit.c */
 
 /* ---- the layer kinds (layers.c) ---- */
 

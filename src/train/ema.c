@@ -170,7 +170,7 @@ mgt_status train_ema_add_to_writer(run *r, mgt_st_writer *wr, void **host)
                            : te->role == MGT_MODEL_INDEX
                                ? (const char *)mgt_model_index_values(w->model, te)
                                : hc + te->offset * sizeof(int64_t);
-        char name[96];
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", te->name);
         st = mgt_st_writer_add(wr, name, mgt_model_entry_i64(te) ? MGT_ST_I64 : MGT_ST_F32,
                                te->ndim, te->shape, data);
@@ -186,7 +186,7 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
     int nt, found = 0;
     const mgt_model_entry *t = mgt_model_table(w0->model, &nt);
     for (int e = 0; e < nt; e++) {
-        char name[96];
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", t[e].name);
         found += mgt_st_find(f, name) >= 0;
     }
@@ -202,7 +202,7 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
     mgt_status st = MGT_OK;
     for (int e = 0; e < nt && st == MGT_OK; e++) {
         const mgt_model_entry *te = &t[e];
-        char name[96];
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", te->name);
         int i = mgt_st_find(f, name);
         size_t bytes = te->role == MGT_MODEL_COUNTER ? sizeof(int64_t)

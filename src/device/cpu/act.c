@@ -137,6 +137,21 @@ ACT_INLINE af act_gelu_bwd(af dy, af x)
     return dy * g;
 }
 
+/* libm's tanhf per lane, as PyTorch's CPU kernel */
+ACT_INLINE af act_tanh(af x)
+{
+    af y;
+    for (int i = 0; i < AW; i++)
+        y[i] = tanhf(x[i]);
+    return y;
+}
+
+ACT_INLINE af act_tanh_bwd(af dy, af x)
+{
+    af t = act_tanh(x);
+    return dy * (1.0f - t * t);
+}
+
 /* y = f(x) and dx = f_bwd(dy, x) over [0, n), each case of the switches below its own
    inlined straight-line loop: the last partial vector goes through the same lanes, so every
    element's bits are the same function of its inputs wherever it sits. */

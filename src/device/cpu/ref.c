@@ -791,6 +791,13 @@ static double act_gelu_grad(double x)
     return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
 
+static double act_tanh(double x) { return tanh(x); }
+static double act_tanh_grad(double x)
+{
+    double t = tanh(x);
+    return 1.0 - t * t;
+}
+
 static double ref_act(mgt_act act, double x)
 {
     switch (act) {
