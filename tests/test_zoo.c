@@ -146,6 +146,8 @@ static const learn_case learn_cases[] = {
        swin_t at 32 (an 8x8 map: one window per stage, so no shift) */
     {"vit", "vit_b_16", 32, 4, 4, 8, 0.002f, false},
     {"swin", "swin_t", 32, 4, 4, 8, 0.002f, false},
+    /* maxvit_t at its smallest input, 224: 2 images */
+    {"maxvit", "maxvit_t", 224, 2, 2, 6, 0.002f, false},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
