@@ -165,7 +165,8 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
                    memcmp(mgt_st_tensor_data(f, i), mgt_model_index_values(m, te),
                           te->numel * sizeof(int64_t)) != 0) {
             mismatches++;
-            mgt_text_add(&t, "%s: other values than this model's (a model of another window size?)\n",
+            mgt_text_add(&t,
+                         "%s: other values than this model's (a model of another window size?)\n",
                          te->name);
         } else {
             where[e] = i;
