@@ -183,6 +183,19 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
    that sweeps N knows from them when it has passed the last allocation of a run. */
 bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
 
+/* The per-op profile: with on, every kernel the device runs from now is timed and counted by
+   its op (mock devices: its wall time on the device's threads; CUDA does not measure it:
+   MGT_ERR_UNSUPPORTED), from zero; off stops counting. */
+mgt_status mgt_device_op_profile(mgt_device *d, bool on);
+typedef struct mgt_op_time {
+    const char *name; /* the op's name, as the op list has it (static) */
+    double seconds, flops;
+    long calls;
+} mgt_op_time;
+/* The ops that ran while counting, by decreasing time: the first cap into out; returns how
+   many ops have any (0 where the backend does not measure). */
+int mgt_device_op_times(const mgt_device *d, mgt_op_time *out, int cap);
+
 /* ---- memory ---- */
 
 mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out);

@@ -63,6 +63,7 @@ static const mgt_arch_info archs[] = {
     IMAGENET("vit_l_16", "vit"),
     IMAGENET("vit_l_32", "vit"),
     IMAGENET("vit_h_14", "vit"),
+    CIFAR("vit_tiny_4", "cifar_vit"),
     IMAGENET("swin_t", "swin"),
     IMAGENET("swin_s", "swin"),
     IMAGENET("swin_b", "swin"),

@@ -118,10 +118,20 @@ static mgt_status build_vit(mgt_model *m, const void *arg)
 
 static const vit_def b_16 = {16, 12, 12, 768, 3072}, b_32 = {32, 12, 12, 768, 3072},
                      l_16 = {16, 24, 16, 1024, 4096}, l_32 = {32, 24, 16, 1024, 4096},
-                     h_14 = {14, 32, 16, 1280, 5120};
+                     h_14 = {14, 32, 16, 1280, 5120},
+                     /* mgtrain's own, not torchvision's: DeiT-Tiny's width (192, 3 heads, MLP
+                        768) at half its depth (6) on 4x4 patches, for 28 to 32 pixel images
+                        (Fashion-MNIST, CIFAR); torchvision's VisionTransformer(image_size,
+                        patch_size=4, num_layers=6, num_heads=3, hidden_dim=192, mlp_dim=768)
+                        has its state_dict */
+    tiny_4 = {4, 6, 3, 192, 768};
 
 const nn_arch nn_vit_archs[] = {
-    {"vit_b_16", "vit", build_vit, &b_16}, {"vit_b_32", "vit", build_vit, &b_32},
-    {"vit_l_16", "vit", build_vit, &l_16}, {"vit_l_32", "vit", build_vit, &l_32},
-    {"vit_h_14", "vit", build_vit, &h_14}, {NULL, NULL, NULL, NULL},
+    {"vit_b_16", "vit", build_vit, &b_16},
+    {"vit_b_32", "vit", build_vit, &b_32},
+    {"vit_l_16", "vit", build_vit, &l_16},
+    {"vit_l_32", "vit", build_vit, &l_32},
+    {"vit_h_14", "vit", build_vit, &h_14},
+    {"vit_tiny_4", "cifar_vit", build_vit, &tiny_4},
+    {NULL, NULL, NULL, NULL},
 };
