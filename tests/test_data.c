@@ -1657,7 +1657,7 @@ static void test_loader_ra(void **state)
     (void)state;
     const int n = 260, reps = 3, batch = 5;
     /* 16x16 gray images with a pattern, so that crops and flips show */
-    HOLD(root, "%s/%s", g_root, "ra260");
+    MGT_TEST_HOLD(root, "%s/%s", g_root, "ra260");
     uint8_t px[256];
     for (int i = 0; i < n; i++) {
         for (int p = 0; p < 256; p++)

@@ -173,9 +173,9 @@ typedef struct mgt_train_controls {
     bool no_validation;       /* skip validation (benchmarks) */
     bool profile;             /* time forward, backward, exposed reduction and optimizer on
                                each device with events (for mgtrain bench) */
-    /* the devices' per-op profile (mgt_device_op_profile) over the steps after warmup_steps,
-       for the caller to read from its device set after the run (mgtrain bench --op-profile) */
-    bool op_profile;
+    bool op_profile;          /* the devices' per-op profile (mgt_device_op_profile) over the
+                                 steps after warmup_steps, read from the device set after the
+                                 run (mgtrain bench --op-profile) */
     mgt_world *world;         /* (optional) the nodes of a multi-node run, each running this
                                with the same flags and local device count: the replicas are
                                the world's devices (node rank x local devices + local index),

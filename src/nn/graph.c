@@ -440,7 +440,7 @@ int nn_token_linear_entry(mgt_model *m, const char *name, int x, int weight)
         return -1;
     const nn_value *v = &m->values[x];
     int c = v->c, h = v->h, in = v->w, out = (int)m->table[weight].shape[0];
-    assert(m->table[weight].numel == (size_t)in * out);
+    MGT_ASSERT(m->table[weight].numel == (size_t)in * out);
     nn_node *nd = new_node(m, NN_LINEAR, name, &x, 1, c, h, out);
     if (!nd)
         return -1;
@@ -466,7 +466,7 @@ int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight
     if (x < 0 || weight < 0)
         return -1;
     const nn_value *v = &m->values[x];
-    assert(m->table[weight].numel == (size_t)v->w);
+    MGT_ASSERT(m->table[weight].numel == (size_t)v->w);
     nn_node *nd = new_node(m, NN_LN, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
@@ -501,7 +501,7 @@ static bool permute_covers(const mgt_permute_shape *sh, size_t n)
         span += (size_t)(sh->limit[a] - 1) * sh->grid_stride[a];
     if (span < n)
         return false;
-    assert(span == n);
+    MGT_ASSERT(span == n);
     unsigned char *hit = calloc(n, 1);
     if (!hit)
         return false;
@@ -556,14 +556,14 @@ int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, 
         return -1;
     const nn_value *v = &m->values[x];
     int tokens = v->h, dim = v->w / 3;
-    assert(v->c == windows && v->w == 3 * dim && dim % heads == 0);
+    MGT_ASSERT(v->c == windows && v->w == 3 * dim && dim % heads == 0);
     size_t tt = (size_t)tokens * tokens;
     int index_c = -1, off_c = -1, order_c = -1, mask_c = -1;
     if (table >= 0) {
         int32_t *off = malloc(((size_t)table_rows + 1) * sizeof *off);
         int32_t *order = malloc(tt * sizeof *order);
         bool ok = off && order && mgt_relpos_inverse(index, (int)tt, table_rows, off, order);
-        assert(!off || !order || ok);
+        MGT_ASSERT(!off || !order || ok);
         if (ok) {
             index_c = nn_const(m, index, tt * sizeof *index);
             off_c = nn_const(m, off, ((size_t)table_rows + 1) * sizeof *off);
@@ -660,7 +660,7 @@ int nn_class_token(mgt_model *m, const char *name, int x, int token)
         return -1;
     const nn_value *v = &m->values[x];
     int dim = v->c, patches = v->h * v->w;
-    assert(m->table[token].numel == (size_t)dim);
+    MGT_ASSERT(m->table[token].numel == (size_t)dim);
     float *ones = malloc((size_t)m->cfg.batch * sizeof *ones);
     if (!ones) {
         m->oom = true;
@@ -683,7 +683,7 @@ int nn_pos_add(mgt_model *m, const char *name, int x, int param)
     if (x < 0 || param < 0)
         return -1;
     const nn_value *v = &m->values[x];
-    assert(m->table[param].numel == nn_value_floats(v));
+    MGT_ASSERT(m->table[param].numel == nn_value_floats(v));
     nn_node *nd = new_node(m, NN_POSADD, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
@@ -796,15 +796,15 @@ int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
 
 void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry)
 {
-    assert(m->table[entry].role == MGT_MODEL_BUFFER && nd->n_entries < NN_MAX_ENTRIES);
+    MGT_ASSERT(m->table[entry].role == MGT_MODEL_BUFFER && nd->n_entries < NN_MAX_ENTRIES);
     m->table[entry].layer = (int)(nd - m->nodes);
     nd->entry[nd->n_entries++] = entry;
 }
 
 void nn_attach_param(mgt_model *m, nn_node *nd, int entry)
 {
-    assert(m->table[entry].role == MGT_MODEL_PARAM && nd->n_params == nd->n_entries &&
-           nd->n_entries < NN_MAX_ENTRIES);
+    MGT_ASSERT(m->table[entry].role == MGT_MODEL_PARAM && nd->n_params == nd->n_entries &&
+               nd->n_entries < NN_MAX_ENTRIES);
     m->table[entry].layer = (int)(nd - m->nodes);
     nd->entry[nd->n_entries++] = entry;
     nd->n_params++;

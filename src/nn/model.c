@@ -224,7 +224,7 @@ int64_t *mgt_model_bn_counts(mgt_model *m, int *n)
 
 const int64_t *mgt_model_index_values(const mgt_model *m, const mgt_model_entry *e)
 {
-    assert(e->role == MGT_MODEL_INDEX && e->offset + e->numel <= m->n_index_vals);
+    MGT_ASSERT(e->role == MGT_MODEL_INDEX && e->offset + e->numel <= m->n_index_vals);
     return m->index_vals + e->offset;
 }
 
@@ -292,7 +292,7 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed)
             m->bn_counts[t->offset] = 0;
         } else if (t->role == MGT_MODEL_BUFFER && in->kind == NN_INIT_VALUES) {
             const nn_constant *k = &m->consts[(int)in->arg];
-            assert(k->bytes == t->numel * sizeof(float));
+            MGT_ASSERT(k->bytes == t->numel * sizeof(float));
             memcpy(p, k->data, k->bytes);
         } else if (t->role == MGT_MODEL_BUFFER) {
             float v = t->what == MGT_TENSOR_RUNNING_VAR ? 1.0f : 0.0f;
