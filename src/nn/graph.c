@@ -476,19 +476,27 @@ int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight
     return nd->out;
 }
 
-int nn_layernorm(mgt_model *m, const char *name, int x, float eps)
+/* A layer norm node of x with its weight (1) and bias (0): NN_LN over the last dimension (w),
+   NN_LN2D over each pixel's channels (c). */
+static int norm_node(mgt_model *m, nn_kind kind, const char *name, int x, float eps)
 {
     if (x < 0)
         return -1;
+    /* the width before new_node, which may move m->values */
     const nn_value *v = &m->values[x];
-    int64_t cs[1] = {v->w};
-    nn_node *nd = new_node(m, NN_LN, name, &x, 1, v->c, v->h, v->w);
+    int64_t cs[1] = {kind == NN_LN ? v->w : v->c};
+    nn_node *nd = new_node(m, kind, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
     nd->u.ln_eps = eps;
     node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
     node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
     return nd->out;
+}
+
+int nn_layernorm(mgt_model *m, const char *name, int x, float eps)
+{
+    return norm_node(m, NN_LN, name, x, eps);
 }
 
 /* Whether every element of one image's grid value (n floats: a scatter's output, or a
@@ -547,6 +555,26 @@ int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *s
     nd->u.permute.covers =
         permute_covers(sh, sh->scatter ? (size_t)oc * oh * ow : nn_value_floats(&m->values[x]));
     return nd->out;
+}
+
+void nn_init_normal_weights(mgt_model *m, double std)
+{
+    for (int e = 0; e < m->n_table; e++) {
+        const mgt_model_entry *t = &m->table[e];
+        if (t->what == MGT_TENSOR_CONV_WEIGHT || t->what == MGT_TENSOR_LINEAR_WEIGHT)
+            m->init[e] = (nn_entry_init){NN_INIT_NORMAL, std};
+        else if (t->what == MGT_TENSOR_BIAS)
+            m->init[e] = (nn_entry_init){NN_INIT_CONST, 0.0};
+    }
+}
+
+void nn_relative_index(int ws, int64_t *index)
+{
+    int t = ws * ws;
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < t; j++)
+            index[i * t + j] =
+                (int64_t)(i / ws - j / ws + ws - 1) * (2 * ws - 1) + (i % ws - j % ws + ws - 1);
 }
 
 int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, int table,
@@ -780,18 +808,7 @@ int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
 
 int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
 {
-    if (x < 0)
-        return -1;
-    /* the channel count before new_node, which may move m->values */
-    const nn_value *v = &m->values[x];
-    int64_t cs[1] = {v->c};
-    nn_node *nd = new_node(m, NN_LN2D, name, &x, 1, v->c, v->h, v->w);
-    if (!nd)
-        return -1;
-    nd->u.ln_eps = eps;
-    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
-    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
-    return nd->out;
+    return norm_node(m, NN_LN2D, name, x, eps);
 }
 
 void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry)

@@ -47,16 +47,6 @@ static mgt_permute_shape group_map(int c, int h, int w, int gside, int tside, in
     return p;
 }
 
-/* Swin's relative_position_index formula, as MaxViT's _get_relative_position_index. */
-static void relative_index(int ws, int64_t *index)
-{
-    int t = ws * ws;
-    for (int i = 0; i < t; i++)
-        for (int j = 0; j < t; j++)
-            index[i * t + j] =
-                (int64_t)(i / ws - j / ws + ws - 1) * (2 * ws - 1) + (i % ws - j % ws + ws - 1);
-}
-
 /* PartitionAttentionLayer of x [c, side, side] (p = "...layers.window_attention"). */
 static int partition_attention(mgt_model *m, const char *p, int x, bool grid, int head_dim,
                                float sd)
@@ -78,7 +68,7 @@ static int partition_attention(mgt_model *m, const char *p, int x, bool grid, in
         m->oom = true;
         return -1;
     }
-    relative_index(PART, index);
+    nn_relative_index(PART, index);
     for (int i = 0; i < t * t; i++)
         index32[i] = (int32_t)index[i];
     mgt_permute_shape part = group_map(c, side, side, gside, tside, gcoef, tcoef, false);
@@ -213,13 +203,7 @@ static mgt_status build_maxvit(mgt_model *m, const void *arg)
     nn_linear_nobias(m, "classifier.5", x, m->cfg.classes);
     /* _init_weights: Conv2d and Linear weights normal_(std 0.02), their biases 0; BN 1 and 0;
        the tables trunc_normal_(std 0.02) (as built) */
-    for (int e = 0; e < m->n_table; e++) {
-        const mgt_model_entry *t = &m->table[e];
-        if (t->what == MGT_TENSOR_CONV_WEIGHT || t->what == MGT_TENSOR_LINEAR_WEIGHT)
-            m->init[e] = (nn_entry_init){NN_INIT_NORMAL, 0.02};
-        else if (t->what == MGT_TENSOR_BIAS)
-            m->init[e] = (nn_entry_init){NN_INIT_CONST, 0.0};
-    }
+    nn_init_normal_weights(m, 0.02);
     return MGT_OK;
 }
 

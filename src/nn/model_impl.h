@@ -364,6 +364,13 @@ int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight
    the batch's) into a value [oc, oh, ow]; scatter: x walked, the output its grid. */
 int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *sh, int oc, int oh,
                int ow);
+/* Every convolution's and linear layer's weight normal(0, std), every bias 0 (ConvNeXt's and
+   MaxViT's _init_weights; their trunc_normal_ at +-2 is 100 std: a plain normal). */
+void nn_init_normal_weights(mgt_model *m, double std);
+/* relative_position_index of a ws x ws window (Swin's formula, MaxViT's
+   _get_relative_position_index): (dy + ws - 1) (2 ws - 1) + dx + ws - 1 for token i's
+   coordinates minus token j's, index [ws^4]. */
+void nn_relative_index(int ws, int64_t *index);
 /* Attention over a qkv value [windows, tokens, 3 dim] -> [windows, tokens, dim]: heads of
    dim / heads, scaled dot products; table (>= 0) a [rows, heads] relative position bias entry
    gathered by index [tokens^2] (int32); mask (NULL: none) [windows, tokens^2]. */

@@ -109,17 +109,6 @@ static void shift_mask(int ph, int pw, int ws, int sh, int sw, float *mask)
     free(label);
 }
 
-/* relative_position_index of a ws x ws window: (dy + ws - 1) (2 ws - 1) + dx + ws - 1 for token
-   i's coordinates minus token j's. */
-static void relative_index(int ws, int64_t *index)
-{
-    int t = ws * ws;
-    for (int i = 0; i < t; i++)
-        for (int j = 0; j < t; j++)
-            index[i * t + j] =
-                (int64_t)(i / ws - j / ws + ws - 1) * (2 * ws - 1) + (i % ws - j % ws + ws - 1);
-}
-
 /* Shifted window attention of x [h, w, dim] (name p = "features.S.B.attn"); V2's with cosine
    attention and the continuous position bias. Its entries in torchvision's state_dict order:
    the table (V1) or logit_scale and relative_coords_table (V2), relative_position_index, qkv,
@@ -160,7 +149,7 @@ static int window_attention(mgt_model *m, const char *p, int x, int heads, int w
         table = nn_add_entry(m, p, "relative_position_bias_table", MGT_MODEL_PARAM,
                              MGT_TENSOR_EMBEDDING, 2, ts, (nn_entry_init){NN_INIT_NORMAL, 0.02});
     }
-    relative_index(ws, index);
+    nn_relative_index(ws, index);
     for (int i = 0; i < t * t; i++)
         index32[i] = (int32_t)index[i];
     nn_add_index(m, p, "relative_position_index", 1, is, index);

@@ -240,6 +240,20 @@ __device__ inline float warp_sum(float v)
     return v;
 }
 
+// The block's sum of every thread's acc, left in part[0] (part: kThreads shared doubles), in a
+// fixed tree; every thread of the block calls it.
+__device__ inline void block_sum(double *part, double acc)
+{
+    const int t = threadIdx.x;
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+        if (t < w)
+            part[t] += part[t + w];
+        __syncthreads();
+    }
+}
+
 __device__ inline int warp_sum_int(int v)
 {
     for (int off = 16; off > 0; off >>= 1)

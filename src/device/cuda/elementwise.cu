@@ -286,13 +286,7 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
     }
     if (!dscale)
         return;
-    part[t] = acc;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w /= 2) {
-        if (t < w)
-            part[t] += part[t + w];
-        __syncthreads();
-    }
+    block_sum(part, acc);
     if (t == 0) {
         if (shared)
             dscale[b] = (float)(dscale[b] + part[0]);

@@ -27,13 +27,7 @@ __global__ void k_bn_stats(float *mean, float *var, const float *x, int n, int c
                 acc += pass == 0 ? v : (v - mu) * (v - mu);
             }
         }
-        part[t] = acc;
-        __syncthreads();
-        for (int w = kThreads / 2; w > 0; w /= 2) {
-            if (t < w)
-                part[t] += part[t + w];
-            __syncthreads();
-        }
+        block_sum(part, acc);
         if (t == 0) {
             if (pass == 0)
                 mu = part[0] / m;

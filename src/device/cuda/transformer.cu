@@ -237,13 +237,7 @@ __global__ void k_dlogit_scale(float *dls_out, const float *dls, const float *lo
         const long b = i / tq, q = i % tq;
         acc += dls[((size_t)b * heads + h) * tq + q];
     }
-    part[t] = acc;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w /= 2) {
-        if (t < w)
-            part[t] += part[t + w];
-        __syncthreads();
-    }
+    block_sum(part, acc);
     if (t == 0 && logit_scale[h] <= logf(100.0f))
         dls_out[h] += (float)part[0];
 }
