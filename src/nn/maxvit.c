@@ -210,6 +210,6 @@ static mgt_status build_maxvit(mgt_model *m, const void *arg)
 static const maxvit_def t = {64, {64, 128, 256, 512}, {2, 2, 5, 2}, 32, 0.2f};
 
 const nn_arch nn_maxvit_archs[] = {
-    {"maxvit_t", "maxvit", build_maxvit, &t},
-    {NULL, NULL, NULL, NULL},
+    {"maxvit_t", "maxvit", build_maxvit, &t, "classifier.5"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

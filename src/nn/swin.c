@@ -349,11 +349,11 @@ static const swin_def t = {96, {2, 2, 6, 2}, {3, 6, 12, 24}, 7, 0.2f, false},
                       v2_b = {128, {2, 2, 18, 2}, {4, 8, 16, 32}, 8, 0.5f, true};
 
 const nn_arch nn_swin_archs[] = {
-    {"swin_t", "swin", build_swin, &t},
-    {"swin_s", "swin", build_swin, &s},
-    {"swin_b", "swin", build_swin, &b},
-    {"swin_v2_t", "swin", build_swin, &v2_t},
-    {"swin_v2_s", "swin", build_swin, &v2_s},
-    {"swin_v2_b", "swin", build_swin, &v2_b},
-    {NULL, NULL, NULL, NULL},
+    {"swin_t", "swin", build_swin, &t, "head"},
+    {"swin_s", "swin", build_swin, &s, "head"},
+    {"swin_b", "swin", build_swin, &b, "head"},
+    {"swin_v2_t", "swin", build_swin, &v2_t, "head"},
+    {"swin_v2_s", "swin", build_swin, &v2_s, "head"},
+    {"swin_v2_b", "swin", build_swin, &v2_b, "head"},
+    {NULL, NULL, NULL, NULL, NULL},
 };

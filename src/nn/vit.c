@@ -127,11 +127,11 @@ static const vit_def b_16 = {16, 12, 12, 768, 3072}, b_32 = {32, 12, 12, 768, 30
     tiny_4 = {4, 6, 3, 192, 768};
 
 const nn_arch nn_vit_archs[] = {
-    {"vit_b_16", "vit", build_vit, &b_16},
-    {"vit_b_32", "vit", build_vit, &b_32},
-    {"vit_l_16", "vit", build_vit, &l_16},
-    {"vit_l_32", "vit", build_vit, &l_32},
-    {"vit_h_14", "vit", build_vit, &h_14},
-    {"vit_tiny_4", "cifar_vit", build_vit, &tiny_4},
-    {NULL, NULL, NULL, NULL},
+    {"vit_b_16", "vit", build_vit, &b_16, "heads.head"},
+    {"vit_b_32", "vit", build_vit, &b_32, "heads.head"},
+    {"vit_l_16", "vit", build_vit, &l_16, "heads.head"},
+    {"vit_l_32", "vit", build_vit, &l_32, "heads.head"},
+    {"vit_h_14", "vit", build_vit, &h_14, "heads.head"},
+    {"vit_tiny_4", "cifar_vit", build_vit, &tiny_4, "heads.head"},
+    {NULL, NULL, NULL, NULL, NULL},
 };
