@@ -58,6 +58,19 @@ static const mgt_arch_info archs[] = {
     IMAGENET("densenet121", "densenet"),
     IMAGENET("densenet169", "densenet"),
     IMAGENET("convnext_tiny", "convnext"),
+    IMAGENET("vit_b_16", "vit"),
+    IMAGENET("vit_b_32", "vit"),
+    IMAGENET("vit_l_16", "vit"),
+    IMAGENET("vit_l_32", "vit"),
+    IMAGENET("vit_h_14", "vit"),
+    CIFAR("vit_tiny_4", "cifar_vit"),
+    IMAGENET("swin_t", "swin"),
+    IMAGENET("swin_s", "swin"),
+    IMAGENET("swin_b", "swin"),
+    IMAGENET("swin_v2_t", "swin"),
+    IMAGENET("swin_v2_s", "swin"),
+    IMAGENET("swin_v2_b", "swin"),
+    IMAGENET("maxvit_t", "maxvit"),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)
