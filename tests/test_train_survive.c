@@ -116,24 +116,6 @@ typedef struct stage_fault {
     long resume; /* the step the survivors go on from */
 } stage_fault;
 
-/* Convolution kernels one training forward of resnet20 runs on a device. */
-static int convs_per_forward(void)
-{
-    mgt_devset *set = mgt_test_open_mock(1, "threads=1");
-    mgt_model_config mc = {
-        .arch = "resnet20", .classes = 4, .in_channels = 1, .image_size = 12, .batch = 2};
-    mgt_model *m;
-    if (mgt_model_create(&mc, mgt_devset_device(set, 0), &m) != MGT_OK)
-        fail_msg("model: %s", mgt_error_last());
-    int n, convs = 0;
-    const mgt_model_layer *l = mgt_model_layers(m, &n);
-    for (int i = 0; i < n; i++)
-        convs += strcmp(l[i].kind, "conv") == 0;
-    mgt_model_free(m);
-    mgt_devset_free(set);
-    return convs;
-}
-
 /* The Nth peer copy into device 2 that lands in step 1's all-reduce: the first N whose failure
    (the run aborting) is placed there. The copies before training (the broadcasts) and per
    step depend on the bucket plan, so they are found, not assumed. */
@@ -159,7 +141,7 @@ static void stage_faults(stage_fault f[4])
 {
     f[0] = (stage_fault){.stage = "forward", .resume = 1};
     snprintf(f[0].spec, sizeof f[0].spec, "fault=kernel@2:%d:conv2d_forward",
-             convs_per_forward() + 1);
+             mgt_test_convs_per_forward() + 1);
     f[1] = (stage_fault){.stage = "backward", .resume = 1};
     snprintf(f[1].spec, sizeof f[1].spec, "fault=kernel@2:2:softmax_xent_backward");
     f[2] = (stage_fault){.stage = "gradient all-reduce", .resume = 1};
@@ -319,7 +301,7 @@ static void test_fault_matrix(void **state)
     /* the hang's limit: well above a step's time on this machine (busy, or sanitized) */
     double hang_limit = 10 * kernels_after_one_step(k1);
     hang_limit = hang_limit > 1 ? hang_limit : 1;
-    int convs = convs_per_forward();
+    int convs = mgt_test_convs_per_forward();
     static const char *const kinds[] = {"kernel", "peer", "hang", "gone"};
     for (int kind = 0; kind < 4; kind++)
         for (int d = 0; d < 4; d++) {
@@ -373,7 +355,7 @@ static void test_fault_matrix(void **state)
 static void test_two_failures(void **state)
 {
     (void)state;
-    int convs = convs_per_forward();
+    int convs = mgt_test_convs_per_forward();
     char spec[160], err[1024];
     snprintf(spec, sizeof spec,
              "threads=1;fault=kernel@2:%d:conv2d_forward;fault=kernel@1:%d:conv2d_forward",
@@ -417,7 +399,7 @@ static void test_two_failures(void **state)
 static void test_batch_does_not_divide(void **state)
 {
     (void)state;
-    int convs = convs_per_forward();
+    int convs = mgt_test_convs_per_forward();
     char spec[96], err[1024];
     snprintf(spec, sizeof spec, "threads=1;fault=kernel@3:%d:conv2d_forward", convs + 1);
     mgt_train_config c;

@@ -1,7 +1,8 @@
 /* Tests of the model zoo, one architecture list for every family: `test_zoo tables` holds
    every architecture mgtrain registers (bar the CIFAR ResNets, which torchvision lacks) to
-   torchvision 0.14's parameter count, convolution + linear MACs at 224 and every state_dict
-   name and shape in order (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
+   torchvision 0.14's parameter count, convolution + linear MACs of an evaluation at its default
+   side, every state_dict name and shape in order, and the default side and validation resize
+   of torchvision's weights (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
    `test_zoo learn FAMILY` trains the family's representative on a fixed tiny batch on two
    mock devices: the loss must fall and the replicas stay bit-identical. CTest runs one entry
    per family (tests/CMakeLists.txt, MGT_ZOO_FAMILIES); a family of the other helpers is one
@@ -80,11 +81,17 @@ static void test_tables(void **state)
         if (!p)
             fail_msg("%s is not in %s (run scripts/make_zoo_tables.py)", *a, TABLE);
         unsigned long long params, macs;
-        int n_entries;
+        int n_entries, crop, resize;
         p += strlen(key);
-        assert_int_equal(sscanf(p, "%llu %llu %d", &params, &macs, &n_entries), 3);
+        assert_int_equal(
+            sscanf(p, "%llu %llu %d %d %d", &params, &macs, &n_entries, &crop, &resize), 5);
+        /* the default input side and validation resize are torchvision's weights' */
+        const mgt_arch_info *info = mgt_arch_find(*a);
+        if (info->image_size != crop || mgt_arch_resize_size(info, crop) != resize)
+            fail_msg("%s: input %d, resize %d; torchvision's weights %d, %d", *a, info->image_size,
+                     mgt_arch_resize_size(info, crop), crop, resize);
         mgt_model_config cfg = {
-            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = 224, .batch = 1};
+            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = crop, .batch = 1};
         mgt_model *m;
         CHECK(mgt_model_create(&cfg, NULL, &m));
         mgt_model_counts c;
@@ -92,8 +99,8 @@ static void test_tables(void **state)
         if (c.params != params)
             fail_msg("%s: %zu parameters, torchvision %llu", *a, c.params, params);
         if (c.macs_conv_fc != macs)
-            fail_msg("%s: %llu conv + linear MACs at 224, torchvision %llu", *a,
-                     (unsigned long long)c.macs_conv_fc, macs);
+            fail_msg("%s: %llu conv + linear MACs at %d, torchvision %llu", *a,
+                     (unsigned long long)c.macs_conv_fc, crop, macs);
         int n;
         const mgt_model_entry *t = mgt_model_table(m, &n);
         if (n != n_entries)
@@ -125,6 +132,7 @@ typedef struct learn_case {
     int size, classes, batch, steps;
     float lr;
     bool no_dropout;
+    bool no_aux; /* built without its auxiliary classifiers */
 } learn_case;
 
 /* One representative per family at the smallest input it takes here. AlexNet learns without
@@ -134,21 +142,29 @@ typedef struct learn_case {
    in 24 (PyTorch, lr 0.05); here 1.386 to 1.14 in 28. Its dropout masks are the conformance suite's and
    test_equivalence's (squeezenet1_1) to check. */
 static const learn_case learn_cases[] = {
-    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false},
-    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true},
-    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false},
-    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false},
-    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false},
-    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false},
-    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false},
-    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false},
-    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false},
+    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false, false},
+    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true, false},
+    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false, false},
+    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false, false},
+    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false, false},
+    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false, false},
+    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false, false},
+    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false, false},
+    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false, false},
+    /* torchvision's classifier init, U(+-sqrt(3 / classes)), starts 4 classes at a loss of 15
+       (PyTorch: 11): a smaller step */
+    {"mnasnet", "mnasnet0_5", 64, 4, 4, 8, 0.001f, false, false},
+    /* with its two auxiliary classifiers, whose losses join the loss that must fall */
+    {"googlenet", "googlenet", 64, 4, 4, 8, 0.005f, false, false},
+    /* at its smallest side, 75, without the auxiliary classifier (which needs 299: the
+       golden holds that one to PyTorch) */
+    {"inception", "inception_v3", 75, 4, 4, 8, 0.005f, false, true},
     /* the transformers at a small input: vit_b_16 at 32 (4 patches and the class token),
        swin_t at 32 (an 8x8 map: one window per stage, so no shift) */
-    {"vit", "vit_b_16", 32, 4, 4, 8, 0.002f, false},
-    {"swin", "swin_t", 32, 4, 4, 8, 0.002f, false},
+    {"vit", "vit_b_16", 32, 4, 4, 8, 0.002f, false, false},
+    {"swin", "swin_t", 32, 4, 4, 8, 0.002f, false, false},
     /* maxvit_t at its smallest input, 224: 2 images */
-    {"maxvit", "maxvit_t", 224, 2, 2, 6, 0.002f, false},
+    {"maxvit", "maxvit_t", 224, 2, 2, 6, 0.002f, false, false},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
@@ -204,7 +220,8 @@ static void test_learn(void **state)
                                 .in_channels = 3,
                                 .image_size = lc->size,
                                 .batch = lc->batch,
-                                .no_dropout = lc->no_dropout};
+                                .no_dropout = lc->no_dropout,
+                                .no_aux_logits = lc->no_aux};
         CHECK(mgt_model_create(&cfg, r[k].d, &r[k].m));
         CHECK(mgt_model_init(r[k].m, r[k].s, 42));
         size_t pb;
@@ -279,7 +296,17 @@ static void test_learn(void **state)
    in float64 on the ResNet hash weights, where they are well conditioned. The architectures not
    here (the bottleneck ResNets, RegNet X, EfficientNet B1, densenet169) are ill-conditioned
    under this formula (check_zoo_float32.py: PyTorch's own float32 misses in most tensors) and
-   are held to PyTorch there instead. */
+   are held to PyTorch there instead. The same formula leaves PyTorch's own float32 gradients
+   outside TOL_GRAD in most tensors of googlenet at 64 (122 of 187; 83 at 128, 156 at 224) and
+   inception_v3 at 299 (273 of 292: also its stride-2 max pools, where float32 picks another
+   pixel than float64 in single windows), and in 12 of 506 of efficientnet_b5 at 64: their
+   goldens hold the forward (with the auxiliary losses, and B5's BN eps 1e-3 and momentum 0.01
+   in the running statistics); test_torch_load holds googlenet's gradients. efficientnet_v2_s
+   has no golden: with this formula its evaluation logits reach 1e4 and PyTorch's own float32
+   misses its float64 ones by 0.8 of the largest; test_torch_load holds it all (logits, loss,
+   every gradient, BN statistics). mnasnet0_5 at 96: at 64 its 2x2 last stages leave the
+   gradients at float32 noise (mgtrain's oneDNN and im2col paths differ from each other by 2%
+   there, where PyTorch's float32 happens to stay within 1e-4). */
 static const struct {
     const char *arch;
     int size;
@@ -306,6 +333,10 @@ static const struct {
                     {"shufflenet_v2_x1_0", 96, false, 0},
                     {"mobilenet_v3_small", 64, false, 0},
                     {"regnet_y_400mf", 96, false, 0},
+                    {"mnasnet0_5", 96, false, 0},
+                    {"googlenet", 64, true, 0},
+                    {"inception_v3", 299, true, 0},
+                    {"efficientnet_b5", 64, true, 0},
                     {"vit_b_16", 32, false, 0},
                     {"vit_b_32", 64, false, 0},
                     {"swin_t", 64, false, 0},
@@ -494,7 +525,19 @@ static void test_golden(void **state)
     CHECK(mgt_buffer_alloc(d, pb, &mom));
     float *x = mgt_buffer_ptr(io);
     int32_t *labels = (int32_t *)(x + nx);
-    CHECK(mgt_copy_h2d(s, x, golden(g, "input", nx), nx * sizeof(float)));
+    /* a large input is the script's hash formula: uniform, variance 1 */
+    const char *in = mgt_st_metadata_get(g, "input");
+    float *hx = NULL;
+    if (in && strcmp(in, "hash") == 0) {
+        hx = malloc(nx * sizeof *hx);
+        assert_non_null(hx);
+        uint32_t salt = mgt_test_fnv1a("input");
+        for (size_t i = 0; i < nx; i++)
+            hx[i] = (float)((mgt_test_hash_uniform(salt, i) - 0.5) * sqrt(12.0));
+    }
+    CHECK(mgt_copy_h2d(s, x, hx ? hx : golden(g, "input", nx), nx * sizeof(float)));
+    CHECK(mgt_stream_synchronize(s, NULL));
+    free(hx);
     CHECK(mgt_copy_h2d(s, labels, golden(g, "labels", (uint64_t)batch),
                        (size_t)batch * sizeof(int32_t)));
     n_bad = 0;
@@ -513,12 +556,30 @@ static void test_golden(void **state)
     CHECK(mgt_model_loss(m, s, labels, SMOOTHING, NULL));
     hl = to_host(s, logits, nl * sizeof(float));
     want = golden(g, "step1.logits", nl);
-    close_to("step1.logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    /* the training forward's values: TOL_FWD, or the golden's tol_train (3x PyTorch's own
+       float32 error on them where a BN over few values per channel leaves float32 itself
+       short of TOL_FWD: googlenet, inception_v3) */
+    const char *tt = mgt_st_metadata_get(g, "tol_train");
+    double tol_train = tt ? fmax(TOL_FWD, atof(tt)) : TOL_FWD;
+    close_to("step1.logits", hl, NULL, want, nl, tol_train, max_abs(want, nl));
     free(hl);
     float *loss = to_host(s, mgt_model_loss_ptr(m), sizeof(float));
     want = golden(g, "step1.loss", 1);
-    close_to("step1.loss", loss, NULL, want, 1, TOL_FWD, fabs(want[0]));
+    close_to("step1.loss", loss, NULL, want, 1, tol_train, fabs(want[0]));
     free(loss);
+    /* the auxiliary classifiers' own losses, which the loss above weights in */
+    int n_aux = mgt_model_aux_count(m);
+    if (n_aux) {
+        const char *w = mgt_st_metadata_get(g, "aux_weight");
+        assert_non_null(w);
+        assert_true(mgt_model_aux_weight(m) == (float)atof(w));
+        float *aux = to_host(s, mgt_model_aux_loss_ptr(m), (size_t)n_aux * sizeof(float));
+        want = golden(g, "step1.aux_loss", (uint64_t)n_aux);
+        close_to("step1.aux_loss", aux, NULL, want, (size_t)n_aux, tol_train, max_abs(want, n_aux));
+        free(aux);
+    } else if (mgt_st_find(g, "step1.aux_loss") >= 0) {
+        fail_msg("%s: the golden has auxiliary losses, the model no auxiliary classifier", arg);
+    }
     CHECK(mgt_model_backward(m, s, NULL, NULL));
     float *hg = to_host(s, mgt_model_grads(m, NULL), pb);
     /* the transformers' goldens step with AdamW (the metadata says), the others with SGD */
@@ -586,7 +647,8 @@ static void test_golden(void **state)
             continue;
         }
         /* the update moves by lr * (g + wd p): its error is the gradient's, times lr */
-        close_to(name, v1, idx, sw, k, 1.0, TOL_FWD * max_abs(sw, k) + TOL_GRAD * LR * gscale);
+        close_to(name, v1, idx, sw, k, 1.0,
+                 (par ? TOL_FWD : tol_train) * max_abs(sw, k) + TOL_GRAD * LR * gscale);
     }
     mgt_buffer_free(mom2);
     if (n_bad)
@@ -702,11 +764,15 @@ static void test_pretrained(void **state)
    architecture's head (mgt_model_head) must keep the model's own torchvision initialisation,
    the stem must be the file's summed over its channels, every other tensor the file's, to the
    bit; the forward must run; and without new_head the load must be refused naming the head.
-   About a second per architecture at 64 px (vgg11, 130 M parameters, about 10 s). */
+   The auxiliary classifiers' last layers (inception_v3's AuxLogits.fc, googlenet's aux1.fc2
+   and aux2.fc2) are replaced with the head, as torchvision's fine-tuning replaces them, and
+   the training forward runs through them. About a second per architecture at 64 px (vgg11,
+   130 M parameters, about 10 s); an architecture that 64 px is too small for at its
+   auxiliary classifiers (inception_v3) at its own side. */
 
 static void test_finetune_one(const char *arch)
 {
-    const int size = 64;
+    int size = 64;
     char path[128];
     snprintf(path, sizeof path, "/tmp/mgt_zoo_finetune_%d.safetensors", (int)getpid());
     mgt_devset *set = mgt_test_open_mock(1, "");
@@ -716,6 +782,12 @@ static void test_finetune_one(const char *arch)
     mgt_model_config ca = {
         .arch = arch, .classes = 12, .in_channels = 3, .image_size = size, .batch = 1};
     mgt_model *a, *b;
+    if (mgt_model_create(&ca, NULL, &a) != MGT_OK) {
+        mgt_error_clear();
+        ca.image_size = size = mgt_arch_find(arch)->image_size;
+    } else {
+        mgt_model_free(a);
+    }
     CHECK(mgt_model_create(&ca, d, &a));
     CHECK(mgt_model_init(a, s, 1));
     CHECK(mgt_model_save_safetensors(a, s, path));
@@ -775,7 +847,22 @@ static void test_finetune_one(const char *arch)
         }
         assert_memory_equal(g, w, t[e].numel * sizeof(float));
     }
-    assert_true(heads >= 1);
+    /* the head's tensors are the named head's and the auxiliary classifiers' last layers',
+       a weight and a bias each, and no other */
+    int named = 0;
+    for (const char *h = mgt_model_head(b); *h; named++) {
+        size_t len = strcspn(h, " ");
+        char w[80];
+        snprintf(w, sizeof w, "%.*s.weight", (int)len, h);
+        bool found = false;
+        for (int e = 0; e < n; e++)
+            found |= strcmp(t[e].name, w) == 0 && t[e].classifier;
+        if (!found)
+            fail_msg("%s: no classifier tensor %s", arch, w);
+        h += len;
+        h += strspn(h, " ");
+    }
+    assert_int_equal(heads, 2 * (named + mgt_model_aux_count(b)));
     assert_int_equal(stems, 1);
     mgt_st_close(f);
     unlink(path);
@@ -785,11 +872,25 @@ static void test_finetune_one(const char *arch)
     CHECK(mgt_buffer_alloc(d, nx * sizeof(float), &xb));
     CHECK(mgt_fill(s, mgt_buffer_ptr(xb), 0.25f, nx));
     const float *logits;
-    CHECK(mgt_model_forward(b, s, mgt_buffer_ptr(xb), 2, false, &logits));
-    float *hl = to_host(s, logits, 2 * 5 * sizeof(float));
-    for (int i = 0; i < 10; i++)
-        assert_true(isfinite(hl[i]));
-    free(hl);
+    for (int train = 0; train <= (mgt_model_aux_count(b) > 0); train++) {
+        CHECK(mgt_model_forward(b, s, mgt_buffer_ptr(xb), 2, train, &logits));
+        float *hl = to_host(s, logits, 2 * 5 * sizeof(float));
+        for (int i = 0; i < 10; i++)
+            assert_true(isfinite(hl[i]));
+        free(hl);
+    }
+    if (mgt_model_aux_count(b) > 0) { /* the auxiliary classifiers' losses, at 5 classes */
+        mgt_buffer *lb;
+        CHECK(mgt_buffer_alloc(d, 2 * sizeof(int32_t), &lb));
+        CHECK(mgt_memset(s, mgt_buffer_ptr(lb), 0, 2 * sizeof(int32_t)));
+        CHECK(mgt_model_loss(b, s, mgt_buffer_ptr(lb), 0, NULL));
+        int na = mgt_model_aux_count(b);
+        float *al = to_host(s, mgt_model_aux_loss_ptr(b), (size_t)na * sizeof(float));
+        for (int i = 0; i < na; i++)
+            assert_true(isfinite(al[i]) && al[i] > 0);
+        free(al);
+        mgt_buffer_free(lb);
+    }
     free(got);
     free(own);
     mgt_buffer_free(xb);
@@ -813,25 +914,20 @@ static void test_finetune(void **state)
    has not), so a new one is covered without an edit here. One PyTorch process loops over them
    and calls back `test_zoo strict-one` for the --pretrained direction of each. */
 
-/* Models past this many parameters (vit_l_16, vit_l_32, vit_h_14: 304 M to 632 M, written,
-   read and checked in float64 four times each) are `strict big`'s: zoo.strict_big, a test the
-   suite runs only when configured with -DMGT_TEST_BIG=ON (minutes and gigabytes here); the
-   ViT-B models run the same code in zoo.strict. */
-#define STRICT_BIG 200000000u
-
-/* The input side of an architecture's strict check: PRETRAINED_SIZE, or the first of 56
-   (vit_h_14's 14-pixel patches) and 224 (maxvit_t's smallest) it takes. */
+/* The input side of an architecture's strict check: PRETRAINED_SIZE, else 56 (vit_h_14's
+   14-pixel patches), else the architecture's own side (299 for inception_v3, 224 for maxvit_t). */
 static int strict_size(const char *arch)
 {
-    static const int sizes[] = {PRETRAINED_SIZE, 56, 224};
+    const int sizes[] = {PRETRAINED_SIZE, 56, mgt_arch_find(arch)->image_size};
     for (int i = 0; i < 3; i++) {
         mgt_model_config cfg = {
-            .arch = arch, .classes = 10, .in_channels = 3, .image_size = sizes[i], .batch = 1};
+            .arch = arch, .classes = 10, .in_channels = 3, .image_size = sizes[i], .batch = 2};
         mgt_model *m;
         if (mgt_model_create(&cfg, NULL, &m) == MGT_OK) {
             mgt_model_free(m);
             return sizes[i];
         }
+        mgt_error_clear();
     }
     fail_msg("%s takes none of the strict check's input sizes", arch);
     return 0;
@@ -839,6 +935,18 @@ static int strict_size(const char *arch)
 
 static const char *self_path;
 static const char *const *strict_one_args; /* ARCH SIZE WEIGHTS CHECK OUT */
+/* `strict`, `strict heavy`, `strict big`: the architectures of at most STRICT_LIGHT_PARAMS,
+   those up to STRICT_MAX_PARAMS, and those past it */
+static int strict_group;
+
+/* The split of `strict` (and of export.check's light and heavy): parameters at most this go
+   in the suite's run, the heavier ones in zoo.strict.heavy */
+#define STRICT_LIGHT_PARAMS 30000000
+/* Past this (vit_l_16, vit_l_32: 304 M and 306 M; vit_h_14: 632 M; regnet_y_128gf: 645 M), a
+   check holds many GiB at once (PyTorch's float32 and float64 models, mgtrain's arenas, two
+   files): `strict big`, zoo.strict_big, which the suite runs only when configured with
+   -DMGT_TEST_BIG=ON */
+#define STRICT_MAX_PARAMS 200000000
 
 static void test_strict(void **state)
 {
@@ -848,25 +956,27 @@ static void test_strict(void **state)
     size_t cap = 4096, len = 0;
     char *cmd = malloc(cap);
     assert_non_null(cmd);
-    len += (size_t)snprintf(cmd, cap, "'%s' %s/../../scripts/check_zoo_strict.py %s",
-                            mgt_test_python(), MGT_TEST_DATA_DIR, self_path);
+    len += (size_t)snprintf(cmd, cap, "'%s' %s/../../scripts/check_zoo_strict.py %s %d",
+                            mgt_test_python(), MGT_TEST_DATA_DIR, self_path, PRETRAINED_SIZE);
     int count = 0;
-    bool big = arg && strcmp(arg, "big") == 0;
     for (const char *const *a = mgt_model_arch_names(); *a; a++) {
         if (!in_torchvision(*a))
             continue;
         int size = strict_size(*a);
         mgt_model_config cfg = {
-            .arch = *a, .classes = 10, .in_channels = 3, .image_size = size, .batch = 1};
+            .arch = *a, .classes = 10, .in_channels = 3, .image_size = size, .batch = 2};
         mgt_model *m;
         CHECK(mgt_model_create(&cfg, NULL, &m));
         mgt_model_counts c;
         mgt_model_get_counts(m, &c);
         mgt_model_free(m);
-        if ((c.params > STRICT_BIG) != big)
+        int group = c.params > STRICT_MAX_PARAMS ? 2 : c.params > STRICT_LIGHT_PARAMS ? 1 : 0;
+        if (group != strict_group)
             continue;
         assert_true(len + strlen(*a) + 16 < cap);
-        len += (size_t)snprintf(cmd + len, cap - len, " %s:%d", *a, size);
+        len += (size_t)snprintf(cmd + len, cap - len, " %s", *a);
+        if (size != PRETRAINED_SIZE)
+            len += (size_t)snprintf(cmd + len, cap - len, ":%d", size);
         count++;
     }
     assert_true(count > 0);
@@ -914,6 +1024,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(what, "strict") == 0) {
         self_path = argv[0];
+        strict_group = !arg ? 0 : strcmp(arg, "heavy") == 0 ? 1 : strcmp(arg, "big") == 0 ? 2 : -1;
+        if (strict_group < 0) {
+            fprintf(stderr, "test_zoo strict: '%s' is not heavy or big\n", arg);
+            return 2;
+        }
         const struct CMUnitTest t[] = {cmocka_unit_test(test_strict)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
@@ -923,7 +1038,8 @@ int main(int argc, char **argv)
         return cmocka_run_group_tests(t, NULL, NULL);
     }
     fprintf(stderr,
-            "usage: test_zoo tables | learn FAMILY | golden ARCH | pretrained ARCH | strict\n"
+            "usage: test_zoo tables | learn FAMILY | golden ARCH | pretrained ARCH | strict "
+            "[heavy | big]\n"
             "       test_zoo finetune ARCH...\n"
             "       test_zoo strict-one ARCH SIZE WEIGHTS CHECK OUT\n");
     return 2;

@@ -92,6 +92,13 @@ typedef struct mgt_train_config {
     float mean[3], std[3];
     bool normalize_auto; /* compute mean/std from the training images */
     bool zero_init_residual;
+    /* Inception v3's and GoogLeNet's auxiliary classifiers (mgt/nn.h): -1 as torchvision
+       builds them (on; GoogLeNet's off under --pretrained, its ported heads never trained),
+       0 off, 1 on; each one's loss weight (< 0: mgt_arch_info.aux_weight); transform_input
+       (-1: on under --pretrained, as torchvision sets it when it loads weights; 0 off, 1 on) */
+    int aux_logits;
+    float aux_weight;
+    int transform_input;
     bool freeze_bn; /* BN normalises with its running statistics in training too and
                        leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool sync_bn;   /* BN statistics over every device's batch (SyncBatchNorm; one node) */

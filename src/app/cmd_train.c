@@ -106,6 +106,12 @@ static void train_usage(FILE *f)
         "                         head is re-initialised for another class count, the stem\n"
         "                         adapted to other input channels (a .pth: convert it with\n"
         "                         scripts/pth_to_safetensors.py)\n"
+        "  --aux-logits on|off    inception_v3's and googlenet's auxiliary classifiers, trained\n"
+        "                         beside the main one (on; googlenet under --pretrained: off)\n"
+        "  --aux-weight X         each auxiliary loss's weight in the loss (inception_v3 0.4,\n"
+        "                         googlenet 0.3)\n"
+        "  --transform-input on|off  inception_v3's and googlenet's input map to the\n"
+        "                         normalisation of their ported weights (on under --pretrained)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
@@ -300,6 +306,9 @@ enum {
     OPT_PER_CLASS,
     OPT_CONFUSION,
     OPT_AUGMIX_SEVERITY,
+    OPT_AUX_LOGITS,
+    OPT_AUX_WEIGHT,
+    OPT_TRANSFORM_INPUT,
 };
 
 /* Whether v is a value of --amp: `--amp bf16` takes it, a bare --amp (the references'
@@ -387,6 +396,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"arch", required_argument, NULL, 'a'},
         {"pretrained", required_argument, NULL, OPT_PRETRAINED},
         {"zero-init-residual", no_argument, NULL, OPT_ZIR},
+        {"aux-logits", required_argument, NULL, OPT_AUX_LOGITS},
+        {"aux-weight", required_argument, NULL, OPT_AUX_WEIGHT},
+        {"transform-input", required_argument, NULL, OPT_TRANSFORM_INPUT},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"start-epoch", required_argument, NULL, OPT_START_EPOCH},
         {"batch-size", required_argument, NULL, 'b'},
@@ -553,6 +565,12 @@ int mgt_app_cmd_train(int argc, char **argv)
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
+        case OPT_AUX_LOGITS: ok = mgt_app_flag_onoff(flag, optarg, &c.aux_logits); break;
+        case OPT_AUX_WEIGHT:
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
+            c.aux_weight = (float)x;
+            break;
+        case OPT_TRANSFORM_INPUT: ok = mgt_app_flag_onoff(flag, optarg, &c.transform_input); break;
         case OPT_EPOCHS:
             ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.epochs = (int)v;

@@ -133,7 +133,7 @@ static int mbconv(mgt_model *m, const char *p, int x, int out, int stride, float
     if (stride != 1 || in != out) {
         if (stride == 2) {
             nn_name(m, n, sizeof n, "%s.proj.0", p);
-            res = nn_avgpool(m, n, x, 3, 2, 1);
+            res = nn_avgpool2d(m, n, x, 3, 2, 1);
         }
         nn_name(m, n, sizeof n, "%s.proj.%d", p, stride == 2 ? 1 : 0);
         res = nn_conv(m, n, res, out, 1, 1, 0, 1, true);

@@ -67,6 +67,7 @@ static const state_field fields[] = {
     INFO("sampler", sampler),
     INFO("sync_bn", sync_bn),
     INFO("devices_lost", devices_lost),
+    INFO("transform_input", transform_input),
 };
 
 static mgt_status field_write(mgt_st_writer *w, const state_field *f, const train_state *s)
@@ -223,6 +224,8 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
     snprintf(s->sync_bn, sizeof s->sync_bn, "%s", r->c->sync_bn ? "yes" : "no");
+    snprintf(s->transform_input, sizeof s->transform_input, "%s",
+             mgt_model_get_config(r->w[0].model)->transform_input ? "on" : "off");
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
     snprintf(s->lr_schedule, sizeof s->lr_schedule,
              "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
@@ -494,6 +497,13 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
         return mgt_error_set(MGT_ERR_INVALID, "%s: a checkpoint of %s; this run trains %s", path,
                              arch, r->c->arch);
     worker *w0 = &r->w[0];
+    /* the same weights behind another input map would be another model */
+    const char *ti = mgt_model_get_config(w0->model)->transform_input ? "on" : "off";
+    if (s.transform_input[0] && strcmp(s.transform_input, ti) != 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: trained with transform_input %s, this run has it %s (under "
+                             "--pretrained it is on): resume with --transform-input %s",
+                             path, s.transform_input, ti, s.transform_input);
     mgt_model_load_options lo = {.ignore_prefixes = train_opt_prefixes};
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)

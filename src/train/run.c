@@ -38,6 +38,9 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
     c->dummy_steps = 100;
+    c->aux_logits = -1;
+    c->aux_weight = -1;
+    c->transform_input = -1;
     c->augmix_severity = 3;
 }
 
@@ -357,6 +360,15 @@ static mgt_status check_config(run *r)
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
         return mgt_error_set(MGT_ERR_USAGE, "--mixup-alpha and --cutmix-alpha must not be "
                                             "negative");
+    if ((c->aux_logits >= 0 || c->aux_weight >= 0) && r->arch->aux_weight == 0)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--aux-logits, --aux-weight: %s has no auxiliary classifiers "
+                             "(inception_v3 and googlenet have)",
+                             c->arch);
+    if (c->transform_input > 0 && !r->arch->transform_input)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--transform-input: %s has none (inception_v3 and googlenet have)",
+                             c->arch);
     return MGT_OK;
 }
 
@@ -445,6 +457,9 @@ static mgt_status agree_with_nodes(run *r)
     setting(&t, "--freeze-bn", "%s", c->freeze_bn ? "yes" : "no");
     setting(&t, "--sync-bn", "%s", c->sync_bn ? "yes" : "no");
     setting(&t, "--zero-init-residual", "%s", c->zero_init_residual ? "yes" : "no");
+    setting(&t, "--aux-logits", "%d", c->aux_logits);
+    setting(&t, "--aux-weight", "%s", F(c->aux_weight));
+    setting(&t, "--transform-input", "%d", c->transform_input);
     setting(&t, "--augment", "%d", (int)c->augment);
     setting(&t, "--auto-augment", "%s", mgt_auto_augment_name(c->auto_augment));
     setting(&t, "--interpolation", "%s", mgt_interp_name(c->interpolation));
@@ -688,6 +703,19 @@ static void print_start(run *r, int start_epoch)
             "device\n",
             c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
             (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
+    const mgt_model *m0 = r->w[0].model;
+    if (mgt_model_aux_count(m0))
+        fprintf(o,
+                "=> %d auxiliary classifier%s in training: loss = main + %g x each auxiliary "
+                "loss (--aux-weight; Aux on the progress lines, unweighted); validation uses the "
+                "main one\n",
+                mgt_model_aux_count(m0), mgt_model_aux_count(m0) > 1 ? "s" : "",
+                (double)mgt_model_aux_weight(m0));
+    else if (r->arch->aux_weight > 0)
+        fprintf(o, "=> built without its auxiliary classifiers (--aux-logits)\n");
+    if (mgt_model_get_config(m0)->transform_input)
+        fprintf(o, "=> transform_input: the ImageNet-normalised input mapped to (x - 0.5) / 0.5 "
+                   "per channel, as torchvision does for its ported weights\n");
     if (c->amp != MGT_PREC_F32)
         fprintf(o,
                 "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs, "

@@ -37,6 +37,8 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
        validation twin planned for it) */
     int vsize = c->val_crop_size > 0 ? c->val_crop_size : d->size;
     mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, vsize, d->channels);
+    if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_RESIZE_CROP)
+        vt->resize = mgt_arch_resize_size(r->arch, vsize);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
         vt->resize = (w == vsize && h == vsize) ? 0 : vsize;
     if (st == MGT_OK && c->val_resize_size > 0)
@@ -246,6 +248,8 @@ static mgt_status make_slots(run *r, worker *w)
     if (st == MGT_OK)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
     if (st == MGT_OK)
+        st = mgt_host_alloc(w->d, SLOTS * MGT_MODEL_MAX_AUX * sizeof(float), (void **)&w->host_aux);
+    if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
     if (st == MGT_OK) /* [0]: validation's loss sum, [1]: clipping's sum of squares */
         st = mgt_buffer_alloc(w->d, 2 * sizeof(float), &w->dev_val);
@@ -311,17 +315,27 @@ static mgt_status make_worker(run *r, int i)
     w->dev = i;
     w->d = r->devs[i];
     mgt_status st = mgt_stream_create(w->d, &w->s);
-    mgt_model_config mc = {.arch = c->arch,
-                           .classes = r->data.classes,
-                           .in_channels = r->data.channels,
-                           .image_size = r->data.size,
-                           .batch = r->data.per_dev_batch,
-                           .zero_init_residual = c->zero_init_residual,
-                           .freeze_bn = c->freeze_bn,
-                           .amp = c->amp,
-                           .sync_bn = c->sync_bn};
+    /* torchvision's defaults: the auxiliary classifiers built (but where its builder drops
+       them from pretrained weights), transform_input set where weights are loaded */
+    bool pre = c->pretrained != NULL;
+    mgt_model_config mc = {
+        .arch = c->arch,
+        .classes = r->data.classes,
+        .in_channels = r->data.channels,
+        .image_size = r->data.size,
+        .batch = r->data.per_dev_batch,
+        .zero_init_residual = c->zero_init_residual,
+        .freeze_bn = c->freeze_bn,
+        .amp = c->amp,
+        .sync_bn = c->sync_bn,
+        .no_aux_logits =
+            c->aux_logits >= 0 ? c->aux_logits == 0 : pre && r->arch->pretrained_drops_aux,
+        .transform_input =
+            c->transform_input >= 0 ? c->transform_input == 1 : pre && r->arch->transform_input};
     if (st == MGT_OK)
         st = mgt_model_create(&mc, w->d, &w->model);
+    if (st == MGT_OK && c->aux_weight >= 0)
+        mgt_model_set_aux_weight(w->model, c->aux_weight);
     size_t pbytes = 0;
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
@@ -370,6 +384,8 @@ static void free_worker(worker *w)
     free(w->confusion);
     if (w->host_loss)
         mgt_host_free(w->d, w->host_loss);
+    if (w->host_aux)
+        mgt_host_free(w->d, w->host_aux);
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
     train_marks_free(w);

@@ -420,6 +420,10 @@ static mgt_status train_step(worker *w, long k, const char **where)
         return st;
     *where = "metrics";
     st = mgt_copy_d2h(w->s, &w->host_loss[slot], mgt_model_loss_ptr(w->model), sizeof(float));
+    int n_aux = mgt_model_aux_count(w->model);
+    if (st == MGT_OK && n_aux)
+        st = mgt_copy_d2h(w->s, &w->host_aux[slot * MGT_MODEL_MAX_AUX],
+                          mgt_model_aux_loss_ptr(w->model), (size_t)n_aux * sizeof(float));
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)

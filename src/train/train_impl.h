@@ -102,7 +102,8 @@ typedef struct train_scaler {
 } train_scaler;
 
 typedef struct step_acc {
-    double loss_sum; /* sum over devices of loss * n */
+    double loss_sum;                   /* sum over devices of loss * n */
+    double aux_sum[MGT_MODEL_MAX_AUX]; /* the same of each auxiliary loss */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
     double step_s; /* the slowest device's time for the step (0: not measured) */
@@ -159,6 +160,7 @@ typedef struct worker {
     train_ema ema;
     /* metrics */
     float *host_loss;        /* pinned [SLOTS] */
+    float *host_aux;         /* pinned [SLOTS][MGT_MODEL_MAX_AUX]: the auxiliary losses */
     int32_t *host_correct;   /* pinned [SLOTS][2] */
     mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
     mgt_buffer *dev_val;     /* [1] float: validation loss sum */
@@ -213,6 +215,7 @@ typedef struct train_metrics {
     step_acc ring[STEP_RING];
     long next_complete; /* the next step to complete */
     double loss_sum;
+    double aux_sum[MGT_MODEL_MAX_AUX];
     long n, c1, c5;
     double data_s;
     double start, last_progress, last_complete;
@@ -234,6 +237,8 @@ typedef struct train_progress {
     double step_s, step_avg_s, data_s, data_avg_s;
     double loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg;
     double lr, images_per_s, eta_s;
+    int n_aux; /* auxiliary classifiers: their own losses (the loss above weights them in) */
+    double aux[MGT_MODEL_MAX_AUX], aux_avg[MGT_MODEL_MAX_AUX];
 } train_progress;
 
 /* What the run's first record says: the configuration, resolved where the run resolved it. */
@@ -450,13 +455,15 @@ typedef struct train_state {
     long step;        /* the steps of that epoch already done */
     double best_acc1; /* the best validation top-1 so far */
     uint64_t seed;
-    int batch_size;         /* the global batch of the run that saved it */
-    int devices;            /* its device count */
-    char optimizer[16];     /* the kind whose state tensors the file holds */
-    double loss_scale;      /* format 3: fp16 loss scaling's scale (MGT_SCALER_INIT unused) */
-    int loss_scale_growth;  /* format 3: its clean steps since the last change */
-    char amp[8];            /* the run's --amp, for people (not read back) */
-    char sync_bn[4];        /* the run's --sync-bn ("yes"/"no"), for people (not read back) */
+    int batch_size;        /* the global batch of the run that saved it */
+    int devices;           /* its device count */
+    char optimizer[16];    /* the kind whose state tensors the file holds */
+    double loss_scale;     /* format 3: fp16 loss scaling's scale (MGT_SCALER_INIT unused) */
+    int loss_scale_growth; /* format 3: its clean steps since the last change */
+    char amp[8];           /* the run's --amp, for people (not read back) */
+    char sync_bn[4];       /* the run's --sync-bn ("yes"/"no"), for people (not read back) */
+    /* "on" where the model maps its input (transform_input): a resumed run must too */
+    char transform_input[4];
     long optimizer_steps;   /* (3) updates done: torch's per-parameter "step" */
     long ema_n_averaged;    /* (3) the EMA model's n_averaged (0 without --model-ema) */
     char lr_schedule[160];  /* what the schedule was, for people (not read back) */
