@@ -454,10 +454,13 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             return;
         }
         if (md->fault_kind == MGT_FAULT_HANG && n == md->fault_nth) {
-            /* a hung GPU kernel: nothing after it on this stream runs until the stream is
-               freed, and the device is failed then, as a reset would leave it */
+            /* a hung GPU kernel: nothing after it on this stream runs until the device is
+               given up or the stream freed, and the device is failed then, as a reset would
+               leave it. It notices later (20 ms) than a queued wait on another stream does
+               (a 5 ms slice), so the peers' streams go on before its own records complete,
+               as they would on a GPU: nothing the hung kernel wrote is ordered before them */
             while (!atomic_load(&ms->quit))
-                usleep(1000);
+                usleep(20000);
             snprintf(text, sizeof text, "injected hang in kernel %s (%s #%ld on this device)", name,
                      md->fault_op[0] ? name : "kernel", n);
             mock_fail(md, text);
@@ -496,8 +499,13 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
-        if (c->u.copy.peer && atomic_load(&c->u.copy.from->gone)) {
-            memset(c->u.copy.dst, 0xff, c->u.copy.n); /* what a read of a missing device gets */
+        /* a failed source is not read: it may have been given up with its work unfinished
+           (mgt_device_abandon: a hung kernel may still be writing the memory, and the event
+           records that let this copy start completed without waiting for it), so nothing
+           orders its writes before this read. The copy gets all-one bytes (NaN floats), what
+           a read of a device that left the bus gets; the step it belongs to is left out. */
+        if (c->u.copy.peer && atomic_load(&c->u.copy.from->failed)) {
+            memset(c->u.copy.dst, 0xff, c->u.copy.n);
             return;
         }
         if (c->u.copy.peer && md->link_bw > 0) {
