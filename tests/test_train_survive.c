@@ -338,6 +338,14 @@ static void test_fault_matrix(void **state)
             if (!line || count_of(text, "dropped: training goes on") != 1 ||
                 !strstr(text, "(12 validation images)"))
                 fail_msg("%s: expected one \"%s\" and 12 validation images:\n%s", spec, want, text);
+            if (kind == 2) { /* the stall is placed: device, stage and the flag that set it */
+                snprintf(want, sizeof want,
+                         "=> mock:%d: epoch 0 step 1 (forward): its work made no progress "
+                         "within --device-timeout ",
+                         d);
+                if (!strstr(text, want))
+                    fail_msg("%s: expected \"%s\":\n%s", spec, want, text);
+            }
             const char *nl = strchr(line, '\n');
             const char *fault = strstr(text, "=> mock:");
             const char *fnl = fault ? strchr(fault, '\n') : NULL;
@@ -346,6 +354,34 @@ static void test_fault_matrix(void **state)
                           nl ? (int)(nl - line - 3) : 0, line + 3, mgt_time_now() - t0);
             free(text);
         }
+}
+
+/* A kernel of the all-reduce that hangs (device 2's first sum of a peer's gradients, on its
+   comm stream): every device's own forward and backward are done and every device's wait for
+   the exchange runs out, whichever first; the stall is still placed on device 2, in the
+   gradient all-reduce, naming --device-timeout, and the epoch ends on the 3 others. Cost: one
+   run that waits out the limit (1 s, or ten times a set-up and step). */
+static void test_hang_in_allreduce(void **state)
+{
+    (void)state;
+    long k1[4];
+    double hang_limit = 10 * kernels_after_one_step(k1);
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    c.device_timeout_s = hang_limit > 1 ? hang_limit : 1;
+    mgt_status st;
+    mgt_train_result res;
+    char err[1024];
+    const char *spec = "threads=1;fault=hang@2:1:axpy";
+    char *text = run_continue(&c, 4, spec, "hang_allreduce", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:2: epoch 0 step 0 (gradient all-reduce): its work made no "
+                      "progress within --device-timeout ") ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
 }
 
 /* Two devices lost in one run, the second (device 1's first convolution after the first
@@ -429,6 +465,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_continue_equals_checkpoint_and_resume),
         cmocka_unit_test(test_fault_matrix),
+        cmocka_unit_test(test_hang_in_allreduce),
         cmocka_unit_test(test_two_failures),
         cmocka_unit_test(test_batch_does_not_divide),
     };

@@ -158,10 +158,12 @@ void mgt_devset_free(mgt_devset *set);
    and the waits inside frees, teardown and a backend's own calls, ends with MGT_ERR_TIMEOUT
    naming the device once it has waited limit_s seconds (0: MGT_DEVICE_WAIT_LIMIT_S).
    `abort` (borrowed until the next call; NULL: none) is the flag of the waits a backend makes
-   inside a call, which take none of their own (a cuDNN search's start, MGT_CUDA_SYNC). The
-   trainer passes its run's flag and --timeout, and NULL, 0 at its end. Call it while no
-   other thread uses the set. */
-void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s);
+   inside a call, which take none of their own (a cuDNN search's start, MGT_CUDA_SYNC).
+   `source` names what set the limit in the messages of the waits that run out ("--timeout";
+   NULL or limit_s 0: the default). The trainer passes its run's flag and --device-timeout
+   or --timeout, and NULL, 0 at its end. Call it while no other thread uses the set. */
+void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s,
+                          const char *source);
 int mgt_devset_count(const mgt_devset *set);
 mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
@@ -216,6 +218,11 @@ void mgt_device_abandon(mgt_device *d, const char *why);
 /* Lets waits on d run again after one ran out: for a device whose work only waited on
    another that has since been abandoned (its waits now complete). */
 void mgt_device_unstall(mgt_device *d);
+/* How long the kernel or copy that has run longest on the device, and still runs, has run
+   (seconds; 0: none runs). A stream waiting for another device's event is not busy, so after
+   a stall the device whose own work hangs is the one busy for long. -1 where the backend
+   cannot tell (CUDA). */
+double mgt_device_busy_s(const mgt_device *d);
 
 /* The per-op profile: with on, every kernel the device runs from now is timed and counted by
    its op (mock devices: its wall time on the device's threads; CUDA does not measure it:

@@ -1190,13 +1190,24 @@ static bool droppable(const run *r)
             f->status == MGT_ERR_TIMEOUT);
 }
 
-/* Which device stalled, when a wait ran out: the one whose own work of its current step
-   (forward and backward, which wait on no peer) has not finished, where it is the only one;
-   else the device whose wait ran out. A peer's streams wait behind a stalled device, so any
-   of their waits (a loader's, the all-reduce's) may run out first. */
+/* Which device stalled, when a wait ran out. A peer's streams wait behind a stalled device, so
+   any of their waits (a loader's, the all-reduce's) may run out first: the device is the one
+   whose kernel or copy has run for over half the wait limit (a hang in the all-reduce too),
+   where the backend tells (mock devices) and it is the only one; else the one whose own work
+   of its current step (forward and backward, which wait on no peer) has not finished, where it
+   is the only one; else the device whose wait ran out. */
 static int stalled_device(const run *r)
 {
     int found = -1, count = 0;
+    for (int i = 0; i < r->n; i++)
+        if (mgt_device_busy_s(r->devs[i]) > 0.5 * train_wait_limit(r->c, NULL)) {
+            found = i;
+            count++;
+        }
+    if (count == 1)
+        return found;
+    found = -1;
+    count = 0;
     for (int i = 0; i < r->n; i++) {
         bool done = true;
         if (r->w[i].own_ev && (mgt_event_query(r->w[i].own_ev, &done) != MGT_OK || !done)) {
@@ -1267,11 +1278,16 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     if (r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
         r->fail.device < r->n) {
         int d = stalled_device(r);
-        mgt_device_abandon(r->devs[d], "given up: its own work made no progress within the "
-                                       "wait limit (--device-timeout)");
+        const char *flag;
+        double limit = train_wait_limit(r->c, &flag);
+        char why[128];
+        snprintf(why, sizeof why, "its work made no progress within %s %g s: given up",
+                 flag ? flag : "the default wait limit of", limit);
+        mgt_device_abandon(r->devs[d], why);
+        /* every wait may go on, the abandoned device's too: its work is dropped, and its
+           marks then say which stage of its step held the stall (train_failure_settle) */
         for (int i = 0; i < r->n; i++)
-            if (i != d)
-                mgt_device_unstall(r->devs[i]);
+            mgt_device_unstall(r->devs[i]);
     }
     train_workers_join(r);
     train_failure_settle(r);
@@ -1452,7 +1468,7 @@ static mgt_status run_finish(run *r, mgt_status st)
     train_close_sources(r);
     if (r->have_ckpt)
         mgt_ckpt_info_free(&r->ckpt);
-    mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
+    mgt_devset_set_waits(r->set, NULL, 0, NULL); /* the flag is this run's, gone with it */
     if (r->reports.n)
         train_reports_free(&r->reports);
     if (r->log)
@@ -1499,8 +1515,9 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
                                   : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
-    mgt_devset_set_waits(set, &r->abort,
-                         c->device_timeout_s > 0 ? c->device_timeout_s : c->step_timeout_s);
+    const char *wait_flag;
+    double wait_limit = train_wait_limit(c, &wait_flag);
+    mgt_devset_set_waits(set, &r->abort, wait_flag ? wait_limit : 0, wait_flag);
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */

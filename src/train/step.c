@@ -284,13 +284,22 @@ static mgt_status clip_factor(worker *w, const float *grads, size_t floats, doub
    names it (a wait that runs out marks its device stalled for good), then for the others.
    Returns MGT_ERR_ABORTED when another device failed before every device got here. The host
    waits for the device once per step: the cost of knowing. */
+double train_wait_limit(const mgt_train_config *c, const char **flag)
+{
+    if (flag)
+        *flag = c->device_timeout_s > 0 ? "--device-timeout"
+                : c->step_timeout_s > 0 ? "--timeout"
+                                        : NULL;
+    return c->device_timeout_s > 0 ? c->device_timeout_s
+           : c->step_timeout_s > 0 ? c->step_timeout_s
+                                   : MGT_DEVICE_WAIT_LIMIT_S;
+}
+
 static mgt_status commit_step(worker *w, long k)
 {
     run *r = w->r;
-    const mgt_train_config *c = r->c;
-    double limit = c->device_timeout_s > 0 ? c->device_timeout_s
-                   : c->step_timeout_s > 0 ? c->step_timeout_s
-                                           : MGT_DEVICE_WAIT_LIMIT_S;
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
     mgt_status st = mgt_event_synchronize(w->own_ev, &r->abort);
     if (st == MGT_OK)
         st = mgt_event_record(w->reduced_ev, w->s);
@@ -305,8 +314,9 @@ static mgt_status commit_step(worker *w, long k)
         if (mgt_time_now() - t0 > 2 * limit)
             st = mgt_error_set(MGT_ERR_TIMEOUT,
                                "%s: step %ld's gradient all-reduce made no progress within %g s "
-                               "(twice --device-timeout)",
-                               mgt_device_name(w->d), k, 2 * limit);
+                               "(twice %s)",
+                               mgt_device_name(w->d), k, 2 * limit,
+                               flag ? flag : "the default wait limit");
         else
             usleep(100);
     }

@@ -396,6 +396,9 @@ void train_failure_settle(run *r);
 void train_failure_line(const run *r, char *out, size_t cap);
 
 /* step.c */
+/* The longest a wait on a device may take (--device-timeout, else --timeout, else the
+   default), and *flag the flag that set it (NULL: none). */
+double train_wait_limit(const mgt_train_config *c, const char **flag);
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
 void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */

@@ -108,7 +108,8 @@ struct mock_stream {
     cmd *ring;
     uint64_t enqueued, completed;
     bool stop;
-    atomic_bool quit; /* being freed: a hung kernel or a queued wait on it gives up */
+    atomic_bool quit;           /* being freed: a hung kernel or a queued wait on it gives up */
+    atomic_llong busy_since_us; /* when the kernel or copy running now began; 0: none runs */
     uint64_t rng;
     mock_stream *next;
 };
@@ -226,6 +227,20 @@ static void mock_abandon(mgt_device *d, const char *why)
     for (mock_stream *ms = md->streams; ms; ms = ms->next)
         atomic_store(&ms->quit, true);
     pthread_mutex_unlock(&md->lock);
+}
+
+static double mock_busy_s(const mgt_device *d)
+{
+    mock_dev *md = dev_of(d);
+    double now = mgt_time_now(), most = 0;
+    pthread_mutex_lock(&md->lock);
+    for (mock_stream *ms = md->streams; ms; ms = ms->next) {
+        long long since = atomic_load(&ms->busy_since_us);
+        if (since && now - 1e-6 * (double)since > most)
+            most = now - 1e-6 * (double)since;
+    }
+    pthread_mutex_unlock(&md->lock);
+    return most;
 }
 
 static void mock_counts(const mgt_device *d, long *allocs, long *kernels)
@@ -551,7 +566,12 @@ static void *stream_main(void *arg)
         pthread_mutex_unlock(&ms->lock);
         if (ms->md->delay_us)
             usleep((useconds_t)(next_rand(&ms->rng) % (ms->md->delay_us + 1u)));
+        bool work = c.kind == CMD_OP || c.kind == CMD_COPY || c.kind == CMD_MEMSET;
+        if (work)
+            atomic_store(&ms->busy_since_us, (long long)(mgt_time_now() * 1e6) | 1);
         run_cmd(ms, &c);
+        if (work)
+            atomic_store(&ms->busy_since_us, 0);
         pthread_mutex_lock(&ms->lock);
         ms->completed++;
         pthread_cond_broadcast(&ms->done);
@@ -649,9 +669,9 @@ static mgt_status past_limit(const mgt_device *d, double t0, const char *what)
     if (mgt_time_now() - t0 <= limit)
         return MGT_OK;
     return mgt_error_set(MGT_ERR_TIMEOUT,
-                         "%s: a wait for %s ran past the wait limit of %g s (--timeout): its "
+                         "%s: a wait for %s ran past the wait limit of %g s (%s): its "
                          "queued work has stopped making progress",
-                         d->name, what, limit);
+                         d->name, what, limit, d->set->wait_source);
 }
 
 static mgt_status stream_wait_drained(mock_stream *ms, const mgt_abort *abort)
@@ -1102,6 +1122,7 @@ static const mgt_backend_i mock_backend = {
     .abandon = mock_abandon,
     .op_profile = mock_op_profile,
     .op_times = mock_op_times,
+    .busy_s = mock_busy_s,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

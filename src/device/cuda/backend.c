@@ -32,9 +32,9 @@ static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, const
                                  what);
         if (mgt_time_now() - t0 > limit)
             return mgt_error_set(MGT_ERR_TIMEOUT,
-                                 "%s: a wait for %s ran past the wait limit of %g s (--timeout): "
+                                 "%s: a wait for %s ran past the wait limit of %g s (%s): "
                                  "its queued work has stopped making progress (a hung kernel?)",
-                                 d->name, what, limit);
+                                 d->name, what, limit, d->set->wait_source);
         if (polls < 64) {
             sched_yield();
             continue;
