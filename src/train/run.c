@@ -994,7 +994,9 @@ static bool evaluate(run *r, int epoch)
 
 static bool begin_epoch(run *r, int ep, long first)
 {
-    if (first > 0 && r->primary)
+    bool carry = r->carry_metrics;
+    r->carry_metrics = false;
+    if (first > 0 && r->primary && !carry)
         fprintf(
             r->out,
             "=> epoch %d resumes at step %ld of %ld: its averages (in parentheses) and training "
@@ -1005,7 +1007,7 @@ static bool begin_epoch(run *r, int ep, long first)
     r->stop_at = r->data.steps_per_epoch;
     r->committed = first - 1;
     r->commit_arrived = 0;
-    train_metrics_epoch_begin(r);
+    train_metrics_epoch_begin(r, carry);
     for (int i = 0; i < r->n; i++) {
         memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
         r->w[i].started = r->w[i].metered = first;
@@ -1022,10 +1024,12 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
 {
     mgt_train_result *res = r->res;
     const train_metrics *m = &r->m;
-    res->steps += r->stop_at - r->first_step;
+    res->steps += r->stop_at - m->epoch_first;
     r->run_images += m->n;
     r->run_train_s += ep_s;
     res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
+    res->train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0;
+    res->train_images = m->n;
     res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
     double timed_s = m->last_complete - m->timed_start;
     res->timed_images_per_s = timed_s > 0 ? (double)m->timed_n / timed_s : 0;
@@ -1040,7 +1044,7 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
     *s = (train_summary){.epoch = r->epoch,
                          .trained = true,
                          .train_loss = res->train_loss,
-                         .train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0,
+                         .train_acc1 = res->train_acc1,
                          .images_per_s = res->images_per_s,
                          .epoch_s = ep_s};
     summary_place(r, s);
@@ -1325,6 +1329,8 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     r->data.train_ld = r->data.val_ld = NULL;
     atomic_store(&r->abort.raised, 0);
     mgt_status st = survivors_settle(r, f);
+    if (st == MGT_OK)
+        train_meter_left(r, f, resume);
     if (st != MGT_OK) {
         char why[512];
         snprintf(why, sizeof why, "a survivor failed too: %s", mgt_error_last());
@@ -1425,6 +1431,7 @@ static bool drop_failed_device(run *r, int *ep, long *first)
             l->resume_s);
     *ep = r->epoch;
     *first = resume;
+    r->carry_metrics = true;
     return true;
 }
 

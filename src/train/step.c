@@ -438,11 +438,39 @@ static mgt_status train_step(worker *w, long k, const char **where)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_event_record(w->slot_ev[slot], w->s);
+    w->slot_k[slot] = st == MGT_OK ? k : -1;
     if (st == MGT_OK)
         st = train_mark(w, k, false, "metrics");
     w->slot_n[slot] = b.n;
     w->slot_wait[slot] = b.wait_s;
     return st;
+}
+
+void train_meter_left(run *r, int lost, long upto)
+{
+    for (int i = 0; i < r->n; i++) {
+        worker *w = &r->w[i];
+        for (long k = w->metered; k < upto; k++) {
+            int slot = (int)(k % SLOTS);
+            if (w->slot_k[slot] != k)
+                break;
+            if (i != lost) {
+                if (meter_step(w, k) != MGT_OK)
+                    break;
+                continue;
+            }
+            /* the lost device's step counts where its metrics reached the host before it
+               failed (a record that ran while it was sound); no wait on it, no timing */
+            bool clean = false;
+            if (!mgt_event_outcome(w->slot_ev[slot], &clean) || !clean ||
+                !isfinite(w->host_loss[slot]))
+                break;
+            w->slot_step_s[slot] = 0;
+            pthread_mutex_lock(&r->lock);
+            train_metrics_add(r, w, k, slot, w->host_loss[slot]);
+            pthread_mutex_unlock(&r->lock);
+        }
+    }
 }
 
 static void train_phase(worker *w)
@@ -453,6 +481,8 @@ static void train_phase(worker *w)
     const char *where = "starting";
     mgt_status st = MGT_OK;
     w->scaler = r->scaler; /* set by the main thread before the phase began */
+    for (int i = 0; i < SLOTS; i++)
+        w->slot_k[i] = -1;
     for (; begin_step(w, k); k++) {
         if (k - first >= LAG) {
             where = "reading metrics";

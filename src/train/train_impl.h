@@ -169,6 +169,7 @@ typedef struct worker {
     mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
+    long slot_k[SLOTS];        /* the training step whose metrics the slot holds (-1: none) */
     double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
@@ -219,6 +220,7 @@ typedef struct train_metrics {
     long n, c1, c5;
     double data_s;
     double start, last_progress, last_complete;
+    long epoch_first; /* the step the epoch's sums begin at (before any re-formation) */
     double timed_start;
     long timed_n, timed_steps;
     /* validation totals */
@@ -343,6 +345,9 @@ struct run {
        the current step's commit */
     long committed;
     int commit_arrived;
+    /* the next training phase goes on with the epoch after a re-formation: its metrics carry
+       the steps before it (train_metrics_epoch_begin) */
+    bool carry_metrics;
     /* the devices lost so far and where (--on-device-failure continue) */
     struct train_lost {
         char name[64];
@@ -399,6 +404,10 @@ void train_failure_line(const run *r, char *out, size_t cap);
 /* The longest a wait on a device may take (--device-timeout, else --timeout, else the
    default), and *flag the flag that set it (NULL: none). */
 double train_wait_limit(const mgt_train_config *c, const char **flag);
+/* --on-device-failure continue, after a failed phase (workers joined): the metrics of the
+   steps before upto that the workers other than `lost` enqueued but had not read (a worker
+   reads LAG steps behind) go into the epoch's sums. */
+void train_meter_left(run *r, int lost, long upto);
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
 void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */
@@ -431,7 +440,7 @@ mgt_status train_check_finite(run *r);
 mgt_status train_world_position(run *r, int *epoch, long *step);
 
 /* metrics.c */
-void train_metrics_epoch_begin(run *r);
+void train_metrics_epoch_begin(run *r, bool carry);
 /* Adds worker w's numbers for step k (slot) and completes the step when w is the last to
    report it. r->lock held. */
 void train_metrics_add(run *r, worker *w, long k, int slot, float loss);
