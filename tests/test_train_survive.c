@@ -456,6 +456,47 @@ static void test_two_failures(void **state)
     free(text);
 }
 
+/* Two devices fail in the same step (step 1's forward on devices 1 and 2): both are dropped
+   in one re-formation, each said in its line, and the epoch ends on the 2 left. Then device 1
+   fails in the validation (its first convolution after the 3 training steps): the validation
+   runs again on the 3 survivors, counting each of the 12 images once, and the epoch ends.
+   Cost: 2 runs, about 1 s. */
+static void test_two_in_one_step_and_validation(void **state)
+{
+    (void)state;
+    int convs = mgt_test_convs_per_forward();
+    char spec[160], err[1024];
+    snprintf(spec, sizeof spec,
+             "threads=1;fault=kernel@1:%d:conv2d_forward;fault=kernel@2:%d:conv2d_forward",
+             convs + 1, convs + 1);
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_continue(&c, 4, spec, "two_in_one", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 || count_of(text, " dropped: ") != 1 ||
+        !strstr(text, "=> mock:1: epoch 0 step 1 (forward): injected fault") ||
+        !strstr(text, "=> mock:2: epoch 0 step 1 (forward): injected fault") ||
+        !strstr(text, "dropped: training goes on with 2 devices (mock:0, mock:3) from epoch 0 "
+                      "step 1, 6 images per device") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@1:%d:conv2d_forward", 3 * convs + 1);
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    text = run_continue(&c, 4, spec, "in_validation", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:1: validation of epoch 0, batch 0: injected fault") ||
+        !strstr(text, "=> mock:1 dropped: the validation of epoch 0 runs again on 3 devices "
+                      "(mock:0, mock:2, mock:3)") ||
+        count_of(text, "validation images)") != 1 || !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+}
+
 /* -b 8 over 4 devices, one lost: 8 does not divide over 3, the global batch must stay: the
    state is saved and the run ends saying so; the checkpoint resumes on 2 devices. */
 static void test_batch_does_not_divide(void **state)
@@ -493,6 +534,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fault_matrix),
         cmocka_unit_test(test_hang_in_allreduce),
         cmocka_unit_test(test_two_failures),
+        cmocka_unit_test(test_two_in_one_step_and_validation),
         cmocka_unit_test(test_batch_does_not_divide),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1084,8 +1084,17 @@ static bool loss_diverged(run *r, const train_summary *s)
 
 typedef enum epoch_end { EPOCH_DONE, EPOCH_STOPPED, EPOCH_FAILED } epoch_end;
 
+static epoch_end finish_epoch(run *r, int ep, train_summary s);
+
 static epoch_end run_epoch(run *r, int ep, long first)
 {
+    if (r->revalidate) { /* a device was lost in this epoch's validation: it runs again */
+        r->revalidate = r->carry_metrics = false;
+        r->first_step = r->stop_at = r->data.steps_per_epoch;
+        train_summary s = r->epoch_summary;
+        summary_place(r, &s); /* the devices it runs on now */
+        return finish_epoch(r, ep, s);
+    }
     if (!begin_epoch(r, ep, first) || !train_run_phase(r, PHASE_TRAIN))
         return EPOCH_FAILED;
     double ep_s = mgt_time_now() - r->m.start;
@@ -1102,6 +1111,14 @@ static epoch_end run_epoch(run *r, int ep, long first)
     epoch_results(r, ep_s, &s);
     if (r->stop_at < r->data.steps_per_epoch)
         return save_stopped(r) ? EPOCH_STOPPED : EPOCH_FAILED;
+    r->epoch_summary = s;
+    return finish_epoch(r, ep, s);
+}
+
+/* The epoch's end after its training: validation, the epoch line, the checkpoint, a stop. */
+static epoch_end finish_epoch(run *r, int ep, train_summary s)
+{
+    mgt_status st;
     bool is_best = false;
     if (r->data.val_ld) {
         if (!validate(r, &s))
@@ -1183,13 +1200,14 @@ static void print_end(run *r, bool ok)
 
 /* ---- --on-device-failure continue ---- */
 
-/* Whether the run's failure is one device's in a training step, which continue drops: its
+/* Whether the run's failure is one device's in a training step or a validation (not with
+   --model-ema, whose replicas may hold the EMA weights then), which continue drops: its
    error, an allocation it could not make, or its stall, on one node. */
 static bool droppable(const run *r)
 {
     const train_failure *f = &r->fail;
     return r->c->continue_on_device_failure && f->set && !f->root && !f->remote && f->device >= 0 &&
-           f->device < r->n && !f->validation && r->nodes == 1 &&
+           f->device < r->n && (!f->validation || !r->c->model_ema) && r->nodes == 1 &&
            (f->status == MGT_ERR_DEVICE || f->status == MGT_ERR_OOM ||
             f->status == MGT_ERR_TIMEOUT);
 }
@@ -1248,12 +1266,12 @@ static void cannot_continue(run *r, const char *why, const char *saved)
 
 /* The state the survivors hold, after the last step every device committed: a worker that
    began the next (left out) step gets its batch-norm statistics back from the step's start. */
-static mgt_status survivors_settle(run *r, int lost)
+static mgt_status survivors_settle(run *r, const bool *lost)
 {
     mgt_status st = MGT_OK;
     for (int i = 0; i < r->n && st == MGT_OK; i++) {
         worker *w = &r->w[i];
-        if (i == lost)
+        if (lost[i])
             continue;
         st = mgt_device_synchronize(w->d, NULL);
         if (st == MGT_OK && w->bn_keep && w->keep_step > r->committed) {
@@ -1270,10 +1288,54 @@ static mgt_status survivors_settle(run *r, int lost)
     return st;
 }
 
-/* After a failed training phase: drops the failed device and makes the run again over the
-   survivors, from the first step they have not all made; *ep and *first get where to go on.
-   False when the failure is not one device's, or the survivors cannot go on (the run's failure
-   then says why, and what was saved). */
+/* Worker (and replica) i takes j's place and j takes i's. */
+static void swap_workers(run *r, int i, int j)
+{
+    worker w = r->w[i];
+    r->w[i] = r->w[j];
+    r->w[j] = w;
+    r->w[i].dev = i;
+    r->w[j].dev = j;
+    float *p = r->params[i], *b = r->buffers[i];
+    r->params[i] = r->params[j];
+    r->buffers[i] = r->buffers[j];
+    r->params[j] = p;
+    r->buffers[j] = b;
+}
+
+/* Every device that failed in the phase (the one the run's failure names, and any other that
+   failed beside it: two in one step are dropped together), each given up and said in its
+   line; *count gets how many. */
+static void collect_lost(run *r, bool *lost, int *count, double t0)
+{
+    *count = 0;
+    for (int k = -1; k < r->n; k++) { /* the run's failure first, then the others */
+        int i = k < 0 ? r->fail.device : k;
+        if (k == r->fail.device)
+            continue;
+        train_failure f = r->fail;
+        lost[i] = k < 0 || train_device_failure(r, i, &f) > 0;
+        if (!lost[i])
+            continue;
+        mgt_device_abandon(r->devs[i], "given up after its failure");
+        char line[sizeof f.cause + 256];
+        train_failure_format(r, &f, line, sizeof line);
+        fprintf(r->out, "=> %s\n", line);
+        const train_failure *g = &f;
+        struct train_lost *l = &r->lost[r->nlost++];
+        snprintf(l->name, sizeof l->name, "%s", mgt_device_name(r->devs[i]));
+        l->epoch = g->epoch >= 0 ? g->epoch : r->epoch;
+        l->step = g->validation ? r->data.steps_per_epoch : g->step;
+        snprintf(l->phase, sizeof l->phase, "%.31s", g->validation ? "validation" : g->phase);
+        l->at = t0 - r->start_s;
+        ++*count;
+    }
+}
+
+/* After a failed training or validation phase: drops the failed devices and makes the run
+   again over the survivors, from the first step they have not all made (a validation again
+   from its start); *ep and *first get where to go on. False when the failure is not a device's,
+   or the survivors cannot go on (the run's failure then says why, and what was saved). */
 static bool drop_failed_device(run *r, int *ep, long *first)
 {
     double t0 = r->fail.set ? r->fail_at : mgt_time_now();
@@ -1309,28 +1371,23 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         }
     if (!droppable(r))
         return false;
-    int f = r->fail.device;
-    mgt_device_abandon(r->devs[f], "given up after its failure");
+    bool validation = r->fail.validation;
     long resume = r->committed + 1 > r->first_step ? r->committed + 1 : r->first_step;
-    char line[sizeof r->fail.cause + 256];
-    train_failure_line(r, line, sizeof line);
-    struct train_lost *l = &r->lost[r->nlost++];
-    snprintf(l->name, sizeof l->name, "%s", mgt_device_name(r->devs[f]));
-    l->epoch = r->fail.epoch >= 0 ? r->fail.epoch : r->epoch;
-    l->step = r->fail.step;
-    snprintf(l->phase, sizeof l->phase, "%s", r->fail.phase);
-    l->at = t0 - r->start_s;
-    int left = r->n - 1, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
-    fprintf(r->out, "=> %s\n", line);
+    if (validation)
+        resume = r->data.steps_per_epoch;
+    bool lost[MGT_MAX_DEVICES];
+    int nlost = 0, first_lost = r->nlost;
+    collect_lost(r, lost, &nlost, t0);
+    int left = r->n - nlost, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
     /* every thread that saw the flag has left (the loaders' go first, with their batches for
        the old shards) */
     mgt_loader_free(r->data.train_ld);
     mgt_loader_free(r->data.val_ld);
     r->data.train_ld = r->data.val_ld = NULL;
     atomic_store(&r->abort.raised, 0);
-    mgt_status st = survivors_settle(r, f);
-    if (st == MGT_OK)
-        train_meter_left(r, f, resume);
+    mgt_status st = survivors_settle(r, lost);
+    if (st == MGT_OK && !validation)
+        train_meter_left(r, lost, resume);
     if (st != MGT_OK) {
         char why[512];
         snprintf(why, sizeof why, "a survivor failed too: %s", mgt_error_last());
@@ -1338,19 +1395,12 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         return false;
     }
     /* replica 0 is a survivor's: it is the one saved and broadcast */
-    if (f == 0) {
-        worker w0 = r->w[0];
-        r->w[0] = r->w[1];
-        r->w[1] = w0;
-        r->w[0].dev = 0;
-        r->w[1].dev = 1;
-        float *p = r->params[0], *b = r->buffers[0];
-        r->params[0] = r->params[1];
-        r->buffers[0] = r->buffers[1];
-        r->params[1] = p;
-        r->buffers[1] = b;
-        f = 1;
-    }
+    for (int j = 1; lost[0] && j < r->n; j++)
+        if (!lost[j]) {
+            swap_workers(r, 0, j);
+            lost[0] = false;
+            lost[j] = true;
+        }
     r->scaler = r->w[0].scaler;
     bool divides = r->c->batch_size % left == 0;
     if (left < min || !divides) {
@@ -1394,7 +1444,7 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     }
     /* the run again over the survivors */
     for (int i = 0, j = 0; i < r->n; i++)
-        if (i != f)
+        if (!lost[i])
             r->devs[j++] = r->w[i].d;
     r->n = left;
     r->wn = left;
@@ -1418,20 +1468,33 @@ static bool drop_failed_device(run *r, int *ep, long *first)
                                              : "nothing saved since the last checkpoint");
         return false;
     }
-    l->resume_s = mgt_time_now() - t0;
-    char names[512] = "";
+    double resume_s = mgt_time_now() - t0;
+    char names[512] = "", gone[512] = "";
     size_t len = 0;
     for (int i = 0; i < r->n && len < sizeof names; i++)
         len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
                                 mgt_device_name(r->devs[i]));
-    fprintf(r->out,
-            "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
-            "%d images per device (%.3f s from the failure's notice)\n",
-            l->name, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
-            l->resume_s);
+    len = 0;
+    for (int i = first_lost; i < r->nlost && len < sizeof gone; i++) {
+        r->lost[i].resume_s = resume_s;
+        len += (size_t)snprintf(gone + len, sizeof gone - len, "%s%s", i > first_lost ? ", " : "",
+                                r->lost[i].name);
+    }
+    if (validation)
+        fprintf(r->out,
+                "=> %s dropped: the validation of epoch %d runs again on %d device%s (%s), "
+                "%d images per device in training (%.3f s from the failure's notice)\n",
+                gone, r->epoch, r->n, r->n == 1 ? "" : "s", names, r->data.per_dev_batch, resume_s);
+    else
+        fprintf(r->out,
+                "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
+                "%d images per device (%.3f s from the failure's notice)\n",
+                gone, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
+                resume_s);
     *ep = r->epoch;
     *first = resume;
     r->carry_metrics = true;
+    r->revalidate = validation;
     return true;
 }
 

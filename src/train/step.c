@@ -446,7 +446,7 @@ static mgt_status train_step(worker *w, long k, const char **where)
     return st;
 }
 
-void train_meter_left(run *r, int lost, long upto)
+void train_meter_left(run *r, const bool *lost, long upto)
 {
     for (int i = 0; i < r->n; i++) {
         worker *w = &r->w[i];
@@ -454,7 +454,7 @@ void train_meter_left(run *r, int lost, long upto)
             int slot = (int)(k % SLOTS);
             if (w->slot_k[slot] != k)
                 break;
-            if (i != lost) {
+            if (!lost[i]) {
                 if (meter_step(w, k) != MGT_OK)
                     break;
                 continue;

@@ -348,6 +348,10 @@ struct run {
     /* the next training phase goes on with the epoch after a re-formation: its metrics carry
        the steps before it (train_metrics_epoch_begin) */
     bool carry_metrics;
+    /* a device was lost in the validation of epoch `epoch`: it runs again on the survivors,
+       after the epoch's training figures (epoch_summary) */
+    bool revalidate;
+    train_summary epoch_summary;
     /* the devices lost so far and where (--on-device-failure continue) */
     struct train_lost {
         char name[64];
@@ -397,17 +401,22 @@ mgt_status train_mark(worker *w, long step, bool validation, const char *phase);
 /* Once the threads have stopped: a device that failed is the failure, placed at the first of
    its worker's marks that ran after the fault (else where its worker noticed it). */
 void train_failure_settle(run *r);
+/* Whether device i has failed (0: no), and where: 2 with *f its failure placed by its marks or
+   its worker's notice, 1 where no step of its worker's names it (*f has its text). */
+int train_device_failure(const run *r, int i, train_failure *f);
 /* The failure as the run's one line: "mock:0: epoch 1 step 8 (forward): cause". */
 void train_failure_line(const run *r, char *out, size_t cap);
+void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap);
 
 /* step.c */
 /* The longest a wait on a device may take (--device-timeout, else --timeout, else the
    default), and *flag the flag that set it (NULL: none). */
 double train_wait_limit(const mgt_train_config *c, const char **flag);
 /* --on-device-failure continue, after a failed phase (workers joined): the metrics of the
-   steps before upto that the workers other than `lost` enqueued but had not read (a worker
-   reads LAG steps behind) go into the epoch's sums. */
-void train_meter_left(run *r, int lost, long upto);
+   steps before upto that the surviving workers enqueued but had not read (a worker
+   reads LAG steps behind) go into the epoch's sums, and those of the lost devices where they
+   reached the host before the failure. */
+void train_meter_left(run *r, const bool *lost, long upto);
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
 void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */
