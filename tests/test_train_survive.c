@@ -4,9 +4,17 @@
    4 devices, checkpoints, and resumes on the 3 survivors; the checkpoint written where the
    survivors cannot go on (--min-devices) holds exactly the 4-device steps; the fault matrix
    (each device x each kind of fault) finishes the epoch on the survivors with one line per
-   lost device; two failures in one run; -b that does not divide over the survivors. */
+   lost device; a hang inside the all-reduce; two failures in one run, two in one step, one in
+   the validation; -b that does not divide over the survivors; Ctrl-C during the re-formation;
+   a disk that fills up while the re-formation's checkpoint is written. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fopencookie */
+#endif
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -497,6 +505,131 @@ static void test_two_in_one_step_and_validation(void **state)
     free(text);
 }
 
+/* An output stream that copies what the run prints into `copy` and, on the first line holding
+   `needle`, calls `act`: something that happens while the run is at that line (the failure's
+   line is printed as the re-formation begins). */
+typedef struct watch {
+    FILE *copy;
+    const char *needle;
+    void (*act)(void);
+    bool acted;
+} watch;
+
+static ssize_t watch_write(void *cookie, const char *buf, size_t n)
+{
+    watch *w = cookie;
+    fwrite(buf, 1, n, w->copy);
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), buf);
+    if (!w->acted && strstr(line, w->needle)) {
+        w->acted = true;
+        w->act();
+    }
+    return (ssize_t)n;
+}
+
+/* A run of c on 4 mock devices whose output is watched; returns the output (malloc'd). */
+static char *run_watched(mgt_train_config *c, const char *spec, const char *tag, watch *w,
+                         mgt_status *st, char *err, size_t cap, mgt_train_result *res)
+{
+    w->copy = tmpfile();
+    assert_non_null(w->copy);
+    FILE *out = fopencookie(w, "w", (cookie_io_functions_t){.write = watch_write});
+    assert_non_null(out);
+    setvbuf(out, NULL, _IOLBF, 0); /* each line reaches watch_write as it is printed */
+    ctl.out = out;
+    ctl.no_validation = false;
+    *st = run_in(c, 4, spec, tag, err, cap, res);
+    fclose(out);
+    char *text = slurp(w->copy);
+    fclose(w->copy);
+    return text;
+}
+
+static atomic_int stop_flag;
+static void press_ctrl_c(void) { atomic_store(&stop_flag, 1); }
+
+/* The disk fills up: no file of this process may grow past 64 KiB (a checkpoint is 2 MiB). */
+static void limit_file_size(void)
+{
+    struct rlimit low;
+    getrlimit(RLIMIT_FSIZE, &low);
+    low.rlim_cur = 64 << 10;
+    setrlimit(RLIMIT_FSIZE, &low);
+}
+
+/* Ctrl-C (the stop flag that SIGINT raises) while the survivors of device 2's loss re-form: the
+   run stops there, once they are set up, with the state they hold saved (epoch 0 step 1, the
+   re-formation's checkpoint) and one line saying so; that checkpoint resumes on 3 devices. A
+   disk that fills up while the re-formation's checkpoint is written (the file size limit set
+   as device 2's loss is printed, in epoch 1): the run ends with one line naming the lost
+   device and the failed write, and the checkpoint of epoch 0 stays whole and loadable. Cost:
+   4 runs, about 2 s. */
+static void test_interrupt_and_full_disk_in_reformation(void **state)
+{
+    (void)state;
+    int convs = mgt_test_convs_per_forward();
+    char spec[96], err[1024], path[512];
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@2:%d:conv2d_forward", convs + 1);
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    atomic_store(&stop_flag, 0);
+    ctl.stop = &stop_flag;
+    watch w = {.needle = "=> mock:2: epoch 0 step 1", .act = press_ctrl_c};
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_watched(&c, spec, "interrupted", &w, &st, err, sizeof err, &res);
+    if (st != MGT_OK || !res.interrupted || res.epochs_done != 0 || !w.acted ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "=> stopped at epoch 0 step 1, during the re-formation; checkpoint ") ||
+        strstr(text, "Epoch: [0][2/3]"))
+        fail_msg("status %d: %s\n%s", (int)st, st == MGT_OK ? "" : err, strstr(text, "=> mock:2"));
+    free(text);
+    base_config(&c);
+    snprintf(path, sizeof path, "%s/interrupted/checkpoint.safetensors", root);
+    c.resume = path;
+    c.start_epoch = -1;
+    if (run_in(&c, 3, "threads=1", "interrupted3", err, sizeof err, &res) != MGT_OK ||
+        res.epochs_done != 1)
+        fail_msg("resume on 3: %s", err);
+
+    /* the disk fills up: epoch 1 step 1 (after 3 steps and a validation batch in epoch 0) */
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@2:%d:conv2d_forward", 5 * convs + 1);
+    base_config(&c);
+    c.epochs = 2;
+    c.continue_on_device_failure = true;
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN); /* a write past it fails with EFBIG */
+    watch full = {.needle = "=> mock:2: epoch 1 step 1", .act = limit_file_size};
+    text = run_watched(&c, spec, "full", &full, &st, err, sizeof err, &res);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_handler);
+    if (st == MGT_OK || !full.acted || res.epochs_done != 1 || strchr(err, '\n') ||
+        !strstr(err, "--on-device-failure continue: the survivors' state could not be handed "
+                     "over: ") ||
+        !strstr(err, "devices lost: mock:2 (epoch 1 step 1)") ||
+        !strstr(err, "nothing saved since the last checkpoint"))
+        fail_msg("status %d: %s\n%s", (int)st, err, text);
+    free(text);
+    snprintf(path, sizeof path, "%s/full/checkpoint.safetensors", root);
+    mgt_st_file *f;
+    if (mgt_st_open(path, &f) != MGT_OK)
+        fail_msg("the previous checkpoint: %s", mgt_error_last());
+    const char *ep = mgt_st_metadata_get(f, "epoch");
+    if (!ep || strcmp(ep, "1") != 0)
+        fail_msg("the checkpoint left is not epoch 0's: epoch %s", ep ? ep : "(none)");
+    mgt_st_close(f);
+    base_config(&c);
+    c.epochs = 2;
+    c.resume = path;
+    c.start_epoch = -1;
+    if (run_in(&c, 3, "threads=1", "full3", err, sizeof err, &res) != MGT_OK ||
+        res.epochs_done != 1)
+        fail_msg("resume on 3: %s", err);
+}
+
 /* -b 8 over 4 devices, one lost: 8 does not divide over 3, the global batch must stay: the
    state is saved and the run ends saying so; the checkpoint resumes on 2 devices. */
 static void test_batch_does_not_divide(void **state)
@@ -535,6 +668,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hang_in_allreduce),
         cmocka_unit_test(test_two_failures),
         cmocka_unit_test(test_two_in_one_step_and_validation),
+        cmocka_unit_test(test_interrupt_and_full_disk_in_reformation),
         cmocka_unit_test(test_batch_does_not_divide),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1505,8 +1505,19 @@ static bool train_epochs(run *r, int start_epoch, long start_step)
         epoch_end e = run_epoch(r, ep, first);
         sample_memory(r);
         if (e == EPOCH_FAILED && r->c->continue_on_device_failure &&
-            drop_failed_device(r, &ep, &first))
+            drop_failed_device(r, &ep, &first)) {
+            if (r->ctl.stop && atomic_load(r->ctl.stop)) {
+                /* Ctrl-C during the re-formation: the survivors' state it saved is the stop's
+                   checkpoint; nothing more runs */
+                r->res->interrupted = true;
+                fprintf(r->out, "=> stopped at epoch %d step %ld, during the re-formation%s%s\n",
+                        ep, first, r->c->checkpoint_dir ? "; checkpoint " : "",
+                        r->c->checkpoint_dir ? r->res->checkpoint
+                                             : "; no checkpoint (no --checkpoint-dir)");
+                return true;
+            }
             continue;
+        }
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
         ep++;
