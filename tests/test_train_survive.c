@@ -418,6 +418,37 @@ static void test_hang_in_allreduce(void **state)
     free(text);
 }
 
+/* Device 2's worker thread never comes back from launching its first convolution of step 1
+   (fault=stuck: a thread stuck in the driver; its device shows no stalled work, the host never
+   queued it): the others' waits run out, the stuck worker is detached after the wait limit
+   instead of joined, its device given up with one line, and the epoch ends on the 3 others.
+   Cost: one run that waits out the limit four times (the run's watch, three times the limit,
+   then the join's), the limit half the hang tests' (no sound device's wait comes near it: the
+   others wait on the host for the stuck one). */
+static void test_stuck_worker_is_abandoned(void **state)
+{
+    (void)state;
+    long k1[4];
+    double hang_limit = 5 * kernels_after_one_step(k1);
+    int convs = mgt_test_convs_per_forward();
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    c.device_timeout_s = hang_limit > 1 ? hang_limit : 1;
+    char spec[96], err[1024];
+    snprintf(spec, sizeof spec, "threads=1;fault=stuck@2:%d:conv2d_forward", convs + 1);
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_continue(&c, 4, spec, "stuck", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:2: epoch 0 step 1 (stuck in a call): its worker thread has not "
+                      "come back from a call to the device within --device-timeout ") ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+}
+
 /* Two devices lost in one run, the second (device 1's first convolution after the first
    loss) in the re-run of the step the first lost: the epoch ends on the 2 left, each loss its
    line; the checkpoint says which devices were lost and where. Then, with --min-devices 3, the
@@ -666,6 +697,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_continue_equals_checkpoint_and_resume),
         cmocka_unit_test(test_fault_matrix),
         cmocka_unit_test(test_hang_in_allreduce),
+        cmocka_unit_test(test_stuck_worker_is_abandoned),
         cmocka_unit_test(test_two_failures),
         cmocka_unit_test(test_two_in_one_step_and_validation),
         cmocka_unit_test(test_interrupt_and_full_disk_in_reformation),

@@ -52,6 +52,8 @@ typedef enum mgt_fault_kind {
     MGT_FAULT_LOWP,   /* the Nth, N+1th, ... 16-bit convolution attempts are refused */
     MGT_FAULT_PEER,   /* the Nth peer copy into the device fails, sticky, MGT_ERR_DEVICE */
     MGT_FAULT_GONE,   /* at the Nth kernel the device disappears: every later call fails */
+    MGT_FAULT_STUCK,  /* the host call launching the Nth kernel never returns (a thread stuck in
+                         the driver, past any abort flag or wait limit) */
 } mgt_fault_kind;
 
 #define MGT_MOCK_MAX_REFUSALS 8
@@ -209,11 +211,17 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
    fault=kernel@D:N numbers). False, and zeros, on backends that keep no counts (CUDA). A test
    that sweeps N knows from them when it has passed the last allocation of a run. */
 bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
-/* Gives the device up, without waiting on it: its queued work is dropped, a kernel that never
-   returns is left behind, and it counts as failed (its first failure's text kept, else `why`),
-   so that the streams of other devices and host threads waiting on its events go on. Its
-   streams, events and buffers are still freed as usual. On CUDA nothing can stop a running
-   kernel: the call does nothing there, and the device is simply not touched again. */
+/* Gives the device up, without waiting on it; never blocks. Mock devices: its queued work is
+   dropped, a kernel that never returns is left behind, it counts as failed (its first
+   failure's text kept, else `why`), the streams of other devices and host threads waiting on
+   its events go on, and peer copies out of it read none of its memory. CUDA: nothing can stop
+   a running kernel, and any call that synchronizes with a broken context may block, so the
+   device is not touched again: every later call on it (and a peer copy out of it, a stream's
+   wait on its events) fails at once naming `why`, its frees and destroys are skipped (its
+   memory stays allocated until the process ends), the set's close leaves it alone; no
+   cudaDeviceReset, which would pull the context from under the process's other threads. Work
+   of other devices already queued behind its events stays blocked on CUDA (a queued
+   cudaStreamWaitEvent cannot be cancelled): the trainer makes the survivors' streams anew. */
 void mgt_device_abandon(mgt_device *d, const char *why);
 /* Lets waits on d run again after one ran out: for a device whose work only waited on
    another that has since been abandoned (its waits now complete). */

@@ -128,6 +128,9 @@ struct mgt_device {
     atomic_size_t used;      /* bytes of live buffers and backend workspace */
     atomic_bool stalled;     /* a wait on it ran past the wait limit: later ones give up at once */
     atomic_bool keep_memory; /* mgt_device_keep_memory: buffers freed are not given back */
+    /* mgt_device_abandon: given up for good (why: its text, written before the flag is set) */
+    atomic_bool abandoned;
+    char abandon_why[200];
     void *impl;
 };
 

@@ -624,7 +624,13 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels)
 
 void mgt_device_abandon(mgt_device *d, const char *why)
 {
-    if (d && d->set->iface->abandon)
+    if (!d)
+        return;
+    if (!atomic_load(&d->abandoned)) {
+        snprintf(d->abandon_why, sizeof d->abandon_why, "%s", why);
+        atomic_store(&d->abandoned, true);
+    }
+    if (d->set->iface->abandon)
         d->set->iface->abandon(d, why);
 }
 

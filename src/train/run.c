@@ -1217,7 +1217,8 @@ static bool droppable(const run *r)
    whose kernel or copy has run for over half the wait limit (a hang in the all-reduce too),
    where the backend tells (mock devices) and it is the only one; else the one whose own work
    of its current step (forward and backward, which wait on no peer) has not finished, where it
-   is the only one; else the device whose wait ran out. */
+   is the only one; else -1 (the caller looks for a worker stuck in a call, then takes the
+   device whose wait ran out). */
 static int stalled_device(const run *r)
 {
     int found = -1, count = 0;
@@ -1237,7 +1238,29 @@ static int stalled_device(const run *r)
             count++;
         }
     }
-    return count == 1 ? found : r->fail.device;
+    return count == 1 ? found : -1;
+}
+
+/* The failure of a worker thread that did not come back from a call to its device within the
+   wait limit (detached by train_workers_join): its device is given up. */
+static void fail_stuck_worker(run *r, int i)
+{
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    train_failure f = {.set = true,
+                       .status = MGT_ERR_TIMEOUT,
+                       .device = i,
+                       .epoch = r->epoch,
+                       .step = r->w[i].started > 0 ? r->w[i].started - 1 : 0};
+    snprintf(f.phase, sizeof f.phase, "stuck in a call");
+    snprintf(f.cause, sizeof f.cause,
+             "its worker thread has not come back from a call to the device within %s %g s: "
+             "the thread is abandoned (detached, its memory kept) and the device given up",
+             flag ? flag : "the default wait limit of", limit);
+    mgt_device_abandon(r->devs[i], f.cause);
+    pthread_mutex_lock(&r->lock);
+    r->fail = f;
+    pthread_mutex_unlock(&r->lock);
 }
 
 /* "mock:2 (epoch 0 step 5), mock:1 (...)": every device lost so far. */
@@ -1341,22 +1364,32 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     double t0 = r->fail.set ? r->fail_at : mgt_time_now();
     /* a stalled device is given up before anything waits on it; the others' waits, which ran
        out behind it, may go on */
-    if (r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
-        r->fail.device < r->n) {
-        int d = stalled_device(r);
-        const char *flag;
-        double limit = train_wait_limit(r->c, &flag);
-        char why[128];
-        snprintf(why, sizeof why, "its work made no progress within %s %g s: given up",
-                 flag ? flag : "the default wait limit of", limit);
+    bool stall = r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
+                 r->fail.device < r->n;
+    int d = stall ? stalled_device(r) : -1;
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    char why[128];
+    snprintf(why, sizeof why, "its work made no progress within %s %g s: given up",
+             flag ? flag : "the default wait limit of", limit);
+    if (d >= 0)
         mgt_device_abandon(r->devs[d], why);
-        /* every wait may go on, the abandoned device's too: its work is dropped, and its
-           marks then say which stage of its step held the stall (train_failure_settle) */
-        for (int i = 0; i < r->n; i++)
-            mgt_device_unstall(r->devs[i]);
-    }
-    train_workers_join(r);
-    train_failure_settle(r);
+    /* every worker leaves at the abort flag, but one stuck in a call that does not return
+       (its device shows no stalled work: the host never queued it), which is detached */
+    int detached = train_workers_join(r);
+    for (int i = 0; detached && i < r->n; i++)
+        if (r->w[i].detached && !r->w[i].given_up) {
+            fail_stuck_worker(r, i);
+            r->w[i].given_up = true;
+        }
+    if (stall && d < 0 && !detached) /* no sign of where: the device whose wait ran out */
+        mgt_device_abandon(r->devs[r->fail.device], why);
+    /* every wait may go on, the abandoned device's too: its work is dropped, and its marks then
+       say which stage of its step held the stall (train_failure_settle) */
+    for (int i = 0; stall && i < r->n; i++)
+        mgt_device_unstall(r->devs[i]);
+    if (!detached)
+        train_failure_settle(r);
     if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
         fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
                         "(every node must keep the same device count)\n");
@@ -1557,8 +1590,11 @@ static mgt_status run_finish(run *r, mgt_status st)
     if (r->tb && (ferror(r->tb) | fclose(r->tb)) != 0) /* the run's state is in the checkpoint */
         fprintf(r->out, "=> warning: --tensorboard %s: the event file is incomplete: %s\n",
                 r->c->tensorboard_dir, strerror(errno));
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->cv);
+    if (!r->detached) {
+        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+    } /* else a worker's thread stuck in a call may still reach the run: it is kept */
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
@@ -1573,8 +1609,11 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
                          mgt_train_result *res)
 {
     memset(res, 0, sizeof *res);
-    run R = {.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
-    run *r = &R;
+    /* on the heap: a worker thread abandoned in a call that does not return keeps it */
+    run *r = malloc(sizeof *r);
+    if (!r)
+        return mgt_error_set(MGT_ERR_OOM, "trainer: host memory exhausted");
+    *r = (run){.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
     r->c = c = &r->cfg;
     for (int i = 0; i < r->n && i < MGT_MAX_DEVICES; i++)
         r->devs[i] = mgt_devset_device(set, i);

@@ -644,6 +644,8 @@ static void *worker_main(void *arg)
         while (r->phase == seen && !mgt_abort_is_raised(&r->abort))
             mgt_cond_wait_slice(&r->cv, &r->lock);
         if (mgt_abort_is_raised(&r->abort) || r->phase_kind == PHASE_EXIT) {
+            w->left = true;
+            pthread_cond_broadcast(&r->cv);
             pthread_mutex_unlock(&r->lock);
             return NULL;
         }
@@ -672,20 +674,45 @@ mgt_status train_workers_start(run *r)
     return MGT_OK;
 }
 
-void train_workers_join(run *r)
+int train_workers_join(run *r)
 {
     if (!r->w)
-        return;
+        return 0;
+    /* a worker leaves at its next wait once the phase is PHASE_EXIT or the run aborted; one
+       that does not within the wait limit is inside a call that does not return (a thread
+       stuck in the driver): it is detached, so that the run and the process's exit go on */
+    double limit = train_wait_limit(r->c, NULL), t0 = mgt_time_now();
     pthread_mutex_lock(&r->lock);
     r->phase_kind = PHASE_EXIT;
     r->phase++;
     pthread_cond_broadcast(&r->cv);
+    for (;;) {
+        bool all = true;
+        for (int i = 0; i < r->n; i++) {
+            const worker *w = &r->w[i];
+            all = all && (!w->thread_started || w->thread_joined || w->detached || w->left);
+        }
+        if (all || mgt_time_now() - t0 > limit)
+            break;
+        mgt_cond_wait_slice(&r->cv, &r->lock);
+    }
+    int detached = 0;
+    for (int i = 0; i < r->n; i++) {
+        worker *w = &r->w[i];
+        if (w->thread_started && !w->thread_joined && !w->detached && !w->left) {
+            pthread_detach(w->thread);
+            w->detached = true;
+            detached++;
+        }
+    }
+    r->detached += detached;
     pthread_mutex_unlock(&r->lock);
     for (int i = 0; i < r->n; i++)
-        if (r->w[i].thread_started && !r->w[i].thread_joined) {
+        if (r->w[i].thread_started && !r->w[i].thread_joined && !r->w[i].detached) {
             pthread_join(r->w[i].thread, NULL);
             r->w[i].thread_joined = true;
         }
+    return detached;
 }
 
 void train_workers_stop(run *r)
@@ -693,9 +720,11 @@ void train_workers_stop(run *r)
     if (!r->w)
         return;
     train_workers_join(r);
-    /* after an abort the devices may still hold queued work that uses what is freed next */
+    /* after an abort the devices may still hold queued work that uses what is freed next; a
+       detached worker's device is not waited on (its thread may still be inside a call) */
     for (int i = 0; i < r->n; i++)
-        mgt_device_synchronize(r->devs[i], NULL);
+        if (!r->w[i].detached)
+            mgt_device_synchronize(r->devs[i], NULL);
 }
 
 /* ---- phases, driven by the main thread ---- */
@@ -729,6 +758,23 @@ static void time_out(run *r)
                                   "step %ld): the device or its data loader stalled%s",
                                   who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch,
                                   step, r->nodes > 1 ? ", or another node stopped answering" : ""));
+    pthread_mutex_lock(&r->lock);
+}
+
+/* --on-device-failure continue: no step finished for three times the wait limit, though no
+   wait on a device ran out (each would within twice it): a worker's thread may be stuck in a
+   call that does not return, which the drop finds by its not leaving (train_workers_join).
+   r->lock held; released around the failure, which takes it. */
+static void stuck_out(run *r)
+{
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    long step = r->m.next_complete;
+    pthread_mutex_unlock(&r->lock);
+    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
+                                "no training step finished within three times %s %g s (epoch %d "
+                                "step %ld), and no device's wait ran out",
+                                flag ? flag : "the default wait limit of", limit, r->epoch, step));
     pthread_mutex_lock(&r->lock);
 }
 
@@ -797,6 +843,9 @@ bool train_run_phase(run *r, enum train_phase kind)
         if (c->step_timeout_s > 0 && kind == PHASE_TRAIN &&
             now - r->m.last_progress > c->step_timeout_s)
             time_out(r);
+        else if (c->continue_on_device_failure && kind == PHASE_TRAIN && !r->fail.set &&
+                 now - r->m.last_progress > 3 * train_wait_limit(c, NULL))
+            stuck_out(r);
     }
     bool ok = !r->fail.set;
     bool tell = r->fail.set && !r->fail.remote && r->nodes > 1;

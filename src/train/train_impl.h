@@ -152,6 +152,11 @@ typedef struct worker {
     int dev;
     pthread_t thread;
     bool thread_started, thread_joined;
+    /* left: the thread has returned (under r->lock); detached: it did not within the wait
+       limit (stuck in a call that does not return) and was abandoned: nothing of this worker
+       is freed, since the thread may still hold it */
+    bool left, detached;
+    bool given_up; /* detached and its device abandoned (run.c) */
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
@@ -351,6 +356,10 @@ struct run {
     /* a device was lost in the validation of epoch `epoch`: it runs again on the survivors,
        after the epoch's training figures (epoch_summary) */
     bool revalidate;
+    /* a worker thread was abandoned (detached): the run itself (heap-allocated) and the worker
+       arrays it may still reach are kept, never freed */
+    int detached;
+    int nw; /* the workers in w (the devices before a re-formation) */
     train_summary epoch_summary;
     /* the devices lost so far and where (--on-device-failure continue) */
     struct train_lost {
@@ -419,7 +428,10 @@ double train_wait_limit(const mgt_train_config *c, const char **flag);
 void train_meter_left(run *r, const bool *lost, long upto);
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
-void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */
+/* train_workers_stop without waiting for the devices; a worker that has not left within the
+   wait limit (a thread stuck in a call that does not return) is detached: the number of those
+   newly detached. */
+int train_workers_join(run *r);
 bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
 
 /* setup.c */

@@ -81,6 +81,7 @@ struct mock_dev {
     char fault_op[32];
     atomic_long n_fault_op;              /* kernels named fault_op run so far */
     atomic_long n_peer_in;               /* direct peer copies into the device run so far */
+    atomic_long n_launched;              /* kernels (of fault_op) launched by host threads */
     int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
     int nrefusals;
     long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
@@ -941,6 +942,12 @@ static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
         if (st != MGT_OK)
             return st;
     }
+    if (md->fault_kind == MGT_FAULT_STUCK &&
+        (!md->fault_op[0] || strcmp(mgt_op_name(op->kind), md->fault_op) == 0) &&
+        atomic_fetch_add(&md->n_launched, 1) + 1 == md->fault_nth)
+        for (;;) /* a host thread stuck in the driver: it never comes back, whatever happens;
+                    nothing it holds is touched again (the process's exit ends it) */
+            sleep(3600);
     cmd c = {.kind = CMD_OP};
     c.u.op = *op;
     return enqueue(s, &c);
