@@ -79,9 +79,13 @@ struct mock_dev {
     mgt_fault_kind fault_kind;
     long fault_nth;
     char fault_op[32];
-    atomic_long n_fault_op;              /* kernels named fault_op run so far */
-    atomic_long n_peer_in;               /* direct peer copies into the device run so far */
-    atomic_long n_launched;              /* kernels (of fault_op) launched by host threads */
+    atomic_long n_fault_op; /* kernels named fault_op run so far */
+    atomic_long n_peer_in;  /* direct peer copies into the device run so far */
+    atomic_long n_launched; /* kernels (of fault_op) launched by host threads */
+    /* host threads stuck for good in a call (fault=stuck): their last touch of the device,
+       which the frees of its streams and of the set read first, so that what the stuck
+       thread read is ordered before them */
+    atomic_int stuck_calls;
     int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
     int nrefusals;
     long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
@@ -643,6 +647,7 @@ static void mock_stream_destroy(mgt_stream *s)
 {
     mock_stream *ms = s->impl;
     mock_dev *md = ms->md;
+    (void)atomic_load(&md->stuck_calls); /* after what a stuck host thread read */
     pthread_mutex_lock(&md->lock);
     for (mock_stream **p = &md->streams; *p; p = &(*p)->next)
         if (*p == ms) {
@@ -944,10 +949,12 @@ static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
     }
     if (md->fault_kind == MGT_FAULT_STUCK &&
         (!md->fault_op[0] || strcmp(mgt_op_name(op->kind), md->fault_op) == 0) &&
-        atomic_fetch_add(&md->n_launched, 1) + 1 == md->fault_nth)
+        atomic_fetch_add(&md->n_launched, 1) + 1 == md->fault_nth) {
+        atomic_fetch_add(&md->stuck_calls, 1);
         for (;;) /* a host thread stuck in the driver: it never comes back, whatever happens;
                     nothing it holds is touched again (the process's exit ends it) */
             sleep(3600);
+    }
     cmd c = {.kind = CMD_OP};
     c.u.op = *op;
     return enqueue(s, &c);
@@ -1055,6 +1062,7 @@ static void mock_devset_close(mgt_devset *set)
         mock_dev *md = set->devs[i].impl;
         if (!md)
             continue;
+        (void)atomic_load(&md->stuck_calls); /* after what a stuck host thread read */
         if (md->ctx.pool)
             cpu_ctx_destroy(&md->ctx);
         mock_kept *k = atomic_load(&set->devs[i].keep_memory) ? malloc(sizeof *k) : NULL;
