@@ -321,19 +321,20 @@ static long first_peer_copy_in_training(int d)
 }
 
 /* Each device of 4 x each kind of fault in step 1 (a kernel error in the forward, a failed
-   peer copy in the first all-reduce, a kernel that hangs past --device-timeout (1 s, or ten
-   times a set-up and step where that is longer), the device
-   disappearing in step 1; the failed peer copy strikes step 0): the run finishes the epoch on
-   the 3 survivors, says one line per
-   lost device (the failure, then the re-formation), and validation counts every one of the 12
-   images once. The lines it prints give the closing note's table. Cost: 16 runs and 4 probes,
-   about 12 s on 2 busy cores (the hangs wait out their limit). */
+   peer copy in the first all-reduce, a kernel that hangs past --device-timeout (1 s, or six
+   times a set-up and step where that is longer), the device disappearing in step 1; the failed
+   peer copy strikes step 0): the run finishes the epoch on the 3 survivors, says one line per
+   lost device (the failure, placed in its device and stage, then the re-formation), and
+   validation counts every one of the 12 images once. The lines it prints give the closing
+   note's table. Cost: 16 runs and 4 probes, about 12 s on 2 busy cores (the hangs wait out
+   their limit). */
 static void test_fault_matrix(void **state)
 {
     (void)state;
     long k1[4];
-    /* the hang's limit: well above a step's time on this machine (busy, or sanitized) */
-    double hang_limit = 10 * kernels_after_one_step(k1);
+    /* the hang's limit: well above a step's time on this machine (busy, or sanitized): six
+       times a set-up and a step */
+    double hang_limit = 6 * kernels_after_one_step(k1);
     hang_limit = hang_limit > 1 ? hang_limit : 1;
     int convs = mgt_test_convs_per_forward();
     static const char *const kinds[] = {"kernel", "peer", "hang", "gone"};
@@ -394,12 +395,12 @@ static void test_fault_matrix(void **state)
    comm stream): every device's own forward and backward are done and every device's wait for
    the exchange runs out, whichever first; the stall is still placed on device 2, in the
    gradient all-reduce, naming --device-timeout, and the epoch ends on the 3 others. Cost: one
-   run that waits out the limit (1 s, or ten times a set-up and step). */
+   run that waits out twice the limit (1 s, or five times a set-up and step). */
 static void test_hang_in_allreduce(void **state)
 {
     (void)state;
     long k1[4];
-    double hang_limit = 10 * kernels_after_one_step(k1);
+    double hang_limit = 5 * kernels_after_one_step(k1);
     mgt_train_config c;
     base_config(&c);
     c.continue_on_device_failure = true;
@@ -423,13 +424,13 @@ static void test_hang_in_allreduce(void **state)
    queued it): the others' waits run out, the stuck worker is detached after the wait limit
    instead of joined, its device given up with one line, and the epoch ends on the 3 others.
    Cost: one run that waits out the limit four times (the run's watch, three times the limit,
-   then the join's), the limit half the hang tests' (no sound device's wait comes near it: the
-   others wait on the host for the stuck one). */
+   then the join's), the limit three times a set-up and step (no sound device's wait comes near
+   it: the others wait on the host for the stuck one). */
 static void test_stuck_worker_is_abandoned(void **state)
 {
     (void)state;
     long k1[4];
-    double hang_limit = 5 * kernels_after_one_step(k1);
+    double hang_limit = 3 * kernels_after_one_step(k1);
     int convs = mgt_test_convs_per_forward();
     mgt_train_config c;
     base_config(&c);
