@@ -1,4 +1,4 @@
-/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang, peer-copy, device-gone and 16-bit refusal faults, bounded and abortable waits, deferred frees, ordering-only events, and pointer validation. */
+/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang, peer-copy, device-gone and 16-bit refusal faults, bounded and abortable waits, abandoned devices, deferred frees, ordering-only events, and pointer validation. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1019,7 +1019,7 @@ static void test_hung_kernel_waits_are_bounded(void **state)
 {
     (void)state;
     mgt_devset *set = mgt_test_open_mock(1, "threads=1;fault=hang@0:2");
-    mgt_devset_set_waits(set, NULL, 0.3);
+    mgt_devset_set_waits(set, NULL, 0.3, "--timeout");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;
     mgt_buffer *b;
@@ -1037,8 +1037,8 @@ static void test_hung_kernel_waits_are_bounded(void **state)
     double waited = seconds_since(t0);
     if (waited < 0.25 || waited > 5)
         fail_msg("the wait ended after %.2f s, the limit is 0.3 s", waited);
-    if (!strstr(mgt_error_last(), "0.3"))
-        fail_msg("\"%s\" does not say the limit", mgt_error_last());
+    if (!strstr(mgt_error_last(), "0.3 s (--timeout)"))
+        fail_msg("\"%s\" does not say the limit and what set it", mgt_error_last());
     t0 = mgt_time_now();
     EXPECT_FAIL(mgt_event_synchronize(e, NULL), MGT_ERR_TIMEOUT, "stalled");
     EXPECT_FAIL(mgt_device_synchronize(d, NULL), MGT_ERR_TIMEOUT, "stalled");
@@ -1050,6 +1050,57 @@ static void test_hung_kernel_waits_are_bounded(void **state)
     mgt_stream_free(s); /* ends the hang */
     if (seconds_since(t0) > 1)
         fail_msg("waits on a stalled device took %.2f s", seconds_since(t0));
+    mgt_devset_free(set);
+}
+
+/* A device given up (mgt_device_abandon) with a kernel hung: its streams skip their queued
+   work and complete their records, so that no peer waits on it for ever; a peer copy out of
+   it that was queued behind them does not read its memory (nothing orders the hung device's
+   writes before the read: the thread sanitizer reported that race in train_survive's fault
+   matrix), it gets all-one bytes (NaN), and the peer stays sound. Device 1's second stream
+   (its comm stream, in the trainer) waits on the hung one: the abandonment lets that wait go
+   before the hung kernel notices, as on a GPU the reset would come later. */
+static void test_abandoned_device_is_not_read(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(2, "threads=1;fault=hang@1:2");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0, *s1, *c1;
+    mgt_event *e1;
+    enum { N = 256 };
+    mgt_buffer *b0, *b1;
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    CHECK(mgt_stream_create(d1, &c1));
+    CHECK(mgt_event_create(d1, &e1));
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &b1));
+    float *x0 = mgt_buffer_ptr(b0), *x1 = mgt_buffer_ptr(b1);
+    CHECK(mgt_fill(s0, x0, 1.0f, N));
+    CHECK(mgt_fill(s1, x1, 3.0f, N));  /* kernel 1 */
+    CHECK(mgt_scale(s1, x1, 2.0f, N)); /* kernel 2: hangs */
+    CHECK(mgt_event_record(e1, s1));
+    CHECK(mgt_stream_wait_event(c1, e1));
+    CHECK(mgt_copy_peer(s0, x0, c1, x1, N * sizeof(float)));
+    static float out[N];
+    CHECK(mgt_copy_d2h(s0, out, x0, sizeof out));
+    usleep(20 * 1000); /* every stream at its wait */
+    mgt_device_abandon(d1, "given up by the test");
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    for (int i = 0; i < N; i++)
+        if (!isnan(out[i]))
+            fail_msg("float %d read from the abandoned device: %g", i, (double)out[i]);
+    EXPECT_FAIL(mgt_device_synchronize(d1, NULL), MGT_ERR_DEVICE, "given up by the test");
+    CHECK(mgt_fill(s0, x0, 4.0f, N)); /* device 0 goes on */
+    CHECK(mgt_copy_d2h(s0, out, x0, sizeof out));
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    assert_true(out[0] == 4.0f && out[N - 1] == 4.0f);
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_event_free(e1);
+    mgt_stream_free(c1);
+    mgt_stream_free(s1);
+    mgt_stream_free(s0);
     mgt_devset_free(set);
 }
 
@@ -1087,7 +1138,7 @@ static void test_abort_leaves_waits(void **state)
             fail_msg("wait %d: %s after %.2f s (%s)", k, mgt_status_str(st), seconds_since(t0),
                      mgt_error_last());
     }
-    mgt_devset_set_waits(set, NULL, 0.1); /* the teardown's waits on the hung stream */
+    mgt_devset_set_waits(set, NULL, 0.1, NULL); /* the teardown's waits on the hung stream */
     mgt_buffer_free(b);
     mgt_event_free(e);
     mgt_stream_free(s);
@@ -1312,6 +1363,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ordering_event),
         cmocka_unit_test(test_hung_kernel_waits_are_bounded),
         cmocka_unit_test(test_abort_leaves_waits),
+        cmocka_unit_test(test_abandoned_device_is_not_read),
         cmocka_unit_test(test_free_is_deferred_not_waited),
         cmocka_unit_test(test_lowp_refusals_decide_per_reason),
     };

@@ -4,8 +4,17 @@
    4 devices, checkpoints, and resumes on the 3 survivors; the checkpoint written where the
    survivors cannot go on (--min-devices) holds exactly the 4-device steps; the fault matrix
    (each device x each kind of fault) finishes the epoch on the survivors with one line per
-   lost device; two failures in one run; -b that does not divide over the survivors. */
+   lost device; a hang inside the all-reduce; two failures in one run, two in one step, one in
+   the validation; -b that does not divide over the survivors; Ctrl-C during the re-formation;
+   a disk that fills up while the re-formation's checkpoint is written. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fopencookie */
+#endif
+#include <math.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,6 +185,7 @@ static void test_continue_equals_checkpoint_and_resume(void **state)
         if (st != MGT_OK)
             fail_msg("%s (%s): the run failed: %s", f->stage, spec, err);
         assert_int_equal(res.epochs_done, 1);
+        mgt_train_result cont = res;
         /* 2: not enough devices left: the 4-device state is saved, the run ends naming it */
         base_config(&c);
         c.continue_on_device_failure = true;
@@ -193,6 +203,7 @@ static void test_continue_equals_checkpoint_and_resume(void **state)
         snprintf(tag, sizeof tag, "steps%d", k);
         if (run_in(&c, 4, "threads=1", tag, err, sizeof err, &res) != MGT_OK)
             fail_msg("%s", err);
+        mgt_train_result before = res;
         char a[32], b[32];
         snprintf(a, sizeof a, "stopped%d", k);
         assert_same_tensors(a, tag);
@@ -208,6 +219,29 @@ static void test_continue_equals_checkpoint_and_resume(void **state)
         snprintf(a, sizeof a, "continue%d", k);
         snprintf(b, sizeof b, "resumed%d", k);
         assert_same_tensors(a, b);
+        /* the epoch's loss and top-1 cover every step of it: the 4-device steps' (12 images
+           each) with the survivors' (36 images in all); where the optimizer failed, after the
+           commit, the lost device's share of step 1 was never metered */
+        if (k < 3) {
+            double n0 = (double)before.train_images, n1 = (double)res.train_images;
+            double loss = (before.train_loss * n0 + res.train_loss * n1) / (n0 + n1);
+            double acc1 = (before.train_acc1 * n0 + res.train_acc1 * n1) / (n0 + n1);
+            if (cont.train_images != before.train_images + res.train_images ||
+                fabs(cont.train_loss - loss) > 1e-5 * fabs(loss) ||
+                fabs(cont.train_acc1 - acc1) > 1e-9)
+                fail_msg("%s: the epoch's loss %.7f and top-1 %.4f over %ld images, expected "
+                         "%.7f and %.4f (steps before the loss: %.7f, %.4f over %ld; after: "
+                         "%.7f, %.4f over %ld)",
+                         f->stage, cont.train_loss, cont.train_acc1, cont.train_images, loss, acc1,
+                         before.train_loss, before.train_acc1, before.train_images, res.train_loss,
+                         res.train_acc1, res.train_images);
+        }
+        /* the optimizer's failure: device 2's 3 images of step 1 never reached the host */
+        if (k == 3 && cont.train_images != before.train_images + res.train_images - 3)
+            fail_msg("%s: %ld images metered, expected %ld", f->stage, cont.train_images,
+                     before.train_images + res.train_images - 3);
+        if (cont.steps != 3)
+            fail_msg("%s: %ld steps counted, the epoch has 3", f->stage, cont.steps);
         print_message("device 2 lost in step 1 (%s): identical to 4 devices + resume on 3\n",
                       f->stage);
     }
@@ -287,19 +321,20 @@ static long first_peer_copy_in_training(int d)
 }
 
 /* Each device of 4 x each kind of fault in step 1 (a kernel error in the forward, a failed
-   peer copy in the first all-reduce, a kernel that hangs past --device-timeout (1 s, or ten
-   times a set-up and step where that is longer), the device
-   disappearing in step 1; the failed peer copy strikes step 0): the run finishes the epoch on
-   the 3 survivors, says one line per
-   lost device (the failure, then the re-formation), and validation counts every one of the 12
-   images once. The lines it prints give the closing note's table. Cost: 16 runs and 4 probes,
-   about 12 s on 2 busy cores (the hangs wait out their limit). */
+   peer copy in the first all-reduce, a kernel that hangs past --device-timeout (1 s, or six
+   times a set-up and step where that is longer), the device disappearing in step 1; the failed
+   peer copy strikes step 0): the run finishes the epoch on the 3 survivors, says one line per
+   lost device (the failure, placed in its device and stage, then the re-formation), and
+   validation counts every one of the 12 images once. The lines it prints give the closing
+   note's table. Cost: 16 runs and 4 probes, about 12 s on 2 busy cores (the hangs wait out
+   their limit). */
 static void test_fault_matrix(void **state)
 {
     (void)state;
     long k1[4];
-    /* the hang's limit: well above a step's time on this machine (busy, or sanitized) */
-    double hang_limit = 10 * kernels_after_one_step(k1);
+    /* the hang's limit: well above a step's time on this machine (busy, or sanitized): six
+       times a set-up and a step */
+    double hang_limit = 6 * kernels_after_one_step(k1);
     hang_limit = hang_limit > 1 ? hang_limit : 1;
     int convs = mgt_test_convs_per_forward();
     static const char *const kinds[] = {"kernel", "peer", "hang", "gone"};
@@ -338,6 +373,14 @@ static void test_fault_matrix(void **state)
             if (!line || count_of(text, "dropped: training goes on") != 1 ||
                 !strstr(text, "(12 validation images)"))
                 fail_msg("%s: expected one \"%s\" and 12 validation images:\n%s", spec, want, text);
+            if (kind == 2) { /* the stall is placed: device, stage and the flag that set it */
+                snprintf(want, sizeof want,
+                         "=> mock:%d: epoch 0 step 1 (forward): its work made no progress "
+                         "within --device-timeout ",
+                         d);
+                if (!strstr(text, want))
+                    fail_msg("%s: expected \"%s\":\n%s", spec, want, text);
+            }
             const char *nl = strchr(line, '\n');
             const char *fault = strstr(text, "=> mock:");
             const char *fnl = fault ? strchr(fault, '\n') : NULL;
@@ -346,6 +389,65 @@ static void test_fault_matrix(void **state)
                           nl ? (int)(nl - line - 3) : 0, line + 3, mgt_time_now() - t0);
             free(text);
         }
+}
+
+/* A kernel of the all-reduce that hangs (device 2's first sum of a peer's gradients, on its
+   comm stream): every device's own forward and backward are done and every device's wait for
+   the exchange runs out, whichever first; the stall is still placed on device 2, in the
+   gradient all-reduce, naming --device-timeout, and the epoch ends on the 3 others. Cost: one
+   run that waits out twice the limit (1 s, or five times a set-up and step). */
+static void test_hang_in_allreduce(void **state)
+{
+    (void)state;
+    long k1[4];
+    double hang_limit = 5 * kernels_after_one_step(k1);
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    c.device_timeout_s = hang_limit > 1 ? hang_limit : 1;
+    mgt_status st;
+    mgt_train_result res;
+    char err[1024];
+    const char *spec = "threads=1;fault=hang@2:1:axpy";
+    char *text = run_continue(&c, 4, spec, "hang_allreduce", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:2: epoch 0 step 0 (gradient all-reduce): its work made no "
+                      "progress within --device-timeout ") ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+}
+
+/* Device 2's worker thread never comes back from launching its first convolution of step 1
+   (fault=stuck: a thread stuck in the driver; its device shows no stalled work, the host never
+   queued it): the others' waits run out, the stuck worker is detached after the wait limit
+   instead of joined, its device given up with one line, and the epoch ends on the 3 others.
+   Cost: one run that waits out the limit four times (the run's watch, three times the limit,
+   then the join's), the limit three times a set-up and step (no sound device's wait comes near
+   it: the others wait on the host for the stuck one). */
+static void test_stuck_worker_is_abandoned(void **state)
+{
+    (void)state;
+    long k1[4];
+    double hang_limit = 3 * kernels_after_one_step(k1);
+    int convs = mgt_test_convs_per_forward();
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    c.device_timeout_s = hang_limit > 1 ? hang_limit : 1;
+    char spec[96], err[1024];
+    snprintf(spec, sizeof spec, "threads=1;fault=stuck@2:%d:conv2d_forward", convs + 1);
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_continue(&c, 4, spec, "stuck", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:2: epoch 0 step 1 (stuck in a call): its worker thread has not "
+                      "come back from a call to the device within --device-timeout ") ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
 }
 
 /* Two devices lost in one run, the second (device 1's first convolution after the first
@@ -394,6 +496,173 @@ static void test_two_failures(void **state)
     free(text);
 }
 
+/* Two devices fail in the same step (step 1's optimizer on devices 1 and 2: after the step's
+   commit every device queues its update, so both faults strike whichever is noticed first; two
+   in the forward would race the first one's abort): both are dropped in one re-formation, each
+   said in its line (the stage not checked: where one device's thread noticed the other's
+   failure first, its line may carry that text), and the epoch ends on the 2 left. Then device 1
+   fails in the validation (its first convolution after the 3 training steps): the validation
+   runs again on the 3 survivors, counting each of the 12 images once, and the epoch ends.
+   Cost: 2 runs, about 1 s. */
+static void test_two_in_one_step_and_validation(void **state)
+{
+    (void)state;
+    int convs = mgt_test_convs_per_forward();
+    char spec[160], err[1024];
+    snprintf(spec, sizeof spec,
+             "threads=1;fault=kernel@1:2:sgd_update;fault=kernel@2:2:sgd_update");
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_continue(&c, 4, spec, "two_in_one", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 || count_of(text, " dropped: ") != 1 ||
+        !strstr(text, "=> mock:1: epoch 0") || !strstr(text, "=> mock:2: epoch 0") ||
+        !strstr(text, "dropped: training goes on with 2 devices (mock:0, mock:3) from epoch 0 "
+                      "step 2, 6 images per device") ||
+        !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@1:%d:conv2d_forward", 3 * convs + 1);
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    text = run_continue(&c, 4, spec, "in_validation", &st, err, sizeof err, &res);
+    if (st != MGT_OK || res.epochs_done != 1 ||
+        !strstr(text, "=> mock:1: validation of epoch 0, batch 0: injected fault") ||
+        !strstr(text, "=> mock:1 dropped: the validation of epoch 0 runs again on 3 devices "
+                      "(mock:0, mock:2, mock:3)") ||
+        count_of(text, "validation images)") != 1 || !strstr(text, "(12 validation images)"))
+        fail_msg("%s: %s\n%s", spec, st == MGT_OK ? "" : err, text);
+    free(text);
+}
+
+/* An output stream that copies what the run prints into `copy` and, on the first line holding
+   `needle`, calls `act`: something that happens while the run is at that line (the failure's
+   line is printed as the re-formation begins). */
+typedef struct watch {
+    FILE *copy;
+    const char *needle;
+    void (*act)(void);
+    bool acted;
+} watch;
+
+static ssize_t watch_write(void *cookie, const char *buf, size_t n)
+{
+    watch *w = cookie;
+    fwrite(buf, 1, n, w->copy);
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), buf);
+    if (!w->acted && strstr(line, w->needle)) {
+        w->acted = true;
+        w->act();
+    }
+    return (ssize_t)n;
+}
+
+/* A run of c on 4 mock devices whose output is watched; returns the output (malloc'd). */
+static char *run_watched(mgt_train_config *c, const char *spec, const char *tag, watch *w,
+                         mgt_status *st, char *err, size_t cap, mgt_train_result *res)
+{
+    w->copy = tmpfile();
+    assert_non_null(w->copy);
+    FILE *out = fopencookie(w, "w", (cookie_io_functions_t){.write = watch_write});
+    assert_non_null(out);
+    setvbuf(out, NULL, _IOLBF, 0); /* each line reaches watch_write as it is printed */
+    ctl.out = out;
+    ctl.no_validation = false;
+    *st = run_in(c, 4, spec, tag, err, cap, res);
+    fclose(out);
+    char *text = slurp(w->copy);
+    fclose(w->copy);
+    return text;
+}
+
+static atomic_int stop_flag;
+static void press_ctrl_c(void) { atomic_store(&stop_flag, 1); }
+
+/* The disk fills up: no file of this process may grow past 64 KiB (a checkpoint is 2 MiB). */
+static void limit_file_size(void)
+{
+    struct rlimit low;
+    getrlimit(RLIMIT_FSIZE, &low);
+    low.rlim_cur = 64 << 10;
+    setrlimit(RLIMIT_FSIZE, &low);
+}
+
+/* Ctrl-C (the stop flag that SIGINT raises) while the survivors of device 2's loss re-form: the
+   run stops there, once they are set up, with the state they hold saved (epoch 0 step 1, the
+   re-formation's checkpoint) and one line saying so; that checkpoint resumes on 3 devices. A
+   disk that fills up while the re-formation's checkpoint is written (the file size limit set
+   as device 2's loss is printed, in epoch 1): the run ends with one line naming the lost
+   device and the failed write, and the checkpoint of epoch 0 stays whole and loadable. Cost:
+   4 runs, about 2 s. */
+static void test_interrupt_and_full_disk_in_reformation(void **state)
+{
+    (void)state;
+    int convs = mgt_test_convs_per_forward();
+    char spec[96], err[1024], path[512];
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@2:%d:conv2d_forward", convs + 1);
+    mgt_train_config c;
+    base_config(&c);
+    c.continue_on_device_failure = true;
+    atomic_store(&stop_flag, 0);
+    ctl.stop = &stop_flag;
+    watch w = {.needle = "=> mock:2: epoch 0 step 1", .act = press_ctrl_c};
+    mgt_status st;
+    mgt_train_result res;
+    char *text = run_watched(&c, spec, "interrupted", &w, &st, err, sizeof err, &res);
+    if (st != MGT_OK || !res.interrupted || res.epochs_done != 0 || !w.acted ||
+        !strstr(text, "=> mock:2 dropped: training goes on with 3 devices") ||
+        !strstr(text, "=> stopped at epoch 0 step 1, during the re-formation; checkpoint ") ||
+        strstr(text, "Epoch: [0][2/3]"))
+        fail_msg("status %d: %s\n%s", (int)st, st == MGT_OK ? "" : err, strstr(text, "=> mock:2"));
+    free(text);
+    base_config(&c);
+    snprintf(path, sizeof path, "%s/interrupted/checkpoint.safetensors", root);
+    c.resume = path;
+    c.start_epoch = -1;
+    if (run_in(&c, 3, "threads=1", "interrupted3", err, sizeof err, &res) != MGT_OK ||
+        res.epochs_done != 1)
+        fail_msg("resume on 3: %s", err);
+
+    /* the disk fills up: epoch 1 step 1 (after 3 steps and a validation batch in epoch 0) */
+    snprintf(spec, sizeof spec, "threads=1;fault=kernel@2:%d:conv2d_forward", 5 * convs + 1);
+    base_config(&c);
+    c.epochs = 2;
+    c.continue_on_device_failure = true;
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN); /* a write past it fails with EFBIG */
+    watch full = {.needle = "=> mock:2: epoch 1 step 1", .act = limit_file_size};
+    text = run_watched(&c, spec, "full", &full, &st, err, sizeof err, &res);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_handler);
+    if (st == MGT_OK || !full.acted || res.epochs_done != 1 || strchr(err, '\n') ||
+        !strstr(err, "--on-device-failure continue: the survivors' state could not be handed "
+                     "over: ") ||
+        !strstr(err, "devices lost: mock:2 (epoch 1 step 1)") ||
+        !strstr(err, "nothing saved since the last checkpoint"))
+        fail_msg("status %d: %s\n%s", (int)st, err, text);
+    free(text);
+    snprintf(path, sizeof path, "%s/full/checkpoint.safetensors", root);
+    mgt_st_file *f;
+    if (mgt_st_open(path, &f) != MGT_OK)
+        fail_msg("the previous checkpoint: %s", mgt_error_last());
+    const char *ep = mgt_st_metadata_get(f, "epoch");
+    if (!ep || strcmp(ep, "1") != 0)
+        fail_msg("the checkpoint left is not epoch 0's: epoch %s", ep ? ep : "(none)");
+    mgt_st_close(f);
+    base_config(&c);
+    c.epochs = 2;
+    c.resume = path;
+    c.start_epoch = -1;
+    if (run_in(&c, 3, "threads=1", "full3", err, sizeof err, &res) != MGT_OK ||
+        res.epochs_done != 1)
+        fail_msg("resume on 3: %s", err);
+}
+
 /* -b 8 over 4 devices, one lost: 8 does not divide over 3, the global batch must stay: the
    state is saved and the run ends saying so; the checkpoint resumes on 2 devices. */
 static void test_batch_does_not_divide(void **state)
@@ -429,7 +698,11 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_continue_equals_checkpoint_and_resume),
         cmocka_unit_test(test_fault_matrix),
+        cmocka_unit_test(test_hang_in_allreduce),
+        cmocka_unit_test(test_stuck_worker_is_abandoned),
         cmocka_unit_test(test_two_failures),
+        cmocka_unit_test(test_two_in_one_step_and_validation),
+        cmocka_unit_test(test_interrupt_and_full_disk_in_reformation),
         cmocka_unit_test(test_batch_does_not_divide),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -52,6 +52,8 @@ typedef enum mgt_fault_kind {
     MGT_FAULT_LOWP,   /* the Nth, N+1th, ... 16-bit convolution attempts are refused */
     MGT_FAULT_PEER,   /* the Nth peer copy into the device fails, sticky, MGT_ERR_DEVICE */
     MGT_FAULT_GONE,   /* at the Nth kernel the device disappears: every later call fails */
+    MGT_FAULT_STUCK,  /* the host call launching the Nth kernel never returns (a thread stuck in
+                         the driver, past any abort flag or wait limit) */
 } mgt_fault_kind;
 
 #define MGT_MOCK_MAX_REFUSALS 8
@@ -158,10 +160,12 @@ void mgt_devset_free(mgt_devset *set);
    and the waits inside frees, teardown and a backend's own calls, ends with MGT_ERR_TIMEOUT
    naming the device once it has waited limit_s seconds (0: MGT_DEVICE_WAIT_LIMIT_S).
    `abort` (borrowed until the next call; NULL: none) is the flag of the waits a backend makes
-   inside a call, which take none of their own (a cuDNN search's start, MGT_CUDA_SYNC). The
-   trainer passes its run's flag and --timeout, and NULL, 0 at its end. Call it while no
-   other thread uses the set. */
-void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s);
+   inside a call, which take none of their own (a cuDNN search's start, MGT_CUDA_SYNC).
+   `source` names what set the limit in the messages of the waits that run out ("--timeout";
+   NULL or limit_s 0: the default). The trainer passes its run's flag and --device-timeout
+   or --timeout, and NULL, 0 at its end. Call it while no other thread uses the set. */
+void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s,
+                          const char *source);
 int mgt_devset_count(const mgt_devset *set);
 mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
@@ -207,15 +211,26 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
    fault=kernel@D:N numbers). False, and zeros, on backends that keep no counts (CUDA). A test
    that sweeps N knows from them when it has passed the last allocation of a run. */
 bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
-/* Gives the device up, without waiting on it: its queued work is dropped, a kernel that never
-   returns is left behind, and it counts as failed (its first failure's text kept, else `why`),
-   so that the streams of other devices and host threads waiting on its events go on. Its
-   streams, events and buffers are still freed as usual. On CUDA nothing can stop a running
-   kernel: the call does nothing there, and the device is simply not touched again. */
+/* Gives the device up, without waiting on it; never blocks. Mock devices: its queued work is
+   dropped, a kernel that never returns is left behind, it counts as failed (its first
+   failure's text kept, else `why`), the streams of other devices and host threads waiting on
+   its events go on, and peer copies out of it read none of its memory. CUDA: nothing can stop
+   a running kernel, and any call that synchronizes with a broken context may block, so the
+   device is not touched again: every later call on it (and a peer copy out of it, a stream's
+   wait on its events) fails at once naming `why`, its frees and destroys are skipped (its
+   memory stays allocated until the process ends), the set's close leaves it alone; no
+   cudaDeviceReset, which would pull the context from under the process's other threads. Work
+   of other devices already queued behind its events stays blocked on CUDA (a queued
+   cudaStreamWaitEvent cannot be cancelled): the trainer makes the survivors' streams anew. */
 void mgt_device_abandon(mgt_device *d, const char *why);
 /* Lets waits on d run again after one ran out: for a device whose work only waited on
    another that has since been abandoned (its waits now complete). */
 void mgt_device_unstall(mgt_device *d);
+/* How long the kernel or copy that has run longest on the device, and still runs, has run
+   (seconds; 0: none runs). A stream waiting for another device's event is not busy, so after
+   a stall the device whose own work hangs is the one busy for long. -1 where the backend
+   cannot tell (CUDA). */
+double mgt_device_busy_s(const mgt_device *d);
 
 /* The per-op profile: with on, every kernel the device runs from now is timed and counted by
    its op (mock devices: its wall time on the device's threads; CUDA does not measure it:

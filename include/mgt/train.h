@@ -216,6 +216,8 @@ typedef struct mgt_train_result {
     int epochs_done;                     /* complete epochs run in this call */
     long steps;                          /* training steps run in this call */
     double train_loss;                   /* the last epoch's mean training loss over all devices */
+    double train_acc1;                   /* the last epoch's top-1 on its training batches */
+    long train_images;                   /* the training images those two cover */
     double val_loss, val_acc1, val_acc5; /* the last validation */
     double ema_val_loss, ema_val_acc1, ema_val_acc5; /* with model_ema: the EMA model's */
     double best_acc1;

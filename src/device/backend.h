@@ -113,6 +113,10 @@ typedef struct mgt_backend_i {
        a kernel that never returns is left behind, so that no stream of another device and no
        host thread waits on it any more; never blocks. NULL: nothing can be done */
     void (*abandon)(mgt_device *d, const char *why);
+    /* (optional) how long the kernel or copy that has run longest on one of the device's
+       streams, still running, has run, in seconds; 0 when none runs (a stream waiting for
+       another's event does not count: that stall is the other's). NULL: unknown */
+    double (*busy_s)(const mgt_device *d);
 } mgt_backend_i;
 
 struct mgt_device {
@@ -124,6 +128,9 @@ struct mgt_device {
     atomic_size_t used;      /* bytes of live buffers and backend workspace */
     atomic_bool stalled;     /* a wait on it ran past the wait limit: later ones give up at once */
     atomic_bool keep_memory; /* mgt_device_keep_memory: buffers freed are not given back */
+    /* mgt_device_abandon: given up for good (why: its text, written before the flag is set) */
+    atomic_bool abandoned;
+    char abandon_why[200];
     void *impl;
 };
 
@@ -147,9 +154,11 @@ struct mgt_devset {
     /* buffers freed while queued work may still use them (device.c), under defer_lock */
     pthread_mutex_t defer_lock;
     struct mgt_deferred_free *deferred;
-    /* mgt_devset_set_waits: the longest any wait may take, and the abort flag of the waits a
-       backend makes inside a call (borrowed; NULL: none) */
+    /* mgt_devset_set_waits: the longest any wait may take, what set it (the flag a message
+       names), and the abort flag of the waits a backend makes inside a call (borrowed; NULL:
+       none) */
     double wait_limit_s;
+    char wait_source[40];
     const mgt_abort *watch;
 };
 

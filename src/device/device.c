@@ -3,6 +3,7 @@
  * peer access through pinned host memory, and hands everything else to the backend table.
  */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -252,10 +253,13 @@ static void free_after_streams(mgt_devset *set, mgt_device *d, void *ptr, size_t
 
 /* ---- bounded waits ---- */
 
-void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s)
+void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_s,
+                          const char *source)
 {
     set->watch = abort;
     set->wait_limit_s = limit_s > 0 ? limit_s : MGT_DEVICE_WAIT_LIMIT_S;
+    snprintf(set->wait_source, sizeof set->wait_source, "%s",
+             limit_s > 0 && source ? source : "the default");
 }
 
 /* A wait on a device that stalled before gives up at once: a hung kernel makes one wait
@@ -263,8 +267,8 @@ void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_
 static mgt_status stalled_error(const mgt_device *d)
 {
     return mgt_error_set(MGT_ERR_TIMEOUT,
-                         "%s: stalled: an earlier wait ran past the wait limit of %g s (--timeout)",
-                         d->name, d->set->wait_limit_s);
+                         "%s: stalled: an earlier wait ran past the wait limit of %g s (%s)",
+                         d->name, d->set->wait_limit_s, d->set->wait_source);
 }
 
 static mgt_status waited(mgt_device *d, mgt_status st)
@@ -421,6 +425,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     set->kind = kind;
     set->no_p2p = o.no_p2p;
     set->wait_limit_s = MGT_DEVICE_WAIT_LIMIT_S;
+    snprintf(set->wait_source, sizeof set->wait_source, "the default");
     pthread_mutex_init(&set->reg_lock, NULL);
     pthread_mutex_init(&set->defer_lock, NULL);
     set->n = n;
@@ -619,7 +624,13 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels)
 
 void mgt_device_abandon(mgt_device *d, const char *why)
 {
-    if (d && d->set->iface->abandon)
+    if (!d)
+        return;
+    if (!atomic_load(&d->abandoned)) {
+        snprintf(d->abandon_why, sizeof d->abandon_why, "%s", why);
+        atomic_store(&d->abandoned, true);
+    }
+    if (d->set->iface->abandon)
         d->set->iface->abandon(d, why);
 }
 
@@ -627,6 +638,11 @@ void mgt_device_unstall(mgt_device *d)
 {
     if (d)
         atomic_store(&d->stalled, false);
+}
+
+double mgt_device_busy_s(const mgt_device *d)
+{
+    return d && d->set->iface->busy_s ? d->set->iface->busy_s(d) : -1;
 }
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }

@@ -121,6 +121,40 @@ static const train_marker *first_unclean_mark(const worker *w)
     return NULL;
 }
 
+int train_device_failure(const run *r, int i, train_failure *f)
+{
+    mgt_device *d = r->devs[i];
+    if (mgt_device_synchronize(d, NULL) != MGT_ERR_DEVICE)
+        return 0;
+    /* device i failed: its text is the cause, wherever the failure surfaced first */
+    *f = (train_failure){.set = true,
+                         .status = MGT_ERR_DEVICE,
+                         .device = i,
+                         .epoch = r->fail.set ? r->fail.epoch : -1,
+                         .step = -1};
+    const char *text = mgt_error_last();
+    size_t nl = strlen(mgt_device_name(d));
+    if (strncmp(text, mgt_device_name(d), nl) == 0 && strncmp(text + nl, ": ", 2) == 0)
+        text += nl + 2;
+    set_cause(f, text);
+    const worker *w = r->w && r->w[i].thread_started ? &r->w[i] : NULL;
+    const train_marker *m = w ? first_unclean_mark(w) : NULL;
+    if (m) {
+        f->epoch = m->epoch;
+        f->step = m->step;
+        f->validation = m->validation;
+        snprintf(f->phase, sizeof f->phase, "%s", m->phase);
+    } else if (w && w->noticed.set) {
+        f->epoch = w->noticed.epoch;
+        f->step = w->noticed.step;
+        f->validation = w->noticed.validation;
+        memcpy(f->phase, w->noticed.phase, sizeof f->phase);
+    } else {
+        return 1; /* no step of its worker's to name: the recorded text names the device */
+    }
+    return 2;
+}
+
 void train_failure_settle(run *r)
 {
     /* a device that failed here is this node's own failure, even where another node's came
@@ -128,45 +162,26 @@ void train_failure_settle(run *r)
     if (!r->fail.set || r->fail.root)
         return;
     for (int i = 0; i < r->n; i++) {
-        mgt_device *d = r->devs[i];
-        if (mgt_device_synchronize(d, NULL) != MGT_ERR_DEVICE)
+        train_failure f;
+        int found = train_device_failure(r, i, &f);
+        if (!found)
             continue;
-        /* device i failed: its text is the cause, wherever the failure surfaced first */
-        train_failure f = {.set = true,
-                           .status = MGT_ERR_DEVICE,
-                           .device = i,
-                           .epoch = r->fail.set ? r->fail.epoch : -1,
-                           .step = -1};
-        const char *text = mgt_error_last();
-        size_t nl = strlen(mgt_device_name(d));
-        if (strncmp(text, mgt_device_name(d), nl) == 0 && strncmp(text + nl, ": ", 2) == 0)
-            text += nl + 2;
-        set_cause(&f, text);
-        const worker *w = r->w && r->w[i].thread_started ? &r->w[i] : NULL;
-        const train_marker *m = w ? first_unclean_mark(w) : NULL;
-        if (m) {
-            f.epoch = m->epoch;
-            f.step = m->step;
-            f.validation = m->validation;
-            snprintf(f.phase, sizeof f.phase, "%s", m->phase);
-        } else if (w && w->noticed.set) {
-            f.epoch = w->noticed.epoch;
-            f.step = w->noticed.step;
-            f.validation = w->noticed.validation;
-            memcpy(f.phase, w->noticed.phase, sizeof f.phase);
-        } else {
-            return; /* no step of its worker's to name: the recorded text names the device */
+        if (found == 2) {
+            pthread_mutex_lock(&r->lock);
+            r->fail = f;
+            pthread_mutex_unlock(&r->lock);
         }
-        pthread_mutex_lock(&r->lock);
-        r->fail = f;
-        pthread_mutex_unlock(&r->lock);
         return;
     }
 }
 
 void train_failure_line(const run *r, char *out, size_t cap)
 {
-    const train_failure *f = &r->fail;
+    train_failure_format(r, &r->fail, out, cap);
+}
+
+void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap)
+{
     const char *name = f->device >= 0 ? mgt_device_name(r->devs[f->device]) : "";
     const char *cause = f->cause;
     size_t nl = strlen(name);

@@ -333,15 +333,34 @@ void train_reports_flush(train_reports *rep)
 
 /* ---- the epoch's numbers ---- */
 
-void train_metrics_epoch_begin(run *r)
+void train_metrics_epoch_begin(run *r, bool carry)
 {
     train_metrics *m = &r->m;
+    if (carry) {
+        /* the epoch goes on over the survivors of a lost device from r->first_step: the steps
+           before it that every device had committed but not every device had metered (the
+           lost one never did) count with the images that were metered */
+        for (long k = m->next_complete; k < r->first_step && k < m->next_complete + STEP_RING;
+             k++) {
+            const step_acc *a = &m->ring[k % STEP_RING];
+            m->loss_sum += a->loss_sum;
+            for (int i = 0; i < MGT_MODEL_MAX_AUX; i++)
+                m->aux_sum[i] += a->aux_sum[i];
+            m->n += a->n;
+            m->c1 += a->c1;
+            m->c5 += a->c5;
+            m->data_s += a->data_s;
+        }
+    } else {
+        m->loss_sum = m->data_s = 0;
+        memset(m->aux_sum, 0, sizeof m->aux_sum);
+        m->n = m->c1 = m->c5 = 0;
+        m->start = mgt_time_now();
+        m->epoch_first = r->first_step;
+    }
     memset(m->ring, 0, sizeof m->ring);
     m->next_complete = r->first_step;
-    m->loss_sum = m->data_s = 0;
-    memset(m->aux_sum, 0, sizeof m->aux_sum);
-    m->n = m->c1 = m->c5 = 0;
-    m->start = m->last_complete = m->timed_start = m->last_progress = mgt_time_now();
+    m->last_complete = m->timed_start = m->last_progress = mgt_time_now();
     m->timed_n = m->timed_steps = 0;
 }
 
@@ -369,15 +388,17 @@ static void complete_step(run *r, long k, const step_acc *a)
     }
     if (k % r->c->print_freq != 0 && k + 1 != r->stop_at)
         return;
+    /* the averages are the epoch's (over a re-formation too), the warm-up this phase's */
     double elapsed = now - m->start, steps = (double)r->data.steps_per_epoch;
+    long done_ep = k - m->epoch_first + 1;
     train_progress p = {
         .epoch = r->epoch,
         .step = k,
         .steps = r->data.steps_per_epoch,
         .step_s = step_now,
-        .step_avg_s = elapsed / (double)done,
+        .step_avg_s = elapsed / (double)done_ep,
         .data_s = a->data_s,
-        .data_avg_s = m->data_s / (double)done,
+        .data_avg_s = m->data_s / (double)done_ep,
         .loss = a->loss_sum / (double)a->n,
         .loss_avg = m->loss_sum / (double)m->n,
         .acc1 = 100.0 * (double)a->c1 / (double)a->n,
@@ -386,7 +407,7 @@ static void complete_step(run *r, long k, const step_acc *a)
         .acc5_avg = 100.0 * (double)m->c5 / (double)m->n,
         .lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)steps),
         .images_per_s = (double)m->n / elapsed,
-        .eta_s = elapsed / (double)done * (double)(r->stop_at - k - 1),
+        .eta_s = elapsed / (double)done_ep * (double)(r->stop_at - k - 1),
         .n_aux = mgt_model_aux_count(r->w[0].model),
     };
     for (int i = 0; i < p.n_aux; i++) {

@@ -994,7 +994,9 @@ static bool evaluate(run *r, int epoch)
 
 static bool begin_epoch(run *r, int ep, long first)
 {
-    if (first > 0 && r->primary)
+    bool carry = r->carry_metrics;
+    r->carry_metrics = false;
+    if (first > 0 && r->primary && !carry)
         fprintf(
             r->out,
             "=> epoch %d resumes at step %ld of %ld: its averages (in parentheses) and training "
@@ -1005,7 +1007,7 @@ static bool begin_epoch(run *r, int ep, long first)
     r->stop_at = r->data.steps_per_epoch;
     r->committed = first - 1;
     r->commit_arrived = 0;
-    train_metrics_epoch_begin(r);
+    train_metrics_epoch_begin(r, carry);
     for (int i = 0; i < r->n; i++) {
         memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
         r->w[i].started = r->w[i].metered = first;
@@ -1022,10 +1024,12 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
 {
     mgt_train_result *res = r->res;
     const train_metrics *m = &r->m;
-    res->steps += r->stop_at - r->first_step;
+    res->steps += r->stop_at - m->epoch_first;
     r->run_images += m->n;
     r->run_train_s += ep_s;
     res->train_loss = m->n ? m->loss_sum / (double)m->n : 0;
+    res->train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0;
+    res->train_images = m->n;
     res->images_per_s = ep_s > 0 ? (double)m->n / ep_s : 0;
     double timed_s = m->last_complete - m->timed_start;
     res->timed_images_per_s = timed_s > 0 ? (double)m->timed_n / timed_s : 0;
@@ -1040,7 +1044,7 @@ static void epoch_results(run *r, double ep_s, train_summary *s)
     *s = (train_summary){.epoch = r->epoch,
                          .trained = true,
                          .train_loss = res->train_loss,
-                         .train_acc1 = m->n ? 100.0 * (double)m->c1 / (double)m->n : 0,
+                         .train_acc1 = res->train_acc1,
                          .images_per_s = res->images_per_s,
                          .epoch_s = ep_s};
     summary_place(r, s);
@@ -1080,8 +1084,17 @@ static bool loss_diverged(run *r, const train_summary *s)
 
 typedef enum epoch_end { EPOCH_DONE, EPOCH_STOPPED, EPOCH_FAILED } epoch_end;
 
+static epoch_end finish_epoch(run *r, int ep, train_summary s);
+
 static epoch_end run_epoch(run *r, int ep, long first)
 {
+    if (r->revalidate) { /* a device was lost in this epoch's validation: it runs again */
+        r->revalidate = r->carry_metrics = false;
+        r->first_step = r->stop_at = r->data.steps_per_epoch;
+        train_summary s = r->epoch_summary;
+        summary_place(r, &s); /* the devices it runs on now */
+        return finish_epoch(r, ep, s);
+    }
     if (!begin_epoch(r, ep, first) || !train_run_phase(r, PHASE_TRAIN))
         return EPOCH_FAILED;
     double ep_s = mgt_time_now() - r->m.start;
@@ -1098,6 +1111,14 @@ static epoch_end run_epoch(run *r, int ep, long first)
     epoch_results(r, ep_s, &s);
     if (r->stop_at < r->data.steps_per_epoch)
         return save_stopped(r) ? EPOCH_STOPPED : EPOCH_FAILED;
+    r->epoch_summary = s;
+    return finish_epoch(r, ep, s);
+}
+
+/* The epoch's end after its training: validation, the epoch line, the checkpoint, a stop. */
+static epoch_end finish_epoch(run *r, int ep, train_summary s)
+{
+    mgt_status st;
     bool is_best = false;
     if (r->data.val_ld) {
         if (!validate(r, &s))
@@ -1179,24 +1200,37 @@ static void print_end(run *r, bool ok)
 
 /* ---- --on-device-failure continue ---- */
 
-/* Whether the run's failure is one device's in a training step, which continue drops: its
+/* Whether the run's failure is one device's in a training step or a validation (not with
+   --model-ema, whose replicas may hold the EMA weights then), which continue drops: its
    error, an allocation it could not make, or its stall, on one node. */
 static bool droppable(const run *r)
 {
     const train_failure *f = &r->fail;
     return r->c->continue_on_device_failure && f->set && !f->root && !f->remote && f->device >= 0 &&
-           f->device < r->n && !f->validation && r->nodes == 1 &&
+           f->device < r->n && (!f->validation || !r->c->model_ema) && r->nodes == 1 &&
            (f->status == MGT_ERR_DEVICE || f->status == MGT_ERR_OOM ||
             f->status == MGT_ERR_TIMEOUT);
 }
 
-/* Which device stalled, when a wait ran out: the one whose own work of its current step
-   (forward and backward, which wait on no peer) has not finished, where it is the only one;
-   else the device whose wait ran out. A peer's streams wait behind a stalled device, so any
-   of their waits (a loader's, the all-reduce's) may run out first. */
+/* Which device stalled, when a wait ran out. A peer's streams wait behind a stalled device, so
+   any of their waits (a loader's, the all-reduce's) may run out first: the device is the one
+   whose kernel or copy has run for over half the wait limit (a hang in the all-reduce too),
+   where the backend tells (mock devices) and it is the only one; else the one whose own work
+   of its current step (forward and backward, which wait on no peer) has not finished, where it
+   is the only one; else -1 (the caller looks for a worker stuck in a call, then takes the
+   device whose wait ran out). */
 static int stalled_device(const run *r)
 {
     int found = -1, count = 0;
+    for (int i = 0; i < r->n; i++)
+        if (mgt_device_busy_s(r->devs[i]) > 0.5 * train_wait_limit(r->c, NULL)) {
+            found = i;
+            count++;
+        }
+    if (count == 1)
+        return found;
+    found = -1;
+    count = 0;
     for (int i = 0; i < r->n; i++) {
         bool done = true;
         if (r->w[i].own_ev && (mgt_event_query(r->w[i].own_ev, &done) != MGT_OK || !done)) {
@@ -1204,7 +1238,29 @@ static int stalled_device(const run *r)
             count++;
         }
     }
-    return count == 1 ? found : r->fail.device;
+    return count == 1 ? found : -1;
+}
+
+/* The failure of a worker thread that did not come back from a call to its device within the
+   wait limit (detached by train_workers_join): its device is given up. */
+static void fail_stuck_worker(run *r, int i)
+{
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    train_failure f = {.set = true,
+                       .status = MGT_ERR_TIMEOUT,
+                       .device = i,
+                       .epoch = r->epoch,
+                       .step = r->w[i].started > 0 ? r->w[i].started - 1 : 0};
+    snprintf(f.phase, sizeof f.phase, "stuck in a call");
+    snprintf(f.cause, sizeof f.cause,
+             "its worker thread has not come back from a call to the device within %s %g s: "
+             "the thread is abandoned (detached, its memory kept) and the device given up",
+             flag ? flag : "the default wait limit of", limit);
+    mgt_device_abandon(r->devs[i], f.cause);
+    pthread_mutex_lock(&r->lock);
+    r->fail = f;
+    pthread_mutex_unlock(&r->lock);
 }
 
 /* "mock:2 (epoch 0 step 5), mock:1 (...)": every device lost so far. */
@@ -1233,12 +1289,12 @@ static void cannot_continue(run *r, const char *why, const char *saved)
 
 /* The state the survivors hold, after the last step every device committed: a worker that
    began the next (left out) step gets its batch-norm statistics back from the step's start. */
-static mgt_status survivors_settle(run *r, int lost)
+static mgt_status survivors_settle(run *r, const bool *lost)
 {
     mgt_status st = MGT_OK;
     for (int i = 0; i < r->n && st == MGT_OK; i++) {
         worker *w = &r->w[i];
-        if (i == lost)
+        if (lost[i])
             continue;
         st = mgt_device_synchronize(w->d, NULL);
         if (st == MGT_OK && w->bn_keep && w->keep_step > r->committed) {
@@ -1255,26 +1311,85 @@ static mgt_status survivors_settle(run *r, int lost)
     return st;
 }
 
-/* After a failed training phase: drops the failed device and makes the run again over the
-   survivors, from the first step they have not all made; *ep and *first get where to go on.
-   False when the failure is not one device's, or the survivors cannot go on (the run's failure
-   then says why, and what was saved). */
+/* Worker (and replica) i takes j's place and j takes i's. */
+static void swap_workers(run *r, int i, int j)
+{
+    worker w = r->w[i];
+    r->w[i] = r->w[j];
+    r->w[j] = w;
+    r->w[i].dev = i;
+    r->w[j].dev = j;
+    float *p = r->params[i], *b = r->buffers[i];
+    r->params[i] = r->params[j];
+    r->buffers[i] = r->buffers[j];
+    r->params[j] = p;
+    r->buffers[j] = b;
+}
+
+/* Every device that failed in the phase (the one the run's failure names, and any other that
+   failed beside it: two in one step are dropped together), each given up and said in its
+   line; *count gets how many. */
+static void collect_lost(run *r, bool *lost, int *count, double t0)
+{
+    *count = 0;
+    for (int k = -1; k < r->n; k++) { /* the run's failure first, then the others */
+        int i = k < 0 ? r->fail.device : k;
+        if (k == r->fail.device)
+            continue;
+        train_failure f = r->fail;
+        lost[i] = k < 0 || train_device_failure(r, i, &f) > 0;
+        if (!lost[i])
+            continue;
+        mgt_device_abandon(r->devs[i], "given up after its failure");
+        char line[sizeof f.cause + 256];
+        train_failure_format(r, &f, line, sizeof line);
+        fprintf(r->out, "=> %s\n", line);
+        const train_failure *g = &f;
+        struct train_lost *l = &r->lost[r->nlost++];
+        snprintf(l->name, sizeof l->name, "%s", mgt_device_name(r->devs[i]));
+        l->epoch = g->epoch >= 0 ? g->epoch : r->epoch;
+        l->step = g->validation ? r->data.steps_per_epoch : g->step;
+        snprintf(l->phase, sizeof l->phase, "%.31s", g->validation ? "validation" : g->phase);
+        l->at = t0 - r->start_s;
+        ++*count;
+    }
+}
+
+/* After a failed training or validation phase: drops the failed devices and makes the run
+   again over the survivors, from the first step they have not all made (a validation again
+   from its start); *ep and *first get where to go on. False when the failure is not a device's,
+   or the survivors cannot go on (the run's failure then says why, and what was saved). */
 static bool drop_failed_device(run *r, int *ep, long *first)
 {
     double t0 = r->fail.set ? r->fail_at : mgt_time_now();
     /* a stalled device is given up before anything waits on it; the others' waits, which ran
        out behind it, may go on */
-    if (r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
-        r->fail.device < r->n) {
-        int d = stalled_device(r);
-        mgt_device_abandon(r->devs[d], "given up: its own work made no progress within the "
-                                       "wait limit (--device-timeout)");
-        for (int i = 0; i < r->n; i++)
-            if (i != d)
-                mgt_device_unstall(r->devs[i]);
-    }
-    train_workers_join(r);
-    train_failure_settle(r);
+    bool stall = r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
+                 r->fail.device < r->n;
+    int d = stall ? stalled_device(r) : -1;
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    char why[128];
+    snprintf(why, sizeof why, "its work made no progress within %s %g s: given up",
+             flag ? flag : "the default wait limit of", limit);
+    if (d >= 0)
+        mgt_device_abandon(r->devs[d], why);
+    /* every worker leaves at the abort flag, but one stuck in a call that does not return
+       (its device shows no stalled work: the host never queued it), which is detached */
+    int detached = train_workers_join(r);
+    for (int i = 0; detached && i < r->n; i++)
+        if (r->w[i].detached && !r->w[i].given_up) {
+            fail_stuck_worker(r, i);
+            r->w[i].given_up = true;
+        }
+    if (stall && d < 0 && !detached) /* no sign of where: the device whose wait ran out */
+        mgt_device_abandon(r->devs[r->fail.device], why);
+    /* every wait may go on, the abandoned device's too: its work is dropped, and its marks then
+       say which stage of its step held the stall (train_failure_settle) */
+    for (int i = 0; stall && i < r->n; i++)
+        mgt_device_unstall(r->devs[i]);
+    if (!detached)
+        train_failure_settle(r);
     if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
         fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
                         "(every node must keep the same device count)\n");
@@ -1289,26 +1404,23 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         }
     if (!droppable(r))
         return false;
-    int f = r->fail.device;
-    mgt_device_abandon(r->devs[f], "given up after its failure");
+    bool validation = r->fail.validation;
     long resume = r->committed + 1 > r->first_step ? r->committed + 1 : r->first_step;
-    char line[sizeof r->fail.cause + 256];
-    train_failure_line(r, line, sizeof line);
-    struct train_lost *l = &r->lost[r->nlost++];
-    snprintf(l->name, sizeof l->name, "%s", mgt_device_name(r->devs[f]));
-    l->epoch = r->fail.epoch >= 0 ? r->fail.epoch : r->epoch;
-    l->step = r->fail.step;
-    snprintf(l->phase, sizeof l->phase, "%s", r->fail.phase);
-    l->at = t0 - r->start_s;
-    int left = r->n - 1, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
-    fprintf(r->out, "=> %s\n", line);
+    if (validation)
+        resume = r->data.steps_per_epoch;
+    bool lost[MGT_MAX_DEVICES];
+    int nlost = 0, first_lost = r->nlost;
+    collect_lost(r, lost, &nlost, t0);
+    int left = r->n - nlost, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
     /* every thread that saw the flag has left (the loaders' go first, with their batches for
        the old shards) */
     mgt_loader_free(r->data.train_ld);
     mgt_loader_free(r->data.val_ld);
     r->data.train_ld = r->data.val_ld = NULL;
     atomic_store(&r->abort.raised, 0);
-    mgt_status st = survivors_settle(r, f);
+    mgt_status st = survivors_settle(r, lost);
+    if (st == MGT_OK && !validation)
+        train_meter_left(r, lost, resume);
     if (st != MGT_OK) {
         char why[512];
         snprintf(why, sizeof why, "a survivor failed too: %s", mgt_error_last());
@@ -1316,19 +1428,12 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         return false;
     }
     /* replica 0 is a survivor's: it is the one saved and broadcast */
-    if (f == 0) {
-        worker w0 = r->w[0];
-        r->w[0] = r->w[1];
-        r->w[1] = w0;
-        r->w[0].dev = 0;
-        r->w[1].dev = 1;
-        float *p = r->params[0], *b = r->buffers[0];
-        r->params[0] = r->params[1];
-        r->buffers[0] = r->buffers[1];
-        r->params[1] = p;
-        r->buffers[1] = b;
-        f = 1;
-    }
+    for (int j = 1; lost[0] && j < r->n; j++)
+        if (!lost[j]) {
+            swap_workers(r, 0, j);
+            lost[0] = false;
+            lost[j] = true;
+        }
     r->scaler = r->w[0].scaler;
     bool divides = r->c->batch_size % left == 0;
     if (left < min || !divides) {
@@ -1372,7 +1477,7 @@ static bool drop_failed_device(run *r, int *ep, long *first)
     }
     /* the run again over the survivors */
     for (int i = 0, j = 0; i < r->n; i++)
-        if (i != f)
+        if (!lost[i])
             r->devs[j++] = r->w[i].d;
     r->n = left;
     r->wn = left;
@@ -1396,19 +1501,33 @@ static bool drop_failed_device(run *r, int *ep, long *first)
                                              : "nothing saved since the last checkpoint");
         return false;
     }
-    l->resume_s = mgt_time_now() - t0;
-    char names[512] = "";
+    double resume_s = mgt_time_now() - t0;
+    char names[512] = "", gone[512] = "";
     size_t len = 0;
     for (int i = 0; i < r->n && len < sizeof names; i++)
         len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
                                 mgt_device_name(r->devs[i]));
-    fprintf(r->out,
-            "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
-            "%d images per device (%.3f s from the failure's notice)\n",
-            l->name, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
-            l->resume_s);
+    len = 0;
+    for (int i = first_lost; i < r->nlost && len < sizeof gone; i++) {
+        r->lost[i].resume_s = resume_s;
+        len += (size_t)snprintf(gone + len, sizeof gone - len, "%s%s", i > first_lost ? ", " : "",
+                                r->lost[i].name);
+    }
+    if (validation)
+        fprintf(r->out,
+                "=> %s dropped: the validation of epoch %d runs again on %d device%s (%s), "
+                "%d images per device in training (%.3f s from the failure's notice)\n",
+                gone, r->epoch, r->n, r->n == 1 ? "" : "s", names, r->data.per_dev_batch, resume_s);
+    else
+        fprintf(r->out,
+                "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
+                "%d images per device (%.3f s from the failure's notice)\n",
+                gone, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
+                resume_s);
     *ep = r->epoch;
     *first = resume;
+    r->carry_metrics = true;
+    r->revalidate = validation;
     return true;
 }
 
@@ -1419,8 +1538,19 @@ static bool train_epochs(run *r, int start_epoch, long start_step)
         epoch_end e = run_epoch(r, ep, first);
         sample_memory(r);
         if (e == EPOCH_FAILED && r->c->continue_on_device_failure &&
-            drop_failed_device(r, &ep, &first))
+            drop_failed_device(r, &ep, &first)) {
+            if (r->ctl.stop && atomic_load(r->ctl.stop)) {
+                /* Ctrl-C during the re-formation: the survivors' state it saved is the stop's
+                   checkpoint; nothing more runs */
+                r->res->interrupted = true;
+                fprintf(r->out, "=> stopped at epoch %d step %ld, during the re-formation%s%s\n",
+                        ep, first, r->c->checkpoint_dir ? "; checkpoint " : "",
+                        r->c->checkpoint_dir ? r->res->checkpoint
+                                             : "; no checkpoint (no --checkpoint-dir)");
+                return true;
+            }
             continue;
+        }
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
         ep++;
@@ -1452,7 +1582,7 @@ static mgt_status run_finish(run *r, mgt_status st)
     train_close_sources(r);
     if (r->have_ckpt)
         mgt_ckpt_info_free(&r->ckpt);
-    mgt_devset_set_waits(r->set, NULL, 0); /* the flag is this run's, gone with it */
+    mgt_devset_set_waits(r->set, NULL, 0, NULL); /* the flag is this run's, gone with it */
     if (r->reports.n)
         train_reports_free(&r->reports);
     if (r->log)
@@ -1460,8 +1590,11 @@ static mgt_status run_finish(run *r, mgt_status st)
     if (r->tb && (ferror(r->tb) | fclose(r->tb)) != 0) /* the run's state is in the checkpoint */
         fprintf(r->out, "=> warning: --tensorboard %s: the event file is incomplete: %s\n",
                 r->c->tensorboard_dir, strerror(errno));
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->cv);
+    if (!r->detached) {
+        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+    } /* else a worker's thread stuck in a call may still reach the run: it is kept */
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
@@ -1476,8 +1609,11 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
                          mgt_train_result *res)
 {
     memset(res, 0, sizeof *res);
-    run R = {.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
-    run *r = &R;
+    /* on the heap: a worker thread abandoned in a call that does not return keeps it */
+    run *r = malloc(sizeof *r);
+    if (!r)
+        return mgt_error_set(MGT_ERR_OOM, "trainer: host memory exhausted");
+    *r = (run){.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
     r->c = c = &r->cfg;
     for (int i = 0; i < r->n && i < MGT_MAX_DEVICES; i++)
         r->devs[i] = mgt_devset_device(set, i);
@@ -1499,8 +1635,9 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
                                   : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
-    mgt_devset_set_waits(set, &r->abort,
-                         c->device_timeout_s > 0 ? c->device_timeout_s : c->step_timeout_s);
+    const char *wait_flag;
+    double wait_limit = train_wait_limit(c, &wait_flag);
+    mgt_devset_set_waits(set, &r->abort, wait_flag ? wait_limit : 0, wait_flag);
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */

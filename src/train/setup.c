@@ -399,6 +399,7 @@ static void free_worker(worker *w)
 mgt_status train_make_workers(run *r)
 {
     r->w = calloc((size_t)r->n, sizeof *r->w);
+    r->nw = r->w ? r->n : 0;
     r->params = calloc((size_t)r->n, sizeof *r->params);
     r->buffers = calloc((size_t)r->n, sizeof *r->buffers);
     if (!r->w || !r->params || !r->buffers)
@@ -459,32 +460,40 @@ mgt_status train_make_comm(run *r)
 }
 
 /* n: the workers made (the devices before one was lost) */
-static void free_replicas(run *r, int n)
+static void free_replicas(run *r)
 {
+    int n = r->nw;
     mgt_loader_free(r->data.train_ld);
     mgt_loader_free(r->data.val_ld);
     r->data.train_ld = r->data.val_ld = NULL;
     mgt_comm_free(r->comm);
     r->comm = NULL;
-    for (int i = 0; r->w && i < n; i++)
-        free_worker(&r->w[i]);
-    free(r->w);
+    bool keep = false; /* a detached worker's thread may still hold its worker and the array */
+    for (int i = 0; r->w && i < n; i++) {
+        if (r->w[i].detached)
+            keep = true;
+        else
+            free_worker(&r->w[i]);
+    }
+    if (!keep)
+        free(r->w);
     free(r->params);
     free(r->buffers);
     r->w = NULL;
+    r->nw = 0;
     r->params = r->buffers = NULL;
 }
 
 void train_free_parts(run *r)
 {
-    free_replicas(r, r->n);
+    free_replicas(r);
     mgt_dataset_free(r->data.train_ds);
     mgt_dataset_free(r->data.val_ds);
 }
 
 mgt_status train_remake_parts(run *r)
 {
-    free_replicas(r, r->n + 1);
+    free_replicas(r);
     mgt_status st = r->data.train_ds ? make_loaders(r, &r->data.tt, &r->data.vt) : MGT_OK;
     if (st == MGT_OK)
         st = train_make_workers(r);

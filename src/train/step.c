@@ -284,13 +284,22 @@ static mgt_status clip_factor(worker *w, const float *grads, size_t floats, doub
    names it (a wait that runs out marks its device stalled for good), then for the others.
    Returns MGT_ERR_ABORTED when another device failed before every device got here. The host
    waits for the device once per step: the cost of knowing. */
+double train_wait_limit(const mgt_train_config *c, const char **flag)
+{
+    if (flag)
+        *flag = c->device_timeout_s > 0 ? "--device-timeout"
+                : c->step_timeout_s > 0 ? "--timeout"
+                                        : NULL;
+    return c->device_timeout_s > 0 ? c->device_timeout_s
+           : c->step_timeout_s > 0 ? c->step_timeout_s
+                                   : MGT_DEVICE_WAIT_LIMIT_S;
+}
+
 static mgt_status commit_step(worker *w, long k)
 {
     run *r = w->r;
-    const mgt_train_config *c = r->c;
-    double limit = c->device_timeout_s > 0 ? c->device_timeout_s
-                   : c->step_timeout_s > 0 ? c->step_timeout_s
-                                           : MGT_DEVICE_WAIT_LIMIT_S;
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
     mgt_status st = mgt_event_synchronize(w->own_ev, &r->abort);
     if (st == MGT_OK)
         st = mgt_event_record(w->reduced_ev, w->s);
@@ -305,8 +314,9 @@ static mgt_status commit_step(worker *w, long k)
         if (mgt_time_now() - t0 > 2 * limit)
             st = mgt_error_set(MGT_ERR_TIMEOUT,
                                "%s: step %ld's gradient all-reduce made no progress within %g s "
-                               "(twice --device-timeout)",
-                               mgt_device_name(w->d), k, 2 * limit);
+                               "(twice %s)",
+                               mgt_device_name(w->d), k, 2 * limit,
+                               flag ? flag : "the default wait limit");
         else
             usleep(100);
     }
@@ -428,11 +438,39 @@ static mgt_status train_step(worker *w, long k, const char **where)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)
         st = mgt_event_record(w->slot_ev[slot], w->s);
+    w->slot_k[slot] = st == MGT_OK ? k : -1;
     if (st == MGT_OK)
         st = train_mark(w, k, false, "metrics");
     w->slot_n[slot] = b.n;
     w->slot_wait[slot] = b.wait_s;
     return st;
+}
+
+void train_meter_left(run *r, const bool *lost, long upto)
+{
+    for (int i = 0; i < r->n; i++) {
+        worker *w = &r->w[i];
+        for (long k = w->metered; k < upto; k++) {
+            int slot = (int)(k % SLOTS);
+            if (w->slot_k[slot] != k)
+                break;
+            if (!lost[i]) {
+                if (meter_step(w, k) != MGT_OK)
+                    break;
+                continue;
+            }
+            /* the lost device's step counts where its metrics reached the host before it
+               failed (a record that ran while it was sound); no wait on it, no timing */
+            bool clean = false;
+            if (!mgt_event_outcome(w->slot_ev[slot], &clean) || !clean ||
+                !isfinite(w->host_loss[slot]))
+                break;
+            w->slot_step_s[slot] = 0;
+            pthread_mutex_lock(&r->lock);
+            train_metrics_add(r, w, k, slot, w->host_loss[slot]);
+            pthread_mutex_unlock(&r->lock);
+        }
+    }
 }
 
 static void train_phase(worker *w)
@@ -443,6 +481,8 @@ static void train_phase(worker *w)
     const char *where = "starting";
     mgt_status st = MGT_OK;
     w->scaler = r->scaler; /* set by the main thread before the phase began */
+    for (int i = 0; i < SLOTS; i++)
+        w->slot_k[i] = -1;
     for (; begin_step(w, k); k++) {
         if (k - first >= LAG) {
             where = "reading metrics";
@@ -604,6 +644,8 @@ static void *worker_main(void *arg)
         while (r->phase == seen && !mgt_abort_is_raised(&r->abort))
             mgt_cond_wait_slice(&r->cv, &r->lock);
         if (mgt_abort_is_raised(&r->abort) || r->phase_kind == PHASE_EXIT) {
+            w->left = true;
+            pthread_cond_broadcast(&r->cv);
             pthread_mutex_unlock(&r->lock);
             return NULL;
         }
@@ -632,20 +674,45 @@ mgt_status train_workers_start(run *r)
     return MGT_OK;
 }
 
-void train_workers_join(run *r)
+int train_workers_join(run *r)
 {
     if (!r->w)
-        return;
+        return 0;
+    /* a worker leaves at its next wait once the phase is PHASE_EXIT or the run aborted; one
+       that does not within the wait limit is inside a call that does not return (a thread
+       stuck in the driver): it is detached, so that the run and the process's exit go on */
+    double limit = train_wait_limit(r->c, NULL), t0 = mgt_time_now();
     pthread_mutex_lock(&r->lock);
     r->phase_kind = PHASE_EXIT;
     r->phase++;
     pthread_cond_broadcast(&r->cv);
+    for (;;) {
+        bool all = true;
+        for (int i = 0; i < r->n; i++) {
+            const worker *w = &r->w[i];
+            all = all && (!w->thread_started || w->thread_joined || w->detached || w->left);
+        }
+        if (all || mgt_time_now() - t0 > limit)
+            break;
+        mgt_cond_wait_slice(&r->cv, &r->lock);
+    }
+    int detached = 0;
+    for (int i = 0; i < r->n; i++) {
+        worker *w = &r->w[i];
+        if (w->thread_started && !w->thread_joined && !w->detached && !w->left) {
+            pthread_detach(w->thread);
+            w->detached = true;
+            detached++;
+        }
+    }
+    r->detached += detached;
     pthread_mutex_unlock(&r->lock);
     for (int i = 0; i < r->n; i++)
-        if (r->w[i].thread_started && !r->w[i].thread_joined) {
+        if (r->w[i].thread_started && !r->w[i].thread_joined && !r->w[i].detached) {
             pthread_join(r->w[i].thread, NULL);
             r->w[i].thread_joined = true;
         }
+    return detached;
 }
 
 void train_workers_stop(run *r)
@@ -653,9 +720,11 @@ void train_workers_stop(run *r)
     if (!r->w)
         return;
     train_workers_join(r);
-    /* after an abort the devices may still hold queued work that uses what is freed next */
+    /* after an abort the devices may still hold queued work that uses what is freed next; a
+       detached worker's device is not waited on (its thread may still be inside a call) */
     for (int i = 0; i < r->n; i++)
-        mgt_device_synchronize(r->devs[i], NULL);
+        if (!r->w[i].detached)
+            mgt_device_synchronize(r->devs[i], NULL);
 }
 
 /* ---- phases, driven by the main thread ---- */
@@ -689,6 +758,23 @@ static void time_out(run *r)
                                   "step %ld): the device or its data loader stalled%s",
                                   who[0] ? who : "all devices", r->c->step_timeout_s, r->epoch,
                                   step, r->nodes > 1 ? ", or another node stopped answering" : ""));
+    pthread_mutex_lock(&r->lock);
+}
+
+/* --on-device-failure continue: no step finished for three times the wait limit, though no
+   wait on a device ran out (each would within twice it): a worker's thread may be stuck in a
+   call that does not return, which the drop finds by its not leaving (train_workers_join).
+   r->lock held; released around the failure, which takes it. */
+static void stuck_out(run *r)
+{
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    long step = r->m.next_complete;
+    pthread_mutex_unlock(&r->lock);
+    train_fail(r, mgt_error_set(MGT_ERR_TIMEOUT,
+                                "no training step finished within three times %s %g s (epoch %d "
+                                "step %ld), and no device's wait ran out",
+                                flag ? flag : "the default wait limit of", limit, r->epoch, step));
     pthread_mutex_lock(&r->lock);
 }
 
@@ -757,6 +843,9 @@ bool train_run_phase(run *r, enum train_phase kind)
         if (c->step_timeout_s > 0 && kind == PHASE_TRAIN &&
             now - r->m.last_progress > c->step_timeout_s)
             time_out(r);
+        else if (c->continue_on_device_failure && kind == PHASE_TRAIN && !r->fail.set &&
+                 now - r->m.last_progress > 3 * train_wait_limit(c, NULL))
+            stuck_out(r);
     }
     bool ok = !r->fail.set;
     bool tell = r->fail.set && !r->fail.remote && r->nodes > 1;

@@ -152,6 +152,11 @@ typedef struct worker {
     int dev;
     pthread_t thread;
     bool thread_started, thread_joined;
+    /* left: the thread has returned (under r->lock); detached: it did not within the wait
+       limit (stuck in a call that does not return) and was abandoned: nothing of this worker
+       is freed, since the thread may still hold it */
+    bool left, detached;
+    bool given_up; /* detached and its device abandoned (run.c) */
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
@@ -169,6 +174,7 @@ typedef struct worker {
     mgt_step_profile prof;
     int slot_n[SLOTS];
     double slot_wait[SLOTS];
+    long slot_k[SLOTS];        /* the training step whose metrics the slot holds (-1: none) */
     double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
@@ -219,6 +225,7 @@ typedef struct train_metrics {
     long n, c1, c5;
     double data_s;
     double start, last_progress, last_complete;
+    long epoch_first; /* the step the epoch's sums begin at (before any re-formation) */
     double timed_start;
     long timed_n, timed_steps;
     /* validation totals */
@@ -343,6 +350,17 @@ struct run {
        the current step's commit */
     long committed;
     int commit_arrived;
+    /* the next training phase goes on with the epoch after a re-formation: its metrics carry
+       the steps before it (train_metrics_epoch_begin) */
+    bool carry_metrics;
+    /* a device was lost in the validation of epoch `epoch`: it runs again on the survivors,
+       after the epoch's training figures (epoch_summary) */
+    bool revalidate;
+    /* a worker thread was abandoned (detached): the run itself (heap-allocated) and the worker
+       arrays it may still reach are kept, never freed */
+    int detached;
+    int nw; /* the workers in w (the devices before a re-formation) */
+    train_summary epoch_summary;
     /* the devices lost so far and where (--on-device-failure continue) */
     struct train_lost {
         char name[64];
@@ -392,13 +410,28 @@ mgt_status train_mark(worker *w, long step, bool validation, const char *phase);
 /* Once the threads have stopped: a device that failed is the failure, placed at the first of
    its worker's marks that ran after the fault (else where its worker noticed it). */
 void train_failure_settle(run *r);
+/* Whether device i has failed (0: no), and where: 2 with *f its failure placed by its marks or
+   its worker's notice, 1 where no step of its worker's names it (*f has its text). */
+int train_device_failure(const run *r, int i, train_failure *f);
 /* The failure as the run's one line: "mock:0: epoch 1 step 8 (forward): cause". */
 void train_failure_line(const run *r, char *out, size_t cap);
+void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap);
 
 /* step.c */
+/* The longest a wait on a device may take (--device-timeout, else --timeout, else the
+   default), and *flag the flag that set it (NULL: none). */
+double train_wait_limit(const mgt_train_config *c, const char **flag);
+/* --on-device-failure continue, after a failed phase (workers joined): the metrics of the
+   steps before upto that the surviving workers enqueued but had not read (a worker
+   reads LAG steps behind) go into the epoch's sums, and those of the lost devices where they
+   reached the host before the failure. */
+void train_meter_left(run *r, const bool *lost, long upto);
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
-void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */
+/* train_workers_stop without waiting for the devices; a worker that has not left within the
+   wait limit (a thread stuck in a call that does not return) is detached: the number of those
+   newly detached. */
+int train_workers_join(run *r);
 bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
 
 /* setup.c */
@@ -428,7 +461,7 @@ mgt_status train_check_finite(run *r);
 mgt_status train_world_position(run *r, int *epoch, long *step);
 
 /* metrics.c */
-void train_metrics_epoch_begin(run *r);
+void train_metrics_epoch_begin(run *r, bool carry);
 /* Adds worker w's numbers for step k (slot) and completes the step when w is the last to
    report it. r->lock held. */
 void train_metrics_add(run *r, worker *w, long k, int slot, float loss);

@@ -79,8 +79,13 @@ struct mock_dev {
     mgt_fault_kind fault_kind;
     long fault_nth;
     char fault_op[32];
-    atomic_long n_fault_op;              /* kernels named fault_op run so far */
-    atomic_long n_peer_in;               /* direct peer copies into the device run so far */
+    atomic_long n_fault_op; /* kernels named fault_op run so far */
+    atomic_long n_peer_in;  /* direct peer copies into the device run so far */
+    atomic_long n_launched; /* kernels (of fault_op) launched by host threads */
+    /* host threads stuck for good in a call (fault=stuck): their last touch of the device,
+       which the frees of its streams and of the set read first, so that what the stuck
+       thread read is ordered before them */
+    atomic_int stuck_calls;
     int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
     int nrefusals;
     long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
@@ -108,7 +113,8 @@ struct mock_stream {
     cmd *ring;
     uint64_t enqueued, completed;
     bool stop;
-    atomic_bool quit; /* being freed: a hung kernel or a queued wait on it gives up */
+    atomic_bool quit;           /* being freed: a hung kernel or a queued wait on it gives up */
+    atomic_llong busy_since_us; /* when the kernel or copy running now began; 0: none runs */
     uint64_t rng;
     mock_stream *next;
 };
@@ -226,6 +232,20 @@ static void mock_abandon(mgt_device *d, const char *why)
     for (mock_stream *ms = md->streams; ms; ms = ms->next)
         atomic_store(&ms->quit, true);
     pthread_mutex_unlock(&md->lock);
+}
+
+static double mock_busy_s(const mgt_device *d)
+{
+    mock_dev *md = dev_of(d);
+    double now = mgt_time_now(), most = 0;
+    pthread_mutex_lock(&md->lock);
+    for (mock_stream *ms = md->streams; ms; ms = ms->next) {
+        long long since = atomic_load(&ms->busy_since_us);
+        if (since && now - 1e-6 * (double)since > most)
+            most = now - 1e-6 * (double)since;
+    }
+    pthread_mutex_unlock(&md->lock);
+    return most;
 }
 
 static void mock_counts(const mgt_device *d, long *allocs, long *kernels)
@@ -454,10 +474,13 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             return;
         }
         if (md->fault_kind == MGT_FAULT_HANG && n == md->fault_nth) {
-            /* a hung GPU kernel: nothing after it on this stream runs until the stream is
-               freed, and the device is failed then, as a reset would leave it */
+            /* a hung GPU kernel: nothing after it on this stream runs until the device is
+               given up or the stream freed, and the device is failed then, as a reset would
+               leave it. It notices later (20 ms) than a queued wait on another stream does
+               (a 5 ms slice), so the peers' streams go on before its own records complete,
+               as they would on a GPU: nothing the hung kernel wrote is ordered before them */
             while (!atomic_load(&ms->quit))
-                usleep(1000);
+                usleep(20000);
             snprintf(text, sizeof text, "injected hang in kernel %s (%s #%ld on this device)", name,
                      md->fault_op[0] ? name : "kernel", n);
             mock_fail(md, text);
@@ -496,8 +519,13 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
-        if (c->u.copy.peer && atomic_load(&c->u.copy.from->gone)) {
-            memset(c->u.copy.dst, 0xff, c->u.copy.n); /* what a read of a missing device gets */
+        /* a failed source is not read: it may have been given up with its work unfinished
+           (mgt_device_abandon: a hung kernel may still be writing the memory, and the event
+           records that let this copy start completed without waiting for it), so nothing
+           orders its writes before this read. The copy gets all-one bytes (NaN floats), what
+           a read of a device that left the bus gets; the step it belongs to is left out. */
+        if (c->u.copy.peer && atomic_load(&c->u.copy.from->failed)) {
+            memset(c->u.copy.dst, 0xff, c->u.copy.n);
             return;
         }
         if (c->u.copy.peer && md->link_bw > 0) {
@@ -543,7 +571,12 @@ static void *stream_main(void *arg)
         pthread_mutex_unlock(&ms->lock);
         if (ms->md->delay_us)
             usleep((useconds_t)(next_rand(&ms->rng) % (ms->md->delay_us + 1u)));
+        bool work = c.kind == CMD_OP || c.kind == CMD_COPY || c.kind == CMD_MEMSET;
+        if (work)
+            atomic_store(&ms->busy_since_us, (long long)(mgt_time_now() * 1e6) | 1);
         run_cmd(ms, &c);
+        if (work)
+            atomic_store(&ms->busy_since_us, 0);
         pthread_mutex_lock(&ms->lock);
         ms->completed++;
         pthread_cond_broadcast(&ms->done);
@@ -614,6 +647,7 @@ static void mock_stream_destroy(mgt_stream *s)
 {
     mock_stream *ms = s->impl;
     mock_dev *md = ms->md;
+    (void)atomic_load(&md->stuck_calls); /* after what a stuck host thread read */
     pthread_mutex_lock(&md->lock);
     for (mock_stream **p = &md->streams; *p; p = &(*p)->next)
         if (*p == ms) {
@@ -641,9 +675,9 @@ static mgt_status past_limit(const mgt_device *d, double t0, const char *what)
     if (mgt_time_now() - t0 <= limit)
         return MGT_OK;
     return mgt_error_set(MGT_ERR_TIMEOUT,
-                         "%s: a wait for %s ran past the wait limit of %g s (--timeout): its "
+                         "%s: a wait for %s ran past the wait limit of %g s (%s): its "
                          "queued work has stopped making progress",
-                         d->name, what, limit);
+                         d->name, what, limit, d->set->wait_source);
 }
 
 static mgt_status stream_wait_drained(mock_stream *ms, const mgt_abort *abort)
@@ -913,6 +947,14 @@ static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
         if (st != MGT_OK)
             return st;
     }
+    if (md->fault_kind == MGT_FAULT_STUCK &&
+        (!md->fault_op[0] || strcmp(mgt_op_name(op->kind), md->fault_op) == 0) &&
+        atomic_fetch_add(&md->n_launched, 1) + 1 == md->fault_nth) {
+        atomic_fetch_add(&md->stuck_calls, 1);
+        for (;;) /* a host thread stuck in the driver: it never comes back, whatever happens;
+                    nothing it holds is touched again (the process's exit ends it) */
+            sleep(3600);
+    }
     cmd c = {.kind = CMD_OP};
     c.u.op = *op;
     return enqueue(s, &c);
@@ -1020,6 +1062,7 @@ static void mock_devset_close(mgt_devset *set)
         mock_dev *md = set->devs[i].impl;
         if (!md)
             continue;
+        (void)atomic_load(&md->stuck_calls); /* after what a stuck host thread read */
         if (md->ctx.pool)
             cpu_ctx_destroy(&md->ctx);
         mock_kept *k = atomic_load(&set->devs[i].keep_memory) ? malloc(sizeof *k) : NULL;
@@ -1094,6 +1137,7 @@ static const mgt_backend_i mock_backend = {
     .abandon = mock_abandon,
     .op_profile = mock_op_profile,
     .op_times = mock_op_times,
+    .busy_s = mock_busy_s,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

@@ -94,9 +94,11 @@ static mgt_status parse_peers(mgt_mock_options *o, const char *item, const char 
 
 static const char *const fault_kinds[] = {
     [MGT_FAULT_ALLOC] = "alloc", [MGT_FAULT_KERNEL] = "kernel", [MGT_FAULT_HANG] = "hang",
-    [MGT_FAULT_LOWP] = "lowp",   [MGT_FAULT_PEER] = "peer",     [MGT_FAULT_GONE] = "gone"};
+    [MGT_FAULT_LOWP] = "lowp",   [MGT_FAULT_PEER] = "peer",     [MGT_FAULT_GONE] = "gone",
+    [MGT_FAULT_STUCK] = "stuck"};
 
-/* alloc@D:N, kernel@D:N[:OP], hang@D:N[:OP], peer@D:N, gone@D:N or lowp@D:N:REASONS; each
+/* alloc@D:N, kernel@D:N[:OP], hang@D:N[:OP], peer@D:N, gone@D:N, stuck@D:N[:OP] or
+   lowp@D:N:REASONS; each
    item adds a fault, one per device */
 static mgt_status parse_fault(mgt_mock_options *all, const char *item, const char *val)
 {
@@ -107,13 +109,13 @@ static mgt_status parse_fault(mgt_mock_options *all, const char *item, const cha
     const char *at = strchr(val, '@');
     const char *colon = at ? strchr(at, ':') : NULL;
     if (!at || !colon)
-        return bad(item, "expected KIND@DEVICE:N (alloc, kernel, hang, peer, gone or lowp)");
+        return bad(item, "expected KIND@DEVICE:N (alloc, kernel, hang, peer, gone, stuck or lowp)");
     size_t kl = (size_t)(at - val);
-    for (int k = MGT_FAULT_ALLOC; k <= MGT_FAULT_GONE; k++)
+    for (int k = MGT_FAULT_ALLOC; k <= MGT_FAULT_STUCK; k++)
         if (strlen(fault_kinds[k]) == kl && strncmp(val, fault_kinds[k], kl) == 0)
             o->kind = (mgt_fault_kind)k;
     if (o->kind == MGT_FAULT_NONE)
-        return bad(item, "the fault kind is alloc, kernel, hang, peer, gone or lowp");
+        return bad(item, "the fault kind is alloc, kernel, hang, peer, gone, stuck or lowp");
     char dev[16];
     size_t dl = (size_t)(colon - at - 1);
     if (dl == 0 || dl >= sizeof dev)
@@ -151,9 +153,10 @@ static mgt_status parse_fault(mgt_mock_options *all, const char *item, const cha
         op = NULL;
     }
     if (op) {
-        if ((o->kind != MGT_FAULT_KERNEL && o->kind != MGT_FAULT_HANG) || !op[1] ||
-            strlen(op + 1) >= sizeof o->op)
-            return bad(item, "an op name follows N only for kernel and hang faults, e.g. "
+        if ((o->kind != MGT_FAULT_KERNEL && o->kind != MGT_FAULT_HANG &&
+             o->kind != MGT_FAULT_STUCK) ||
+            !op[1] || strlen(op + 1) >= sizeof o->op)
+            return bad(item, "an op name follows N only for kernel, hang and stuck faults, e.g. "
                              "kernel@0:1:axpy");
         if (mgt_op_kind_from_name(op + 1) == MGT_OP_COUNT) {
             char names[1024] = "";

@@ -32,9 +32,9 @@ static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, const
                                  what);
         if (mgt_time_now() - t0 > limit)
             return mgt_error_set(MGT_ERR_TIMEOUT,
-                                 "%s: a wait for %s ran past the wait limit of %g s (--timeout): "
+                                 "%s: a wait for %s ran past the wait limit of %g s (%s): "
                                  "its queued work has stopped making progress (a hung kernel?)",
-                                 d->name, what, limit);
+                                 d->name, what, limit, d->set->wait_source);
         if (polls < 64) {
             sched_yield();
             continue;
@@ -44,6 +44,31 @@ static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, const
         if (pause_ns < 500000)
             pause_ns *= 2;
     }
+}
+
+/* mgt_device_abandon on CUDA. A running kernel cannot be stopped, and a context with a sticky
+   error or a hung kernel may block any call that synchronizes with it (cudaFree,
+   cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize; cudaDeviceReset, which
+   would also pull the context from under every other thread of the process, is never used).
+   So a device given up is not touched again: every call on it fails at once with this text,
+   its frees and destroys are skipped (its memory stays allocated until the process ends), and
+   the set's close leaves it as it is. The other devices' contexts go on. */
+static mgt_status given_up(const mgt_device *d)
+{
+    return mgt_error_set(MGT_ERR_DEVICE, "%s: %s (given up: not touched again)", d->name,
+                         d->abandon_why);
+}
+
+#define GIVEN_UP(d)                       \
+    do {                                  \
+        if (atomic_load(&(d)->abandoned)) \
+            return given_up(d);           \
+    } while (0)
+
+static void cuda_abandon(mgt_device *d, const char *why)
+{
+    (void)d; /* mgt_device_abandon has set the flag every entry below checks */
+    (void)why;
 }
 
 static mgt_status poll_stream(void *h, int *done) { return mgt_cuda_stream_query(h, done); }
@@ -103,7 +128,7 @@ static void cuda_devset_close(mgt_devset *set)
     bool drained = true;
     for (int i = 0; i < set->n; i++) {
         mgt_device *d = &set->devs[i];
-        if (atomic_load(&d->stalled) ||
+        if (atomic_load(&d->stalled) || atomic_load(&d->abandoned) ||
             poll_wait(poll_device, d->impl, NULL, d, "the device's streams") == MGT_ERR_TIMEOUT)
             drained = false;
     }
@@ -122,22 +147,33 @@ static bool cuda_can_access_peer(const mgt_devset *set, int i, int j)
 
 static mgt_status cuda_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
+    GIVEN_UP(d);
     return mgt_cuda_alloc(d->impl, bytes, ptr);
 }
 
-static void cuda_free(mgt_device *d, void *ptr) { mgt_cuda_free(d->impl, ptr); }
+static void cuda_free(mgt_device *d, void *ptr)
+{
+    if (!atomic_load(&d->abandoned))
+        mgt_cuda_free(d->impl, ptr);
+}
 
 static mgt_status cuda_host_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
+    GIVEN_UP(d);
     return mgt_cuda_host_alloc(d->impl, bytes, ptr);
 }
 
-static void cuda_host_free(mgt_device *d, void *ptr) { mgt_cuda_host_free(d->impl, ptr); }
+static void cuda_host_free(mgt_device *d, void *ptr)
+{
+    if (!atomic_load(&d->abandoned))
+        mgt_cuda_host_free(d->impl, ptr);
+}
 
 /* ---- streams and events ---- */
 
 static mgt_status cuda_stream_create(mgt_stream *s)
 {
+    GIVEN_UP(s->dev);
     mgt_cuda_stream *impl = NULL;
     mgt_status st = mgt_cuda_stream_create(s->dev->impl, &impl);
     if (st == MGT_OK)
@@ -147,22 +183,26 @@ static mgt_status cuda_stream_create(mgt_stream *s)
 
 static void cuda_stream_destroy(mgt_stream *s)
 {
-    mgt_cuda_stream_destroy(s->impl);
+    if (!atomic_load(&s->dev->abandoned))
+        mgt_cuda_stream_destroy(s->impl);
     s->impl = NULL;
 }
 
 static mgt_status cuda_stream_synchronize(mgt_stream *s, const mgt_abort *abort)
 {
+    GIVEN_UP(s->dev);
     return poll_wait(poll_stream, s->impl, abort, s->dev, "a stream");
 }
 
 static mgt_status cuda_device_synchronize(mgt_device *d, const mgt_abort *abort)
 {
+    GIVEN_UP(d);
     return poll_wait(poll_device, d->impl, abort, d, "the device's streams");
 }
 
 static mgt_status cuda_event_create(mgt_event *e)
 {
+    GIVEN_UP(e->dev);
     mgt_cuda_event *impl = NULL;
     mgt_status st = mgt_cuda_event_create(e->dev->impl, e->timing, &impl);
     if (st == MGT_OK)
@@ -172,27 +212,34 @@ static mgt_status cuda_event_create(mgt_event *e)
 
 static void cuda_event_destroy(mgt_event *e)
 {
-    mgt_cuda_event_destroy(e->impl);
+    if (!atomic_load(&e->dev->abandoned))
+        mgt_cuda_event_destroy(e->impl);
     e->impl = NULL;
 }
 
 static mgt_status cuda_event_record(mgt_event *e, mgt_stream *s)
 {
+    GIVEN_UP(s->dev);
     return mgt_cuda_event_record(e->impl, s->impl);
 }
 
 static mgt_status cuda_stream_wait_event(mgt_stream *s, mgt_event *e)
 {
+    GIVEN_UP(s->dev);
+    GIVEN_UP(e->dev); /* its records may never come: a wait on them would block s for good */
     return mgt_cuda_stream_wait_event(s->impl, e->impl);
 }
 
 static mgt_status cuda_event_synchronize(mgt_event *e, const mgt_abort *abort)
 {
+    GIVEN_UP(e->dev);
     return poll_wait(poll_event, e->impl, abort, e->dev, "an event");
 }
 
 static mgt_status cuda_event_query(mgt_event *e, bool *done)
 {
+    *done = false;
+    GIVEN_UP(e->dev);
     int d = 0;
     mgt_status st = mgt_cuda_event_query(e->impl, &d);
     *done = d != 0;
@@ -201,6 +248,7 @@ static mgt_status cuda_event_query(mgt_event *e, bool *done)
 
 static mgt_status cuda_event_elapsed_ms(mgt_event *start, mgt_event *end, float *ms)
 {
+    GIVEN_UP(start->dev);
     return mgt_cuda_event_elapsed(start->impl, end->impl, ms);
 }
 
@@ -208,12 +256,14 @@ static mgt_status cuda_event_elapsed_ms(mgt_event *start, mgt_event *end, float 
 
 static mgt_status cuda_memset(mgt_stream *s, void *dst, int value, size_t bytes)
 {
+    GIVEN_UP(s->dev);
     return mgt_cuda_memset(s->impl, dst, value, bytes);
 }
 
 static mgt_status cuda_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
                             size_t bytes)
 {
+    GIVEN_UP(s->dev);
     int k = kind == MGT_COPY_H2D   ? MGT_CUDA_COPY_H2D
             : kind == MGT_COPY_D2H ? MGT_CUDA_COPY_D2H
                                    : MGT_CUDA_COPY_D2D;
@@ -223,6 +273,8 @@ static mgt_status cuda_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const 
 static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
                                  size_t bytes)
 {
+    GIVEN_UP(s->dev);
+    GIVEN_UP(src_dev); /* its memory is not read once it is given up */
     return mgt_cuda_copy_peer(s->impl, dst, src_dev->impl, src, bytes);
 }
 
@@ -244,6 +296,7 @@ static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 /* Called only for ops cuda_supports_op accepted. */
 static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
+    GIVEN_UP(s->dev);
     return cuda_ops[op->kind](s->impl, op);
 }
 
@@ -298,6 +351,7 @@ static const mgt_backend_i cuda_backend = {
     .copy_peer = cuda_copy_peer,
     .supports_op = cuda_supports_op,
     .launch = cuda_launch,
+    .abandon = cuda_abandon,
 #ifdef MGT_HAVE_NCCL
     .xcomm_id = mgt_cuda_xcomm_id,
     .xcomm_create = cuda_xcomm_create,
