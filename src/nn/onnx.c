@@ -344,7 +344,7 @@ static void linear_tokens(onnx_build *b, const nn_node *nd, const char *x, const
    copies, or 0 where it writes 0 (a padded map's padding, an element a scatter leaves). The
    node's own mgt_permute makes it, on the model's device, over the numbers 1, 2, ...: exact in
    float32 below 2^24 elements an image. */
-static mgt_status permute_map(onnx_build *b, const nn_node *nd, int64_t *map)
+static mgt_status permute_map(onnx_build *b, const nn_node *nd, int32_t *map)
 {
     const mgt_model *m = b->m;
     size_t fin = nn_value_floats(&m->values[nd->in[0]]);
@@ -376,7 +376,7 @@ static mgt_status permute_map(onnx_build *b, const nn_node *nd, int64_t *map)
             st = st2;
     }
     for (size_t j = 0; st == MGT_OK && j < fout; j++)
-        map[j] = (int64_t)h[j];
+        map[j] = (int32_t)h[j];
     mgt_buffer_free(buf);
     free(h);
     return st;
@@ -392,7 +392,7 @@ static mgt_status permute_onnx(onnx_build *b, const nn_node *nd, const char *x, 
     const char *name = nd->name;
     int64_t fin = (int64_t)nn_value_floats(&m->values[nd->in[0]]);
     int64_t fout = (int64_t)nn_value_floats(&m->values[nd->out]);
-    int64_t *map = zalloc(b, (size_t)fout * sizeof *map);
+    int32_t *map = zalloc(b, (size_t)fout * sizeof *map);
     if (!map)
         return MGT_OK; /* b->oom says it */
     mgt_status st = permute_map(b, nd, map);
@@ -413,7 +413,7 @@ static mgt_status permute_onnx(onnx_build *b, const nn_node *nd, const char *x, 
     }
     int64_t d[1] = {fout};
     const char *gi[2] = {src, init_raw(b, str(b, "%s.index_map", name),
-                                       ONNX__TENSOR_PROTO__DATA_TYPE__INT64, d, 1, map,
+                                       ONNX__TENSOR_PROTO__DATA_TYPE__INT32, d, 1, map,
                                        (size_t)fout * sizeof *map)};
     const char *g = str(b, "%s/gathered", name);
     node(b, "Gather", str(b, "%s.gather", name), gi, 2, g, attr_int(b, "axis", 1), NULL, NULL, NULL,
