@@ -3384,13 +3384,17 @@ static bool gen_permute(tcase *c, int idx, rng *r)
 }
 
 /* batch, heads, tq, tk, dh, layout (0: separate q, k, v with gaps; 1: one packed qkv), bias,
-   masks (0: none), cosine, dropout p x100, groups per sample */
+   masks (0: none), cosine, dropout p x100, groups per sample. The last three are CUDA's fused
+   kernels at head-size templates 64 and 128 (dh 80: 80 of its lanes' columns used) and its
+   cuBLAS path past 128; the others its template 32. */
 static const int attn_shapes[][11] = {
     {2, 3, 5, 5, 4, 1, 0, 0, 0, 0, 1},      {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1},
     {2, 2, 7, 9, 8, 0, 0, 0, 0, 0, 1},      {4, 3, 49, 49, 32, 1, 1, 2, 0, 0, 2},
     {1, 2, 197, 197, 16, 1, 0, 0, 0, 0, 1}, {1, 1, 70, 300, 8, 0, 1, 0, 0, 0, 1},
     {2, 2, 16, 16, 8, 1, 1, 0, 1, 0, 1},    {2, 2, 9, 9, 4, 1, 0, 0, 0, 30, 2},
     {4, 2, 10, 10, 6, 0, 1, 2, 1, 20, 2},   {2, 1, 66, 66, 3, 1, 0, 1, 0, 0, 1},
+    {2, 3, 50, 50, 64, 1, 1, 2, 0, 10, 2},  {1, 2, 40, 33, 80, 0, 1, 0, 1, 0, 1},
+    {2, 1, 20, 20, 160, 0, 1, 1, 0, 0, 1},
 };
 #define N_ATTN_SHAPES ((int)(sizeof attn_shapes / sizeof attn_shapes[0]))
 

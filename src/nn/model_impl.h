@@ -42,7 +42,7 @@ typedef enum nn_kind {
     NN_LN,      /* LayerNorm over the last dimension (w) of every row */
     NN_PERMUTE, /* one mgt_permute per image: a gather of in[0] or a scatter into the output */
     NN_ATTN,    /* multi-head attention of a qkv value [groups, tokens, 3 dim] -> [.., dim] */
-    NN_CLS,     /* ViT's class token before the patches: [dim, h, w] -> [h w + 1, 1, dim] */
+    NN_CLS,     /* ViT's class token before the patches: [dim, h, w] -> [1, h w + 1, dim] */
     NN_POSADD,  /* in[0] plus a parameter of its shape (ViT's position embedding) */
     /* The two below are depthwise convolutions with constant weights (not parameters): */
     NN_AVGPOOL2D, /* torch's avg_pool2d with count_include_pad (every tap 1 / (kh kw)) */
@@ -527,6 +527,9 @@ extern const nn_kind_i nn_kinds[NN_KIND_COUNT];
 mgt_status nn_ln_forward(nn_call *c);
 mgt_status nn_ln_backward(nn_call *c);
 mgt_status nn_permute_forward(nn_call *c);
+/* A permute node's description over n images, walked from its input when scatter (its own
+   direction, or backward's reverse of it) */
+mgt_permute_shape nn_permute_shape(const mgt_model *m, const nn_node *nd, int n, bool scatter);
 mgt_status nn_permute_backward(nn_call *c);
 mgt_status nn_attn_forward(nn_call *c);
 mgt_status nn_attn_backward(nn_call *c);

@@ -9,7 +9,11 @@
    computes folded in the trainer written as the Relu it is. The input is "input", float32
    [batch, C, H, W] with a dynamic batch and the model's planned size; the output "logits",
    float32 [batch, classes] (before softmax). A model of more than 2 GiB of tensors is refused:
-   one protobuf message holds no more, and ONNX's external data files are not written. */
+   one protobuf message holds no more, and ONNX's external data files are not written.
+
+   The transformers' layers in standard operators (MatMul, Softmax, LayerNormalization,
+   Reshape/Transpose, Gather): every permutation is one Gather by a map that the layer's own
+   mgt_permute computes on the model's device, so the export cannot disagree with training. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -38,6 +42,7 @@ typedef struct onnx_build {
     char **vname;              /* per value of the model: its name in the graph */
     const char *params, *bufs; /* host copies of the arenas */
     const mgt_model *m;
+    mgt_stream *s; /* the model's device's: the permutations' maps are made there */
 } onnx_build;
 
 static void *keep(onnx_build *b, void *p)
@@ -188,6 +193,16 @@ static const char *init_raw(onnx_build *b, const char *name, int32_t dt, const i
     if (!t || (ndim && !d))
         return name;
     onnx__tensor_proto__init(t);
+    /* names must be unique: a second tensor under a name (two layers of one name, each with its
+       helper constants) becomes NAME#2 */
+    const char *base = name;
+    for (int rep = 2, i = 0; i < b->n_inits; i++)
+        if (strcmp(b->inits[i]->name, name) == 0) {
+            name = str(b, "%s#%d", base, rep++);
+            if (!name)
+                return base;
+            i = -1;
+        }
     if (ndim) /* a scalar has no dims (and dims may be NULL) */
         memcpy(d, dims, (size_t)ndim * sizeof *d);
     t->name = (char *)name;
@@ -202,16 +217,24 @@ static const char *init_raw(onnx_build *b, const char *name, int32_t dt, const i
     return name;
 }
 
-/* A model tensor (table entry e) as an initializer named as in the state_dict; a 2-D weight of
-   a convolution (ConvNeXt's Linear pair run as 1x1 convolutions) gets its [out, in, 1, 1]. */
+/* A model tensor (table entry e) as an initializer named as in the state_dict, made once (a
+   tensor two layers read is one initializer); a 2-D weight of a convolution (ConvNeXt's Linear
+   pair run as 1x1 convolutions) gets its [out, in, 1, 1]. An index entry (Swin's and MaxViT's
+   relative_position_index) is int64, as the state_dict has it. */
 static const char *init_entry(onnx_build *b, int e, bool as_conv)
 {
     const mgt_model_entry *te = &b->m->table[e];
-    const char *base = te->role == MGT_MODEL_PARAM ? b->params : b->bufs;
+    for (int i = 0; i < b->n_inits; i++)
+        if (strcmp(b->inits[i]->name, te->name) == 0)
+            return b->inits[i]->name;
     int64_t dims[4];
     int nd = te->ndim;
     for (int i = 0; i < nd; i++)
         dims[i] = te->shape[i];
+    if (te->role == MGT_MODEL_INDEX)
+        return init_raw(b, te->name, ONNX__TENSOR_PROTO__DATA_TYPE__INT64, dims, nd,
+                        mgt_model_index_values(b->m, te), te->numel * sizeof(int64_t));
+    const char *base = te->role == MGT_MODEL_PARAM ? b->params : b->bufs;
     if (as_conv && nd == 2) {
         dims[2] = dims[3] = 1;
         nd = 4;
@@ -242,6 +265,314 @@ static const char *init_scalar(onnx_build *b, const char *name, float v)
         return name;
     *copy = v;
     return init_raw(b, name, ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, NULL, 0, copy, sizeof *copy);
+}
+
+/* ---- the transformers' layers ----
+   A value is [batch, c, h, w] here as on the device (a token map is c x h rows of w features:
+   the same bytes), so a layer reshapes what it reads to the form its operators want and writes
+   its value back in that 4-D form; the Reshapes are free in any runtime. */
+
+/* op(x[, y]) as node NAME.what with output NAME/what, or out where given. */
+static const char *op2(onnx_build *b, const char *op, const char *name, const char *what,
+                       const char *x, const char *y, const char *out)
+{
+    const char *in[2] = {x, y};
+    if (!out)
+        out = str(b, "%s/%s", name, what);
+    node(b, op, str(b, "%s.%s", name, what), in, y ? 2 : 1, out, NULL, NULL, NULL, NULL, NULL);
+    return out;
+}
+
+static const char *reshape(onnx_build *b, const char *name, const char *what, const char *x,
+                           const int64_t *dims, int n, const char *out)
+{
+    const char *shape = init_i64(b, str(b, "%s.%s_shape", name, what), dims, n);
+    return op2(b, "Reshape", name, what, x, shape, out);
+}
+
+/* x as value v of the model: [batch, c, h, w] */
+static const char *as_value(onnx_build *b, const char *name, const char *what, const char *x, int v,
+                            const char *out)
+{
+    const nn_value *vv = &b->m->values[v];
+    int64_t d[4] = {-1, vv->c, vv->h, vv->w};
+    return reshape(b, name, what, x, d, 4, out);
+}
+
+static const char *transpose(onnx_build *b, const char *name, const char *what, const char *x,
+                             const int64_t *perm, int n)
+{
+    const char *out = str(b, "%s/%s", name, what);
+    node(b, "Transpose", str(b, "%s.%s", name, what), &x, 1, out, attr_ints(b, "perm", perm, n),
+         NULL, NULL, NULL, NULL);
+    return out;
+}
+
+/* torch's F.linear over the last dimension of x: x W^T (+ bias) */
+static const char *matmul_linear(onnx_build *b, const char *name, const char *x, int weight,
+                                 const char *bias, const char *out)
+{
+    static const int64_t t2[2] = {1, 0};
+    const char *wt = transpose(b, name, "weight_t", init_entry(b, weight, false), t2, 2);
+    const char *y = op2(b, "MatMul", name, "matmul", x, wt, bias ? NULL : out);
+    return bias ? op2(b, "Add", name, "add_bias", y, bias, out) : y;
+}
+
+/* A linear layer over the rows of a token map. Swin V2's qkv takes the middle third of its
+   bias (k's) as 0, as torchvision's forward does: the bias times a constant of 1, 0, 1 thirds. */
+static void linear_tokens(onnx_build *b, const nn_node *nd, const char *x, const char *out)
+{
+    const char *bias = nd->u.linear.bias ? init_entry(b, nd->entry[1], false) : NULL;
+    if (bias && nd->u.linear.zero_mid_bias) {
+        size_t n = b->m->table[nd->entry[1]].numel;
+        float *keep = zalloc(b, n * sizeof *keep);
+        if (!keep)
+            return;
+        for (size_t i = 0; i < n; i++)
+            keep[i] = i < n / 3 || i >= 2 * n / 3 ? 1.0f : 0.0f;
+        int64_t d[1] = {(int64_t)n};
+        const char *k =
+            init_raw(b, str(b, "%s.bias_keep", nd->name), ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, d,
+                     1, keep, n * sizeof *keep);
+        bias = op2(b, "Mul", nd->name, "bias_k_zeroed", bias, k, NULL);
+    }
+    const char *xv = as_value(b, nd->name, "rows", x, nd->in[0], NULL);
+    matmul_linear(b, nd->name, xv, nd->entry[0], bias, out);
+}
+
+/* The source of every element of a permute node's output, per image: 1 + the input element it
+   copies, or 0 where it writes 0 (a padded map's padding, an element a scatter leaves). The
+   node's own mgt_permute makes it, on the model's device, over the numbers 1, 2, ...: exact in
+   float32 below 2^24 elements an image. */
+static mgt_status permute_map(onnx_build *b, const nn_node *nd, int32_t *map)
+{
+    const mgt_model *m = b->m;
+    size_t fin = nn_value_floats(&m->values[nd->in[0]]);
+    size_t fout = nn_value_floats(&m->values[nd->out]);
+    if (fin >= ((size_t)1 << 24))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "ONNX export: layer %s permutes %zu values an image, past the 2^24 "
+                             "its index map is made for",
+                             nd->name, fin);
+    bool scatter = nd->u.permute.sh.scatter;
+    mgt_permute_shape sh = nn_permute_shape(m, nd, 1, scatter);
+    float *h = malloc((fin > fout ? fin : fout) * sizeof *h);
+    mgt_buffer *buf = NULL;
+    mgt_status st = h ? mgt_buffer_alloc(m->dev, (fin + fout) * sizeof(float), &buf)
+                      : mgt_error_set(MGT_ERR_OOM, "ONNX export: out of host memory");
+    if (st == MGT_OK) {
+        float *dx = mgt_buffer_ptr(buf), *dy = dx + fin;
+        for (size_t i = 0; i < fin; i++)
+            h[i] = (float)(i + 1);
+        st = mgt_copy_h2d(b->s, dx, h, fin * sizeof *h);
+        if (st == MGT_OK)
+            st = mgt_memset(b->s, dy, 0, fout * sizeof *h);
+        if (st == MGT_OK)
+            st = scatter ? mgt_permute(b->s, dx, dy, &sh) : mgt_permute(b->s, dy, dx, &sh);
+        if (st == MGT_OK)
+            st = mgt_copy_d2h(b->s, h, dy, fout * sizeof *h);
+        mgt_status st2 = mgt_stream_synchronize(b->s, NULL);
+        if (st == MGT_OK)
+            st = st2;
+    }
+    for (size_t j = 0; st == MGT_OK && j < fout; j++)
+        map[j] = (int32_t)h[j];
+    mgt_buffer_free(buf);
+    free(h);
+    return st;
+}
+
+/* A permutation (Swin's padded, rolled window partition and its reverse, patch merging,
+   MaxViT's block and grid partitions, NCHW to tokens and back): each image flattened, one
+   Gather of its elements by the node's index map (after a 0 put in front where the map has
+   zeros), reshaped to the output value. */
+static mgt_status permute_onnx(onnx_build *b, const nn_node *nd, const char *x, const char *out)
+{
+    const mgt_model *m = b->m;
+    const char *name = nd->name;
+    int64_t fin = (int64_t)nn_value_floats(&m->values[nd->in[0]]);
+    int64_t fout = (int64_t)nn_value_floats(&m->values[nd->out]);
+    int32_t *map = zalloc(b, (size_t)fout * sizeof *map);
+    if (!map)
+        return MGT_OK; /* b->oom says it */
+    mgt_status st = permute_map(b, nd, map);
+    if (st != MGT_OK)
+        return st;
+    bool zeros = false;
+    for (int64_t j = 0; j < fout; j++)
+        zeros |= map[j] == 0;
+    if (!zeros)
+        for (int64_t j = 0; j < fout; j++)
+            map[j]--;
+    int64_t flat[2] = {-1, fin};
+    const char *src = reshape(b, name, "flat", x, flat, 2, NULL);
+    if (zeros) { /* one 0 before each image's elements: element 0 of the map */
+        int64_t pads[4] = {0, 1, 0, 0};
+        src = op2(b, "Pad", name, "zero_first", src, init_i64(b, str(b, "%s.pads", name), pads, 4),
+                  NULL);
+    }
+    int64_t d[1] = {fout};
+    const char *gi[2] = {src, init_raw(b, str(b, "%s.index_map", name),
+                                       ONNX__TENSOR_PROTO__DATA_TYPE__INT32, d, 1, map,
+                                       (size_t)fout * sizeof *map)};
+    const char *g = str(b, "%s/gathered", name);
+    node(b, "Gather", str(b, "%s.gather", name), gi, 2, g, attr_int(b, "axis", 1), NULL, NULL, NULL,
+         NULL);
+    as_value(b, name, "as_value", g, nd->out, out);
+    return MGT_OK;
+}
+
+/* F.normalize(x) along axis: x / max(|x|, 1e-12) */
+static const char *l2_normalize(onnx_build *b, const char *name, const char *what, const char *x,
+                                int64_t axis)
+{
+    const char *norm = str(b, "%s/%s_norm", name, what);
+    node(b, "ReduceL2", str(b, "%s.%s_norm", name, what), &x, 1, norm,
+         attr_ints(b, "axes", &axis, 1), attr_int(b, "keepdims", 1), NULL, NULL, NULL);
+    const char *cl = op2(b, "Max", name, str(b, "%s_norm_eps", what), norm,
+                         init_scalar(b, "const.normalize_eps", 1e-12f), NULL);
+    return op2(b, "Div", name, str(b, "%s_normalized", what), x, cl, NULL);
+}
+
+/* The relative position bias [heads, t, t]: the table [R, heads] (a parameter, or Swin V2's
+   16 sigmoid(cpb_mlp(relative_coords_table))) gathered by the node's index. */
+static const char *attn_bias_onnx(onnx_build *b, const nn_node *nd)
+{
+    const mgt_model *m = b->m;
+    const char *name = nd->name;
+    int t = nd->u.attn.tokens, heads = nd->u.attn.heads;
+    const char *table;
+    if (nd->u.attn.cpb) { /* entries: logit_scale, cpb_mlp.0.weight, .bias, cpb_mlp.2.weight,
+                             relative_coords_table */
+        int64_t s2[2] = {-1, 2};
+        const char *c =
+            reshape(b, name, "cpb_coords", init_entry(b, nd->entry[4], false), s2, 2, NULL);
+        const char *h1 = matmul_linear(b, str(b, "%s.cpb_mlp.0", name), c, nd->entry[1],
+                                       init_entry(b, nd->entry[2], false), NULL);
+        h1 = op2(b, "Relu", name, "cpb_mlp.1", h1, NULL, NULL);
+        const char *t2 =
+            matmul_linear(b, str(b, "%s.cpb_mlp.2", name), h1, nd->entry[3], NULL, NULL);
+        t2 = op2(b, "Sigmoid", name, "cpb_sigmoid", t2, NULL, NULL);
+        table = op2(b, "Mul", name, "cpb_table", t2, init_scalar(b, "const.sixteen", 16.0f), NULL);
+    } else {
+        table = init_entry(b, nd->entry[0], false);
+    }
+    size_t tt = (size_t)t * t;
+    int64_t *idx = zalloc(b, tt * sizeof *idx);
+    if (!idx)
+        return table;
+    const int32_t *src = m->consts[nd->u.attn.index].data;
+    for (size_t i = 0; i < tt; i++)
+        idx[i] = src[i];
+    int64_t d[1] = {(int64_t)tt};
+    const char *gi[2] = {table, init_raw(b, str(b, "%s.bias_index", name),
+                                         ONNX__TENSOR_PROTO__DATA_TYPE__INT64, d, 1, idx,
+                                         tt * sizeof *idx)};
+    const char *g = str(b, "%s/bias_rows", name);
+    node(b, "Gather", str(b, "%s.bias_gather", name), gi, 2, g, attr_int(b, "axis", 0), NULL, NULL,
+         NULL, NULL);
+    static const int64_t t2[2] = {1, 0};
+    int64_t s3[3] = {heads, t, t};
+    return reshape(b, name, "bias", transpose(b, name, "bias_t", g, t2, 2), s3, 3, NULL);
+}
+
+/* Multi-head attention of a qkv token map [windows, t, 3 dim] into [windows, t, dim]:
+   q, k and v sliced and split into heads, softmax(q k^T scale + bias + mask) v (Swin V2:
+   cosine similarity times exp(min(logit_scale, log 100))), the heads joined. */
+static void attn_onnx(onnx_build *b, const nn_node *nd, const char *x, const char *out)
+{
+    const char *name = nd->name;
+    int64_t t = nd->u.attn.tokens, heads = nd->u.attn.heads, dh = nd->u.attn.dh;
+    int64_t dim = heads * dh, win = nd->u.attn.windows;
+    int64_t s3[3] = {-1, t, 3 * dim};
+    const char *qkv = reshape(b, name, "qkv", x, s3, 3, NULL);
+    static const char *const part[3] = {"q", "k", "v"};
+    static const int64_t to_heads[4] = {0, 2, 1, 3}, to_heads_t[4] = {0, 2, 3, 1};
+    const char *p[3];
+    for (int j = 0; j < 3; j++) {
+        int64_t s0 = j * dim, s1 = s0 + dim, ax = 2;
+        const char *si[4] = {qkv, init_i64(b, str(b, "%s.%s_start", name, part[j]), &s0, 1),
+                             init_i64(b, str(b, "%s.%s_end", name, part[j]), &s1, 1),
+                             init_i64(b, str(b, "%s.%s_axes", name, part[j]), &ax, 1)};
+        const char *sl = str(b, "%s/%s", name, part[j]);
+        node(b, "Slice", str(b, "%s.%s", name, part[j]), si, 4, sl, NULL, NULL, NULL, NULL, NULL);
+        int64_t s4[4] = {-1, t, heads, dh};
+        const char *r = reshape(b, name, str(b, "%s_heads", part[j]), sl, s4, 4, NULL);
+        /* q and v [B, heads, t, dh]; k transposed, [B, heads, dh, t] */
+        p[j] = transpose(b, name, str(b, "%s_t", part[j]), r, j == 1 ? to_heads_t : to_heads, 4);
+    }
+    const char *logits;
+    if (nd->u.attn.cosine) {
+        const char *qn = l2_normalize(b, name, "q", p[0], 3),
+                   *kn = l2_normalize(b, name, "k", p[1], 2);
+        logits = op2(b, "MatMul", name, "qk", qn, kn, NULL);
+        const char *ls =
+            op2(b, "Min", name, "logit_scale_clamp", init_entry(b, nd->entry[0], false),
+                init_scalar(b, "const.log100", logf(100.0f)), NULL);
+        logits = op2(b, "Mul", name, "qk_scaled", logits,
+                     op2(b, "Exp", name, "logit_scale_exp", ls, NULL, NULL), NULL);
+    } else {
+        const char *qs = op2(b, "Mul", name, "q_scaled", p[0],
+                             init_scalar(b, str(b, "%s.scale", name), nd->u.attn.scale), NULL);
+        logits = op2(b, "MatMul", name, "qk", qs, p[1], NULL);
+    }
+    if (nd->u.attn.table >= 0 || nd->u.attn.cpb)
+        logits = op2(b, "Add", name, "add_bias", logits, attn_bias_onnx(b, nd), NULL);
+    if (nd->u.attn.mask >= 0) { /* the shifted windows' mask [windows, t, t], per image */
+        int64_t md[5] = {1, win, 1, t, t}, s5[5] = {-1, win, heads, t, t},
+                s4[4] = {-1, heads, t, t};
+        const char *mk =
+            init_raw(b, str(b, "%s.mask", name), ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, md, 5,
+                     b->m->consts[nd->u.attn.mask].data, (size_t)(win * t * t) * sizeof(float));
+        const char *l5 = reshape(b, name, "windows", logits, s5, 5, NULL);
+        l5 = op2(b, "Add", name, "add_mask", l5, mk, NULL);
+        logits = reshape(b, name, "unwindows", l5, s4, 4, NULL);
+    }
+    const char *pr = str(b, "%s/probs", name);
+    node(b, "Softmax", str(b, "%s.softmax", name), &logits, 1, pr, attr_int(b, "axis", -1), NULL,
+         NULL, NULL, NULL);
+    const char *y = op2(b, "MatMul", name, "pv", pr, p[2], NULL);
+    y = transpose(b, name, "join_heads", y, to_heads, 4);
+    int64_t so[4] = {-1, win, t, dim};
+    reshape(b, name, "as_value", y, so, 4, out);
+}
+
+/* ViT's class token before the patches: [dim, h, w] -> [1, h w + 1, dim], the token expanded
+   to the batch. */
+static void cls_onnx(onnx_build *b, const nn_node *nd, const char *x, const char *out)
+{
+    const char *name = nd->name;
+    const nn_value *yv = &b->m->values[nd->out];
+    int64_t p = yv->h - 1, d = yv->w;
+    int64_t s3[3] = {-1, d, p};
+    static const int64_t t3[3] = {0, 2, 1};
+    const char *patches =
+        transpose(b, name, "patches", reshape(b, name, "flat", x, s3, 3, NULL), t3, 3);
+    const char *n0 = str(b, "%s/batch", name);
+    node(b, "Shape", str(b, "%s.batch", name), &x, 1, n0, attr_int(b, "start", 0),
+         attr_int(b, "end", 1), NULL, NULL, NULL);
+    int64_t rest[2] = {1, d};
+    const char *ci[2] = {n0, init_i64(b, str(b, "%s.token_dims", name), rest, 2)};
+    const char *shape = str(b, "%s/token_shape", name);
+    node(b, "Concat", str(b, "%s.token_shape", name), ci, 2, shape, attr_int(b, "axis", 0), NULL,
+         NULL, NULL, NULL);
+    const char *tok =
+        op2(b, "Expand", name, "tokens", init_entry(b, nd->entry[0], false), shape, NULL);
+    const char *cat[2] = {tok, patches};
+    const char *joined = str(b, "%s/joined", name);
+    node(b, "Concat", str(b, "%s.join", name), cat, 2, joined, attr_int(b, "axis", 1), NULL, NULL,
+         NULL, NULL);
+    as_value(b, name, "as_value", joined, nd->out, out);
+}
+
+/* ViT's position embedding: a parameter of the value's shape added */
+static void posadd_onnx(onnx_build *b, const nn_node *nd, const char *x, const char *out)
+{
+    const nn_value *v = &b->m->values[nd->out];
+    int64_t d[4] = {1, v->c, v->h, v->w};
+    const char *pos =
+        reshape(b, nd->name, "embedding", init_entry(b, nd->entry[0], false), d, 4, NULL);
+    op2(b, "Add", nd->name, "add", as_value(b, nd->name, "tokens", x, nd->in[0], NULL), pos, out);
 }
 
 /* ---- the graph ---- */
@@ -291,12 +622,17 @@ static mgt_status export_node(onnx_build *b, int k)
         node(b, "GlobalAveragePool", name, in, 1, out, NULL, NULL, NULL, NULL, NULL);
         break;
     case NN_LINEAR: {
+        if (nd->u.linear.rows > 1) { /* over the rows of a token map */
+            linear_tokens(b, nd, x, out);
+            break;
+        }
         const char *flat = str(b, "%s/flatten", name);
         node(b, "Flatten", str(b, "%s.flatten", name), in, 1, flat, attr_int(b, "axis", 1), NULL,
              NULL, NULL, NULL);
         const char *gi[3] = {flat, init_entry(b, nd->entry[0], false),
-                             init_entry(b, nd->entry[1], false)};
-        node(b, "Gemm", name, gi, 3, out, attr_int(b, "transB", 1), NULL, NULL, NULL, NULL);
+                             nd->u.linear.bias ? init_entry(b, nd->entry[1], false) : NULL};
+        node(b, "Gemm", name, gi, nd->u.linear.bias ? 3 : 2, out, attr_int(b, "transB", 1), NULL,
+             NULL, NULL, NULL);
         break;
     }
     case NN_APOOL: {
@@ -362,6 +698,7 @@ static mgt_status export_node(onnx_build *b, int k)
         case MGT_ACT_SIGMOID:
             node(b, "Sigmoid", name, in, 1, out, NULL, NULL, NULL, NULL, NULL);
             break;
+        case MGT_ACT_TANH: node(b, "Tanh", name, in, 1, out, NULL, NULL, NULL, NULL, NULL); break;
         case MGT_ACT_SILU: {
             const char *sg = str(b, "%s/sigmoid", name);
             node(b, "Sigmoid", str(b, "%s.sigmoid", name), in, 1, sg, NULL, NULL, NULL, NULL, NULL);
@@ -460,12 +797,25 @@ static mgt_status export_node(onnx_build *b, int k)
         node(b, "Add", name, ai, 2, out, NULL, NULL, NULL, NULL, NULL);
         break;
     }
+    case NN_LN: { /* LayerNorm over the last dimension */
+        const char *li[3] = {as_value(b, name, "rows", x, nd->in[0], NULL),
+                             init_entry(b, nd->entry[0], false),
+                             init_entry(b, nd->entry[1], false)};
+        node(b, "LayerNormalization", name, li, 3, out, attr_int(b, "axis", -1),
+             attr_float(b, "epsilon", nd->u.ln_eps), NULL, NULL, NULL);
+        break;
+    }
+    case NN_PERMUTE: return permute_onnx(b, nd, x, out);
+    case NN_ATTN: attn_onnx(b, nd, x, out); break;
+    case NN_CLS: cls_onnx(b, nd, x, out); break;
+    case NN_POSADD: posadd_onnx(b, nd, x, out); break;
     case NN_DROPOUT:
     case NN_SDEPTH:
         break; /* identities at inference: their output is named as their input (below) */
     default:
-        return mgt_error_set(MGT_ERR_UNSUPPORTED, "%s: layer kind %d has no ONNX form here", name,
-                             (int)nd->kind);
+        return mgt_error_set(
+            MGT_ERR_UNSUPPORTED, "ONNX export: %s: layer %s (%s) has no ONNX form in mgtrain yet",
+            m->arch, name, nd->kind < NN_KIND_COUNT ? nn_kinds[nd->kind].label : "?");
     }
     return MGT_OK;
 }
@@ -548,44 +898,19 @@ static mgt_status write_model(const Onnx__ModelProto *model, const char *path)
     return MGT_OK;
 }
 
-/* What a transformer layer is, for the refusal; NULL for a layer export_node writes. The
-   transformers (ViT, Swin, Swin V2, MaxViT) have no ONNX form here yet: their token linears,
-   layer norms over rows, permutations, attention, class token and position embedding. */
-static const char *transformer_layer(const nn_node *nd)
-{
-    switch (nd->kind) {
-    case NN_LN: return "LayerNorm over tokens";
-    case NN_PERMUTE: return "token permutation";
-    case NN_ATTN: return "attention";
-    case NN_CLS: return "class token";
-    case NN_POSADD: return "position embedding";
-    case NN_LINEAR: return nd->u.linear.rows > 1 ? "linear over tokens" : NULL;
-    default: return NULL;
-    }
-}
-
 mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
                                  const char *const *metadata, const char *doc)
 {
     mgt_status st = nn_need_device(m, "ONNX export");
     if (st != MGT_OK)
         return st;
-    /* refused before anything is written: the first layer without an ONNX form, named */
-    for (int k = 0; k < m->n_nodes; k++) {
-        const char *what = transformer_layer(&m->nodes[k]);
-        if (what)
-            return mgt_error_set(MGT_ERR_UNSUPPORTED,
-                                 "%s: layer %s (%s) has no ONNX form in mgtrain yet "
-                                 "(the transformers are not exported)",
-                                 m->arch, m->nodes[k].name, what);
-    }
     /* one protobuf message holds at most 2 GiB; ONNX's external data files are not written */
     if (m->params_bytes + m->bufs_bytes > ((size_t)2 << 30) - ((size_t)64 << 20))
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "ONNX export: %s holds %.2f GiB of tensors, past the 2 GiB of one "
                              "protobuf message (ONNX's external data is not written here)",
                              m->arch, (double)(m->params_bytes + m->bufs_bytes) / (1 << 30));
-    onnx_build B = {.m = m}, *b = &B;
+    onnx_build B = {.m = m, .s = s}, *b = &B;
     char *host = malloc(m->params_bytes + m->bufs_bytes + 1);
     b->vname = calloc((size_t)m->n_values, sizeof *b->vname);
     if (!host || !b->vname) {
@@ -620,6 +945,11 @@ mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
     for (int k = 0; k < m->n_nodes && st == MGT_OK && !b->oom; k++)
         if (!m->nodes[k].aux)
             st = export_node(b, k);
+    /* the state_dict's relative_position_index tensors, as a strict load wants them (the graph
+       gathers by its own int64 copy of each attention's index) */
+    for (int e = 0; e < m->n_table && st == MGT_OK; e++)
+        if (m->table[e].role == MGT_MODEL_INDEX)
+            init_entry(b, e, false);
     const nn_value *in = &m->values[0];
     if (st == MGT_OK && !last_linear) { /* a classifier ending in a pool: [batch, classes] */
         const char *x = b->vname[last];

@@ -48,20 +48,25 @@ mgt_status nn_ln_backward(nn_call *c)
    input (grid) into the output (walk); a scatter the other way. Backward is the other
    direction with the same description, after zeroing where the map does not cover. */
 
-static mgt_permute_shape permute_shape(const nn_call *c, bool scatter)
+mgt_permute_shape nn_permute_shape(const mgt_model *m, const nn_node *nd, int n, bool scatter)
 {
-    mgt_permute_shape sh = c->node->u.permute.sh;
-    const nn_value *walk = scatter ? in_value(c) : out_value(c);
-    const nn_value *grid = scatter ? out_value(c) : in_value(c);
-    sh.size[0] = c->n;
+    mgt_permute_shape sh = nd->u.permute.sh;
+    const nn_value *in = &m->values[nd->in[0]], *out = &m->values[nd->out];
+    const nn_value *walk = scatter ? in : out, *grid = scatter ? out : in;
+    sh.size[0] = n;
     sh.axis[0] = 0;
     sh.coef[0] = 1;
     sh.walk_stride[0] = nn_value_floats(walk);
     sh.extent[0] = 0;
     sh.shift[0] = 0;
-    sh.limit[0] = c->n;
+    sh.limit[0] = n;
     sh.grid_stride[0] = nn_value_floats(grid);
     return sh;
+}
+
+static mgt_permute_shape permute_shape(const nn_call *c, bool scatter)
+{
+    return nn_permute_shape(c->m, c->node, c->n, scatter);
 }
 
 mgt_status nn_permute_forward(nn_call *c)

@@ -2,14 +2,18 @@
 // backward, the relative position bias's gather and segment sum, and the row path of the layer
 // norm (hw == 1: LayerNorm over the last dimension), with the exact semantics of mgt/device.h.
 //
-// Attention runs its products on cuBLAS (strided-batched SGEMM over the groups, one call per
-// head, reading q, k, v and writing y, dq, dk, dv in place through the row strides) and
-// everything between them in fused row kernels (one warp per query row: bias, mask, the
-// softmax, the saved log-sum-exp, dropout; in backward the probabilities from the log-sum-exp,
-// D = dy . y and the logits' gradient). The logits of every group and head live in the
-// stream's scratch for the duration of the call (two such tiles in backward): every shape
-// takes this path. Every kernel is deterministic (no floating-point atomics; reductions in an
-// order fixed by the sizes).
+// Attention with a head size up to 128 runs fused, flash-attention style (k_flash_*: a warp
+// per query row, keys and values through shared memory in tiles of 32, an online softmax in
+// fp32; forward keeps only each row's log-sum-exp, backward recomputes the probabilities from
+// it in two passes, dq by query rows, then dk and dv by key rows, without atomics). A larger
+// head runs its products on cuBLAS (strided-batched SGEMM over the groups, one call per head,
+// reading q, k, v and writing y, dq, dk, dv in place through the row strides) and everything
+// between them in fused row kernels (one warp per query row: bias, mask, the softmax, the
+// saved log-sum-exp, dropout; in backward the probabilities from the log-sum-exp, D = dy . y
+// and the logits' gradient), the logits of every group and head in the stream's scratch for
+// the call (two such tiles in backward). Swin V2's cosine attention normalizes q and k into
+// unit copies first on either path. Every kernel is deterministic (no floating-point atomics;
+// reductions in an order fixed by the sizes).
 #include <cmath>
 #include <cstdint>
 
@@ -458,6 +462,315 @@ mgt_status attn_scores(mgt_cuda_stream *s, const mgt_attn_shape &sh, const qk_vi
     return MGT_OK;
 }
 
+// ---- fused attention (flash-attention style), head size up to 128 ----
+// A block is kFlashRows warps of one group and head, a warp to a query row (forward, and the
+// dq pass of backward) or a key row (backward's dk and dv pass); the other side streams
+// through shared memory in tiles of kFlashTile rows, a lane to each row of the tile. The
+// softmax is online (running max and sum, fp32) and the logits never reach memory: forward
+// keeps each row's log-sum-exp, backward recomputes the probabilities from it, once per pass.
+// Every output element is one thread's sum in a fixed order: no atomics, the same bits on
+// every run. DH is the head size rounded up to 32, 64 or 128 (lane + 32 i < dh are used).
+
+constexpr int kFlashRows = 8;  // warps of a block
+constexpr int kFlashTile = 32; // rows of a shared-memory tile: a lane each
+
+// What the fused kernels read and write: q and k through qk_view (the unit copies under
+// cosine), v, y and dy through the op's strides; dq and dk through their own (the unit
+// gradients' under cosine), dv through k's and v's.
+struct flash_io {
+    const float *q, *k, *v, *y, *dy;
+    size_t q_batch, q_row, k_batch, k_row, v_batch, v_row, y_batch, y_row;
+    float *out, *lse_out; // forward: y and each row's log-sum-exp [batch, heads, tq]
+    const float *lse;     // backward: the forward's
+    float *dd;            // backward: D = dy . y per row [batch, heads, tq], scratch
+    float *dq, *dk, *dv;
+    size_t dq_batch, dq_row, dk_batch, dk_row;
+    float *dsum; // optional: the logits' gradient [batch, heads, tq, tk] (for dbias)
+    float *dls;  // optional (cosine): each row's share of d logit_scale [batch, heads, tq]
+    const float *bias, *mask, *logit_scale;
+};
+
+// A tile of kFlashTile rows (row r = row r0 + r of the tensor) into s, the columns past dh
+// and the rows past n 0.
+template <int DH>
+__device__ inline void flash_load(float (*s)[DH + 1], const float *x, size_t batch_off, size_t row,
+                                  int r0, int n, int dh)
+{
+    for (int i = threadIdx.x; i < kFlashTile * DH; i += kFlashRows * 32) {
+        const int r = i / DH, d = i % DH, at = r0 + r;
+        s[r][d] = at < n && d < dh ? x[batch_off + (size_t)at * row + d] : 0.0f;
+    }
+}
+
+// s . t over d < dh, in order of d.
+__device__ inline float flash_dot(const float *s, const float *t, int dh)
+{
+    float acc = 0.0f;
+    for (int d = 0; d < dh; d++)
+        acc += s[d] * t[d];
+    return acc;
+}
+
+template <int DH>
+__global__ void __launch_bounds__(kFlashRows * 32) k_flash_fwd(flash_io io, attn_desc a)
+{
+    __shared__ float sk[kFlashTile][DH + 1], sv[kFlashTile][DH + 1]; // +1: no bank conflicts
+    __shared__ float sq[kFlashRows][DH];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q_tiles = (a.tq + kFlashRows - 1) / kFlashRows;
+    const int bh = blockIdx.x / q_tiles, b = bh / a.heads, h = bh % a.heads;
+    const int t = (blockIdx.x % q_tiles) * kFlashRows + warp;
+    const bool live = t < a.tq; // the same for the whole warp
+    const size_t ho = (size_t)h * a.dh;
+    for (int d = lane; d < DH; d += 32)
+        sq[warp][d] =
+            live && d < a.dh ? io.q[(size_t)b * io.q_batch + (size_t)t * io.q_row + ho + d] : 0.0f;
+    const float sg = a.scale * head_gain(a, io.logit_scale, h);
+    float m = -INFINITY, l = 0.0f, acc[DH / 32];
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        acc[i] = 0.0f;
+    for (int u0 = 0; u0 < a.tk; u0 += kFlashTile) {
+        __syncthreads(); // the last tile is used up (and sq written, the first time)
+        flash_load<DH>(sk, io.k, (size_t)b * io.k_batch + ho, io.k_row, u0, a.tk, a.dh);
+        flash_load<DH>(sv, io.v, (size_t)b * io.v_batch + ho, io.v_row, u0, a.tk, a.dh);
+        __syncthreads();
+        if (!live)
+            continue;
+        const int u = u0 + lane, nk = min(kFlashTile, a.tk - u0);
+        float s = -INFINITY;
+        if (u < a.tk)
+            s = flash_dot(sq[warp], sk[lane], a.dh) * sg +
+                attn_extra(a, io.bias, io.mask, b, h, (size_t)t * a.tk + u);
+        const float mn = fmaxf(m, warp_max(s)); // finite: lane 0's key exists
+        const float p = u < a.tk ? expf(s - mn) : 0.0f;
+        const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+        l = l * corr + warp_sum(p);
+        const float pf = u < a.tk ? p * attn_drop(a, b, h, t, u) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < DH / 32; i++)
+            acc[i] *= corr;
+        for (int j = 0; j < nk; j++) {
+            const float pj = __shfl_sync(kFullMask, pf, j);
+#pragma unroll
+            for (int i = 0; i < DH / 32; i++)
+                acc[i] += pj * sv[j][lane + 32 * i];
+        }
+        m = mn;
+    }
+    if (!live)
+        return;
+    const size_t row = ((size_t)b * a.heads + h) * a.tq + t;
+    if (lane == 0)
+        io.lse_out[row] = m + logf(l);
+    float *y = io.out + (size_t)b * io.y_batch + (size_t)t * io.y_row + ho;
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        if (lane + 32 * i < a.dh)
+            y[lane + 32 * i] = acc[i] / l;
+}
+
+// Backward's first pass, a warp to a query row: D = dy . y (kept for the second pass), the
+// logits' gradient ds = p (f dy . v - D) of each key (into dsum for dbias; its share of
+// d logit_scale under cosine) and dq = sum over keys of ds scale gain k.
+template <int DH>
+__global__ void __launch_bounds__(kFlashRows * 32) k_flash_bwd_q(flash_io io, attn_desc a)
+{
+    __shared__ float sk[kFlashTile][DH + 1], sv[kFlashTile][DH + 1];
+    __shared__ float sq[kFlashRows][DH], sdy[kFlashRows][DH];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q_tiles = (a.tq + kFlashRows - 1) / kFlashRows;
+    const int bh = blockIdx.x / q_tiles, b = bh / a.heads, h = bh % a.heads;
+    const int t = (blockIdx.x % q_tiles) * kFlashRows + warp;
+    const bool live = t < a.tq;
+    const size_t ho = (size_t)h * a.dh, row = ((size_t)b * a.heads + h) * a.tq + t;
+    const size_t yo = (size_t)b * io.y_batch + (size_t)t * io.y_row + ho;
+    float dd = 0.0f;
+    for (int d = lane; d < DH; d += 32) {
+        const bool in = live && d < a.dh;
+        sq[warp][d] = in ? io.q[(size_t)b * io.q_batch + (size_t)t * io.q_row + ho + d] : 0.0f;
+        sdy[warp][d] = in ? io.dy[yo + d] : 0.0f;
+        if (in)
+            dd += io.dy[yo + d] * io.y[yo + d];
+    }
+    dd = warp_sum(dd);
+    if (live && lane == 0)
+        io.dd[row] = dd;
+    const float sg = a.scale * head_gain(a, io.logit_scale, h);
+    const float l0 = live ? io.lse[row] : 0.0f;
+    float part = 0.0f, acc[DH / 32];
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        acc[i] = 0.0f;
+    for (int u0 = 0; u0 < a.tk; u0 += kFlashTile) {
+        __syncthreads();
+        flash_load<DH>(sk, io.k, (size_t)b * io.k_batch + ho, io.k_row, u0, a.tk, a.dh);
+        flash_load<DH>(sv, io.v, (size_t)b * io.v_batch + ho, io.v_row, u0, a.tk, a.dh);
+        __syncthreads();
+        if (!live)
+            continue;
+        const int u = u0 + lane, nk = min(kFlashTile, a.tk - u0);
+        float ds = 0.0f;
+        if (u < a.tk) {
+            const float raw = flash_dot(sq[warp], sk[lane], a.dh) * sg;
+            const float p =
+                expf(raw + attn_extra(a, io.bias, io.mask, b, h, (size_t)t * a.tk + u) - l0);
+            const float dp = flash_dot(sdy[warp], sv[lane], a.dh);
+            ds = p * (dp * attn_drop(a, b, h, t, u) - dd);
+            part += ds * raw;
+            if (io.dsum)
+                io.dsum[row * a.tk + u] = ds;
+        }
+        for (int j = 0; j < nk; j++) {
+            const float dj = __shfl_sync(kFullMask, ds, j) * sg;
+#pragma unroll
+            for (int i = 0; i < DH / 32; i++)
+                acc[i] += dj * sk[j][lane + 32 * i];
+        }
+    }
+    if (!live)
+        return;
+    part = warp_sum(part);
+    if (io.dls && lane == 0)
+        io.dls[row] = part;
+    float *dq = io.dq + (size_t)b * io.dq_batch + (size_t)t * io.dq_row + ho;
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        if (lane + 32 * i < a.dh)
+            dq[lane + 32 * i] = acc[i];
+}
+
+// Backward's second pass, a warp to a key row: dv = sum over queries of p f dy and
+// dk = sum of ds scale gain q, with p and ds recomputed as the first pass has them (the same
+// products in the same order: the same bits) from lse and its D.
+template <int DH>
+__global__ void __launch_bounds__(kFlashRows * 32) k_flash_bwd_kv(flash_io io, attn_desc a)
+{
+    __shared__ float sq[kFlashTile][DH + 1], sdy[kFlashTile][DH + 1];
+    __shared__ float slse[kFlashTile], sdd[kFlashTile];
+    __shared__ float sk[kFlashRows][DH], sv[kFlashRows][DH];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int k_tiles = (a.tk + kFlashRows - 1) / kFlashRows;
+    const int bh = blockIdx.x / k_tiles, b = bh / a.heads, h = bh % a.heads;
+    const int u = (blockIdx.x % k_tiles) * kFlashRows + warp;
+    const bool live = u < a.tk;
+    const size_t ho = (size_t)h * a.dh, rows0 = ((size_t)b * a.heads + h) * a.tq;
+    for (int d = lane; d < DH; d += 32) {
+        const bool in = live && d < a.dh;
+        sk[warp][d] = in ? io.k[(size_t)b * io.k_batch + (size_t)u * io.k_row + ho + d] : 0.0f;
+        sv[warp][d] = in ? io.v[(size_t)b * io.v_batch + (size_t)u * io.v_row + ho + d] : 0.0f;
+    }
+    const float sg = a.scale * head_gain(a, io.logit_scale, h);
+    float dka[DH / 32], dva[DH / 32];
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        dka[i] = dva[i] = 0.0f;
+    for (int t0 = 0; t0 < a.tq; t0 += kFlashTile) {
+        __syncthreads();
+        flash_load<DH>(sq, io.q, (size_t)b * io.q_batch + ho, io.q_row, t0, a.tq, a.dh);
+        flash_load<DH>(sdy, io.dy, (size_t)b * io.y_batch + ho, io.y_row, t0, a.tq, a.dh);
+        if (threadIdx.x < kFlashTile) {
+            const int t = t0 + (int)threadIdx.x;
+            slse[threadIdx.x] = t < a.tq ? io.lse[rows0 + t] : 0.0f;
+            sdd[threadIdx.x] = t < a.tq ? io.dd[rows0 + t] : 0.0f;
+        }
+        __syncthreads();
+        if (!live)
+            continue;
+        const int t = t0 + lane, nq = min(kFlashTile, a.tq - t0);
+        float ds = 0.0f, pf = 0.0f;
+        if (t < a.tq) {
+            const float raw = flash_dot(sq[lane], sk[warp], a.dh) * sg;
+            const float p = expf(raw + attn_extra(a, io.bias, io.mask, b, h, (size_t)t * a.tk + u) -
+                                 slse[lane]);
+            const float f = attn_drop(a, b, h, t, u);
+            const float dp = flash_dot(sdy[lane], sv[warp], a.dh);
+            ds = p * (dp * f - sdd[lane]);
+            pf = p * f;
+        }
+        for (int j = 0; j < nq; j++) {
+            const float pj = __shfl_sync(kFullMask, pf, j);
+            const float dj = __shfl_sync(kFullMask, ds, j) * sg;
+#pragma unroll
+            for (int i = 0; i < DH / 32; i++) {
+                dva[i] += pj * sdy[j][lane + 32 * i];
+                dka[i] += dj * sq[j][lane + 32 * i];
+            }
+        }
+    }
+    if (!live)
+        return;
+    float *dk = io.dk + (size_t)b * io.dk_batch + (size_t)u * io.dk_row + ho;
+    float *dv = io.dv + (size_t)b * io.v_batch + (size_t)u * io.v_row + ho;
+#pragma unroll
+    for (int i = 0; i < DH / 32; i++)
+        if (lane + 32 * i < a.dh) {
+            dk[lane + 32 * i] = dka[i];
+            dv[lane + 32 * i] = dva[i];
+        }
+}
+
+// The fused kernels' head-size template for dh, or 0 where dh > 128 (the cuBLAS path).
+int flash_dh(int dh) { return dh <= 32 ? 32 : dh <= 64 ? 64 : dh <= 128 ? 128 : 0; }
+
+unsigned flash_blocks(const mgt_attn_shape &sh, int rows)
+{
+    return (unsigned)((long)sh.batch * sh.heads * ((rows + kFlashRows - 1) / kFlashRows));
+}
+
+void flash_fwd(mgt_cuda_stream *s, const mgt_attn_shape &sh, const flash_io &io, const attn_desc &d)
+{
+    const unsigned n = flash_blocks(sh, sh.tq), th = kFlashRows * 32;
+    switch (flash_dh(sh.dh)) {
+    case 32: k_flash_fwd<32><<<n, th, 0, s->stream>>>(io, d); break;
+    case 64: k_flash_fwd<64><<<n, th, 0, s->stream>>>(io, d); break;
+    default: k_flash_fwd<128><<<n, th, 0, s->stream>>>(io, d); break;
+    }
+}
+
+void flash_bwd(mgt_cuda_stream *s, const mgt_attn_shape &sh, const flash_io &io, const attn_desc &d)
+{
+    const unsigned nq = flash_blocks(sh, sh.tq), nk = flash_blocks(sh, sh.tk);
+    const unsigned th = kFlashRows * 32;
+    switch (flash_dh(sh.dh)) {
+    case 32:
+        k_flash_bwd_q<32><<<nq, th, 0, s->stream>>>(io, d);
+        k_flash_bwd_kv<32><<<nk, th, 0, s->stream>>>(io, d);
+        break;
+    case 64:
+        k_flash_bwd_q<64><<<nq, th, 0, s->stream>>>(io, d);
+        k_flash_bwd_kv<64><<<nk, th, 0, s->stream>>>(io, d);
+        break;
+    default:
+        k_flash_bwd_q<128><<<nq, th, 0, s->stream>>>(io, d);
+        k_flash_bwd_kv<128><<<nk, th, 0, s->stream>>>(io, d);
+        break;
+    }
+}
+
+// The fields of flash_io both directions read: q and k as v (the view) has them, the op's v
+// and y strides, bias, mask and logit_scale.
+flash_io flash_inputs(const mgt_attn_shape &sh, const qk_view &v, const float *vv,
+                      const float *bias, const float *mask, const float *logit_scale)
+{
+    flash_io io = {};
+    io.q = v.q;
+    io.k = v.k;
+    io.q_batch = v.q_batch;
+    io.q_row = v.q_row;
+    io.k_batch = v.kv_batch;
+    io.k_row = v.kv_row;
+    io.v = vv;
+    io.v_batch = sh.kv_batch;
+    io.v_row = sh.kv_row;
+    io.y_batch = sh.y_batch;
+    io.y_row = sh.y_row;
+    io.bias = bias;
+    io.mask = mask;
+    io.logit_scale = logit_scale;
+    return io;
+}
+
 } // namespace
 
 mgt_status cuda_permute(mgt_cuda_stream *s, const mgt_op *op)
@@ -491,6 +804,18 @@ mgt_status cuda_attn_fwd(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.attn_fwd;
     const mgt_attn_shape &sh = a.sh;
+    if (flash_dh(sh.dh)) { /* fused: no logits in memory */
+        size_t units = sh.cosine ? unit_floats(sh) * sizeof(float) : 0;
+        mgt_status st = units ? mgt_cuda_scratch(s, units) : MGT_OK;
+        if (st != MGT_OK)
+            return st;
+        qk_view v = view_qk(s, sh, a.q, a.k, (float *)s->scratch);
+        flash_io io = flash_inputs(sh, v, a.v, a.bias, a.mask, a.logit_scale);
+        io.out = a.y;
+        io.lse_out = a.lse;
+        flash_fwd(s, sh, io, make_desc(sh));
+        return MGT_CUDA_AFTER(s, "attention_forward");
+    }
     mgt_status st = mgt_cuda_blas(s);
     size_t tiles = mgt_cuda_align256((size_t)sh.batch * sh.heads * sh.tq * sh.tk * sizeof(float));
     size_t units = sh.cosine ? unit_floats(sh) * sizeof(float) : 0;
@@ -523,59 +848,86 @@ mgt_status cuda_attn_bwd(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.attn_bwd;
     const mgt_attn_shape &sh = a.sh;
+    const bool fused = flash_dh(sh.dh) != 0;
     size_t hd = (size_t)sh.heads * sh.dh, g = (size_t)sh.batch;
     long rows = (long)sh.batch * sh.heads * sh.tq;
     size_t tile = mgt_cuda_align256((size_t)rows * sh.tk * sizeof(float));
+    // the logits and their gradient (the cuBLAS path), the unit copies of q and k, their
+    // gradients (cosine), the rows' shares of d logit_scale, the logits' gradient for dbias, and
+    // D per row (fused)
+    size_t tiles = fused ? 0 : 2 * tile;
     size_t units = sh.cosine ? unit_floats(sh) * sizeof(float) : 0;
-    // the unit gradients of q and k (cosine) and the rows' shares of d logit_scale
     size_t ugrads = sh.cosine ? mgt_cuda_align256((g * sh.tq * hd + g * sh.tk * hd) * 4) : 0;
     size_t dls = sh.cosine ? mgt_cuda_align256((size_t)rows * sizeof(float)) : 0;
     size_t dsum = a.dbias ? tile : 0;
-    mgt_status st = mgt_cuda_blas(s);
+    size_t dd = fused ? mgt_cuda_align256((size_t)rows * sizeof(float)) : 0;
+    mgt_status st = fused ? MGT_OK : mgt_cuda_blas(s);
     if (st == MGT_OK)
-        st = mgt_cuda_scratch(s, 2 * tile + units + ugrads + dls + dsum);
+        st = mgt_cuda_scratch(s, tiles + units + ugrads + dls + dsum + dd);
     if (st != MGT_OK)
         return st;
     char *base = (char *)s->scratch;
-    float *sc = (float *)base, *dp = (float *)(base + tile), *u = (float *)(base + 2 * tile);
-    float *dqn = (float *)(base + 2 * tile + units), *dkn = dqn + g * sh.tq * hd;
-    float *rdls = sh.cosine ? (float *)(base + 2 * tile + units + ugrads) : NULL;
-    float *ds = a.dbias ? (float *)(base + 2 * tile + units + ugrads + dls) : NULL;
+    float *sc = (float *)base, *dp = (float *)(base + tile), *u = (float *)(base + tiles);
+    float *dqn = (float *)(base + tiles + units), *dkn = dqn + g * sh.tq * hd;
+    float *rdls = sh.cosine ? (float *)(base + tiles + units + ugrads) : NULL;
+    float *ds = a.dbias ? (float *)(base + tiles + units + ugrads + dls) : NULL;
+    float *rdd = (float *)(base + tiles + units + ugrads + dls + dsum);
     qk_view v = view_qk(s, sh, a.q, a.k, u);
-    st = attn_scores(s, sh, v, sc);
-    long long tt = (long long)sh.tq * sh.tk;
-    // dp = dy v^T
-    for (int h = 0; h < sh.heads && st == MGT_OK; h++)
-        st = gemm_groups(s, false, true, sh.tq, sh.tk, sh.dh, 1.0f, a.dy + (size_t)h * sh.dh,
-                         sh.y_row, (long long)sh.y_batch, a.v + (size_t)h * sh.dh, sh.kv_row,
-                         (long long)sh.kv_batch, 0.0f, dp + (size_t)h * tt, (size_t)sh.tk,
-                         tt * sh.heads, sh.batch);
-    if (st != MGT_OK)
-        return st;
-    attn_desc d = make_desc(sh);
-    k_attn_bwd_rows<<<blocks_for_rows(rows), kThreads, 0, s->stream>>>(
-        sc, dp, rdls, ds, a.dy, a.y, sh.y_batch, sh.y_row, a.lse, a.bias, a.mask, a.logit_scale, d);
-    // dv = p^T dy; dq = ds k; dk = ds^T q (ds already times scale and gain)
+    // dq and dk: the unit copies' gradients under cosine (unnormalized below)
     float *dq = sh.cosine ? dqn : a.dq, *dk = sh.cosine ? dkn : a.dk;
     size_t dq_row = sh.cosine ? hd : sh.q_row, dk_row = sh.cosine ? hd : sh.kv_row;
     long long dq_batch = sh.cosine ? (long long)(sh.tq * hd) : (long long)sh.q_batch;
     long long dk_batch = sh.cosine ? (long long)(sh.tk * hd) : (long long)sh.kv_batch;
-    for (int h = 0; h < sh.heads && st == MGT_OK; h++) {
-        size_t ho = (size_t)h * sh.dh;
-        st = gemm_groups(s, true, false, sh.tk, sh.dh, sh.tq, 1.0f, sc + (size_t)h * tt,
-                         (size_t)sh.tk, tt * sh.heads, a.dy + ho, sh.y_row, (long long)sh.y_batch,
-                         0.0f, a.dv + ho, sh.kv_row, (long long)sh.kv_batch, sh.batch);
-        if (st == MGT_OK)
-            st = gemm_groups(s, false, false, sh.tq, sh.dh, sh.tk, 1.0f, dp + (size_t)h * tt,
-                             (size_t)sh.tk, tt * sh.heads, v.k + ho, v.kv_row,
-                             (long long)v.kv_batch, 0.0f, dq + ho, dq_row, dq_batch, sh.batch);
-        if (st == MGT_OK)
-            st = gemm_groups(s, true, false, sh.tk, sh.dh, sh.tq, 1.0f, dp + (size_t)h * tt,
-                             (size_t)sh.tk, tt * sh.heads, v.q + ho, v.q_row, (long long)v.q_batch,
-                             0.0f, dk + ho, dk_row, dk_batch, sh.batch);
+    attn_desc d = make_desc(sh);
+    if (fused) {
+        flash_io io = flash_inputs(sh, v, a.v, a.bias, a.mask, a.logit_scale);
+        io.y = a.y;
+        io.dy = a.dy;
+        io.lse = a.lse;
+        io.dd = rdd;
+        io.dq = dq;
+        io.dk = dk;
+        io.dv = a.dv;
+        io.dq_batch = (size_t)dq_batch;
+        io.dq_row = dq_row;
+        io.dk_batch = (size_t)dk_batch;
+        io.dk_row = dk_row;
+        io.dsum = ds;
+        io.dls = rdls;
+        flash_bwd(s, sh, io, d);
+    } else {
+        st = attn_scores(s, sh, v, sc);
+        long long tt = (long long)sh.tq * sh.tk;
+        // dp = dy v^T
+        for (int h = 0; h < sh.heads && st == MGT_OK; h++)
+            st = gemm_groups(s, false, true, sh.tq, sh.tk, sh.dh, 1.0f, a.dy + (size_t)h * sh.dh,
+                             sh.y_row, (long long)sh.y_batch, a.v + (size_t)h * sh.dh, sh.kv_row,
+                             (long long)sh.kv_batch, 0.0f, dp + (size_t)h * tt, (size_t)sh.tk,
+                             tt * sh.heads, sh.batch);
+        if (st != MGT_OK)
+            return st;
+        k_attn_bwd_rows<<<blocks_for_rows(rows), kThreads, 0, s->stream>>>(
+            sc, dp, rdls, ds, a.dy, a.y, sh.y_batch, sh.y_row, a.lse, a.bias, a.mask, a.logit_scale,
+            d);
+        // dv = p^T dy; dq = ds k; dk = ds^T q (ds already times scale and gain)
+        for (int h = 0; h < sh.heads && st == MGT_OK; h++) {
+            size_t ho = (size_t)h * sh.dh;
+            st = gemm_groups(s, true, false, sh.tk, sh.dh, sh.tq, 1.0f, sc + (size_t)h * tt,
+                             (size_t)sh.tk, tt * sh.heads, a.dy + ho, sh.y_row,
+                             (long long)sh.y_batch, 0.0f, a.dv + ho, sh.kv_row,
+                             (long long)sh.kv_batch, sh.batch);
+            if (st == MGT_OK)
+                st = gemm_groups(s, false, false, sh.tq, sh.dh, sh.tk, 1.0f, dp + (size_t)h * tt,
+                                 (size_t)sh.tk, tt * sh.heads, v.k + ho, v.kv_row,
+                                 (long long)v.kv_batch, 0.0f, dq + ho, dq_row, dq_batch, sh.batch);
+            if (st == MGT_OK)
+                st = gemm_groups(s, true, false, sh.tk, sh.dh, sh.tq, 1.0f, dp + (size_t)h * tt,
+                                 (size_t)sh.tk, tt * sh.heads, v.q + ho, v.q_row,
+                                 (long long)v.q_batch, 0.0f, dk + ho, dk_row, dk_batch, sh.batch);
+        }
+        if (st != MGT_OK)
+            return st;
     }
-    if (st != MGT_OK)
-        return st;
     if (sh.cosine) {
         const float *qn = u, *kn = qn + g * sh.tq * hd, *qnorm = kn + g * sh.tk * hd;
         const float *knorm = qnorm + g * sh.tq * sh.heads;
@@ -587,8 +939,8 @@ mgt_status cuda_attn_bwd(mgt_cuda_stream *s, const mgt_op *op)
             a.dlogit_scale, rdls, a.logit_scale, sh.batch, sh.heads, sh.tq);
     }
     if (a.dbias)
-        k_dbias<<<blocks_for((size_t)sh.heads * tt), kThreads, 0, s->stream>>>(
-            a.dbias, ds, sh.batch, sh.heads, (size_t)tt);
+        k_dbias<<<blocks_for((size_t)sh.heads * sh.tq * sh.tk), kThreads, 0, s->stream>>>(
+            a.dbias, ds, sh.batch, sh.heads, (size_t)sh.tq * sh.tk);
     return MGT_CUDA_AFTER(s, "attention_backward");
 }
 
