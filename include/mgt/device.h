@@ -402,6 +402,23 @@ typedef enum mgt_precision {
 const char *mgt_precision_name(mgt_precision p);
 bool mgt_precision_parse(const char *name, mgt_precision *out);
 
+/* How d keeps activations between ops under mixed precision amp: amp itself on mock devices
+   (16-bit activations, as autocast keeps them), MGT_PREC_F32 where the backend has no 16-bit
+   kernels for the ops around them yet (CUDA) or amp is F32. A model built for d stores every
+   activation whose producer and readers take it so (mgt/nn.h). */
+mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp);
+
+/* How an op stores the activations it reads and writes: `in` for the forward's input
+   activations (x; add's a and b), `out` for its output (y), in a forward op and its backward
+   alike; F32 or a 16-bit format (both 16-bit ones the same). 16-bit storage holds uint16_t
+   codes where the API says float *; the kernels widen them to fp32, compute and accumulate in
+   fp32 and round each 16-bit output once (nearest even). Gradients (dx, dy), parameters and
+   statistics are fp32 always. The _st forms of the wrappers below take it; the others store
+   fp32. */
+typedef struct mgt_store {
+    mgt_precision in, out;
+} mgt_store;
+
 /* The low-precision forms of gemm and the three convolution passes, as autocast runs them:
    both inputs rounded to prec (round to nearest even; fp16 overflows to inf), products and
    sums in fp32, the result fp32 with alpha and beta applied in fp32. Arrays stay fp32 in
@@ -553,6 +570,45 @@ mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_
    [-3, 3]); dx may alias dy */
 mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
                                    size_t n, mgt_act act);
+
+/* The wrappers that take a storage (the others are these with both F32). */
+mgt_status mgt_add_st(mgt_stream *s, mgt_store st, float *y, const float *a, const float *b,
+                      size_t n);
+mgt_status mgt_conv2d_forward_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *y,
+                                 const float *x, const float *w, const mgt_conv2d_shape *sh,
+                                 float beta);
+mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta);
+mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
+                                          float *save_invstd, float *running_mean,
+                                          float *running_var, const float *x, const float *gamma,
+                                          const float *beta, const mgt_bn_shape *sh);
+mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                         const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var,
+                                         const mgt_bn_shape *sh);
+mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
+                                     float *dbeta, const float *dy, const float *y, const float *x,
+                                     const float *gamma, const float *save_mean,
+                                     const float *save_invstd, const mgt_bn_shape *sh);
+mgt_status mgt_relu_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, size_t n);
+mgt_status mgt_relu_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                const float *y, size_t n);
+mgt_status mgt_maxpool2d_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                    const mgt_pool2d_shape *sh);
+mgt_status mgt_maxpool2d_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                     const float *x, const float *y, const mgt_pool2d_shape *sh);
+mgt_status mgt_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                                  int c, int hw, mgt_layout l);
+mgt_status mgt_activation_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                     size_t n, mgt_act act);
+mgt_status mgt_activation_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                      const float *x, size_t n, mgt_act act);
+mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                           int n, int c, int h, int w, int oh, int ow);
+mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                               const mgt_strided_copy_shape *sh);
 
 /* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
    squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:

@@ -13,12 +13,14 @@
 static void model_usage(FILE *f)
 {
     fprintf(f, "usage: mgtrain model [-a NAME] [--classes K] [--in-channels C] [--size S] "
-               "[--params]\n"
+               "[--amp bf16|fp16] [--params]\n"
                "  -a, --arch     the architecture (without it: every architecture, with its "
                "counts)\n"
                "  --classes      classifier outputs (default 1000; 10 for the CIFAR networks)\n"
                "  --in-channels  1 or 3 (default 3)\n"
                "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
+               "  --amp          activation memory with activations stored in 16 bits, as\n"
+               "                 mock devices store them under train --amp\n"
                "  --params       also list every tensor: name, shape, arena and byte offset\n");
 }
 
@@ -101,13 +103,14 @@ static mgt_model_config default_config(const char *arch, int classes, int in_cha
                               .batch = 1};
 }
 
-static int list_archs(int classes, int in_channels, int size)
+static int list_archs(int classes, int in_channels, int size, mgt_precision amp)
 {
     char a[32], b[32];
     printf("%-20s %-14s %-13s %14s %10s %14s\n", "architecture", "family", "input", "parameters",
            "GMACs", "act MiB/image");
     for (const char *const *n = mgt_model_arch_names(); *n; n++) {
         mgt_model_config cfg = default_config(*n, classes, in_channels, size);
+        cfg.amp = amp;
         mgt_model *m;
         if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
             fprintf(stderr, "mgtrain model: %s\n", mgt_error_last());
@@ -134,12 +137,14 @@ int mgt_app_cmd_model(int argc, char **argv)
         {"in-channels", required_argument, NULL, 'c'},
         {"size", required_argument, NULL, 's'},
         {"params", no_argument, NULL, 'p'},
+        {"amp", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *arch = NULL;
     int classes = 0, in_channels = 3, size = 0, opt;
     bool params = false;
+    mgt_precision amp = MGT_PREC_F32;
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "ha:", longopts, NULL)) != -1) {
@@ -158,6 +163,10 @@ int mgt_app_cmd_model(int argc, char **argv)
                 return 2;
             break;
         case 'p': params = true; break;
+        case 'm':
+            if (!mgt_app_flag_precision("--amp", optarg, true, &amp))
+                return 2;
+            break;
         case 'h': model_usage(stdout); return 0;
         default:
             fprintf(stderr, "mgtrain model: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -170,7 +179,7 @@ int mgt_app_cmd_model(int argc, char **argv)
         return 2;
     }
     if (!arch)
-        return list_archs(classes, in_channels, size);
+        return list_archs(classes, in_channels, size, amp);
     if (!mgt_arch_find(arch)) { /* every name, however many there are */
         fprintf(stderr, "mgtrain model: -a '%s': unknown architecture; the %d known:\n", arch,
                 mgt_app_arch_count());
@@ -178,6 +187,7 @@ int mgt_app_cmd_model(int argc, char **argv)
         return 2;
     }
     mgt_model_config cfg = default_config(arch, classes, in_channels, size);
+    cfg.amp = amp;
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
         fprintf(stderr, "mgtrain model: %s\n", mgt_error_last());
@@ -205,6 +215,10 @@ int mgt_app_cmd_model(int argc, char **argv)
            "of per-channel statistics per batch)\n",
            c.act_bytes_per_image / 1048576.0, grouped(a, sizeof a, c.act_bytes_per_image),
            grouped(b, sizeof b, c.act_bytes_fixed));
+    if (amp != MGT_PREC_F32)
+        printf("stored in %s:              %d of %d layer outputs (the rest, and every gradient, "
+               "fp32), as mock devices store them under --amp %s\n",
+               mgt_precision_name(amp), c.values_16, c.values, mgt_precision_name(amp));
     mgt_model_free(m);
     return 0;
 }

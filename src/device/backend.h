@@ -77,6 +77,9 @@ typedef struct mgt_backend_i {
     /* (optional) the layout activations are best kept in between this device's ops (see
        mgt_device_act_layout); NULL: NCHW */
     mgt_layout (*act_layout)(const mgt_device *d);
+    /* (optional) how activations are stored between this device's ops under mixed precision
+       `amp` (see mgt_device_act_dtype); NULL: fp32 */
+    mgt_precision (*act_dtype)(const mgt_device *d, mgt_precision amp);
     /* (optional) whether launch can run this op; NULL: every op */
     bool (*supports_op)(mgt_device *d, const mgt_op *op);
     /* enqueues one checked kernel */

@@ -553,6 +553,12 @@ mgt_layout mgt_device_act_layout(const mgt_device *d)
     return iface->act_layout ? iface->act_layout(d) : MGT_LAYOUT_NCHW;
 }
 
+mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp)
+{
+    const mgt_backend_i *iface = d->set->iface;
+    return amp != MGT_PREC_F32 && iface->act_dtype ? iface->act_dtype(d, amp) : MGT_PREC_F32;
+}
+
 void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total)
 {
     if (used)

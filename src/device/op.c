@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "device/lowp.h"
 #include "device/op.h"
 #include "mgt/rng.h"
 
@@ -118,6 +119,17 @@ static mgt_operand_role beta_role(float beta)
     return beta != 0.0f ? MGT_OPERAND_INOUT : MGT_OPERAND_OUT;
 }
 
+/* The element type of the op's input and output activations (mgt_op.store_in, store_out). */
+static mgt_dtype act_in(const mgt_op *op)
+{
+    return op->store_in != MGT_PREC_F32 ? MGT_U16 : MGT_F32;
+}
+
+static mgt_dtype act_out(const mgt_op *op)
+{
+    return op->store_out != MGT_PREC_F32 ? MGT_U16 : MGT_F32;
+}
+
 static mgt_status check_n(const mgt_op *op, size_t n)
 {
     if (n == 0)
@@ -163,17 +175,17 @@ static mgt_status check_add(const mgt_op *op) { return check_n(op, op->u.add.n);
 
 static void operands_add(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.add.y, "y", op->u.add.n, MGT_F32, OUT);
-    ADD(l, op->u.add.a, "a", op->u.add.n, MGT_F32, IN);
-    ADD(l, op->u.add.b, "b", op->u.add.n, MGT_F32, IN);
+    ADD(l, op->u.add.y, "y", op->u.add.n, act_out(op), OUT);
+    ADD(l, op->u.add.a, "a", op->u.add.n, act_in(op), IN);
+    ADD(l, op->u.add.b, "b", op->u.add.n, act_in(op), IN);
 }
 
 static mgt_status check_relu_fwd(const mgt_op *op) { return check_n(op, op->u.relu_fwd.n); }
 
 static void operands_relu_fwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.relu_fwd.y, "y", op->u.relu_fwd.n, MGT_F32, OUT);
-    ADD(l, op->u.relu_fwd.x, "x", op->u.relu_fwd.n, MGT_F32, IN);
+    ADD(l, op->u.relu_fwd.y, "y", op->u.relu_fwd.n, act_out(op), OUT);
+    ADD(l, op->u.relu_fwd.x, "x", op->u.relu_fwd.n, act_in(op), IN);
 }
 
 static mgt_status check_relu_bwd(const mgt_op *op) { return check_n(op, op->u.relu_bwd.n); }
@@ -182,7 +194,7 @@ static void operands_relu_bwd(mgt_op *op, operand_list *l)
 {
     ADD(l, op->u.relu_bwd.dx, "dx", op->u.relu_bwd.n, MGT_F32, OUT);
     ADD(l, op->u.relu_bwd.dy, "dy", op->u.relu_bwd.n, MGT_F32, IN);
-    ADD(l, op->u.relu_bwd.y, "y", op->u.relu_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.relu_bwd.y, "y", op->u.relu_bwd.n, act_out(op), IN);
 }
 
 /* ---- gemm ---- */
@@ -321,8 +333,8 @@ static void operands_conv(mgt_op *op, operand_list *l)
     size_t w = zmul(sh->k, sh->c / groups, sh->r, sh->s);
     mgt_operand_role role = beta_role(op->u.conv.beta);
     if (op->kind == MGT_OP_CONV2D_FWD) {
-        ADD(l, op->u.conv.out, "y", y, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "x", x, MGT_F32, IN);
+        ADD(l, op->u.conv.out, "y", y, act_out(op), role);
+        ADD(l, op->u.conv.in1, "x", x, act_in(op), IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
     } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
         ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
@@ -331,7 +343,7 @@ static void operands_conv(mgt_op *op, operand_list *l)
     } else {
         ADD(l, op->u.conv.out, "dw", w, MGT_F32, role);
         ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
-        ADD(l, op->u.conv.in2, "x", x, MGT_F32, IN);
+        ADD(l, op->u.conv.in2, "x", x, act_in(op), IN);
     }
 }
 
@@ -379,12 +391,12 @@ static void operands_bn_train(mgt_op *op, operand_list *l)
 {
     mgt_bn_train_args *b = &op->u.bn_train;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->y, "y", x, MGT_F32, OUT);
+    ADD(l, b->y, "y", x, act_out(op), OUT);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, OUT);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, OUT);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, INOUT);
     ADD(l, b->running_var, "running_var", c, MGT_F32, INOUT);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
 }
@@ -395,8 +407,8 @@ static void operands_bn_eval(mgt_op *op, operand_list *l)
 {
     mgt_bn_eval_args *b = &op->u.bn_eval;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->y, "y", x, MGT_F32, OUT);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+    ADD(l, b->y, "y", x, act_out(op), OUT);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, IN);
@@ -414,8 +426,8 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
     ADD(l, b->dbeta, "dbeta", c, MGT_F32, INOUT);
     ADD(l, b->dy, "dy", x, MGT_F32, IN);
     if (b->sh.relu)
-        ADD(l, b->y, "y", x, MGT_F32, IN);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+        ADD(l, b->y, "y", x, act_out(op), IN);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, IN);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, IN);
@@ -500,8 +512,8 @@ static void operands_maxpool_fwd(mgt_op *op, operand_list *l)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
     ADD(l, op->u.maxpool_fwd.y, "y", zmul(sh->n, sh->c, mgt_pool2d_out_h(sh), mgt_pool2d_out_w(sh)),
-        MGT_F32, OUT);
-    ADD(l, op->u.maxpool_fwd.x, "x", zmul(sh->n, sh->c, sh->h, sh->w), MGT_F32, IN);
+        act_out(op), OUT);
+    ADD(l, op->u.maxpool_fwd.x, "x", zmul(sh->n, sh->c, sh->h, sh->w), act_in(op), IN);
 }
 
 static mgt_status check_maxpool_bwd(const mgt_op *op)
@@ -516,8 +528,8 @@ static void operands_maxpool_bwd(mgt_op *op, operand_list *l)
     size_t y = zmul(sh->n, sh->c, mgt_pool2d_out_h(sh), mgt_pool2d_out_w(sh));
     ADD(l, op->u.maxpool_bwd.dx, "dx", x, MGT_F32, OUT);
     ADD(l, op->u.maxpool_bwd.dy, "dy", y, MGT_F32, IN);
-    ADD(l, op->u.maxpool_bwd.x, "x", x, MGT_F32, IN);
-    ADD(l, op->u.maxpool_bwd.y, "y", y, MGT_F32, IN);
+    ADD(l, op->u.maxpool_bwd.x, "x", x, act_in(op), IN);
+    ADD(l, op->u.maxpool_bwd.y, "y", y, act_out(op), IN);
 }
 
 static mgt_status check_planes(const mgt_op *op, int n, int c, int hw)
@@ -540,8 +552,8 @@ static mgt_status check_avgpool_fwd(const mgt_op *op)
 static void operands_avgpool_fwd(mgt_op *op, operand_list *l)
 {
     mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, 1, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, 1, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
 }
 
 static mgt_status check_avgpool_bwd(const mgt_op *op)
@@ -847,8 +859,8 @@ static mgt_status check_apool_fwd(const mgt_op *op)
 static void operands_apool_fwd(mgt_op *op, operand_list *l)
 {
     mgt_apool_fwd_args *a = &op->u.apool_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), act_in(op), IN);
 }
 
 static mgt_status check_apool_bwd(const mgt_op *op)
@@ -900,8 +912,9 @@ static void operands_scopy(mgt_op *op, operand_list *l)
 {
     mgt_scopy_args *c = &op->u.scopy;
     /* INOUT: the floats between the rows are in the extent and are left as they are */
-    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
-    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
+    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), act_out(op),
+        INOUT);
+    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), act_in(op), IN);
 }
 
 uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
@@ -932,8 +945,8 @@ static mgt_status check_act_fwd(const mgt_op *op)
 
 static void operands_act_fwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, MGT_F32, OUT);
-    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, act_out(op), OUT);
+    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, act_in(op), IN);
 }
 
 static mgt_status check_act_bwd(const mgt_op *op)
@@ -945,7 +958,7 @@ static void operands_act_bwd(mgt_op *op, operand_list *l)
 {
     ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
     ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
-    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, act_in(op), IN);
 }
 
 static mgt_status check_chscale_fwd(const mgt_op *op)
@@ -1053,6 +1066,101 @@ typedef struct op_info {
 static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 #undef OP_INFO
 
+bool mgt_op_takes_store(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD:
+    case MGT_OP_RELU_FWD:
+    case MGT_OP_RELU_BWD:
+    case MGT_OP_ADD:
+    case MGT_OP_MAXPOOL_FWD:
+    case MGT_OP_MAXPOOL_BWD:
+    case MGT_OP_AVGPOOL_FWD:
+    case MGT_OP_APOOL_FWD:
+    case MGT_OP_ACT_FWD:
+    case MGT_OP_ACT_BWD:
+    case MGT_OP_STRIDED_COPY: return true;
+    default: return false;
+    }
+}
+
+mgt_precision mgt_op_store16(const mgt_op *op)
+{
+    return op->store_in != MGT_PREC_F32 ? op->store_in : op->store_out;
+}
+
+/* The activation storage: known formats, one 16-bit format per op, and only on the kinds that
+   take it (a strided copy copies 16-bit codes as they are, so both sides agree). */
+static mgt_status check_store(const mgt_op *op)
+{
+    const mgt_precision in = op->store_in, out = op->store_out;
+    if (in == MGT_PREC_F32 && out == MGT_PREC_F32)
+        return MGT_OK;
+    if (!mgt_op_takes_store(op->kind))
+        return INVALID(op, "stores its operands in fp32 only, not %s",
+                       mgt_precision_name(in != MGT_PREC_F32 ? in : out));
+    mgt_status st = check_prec(op, in);
+    if (st == MGT_OK)
+        st = check_prec(op, out);
+    if (st != MGT_OK)
+        return st;
+    if (in != MGT_PREC_F32 && out != MGT_PREC_F32 && in != out)
+        return INVALID(op, "input activations in %s and output in %s: one 16-bit format per op",
+                       mgt_precision_name(in), mgt_precision_name(out));
+    if (op->kind == MGT_OP_STRIDED_COPY && in != out)
+        return INVALID(op, "copies %s into %s: a copy keeps the storage", mgt_precision_name(in),
+                       mgt_precision_name(out));
+    return MGT_OK;
+}
+
+void mgt_store_copy(const mgt_store_job *job, size_t lo, size_t hi)
+{
+    if (job->to16)
+        for (size_t k = lo; k < hi; k++)
+            ((uint16_t *)job->dst)[k] = mgt_lowp_encode(job->prec, ((const float *)job->src)[k]);
+    else
+        for (size_t k = lo; k < hi; k++)
+            ((float *)job->dst)[k] = mgt_lowp_decode(job->prec, ((const uint16_t *)job->src)[k]);
+}
+
+mgt_status mgt_op_run_widened(const mgt_op *op, void *ctx, float *(*widen)(void *ctx, size_t n),
+                              void (*copy)(void *ctx, const mgt_store_job *job),
+                              mgt_status (*fp32)(void *ctx, const mgt_op *op))
+{
+    const mgt_precision p = mgt_op_store16(op);
+    mgt_op o = *op, f = *op;
+    f.store_in = f.store_out = MGT_PREC_F32;
+    mgt_operand o16[MGT_OP_MAX_OPERANDS], of[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&o, o16), nf = mgt_op_operands(&f, of);
+    MGT_ASSERT(n == nf);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (o16[i].dtype == MGT_U16)
+            total += (o16[i].count + 15) / 16 * 16; /* 64-byte aligned copies */
+    float *at = widen(ctx, total);
+    if (!at)
+        return MGT_ERR_OOM;
+    float *wide[MGT_OP_MAX_OPERANDS] = {0};
+    for (int i = 0; i < n; i++) {
+        if (o16[i].dtype != MGT_U16)
+            continue;
+        wide[i] = at;
+        at += (o16[i].count + 15) / 16 * 16;
+        if (o16[i].role != MGT_OPERAND_OUT)
+            copy(ctx, &(mgt_store_job){p, false, *o16[i].ptr, wide[i], o16[i].count});
+        *of[i].ptr = wide[i];
+    }
+    mgt_status st = fp32(ctx, &f);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        if (wide[i] && o16[i].role != MGT_OPERAND_IN)
+            copy(ctx, &(mgt_store_job){p, true, wide[i], *o16[i].ptr, o16[i].count});
+    return st;
+}
+
 size_t mgt_dtype_size(mgt_dtype t) { return t == MGT_U16 ? sizeof(uint16_t) : sizeof(float); }
 
 const char *mgt_op_name(mgt_op_kind kind)
@@ -1086,7 +1194,9 @@ mgt_status mgt_op_check(const mgt_op *op)
         return mgt_error_set(MGT_ERR_INVALID, "op is NULL");
     if ((unsigned)op->kind >= MGT_OP_COUNT)
         return mgt_error_set(MGT_ERR_INVALID, "unknown op kind %d", (int)op->kind);
-    mgt_status st = infos[op->kind].check(op);
+    mgt_status st = check_store(op);
+    if (st == MGT_OK)
+        st = infos[op->kind].check(op);
     if (st != MGT_OK)
         return st;
     /* The pointers, from the operand list: every listed operand is required. */

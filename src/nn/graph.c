@@ -450,18 +450,19 @@ int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
 typedef struct planner {
     mgt_model *m;
     size_t act_next;  /* bytes of the activation arena so far */
-    size_t act_image; /* floats per image */
+    size_t act_image; /* bytes per image */
     size_t act_fixed; /* floats independent of the batch */
     int *slot_ref;    /* live values holding each gradient slot */
     int *free_slots, n_free;
     int cap_slots;
 } planner;
 
-static size_t act_image(planner *p, size_t floats)
+/* A region of `elems` elements of `esize` bytes per image. */
+static size_t act_image(planner *p, size_t elems, size_t esize)
 {
     size_t off = p->act_next;
-    p->act_next += nn_align((size_t)p->m->cfg.batch * floats * sizeof(float));
-    p->act_image += floats;
+    p->act_next += nn_align((size_t)p->m->cfg.batch * elems * esize);
+    p->act_image += elems * esize;
     return off;
 }
 
@@ -574,6 +575,69 @@ static void plan_layouts(mgt_model *m)
     }
 }
 
+/* Whether a node of this kind reads (as_reader) or writes 16-bit activations (mgt_store): the
+   convolution (its output unless a bias is added onto it in fp32), batch norm (not the
+   synchronised or frozen ones: their kernels take fp32), ReLU and the other activations, add,
+   max pooling, adaptive average pooling, concatenation, slices and shuffles (copies of 16-bit
+   codes), and the global average pool as a reader (its [c] output goes to the classifier in fp32). */
+static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
+{
+    switch (nd->kind) {
+    case NN_CONV: return as_reader || !nd->u.conv.bias;
+    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
+    case NN_RELU:
+    case NN_ACT:
+    case NN_ADD:
+    case NN_MAXPOOL:
+    case NN_CONCAT:
+    case NN_SLICE:
+    case NN_SHUFFLE:
+    case NN_APOOL: return true;
+    case NN_GAP: return as_reader;
+    default: return false;
+    }
+}
+
+/* The storage of every value: the device's 16-bit format under cfg.amp where its producer and
+   every reader take it (takes_16), fp32 elsewhere (the model input, what a classifier, the
+   loss or an fp32-only kind reads). A node other than a convolution or the global pool keeps
+   one storage across its inputs and output (one store per op), so an fp32 value pulls its
+   neighbours along, as in plan_layouts; the fixed point is reached in a few sweeps. */
+static void plan_dtypes(mgt_model *m)
+{
+    /* a model made without a device (to count or describe it) stores as mock devices do */
+    mgt_precision want = m->dev ? mgt_device_act_dtype(m->dev, m->cfg.amp) : m->cfg.amp;
+    for (int v = 0; v < m->n_values; v++) {
+        nn_value *x = &m->values[v];
+        x->dtype = MGT_PREC_F32;
+        if (want != MGT_PREC_F32 && v != 0 && takes_16(m, &m->nodes[x->producer], false))
+            x->dtype = want;
+    }
+    m->values[m->nodes[m->n_nodes - 1].out].dtype = MGT_PREC_F32; /* the logits: the loss's */
+    for (int i = 0; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_in; j++)
+            if (!takes_16(m, &m->nodes[i], true))
+                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
+            for (int j = 0; j < nd->n_in; j++)
+                wide |= m->values[nd->in[j]].dtype == MGT_PREC_F32;
+            if (!wide)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= x->dtype != MGT_PREC_F32;
+                x->dtype = MGT_PREC_F32;
+            }
+        }
+    }
+}
+
 /* Which outputs overwrite their input: the kind allows it, the input is read by nothing
    else, and neither the input's producer nor this node needs the overwritten values in
    backward. Applied in forward order, this keeps every chain of in-place outputs safe: each
@@ -585,7 +649,8 @@ static void plan_inplace(mgt_model *m)
         const nn_kind_i *k = &nn_kinds[nd->kind];
         nn_value *x = &m->values[nd->in[0]], *y = &m->values[nd->out];
         if (!(k->flags & NN_F_INPLACE) || nd->in[0] == 0 || x->consumers != 1 ||
-            (k->flags & NN_F_NEEDS_X) || nn_value_floats(x) != nn_value_floats(y))
+            (k->flags & NN_F_NEEDS_X) || nn_value_floats(x) != nn_value_floats(y) ||
+            x->dtype != y->dtype)
             continue;
         if (nn_kinds[m->nodes[x->producer].kind].flags & NN_F_NEEDS_Y)
             continue;
@@ -771,11 +836,16 @@ mgt_status nn_plan(mgt_model *m)
         return st;
 
     plan_layouts(m);
+    plan_dtypes(m);
     plan_inplace(m);
     planner p = {.m = m};
     for (int v = 1; v < m->n_values; v++)
-        if (m->values[v].storage == v)
-            m->values[v].off = act_image(&p, nn_value_floats(&m->values[v]));
+        if (m->values[v].storage == v) {
+            m->values[v].off =
+                act_image(&p, nn_value_floats(&m->values[v]), nn_value_esize(&m->values[v]));
+            m->counts.values++;
+            m->counts.values_16 += m->values[v].dtype != MGT_PREC_F32;
+        }
     for (int i = 0; i < m->n_nodes; i++) {
         nn_node *nd = &m->nodes[i];
         if (nd->kind == NN_BN) {
@@ -784,9 +854,9 @@ mgt_status nn_plan(mgt_model *m)
             nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
         }
         if (nd->kind == NN_SDEPTH)
-            nd->u.sdepth.mask_off = act_image(&p, 1);
+            nd->u.sdepth.mask_off = act_image(&p, 1, sizeof(float));
     }
-    m->probs_off = act_image(&p, (size_t)m->cfg.classes);
+    m->probs_off = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
     m->loss_off = act_fixed(&p, 1);
     st = plan_grads(&p);
     if (st == MGT_OK)
@@ -797,7 +867,7 @@ mgt_status nn_plan(mgt_model *m)
             st = mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
     }
     for (int s = 0; st == MGT_OK && s < m->n_slots; s++)
-        m->slot_off[s] = act_image(&p, m->slot_floats[s]);
+        m->slot_off[s] = act_image(&p, m->slot_floats[s], sizeof(float));
     if (st == MGT_OK && m->cfg.freeze_bn) {
         m->ones_off = act_fixed(&p, (size_t)m->max_bn_c);
         m->zeros_off = act_fixed(&p, (size_t)m->max_bn_c);
@@ -809,7 +879,7 @@ mgt_status nn_plan(mgt_model *m)
     if (st != MGT_OK)
         return st;
     m->acts_bytes = p.act_next;
-    m->counts.act_bytes_per_image = p.act_image * sizeof(float);
+    m->counts.act_bytes_per_image = p.act_image;
     m->counts.act_bytes_fixed = p.act_fixed * sizeof(float);
 
     m->layer_ends = malloc((size_t)m->n_nodes * sizeof *m->layer_ends);
@@ -829,6 +899,7 @@ mgt_status nn_plan(mgt_model *m)
         l->h = v->h;
         l->w = v->w;
         l->layout = v->layout;
+        l->dtype = v->dtype;
         l->folded = nd->folded;
         for (int j = 0; j < nd->n_params; j++)
             l->params += m->table[nd->entry[j]].numel;

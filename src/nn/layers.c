@@ -18,6 +18,20 @@ static uint64_t out_floats(const mgt_model *m, const nn_node *nd)
     return nn_value_floats(&m->values[nd->out]);
 }
 
+/* How the node's op stores activations: its inputs' storage and its output's (plan_dtypes gives
+   every input of a node one storage). */
+static mgt_store store_of(const nn_call *c)
+{
+    const mgt_model *m = c->m;
+    return (mgt_store){m->values[c->node->in[0]].dtype, m->values[c->node->out].dtype};
+}
+
+/* Element `off` of an activation stored as dt (strides and offsets count elements). */
+static float *act_at(const float *p, mgt_precision dt, size_t off)
+{
+    return (float *)((const char *)p + off * (dt == MGT_PREC_F32 ? sizeof(float) : 2));
+}
+
 /* ---- convolution ---- */
 
 static mgt_conv2d_shape conv_shape(const nn_call *c)
@@ -28,7 +42,8 @@ static mgt_conv2d_shape conv_shape(const nn_call *c)
 }
 
 /* Under cfg.amp every product of a convolution or linear layer goes through the _lp kernels
-   (the one place the precision is chosen); everything around them stays fp32. */
+   (the one place the precision is chosen); the activations between ops are stored as the plan
+   chose (store_of), parameters and gradients stay fp32. */
 static mgt_precision amp_of(const nn_call *c) { return c->m->cfg.amp; }
 static int conv_out_hw(const nn_call *c)
 {
@@ -39,9 +54,8 @@ static int conv_out_hw(const nn_call *c)
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    mgt_status st = amp_of(c) != MGT_PREC_F32
-                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f)
-                        : mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    mgt_status st =
+        mgt_conv2d_forward_st(c->s, amp_of(c), store_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
     return st;
@@ -54,9 +68,7 @@ static mgt_status conv_backward(nn_call *c)
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_precision amp = amp_of(c);
     mgt_status st =
-        amp != MGT_PREC_F32
-            ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
-            : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+        mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
@@ -273,11 +285,12 @@ static mgt_status bn_forward(nn_call *c)
         c->m->bn_counts[c->node->u.bn.counter]++;
         if (bn_synced(c))
             return bn_forward_synced(c, &bsh);
-        return mgt_batchnorm_forward_train(c->s, c->y, bn_save_mean(c), bn_save_invstd(c), c->p[2],
-                                           c->p[3], c->x[0], c->p[0], c->p[1], &bsh);
+        return mgt_batchnorm_forward_train_st(c->s, store_of(c), c->y, bn_save_mean(c),
+                                              bn_save_invstd(c), c->p[2], c->p[3], c->x[0], c->p[0],
+                                              c->p[1], &bsh);
     }
-    return mgt_batchnorm_forward_eval(c->s, c->y, c->x[0], c->p[0], c->p[1], c->p[2], c->p[3],
-                                      &bsh);
+    return mgt_batchnorm_forward_eval_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+                                         c->p[2], c->p[3], &bsh);
 }
 
 /* A frozen BN still goes through batchnorm_backward, which with the running statistics as
@@ -296,9 +309,9 @@ static mgt_status bn_backward(nn_call *c)
     if (bn_synced(c))
         return bn_backward_synced(c, &bsh);
     /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output) */
-    mgt_status st =
-        mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL,
-                               c->x[0], c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
+    mgt_status st = mgt_batchnorm_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy,
+                                              bsh.relu ? c->y : NULL, c->x[0], c->p[0],
+                                              bn_save_mean(c), bn_save_invstd(c), &bsh);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
         st =
@@ -319,7 +332,7 @@ static mgt_status relu_forward(nn_call *c)
 {
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_forward(c->s, c->y, c->x[0], out_count(c));
+    return mgt_relu_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c));
 }
 
 static mgt_status relu_backward(nn_call *c)
@@ -327,12 +340,12 @@ static mgt_status relu_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_backward(c->s, c->dx[0], c->dy, c->y, out_count(c));
+    return mgt_relu_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->y, out_count(c));
 }
 
 static mgt_status add_forward(nn_call *c)
 {
-    return mgt_add(c->s, c->y, c->x[0], c->x[1], out_count(c));
+    return mgt_add_st(c->s, store_of(c), c->y, c->x[0], c->x[1], out_count(c));
 }
 
 /* Training: the mask of the model's key for this layer's stream; evaluation: the identity
@@ -394,7 +407,8 @@ static mgt_status concat_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = concat_slice(c, j, &off);
-        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
+                                 &sh);
     }
     return st;
 }
@@ -441,7 +455,7 @@ static mgt_status slice_forward(nn_call *c)
 {
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
-    return mgt_strided_copy(c->s, c->y, c->x[0] + off, &sh);
+    return mgt_strided_copy_st(c->s, store_of(c), c->y, act_at(c->x[0], store_of(c).in, off), &sh);
 }
 
 static mgt_status slice_backward(nn_call *c)
@@ -480,7 +494,8 @@ static mgt_status shuffle_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = shuffle_part(c, j, &off);
-        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
+                                 &sh);
     }
     return st;
 }
@@ -517,14 +532,14 @@ static mgt_pool2d_shape pool_shape(const nn_call *c)
 static mgt_status maxpool_forward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
-    return mgt_maxpool2d_forward(c->s, c->y, c->x[0], &sh);
+    return mgt_maxpool2d_forward_st(c->s, store_of(c), c->y, c->x[0], &sh);
 }
 
 static mgt_status maxpool_backward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_maxpool2d_backward(c->s, c->dx[0], c->dy, c->x[0], c->y, &sh);
+    return mgt_maxpool2d_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], c->y, &sh);
 }
 
 static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->in[0]]; }
@@ -532,7 +547,8 @@ static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->
 static mgt_status gap_forward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
-    return mgt_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h * v->w, v->layout);
+    return mgt_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h * v->w,
+                                  v->layout);
 }
 
 static mgt_status gap_backward(nn_call *c)
@@ -545,8 +561,8 @@ static mgt_status gap_backward(nn_call *c)
 static mgt_status apool_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
-    return mgt_adaptive_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h, v->w,
-                                        c->node->u.apool.oh, c->node->u.apool.ow);
+    return mgt_adaptive_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h, v->w,
+                                           c->node->u.apool.oh, c->node->u.apool.ow);
 }
 
 static mgt_status apool_backward(nn_call *c)
@@ -622,13 +638,15 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
 
 static mgt_status act_forward(nn_call *c)
 {
-    return mgt_activation_forward(c->s, c->y, c->x[0], out_count(c), c->node->u.act);
+    return mgt_activation_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c),
+                                     c->node->u.act);
 }
 
 static mgt_status act_backward(nn_call *c)
 {
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_activation_backward(c->s, c->dx[0], c->dy, c->x[0], out_count(c), c->node->u.act);
+    return mgt_activation_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], out_count(c),
+                                      c->node->u.act);
 }
 
 static mgt_status scale_forward(nn_call *c)

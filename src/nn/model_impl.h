@@ -51,6 +51,9 @@ typedef struct nn_value {
     int gslot;       /* backward: the gradient slot it ends up in (planning scratch) */
     /* how it (and its gradient) lies in memory (plan_layouts) */
     mgt_layout layout;
+    /* how it is stored (plan_dtypes): fp32, or the 16-bit format of --amp; its gradient is
+       fp32 */
+    mgt_precision dtype;
 } nn_value;
 
 /* How a node's backward delivers the gradient of one input (planned once, see graph.c). */
@@ -213,6 +216,12 @@ static inline float *nn_act(const mgt_model *m, size_t off) { return (float *)(m
 static inline size_t nn_align(size_t bytes) { return (bytes + NN_ALIGN - 1) / NN_ALIGN * NN_ALIGN; }
 
 static inline size_t nn_value_floats(const nn_value *v) { return (size_t)v->c * v->h * v->w; }
+
+/* Bytes of one element of the value's storage. */
+static inline size_t nn_value_esize(const nn_value *v)
+{
+    return v->dtype == MGT_PREC_F32 ? sizeof(float) : sizeof(uint16_t);
+}
 
 /* Refuses the calls that need memory on a describing model. */
 mgt_status nn_need_device(const mgt_model *m, const char *what);

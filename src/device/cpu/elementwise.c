@@ -282,10 +282,12 @@ static void scopy_item(void *c, int i, int t)
     const mgt_scopy_args *a = &jb->op->u.scopy;
     size_t lo, hi;
     item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
+    /* 16-bit storage: the same copy of 2-byte codes (strides and counts are in elements) */
+    size_t es = mgt_op_store16(jb->op) != MGT_PREC_F32 ? 2 : sizeof(float);
     for (size_t q = lo; q < hi; q++) {
         size_t im = q / (size_t)a->rows, r = q % (size_t)a->rows;
-        memcpy(a->y + im * a->y_stride + r * a->y_row, a->x + im * a->x_stride + r * a->x_row,
-               a->count * sizeof(float));
+        memcpy((char *)a->y + (im * a->y_stride + r * a->y_row) * es,
+               (const char *)a->x + (im * a->x_stride + r * a->x_row) * es, a->count * es);
     }
 }
 

@@ -41,6 +41,8 @@ typedef struct cpu_ctx {
     size_t scratch_bytes;
     float *lowp; /* the rounded inputs of a low-precision op (kept and grown like scratch) */
     size_t lowp_bytes;
+    float *wide; /* 16-bit activations widened to fp32 for one op (mgt_op_run_widened) */
+    size_t wide_bytes;
     struct onednn *onednn; /* convolutions (groups 1) and sgemm */
     bool conv_im2col;      /* convolutions on the im2col + gemm path even where oneDNN can */
     bool vec_baseline;     /* activations on x86-64's baseline vectors even with AVX-512F */

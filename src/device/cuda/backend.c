@@ -233,12 +233,13 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CUDA_OP)};
 #undef CUDA_OP
 
-/* cuDNN and the kernels here take NCHW activations; mgt_device_act_layout never asks a CUDA
-   model for another layout. */
+/* cuDNN and the kernels here take NCHW fp32 activations; mgt_device_act_layout and
+   mgt_device_act_dtype never ask a CUDA model for another layout or storage. */
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && !mgt_op_blocked(op);
+    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && !mgt_op_blocked(op) &&
+           mgt_op_store16(op) == MGT_PREC_F32;
 }
 
 /* Called only for ops cuda_supports_op accepted. */
