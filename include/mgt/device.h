@@ -408,13 +408,15 @@ bool mgt_precision_parse(const char *name, mgt_precision *out);
    activation whose producer and readers take it so (mgt/nn.h). */
 mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp);
 
-/* How an op stores the activations it reads and writes: `in` for the forward's input
-   activations (x; add's a and b), `out` for its output (y), in a forward op and its backward
-   alike; F32 or a 16-bit format (both 16-bit ones the same). 16-bit storage holds uint16_t
-   codes where the API says float *; the kernels widen them to fp32, compute and accumulate in
-   fp32 and round each 16-bit output once (nearest even). Gradients (dx, dy), parameters and
-   statistics are fp32 always. The _st forms of the wrappers below take it; the others store
-   fp32. */
+/* How an op stores the activations it reads and writes and their gradients, as autocast keeps
+   a tensor's gradient in the tensor's type: `in` for the forward's input activations (x; add's
+   a and b) and their gradients (dx), `out` for its output (y) and its gradient (dy), in a
+   forward op and its backward alike; F32 or a 16-bit format (both 16-bit ones the same).
+   16-bit storage holds uint16_t codes where the API says float *; the kernels widen them to
+   fp32, compute and accumulate in fp32 and round each 16-bit output once (nearest even; a
+   gradient added onto, beta 1, is widened, summed in fp32 and rounded once). Parameters, their
+   gradients and statistics are fp32 always. The _st forms of the wrappers below take it; the
+   others store fp32. */
 typedef struct mgt_store {
     mgt_precision in, out;
 } mgt_store;
@@ -577,6 +579,13 @@ mgt_status mgt_add_st(mgt_stream *s, mgt_store st, float *y, const float *a, con
 mgt_status mgt_conv2d_forward_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *y,
                                  const float *x, const float *w, const mgt_conv2d_shape *sh,
                                  float beta);
+mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta);
+mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
+                                   int c, int hw, mgt_layout l);
+mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                            int n, int c, int h, int w, int oh, int ow);
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta);

@@ -192,8 +192,8 @@ static mgt_status check_relu_bwd(const mgt_op *op) { return check_n(op, op->u.re
 
 static void operands_relu_bwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.relu_bwd.dx, "dx", op->u.relu_bwd.n, MGT_F32, OUT);
-    ADD(l, op->u.relu_bwd.dy, "dy", op->u.relu_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.relu_bwd.dx, "dx", op->u.relu_bwd.n, act_in(op), OUT);
+    ADD(l, op->u.relu_bwd.dy, "dy", op->u.relu_bwd.n, act_out(op), IN);
     ADD(l, op->u.relu_bwd.y, "y", op->u.relu_bwd.n, act_out(op), IN);
 }
 
@@ -337,12 +337,12 @@ static void operands_conv(mgt_op *op, operand_list *l)
         ADD(l, op->u.conv.in1, "x", x, act_in(op), IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
     } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
-        ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
+        ADD(l, op->u.conv.out, "dx", x, act_in(op), role);
+        ADD(l, op->u.conv.in1, "dy", y, act_out(op), IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
     } else {
         ADD(l, op->u.conv.out, "dw", w, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
+        ADD(l, op->u.conv.in1, "dy", y, act_out(op), IN);
         ADD(l, op->u.conv.in2, "x", x, act_in(op), IN);
     }
 }
@@ -421,10 +421,10 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
 {
     mgt_bn_bwd_args *b = &op->u.bn_bwd;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->dx, "dx", x, MGT_F32, OUT);
+    ADD(l, b->dx, "dx", x, act_in(op), OUT);
     ADD(l, b->dgamma, "dgamma", c, MGT_F32, INOUT);
     ADD(l, b->dbeta, "dbeta", c, MGT_F32, INOUT);
-    ADD(l, b->dy, "dy", x, MGT_F32, IN);
+    ADD(l, b->dy, "dy", x, act_out(op), IN);
     if (b->sh.relu)
         ADD(l, b->y, "y", x, act_out(op), IN);
     ADD(l, b->x, "x", x, act_in(op), IN);
@@ -526,8 +526,8 @@ static void operands_maxpool_bwd(mgt_op *op, operand_list *l)
     const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
     size_t x = zmul(sh->n, sh->c, sh->h, sh->w);
     size_t y = zmul(sh->n, sh->c, mgt_pool2d_out_h(sh), mgt_pool2d_out_w(sh));
-    ADD(l, op->u.maxpool_bwd.dx, "dx", x, MGT_F32, OUT);
-    ADD(l, op->u.maxpool_bwd.dy, "dy", y, MGT_F32, IN);
+    ADD(l, op->u.maxpool_bwd.dx, "dx", x, act_in(op), OUT);
+    ADD(l, op->u.maxpool_bwd.dy, "dy", y, act_out(op), IN);
     ADD(l, op->u.maxpool_bwd.x, "x", x, act_in(op), IN);
     ADD(l, op->u.maxpool_bwd.y, "y", y, act_out(op), IN);
 }
@@ -566,8 +566,8 @@ static mgt_status check_avgpool_bwd(const mgt_op *op)
 static void operands_avgpool_bwd(mgt_op *op, operand_list *l)
 {
     mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, 1, 1), MGT_F32, IN);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, 1, 1), act_out(op), IN);
 }
 
 /* ---- linear bias ---- */
@@ -872,8 +872,8 @@ static mgt_status check_apool_bwd(const mgt_op *op)
 static void operands_apool_bwd(mgt_op *op, operand_list *l)
 {
     mgt_apool_bwd_args *a = &op->u.apool_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), MGT_F32, OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), act_in(op), OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), act_out(op), IN);
 }
 
 /* The floats a strided region spans: the last image's last row ends it. */
@@ -956,8 +956,8 @@ static mgt_status check_act_bwd(const mgt_op *op)
 
 static void operands_act_bwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
-    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, act_in(op), OUT);
+    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, act_out(op), IN);
     ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, act_in(op), IN);
 }
 
@@ -1070,6 +1070,7 @@ bool mgt_op_takes_store(mgt_op_kind kind)
 {
     switch (kind) {
     case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER:
     case MGT_OP_BN_FWD_TRAIN:
     case MGT_OP_BN_FWD_EVAL:
@@ -1080,7 +1081,9 @@ bool mgt_op_takes_store(mgt_op_kind kind)
     case MGT_OP_MAXPOOL_FWD:
     case MGT_OP_MAXPOOL_BWD:
     case MGT_OP_AVGPOOL_FWD:
+    case MGT_OP_AVGPOOL_BWD:
     case MGT_OP_APOOL_FWD:
+    case MGT_OP_APOOL_BWD:
     case MGT_OP_ACT_FWD:
     case MGT_OP_ACT_BWD:
     case MGT_OP_STRIDED_COPY: return true;

@@ -379,11 +379,12 @@ typedef struct mgt_op {
        for its inputs rounded to that format (autocast's; sums and the output stay fp32); the
        16-bit format of a cast; F32 for every other kind */
     mgt_precision prec;
-    /* How the op stores activations (mgt_store in mgt/device.h): store_in for the forward's
-       input activations (x, add's a and b) and store_out for its output activation (y), in the
-       forward op and in its backward alike (relu_backward's y is store_out, activation_backward's
-       x store_in); F32 or a 16-bit format. Gradients, parameters and statistics are fp32. Only
-       the kinds mgt_op_takes_store names accept anything but F32. */
+    /* How the op stores activations and their gradients (mgt_store in mgt/device.h): store_in
+       for the forward's input activations (x, add's a and b) and their gradients (dx), store_out
+       for its output activation (y) and its gradient (dy), in the forward op and in its backward
+       alike (relu_backward's y is store_out, activation_backward's x store_in); F32 or a 16-bit
+       format. Parameters, their gradients and statistics are fp32. Only the kinds
+       mgt_op_takes_store names accept anything but F32. */
     mgt_precision store_in, store_out;
     union {
         mgt_fill_args fill;

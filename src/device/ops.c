@@ -154,6 +154,25 @@ mgt_status mgt_conv2d_forward_st(mgt_stream *s, mgt_precision prec, mgt_store st
     return conv_st(s, MGT_OP_CONV2D_FWD, prec, st, y, x, w, sh, beta);
 }
 
+mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta)
+{
+    return conv_st(s, MGT_OP_CONV2D_BWD_DATA, prec, st, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
+                                   int c, int hw, mgt_layout l)
+{
+    LAUNCH_ST(MGT_OP_AVGPOOL_BWD, avgpool_bwd, st, dx, dy, n, c, hw, l);
+}
+
+mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                            int n, int c, int h, int w, int oh, int ow)
+{
+    LAUNCH_ST(MGT_OP_APOOL_BWD, apool_bwd, st, dx, dy, n, c, h, w, oh, ow);
+}
+
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta)

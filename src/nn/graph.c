@@ -474,9 +474,10 @@ static size_t act_fixed(planner *p, size_t floats)
     return off;
 }
 
-/* A gradient slot of at least `floats` per image: a free one (the most recently freed) or a
-   new one. Slot sizes grow to the largest value they ever hold. */
-static int slot_take(planner *p, size_t floats)
+/* A gradient slot of at least `bytes` per image: a free one (the most recently freed) or a
+   new one. Slot sizes grow to the largest gradient they ever hold (a gradient is stored as its
+   value is). */
+static int slot_take(planner *p, size_t bytes)
 {
     mgt_model *m = p->m;
     int s;
@@ -484,7 +485,7 @@ static int slot_take(planner *p, size_t floats)
         s = p->free_slots[--p->n_free];
     } else {
         int cap = p->cap_slots;
-        if (!grow(m, (void **)&m->slot_floats, &cap, m->n_slots + 1, sizeof *m->slot_floats))
+        if (!grow(m, (void **)&m->slot_bytes, &cap, m->n_slots + 1, sizeof *m->slot_bytes))
             return -1;
         if (cap != p->cap_slots) {
             int c2 = p->cap_slots, c3 = p->cap_slots;
@@ -494,11 +495,11 @@ static int slot_take(planner *p, size_t floats)
             p->cap_slots = cap;
         }
         s = m->n_slots++;
-        m->slot_floats[s] = 0;
+        m->slot_bytes[s] = 0;
         p->slot_ref[s] = 0;
     }
-    if (floats > m->slot_floats[s])
-        m->slot_floats[s] = floats;
+    if (bytes > m->slot_bytes[s])
+        m->slot_bytes[s] = bytes;
     p->slot_ref[s] = 1;
     return s;
 }
@@ -671,7 +672,7 @@ static mgt_status plan_grads(planner *p)
     mgt_model *m = p->m;
     nn_node *last = &m->nodes[m->n_nodes - 1];
     nn_value *logits = &m->values[last->out];
-    logits->gslot = slot_take(p, nn_value_floats(logits));
+    logits->gslot = slot_take(p, nn_value_bytes(logits));
     for (int i = m->n_nodes - 1; i >= 0 && !m->oom; i--) {
         nn_node *nd = &m->nodes[i];
         const nn_kind_i *k = &nn_kinds[nd->kind];
@@ -691,7 +692,7 @@ static mgt_status plan_grads(planner *p)
             }
             if (x->gslot >= 0) {
                 if (p->slot_ref[x->gslot] > 1) {
-                    int t = slot_take(p, nn_value_floats(x));
+                    int t = slot_take(p, nn_value_bytes(x));
                     if (t < 0)
                         break;
                     nd->unshare[j] = x->gslot;
@@ -703,7 +704,7 @@ static mgt_status plan_grads(planner *p)
                 } else {
                     assert(nd->gtmp < 0); /* one input per node needs the temporary */
                     nd->gmode[j] = NN_G_ACCUM_TMP;
-                    nd->gtmp = slot_take(p, nn_value_floats(x));
+                    nd->gtmp = slot_take(p, nn_value_bytes(x));
                 }
             } else if (k->flags & NN_F_PASSTHROUGH) {
                 x->gslot = o->gslot;
@@ -712,12 +713,12 @@ static mgt_status plan_grads(planner *p)
             } else if ((k->flags & NN_F_DX_ON_DY) && !out_taken && p->slot_ref[o->gslot] == 1) {
                 x->gslot = o->gslot;
                 p->slot_ref[o->gslot]++;
-                if (nn_value_floats(x) > m->slot_floats[o->gslot])
-                    m->slot_floats[o->gslot] = nn_value_floats(x);
+                if (nn_value_bytes(x) > m->slot_bytes[o->gslot])
+                    m->slot_bytes[o->gslot] = nn_value_bytes(x);
                 nd->gmode[j] = NN_G_WRITE;
                 out_taken = true;
             } else {
-                x->gslot = slot_take(p, nn_value_floats(x));
+                x->gslot = slot_take(p, nn_value_bytes(x));
                 nd->gmode[j] = NN_G_WRITE;
             }
             nd->gin[j] = x->gslot;
@@ -867,7 +868,7 @@ mgt_status nn_plan(mgt_model *m)
             st = mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
     }
     for (int s = 0; st == MGT_OK && s < m->n_slots; s++)
-        m->slot_off[s] = act_image(&p, m->slot_floats[s], sizeof(float));
+        m->slot_off[s] = act_image(&p, m->slot_bytes[s], 1);
     if (st == MGT_OK && m->cfg.freeze_bn) {
         m->ones_off = act_fixed(&p, (size_t)m->max_bn_c);
         m->zeros_off = act_fixed(&p, (size_t)m->max_bn_c);
@@ -982,7 +983,8 @@ mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
         call_params(&c, nd);
         c.dy = slot_ptr(m, nd->gout);
         for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
-            size_t bytes = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]) * sizeof(float);
+            const nn_value *xv = &m->values[nd->in[j]];
+            size_t bytes = (size_t)m->n * nn_value_bytes(xv);
             if (nd->unshare[j] >= 0)
                 st = mgt_copy_d2d(s, slot_ptr(m, nd->gin[j]), slot_ptr(m, nd->unshare[j]), bytes);
             switch ((nn_gmode)nd->gmode[j]) {
@@ -999,12 +1001,14 @@ mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
         if (st == MGT_OK && k->backward)
             st = k->backward(&c);
         for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
-            size_t count = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]);
+            const nn_value *xv = &m->values[nd->in[j]];
+            size_t count = (size_t)m->n * nn_value_floats(xv);
             float *g = slot_ptr(m, nd->gin[j]);
+            mgt_store gs = {xv->dtype, xv->dtype}; /* a gradient is stored as its value */
             if (nd->gmode[j] == NN_G_ACCUM_TMP)
-                st = mgt_add(s, g, g, slot_ptr(m, nd->gtmp), count);
+                st = mgt_add_st(s, gs, g, g, slot_ptr(m, nd->gtmp), count);
             else if (nd->gmode[j] == NN_G_ACCUM && (k->flags & NN_F_PASSTHROUGH))
-                st = mgt_add(s, g, g, c.dy, count);
+                st = mgt_add_st(s, gs, g, g, c.dy, count);
         }
     }
     return st;

@@ -74,10 +74,8 @@ static mgt_status conv_backward(nn_call *c)
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = amp != MGT_PREC_F32
-                 ? mgt_conv2d_backward_data_lp(c->s, amp, c->dx[0], c->dy, c->p[0], &sh,
-                                               c->dx_beta[0])
-                 : mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
+        st = mgt_conv2d_backward_data_st(c->s, amp, store_of(c), c->dx[0], c->dy, c->p[0], &sh,
+                                         c->dx_beta[0]);
     return st;
 }
 
@@ -425,7 +423,8 @@ static mgt_status concat_backward(nn_call *c)
         size_t t = sh.x_stride;
         sh.x_stride = sh.y_stride;
         sh.y_stride = t;
-        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+        mgt_store gs = {store_of(c).out, store_of(c).out}; /* dy's slices into dx, one storage */
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -466,10 +465,13 @@ static mgt_status slice_backward(nn_call *c)
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
     size_t whole = sh.x_stride;
-    mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * sizeof(float));
+    mgt_store gs = store_of(c); /* dx as x, dy as y: one storage */
+    size_t es = gs.in == MGT_PREC_F32 ? sizeof(float) : 2;
+    mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * es); /* 0 is +0 */
     sh.x_stride = sh.y_stride;
     sh.y_stride = whole;
-    return st != MGT_OK ? st : mgt_strided_copy(c->s, c->dx[0] + off, c->dy, &sh);
+    return st != MGT_OK ? st
+                        : mgt_strided_copy_st(c->s, gs, act_at(c->dx[0], gs.in, off), c->dy, &sh);
 }
 
 static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
@@ -514,7 +516,8 @@ static mgt_status shuffle_backward(nn_call *c)
         sh.x_row = sh.y_row;
         sh.y_stride = t;
         sh.y_row = r;
-        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+        mgt_store gs = {store_of(c).out, store_of(c).out};
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -555,7 +558,8 @@ static mgt_status gap_backward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h * v->w, v->layout);
+    return mgt_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h * v->w,
+                                   v->layout);
 }
 
 static mgt_status apool_forward(nn_call *c)
@@ -569,8 +573,8 @@ static mgt_status apool_backward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_adaptive_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h, v->w,
-                                         c->node->u.apool.oh, c->node->u.apool.ow);
+    return mgt_adaptive_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
+                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window
