@@ -287,7 +287,8 @@ typedef struct mgt_model_counts {
     uint64_t macs;
     uint64_t macs_conv_fc; /* the conv and linear part alone (1.81 G, 4.09 G) */
     /* activation arena bytes that scale with the batch: every value in the storage the plan
-       chose (16-bit ones under --amp), the fp32 gradient slots, the probabilities */
+       chose (16-bit ones under --amp), the gradient slots (a gradient stored as its value),
+       the probabilities */
     size_t act_bytes_per_image;
     size_t act_bytes_fixed; /* per-channel saved statistics and the loss */
     int values, values_16;  /* layer outputs with storage of their own; those in 16 bits */

@@ -216,8 +216,8 @@ int mgt_app_cmd_model(int argc, char **argv)
            c.act_bytes_per_image / 1048576.0, grouped(a, sizeof a, c.act_bytes_per_image),
            grouped(b, sizeof b, c.act_bytes_fixed));
     if (amp != MGT_PREC_F32)
-        printf("stored in %s:              %d of %d layer outputs (the rest, and every gradient, "
-               "fp32), as mock devices store them under --amp %s\n",
+        printf("stored in %s:              %d of %d layer outputs and their gradients (the "
+               "rest fp32), as mock devices store them under --amp %s\n",
                mgt_precision_name(amp), c.values_16, c.values, mgt_precision_name(amp));
     mgt_model_free(m);
     return 0;

@@ -675,8 +675,9 @@ static void print_start(run *r, int start_epoch)
     if (c->amp != MGT_PREC_F32)
         fprintf(o,
                 "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs with "
-                "fp32 sums; %d of %d activations stored in %s between ops (%s); fp32 gradients, "
-                "batch-norm statistics, loss, weights and momentum%s\n",
+                "fp32 sums; %d of %d activations and their gradients stored in %s between ops "
+                "(%s); fp32 weights, their gradients, batch-norm statistics, loss and "
+                "momentum%s\n",
                 mgt_precision_name(c->amp), mgt_precision_name(c->amp), mc.values_16, mc.values,
                 mgt_precision_name(c->amp),
                 mc.values_16 ? "as autocast keeps them" : "this backend keeps fp32 activations",
