@@ -776,7 +776,8 @@ static void test_strict_one(void **state)
    whose convolutions carry a bias, which an fp32 kernel adds: AlexNet, SqueezeNet, the VGGs,
    ConvNeXt,
    whose steps are then zoo.learn's and are not repeated here), and the mock device's memory accounting sees exactly the arena's
-   shrinking against the fp32 model's. 30 s of CPU (5 minutes under a load of 40). */
+   shrinking against the fp32 model's. `test_zoo amp FAMILY` runs one family (CTest: zoo.amp.FAMILY);
+   30 s of CPU for all of them. */
 
 static bool conv_bias_net(const char *arch)
 {
@@ -828,8 +829,12 @@ static void test_amp(void **state)
     mgt_stream *s;
     CHECK(mgt_stream_create(d, &s));
     int n = 0;
-    for (const char *const *a = mgt_model_arch_names(); *a; a++, n++) {
-        mgt_precision amp = n % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
+    for (const char *const *a = mgt_model_arch_names(); *a; a++) {
+        const mgt_arch_info *info = mgt_arch_find(*a);
+        assert_non_null(info);
+        if (arg && strcmp(info->family, arg) != 0)
+            continue;
+        mgt_precision amp = n++ % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
         size_t used32, used16, base, total;
         mgt_device_memory(d, &base, &total);
         mgt_model *m32 = amp_model(d, *a, MGT_PREC_F32, &used32);
@@ -916,6 +921,8 @@ static void test_amp(void **state)
         mgt_model_free(m);
         CHECK(mgt_device_synchronize(d, NULL));
     }
+    if (n == 0)
+        fail_msg("no architecture of family '%s'", arg ? arg : "(any)");
     mgt_stream_free(s);
     mgt_devset_free(set);
 }
@@ -960,9 +967,9 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {cmocka_unit_test(test_strict_one)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
-    fprintf(stderr,
-            "usage: test_zoo tables | learn FAMILY | amp | golden ARCH | pretrained ARCH | strict\n"
-            "       test_zoo finetune ARCH...\n"
-            "       test_zoo strict-one ARCH SIZE WEIGHTS CHECK OUT\n");
+    fprintf(stderr, "usage: test_zoo tables | learn FAMILY | amp [FAMILY] | golden ARCH | "
+                    "pretrained ARCH | strict\n"
+                    "       test_zoo finetune ARCH...\n"
+                    "       test_zoo strict-one ARCH SIZE WEIGHTS CHECK OUT\n");
     return 2;
 }
