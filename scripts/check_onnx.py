@@ -9,8 +9,9 @@ the stated opset) and strict shape inference through the whole graph (check_mode
 full_check), opset
 17, one input "input" [batch, C, H, W] and one output "logits" [batch, classes] with batch a
 named dimension and the inferred logits shape equal to the declared one, class names in the
-metadata, no Dropout node; every tensor of the checkpoint's state_dict (num_batches_tracked
-and the optimizer's and EMA state aside) is an initializer of the same name whose values are
+metadata, no Dropout node; every tensor of the checkpoint's state_dict (num_batches_tracked,
+the optimizer's and EMA state and the training-only auxiliary classifiers of Inception v3 and
+GoogLeNet aside) is an initializer of the same name whose values are
 equal to the bit (a convolution's 2-D weight may carry two trailing 1s). Exits non-zero
 with a line naming the file and what does not hold.
 """
@@ -22,6 +23,10 @@ import time
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
+
+
+# Inception v3's and GoogLeNet's auxiliary classifiers: training only, left out of the export
+AUX_MODULES = ("AuxLogits.", "aux1.", "aux2.")
 
 
 def read_safetensors(path):
@@ -83,6 +88,10 @@ def check(onnx_path, ckpt_path):
     checked = 0
     for name, want in state.items():
         if name.endswith("num_batches_tracked") or name.startswith(("optimizer.", "model_ema.")):
+            continue
+        if name.startswith(AUX_MODULES):  # not in the inference graph
+            if name in inits:
+                fail(f"the auxiliary classifier's {name} is exported")
             continue
         if name not in inits:
             fail(f"no initializer {name}")

@@ -16,6 +16,8 @@ import math
 import os
 import sys
 
+# sleeping OpenMP workers beside other tests (check_zoo_strict.py says why); before torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import torch
     import torch.nn.functional as F
@@ -30,6 +32,16 @@ from goldens_common import load_safetensors  # noqa: E402
 TOL_FWD, TOL_GRAD = 2e-5, 5e-4
 # a gradient tolerance never below OWN times PyTorch's own float32 error (see main)
 OWN = 3
+
+
+def with_metadata(model, sd):
+    """sd as an OrderedDict carrying model's own state_dict versions (torch.save keeps them in
+    _metadata; a safetensors file has none, and MNASNet refuses a state_dict without its
+    version 2)"""
+    from collections import OrderedDict
+    out = OrderedDict(sd)
+    out._metadata = model.state_dict()._metadata
+    return out
 
 
 def build(arch, classes, cin):
@@ -50,7 +62,7 @@ def main():
     check, cmeta = load_safetensors(sys.argv[2])
     arch, classes = meta["arch"], int(meta["classes"])
     model, source = build(arch, classes, int(meta["in_channels"]))
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(with_metadata(model, weights), strict=True)
     # dropout and stochastic depth at p = 0, as the C side builds them (no_dropout)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
@@ -72,8 +84,10 @@ def main():
     with torch.no_grad():
         rel("eval_logits", model(x), check["eval_logits"])
     model.train()
-    logits = model(x)
-    loss = F.cross_entropy(logits, labels, label_smoothing=float(cmeta["smoothing"]))
+    # the loss mgtrain trains: with the auxiliary classifiers' losses where the model has them
+    import make_zoo_goldens as zg
+    smoothing = float(cmeta["smoothing"])
+    logits, loss, _ = zg.train_loss(model, arch, x, labels, smoothing)
     loss.backward()
     rel("train_logits", logits.detach(), check["train_logits"])
     rel("loss", loss.detach(), check["loss"])
@@ -99,8 +113,7 @@ def main():
     own = {}
     if check_grads:
         model32.train()
-        F.cross_entropy(model32(x.float()), labels,
-                        label_smoothing=float(cmeta["smoothing"])).backward()
+        zg.train_loss(model32, arch, x.float(), labels, smoothing)[1].backward()
         for name, p in model32.named_parameters():
             g64 = params[name].grad.reshape(-1)
             idx = mg.sample_index(name, p.numel())

@@ -10,13 +10,12 @@ import make_zoo_goldens as z
 torch.set_num_threads(2)
 arch, size = sys.argv[1], int(sys.argv[2])
 def run(dt):
-    model = torchvision.models.__dict__[arch](num_classes=z.CLASSES)
-    z.weights(model); z.replace_dropout(model)
+    model = z.build(arch)
     gen = torch.Generator().manual_seed(1212)
     x = torch.randn(z.BATCH, 3, size, size, generator=gen)
     labels = torch.randint(0, z.CLASSES, (z.BATCH,), generator=gen)
     m = model.to(dt); m.train()
-    loss = F.cross_entropy(m(x.to(dt)), labels, label_smoothing=z.SMOOTHING)
+    loss = z.train_loss(m, arch, x.to(dt), labels)[1]
     loss.backward()
     return {n: p.grad.double() for n, p in m.named_parameters()}
 g64, g32 = run(torch.float64), run(torch.float32)

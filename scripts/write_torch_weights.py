@@ -27,7 +27,7 @@ def verify(arch, wpath, cpath):
     weights, _ = ctl.load_safetensors(wpath)
     check, _ = ctl.load_safetensors(cpath)
     model = torchvision.models.__dict__[arch](num_classes=10)
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(ctl.with_metadata(model, weights), strict=True)
     model = model.double().eval()
     with torch.no_grad():
         got = model(check["input"].double())

@@ -1,6 +1,8 @@
 /* Tests of the collectives: bucket planning, the threaded tree all-reduce against a sum in
    double on 1..8 mock devices with and without peer access, replicas bit-identical,
-   broadcast from any root, and an aborted step-end wait. */
+   broadcast from any root, and an aborted step-end wait; across nodes (whose runs are the mpi.*
+   tests), the host's node-order sum against the plain tree, the exchanges' link model and the
+   choice between them. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 
 #include "support/fixture.h"
 
+#include "comm/comm_impl.h"
 #include "mgt/comm.h"
 
 /* Deterministic values that differ per device, step and element. */
@@ -430,6 +433,96 @@ static void test_create_failure_keeps_its_cause(void **state)
         }
 }
 
+/* The plain tree over the nodes, level by level over whole rows, as the exchange before the
+   blocked sum made it (and as the single-process tree does): row 0 gets the sum. */
+static void plain_tree(float *rows, size_t stride, int nodes, size_t n)
+{
+    for (int k = 1; k < nodes; k *= 2)
+        for (int r = 0; r + k < nodes; r += 2 * k)
+            for (size_t i = 0; i < n; i++)
+                rows[(size_t)r * stride + i] += rows[(size_t)(r + k) * stride + i];
+}
+
+/* comm_sum_rows (in blocks, the last level into another buffer) gives the plain tree's bits for
+   2 to 17 nodes, over more than one block and a ragged tail; values of many magnitudes make
+   any other order of additions differ (checked against left-to-right). */
+static void test_node_sum_order(void **state)
+{
+    (void)state;
+    const size_t n = 2 * 2048 + 77, stride = n + 3;
+    float *rows = malloc(17 * stride * sizeof *rows), *ref = malloc(17 * stride * sizeof *ref);
+    float *out = malloc(n * sizeof *out);
+    assert_non_null(rows);
+    assert_non_null(ref);
+    assert_non_null(out);
+    uint32_t seed = 12345;
+    for (int nodes = 2; nodes <= 17; nodes++) {
+        for (size_t i = 0; i < (size_t)nodes * stride; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            float mant = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+            rows[i] = ldexpf(mant, (int)(seed % 40) - 20);
+        }
+        memcpy(ref, rows, (size_t)nodes * stride * sizeof *ref);
+        plain_tree(ref, stride, nodes, n);
+        float *seqsum = malloc(n * sizeof *seqsum);
+        assert_non_null(seqsum);
+        for (size_t i = 0; i < n; i++) {
+            float a = 0;
+            for (int r = 0; r < nodes; r++)
+                a += rows[(size_t)r * stride + i];
+            seqsum[i] = a;
+        }
+        comm_sum_rows(rows, stride, nodes, n, out);
+        assert_memory_equal(out, ref, n * sizeof *out);
+        if (nodes >= 4) /* left to right is another order: the data tells them apart */
+            assert_true(memcmp(seqsum, ref, n * sizeof *seqsum) != 0);
+        free(seqsum);
+    }
+    free(rows);
+    free(ref);
+    free(out);
+}
+
+/* The link model of the exchanges, the choice between them and the chunking, in numbers. */
+static void test_exchange_model(void **state)
+{
+    (void)state;
+    mgt_link l = {1e9, 20e-6};
+    const size_t mib = 1u << 20;
+    assert_int_equal(mgt_comm_exchange_chunks(8, 64 * mib), 8);
+    assert_int_equal(mgt_comm_exchange_chunks(8, 4 * mib), 1);
+    assert_int_equal(mgt_comm_exchange_chunks(2, 4 * mib), 2);
+    assert_int_equal(mgt_comm_exchange_chunks(64, 64 * mib), 1);
+    assert_int_equal(mgt_comm_exchange_chunks(1, 1000 * mib), 8);
+    /* 64 MiB at 8 nodes: reduce-scatter 2 x 8 chunks x 7 latencies + 2 x 7/8 x 64 MiB; the
+       all-gather 8 x 7 latencies + 7 x 64 MiB; the ring 2 x 7 (latency + 8 MiB) */
+    double rs = mgt_comm_exchange_seconds(MGT_NODE_EXCHANGE_REDUCE_SCATTER, 8, 64 * mib, &l);
+    double ag = mgt_comm_exchange_seconds(MGT_NODE_EXCHANGE_ALLGATHER, 8, 64 * mib, &l);
+    double ring = mgt_comm_ring_seconds(8, 64 * mib, &l);
+    assert_float_equal(rs, 2 * 8 * 7 * 20e-6 + 2 * 7 * (8.0 * mib) / 1e9, 1e-12);
+    assert_float_equal(ag, 8 * 7 * 20e-6 + 7 * (64.0 * mib) / 1e9, 1e-12);
+    assert_float_equal(ring, 2 * 7 * (20e-6 + (8.0 * mib) / 1e9), 1e-12);
+    assert_true(rs / ring < 1.02 && ag / rs > 3.9);
+    assert_int_equal(mgt_comm_exchange_pick(8, 64 * mib, &l), MGT_NODE_EXCHANGE_REDUCE_SCATTER);
+    /* small shards: the latencies decide, for the all-gather; at 2 nodes always the all-gather
+       (the same bytes in, half the latencies) */
+    assert_int_equal(mgt_comm_exchange_pick(8, 4096, &l), MGT_NODE_EXCHANGE_ALLGATHER);
+    assert_int_equal(mgt_comm_exchange_pick(2, 64 * mib, &l), MGT_NODE_EXCHANGE_ALLGATHER);
+    /* the crossing at 4 nodes, one chunk: lat + m / bw = 2 lat + m / (2 bw), m = 2 lat bw */
+    assert_int_equal(mgt_comm_exchange_pick(4, 39000, &l), MGT_NODE_EXCHANGE_ALLGATHER);
+    assert_int_equal(mgt_comm_exchange_pick(4, 41000, &l), MGT_NODE_EXCHANGE_REDUCE_SCATTER);
+    assert_float_equal(mgt_comm_exchange_seconds(MGT_NODE_EXCHANGE_ALLGATHER, 1, 4096, &l), 0, 0);
+    mgt_link a = mgt_comm_assumed_link();
+    assert_true(a.bytes_per_s > 0 && a.latency_s > 0);
+    mgt_node_exchange x;
+    assert_int_equal(mgt_node_exchange_parse("reduce-scatter", &x), MGT_OK);
+    assert_int_equal(x, MGT_NODE_EXCHANGE_REDUCE_SCATTER);
+    assert_int_equal(mgt_node_exchange_parse("allgather", &x), MGT_OK);
+    assert_int_equal(x, MGT_NODE_EXCHANGE_ALLGATHER);
+    assert_int_equal(mgt_node_exchange_parse("ring", &x), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "--node-exchange 'ring'"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +536,8 @@ int main(void)
         cmocka_unit_test(test_step_end_aborts),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_create_failure_keeps_its_cause),
+        cmocka_unit_test(test_node_sum_order),
+        cmocka_unit_test(test_exchange_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang and 16-bit refusal faults, bounded and abortable waits, deferred frees, ordering-only events, and pointer validation. */
+/* Mock devices: the options spelling (and its errors, through every command that takes it), the peer-access matrix and peer copies with and without it, the memory limit, injected allocation, kernel, hang, peer-copy, device-gone and 16-bit refusal faults, bounded and abortable waits, deferred frees, ordering-only events, and pointer validation. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -54,7 +54,7 @@ static void assert_defaults_except(const mgt_mock_options *o, const char *which)
     if (!strstr(which, "peers"))
         assert_int_equal(o->peer_mode, MGT_PEER_ALL);
     if (!strstr(which, "fault"))
-        assert_int_equal(o->fault_kind, MGT_FAULT_NONE);
+        assert_int_equal(o->fault[0].kind, MGT_FAULT_NONE);
     if (!strstr(which, "delay"))
         assert_int_equal(o->delay_us, 0);
     if (!strstr(which, "conv"))
@@ -103,24 +103,24 @@ static void test_options_accepted(void **state)
     assert_defaults_except(&o, "peers");
 
     o = parsed("fault=alloc@1:3");
-    assert_int_equal(o.fault_kind, MGT_FAULT_ALLOC);
-    assert_int_equal(o.fault_device, 1);
-    assert_int_equal(o.fault_nth, 3);
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_ALLOC);
+    assert_int_equal(o.fault[0].device, 1);
+    assert_int_equal(o.fault[0].nth, 3);
     o = parsed("fault=kernel@0:2");
-    assert_int_equal(o.fault_kind, MGT_FAULT_KERNEL);
-    assert_int_equal(o.fault_device, 0);
-    assert_int_equal(o.fault_nth, 2);
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_KERNEL);
+    assert_int_equal(o.fault[0].device, 0);
+    assert_int_equal(o.fault[0].nth, 2);
     assert_defaults_except(&o, "fault");
     o = parsed("fault=hang@1:4:axpy");
-    assert_int_equal(o.fault_kind, MGT_FAULT_HANG);
-    assert_int_equal(o.fault_device, 1);
-    assert_int_equal(o.fault_nth, 4);
-    assert_string_equal(o.fault_op, "axpy");
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_HANG);
+    assert_int_equal(o.fault[0].device, 1);
+    assert_int_equal(o.fault[0].nth, 4);
+    assert_string_equal(o.fault[0].op, "axpy");
     o = parsed("fault=lowp@0:2:no_kernel,fault");
-    assert_int_equal(o.fault_kind, MGT_FAULT_LOWP);
-    assert_int_equal(o.fault_nth, 2);
-    assert_int_equal(o.fault_nrefusals, 2);
-    assert_int_not_equal(o.fault_refusals[0], o.fault_refusals[1]);
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_LOWP);
+    assert_int_equal(o.fault[0].nth, 2);
+    assert_int_equal(o.fault[0].nrefusals, 2);
+    assert_int_not_equal(o.fault[0].refusals[0], o.fault[0].refusals[1]);
 
     o = parsed("delay=2000");
     assert_int_equal(o.delay_us, 2000);
@@ -139,13 +139,24 @@ static void test_options_accepted(void **state)
     o = parsed("layout=blocked");
     assert_defaults_except(&o, "");
 
+    /* several faults, each on its own device, in the order given */
+    o = parsed("fault=peer@2:3;fault=gone@0:7;fault=kernel@1:1:axpy");
+    assert_int_equal(o.nfaults, 3);
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_PEER);
+    assert_int_equal(o.fault[0].device, 2);
+    assert_int_equal(o.fault[0].nth, 3);
+    assert_int_equal(o.fault[1].kind, MGT_FAULT_GONE);
+    assert_int_equal(o.fault[1].device, 0);
+    assert_int_equal(o.fault[1].nth, 7);
+    assert_string_equal(o.fault[2].op, "axpy");
+
     o = parsed("threads=2;mem=1M;peers=none;fault=kernel@1:5;delay=100;seed=9");
     assert_int_equal(o.threads_per_device, 2);
     assert_int_equal(o.mem_limit, 1u << 20);
     assert_int_equal(o.peer_mode, MGT_PEER_NONE);
-    assert_int_equal(o.fault_kind, MGT_FAULT_KERNEL);
-    assert_int_equal(o.fault_device, 1);
-    assert_int_equal(o.fault_nth, 5);
+    assert_int_equal(o.fault[0].kind, MGT_FAULT_KERNEL);
+    assert_int_equal(o.fault[0].device, 1);
+    assert_int_equal(o.fault[0].nth, 5);
     assert_int_equal(o.delay_us, 100);
     assert_int_equal(o.seed, 9);
 }
@@ -177,6 +188,11 @@ static void test_options_rejected(void **state)
         {"fault=lowp@0:1:maybe", "fault=lowp@0:1:maybe"},
         {"fault=lowp@0:1:no_kernel,,fault", "fault=lowp@0:1:no_kernel,,fault"},
         {"fault=alloc@0:1:axpy", "fault=alloc@0:1:axpy"},
+        {"fault=peer@0:1:axpy", "fault=peer@0:1:axpy"},
+        {"fault=gone@1:0", "fault=gone@1:0"},
+        {"fault=kernel@1:2;fault=gone@1:3", "fault=gone@1:3"}, /* one fault per device */
+        {"fault=gone@0:1;fault=gone@1:1;fault=gone@2:1;fault=gone@3:1;fault=gone@4:1",
+         "fault=gone@4:1"},
         {"delay=-5", "delay=-5"},
         {"delay=abc", "delay=abc"},
         {"seed=x", "seed=x"},
@@ -625,6 +641,110 @@ static void test_fault_kernel(void **state)
     mgt_devset_free(set);
 }
 
+/* fault=peer@1:2: the second direct peer copy into device 1 fails when it runs, sticky for
+   device 1 and naming the copy; the source device and the first copy are untouched. */
+static void test_fault_peer_copy(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(2, "fault=peer@1:2");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0, *s1;
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    enum { N = 256 };
+    mgt_buffer *b0, *b1;
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    CHECK(mgt_buffer_alloc(d1, 2 * N * sizeof(float), &b1));
+    float *x0 = mgt_buffer_ptr(b0), *x1 = mgt_buffer_ptr(b1);
+    CHECK(mgt_fill(s0, x0, 5.0f, N));
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    CHECK(mgt_copy_peer(s1, x1, s0, x0, N * sizeof(float))); /* #1: runs */
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    static float out[N];
+    CHECK(mgt_copy_d2h(s1, out, x1, sizeof out));
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    for (int i = 0; i < N; i++)
+        assert_true(out[i] == 5.0f);
+    /* #2 fails as it runs: the call itself may see it (its ordering event comes after) */
+    if (mgt_copy_peer(s1, x1 + N, s0, x0, N * sizeof(float)) == MGT_OK)
+        EXPECT_FAIL(mgt_stream_synchronize(s1, NULL), MGT_ERR_DEVICE, "peer copy #2");
+    EXPECT_FAIL(mgt_stream_synchronize(s1, NULL), MGT_ERR_DEVICE, "peer copy #2");
+    if (!strstr(mgt_error_last(), mgt_device_name(d1)) || !strstr(mgt_error_last(), "from mock:"))
+        fail_msg("\"%s\" does not name the device and the copy's source", mgt_error_last());
+    EXPECT_FAIL(mgt_fill(s1, x1, 0.0f, N), MGT_ERR_DEVICE, "peer copy #2"); /* sticky */
+    /* device 0 goes on */
+    CHECK(mgt_scale(s0, x0, 2.0f, N));
+    CHECK(mgt_copy_d2h(s0, out, x0, sizeof out));
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    for (int i = 0; i < N; i++)
+        assert_true(out[i] == 10.0f);
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_stream_free(s0);
+    mgt_stream_free(s1);
+    mgt_devset_free(set);
+}
+
+/* fault=gone@1:2: at its second kernel device 1 disappears: that kernel and every later call
+   on it fail (kernels, copies, allocations of device and pinned memory, streams, events,
+   waits), each naming the device; device 0 reads all-one bytes (NaN) from its memory without
+   failing (or is refused the copy once the device has gone), and goes on. */
+static void test_fault_device_gone(void **state)
+{
+    (void)state;
+    mgt_devset *set = mgt_test_open_mock(2, "fault=gone@1:2");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0, *s1, *extra;
+    mgt_event *e1, *e_extra;
+    CHECK(mgt_stream_create(d0, &s0));
+    CHECK(mgt_stream_create(d1, &s1));
+    CHECK(mgt_event_create(d1, &e1));
+    enum { N = 64 };
+    mgt_buffer *b0, *b1, *more;
+    CHECK(mgt_buffer_alloc(d0, N * sizeof(float), &b0));
+    CHECK(mgt_buffer_alloc(d1, N * sizeof(float), &b1));
+    float *x0 = mgt_buffer_ptr(b0), *x1 = mgt_buffer_ptr(b1);
+    CHECK(mgt_fill(s1, x1, 3.0f, N)); /* kernel 1 */
+    CHECK(mgt_stream_synchronize(s1, NULL));
+    CHECK(mgt_fill(s0, x0, 1.0f, N));
+    mgt_status st = mgt_scale(s1, x1, 2.0f, N); /* kernel 2: the device goes */
+    /* a peer copy out of it, queued behind that kernel: device 0 reads all-one bytes (NaN)
+       from the missing device and stays sound; one asked once the device has gone is refused */
+    static float out[N];
+    mgt_status cp = st == MGT_OK ? mgt_copy_peer(s0, x0, s1, x1, N * sizeof(float)) : st;
+    if (cp == MGT_OK) {
+        CHECK(mgt_copy_d2h(s0, out, x0, sizeof out));
+        CHECK(mgt_stream_synchronize(s0, NULL));
+        for (int i = 0; i < N; i++)
+            assert_true(isnan(out[i]));
+    } else {
+        assert_int_equal(cp, MGT_ERR_DEVICE);
+    }
+    EXPECT_FAIL(mgt_copy_peer(s0, x0, s1, x1, N * sizeof(float)), MGT_ERR_DEVICE, "gone");
+    const char *name = mgt_device_name(d1);
+    EXPECT_FAIL(mgt_stream_synchronize(s1, NULL), MGT_ERR_DEVICE, name);
+    EXPECT_FAIL(mgt_fill(s1, x1, 0.0f, N), MGT_ERR_DEVICE, "gone");
+    EXPECT_FAIL(mgt_event_record(e1, s1), MGT_ERR_DEVICE, "gone");
+    EXPECT_FAIL(mgt_buffer_alloc(d1, 4096, &more), MGT_ERR_DEVICE, "gone");
+    void *pinned;
+    EXPECT_FAIL(mgt_host_alloc(d1, 4096, &pinned), MGT_ERR_DEVICE, "gone");
+    EXPECT_FAIL(mgt_stream_create(d1, &extra), MGT_ERR_DEVICE, "gone");
+    EXPECT_FAIL(mgt_event_create(d1, &e_extra), MGT_ERR_DEVICE, "gone");
+    EXPECT_FAIL(mgt_device_synchronize(d1, NULL), MGT_ERR_DEVICE, "gone");
+    /* device 0 goes on */
+    CHECK(mgt_fill(s0, x0, 4.0f, N));
+    CHECK(mgt_copy_d2h(s0, out, x0, sizeof out));
+    CHECK(mgt_stream_synchronize(s0, NULL));
+    assert_true(out[0] == 4.0f && out[N - 1] == 4.0f);
+    /* its buffers, stream and event are still freed, and nothing leaks */
+    mgt_event_free(e1);
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_stream_free(s0);
+    mgt_stream_free(s1);
+    mgt_devset_free(set);
+}
+
 /* A label outside [0, classes) is a device error while the kernel runs, naming the op. */
 static void test_bad_label_is_device_error(void **state)
 {
@@ -745,7 +865,7 @@ static void test_spec_names_missing_device_or_op(void **state)
     EXPECT_FAIL(mgt_mock_options_parse(&mo, "fault=kernel@0:5:conv2d"), MGT_ERR_INVALID,
                 "no op is named 'conv2d'");
     CHECK(mgt_mock_options_parse(&mo, "fault=kernel@0:5:conv2d_backward_filter"));
-    assert_string_equal(mo.fault_op, "conv2d_backward_filter");
+    assert_string_equal(mo.fault[0].op, "conv2d_backward_filter");
 }
 
 /* How often `needle` occurs in `hay`. */
@@ -1182,6 +1302,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_workspace_over_limit),
         cmocka_unit_test(test_fault_alloc),
         cmocka_unit_test(test_fault_kernel),
+        cmocka_unit_test(test_fault_peer_copy),
+        cmocka_unit_test(test_fault_device_gone),
         cmocka_unit_test(test_bad_label_is_device_error),
         cmocka_unit_test(test_pointer_validation),
         cmocka_unit_test(test_assert_survives_ndebug),

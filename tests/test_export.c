@@ -71,6 +71,16 @@ static int test_size(const mgt_arch_info *a)
         return 32;
     if (strcmp(a->family, "vgg") == 0)
         return 32; /* 1x1 before the adaptive pool to 7x7: the exporter's general bins */
+    /* 64, or the architecture's own side where 64 is too small (inception_v3's auxiliary
+       classifier needs 299) */
+    mgt_model_config mc = {
+        .arch = a->name, .classes = 10, .in_channels = 3, .image_size = 64, .batch = 1};
+    mgt_model *m = NULL;
+    if (mgt_model_create(&mc, NULL, &m) != MGT_OK) {
+        mgt_error_clear();
+        return a->image_size;
+    }
+    mgt_model_free(m);
     return 64;
 }
 
@@ -146,7 +156,7 @@ static void scale_linear(mgt_model *m, mgt_stream *s, float f)
     free(hp);
 }
 
-static bool is_heavy(const mgt_arch_info *a)
+static size_t params_of(const mgt_arch_info *a)
 {
     mgt_model_config mc = {
         .arch = a->name, .classes = 10, .in_channels = 3, .image_size = test_size(a), .batch = 1};
@@ -155,8 +165,10 @@ static bool is_heavy(const mgt_arch_info *a)
     mgt_model_counts c;
     mgt_model_get_counts(m, &c);
     mgt_model_free(m);
-    return c.params > 30000000;
+    return c.params;
 }
+
+static bool is_heavy(const mgt_arch_info *a) { return params_of(a) > 30000000; }
 
 static void test_check(void **state)
 {
@@ -173,6 +185,14 @@ static void test_check(void **state)
         if ((strcmp(mode, "light") == 0 && heavy) || (strcmp(mode, "heavy") == 0 && !heavy) ||
             (strcmp(mode, "light") != 0 && strcmp(mode, "heavy") != 0 && !named))
             continue;
+        /* regnet_y_128gf: 2.4 GiB of tensors, past one protobuf message (the exporter refuses
+           it in one line rather than write a broken file) */
+        if (params_of(&archs[i]) * sizeof(float) > ((size_t)2 << 30) - ((size_t)64 << 20)) {
+            print_message("%s: %.2f GiB of tensors: past ONNX's 2 GiB without external data, "
+                          "not exported\n",
+                          archs[i].name, (double)params_of(&archs[i]) * 4 / (1 << 30));
+            continue;
+        }
         char ckpt[640], onnx[640], cmd[2048];
         snprintf(ckpt, sizeof ckpt, "%s/%s.safetensors", root, archs[i].name);
         snprintf(onnx, sizeof onnx, "%s/%s.onnx", root, archs[i].name);
@@ -223,11 +243,14 @@ static void test_runtime(void **state)
     }
     if (!py || !*py)
         py = "/usr/bin/python3";
-    /* one of each family (mgt_arch_info.family) */
+    /* one of each family (mgt_arch_info.family) but MNASNet, whose BN momentum of 3e-4 leaves
+       the running statistics at their start after any affordable number of forwards (its
+       logits then reach 1e13: a check of nothing; its operators are the others') */
     static const char *const reps[] = {"resnet18",        "resnet20",       "vgg11_bn",
                                        "alexnet",         "squeezenet1_1",  "mobilenet_v3_small",
                                        "efficientnet_b0", "regnet_y_400mf", "shufflenet_v2_x0_5",
-                                       "densenet121",     "convnext_tiny"};
+                                       "densenet121",     "convnext_tiny",  "googlenet",
+                                       "inception_v3"};
     mgt_devset *set = mgt_test_open_mock(1, "threads=2");
     mgt_device *d = mgt_devset_device(set, 0);
     mgt_stream *s;

@@ -1605,7 +1605,7 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
     char wpath[512], cpath[512], cmd[1700];
     tmp_path(wpath, sizeof wpath, "torch_load.weights.safetensors");
     tmp_path(cpath, sizeof cpath, "torch_load.check.safetensors");
-    enum { BMAX = 8, K = 10, C = 3, SMAX = 160 };
+    enum { BMAX = 8, K = 10, C = 3, SMAX = 320 };
     const int B = batch, S = size;
     assert_true(B <= BMAX && S <= SMAX);
     mgt_model_config cfg = {.arch = arch,
@@ -1729,32 +1729,75 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
    mobilenet_v2 and mobilenet_v3_large without the gradients: with this input their hash weights
    leave a few layers' gradients at float32 noise (1e-3 of a layer scale of 1e-4..1e-5), the
    conditioning their goldens' SIZES and SEEDS work around; their goldens cover the gradients. */
+static const struct {
+    const char *arch;
+    int batch, size;
+    bool grads;
+} torch_load_cases[] = {
+    {"resnet50", 2, 64, true},
+    {"wide_resnet50_2", 2, 64, true},
+    {"resnext50_32x4d", 4, 64, true},
+    {"resnext101_32x8d", 8, 64, true},
+    {"regnet_x_400mf", 2, 160, true},
+    /* the second half (`torch_load 2`) from here: about 50 s of CPU against the first's 75 */
+    {"efficientnet_b0", 2, 64, true},
+    {"efficientnet_b1", 2, 64, true},
+    {"densenet121", 2, 64, true},
+    {"densenet169", 2, 64, true},
+    {"mobilenet_v2", 4, 64, false},
+    {"mobilenet_v3_large", 2, 64, false},
+    /* the light zoo families: logits, loss and BN statistics (their goldens cover the
+       gradients) */
+    {"squeezenet1_1", 2, 64, false},
+    {"shufflenet_v2_x0_5", 2, 64, false},
+    {"convnext_tiny", 2, 64, true},
+    /* the families whose zoo goldens hold the forward only: GoogLeNet's gradients through both
+       auxiliary classifiers (their losses weighted 0.3 in the loss), EfficientNet V2's
+       FusedMBConv stages */
+    {"googlenet", 2, 64, true},
+    {"efficientnet_v2_s", 2, 64, true},
+};
+enum { TORCH_LOAD_FIRST_HALF = 5 };
+static int torch_load_half; /* 0: every case; 1 or 2: one half (a CTest test each) */
+
 static void test_torch_load(void **state)
 {
     (void)state;
-    torch_load_case("resnet50", 2, 64, true);
-    torch_load_case("wide_resnet50_2", 2, 64, true);
-    torch_load_case("resnext50_32x4d", 4, 64, true);
-    torch_load_case("resnext101_32x8d", 8, 64, true);
-    torch_load_case("regnet_x_400mf", 2, 160, true);
-    torch_load_case("efficientnet_b0", 2, 64, true);
-    torch_load_case("efficientnet_b1", 2, 64, true);
-    torch_load_case("densenet121", 2, 64, true);
-    torch_load_case("densenet169", 2, 64, true);
-    torch_load_case("mobilenet_v2", 4, 64, false);
-    torch_load_case("mobilenet_v3_large", 2, 64, false);
-    /* the light zoo families: logits, loss and BN statistics (their goldens cover the
-       gradients) */
-    torch_load_case("squeezenet1_1", 2, 64, false);
-    torch_load_case("shufflenet_v2_x0_5", 2, 64, false);
-    torch_load_case("convnext_tiny", 2, 64, true);
+    for (int i = 0; i < (int)(sizeof torch_load_cases / sizeof *torch_load_cases); i++)
+        if (!torch_load_half || (i < TORCH_LOAD_FIRST_HALF) == (torch_load_half == 1))
+            torch_load_case(torch_load_cases[i].arch, torch_load_cases[i].batch,
+                            torch_load_cases[i].size, torch_load_cases[i].grads);
 }
 
-/* No argument: every test but test_torch_load; "torch_load": that one alone, a CTest test of
-   its own (models.torch_load) so that its two minutes of PyTorch run beside the rest. */
+/* `torch_load ARCH SIZE [BATCH]`: one architecture's case, every gradient (a tool for a new
+   architecture: its worst tensors against PyTorch in float64) */
+static const char *const *one_args;
+
+static void test_torch_load_one(void **state)
+{
+    (void)state;
+    torch_load_case(one_args[0], one_args[2] ? atoi(one_args[2]) : 2, atoi(one_args[1]),
+                    !getenv("MGT_CHECK_GRADS") || strcmp(getenv("MGT_CHECK_GRADS"), "0") != 0);
+}
+
+/* No argument: every test but test_torch_load; "torch_load [1|2]": that one alone, or one of
+   its halves (CTest's models.torch_load.1 and .2, each about a minute of CPU, so that its
+   PyTorch runs beside the rest); "torch_load ARCH SIZE [BATCH]": one architecture. */
 int main(int argc, char **argv)
 {
+    if (argc > 3 && strcmp(argv[1], "torch_load") == 0) {
+        one_args = (const char *const *)argv + 2;
+        const struct CMUnitTest t[] = {cmocka_unit_test(test_torch_load_one)};
+        return cmocka_run_group_tests(t, group_setup, group_teardown);
+    }
     if (argc > 1 && strcmp(argv[1], "torch_load") == 0) {
+        if (argc == 3) {
+            torch_load_half = atoi(argv[2]);
+            if (torch_load_half != 1 && torch_load_half != 2) {
+                fprintf(stderr, "test_models: torch_load: '%s' is no half (1 or 2)\n", argv[2]);
+                return 2;
+            }
+        }
         const struct CMUnitTest t[] = {cmocka_unit_test(test_torch_load)};
         return cmocka_run_group_tests(t, group_setup, group_teardown);
     }

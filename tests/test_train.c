@@ -1005,7 +1005,11 @@ static void test_arch_policy_covers_every_model(void **state)
         mgt_model_config mc = {
             .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 64, .batch = 1};
         mgt_model *m = NULL;
-        CHECK(mgt_model_create(&mc, NULL, &m));
+        if (mgt_model_create(&mc, NULL, &m) != MGT_OK) { /* inception_v3: 299 at least */
+            mgt_error_clear();
+            mc.image_size = a[i].image_size;
+            CHECK(mgt_model_create(&mc, NULL, &m));
+        }
         mgt_model_free(m);
     }
     const mgt_arch_info *r18 = mgt_arch_find("resnet18"), *r20 = mgt_arch_find("resnet20");

@@ -126,24 +126,6 @@ static void test_every_allocation_fails_cleanly(void **state)
 
 /* ---- 5: the failure line names where the fault happened ---- */
 
-/* Convolution kernels one training forward of resnet20 runs on a device. */
-static int convs_per_forward(void)
-{
-    mgt_devset *set = mgt_test_open_mock(1, "threads=1");
-    mgt_model_config mc = {
-        .arch = "resnet20", .classes = 4, .in_channels = 1, .image_size = 12, .batch = 2};
-    mgt_model *m;
-    if (mgt_model_create(&mc, mgt_devset_device(set, 0), &m) != MGT_OK)
-        fail_msg("model: %s", mgt_error_last());
-    int n, convs = 0;
-    const mgt_model_layer *l = mgt_model_layers(m, &n);
-    for (int i = 0; i < n; i++)
-        convs += strcmp(l[i].kind, "conv") == 0;
-    mgt_model_free(m);
-    mgt_devset_free(set);
-    return convs;
-}
-
 /* The first convolution of step 2's forward on device 0 of 4 fails. Under random delays of
    every queued op, which thread notices first (device 0's worker, a peer's all-reduce, the
    loader copying to device 0, a metrics wait) changes from run to run; the line must not:
@@ -155,7 +137,7 @@ static void test_fault_line_names_device_and_step(void **state)
     base_config(&c);
     c.batch_size = 8; /* 2 images per device: 4 steps */
     ctl.no_validation = true;
-    long nth = 2L * convs_per_forward() + 1;
+    long nth = 2L * mgt_test_convs_per_forward() + 1;
     char want[256];
     snprintf(want, sizeof want,
              "mock:0: epoch 0 step 2 (forward): injected fault in kernel conv2d_forward "

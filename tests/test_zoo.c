@@ -1,7 +1,8 @@
 /* Tests of the model zoo, one architecture list for every family: `test_zoo tables` holds
    every architecture mgtrain registers (bar the CIFAR ResNets, which torchvision lacks) to
-   torchvision 0.14's parameter count, convolution + linear MACs at 224 and every state_dict
-   name and shape in order (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
+   torchvision 0.14's parameter count, convolution + linear MACs of an evaluation at its default
+   side, every state_dict name and shape in order, and the default side and validation resize
+   of torchvision's weights (tests/data/zoo/torchvision_archs.txt, scripts/make_zoo_tables.py);
    `test_zoo learn FAMILY` trains the family's representative on a fixed tiny batch on two
    mock devices: the loss must fall and the replicas stay bit-identical. CTest runs one entry
    per family (tests/CMakeLists.txt, MGT_ZOO_FAMILIES); a family of the other helpers is one
@@ -79,11 +80,17 @@ static void test_tables(void **state)
         if (!p)
             fail_msg("%s is not in %s (run scripts/make_zoo_tables.py)", *a, TABLE);
         unsigned long long params, macs;
-        int n_entries;
+        int n_entries, crop, resize;
         p += strlen(key);
-        assert_int_equal(sscanf(p, "%llu %llu %d", &params, &macs, &n_entries), 3);
+        assert_int_equal(
+            sscanf(p, "%llu %llu %d %d %d", &params, &macs, &n_entries, &crop, &resize), 5);
+        /* the default input side and validation resize are torchvision's weights' */
+        const mgt_arch_info *info = mgt_arch_find(*a);
+        if (info->image_size != crop || mgt_arch_resize_size(info, crop) != resize)
+            fail_msg("%s: input %d, resize %d; torchvision's weights %d, %d", *a, info->image_size,
+                     mgt_arch_resize_size(info, crop), crop, resize);
         mgt_model_config cfg = {
-            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = 224, .batch = 1};
+            .arch = *a, .classes = 1000, .in_channels = 3, .image_size = crop, .batch = 1};
         mgt_model *m;
         CHECK(mgt_model_create(&cfg, NULL, &m));
         mgt_model_counts c;
@@ -91,8 +98,8 @@ static void test_tables(void **state)
         if (c.params != params)
             fail_msg("%s: %zu parameters, torchvision %llu", *a, c.params, params);
         if (c.macs_conv_fc != macs)
-            fail_msg("%s: %llu conv + linear MACs at 224, torchvision %llu", *a,
-                     (unsigned long long)c.macs_conv_fc, macs);
+            fail_msg("%s: %llu conv + linear MACs at %d, torchvision %llu", *a,
+                     (unsigned long long)c.macs_conv_fc, crop, macs);
         int n;
         const mgt_model_entry *t = mgt_model_table(m, &n);
         if (n != n_entries)
@@ -124,6 +131,7 @@ typedef struct learn_case {
     int size, classes, batch, steps;
     float lr;
     bool no_dropout;
+    bool no_aux; /* built without its auxiliary classifiers */
 } learn_case;
 
 /* One representative per family at the smallest input it takes here. AlexNet learns without
@@ -133,15 +141,23 @@ typedef struct learn_case {
    in 24 (PyTorch, lr 0.05); here 1.386 to 1.14 in 28. Its dropout masks are the conformance suite's and
    test_equivalence's (squeezenet1_1) to check. */
 static const learn_case learn_cases[] = {
-    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false},
-    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true},
-    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false},
-    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false},
-    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false},
-    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false},
-    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false},
-    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false},
-    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false},
+    {"vgg", "vgg11_bn", 32, 4, 4, 6, 0.002f, false, false},
+    {"alexnet", "alexnet", 63, 4, 4, 28, 0.05f, true, false},
+    {"squeezenet", "squeezenet1_1", 32, 4, 4, 8, 0.05f, false, false},
+    {"mobilenet", "mobilenet_v2", 64, 4, 4, 8, 0.005f, false, false},
+    {"efficientnet", "efficientnet_b0", 64, 4, 4, 8, 0.005f, false, false},
+    {"regnet", "regnet_y_400mf", 64, 4, 4, 8, 0.005f, false, false},
+    {"shufflenet", "shufflenet_v2_x0_5", 64, 4, 4, 8, 0.005f, false, false},
+    {"densenet", "densenet121", 32, 4, 4, 6, 0.005f, false, false},
+    {"convnext", "convnext_tiny", 32, 4, 4, 8, 0.002f, false, false},
+    /* torchvision's classifier init, U(+-sqrt(3 / classes)), starts 4 classes at a loss of 15
+       (PyTorch: 11): a smaller step */
+    {"mnasnet", "mnasnet0_5", 64, 4, 4, 8, 0.001f, false, false},
+    /* with its two auxiliary classifiers, whose losses join the loss that must fall */
+    {"googlenet", "googlenet", 64, 4, 4, 8, 0.005f, false, false},
+    /* at its smallest side, 75, without the auxiliary classifier (which needs 299: the
+       golden holds that one to PyTorch) */
+    {"inception", "inception_v3", 75, 4, 4, 8, 0.005f, false, true},
 };
 
 #define N_LEARN ((int)(sizeof learn_cases / sizeof learn_cases[0]))
@@ -197,7 +213,8 @@ static void test_learn(void **state)
                                 .in_channels = 3,
                                 .image_size = lc->size,
                                 .batch = lc->batch,
-                                .no_dropout = lc->no_dropout};
+                                .no_dropout = lc->no_dropout,
+                                .no_aux_logits = lc->no_aux};
         CHECK(mgt_model_create(&cfg, r[k].d, &r[k].m));
         CHECK(mgt_model_init(r[k].m, r[k].s, 42));
         size_t pb;
@@ -272,7 +289,17 @@ static void test_learn(void **state)
    in float64 on the ResNet hash weights, where they are well conditioned. The architectures not
    here (the bottleneck ResNets, RegNet X, EfficientNet B1, densenet169) are ill-conditioned
    under this formula (check_zoo_float32.py: PyTorch's own float32 misses in most tensors) and
-   are held to PyTorch there instead. */
+   are held to PyTorch there instead. The same formula leaves PyTorch's own float32 gradients
+   outside TOL_GRAD in most tensors of googlenet at 64 (122 of 187; 83 at 128, 156 at 224) and
+   inception_v3 at 299 (273 of 292: also its stride-2 max pools, where float32 picks another
+   pixel than float64 in single windows), and in 12 of 506 of efficientnet_b5 at 64: their
+   goldens hold the forward (with the auxiliary losses, and B5's BN eps 1e-3 and momentum 0.01
+   in the running statistics); test_torch_load holds googlenet's gradients. efficientnet_v2_s
+   has no golden: with this formula its evaluation logits reach 1e4 and PyTorch's own float32
+   misses its float64 ones by 0.8 of the largest; test_torch_load holds it all (logits, loss,
+   every gradient, BN statistics). mnasnet0_5 at 96: at 64 its 2x2 last stages leave the
+   gradients at float32 noise (mgtrain's oneDNN and im2col paths differ from each other by 2%
+   there, where PyTorch's float32 happens to stay within 1e-4). */
 static const struct {
     const char *arch;
     int size;
@@ -293,7 +320,11 @@ static const struct {
                     {"vgg19_bn", 32, false},
                     {"shufflenet_v2_x1_0", 96, false},
                     {"mobilenet_v3_small", 64, false},
-                    {"regnet_y_400mf", 96, false}};
+                    {"regnet_y_400mf", 96, false},
+                    {"mnasnet0_5", 96, false},
+                    {"googlenet", 64, true},
+                    {"inception_v3", 299, true},
+                    {"efficientnet_b5", 64, true}};
 
 #define LR 0.1f
 #define MOMENTUM 0.9f
@@ -438,7 +469,19 @@ static void test_golden(void **state)
     CHECK(mgt_buffer_alloc(d, pb, &mom));
     float *x = mgt_buffer_ptr(io);
     int32_t *labels = (int32_t *)(x + nx);
-    CHECK(mgt_copy_h2d(s, x, golden(g, "input", nx), nx * sizeof(float)));
+    /* a large input is the script's hash formula: uniform, variance 1 */
+    const char *in = mgt_st_metadata_get(g, "input");
+    float *hx = NULL;
+    if (in && strcmp(in, "hash") == 0) {
+        hx = malloc(nx * sizeof *hx);
+        assert_non_null(hx);
+        uint32_t salt = mgt_test_fnv1a("input");
+        for (size_t i = 0; i < nx; i++)
+            hx[i] = (float)((mgt_test_hash_uniform(salt, i) - 0.5) * sqrt(12.0));
+    }
+    CHECK(mgt_copy_h2d(s, x, hx ? hx : golden(g, "input", nx), nx * sizeof(float)));
+    CHECK(mgt_stream_synchronize(s, NULL));
+    free(hx);
     CHECK(mgt_copy_h2d(s, labels, golden(g, "labels", (uint64_t)batch),
                        (size_t)batch * sizeof(int32_t)));
     n_bad = 0;
@@ -457,12 +500,30 @@ static void test_golden(void **state)
     CHECK(mgt_model_loss(m, s, labels, SMOOTHING, NULL));
     hl = to_host(s, logits, nl * sizeof(float));
     want = golden(g, "step1.logits", nl);
-    close_to("step1.logits", hl, NULL, want, nl, TOL_FWD, max_abs(want, nl));
+    /* the training forward's values: TOL_FWD, or the golden's tol_train (3x PyTorch's own
+       float32 error on them where a BN over few values per channel leaves float32 itself
+       short of TOL_FWD: googlenet, inception_v3) */
+    const char *tt = mgt_st_metadata_get(g, "tol_train");
+    double tol_train = tt ? fmax(TOL_FWD, atof(tt)) : TOL_FWD;
+    close_to("step1.logits", hl, NULL, want, nl, tol_train, max_abs(want, nl));
     free(hl);
     float *loss = to_host(s, mgt_model_loss_ptr(m), sizeof(float));
     want = golden(g, "step1.loss", 1);
-    close_to("step1.loss", loss, NULL, want, 1, TOL_FWD, fabs(want[0]));
+    close_to("step1.loss", loss, NULL, want, 1, tol_train, fabs(want[0]));
     free(loss);
+    /* the auxiliary classifiers' own losses, which the loss above weights in */
+    int n_aux = mgt_model_aux_count(m);
+    if (n_aux) {
+        const char *w = mgt_st_metadata_get(g, "aux_weight");
+        assert_non_null(w);
+        assert_true(mgt_model_aux_weight(m) == (float)atof(w));
+        float *aux = to_host(s, mgt_model_aux_loss_ptr(m), (size_t)n_aux * sizeof(float));
+        want = golden(g, "step1.aux_loss", (uint64_t)n_aux);
+        close_to("step1.aux_loss", aux, NULL, want, (size_t)n_aux, tol_train, max_abs(want, n_aux));
+        free(aux);
+    } else if (mgt_st_find(g, "step1.aux_loss") >= 0) {
+        fail_msg("%s: the golden has auxiliary losses, the model no auxiliary classifier", arg);
+    }
     CHECK(mgt_model_backward(m, s, NULL, NULL));
     float *hg = to_host(s, mgt_model_grads(m, NULL), pb);
     mgt_sgd_params sp = {
@@ -500,7 +561,8 @@ static void test_golden(void **state)
         snprintf(name, sizeof name, "step1.%s.samples", t[e].name);
         const float *sw = golden(g, name, k);
         /* the update moves by lr * (g + wd p): its error is the gradient's, times lr */
-        close_to(name, v1, idx, sw, k, 1.0, TOL_FWD * max_abs(sw, k) + TOL_GRAD * LR * gscale);
+        close_to(name, v1, idx, sw, k, 1.0,
+                 (par ? TOL_FWD : tol_train) * max_abs(sw, k) + TOL_GRAD * LR * gscale);
     }
     if (n_bad)
         fail_msg("%s: %d tensors outside the tolerances", arg, n_bad);
@@ -615,11 +677,15 @@ static void test_pretrained(void **state)
    architecture's head (mgt_model_head) must keep the model's own torchvision initialisation,
    the stem must be the file's summed over its channels, every other tensor the file's, to the
    bit; the forward must run; and without new_head the load must be refused naming the head.
-   About a second per architecture at 64 px (vgg11, 130 M parameters, about 10 s). */
+   The auxiliary classifiers' last layers (inception_v3's AuxLogits.fc, googlenet's aux1.fc2
+   and aux2.fc2) are replaced with the head, as torchvision's fine-tuning replaces them, and
+   the training forward runs through them. About a second per architecture at 64 px (vgg11,
+   130 M parameters, about 10 s); an architecture that 64 px is too small for at its
+   auxiliary classifiers (inception_v3) at its own side. */
 
 static void test_finetune_one(const char *arch)
 {
-    const int size = 64;
+    int size = 64;
     char path[128];
     snprintf(path, sizeof path, "/tmp/mgt_zoo_finetune_%d.safetensors", (int)getpid());
     mgt_devset *set = mgt_test_open_mock(1, "");
@@ -629,6 +695,12 @@ static void test_finetune_one(const char *arch)
     mgt_model_config ca = {
         .arch = arch, .classes = 12, .in_channels = 3, .image_size = size, .batch = 1};
     mgt_model *a, *b;
+    if (mgt_model_create(&ca, NULL, &a) != MGT_OK) {
+        mgt_error_clear();
+        ca.image_size = size = mgt_arch_find(arch)->image_size;
+    } else {
+        mgt_model_free(a);
+    }
     CHECK(mgt_model_create(&ca, d, &a));
     CHECK(mgt_model_init(a, s, 1));
     CHECK(mgt_model_save_safetensors(a, s, path));
@@ -688,7 +760,22 @@ static void test_finetune_one(const char *arch)
         }
         assert_memory_equal(g, w, t[e].numel * sizeof(float));
     }
-    assert_true(heads >= 1);
+    /* the head's tensors are the named head's and the auxiliary classifiers' last layers',
+       a weight and a bias each, and no other */
+    int named = 0;
+    for (const char *h = mgt_model_head(b); *h; named++) {
+        size_t len = strcspn(h, " ");
+        char w[80];
+        snprintf(w, sizeof w, "%.*s.weight", (int)len, h);
+        bool found = false;
+        for (int e = 0; e < n; e++)
+            found |= strcmp(t[e].name, w) == 0 && t[e].classifier;
+        if (!found)
+            fail_msg("%s: no classifier tensor %s", arch, w);
+        h += len;
+        h += strspn(h, " ");
+    }
+    assert_int_equal(heads, 2 * (named + mgt_model_aux_count(b)));
     assert_int_equal(stems, 1);
     mgt_st_close(f);
     unlink(path);
@@ -698,11 +785,25 @@ static void test_finetune_one(const char *arch)
     CHECK(mgt_buffer_alloc(d, nx * sizeof(float), &xb));
     CHECK(mgt_fill(s, mgt_buffer_ptr(xb), 0.25f, nx));
     const float *logits;
-    CHECK(mgt_model_forward(b, s, mgt_buffer_ptr(xb), 2, false, &logits));
-    float *hl = to_host(s, logits, 2 * 5 * sizeof(float));
-    for (int i = 0; i < 10; i++)
-        assert_true(isfinite(hl[i]));
-    free(hl);
+    for (int train = 0; train <= (mgt_model_aux_count(b) > 0); train++) {
+        CHECK(mgt_model_forward(b, s, mgt_buffer_ptr(xb), 2, train, &logits));
+        float *hl = to_host(s, logits, 2 * 5 * sizeof(float));
+        for (int i = 0; i < 10; i++)
+            assert_true(isfinite(hl[i]));
+        free(hl);
+    }
+    if (mgt_model_aux_count(b) > 0) { /* the auxiliary classifiers' losses, at 5 classes */
+        mgt_buffer *lb;
+        CHECK(mgt_buffer_alloc(d, 2 * sizeof(int32_t), &lb));
+        CHECK(mgt_memset(s, mgt_buffer_ptr(lb), 0, 2 * sizeof(int32_t)));
+        CHECK(mgt_model_loss(b, s, mgt_buffer_ptr(lb), 0, NULL));
+        int na = mgt_model_aux_count(b);
+        float *al = to_host(s, mgt_model_aux_loss_ptr(b), (size_t)na * sizeof(float));
+        for (int i = 0; i < na; i++)
+            assert_true(isfinite(al[i]) && al[i] > 0);
+        free(al);
+        mgt_buffer_free(lb);
+    }
     free(got);
     free(own);
     mgt_buffer_free(xb);
@@ -728,6 +829,14 @@ static void test_finetune(void **state)
 
 static const char *self_path;
 static const char *const *strict_one_args; /* ARCH SIZE WEIGHTS CHECK OUT */
+static bool strict_heavy; /* `strict heavy`: the architectures over STRICT_LIGHT_PARAMS */
+
+/* The split of `strict` (and of export.check's light and heavy): parameters at most this go
+   in the suite's run, the heavier ones in zoo.strict.heavy */
+#define STRICT_LIGHT_PARAMS 30000000
+/* regnet_y_128gf (645 M parameters): its check would hold about 12 GiB at once (PyTorch's
+   float32 and float64 models, mgtrain's arenas, two 2.6 GB files): in neither half */
+#define STRICT_MAX_PARAMS 200000000
 
 static void test_strict(void **state)
 {
@@ -743,8 +852,29 @@ static void test_strict(void **state)
     for (const char *const *a = mgt_model_arch_names(); *a; a++) {
         if (!in_torchvision(*a))
             continue;
-        assert_true(len + strlen(*a) + 2 < cap);
+        /* an architecture that PRETRAINED_SIZE is too small for goes at its own side */
+        int side = PRETRAINED_SIZE;
+        mgt_model_config cfg = {
+            .arch = *a, .classes = 10, .in_channels = 3, .image_size = side, .batch = 2};
+        mgt_model *m;
+        if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
+            mgt_error_clear();
+            cfg.image_size = side = mgt_arch_find(*a)->image_size;
+            CHECK(mgt_model_create(&cfg, NULL, &m));
+        }
+        mgt_model_counts c;
+        mgt_model_get_counts(m, &c);
+        mgt_model_free(m);
+        if (c.params > STRICT_MAX_PARAMS) {
+            print_message("strict: %s left out: %zu parameters\n", *a, c.params);
+            continue;
+        }
+        if ((c.params > STRICT_LIGHT_PARAMS) != strict_heavy)
+            continue;
+        assert_true(len + strlen(*a) + 8 < cap);
         len += (size_t)snprintf(cmd + len, cap - len, " %s", *a);
+        if (side != PRETRAINED_SIZE)
+            len += (size_t)snprintf(cmd + len, cap - len, ":%d", side);
         count++;
     }
     assert_true(count > 0);
@@ -959,6 +1089,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(what, "strict") == 0) {
         self_path = argv[0];
+        strict_heavy = arg && strcmp(arg, "heavy") == 0;
         const struct CMUnitTest t[] = {cmocka_unit_test(test_strict)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
@@ -967,9 +1098,10 @@ int main(int argc, char **argv)
         const struct CMUnitTest t[] = {cmocka_unit_test(test_strict_one)};
         return cmocka_run_group_tests(t, NULL, NULL);
     }
-    fprintf(stderr, "usage: test_zoo tables | learn FAMILY | amp [FAMILY] | golden ARCH | "
-                    "pretrained ARCH | strict\n"
-                    "       test_zoo finetune ARCH...\n"
-                    "       test_zoo strict-one ARCH SIZE WEIGHTS CHECK OUT\n");
+    fprintf(stderr,
+            "usage: test_zoo tables | learn FAMILY | amp [FAMILY] | golden ARCH | pretrained ARCH "
+            "| strict [heavy]\n"
+            "       test_zoo finetune ARCH...\n"
+            "       test_zoo strict-one ARCH SIZE WEIGHTS CHECK OUT\n");
     return 2;
 }

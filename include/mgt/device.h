@@ -50,9 +50,22 @@ typedef enum mgt_fault_kind {
     MGT_FAULT_KERNEL, /* the Nth kernel run on the device fails, sticky, MGT_ERR_DEVICE */
     MGT_FAULT_HANG,   /* the Nth kernel never finishes (until its stream is freed): a hung GPU */
     MGT_FAULT_LOWP,   /* the Nth, N+1th, ... 16-bit convolution attempts are refused */
+    MGT_FAULT_PEER,   /* the Nth peer copy into the device fails, sticky, MGT_ERR_DEVICE */
+    MGT_FAULT_GONE,   /* at the Nth kernel the device disappears: every later call fails */
 } mgt_fault_kind;
 
 #define MGT_MOCK_MAX_REFUSALS 8
+#define MGT_MOCK_MAX_FAULTS 4 /* fault= items of one spec, each on its own device */
+
+/* One injected fault (fault=KIND@D:N[:...]). */
+typedef struct mgt_mock_fault {
+    mgt_fault_kind kind;
+    int device;
+    long nth;
+    char op[32];                         /* "" or the op name the kernel or hang fault counts */
+    int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons, in order */
+    int nrefusals;
+} mgt_mock_fault;
 
 /* How mock devices behave. Spelled as a string in the MGT_MOCK environment variable and in
    the --mock flag, items separated by ';' (see mgt_mock_options_parse):
@@ -66,6 +79,14 @@ typedef enum mgt_fault_kind {
      fault=hang@D:N[:OP] the Nth kernel (of OP) on D never finishes: waits on it run into
                          their abort flag or the set's wait limit; freeing its stream ends it
                          (the device is then failed, as a GPU reset would leave it)
+     fault=peer@D:N      the Nth direct peer copy into device D (run on D's stream) fails
+                         when it runs; the failure is sticky for D, as a kernel fault's
+     fault=gone@D:N      device D disappears at its Nth kernel, as a GPU that fell off the
+                         bus: that kernel and every later call on D (allocations, streams,
+                         events, copies, waits) fail, and a peer copy out of D's memory by
+                         another device reads all-one bytes, as a PCIe read of a missing
+                         device does (NaN floats), without failing the reader
+     (up to 4 fault= items, each on its own device)
      fault=lowp@D:N:R1,R2,...  the Nth 16-bit convolution that D's native 16-bit kernel is
                          asked to run is refused for reason R1, the next for R2, ...: one of
                          no_kernel, bad_param, no_memory, broken, fault (what cuDNN's statuses
@@ -74,9 +95,9 @@ typedef enum mgt_fault_kind {
      seed=N              seed of the delays
      link=BW,LAT         direct peer copies take LAT + bytes/BW, e.g. link=25GB/s,10us
                          (BW in B, KB, MB or GB per second; LAT in us or ms)
-     xlink=BW,LAT        the link between nodes of a multi-node run (mgt/world.h): each
-                         device's exchange with the other nodes takes at least
-                         (nodes - 1) x (LAT + shard bytes / BW), as a ring all-gather would
+     xlink=BW,LAT        the link between nodes of a multi-node run, one per device
+                         (mgt/world.h): a collective bringing a node b bytes takes
+                         (nodes - 1) x LAT + b / BW once the link is free
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path
      layout=blocked|nchw activations kept in oneDNN's nChw16c between ops where a model can
@@ -86,12 +107,8 @@ typedef struct mgt_mock_options {
     size_t mem_limit;
     mgt_peer_mode peer_mode;
     unsigned char peer[MGT_MAX_DEVICES][MGT_MAX_DEVICES];
-    mgt_fault_kind fault_kind;
-    int fault_device;
-    long fault_nth;
-    char fault_op[32]; /* "" or the op name the kernel or hang fault counts */
-    int fault_refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons, in order */
-    int fault_nrefusals;
+    mgt_mock_fault fault[MGT_MOCK_MAX_FAULTS];
+    int nfaults;
     unsigned delay_us;
     uint64_t seed;
     double link_bytes_per_s; /* 0: peer copies at memcpy speed */
@@ -148,6 +165,14 @@ void mgt_devset_set_waits(mgt_devset *set, const mgt_abort *abort, double limit_
 int mgt_devset_count(const mgt_devset *set);
 mgt_device *mgt_devset_device(const mgt_devset *set, int i);
 mgt_device_kind mgt_devset_kind(const mgt_devset *set);
+/* Whether the set's device memory is host memory that host threads may read and write once
+   events order them (mock devices): a collective across processes can then run in it, without
+   copies through pinned memory. */
+bool mgt_devset_host_memory(const mgt_devset *set);
+/* From now on, buffers freed on d are not given back to the system: their memory was lent to a
+   transfer that cannot be cancelled (an MPI collective a failed exchange left in flight, which
+   may still read or write it until the process ends in MPI_Abort). */
+void mgt_device_keep_memory(mgt_device *d);
 /* Whether a copy from device i to device j goes directly (else through pinned host memory). */
 bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j);
 /* Measures the rate of mgt_copy_peer from device i to device j (i != j), direct or staged as
@@ -182,6 +207,15 @@ mgt_status mgt_device_synchronize(mgt_device *d, const mgt_abort *abort);
    fault=kernel@D:N numbers). False, and zeros, on backends that keep no counts (CUDA). A test
    that sweeps N knows from them when it has passed the last allocation of a run. */
 bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
+/* Gives the device up, without waiting on it: its queued work is dropped, a kernel that never
+   returns is left behind, and it counts as failed (its first failure's text kept, else `why`),
+   so that the streams of other devices and host threads waiting on its events go on. Its
+   streams, events and buffers are still freed as usual. On CUDA nothing can stop a running
+   kernel: the call does nothing there, and the device is simply not touched again. */
+void mgt_device_abandon(mgt_device *d, const char *why);
+/* Lets waits on d run again after one ran out: for a device whose work only waited on
+   another that has since been abandoned (its waits now complete). */
+void mgt_device_unstall(mgt_device *d);
 
 /* ---- memory ---- */
 
@@ -266,6 +300,13 @@ mgt_status mgt_xcomm_create(mgt_device *d, const void *id, size_t len, int nrank
    r * n. */
 mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, float *recv,
                                size_t n);
+/* Whether the backend's collective has an all-to-all (NCCL's grouped sends and receives). */
+bool mgt_xcomm_can_alltoall(const mgt_devset *set);
+/* Enqueued on s: rank p gets counts[p] floats at send + displs[p]; recv + r * stride gets rank
+   r's `each` floats for this rank (each == counts[this rank] on every rank; counts and displs
+   have one entry per rank). */
+mgt_status mgt_xcomm_alltoall(mgt_xcomm *x, mgt_stream *s, const float *send, const size_t *counts,
+                              const size_t *displs, float *recv, size_t each, size_t stride);
 void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 
 /* ---- kernels ---- */

@@ -70,6 +70,15 @@ typedef struct mgt_model_config {
     /* Every layer on its own kernels: no ReLU folded into the batch norm before it. The
        folded pair gives the same bits; tests compare the two. */
     bool no_fusion;
+    /* Inception v3 and GoogLeNet without their auxiliary classifiers (torchvision's
+       aux_logits=False): neither built nor in the state_dict. Ignored by the architectures
+       that have none. */
+    bool no_aux_logits;
+    /* torchvision's transform_input (Inception v3, GoogLeNet; refused elsewhere): the input,
+       normalised with ImageNet's mean and std, is mapped per channel to (x - 0.5) / 0.5 of
+       the pixel, the normalisation their ported weights were trained with. torchvision sets
+       it when it loads pretrained weights and leaves it off otherwise. */
+    bool transform_input;
     /* Evaluation only: no gradient arena is allocated (a training forward, backward and
        zero_grad are refused). What a validation twin at another input size needs (FixRes). */
     bool inference;
@@ -96,7 +105,7 @@ typedef enum mgt_arch_augment {
 } mgt_arch_augment;
 
 typedef enum mgt_arch_eval {
-    MGT_ARCH_EVAL_RESIZE_CROP, /* Resize(size * 256 / 224) + CenterCrop(size) */
+    MGT_ARCH_EVAL_RESIZE_CROP, /* Resize(resize_size, or size * 256 / 224) + CenterCrop(size) */
     MGT_ARCH_EVAL_NATIVE,      /* the images as they are; resized to size (shorter side) and
                                   centre-cropped only when they are not size x size */
 } mgt_arch_eval;
@@ -110,6 +119,19 @@ typedef struct mgt_arch_info {
     int synthetic_classes;    /* the class count of synthetic data */
     mgt_arch_augment augment; /* the default training augmentation */
     mgt_arch_eval eval;       /* the validation transform */
+    /* MGT_ARCH_EVAL_RESIZE_CROP: the shorter side before the centre crop at image_size
+       (torchvision's weights' resize_size); at another input side it scales with it. 0: 256
+       at 224 */
+    int resize_size;
+    /* The auxiliary classifiers' loss weight (each one's: the loss trained is the main loss
+       plus aux_weight times each auxiliary loss), 0 for an architecture without them */
+    float aux_weight;
+    /* torchvision's transform_input: what the model does to its input when pretrained
+       weights are loaded (mgt_model_config.transform_input), false where it has none */
+    bool transform_input;
+    /* torchvision's builder drops the auxiliary classifiers when it loads pretrained weights
+       unless asked to keep them (GoogLeNet: its ported heads were never trained) */
+    bool pretrained_drops_aux;
 } mgt_arch_info;
 
 /* The policy of every architecture, in table order (static); *n gets the count. */
@@ -118,6 +140,9 @@ const mgt_arch_info *mgt_arch_list(int *n);
 const mgt_arch_info *mgt_arch_find(const char *name);
 /* The input side to train a at on width x height images: its default, or their shorter side. */
 int mgt_arch_image_size(const mgt_arch_info *a, int width, int height);
+/* The validation resize (shorter side) of a's MGT_ARCH_EVAL_RESIZE_CROP before a centre crop
+   of size: resize_size at a's own side, the same ratio at another (256/224 by default). */
+int mgt_arch_resize_size(const mgt_arch_info *a, int size);
 
 /* Builds the model's layout and, when d is not NULL, allocates its arenas on d (parameters
    zeroed, not initialised: call mgt_model_init or a load). With d NULL the model only
@@ -126,8 +151,10 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
 /* Waits for the device's pending work (as buffer frees do). NULL is a no-op. */
 void mgt_model_free(mgt_model *m);
 const mgt_model_config *mgt_model_get_config(const mgt_model *m); /* arch is the model's copy */
-/* The architecture's classifier head: its module names, space-separated ("fc", "classifier.1",
-   Inception's "fc AuxLogits.fc"), whose tensors have `classifier` set in the table. Static. */
+/* The architecture's classifier head: its module names, space-separated ("fc", "classifier.1"),
+   whose tensors have `classifier` set in the table, as have the auxiliary classifiers' last
+   layers (Inception v3's AuxLogits.fc, GoogLeNet's aux1.fc2 and aux2.fc2: training only, not
+   named here). Static. */
 const char *mgt_model_head(const mgt_model *m);
 
 /* torchvision's initialisation, drawn on the host from a Philox stream per tensor keyed by
@@ -175,7 +202,22 @@ mgt_status mgt_model_set_bn_sync(mgt_model *m, const mgt_bn_sync *sync);
    (top-min(5, classes)) hits. */
 mgt_status mgt_model_loss(mgt_model *m, mgt_stream *s, const int32_t *labels, float smoothing,
                           int32_t *correct);
-const float *mgt_model_loss_ptr(const mgt_model *m); /* device float [1] */
+/* device float [1]; after a training forward of a model with auxiliary classifiers, the main
+   loss plus aux_weight times each auxiliary loss (what backward differentiates) */
+const float *mgt_model_loss_ptr(const mgt_model *m);
+
+/* Auxiliary classifiers (Inception v3's one, GoogLeNet's two, unless config.no_aux_logits):
+   run by training forwards only, as torchvision's; the loss adds each one's cross-entropy
+   (the same targets, smoothing and mixing as the main one) times the weight. */
+#define MGT_MODEL_MAX_AUX 2 /* the most any architecture has */
+int mgt_model_aux_count(const mgt_model *m);
+/* device float [aux_count]: each auxiliary loss, unweighted, of the last training loss; NULL
+   without auxiliary classifiers */
+const float *mgt_model_aux_loss_ptr(const mgt_model *m);
+/* The weight of each auxiliary loss; mgt_arch_info.aux_weight until set (0.4 for Inception
+   v3, 0.3 for GoogLeNet). */
+void mgt_model_set_aux_weight(mgt_model *m, float weight);
+float mgt_model_aux_weight(const mgt_model *m);
 /* The same against mixup/cutmix targets w onehot(labels) + (1 - w) onehot(labels_b) (device
    int32 [batch] twice, float [batch]; borrowed until backward), smoothing on top; the
    accuracy counts `labels`, the sample's own. */
@@ -239,7 +281,7 @@ typedef struct mgt_model_entry {
     mgt_model_what what;
     int layer; /* index into mgt_model_layers of the layer that owns it */
     /* its shape depends on the class count: a tensor of the architecture's classifier head
-       (mgt_model_head) */
+       (mgt_model_head) or of an auxiliary classifier's last layer */
     bool classifier;
     bool stem; /* the first convolution's weight, whose second dimension is the input channels */
     int ndim;  /* 0 for num_batches_tracked */
@@ -274,6 +316,8 @@ typedef struct mgt_model_layer {
     mgt_precision dtype;
     /* a ReLU that the batch norm before it computes (mgt_bn_shape.relu): no kernel of its own */
     bool folded;
+    /* training only: it feeds the auxiliary classifiers alone (evaluation skips it) */
+    bool aux;
 } mgt_model_layer;
 
 const mgt_model_layer *mgt_model_layers(const mgt_model *m, int *n); /* forward order */
@@ -286,6 +330,7 @@ typedef struct mgt_model_counts {
        in*out, BN 2 per element, global avgpool hw+1 per output, relu/maxpool/add 0. */
     uint64_t macs;
     uint64_t macs_conv_fc; /* the conv and linear part alone (1.81 G, 4.09 G) */
+    uint64_t macs_aux; /* the auxiliary classifiers' (training only), in none of the above */
     /* activation arena bytes that scale with the batch: every value in the storage the plan
        chose (16-bit ones under --amp), the gradient slots (a gradient stored as its value),
        the probabilities */
@@ -300,7 +345,7 @@ void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);
 
 typedef struct mgt_model_load_options {
     /* Fine-tuning to another class count: head tensors (entries with `classifier` set, the
-       architecture's mgt_model_head) whose shape in the file differs from the model's keep
+       architecture's mgt_model_head and the auxiliary classifiers' last layers) whose shape in the file differs from the model's keep
        the model's values (torchvision's initialisation, after mgt_model_init) and the file's
        are ignored; report->head_classes says how many classes the file's head had. A head of
        the same shape loads as usual. */

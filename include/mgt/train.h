@@ -64,19 +64,35 @@ typedef struct mgt_train_config {
     uint64_t seed;
     const char *checkpoint_dir; /* NULL: no checkpoints */
     size_t bucket_bytes;
-    mgt_allreduce_algo allreduce; /* tree (the default) or ring */
-    const char *log_path;         /* JSON lines; NULL: none */
-    const char *tensorboard_dir;  /* TensorBoard event files go here; NULL: none */
-    double time_limit_s;          /* stop (with a checkpoint) after this long; 0: none */
-    double step_timeout_s;        /* abort when no step finishes for this long; 0: none */
-    int image_size;               /* 0: the checkpoint's (-e, --resume), else the
+    mgt_allreduce_algo allreduce;    /* tree (the default) or ring */
+    mgt_node_exchange node_exchange; /* across nodes: auto (the default), allgather or
+                                        reduce-scatter (mgt/comm.h) */
+    const char *log_path;            /* JSON lines; NULL: none */
+    const char *tensorboard_dir;     /* TensorBoard event files go here; NULL: none */
+    double time_limit_s;             /* stop (with a checkpoint) after this long; 0: none */
+    double step_timeout_s;           /* abort when no step finishes for this long; 0: none */
+    /* --on-device-failure continue: a device that fails in a training step (a kernel or
+       runtime error, an allocation, a peer copy, no progress for device_timeout_s) is dropped
+       and the survivors go on from that step at the same global batch, down to min_devices;
+       false: the run ends (abort, the default). One node only. */
+    bool continue_on_device_failure;
+    int min_devices;         /* the fewest devices to go on with (0: 1) */
+    double device_timeout_s; /* the longest a wait on one device may take; 0: --timeout's */
+    int image_size;          /* 0: the checkpoint's (-e, --resume), else the
                                      architecture's (mgt_arch_info.image_size) */
-    int image_channels;           /* 0: the checkpoint's (-e, --resume), else the data's */
+    int image_channels;      /* 0: the checkpoint's (-e, --resume), else the data's */
     mgt_augment augment;
     bool mean_std_set; /* mean/std given; otherwise ImageNet's */
     float mean[3], std[3];
     bool normalize_auto; /* compute mean/std from the training images */
     bool zero_init_residual;
+    /* Inception v3's and GoogLeNet's auxiliary classifiers (mgt/nn.h): -1 as torchvision
+       builds them (on; GoogLeNet's off under --pretrained, its ported heads never trained),
+       0 off, 1 on; each one's loss weight (< 0: mgt_arch_info.aux_weight); transform_input
+       (-1: on under --pretrained, as torchvision sets it when it loads weights; 0 off, 1 on) */
+    int aux_logits;
+    float aux_weight;
+    int transform_input;
     bool freeze_bn; /* BN normalises with its running statistics in training too and
                        leaves them alone; gamma and beta still train (mgt/nn.h) */
     bool sync_bn;   /* BN statistics over every device's batch (SyncBatchNorm; one node) */

@@ -49,10 +49,15 @@ double mgt_world_kill_grace_s(void);
 /* Time a wait may take before it fails with MGT_ERR_TIMEOUT (0: no limit; --timeout). */
 void mgt_world_set_timeout(mgt_world *w, double seconds);
 
-/* The inter-node link model of mock runs (--mock xlink=BW,LAT): each channel all-gather of
-   b bytes then takes at least (nodes - 1) x (latency + b / bandwidth), the time a ring
-   all-gather over one link per device would. 0: none. */
+/* The inter-node link model of mock runs (--mock xlink=BW,LAT): one link per channel (per
+   local device, as a rail of one NIC per GPU), which the channel's collectives use one after
+   another. A collective that brings this node b bytes from the other nodes occupies it for
+   (nodes - 1) x LAT + b / BW from the time it is started or the link is free, whichever is
+   later, and completes no earlier than that: a ring all-gather of b / (nodes - 1) bytes a node,
+   or an all-to-all in nodes - 1 pairwise steps. 0: none. */
 void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s);
+/* The link model set (false, and zeros, where none). */
+bool mgt_world_link(const mgt_world *w, double *bytes_per_s, double *latency_s);
 
 /* Every node must bring the same number of local devices: MGT_ERR_INVALID otherwise,
    naming the nodes and their counts. Collective. */
@@ -80,9 +85,31 @@ mgt_status mgt_world_barrier(mgt_world *w, const mgt_abort *abort);
 /* One duplicated communicator per local device (at least n, kept across calls); collective,
    before the workers start. */
 mgt_status mgt_world_channels(mgt_world *w, int n);
-/* mgt_world_allgather on channel `chan`, from that device's thread. */
-mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, size_t bytes,
-                                    void *all, const mgt_abort *abort);
+
+/* Non-blocking collectives of one device's thread on its channel, for the gradient shards.
+   They run in the caller's buffers (shards are large: no copies through the world's), so the
+   contract is the buffers': lent to MPI from the start until the operation's wait returns
+   MGT_OK. After a failed start or wait, every buffer lent on the channel and not yet waited
+   for is MPI's for good (MPI cannot cancel a collective: it may read or write it until the
+   process ends in MPI_Abort): the caller must never free or reuse it. Several operations may be
+   in flight on a channel (at most MGT_WORLD_CHAN_OPS), started in the same order on every
+   rank; *op names one for mgt_world_chan_wait. Counts and offsets are in bytes, arrays of one
+   entry per rank, copied (the caller's may go). In a world of one they are copies. */
+#define MGT_WORLD_CHAN_OPS 4
+/* Rank p gets counts[p] bytes at send + displs[p]; recv + r * each gets rank r's piece for
+   this rank (each == counts[this rank] on every rank). */
+mgt_status mgt_world_chan_alltoall(mgt_world *w, int chan, const void *send, const size_t *counts,
+                                   const size_t *displs, void *recv, size_t each, int *op);
+/* Every rank's counts[r] bytes land at recv + displs[r] on every rank: from send, or, with send
+   NULL, from recv + displs[r] itself (in place). */
+mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *send, void *recv,
+                                    const size_t *counts, const size_t *displs, int *op);
+/* Completes operation op of channel chan: MPI's part, then the link model's time. Abortable
+   (the flag, another node's failure, --timeout). */
+mgt_status mgt_world_chan_wait(mgt_world *w, int chan, int op, const mgt_abort *abort);
+/* Bytes this node's channels were sent by the other ranks (the collectives' receive counts,
+   its own pieces left out) since the channels were made: what crossed the link into the node. */
+uint64_t mgt_world_chan_bytes_in(const mgt_world *w);
 
 /* Control messages beside the data: a failure's one line, a stop's proposed step. */
 /* Tells every other rank that this one failed (text: the line it prints); waits up to a

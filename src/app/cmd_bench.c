@@ -39,13 +39,19 @@ static void bench_usage(FILE *f)
            "                     [--grad-dtype f32|bf16]\n"
            "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
            "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
-           "                     [--json FILE] [--plot FILE.svg] [--no-p2p]\n"
+           "                     [--node-exchange allgather|reduce-scatter|both]\n"
+           "                     [--model-nodes 2,4,...] [--model-arch A] [--model-batch B]\n"
+           "                     [--model-step FWD_MS,BWD_MS] [--json FILE] [--plot FILE.svg]\n"
+           "                     [--no-p2p]\n"
            "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
            "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
            "at the same per-device batch, with each device's step broken down.\n"
            "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
-           "and compares the hierarchical all-reduce (--algo tree: hier) with the flat one\n"
-           "(--algo ring: flat); --mock xlink=BW,LAT models the link between nodes.\n"
+           "and compares the two exchanges across nodes (--node-exchange), next to the link\n"
+           "model's prediction (--mock xlink=BW,LAT models the link between nodes) and a ring\n"
+           "all-reduce's time. --model-nodes adds a table of the modelled all-reduce and step of\n"
+           "--model-arch (resnet50) at those node counts, from one node's measured step\n"
+           "(--model-batch images a device, 8) or --model-step.\n"
            "Under mpirun, bench runs each row on that many devices of every node (the same\n"
            "--gpus on each), -b per device of the whole world, and node 0 prints the world's\n"
            "images/s; speedup and efficiency are against one device of one node's rate.\n");
@@ -73,6 +79,11 @@ enum {
     B_MAX,
     B_AMP,
     B_GRAD_DTYPE,
+    B_NODE_EXCHANGE,
+    B_MODEL_NODES,
+    B_MODEL_ARCH,
+    B_MODEL_BATCH,
+    B_MODEL_STEP,
 };
 
 int mgt_app_cmd_bench(int argc, char **argv)
@@ -389,9 +400,75 @@ static bool parse_size(const char *flag, const char *v, size_t *out)
     return true;
 }
 
-/* Seconds per all-reduce of `bytes` (already in each device's buffer) with algorithm a. */
+/* One all-reduce of comm c over every device of every node. */
+static mgt_status allreduce_once(mgt_comm *c, mgt_stream **streams, int n, size_t bytes)
+{
+    mgt_status st = MGT_OK;
+    /* one thread drives every device: all mark the bucket ready before any waits */
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_step_begin(c, i);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_grads_ready(c, i, streams[i], bytes);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_comm_step_end(c, i, streams[i], NULL);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        st = mgt_stream_synchronize(streams[i], NULL);
+    return st;
+}
+
+/* The all-reduce checked before it is timed: world device g holds g * 7 + e % 13 at float e,
+   small integers whose sum is exact in any order, so every float of every device must come
+   back as the sum over the world's W devices, 7 W (W - 1) / 2 + W (e % 13). Catches a chunk or
+   piece sent, added or landed in the wrong place, or left stale. */
+static mgt_status check_allreduce(mgt_comm *c, mgt_devset *set, float **bufs, mgt_stream **streams,
+                                  size_t bytes, mgt_world *world)
+{
+    int n = mgt_devset_count(set), w = n * mgt_world_size(world);
+    size_t nf = bytes / sizeof(float);
+    float *h = malloc(bytes ? bytes : 1);
+    if (!h)
+        return mgt_error_set(MGT_ERR_OOM, "bench allreduce: host memory exhausted");
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        int g = mgt_world_rank(world) * n + i;
+        for (size_t e = 0; e < nf; e++)
+            h[e] = (float)(g * 7 + (int)(e % 13));
+        st = mgt_copy_h2d(streams[i], bufs[i], h, bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(streams[i], NULL);
+    }
+    if (st == MGT_OK)
+        st = allreduce_once(c, streams, n, bytes);
+    for (int i = 0; i < n && st == MGT_OK; i++) {
+        st = mgt_copy_d2h(streams[i], h, bufs[i], bytes);
+        if (st == MGT_OK)
+            st = mgt_stream_synchronize(streams[i], NULL);
+        for (size_t e = 0; e < nf && st == MGT_OK; e++) {
+            float want = (float)(7 * w * (w - 1) / 2 + w * (int)(e % 13));
+            if (h[e] != want)
+                st = mgt_error_set(MGT_ERR_INVALID,
+                                   "the all-reduce of %zu bytes gave %g at float %zu of device "
+                                   "%d, not the sum %g",
+                                   bytes, h[e], e, i, want);
+        }
+    }
+    free(h);
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Seconds per all-reduce of `bytes` (each device's buffer) with algorithm a, and across nodes
+   with exchange x, once check_allreduce has passed: the median of the timed iterations (*mean_s: their mean), so
+   that another program's burst on a shared machine moves it less; *bytes_in: what the other nodes sent this one per all-reduce
+   over MPI (0 where the exchange does not go through the world: NCCL). */
 static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **streams, size_t bytes,
-                                 mgt_allreduce_algo a, mgt_world *world, bool flat, double *seconds)
+                                 mgt_allreduce_algo a, mgt_world *world, mgt_node_exchange x,
+                                 double *seconds, double *mean_s, double *bytes_in)
 {
     int n = mgt_devset_count(set);
     size_t ends[1] = {bytes};
@@ -403,38 +480,47 @@ static mgt_status time_allreduce(mgt_devset *set, float **bufs, mgt_stream **str
                           .first_bucket_bytes = bytes,
                           .algo = a,
                           .world = world,
-                          .flat = flat};
+                          .node_exchange = x};
     mgt_comm *c;
     mgt_status st = mgt_comm_create(set, &cc, &c);
     if (st != MGT_OK)
         return st;
+    st = check_allreduce(c, set, bufs, streams, bytes, world);
     /* the nodes start together; each iteration's exchange keeps them so */
-    st = mgt_world_barrier(world, NULL);
+    if (st == MGT_OK)
+        st = mgt_world_barrier(world, NULL);
+    enum { MAX_TIMED = 1000 };
     int iters = 0, warm = 2;
-    double t0 = 0, now = 0;
-    /* at least 5 timed iterations and 0.3 s, at most 1000 */
+    double t0 = 0, now = 0, last = 0, each[MAX_TIMED];
+    uint64_t in0 = 0;
+    /* at least 5 timed iterations and 0.3 s, at most MAX_TIMED */
     while (st == MGT_OK) {
-        if (iters == warm)
-            t0 = mgt_time_now();
-        /* one thread drives every device: all mark the bucket ready before any waits */
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_step_begin(c, i);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_grads_ready(c, i, streams[i], bytes);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_comm_step_end(c, i, streams[i], NULL);
-        for (int i = 0; i < n && st == MGT_OK; i++)
-            st = mgt_stream_synchronize(streams[i], NULL);
-        iters++;
+        if (iters == warm) {
+            t0 = last = mgt_time_now();
+            in0 = mgt_world_chan_bytes_in(world);
+        }
+        st = allreduce_once(c, streams, n, bytes);
         now = mgt_time_now();
+        if (iters >= warm)
+            each[iters - warm] = now - last;
+        last = now;
+        iters++;
         /* every node must run as many: node 0's count decides, once the minimum is met */
-        int more = !(iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + 1000));
+        int more = !(iters >= warm + 5 && (now - t0 > 0.3 || iters >= warm + MAX_TIMED));
         if (st == MGT_OK && mgt_world_size(world) > 1 && iters >= warm + 5)
             st = mgt_world_bcast(world, &more, sizeof more, 0, NULL);
         if (!more)
             break;
     }
-    *seconds = (now - t0) / (iters - warm);
+    int timed = iters - warm;
+    if (st != MGT_OK || timed < 1) {
+        mgt_comm_free(c);
+        return st;
+    }
+    *mean_s = (now - t0) / timed;
+    qsort(each, (size_t)timed, sizeof *each, cmp_double);
+    *seconds = timed % 2 ? each[timed / 2] : (each[timed / 2 - 1] + each[timed / 2]) / 2;
+    *bytes_in = (double)(mgt_world_chan_bytes_in(world) - in0) / (iters - warm);
     mgt_comm_free(c);
     return st;
 }
@@ -454,20 +540,229 @@ static double predict(mgt_allreduce_algo a, int n, size_t bytes, const mgt_mock_
     return 2.0 * (n - 1) * (o->link_latency_s + (double)bytes / n / o->link_bytes_per_s);
 }
 
-/* Across nodes: the reduce-scatter and all-gather inside the node over the mock link (log2
-   L levels each, the shards side by side, or the whole bucket with flat) and the exchange
-   over the inter-node link, (N - 1) x (latency + shard / bandwidth). */
-static double predict_nodes(bool flat, int nodes, int n, size_t bytes, const mgt_mock_options *o)
+/* Across nodes: the reduce-scatter and all-gather inside the node over the mock link (log2 L
+   levels each, the shards side by side) and then the exchange of a shard over the inter-node
+   link, as mgt_comm models it; x = AUTO gives a ring all-reduce's time for that part instead. */
+static double predict_nodes(mgt_node_exchange x, int nodes, int n, size_t bytes,
+                            const mgt_mock_options *o)
 {
-    if (o->xlink_bytes_per_s <= 0)
-        return 0;
-    double shard = flat ? (double)bytes : (double)bytes / n, t = 0;
+    mgt_link l = {o->xlink_bytes_per_s, o->xlink_latency_s};
+    size_t shard = bytes / (size_t)n;
+    double t = 0;
     int levels = 0;
     while ((1 << levels) < n)
         levels++;
     if (o->link_bytes_per_s > 0)
-        t += 2.0 * levels * (o->link_latency_s + shard / o->link_bytes_per_s);
-    return t + (nodes - 1) * (o->xlink_latency_s + shard / o->xlink_bytes_per_s);
+        t += 2.0 * levels * (o->link_latency_s + (double)shard / o->link_bytes_per_s);
+    return t + (x == MGT_NODE_EXCHANGE_AUTO ? mgt_comm_ring_seconds(nodes, shard, &l)
+                                            : mgt_comm_exchange_seconds(x, nodes, shard, &l));
+}
+
+/* The --model-nodes table's inputs: a model's gradient buckets, when backward makes each
+   ready (a share of backward, by the MACs of the layers backward has gone through: a layer's
+   backward costs about twice its forward, alike for all) and a single node's step. */
+typedef struct step_model {
+    const char *arch;
+    size_t grad_bytes;
+    int nb;
+    size_t ends[256];  /* bucket ends, bytes */
+    double ready[256]; /* a bucket's share of backward done when it is ready */
+    double forward_s, backward_s, reduce_s, optimizer_s; /* the measured single-node step */
+    int devices;                                         /* per node */
+} step_model;
+
+/* The buckets of arch's gradients and their ready shares, as train cuts them (25 MiB, the first
+   1 MiB: mgt_train_config's defaults). */
+static mgt_status plan_model(step_model *m, const char *arch)
+{
+    const mgt_arch_info *ai = mgt_arch_find(arch);
+    if (!ai)
+        return mgt_error_set(MGT_ERR_INVALID, "--model-arch '%s': unknown architecture", arch);
+    mgt_model_config mc = {.arch = arch,
+                           .classes = ai->synthetic_classes,
+                           .in_channels = 3,
+                           .image_size = ai->synthetic_size,
+                           .batch = 1};
+    mgt_model *model;
+    mgt_status st = mgt_model_create(&mc, NULL, &model); /* a description: no memory */
+    if (st != MGT_OK)
+        return st;
+    int ne = mgt_model_layer_ends(model, NULL, 0);
+    size_t *layer_ends = calloc((size_t)ne, sizeof *layer_ends);
+    if (!layer_ends) {
+        mgt_model_free(model);
+        return mgt_error_set(MGT_ERR_OOM, "bench: host memory exhausted");
+    }
+    mgt_model_layer_ends(model, layer_ends, ne);
+    m->arch = arch;
+    m->grad_bytes = layer_ends[ne - 1];
+    mgt_comm_config cc = {.bytes = m->grad_bytes,
+                          .layer_ends = layer_ends,
+                          .n_layer_ends = ne,
+                          .bucket_bytes = 25u << 20,
+                          .first_bucket_bytes = 1u << 20};
+    size_t *ends = calloc((size_t)ne, sizeof *ends);
+    st = ends ? mgt_comm_plan_buckets(&cc, ends, &m->nb)
+              : mgt_error_set(MGT_ERR_OOM, "bench: host memory exhausted");
+    if (st == MGT_OK && m->nb > 256)
+        st = mgt_error_set(MGT_ERR_UNSUPPORTED, "bench: %s has %d buckets (256 at most)", arch,
+                           m->nb);
+    for (int b = 0; st == MGT_OK && b < m->nb; b++)
+        m->ends[b] = ends[b];
+    /* backward walks the layers from the last; the gradient bytes it has made are the prefix
+       of the arena up to the layers' parameters so far */
+    int nl;
+    const mgt_model_layer *layers = mgt_model_layers(model, &nl);
+    double total = 0, done = 0;
+    for (int i = 0; i < nl; i++)
+        total += (double)layers[i].macs;
+    size_t made = 0;
+    int b = 0;
+    for (int i = nl - 1; st == MGT_OK && i >= 0; i--) {
+        done += (double)layers[i].macs;
+        made += layers[i].params * sizeof(float);
+        while (b < m->nb && m->ends[b] <= made)
+            m->ready[b++] = total > 0 ? done / total : 1;
+    }
+    while (b < m->nb)
+        m->ready[b++] = 1;
+    free(ends);
+    free(layer_ends);
+    mgt_model_free(model);
+    return st;
+}
+
+/* The single-node step of m->arch on the set's devices, per_dev images each, timed after a
+   warm-up step with the training harness's profile. */
+static mgt_status measure_step(step_model *m, mgt_devset *set, long per_dev)
+{
+    mgt_train_config c;
+    mgt_train_config_defaults(&c);
+    c.arch = m->arch;
+    c.dummy = true;
+    c.epochs = 1;
+    c.lr.lr = 0.01f;
+    c.print_freq = 1 << 30;
+    c.workers = 1;
+    FILE *devnull = fopen("/dev/null", "w");
+    mgt_train_controls ctl = {
+        .out = devnull, .profile = true, .warmup_steps = 1, .no_validation = true};
+    c.dummy_steps = 3;
+    ctl.max_steps = 3;
+    c.batch_size = (int)per_dev * mgt_devset_count(set);
+    mgt_train_result res;
+    mgt_status st = mgt_train_run(&c, &ctl, set, &res);
+    if (devnull)
+        fclose(devnull);
+    if (st != MGT_OK)
+        return st;
+    m->devices = mgt_devset_count(set);
+    m->forward_s = res.profile[0].forward_s;
+    m->backward_s = res.profile[0].backward_s;
+    m->reduce_s = res.profile[0].reduce_exposed_s;
+    m->optimizer_s = res.profile[0].optimizer_s;
+    return MGT_OK;
+}
+
+/* Per all-reduce and per step at `nodes` nodes with exchange x (AUTO: the ring bound; -1 is
+   read as the per-bucket choice of mgt_comm_exchange_pick): the buckets go over each
+   device's link one after another, each once backward has made it. */
+static void model_step(const step_model *m, int nodes, int x, const mgt_link *l, double *allreduce,
+                       double *step)
+{
+    double link_free = 0, sum = 0;
+    for (int b = 0; b < m->nb; b++) {
+        size_t bytes = (m->ends[b] - (b ? m->ends[b - 1] : 0)) / (size_t)m->devices;
+        mgt_node_exchange e =
+            x < 0 ? mgt_comm_exchange_pick(nodes, bytes, l) : (mgt_node_exchange)x;
+        double t = e == MGT_NODE_EXCHANGE_AUTO ? mgt_comm_ring_seconds(nodes, bytes, l)
+                                               : mgt_comm_exchange_seconds(e, nodes, bytes, l);
+        double ready = m->ready[b] * m->backward_s;
+        link_free = (ready > link_free ? ready : link_free) + t;
+        sum += t;
+    }
+    *allreduce = sum;
+    double tail = link_free > m->backward_s ? link_free : m->backward_s;
+    *step = m->forward_s + tail + m->reduce_s + m->optimizer_s;
+}
+
+/* The --model-nodes table. */
+static void print_model_table(const step_model *m, const int *nodes, int nn, const mgt_link *l,
+                              bool modelled, long per_dev, bool measured, cJSON *root)
+{
+    printf("\nmodel of %s across nodes: %.1f MB of gradients in %d buckets (25 MiB, the first "
+           "1 MiB), %d device%s a node (a shard is a bucket / %d), on %s link of %.3g GB/s and "
+           "%.3g us\n",
+           m->arch, (double)m->grad_bytes / 1e6, m->nb, m->devices, m->devices == 1 ? "" : "s",
+           m->devices, modelled ? "the modelled (--mock xlink)" : "an assumed",
+           l->bytes_per_s / 1e9, l->latency_s * 1e6);
+    printf("single-node step (%s): forward %.1f ms, backward %.1f ms, exposed all-reduce inside "
+           "the node %.1f ms, optimizer %.1f ms\n",
+           measured ? "measured" : "--model-step", 1e3 * m->forward_s, 1e3 * m->backward_s,
+           1e3 * m->reduce_s, 1e3 * m->optimizer_s);
+    if (measured)
+        printf("  (%ld images a device, synthetic data, after a warm-up step)\n", per_dev);
+    printf("buckets ready at these shares of backward (by the MACs of the layers behind them):");
+    for (int b = 0; b < m->nb; b++)
+        printf(" %.0f%%", 100 * m->ready[b]);
+    printf("\nexchanges: allgather (every bucket all-gathered), new (--node-exchange auto: "
+           "reduce-scatter + all-gather where the model says it is faster), ring (a ring "
+           "all-reduce's time: the bandwidth bound, 2 (N-1)/N of a shard in a node)\n");
+    printf("%6s | %-28s | %-28s | %9s %9s\n", "", "     ms per all-reduce", "     ms per step",
+           "allgather", "new");
+    printf("%6s | %9s %9s %8s | %9s %9s %8s | %9s %9s\n", "nodes", "allgather", "new", "ring",
+           "allgather", "new", "ring", "/ new", "/ ring");
+    cJSON *rows = cJSON_CreateArray();
+    for (int i = 0; i < nn; i++) {
+        double ar[3], st[3];
+        model_step(m, nodes[i], MGT_NODE_EXCHANGE_ALLGATHER, l, &ar[0], &st[0]);
+        model_step(m, nodes[i], -1, l, &ar[1], &st[1]);
+        model_step(m, nodes[i], MGT_NODE_EXCHANGE_AUTO, l, &ar[2], &st[2]);
+        printf("%6d | %9.1f %9.1f %8.1f | %9.1f %9.1f %8.1f | %9.2f %9.2f\n", nodes[i], 1e3 * ar[0],
+               1e3 * ar[1], 1e3 * ar[2], 1e3 * st[0], 1e3 * st[1], 1e3 * st[2], ar[0] / ar[1],
+               ar[1] / ar[2]);
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "nodes", nodes[i]);
+        const char *names[3] = {"allgather", "new", "ring"};
+        for (int k = 0; k < 3; k++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "allreduce_s", ar[k]);
+            cJSON_AddNumberToObject(o, "step_s", st[k]);
+            cJSON_AddItemToObject(r, names[k], o);
+        }
+        cJSON_AddItemToArray(rows, r);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "arch", m->arch);
+    cJSON_AddNumberToObject(o, "grad_bytes", (double)m->grad_bytes);
+    cJSON_AddNumberToObject(o, "buckets", m->nb);
+    cJSON_AddNumberToObject(o, "forward_s", m->forward_s);
+    cJSON_AddNumberToObject(o, "backward_s", m->backward_s);
+    cJSON_AddItemToObject(o, "rows", rows);
+    cJSON_AddItemToObject(root, "model", o);
+}
+
+/* "2,4,8" into nodes (each 2 to 1M, at most cap); false with a message. */
+static bool parse_nodes(const char *v, int *nodes, int cap, int *n)
+{
+    *n = 0;
+    const char *p = v;
+    while (*p) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 2 || x > 1 << 20 || *n == cap || (*end && *end != ',')) {
+            fprintf(stderr,
+                    "mgtrain bench allreduce: --model-nodes '%s': expected node counts from 2, "
+                    "e.g. 2,4,8,16,32,64 (%d at most)\n",
+                    v, cap);
+            return false;
+        }
+        nodes[(*n)++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0)
+        fprintf(stderr, "mgtrain bench allreduce: --model-nodes is empty\n");
+    return *n > 0;
 }
 
 static int bench_allreduce(int argc, char **argv)
@@ -477,8 +772,13 @@ static int bench_allreduce(int argc, char **argv)
         {"gpus", required_argument, NULL, B_GPUS},
         {"mock", required_argument, NULL, B_MOCK},
         {"algo", required_argument, NULL, B_ALGO},
+        {"node-exchange", required_argument, NULL, B_NODE_EXCHANGE},
         {"min-bytes", required_argument, NULL, B_MIN},
         {"max-bytes", required_argument, NULL, B_MAX},
+        {"model-nodes", required_argument, NULL, B_MODEL_NODES},
+        {"model-arch", required_argument, NULL, B_MODEL_ARCH},
+        {"model-batch", required_argument, NULL, B_MODEL_BATCH},
+        {"model-step", required_argument, NULL, B_MODEL_STEP},
         {"json", required_argument, NULL, B_JSON},
         {"plot", required_argument, NULL, B_PLOT},
         {"help", no_argument, NULL, 'h'},
@@ -487,7 +787,11 @@ static int bench_allreduce(int argc, char **argv)
     };
     mgt_devset_options sw = {0};
     const char *gpus = NULL, *mock = NULL, *json = NULL, *plot = NULL, *algo = "both";
+    const char *exch = "both", *model_arch = "resnet50";
     size_t lo = 4096, hi = 256u << 20;
+    int model_nodes[32], n_model = 0;
+    long model_batch = 8;
+    double model_fwd = 0, model_bwd = 0;
     mgt_device_kind kind = MGT_DEVICE_AUTO;
     bool ok = true;
     int opt;
@@ -512,8 +816,37 @@ static int bench_allreduce(int argc, char **argv)
                 ok = false;
             }
             break;
+        case B_NODE_EXCHANGE:
+            exch = optarg;
+            if (strcmp(exch, "allgather") && strcmp(exch, "reduce-scatter") &&
+                strcmp(exch, "both")) {
+                fprintf(stderr,
+                        "mgtrain bench allreduce: --node-exchange '%s': expected allgather, "
+                        "reduce-scatter or both\n",
+                        exch);
+                ok = false;
+            }
+            break;
         case B_MIN: ok = parse_size("--min-bytes", optarg, &lo); break;
         case B_MAX: ok = parse_size("--max-bytes", optarg, &hi); break;
+        case B_MODEL_NODES: ok = parse_nodes(optarg, model_nodes, 32, &n_model); break;
+        case B_MODEL_ARCH: model_arch = optarg; break;
+        case B_MODEL_BATCH:
+            ok = mgt_app_flag_int("--model-batch", optarg, 1, 1 << 16, &model_batch);
+            break;
+        case B_MODEL_STEP: {
+            char *end;
+            model_fwd = strtod(optarg, &end) / 1e3;
+            model_bwd = *end == ',' ? strtod(end + 1, &end) / 1e3 : 0;
+            if (*end || !(model_fwd > 0) || !(model_bwd > 0)) {
+                fprintf(stderr,
+                        "mgtrain bench allreduce: --model-step '%s': expected the forward and "
+                        "backward milliseconds of one node's step, e.g. 80,160\n",
+                        optarg);
+                ok = false;
+            }
+            break;
+        }
         case B_JSON: json = optarg; break;
         case B_PLOT: plot = optarg; break;
         case 'h': bench_usage(stdout); return 0;
@@ -529,6 +862,11 @@ static int bench_allreduce(int argc, char **argv)
         return 2;
     if (lo > hi) {
         fprintf(stderr, "mgtrain bench allreduce: --min-bytes is above --max-bytes\n");
+        return 2;
+    }
+    if (n_model > 0 && !mgt_arch_find(model_arch)) {
+        fprintf(stderr, "mgtrain bench allreduce: --model-arch '%s': unknown architecture\n",
+                model_arch);
         return 2;
     }
     mgt_world *world;
@@ -557,11 +895,32 @@ static int bench_allreduce(int argc, char **argv)
     }
     int n = bd.n, wn = n * nodes;
     bool model = nodes > 1 ? mo.xlink_bytes_per_s > 0 : mo.link_bytes_per_s > 0;
+    /* one node: tree and ring; several: today's all-gather and the reduce-scatter, both
+       hierarchical; in a world of one with --model-nodes, only the model */
+    struct variant {
+        const char *name, *key;
+        mgt_allreduce_algo algo;
+        mgt_node_exchange x;
+    } vs[2];
+    int na = 0;
+    if (nodes > 1) {
+        if (strcmp(exch, "reduce-scatter") != 0)
+            vs[na++] = (struct variant){"allgather", "allgather", MGT_ALLREDUCE_TREE,
+                                        MGT_NODE_EXCHANGE_ALLGATHER};
+        if (strcmp(exch, "allgather") != 0)
+            vs[na++] = (struct variant){"reduce-scatter", "reduce_scatter", MGT_ALLREDUCE_TREE,
+                                        MGT_NODE_EXCHANGE_REDUCE_SCATTER};
+    } else if (n_model == 0) {
+        if (strcmp(algo, "ring") != 0)
+            vs[na++] = (struct variant){"tree", "tree", MGT_ALLREDUCE_TREE, 0};
+        if (strcmp(algo, "tree") != 0)
+            vs[na++] = (struct variant){"ring", "ring", MGT_ALLREDUCE_RING, 0};
+    }
     mgt_buffer *buf[MGT_MAX_DEVICES] = {0};
     float *ptr[MGT_MAX_DEVICES];
     mgt_stream *streams[MGT_MAX_DEVICES] = {0};
     mgt_status st = MGT_OK;
-    for (int i = 0; i < n && st == MGT_OK; i++) {
+    for (int i = 0; i < n && st == MGT_OK && na > 0; i++) {
         mgt_device *d = mgt_devset_device(set, i);
         st = mgt_buffer_alloc(d, hi, &buf[i]);
         if (st == MGT_OK)
@@ -571,45 +930,40 @@ static int bench_allreduce(int argc, char **argv)
             st = mgt_fill(streams[i], ptr[i], 1e-3f, hi / sizeof(float));
         }
     }
-    /* one node: tree and ring; several: hierarchical (hier) and flat (both trees) */
-    mgt_allreduce_algo algos[2];
-    bool flat[2] = {false, nodes > 1};
-    const char *names[2];
-    int na = 0;
-    if (nodes > 1) {
-        bool ring = strcmp(algo, "ring") == 0; /* "tree"/"ring" choose hier/flat here */
-        if (strcmp(algo, "both") == 0 || !ring)
-            names[na] = "hier", flat[na] = false, algos[na++] = MGT_ALLREDUCE_TREE;
-        if (strcmp(algo, "both") == 0 || ring)
-            names[na] = "flat", flat[na] = true, algos[na++] = MGT_ALLREDUCE_TREE;
-    } else {
-        if (strcmp(algo, "ring") != 0)
-            names[na] = "tree", flat[na] = false, algos[na++] = MGT_ALLREDUCE_TREE;
-        if (strcmp(algo, "tree") != 0)
-            names[na] = "ring", flat[na] = false, algos[na++] = MGT_ALLREDUCE_RING;
-    }
-    if (nodes > 1)
+    if (na > 0 && nodes > 1)
         printf("mgtrain bench allreduce: %d nodes x %d %s devices = %d; busbw = algbw * 2(n-1)/n "
-               "(nccl-tests); hier: shards across nodes, flat: device 0's whole buffer\n",
+               "(nccl-tests); time: the median of the timed iterations\nacross nodes: allgather "
+               "(every node's shard gathered and added, the exchange before reduce-scatter "
+               "existed), reduce-scatter (pieces all-to-all, added, all-gathered); in/size: the "
+               "bytes MPI brought into a node, over the message's\n",
                nodes, n, mgt_device_kind_name(bd.kind), wn);
-    else
-        printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests)\n", n,
-               mgt_device_kind_name(bd.kind));
-    if (mo.link_bytes_per_s > 0)
+    else if (na > 0)
+        printf("mgtrain bench allreduce: %d %s devices; busbw = algbw * 2(n-1)/n (nccl-tests); "
+               "time: the median of the timed iterations\n",
+               n, mgt_device_kind_name(bd.kind));
+    if (na > 0 && mo.link_bytes_per_s > 0)
         printf("mock link model: %.3g GB/s, %.3g us per peer copy; 'model' = the time it "
                "predicts\n",
                mo.link_bytes_per_s / 1e9, mo.link_latency_s * 1e6);
-    if (nodes > 1 && mo.xlink_bytes_per_s > 0)
+    if (na > 0 && nodes > 1 && model)
         printf("mock inter-node link: %.3g GB/s, %.3g us per device; model = 2 log2(L) (lat + "
-               "shard/bw) + (N-1) (xlat + shard/xbw)\n",
+               "shard/bw) inside the node + the exchange's time on the link (chunks x steps x "
+               "xlat + bytes in / xbw); ring = a ring all-reduce's time for the exchange, 2 (N-1) "
+               "(xlat + shard / (N xbw))\n",
                mo.xlink_bytes_per_s / 1e9, mo.xlink_latency_s * 1e6);
-    printf("%12s", "size");
-    for (int a = 0; a < na; a++)
-        printf(" | %-4s %9s %9s %9s%s", names[a], "time us", "algbw", "busbw",
-               model ? "  model us" : "");
-    if (na == 2)
-        printf(" | %s/%s%s", names[0], names[1], model ? " (model)" : "");
-    printf("\n");
+    if (na > 0) {
+        printf("%12s", "size");
+        for (int a = 0; a < na; a++)
+            printf(" | %-14s %9s %9s %9s%s%s", vs[a].name, "time us", "algbw", "busbw",
+                   nodes > 1 ? "  in/size" : "", model ? "  model us" : "");
+        if (model && nodes > 1)
+            printf(" | %9s", "ring us");
+        if (na == 2)
+            printf(" | %s/%s%s", vs[0].name, vs[1].name, model ? " (model)" : "");
+        if (model && nodes > 1)
+            printf(" | %s/ring", vs[na - 1].name);
+        printf("\n");
+    }
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
     cJSON_AddNumberToObject(root, "devices", wn);
     cJSON_AddNumberToObject(root, "nodes", nodes);
@@ -617,38 +971,50 @@ static int bench_allreduce(int argc, char **argv)
     cJSON_AddItemToObject(root, "results", rows);
     double sizes[64], busbw[2][64];
     int ns = 0;
-    for (size_t bytes = lo; bytes <= hi && st == MGT_OK && ns < 64; bytes *= 2, ns++) {
-        double t[2] = {0, 0};
+    for (size_t bytes = lo; na > 0 && bytes <= hi && st == MGT_OK && ns < 64; bytes *= 2, ns++) {
+        double t[2] = {0, 0}, pm[2] = {0, 0}, in[2] = {0, 0}, mean[2] = {0, 0};
         printf("%12zu", bytes);
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "bytes", (double)bytes);
         for (int a = 0; a < na && st == MGT_OK; a++) {
-            st = time_allreduce(set, ptr, streams, bytes, algos[a], world, flat[a], &t[a]);
+            st = time_allreduce(set, ptr, streams, bytes, vs[a].algo, world, vs[a].x, &t[a],
+                                &mean[a], &in[a]);
             double alg = (double)bytes / t[a] / 1e9, bus = alg * 2.0 * (wn - 1) / wn;
-            double pm = nodes > 1 ? predict_nodes(flat[a], nodes, n, bytes, &mo)
-                                  : predict(algos[a], n, bytes, &mo);
-            printf(" | %-4s %9.1f %8.3gG %8.3gG", "", t[a] * 1e6, alg, bus);
+            pm[a] = nodes > 1 ? predict_nodes(vs[a].x, nodes, n, bytes, &mo)
+                              : predict(vs[a].algo, n, bytes, &mo);
+            printf(" | %-14s %9.1f %8.3gG %8.3gG", "", t[a] * 1e6, alg, bus);
+            /* what crossed into this node, as a multiple of the message (not counted on NCCL) */
+            if (nodes > 1 && in[a] > 0)
+                printf(" %8.3fx", in[a] / (double)bytes);
+            else if (nodes > 1)
+                printf(" %9s", "-");
             if (model)
-                printf(" %9.1f", pm * 1e6);
+                printf(" %9.1f", pm[a] * 1e6);
             busbw[a][ns] = bus;
-            const char *name = names[a];
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "time_s", t[a]);
+            cJSON_AddNumberToObject(o, "mean_s", mean[a]);
             cJSON_AddNumberToObject(o, "algbw_gbs", alg);
             cJSON_AddNumberToObject(o, "busbw_gbs", bus);
+            if (nodes > 1)
+                cJSON_AddNumberToObject(o, "bytes_in", in[a]);
             if (model)
-                cJSON_AddNumberToObject(o, "model_s", pm);
-            cJSON_AddItemToObject(row, name, o);
+                cJSON_AddNumberToObject(o, "model_s", pm[a]);
+            cJSON_AddItemToObject(row, vs[a].key, o);
+        }
+        double ring =
+            model && nodes > 1 ? predict_nodes(MGT_NODE_EXCHANGE_AUTO, nodes, n, bytes, &mo) : 0;
+        if (st == MGT_OK && ring > 0) {
+            printf(" | %9.1f", ring * 1e6);
+            cJSON_AddNumberToObject(row, "ring_model_s", ring);
         }
         if (na == 2 && st == MGT_OK) {
             printf(" | %6.2f", t[0] / t[1]);
-            if (model && nodes > 1)
-                printf(" (%.2f)", predict_nodes(false, nodes, n, bytes, &mo) /
-                                      predict_nodes(true, nodes, n, bytes, &mo));
-            else if (model)
-                printf(" (%.2f)", predict(MGT_ALLREDUCE_TREE, n, bytes, &mo) /
-                                      predict(MGT_ALLREDUCE_RING, n, bytes, &mo));
+            if (model)
+                printf(" (%.2f)", pm[0] / pm[1]);
         }
+        if (st == MGT_OK && ring > 0)
+            printf(" | %6.2f", t[na - 1] / ring);
         printf("\n");
         fflush(stdout);
         sizes[ns] = (double)bytes;
@@ -659,6 +1025,29 @@ static int bench_allreduce(int argc, char **argv)
         fprintf(stderr, "mgtrain bench allreduce: %s\n", mgt_error_last());
         rc = 1;
     }
+    /* the model table: node 0 alone measures the step (the others have nothing to add) */
+    if (rc == 0 && n_model > 0 && mgt_world_rank(world) == 0) {
+        step_model sm = {0};
+        mgt_link l = {mo.xlink_bytes_per_s, mo.xlink_latency_s};
+        bool modelled = l.bytes_per_s > 0;
+        if (!modelled)
+            l = mgt_comm_assumed_link();
+        st = plan_model(&sm, model_arch);
+        if (st == MGT_OK && model_fwd > 0) {
+            sm.forward_s = model_fwd;
+            sm.backward_s = model_bwd;
+            sm.devices = n;
+        } else if (st == MGT_OK) {
+            st = measure_step(&sm, set, model_batch);
+        }
+        if (st == MGT_OK)
+            print_model_table(&sm, model_nodes, n_model, &l, modelled, model_batch, model_fwd == 0,
+                              root);
+        if (st != MGT_OK) {
+            fprintf(stderr, "mgtrain bench allreduce: --model-nodes: %s\n", mgt_error_last());
+            rc = 1;
+        }
+    }
     if (rc == 0 && json) {
         char *s = cJSON_Print(root);
         FILE *f = fopen(json, "w");
@@ -668,7 +1057,7 @@ static int bench_allreduce(int argc, char **argv)
         }
         free(s);
     }
-    if (rc == 0 && plot) {
+    if (rc == 0 && plot && na > 0) {
         mgt_plot p = {.title = "mgtrain bench allreduce: bus bandwidth (GB/s)",
                       .x_label = "message size",
                       .panel_title = {"busbw GB/s"},
@@ -677,7 +1066,7 @@ static int bench_allreduce(int argc, char **argv)
                       .x_bytes = true,
                       .n_series = na};
         for (int a = 0; a < na; a++)
-            p.series[a] = (mgt_plot_series){.name = names[a], .x = sizes, .y = busbw[a], .n = ns};
+            p.series[a] = (mgt_plot_series){.name = vs[a].name, .x = sizes, .y = busbw[a], .n = ns};
         if (mgt_plot_write_svg(&p, plot) != MGT_OK) {
             fprintf(stderr, "mgtrain bench allreduce: --plot %s\n", mgt_error_last());
             rc = 1;

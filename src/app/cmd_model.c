@@ -18,9 +18,13 @@ static void model_usage(FILE *f)
                "counts)\n"
                "  --classes      classifier outputs (default 1000; 10 for the CIFAR networks)\n"
                "  --in-channels  1 or 3 (default 3)\n"
-               "  --size         input side in pixels (default 224; 32 for the CIFAR networks)\n"
+               "  --size         input side in pixels (default: the architecture's, as listed;\n"
+               "                 32 for the CIFAR networks)\n"
                "  --amp          activation memory with activations stored in 16 bits, as\n"
                "                 mock devices store them under train --amp\n"
+               "  --aux-logits on|off       inception_v3's and googlenet's auxiliary "
+               "classifiers (on)\n"
+               "  --transform-input on|off  their input map (off; on as --pretrained sets it)\n"
                "  --params       also list every tensor: name, shape, arena and byte offset\n");
 }
 
@@ -56,14 +60,25 @@ static void print_layers(const mgt_model *m)
 {
     int n;
     const mgt_model_layer *l = mgt_model_layers(m, &n);
-    char a[32], b[32], shape[32];
-    printf("%-26s %-9s %-16s %12s %15s\n", "layer", "kind", "output", "params", "MACs");
+    char a[32], b[32], shape[32], kind[32];
+    printf("%-30s %-16s %-16s %12s %15s\n", "layer", "kind", "output", "params", "MACs");
     for (int i = 0; i < n; i++) {
         snprintf(shape, sizeof shape, "%dx%dx%d", l[i].c, l[i].h, l[i].w);
-        printf("%-26s %-9s %-16s %12s %15s\n", l[i].name, l[i].kind, shape,
+        snprintf(kind, sizeof kind, "%s%s", l[i].kind, l[i].aux ? " (aux)" : "");
+        printf("%-30s %-16s %-16s %12s %15s\n", l[i].name, kind, shape,
                l[i].params ? grouped(a, sizeof a, l[i].params) : "",
                l[i].macs ? grouped(b, sizeof b, l[i].macs) : "");
     }
+}
+
+/* How the validation transform of a prepares an input of side size: "Resize(256) +
+   CenterCrop(224)", or the CIFAR networks' images as they are. */
+static void eval_transform(const mgt_arch_info *a, int size, char *buf, size_t cap)
+{
+    if (!a || a->eval == MGT_ARCH_EVAL_NATIVE)
+        snprintf(buf, cap, "the images as they are");
+    else
+        snprintf(buf, cap, "Resize(%d) + CenterCrop(%d)", mgt_arch_resize_size(a, size), size);
 }
 
 static void print_params(const mgt_model *m)
@@ -89,7 +104,8 @@ static void print_params(const mgt_model *m)
 
 /* The natural input of an architecture (its policy's synthetic input: the CIFAR networks at
    32x32 with 10 classes, the others at torchvision's 224x224 with 1000); a flag given wins. */
-static mgt_model_config default_config(const char *arch, int classes, int in_channels, int size)
+static mgt_model_config default_config(const char *arch, int classes, int in_channels, int size,
+                                       int aux, int ti)
 {
     const mgt_arch_info *a = mgt_arch_find(arch);
     return (mgt_model_config){.arch = arch,
@@ -100,16 +116,18 @@ static mgt_model_config default_config(const char *arch, int classes, int in_cha
                               .image_size = size ? size
                                             : a  ? a->synthetic_size
                                                  : 224,
-                              .batch = 1};
+                              .batch = 1,
+                              .no_aux_logits = aux == 0,
+                              .transform_input = ti == 1};
 }
 
 static int list_archs(int classes, int in_channels, int size, mgt_precision amp)
 {
     char a[32], b[32];
-    printf("%-20s %-14s %-13s %14s %10s %14s\n", "architecture", "family", "input", "parameters",
-           "GMACs", "act MiB/image");
+    printf("%-20s %-14s %-13s %-10s %14s %10s %14s\n", "architecture", "family", "input",
+           "val resize", "parameters", "GMACs", "act MiB/image");
     for (const char *const *n = mgt_model_arch_names(); *n; n++) {
-        mgt_model_config cfg = default_config(*n, classes, in_channels, size);
+        mgt_model_config cfg = default_config(*n, classes, in_channels, size, -1, -1);
         cfg.amp = amp;
         mgt_model *m;
         if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
@@ -120,12 +138,17 @@ static int list_archs(int classes, int in_channels, int size, mgt_precision amp)
         mgt_model_get_counts(m, &c);
         snprintf(b, sizeof b, "%dx%dx%d", cfg.in_channels, cfg.image_size, cfg.image_size);
         const mgt_arch_info *ai = mgt_arch_find(*n);
-        printf("%-20s %-14s %-13s %14s %10.3f %14.2f\n", *n, ai ? ai->family : "?", b,
+        char resize[16] = "-";
+        if (ai && ai->eval == MGT_ARCH_EVAL_RESIZE_CROP)
+            snprintf(resize, sizeof resize, "%d", mgt_arch_resize_size(ai, cfg.image_size));
+        printf("%-20s %-14s %-13s %-10s %14s %10.3f %14.2f\n", *n, ai ? ai->family : "?", b, resize,
                grouped(a, sizeof a, c.params), c.macs / 1e9, c.act_bytes_per_image / 1048576.0);
         mgt_model_free(m);
     }
-    printf("\n(parameters as torchvision counts them, sum of numel; MACs by THOP's rules; `mgtrain "
-           "model -a NAME` for the layers)\n");
+    printf("\n(input: the default --image-size, torchvision's weights' crop; val resize: the "
+           "shorter side before the validation's centre crop; parameters as torchvision counts "
+           "them, sum of numel, auxiliary classifiers included; MACs by THOP's rules, of an "
+           "evaluation; `mgtrain model -a NAME` for the layers)\n");
     return 0;
 }
 
@@ -138,11 +161,13 @@ int mgt_app_cmd_model(int argc, char **argv)
         {"size", required_argument, NULL, 's'},
         {"params", no_argument, NULL, 'p'},
         {"amp", required_argument, NULL, 'm'},
+        {"aux-logits", required_argument, NULL, 'x'},
+        {"transform-input", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *arch = NULL;
-    int classes = 0, in_channels = 3, size = 0, opt;
+    int classes = 0, in_channels = 3, size = 0, opt, aux = -1, ti = -1;
     bool params = false;
     mgt_precision amp = MGT_PREC_F32;
     optind = 1;
@@ -167,6 +192,12 @@ int mgt_app_cmd_model(int argc, char **argv)
             if (!mgt_app_flag_precision("--amp", optarg, true, &amp))
                 return 2;
             break;
+        case 'x':
+        case 't':
+            if (!mgt_app_flag_onoff(opt == 'x' ? "--aux-logits" : "--transform-input", optarg,
+                                    opt == 'x' ? &aux : &ti))
+                return 2;
+            break;
         case 'h': model_usage(stdout); return 0;
         default:
             fprintf(stderr, "mgtrain model: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -186,7 +217,7 @@ int mgt_app_cmd_model(int argc, char **argv)
         mgt_app_print_archs(stderr);
         return 2;
     }
-    mgt_model_config cfg = default_config(arch, classes, in_channels, size);
+    mgt_model_config cfg = default_config(arch, classes, in_channels, size, aux, ti);
     cfg.amp = amp;
     mgt_model *m;
     if (mgt_model_create(&cfg, NULL, &m) != MGT_OK) {
@@ -195,8 +226,16 @@ int mgt_app_cmd_model(int argc, char **argv)
     }
     mgt_model_counts c;
     mgt_model_get_counts(m, &c);
-    printf("%s: input %dx%dx%d, %d classes, classifier head %s\n\n", cfg.arch, cfg.in_channels,
-           cfg.image_size, cfg.image_size, cfg.classes, mgt_model_head(m));
+    const mgt_arch_info *ai = mgt_arch_find(cfg.arch);
+    char vt[64];
+    eval_transform(ai, cfg.image_size, vt, sizeof vt);
+    printf("%s: input %dx%dx%d, %d classes, classifier head %s; validation: %s\n", cfg.arch,
+           cfg.in_channels, cfg.image_size, cfg.image_size, cfg.classes, mgt_model_head(m), vt);
+    if (mgt_model_aux_count(m))
+        printf("auxiliary classifiers: %d, in training only (marked aux), each loss weighted %g "
+               "(--aux-weight; --aux-logits off builds none)\n",
+               mgt_model_aux_count(m), (double)mgt_model_aux_weight(m));
+    printf("\n");
     print_layers(m);
     if (params)
         print_params(m);
@@ -210,6 +249,9 @@ int mgt_app_cmd_model(int argc, char **argv)
            "batch-norm element, average pool; convolutions and fc alone %s = %.2f %s)\n",
            c.macs / unit, un, grouped(a, sizeof a, c.macs), grouped(b, sizeof b, c.macs_conv_fc),
            c.macs_conv_fc / unit, un);
+    if (c.macs_aux)
+        printf("auxiliary classifiers:     %s more MACs per training image (%.2f %s)\n",
+               grouped(a, sizeof a, c.macs_aux), c.macs_aux / unit, un);
     printf("activation memory / image: %.2f MiB (%s bytes: the layer outputs not computed in "
            "place, probabilities and the gradient slots backward cycles through; plus %s bytes "
            "of per-channel statistics per batch)\n",

@@ -100,6 +100,12 @@ static void train_usage(FILE *f)
         "                         head is re-initialised for another class count, the stem\n"
         "                         adapted to other input channels (a .pth: convert it with\n"
         "                         scripts/pth_to_safetensors.py)\n"
+        "  --aux-logits on|off    inception_v3's and googlenet's auxiliary classifiers, trained\n"
+        "                         beside the main one (on; googlenet under --pretrained: off)\n"
+        "  --aux-weight X         each auxiliary loss's weight in the loss (inception_v3 0.4,\n"
+        "                         googlenet 0.3)\n"
+        "  --transform-input on|off  inception_v3's and googlenet's input map to the\n"
+        "                         normalisation of their ported weights (on under --pretrained)\n"
         "  --zero-init-residual   zero the last BN weight of each residual block\n"
         "  --freeze-bn            batch norm uses its running statistics in training too\n"
         "  --sync-bn              batch norm statistics over every device's batch together\n"
@@ -142,7 +148,10 @@ static void train_usage(FILE *f)
         "  --device auto|cuda|cpu auto: CUDA where present, else CPU mock devices\n"
         "  --mock SPEC            mock-device options (see README)\n"
         "  --bucket-mb N          gradient all-reduce bucket size in MiB (25)\n"
-        "  --allreduce tree|ring  the all-reduce algorithm (tree)\n" MGT_APP_SWITCH_USAGE "run\n"
+        "  --allreduce tree|ring  the all-reduce algorithm (tree)\n"
+        "  --node-exchange auto|allgather|reduce-scatter\n"
+        "                         how shards cross the nodes under mpirun (auto: per "
+        "bucket)\n" MGT_APP_SWITCH_USAGE "run\n"
         "  -p, --print-freq N     progress line every N steps (10)\n"
         "  -e, --evaluate         validate once and stop (the checkpoint of --resume or\n"
         "                         --pretrained, with its architecture, size and transform)\n"
@@ -160,6 +169,12 @@ static void train_usage(FILE *f)
         "                         step per device) in DIR\n"
         "  --time-limit SECONDS   stop with a checkpoint after this long\n"
         "  --timeout SECONDS      abort when no step finishes for this long\n"
+        "  --on-device-failure abort|continue  on a device's failure in training, end the\n"
+        "                         run (abort, the default) or drop the device and go on\n"
+        "                         with the others from the failed step (one node)\n"
+        "  --min-devices N        continue: the fewest devices to go on with (1)\n"
+        "  --device-timeout SECONDS  a device whose work makes no progress this long has\n"
+        "                         failed (default: --timeout, else 600)\n"
         "  --max-steps N          at most N training steps per epoch (quick runs)\n"
         "  --dummy-steps N        steps per epoch with --dummy (100)\n"
         "torchvision's references' names: --model (-a), --data-path (--data), --output-dir\n"
@@ -241,9 +256,13 @@ enum {
     OPT_TENSORBOARD,
     OPT_TIME_LIMIT,
     OPT_TIMEOUT,
+    OPT_ON_DEVICE_FAILURE,
+    OPT_MIN_DEVICES,
+    OPT_DEVICE_TIMEOUT,
     OPT_MAX_STEPS,
     OPT_DUMMY_STEPS,
     OPT_ALLREDUCE,
+    OPT_NODE_EXCHANGE,
     OPT_FREEZE_BN,
     OPT_SYNC_BN,
     OPT_EXACT_DECODE,
@@ -274,6 +293,9 @@ enum {
     OPT_PER_CLASS,
     OPT_CONFUSION,
     OPT_AUGMIX_SEVERITY,
+    OPT_AUX_LOGITS,
+    OPT_AUX_WEIGHT,
+    OPT_TRANSFORM_INPUT,
 };
 
 /* Whether v is a value of --amp: `--amp bf16` takes it, a bare --amp (the references'
@@ -361,6 +383,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"arch", required_argument, NULL, 'a'},
         {"pretrained", required_argument, NULL, OPT_PRETRAINED},
         {"zero-init-residual", no_argument, NULL, OPT_ZIR},
+        {"aux-logits", required_argument, NULL, OPT_AUX_LOGITS},
+        {"aux-weight", required_argument, NULL, OPT_AUX_WEIGHT},
+        {"transform-input", required_argument, NULL, OPT_TRANSFORM_INPUT},
         {"epochs", required_argument, NULL, OPT_EPOCHS},
         {"start-epoch", required_argument, NULL, OPT_START_EPOCH},
         {"batch-size", required_argument, NULL, 'b'},
@@ -387,6 +412,7 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"mock", required_argument, NULL, OPT_MOCK},
         {"bucket-mb", required_argument, NULL, OPT_BUCKET},
         {"allreduce", required_argument, NULL, OPT_ALLREDUCE},
+        {"node-exchange", required_argument, NULL, OPT_NODE_EXCHANGE},
         {"freeze-bn", no_argument, NULL, OPT_FREEZE_BN},
         {"sync-bn", no_argument, NULL, OPT_SYNC_BN},
         {"exact-decode", no_argument, NULL, OPT_EXACT_DECODE},
@@ -422,6 +448,9 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"tensorboard", required_argument, NULL, OPT_TENSORBOARD},
         {"time-limit", required_argument, NULL, OPT_TIME_LIMIT},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"on-device-failure", required_argument, NULL, OPT_ON_DEVICE_FAILURE},
+        {"min-devices", required_argument, NULL, OPT_MIN_DEVICES},
+        {"device-timeout", required_argument, NULL, OPT_DEVICE_TIMEOUT},
         {"max-steps", required_argument, NULL, OPT_MAX_STEPS},
         {"dummy-steps", required_argument, NULL, OPT_DUMMY_STEPS},
         {"help", no_argument, NULL, 'h'},
@@ -519,6 +548,12 @@ int mgt_app_cmd_train(int argc, char **argv)
         case 'a': c.arch = optarg; break;
         case OPT_PRETRAINED: c.pretrained = optarg; break;
         case OPT_ZIR: c.zero_init_residual = true; break;
+        case OPT_AUX_LOGITS: ok = mgt_app_flag_onoff(flag, optarg, &c.aux_logits); break;
+        case OPT_AUX_WEIGHT:
+            ok = mgt_app_flag_float(flag, optarg, 0, 1e6, &x);
+            c.aux_weight = (float)x;
+            break;
+        case OPT_TRANSFORM_INPUT: ok = mgt_app_flag_onoff(flag, optarg, &c.transform_input); break;
         case OPT_EPOCHS:
             ok = mgt_app_flag_int(flag, optarg, 1, 100000, &v);
             c.epochs = (int)v;
@@ -715,6 +750,12 @@ int mgt_app_cmd_train(int argc, char **argv)
                 ok = false;
             }
             break;
+        case OPT_NODE_EXCHANGE:
+            if (mgt_node_exchange_parse(optarg, &c.node_exchange) != MGT_OK) {
+                fprintf(stderr, "mgtrain: %s\n", mgt_error_last());
+                ok = false;
+            }
+            break;
         case 'p':
             ok = mgt_app_flag_int(flag, optarg, 1, 1 << 30, &v);
             c.print_freq = (int)v;
@@ -729,6 +770,19 @@ int mgt_app_cmd_train(int argc, char **argv)
             break;
         case OPT_TIME_LIMIT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.time_limit_s); break;
         case OPT_TIMEOUT: ok = mgt_app_flag_float(flag, optarg, 0, 1e9, &c.step_timeout_s); break;
+        case OPT_ON_DEVICE_FAILURE:
+            ok = strcmp(optarg, "abort") == 0 || strcmp(optarg, "continue") == 0;
+            if (!ok)
+                fprintf(stderr, "mgtrain: %s '%s': expected abort or continue\n", flag, optarg);
+            c.continue_on_device_failure = strcmp(optarg, "continue") == 0;
+            break;
+        case OPT_MIN_DEVICES:
+            ok = mgt_app_flag_int(flag, optarg, 1, MGT_MAX_DEVICES, &v);
+            c.min_devices = (int)v;
+            break;
+        case OPT_DEVICE_TIMEOUT:
+            ok = mgt_app_flag_float(flag, optarg, 0.001, 1e9, &c.device_timeout_s);
+            break;
         case OPT_MAX_STEPS: ok = mgt_app_flag_int(flag, optarg, 1, 1L << 40, &ctl.max_steps); break;
         case OPT_DUMMY_STEPS:
             ok = mgt_app_flag_int(flag, optarg, 1, 1L << 30, &v);
@@ -797,6 +851,8 @@ int mgt_app_cmd_train(int argc, char **argv)
         mgt_world_close(world, true);
         return 2;
     }
+    /* --mock xlink: the modelled link between nodes, which the exchange is chosen on */
+    mgt_world_set_link(world, devs.mock_opts.xlink_bytes_per_s, devs.mock_opts.xlink_latency_s);
     ctl.world = world;
     ctl.command_line = mgt_app_command_line();
     FILE *quiet = NULL;

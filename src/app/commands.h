@@ -43,6 +43,8 @@ bool mgt_app_flag_float(const char *flag, const char *v, double lo, double hi, d
 int mgt_app_bad_option(const char *cmd, int c, char **argv);
 /* --amp bf16|fp16 (f32_name: also "f32" for plain fp32, as --grad-dtype takes) */
 bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mgt_precision *out);
+/* "on" (1) or "off" (0) */
+bool mgt_app_flag_onoff(const char *flag, const char *v, int *out);
 
 /* Every architecture by family, one family a line ("  resnet: resnet18 resnet34 ..."), and
    how many there are. */

@@ -138,15 +138,18 @@ mgt_status mgt_app_open_devices(mgt_app_devices *d, int count, mgt_devset **out)
     mgt_devset_options o = d->sw;
     o.mock = NULL;
     if (d->kind == MGT_DEVICE_MOCK) {
-        /* The spec was checked against the whole list; of a prefix, the pairs and the fault
+        /* The spec was checked against the whole list; of a prefix, the pairs and the faults
            of devices left out do not apply. */
         mgt_mock_options mo = d->mock_opts;
         for (int a = 0; a < MGT_MAX_DEVICES; a++)
             for (int b = 0; b < MGT_MAX_DEVICES; b++)
                 if (!among(d->ids, count, a) || !among(d->ids, count, b))
                     mo.peer[a][b] = 0;
-        if (!among(d->ids, count, mo.fault_device))
-            mo.fault_kind = MGT_FAULT_NONE;
+        int kept = 0;
+        for (int i = 0; i < mo.nfaults; i++)
+            if (among(d->ids, count, mo.fault[i].device))
+                mo.fault[kept++] = mo.fault[i];
+        mo.nfaults = kept;
         o.mock = &mo;
         return mgt_devset_open(d->kind, d->ids, count, &o, out);
     }

@@ -60,6 +60,16 @@ bool mgt_app_flag_precision(const char *flag, const char *v, bool allow_fp16, mg
     return true;
 }
 
+bool mgt_app_flag_onoff(const char *flag, const char *v, int *out)
+{
+    if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+        fprintf(stderr, "mgtrain: %s '%s': expected on or off\n", flag, v);
+        return false;
+    }
+    *out = strcmp(v, "on") == 0;
+    return true;
+}
+
 int mgt_app_arch_count(void)
 {
     int n;
@@ -89,18 +99,36 @@ void mgt_app_print_family_defaults(FILE *f)
 {
     int n;
     const mgt_arch_info *a = mgt_arch_list(&n);
-    for (int i = 0; i < n; i++) {
-        if (i > 0 && strcmp(a[i - 1].family, a[i].family) == 0)
-            continue;
-        char side[32];
-        if (a[i].image_size > 0)
-            snprintf(side, sizeof side, "%d px", a[i].image_size);
-        else
+    for (int i = 0, end; i < n; i = end) {
+        /* the members' sides and validation resizes: one (vgg: 224, 256), a range at one side
+           (resnet: its weights' 232 to 256 at 224), or each member its own (efficientnet) */
+        int lo = a[i].image_size, hi = lo;
+        int rlo = mgt_arch_resize_size(&a[i], lo), rhi = rlo;
+        for (end = i + 1; end < n && strcmp(a[end].family, a[i].family) == 0; end++) {
+            int side = a[end].image_size, r = mgt_arch_resize_size(&a[end], side);
+            lo = side < lo ? side : lo;
+            hi = side > hi ? side : hi;
+            rlo = r < rlo ? r : rlo;
+            rhi = r > rhi ? r : rhi;
+        }
+        char side[32], eval[64];
+        if (lo <= 0)
             snprintf(side, sizeof side, "images' own size");
+        else if (lo == hi)
+            snprintf(side, sizeof side, "%d px", lo);
+        else
+            snprintf(side, sizeof side, "%d to %d px", lo, hi);
+        if (a[i].eval != MGT_ARCH_EVAL_RESIZE_CROP)
+            snprintf(eval, sizeof eval, "the images as they are");
+        else if (lo != hi)
+            snprintf(eval, sizeof eval, "resize and centre crop: each its own");
+        else if (rlo == rhi)
+            snprintf(eval, sizeof eval, "resize %d, centre crop %d", rlo, lo);
+        else
+            snprintf(eval, sizeof eval, "resize %d to %d, centre crop %d", rlo, rhi, lo);
         fprintf(f, "  %-14s %-17s %-25s %s\n", a[i].family, side,
                 a[i].augment == MGT_ARCH_AUGMENT_RRC ? "rrc (RandomResizedCrop)"
                                                      : "pad-crop (4 px)",
-                a[i].eval == MGT_ARCH_EVAL_RESIZE_CROP ? "resize 256/224, centre crop"
-                                                       : "the images as they are");
+                eval);
     }
 }

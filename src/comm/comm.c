@@ -11,17 +11,8 @@
  * results do not depend on thread timing, and every replica gets device 0's bytes.
  *
  * Across nodes (a world of more than one process) a bucket goes in three parts: the
- * reduce-scatter inside the node (shard j of the bucket summed onto device j, each addition
- * the one the single-process tree would make, so only where the partial sums live differs),
- * then device j's own comm thread exchanges its shard with the other nodes (copied to pinned
- * host memory, gathered from every node on device j's communicator, added in the tree's node
- * order on the host, copied back), and the comm thread that lands a bucket's last shard
- * enqueues the all-gather inside the node. The comm threads keep MPI off the worker threads,
- * so backward keeps enqueueing while shards travel, and no MPI call runs under the lock.
- * Where the backend has its own collective across processes (NCCL on CUDA: mgt_xcomm), the
- * exchange is enqueued on device j's comm stream instead: an all-gather of the shards into
- * device memory, the same node-order additions on the device, no host staging and no comm
- * threads.
+ * reduce-scatter inside the node, the exchange of each device's shard with the other nodes,
+ * the all-gather inside the node (nodes.c).
  *
  * With grad_dtype bf16 (one node), what crosses between devices is bf16: each device first
  * rounds its bucket in place (cast to 16 bits into its g16 copy of the arena and back), a
@@ -34,69 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mgt/comm.h"
-#include "mgt/thread.h"
+#include "comm/comm_impl.h"
 
-struct mgt_comm {
-    mgt_devset *set;
-    int n;
-    float **grads;
-    size_t bytes;
-    int nb;
-    mgt_allreduce_algo algo;
-    size_t *begin, *end;            /* [nb] bucket byte ranges */
-    mgt_stream **stream;            /* [n] comm streams */
-    mgt_stream **send;              /* [n] ring only: the streams a device's sends are ordered on */
-    mgt_event **recv_ev, **send_ev; /* [n] ring only: a step's receives done, sends done */
-    mgt_buffer **recv;              /* [n] receive buffers, the largest bucket each */
-    bool bf16;                      /* grad_dtype bf16: the compressed all-reduce */
-    mgt_buffer **g16, **recv16;     /* [n] bf16 only: the arena's bf16 copy; a bucket's receive */
-    mgt_event **ready, **done;      /* [n * nb] */
-    pthread_mutex_t lock;
-    pthread_cond_t cv;
-    int *arrived;  /* [nb] devices that marked the bucket in the current step */
-    int *next;     /* [n] next bucket each device has yet to mark */
-    long *steps;   /* [n] steps each device has ended */
-    long enqueued; /* buckets enqueued over all steps */
-    /* across nodes (nodes > 1) */
-    mgt_world *world;
-    mgt_abort *abort;
-    int nodes;
-    bool flat;                 /* device 0 exchanges whole buckets (mgt_comm_config.flat) */
-    int shards;                /* devices that exchange a shard: n, or 1 when flat */
-    size_t *shard_off;         /* [nb] float offset of a bucket's shard slot in the staging */
-    size_t stage_floats;       /* floats of one device's send staging (the sum of the slots) */
-    float **stage, **gathered; /* [n] pinned: own shards; every node's shards */
-    mgt_event **staged;        /* [n * nb] shard copied to the host */
-    int *landed;               /* [nb] shards back from the other nodes */
-    struct comm_thread {
-        mgt_comm *c;
-        int dev;
-        pthread_t thread;
-        bool started;
-        int *queue; /* [nb] buckets to exchange, a ring */
-        int head, count;
-    } * threads;
-    mgt_xcomm **xc;    /* [n] with a backend collective: device j's communicator */
-    mgt_buffer **xbuf; /* [n] every node's shard of a bucket, on the device */
-    /* mgt_comm_bn_gather: a two-phase barrier over the devices of this process */
-    pthread_mutex_t bn_lock;
-    pthread_cond_t bn_cv;
-    const double **bn_src; /* [n] each device's numbers for the gather in progress */
-    int bn_in, bn_out;     /* devices arrived in phase 1, left in phase 2 */
-    long bn_gen1, bn_gen2;
-    bool quit;
-    bool failed;
-    mgt_status fail_status;
-    char fail_text[512];
-};
-
-static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
+mgt_status mgt_comm_plan_buckets(const mgt_comm_config *cfg, size_t *ends, int *n)
 {
-    c->begin = calloc((size_t)cfg->n_layer_ends, sizeof *c->begin);
-    c->end = calloc((size_t)cfg->n_layer_ends, sizeof *c->end);
-    if (!c->begin || !c->end)
-        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
+    *n = 0;
     size_t start = 0, cap = cfg->first_bucket_bytes ? cfg->first_bucket_bytes : cfg->bucket_bytes;
     for (int i = 0; i < cfg->n_layer_ends; i++) {
         size_t e = cfg->layer_ends[i];
@@ -106,9 +39,7 @@ static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
                                  "within the %zu-byte arena",
                                  e, cfg->bytes);
         if (e - start >= cap || i == cfg->n_layer_ends - 1) {
-            c->begin[c->nb] = start;
-            c->end[c->nb] = e;
-            c->nb++;
+            ends[(*n)++] = e;
             start = e;
             cap = cfg->bucket_bytes;
         }
@@ -121,138 +52,15 @@ static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
     return MGT_OK;
 }
 
-/* ---- across nodes ---- */
-
-static void *comm_thread_main(void *arg);
-static mgt_status enqueue_nodes_begin(mgt_comm *c, int b);
-static mgt_status enqueue_nodes_end(mgt_comm *c, int b);
-static float *at(float *base, size_t byte_off);
-static mgt_status reduce_shard(mgt_comm *c, size_t off, int j, size_t lo, size_t hi);
-
-/* Floats [*lo, *hi) of chunk k when `count` floats are cut into n nearly equal chunks. */
-static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi);
-
-/* Floats [*lo, *hi) of bucket b that device j exchanges with the other nodes. */
-static void shard_range(const mgt_comm *c, int b, int j, size_t *lo, size_t *hi)
+static mgt_status plan_buckets(mgt_comm *c, const mgt_comm_config *cfg)
 {
-    size_t count = (c->end[b] - c->begin[b]) / sizeof(float);
-    if (c->flat) {
-        *lo = 0;
-        *hi = j == 0 ? count : 0;
-    } else {
-        ring_chunk(count, c->n, j, lo, hi);
-    }
-}
-
-/* The backend's communicators (one per device, across the nodes: the id from node 0 through
-   the world) and the device buffers the shards are gathered into. */
-static mgt_status make_xcomm(mgt_comm *c)
-{
-    size_t largest = 0;
-    for (int b = 0; b < c->nb; b++) {
-        size_t lo, hi;
-        shard_range(c, b, 0, &lo, &hi);
-        if (hi - lo > largest)
-            largest = hi - lo;
-    }
-    c->xc = calloc((size_t)c->n, sizeof *c->xc);
-    c->xbuf = calloc((size_t)c->n, sizeof *c->xbuf);
-    if (!c->xc || !c->xbuf)
+    c->begin = calloc((size_t)cfg->n_layer_ends, sizeof *c->begin);
+    c->end = calloc((size_t)cfg->n_layer_ends, sizeof *c->end);
+    if (!c->begin || !c->end)
         return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
-    mgt_status st = MGT_OK;
-    for (int j = 0; j < c->n && st == MGT_OK; j++) {
-        mgt_device *d = mgt_devset_device(c->set, j);
-        unsigned char id[MGT_XCOMM_ID_MAX + sizeof(uint64_t)];
-        uint64_t len = 0;
-        size_t l = 0;
-        if (mgt_world_rank(c->world) == 0) {
-            st = mgt_xcomm_id(c->set, id + sizeof len, &l);
-            len = l;
-        }
-        memcpy(id, &len, sizeof len);
-        /* node 0's failure to make an id reaches the others as its failure line */
-        if (st == MGT_OK)
-            st = mgt_world_bcast(c->world, id, sizeof id, 0, c->abort);
-        memcpy(&len, id, sizeof len);
-        if (st == MGT_OK)
-            st = mgt_xcomm_create(d, id + sizeof len, (size_t)len, c->nodes,
-                                  mgt_world_rank(c->world), &c->xc[j]);
-        if (st == MGT_OK)
-            st = mgt_buffer_alloc(d, (largest ? largest : 1) * (size_t)c->nodes * sizeof(float),
-                                  &c->xbuf[j]);
-    }
-    return st;
-}
-
-/* Bucket b across the nodes on the backend's collective, enqueued on the comm streams right
-   after the reduce-scatter. c->lock held. */
-static mgt_status enqueue_xcomm(mgt_comm *c, int b)
-{
-    mgt_status st = MGT_OK;
-    size_t nodes = (size_t)c->nodes;
-    for (int j = 0; j < c->n && st == MGT_OK; j++) {
-        size_t lo, hi;
-        shard_range(c, b, j, &lo, &hi);
-        size_t m = hi - lo;
-        float *g = at(c->grads[j], c->begin[b] + lo * sizeof(float));
-        float *all = mgt_buffer_ptr(c->xbuf[j]);
-        if (m == 0)
-            continue;
-        st = mgt_xcomm_allgather(c->xc[j], c->stream[j], g, all, m);
-        /* the tree over the nodes, as on the host path */
-        for (size_t k = 1; k < nodes && st == MGT_OK; k *= 2)
-            for (size_t r = 0; r + k < nodes && st == MGT_OK; r += 2 * k)
-                st = mgt_axpy(c->stream[j], all + r * m, 1.0f, all + (r + k) * m, m);
-        if (st == MGT_OK)
-            st = mgt_copy_d2d(c->stream[j], g, all, m * sizeof(float));
-    }
-    return st;
-}
-
-/* The staging, events and comm threads of a multi-node run, allocated once. */
-static mgt_status make_nodes(mgt_comm *c)
-{
-    size_t n = (size_t)c->n, nb = (size_t)c->nb;
-    c->shard_off = calloc(nb, sizeof *c->shard_off);
-    c->landed = calloc(nb, sizeof *c->landed);
-    c->stage = calloc(n, sizeof *c->stage);
-    c->gathered = calloc(n, sizeof *c->gathered);
-    c->staged = calloc(n * nb, sizeof *c->staged);
-    c->threads = calloc(n, sizeof *c->threads);
-    if (!c->shard_off || !c->landed || !c->stage || !c->gathered || !c->staged || !c->threads)
-        return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
-    size_t total = 0;
-    for (int b = 0; b < c->nb; b++) {
-        size_t lo, hi;
-        shard_range(c, b, 0, &lo, &hi);
-        c->shard_off[b] = total;
-        total += hi - lo; /* chunk 0 is the largest */
-    }
-    c->stage_floats = total;
-    if (!c->flat && mgt_xcomm_available(c->set))
-        return make_xcomm(c);
-    mgt_status st = mgt_world_channels(c->world, c->n);
-    for (int i = 0; i < c->n && st == MGT_OK; i++) {
-        mgt_device *d = mgt_devset_device(c->set, i);
-        st = mgt_host_alloc(d, (total ? total : 1) * sizeof(float), (void **)&c->stage[i]);
-        if (st == MGT_OK)
-            st = mgt_host_alloc(d, (total ? total : 1) * (size_t)c->nodes * sizeof(float),
-                                (void **)&c->gathered[i]);
-        for (int b = 0; b < c->nb && st == MGT_OK; b++)
-            st = mgt_event_create(d, &c->staged[(size_t)i * nb + (size_t)b]);
-        c->threads[i].c = c;
-        c->threads[i].dev = i;
-        c->threads[i].queue = calloc(nb, sizeof(int));
-        if (st == MGT_OK && !c->threads[i].queue)
-            st = mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
-    }
-    for (int i = 0; i < c->shards && st == MGT_OK; i++) {
-        if (pthread_create(&c->threads[i].thread, NULL, comm_thread_main, &c->threads[i]) != 0)
-            st =
-                mgt_error_set(MGT_ERR_DEVICE, "comm: cannot start the comm thread of device %d", i);
-        else
-            c->threads[i].started = true;
-    }
+    mgt_status st = mgt_comm_plan_buckets(cfg, c->end, &c->nb);
+    for (int b = 0; b < c->nb; b++)
+        c->begin[b] = b ? c->end[b - 1] : 0;
     return st;
 }
 
@@ -266,14 +74,19 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
     if (!c)
         return mgt_error_set(MGT_ERR_OOM, "comm: host memory exhausted");
     c->set = set;
-    c->n = mgt_devset_count(set);
+    c->n = cfg->devices ? cfg->n_devices : mgt_devset_count(set);
+    if (c->n < 1 || c->n > MGT_MAX_DEVICES) {
+        int n = c->n;
+        free(c);
+        return mgt_error_set(MGT_ERR_INVALID, "comm: %d devices", n);
+    }
+    for (int i = 0; i < c->n; i++)
+        c->devs[i] = cfg->devices ? cfg->devices[i] : mgt_devset_device(set, i);
     c->bytes = cfg->bytes;
     c->algo = cfg->algo;
     c->world = cfg->world;
     c->abort = cfg->abort;
     c->nodes = mgt_world_size(cfg->world);
-    c->flat = cfg->flat;
-    c->shards = cfg->flat ? 1 : c->n;
     c->bf16 = cfg->grad_dtype == MGT_PREC_BF16;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -316,7 +129,7 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         if (c->end[b] - c->begin[b] > largest)
             largest = c->end[b] - c->begin[b];
     for (int i = 0; i < c->n && st == MGT_OK; i++) {
-        mgt_device *d = mgt_devset_device(set, i);
+        mgt_device *d = c->devs[i];
         c->grads[i] = cfg->grads[i];
         st = mgt_stream_create(d, &c->stream[i]);
         if (st == MGT_OK && c->n > 1)
@@ -339,7 +152,7 @@ mgt_status mgt_comm_create(mgt_devset *set, const mgt_comm_config *cfg, mgt_comm
         }
     }
     if (st == MGT_OK && c->nodes > 1)
-        st = make_nodes(c);
+        st = comm_nodes_create(c, cfg);
     if (st != MGT_OK) {
         mgt_comm_free(c);
         return st;
@@ -354,41 +167,11 @@ void mgt_comm_free(mgt_comm *c)
         return;
     mgt_error_saved saved; /* on mgt_comm_create's error path: its cause stays the text */
     mgt_error_save(&saved);
-    if (c->threads) {
-        pthread_mutex_lock(&c->lock);
-        c->quit = true;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->lock);
-        for (int i = 0; i < c->n; i++) {
-            if (c->threads[i].started)
-                pthread_join(c->threads[i].thread, NULL);
-            free(c->threads[i].queue);
-        }
-        free(c->threads);
-    }
+    comm_nodes_stop(c);
     for (int i = 0; c->stream && i < c->n; i++)
         if (c->stream[i])
             mgt_stream_synchronize(c->stream[i], NULL);
-    for (int i = 0; c->xc && i < c->n; i++) {
-        mgt_xcomm_free(c->xc[i]);
-        mgt_buffer_free(c->xbuf[i]);
-    }
-    free(c->xc);
-    free(c->xbuf);
-    for (size_t k = 0; c->staged && k < (size_t)c->n * (size_t)c->nb; k++)
-        mgt_event_free(c->staged[k]);
-    free(c->staged);
-    for (int i = 0; c->stage && i < c->n; i++) {
-        mgt_device *d = mgt_devset_device(c->set, i);
-        if (c->stage[i])
-            mgt_host_free(d, c->stage[i]);
-        if (c->gathered[i])
-            mgt_host_free(d, c->gathered[i]);
-    }
-    free(c->stage);
-    free(c->gathered);
-    free(c->shard_off);
-    free(c->landed);
+    comm_nodes_free(c);
     for (int i = 0; c->stream && i < c->n; i++)
         mgt_stream_free(c->stream[i]);
     for (int i = 0; c->send && i < c->n; i++) {
@@ -438,10 +221,7 @@ void mgt_comm_bucket_range(const mgt_comm *c, int b, size_t *begin, size_t *end)
     *end = c->end[b];
 }
 
-static float *at(float *base, size_t byte_off) { return (float *)((char *)base + byte_off); }
-
-/* Largest power of two below n (n >= 2). */
-static int top_level(int n)
+int comm_top_level(int n)
 {
     int k = 1;
     while (2 * k < n)
@@ -460,8 +240,7 @@ mgt_status mgt_allreduce_algo_parse(const char *s, mgt_allreduce_algo *out)
     return MGT_OK;
 }
 
-/* Floats [*lo, *hi) of chunk k when `count` floats are cut into n nearly equal chunks. */
-static void ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi)
+void comm_ring_chunk(size_t count, int n, int k, size_t *lo, size_t *hi)
 {
     size_t q = count / (size_t)n, r = count % (size_t)n, kk = (size_t)k;
     *lo = kk * q + (kk < r ? kk : r);
@@ -480,10 +259,10 @@ static uint16_t *g16_at(const mgt_comm *c, int i, size_t off)
 static mgt_status round_own(mgt_comm *c, int i, size_t o, size_t cnt)
 {
     mgt_status st =
-        mgt_cast_to_16(c->stream[i], MGT_PREC_BF16, g16_at(c, i, o), at(c->grads[i], o), cnt);
+        mgt_cast_to_16(c->stream[i], MGT_PREC_BF16, g16_at(c, i, o), comm_at(c->grads[i], o), cnt);
     if (st == MGT_OK)
-        st =
-            mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, at(c->grads[i], o), g16_at(c, i, o), cnt);
+        st = mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, comm_at(c->grads[i], o), g16_at(c, i, o),
+                              cnt);
     return st;
 }
 
@@ -499,7 +278,7 @@ static mgt_status add16(mgt_comm *c, int dst, int src, mgt_stream *src_stream, s
     if (st == MGT_OK)
         st = mgt_cast_from_16(c->stream[dst], MGT_PREC_BF16, r32, r16, cnt);
     if (st == MGT_OK)
-        st = mgt_axpy(c->stream[dst], at(c->grads[dst], o), 1.0f, r32, cnt);
+        st = mgt_axpy(c->stream[dst], comm_at(c->grads[dst], o), 1.0f, r32, cnt);
     return st == MGT_OK ? round_own(c, dst, o, cnt) : st;
 }
 
@@ -508,8 +287,8 @@ static mgt_status decode_all(mgt_comm *c, size_t off, size_t len)
 {
     mgt_status st = MGT_OK;
     for (int i = 0; i < c->n && st == MGT_OK; i++)
-        st = mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, at(c->grads[i], off), g16_at(c, i, off),
-                              len / sizeof(float));
+        st = mgt_cast_from_16(c->stream[i], MGT_PREC_BF16, comm_at(c->grads[i], off),
+                              g16_at(c, i, off), len / sizeof(float));
     return st;
 }
 
@@ -523,7 +302,7 @@ static mgt_status enqueue_tree16(mgt_comm *c, size_t off, size_t len)
     for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
         for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
             st = add16(c, r, r + k, c->stream[r + k], off, cnt);
-    for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+    for (int k = comm_top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
         for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
             st = mgt_copy_peer(c->stream[r + k], g16_at(c, r + k, off), c->stream[r],
                                g16_at(c, r, off), cnt * sizeof(uint16_t));
@@ -562,7 +341,7 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
         for (int i = 0; i < n && st == MGT_OK; i++) {
             int to = (i + 1) % n, k = ((i - s) % n + n) % n;
             size_t lo, hi;
-            ring_chunk(count, n, k, &lo, &hi);
+            comm_ring_chunk(count, n, k, &lo, &hi);
             if (hi == lo)
                 continue;
             if (c->bf16) {
@@ -570,12 +349,12 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
                 continue;
             }
             float *recv = mgt_buffer_ptr(c->recv[to]);
-            st =
-                mgt_copy_peer(c->stream[to], recv, c->send[i],
-                              at(c->grads[i], off + lo * sizeof(float)), (hi - lo) * sizeof(float));
+            st = mgt_copy_peer(c->stream[to], recv, c->send[i],
+                               comm_at(c->grads[i], off + lo * sizeof(float)),
+                               (hi - lo) * sizeof(float));
             if (st == MGT_OK)
-                st = mgt_axpy(c->stream[to], at(c->grads[to], off + lo * sizeof(float)), 1.0f, recv,
-                              hi - lo);
+                st = mgt_axpy(c->stream[to], comm_at(c->grads[to], off + lo * sizeof(float)), 1.0f,
+                              recv, hi - lo);
         }
     }
     for (int s = 0; s < n - 1 && st == MGT_OK; s++) {
@@ -583,7 +362,7 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
         for (int i = 0; i < n && st == MGT_OK; i++) {
             int to = (i + 1) % n, k = ((i + 1 - s) % n + n) % n;
             size_t lo, hi;
-            ring_chunk(count, n, k, &lo, &hi);
+            comm_ring_chunk(count, n, k, &lo, &hi);
             if (hi == lo)
                 continue;
             size_t o = off + lo * sizeof(float);
@@ -591,8 +370,8 @@ static mgt_status enqueue_ring(mgt_comm *c, size_t off, size_t len)
                 st = mgt_copy_peer(c->stream[to], g16_at(c, to, o), c->send[i], g16_at(c, i, o),
                                    (hi - lo) * sizeof(uint16_t));
             else
-                st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->send[i],
-                                   at(c->grads[i], o), (hi - lo) * sizeof(float));
+                st = mgt_copy_peer(c->stream[to], comm_at(c->grads[to], o), c->send[i],
+                                   comm_at(c->grads[i], o), (hi - lo) * sizeof(float));
         }
     }
     /* the gradients must not change (next step's backward) while a send still reads them */
@@ -612,7 +391,7 @@ static mgt_status enqueue_bucket(mgt_comm *c, int b)
     for (int i = 0; i < c->n && st == MGT_OK; i++)
         st = mgt_stream_wait_event(c->stream[i], c->ready[(size_t)i * nb + (size_t)b]);
     if (st == MGT_OK && c->nodes > 1)
-        return enqueue_nodes_begin(c, b);
+        return comm_nodes_enqueue(c, b);
     if (c->n > 1 && c->algo == MGT_ALLREDUCE_RING) {
         if (st == MGT_OK)
             st = enqueue_ring(c, off, len);
@@ -623,185 +402,20 @@ static mgt_status enqueue_bucket(mgt_comm *c, int b)
         for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
             for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k) {
                 float *recv = mgt_buffer_ptr(c->recv[r]);
-                st = mgt_copy_peer(c->stream[r], recv, c->stream[r + k], at(c->grads[r + k], off),
-                                   len);
+                st = mgt_copy_peer(c->stream[r], recv, c->stream[r + k],
+                                   comm_at(c->grads[r + k], off), len);
                 if (st == MGT_OK)
-                    st = mgt_axpy(c->stream[r], at(c->grads[r], off), 1.0f, recv,
+                    st = mgt_axpy(c->stream[r], comm_at(c->grads[r], off), 1.0f, recv,
                                   len / sizeof(float));
             }
-        for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+        for (int k = comm_top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
             for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k)
-                st = mgt_copy_peer(c->stream[r + k], at(c->grads[r + k], off), c->stream[r],
-                                   at(c->grads[r], off), len);
+                st = mgt_copy_peer(c->stream[r + k], comm_at(c->grads[r + k], off), c->stream[r],
+                                   comm_at(c->grads[r], off), len);
     }
     for (int i = 0; i < c->n && st == MGT_OK; i++)
         st = mgt_event_record(c->done[(size_t)i * nb + (size_t)b], c->stream[i]);
     return st;
-}
-
-/* The device holding the partial sum of devices [lo, hi) for shard j: j itself where it is
-   in the group, else the group's first. */
-static int holder(int lo, int hi, int j) { return j >= lo && j < hi ? j : lo; }
-
-/* Shard j (floats [lo, hi) of the bucket at byte off) summed onto device j: the tree's
-   additions, level by level, each made where one of its two partial sums lives (a + b is
-   b + a to the bit), so the sum is the tree's over the node's devices. */
-static mgt_status reduce_shard(mgt_comm *c, size_t off, int j, size_t lo, size_t hi)
-{
-    size_t o = off + lo * sizeof(float), len = (hi - lo) * sizeof(float);
-    mgt_status st = MGT_OK;
-    for (int k = 1; k < c->n && st == MGT_OK; k *= 2)
-        for (int r = 0; r + k < c->n && st == MGT_OK; r += 2 * k) {
-            int rend = r + 2 * k < c->n ? r + 2 * k : c->n;
-            int hl = holder(r, r + k, j), hr = holder(r + k, rend, j);
-            int dst = (j >= r + k && j < rend) ? hr : hl, src = dst == hl ? hr : hl;
-            float *recv = mgt_buffer_ptr(c->recv[dst]);
-            st = mgt_copy_peer(c->stream[dst], recv, c->stream[src], at(c->grads[src], o), len);
-            if (st == MGT_OK)
-                st = mgt_axpy(c->stream[dst], at(c->grads[dst], o), 1.0f, recv, hi - lo);
-        }
-    return st;
-}
-
-/* Shard j from device j to every other device of the node, down a tree rooted at j. */
-static mgt_status gather_shard(mgt_comm *c, size_t off, int j, size_t lo, size_t hi)
-{
-    size_t o = off + lo * sizeof(float), len = (hi - lo) * sizeof(float);
-    mgt_status st = MGT_OK;
-    for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
-        for (int v = 0; v + k < c->n && st == MGT_OK; v += 2 * k) {
-            int from = (v + j) % c->n, to = (v + k + j) % c->n;
-            st = mgt_copy_peer(c->stream[to], at(c->grads[to], o), c->stream[from],
-                               at(c->grads[from], o), len);
-        }
-    return st;
-}
-
-/* The node's part of bucket b before the exchange: the reduce-scatter, each shard copied to
-   its device's staging, and the bucket queued to every comm thread. c->lock held. */
-static mgt_status enqueue_nodes_begin(mgt_comm *c, int b)
-{
-    size_t off = c->begin[b], nb = (size_t)c->nb;
-    mgt_status st = MGT_OK;
-    for (int j = 0; j < c->shards && st == MGT_OK; j++) {
-        size_t lo, hi;
-        shard_range(c, b, j, &lo, &hi);
-        if (hi > lo && c->n > 1)
-            st = reduce_shard(c, off, j, lo, hi);
-        if (c->xc)
-            continue;
-        if (st == MGT_OK && hi > lo)
-            st = mgt_copy_d2h(c->stream[j], c->stage[j] + c->shard_off[b],
-                              at(c->grads[j], off + lo * sizeof(float)), (hi - lo) * sizeof(float));
-        if (st == MGT_OK)
-            st = mgt_event_record(c->staged[(size_t)j * nb + (size_t)b], c->stream[j]);
-    }
-    if (c->xc) {
-        if (st == MGT_OK)
-            st = enqueue_xcomm(c, b);
-        return st == MGT_OK ? enqueue_nodes_end(c, b) : st;
-    }
-    for (int j = 0; j < c->shards && st == MGT_OK; j++) {
-        struct comm_thread *t = &c->threads[j];
-        t->queue[(t->head + t->count) % c->nb] = b;
-        t->count++;
-    }
-    pthread_cond_broadcast(&c->cv);
-    return st;
-}
-
-/* The end of bucket b once every shard is back: the all-gather inside the node and the
-   bucket's done events. c->lock held. */
-static mgt_status enqueue_nodes_end(mgt_comm *c, int b)
-{
-    size_t off = c->begin[b], nb = (size_t)c->nb;
-    mgt_status st = MGT_OK;
-    for (int j = 0; j < c->shards && st == MGT_OK && c->n > 1; j++) {
-        size_t lo, hi;
-        shard_range(c, b, j, &lo, &hi);
-        if (hi > lo)
-            st = gather_shard(c, off, j, lo, hi);
-    }
-    for (int i = 0; i < c->n && st == MGT_OK; i++)
-        st = mgt_event_record(c->done[(size_t)i * nb + (size_t)b], c->stream[i]);
-    c->enqueued++;
-    pthread_cond_broadcast(&c->cv);
-    return st;
-}
-
-/* A comm thread's failure: the first one's text is kept and the run's abort flag raised, so
-   the workers' waits end and mgt_comm_step_end reports it. */
-static void comm_fail(mgt_comm *c, mgt_status st)
-{
-    pthread_mutex_lock(&c->lock);
-    if (!c->failed) {
-        c->failed = true;
-        c->fail_status = st;
-        snprintf(c->fail_text, sizeof c->fail_text, "%s", mgt_error_last());
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->lock);
-    if (c->abort)
-        mgt_abort_raise(c->abort);
-}
-
-/* Device dev's exchange of its shards with the other nodes, bucket after bucket. */
-static void *comm_thread_main(void *arg)
-{
-    struct comm_thread *t = arg;
-    mgt_comm *c = t->c;
-    size_t nb = (size_t)c->nb, nodes = (size_t)c->nodes;
-    for (;;) {
-        pthread_mutex_lock(&c->lock);
-        while (t->count == 0 && !c->quit && !c->failed)
-            mgt_cond_wait_slice(&c->cv, &c->lock);
-        if (c->quit || c->failed) {
-            pthread_mutex_unlock(&c->lock);
-            return NULL;
-        }
-        int b = t->queue[t->head];
-        t->head = (t->head + 1) % c->nb;
-        t->count--;
-        pthread_mutex_unlock(&c->lock);
-        size_t lo, hi;
-        shard_range(c, b, t->dev, &lo, &hi);
-        size_t m = hi - lo;
-        float *mine = c->stage[t->dev] + c->shard_off[b];
-        float *all = c->gathered[t->dev] + c->shard_off[b] * nodes;
-        mgt_status st = mgt_event_synchronize(c->staged[(size_t)t->dev * nb + (size_t)b], c->abort);
-        if (st == MGT_OK)
-            st = mgt_world_chan_allgather(c->world, t->dev, mine, m * sizeof(float), all, c->abort);
-        if (st != MGT_OK) {
-            comm_fail(c, mgt_error_wrap(st,
-                                        "device %d: the exchange of bucket %d with the "
-                                        "other nodes",
-                                        t->dev, b));
-            return NULL;
-        }
-        /* the tree over the nodes, as the single-process tree pairs their device groups */
-        for (size_t k = 1; k < nodes; k *= 2)
-            for (size_t r = 0; r + k < nodes; r += 2 * k) {
-                float *x = all + r * m;
-                const float *y = all + (r + k) * m;
-                for (size_t i = 0; i < m; i++)
-                    x[i] += y[i];
-            }
-        pthread_mutex_lock(&c->lock);
-        if (m)
-            st = mgt_copy_h2d(c->stream[t->dev],
-                              at(c->grads[t->dev], c->begin[b] + lo * sizeof(float)), all,
-                              m * sizeof(float));
-        if (st == MGT_OK && ++c->landed[b] == c->shards) {
-            c->landed[b] = 0;
-            st = enqueue_nodes_end(c, b);
-        }
-        pthread_mutex_unlock(&c->lock);
-        if (st != MGT_OK) {
-            comm_fail(
-                c, mgt_error_wrap(st, "device %d: bucket %d back from the other nodes", t->dev, b));
-            return NULL;
-        }
-    }
 }
 
 mgt_status mgt_comm_step_begin(mgt_comm *c, int dev)
@@ -888,7 +502,7 @@ mgt_status mgt_comm_broadcast(mgt_comm *c, mgt_stream **streams, float **bufs, s
         return MGT_OK;
     mgt_status st = MGT_OK;
     /* positions relative to the root: position v is device (v + root) % n */
-    for (int k = top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
+    for (int k = comm_top_level(c->n); k >= 1 && st == MGT_OK; k /= 2)
         for (int v = 0; v + k < c->n && st == MGT_OK; v += 2 * k) {
             int from = (v + root) % c->n, to = (v + k + root) % c->n;
             st = mgt_copy_peer(streams[to], bufs[to], streams[from], bufs[from], bytes);

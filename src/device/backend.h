@@ -22,6 +22,8 @@ typedef enum mgt_copy_kind {
    event on the right devices). Enqueueing entries return at once. */
 typedef struct mgt_backend_i {
     const char *name; /* "mock", "cuda" */
+    bool host_memory; /* device memory is host memory, which host threads may use once events
+                         order them (mgt_devset_host_memory) */
     /* how many devices of this kind the machine has; 0 when none can be used */
     int (*device_count)(void);
     /* (optional) the count, or a failure saying why none can be used; NULL: device_count */
@@ -31,7 +33,8 @@ typedef struct mgt_backend_i {
     /* opens set->n devices: fills each device's name, total_mem and impl, set->impl; opts->mock
        is never NULL (the dispatch layer resolves MGT_MOCK and the defaults) */
     mgt_status (*devset_open)(mgt_devset *set, const int *ids, const mgt_devset_options *opts);
-    /* frees what devset_open made; streams and events are gone already */
+    /* frees what devset_open made; streams and events are gone already. The device memory of
+       a device marked keep_memory stays allocated (MPI may still use it) and reachable. */
     void (*devset_close)(mgt_devset *set);
     /* whether device i reaches device j directly (peer access verified where it matters) */
     bool (*can_access_peer)(const mgt_devset *set, int i, int j);
@@ -95,20 +98,30 @@ typedef struct mgt_backend_i {
     mgt_status (*xcomm_allgather)(void *comm, mgt_stream *s, const float *send, float *recv,
                                   size_t n);
     void (*xcomm_free)(void *comm);
+    /* (optional, with the four above) enqueued on s: rank p gets counts[p] floats at send +
+       displs[p]; recv + r * stride gets rank r's `each` floats for this rank (one entry per
+       rank in counts and displs) */
+    mgt_status (*xcomm_alltoall)(void *comm, mgt_stream *s, const float *send, const size_t *counts,
+                                 const size_t *displs, float *recv, size_t each, size_t stride);
 
     /* (optional) the allocations and kernels counted for injected faults (see
        mgt_device_counts); NULL: none kept */
     void (*counts)(const mgt_device *d, long *allocs, long *kernels);
+    /* (optional) the device is given up (mgt_device_abandon): its queued work is dropped and
+       a kernel that never returns is left behind, so that no stream of another device and no
+       host thread waits on it any more; never blocks. NULL: nothing can be done */
+    void (*abandon)(mgt_device *d, const char *why);
 } mgt_backend_i;
 
 struct mgt_device {
     mgt_devset *set;
-    int index;           /* position in the set */
-    int id;              /* the id it was opened with */
-    char name[128];      /* filled by the backend */
-    size_t total_mem;    /* the limit; filled by the backend, lowered by a mock limit */
-    atomic_size_t used;  /* bytes of live buffers and backend workspace */
-    atomic_bool stalled; /* a wait on it ran past the wait limit: later ones give up at once */
+    int index;               /* position in the set */
+    int id;                  /* the id it was opened with */
+    char name[128];          /* filled by the backend */
+    size_t total_mem;        /* the limit; filled by the backend, lowered by a mock limit */
+    atomic_size_t used;      /* bytes of live buffers and backend workspace */
+    atomic_bool stalled;     /* a wait on it ran past the wait limit: later ones give up at once */
+    atomic_bool keep_memory; /* mgt_device_keep_memory: buffers freed are not given back */
     void *impl;
 };
 

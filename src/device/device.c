@@ -80,6 +80,8 @@ static void release_block(mgt_device *d, void *ptr, size_t size)
         d->set->iface->host_free(d, ptr);
         return;
     }
+    if (atomic_load(&d->keep_memory)) /* MPI's for good: left allocated (the backend holds it) */
+        return;
     d->set->iface->free(d, ptr);
     mgt_device_unreserve(d, size);
 }
@@ -429,6 +431,7 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
         devs[i].id = ids[i];
         atomic_init(&devs[i].used, 0);
         atomic_init(&devs[i].stalled, false);
+        atomic_init(&devs[i].keep_memory, false);
     }
     mgt_status st = iface->devset_open(set, ids, &o);
     if (st != MGT_OK) {
@@ -483,6 +486,8 @@ mgt_device *mgt_devset_device(const mgt_devset *set, int i)
 }
 
 mgt_device_kind mgt_devset_kind(const mgt_devset *set) { return set->kind; }
+bool mgt_devset_host_memory(const mgt_devset *set) { return set->iface->host_memory; }
+void mgt_device_keep_memory(mgt_device *d) { atomic_store(&d->keep_memory, true); }
 
 bool mgt_devset_can_access_peer(const mgt_devset *set, int i, int j)
 {
@@ -581,6 +586,18 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels)
         return false;
     d->set->iface->counts(d, allocs, kernels);
     return true;
+}
+
+void mgt_device_abandon(mgt_device *d, const char *why)
+{
+    if (d && d->set->iface->abandon)
+        d->set->iface->abandon(d, why);
+}
+
+void mgt_device_unstall(mgt_device *d)
+{
+    if (d)
+        atomic_store(&d->stalled, false);
 }
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -1004,6 +1021,28 @@ mgt_status mgt_xcomm_allgather(mgt_xcomm *x, mgt_stream *s, const float *send, f
     if (n == 0)
         return MGT_OK;
     return x->dev->set->iface->xcomm_allgather(x->impl, s, send, recv, n);
+}
+
+bool mgt_xcomm_can_alltoall(const mgt_devset *set)
+{
+    return mgt_xcomm_available(set) && set->iface->xcomm_alltoall;
+}
+
+mgt_status mgt_xcomm_alltoall(mgt_xcomm *x, mgt_stream *s, const float *send, const size_t *counts,
+                              const size_t *displs, float *recv, size_t each, size_t stride)
+{
+    if (!x || !s || s->dev != x->dev)
+        return mgt_error_set(MGT_ERR_INVALID, "xcomm: the stream is not on the communicator's "
+                                              "device");
+    if (!mgt_xcomm_can_alltoall(x->dev->set))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "%s: the collective across processes has no "
+                             "all-to-all",
+                             x->dev->name);
+    if (stride < each)
+        return mgt_error_set(MGT_ERR_INVALID, "xcomm: all-to-all rows of %zu floats %zu apart",
+                             each, stride);
+    return x->dev->set->iface->xcomm_alltoall(x->impl, s, send, counts, displs, recv, each, stride);
 }
 
 void mgt_xcomm_free(mgt_xcomm *x)

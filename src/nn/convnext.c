@@ -1,7 +1,7 @@
-/* ConvNeXt as a layer graph, as torchvision 0.14 defines it: convnext_tiny (stem conv 4x4 s4
+/* ConvNeXt as a layer graph, as torchvision 0.14 defines it: convnext_tiny, _small, _base and _large (stem conv 4x4 s4
    + LayerNorm2d; CNBlocks of depthwise 7x7 conv with bias, LayerNorm over channels, Linear
    dim -> 4 dim, GELU, Linear 4 dim -> dim, layer_scale, stochastic depth growing linearly to
-   0.1; downsampling LayerNorm2d + conv 2x2 s2; head avgpool, LayerNorm2d, Linear). The
+   0.1, 0.4, 0.5 and 0.5; downsampling LayerNorm2d + conv 2x2 s2; head avgpool, LayerNorm2d, Linear). The
    blocks' Linear layers run as 1x1 convolutions on NCHW (the same arithmetic as torch's
    permute + Linear + permute); their state_dict tensors are 2-D [out, in] as torchvision's. */
 #include <math.h>
@@ -89,9 +89,15 @@ static mgt_status build_convnext(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-static const convnext_def tiny = {{3, 3, 9, 3}, {96, 192, 384, 768}, 0.1f};
+static const convnext_def tiny = {{3, 3, 9, 3}, {96, 192, 384, 768}, 0.1f},
+                          small = {{3, 3, 27, 3}, {96, 192, 384, 768}, 0.4f},
+                          base = {{3, 3, 27, 3}, {128, 256, 512, 1024}, 0.5f},
+                          large = {{3, 3, 27, 3}, {192, 384, 768, 1536}, 0.5f};
 
 const nn_arch nn_convnext_archs[] = {
     {"convnext_tiny", "convnext", build_convnext, &tiny, "classifier.2"},
+    {"convnext_small", "convnext", build_convnext, &small, "classifier.2"},
+    {"convnext_base", "convnext", build_convnext, &base, "classifier.2"},
+    {"convnext_large", "convnext", build_convnext, &large, "classifier.2"},
     {NULL, NULL, NULL, NULL, NULL},
 };

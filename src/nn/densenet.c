@@ -1,4 +1,4 @@
-/* torchvision's DenseNet-121 and -169 as layer graphs: conv0 (7x7/2), norm0, relu0, pool0
+/* torchvision's DenseNet-121, -161, -169 and -201 as layer graphs: conv0 (7x7/2), norm0, relu0, pool0
    (3x3/2 max), four dense blocks of _DenseLayers (norm1, relu1, conv1 1x1 to bn_size * growth,
    norm2, relu2, conv2 3x3 to growth) whose input is every earlier feature map of the block
    side by side, transitions (norm, relu, 1x1 conv halving the channels, AvgPool2d(2, 2)),
@@ -78,10 +78,13 @@ static mgt_status build_densenet(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-static const densenet_def d121 = {{6, 12, 24, 16}, 32, 64, 4}, d169 = {{6, 12, 32, 32}, 32, 64, 4};
+static const densenet_def d121 = {{6, 12, 24, 16}, 32, 64, 4}, d161 = {{6, 12, 36, 24}, 48, 96, 4},
+                          d169 = {{6, 12, 32, 32}, 32, 64, 4}, d201 = {{6, 12, 48, 32}, 32, 64, 4};
 
 const nn_arch nn_densenet_archs[] = {
     {"densenet121", "densenet", build_densenet, &d121, "classifier"},
+    {"densenet161", "densenet", build_densenet, &d161, "classifier"},
     {"densenet169", "densenet", build_densenet, &d169, "classifier"},
+    {"densenet201", "densenet", build_densenet, &d201, "classifier"},
     {NULL, NULL, NULL, NULL, NULL},
 };

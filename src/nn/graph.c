@@ -134,6 +134,11 @@ static nn_node *new_node(mgt_model *m, nn_kind kind, const char *name, const int
         name_too_long(m, name);
         return NULL;
     }
+    if ((h < 1 || w < 1) && !m->small_layer[0]) {
+        snprintf(m->small_layer, sizeof m->small_layer, "%s", name);
+        m->small_h = h;
+        m->small_w = w;
+    }
     nn_node *nd = &m->nodes[m->n_nodes++];
     memset(nd, 0, sizeof *nd);
     nd->kind = kind;
@@ -170,21 +175,33 @@ static nn_entry_init init_const(double v) { return (nn_entry_init){NN_INIT_CONST
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias)
 {
+    return nn_conv_rect(m, name, x, k, r, r, stride, pad, pad, groups, bias);
+}
+
+static mgt_conv2d_shape conv_geometry(const mgt_model *m, int x, int k, int rh, int rw, int stride,
+                                      int ph, int pw, int groups)
+{
+    const nn_value *v = &m->values[x];
+    return (mgt_conv2d_shape){.n = m->cfg.batch,
+                              .c = v->c,
+                              .h = v->h,
+                              .w = v->w,
+                              .k = k,
+                              .r = rh,
+                              .s = rw,
+                              .stride_h = stride,
+                              .stride_w = stride,
+                              .pad_h = ph,
+                              .pad_w = pw,
+                              .groups = groups};
+}
+
+int nn_conv_rect(mgt_model *m, const char *name, int x, int k, int rh, int rw, int stride, int ph,
+                 int pw, int groups, bool bias)
+{
     if (x < 0)
         return -1;
-    const nn_value *v = &m->values[x];
-    mgt_conv2d_shape sh = {.n = m->cfg.batch,
-                           .c = v->c,
-                           .h = v->h,
-                           .w = v->w,
-                           .k = k,
-                           .r = r,
-                           .s = r,
-                           .stride_h = stride,
-                           .stride_w = stride,
-                           .pad_h = pad,
-                           .pad_w = pad,
-                           .groups = groups};
+    mgt_conv2d_shape sh = conv_geometry(m, x, k, rh, rw, stride, ph, pw, groups);
     nn_node *nd =
         new_node(m, NN_CONV, name, &x, 1, k, mgt_conv2d_out_h(&sh), mgt_conv2d_out_w(&sh));
     if (!nd)
@@ -193,13 +210,59 @@ int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int
     nd->u.conv.bias = bias;
     /* PyTorch's default for Conv2d (kaiming_uniform_ with a = sqrt(5)): U(+-1/sqrt(fan_in));
        families that initialise otherwise say so */
-    double fan_in = (double)(sh.c / groups) * r * r;
+    double fan_in = (double)(sh.c / groups) * rh * rw;
     nn_entry_init u = {NN_INIT_UNIFORM, 1.0 / sqrt(fan_in)};
-    int64_t ws[4] = {k, sh.c / groups, r, r}, bs[1] = {k};
+    int64_t ws[4] = {k, sh.c / groups, rh, rw}, bs[1] = {k};
     node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_CONV_WEIGHT, 4, ws, u);
     if (bias)
         node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
     return nd->out;
+}
+
+/* A depthwise convolution with constant weights: NN_AVGPOOL2D or NN_AFFINE. */
+static nn_node *fixed_node(mgt_model *m, nn_kind kind, const char *name, int x, int k, int stride,
+                           int pad)
+{
+    if (x < 0)
+        return NULL;
+    int c = m->values[x].c;
+    mgt_conv2d_shape sh = conv_geometry(m, x, c, k, k, stride, pad, pad, c);
+    nn_node *nd = new_node(m, kind, name, &x, 1, c, mgt_conv2d_out_h(&sh), mgt_conv2d_out_w(&sh));
+    if (nd)
+        nd->u.fixed.sh = sh;
+    return nd;
+}
+
+int nn_avgpool2d(mgt_model *m, const char *name, int x, int k, int stride, int pad)
+{
+    nn_node *nd = fixed_node(m, NN_AVGPOOL2D, name, x, k, stride, pad);
+    if (!nd)
+        return -1;
+    nd->u.fixed.tap = (float)(1.0 / (k * k));
+    return nd->out;
+}
+
+int nn_affine(mgt_model *m, const char *name, int x, const float *scale, const float *shift)
+{
+    nn_node *nd = fixed_node(m, NN_AFFINE, name, x, 1, 1, 0);
+    if (!nd)
+        return -1;
+    int c = m->values[nd->out].c;
+    MGT_ASSERT(c <= 4);
+    for (int i = 0; i < c; i++) {
+        nd->u.fixed.scale[i] = scale[i];
+        nd->u.fixed.shift[i] = shift[i];
+    }
+    return nd->out;
+}
+
+void nn_aux_logits(mgt_model *m, int v)
+{
+    if (v < 0)
+        return;
+    MGT_ASSERT(m->n_aux < NN_MAX_AUX);
+    m->aux_value[m->n_aux++] = v;
+    nn_node_of(m, v)->aux_out = m->n_aux;
 }
 
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum)
@@ -677,6 +740,9 @@ static mgt_status plan_grads(planner *p)
         nn_node *nd = &m->nodes[i];
         const nn_kind_i *k = &nn_kinds[nd->kind];
         nn_value *o = &m->values[nd->out];
+        /* auxiliary logits: their loss's gradient is written here when backward gets here */
+        if (o->gslot < 0 && nd->aux_out)
+            o->gslot = slot_take(p, nn_value_floats(o));
         if (o->gslot < 0)
             return mgt_error_set(MGT_ERR_INVALID, "model %s: layer %s does not reach the output",
                                  m->arch, nd->name);
@@ -772,9 +838,11 @@ static void plan_arena(mgt_model *m)
     }
 }
 
-/* The architecture's head (nn_arch.head), whose tensors follow the class count, and the stem
-   (the first convolution, whose weight follows the input channels): marked in the table, so
-   that fine-tuning replaces or adapts them by what they are, not by name patterns. */
+/* The architecture's head (nn_arch.head) and the auxiliary classifiers' last layers (Inception
+   v3's AuxLogits.fc, GoogLeNet's aux1.fc2 and aux2.fc2), whose tensors follow the class count,
+   and the stem (the first convolution, whose weight follows the input channels): marked in
+   the table, so that fine-tuning replaces or adapts them by what they are, not by name
+   patterns. */
 static mgt_status mark_head_and_stem(mgt_model *m)
 {
     if (!m->head || !*m->head)
@@ -798,6 +866,11 @@ static mgt_status mark_head_and_stem(mgt_model *m)
         p += len;
         p += strspn(p, " ");
     }
+    for (int a = 0; a < m->n_aux; a++) { /* the auxiliary classifiers' last layers */
+        const nn_node *nd = nn_node_of(m, m->aux_value[a]);
+        for (int j = 0; j < nd->n_entries; j++)
+            m->table[nd->entry[j]].classifier = true;
+    }
     for (int i = 0; i < m->n_nodes; i++)
         if (m->nodes[i].kind == NN_CONV) {
             m->table[m->nodes[i].entry[0]].stem = true;
@@ -815,6 +888,12 @@ mgt_status nn_plan(mgt_model *m)
                              m->arch, m->long_name, NN_NAME - 1);
     if (m->oom || m->n_nodes == 0)
         return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    if (m->small_layer[0])
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: a %dx%d input is too small: layer %s would give %dx%d "
+                             "(use a larger --image-size)",
+                             m->arch, m->cfg.image_size, m->cfg.image_size, m->small_layer,
+                             m->small_h, m->small_w);
     nn_node *last = &m->nodes[m->n_nodes - 1];
     nn_value *lv = &m->values[last->out];
     if (lv->c != m->cfg.classes || lv->h != 1 || lv->w != 1)
@@ -835,6 +914,18 @@ mgt_status nn_plan(mgt_model *m)
     mgt_status st = mark_head_and_stem(m);
     if (st != MGT_OK)
         return st;
+    /* the nodes the main logits do not need: the auxiliary classifiers' (training only) */
+    bool *reach = calloc((size_t)m->n_values, sizeof *reach);
+    if (!reach)
+        return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
+    reach[last->out] = true;
+    for (int i = m->n_nodes - 1; i >= 0; i--) {
+        nn_node *nd = &m->nodes[i];
+        nd->aux = !reach[nd->out];
+        for (int j = 0; j < nd->n_in && !nd->aux; j++)
+            reach[nd->in[j]] = true;
+    }
+    free(reach);
 
     plan_layouts(m);
     plan_dtypes(m);
@@ -856,9 +947,17 @@ mgt_status nn_plan(mgt_model *m)
         }
         if (nd->kind == NN_SDEPTH)
             nd->u.sdepth.mask_off = act_image(&p, 1, sizeof(float));
+        if (nd->kind == NN_AVGPOOL2D || nd->kind == NN_AFFINE) {
+            const mgt_conv2d_shape *sh = &nd->u.fixed.sh;
+            nd->u.fixed.w_off = act_fixed(&p, (size_t)sh->c * sh->r * sh->s + (size_t)sh->c);
+        }
     }
     m->probs_off = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
     m->loss_off = act_fixed(&p, 1);
+    for (int a = 0; a < m->n_aux; a++)
+        m->aux_probs_off[a] = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
+    if (m->n_aux)
+        m->aux_loss_off = act_fixed(&p, (size_t)m->n_aux);
     st = plan_grads(&p);
     if (st == MGT_OK)
         plan_fusion(m);
@@ -902,9 +1001,14 @@ mgt_status nn_plan(mgt_model *m)
         l->layout = v->layout;
         l->dtype = v->dtype;
         l->folded = nd->folded;
+        l->aux = nd->aux;
         for (int j = 0; j < nd->n_params; j++)
             l->params += m->table[nd->entry[j]].numel;
         l->macs = nn_kinds[nd->kind].macs ? nn_kinds[nd->kind].macs(m, nd) : 0;
+        if (nd->aux) {
+            m->counts.macs_aux += l->macs;
+            continue;
+        }
         m->counts.macs += l->macs;
         if (nd->kind == NN_CONV || nd->kind == NN_LINEAR)
             m->counts.macs_conv_fc += l->macs;
@@ -949,6 +1053,8 @@ mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train)
     mgt_status st = MGT_OK;
     for (int i = 0; i < m->n_nodes && st == MGT_OK; i++) {
         const nn_node *nd = &m->nodes[i];
+        if (nd->aux && !train)
+            continue;
         nn_call c = {.m = m, .s = s, .node = nd, .n = m->n, .train = train};
         call_values(&c, nd);
         call_params(&c, nd);
@@ -971,7 +1077,8 @@ mgt_status nn_params_ready(nn_call *c)
     return m->hook ? m->hook(m->hook_ctx, c->s, m->ready) : MGT_OK;
 }
 
-/* The gradient of the logits is in the last node's output slot when this is called. */
+/* The gradient of the logits is in the last node's output slot when this is called; that of
+   auxiliary logits is written when the walk reaches their layer. */
 mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
 {
     mgt_status st = MGT_OK;
@@ -982,6 +1089,9 @@ mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
         call_values(&c, nd);
         call_params(&c, nd);
         c.dy = slot_ptr(m, nd->gout);
+        if (nd->aux_out)
+            st = nn_loss_backward(m, s, slot_ptr(m, nd->gout),
+                                  nn_act(m, m->aux_probs_off[nd->aux_out - 1]), m->aux_weight);
         for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
             const nn_value *xv = &m->values[nd->in[j]];
             size_t bytes = (size_t)m->n * nn_value_bytes(xv);

@@ -760,6 +760,49 @@ static mgt_status lscale_backward(nn_call *c)
     return st;
 }
 
+/* ---- depthwise convolutions with constant weights: avg_pool2d and transform_input ----
+   The weights (and the affine map's bias) sit in the node's region of the activation arena,
+   written at each forward (a few floats per channel) so that nothing that writes the arena
+   can leave them stale; the fp32 convolution always: pooling and an input map are not among
+   autocast's lower-precision ops. */
+
+static mgt_conv2d_shape fixed_shape(const nn_call *c)
+{
+    mgt_conv2d_shape sh = c->node->u.fixed.sh;
+    sh.n = c->n;
+    return sh;
+}
+
+static float *fixed_weights(const nn_call *c) { return nn_act(c->m, c->node->u.fixed.w_off); }
+
+static mgt_status fixed_forward(nn_call *c)
+{
+    const nn_node *nd = c->node;
+    mgt_conv2d_shape sh = fixed_shape(c);
+    float *w = fixed_weights(c), *b = w + (size_t)sh.c * sh.r * sh.s;
+    mgt_status st = MGT_OK;
+    if (nd->kind == NN_AVGPOOL2D)
+        st = mgt_fill(c->s, w, nd->u.fixed.tap, (size_t)sh.c * sh.r * sh.s);
+    for (int ch = 0; ch < sh.c && nd->kind == NN_AFFINE && st == MGT_OK; ch++) {
+        st = mgt_fill(c->s, w + ch, nd->u.fixed.scale[ch], 1);
+        if (st == MGT_OK)
+            st = mgt_fill(c->s, b + ch, nd->u.fixed.shift[ch], 1);
+    }
+    if (st == MGT_OK)
+        st = mgt_conv2d_forward(c->s, c->y, c->x[0], w, &sh, 0.0f);
+    if (st == MGT_OK && nd->kind == NN_AFFINE)
+        st = mgt_channel_bias_forward(c->s, c->y, b, c->n, sh.c, conv_out_hw(c));
+    return st;
+}
+
+static mgt_status fixed_backward(nn_call *c)
+{
+    mgt_conv2d_shape sh = fixed_shape(c);
+    if (!c->dx[0])
+        return MGT_OK;
+    return mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, fixed_weights(c), &sh, c->dx_beta[0]);
+}
+
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_CONV] = {"conv", NN_F_NEEDS_X | NN_F_DX_BETA, conv_forward, conv_backward, conv_macs},
     [NN_BN] = {"bn", NN_F_NEEDS_X, bn_forward, bn_backward, bn_macs},
@@ -786,4 +829,7 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_LN2D] = {"layernorm", NN_F_NEEDS_X, ln2d_forward, ln2d_backward, NULL},
     [NN_LSCALE] = {"layer_scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, lscale_forward, lscale_backward,
                    NULL},
+    /* no MACs: THOP counts neither the functional avg_pool2d nor the input map */
+    [NN_AVGPOOL2D] = {"avgpool2d", NN_F_DX_BETA, fixed_forward, fixed_backward, NULL},
+    [NN_AFFINE] = {"transform_input", NN_F_DX_BETA, fixed_forward, fixed_backward, NULL},
 };

@@ -1,9 +1,10 @@
 /* The inverted-residual families as layer graphs, as torchvision 0.14 defines them:
    mobilenet_v2 (ReLU6, depthwise 3x3), mobilenet_v3_small/large (hardswish, squeeze-excite
-   gated by hardsigmoid, BN eps 1e-3 momentum 0.01) and efficientnet_b0/b1 (SiLU, sigmoid
-   squeeze-excite, stochastic depth growing linearly over the blocks), and regnet_x_400mf and
-   regnet_y_400mf (grouped 3x3 bottlenecks, Y with squeeze-excite), which share the conv-BN-act
-   and squeeze-excite units. Module names are torchvision's (features.3.conv.1.0,
+   gated by hardsigmoid, BN eps 1e-3 momentum 0.01), mnasnet0_5..1_3 (ReLU, no squeeze-excite,
+   BN momentum 3e-4), efficientnet_b0..b7 (SiLU, sigmoid squeeze-excite, stochastic depth
+   growing linearly over the blocks) and efficientnet_v2_s/m/l (FusedMBConv stages first), and
+   the RegNets X and Y from 400MF to 32GF and Y 128GF (grouped 3x3 bottlenecks, Y with
+   squeeze-excite), which share the conv-BN-act and squeeze-excite units. Module names are torchvision's (features.3.conv.1.0,
    features.4.block.2.fc1, trunk_output.block2.block2-0.f.se.fc1, classifier.1, ...). */
 #include <math.h>
 #include <stdio.h>
@@ -211,80 +212,141 @@ static mgt_status build_mobilenet_v3(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-/* ---- EfficientNet B0, B1 ---- */
+/* ---- EfficientNet B0-B7, V2 S/M/L ---- */
+
+/* A stage of torchvision's inverted_residual_setting: MBConv (expand 1x1, depthwise, SE,
+   project) or FusedMBConv (expand k x k, project 1x1; a single k x k conv when the ratio is 1),
+   expand ratio, kernel, stride, in, out, layers (B0-B7: before the width and depth
+   multipliers) */
+typedef struct effnet_stage {
+    bool fused;
+    int expand, k, stride, in, out, layers;
+} effnet_stage;
 
 typedef struct effnet_def {
     double width, depth;
     float dropout;
+    bn_cfg bn;
+    const effnet_stage *stages;
+    int n_stages;
+    int last_channel; /* 0: 4 x the last stage's out */
 } effnet_def;
 
-/* expand ratio, kernel, stride, in, out, layers (before the depth multiplier) */
-static const int effnet_setting[7][6] = {
-    {1, 3, 1, 32, 16, 1},  {6, 3, 2, 16, 24, 2},   {6, 5, 2, 24, 40, 2},   {6, 3, 2, 40, 80, 3},
-    {6, 5, 1, 80, 112, 3}, {6, 5, 2, 112, 192, 4}, {6, 3, 1, 192, 320, 1},
+static const effnet_stage effnet_v1[] = {
+    {false, 1, 3, 1, 32, 16, 1},   {false, 6, 3, 2, 16, 24, 2},  {false, 6, 5, 2, 24, 40, 2},
+    {false, 6, 3, 2, 40, 80, 3},   {false, 6, 5, 1, 80, 112, 3}, {false, 6, 5, 2, 112, 192, 4},
+    {false, 6, 3, 1, 192, 320, 1},
+};
+static const effnet_stage effnet_v2_s[] = {
+    {true, 1, 3, 1, 24, 24, 2},   {true, 4, 3, 2, 24, 48, 4},    {true, 4, 3, 2, 48, 64, 4},
+    {false, 4, 3, 2, 64, 128, 6}, {false, 6, 3, 1, 128, 160, 9}, {false, 6, 3, 2, 160, 256, 15},
+};
+static const effnet_stage effnet_v2_m[] = {
+    {true, 1, 3, 1, 24, 24, 3},    {true, 4, 3, 2, 24, 48, 5},     {true, 4, 3, 2, 48, 80, 5},
+    {false, 4, 3, 2, 80, 160, 7},  {false, 6, 3, 1, 160, 176, 14}, {false, 6, 3, 2, 176, 304, 18},
+    {false, 6, 3, 1, 304, 512, 5},
+};
+static const effnet_stage effnet_v2_l[] = {
+    {true, 1, 3, 1, 32, 32, 4},    {true, 4, 3, 2, 32, 64, 7},     {true, 4, 3, 2, 64, 96, 7},
+    {false, 4, 3, 2, 96, 192, 10}, {false, 6, 3, 1, 192, 224, 19}, {false, 6, 3, 2, 224, 384, 25},
+    {false, 6, 3, 1, 384, 640, 7},
 };
 
 #define EFFNET_SD_PROB 0.2 /* torchvision's default stochastic_depth_prob */
 
+/* One MBConv or FusedMBConv block "features.<s>.<i>" on x. */
+static int effnet_block(mgt_model *m, const effnet_def *d, const effnet_stage *c, int s, int i,
+                        int x, int out, float sd)
+{
+    char p[NN_NAME], q[NN_NAME];
+    int in = m->values[x].c, stride = i == 0 ? c->stride : 1, y = x, j = 0;
+    int expanded = make_divisible((double)in * c->expand);
+    if (c->fused) {
+        nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+        y = cna(m, p, y, expanded != in ? expanded : out, c->k, stride, 1, MGT_ACT_SILU, d->bn);
+        if (expanded != in) {
+            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+            y = cna(m, p, y, out, 1, 1, 1, ACT_NONE, d->bn);
+        }
+    } else {
+        if (expanded != in) {
+            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+            y = cna(m, p, y, expanded, 1, 1, 1, MGT_ACT_SILU, d->bn);
+        }
+        nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+        y = cna(m, p, y, expanded, c->k, stride, expanded, MGT_ACT_SILU, d->bn);
+        nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+        y = squeeze_excite(m, p, y, in / 4 > 1 ? in / 4 : 1, MGT_ACT_SILU, MGT_ACT_SIGMOID);
+        nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s, i, j++);
+        y = cna(m, p, y, out, 1, 1, 1, ACT_NONE, d->bn);
+    }
+    if (stride == 1 && in == out) {
+        nn_name(m, q, sizeof q, "features.%d.%d.stochastic_depth", s, i);
+        y = nn_stochastic_depth(m, q, y, sd);
+        nn_name(m, q, sizeof q, "features.%d.%d", s, i);
+        y = nn_add(m, q, y, x);
+    }
+    return y;
+}
+
 static mgt_status build_efficientnet(mgt_model *m, const void *arg)
 {
     const effnet_def *d = arg;
-    char p[NN_NAME], q[NN_NAME];
-    int layers[7], total = 0;
-    for (int s = 0; s < 7; s++) {
-        layers[s] = (int)ceil(effnet_setting[s][5] * d->depth);
+    char p[NN_NAME];
+    int layers[8], total = 0;
+    MGT_ASSERT(d->n_stages <= 8);
+    for (int s = 0; s < d->n_stages; s++) {
+        layers[s] = (int)ceil(d->stages[s].layers * d->depth);
         total += layers[s];
     }
-    int x = cna(m, "features.0", nn_input(m), make_divisible(32 * d->width), 3, 2, 1, MGT_ACT_SILU,
-                bn_default);
+    int x = cna(m, "features.0", nn_input(m), make_divisible(d->stages[0].in * d->width), 3, 2, 1,
+                MGT_ACT_SILU, d->bn);
     int block_id = 0;
-    for (int s = 0; s < 7; s++) {
-        const int *c = effnet_setting[s];
-        int out = make_divisible(c[4] * d->width);
-        for (int i = 0; i < layers[s]; i++, block_id++) {
-            int in = m->values[x].c, stride = i == 0 ? c[2] : 1, y = x, j = 0;
-            int expanded = make_divisible((double)in * c[0]);
-            if (expanded != in) {
-                nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
-                y = cna(m, p, y, expanded, 1, 1, 1, MGT_ACT_SILU, bn_default);
-            }
-            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
-            y = cna(m, p, y, expanded, c[1], stride, expanded, MGT_ACT_SILU, bn_default);
-            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
-            y = squeeze_excite(m, p, y, in / 4 > 1 ? in / 4 : 1, MGT_ACT_SILU, MGT_ACT_SIGMOID);
-            nn_name(m, p, sizeof p, "features.%d.%d.block.%d", s + 1, i, j++);
-            y = cna(m, p, y, out, 1, 1, 1, ACT_NONE, bn_default);
-            if (stride == 1 && in == out) {
-                nn_name(m, q, sizeof q, "features.%d.%d.stochastic_depth", s + 1, i);
-                y = nn_stochastic_depth(m, q, y, (float)(EFFNET_SD_PROB * block_id / total));
-                nn_name(m, q, sizeof q, "features.%d.%d", s + 1, i);
-                y = nn_add(m, q, y, x);
-            }
-            x = y;
-        }
+    for (int s = 0; s < d->n_stages; s++) {
+        int out = make_divisible(d->stages[s].out * d->width);
+        for (int i = 0; i < layers[s] && x >= 0; i++, block_id++)
+            x = effnet_block(m, d, &d->stages[s], s + 1, i, x, out,
+                             (float)(EFFNET_SD_PROB * block_id / total));
     }
-    nn_name(m, p, sizeof p, "features.%d", 8);
-    x = cna(m, p, x, 4 * m->values[x].c, 1, 1, 1, MGT_ACT_SILU, bn_default);
+    if (x < 0)
+        return MGT_OK;
+    nn_name(m, p, sizeof p, "features.%d", d->n_stages + 1);
+    x = cna(m, p, x, d->last_channel ? d->last_channel : 4 * m->values[x].c, 1, 1, 1, MGT_ACT_SILU,
+            d->bn);
     x = nn_dropout(m, "classifier.0", nn_gap(m, "avgpool", x), d->dropout);
     nn_linear(m, "classifier.1", x, m->cfg.classes);
     init_mobile(m, true, false);
     return MGT_OK;
 }
 
-/* ---- RegNet X/Y 400MF ---- */
+/* ---- RegNet X and Y ---- */
 
 typedef struct regnet_def {
-    int depths[4], widths[4];
-    int group_width;
+    int depths[4], widths[4], group_widths[4];
     bool se; /* se_ratio 0.25 */
 } regnet_def;
 
-/* torchvision's BlockParams.from_init_params for the two 400MF models, already expanded (the
-   widths need no group adjustment; bottleneck 1, every stage stride 2):
-   X: depth 22, w_0 24, w_a 24.48, w_m 2.54, group width 16;
-   Y: depth 16, w_0 48, w_a 27.89, w_m 2.09, group width 8, se_ratio 0.25 */
-static const regnet_def rx400 = {{1, 2, 7, 12}, {32, 64, 160, 400}, 16, false};
-static const regnet_def ry400 = {{1, 3, 6, 6}, {48, 104, 208, 440}, 8, true};
+/* torchvision's BlockParams.from_init_params(depth, w_0, w_a, w_m, group_width[, se_ratio])
+   expanded (stage depths, widths and group widths after _adjust_widths_groups_compatibilty;
+   bottleneck multiplier 1, stride 2, stem 32 channels for all): quantised in float32 by torch
+   there, so taken here as torchvision computes them rather than recomputed (the state_dict
+   table of every member, tests/data/zoo/torchvision_archs.txt, holds them to it). */
+static const regnet_def rx400 = {{1, 2, 7, 12}, {32, 64, 160, 400}, {16, 16, 16, 16}, false};
+static const regnet_def rx800 = {{1, 3, 7, 5}, {64, 128, 288, 672}, {16, 16, 16, 16}, false};
+static const regnet_def rx1_6 = {{2, 4, 10, 2}, {72, 168, 408, 912}, {24, 24, 24, 24}, false};
+static const regnet_def rx3_2 = {{2, 6, 15, 2}, {96, 192, 432, 1008}, {48, 48, 48, 48}, false};
+static const regnet_def rx8 = {{2, 5, 15, 1}, {80, 240, 720, 1920}, {80, 120, 120, 120}, false};
+static const regnet_def rx16 = {{2, 6, 13, 1}, {256, 512, 896, 2048}, {128, 128, 128, 128}, false};
+static const regnet_def rx32 = {{2, 7, 13, 1}, {336, 672, 1344, 2520}, {168, 168, 168, 168}, false};
+static const regnet_def ry400 = {{1, 3, 6, 6}, {48, 104, 208, 440}, {8, 8, 8, 8}, true};
+static const regnet_def ry800 = {{1, 3, 8, 2}, {64, 144, 320, 784}, {16, 16, 16, 16}, true};
+static const regnet_def ry1_6 = {{2, 6, 17, 2}, {48, 120, 336, 888}, {24, 24, 24, 24}, true};
+static const regnet_def ry3_2 = {{2, 5, 13, 1}, {72, 216, 576, 1512}, {24, 24, 24, 24}, true};
+static const regnet_def ry8 = {{2, 4, 10, 1}, {224, 448, 896, 2016}, {56, 56, 56, 56}, true};
+static const regnet_def ry16 = {{2, 4, 11, 1}, {224, 448, 1232, 3024}, {112, 112, 112, 112}, true};
+static const regnet_def ry32 = {{2, 5, 12, 1}, {232, 696, 1392, 3712}, {232, 232, 232, 232}, true};
+static const regnet_def ry128 = {
+    {2, 7, 17, 1}, {528, 1056, 2904, 7392}, {264, 264, 264, 264}, true};
 
 static mgt_status build_regnet(mgt_model *m, const void *arg)
 {
@@ -292,7 +354,7 @@ static mgt_status build_regnet(mgt_model *m, const void *arg)
     char p[NN_NAME], q[NN_NAME];
     int x = cna(m, "stem", nn_input(m), 32, 3, 2, 1, ACT_RELU, bn_default);
     for (int st = 0; st < 4; st++)
-        for (int i = 0; i < d->depths[st]; i++) {
+        for (int i = 0; i < d->depths[st] && x >= 0; i++) {
             char blk[NN_NAME];
             nn_name(m, blk, sizeof blk, "trunk_output.block%d.block%d-%d", st + 1, st + 1, i);
             int w_in = m->values[x].c, w_out = d->widths[st], stride = i == 0 ? 2 : 1;
@@ -304,10 +366,11 @@ static mgt_status build_regnet(mgt_model *m, const void *arg)
             nn_name(m, p, sizeof p, "%s.f.a", blk);
             int y = cna(m, p, x, w_out, 1, 1, 1, ACT_RELU, bn_default);
             nn_name(m, p, sizeof p, "%s.f.b", blk);
-            y = cna(m, p, y, w_out, 3, stride, w_out / d->group_width, ACT_RELU, bn_default);
+            y = cna(m, p, y, w_out, 3, stride, w_out / d->group_widths[st], ACT_RELU, bn_default);
             if (d->se) {
+                /* int(round(0.25 * width_in)): the widths are multiples of 8, so exact */
                 nn_name(m, p, sizeof p, "%s.f.se", blk);
-                y = squeeze_excite(m, p, y, (int)lround(0.25 * w_in), ACT_RELU, MGT_ACT_SIGMOID);
+                y = squeeze_excite(m, p, y, w_in / 4, ACT_RELU, MGT_ACT_SIGMOID);
             }
             nn_name(m, p, sizeof p, "%s.f.c", blk);
             y = cna(m, p, y, w_out, 1, 1, 1, ACT_NONE, bn_default);
@@ -321,16 +384,118 @@ static mgt_status build_regnet(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-static const effnet_def b0 = {1.0, 1.0, 0.2f};
-static const effnet_def b1 = {1.0, 1.1, 0.2f};
+/* ---- MNASNet 0.5, 0.75, 1.0, 1.3 (the B1 variant, torchvision's version 2) ---- */
+
+/* torchvision's _BN_MOMENTUM, 1 - 0.9997, and BatchNorm2d's eps */
+static const bn_cfg bn_mnasnet = {1e-5f, (float)(1.0 - 0.9997)};
+
+/* conv "layers.<i>", BN "layers.<i+1>" (and ReLU "layers.<i+2>") of the stem's Sequential */
+static int mnas_cbr(mgt_model *m, const char *p, int i, int x, int out, int k, int stride,
+                    int groups, bool relu)
+{
+    char cn[NN_NAME], bn[NN_NAME], rn[NN_NAME];
+    nn_name(m, cn, sizeof cn, "%s.%d", p, i);
+    nn_name(m, bn, sizeof bn, "%s.%d", p, i + 1);
+    nn_name(m, rn, sizeof rn, "%s.%d", p, i + 2);
+    x = nn_conv(m, cn, x, out, k, stride, k / 2, groups, false);
+    x = nn_bn(m, bn, x, bn_mnasnet.eps, bn_mnasnet.momentum);
+    return relu ? nn_relu(m, rn, x) : x;
+}
+
+/* torchvision's _get_depths: _round_to_multiple_of(d * alpha, 8) is make_divisible's rule */
+static mgt_status build_mnasnet(mgt_model *m, const void *arg)
+{
+    const double alpha = *(const double *)arg;
+    static const int base[8] = {32, 16, 24, 40, 80, 96, 192, 320};
+    /* _stack(in, out, kernel, stride, expansion, repeats) for depths[1..7] */
+    static const int stacks[6][4] = {{3, 2, 3, 3}, {5, 2, 3, 3}, {5, 2, 6, 3},
+                                     {3, 1, 6, 2}, {5, 2, 6, 4}, {3, 1, 6, 1}};
+    int depth[8];
+    for (int i = 0; i < 8; i++)
+        depth[i] = make_divisible(base[i] * alpha);
+    int x = mnas_cbr(m, "layers", 0, nn_input(m), depth[0], 3, 2, 1, true);
+    x = mnas_cbr(m, "layers", 3, x, depth[0], 3, 1, depth[0], true);
+    x = mnas_cbr(m, "layers", 6, x, depth[1], 1, 1, 1, false);
+    for (int s = 0; s < 6; s++) {
+        const int *c = stacks[s];
+        for (int r = 0; r < c[3] && x >= 0; r++) {
+            char p[NN_NAME], q[NN_NAME];
+            nn_name(m, p, sizeof p, "layers.%d.%d.layers", 8 + s, r);
+            int in = m->values[x].c, out = depth[s + 2], stride = r == 0 ? c[1] : 1;
+            int mid = in * c[2];
+            int y = mnas_cbr(m, p, 0, x, mid, 1, 1, 1, true);
+            y = mnas_cbr(m, p, 3, y, mid, c[0], stride, mid, true);
+            y = mnas_cbr(m, p, 6, y, out, 1, 1, 1, false);
+            if (in == out && stride == 1) {
+                nn_name(m, q, sizeof q, "layers.%d.%d", 8 + s, r);
+                y = nn_add(m, q, y, x);
+            }
+            x = y;
+        }
+    }
+    x = mnas_cbr(m, "layers", 14, x, 1280, 1, 1, 1, true);
+    x = nn_dropout(m, "classifier.0", nn_gap(m, "mean", x), 0.2f);
+    nn_linear(m, "classifier.1", x, m->cfg.classes);
+    /* kaiming_normal_(fan_out, relu) convs, BN 1 and 0, Linear kaiming_uniform_(mode fan_out,
+       nonlinearity sigmoid): U(+-sqrt(3 / out_features)), bias 0 */
+    init_mobile(m, false, false);
+    for (int e = 0; e < m->n_table; e++)
+        if (m->table[e].what == MGT_TENSOR_LINEAR_WEIGHT)
+            m->init[e] = (nn_entry_init){NN_INIT_UNIFORM, sqrt(3.0 / (double)m->table[e].shape[0])};
+    return MGT_OK;
+}
+
+static const double mnas0_5 = 0.5, mnas0_75 = 0.75, mnas1_0 = 1.0, mnas1_3 = 1.3;
+
+/* width, depth, dropout, BN (B5-B7 as ported from TensorFlow: eps 1e-3, momentum 0.01; V2:
+   eps 1e-3), stages, last channel */
+static const bn_cfg bn_tf = {1e-3f, 0.01f}, bn_v2 = {1e-3f, 0.1f};
+#define V1(w, d, p, bn)              \
+    {                                \
+        w, d, p, bn, effnet_v1, 7, 0 \
+    }
+static const effnet_def b0 = V1(1.0, 1.0, 0.2f, bn_default), b1 = V1(1.0, 1.1, 0.2f, bn_default),
+                        b2 = V1(1.1, 1.2, 0.3f, bn_default), b3 = V1(1.2, 1.4, 0.3f, bn_default),
+                        b4 = V1(1.4, 1.8, 0.4f, bn_default), b5 = V1(1.6, 2.2, 0.4f, bn_tf),
+                        b6 = V1(1.8, 2.6, 0.5f, bn_tf), b7 = V1(2.0, 3.1, 0.5f, bn_tf);
+#undef V1
+static const effnet_def v2_s = {1.0, 1.0, 0.2f, bn_v2, effnet_v2_s, 6, 1280},
+                        v2_m = {1.0, 1.0, 0.3f, bn_v2, effnet_v2_m, 7, 1280},
+                        v2_l = {1.0, 1.0, 0.4f, bn_v2, effnet_v2_l, 7, 1280};
 
 const nn_arch nn_mobile_archs[] = {
     {"mobilenet_v2", "mobilenet", build_mobilenet_v2, NULL, "classifier.1"},
     {"mobilenet_v3_large", "mobilenet", build_mobilenet_v3, &v3_large_def, "classifier.3"},
     {"mobilenet_v3_small", "mobilenet", build_mobilenet_v3, &v3_small_def, "classifier.3"},
+    {"mnasnet0_5", "mnasnet", build_mnasnet, &mnas0_5, "classifier.1"},
+    {"mnasnet0_75", "mnasnet", build_mnasnet, &mnas0_75, "classifier.1"},
+    {"mnasnet1_0", "mnasnet", build_mnasnet, &mnas1_0, "classifier.1"},
+    {"mnasnet1_3", "mnasnet", build_mnasnet, &mnas1_3, "classifier.1"},
     {"efficientnet_b0", "efficientnet", build_efficientnet, &b0, "classifier.1"},
     {"efficientnet_b1", "efficientnet", build_efficientnet, &b1, "classifier.1"},
+    {"efficientnet_b2", "efficientnet", build_efficientnet, &b2, "classifier.1"},
+    {"efficientnet_b3", "efficientnet", build_efficientnet, &b3, "classifier.1"},
+    {"efficientnet_b4", "efficientnet", build_efficientnet, &b4, "classifier.1"},
+    {"efficientnet_b5", "efficientnet", build_efficientnet, &b5, "classifier.1"},
+    {"efficientnet_b6", "efficientnet", build_efficientnet, &b6, "classifier.1"},
+    {"efficientnet_b7", "efficientnet", build_efficientnet, &b7, "classifier.1"},
+    {"efficientnet_v2_s", "efficientnet", build_efficientnet, &v2_s, "classifier.1"},
+    {"efficientnet_v2_m", "efficientnet", build_efficientnet, &v2_m, "classifier.1"},
+    {"efficientnet_v2_l", "efficientnet", build_efficientnet, &v2_l, "classifier.1"},
     {"regnet_x_400mf", "regnet", build_regnet, &rx400, "fc"},
+    {"regnet_x_800mf", "regnet", build_regnet, &rx800, "fc"},
+    {"regnet_x_1_6gf", "regnet", build_regnet, &rx1_6, "fc"},
+    {"regnet_x_3_2gf", "regnet", build_regnet, &rx3_2, "fc"},
+    {"regnet_x_8gf", "regnet", build_regnet, &rx8, "fc"},
+    {"regnet_x_16gf", "regnet", build_regnet, &rx16, "fc"},
+    {"regnet_x_32gf", "regnet", build_regnet, &rx32, "fc"},
     {"regnet_y_400mf", "regnet", build_regnet, &ry400, "fc"},
+    {"regnet_y_800mf", "regnet", build_regnet, &ry800, "fc"},
+    {"regnet_y_1_6gf", "regnet", build_regnet, &ry1_6, "fc"},
+    {"regnet_y_3_2gf", "regnet", build_regnet, &ry3_2, "fc"},
+    {"regnet_y_8gf", "regnet", build_regnet, &ry8, "fc"},
+    {"regnet_y_16gf", "regnet", build_regnet, &ry16, "fc"},
+    {"regnet_y_32gf", "regnet", build_regnet, &ry32, "fc"},
+    {"regnet_y_128gf", "regnet", build_regnet, &ry128, "fc"},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -14,8 +14,8 @@
 
 /* Every family's architectures, in the order `mgtrain model` lists them. */
 static const nn_arch *const families[] = {
-    nn_resnet_archs, nn_vgg_archs,        nn_alexnet_archs,  nn_squeezenet_archs,
-    nn_mobile_archs, nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs};
+    nn_resnet_archs,     nn_vgg_archs,      nn_alexnet_archs,  nn_squeezenet_archs, nn_mobile_archs,
+    nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs, nn_inception_archs};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 
@@ -28,7 +28,7 @@ static const nn_arch *find_arch(const char *name)
     return NULL;
 }
 
-#define MAX_ARCHS 64
+#define MAX_ARCHS 128
 
 static const char *arch_names[MAX_ARCHS + 1];
 
@@ -93,11 +93,24 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
         return mgt_error_set(MGT_ERR_INVALID, "model %s: batch %d (expected 1 to %d)", cfg->arch,
                              cfg->batch, 1 << 20);
 
+    const mgt_arch_info *info = mgt_arch_find(a->name);
+    if (cfg->transform_input && !(info && info->transform_input))
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: transform_input is Inception v3's and GoogLeNet's; "
+                             "this architecture has none",
+                             cfg->arch);
+    if (cfg->transform_input && cfg->in_channels != 3)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "model %s: transform_input maps 3 ImageNet-normalised channels; "
+                             "the input has %d",
+                             cfg->arch, cfg->in_channels);
+
     mgt_model *m = calloc(1, sizeof *m);
     if (!m)
         return mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", cfg->arch);
     m->cfg = *cfg;
     m->loss_scale = 1.0f;
+    m->aux_weight = info ? info->aux_weight : 0.0f;
     snprintf(m->arch, sizeof m->arch, "%s", a->name);
     m->cfg.arch = m->arch;
     m->head = a->head;
@@ -243,6 +256,17 @@ const float *mgt_model_loss_ptr(const mgt_model *m)
 {
     return m->acts ? nn_act(m, m->loss_off) : NULL;
 }
+
+int mgt_model_aux_count(const mgt_model *m) { return m->n_aux; }
+
+const float *mgt_model_aux_loss_ptr(const mgt_model *m)
+{
+    return m->acts && m->n_aux ? nn_act(m, m->aux_loss_off) : NULL;
+}
+
+void mgt_model_set_aux_weight(mgt_model *m, float weight) { m->aux_weight = weight; }
+
+float mgt_model_aux_weight(const mgt_model *m) { return m->aux_weight; }
 
 /* ---- initialisation ---- */
 
@@ -401,6 +425,17 @@ mgt_status mgt_model_loss_mixed(mgt_model *m, mgt_stream *s, const int32_t *labe
         return mgt_error_set(MGT_ERR_INVALID, "model loss: mixed labels without weights");
     st = mgt_softmax_xent_forward(s, nn_act(m, m->loss_off), nn_act(m, m->probs_off), logits,
                                   labels, labels_b, weights, n, k, smoothing);
+    /* after a training forward, the auxiliary classifiers' losses (the same targets) join
+       the main one, weighted */
+    for (int a = 0; a < m->n_aux && m->trained && st == MGT_OK; a++) {
+        float *aloss = nn_act(m, m->aux_loss_off) + a;
+        const float *alogits = nn_act(m, m->values[m->values[m->aux_value[a]].storage].off);
+        float *aprobs = nn_act(m, m->aux_probs_off[a]);
+        st = mgt_softmax_xent_forward(s, aloss, aprobs, alogits, labels, labels_b, weights, n, k,
+                                      smoothing);
+        if (st == MGT_OK)
+            st = mgt_axpy(s, nn_act(m, m->loss_off), m->aux_weight, aloss, 1);
+    }
     if (st == MGT_OK && correct)
         st = mgt_topk_correct(s, correct, logits, labels, n, k, 1);
     if (st == MGT_OK && correct)
@@ -417,6 +452,14 @@ mgt_status mgt_model_loss_mixed(mgt_model *m, mgt_stream *s, const int32_t *labe
 
 /* ---- backward ---- */
 
+mgt_status nn_loss_backward(mgt_model *m, mgt_stream *s, float *dlogits, const float *probs,
+                            float scale)
+{
+    return mgt_softmax_xent_backward(s, dlogits, probs, m->labels, m->labels_b, m->weights, m->n,
+                                     m->cfg.classes, m->smoothing,
+                                     scale * m->loss_scale / (float)m->n);
+}
+
 mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hook, void *ctx)
 {
     mgt_status st = nn_need_device(m, "model backward");
@@ -432,9 +475,7 @@ mgt_status mgt_model_backward(mgt_model *m, mgt_stream *s, mgt_grad_ready_fn hoo
     m->hook_ctx = ctx;
     /* A second backward without a forward would read the slots this one overwrites. */
     m->have_loss = false;
-    st = mgt_softmax_xent_backward(s, nn_logits_grad(m), nn_act(m, m->probs_off), m->labels,
-                                   m->labels_b, m->weights, m->n, m->cfg.classes, m->smoothing,
-                                   m->loss_scale / (float)m->n);
+    st = nn_loss_backward(m, s, nn_logits_grad(m), nn_act(m, m->probs_off), 1.0f);
     if (st == MGT_OK)
         st = nn_graph_backward(m, s);
     if (st == MGT_OK)

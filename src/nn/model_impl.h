@@ -11,9 +11,10 @@
    the vector loads of cuDNN and cuBLAS kernels. Costs at most 252 bytes per tensor. */
 #define NN_ALIGN 256
 
-#define NN_MAX_IN 4      /* inputs of one node */
+#define NN_MAX_IN 6      /* inputs of one node (Inception-E concatenates six) */
 #define NN_MAX_ENTRIES 6 /* table entries of one node (BN: 2 params, 2 buffers, a counter) */
 #define NN_NAME 64       /* a name buffer of a definition's: the longest of a table entry's */
+#define NN_MAX_AUX MGT_MODEL_MAX_AUX /* auxiliary classifiers of one model (GoogLeNet's two) */
 
 /* ---- the graph ---- */
 
@@ -36,6 +37,9 @@ typedef enum nn_kind {
     NN_SHUFFLE, /* the inputs concatenated, then channel_shuffle(groups = n_in) */
     NN_LN2D,    /* LayerNorm over each pixel's channels (torchvision's LayerNorm2d) */
     NN_LSCALE,  /* in[0] times a [c, 1, 1] parameter per channel (ConvNeXt's layer_scale) */
+    /* The two below are depthwise convolutions with constant weights (not parameters): */
+    NN_AVGPOOL2D, /* torch's avg_pool2d with count_include_pad (every tap 1 / (kh kw)) */
+    NN_AFFINE,    /* x * scale[c] + shift[c] per channel (Inception's transform_input) */
     NN_KIND_COUNT
 } nn_kind;
 
@@ -103,7 +107,16 @@ typedef struct nn_node {
             size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
         } sdepth;
         float ln_eps; /* NN_LN2D */
+        struct {
+            mgt_conv2d_shape sh;      /* groups = channels; n is set per call */
+            float tap;                /* NN_AVGPOOL2D: every weight */
+            float scale[4], shift[4]; /* NN_AFFINE: per channel (its bias) */
+            size_t w_off;             /* the weights [c r s], then the bias [c] (bytes into acts) */
+        } fixed;
     } u;
+    /* training only: the node feeds auxiliary classifiers alone, and evaluation skips it */
+    bool aux;
+    int aux_out; /* > 0: its output is auxiliary logits aux_out - 1 (the loss starts there) */
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
     bool folded;  /* NN_RELU: the batch norm before it computes it; no kernel runs here */
@@ -157,6 +170,17 @@ struct mgt_model {
     /* the first name a definition built too long for a node or a table entry (nn_name,
        new_node, nn_add_entry): checked once at the end, as oom is */
     char long_name[NN_NAME];
+    /* the first layer whose output the input size leaves without a pixel, and that output's
+       sides: checked once at the end, as long_name is */
+    char small_layer[NN_NAME];
+    int small_h, small_w;
+
+    /* auxiliary classifiers (training only, as torchvision's Inception v3 and GoogLeNet): their
+       logits values, in table order; the loss weight of each; their probabilities [batch,
+       classes] and losses [n_aux] in acts */
+    int aux_value[NN_MAX_AUX], n_aux;
+    float aux_weight;
+    size_t aux_probs_off[NN_MAX_AUX], aux_loss_off;
 
     int n_dropout;            /* dropout layers so far (their streams) */
     mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
@@ -256,6 +280,17 @@ int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps);
 int nn_layer_scale(mgt_model *m, const char *name, int x, int param);
 int nn_conv(mgt_model *m, const char *name, int x, int k, int r, int stride, int pad, int groups,
             bool bias);
+/* the same with an rh x rw kernel and padding ph, pw (Inception's 1x7 and 7x1) */
+int nn_conv_rect(mgt_model *m, const char *name, int x, int k, int rh, int rw, int stride, int ph,
+                 int pw, int groups, bool bias);
+/* torch's avg_pool2d(k, stride, pad) with count_include_pad (every window divided by k k) */
+int nn_avgpool2d(mgt_model *m, const char *name, int x, int k, int stride, int pad);
+/* x * scale[ch] + shift[ch] for each of x's channels (at most 4), constants of the model */
+int nn_affine(mgt_model *m, const char *name, int x, const float *scale, const float *shift);
+/* Marks v ([classes, 1, 1]) as auxiliary logits: training forwards compute them, their loss
+   joins the main one weighted by m->aux_weight, and evaluation skips the nodes that feed
+   them alone. */
+void nn_aux_logits(mgt_model *m, int v);
 int nn_bn(mgt_model *m, const char *name, int x, float eps, float momentum);
 int nn_relu(mgt_model *m, const char *name, int x);
 int nn_maxpool(mgt_model *m, const char *name, int x, int k, int stride, int pad);
@@ -286,6 +321,11 @@ mgt_status nn_plan(mgt_model *m);
 mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train);
 mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s);
 
+/* Softmax cross-entropy backward of logits whose probabilities are at probs, against the last
+   loss's targets, into dlogits, times scale / batch (model.c). */
+mgt_status nn_loss_backward(mgt_model *m, mgt_stream *s, float *dlogits, const float *probs,
+                            float scale);
+
 /* The slot holding the gradient of the model's output (the logits). */
 static inline float *nn_logits_grad(const mgt_model *m)
 {
@@ -310,9 +350,10 @@ typedef struct nn_arch {
     nn_family_build_fn build;
     const void *arg; /* the family's description of this member */
     /* The classifier head: the module(s) whose outputs are the class scores, by their
-       torchvision names ("fc", "classifier.1", "heads.head"; several separated by spaces, as
-       Inception's "fc AuxLogits.fc"). Their tensors are the ones a class-count change replaces
-       (mgt_model_entry.classifier); every architecture names its own, or the model is refused. */
+       torchvision names ("fc", "classifier.1", "heads.head"; several separated by spaces).
+       Their tensors, with the auxiliary classifiers' last layers (nn_plan marks those), are
+       the ones a class-count change replaces (mgt_model_entry.classifier); every
+       architecture names its own, or the model is refused. */
     const char *head;
 } nn_arch;
 
@@ -324,7 +365,8 @@ extern const nn_arch nn_squeezenet_archs[];
 extern const nn_arch nn_mobile_archs[]; /* mobilenet.c: MobileNet V2/V3, EfficientNet B0/B1 */
 extern const nn_arch nn_shufflenet_archs[];
 extern const nn_arch nn_densenet_archs[];
-extern const nn_arch nn_convnext_archs[]; /* convnext.c */
+extern const nn_arch nn_convnext_archs[];  /* convnext.c */
+extern const nn_arch nn_inception_archs[]; /* inception.c: GoogLeNet, Inception v3 */
 
 /* ---- the layer kinds (layers.c) ---- */
 

@@ -5,10 +5,11 @@
 
    Inference only: batch norm as BatchNormalization over its running statistics (not folded:
    the initializers are then the checkpoint's tensors, and ONNX Runtime folds it itself),
-   dropout and stochastic depth removed, the ReLU that a batch norm computes folded in the
-   trainer written as the Relu it is. The input is "input", float32 [batch, C, H, W] with a
-   dynamic batch and the model's planned size; the output "logits", float32 [batch, classes]
-   (before softmax). */
+   dropout, stochastic depth and the auxiliary classifiers removed, the ReLU that a batch norm
+   computes folded in the trainer written as the Relu it is. The input is "input", float32
+   [batch, C, H, W] with a dynamic batch and the model's planned size; the output "logits",
+   float32 [batch, classes] (before softmax). A model of more than 2 GiB of tensors is refused:
+   one protobuf message holds no more, and ONNX's external data files are not written. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -432,6 +433,33 @@ static mgt_status export_node(onnx_build *b, int k)
         node(b, "Mul", name, mi, 2, out, NULL, NULL, NULL, NULL, NULL);
         break;
     }
+    case NN_AVGPOOL2D: {
+        const mgt_conv2d_shape *sh = &nd->u.fixed.sh;
+        int64_t ks[2] = {sh->r, sh->s}, st[2] = {sh->stride_h, sh->stride_w},
+                pads[4] = {sh->pad_h, sh->pad_w, sh->pad_h, sh->pad_w};
+        node(b, "AveragePool", name, in, 1, out, attr_ints(b, "kernel_shape", ks, 2),
+             attr_ints(b, "strides", st, 2), attr_ints(b, "pads", pads, 4),
+             attr_int(b, "count_include_pad", 1), NULL);
+        break;
+    }
+    case NN_AFFINE: { /* x * scale + shift, each [1, C, 1, 1] */
+        int64_t dims[4] = {1, xv->c, 1, 1};
+        float *c = zalloc(b, 2 * (size_t)xv->c * sizeof *c);
+        if (!c)
+            return MGT_OK;
+        memcpy(c, nd->u.fixed.scale, (size_t)xv->c * sizeof *c);
+        memcpy(c + xv->c, nd->u.fixed.shift, (size_t)xv->c * sizeof *c);
+        const char *scaled = str(b, "%s/scaled", name);
+        const char *mi[2] = {x, init_raw(b, str(b, "%s.scale", name),
+                                         ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, dims, 4, c,
+                                         (size_t)xv->c * sizeof *c)};
+        node(b, "Mul", str(b, "%s.mul", name), mi, 2, scaled, NULL, NULL, NULL, NULL, NULL);
+        const char *ai[2] = {scaled, init_raw(b, str(b, "%s.shift", name),
+                                              ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT, dims, 4,
+                                              c + xv->c, (size_t)xv->c * sizeof *c)};
+        node(b, "Add", name, ai, 2, out, NULL, NULL, NULL, NULL, NULL);
+        break;
+    }
     case NN_DROPOUT:
     case NN_SDEPTH:
         break; /* identities at inference: their output is named as their input (below) */
@@ -526,6 +554,12 @@ mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
     mgt_status st = nn_need_device(m, "ONNX export");
     if (st != MGT_OK)
         return st;
+    /* one protobuf message holds at most 2 GiB; ONNX's external data files are not written */
+    if (m->params_bytes + m->bufs_bytes > ((size_t)2 << 30) - ((size_t)64 << 20))
+        return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                             "ONNX export: %s holds %.2f GiB of tensors, past the 2 GiB of one "
+                             "protobuf message (ONNX's external data is not written here)",
+                             m->arch, (double)(m->params_bytes + m->bufs_bytes) / (1 << 30));
     onnx_build B = {.m = m}, *b = &B;
     char *host = malloc(m->params_bytes + m->bufs_bytes + 1);
     b->vname = calloc((size_t)m->n_values, sizeof *b->vname);
@@ -549,6 +583,8 @@ mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
     b->vname[0] = "input";
     for (int k = 0; k < m->n_nodes && st == MGT_OK; k++) {
         const nn_node *nd = &m->nodes[k];
+        if (nd->aux) /* the auxiliary classifiers run in training only */
+            continue;
         if (nd->kind == NN_DROPOUT || nd->kind == NN_SDEPTH)
             b->vname[nd->out] = b->vname[nd->in[0]];
         else if (nd->out == last && last_linear)
@@ -557,7 +593,8 @@ mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
             b->vname[nd->out] = str(b, "%s:%d", nd->name, nd->out);
     }
     for (int k = 0; k < m->n_nodes && st == MGT_OK && !b->oom; k++)
-        st = export_node(b, k);
+        if (!m->nodes[k].aux)
+            st = export_node(b, k);
     const nn_value *in = &m->values[0];
     if (st == MGT_OK && !last_linear) { /* a classifier ending in a pool: [batch, classes] */
         const char *x = b->vname[last];

@@ -1,5 +1,5 @@
 /* The ResNet family as layer graphs: torchvision's resnet18..152, resnext50_32x4d,
-   resnext101_32x8d and wide_resnet50_2 (BasicBlock, Bottleneck with the stride and the groups
+   resnext101_32x8d, resnext101_64x4d, wide_resnet50_2 and wide_resnet101_2 (BasicBlock, Bottleneck with the stride and the groups
    on the 3x3 conv, downsample = 1x1 conv + BN), and the CIFAR ResNets of He et al. 2016
    (16/32/64 channels, 1x1 conv + BN projections where the shape changes, option B). */
 #include <math.h>
@@ -93,7 +93,9 @@ static const resnet_def r101 = {true, false, 4, {3, 4, 23, 3}, 1, 64};
 static const resnet_def r152 = {true, false, 4, {3, 8, 36, 3}, 1, 64};
 static const resnet_def rx50 = {true, false, 4, {3, 4, 6, 3}, 32, 4};
 static const resnet_def rx101 = {true, false, 4, {3, 4, 23, 3}, 32, 8};
+static const resnet_def rx101_64 = {true, false, 4, {3, 4, 23, 3}, 64, 4};
 static const resnet_def wr50 = {true, false, 4, {3, 4, 6, 3}, 1, 128};
+static const resnet_def wr101 = {true, false, 4, {3, 4, 23, 3}, 1, 128};
 static const resnet_def c20 = {false, true, 3, {3, 3, 3}, 1, 64};
 static const resnet_def c32 = {false, true, 3, {5, 5, 5}, 1, 64};
 static const resnet_def c44 = {false, true, 3, {7, 7, 7}, 1, 64};
@@ -108,7 +110,9 @@ const nn_arch nn_resnet_archs[] = {
     {"resnet152", "resnet", build_resnet, &r152, "fc"},
     {"resnext50_32x4d", "resnet", build_resnet, &rx50, "fc"},
     {"resnext101_32x8d", "resnet", build_resnet, &rx101, "fc"},
+    {"resnext101_64x4d", "resnet", build_resnet, &rx101_64, "fc"},
     {"wide_resnet50_2", "resnet", build_resnet, &wr50, "fc"},
+    {"wide_resnet101_2", "resnet", build_resnet, &wr101, "fc"},
     {"resnet20", "cifar_resnet", build_resnet, &c20, "fc"},
     {"resnet32", "cifar_resnet", build_resnet, &c32, "fc"},
     {"resnet44", "cifar_resnet", build_resnet, &c44, "fc"},

@@ -1,4 +1,4 @@
-/* torchvision's ShuffleNet V2 (x0_5, x1_0) as a layer graph: conv1 (3x3/2, BN, ReLU), a 3x3/2
+/* torchvision's ShuffleNet V2 (x0_5, x1_0, x1_5, x2_0) as a layer graph: conv1 (3x3/2, BN, ReLU), a 3x3/2
    max pool, stages 2-4 of InvertedResidual units (stride 2: branch1 = depthwise 3x3/2 + BN +
    1x1 + BN + ReLU beside branch2; stride 1: the input's first half passed through beside
    branch2 of its second half, torch's chunk as two slices), each unit's two halves
@@ -60,10 +60,13 @@ static mgt_status build_shufflenet(mgt_model *m, const void *arg)
     return MGT_OK;
 }
 
-static const int x0_5[5] = {24, 48, 96, 192, 1024}, x1_0[5] = {24, 116, 232, 464, 1024};
+static const int x0_5[5] = {24, 48, 96, 192, 1024}, x1_0[5] = {24, 116, 232, 464, 1024},
+                 x1_5[5] = {24, 176, 352, 704, 1024}, x2_0[5] = {24, 244, 488, 976, 2048};
 
 const nn_arch nn_shufflenet_archs[] = {
     {"shufflenet_v2_x0_5", "shufflenet", build_shufflenet, x0_5, "fc"},
     {"shufflenet_v2_x1_0", "shufflenet", build_shufflenet, x1_0, "fc"},
+    {"shufflenet_v2_x1_5", "shufflenet", build_shufflenet, x1_5, "fc"},
+    {"shufflenet_v2_x2_0", "shufflenet", build_shufflenet, x2_0, "fc"},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -66,6 +66,8 @@ static const state_field fields[] = {
     INFO("lr_schedule", lr_schedule),
     INFO("sampler", sampler),
     INFO("sync_bn", sync_bn),
+    INFO("devices_lost", devices_lost),
+    INFO("transform_input", transform_input),
 };
 
 static mgt_status field_write(mgt_st_writer *w, const state_field *f, const train_state *s)
@@ -222,6 +224,8 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
                        .ema_n_averaged = r->w[0].ema.n_averaged};
     snprintf(s->amp, sizeof s->amp, "%s", mgt_precision_name(r->c->amp));
     snprintf(s->sync_bn, sizeof s->sync_bn, "%s", r->c->sync_bn ? "yes" : "no");
+    snprintf(s->transform_input, sizeof s->transform_input, "%s",
+             mgt_model_get_config(r->w[0].model)->transform_input ? "on" : "off");
     snprintf(s->optimizer, sizeof s->optimizer, "%s", train_optim_kind(&r->w[0].opt));
     snprintf(s->lr_schedule, sizeof s->lr_schedule,
              "%s lr %g step %d gamma %g min %g epochs %d warmup %g (%s, decay %g)",
@@ -234,6 +238,11 @@ static void fill_state(run *r, int next_epoch, long next_step, train_state *s)
     /* the epoch's shuffle is seed + epoch, and `step` batches of every shard are done */
     snprintf(s->sampler, sizeof s->sampler, "epoch %d batch %ld of %ld", next_epoch, next_step,
              r->data.steps_per_epoch);
+    size_t len = 0;
+    for (int i = 0; i < r->nlost && len < sizeof s->devices_lost; i++)
+        len += (size_t)snprintf(s->devices_lost + len, sizeof s->devices_lost - len,
+                                "%s%s at epoch %d step %ld (%s)", i ? "; " : "", r->lost[i].name,
+                                r->lost[i].epoch, r->lost[i].step, r->lost[i].phase);
 }
 
 /* --keep-last N: the epoch checkpoints model_<epoch>.safetensors of epochs before the last N
@@ -259,35 +268,39 @@ static void prune_epochs(run *r, int last_epoch)
     closedir(dp);
 }
 
-mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best, double acc1)
+/* A checkpoint's writer and the host copies its tensors borrow. */
+typedef struct checkpoint_parts {
+    mgt_st_writer *wr;
+    void *staging, *ema_host;
+    float *opt_host;
+} checkpoint_parts;
+
+static void checkpoint_parts_free(checkpoint_parts *cp)
 {
-    const char *dir = r->c->checkpoint_dir;
-    if (!dir || !r->primary) /* node 0 writes the world's (every replica holds the same) */
-        return MGT_OK;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", dir, strerror(errno));
+    mgt_st_writer_free(cp->wr);
+    free(cp->staging);
+    free(cp->opt_host);
+    free(cp->ema_host);
+}
+
+/* Replica 0's state at (next_epoch, next_step) in a writer, checked finite (where: what a
+   refusal says nothing was written over). */
+static mgt_status checkpoint_build(run *r, int next_epoch, long next_step, const char *where,
+                                   checkpoint_parts *cp)
+{
     worker *w0 = &r->w[0];
-    mgt_st_writer *wr = NULL;
-    void *staging = NULL;
-    float *opt_host = NULL;
-    void *ema_host = NULL;
     train_state s;
     fill_state(r, next_epoch, next_step, &s);
-    char path[4200], best[4200], kept[4200];
-    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
-    snprintf(best, sizeof best, "%s/model_best.safetensors", dir);
-    /* the references' model_<epoch>.pth: the epoch just completed */
-    snprintf(kept, sizeof kept, "%s/model_%d.safetensors", dir, next_epoch - 1);
-    bool keep = r->c->keep_last > 0 && next_step == 0 && next_epoch > 0;
-    mgt_status st = mgt_st_writer_create(&wr);
+    mgt_status st = mgt_st_writer_create(&cp->wr);
+    mgt_st_writer *wr = cp->wr;
     if (st == MGT_OK)
-        st = mgt_model_add_to_writer(w0->model, w0->s, wr, &staging);
+        st = mgt_model_add_to_writer(w0->model, w0->s, wr, &cp->staging);
     if (st == MGT_OK)
         st = train_add_model_info(r, wr);
     if (st == MGT_OK)
-        st = add_optimizer(r, wr, &opt_host);
+        st = add_optimizer(r, wr, &cp->opt_host);
     if (st == MGT_OK)
-        st = train_ema_add_to_writer(r, wr, &ema_host);
+        st = train_ema_add_to_writer(r, wr, &cp->ema_host);
     if (st == MGT_OK)
         st = mgt_st_writer_set_metadata(wr, "mgtrain_format", "3");
     for (size_t i = 0; i < sizeof fields / sizeof *fields && st == MGT_OK; i++)
@@ -298,7 +311,26 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
         st = mgt_error_set(MGT_ERR_DEVICE,
                            "the model has diverged: %zu NaN or infinite values (the first in "
                            "%s); nothing was written over %s",
-                           bad, first, dir);
+                           bad, first, where);
+    return st;
+}
+
+mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is_best, double acc1)
+{
+    const char *dir = r->c->checkpoint_dir;
+    if (!dir || !r->primary) /* node 0 writes the world's (every replica holds the same) */
+        return MGT_OK;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return mgt_error_set(MGT_ERR_IO, "--checkpoint-dir %s: %s", dir, strerror(errno));
+    checkpoint_parts cp = {0};
+    char path[4200], best[4200], kept[4200];
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+    snprintf(best, sizeof best, "%s/model_best.safetensors", dir);
+    /* the references' model_<epoch>.pth: the epoch just completed */
+    snprintf(kept, sizeof kept, "%s/model_%d.safetensors", dir, next_epoch - 1);
+    bool keep = r->c->keep_last > 0 && next_step == 0 && next_epoch > 0;
+    mgt_status st = checkpoint_build(r, next_epoch, next_step, dir, &cp);
+    mgt_st_writer *wr = cp.wr;
     if (st == MGT_OK)
         st = mgt_st_writer_save(wr, path);
     if (st == MGT_OK && is_best)
@@ -320,10 +352,17 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
     }
     if (st == MGT_OK && keep)
         prune_epochs(r, next_epoch - 1);
-    mgt_st_writer_free(wr);
-    free(staging);
-    free(opt_host);
-    free(ema_host);
+    checkpoint_parts_free(&cp);
+    return st;
+}
+
+mgt_status train_handover_save(run *r, const char *path, int next_epoch, long next_step)
+{
+    checkpoint_parts cp = {0};
+    mgt_status st = checkpoint_build(r, next_epoch, next_step, path, &cp);
+    if (st == MGT_OK)
+        st = mgt_st_writer_save(cp.wr, path);
+    checkpoint_parts_free(&cp);
     return st;
 }
 
@@ -458,6 +497,13 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
         return mgt_error_set(MGT_ERR_INVALID, "%s: a checkpoint of %s; this run trains %s", path,
                              arch, r->c->arch);
     worker *w0 = &r->w[0];
+    /* the same weights behind another input map would be another model */
+    const char *ti = mgt_model_get_config(w0->model)->transform_input ? "on" : "off";
+    if (s.transform_input[0] && strcmp(s.transform_input, ti) != 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "%s: trained with transform_input %s, this run has it %s (under "
+                             "--pretrained it is on): resume with --transform-input %s",
+                             path, s.transform_input, ti, s.transform_input);
     mgt_model_load_options lo = {.ignore_prefixes = train_opt_prefixes};
     st = mgt_model_load(w0->model, w0->s, f, &lo, NULL);
     if (st != MGT_OK)
@@ -482,6 +528,18 @@ static mgt_status load_checkpoint(run *r, const char *path, const mgt_st_file *f
                 r->c->amp != MGT_PREC_F32 ? " (--amp)" : "",
                 strcmp(s.amp, "fp16") == 0 ? ": its loss scale is not used" : "");
     return MGT_OK;
+}
+
+mgt_status train_handover_load(run *r, const char *path)
+{
+    mgt_st_file *f = NULL;
+    int epoch = 0;
+    long step = 0;
+    mgt_status st = mgt_st_open(path, &f);
+    if (st == MGT_OK)
+        st = load_checkpoint(r, path, f, &epoch, &step);
+    mgt_st_close(f);
+    return st;
 }
 
 mgt_status train_resume(run *r, int *epoch, long *step)

@@ -21,6 +21,7 @@ static void record(run *r, const train_failure *f)
     if (!r->fail.set) {
         r->fail = *f;
         r->fail.set = true;
+        r->fail_at = mgt_time_now();
         if (r->fail.status == MGT_OK)
             r->fail.status = MGT_ERR_DEVICE;
     }
@@ -127,7 +128,7 @@ void train_failure_settle(run *r)
     if (!r->fail.set || r->fail.root)
         return;
     for (int i = 0; i < r->n; i++) {
-        mgt_device *d = mgt_devset_device(r->set, i);
+        mgt_device *d = r->devs[i];
         if (mgt_device_synchronize(d, NULL) != MGT_ERR_DEVICE)
             continue;
         /* device i failed: its text is the cause, wherever the failure surfaced first */
@@ -166,7 +167,7 @@ void train_failure_settle(run *r)
 void train_failure_line(const run *r, char *out, size_t cap)
 {
     const train_failure *f = &r->fail;
-    const char *name = f->device >= 0 ? mgt_device_name(mgt_devset_device(r->set, f->device)) : "";
+    const char *name = f->device >= 0 ? mgt_device_name(r->devs[f->device]) : "";
     const char *cause = f->cause;
     size_t nl = strlen(name);
     if (nl && strncmp(cause, name, nl) == 0 && strncmp(cause + nl, ": ", 2) == 0)

@@ -20,16 +20,20 @@ static void format_eta(double s, char *buf, size_t cap)
 
 static void text_progress(mgt_text *out, const train_progress *p)
 {
-    char eta[32];
+    char eta[32], aux[128] = "";
     format_eta(p->eta_s, eta, sizeof eta);
     int width = snprintf(NULL, 0, "%ld", p->steps);
+    /* the auxiliary classifiers' own losses, after the loss that weights them in */
+    for (int i = 0, len = 0; i < p->n_aux; i++)
+        len += snprintf(aux + len, sizeof aux - (size_t)len, "  Aux%s %.4e (%.4e)",
+                        p->n_aux > 1 ? (i ? "2" : "1") : "", p->aux[i], p->aux_avg[i]);
     mgt_text_add(out,
                  "Epoch: [%d][%*ld/%ld]  Time %6.3f (%6.3f)  Data %6.3f (%6.3f)  Loss %.4e "
-                 "(%.4e)  Acc@1 %6.2f (%6.2f)  Acc@5 %6.2f (%6.2f)  lr %.4g  %.1f img/s  ETA "
+                 "(%.4e)%s  Acc@1 %6.2f (%6.2f)  Acc@5 %6.2f (%6.2f)  lr %.4g  %.1f img/s  ETA "
                  "%s\n",
                  p->epoch, width, p->step, p->steps, p->step_s, p->step_avg_s, p->data_s,
-                 p->data_avg_s, p->loss, p->loss_avg, p->acc1, p->acc1_avg, p->acc5, p->acc5_avg,
-                 p->lr, p->images_per_s, eta);
+                 p->data_avg_s, p->loss, p->loss_avg, aux, p->acc1, p->acc1_avg, p->acc5,
+                 p->acc5_avg, p->lr, p->images_per_s, eta);
 }
 
 static void text_summary(mgt_text *out, const train_summary *s)
@@ -37,6 +41,9 @@ static void text_summary(mgt_text *out, const train_summary *s)
     if (s->validated)
         mgt_text_add(out, " * Acc@1 %.3f Acc@5 %.3f  Loss %.4f  (%ld validation images)\n",
                      s->val_acc1, s->val_acc5, s->val_loss, s->val_images);
+    if (s->devices_lost && s->trained)
+        mgt_text_add(out, " * trained on %d device%s (%d lost: --on-device-failure continue)\n",
+                     s->devices, s->devices == 1 ? "" : "s", s->devices_lost);
     if (s->ema_validated)
         mgt_text_add(out, " * EMA Acc@1 %.3f Acc@5 %.3f  Loss %.4f\n", s->ema_val_acc1,
                      s->ema_val_acc5, s->ema_val_loss);
@@ -194,6 +201,10 @@ static void json_progress(mgt_text *out, const train_progress *p)
     cJSON_AddNumberToObject(o, "steps", (double)p->steps);
     cJSON_AddNumberToObject(o, "loss", p->loss);
     cJSON_AddNumberToObject(o, "loss_avg", p->loss_avg);
+    if (p->n_aux) {
+        cJSON_AddItemToObject(o, "aux_loss", cJSON_CreateDoubleArray(p->aux, p->n_aux));
+        cJSON_AddItemToObject(o, "aux_loss_avg", cJSON_CreateDoubleArray(p->aux_avg, p->n_aux));
+    }
     cJSON_AddNumberToObject(o, "acc1", p->acc1);
     cJSON_AddNumberToObject(o, "acc5", p->acc5);
     cJSON_AddNumberToObject(o, "acc1_avg", p->acc1_avg);
@@ -218,6 +229,9 @@ static void json_summary(mgt_text *out, const train_summary *s)
     cJSON_AddNumberToObject(o, "images_per_s", s->images_per_s);
     cJSON_AddNumberToObject(o, "epoch_s", s->epoch_s);
     cJSON_AddNumberToObject(o, "lr", f32(s->lr));
+    cJSON_AddNumberToObject(o, "devices", s->devices);
+    if (s->devices_lost)
+        cJSON_AddNumberToObject(o, "devices_lost", s->devices_lost);
     if (s->validated) {
         cJSON_AddNumberToObject(o, "val_loss", s->val_loss);
         cJSON_AddNumberToObject(o, "val_acc1", s->val_acc1);
@@ -325,6 +339,7 @@ void train_metrics_epoch_begin(run *r)
     memset(m->ring, 0, sizeof m->ring);
     m->next_complete = r->first_step;
     m->loss_sum = m->data_s = 0;
+    memset(m->aux_sum, 0, sizeof m->aux_sum);
     m->n = m->c1 = m->c5 = 0;
     m->start = m->last_complete = m->timed_start = m->last_progress = mgt_time_now();
     m->timed_n = m->timed_steps = 0;
@@ -336,6 +351,8 @@ static void complete_step(run *r, long k, const step_acc *a)
     train_metrics *m = &r->m;
     double now = mgt_time_now();
     m->loss_sum += a->loss_sum;
+    for (int i = 0; i < MGT_MODEL_MAX_AUX; i++)
+        m->aux_sum[i] += a->aux_sum[i];
     m->n += a->n;
     m->c1 += a->c1;
     m->c5 += a->c5;
@@ -370,7 +387,12 @@ static void complete_step(run *r, long k, const step_acc *a)
         .lr = mgt_lr_at(&r->lr, r->epoch, (int)k, (int)steps),
         .images_per_s = (double)m->n / elapsed,
         .eta_s = elapsed / (double)done * (double)(r->stop_at - k - 1),
+        .n_aux = mgt_model_aux_count(r->w[0].model),
     };
+    for (int i = 0; i < p.n_aux; i++) {
+        p.aux[i] = a->aux_sum[i] / (double)a->n;
+        p.aux_avg[i] = m->aux_sum[i] / (double)m->n;
+    }
     reports_progress(&r->reports, &p);
 }
 
@@ -380,6 +402,8 @@ void train_metrics_add(run *r, worker *w, long k, int slot, float loss)
     step_acc *a = &r->m.ring[k % STEP_RING];
     int n = w->slot_n[slot];
     a->loss_sum += (double)loss * n;
+    for (int i = 0; i < mgt_model_aux_count(w->model); i++)
+        a->aux_sum[i] += (double)w->host_aux[slot * MGT_MODEL_MAX_AUX + i] * n;
     a->n += n;
     a->c1 += w->host_correct[2 * slot];
     a->c5 += w->host_correct[2 * slot + 1];

@@ -35,6 +35,9 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->bucket_bytes = 25u << 20;
     c->max_bad_frac = 0.01;
     c->dummy_steps = 100;
+    c->aux_logits = -1;
+    c->aux_weight = -1;
+    c->transform_input = -1;
     c->augmix_severity = 3;
 }
 
@@ -345,9 +348,24 @@ static mgt_status check_config(run *r)
                              "--clip-grad-norm %g not negative, --model-ema-decay %g in [0, 1]",
                              c->accum_steps, c->model_ema_steps, (double)c->clip_grad_norm,
                              (double)c->model_ema_decay);
+    if (c->min_devices > r->n)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--min-devices %d is above the %d devices of this run%s",
+                             c->min_devices, r->n, r->nodes > 1 ? " on each node" : "");
+    if (!(c->device_timeout_s >= 0))
+        return mgt_error_set(MGT_ERR_USAGE, "--device-timeout must not be negative");
     if (!(c->mixup_alpha >= 0 && c->cutmix_alpha >= 0))
         return mgt_error_set(MGT_ERR_USAGE, "--mixup-alpha and --cutmix-alpha must not be "
                                             "negative");
+    if ((c->aux_logits >= 0 || c->aux_weight >= 0) && r->arch->aux_weight == 0)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--aux-logits, --aux-weight: %s has no auxiliary classifiers "
+                             "(inception_v3 and googlenet have)",
+                             c->arch);
+    if (c->transform_input > 0 && !r->arch->transform_input)
+        return mgt_error_set(MGT_ERR_USAGE,
+                             "--transform-input: %s has none (inception_v3 and googlenet have)",
+                             c->arch);
     return MGT_OK;
 }
 
@@ -436,6 +454,9 @@ static mgt_status agree_with_nodes(run *r)
     setting(&t, "--freeze-bn", "%s", c->freeze_bn ? "yes" : "no");
     setting(&t, "--sync-bn", "%s", c->sync_bn ? "yes" : "no");
     setting(&t, "--zero-init-residual", "%s", c->zero_init_residual ? "yes" : "no");
+    setting(&t, "--aux-logits", "%d", c->aux_logits);
+    setting(&t, "--aux-weight", "%s", F(c->aux_weight));
+    setting(&t, "--transform-input", "%d", c->transform_input);
     setting(&t, "--augment", "%d", (int)c->augment);
     setting(&t, "--auto-augment", "%s", mgt_auto_augment_name(c->auto_augment));
     setting(&t, "--interpolation", "%s", mgt_interp_name(c->interpolation));
@@ -548,10 +569,11 @@ static void print_devices(run *r)
     FILE *o = r->out;
     fprintf(o, "=> devices (%d, %s):", r->n, mgt_device_kind_name(mgt_devset_kind(r->set)));
     for (int i = 0; i < r->n; i++)
-        fprintf(o, " %s", mgt_device_name(mgt_devset_device(r->set, i)));
+        fprintf(o, " %s", mgt_device_name(r->devs[i]));
     if (r->nodes > 1)
-        fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)",
-                r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world));
+        fprintf(o, "\n=> world: %d nodes x %d devices = %d replicas (this is node %d, %s)\n=> %s",
+                r->nodes, r->n, r->wn, r->node, mgt_world_host(r->world),
+                mgt_comm_exchange_line(r->comm));
     fprintf(o, "\n");
     /* Ctrl-C on mpirun reaches the ranks as SIGTERM with a SIGKILL soon after: a stop's save
        must fit between them (an unfinished one leaves the previous checkpoint) */
@@ -672,6 +694,19 @@ static void print_start(run *r, int start_epoch)
             c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
             (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0),
             (double)mc.act_bytes_per_image / (1024.0 * 1024.0));
+    const mgt_model *m0 = r->w[0].model;
+    if (mgt_model_aux_count(m0))
+        fprintf(o,
+                "=> %d auxiliary classifier%s in training: loss = main + %g x each auxiliary "
+                "loss (--aux-weight; Aux on the progress lines, unweighted); validation uses the "
+                "main one\n",
+                mgt_model_aux_count(m0), mgt_model_aux_count(m0) > 1 ? "s" : "",
+                (double)mgt_model_aux_weight(m0));
+    else if (r->arch->aux_weight > 0)
+        fprintf(o, "=> built without its auxiliary classifiers (--aux-logits)\n");
+    if (mgt_model_get_config(m0)->transform_input)
+        fprintf(o, "=> transform_input: the ImageNet-normalised input mapped to (x - 0.5) / 0.5 "
+                   "per channel, as torchvision does for its ported weights\n");
     if (c->amp != MGT_PREC_F32)
         fprintf(o,
                 "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs with "
@@ -798,6 +833,7 @@ static void summary_place(run *r, train_summary *s)
     s->global_step = (long)(s->epoch + (s->trained ? 1 : 0)) * steps;
     s->lr = mgt_lr_at(&r->lr, s->epoch, (int)(steps > 0 ? steps - 1 : 0), (int)steps);
     s->devices = r->n;
+    s->devices_lost = r->nlost;
     s->profile = r->ctl.profile ? r->res->profile : NULL;
 }
 
@@ -962,6 +998,8 @@ static bool begin_epoch(run *r, int ep, long first)
     r->epoch = ep;
     r->first_step = first;
     r->stop_at = r->data.steps_per_epoch;
+    r->committed = first - 1;
+    r->commit_arrived = 0;
     train_metrics_epoch_begin(r);
     for (int i = 0; i < r->n; i++) {
         memset(&r->w[i].prof, 0, sizeof r->w[i].prof);
@@ -1102,7 +1140,7 @@ static void sample_memory(run *r)
 {
     for (int i = 0; i < r->n; i++) {
         size_t used = 0, total = 0;
-        mgt_device_memory(mgt_devset_device(r->set, i), &used, &total);
+        mgt_device_memory(r->devs[i], &used, &total);
         if (used > r->res->peak_bytes[i])
             r->res->peak_bytes[i] = used;
     }
@@ -1128,19 +1166,260 @@ static void print_end(run *r, bool ok)
         fprintf(o, " (%s/model_best.safetensors)", r->c->checkpoint_dir);
     fprintf(o, "\n=> device memory at its peak:");
     for (int i = 0; i < r->n; i++)
-        fprintf(o, "%s %s %.1f MiB", i ? "," : "", mgt_device_name(mgt_devset_device(r->set, i)),
+        fprintf(o, "%s %s %.1f MiB", i ? "," : "", mgt_device_name(r->devs[i]),
                 (double)res->peak_bytes[i] / (1024.0 * 1024.0));
     fprintf(o, "\n");
     fflush(o);
 }
 
+/* ---- --on-device-failure continue ---- */
+
+/* Whether the run's failure is one device's in a training step, which continue drops: its
+   error, an allocation it could not make, or its stall, on one node. */
+static bool droppable(const run *r)
+{
+    const train_failure *f = &r->fail;
+    return r->c->continue_on_device_failure && f->set && !f->root && !f->remote && f->device >= 0 &&
+           f->device < r->n && !f->validation && r->nodes == 1 &&
+           (f->status == MGT_ERR_DEVICE || f->status == MGT_ERR_OOM ||
+            f->status == MGT_ERR_TIMEOUT);
+}
+
+/* Which device stalled, when a wait ran out: the one whose own work of its current step
+   (forward and backward, which wait on no peer) has not finished, where it is the only one;
+   else the device whose wait ran out. A peer's streams wait behind a stalled device, so any
+   of their waits (a loader's, the all-reduce's) may run out first. */
+static int stalled_device(const run *r)
+{
+    int found = -1, count = 0;
+    for (int i = 0; i < r->n; i++) {
+        bool done = true;
+        if (r->w[i].own_ev && (mgt_event_query(r->w[i].own_ev, &done) != MGT_OK || !done)) {
+            found = i;
+            count++;
+        }
+    }
+    return count == 1 ? found : r->fail.device;
+}
+
+/* "mock:2 (epoch 0 step 5), mock:1 (...)": every device lost so far. */
+static void lost_text(const run *r, char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < r->nlost && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s (epoch %d step %ld)", i ? ", " : "",
+                                r->lost[i].name, r->lost[i].epoch, r->lost[i].step);
+}
+
+/* The run's failure when continue cannot go on: why, every device lost, and what was saved. */
+static void cannot_continue(run *r, const char *why, const char *saved)
+{
+    char lost[1024];
+    lost_text(r, lost, sizeof lost);
+    train_failure f = {
+        .set = true, .status = MGT_ERR_DEVICE, .device = -1, .epoch = -1, .step = -1, .root = true};
+    snprintf(f.cause, sizeof f.cause, "--on-device-failure continue: %s; devices lost: %s; %s", why,
+             lost, saved);
+    pthread_mutex_lock(&r->lock);
+    r->fail = f;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The state the survivors hold, after the last step every device committed: a worker that
+   began the next (left out) step gets its batch-norm statistics back from the step's start. */
+static mgt_status survivors_settle(run *r, int lost)
+{
+    mgt_status st = MGT_OK;
+    for (int i = 0; i < r->n && st == MGT_OK; i++) {
+        worker *w = &r->w[i];
+        if (i == lost)
+            continue;
+        st = mgt_device_synchronize(w->d, NULL);
+        if (st == MGT_OK && w->bn_keep && w->keep_step > r->committed) {
+            size_t bytes;
+            float *bufs = mgt_model_buffers(w->model, &bytes);
+            int nc;
+            int64_t *counts = mgt_model_bn_counts(w->model, &nc);
+            memcpy(counts, w->counts_keep, (size_t)nc * sizeof *counts);
+            st = mgt_copy_d2d(w->s, bufs, mgt_buffer_ptr(w->bn_keep), bytes);
+            if (st == MGT_OK)
+                st = mgt_stream_synchronize(w->s, NULL);
+        }
+    }
+    return st;
+}
+
+/* After a failed training phase: drops the failed device and makes the run again over the
+   survivors, from the first step they have not all made; *ep and *first get where to go on.
+   False when the failure is not one device's, or the survivors cannot go on (the run's failure
+   then says why, and what was saved). */
+static bool drop_failed_device(run *r, int *ep, long *first)
+{
+    double t0 = r->fail.set ? r->fail_at : mgt_time_now();
+    /* a stalled device is given up before anything waits on it; the others' waits, which ran
+       out behind it, may go on */
+    if (r->fail.set && r->fail.status == MGT_ERR_TIMEOUT && r->fail.device >= 0 &&
+        r->fail.device < r->n) {
+        int d = stalled_device(r);
+        mgt_device_abandon(r->devs[d], "given up: its own work made no progress within the "
+                                       "wait limit (--device-timeout)");
+        for (int i = 0; i < r->n; i++)
+            if (i != d)
+                mgt_device_unstall(r->devs[i]);
+    }
+    train_workers_join(r);
+    train_failure_settle(r);
+    if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
+        fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
+                        "(every node must keep the same device count)\n");
+    /* the failure noticed by one device's thread may be another's fault (a peer copy from it,
+       the all-reduce's enqueue): the device that failed is the one to drop */
+    for (int i = 0; r->fail.device >= 0 && i < r->n; i++)
+        if (mgt_device_synchronize(r->devs[i], NULL) == MGT_ERR_DEVICE) {
+            pthread_mutex_lock(&r->lock);
+            r->fail.device = i;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+    if (!droppable(r))
+        return false;
+    int f = r->fail.device;
+    mgt_device_abandon(r->devs[f], "given up after its failure");
+    long resume = r->committed + 1 > r->first_step ? r->committed + 1 : r->first_step;
+    char line[sizeof r->fail.cause + 256];
+    train_failure_line(r, line, sizeof line);
+    struct train_lost *l = &r->lost[r->nlost++];
+    snprintf(l->name, sizeof l->name, "%s", mgt_device_name(r->devs[f]));
+    l->epoch = r->fail.epoch >= 0 ? r->fail.epoch : r->epoch;
+    l->step = r->fail.step;
+    snprintf(l->phase, sizeof l->phase, "%s", r->fail.phase);
+    l->at = t0 - r->start_s;
+    int left = r->n - 1, min = r->c->min_devices > 0 ? r->c->min_devices : 1;
+    fprintf(r->out, "=> %s\n", line);
+    /* every thread that saw the flag has left (the loaders' go first, with their batches for
+       the old shards) */
+    mgt_loader_free(r->data.train_ld);
+    mgt_loader_free(r->data.val_ld);
+    r->data.train_ld = r->data.val_ld = NULL;
+    atomic_store(&r->abort.raised, 0);
+    mgt_status st = survivors_settle(r, f);
+    if (st != MGT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "a survivor failed too: %s", mgt_error_last());
+        cannot_continue(r, why, "nothing saved since the last checkpoint");
+        return false;
+    }
+    /* replica 0 is a survivor's: it is the one saved and broadcast */
+    if (f == 0) {
+        worker w0 = r->w[0];
+        r->w[0] = r->w[1];
+        r->w[1] = w0;
+        r->w[0].dev = 0;
+        r->w[1].dev = 1;
+        float *p = r->params[0], *b = r->buffers[0];
+        r->params[0] = r->params[1];
+        r->buffers[0] = r->buffers[1];
+        r->params[1] = p;
+        r->buffers[1] = b;
+        f = 1;
+    }
+    r->scaler = r->w[0].scaler;
+    bool divides = r->c->batch_size % left == 0;
+    if (left < min || !divides) {
+        char why[256], saved[4400] = "no --checkpoint-dir: nothing saved since the start";
+        if (left < min)
+            snprintf(why, sizeof why, "%d device%s left, below --min-devices %d", left,
+                     left == 1 ? "" : "s", min);
+        else
+            snprintf(why, sizeof why,
+                     "-b %d does not divide over the %d devices left (the global batch stays)",
+                     r->c->batch_size, left);
+        if (r->c->checkpoint_dir) {
+            st = train_checkpoint_save(r, r->epoch, resume, false, -1);
+            if (st == MGT_OK)
+                snprintf(saved, sizeof saved, "saved %s at epoch %d step %ld", r->res->checkpoint,
+                         r->epoch, resume);
+            else
+                snprintf(saved, sizeof saved, "the checkpoint failed: %s", mgt_error_last());
+        }
+        cannot_continue(r, why, saved);
+        return false;
+    }
+    /* the survivors' state through a checkpoint, as a resume on their count reads it: into
+       --checkpoint-dir (a mid-epoch checkpoint, kept), else a temporary file */
+    char path[4300];
+    if (r->c->checkpoint_dir) {
+        st = train_checkpoint_save(r, r->epoch, resume, false, -1);
+        snprintf(path, sizeof path, "%s", r->res->checkpoint);
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%s/mgtrain-handover-%ld.safetensors",
+                 tmp && *tmp ? tmp : "/tmp", (long)getpid());
+        st = train_handover_save(r, path, r->epoch, resume);
+    }
+    if (st != MGT_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "the survivors' state could not be handed over: %s",
+                 mgt_error_last());
+        cannot_continue(r, why, "nothing saved since the last checkpoint");
+        return false;
+    }
+    /* the run again over the survivors */
+    for (int i = 0, j = 0; i < r->n; i++)
+        if (i != f)
+            r->devs[j++] = r->w[i].d;
+    r->n = left;
+    r->wn = left;
+    r->data.per_dev_batch = r->c->batch_size / left;
+    r->fail = (train_failure){0};
+    st = train_remake_parts(r);
+    if (st == MGT_OK)
+        st = train_handover_load(r, path);
+    if (!r->c->checkpoint_dir)
+        unlink(path);
+    if (st == MGT_OK)
+        st = train_broadcast(r, TRAIN_SYNC_PARAMS | TRAIN_SYNC_OPTIMIZER);
+    if (st == MGT_OK)
+        st = train_workers_start(r);
+    if (st != MGT_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "the survivors could not be set up at %d images per device: %s",
+                 r->data.per_dev_batch, mgt_error_last());
+        cannot_continue(r, why,
+                        r->c->checkpoint_dir ? "the checkpoint before the re-formation is kept"
+                                             : "nothing saved since the last checkpoint");
+        return false;
+    }
+    l->resume_s = mgt_time_now() - t0;
+    char names[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < r->n && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                mgt_device_name(r->devs[i]));
+    fprintf(r->out,
+            "=> %s dropped: training goes on with %d device%s (%s) from epoch %d step %ld, "
+            "%d images per device (%.3f s from the failure's notice)\n",
+            l->name, r->n, r->n == 1 ? "" : "s", names, r->epoch, resume, r->data.per_dev_batch,
+            l->resume_s);
+    *ep = r->epoch;
+    *first = resume;
+    return true;
+}
+
 static bool train_epochs(run *r, int start_epoch, long start_step)
 {
-    for (int ep = start_epoch; ep < r->c->epochs; ep++) {
-        epoch_end e = run_epoch(r, ep, ep == start_epoch ? start_step : 0);
+    long first = start_step;
+    for (int ep = start_epoch; ep < r->c->epochs;) {
+        epoch_end e = run_epoch(r, ep, first);
         sample_memory(r);
+        if (e == EPOCH_FAILED && r->c->continue_on_device_failure &&
+            drop_failed_device(r, &ep, &first))
+            continue;
         if (e != EPOCH_DONE)
             return e == EPOCH_STOPPED;
+        ep++;
+        first = 0;
     }
     return true;
 }
@@ -1195,6 +1474,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
     run R = {.cfg = *c, .set = set, .n = mgt_devset_count(set), .res = res};
     run *r = &R;
     r->c = c = &r->cfg;
+    for (int i = 0; i < r->n && i < MGT_MAX_DEVICES; i++)
+        r->devs[i] = mgt_devset_device(set, i);
     if (ctl)
         r->ctl = *ctl;
     r->world = r->ctl.world;
@@ -1213,7 +1494,8 @@ mgt_status mgt_train_run(const mgt_train_config *c, const mgt_train_controls *ct
                                   : c->step_timeout_s);
     /* no device wait outlasts --timeout (a hung kernel), and a backend's own waits inside a
        call leave when the run aborts */
-    mgt_devset_set_waits(set, &r->abort, c->step_timeout_s);
+    mgt_devset_set_waits(set, &r->abort,
+                         c->device_timeout_s > 0 ? c->device_timeout_s : c->step_timeout_s);
     r->out = r->ctl.out ? r->ctl.out : stdout;
     r->lr = c->lr;
     r->lr.epochs = c->epochs; /* the schedule spans the run, as train.h promises */

@@ -37,6 +37,8 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
        validation twin planned for it) */
     int vsize = c->val_crop_size > 0 ? c->val_crop_size : d->size;
     mgt_status st = mgt_transform_init(vt, MGT_TRANSFORM_RESIZE_CROP, vsize, d->channels);
+    if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_RESIZE_CROP)
+        vt->resize = mgt_arch_resize_size(r->arch, vsize);
     if (st == MGT_OK && r->arch->eval == MGT_ARCH_EVAL_NATIVE)
         vt->resize = (w == vsize && h == vsize) ? 0 : vsize;
     if (st == MGT_OK && c->val_resize_size > 0)
@@ -119,7 +121,7 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     train_data *d = &r->data;
     mgt_device *devs[MGT_MAX_DEVICES];
     for (int i = 0; i < r->n; i++)
-        devs[i] = mgt_devset_device(r->set, i);
+        devs[i] = r->devs[i];
     d->train_samples = mgt_dataset_size(d->train_ds);
     d->val_samples = mgt_dataset_size(d->val_ds);
     if (r->c->evaluate) /* -e: no training loader (its threads and batches) */
@@ -168,17 +170,35 @@ mgt_status train_open_data(run *r)
     if (r->c->image_channels > 0) /* the checkpoint's (or the caller's): images converted */
         d->channels = r->c->image_channels;
     d->size = r->c->image_size > 0 ? r->c->image_size : mgt_arch_image_size(r->arch, w, h);
-    mgt_transform tt, vt;
-    st = make_transforms(r, w, h, &tt, &vt);
+    st = make_transforms(r, w, h, &d->tt, &d->vt);
     if (st != MGT_OK)
         return st;
-    d->val_t = vt;      /* what checkpoints say the model is validated with */
+    d->val_t = d->vt;   /* what checkpoints say the model is validated with */
     if (r->c->evaluate) /* -e: the model is planned at the validation crop */
-        d->size = vt.size;
-    return make_loaders(r, &tt, &vt);
+        d->size = d->vt.size;
+    return make_loaders(r, &d->tt, &d->vt);
 }
 
 /* ---- replicas ---- */
+
+/* --on-device-failure continue: the event after a step's own work, and room for the
+   batch-norm statistics at a step's start. */
+static mgt_status make_keep(worker *w)
+{
+    w->keep_step = -1;
+    mgt_status st = mgt_event_create(w->d, &w->own_ev);
+    if (st == MGT_OK)
+        st = mgt_event_create(w->d, &w->reduced_ev);
+    size_t bytes;
+    mgt_model_buffers(w->model, &bytes);
+    int nc;
+    mgt_model_bn_counts(w->model, &nc);
+    if (st == MGT_OK && bytes)
+        st = mgt_buffer_alloc(w->d, bytes, &w->bn_keep);
+    if (st == MGT_OK && !(w->counts_keep = calloc((size_t)(nc > 0 ? nc : 1), sizeof(int64_t))))
+        st = mgt_error_set(MGT_ERR_OOM, "host memory exhausted");
+    return st;
+}
 
 static mgt_status make_dummy_batch(run *r, worker *w)
 {
@@ -219,6 +239,8 @@ static mgt_status make_slots(run *r, worker *w)
     mgt_status st = mgt_host_alloc(w->d, (SLOTS + 1) * sizeof(float), (void **)&w->host_loss);
     if (st == MGT_OK)
         st = mgt_host_alloc(w->d, SLOTS * 2 * sizeof(int32_t), (void **)&w->host_correct);
+    if (st == MGT_OK)
+        st = mgt_host_alloc(w->d, SLOTS * MGT_MODEL_MAX_AUX * sizeof(float), (void **)&w->host_aux);
     if (st == MGT_OK)
         st = mgt_buffer_alloc(w->d, (SLOTS + 1) * 2 * sizeof(int32_t), &w->dev_correct);
     if (st == MGT_OK) /* [0]: validation's loss sum, [1]: clipping's sum of squares */
@@ -283,19 +305,29 @@ static mgt_status make_worker(run *r, int i)
     worker *w = &r->w[i];
     w->r = r;
     w->dev = i;
-    w->d = mgt_devset_device(r->set, i);
+    w->d = r->devs[i];
     mgt_status st = mgt_stream_create(w->d, &w->s);
-    mgt_model_config mc = {.arch = c->arch,
-                           .classes = r->data.classes,
-                           .in_channels = r->data.channels,
-                           .image_size = r->data.size,
-                           .batch = r->data.per_dev_batch,
-                           .zero_init_residual = c->zero_init_residual,
-                           .freeze_bn = c->freeze_bn,
-                           .amp = c->amp,
-                           .sync_bn = c->sync_bn};
+    /* torchvision's defaults: the auxiliary classifiers built (but where its builder drops
+       them from pretrained weights), transform_input set where weights are loaded */
+    bool pre = c->pretrained != NULL;
+    mgt_model_config mc = {
+        .arch = c->arch,
+        .classes = r->data.classes,
+        .in_channels = r->data.channels,
+        .image_size = r->data.size,
+        .batch = r->data.per_dev_batch,
+        .zero_init_residual = c->zero_init_residual,
+        .freeze_bn = c->freeze_bn,
+        .amp = c->amp,
+        .sync_bn = c->sync_bn,
+        .no_aux_logits =
+            c->aux_logits >= 0 ? c->aux_logits == 0 : pre && r->arch->pretrained_drops_aux,
+        .transform_input =
+            c->transform_input >= 0 ? c->transform_input == 1 : pre && r->arch->transform_input};
     if (st == MGT_OK)
         st = mgt_model_create(&mc, w->d, &w->model);
+    if (st == MGT_OK && c->aux_weight >= 0)
+        mgt_model_set_aux_weight(w->model, c->aux_weight);
     size_t pbytes = 0;
     if (st == MGT_OK) {
         r->params[i] = mgt_model_params(w->model, &pbytes);
@@ -312,6 +344,8 @@ static mgt_status make_worker(run *r, int i)
     if (st == MGT_OK && r->data.val_t.size > 0 && r->data.val_t.size != r->data.size &&
         (st = make_val_twin(r, w, &mc)) != MGT_OK)
         mgt_error_wrap(st, "the validation model (--val-crop-size)");
+    if (st == MGT_OK && c->continue_on_device_failure && (st = make_keep(w)) != MGT_OK)
+        mgt_error_wrap(st, "--on-device-failure continue's batch-norm copy");
     if (st == MGT_OK && i == 0)
         st = mgt_model_init(w->model, w->s, c->seed);
     return st;
@@ -321,6 +355,10 @@ static void free_worker(worker *w)
 {
     if (w->s)
         mgt_stream_synchronize(w->s, NULL);
+    mgt_event_free(w->own_ev);
+    mgt_event_free(w->reduced_ev);
+    mgt_buffer_free(w->bn_keep);
+    free(w->counts_keep);
     for (int k = 0; k < SLOTS; k++) {
         mgt_event_free(w->slot_ev[k]);
         for (int p = 0; p < PROF_MARKS; p++)
@@ -338,6 +376,8 @@ static void free_worker(worker *w)
     free(w->confusion);
     if (w->host_loss)
         mgt_host_free(w->d, w->host_loss);
+    if (w->host_aux)
+        mgt_host_free(w->d, w->host_aux);
     if (w->host_correct)
         mgt_host_free(w->d, w->host_correct);
     train_marks_free(w);
@@ -394,7 +434,10 @@ mgt_status train_make_comm(run *r)
                           .algo = r->c->allreduce,
                           .world = r->world,
                           .abort = &r->abort,
-                          .grad_dtype = r->c->grad_dtype};
+                          .node_exchange = r->c->node_exchange,
+                          .grad_dtype = r->c->grad_dtype,
+                          .devices = r->devs,
+                          .n_devices = r->n};
     mgt_status st = mgt_comm_create(r->set, &cc, &r->comm);
     if (st != MGT_OK)
         mgt_error_wrap(st, "the gradient all-reduce");
@@ -407,16 +450,35 @@ mgt_status train_make_comm(run *r)
     return st;
 }
 
-void train_free_parts(run *r)
+/* n: the workers made (the devices before one was lost) */
+static void free_replicas(run *r, int n)
 {
     mgt_loader_free(r->data.train_ld);
     mgt_loader_free(r->data.val_ld);
+    r->data.train_ld = r->data.val_ld = NULL;
     mgt_comm_free(r->comm);
-    for (int i = 0; r->w && i < r->n; i++)
+    r->comm = NULL;
+    for (int i = 0; r->w && i < n; i++)
         free_worker(&r->w[i]);
     free(r->w);
     free(r->params);
     free(r->buffers);
+    r->w = NULL;
+    r->params = r->buffers = NULL;
+}
+
+void train_free_parts(run *r)
+{
+    free_replicas(r, r->n);
     mgt_dataset_free(r->data.train_ds);
     mgt_dataset_free(r->data.val_ds);
+}
+
+mgt_status train_remake_parts(run *r)
+{
+    free_replicas(r, r->n + 1);
+    mgt_status st = r->data.train_ds ? make_loaders(r, &r->data.tt, &r->data.vt) : MGT_OK;
+    if (st == MGT_OK)
+        st = train_make_workers(r);
+    return st == MGT_OK ? train_make_comm(r) : st;
 }

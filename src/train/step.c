@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train/train_impl.h"
 
@@ -209,6 +210,14 @@ static mgt_status forward_backward(worker *w, long k, const step_batch *b, int32
     return st;
 }
 
+/* The abort flag of a wait after the all-reduce: none with --on-device-failure continue, where
+   a committed update is made on every survivor whatever failed meanwhile (the wait is on the
+   device's own stream alone, which no peer holds up). */
+static const mgt_abort *after_commit(const run *r)
+{
+    return r->c->continue_on_device_failure ? NULL : &r->abort;
+}
+
 /* fp16 loss scaling, as GradScaler's step and update: an inf or NaN anywhere in the reduced
    (so on every replica the same) gradients skips the step and halves the scale; 2000 clean
    steps in a row double it. The count comes back to the host, which waits for the step's
@@ -224,7 +233,7 @@ static mgt_status scaler_check(worker *w, bool *skip)
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, w->host_nonfinite, count, sizeof(int32_t));
     if (st == MGT_OK)
-        st = mgt_stream_synchronize(w->s, &r->abort);
+        st = mgt_stream_synchronize(w->s, after_commit(r));
     if (st != MGT_OK)
         return st;
     train_scaler *sc = &w->scaler;
@@ -253,11 +262,62 @@ static mgt_status clip_factor(worker *w, const float *grads, size_t floats, doub
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, host, dev, sizeof(float));
     if (st == MGT_OK)
-        st = mgt_stream_synchronize(w->s, &r->abort);
+        st = mgt_stream_synchronize(w->s, after_commit(r));
     if (st != MGT_OK)
         return st;
     *factor = mgt_clip_coef(*host, mean_scale, r->c->clip_grad_norm);
     return MGT_OK;
+}
+
+/* --on-device-failure continue: step k's update is made only once every device's all-reduce
+   has completed on a sound device, so that the survivors of a failure either all make it or
+   all leave it out. Each device waits first for its own work (forward and backward: a stall
+   there is its own, and runs out the wait limit), then for the exchange, which waits on the
+   peers: polled for twice the limit, so that a stalled peer's own wait runs out first and
+   names it (a wait that runs out marks its device stalled for good), then for the others.
+   Returns MGT_ERR_ABORTED when another device failed before every device got here. The host
+   waits for the device once per step: the cost of knowing. */
+static mgt_status commit_step(worker *w, long k)
+{
+    run *r = w->r;
+    const mgt_train_config *c = r->c;
+    double limit = c->device_timeout_s > 0 ? c->device_timeout_s
+                   : c->step_timeout_s > 0 ? c->step_timeout_s
+                                           : MGT_DEVICE_WAIT_LIMIT_S;
+    mgt_status st = mgt_event_synchronize(w->own_ev, &r->abort);
+    if (st == MGT_OK)
+        st = mgt_event_record(w->reduced_ev, w->s);
+    for (double t0 = mgt_time_now(); st == MGT_OK;) {
+        bool done;
+        st = mgt_event_query(w->reduced_ev, &done);
+        if (st != MGT_OK || done)
+            break;
+        if (mgt_abort_is_raised(&r->abort))
+            return mgt_error_set(MGT_ERR_ABORTED, "%s: step %ld left out: another device failed",
+                                 mgt_device_name(w->d), k);
+        if (mgt_time_now() - t0 > 2 * limit)
+            st = mgt_error_set(MGT_ERR_TIMEOUT,
+                               "%s: step %ld's gradient all-reduce made no progress within %g s "
+                               "(twice --device-timeout)",
+                               mgt_device_name(w->d), k, 2 * limit);
+        else
+            usleep(100);
+    }
+    if (st != MGT_OK)
+        return st;
+    pthread_mutex_lock(&r->lock);
+    if (++r->commit_arrived == r->n) {
+        r->committed = k;
+        r->commit_arrived = 0;
+        pthread_cond_broadcast(&r->cv);
+    }
+    while (r->committed < k && !mgt_abort_is_raised(&r->abort))
+        mgt_cond_wait_slice(&r->cv, &r->lock);
+    bool done = r->committed >= k;
+    pthread_mutex_unlock(&r->lock);
+    return done ? MGT_OK
+                : mgt_error_set(MGT_ERR_ABORTED, "%s: step %ld left out: another device failed",
+                                mgt_device_name(w->d), k);
 }
 
 /* The summed gradients, then every replica's identical update (and the EMA's). */
@@ -265,9 +325,13 @@ static mgt_status reduce_update(worker *w, long k, int slot, const char **where)
 {
     run *r = w->r;
     *where = "gradient all-reduce";
-    mgt_status st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
+    mgt_status st = r->c->continue_on_device_failure ? mgt_event_record(w->own_ev, w->s) : MGT_OK;
+    if (st == MGT_OK)
+        st = mgt_comm_step_end(r->comm, w->dev, w->s, &r->abort);
     if (st == MGT_OK)
         st = mark(w, k, slot, 3);
+    if (st == MGT_OK && r->c->continue_on_device_failure)
+        st = commit_step(w, k);
     if (st != MGT_OK)
         return st;
     *where = "optimizer";
@@ -325,6 +389,15 @@ static mgt_status train_step(worker *w, long k, const char **where)
     st = mark(w, k, slot, 0);
     if (st == MGT_OK)
         st = mgt_memset(w->s, correct, 0, 2 * sizeof(int32_t));
+    if (st == MGT_OK && k == window_start(r, k) && w->bn_keep) {
+        size_t bytes;
+        const float *bufs = mgt_model_buffers(w->model, &bytes);
+        st = mgt_copy_d2d(w->s, mgt_buffer_ptr(w->bn_keep), bufs, bytes);
+        int nc;
+        const int64_t *counts = mgt_model_bn_counts(w->model, &nc);
+        memcpy(w->counts_keep, counts, (size_t)nc * sizeof *counts);
+        w->keep_step = k;
+    }
     if (st == MGT_OK && k == window_start(r, k))
         st = mgt_model_zero_grad(w->model, w->s);
     if (st == MGT_OK)
@@ -340,6 +413,10 @@ static mgt_status train_step(worker *w, long k, const char **where)
         return st;
     *where = "metrics";
     st = mgt_copy_d2h(w->s, &w->host_loss[slot], mgt_model_loss_ptr(w->model), sizeof(float));
+    int n_aux = mgt_model_aux_count(w->model);
+    if (st == MGT_OK && n_aux)
+        st = mgt_copy_d2h(w->s, &w->host_aux[slot * MGT_MODEL_MAX_AUX],
+                          mgt_model_aux_loss_ptr(w->model), (size_t)n_aux * sizeof(float));
     if (st == MGT_OK)
         st = mgt_copy_d2h(w->s, &w->host_correct[2 * slot], correct, 2 * sizeof(int32_t));
     if (st == MGT_OK)
@@ -514,7 +591,7 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     run *r = w->r;
-    long seen = 0;
+    long seen = w->phase_seen;
     for (;;) {
         pthread_mutex_lock(&r->lock);
         while (r->phase == seen && !mgt_abort_is_raised(&r->abort))
@@ -540,6 +617,7 @@ static void *worker_main(void *arg)
 mgt_status train_workers_start(run *r)
 {
     for (int i = 0; i < r->n; i++) {
+        r->w[i].phase_seen = r->phase; /* before any thread of this set runs */
         if (pthread_create(&r->w[i].thread, NULL, worker_main, &r->w[i]) != 0)
             return mgt_error_set(MGT_ERR_DEVICE, "cannot start the worker thread of device %d", i);
         r->w[i].thread_started = true;
@@ -547,7 +625,7 @@ mgt_status train_workers_start(run *r)
     return MGT_OK;
 }
 
-void train_workers_stop(run *r)
+void train_workers_join(run *r)
 {
     if (!r->w)
         return;
@@ -557,11 +635,20 @@ void train_workers_stop(run *r)
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->lock);
     for (int i = 0; i < r->n; i++)
-        if (r->w[i].thread_started)
+        if (r->w[i].thread_started && !r->w[i].thread_joined) {
             pthread_join(r->w[i].thread, NULL);
+            r->w[i].thread_joined = true;
+        }
+}
+
+void train_workers_stop(run *r)
+{
+    if (!r->w)
+        return;
+    train_workers_join(r);
     /* after an abort the devices may still hold queued work that uses what is freed next */
     for (int i = 0; i < r->n; i++)
-        mgt_device_synchronize(mgt_devset_device(r->set, i), NULL);
+        mgt_device_synchronize(r->devs[i], NULL);
 }
 
 /* ---- phases, driven by the main thread ---- */

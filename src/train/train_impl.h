@@ -102,7 +102,8 @@ typedef struct train_scaler {
 } train_scaler;
 
 typedef struct step_acc {
-    double loss_sum; /* sum over devices of loss * n */
+    double loss_sum;                   /* sum over devices of loss * n */
+    double aux_sum[MGT_MODEL_MAX_AUX]; /* the same of each auxiliary loss */
     long n, c1, c5;
     double data_s; /* the slowest device's wait for this step's batch */
     double step_s; /* the slowest device's time for the step (0: not measured) */
@@ -150,7 +151,7 @@ typedef struct worker {
     run *r;
     int dev;
     pthread_t thread;
-    bool thread_started;
+    bool thread_started, thread_joined;
     mgt_device *d;
     mgt_stream *s;
     mgt_model *model;
@@ -159,6 +160,7 @@ typedef struct worker {
     train_ema ema;
     /* metrics */
     float *host_loss;        /* pinned [SLOTS] */
+    float *host_aux;         /* pinned [SLOTS][MGT_MODEL_MAX_AUX]: the auxiliary losses */
     int32_t *host_correct;   /* pinned [SLOTS][2] */
     mgt_buffer *dev_correct; /* [SLOTS][2] counters on the device, and [2] for validation */
     mgt_buffer *dev_val;     /* [1] float: validation loss sum */
@@ -170,13 +172,21 @@ typedef struct worker {
     double slot_step_s[SLOTS]; /* the step's time on the device (0: the epoch's first) */
     /* dummy data */
     mgt_buffer *dummy_x, *dummy_y;
-    long started; /* steps begun in this phase, under r->lock */
-    long metered; /* steps whose metrics this worker has read, under r->lock */
+    long phase_seen; /* the phase counter when its thread started */
+    long started;    /* steps begun in this phase, under r->lock */
+    long metered;    /* steps whose metrics this worker has read, under r->lock */
     /* fp16 loss scaling: this replica's copy of the scaler (every replica decides alike, from
        the same reduced gradients), its inf/NaN count on the device and in pinned memory */
     train_scaler scaler;
     mgt_buffer *dev_nonfinite;
     int32_t *host_nonfinite;
+    /* --on-device-failure continue: the event after its own work of a step (forward and
+       backward, before the all-reduce waits on the peers), and the batch-norm statistics as
+       they were at the start of the step `keep_step` (a re-run step must not count twice) */
+    mgt_event *own_ev, *reduced_ev;
+    mgt_buffer *bn_keep;
+    int64_t *counts_keep; /* num_batches_tracked, host */
+    long keep_step;
     /* failure: the marks of its work, and where it stood when it noticed a failure */
     train_marker marks[TRAIN_MARKS];
     long mark_seq;
@@ -195,6 +205,7 @@ typedef struct train_data {
     int classes, channels, size;
     mgt_transform val_t; /* the validation transform (with --dummy: zeroed) */
     int per_dev_batch;
+    mgt_transform tt, vt; /* the loaders' transforms, kept to make them again */
     size_t train_samples, val_samples;
     long steps_per_epoch; /* training batches per device this run takes per epoch */
 } train_data;
@@ -204,6 +215,7 @@ typedef struct train_metrics {
     step_acc ring[STEP_RING];
     long next_complete; /* the next step to complete */
     double loss_sum;
+    double aux_sum[MGT_MODEL_MAX_AUX];
     long n, c1, c5;
     double data_s;
     double start, last_progress, last_complete;
@@ -225,6 +237,8 @@ typedef struct train_progress {
     double step_s, step_avg_s, data_s, data_avg_s;
     double loss, loss_avg, acc1, acc1_avg, acc5, acc5_avg;
     double lr, images_per_s, eta_s;
+    int n_aux; /* auxiliary classifiers: their own losses (the loss above weights them in) */
+    double aux[MGT_MODEL_MAX_AUX], aux_avg[MGT_MODEL_MAX_AUX];
 } train_progress;
 
 /* What the run's first record says: the configuration, resolved where the run resolved it. */
@@ -252,7 +266,8 @@ typedef struct train_summary {
     double lr;        /* the rate of the epoch's last step */
     long global_step; /* (epoch + 1) x steps per epoch: where its points go on a step axis */
     long steps_per_epoch;
-    int devices;                     /* profile[0 .. devices - 1] */
+    int devices;                     /* training now; profile[0 .. devices - 1] */
+    int devices_lost;                /* --on-device-failure continue: dropped so far */
     const mgt_step_profile *profile; /* per device, when the run measured one; else NULL */
 } train_summary;
 
@@ -301,6 +316,7 @@ struct run {
     const mgt_arch_info *arch;
     mgt_devset *set;
     int n;
+    mgt_device *devs[MGT_MAX_DEVICES]; /* the n devices training: the set's, less those lost */
     /* the world: nodes x n replicas; this node's are world ranks wfirst .. wfirst + n - 1 */
     mgt_world *world;
     int node, nodes, wn, wfirst;
@@ -322,9 +338,25 @@ struct run {
     int epoch;
     long first_step; /* the epoch's first step (resume mid-epoch) */
     long stop_at;    /* steps of the epoch to run (lowered by a stop) */
+    /* --on-device-failure continue: the last step whose all-reduce every device completed
+       cleanly (its update is then made by every replica), and the devices that have reached
+       the current step's commit */
+    long committed;
+    int commit_arrived;
+    /* the devices lost so far and where (--on-device-failure continue) */
+    struct train_lost {
+        char name[64];
+        int epoch;
+        long step;
+        char phase[32];
+        double at;       /* seconds since the run's start, when it was noticed */
+        double resume_s; /* from then to training again on the survivors */
+    } lost[MGT_MAX_DEVICES];
+    int nlost;
     /* failure */
     mgt_abort abort;
     train_failure fail; /* the first (failure.c), under lock */
+    double fail_at;     /* when it was recorded (mgt_time_now) */
     bool stop_world;    /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
@@ -366,6 +398,7 @@ void train_failure_line(const run *r, char *out, size_t cap);
 /* step.c */
 mgt_status train_workers_start(run *r);
 void train_workers_stop(run *r);
+void train_workers_join(run *r); /* train_workers_stop without waiting for the devices */
 bool train_run_phase(run *r, enum train_phase kind); /* false: the run failed */
 
 /* setup.c */
@@ -373,6 +406,9 @@ mgt_status train_open_data(run *r);
 mgt_status train_make_workers(run *r);
 mgt_status train_make_comm(run *r);
 void train_free_parts(run *r);
+/* --on-device-failure continue: every worker, the comm and the loaders freed (the datasets
+   kept), then made again over r->devs[0 .. r->n - 1] at r->data.per_dev_batch. */
+mgt_status train_remake_parts(run *r);
 
 /* run.c, between phases */
 /* What train_broadcast copies from replica 0 (node 0's across nodes) to every other replica:
@@ -426,10 +462,13 @@ typedef struct train_state {
     int loss_scale_growth; /* format 3: its clean steps since the last change */
     char amp[8];           /* the run's --amp, for people (not read back) */
     char sync_bn[4];       /* the run's --sync-bn ("yes"/"no"), for people (not read back) */
-    long optimizer_steps;  /* (3) updates done: torch's per-parameter "step" */
-    long ema_n_averaged;   /* (3) the EMA model's n_averaged (0 without --model-ema) */
-    char lr_schedule[160]; /* what the schedule was, for people (not read back) */
-    char sampler[96];      /* where the sampler stood, for people (not read back) */
+    /* "on" where the model maps its input (transform_input): a resumed run must too */
+    char transform_input[4];
+    long optimizer_steps;   /* (3) updates done: torch's per-parameter "step" */
+    long ema_n_averaged;    /* (3) the EMA model's n_averaged (0 without --model-ema) */
+    char lr_schedule[160];  /* what the schedule was, for people (not read back) */
+    char sampler[96];       /* where the sampler stood, for people (not read back) */
+    char devices_lost[160]; /* --on-device-failure continue: who and when (not read back) */
 } train_state;
 
 /* The training state of an open file; format 0 (nothing else set) when it holds none. Errors
@@ -446,6 +485,10 @@ mgt_status train_checkpoint_save(run *r, int next_epoch, long next_step, bool is
 /* A fresh run into a folder with another run's checkpoints: MGT_ERR_USAGE unless --resume,
    --overwrite or -e. */
 mgt_status train_checkpoint_dir_check(run *r);
+/* --on-device-failure continue: replica 0's state at (next_epoch, next_step) as a checkpoint
+   at path, and such a file back into replica 0 of the re-formed run (broadcast later). */
+mgt_status train_handover_save(run *r, const char *path, int next_epoch, long next_step);
+mgt_status train_handover_load(run *r, const char *path);
 /* --resume: the checkpoint into replica 0 (broadcast later); *epoch and *step (on entry the
    start the flags give) get where to go on; untouched when there is nothing to resume. */
 mgt_status train_resume(run *r, int *epoch, long *step);

@@ -1,8 +1,9 @@
 /* The world on Open MPI (or any MPI-3 library): MPI_THREAD_MULTIPLE, the world communicator
    for the main thread's collectives, one duplicate per local device for the gradient shards,
    one for control messages (a failure's line, a stop's step). Every wait is a non-blocking
-   request polled with MPI_Test between short sleeps, so the abort flag, a failure message
-   from another rank and the timeout all end it; nothing here blocks inside MPI. */
+   request polled with MPI_Test between short sleeps (longer as the wait grows, so eight ranks
+   polling on two cores leave them to the copies), and the abort flag, a failure message from
+   another rank and the timeout all end it; nothing here blocks inside MPI. */
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,12 +19,13 @@
 #define FAIL_TEXT 768
 enum { TAG_FAIL = 1, TAG_STOP = 2 };
 
-/* The bytes of one communicator's collectives. A wait can give up on its request (the abort
+/* The bytes of the main thread's collectives. A wait can give up on its request (the abort
    flag, another node's failure, the timeout) and MPI cannot cancel a collective: it may still
-   read the send half and write the receive half until the process ends (MPI_Abort). So no
-   collective runs in its caller's buffers, which the failure's cleanup frees: it runs here,
-   and a stage whose request was left pending is handed to MPI for good (never freed or
-   reused; the process aborts soon after). */
+   read the send half and write the receive half until the process ends (MPI_Abort). So none of
+   the main thread's collectives runs in its caller's buffers, which the failure's cleanup
+   frees: it runs here, and a stage whose request was left pending is handed to MPI for good
+   (never freed or reused; the process aborts soon after). The channels' collectives run in
+   their callers' buffers under the same rule, stated in mgt/world.h. */
 typedef struct mpi_stage {
     unsigned char *p;
     size_t cap;
@@ -36,10 +38,9 @@ struct mgt_world {
     double timeout_s;
     double link_bw, link_lat; /* the mock inter-node link model (0: none) */
     MPI_Comm comm, ctrl;
-    MPI_Comm *chan;
+    struct world_chan **chan; /* [nchan]: each device thread's communicator and link */
     int nchan;
-    mpi_stage main_stage;  /* the main thread's collectives on comm */
-    mpi_stage *chan_stage; /* [nchan]: each device thread's on its channel */
+    mpi_stage main_stage; /* the main thread's collectives on comm */
     /* control: one receive of a failure line from anyone, one of a stop step from anyone */
     MPI_Request fail_req, stop_req;
     char fail_in[FAIL_TEXT];
@@ -52,6 +53,36 @@ struct mgt_world {
     long stop_max;
     long stop_out; /* the proposal being sent (alive until the world closes) */
 };
+
+/* One operation in flight on a channel: its request, the end of its time on the modelled link,
+   and the int count and offset arrays MPI reads until it completes. */
+struct chan_op {
+    MPI_Request req;
+    double link_end;
+    bool busy;
+    int *counts, *displs, *rcounts, *rdispls; /* [size] each */
+};
+
+/* A device thread's communicator, its link model's clock (when the link is next free) and its
+   operations. Used by that thread alone once made. */
+struct world_chan {
+    MPI_Comm comm;
+    double link_free;
+    _Atomic uint64_t bytes_in; /* received from the other ranks by its collectives */
+    struct chan_op ops[MGT_WORLD_CHAN_OPS];
+};
+
+/* NULL is a no-op; the communicator is freed by the caller (with MPI still running). */
+static void chan_free(struct world_chan *ch)
+{
+    for (int k = 0; ch && k < MGT_WORLD_CHAN_OPS; k++) {
+        free(ch->ops[k].counts);
+        free(ch->ops[k].displs);
+        free(ch->ops[k].rcounts);
+        free(ch->ops[k].rdispls);
+    }
+    free(ch);
+}
 
 bool mgt_world_have_mpi(void) { return true; }
 
@@ -117,9 +148,14 @@ void mgt_world_close(mgt_world *w, bool failed)
         fflush(stderr);
         /* mpirun drops what a rank wrote but had not yet forwarded when an abort kills it: the
            failing rank's one line could be lost when another rank aborts first (seen under the
-           address sanitizer); half a second lets the forwarding drain, well inside the 10 s
-           every rank has to end in */
-        nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 500000000L}, NULL);
+           address sanitizer). Half a second lets the forwarding drain; a rank that only heard
+           of another's failure waits longer (5 s), so that the failing rank, which may still be
+           tidying up before it prints, is the one whose abort ends the run (seen with three
+           ranks timing out on a fourth: the quiet ones' aborts came first, and no line was
+           left). Both well inside the 10 s every rank has to end in. */
+        bool quiet = atomic_load(&w->remote_failed) && !w->notified;
+        nanosleep(&(struct timespec){.tv_sec = quiet ? 5 : 0, .tv_nsec = quiet ? 0 : 500000000L},
+                  NULL);
         /* requests of the failed step may never complete: MPI_Finalize would wait on them */
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -131,14 +167,13 @@ void mgt_world_close(mgt_world *w, bool failed)
                 MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
             }
         for (int i = 0; i < w->nchan; i++)
-            MPI_Comm_free(&w->chan[i]);
+            MPI_Comm_free(&w->chan[i]->comm);
         MPI_Comm_free(&w->comm);
         MPI_Comm_free(&w->ctrl);
         MPI_Finalize();
     }
     for (int i = 0; i < w->nchan; i++)
-        free(w->chan_stage[i].p);
-    free(w->chan_stage);
+        chan_free(w->chan[i]);
     free(w->main_stage.p);
     free(w->chan);
     free(w);
@@ -172,6 +207,14 @@ void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s)
 {
     w->link_bw = bytes_per_s;
     w->link_lat = latency_s;
+}
+
+bool mgt_world_link(const mgt_world *w, double *bytes_per_s, double *latency_s)
+{
+    bool on = w && w->link_bw > 0;
+    *bytes_per_s = on ? w->link_bw : 0;
+    *latency_s = on ? w->link_lat : 0;
+    return on;
 }
 
 /* The main thread's look at the failure line: sets remote_failed for every thread. */
@@ -213,8 +256,11 @@ static mgt_status wait_req(mgt_world *w, MPI_Request *req, const mgt_abort *abor
                                  "MPI: %s: no answer from the other nodes within --timeout %g s "
                                  "(a node died or stalled)",
                                  what, w->timeout_s);
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
+        /* 20 us at first, then an eighth of the time waited so far, at most 1 ms: a long
+           wait's polls cost little CPU, and the progress it delays is a small part of it */
+        double nap = (mgt_time_now() - start) / 8;
+        nap = nap < 20e-6 ? 20e-6 : nap > 1e-3 ? 1e-3 : nap;
+        nanosleep(&(struct timespec){0, (long)(nap * 1e9)}, NULL);
     }
 }
 
@@ -312,28 +358,6 @@ mgt_status mgt_world_bcast(mgt_world *w, void *buf, size_t bytes, int root, cons
     return st;
 }
 
-/* all = every rank's bytes of mine, in rank order, through stage (see mpi_stage). */
-static mgt_status allgather_on(mgt_world *w, MPI_Comm comm, mpi_stage *stage, const void *mine,
-                               size_t bytes, void *all, const mgt_abort *abort, bool main)
-{
-    mgt_status st = check_count(bytes, "an all-gather");
-    if (st != MGT_OK)
-        return st;
-    size_t n = (size_t)w->size;
-    unsigned char *b = stage_get(stage, bytes * (n + 1));
-    if (!b)
-        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
-    memcpy(b, mine, bytes);
-    MPI_Request req;
-    MPI_Iallgather(b, (int)bytes, MPI_BYTE, b + bytes, (int)bytes, MPI_BYTE, comm, &req);
-    st = wait_req(w, &req, abort, main, "all-gather");
-    if (st == MGT_OK)
-        memcpy(all, b + bytes, bytes * n);
-    else
-        stage_abandon(stage);
-    return st;
-}
-
 mgt_status mgt_world_allgather(mgt_world *w, const void *mine, size_t bytes, void *all,
                                const mgt_abort *abort)
 {
@@ -341,7 +365,23 @@ mgt_status mgt_world_allgather(mgt_world *w, const void *mine, size_t bytes, voi
         memmove(all, mine, bytes);
         return MGT_OK;
     }
-    return allgather_on(w, w->comm, &w->main_stage, mine, bytes, all, abort, true);
+    /* all = every rank's bytes of mine, in rank order, through the stage (see mpi_stage) */
+    mgt_status st = check_count(bytes, "an all-gather");
+    if (st != MGT_OK)
+        return st;
+    size_t n = (size_t)w->size;
+    unsigned char *b = stage_get(&w->main_stage, bytes * (n + 1));
+    if (!b)
+        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+    memcpy(b, mine, bytes);
+    MPI_Request req;
+    MPI_Iallgather(b, (int)bytes, MPI_BYTE, b + bytes, (int)bytes, MPI_BYTE, w->comm, &req);
+    st = wait_req(w, &req, abort, true, "all-gather");
+    if (st == MGT_OK)
+        memcpy(all, b + bytes, bytes * n);
+    else
+        stage_abandon(&w->main_stage);
+    return st;
 }
 
 mgt_status mgt_world_sum(mgt_world *w, double *v, int n, const mgt_abort *abort)
@@ -378,47 +418,172 @@ mgt_status mgt_world_channels(mgt_world *w, int n)
        same calls, so the duplications stay collective */
     if (w->size == 1 || w->nchan >= n)
         return MGT_OK;
-    MPI_Comm *chan = realloc(w->chan, (size_t)n * sizeof *chan);
+    struct world_chan **chan = realloc(w->chan, (size_t)n * sizeof *chan);
     if (!chan)
         return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
     w->chan = chan;
-    mpi_stage *stages = realloc(w->chan_stage, (size_t)n * sizeof *stages);
-    if (!stages)
-        return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
-    for (int i = w->nchan; i < n; i++)
-        stages[i] = (mpi_stage){NULL, 0};
-    w->chan_stage = stages;
+    size_t nr = (size_t)w->size;
     for (int i = w->nchan; i < n; i++) {
-        int rc = MPI_Comm_dup(w->comm, &w->chan[i]);
-        if (rc != MPI_SUCCESS)
+        struct world_chan *ch = calloc(1, sizeof *ch);
+        bool ok = ch != NULL;
+        for (int k = 0; ok && k < MGT_WORLD_CHAN_OPS; k++) {
+            struct chan_op *o = &ch->ops[k];
+            o->req = MPI_REQUEST_NULL;
+            o->counts = calloc(nr, sizeof(int));
+            o->displs = calloc(nr, sizeof(int));
+            o->rcounts = calloc(nr, sizeof(int));
+            o->rdispls = calloc(nr, sizeof(int));
+            ok = o->counts && o->displs && o->rcounts && o->rdispls;
+        }
+        if (!ok) {
+            chan_free(ch);
+            return mgt_error_set(MGT_ERR_OOM, "world: host memory exhausted");
+        }
+        int rc = MPI_Comm_dup(w->comm, &ch->comm);
+        if (rc != MPI_SUCCESS) {
+            chan_free(ch);
             return mpi_error(rc, "MPI_Comm_dup of a device's communicator");
-        MPI_Comm_set_errhandler(w->chan[i], MPI_ERRORS_RETURN);
+        }
+        MPI_Comm_set_errhandler(ch->comm, MPI_ERRORS_RETURN);
+        w->chan[i] = ch;
         w->nchan = i + 1;
     }
     return MGT_OK;
 }
 
-mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, size_t bytes,
-                                    void *all, const mgt_abort *abort)
+/* A free operation of channel chan with its arrays filled from counts and displs (bytes, which
+   must fit an int); NULL with the error set. */
+static struct chan_op *op_begin(mgt_world *w, int chan, const size_t *counts, const size_t *displs,
+                                int *op, const char *what)
 {
+    if (chan < 0 || chan >= w->nchan) {
+        mgt_error_set(MGT_ERR_INVALID, "world: no channel %d (of %d)", chan, w->nchan);
+        return NULL;
+    }
+    struct world_chan *ch = w->chan[chan];
+    int k = 0;
+    while (k < MGT_WORLD_CHAN_OPS && ch->ops[k].busy)
+        k++;
+    if (k == MGT_WORLD_CHAN_OPS) {
+        mgt_error_set(MGT_ERR_INVALID, "world: channel %d has %d operations in flight already",
+                      chan, MGT_WORLD_CHAN_OPS);
+        return NULL;
+    }
+    struct chan_op *o = &ch->ops[k];
+    for (int r = 0; r < w->size; r++) {
+        if (counts[r] > (size_t)INT_MAX || displs[r] > (size_t)INT_MAX) {
+            mgt_error_set(MGT_ERR_INVALID,
+                          "MPI: %s of %zu bytes at %zu is over the 2 GiB a message may "
+                          "carry here",
+                          what, counts[r], displs[r]);
+            return NULL;
+        }
+        o->counts[r] = (int)counts[r];
+        o->displs[r] = (int)displs[r];
+    }
+    *op = k;
+    return o;
+}
+
+/* The operation's time on the channel's link: it starts when the link is free. */
+static void op_link(mgt_world *w, int chan, struct chan_op *o, size_t bytes_in)
+{
+    struct world_chan *ch = w->chan[chan];
+    double now = mgt_time_now();
+    o->link_end = now;
+    if (w->link_bw > 0) {
+        double start = ch->link_free > now ? ch->link_free : now;
+        o->link_end = start + (w->size - 1) * w->link_lat + (double)bytes_in / w->link_bw;
+        ch->link_free = o->link_end;
+    }
+    o->busy = true;
+    atomic_fetch_add(&ch->bytes_in, (uint64_t)bytes_in);
+}
+
+mgt_status mgt_world_chan_alltoall(mgt_world *w, int chan, const void *send, const size_t *counts,
+                                   const size_t *displs, void *recv, size_t each, int *op)
+{
+    *op = 0;
     if (w->size == 1) {
-        memmove(all, mine, bytes);
+        memmove(recv, (const char *)send + displs[0], each);
         return MGT_OK;
     }
-    if (chan < 0 || chan >= w->nchan)
-        return mgt_error_set(MGT_ERR_INVALID, "world: no channel %d (of %d)", chan, w->nchan);
-    double t0 = mgt_time_now();
-    mgt_status st =
-        allgather_on(w, w->chan[chan], &w->chan_stage[chan], mine, bytes, all, abort, false);
-    if (st == MGT_OK && w->link_bw > 0) {
-        /* the link model: what shared memory did faster is slept off */
-        double left =
-            (w->size - 1) * (w->link_lat + (double)bytes / w->link_bw) - (mgt_time_now() - t0);
-        if (left > 0) {
-            struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-            nanosleep(&ts, NULL);
-        }
+    struct chan_op *o = op_begin(w, chan, counts, displs, op, "an all-to-all");
+    if (!o)
+        return MGT_ERR_INVALID;
+    if (each > (size_t)INT_MAX / (size_t)w->size)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "MPI: an all-to-all of %zu bytes a rank is over "
+                             "the 2 GiB a message may carry here",
+                             each);
+    for (int r = 0; r < w->size; r++) {
+        o->rcounts[r] = (int)each;
+        o->rdispls[r] = r * (int)each;
     }
+    int rc = MPI_Ialltoallv(send, o->counts, o->displs, MPI_BYTE, recv, o->rcounts, o->rdispls,
+                            MPI_BYTE, w->chan[chan]->comm, &o->req);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "MPI_Ialltoallv");
+    op_link(w, chan, o, each * (size_t)(w->size - 1));
+    return MGT_OK;
+}
+
+mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *send, void *recv,
+                                    const size_t *counts, const size_t *displs, int *op)
+{
+    *op = 0;
+    if (w->size == 1) {
+        if (send)
+            memmove((char *)recv + displs[0], send, counts[0]);
+        return MGT_OK;
+    }
+    struct chan_op *o = op_begin(w, chan, counts, displs, op, "an all-gather");
+    if (!o)
+        return MGT_ERR_INVALID;
+    size_t in = 0;
+    for (int r = 0; r < w->size; r++)
+        in += r == w->rank ? 0 : counts[r];
+    int rc = MPI_Iallgatherv(send ? send : MPI_IN_PLACE, o->counts[w->rank], MPI_BYTE, recv,
+                             o->counts, o->displs, MPI_BYTE, w->chan[chan]->comm, &o->req);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "MPI_Iallgatherv");
+    op_link(w, chan, o, in);
+    return MGT_OK;
+}
+
+uint64_t mgt_world_chan_bytes_in(const mgt_world *w)
+{
+    uint64_t sum = 0;
+    for (int i = 0; w && i < w->nchan; i++)
+        sum += atomic_load(&w->chan[i]->bytes_in);
+    return sum;
+}
+
+mgt_status mgt_world_chan_wait(mgt_world *w, int chan, int op, const mgt_abort *abort)
+{
+    if (w->size == 1)
+        return MGT_OK;
+    if (chan < 0 || chan >= w->nchan || op < 0 || op >= MGT_WORLD_CHAN_OPS ||
+        !w->chan[chan]->ops[op].busy)
+        return mgt_error_set(MGT_ERR_INVALID, "world: channel %d has no operation %d", chan, op);
+    struct chan_op *o = &w->chan[chan]->ops[op];
+    mgt_status st = wait_req(w, &o->req, abort, false, "exchange of a shard");
+    /* the link model: what shared memory did faster is slept off, in slices that the abort
+       flag and another node's failure end */
+    while (st == MGT_OK) {
+        double left = o->link_end - mgt_time_now();
+        if (left <= 0)
+            break;
+        if (mgt_abort_is_raised(abort))
+            st = mgt_error_set(MGT_ERR_ABORTED, "MPI: exchange of a shard aborted");
+        else if (atomic_load(&w->remote_failed))
+            st = mgt_error_set(MGT_ERR_ABORTED, "MPI: exchange of a shard: another node failed");
+        left = left > 5e-3 ? 5e-3 : left;
+        if (st == MGT_OK)
+            nanosleep(&(struct timespec){0, (long)(left * 1e9)}, NULL);
+    }
+    if (st == MGT_OK)
+        o->busy = false; /* a failed one stays busy: its arrays are MPI's */
     return st;
 }
 

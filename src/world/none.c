@@ -48,6 +48,13 @@ void mgt_world_set_link(mgt_world *w, double bytes_per_s, double latency_s)
     (void)w, (void)bytes_per_s, (void)latency_s;
 }
 
+bool mgt_world_link(const mgt_world *w, double *bytes_per_s, double *latency_s)
+{
+    (void)w;
+    *bytes_per_s = *latency_s = 0;
+    return false;
+}
+
 mgt_status mgt_world_check_devices(mgt_world *w, int local_devices)
 {
     (void)w, (void)local_devices;
@@ -94,11 +101,35 @@ mgt_status mgt_world_channels(mgt_world *w, int n)
     return MGT_OK;
 }
 
-mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *mine, size_t bytes,
-                                    void *all, const mgt_abort *abort)
+mgt_status mgt_world_chan_alltoall(mgt_world *w, int chan, const void *send, const size_t *counts,
+                                   const size_t *displs, void *recv, size_t each, int *op)
 {
-    (void)chan;
-    return mgt_world_allgather(w, mine, bytes, all, abort);
+    (void)w, (void)chan, (void)counts;
+    *op = 0;
+    memmove(recv, (const char *)send + displs[0], each);
+    return MGT_OK;
+}
+
+mgt_status mgt_world_chan_allgather(mgt_world *w, int chan, const void *send, void *recv,
+                                    const size_t *counts, const size_t *displs, int *op)
+{
+    (void)w, (void)chan;
+    *op = 0;
+    if (send)
+        memmove((char *)recv + displs[0], send, counts[0]);
+    return MGT_OK;
+}
+
+uint64_t mgt_world_chan_bytes_in(const mgt_world *w)
+{
+    (void)w;
+    return 0;
+}
+
+mgt_status mgt_world_chan_wait(mgt_world *w, int chan, int op, const mgt_abort *abort)
+{
+    (void)w, (void)chan, (void)op, (void)abort;
+    return MGT_OK;
 }
 
 void mgt_world_notify_failure(mgt_world *w, const char *text) { (void)w, (void)text; }

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include <stb/stb_image_write.h>
 
+#include "mgt/nn.h"
 #include "support/fixture.h"
 
 void mgt_test_make_dataset(char *root, size_t cap, const char *tag, const char *const *classes,
@@ -125,6 +126,23 @@ uint8_t *mgt_test_read_file(const char *path, size_t *n)
     *n = fread(b, 1, (size_t)len, f);
     fclose(f);
     return b;
+}
+
+int mgt_test_convs_per_forward(void)
+{
+    mgt_devset *set = mgt_test_open_mock(1, "threads=1");
+    mgt_model_config mc = {
+        .arch = "resnet20", .classes = 4, .in_channels = 1, .image_size = 12, .batch = 2};
+    mgt_model *m;
+    if (mgt_model_create(&mc, mgt_devset_device(set, 0), &m) != MGT_OK)
+        fail_msg("model: %s", mgt_error_last());
+    int n, convs = 0;
+    const mgt_model_layer *l = mgt_model_layers(m, &n);
+    for (int i = 0; i < n; i++)
+        convs += strcmp(l[i].kind, "conv") == 0;
+    mgt_model_free(m);
+    mgt_devset_free(set);
+    return convs;
 }
 
 mgt_devset *mgt_test_open_mock(int n, const char *spec)

@@ -55,6 +55,10 @@ void mgt_test_write_file(const char *path, const void *p, size_t n);
    be read. */
 uint8_t *mgt_test_read_file(const char *path, size_t *n);
 
+/* Convolution kernels one training forward of resnet20 (4 classes, 1x12x12) runs on a device:
+   the count a test's fault=kernel@D:N aims past. */
+int mgt_test_convs_per_forward(void);
+
 /* Mock devices 0..n-1 with the options in spec; fails the test when they cannot be opened. */
 mgt_devset *mgt_test_open_mock(int n, const char *spec);
 

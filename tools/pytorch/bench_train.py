@@ -75,11 +75,21 @@ def main():
         h.remove()
     model.train()
 
+    # the auxiliary classifiers' losses, as mgtrain trains them: main + weight x each
+    aux_weight = {"inception_v3": 0.4, "googlenet": 0.3}.get(a.arch, 0.0)
+
+    def loss_of(out):
+        if isinstance(out, tuple):  # InceptionOutputs, GoogLeNetOutputs: logits first
+            loss = F.cross_entropy(out[0].float(), y)
+            for aux in out[1:]:
+                loss = loss + aux_weight * F.cross_entropy(aux.float(), y)
+            return loss
+        return F.cross_entropy(out.float(), y)
+
     def forward():
         if a.amp == "bf16":
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x)
-            return logits.float()
+                return model(x)
         return model(x)
 
     phases = {"forward_s": [], "backward_s": [], "optimizer_s": []}
@@ -88,7 +98,7 @@ def main():
         # CPU ops run synchronously, so the clock between the calls splits the step.
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(forward(), y)
+        loss = loss_of(forward())
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()

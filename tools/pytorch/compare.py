@@ -243,13 +243,18 @@ def part_train(ctx, rows, summary):
 
 
 def part_zoo(ctx, rows, summary):
-    """torchvision's other families (issue 12's table): 3x224x224, fp32, --zoo-threads."""
+    """torchvision's other families (issue 12's table): 3x224x224 (ARCH:SIZE for another
+    side), fp32, --zoo-threads."""
     a = ctx.a
     steps, warmup = (2, 1) if a.quick else (3, 1)
-    cases = [("%s 3x224x224 b%d %d thread%s" % (arch, a.zoo_batch, a.zoo_threads,
-                                                  "" if a.zoo_threads == 1 else "s"),
-              arch, a.zoo_batch, 224, 3, 1000, a.zoo_threads, steps, warmup)
-             for arch in a.zoo_archs]
+    cases = []
+    for spec in a.zoo_archs:
+        arch, _, size = spec.partition(":")
+        size = int(size) if size else 224
+        cases.append(("%s 3x%dx%d b%d %d thread%s" % (arch, size, size, a.zoo_batch,
+                                                      a.zoo_threads,
+                                                      "" if a.zoo_threads == 1 else "s"),
+                      arch, a.zoo_batch, size, 3, 1000, a.zoo_threads, steps, warmup))
     train_cases(ctx, rows, summary, cases, ["f32"])
 
 
@@ -531,7 +536,8 @@ def main():
     p.add_argument("--parts", default="train,scale,data",
                    help="train,scale,zoo,data (default: train,scale,data)")
     p.add_argument("--zoo-archs", default="resnet50,mobilenet_v2,vgg11_bn,densenet121,efficientnet_b0",
-                   help="zoo part: the architectures, comma-separated")
+                   help="zoo part: the architectures, comma-separated, each ARCH or ARCH:SIDE "
+                        "(224 by default; inception_v3's auxiliary classifier needs 299)")
     p.add_argument("--zoo-threads", type=int, default=2, help="zoo part: threads (2)")
     p.add_argument("--zoo-batch", type=int, default=8, help="zoo part: batch (8)")
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")

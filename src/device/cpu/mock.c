@@ -10,7 +10,9 @@
  * A failing kernel or an injected fault marks the device failed (sticky, as CUDA's errors
  * are): its streams skip the remaining work but still complete their event records, so no
  * other stream or host thread hangs on them, and every later call or wait on the device
- * returns MGT_ERR_DEVICE with the first failure's text.
+ * returns MGT_ERR_DEVICE with the first failure's text. A device that is gone (fault=gone)
+ * refuses allocations, streams and events as well, and its memory reads as all-one bytes to
+ * the peers that copy from it, as a PCIe read of a device that has left the bus does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #define MOCK_ALIGN 64
 
 typedef struct mock_event mock_event;
+typedef struct mock_dev mock_dev;
 
 typedef enum { CMD_OP, CMD_COPY, CMD_MEMSET, CMD_RECORD, CMD_WAIT } cmd_kind;
 
@@ -37,6 +40,7 @@ typedef struct cmd {
             const void *src;
             size_t n;
             bool peer;
+            mock_dev *from; /* a peer copy's source device */
         } copy;
         struct {
             void *dst;
@@ -58,7 +62,7 @@ typedef struct mock_alloc {
 
 typedef struct mock_stream mock_stream;
 
-typedef struct mock_dev {
+struct mock_dev {
     mgt_device *dev;
     cpu_ctx ctx;
     pthread_mutex_t lock; /* guards allocs, streams and the failure text */
@@ -70,11 +74,13 @@ typedef struct mock_dev {
     mock_stream *streams;
     atomic_long n_allocs, n_kernels;
     atomic_int failed;
+    atomic_bool gone;    /* fault=gone has struck: every call fails, peers read all-ones */
     char fail_text[400]; /* the device name (127), ": ", a failure text (255) */
     mgt_fault_kind fault_kind;
     long fault_nth;
     char fault_op[32];
     atomic_long n_fault_op;              /* kernels named fault_op run so far */
+    atomic_long n_peer_in;               /* direct peer copies into the device run so far */
     int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
     int nrefusals;
     long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
@@ -82,7 +88,7 @@ typedef struct mock_dev {
     uint64_t seed;
     double link_bw, link_lat; /* the link model of direct peer copies */
     int n_streams_made;
-} mock_dev;
+};
 
 typedef struct mock_set {
     mgt_mock_options opt;
@@ -192,6 +198,8 @@ static mgt_status check_owned(mock_dev *md, const void *p, size_t bytes, const c
    fails. */
 static mgt_status injected_alloc_fault(mock_dev *md, size_t bytes, const char *what)
 {
+    if (atomic_load(&md->gone))
+        return mock_sticky(md);
     if (!atomic_load(&md->dev->set->open))
         return MGT_OK;
     long n = atomic_fetch_add(&md->n_allocs, 1) + 1;
@@ -201,6 +209,18 @@ static mgt_status injected_alloc_fault(mock_dev *md, size_t bytes, const char *w
                              "device, %zu %s)",
                              md->dev->name, n, bytes, what);
     return MGT_OK;
+}
+
+/* The queued work of every stream is skipped from now on (the device is failed) and a hung
+   kernel leaves its loop (quit): records still complete, so nothing waits on the device. */
+static void mock_abandon(mgt_device *d, const char *why)
+{
+    mock_dev *md = dev_of(d);
+    mock_fail(md, why);
+    pthread_mutex_lock(&md->lock);
+    for (mock_stream *ms = md->streams; ms; ms = ms->next)
+        atomic_store(&ms->quit, true);
+    pthread_mutex_unlock(&md->lock);
 }
 
 static void mock_counts(const mgt_device *d, long *allocs, long *kernels)
@@ -419,6 +439,15 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
+        if (md->fault_kind == MGT_FAULT_GONE && n == md->fault_nth) {
+            snprintf(text, sizeof text,
+                     "the device is gone (injected: it fell off the bus at kernel %s, #%ld on "
+                     "this device)",
+                     name, n);
+            mock_fail(md, text);
+            atomic_store(&md->gone, true);
+            return;
+        }
         if (md->fault_kind == MGT_FAULT_HANG && n == md->fault_nth) {
             /* a hung GPU kernel: nothing after it on this stream runs until the stream is
                freed, and the device is failed then, as a reset would leave it */
@@ -438,6 +467,20 @@ static void run_cmd(mock_stream *ms, const cmd *c)
     case CMD_COPY:
         if (failed)
             return;
+        if (c->u.copy.peer && md->fault_kind == MGT_FAULT_PEER &&
+            atomic_fetch_add(&md->n_peer_in, 1) + 1 == md->fault_nth) {
+            char text[256];
+            snprintf(text, sizeof text,
+                     "injected failure of a peer copy of %zu bytes from %s (peer copy #%ld into "
+                     "this device)",
+                     c->u.copy.n, c->u.copy.from->dev->name, md->fault_nth);
+            mock_fail(md, text);
+            return;
+        }
+        if (c->u.copy.peer && atomic_load(&c->u.copy.from->gone)) {
+            memset(c->u.copy.dst, 0xff, c->u.copy.n); /* what a read of a missing device gets */
+            return;
+        }
         if (c->u.copy.peer && md->link_bw > 0) {
             /* the link model: the copy takes latency + bytes / bandwidth, however fast the
                memcpy itself was, so the collectives' scaling can be studied on a CPU */
@@ -509,6 +552,8 @@ static mgt_status enqueue(mgt_stream *s, const cmd *c)
 static mgt_status mock_stream_create(mgt_stream *s)
 {
     mock_dev *md = dev_of(s->dev);
+    if (atomic_load(&md->gone))
+        return mock_sticky(md);
     mock_stream *ms = calloc(1, sizeof *ms);
     cmd *ring = malloc(MOCK_RING * sizeof *ring);
     if (!ms || !ring) {
@@ -632,6 +677,8 @@ static mgt_status mock_device_synchronize(mgt_device *d, const mgt_abort *abort)
 
 static mgt_status mock_event_create(mgt_event *e)
 {
+    if (atomic_load(&dev_of(e->dev)->gone))
+        return mock_sticky(dev_of(e->dev));
     mock_event *me = calloc(1, sizeof *me);
     if (!me)
         return mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted creating an event",
@@ -794,6 +841,7 @@ static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
     c.u.copy.src = src;
     c.u.copy.n = bytes;
     c.u.copy.peer = true;
+    c.u.copy.from = dev_of(src_dev);
     return enqueue(s, &c);
 }
 
@@ -893,12 +941,15 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
         d->impl = md;
         snprintf(d->name, sizeof d->name, "mock:%d", ids[i]);
         d->total_mem = total;
-        if (opt->fault_device == ids[i]) {
-            md->fault_kind = opt->fault_kind;
-            md->fault_nth = opt->fault_nth;
-            memcpy(md->fault_op, opt->fault_op, sizeof md->fault_op);
-            md->nrefusals = opt->fault_nrefusals;
-            memcpy(md->refusals, opt->fault_refusals, sizeof md->refusals);
+        for (int f = 0; f < opt->nfaults; f++) {
+            const mgt_mock_fault *ft = &opt->fault[f];
+            if (ft->device != ids[i])
+                continue;
+            md->fault_kind = ft->kind;
+            md->fault_nth = ft->nth;
+            memcpy(md->fault_op, ft->op, sizeof md->fault_op);
+            md->nrefusals = ft->nrefusals;
+            memcpy(md->refusals, ft->refusals, sizeof md->refusals);
         }
         md->delay_us = opt->delay_us;
         md->seed = opt->seed;
@@ -918,6 +969,16 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
     return MGT_OK;
 }
 
+/* The blocks of devices whose memory was lent to a transfer that cannot be cancelled
+   (mgt_device_keep_memory): they outlive their set, held here until the process ends. */
+typedef struct mock_kept {
+    mock_alloc *allocs;
+    int n;
+    struct mock_kept *next;
+} mock_kept;
+static mock_kept *kept_blocks;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void mock_devset_close(mgt_devset *set)
 {
     for (int i = 0; i < set->n; i++) {
@@ -926,9 +987,18 @@ static void mock_devset_close(mgt_devset *set)
             continue;
         if (md->ctx.pool)
             cpu_ctx_destroy(&md->ctx);
-        for (int k = 0; k < md->nallocs; k++)
-            free(md->allocs[k].p);
-        free(md->allocs);
+        mock_kept *k = atomic_load(&set->devs[i].keep_memory) ? malloc(sizeof *k) : NULL;
+        if (k) {
+            *k = (mock_kept){md->allocs, md->nallocs, NULL};
+            pthread_mutex_lock(&kept_lock);
+            k->next = kept_blocks;
+            kept_blocks = k;
+            pthread_mutex_unlock(&kept_lock);
+        } else if (!atomic_load(&set->devs[i].keep_memory)) {
+            for (int k = 0; k < md->nallocs; k++)
+                free(md->allocs[k].p);
+            free(md->allocs);
+        } /* else no room to hold them: left unreachable, still allocated */
         for (int k = 0; k < md->nhost; k++)
             free(md->host[k]);
         free(md->host);
@@ -956,6 +1026,7 @@ static bool mock_can_access_peer(const mgt_devset *set, int i, int j)
 
 static const mgt_backend_i mock_backend = {
     .name = "mock",
+    .host_memory = true,
     .device_count = mock_device_count,
     .devset_open = mock_devset_open,
     .devset_close = mock_devset_close,
@@ -985,6 +1056,7 @@ static const mgt_backend_i mock_backend = {
     .supports_op = mock_supports_op,
     .launch = mock_launch,
     .counts = mock_counts,
+    .abandon = mock_abandon,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

@@ -92,24 +92,28 @@ static mgt_status parse_peers(mgt_mock_options *o, const char *item, const char 
     return MGT_OK;
 }
 
-/* alloc@D:N, kernel@D:N[:OP], hang@D:N[:OP] or lowp@D:N:REASONS */
-static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char *val)
+static const char *const fault_kinds[] = {
+    [MGT_FAULT_ALLOC] = "alloc", [MGT_FAULT_KERNEL] = "kernel", [MGT_FAULT_HANG] = "hang",
+    [MGT_FAULT_LOWP] = "lowp",   [MGT_FAULT_PEER] = "peer",     [MGT_FAULT_GONE] = "gone"};
+
+/* alloc@D:N, kernel@D:N[:OP], hang@D:N[:OP], peer@D:N, gone@D:N or lowp@D:N:REASONS; each
+   item adds a fault, one per device */
+static mgt_status parse_fault(mgt_mock_options *all, const char *item, const char *val)
 {
+    if (all->nfaults == MGT_MOCK_MAX_FAULTS)
+        return bad(item, "at most 4 fault= items");
+    mgt_mock_fault *o = &all->fault[all->nfaults];
+    *o = (mgt_mock_fault){0};
     const char *at = strchr(val, '@');
     const char *colon = at ? strchr(at, ':') : NULL;
     if (!at || !colon)
-        return bad(item, "expected KIND@DEVICE:N (alloc, kernel, hang or lowp)");
+        return bad(item, "expected KIND@DEVICE:N (alloc, kernel, hang, peer, gone or lowp)");
     size_t kl = (size_t)(at - val);
-    if (kl == 5 && strncmp(val, "alloc", 5) == 0)
-        o->fault_kind = MGT_FAULT_ALLOC;
-    else if (kl == 6 && strncmp(val, "kernel", 6) == 0)
-        o->fault_kind = MGT_FAULT_KERNEL;
-    else if (kl == 4 && strncmp(val, "hang", 4) == 0)
-        o->fault_kind = MGT_FAULT_HANG;
-    else if (kl == 4 && strncmp(val, "lowp", 4) == 0)
-        o->fault_kind = MGT_FAULT_LOWP;
-    else
-        return bad(item, "the fault kind is alloc, kernel, hang or lowp");
+    for (int k = MGT_FAULT_ALLOC; k <= MGT_FAULT_GONE; k++)
+        if (strlen(fault_kinds[k]) == kl && strncmp(val, fault_kinds[k], kl) == 0)
+            o->kind = (mgt_fault_kind)k;
+    if (o->kind == MGT_FAULT_NONE)
+        return bad(item, "the fault kind is alloc, kernel, hang, peer, gone or lowp");
     char dev[16];
     size_t dl = (size_t)(colon - at - 1);
     if (dl == 0 || dl >= sizeof dev)
@@ -128,9 +132,7 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
     num[nl] = '\0';
     if (!parse_long(num, &n) || n < 1)
         return bad(item, "N counts from 1");
-    o->fault_op[0] = '\0';
-    o->fault_nrefusals = 0;
-    if (o->fault_kind == MGT_FAULT_LOWP) {
+    if (o->kind == MGT_FAULT_LOWP) {
         if (!op || !op[1])
             return bad(item, "lowp@DEVICE:N:REASON[,REASON...] names the refusals, each one of "
                              "no_kernel, bad_param, no_memory, broken, fault");
@@ -141,16 +143,16 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
             if (why == MGT_LP_REFUSAL_COUNT)
                 return bad(item, "a refusal is one of no_kernel, bad_param, no_memory, broken, "
                                  "fault");
-            if (o->fault_nrefusals == MGT_MOCK_MAX_REFUSALS)
+            if (o->nrefusals == MGT_MOCK_MAX_REFUSALS)
                 return bad(item, "at most 8 refusals");
-            o->fault_refusals[o->fault_nrefusals++] = (int)why;
+            o->refusals[o->nrefusals++] = (int)why;
             r = end ? end + 1 : r + len;
         }
         op = NULL;
     }
     if (op) {
-        if ((o->fault_kind != MGT_FAULT_KERNEL && o->fault_kind != MGT_FAULT_HANG) || !op[1] ||
-            strlen(op + 1) >= sizeof o->fault_op)
+        if ((o->kind != MGT_FAULT_KERNEL && o->kind != MGT_FAULT_HANG) || !op[1] ||
+            strlen(op + 1) >= sizeof o->op)
             return bad(item, "an op name follows N only for kernel and hang faults, e.g. "
                              "kernel@0:1:axpy");
         if (mgt_op_kind_from_name(op + 1) == MGT_OP_COUNT) {
@@ -162,10 +164,14 @@ static mgt_status parse_fault(mgt_mock_options *o, const char *item, const char 
             return mgt_error_set(MGT_ERR_INVALID, "'%s': no op is named '%s' (ops: %s)", item,
                                  op + 1, names);
         }
-        snprintf(o->fault_op, sizeof o->fault_op, "%s", op + 1);
+        snprintf(o->op, sizeof o->op, "%s", op + 1);
     }
-    o->fault_device = (int)d;
-    o->fault_nth = n;
+    for (int i = 0; i < all->nfaults; i++)
+        if (all->fault[i].device == d)
+            return bad(item, "one fault per device: this device has one already");
+    o->device = (int)d;
+    o->nth = n;
+    all->nfaults++;
     return MGT_OK;
 }
 
@@ -357,16 +363,15 @@ mgt_status mgt_mock_options_check(const mgt_mock_options *o, const int *ids, int
 {
     char have[256];
     list_ids(have, sizeof have, ids, n);
-    if (o->fault_kind != MGT_FAULT_NONE && !opened(ids, n, o->fault_device)) {
+    for (int i = 0; i < o->nfaults; i++) {
+        const mgt_mock_fault *f = &o->fault[i];
+        if (opened(ids, n, f->device))
+            continue;
         char item[96];
-        static const char *const kinds[] = {[MGT_FAULT_ALLOC] = "alloc",
-                                            [MGT_FAULT_KERNEL] = "kernel",
-                                            [MGT_FAULT_HANG] = "hang",
-                                            [MGT_FAULT_LOWP] = "lowp"};
-        snprintf(item, sizeof item, "fault=%s@%d:%ld%s%s", kinds[o->fault_kind], o->fault_device,
-                 o->fault_nth, o->fault_op[0] ? ":" : "", o->fault_op);
+        snprintf(item, sizeof item, "fault=%s@%d:%ld%s%s", fault_kinds[f->kind], f->device, f->nth,
+                 f->op[0] ? ":" : "", f->op);
         return mgt_error_set(MGT_ERR_INVALID, "'%s': no device %d among the %d opened (ids %s)",
-                             item, o->fault_device, n, have);
+                             item, f->device, n, have);
     }
     if (o->peer_mode != MGT_PEER_LIST)
         return MGT_OK;

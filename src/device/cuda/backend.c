@@ -262,6 +262,13 @@ static mgt_status cuda_xcomm_allgather(void *comm, mgt_stream *s, const float *s
     return mgt_cuda_xcomm_allgather(comm, s->impl, send, recv, n);
 }
 
+static mgt_status cuda_xcomm_alltoall(void *comm, mgt_stream *s, const float *send,
+                                      const size_t *counts, const size_t *displs, float *recv,
+                                      size_t each, size_t stride)
+{
+    return mgt_cuda_xcomm_alltoall(comm, s->impl, send, counts, displs, recv, each, stride);
+}
+
 static void cuda_xcomm_free(void *comm) { mgt_cuda_xcomm_free(comm); }
 
 static const mgt_backend_i cuda_backend = {
@@ -297,6 +304,7 @@ static const mgt_backend_i cuda_backend = {
     .xcomm_create = cuda_xcomm_create,
     .xcomm_allgather = cuda_xcomm_allgather,
     .xcomm_free = cuda_xcomm_free,
+    .xcomm_alltoall = cuda_xcomm_alltoall,
 #endif
 };
 

@@ -120,6 +120,11 @@ mgt_status mgt_cuda_xcomm_create(mgt_cuda_dev *d, const void *id, size_t len, in
 /* ncclAllGather of n floats per rank on s: recv gets rank r's at r * n */
 mgt_status mgt_cuda_xcomm_allgather(mgt_cuda_xcomm *x, mgt_cuda_stream *s, const float *send,
                                     float *recv, size_t n);
+/* Grouped ncclSend/ncclRecv on s: rank p gets counts[p] floats at send + displs[p], recv +
+   r * stride gets rank r's `each` (this rank's own piece by a device copy) */
+mgt_status mgt_cuda_xcomm_alltoall(mgt_cuda_xcomm *x, mgt_cuda_stream *s, const float *send,
+                                   const size_t *counts, const size_t *displs, float *recv,
+                                   size_t each, size_t stride);
 void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x); /* NULL is a no-op */
 
 /* ---- kernels: one per row of the op list, cuda_<stem>, each given a checked op on s's

@@ -14,6 +14,7 @@
 struct mgt_cuda_xcomm {
     mgt_cuda_dev *dev;
     ncclComm_t comm;
+    int rank, nranks;
 };
 
 static mgt_status nccl_fail(mgt_cuda_dev *d, ncclResult_t r, const char *call)
@@ -47,6 +48,8 @@ extern "C" mgt_status mgt_cuda_xcomm_create(mgt_cuda_dev *d, const void *id, siz
     memcpy(&u, id, sizeof u);
     mgt_cuda_xcomm *x = new mgt_cuda_xcomm();
     x->dev = d;
+    x->rank = rank;
+    x->nranks = nranks;
     // blocks until every rank of this replica's communicator has called it
     ncclResult_t r = ncclCommInitRank(&x->comm, nranks, u, rank);
     if (r != ncclSuccess) {
@@ -67,6 +70,38 @@ extern "C" mgt_status mgt_cuda_xcomm_allgather(mgt_cuda_xcomm *x, mgt_cuda_strea
     if (r != ncclSuccess)
         return nccl_fail(s->dev, r, "ncclAllGather");
     return MGT_CUDA_AFTER(s, "ncclAllGather");
+}
+
+extern "C" mgt_status mgt_cuda_xcomm_alltoall(mgt_cuda_xcomm *x, mgt_cuda_stream *s,
+                                              const float *send, const size_t *counts,
+                                              const size_t *displs, float *recv, size_t each,
+                                              size_t stride)
+{
+    mgt_status st = mgt_cuda_enter(s);
+    if (st != MGT_OK)
+        return st;
+    // this rank's own piece is a device copy; the others go as one group of point-to-point
+    // transfers, which NCCL runs side by side
+    if (each > 0)
+        MGT_CUDA_TRY(s->dev,
+                     cudaMemcpyAsync(recv + (size_t)x->rank * stride, send + displs[x->rank],
+                                     each * sizeof(float), cudaMemcpyDeviceToDevice, s->stream));
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < x->nranks && r == ncclSuccess; p++) {
+        if (p == x->rank)
+            continue;
+        if (counts[p] > 0)
+            r = ncclSend(send + displs[p], counts[p], ncclFloat, p, x->comm, s->stream);
+        if (r == ncclSuccess && each > 0)
+            r = ncclRecv(recv + (size_t)p * stride, each, ncclFloat, p, x->comm, s->stream);
+    }
+    // a group once started is ended, whatever failed inside it
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess)
+        return nccl_fail(s->dev, r, "ncclSend/ncclRecv");
+    if (e != ncclSuccess)
+        return nccl_fail(s->dev, e, "ncclGroupEnd");
+    return MGT_CUDA_AFTER(s, "the all-to-all's ncclSend/ncclRecv group");
 }
 
 extern "C" void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x)
