@@ -330,7 +330,7 @@ typedef struct mgt_model_counts {
        in*out, BN 2 per element, global avgpool hw+1 per output, relu/maxpool/add 0. */
     uint64_t macs;
     uint64_t macs_conv_fc; /* the conv and linear part alone (1.81 G, 4.09 G) */
-    uint64_t macs_aux; /* the auxiliary classifiers' (training only), in none of the above */
+    uint64_t macs_aux;     /* the auxiliary classifiers' (training only), in none of the above */
     /* activation arena bytes that scale with the batch: every value in the storage the plan
        chose (16-bit ones under --amp), the gradient slots (a gradient stored as its value),
        the probabilities */
