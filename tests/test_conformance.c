@@ -3258,6 +3258,72 @@ static bool case_to16(tcase *c, mgt_precision prec)
     return true;
 }
 
+/* The layouts an op names (mgt_layout), as a bit set: 1 << MGT_LAYOUT_NCHW16C, ... */
+static unsigned op_layouts(const mgt_op *op)
+{
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        return 1u << op->u.conv.sh.x_layout | 1u << op->u.conv.sh.y_layout;
+    case MGT_OP_BN_FWD_TRAIN: return 1u << op->u.bn_train.sh.layout;
+    case MGT_OP_BN_FWD_EVAL: return 1u << op->u.bn_eval.sh.layout;
+    case MGT_OP_BN_BWD: return 1u << op->u.bn_bwd.sh.layout;
+    case MGT_OP_MAXPOOL_FWD: return 1u << op->u.maxpool_fwd.sh.layout;
+    case MGT_OP_MAXPOOL_BWD: return 1u << op->u.maxpool_bwd.sh.layout;
+    case MGT_OP_AVGPOOL_FWD: return 1u << op->u.avgpool_fwd.layout;
+    case MGT_OP_AVGPOOL_BWD: return 1u << op->u.avgpool_bwd.layout;
+    default: return 1u << MGT_LAYOUT_NCHW;
+    }
+}
+
+/* The NHWC (channels-last) form of an NCHW case of a kind that takes a layout: the same data
+   read as NHWC, which the reference handles through mgt_layout_at; false for other kinds and
+   for cases in another layout. With case_to16 after it, this is what a CUDA model's body runs
+   under --amp. */
+/* Whether ops of this kind take a layout (mgt_layout). */
+static bool takes_layout(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD:
+    case MGT_OP_MAXPOOL_FWD:
+    case MGT_OP_MAXPOOL_BWD:
+    case MGT_OP_AVGPOOL_FWD:
+    case MGT_OP_AVGPOOL_BWD: return true;
+    default: return false;
+    }
+}
+
+static bool case_to_nhwc(tcase *c)
+{
+    mgt_op *op = &c->op;
+    if (op_layouts(op) != 1u << MGT_LAYOUT_NCHW)
+        return false;
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        op->u.conv.sh.x_layout = op->u.conv.sh.y_layout = MGT_LAYOUT_NHWC;
+        break;
+    case MGT_OP_BN_FWD_TRAIN: op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_FWD_EVAL: op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_BWD: op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_MAXPOOL_FWD: op->u.maxpool_fwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_MAXPOOL_BWD: op->u.maxpool_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_AVGPOOL_FWD: op->u.avgpool_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_AVGPOOL_BWD: op->u.avgpool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    default: return false;
+    }
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " nhwc");
+    return true;
+}
+
 /* ---- the driver ---- */
 
 /* Every op's cases: gen_<stem> of its row of the op list (the driver sets c->op.kind first, so
@@ -3357,28 +3423,37 @@ int main(int argc, char **argv)
             return 1;
         }
 
-    int fails = 0, ncases = 0, nfd = 0, n16 = 0;
-    /* the fp32 cases, then (idx - first16) the 16-bit storage forms of the comparison ones */
-    int first16 = -1;
+    int fails = 0, ncases = 0, nfd = 0, n16 = 0, nnhwc = 0;
+    /* the fp32 cases, then (idx - first16) the 16-bit storage forms of the comparison ones,
+       then (idx - first_nhwc) their NHWC 16-bit forms where the kind takes a layout (what
+       CUDA's kernels run under --amp) */
+    int first16 = -1, first_nhwc = -1;
     for (int idx = 0;; idx++) {
         tcase c;
         memset(&c, 0, sizeof c);
         c.op.kind = kind;
-        int gidx = first16 < 0 ? idx : idx - first16;
+        int gidx = idx - (first_nhwc >= 0 ? first_nhwc : first16 >= 0 ? first16 : 0);
         rng r = rng_for(op_seed(opname), gidx, 0);
         if (!gens[kind](&c, gidx, &r)) {
             case_free(&c);
-            if (first16 >= 0 || !mgt_op_takes_store(kind))
-                break;
-            first16 = idx--; /* gidx 0 again, stored in 16 bits */
-            continue;
+            if (first16 < 0 && mgt_op_takes_store(kind)) {
+                first16 = idx--; /* gidx 0 again, stored in 16 bits */
+                continue;
+            }
+            if (first16 >= 0 && first_nhwc < 0 && takes_layout(kind)) {
+                first_nhwc = idx--; /* and again, NHWC 16-bit */
+                continue;
+            }
+            break;
         }
         if (first16 >= 0) {
-            if (c.fd.nwrt || !case_to16(&c, gidx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16)) {
+            if (c.fd.nwrt || (first_nhwc >= 0 && !case_to_nhwc(&c)) ||
+                !case_to16(&c, gidx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16)) {
                 case_free(&c);
                 continue;
             }
             n16++;
+            nnhwc += first_nhwc >= 0;
         }
         if (c.fd.nwrt) {
             void **snap = case_snapshot(&c);
@@ -3402,15 +3477,14 @@ int main(int argc, char **argv)
         for (int b = 0; b < nb; b++) {
             devrun dr;
             const char *what;
-            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_blocked(&c.op)) {
+            if (bes[b].kind == MGT_DEVICE_CUDA && (op_layouts(&c.op) >> MGT_LAYOUT_NCHW16C & 1)) {
                 printf("%s %d (%s): skipped on cuda: nChw16c is the mock devices' layout\n", opname,
                        idx, c.desc);
                 continue;
             }
-            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_store16(&c.op) != MGT_PREC_F32) {
-                printf("%s %d (%s): skipped on cuda: its kernels store activations in fp32 "
-                       "(mgt_device_act_dtype)\n",
-                       opname, idx, c.desc);
+            if (bes[b].kind == MGT_DEVICE_MOCK && (op_layouts(&c.op) >> MGT_LAYOUT_NHWC & 1)) {
+                printf("%s %d (%s): skipped on %s: NHWC is CUDA's layout (the reference runs it)\n",
+                       opname, idx, c.desc, bes[b].label);
                 continue;
             }
             mgt_status st = dev_exec(&bes[b], &c.op, &dr, &what);
@@ -3430,7 +3504,9 @@ int main(int argc, char **argv)
     }
     for (int b = 0; b < nb; b++)
         backend_close(&bes[b]);
-    printf("conformance %s: %d cases (%d of them with 16-bit activations) on %d backends%s: %s\n",
-           opname, ncases, n16, nb, nfd ? " with finite differences" : "", fails ? "FAILED" : "ok");
+    printf("conformance %s: %d cases (%d of them with 16-bit activations, %d NHWC) on %d "
+           "backends%s: %s\n",
+           opname, ncases, n16, nnhwc, nb, nfd ? " with finite differences" : "",
+           fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

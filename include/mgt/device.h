@@ -319,6 +319,7 @@ void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 typedef enum mgt_layout {
     MGT_LAYOUT_NCHW = 0,
     MGT_LAYOUT_NCHW16C, /* oneDNN's nChw16c: [n][c/16][h][w][16]; c a multiple of 16 */
+    MGT_LAYOUT_NHWC,    /* channels last: [n][h][w][c], what cuDNN's tensor cores take */
 } mgt_layout;
 
 /* Where element i (of hw) of channel ch of image n lies in an [n, c, hw] activation. */
@@ -327,11 +328,20 @@ static inline size_t mgt_layout_at(mgt_layout l, int c, int hw, int n, int ch, i
     if (l == MGT_LAYOUT_NCHW16C)
         return (((size_t)n * (size_t)(c / 16) + (size_t)(ch / 16)) * (size_t)hw + (size_t)i) * 16 +
                (size_t)(ch % 16);
+    if (l == MGT_LAYOUT_NHWC)
+        return ((size_t)n * (size_t)hw + (size_t)i) * (size_t)c + (size_t)ch;
     return ((size_t)n * (size_t)c + (size_t)ch) * (size_t)hw + (size_t)i;
 }
 
+/* The step from one pixel of a channel to the next in an activation of c channels. */
+static inline size_t mgt_layout_pixel_step(mgt_layout l, int c)
+{
+    return l == MGT_LAYOUT_NCHW16C ? 16 : l == MGT_LAYOUT_NHWC ? (size_t)c : 1;
+}
+
 /* The layout d's kernels want activations kept in between ops: MGT_LAYOUT_NCHW16C on mock
-   devices whose convolutions run on oneDNN (unless --mock layout=nchw), NCHW elsewhere. A
+   devices whose convolutions run on oneDNN (unless --mock layout=nchw), MGT_LAYOUT_NHWC on
+   CUDA under mixed precision (mgt_device_act_dtype 16-bit), NCHW elsewhere. A
    model built for d uses it where every op around a value can (mgt/nn.h). */
 mgt_layout mgt_device_act_layout(const mgt_device *d);
 

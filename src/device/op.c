@@ -249,7 +249,7 @@ static void operands_gemm(mgt_op *op, operand_list *l)
    blocked one only where c fills whole blocks. */
 static mgt_status check_layout(const mgt_op *op, mgt_layout l, int c, const char *what)
 {
-    if (l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NCHW16C)
+    if (l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NCHW16C && l != MGT_LAYOUT_NHWC)
         return INVALID(op, "%s layout %d is none of mgt_layout's", what, (int)l);
     if (l == MGT_LAYOUT_NCHW16C && c % 16 != 0)
         return INVALID(op, "%s in nChw16c needs channels in multiples of 16, not %d", what, c);
@@ -317,8 +317,9 @@ static mgt_status check_conv(const mgt_op *op)
     if (st == MGT_OK)
         st = check_layout(op, sh->y_layout, sh->k, "y");
     if (st == MGT_OK && sh->groups != 1 &&
-        (sh->x_layout != MGT_LAYOUT_NCHW || sh->y_layout != MGT_LAYOUT_NCHW))
-        return INVALID(op, "a grouped convolution (groups %d) takes NCHW only", sh->groups);
+        (sh->x_layout == MGT_LAYOUT_NCHW16C || sh->y_layout == MGT_LAYOUT_NCHW16C))
+        return INVALID(op, "a grouped convolution (groups %d) takes NCHW or NHWC, not nChw16c",
+                       sh->groups);
     return st;
 }
 

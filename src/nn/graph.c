@@ -600,6 +600,8 @@ static void plan_layouts(mgt_model *m)
 {
     /* a model made without a device (to count or describe it) keeps NCHW */
     mgt_layout want = m->dev ? mgt_device_act_layout(m->dev) : MGT_LAYOUT_NCHW;
+    if (want == MGT_LAYOUT_NHWC) /* with the storage, in plan_channels_last */
+        want = MGT_LAYOUT_NCHW;
     for (int v = 0; v < m->n_values; v++) {
         nn_value *x = &m->values[v];
         x->layout = MGT_LAYOUT_NCHW;
@@ -698,6 +700,75 @@ static void plan_dtypes(mgt_model *m)
                 changed |= x->dtype != MGT_PREC_F32;
                 x->dtype = MGT_PREC_F32;
             }
+        }
+    }
+}
+
+/* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
+   a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
+   it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
+   max pooling, and the global average pool as a reader. The rest (copies of channel slices,
+   adaptive pooling, squeeze-excite scaling, layer norm) have NCHW kernels there only. */
+static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
+{
+    switch (nd->kind) {
+    case NN_CONV: return as_reader || !nd->u.conv.bias;
+    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
+    case NN_RELU:
+    case NN_ACT:
+    case NN_ADD:
+    case NN_MAXPOOL: return true;
+    case NN_GAP: return as_reader;
+    default: return false;
+    }
+}
+
+/* On a device whose layout is channels last (mgt_device_act_layout NHWC: CUDA under --amp), a
+   value is NHWC exactly where it is 16-bit, and 16-bit only where its producer and every reader
+   take NHWC 16 bits (takes_nhwc16): a 16-bit NCHW activation or an fp32 NHWC one is a storage
+   the device has no kernels for. A node other than a convolution or the global pool keeps one
+   storage across its operands, as in plan_dtypes, so an fp32 NCHW value pulls its neighbours
+   along; the fixed point is reached in a few sweeps. Runs after plan_layouts and plan_dtypes,
+   which left every value NCHW on such a device. */
+static void plan_channels_last(mgt_model *m)
+{
+    if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
+        return;
+    for (int v = 0; v < m->n_values; v++) {
+        nn_value *x = &m->values[v];
+        if (x->dtype != MGT_PREC_F32 && !takes_nhwc16(m, &m->nodes[x->producer], false))
+            x->dtype = MGT_PREC_F32;
+    }
+    for (int i = 0; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_in; j++)
+            if (!takes_nhwc16(m, &m->nodes[i], true))
+                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
+            for (int j = 0; j < nd->n_in; j++)
+                wide |= m->values[nd->in[j]].dtype == MGT_PREC_F32;
+            if (!wide)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= x->dtype != MGT_PREC_F32;
+                x->dtype = MGT_PREC_F32;
+            }
+        }
+    }
+    for (int v = 0; v < m->n_values; v++)
+        m->values[v].layout =
+            m->values[v].dtype != MGT_PREC_F32 ? MGT_LAYOUT_NHWC : MGT_LAYOUT_NCHW;
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_CONV) {
+            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
+            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
         }
     }
 }
@@ -929,6 +1000,7 @@ mgt_status nn_plan(mgt_model *m)
 
     plan_layouts(m);
     plan_dtypes(m);
+    plan_channels_last(m);
     plan_inplace(m);
     planner p = {.m = m};
     for (int v = 1; v < m->n_values; v++)

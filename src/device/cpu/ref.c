@@ -342,10 +342,10 @@ static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
    maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
    maximum is the first in raster order: a later value must be strictly larger to win. */
 /* The plane of channel c of image n in a pooling tensor of `pixels` per plane: where its first
-   element lies, and the step from one pixel to the next (1 in NCHW, 16 in nChw16c). */
+   element lies, and the step from one pixel to the next (mgt_layout_pixel_step). */
 static size_t pool_plane(const mgt_pool2d_shape *sh, int n, int c, size_t pixels, size_t *step)
 {
-    *step = sh->layout == MGT_LAYOUT_NCHW16C ? 16 : 1;
+    *step = mgt_layout_pixel_step(sh->layout, sh->c);
     return mgt_layout_at(sh->layout, sh->c, (int)pixels, n, c, 0);
 }
 

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "device/backend.h"
+#include "device/bytes.h"
 #include "device/cuda/cuda_impl.h"
 
 /* ---- waits ----
@@ -125,7 +126,12 @@ static mgt_status cuda_alloc(mgt_device *d, size_t bytes, void **ptr)
     return mgt_cuda_alloc(d->impl, bytes, ptr);
 }
 
-static void cuda_free(mgt_device *d, void *ptr) { mgt_cuda_free(d->impl, ptr); }
+/* A freed block may come back as another buffer: a filter copy made from it is stale. */
+static void cuda_free(mgt_device *d, void *ptr)
+{
+    mgt_cuda_note_write(d->impl, ptr, 1);
+    mgt_cuda_free(d->impl, ptr);
+}
 
 static mgt_status cuda_host_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
@@ -208,6 +214,7 @@ static mgt_status cuda_event_elapsed_ms(mgt_event *start, mgt_event *end, float 
 
 static mgt_status cuda_memset(mgt_stream *s, void *dst, int value, size_t bytes)
 {
+    mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_memset(s->impl, dst, value, bytes);
 }
 
@@ -217,12 +224,15 @@ static mgt_status cuda_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const 
     int k = kind == MGT_COPY_H2D   ? MGT_CUDA_COPY_H2D
             : kind == MGT_COPY_D2H ? MGT_CUDA_COPY_D2H
                                    : MGT_CUDA_COPY_D2D;
+    if (kind != MGT_COPY_D2H)
+        mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_copy(s->impl, k, dst, src, bytes);
 }
 
 static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
                                  size_t bytes)
 {
+    mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_copy_peer(s->impl, dst, src_dev->impl, src, bytes);
 }
 
@@ -233,19 +243,35 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CUDA_OP)};
 #undef CUDA_OP
 
-/* cuDNN and the kernels here take NCHW fp32 activations; mgt_device_act_layout and
-   mgt_device_act_dtype never ask a CUDA model for another layout or storage. */
+/* What the kernels here take (device/bytes.h: the byte model refuses the same ops). */
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && !mgt_op_blocked(op) &&
-           mgt_op_store16(op) == MGT_PREC_F32;
+    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && mgt_op_cuda_takes(op);
 }
 
-/* Called only for ops cuda_supports_op accepted. */
+/* Called only for ops cuda_supports_op accepted. A filter copy an op writes over is stale
+   (the optimizer's update, a load). */
 static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
+    mgt_cuda_note_op(s->dev->impl, op);
+    if (mgt_op_store16(op) != MGT_PREC_F32)
+        return mgt_cuda_store16(s->impl, op);
     return cuda_ops[op->kind](s->impl, op);
+}
+
+/* NHWC, for the 16-bit activations a model keeps under --amp (cuDNN's tensor cores take them
+   without transposes); the model keeps fp32 ones NCHW (mgt/nn.h). */
+static mgt_layout cuda_act_layout(const mgt_device *d)
+{
+    (void)d;
+    return MGT_LAYOUT_NHWC;
+}
+
+static mgt_precision cuda_act_dtype(const mgt_device *d, mgt_precision amp)
+{
+    (void)d;
+    return amp;
 }
 
 /* ---- across processes ---- */
@@ -297,6 +323,8 @@ static const mgt_backend_i cuda_backend = {
     .memset = cuda_memset,
     .copy = cuda_copy,
     .copy_peer = cuda_copy_peer,
+    .act_layout = cuda_act_layout,
+    .act_dtype = cuda_act_dtype,
     .supports_op = cuda_supports_op,
     .launch = cuda_launch,
 #ifdef MGT_HAVE_NCCL
