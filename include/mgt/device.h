@@ -459,6 +459,31 @@ bool mgt_precision_parse(const char *name, mgt_precision *out);
    activation whose producer and readers take it so (mgt/nn.h). */
 mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp);
 
+/* The byte model of the CUDA kernels (docs/mixed-precision.md): devices that run nothing and
+   count, for every op, copy and memset enqueued on them, the bytes that the CUDA backend's
+   kernels for it would read and write in global memory (src/device/bytes.c: each pass reads
+   each tensor it needs once and writes each output once). A model built on one is planned as
+   on CUDA: under --amp, act BF16 or FP16 stores activations NHWC in 16 bits (the
+   channels-last path), act F32 keeps them NCHW fp32 with the 16-bit convolutions converting
+   at their edges (the path before it). One device; its memory is address space only (copies
+   to the host give zeros), so a step of any batch size can be traced. */
+mgt_status mgt_devset_open_bytes(mgt_precision act, mgt_devset **out);
+
+/* One row of a byte-model device's tally: an op's name, or "copy", "memset". */
+typedef struct mgt_bytes_row {
+    const char *name;
+    long calls, passes;   /* ops, and the kernels they launch */
+    double read, written; /* bytes */
+    /* of read + written, the passes that only change layout or precision (transposes, the
+       16-bit copies of a convolution's or gemm's inputs, results widened back) */
+    double convert;
+} mgt_bytes_row;
+
+/* The rows with calls so far, in the op list's order then copy and memset; returns how many
+   there are (rows gets the first cap). 0 for a device that is not a byte model's. */
+int mgt_device_bytes_rows(const mgt_device *d, mgt_bytes_row *rows, int cap);
+void mgt_device_bytes_reset(mgt_device *d);
+
 /* How an op stores the activations it reads and writes and their gradients, as autocast keeps
    a tensor's gradient in the tensor's type: `in` for the forward's input activations (x; add's
    a and b) and their gradients (dx), `out` for its output (y) and its gradient (dy), in a

@@ -107,10 +107,11 @@ static void bn_bytes(const mgt_op *op, mgt_op_bytes *b)
                                                               : &op->u.bn_bwd.sh;
     const double n = (double)sh->n * sh->c * sh->hw, c = sh->c;
     /* store16.cu's partial sums: {sum, sum of squares} in double per row chunk and channel */
-    const double rows = (double)sh->n * sh->hw;
-    double chunks = sh->c < 65536 ? (double)(65536 / sh->c) : 1.0;
-    if (chunks > rows)
-        chunks = rows;
+    const size_t rows = (size_t)sh->n * (size_t)sh->hw;
+    size_t k = (size_t)65536 / (size_t)sh->c, most = (rows + 31) / 32;
+    if (k > most)
+        k = most;
+    const double chunks = k < 1 ? 1.0 : (double)k; /* store16.cu's bn_chunks */
     const double partial = lp ? 16.0 * chunks * c : 0.0;
     switch (op->kind) {
     case MGT_OP_BN_FWD_TRAIN:

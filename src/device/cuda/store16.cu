@@ -388,14 +388,16 @@ __global__ void k_relayout(void *dst, bool dst_nhwc, mgt_sto sd, const void *src
 
 // ---- launchers ----
 
-// Row chunks of batch norm's partial sums: about 64K threads, at most one chunk per row.
+// Row chunks of batch norm's partial sums: about 64K threads, and at least 32 rows a chunk so
+// that the partial sums (16 bytes a chunk and channel) stay small beside the data (2 bytes a
+// row and channel). device/bytes.c counts the same.
 int bn_chunks(size_t rows, int c)
 {
-    size_t k = ((size_t)1 << 16) / (size_t)c;
+    size_t k = ((size_t)1 << 16) / (size_t)c, most = (rows + 31) / 32;
+    if (k > most)
+        k = most;
     if (k < 1)
         k = 1;
-    if (k > rows)
-        k = rows;
     return (int)k;
 }
 
