@@ -127,7 +127,10 @@ static void store_item(void *c, int i, int t)
     const mgt_store_job *j = c;
     size_t lo, hi;
     item_range(j->n, CHUNK, i, &lo, &hi);
-    mgt_store_copy(j, lo, hi);
+    if (j->to16)
+        cpu16_round(j->prec, (const float *)j->src + lo, (uint16_t *)j->dst + lo, hi - lo);
+    else
+        cpu16_widen(j->prec, (const uint16_t *)j->src + lo, (float *)j->dst + lo, hi - lo);
 }
 
 static void cpu_store_copy(void *c, const mgt_store_job *job)
@@ -142,15 +145,41 @@ static mgt_status cpu_fp32(void *c, const mgt_op *op)
     return cpu_ops[op->kind](w->ctx, op);
 }
 
+mgt_status cpu_run_widened(cpu_ctx *ctx, const mgt_op *op)
+{
+    cpu_wide w = {ctx, op};
+    return mgt_op_run_widened(op, &w, cpu_widen, cpu_store_copy, cpu_fp32);
+}
+
+/* The ops whose kernels take 16-bit storage themselves, in one pass over memory: strided
+   copies move the codes; the convolutions hand bf16 to oneDNN (or run widened themselves
+   where it cannot); add and ReLU widen and round tile by tile; batch norm in nChw16c likewise
+   (its NCHW loops, per channel over the whole batch, run widened). */
+static bool native16(const mgt_op *op)
+{
+    switch (op->kind) {
+    case MGT_OP_STRIDED_COPY:
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_ADD:
+    case MGT_OP_RELU_FWD:
+    case MGT_OP_RELU_BWD: return true;
+    case MGT_OP_BN_FWD_TRAIN: return op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C;
+    case MGT_OP_BN_FWD_EVAL: return op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C;
+    case MGT_OP_BN_BWD: return op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C;
+    default: return false;
+    }
+}
+
 mgt_status cpu_run(cpu_ctx *ctx, const mgt_op *op)
 {
     if (!cpu_supports(op->kind))
         return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: %s is not supported",
                              mgt_op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
-    cpu_wide w = {ctx, op};
-    mgt_status st = mgt_op_store16(op) != MGT_PREC_F32 && op->kind != MGT_OP_STRIDED_COPY
-                        ? mgt_op_run_widened(op, &w, cpu_widen, cpu_store_copy, cpu_fp32)
+    mgt_status st = mgt_op_store16(op) != MGT_PREC_F32 && !native16(op)
+                        ? cpu_run_widened(ctx, op)
                         : cpu_ops[op->kind](ctx, op);
     pthread_mutex_unlock(&ctx->lock);
     return st;

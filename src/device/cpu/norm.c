@@ -236,14 +236,37 @@ typedef struct bnb_job {
     float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
     size_t units;        /* planes per item of the elementwise pass */
     bool avx512;         /* the sums on the AVX-512F build of their loop */
+    /* activations stored in 16 bits (F32: none): x, dy, ymask and y then point at codes; each
+       item widens BNB_TILE values of each into its thread's tiles, runs the fp32 loops on them
+       and rounds its output tile once, so memory sees the 16-bit arrays pass once */
+    mgt_precision p16;
+    float *tiles; /* [threads][3][BNB_TILE] */
 } bnb_job;
+
+/* Values per operand tile of a 16-bit item: one sums block (BN_BLOCK pixels of 16 channels). */
+#define BNB_TILE ((size_t)BN_BLOCK * 16)
+
+/* Elements [off, off + n) of operand a as fp32: the array itself, or its codes widened into
+   tile. */
+static const float *bnb_in(const bnb_job *j, const float *a, size_t off, float *tile, size_t n)
+{
+    if (!a || j->p16 == MGT_PREC_F32)
+        return a ? a + off : NULL;
+    cpu16_widen(j->p16, (const uint16_t *)(const void *)a + off, tile, n);
+    return tile;
+}
+
+static float *bnb_tile(const bnb_job *j, int t, int k)
+{
+    return j->tiles + ((size_t)t * 3 + (size_t)k) * BNB_TILE;
+}
 
 /* dy where the folded ReLU's output y (NULL: none) is positive, as relu_bwd_item masks it (a
    macro: a function returning 16 lanes would change its ABI between the two builds) */
 #define V16_RELU_DY(dy, y, at) \
     ((y) ? (vf16)((vi16)V16_LD((dy) + (at)) & (V16_LD((y) + (at)) > 0.0f)) : V16_LD((dy) + (at)))
 
-/* One image plane of one block: per channel, t1 = sum of a and t2 = sum of b, where backward
+/* One image plane of one block: per channel, t1 += sum of a and t2 += sum of b, where backward
    (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
    sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. */
 __attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
@@ -253,8 +276,6 @@ __attribute__((always_inline)) static inline void bnb_plane_sums_span(const floa
                                                                       double *t1, double *t2)
 {
     vf16 k = V16_LD(shift);
-    for (int l = 0; l < 16; l++)
-        t1[l] = t2[l] = 0;
     size_t j = 0;
     while (j + 16 <= hw) {
         size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);
@@ -318,7 +339,6 @@ __attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float
 /* The sums of this item's images of one block, each image's into its own place. */
 static void bnb_sums_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
     int b = i / j->parts, p = i % j->parts;
     int n0 = (int)((long long)j->n * p / j->parts),
@@ -327,9 +347,18 @@ static void bnb_sums_item(void *c, int i, int t)
     for (int ni = n0; ni < n1; ni++) {
         size_t base = ((size_t)ni * j->cb + b) * j->hw * 16;
         double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
-        (j->avx512 ? bnb_plane_sums_avx512 : bnb_plane_sums_base)(
-            j->x + base, j->dy ? j->dy + base : NULL, j->ymask ? j->ymask + base : NULL, j->hw,
-            j->shift + (size_t)b * 16, out, out + ch);
+        for (int l = 0; l < 16; l++)
+            out[l] = out[ch + (size_t)l] = 0;
+        /* 16-bit: block by block, which adds what one call over the plane adds, in its order */
+        size_t span = j->p16 == MGT_PREC_F32 ? j->hw : BN_BLOCK;
+        for (size_t p0 = 0; p0 < j->hw; p0 += span) {
+            size_t np = min_z(span, j->hw - p0), off = base + p0 * 16;
+            (j->avx512 ? bnb_plane_sums_avx512
+                       : bnb_plane_sums_base)(bnb_in(j, j->x, off, bnb_tile(j, t, 0), np * 16),
+                                              bnb_in(j, j->dy, off, bnb_tile(j, t, 1), np * 16),
+                                              bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), np * 16),
+                                              np, j->shift + (size_t)b * 16, out, out + ch);
+        }
     }
 }
 
@@ -358,10 +387,10 @@ static void v_ld4(vf v[4], const float *p)
    then with a folded ReLU relu_fwd_item's max(., 0). */
 static void bnb_affine_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
     bool relu = j->relu;
-    size_t lo, hi;
+    size_t lo, hi, plane = j->hw * 16;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_TILE;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -369,13 +398,18 @@ static void bnb_affine_item(void *c, int i, int t)
         v_ld4(sub, j->k0 + b * 16);
         v_ld4(mul, j->k1 + b * 16);
         v_ld4(add, j->k2 + b * 16);
-        const float *x = j->x + pl * j->hw * 16;
-        float *y = j->y + pl * j->hw * 16;
-        for (size_t e = 0; e < j->hw * 16; e += 16)
-            for (int q = 0; q < 4; q++) {
-                vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
-                vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
-            }
+        for (size_t e0 = 0; e0 < plane; e0 += span) {
+            size_t n = min_z(span, plane - e0), off = pl * plane + e0;
+            const float *x = bnb_in(j, j->x, off, bnb_tile(j, t, 0), n);
+            float *y = j->p16 == MGT_PREC_F32 ? j->y + off : bnb_tile(j, t, 1);
+            for (size_t e = 0; e < n; e += 16)
+                for (int q = 0; q < 4; q++) {
+                    vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
+                    vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+                }
+            if (j->p16 != MGT_PREC_F32)
+                cpu16_round(j->p16, y, (uint16_t *)(void *)j->y + off, n);
+        }
     }
 }
 
@@ -383,9 +417,9 @@ static void bnb_affine_item(void *c, int i, int t)
    masked by a folded ReLU's output. */
 static void bnb_dx_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
-    size_t lo, hi;
+    size_t lo, hi, plane = j->hw * 16;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_TILE;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -394,15 +428,23 @@ static void bnb_dx_item(void *c, int i, int t)
         v_ld4(k, j->k1 + b * 16);
         v_ld4(mdy, j->k2 + b * 16);
         v_ld4(kx, j->shift + b * 16);
-        size_t off = pl * j->hw * 16;
-        const float *x = j->x + off, *dy = j->dy + off, *ym = j->ymask ? j->ymask + off : NULL;
-        float *dx = j->y + off;
-        for (size_t e = 0; e < j->hw * 16; e += 16)
-            for (int q = 0; q < 4; q++) {
-                size_t at = e + 4 * (size_t)q;
-                vst(dx + at,
-                    k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
-            }
+        for (size_t e0 = 0; e0 < plane; e0 += span) {
+            size_t n = min_z(span, plane - e0), off = pl * plane + e0;
+            /* the output tile is x's once x is read (each element is read before written) */
+            float *xt = bnb_tile(j, t, 0);
+            const float *x = bnb_in(j, j->x, off, xt, n);
+            const float *dy = bnb_in(j, j->dy, off, bnb_tile(j, t, 1), n);
+            const float *ym = bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), n);
+            float *dx = j->p16 == MGT_PREC_F32 ? j->y + off : xt;
+            for (size_t e = 0; e < n; e += 16)
+                for (int q = 0; q < 4; q++) {
+                    size_t at = e + 4 * (size_t)q;
+                    vst(dx + at,
+                        k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
+                }
+            if (j->p16 != MGT_PREC_F32)
+                cpu16_round(j->p16, dx, (uint16_t *)(void *)j->y + off, n);
+        }
     }
 }
 
@@ -413,7 +455,10 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
 {
     int parts = bnb_parts(sh->n), cb = sh->c / 16;
     size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
-    mgt_status st = cpu_scratch_ensure(ctx, op, sum_floats + 4 * c);
+    mgt_precision p16 = mgt_op_store16(op);
+    size_t tiles_at = align_up(sum_floats + 4 * c);
+    size_t tiles = p16 == MGT_PREC_F32 ? 0 : (size_t)pool_threads(ctx) * 3 * BNB_TILE;
+    mgt_status st = cpu_scratch_ensure(ctx, op, tiles_at + tiles);
     if (st != MGT_OK)
         return st;
     float *f = ctx->scratch + sum_floats;
@@ -432,7 +477,9 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
                    .k1 = f + 2 * c,
                    .k2 = f + 3 * c,
                    .units = units_per_item((size_t)sh->hw * 16),
-                   .avx512 = vec_avx512(ctx)};
+                   .avx512 = vec_avx512(ctx),
+                   .p16 = p16,
+                   .tiles = ctx->scratch + tiles_at};
     return MGT_OK;
 }
 
@@ -446,7 +493,9 @@ static mgt_status run_bn_train_blocked(cpu_ctx *ctx, const mgt_op *op)
         return st;
     float *shift = (float *)j.shift;
     for (int ch = 0; ch < b->sh.c; ch++) /* each channel's first value, as bn_train_item */
-        shift[ch] = b->x[mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0)];
+        shift[ch] =
+            *bnb_in(&j, b->x, mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0),
+                    shift + ch, 1);
     POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
     size_t count = (size_t)b->sh.n * (size_t)b->sh.hw;
     for (int ch = 0; ch < b->sh.c; ch++) {
