@@ -8,7 +8,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -239,6 +241,96 @@ static void test_zoo_plans_run_on_cuda(void **state)
     }
 }
 
+/* One training forward and backward of cfg on d: the loss and the parameter gradients, on
+   the host (grads gets *n floats, malloc'ed). Weights from seed 7, the same input and labels
+   on every device. */
+static void step_on(mgt_device *d, const mgt_model_config *cfg, float *loss, float **grads,
+                    size_t *n)
+{
+    mgt_stream *s;
+    mgt_model *m;
+    assert_int_equal(mgt_stream_create(d, &s), MGT_OK);
+    if (mgt_model_create(cfg, d, &m) != MGT_OK)
+        fail_msg("%s: %s", cfg->arch, mgt_error_last());
+    assert_int_equal(mgt_model_init(m, s, 7), MGT_OK);
+    size_t image = (size_t)cfg->in_channels * cfg->image_size * cfg->image_size;
+    size_t xn = (size_t)cfg->batch * image;
+    float *hx = malloc(xn * sizeof *hx);
+    int32_t hl[4] = {1, 3, 0, 2}; /* cfg->batch is 4 at most */
+    assert_non_null(hx);
+    uint32_t r = 12345;
+    for (size_t i = 0; i < xn; i++) {
+        r = r * 1664525u + 1013904223u;
+        hx[i] = (float)(r >> 8) / 16777216.0f * 2.0f - 1.0f;
+    }
+    mgt_buffer *x, *labels;
+    assert_int_equal(mgt_buffer_alloc(d, xn * sizeof(float), &x), MGT_OK);
+    assert_int_equal(mgt_buffer_alloc(d, sizeof hl, &labels), MGT_OK);
+    assert_int_equal(mgt_copy_h2d(s, mgt_buffer_ptr(x), hx, xn * sizeof(float)), MGT_OK);
+    assert_int_equal(mgt_copy_h2d(s, mgt_buffer_ptr(labels), hl, sizeof hl), MGT_OK);
+    assert_int_equal(mgt_model_zero_grad(m, s), MGT_OK);
+    if (mgt_model_forward(m, s, mgt_buffer_ptr(x), cfg->batch, true, NULL) != MGT_OK ||
+        mgt_model_loss(m, s, mgt_buffer_ptr(labels), 0.0f, NULL) != MGT_OK ||
+        mgt_model_backward(m, s, NULL, NULL) != MGT_OK)
+        fail_msg("%s: %s", cfg->arch, mgt_error_last());
+    size_t gbytes;
+    const float *g = mgt_model_grads(m, &gbytes);
+    *n = gbytes / sizeof(float);
+    *grads = malloc(gbytes);
+    assert_non_null(*grads);
+    assert_int_equal(mgt_copy_d2h(s, *grads, g, gbytes), MGT_OK);
+    assert_int_equal(mgt_copy_d2h(s, loss, mgt_model_loss_ptr(m), sizeof(float)), MGT_OK);
+    assert_int_equal(mgt_stream_synchronize(s, NULL), MGT_OK);
+    mgt_buffer_free(labels);
+    mgt_buffer_free(x);
+    mgt_model_free(m);
+    mgt_stream_free(s);
+    free(hx);
+}
+
+/* The plan CUDA runs under --amp (NHWC 16-bit activations, layers.c's channels-last strides
+   for concatenation, slices and shuffles, the relayouts at its edges), computed by the
+   reference on a running byte-model device, against the same storage kept NCHW, also on the
+   reference: its loops visit every sum in the same order whatever the layout, so the two
+   steps must agree bit for bit. A wrong NHWC stride or layout anywhere in the step fails it
+   (it found concatenation's and slices' backward strides). 32x32, batch 2: about 6 s of CPU,
+   densenet121 most of it. */
+static void test_channels_last_plan_computes(void **state)
+{
+    (void)state;
+    const char *archs[] = {"resnet18", "shufflenet_v2_x0_5", "googlenet", "mobilenet_v2"};
+    for (size_t a = 0; a < sizeof archs / sizeof *archs; a++) {
+        mgt_model_config cfg = {.arch = archs[a],
+                                .classes = 4,
+                                .in_channels = 3,
+                                .image_size = 32,
+                                .batch = 2,
+                                .no_aux_logits = true, /* their adaptive pool is NCHW-only */
+                                .amp = a % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16};
+        mgt_devset *nhwc, *nchw;
+        assert_int_equal(mgt_devset_open_bytes(MGT_LAYOUT_NHWC, cfg.amp, true, &nhwc), MGT_OK);
+        assert_int_equal(mgt_devset_open_bytes(MGT_LAYOUT_NCHW, cfg.amp, true, &nchw), MGT_OK);
+        float l1, l2;
+        float *g1, *g2;
+        size_t n1, n2;
+        step_on(mgt_devset_device(nhwc, 0), &cfg, &l1, &g1, &n1);
+        step_on(mgt_devset_device(nchw, 0), &cfg, &l2, &g2, &n2);
+        assert_int_equal(n1, n2);
+        size_t differ = 0;
+        for (size_t i = 0; i < n1; i++)
+            differ += memcmp(&g1[i], &g2[i], sizeof(float)) != 0;
+        printf("%s --amp %s: loss %.6f channels last, %.6f NCHW (the reference both); %zu of "
+               "%zu gradients differ\n",
+               archs[a], mgt_precision_name(cfg.amp), (double)l1, (double)l2, differ, n1);
+        if (memcmp(&l1, &l2, sizeof l1) != 0 || differ)
+            fail_msg("%s: the channels-last plan computes another step", archs[a]);
+        free(g1);
+        free(g2);
+        mgt_devset_free(nchw);
+        mgt_devset_free(nhwc);
+    }
+}
+
 /* `mgtrain model --bytes`'s flags: one line each for what is missing. */
 static void test_model_bytes_flags(void **state)
 {
@@ -263,6 +355,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_batchnorm_passes),
         cmocka_unit_test(test_resnet50_step),
         cmocka_unit_test(test_zoo_plans_run_on_cuda),
+        cmocka_unit_test(test_channels_last_plan_computes),
         cmocka_unit_test(test_model_bytes_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

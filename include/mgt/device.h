@@ -465,9 +465,12 @@ mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp);
    each tensor it needs once and writes each output once). A model built on one is planned as
    on CUDA: under --amp, act BF16 or FP16 stores activations NHWC in 16 bits (the
    channels-last path), act F32 keeps them NCHW fp32 with the 16-bit convolutions converting
-   at their edges (the path before it). One device; its memory is address space only (copies
-   to the host give zeros), so a step of any batch size can be traced. */
-mgt_status mgt_devset_open_bytes(mgt_precision act, mgt_devset **out);
+   at their edges (the path before it). layout is MGT_LAYOUT_NHWC as on CUDA (NCHW: the same
+   16-bit storage kept NCHW, which CUDA's kernels take too). One device; its memory is address
+   space only (copies to the host give zeros), so a step of any batch size can be traced; with
+   run, memory is host memory and every op runs on the reference as it is enqueued: the CUDA
+   plan's numbers, computed slowly on a CPU (how tests check that plan without a GPU). */
+mgt_status mgt_devset_open_bytes(mgt_layout layout, mgt_precision act, bool run, mgt_devset **out);
 
 /* One row of a byte-model device's tally: an op's name, or "copy", "memset". */
 typedef struct mgt_bytes_row {

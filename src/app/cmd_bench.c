@@ -50,7 +50,7 @@ static void print_cuda_storage(const mgt_train_config *c, cJSON *root)
     mgt_devset *set = NULL;
     mgt_model *m = NULL;
     mgt_model_counts n = {0};
-    if (mgt_devset_open_bytes(c->amp, &set) == MGT_OK &&
+    if (mgt_devset_open_bytes(MGT_LAYOUT_NHWC, c->amp, false, &set) == MGT_OK &&
         mgt_model_create(&mc, mgt_devset_device(set, 0), &m) == MGT_OK)
         mgt_model_get_counts(m, &n);
     mgt_model_free(m);

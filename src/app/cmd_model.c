@@ -174,7 +174,7 @@ mgt_status mgt_app_trace_step(const mgt_model_config *cfg0, int batch, mgt_preci
     mgt_optimizer *o = NULL;
     mgt_buffer *x = NULL, *labels = NULL, *correct = NULL, *bad = NULL;
     mgt_stream *s = NULL;
-    mgt_status st = mgt_devset_open_bytes(act, &set);
+    mgt_status st = mgt_devset_open_bytes(MGT_LAYOUT_NHWC, act, false, &set);
     if (st != MGT_OK)
         return st;
     mgt_device *d = mgt_devset_device(set, 0);

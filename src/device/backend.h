@@ -182,8 +182,9 @@ void mgt_device_unreserve(mgt_device *d, size_t bytes);
 /* The backends this build has; mgt_backend_cuda() returns NULL in a build without CUDA. */
 const mgt_backend_i *mgt_backend_mock(void);
 const mgt_backend_i *mgt_backend_cuda(void);
-/* The byte model's devices (trace.c), opened by mgt_devset_open_bytes only; act as there. */
+/* The byte model's devices (trace.c), opened by mgt_devset_open_bytes only; layout, act and
+   run as there. */
 const mgt_backend_i *mgt_backend_trace(void);
-void mgt_trace_set_act(mgt_devset *set, mgt_precision act);
+void mgt_trace_set_mode(mgt_devset *set, mgt_layout layout, mgt_precision act, bool run);
 
 #endif

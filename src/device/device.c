@@ -462,7 +462,7 @@ static mgt_status devset_open_with(const mgt_backend_i *iface, mgt_device_kind k
     return MGT_OK;
 }
 
-mgt_status mgt_devset_open_bytes(mgt_precision act, mgt_devset **out)
+mgt_status mgt_devset_open_bytes(mgt_layout layout, mgt_precision act, bool run, mgt_devset **out)
 {
     *out = NULL;
     static const mgt_mock_options no_mock; /* the backend contract: never NULL */
@@ -470,7 +470,7 @@ mgt_status mgt_devset_open_bytes(mgt_precision act, mgt_devset **out)
     const mgt_devset_options o = {.mock = &no_mock};
     mgt_status st = devset_open_with(mgt_backend_trace(), MGT_DEVICE_CUDA, &id, 1, &o, out);
     if (st == MGT_OK)
-        mgt_trace_set_act(*out, act);
+        mgt_trace_set_mode(*out, layout, act, run);
     return st;
 }
 

@@ -2,7 +2,9 @@
    enqueued on them, the bytes the CUDA backend's kernels would move (device/bytes.h). A model
    built on one is planned as a CUDA model is (channels last, the storage `act` under --amp),
    so one training step on it is the op trace of that step on a GPU, without a GPU. Memory is
-   address space only: allocations hand out distinct addresses that nothing ever touches. */
+   address space only (allocations hand out distinct addresses that nothing ever touches),
+   unless the set runs its ops: then memory is host memory and every op runs on the reference
+   (mgt_ref_run) as it is enqueued, which computes the CUDA plan's numbers on a CPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +22,12 @@ typedef struct trace_dev {
 
 typedef struct trace_set {
     mgt_precision act; /* how activations are stored under --amp: F32 is CUDA's NCHW path */
+    bool run;          /* host memory, every op run on the reference */
+    mgt_layout layout; /* NHWC as CUDA; NCHW for the same storage in NCHW */
     trace_dev *devs;
 } trace_set;
+
+static bool runs(const mgt_device *d) { return ((const trace_set *)d->set->impl)->run; }
 
 static int trace_count(void) { return 1; }
 
@@ -74,6 +80,10 @@ static bool trace_peer(const mgt_devset *set, int i, int j)
 
 static mgt_status trace_alloc(mgt_device *d, size_t bytes, void **ptr)
 {
+    if (runs(d)) {
+        *ptr = calloc(1, bytes ? bytes : 1);
+        return *ptr ? MGT_OK : mgt_error_set(MGT_ERR_OOM, "%s: host memory exhausted", d->name);
+    }
     trace_dev *td = d->impl;
     pthread_mutex_lock(&td->lock);
     *ptr = (void *)td->next;
@@ -84,8 +94,8 @@ static mgt_status trace_alloc(mgt_device *d, size_t bytes, void **ptr)
 
 static void trace_free(mgt_device *d, void *ptr)
 {
-    (void)d;
-    (void)ptr;
+    if (runs(d))
+        free(ptr);
 }
 
 static mgt_status trace_host_alloc(mgt_device *d, size_t bytes, void **ptr)
@@ -182,8 +192,8 @@ static void tally(mgt_stream *s, int row, const mgt_op_bytes *b)
 
 static mgt_status trace_memset(mgt_stream *s, void *dst, int value, size_t bytes)
 {
-    (void)dst;
-    (void)value;
+    if (runs(s->dev))
+        memset(dst, value, bytes);
     tally(s, ROW_MEMSET, &(mgt_op_bytes){.written = (double)bytes, .passes = 1});
     return MGT_OK;
 }
@@ -192,8 +202,9 @@ static mgt_status trace_memset(mgt_stream *s, void *dst, int value, size_t bytes
 static mgt_status trace_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const void *src,
                              size_t bytes)
 {
-    (void)src;
-    if (kind == MGT_COPY_D2H)
+    if (runs(s->dev))
+        memmove(dst, src, bytes);
+    else if (kind == MGT_COPY_D2H)
         memset(dst, 0, bytes);
     /* the device's side of it: a host buffer is not device memory */
     double r = kind == MGT_COPY_H2D ? 0.0 : (double)bytes;
@@ -205,17 +216,16 @@ static mgt_status trace_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const
 static mgt_status trace_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, const void *src,
                                   size_t bytes)
 {
-    (void)dst;
     (void)src_dev;
-    (void)src;
+    if (runs(s->dev))
+        memmove(dst, src, bytes);
     tally(s, ROW_COPY, &(mgt_op_bytes){.written = (double)bytes, .passes = 1});
     return MGT_OK;
 }
 
 static mgt_layout trace_act_layout(const mgt_device *d)
 {
-    (void)d;
-    return MGT_LAYOUT_NHWC;
+    return ((const trace_set *)d->set->impl)->layout;
 }
 
 static mgt_precision trace_act_dtype(const mgt_device *d, mgt_precision amp)
@@ -235,7 +245,7 @@ static mgt_status trace_launch(mgt_stream *s, const mgt_op *op)
     mgt_op_bytes b;
     mgt_op_bytes_cuda(op, &b);
     tally(s, (int)op->kind, &b);
-    return MGT_OK;
+    return runs(s->dev) ? mgt_ref_run(op) : MGT_OK;
 }
 
 static const mgt_backend_i trace_backend = {
@@ -271,7 +281,13 @@ static const mgt_backend_i trace_backend = {
 
 const mgt_backend_i *mgt_backend_trace(void) { return &trace_backend; }
 
-void mgt_trace_set_act(mgt_devset *set, mgt_precision act) { ((trace_set *)set->impl)->act = act; }
+void mgt_trace_set_mode(mgt_devset *set, mgt_layout layout, mgt_precision act, bool run)
+{
+    trace_set *ts = set->impl;
+    ts->layout = layout;
+    ts->act = act;
+    ts->run = run;
+}
 
 int mgt_device_bytes_rows(const mgt_device *d, mgt_bytes_row *rows, int cap)
 {

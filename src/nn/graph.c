@@ -707,8 +707,9 @@ static void plan_dtypes(mgt_model *m)
 /* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
    a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
    it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
-   max pooling, and the global average pool as a reader. The rest (copies of channel slices,
-   adaptive pooling, squeeze-excite scaling, layer norm) have NCHW kernels there only. */
+   max pooling, concatenation, channel slices and shuffles (strided copies of 16-bit codes,
+   layers.c's NHWC strides), and the global average pool as a reader. The rest (adaptive
+   pooling, squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
 static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
     switch (nd->kind) {
@@ -717,7 +718,10 @@ static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
     case NN_RELU:
     case NN_ACT:
     case NN_ADD:
-    case NN_MAXPOOL: return true;
+    case NN_MAXPOOL:
+    case NN_CONCAT:
+    case NN_SLICE:
+    case NN_SHUFFLE: return true;
     case NN_GAP: return as_reader;
     default: return false;
     }

@@ -378,18 +378,33 @@ static mgt_status dropout_backward(nn_call *c)
 
 /* ---- concatenation ----
    Each input is copied into its channel slice of the output, one strided copy per input (not
-   per image); backward copies the slices of dy back out. */
+   per image); backward copies the slices of dy back out. Channels last (NHWC, CUDA under
+   --amp: the node's operands share one layout), the slice is a run of channels at every
+   pixel. */
+
+static bool nhwc(const nn_call *c) { return c->m->values[c->node->out].layout == MGT_LAYOUT_NHWC; }
 
 static mgt_strided_copy_shape concat_slice(const nn_call *c, int j, size_t *off)
 {
     const mgt_model *m = c->m;
     const nn_node *nd = c->node;
     size_t plane = (size_t)m->values[nd->out].h * m->values[nd->out].w;
-    *off = 0;
+    size_t c0 = 0, cj = (size_t)m->values[nd->in[j]].c, cs = (size_t)m->values[nd->out].c;
     for (int i = 0; i < j; i++)
-        *off += (size_t)m->values[nd->in[i]].c * plane;
-    size_t part = (size_t)m->values[nd->in[j]].c * plane;
+        c0 += (size_t)m->values[nd->in[i]].c;
+    size_t part = cj * plane;
     size_t whole = nn_value_floats(&m->values[nd->out]);
+    if (nhwc(c)) {
+        *off = c0;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)plane,
+                                        .count = cj,
+                                        .y_stride = whole,
+                                        .y_row = cs,
+                                        .x_stride = part,
+                                        .x_row = cj};
+    }
+    *off = c0 * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = 1,
                                     .count = part,
@@ -420,9 +435,11 @@ static mgt_status concat_backward(nn_call *c)
         assert(c->dx_beta[j] == 0.0f);
         size_t off;
         mgt_strided_copy_shape sh = concat_slice(c, j, &off);
-        size_t t = sh.x_stride;
+        size_t t = sh.x_stride, r = sh.x_row;
         sh.x_stride = sh.y_stride;
         sh.y_stride = t;
+        sh.x_row = sh.y_row; /* NHWC: the rows differ too */
+        sh.y_row = r;
         mgt_store gs = {store_of(c).out, store_of(c).out}; /* dy's slices into dx, one storage */
         st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
     }
@@ -440,6 +457,16 @@ static mgt_strided_copy_shape slice_shape(const nn_call *c, size_t *off)
     const mgt_model *m = c->m;
     const nn_value *x = &m->values[c->node->in[0]], *y = &m->values[c->node->out];
     size_t plane = (size_t)x->h * x->w, part = (size_t)y->c * plane;
+    if (nhwc(c)) { /* channels [c0, c0 + c) of every pixel */
+        *off = (size_t)c->node->u.slice_c0;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)plane,
+                                        .count = (size_t)y->c,
+                                        .y_stride = part,
+                                        .y_row = (size_t)y->c,
+                                        .x_stride = nn_value_floats(x),
+                                        .x_row = (size_t)x->c};
+    }
     *off = (size_t)c->node->u.slice_c0 * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = 1,
@@ -464,12 +491,14 @@ static mgt_status slice_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
-    size_t whole = sh.x_stride;
+    size_t whole = sh.x_stride, whole_row = sh.x_row;
     mgt_store gs = store_of(c); /* dx as x, dy as y: one storage */
     size_t es = gs.in == MGT_PREC_F32 ? sizeof(float) : 2;
     mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * es); /* 0 is +0 */
     sh.x_stride = sh.y_stride;
     sh.y_stride = whole;
+    sh.x_row = sh.y_row; /* NHWC: the rows differ too */
+    sh.y_row = whole_row;
     return st != MGT_OK ? st
                         : mgt_strided_copy_st(c->s, gs, act_at(c->dx[0], gs.in, off), c->dy, &sh);
 }
@@ -480,6 +509,18 @@ static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
     const nn_node *nd = c->node;
     const nn_value *x = &m->values[nd->in[0]];
     size_t plane = (size_t)x->h * x->w;
+    if (nhwc(c)) { /* input j's channel i at output channel i * n_in + j, every pixel: the
+                      output's channels are n_in x x->c, so element r = p * x->c + i of x
+                      lands at r * n_in + j */
+        *off = (size_t)j;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)(plane * (size_t)x->c),
+                                        .count = 1,
+                                        .y_stride = nn_value_floats(&m->values[nd->out]),
+                                        .y_row = (size_t)nd->n_in,
+                                        .x_stride = nn_value_floats(x),
+                                        .x_row = 1};
+    }
     *off = (size_t)j * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = x->c,

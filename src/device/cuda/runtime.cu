@@ -222,6 +222,11 @@ static void dev_destroy(mgt_cuda_dev *d, bool drained)
 {
     if (d == NULL)
         return;
+    // the 16-bit filter copies (dnn.cu): their blocks are live ones, freed below
+    for (auto &e : d->wcache)
+        if (e.second.w16 != NULL && d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, e.second.cap);
+    d->wcache.clear();
     // Not drained: kernels may still run on these blocks; cudaFree would wait for them.
     if (drained && cudaSetDevice(d->gpu) == cudaSuccess) {
         for (auto &b : d->free_blocks)
