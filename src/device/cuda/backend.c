@@ -126,12 +126,7 @@ static mgt_status cuda_alloc(mgt_device *d, size_t bytes, void **ptr)
     return mgt_cuda_alloc(d->impl, bytes, ptr);
 }
 
-/* A freed block may come back as another buffer: a filter copy made from it is stale. */
-static void cuda_free(mgt_device *d, void *ptr)
-{
-    mgt_cuda_note_write(d->impl, ptr, 1);
-    mgt_cuda_free(d->impl, ptr);
-}
+static void cuda_free(mgt_device *d, void *ptr) { mgt_cuda_free(d->impl, ptr); }
 
 static mgt_status cuda_host_alloc(mgt_device *d, size_t bytes, void **ptr)
 {

@@ -634,18 +634,24 @@ void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
     // The block goes back out to the next request at once: the dispatch layer has waited
     // (through events on every stream of the set, not a device-wide synchronize) until no
     // queued work can use it.
-    std::lock_guard<std::mutex> g(d->mem_lock);
-    auto it = d->live.find(ptr);
-    if (it == d->live.end())
-        return;
-    size_t size = it->second;
-    d->live.erase(it);
-    try {
-        d->free_blocks.emplace(size, ptr);
-        d->cached_bytes += size;
-    } catch (...) {
-        cudaFree(ptr);
+    size_t size = 0;
+    {
+        std::lock_guard<std::mutex> g(d->mem_lock);
+        auto it = d->live.find(ptr);
+        if (it == d->live.end())
+            return;
+        size = it->second;
+        d->live.erase(it);
+        try {
+            d->free_blocks.emplace(size, ptr);
+            d->cached_bytes += size;
+        } catch (...) {
+            cudaFree(ptr);
+        }
     }
+    // a filter copy made from this block is stale: the block may come back as another buffer
+    // (outside mem_lock: filter16 takes the cache's lock, then the allocator's)
+    mgt_cuda_note_write(d, ptr, size);
 }
 
 void mgt_cuda_free_on_stream(mgt_cuda_stream *s, void *ptr)
