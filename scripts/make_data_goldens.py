@@ -43,6 +43,8 @@ What each file checks, and against what:
   in): a batch of three float images, its mixed images and soft targets for given lambdas and
   boxes; and torch's CrossEntropyLoss(label_smoothing) with such soft targets, its mean and
   its gradient for the logits (the mixed-label softmax cross-entropy op must match both).
+- ra_sampler.txt: torchvision's references' RASampler (a transcription) with shuffle=False
+  for several (n, replicas, reps, rank): `make_data_goldens.py ra_sampler` writes it alone.
 - sampler.txt: torch.utils.data.DistributedSampler with shuffle=False for several (n,
   replicas, drop_last): the padding and striding act on the permutation, so on the identity
   they show every index each rank gets. From torch itself when importable, else from a
@@ -255,6 +257,38 @@ def dist_sampler(n, replicas, rank, drop_last):
                                drop_last=drop_last)
         return list(iter(s))
     return dist_sampler_transcribed(n, replicas, rank, drop_last)
+
+
+def ra_sampler_transcribed(n, replicas, rank, reps):
+    # torchvision's references/classification/sampler.py, RASampler.__init__ and __iter__
+    # with shuffle=False (the references are not part of the torchvision package)
+    num_samples = int(math.ceil(n * float(reps) / replicas))
+    total_size = num_samples * replicas
+    num_selected_samples = int(math.floor(n // 256 * 256 / replicas))
+    indices = list(range(n))
+    indices = [ele for ele in indices for i in range(reps)]
+    indices += indices[: (total_size - len(indices))]
+    assert len(indices) == total_size
+    indices = indices[rank:total_size:replicas]
+    assert len(indices) == num_samples
+    return indices[:num_selected_samples]
+
+
+def write_ra_sampler(path):
+    count = 0
+    with open(path, "w") as f:
+        f.write("# RASampler(shuffle=False) goldens from a transcription of torchvision's "
+                "references/classification/sampler.py, by scripts/make_data_goldens.py\n")
+        f.write("# n replicas reps rank count indices...\n")
+        for n in [256, 300, 517]:
+            for replicas in [1, 2, 3, 8]:
+                for reps in [1, 3, 4]:
+                    for rank in range(replicas):
+                        idx = ra_sampler_transcribed(n, replicas, rank, reps)
+                        f.write("%d %d %d %d %d %s\n" % (n, replicas, reps, rank, len(idx),
+                                                         " ".join(map(str, idx))))
+                        count += 1
+    return count
 
 
 def write_sampler(path):
@@ -714,6 +748,9 @@ def write_mix(path):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
+    print("ra_sampler.txt: %d lines" % write_ra_sampler(os.path.join(OUT, "ra_sampler.txt")))
+    if sys.argv[1:] == ["ra_sampler"]:
+        return
     print("rrc.txt: %d cases" % write_rrc(os.path.join(OUT, "rrc.txt")))
     print("sampler.txt: %d lines" % write_sampler(os.path.join(OUT, "sampler.txt")))
     if HAVE_PIL:

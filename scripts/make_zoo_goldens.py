@@ -3,7 +3,8 @@
 own models in float64: weights by a formula both sides compute (weights()), a fixed input of
 two images, the eval logits, then one training step (label smoothing 0.1) with its logits,
 loss, every parameter gradient, and the state after one SGD step (lr 0.1, momentum 0.9,
-weight decay 5e-4). Dropout layers are replaced by the mask mgtrain draws (mgt_dropout_key in
+weight decay 5e-4), or for the transformers one AdamW step (lr 1e-3, weight decay 0.05, the
+recipe's optimizer; metadata "optimizer"). Dropout layers are replaced by the mask mgtrain draws (mgt_dropout_key in
 include/mgt/device.h: Philox4x32-10, seed 7, step 1, sample0 0, stride 1, stream = the
 layer's place among the model's dropout layers). Big tensors are kept as their norm and 64
 hashed samples (make_model_goldens.py's sample_index); tests/test_zoo.c recomputes the rest.
@@ -26,6 +27,8 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "d
 LR, MOMENTUM, WD, SMOOTHING = 0.1, 0.9, 5e-4, 0.1
 TOL_FWD = 2e-5  # test_zoo's
 CLASSES, BATCH = 10, 2
+# one image where the smallest input is large (the golden keeps the whole input)
+ONE_IMAGE = {"maxvit_t"}
 DROP_SEED, DROP_STEP = 7, 1
 # Inputs of larger sides are the hash formula's (metadata input = hash), not stored
 HASH_INPUT_ABOVE = 128
@@ -37,15 +40,28 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("vgg13", 32), ("vgg16", 32), ("vgg19", 32), ("vgg13_bn", 32), ("vgg16_bn", 32),
          ("vgg19_bn", 32), ("shufflenet_v2_x1_0", 96), ("mobilenet_v3_small", 64),
          ("regnet_y_400mf", 96), ("mnasnet0_5", 96), ("googlenet", 64), ("inception_v3", 299),
-         ("efficientnet_b5", 64)]
+         ("efficientnet_b5", 64),
+         ("vit_b_16", 32), ("vit_b_32", 64), ("swin_t", 64), ("swin_s", 64), ("swin_b", 64),
+         ("swin_v2_t", 64), ("swin_v2_s", 64), ("swin_v2_b", 64),
+         # torchvision 0.15 and later only (run this script with one): the smallest input
+         ("maxvit_t", 224)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's; torchvision
 # draws it from torch's global generator) and their dropout at 0 too; their golden says
-# no_dropout = 1 and the C test builds them so
+# no_dropout = 1 and the C test builds them so. The Swin and MaxViT builders fix
+# stochastic_depth_prob themselves: their StochasticDepth layers are set to 0 after building.
 NO_SDEPTH = {"convnext_tiny": {"stochastic_depth_prob": 0.0},
-             "efficientnet_b5": {"stochastic_depth_prob": 0.0}}
+             "efficientnet_b5": {"stochastic_depth_prob": 0.0},
+             "swin_t": {}, "swin_s": {}, "swin_b": {}, "swin_v2_t": {}, "swin_v2_s": {},
+             "swin_v2_b": {}, "maxvit_t": {}}
 # The auxiliary classifiers, in the order mgtrain numbers them (its table's), and the weight
 # of each one's loss in the loss trained (mgtrain's mgt_arch_info.aux_weight)
 AUX = {"inception_v3": (["AuxLogits"], 0.4), "googlenet": (["aux1", "aux2"], 0.3)}
+# The transformers step with AdamW, the optimizer of their recipe
+ADAMW = {"lr": 1e-3, "weight_decay": 0.05}
+
+
+def is_transformer(arch):
+    return arch.startswith("vit_") or arch.startswith("swin_") or arch.startswith("maxvit_")
 
 # ---- the dropout mask ----
 
@@ -121,6 +137,8 @@ def weights(model):
         if name.endswith("num_batches_tracked"):
             t.zero_()
             continue
+        if t.dtype == torch.int64:  # relative_position_index: the definition's own
+            continue
         u = hash_uniform(name, t.numel())
         if name.endswith("running_var"):
             scale, shift = 0.5, 1.0
@@ -140,6 +158,8 @@ def summarise(prefix, tensors):
     out = []
     for k, v in tensors.items():
         flat = v.reshape(-1)
+        if k.endswith("relative_position_index"):  # a constant of the definition
+            continue
         if flat.dtype == torch.int64:
             out.append((prefix + k, flat.clone().reshape(v.shape)))
             continue
@@ -168,13 +188,17 @@ def train_loss(model, arch, x, labels, smoothing=SMOOTHING):
     return logits, loss, aux_losses
 
 
-def build(arch):
+def build(arch, size):
     """torchvision's arch as the golden has it: formula weights, mgtrain's dropout masks (or
-    stochastic depth and dropout at 0 for NO_SDEPTH)"""
-    model = torchvision.models.__dict__[arch](num_classes=CLASSES, **NO_SDEPTH.get(arch, {}))
+    stochastic depth and dropout at 0 for NO_SDEPTH); a ViT made for the input side (its
+    image_size argument)"""
+    kw = dict(NO_SDEPTH.get(arch, {}))
+    if arch.startswith("vit_"):
+        kw["image_size"] = size
+    model = torchvision.models.__dict__[arch](num_classes=CLASSES, **kw)
     if arch in NO_SDEPTH:
         for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
+            if isinstance(m, torch.nn.Dropout) or isinstance(m, torchvision.ops.StochasticDepth):
                 m.p = 0.0
     weights(model)
     replace_dropout(model)
@@ -203,10 +227,11 @@ def own_train_error(model, arch, x, labels):
 
 
 def case(arch, size):
-    model = build(arch)
+    model = build(arch, size)
     gen = torch.Generator().manual_seed(1212)
-    x = torch.randn(BATCH, 3, size, size, generator=gen)
-    labels = torch.randint(0, CLASSES, (BATCH,), generator=gen)
+    batch = 1 if arch in ONE_IMAGE else BATCH
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    labels = torch.randint(0, CLASSES, (batch,), generator=gen)
     if size > HASH_INPUT_ABOVE:
         # uniform with variance 1, by the hash test_zoo recomputes: not megabytes in the file
         x = ((hash_uniform("input", x.numel()) - 0.5) * math.sqrt(12.0)).to(torch.float32) \
@@ -217,7 +242,10 @@ def case(arch, size):
     with torch.no_grad():
         eval_logits = f32(m64(x.double()))
     m64.train()
-    opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    if is_transformer(arch):
+        opt = torch.optim.AdamW(m64.parameters(), **ADAMW)
+    else:
+        opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     opt.zero_grad()
     logits, loss, aux_losses = train_loss(m64, arch, x.double(), labels)
     loss.backward()
@@ -236,12 +264,15 @@ def case(arch, size):
     g += summarise("step1.", state)
     tag = "%s_3x%dx%d" % (arch, size, size)
     meta = {"arch": arch, "classes": str(CLASSES), "in_channels": "3", "image_size": str(size),
-            "batch": str(BATCH), "lr": repr(LR), "momentum": repr(MOMENTUM),
+            "batch": str(batch), "lr": repr(LR), "momentum": repr(MOMENTUM),
             "weight_decay": repr(WD), "label_smoothing": repr(SMOOTHING),
             "torchvision": torchvision.__version__, "torch": torch.__version__,
             "no_dropout": "1" if arch in NO_SDEPTH else "0", "aux_weight": repr(aux_weight),
             "input": "hash" if size > HASH_INPUT_ABOVE else "stored",
-            "tol_train": "%.3g" % tol_train}
+            "tol_train": "%.3g" % tol_train,
+            "optimizer": "adamw" if is_transformer(arch) else "sgd"}
+    if is_transformer(arch):
+        meta["lr"], meta["weight_decay"] = repr(ADAMW["lr"]), repr(ADAMW["weight_decay"])
     n = save_safetensors(os.path.join(OUT, tag + ".golden.safetensors"), g, meta)
     print("%s: loss %.6f, %d bytes" % (tag, float(loss), n), flush=True)
 

@@ -8,7 +8,8 @@ resize of torchvision's weights' evaluation transforms (IMAGENET1K_V1's, or wher
 the weights' with the smallest crop). tests/test_zoo.c holds every architecture mgtrain
 registers (bar the CIFAR ResNets, which torchvision lacks) to it.
 
-Usage: scripts/make_zoo_tables.py [ARCH ...] (default: all of ARCHS)"""
+Usage: scripts/make_zoo_tables.py [ARCH ...] (default: all of ARCHS; named ones replace their
+blocks in the existing file, or are added at its end, and the others stay as they are)"""
 import os
 import sys
 
@@ -33,7 +34,11 @@ ARCHS = [
     "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "regnet_y_3_2gf", "regnet_y_8gf",
     "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf",
     "convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
+    "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
+    "swin_v2_t", "swin_v2_s", "swin_v2_b",
 ]
+# in a newer torchvision than Debian's 0.14 only (run this script with one for them)
+NEWER = ["maxvit_t"]
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "zoo",
                    "torchvision_archs.txt")
@@ -71,11 +76,18 @@ def eval_sizes(arch):
 def main():
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    archs = sys.argv[1:] or ARCHS
+    archs = sys.argv[1:] or [a for a in ARCHS + NEWER if a in torchvision.models.__dict__]
     lines = ["# torchvision %s state_dicts at 1000 classes, written by scripts/make_zoo_tables.py"
              % torchvision.__version__,
              "# arch NAME PARAMS CONV_FC_MACS_AT_CROP ENTRIES CROP RESIZE, then ENTRIES lines: "
              "NAME DIMxDIM (- for 0-d)"]
+    if sys.argv[1:] and os.path.exists(OUT):  # keep the header and the others' blocks
+        lines, keep = [], True
+        for line in open(OUT).read().splitlines():
+            if line.startswith("arch "):
+                keep = line.split()[1] not in archs
+            if keep:
+                lines.append(line)
     for a in archs:
         model = torchvision.models.get_model(a, num_classes=1000) \
             if hasattr(torchvision.models, "get_model") else torchvision.models.__dict__[a](num_classes=1000)
@@ -83,7 +95,10 @@ def main():
         params = sum(p.numel() for p in model.parameters())
         crop, resize = eval_sizes(a)
         macs = conv_fc_macs(model, crop)
-        lines.append("arch %s %d %d %d %d %d" % (a, params, macs, len(sd), crop, resize))
+        # a block from another torchvision than the header's (maxvit_t: 0.15 and later) says so
+        lines.append("arch %s %d %d %d %d %d%s" % (a, params, macs, len(sd), crop, resize,
+                                                  "" if torchvision.__version__.startswith("0.14")
+                                                  else " torchvision=" + torchvision.__version__))
         for k, v in sd.items():
             lines.append("%s %s" % (k, "x".join(str(d) for d in v.shape) if v.dim() else "-"))
         print("%-20s %12d params %14d MACs" % (a, params, macs), flush=True)

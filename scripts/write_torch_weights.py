@@ -22,11 +22,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model_goldens import save_safetensors, f32  # noqa: E402
 
 
+def build(arch, size):
+    """torchvision's ARCH at 10 classes; a ViT made for the input side (its image_size)."""
+    kw = {"image_size": size} if arch.startswith("vit_") else {}
+    return torchvision.models.__dict__[arch](num_classes=10, **kw)
+
+
 def verify(arch, wpath, cpath):
     import check_torch_load as ctl
     weights, _ = ctl.load_safetensors(wpath)
     check, _ = ctl.load_safetensors(cpath)
-    model = torchvision.models.__dict__[arch](num_classes=10)
+    model = build(arch, check["input"].shape[-1])
     model.load_state_dict(ctl.with_metadata(model, weights), strict=True)
     model = model.double().eval()
     with torch.no_grad():
@@ -40,7 +46,11 @@ def verify(arch, wpath, cpath):
 
 def write(arch, size, wpath, cpath):
     torch.manual_seed(12)
-    model = torchvision.models.__dict__[arch](num_classes=10)
+    model = build(arch, size)
+    if arch.startswith("vit_"):  # torchvision zeroes the head: logits of 0 would check nothing
+        with torch.no_grad():
+            model.heads.head.weight.normal_(std=0.02)
+            model.class_token.normal_(std=0.02)
     gen = torch.Generator().manual_seed(34)
     x = torch.randn(2, 3, size, size, generator=gen)
     with torch.no_grad():

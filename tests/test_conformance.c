@@ -3104,7 +3104,9 @@ static bool gen_chscale_bwd(tcase *c, int idx, rng *r)
 
 /* n, c, hw */
 static const int lnc_shapes[][3] = {
-    {1, 1, 1}, {2, 3, 5}, {2, 16, 49}, {1, 96, 64}, {3, 7, 1}, {2, 5, 1031},
+    {1, 1, 1},    {2, 3, 5},     {2, 16, 49}, {1, 96, 64},
+    {3, 7, 1},    {2, 5, 1031},  {37, 96, 1}, {197, 64, 1}, /* hw 1: the row path */
+    {3, 1031, 1}, {1000, 33, 1},
 };
 #define N_LNC_SHAPES ((int)(sizeof lnc_shapes / sizeof lnc_shapes[0]))
 
@@ -3255,6 +3257,539 @@ static bool case_to16(tcase *c, mgt_precision prec)
     }
     size_t len = strlen(c->desc);
     snprintf(c->desc + len, sizeof c->desc - len, " stored %s", mgt_precision_name(prec));
+    return true;
+}
+
+/* ---- the transformer ops ---- */
+
+/* Dense strides of sizes [n] (innermost last), each row padded by pad floats. */
+static void dense_strides(const int *size, int n, int pad, size_t *stride)
+{
+    size_t s = 1;
+    for (int d = n - 1; d >= 0; d--) {
+        stride[d] = s;
+        s *= (size_t)size[d] + (d == n - 1 ? (size_t)pad : 0);
+    }
+}
+
+/* A window partition (or its reverse, scatter) of [n, h, w, c] maps into windows of ws x ws
+   after a roll by -shift, the map padded to whole windows: Swin's. */
+static mgt_permute_shape window_shape(int n, int h, int w, int c, int ws, int shift, bool scatter)
+{
+    int ph = (h + ws - 1) / ws * ws, pw = (w + ws - 1) / ws * ws;
+    mgt_permute_shape sh = {.ndim = 6, .naxes = 4, .scatter = scatter};
+    int size[6] = {n, ph / ws, pw / ws, ws, ws, c}, axis[6] = {0, 1, 2, 1, 2, 3};
+    int coef[6] = {1, ws, ws, 1, 1, 1};
+    for (int d = 0; d < 6; d++) {
+        sh.size[d] = size[d];
+        sh.axis[d] = axis[d];
+        sh.coef[d] = coef[d];
+    }
+    dense_strides(sh.size, 6, 0, sh.walk_stride);
+    int lim[4] = {n, h, w, c}, ext[4] = {0, ph, pw, 0}, sft[4] = {0, shift, shift, 0};
+    for (int a = 0; a < 4; a++) {
+        sh.limit[a] = lim[a];
+        sh.extent[a] = ext[a];
+        sh.shift[a] = sft[a];
+    }
+    dense_strides(sh.limit, 4, 0, sh.grid_stride);
+    return sh;
+}
+
+static size_t walk_len(const mgt_permute_shape *sh)
+{
+    size_t n = 1;
+    for (int d = 0; d < sh->ndim; d++)
+        n += (size_t)(sh->size[d] - 1) * sh->walk_stride[d];
+    return n;
+}
+
+static size_t grid_len(const mgt_permute_shape *sh)
+{
+    size_t n = 1;
+    for (int a = 0; a < sh->naxes; a++)
+        n += (size_t)(sh->limit[a] - 1) * sh->grid_stride[a];
+    return n;
+}
+
+/* The fixed cases: a transposition (ViT's patches to tokens), the class token broadcast into
+   each image's row 0, Swin's shifted window partition of a map that needs padding and its
+   reverse, patch merging of an odd map (padding), MaxViT's grid partition, a strided walk,
+   a ViT-sized transposition. Then random gathers (any coefs, wraps and limits) and random
+   scatters (each dim its own axis, wraps of exactly its size: a bijection). */
+#define N_PERMUTE_FIXED 8
+#define N_PERMUTE_CASES (N_PERMUTE_FIXED + 10)
+
+static mgt_permute_shape permute_fixed(int idx)
+{
+    mgt_permute_shape sh = {0};
+    switch (idx) {
+    case 0: { /* [2, 5, 6] (n, c, p) -> [2, 6, 5] */
+        sh = (mgt_permute_shape){.ndim = 3, .naxes = 3, .size = {2, 6, 5}, .axis = {0, 2, 1}};
+        break;
+    }
+    case 1: /* the class token [4] into row 0 of [3, 7, 4] */
+        sh = (mgt_permute_shape){.ndim = 2,
+                                 .naxes = 1,
+                                 .size = {3, 4},
+                                 .axis = {0, 0},
+                                 .coef = {0, 1},
+                                 .limit = {4},
+                                 .grid_stride = {1},
+                                 .walk_stride = {28, 1}};
+        return sh;
+    case 2: return window_shape(2, 7, 7, 3, 4, 2, false);
+    case 3: return window_shape(2, 7, 7, 3, 4, 2, true);
+    case 4: { /* patch merging [1, 5, 5, 3] -> [1, 3, 3, (kw, kh, c)] */
+        sh = (mgt_permute_shape){.ndim = 6,
+                                 .naxes = 4,
+                                 .size = {1, 3, 3, 2, 2, 3},
+                                 .axis = {0, 1, 2, 2, 1, 3},
+                                 .coef = {1, 2, 2, 1, 1, 1},
+                                 .limit = {1, 5, 5, 3}};
+        dense_strides(sh.size, 6, 0, sh.walk_stride);
+        dense_strides(sh.limit, 4, 0, sh.grid_stride);
+        return sh;
+    }
+    case 5: { /* MaxViT's grid partition of [2, 8, 8, 4] with grid 2: token (i, j) of group
+                 (gi, gj) is pixel (i * 4 + gi, j * 4 + gj) */
+        sh = (mgt_permute_shape){.ndim = 6,
+                                 .naxes = 4,
+                                 .size = {2, 4, 4, 2, 2, 4},
+                                 .axis = {0, 1, 2, 1, 2, 3},
+                                 .coef = {1, 1, 1, 4, 4, 1},
+                                 .limit = {2, 8, 8, 4}};
+        dense_strides(sh.size, 6, 0, sh.walk_stride);
+        dense_strides(sh.limit, 4, 0, sh.grid_stride);
+        return sh;
+    }
+    case 6: /* a walk with gaps between rows */
+        sh = (mgt_permute_shape){.ndim = 2, .naxes = 2, .size = {5, 9}, .axis = {1, 0}};
+        dense_strides(sh.size, 2, 3, sh.walk_stride);
+        for (int a = 0; a < 2; a++)
+            sh.limit[a] = sh.size[1 - a];
+        dense_strides(sh.limit, 2, 0, sh.grid_stride);
+        return sh;
+    case 7: /* [2, 768, 196] -> [2, 196, 768] */
+        sh = (mgt_permute_shape){.ndim = 3, .naxes = 3, .size = {2, 196, 768}, .axis = {0, 2, 1}};
+        break;
+    }
+    /* the transpositions: coef 1, limits the sizes in axis order */
+    for (int d = 0; d < sh.ndim; d++) {
+        sh.coef[d] = 1;
+        sh.limit[sh.axis[d]] = sh.size[d];
+    }
+    dense_strides(sh.size, sh.ndim, 0, sh.walk_stride);
+    dense_strides(sh.limit, sh.naxes, 0, sh.grid_stride);
+    return sh;
+}
+
+static mgt_permute_shape permute_random(rng *r, bool scatter)
+{
+    mgt_permute_shape sh = {0};
+    sh.ndim = rng_int(r, 1, 6);
+    sh.naxes = scatter ? sh.ndim : rng_int(r, 1, sh.ndim);
+    sh.scatter = scatter;
+    int reach[MGT_PERMUTE_DIMS] = {0};
+    for (int d = 0; d < sh.ndim; d++) {
+        sh.size[d] = rng_int(r, 1, 4);
+        sh.axis[d] = scatter ? d : rng_int(r, 0, sh.naxes - 1);
+        sh.coef[d] = scatter ? 1 : rng_int(r, 0, 2);
+        reach[sh.axis[d]] += sh.coef[d] * (sh.size[d] - 1);
+    }
+    for (int a = 0; a < sh.naxes; a++) {
+        if (scatter) {
+            sh.extent[a] = rng_int(r, 0, 1) ? sh.size[a] : 0;
+            sh.shift[a] = sh.extent[a] ? rng_int(r, -5, 5) : 0;
+            sh.limit[a] = sh.size[a];
+        } else if (rng_int(r, 0, 1)) {
+            sh.extent[a] = rng_int(r, 1, 6);
+            sh.shift[a] = rng_int(r, -7, 7);
+            sh.limit[a] = rng_int(r, 1, sh.extent[a]);
+        } else {
+            sh.shift[a] = rng_int(r, 0, 2);
+            sh.limit[a] = rng_int(r, 1, reach[a] + sh.shift[a] + 2);
+        }
+    }
+    dense_strides(sh.size, sh.ndim, rng_int(r, 0, 2), sh.walk_stride);
+    dense_strides(sh.limit, sh.naxes, 0, sh.grid_stride);
+    return sh;
+}
+
+static void permute_desc(tcase *c, const mgt_permute_shape *sh)
+{
+    char b[160];
+    int o = 0;
+    for (int d = 0; d < sh->ndim; d++)
+        o += snprintf(b + o, sizeof b - (size_t)o, "%s%d:a%d*%d", d ? "," : "", sh->size[d],
+                      sh->axis[d], sh->coef[d]);
+    case_desc(c, "%s [%s]", sh->scatter ? "scatter" : "gather", b);
+}
+
+/* The window partition's gather against differences: its scatter is its adjoint (d/dgrid). */
+static bool fd_permute(tcase *c, int t)
+{
+    if (t >= 1)
+        return false;
+    fd_part *f = fd_begin(c, rng_for(930, t, 7));
+    rng *r = &f->r;
+    mgt_permute_shape g = window_shape(1, 5, 6, 2, 4, 1, false), s = g;
+    s.scatter = true;
+    size_t nw = walk_len(&g), ng = grid_len(&g);
+    float *grid = case_f32(c, ng), *walk = case_f32(c, nw), *rw = case_f32(c, nw);
+    float *dgrid = case_f32(c, ng);
+    fill_unif(r, grid, ng, -1, 1);
+    fill_unif(r, rw, nw, -1, 1);
+    /* the padding's positions read nothing: their weights must not reach dgrid */
+    case_desc(c, "window partition 5x6 ws 4 shift 1");
+    mgt_op fwd = {.kind = MGT_OP_PERMUTE}, bwd = {.kind = MGT_OP_PERMUTE};
+    fwd.u.permute.walk = walk;
+    fwd.u.permute.grid = grid;
+    fwd.u.permute.sh = g;
+    bwd.u.permute.walk = rw;
+    bwd.u.permute.grid = dgrid;
+    bwd.u.permute.sh = s;
+    fd_ops(f, &fwd, &bwd, false, (fd_term){walk, rw, nw}, 1e-2f);
+    fd_wrt_add(f, grid, ng, dgrid, "grid");
+    return true;
+}
+
+static bool gen_permute(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_PERMUTE_CASES)
+        return fd_permute(c, idx - N_PERMUTE_CASES);
+    mgt_permute_shape sh =
+        idx < N_PERMUTE_FIXED ? permute_fixed(idx) : permute_random(r, idx >= N_PERMUTE_FIXED + 6);
+    size_t nw = walk_len(&sh), ng = grid_len(&sh);
+    float *walk = case_f32(c, nw), *grid = case_f32(c, ng);
+    fill_unif(r, walk, nw, -1, 1);
+    fill_unif(r, grid, ng, -1, 1);
+    c->op.u.permute.walk = walk;
+    c->op.u.permute.grid = grid;
+    c->op.u.permute.sh = sh;
+    c->rtol = 0;
+    permute_desc(c, &sh);
+    return true;
+}
+
+/* batch, heads, tq, tk, dh, layout (0: separate q, k, v with gaps; 1: one packed qkv), bias,
+   masks (0: none), cosine, dropout p x100, groups per sample */
+static const int attn_shapes[][11] = {
+    {2, 3, 5, 5, 4, 1, 0, 0, 0, 0, 1},      {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1},
+    {2, 2, 7, 9, 8, 0, 0, 0, 0, 0, 1},      {4, 3, 49, 49, 32, 1, 1, 2, 0, 0, 2},
+    {1, 2, 197, 197, 16, 1, 0, 0, 0, 0, 1}, {1, 1, 70, 300, 8, 0, 1, 0, 0, 0, 1},
+    {2, 2, 16, 16, 8, 1, 1, 0, 1, 0, 1},    {2, 2, 9, 9, 4, 1, 0, 0, 0, 30, 2},
+    {4, 2, 10, 10, 6, 0, 1, 2, 1, 20, 2},   {2, 1, 66, 66, 3, 1, 0, 1, 0, 0, 1},
+};
+#define N_ATTN_SHAPES ((int)(sizeof attn_shapes / sizeof attn_shapes[0]))
+
+typedef struct attn_arrays {
+    mgt_attn_shape sh;
+    float *q, *k, *v, *bias, *mask, *ls, *y, *lse;
+} attn_arrays;
+
+/* The arrays of one attention shape, filled; q, k, v packed as a qkv linear's output, or
+   apart with gaps between rows and groups. */
+static attn_arrays attn_setup(tcase *c, rng *r, const int *v)
+{
+    attn_arrays a = {0};
+    mgt_attn_shape *sh = &a.sh;
+    sh->batch = v[0];
+    sh->heads = v[1];
+    sh->tq = v[2];
+    sh->tk = v[3];
+    sh->dh = v[4];
+    size_t hd = (size_t)sh->heads * sh->dh, tt = (size_t)sh->tq * sh->tk;
+    bool packed = v[5] && sh->tq == sh->tk;
+    sh->masks = v[7];
+    sh->cosine = v[8];
+    sh->p = (float)v[9] / 100.0f;
+    sh->groups_per_sample = v[10];
+    sh->key =
+        (mgt_dropout_key){.seed = 91, .step = 4, .sample0 = 3, .sample_stride = 2, .stream = 5};
+    sh->scale = sh->cosine ? 1.0f : 1.0f / sqrtf((float)sh->dh);
+    /* packed: the strides of one qkv linear's output [tokens, 3 hd] (each of q, k and v in an
+       array of its own, which the guards need); otherwise gaps between rows and groups */
+    if (packed) {
+        sh->q_row = sh->kv_row = 3 * hd;
+        sh->q_batch = sh->kv_batch = (size_t)sh->tq * 3 * hd;
+        sh->y_row = hd;
+        sh->y_batch = (size_t)sh->tq * hd;
+    } else {
+        sh->q_row = hd + 3;
+        sh->q_batch = (size_t)sh->tq * sh->q_row + 5;
+        sh->kv_row = hd + 1;
+        sh->kv_batch = (size_t)sh->tk * sh->kv_row + 2;
+        sh->y_row = hd + 2;
+        sh->y_batch = (size_t)sh->tq * sh->y_row + 1;
+    }
+    size_t nq = (size_t)sh->batch * sh->q_batch, nk = (size_t)sh->batch * sh->kv_batch;
+    a.q = case_f32(c, nq);
+    a.k = case_f32(c, nk);
+    a.v = case_f32(c, nk);
+    fill_unif(r, a.q, nq, -1, 1);
+    fill_unif(r, a.k, nk, -1, 1);
+    fill_unif(r, a.v, nk, -1, 1);
+    if (v[6]) {
+        a.bias = case_f32(c, (size_t)sh->heads * tt);
+        fill_unif(r, a.bias, (size_t)sh->heads * tt, -2, 2);
+    }
+    if (sh->masks) {
+        size_t n = (size_t)sh->masks * tt;
+        a.mask = case_f32(c, n);
+        for (size_t i = 0; i < n; i++) /* Swin's: 0, or -100 between regions */
+            a.mask[i] = rng_int(r, 0, 3) == 0 ? -100.0f : 0.0f;
+    }
+    if (sh->cosine) {
+        a.ls = case_f32(c, (size_t)sh->heads);
+        for (int h = 0; h < sh->heads; h++) /* one head past the clamp's bound */
+            a.ls[h] = h == 1 ? 5.0f : rng_unif(r, 0.5f, 3.0f);
+    }
+    a.y = case_f32(c, (size_t)sh->batch * sh->y_batch);
+    a.lse = case_f32(c, (size_t)sh->batch * sh->heads * sh->tq);
+    return a;
+}
+
+static void attn_fwd_op(mgt_op *op, const attn_arrays *a)
+{
+    op->kind = MGT_OP_ATTN_FWD;
+    op->u.attn_fwd.y = a->y;
+    op->u.attn_fwd.lse = a->lse;
+    op->u.attn_fwd.q = a->q;
+    op->u.attn_fwd.k = a->k;
+    op->u.attn_fwd.v = a->v;
+    op->u.attn_fwd.bias = a->bias;
+    op->u.attn_fwd.mask = a->mask;
+    op->u.attn_fwd.logit_scale = a->ls;
+    op->u.attn_fwd.sh = a->sh;
+}
+
+static void attn_bwd_op(mgt_op *op, const attn_arrays *a, float *dq, float *dk, float *dv,
+                        float *dbias, float *dls, const float *dy)
+{
+    op->kind = MGT_OP_ATTN_BWD;
+    op->u.attn_bwd.dq = dq;
+    op->u.attn_bwd.dk = dk;
+    op->u.attn_bwd.dv = dv;
+    op->u.attn_bwd.dbias = dbias;
+    op->u.attn_bwd.dlogit_scale = dls;
+    op->u.attn_bwd.dy = dy;
+    op->u.attn_bwd.y = a->y;
+    op->u.attn_bwd.lse = a->lse;
+    op->u.attn_bwd.q = a->q;
+    op->u.attn_bwd.k = a->k;
+    op->u.attn_bwd.v = a->v;
+    op->u.attn_bwd.bias = a->bias;
+    op->u.attn_bwd.mask = a->mask;
+    op->u.attn_bwd.logit_scale = a->ls;
+    op->u.attn_bwd.sh = a->sh;
+}
+
+static void attn_desc(tcase *c, const mgt_attn_shape *sh, const attn_arrays *a)
+{
+    case_desc(c, "b=%d h=%d tq=%d tk=%d dh=%d%s%s%s%s p=%.2f", sh->batch, sh->heads, sh->tq, sh->tk,
+              sh->dh, sh->q_row == 3 * (size_t)sh->heads * sh->dh ? " qkv rows" : " gaps",
+              a->bias ? " bias" : "", a->mask ? " mask" : "", sh->cosine ? " cosine" : "",
+              (double)sh->p);
+}
+
+static size_t attn_q_len(const mgt_attn_shape *sh) { return (size_t)sh->batch * sh->q_batch; }
+static size_t attn_kv_len(const mgt_attn_shape *sh) { return (size_t)sh->batch * sh->kv_batch; }
+
+static bool gen_attn_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_ATTN_SHAPES)
+        return false;
+    attn_arrays a = attn_setup(c, r, attn_shapes[idx]);
+    attn_fwd_op(&c->op, &a);
+    c->rtol = tol_for((double)a.sh.tk * a.sh.dh) * 4;
+    c->mag = 1;
+    attn_desc(c, &a.sh, &a);
+    return true;
+}
+
+/* The backward against differences of the forward on the same backend: q, k and v on three
+   shapes (one with dropout), then bias and logit_scale on a cosine one with a mask. */
+static bool fd_attn(tcase *c, int t)
+{
+    static const int pick[] = {0, 2, 7, 8};
+    if (t >= (int)(sizeof pick / sizeof pick[0]))
+        return false;
+    fd_part *f = fd_begin(c, rng_for(940, t, 7));
+    rng *r = &f->r;
+    attn_arrays a = attn_setup(c, r, attn_shapes[pick[t]]);
+    const mgt_attn_shape *sh = &a.sh;
+    size_t ny = (size_t)sh->batch * sh->y_batch, nq = attn_q_len(sh), nk = attn_kv_len(sh);
+    float *rw = case_f32(c, ny), *dq = case_f32(c, nq), *dk = case_f32(c, nk);
+    float *dv = case_f32(c, nk);
+    size_t nb = (size_t)sh->heads * sh->tq * sh->tk;
+    float *db = a.bias ? case_f32(c, nb) : NULL,
+          *dls = a.ls ? case_f32(c, (size_t)sh->heads) : NULL;
+    fill_unif(r, rw, ny, -1, 1);
+    attn_desc(c, sh, &a);
+    mgt_op fwd = {0}, bwd = {0};
+    attn_fwd_op(&fwd, &a);
+    attn_bwd_op(&bwd, &a, dq, dk, dv, db, dls, rw);
+    fd_ops(f, &fwd, &bwd, true, (fd_term){a.y, rw, ny}, 5e-3f);
+    if (t < 3) {
+        fd_wrt_add(f, a.q, nq, dq, "q");
+        fd_wrt_add(f, a.k, nk, dk, "k");
+        fd_wrt_add(f, a.v, nk, dv, "v");
+    } else {
+        fd_wrt_add(f, a.bias, nb, db, "bias");
+        fd_wrt_add(f, a.ls, (size_t)sh->heads, dls, "logit_scale");
+        fd_wrt_add(f, a.k, nk, dk, "k");
+    }
+    return true;
+}
+
+static bool gen_attn_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_ATTN_SHAPES)
+        return fd_attn(c, idx - N_ATTN_SHAPES);
+    attn_arrays a = attn_setup(c, r, attn_shapes[idx]);
+    const mgt_attn_shape *sh = &a.sh;
+    /* y and lse from the reference forward, so the inputs are what a forward leaves */
+    mgt_op fwd = {0};
+    attn_fwd_op(&fwd, &a);
+    if (mgt_ref_run(&fwd) != MGT_OK) {
+        fprintf(stderr, "conformance: the reference forward failed: %s\n", mgt_error_last());
+        abort();
+    }
+    size_t ny = (size_t)sh->batch * sh->y_batch, nq = attn_q_len(sh), nk = attn_kv_len(sh);
+    float *dy = case_f32(c, ny), *dq = case_f32(c, nq), *dk = case_f32(c, nk);
+    float *dv = case_f32(c, nk);
+    float *db = a.bias ? case_f32(c, (size_t)sh->heads * sh->tq * sh->tk) : NULL;
+    float *dls = a.ls ? case_f32(c, (size_t)sh->heads) : NULL;
+    fill_unif(r, dy, ny, -1, 1);
+    if (dls)
+        fill_unif(r, dls, (size_t)sh->heads, -1, 1); /* added on */
+    attn_bwd_op(&c->op, &a, dq, dk, dv, db, dls, dy);
+    c->rtol = tol_for((double)sh->tq * sh->tk * sh->dh) * 8;
+    c->mag = 1;
+    attn_desc(c, sh, &a);
+    return true;
+}
+
+/* rows, heads, n (0: Swin's 7x7 window, 169 x 2401), alpha x10 */
+static const int rpb_shapes[][4] = {
+    {1, 1, 1, 10}, {5, 3, 20, 10}, {169, 3, 0, 10}, {225, 4, 0, 160}, {7, 2, 50, -5}};
+#define N_RPB_SHAPES ((int)(sizeof rpb_shapes / sizeof rpb_shapes[0]))
+
+/* Swin's relative_position_index of a ws x ws window (torchvision's formula). */
+static void swin_index(int ws, int32_t *index)
+{
+    int t = ws * ws;
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < t; j++) {
+            int dy = i / ws - j / ws + ws - 1, dx = i % ws - j % ws + ws - 1;
+            index[i * t + j] = dy * (2 * ws - 1) + dx;
+        }
+}
+
+static int rpb_setup(rng *r, const int *v, int32_t **index, tcase *c, int *rows, int *n)
+{
+    *rows = v[0];
+    int ws = 0;
+    for (int w = 1; w < 16; w++)
+        if ((2 * w - 1) * (2 * w - 1) == v[0])
+            ws = w;
+    *n = v[2] ? v[2] : ws * ws * ws * ws;
+    *index = case_i32(c, (size_t)*n);
+    if (v[2])
+        fill_labels(r, *index, *n, *rows);
+    else
+        swin_index(ws, *index);
+    return ws;
+}
+
+static bool gen_rpb_fwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_RPB_SHAPES)
+        return false;
+    const int *v = rpb_shapes[idx];
+    int rows, n, heads = v[1];
+    int32_t *index;
+    rpb_setup(r, v, &index, c, &rows, &n);
+    float *table = case_f32(c, (size_t)rows * heads), *bias = case_f32(c, (size_t)heads * n);
+    fill_unif(r, table, (size_t)rows * heads, -1, 1);
+    c->op.u.rpb_fwd.bias = bias;
+    c->op.u.rpb_fwd.table = table;
+    c->op.u.rpb_fwd.index = index;
+    c->op.u.rpb_fwd.rows = rows;
+    c->op.u.rpb_fwd.heads = heads;
+    c->op.u.rpb_fwd.n = n;
+    c->op.u.rpb_fwd.alpha = (float)v[3] / 10.0f;
+    c->rtol = 0;
+    case_desc(c, "rows=%d heads=%d n=%d alpha=%g", rows, heads, n, (double)v[3] / 10.0);
+    return true;
+}
+
+static void rpb_bwd_fill(tcase *c, rng *r, const int *v, mgt_op *bwd, mgt_op *fwd, float **table,
+                         float **bias, float **dtable, float **dbias)
+{
+    int rows, n, heads = v[1];
+    int32_t *index;
+    rpb_setup(r, v, &index, c, &rows, &n);
+    int32_t *off = case_i32(c, (size_t)rows + 1), *order = case_i32(c, (size_t)n);
+    if (!mgt_relpos_inverse(index, n, rows, off, order)) {
+        fprintf(stderr, "conformance: mgt_relpos_inverse refused a valid index\n");
+        abort();
+    }
+    *table = case_f32(c, (size_t)rows * heads);
+    *bias = case_f32(c, (size_t)heads * n);
+    *dtable = case_f32(c, (size_t)rows * heads);
+    *dbias = case_f32(c, (size_t)heads * n);
+    fill_unif(r, *table, (size_t)rows * heads, -1, 1);
+    float alpha = (float)v[3] / 10.0f;
+    *fwd = (mgt_op){.kind = MGT_OP_RPB_FWD};
+    fwd->u.rpb_fwd.bias = *bias;
+    fwd->u.rpb_fwd.table = *table;
+    fwd->u.rpb_fwd.index = index;
+    fwd->u.rpb_fwd.rows = rows;
+    fwd->u.rpb_fwd.heads = heads;
+    fwd->u.rpb_fwd.n = n;
+    fwd->u.rpb_fwd.alpha = alpha;
+    *bwd = (mgt_op){.kind = MGT_OP_RPB_BWD};
+    bwd->u.rpb_bwd.dtable = *dtable;
+    bwd->u.rpb_bwd.dbias = *dbias;
+    bwd->u.rpb_bwd.offsets = off;
+    bwd->u.rpb_bwd.order = order;
+    bwd->u.rpb_bwd.rows = rows;
+    bwd->u.rpb_bwd.heads = heads;
+    bwd->u.rpb_bwd.n = n;
+    bwd->u.rpb_bwd.alpha = alpha;
+    case_desc(c, "rows=%d heads=%d n=%d alpha=%g", rows, heads, n, (double)alpha);
+}
+
+static bool fd_rpb(tcase *c, int t)
+{
+    static const int pick[] = {1, 2};
+    if (t >= 2)
+        return false;
+    fd_part *f = fd_begin(c, rng_for(950, t, 7));
+    mgt_op fwd, bwd;
+    float *table, *bias, *dtable, *dbias;
+    rpb_bwd_fill(c, &f->r, rpb_shapes[pick[t]], &bwd, &fwd, &table, &bias, &dtable, &dbias);
+    size_t nb = (size_t)fwd.u.rpb_fwd.heads * fwd.u.rpb_fwd.n;
+    fill_unif(&f->r, dbias, nb, -1, 1); /* the loss's weights */
+    bwd.u.rpb_bwd.dbias = dbias;
+    fd_ops(f, &fwd, &bwd, false, (fd_term){bias, dbias, nb}, 1e-2f);
+    fd_wrt_add(f, table, (size_t)fwd.u.rpb_fwd.rows * fwd.u.rpb_fwd.heads, dtable, "table");
+    return true;
+}
+
+static bool gen_rpb_bwd(tcase *c, int idx, rng *r)
+{
+    if (idx >= N_RPB_SHAPES)
+        return fd_rpb(c, idx - N_RPB_SHAPES);
+    mgt_op fwd;
+    float *table, *bias, *dtable, *dbias;
+    rpb_bwd_fill(c, r, rpb_shapes[idx], &c->op, &fwd, &table, &bias, &dtable, &dbias);
+    fill_unif(r, dtable, (size_t)c->op.u.rpb_bwd.rows * c->op.u.rpb_bwd.heads, -1, 1);
+    fill_unif(r, dbias, (size_t)c->op.u.rpb_bwd.heads * c->op.u.rpb_bwd.n, -1, 1);
+    c->rtol = tol_for((double)c->op.u.rpb_bwd.n);
+    c->mag = 1;
     return true;
 }
 

@@ -1487,6 +1487,84 @@ static void test_sampler_properties(void **state)
     free(seen);
 }
 
+/* torchvision's references' RASampler (a transcription: tests/data/pipeline/ra_sampler.txt,
+   scripts/make_data_goldens.py) position by position, unshuffled. */
+static void test_ra_sampler_golden(void **state)
+{
+    (void)state;
+    FILE *f = open_golden("ra_sampler.txt");
+    int n, replicas, reps, rank, count, lines = 0;
+    while (fscanf(f, "%d %d %d %d %d", &n, &replicas, &reps, &rank, &count) == 5) {
+        mgt_sampler s;
+        assert_int_equal(mgt_sampler_init_ra(&s, (size_t)n, replicas, reps, false, 0), MGT_OK);
+        assert_int_equal(mgt_sampler_count(&s, rank), count);
+        for (int p = 0; p < count; p++) {
+            int want;
+            assert_int_equal(fscanf(f, "%d", &want), 1);
+            size_t got = mgt_sampler_pick(&s, NULL, rank, (size_t)p);
+            if (got != (size_t)want)
+                fail_msg("RA sampler n=%d replicas=%d reps=%d rank=%d: position %d is %zu, "
+                         "RASampler's %d",
+                         n, replicas, reps, rank, p, got, want);
+        }
+        lines++;
+    }
+    fclose(f);
+    assert_int_equal(lines, 126);
+    mgt_sampler s; /* fewer than 256 images: RASampler yields nothing */
+    assert_int_equal(mgt_sampler_init_ra(&s, 255, 2, 3, true, 0), MGT_ERR_INVALID);
+    assert_true(contains(mgt_error_last(), "n // 256 * 256"));
+    assert_int_equal(mgt_sampler_init_ra(&s, 300, 2, 0, true, 0), MGT_ERR_INVALID);
+}
+
+/* RA with shuffling, as the trainer uses it: each epoch every image of the first n // 256 *
+   256 places comes reps times in a row of the order, so its copies land on reps different
+   devices (reps <= devices) with different places (their augmentation keys); and the global
+   batches (places k*B .. (k+1)*B - 1) are the same on 1, 2 and 4 devices. */
+static void test_ra_sampler_properties(void **state)
+{
+    (void)state;
+    const size_t n = 600;
+    const int reps = 3, B = 8;
+    size_t *order = malloc(n * sizeof *order);
+    size_t *place1 = malloc(n * 3 * sizeof *place1);
+    assert_non_null(order);
+    assert_non_null(place1);
+    for (int N = 1; N <= 4; N *= 2) {
+        mgt_sampler s;
+        assert_int_equal(mgt_sampler_init_ra(&s, n, N, reps, true, 77), MGT_OK);
+        assert_int_equal(mgt_sampler_count(&s, 0), 512 / (size_t)N);
+        mgt_sampler_order(&s, 2, order);
+        /* the epoch's places in global order: step k, device r, image i is place k*B + r + i*N
+           of the padded list, which every device count must agree on */
+        size_t steps = mgt_sampler_count(&s, 0) / (size_t)(B / N);
+        for (size_t k = 0; k < steps; k++)
+            for (int r = 0; r < N; r++)
+                for (int i = 0; i < B / N; i++) {
+                    size_t p = k * (size_t)(B / N) + (size_t)i;
+                    size_t g = k * (size_t)B + (size_t)r + (size_t)i * (size_t)N;
+                    size_t place = mgt_sampler_place(&s, r, p);
+                    assert_int_equal(place, g % (n * (size_t)reps));
+                    assert_int_equal(mgt_sampler_pick(&s, order, r, p), order[place / reps]);
+                    if (N == 1)
+                        place1[g] = place;
+                    else
+                        assert_int_equal(place1[g], place);
+                }
+        /* the copies of order[j] sit at places 3j, 3j + 1, 3j + 2: devices (3j + c) % N */
+        if (N >= reps) {
+            for (size_t j = 0; j < 512 / (size_t)reps; j++) {
+                int dev[3];
+                for (int c = 0; c < reps; c++)
+                    dev[c] = (int)((j * (size_t)reps + (size_t)c) % (size_t)N);
+                assert_true(dev[0] != dev[1] && dev[1] != dev[2] && dev[0] != dev[2]);
+            }
+        }
+    }
+    free(order);
+    free(place1);
+}
+
 /* ---- loader ---- */
 
 /* n gray 6x6 PNGs in 3 classes, pixel value = 1 + index, so a batch shows which files it
@@ -1567,6 +1645,88 @@ static void test_loader_exact_once(void **state)
             assert_int_equal(mgt_loader_bad_count(l), 0);
             mgt_loader_free(l);
         }
+    mgt_dataset_free(ds);
+}
+
+/* --ra-sampler in the loader: on 3 devices with 3 repetitions an epoch holds the first 85
+   images of its order three times each, once per device, and each copy is augmented apart
+   (its own random crop: RASampler's point); the same order on one device at the same global
+   batch gives every copy the same pixels. */
+static void test_loader_ra(void **state)
+{
+    (void)state;
+    const int n = 260, reps = 3, batch = 5;
+    /* 16x16 gray images with a pattern, so that crops and flips show */
+    MGT_TEST_HOLD(root, "%s/%s", g_root, "ra260");
+    uint8_t px[256];
+    for (int i = 0; i < n; i++) {
+        for (int p = 0; p < 256; p++)
+            px[p] = (uint8_t)((p * 7 + (p / 16) * 31 + i) & 255);
+        png8(P("%s/c%d/%03d.png", root, i % 3, i), 16, 16, 1, px);
+    }
+    mgt_dataset *ds = NULL;
+    assert_int_equal(mgt_dataset_scan(root, NULL, &ds), MGT_OK);
+    mgt_transform t;
+    assert_int_equal(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 8, 1), MGT_OK);
+    const size_t floats = 64;
+    float *first = calloc((size_t)n * reps * floats, sizeof *first);
+    int *count = calloc((size_t)n, sizeof *count), *dev = calloc((size_t)n * reps, sizeof *dev);
+    assert_non_null(first);
+    assert_non_null(count);
+    assert_non_null(dev);
+    for (int N = 3; N >= 1; N -= 2) {
+        mgt_loader_options o;
+        mgt_loader_options_init(&o, ds, &t, N, batch);
+        o.workers = 2;
+        o.seed = 5;
+        o.split = MGT_SPLIT_RA;
+        o.ra_reps = reps;
+        mgt_loader *l = NULL;
+        assert_int_equal(mgt_loader_create(&o, &l), MGT_OK);
+        assert_int_equal(mgt_loader_sampler(l)->num_samples, (size_t)(256 / N));
+        assert_int_equal(mgt_loader_set_epoch(l, 1, 0), MGT_OK);
+        size_t nb = mgt_loader_batches(l, 0);
+        int seen = 0;
+        memset(count, 0, (size_t)n * sizeof *count);
+        for (size_t b = 0; b < nb; b++)
+            for (int r = 0; r < N; r++) {
+                mgt_batch bt;
+                assert_int_equal(mgt_loader_next(l, r, NULL, &bt), MGT_OK);
+                for (int k = 0; k < bt.n; k++, seen++) {
+                    size_t idx = bt.indices_host[k];
+                    int c = count[idx]++;
+                    assert_true(c < reps);
+                    float *slot = first + (idx * reps + (size_t)c) * floats;
+                    const float *img = bt.images + (size_t)k * floats;
+                    if (N == 3) {
+                        memcpy(slot, img, floats * sizeof *slot);
+                        dev[idx * reps + (size_t)c] = r;
+                    } else if (seen < 255) { /* the places the 3-device epoch had */
+                        assert_memory_equal(slot, img, floats * sizeof *slot);
+                    }
+                }
+            }
+        if (N == 3) {
+            int full = 0, apart = 0;
+            for (int i = 0; i < n; i++) {
+                if (count[i] == 0)
+                    continue;
+                assert_int_equal(count[i], reps);
+                full++;
+                const float *a = first + (size_t)i * reps * floats;
+                int *d = dev + (size_t)i * reps;
+                assert_true(d[0] != d[1] && d[1] != d[2] && d[0] != d[2]);
+                apart += memcmp(a, a + floats, floats * sizeof *a) != 0 &&
+                         memcmp(a + floats, a + 2 * floats, floats * sizeof *a) != 0;
+            }
+            assert_int_equal(full, 85);
+            assert_true(apart > 80); /* two random crops of a 6x6 image can coincide */
+        }
+        mgt_loader_free(l);
+    }
+    free(first);
+    free(count);
+    free(dev);
     mgt_dataset_free(ds);
 }
 
@@ -2221,6 +2381,9 @@ int main(void)
         cmocka_unit_test(test_transform_outputs),
         cmocka_unit_test(test_sampler_golden),
         cmocka_unit_test(test_sampler_properties),
+        cmocka_unit_test(test_ra_sampler_golden),
+        cmocka_unit_test(test_ra_sampler_properties),
+        cmocka_unit_test(test_loader_ra),
         cmocka_unit_test(test_loader_exact_once),
         cmocka_unit_test(test_loader_determinism),
         cmocka_unit_test(test_loader_mix_device_count),

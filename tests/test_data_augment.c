@@ -481,7 +481,37 @@ static void test_policies_in_transform(void **state)
         if (p == 3) /* erased rectangles: at least 2% of the area in most images */
             assert_true(zeros > 40 * 3 * 20);
     }
+    /* --ra-magnitude: RandAugment's bin (9 by default); the same draws at another magnitude
+       give another image (bar identity-like ops), at 9 the default's */
+    int moved[2] = {0, 0};
+    for (uint64_t idx = 0; idx < 20; idx++) {
+        mgt_transform t;
+        CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
+        t.auto_augment = MGT_AUTO_AUGMENT_RA;
+        assert_int_equal(t.ra_magnitude, 9);
+        mgt_rng r;
+        mgt_rng_init(&r, 7, 0, idx, MGT_RNG_AUGMENT);
+        CHECK(mgt_transform_apply(&t, &img, &r, &s, base));
+        for (int k = 0; k < 2; k++) {
+            t.ra_magnitude = k == 0 ? 0 : 30;
+            CHECK(mgt_transform_check(&t));
+            mgt_rng_init(&r, 7, 0, idx, MGT_RNG_AUGMENT);
+            CHECK(mgt_transform_apply(&t, &img, &r, &s, a));
+            moved[k] += memcmp(a, base, sizeof(float) * 3 * 32 * 32) != 0;
+        }
+        t.ra_magnitude = 9;
+        mgt_rng_init(&r, 7, 0, idx, MGT_RNG_AUGMENT);
+        CHECK(mgt_transform_apply(&t, &img, &r, &s, a));
+        assert_memory_equal(a, base, sizeof(float) * 3 * 32 * 32);
+    }
+    print_message("ra magnitude 0 and 30: %d and %d of 20 images differ from 9's\n", moved[0],
+                  moved[1]);
+    assert_true(moved[0] >= 12 && moved[1] >= 12);
     mgt_transform t;
+    CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RRC, 32, 3));
+    t.ra_magnitude = 31;
+    assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);
+    assert_non_null(strstr(mgt_error_last(), "0 to 30"));
     CHECK(mgt_transform_init(&t, MGT_TRANSFORM_RESIZE_CROP, 32, 3));
     t.auto_augment = MGT_AUTO_AUGMENT_RA;
     assert_int_equal(mgt_transform_check(&t), MGT_ERR_INVALID);

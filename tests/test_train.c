@@ -755,11 +755,21 @@ static void test_resume_on_other_device_counts(void **state)
         int devices, batch;
     } next[] = {{3, 16}, {1, 40}};
     for (int k = 0; k < 2; k++) {
-        atomic_int stop = 1; /* stops after the steps begun at once, mid-epoch */
+        /* stopped once the first step is logged (a stop raised before any step began would
+           save step 0, as a busy machine showed) */
+        atomic_int stop = 0;
+        char log[512];
+        snprintf(log, sizeof log, "%s/recount-%d.jsonl", root, k);
+        ctrl_c press = {&stop, log};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, press_ctrl_c, &press), 0);
         base_config(&c);
         c.checkpoint_dir = dir;
+        c.log_path = log;
         ctl.stop = &stop;
-        assert_int_equal(train(&c, 2, "threads=1", &res), MGT_OK);
+        mgt_status st = train(&c, 2, "threads=1", &res);
+        pthread_join(t, NULL);
+        assert_int_equal(st, MGT_OK);
         assert_true(res.interrupted);
         mgt_st_file *f;
         assert_int_equal(mgt_st_open(ck, &f), MGT_OK);
@@ -1002,8 +1012,12 @@ static void test_arch_policy_covers_every_model(void **state)
     const mgt_arch_info *a = mgt_arch_list(&n);
     assert_int_equal(n, n_names);
     for (int i = 0; i < n; i++) {
-        mgt_model_config mc = {
-            .arch = a[i].name, .classes = 10, .in_channels = 3, .image_size = 64, .batch = 1};
+        /* the architecture's synthetic input side: vit_h_14 and maxvit_t take no 64 */
+        mgt_model_config mc = {.arch = a[i].name,
+                               .classes = 10,
+                               .in_channels = 3,
+                               .image_size = a[i].synthetic_size,
+                               .batch = 1};
         mgt_model *m = NULL;
         if (mgt_model_create(&mc, NULL, &m) != MGT_OK) { /* inception_v3: 299 at least */
             mgt_error_clear();
@@ -1137,6 +1151,59 @@ static void test_library_cosine_spans_epochs(void **state)
     assert_int_equal(seen, 6);
 }
 
+/* Every parameter's weight decay under --wd 0.05 --norm-weight-decay 0.02 --bias-weight-decay
+   0.01 --transformer-embedding-decay 0 is the one the references' set_weight_decay gives it on
+   torchvision's model (tests/data/recipe/decay_groups.txt, scripts/make_decay_goldens.py):
+   by name for the custom keys (MultiheadAttention's in_proj_bias and ViT's pos_embedding are
+   not among them), layer norms with batch norms. */
+static void test_decay_groups(void **state)
+{
+    (void)state;
+    FILE *f = fopen(MGT_TEST_DATA_DIR "/recipe/decay_groups.txt", "r");
+    assert_non_null(f);
+    mgt_train_config c;
+    mgt_train_config_defaults(&c);
+    c.weight_decay = 0.05f;
+    c.norm_weight_decay = 0.02f;
+    c.bias_weight_decay = 0.01f;
+    c.transformer_embedding_decay = 0.0f;
+    char line[256], arch[64];
+    int archs = 0, count;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "arch %63s %d", arch, &count) != 2)
+            continue;
+        mgt_model_config cfg = {
+            .arch = arch, .classes = 10, .in_channels = 3, .image_size = 224, .batch = 1};
+        mgt_model *m;
+        CHECK(mgt_model_create(&cfg, NULL, &m));
+        int n, params = 0;
+        const mgt_model_entry *t = mgt_model_table(m, &n);
+        for (int e = 0; e < n; e++)
+            params += t[e].role == MGT_MODEL_PARAM;
+        assert_int_equal(params, count);
+        for (int k = 0; k < count; k++) {
+            char name[160];
+            double want;
+            assert_non_null(fgets(line, sizeof line, f));
+            assert_int_equal(sscanf(line, "%159s %lf", name, &want), 2);
+            const mgt_model_entry *e = NULL;
+            for (int j = 0; j < n && !e; j++)
+                if (strcmp(t[j].name, name) == 0)
+                    e = &t[j];
+            if (!e)
+                fail_msg("%s: no parameter %s", arch, name);
+            float got = mgt_train_weight_decay(&c, e);
+            if (fabs(got - want) > 1e-9)
+                fail_msg("%s: %s decays by %g, the references' by %g", arch, name, (double)got,
+                         want);
+        }
+        mgt_model_free(m);
+        archs++;
+    }
+    fclose(f);
+    assert_int_equal(archs, 5);
+}
+
 /* No argument: every test but the families' and the CUDA runs; "families": test_family_learns
    alone, a CTest test of its own (train.families) so that the two halves, about equal under the
    thread sanitizer, run side by side. */
@@ -1165,6 +1232,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decay_groups),
         cmocka_unit_test(test_learns_on_two_devices),
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_layouts_train_alike),

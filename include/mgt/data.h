@@ -264,7 +264,7 @@ typedef enum mgt_interp {
 
 /* torchvision's automatic augmentation policies (--auto-augment), applied after the crop
    and flip: TrivialAugmentWide (one op of 14 at a random magnitude of 31), RandAugment (2
-   ops at magnitude 9 of 31) and AutoAugment's ImageNet policy (one of 25 pairs of ops with
+   ops at magnitude 9 of 31, or mgt_transform's ra_magnitude) and AutoAugment's ImageNet policy (one of 25 pairs of ops with
    their probabilities and magnitudes), each op at torchvision 0.14's magnitudes and with
    PIL's arithmetic; the choices are drawn from the sample's Philox stream. */
 typedef enum mgt_auto_augment {
@@ -307,6 +307,7 @@ typedef struct mgt_transform {
     mgt_interp interp;             /* resizes and geometric policy ops (bilinear) */
     mgt_auto_augment auto_augment; /* training kinds only (none) */
     int augmix_severity;           /* AUGMIX: 1..10 (3) */
+    int ra_magnitude;              /* RandAugment's magnitude, a bin of 31: 0..30 (9) */
     float random_erase;            /* RandomErasing's probability (0: off) */
     bool exact_decode; /* JPEGs decoded whole at full scale, torchvision's pixels (else at the
                           smallest DCT scale that covers the crop at the output size, and
@@ -462,29 +463,46 @@ typedef enum mgt_split_mode {
     MGT_SPLIT_PAD,   /* DistributedSampler(drop_last=False): pad by repeating the order's head */
     MGT_SPLIT_DROP,  /* DistributedSampler(drop_last=True): drop the tail */
     MGT_SPLIT_EXACT, /* evaluation: every sample exactly once; ranks differ by at most one */
+    /* torchvision's references' RASampler (repeated augmentation, --ra-sampler): the order with
+       each index repeated `reps` times in a row, padded with its head to a multiple of the
+       replicas, strided over the replicas (so an image's repeats go to different devices);
+       each rank keeps the first floor((n // 256) * 256 / replicas) of its share */
+    MGT_SPLIT_RA,
 } mgt_split_mode;
 
 typedef struct mgt_sampler {
     size_t n;     /* dataset size */
     int replicas; /* devices */
     mgt_split_mode mode;
+    int reps;     /* RA: repetitions of each index (1 otherwise) */
     bool shuffle; /* a new permutation per epoch (else the identity) */
     uint64_t seed;
     size_t num_samples; /* per replica: PyTorch's num_samples; EXACT: the largest rank's */
     size_t total_size;  /* num_samples * replicas (EXACT: n) */
 } mgt_sampler;
 
-/* MGT_ERR_INVALID when replicas < 1, or n < replicas (every device needs a sample). */
+/* MGT_ERR_INVALID when replicas < 1, or n < replicas (every device needs a sample). RA
+   takes its repetitions from mgt_sampler_init_ra. */
 mgt_status mgt_sampler_init(mgt_sampler *s, size_t n, int replicas, mgt_split_mode mode,
                             bool shuffle, uint64_t seed);
+/* MGT_SPLIT_RA with reps >= 1 repetitions; MGT_ERR_INVALID too where the dataset leaves no
+   sample to a device (fewer than 256 images: RASampler keeps n // 256 * 256 of them). */
+mgt_status mgt_sampler_init_ra(mgt_sampler *s, size_t n, int replicas, int reps, bool shuffle,
+                               uint64_t seed);
 /* Samples rank `rank` gets per epoch. */
 size_t mgt_sampler_count(const mgt_sampler *s, int rank);
 /* The epoch's order of 0..n-1 before sharding (order holds n): torch.randperm's role, drawn
    from Philox keyed by seed + epoch, or the identity without shuffle. */
 void mgt_sampler_order(const mgt_sampler *s, int64_t epoch, size_t *order);
-/* The p-th index of rank's shard from an epoch's order: order[(rank + p*replicas) % n],
-   which is PyTorch's padding and striding. */
+/* The p-th index of rank's shard from an epoch's order (NULL: the identity):
+   order[(rank + p*replicas) % n], which is PyTorch's padding and striding; RA's
+   order[((rank + p*replicas) % (n reps)) / reps]. */
 size_t mgt_sampler_pick(const mgt_sampler *s, const size_t *order, int rank, size_t p);
+/* The place of rank's p-th sample in the epoch's (repeated) order, as the keys of its random
+   draws see it: (rank + p*replicas) % (n reps) (reps 1 without RA), so a padded repeat is
+   keyed as its first appearance and RA's repeats of an image each as its own. Its repeat
+   number is place % reps. */
+size_t mgt_sampler_place(const mgt_sampler *s, int rank, size_t p);
 
 /* ---- bad files ---- */
 
@@ -543,6 +561,7 @@ typedef struct mgt_loader_options {
                                   a non-continuous one's sleep once its epoch is ready. */
     int prefetch;               /* ready batches queued per replica ahead of the consumer (2) */
     mgt_split_mode split;
+    int ra_reps; /* MGT_SPLIT_RA's repetitions */
     bool shuffle;
     bool drop_last_batch; /* a short last batch of an epoch is dropped (else delivered) */
     bool continuous;      /* after an epoch, go on preparing the next (training) */

@@ -217,6 +217,19 @@ void mgt_device_abandon(mgt_device *d, const char *why);
    another that has since been abandoned (its waits now complete). */
 void mgt_device_unstall(mgt_device *d);
 
+/* The per-op profile: with on, every kernel the device runs from now is timed and counted by
+   its op (mock devices: its wall time on the device's threads; CUDA does not measure it:
+   MGT_ERR_UNSUPPORTED), from zero; off stops counting. */
+mgt_status mgt_device_op_profile(mgt_device *d, bool on);
+typedef struct mgt_op_time {
+    const char *name; /* the op's name, as the op list has it (static) */
+    double seconds, flops;
+    long calls;
+} mgt_op_time;
+/* The ops that ran while counting, by decreasing time: the first cap into out; returns how
+   many ops have any (0 where the backend does not measure). */
+int mgt_device_op_times(const mgt_device *d, mgt_op_time *out, int cap);
+
 /* ---- memory ---- */
 
 mgt_status mgt_buffer_alloc(mgt_device *d, size_t bytes, mgt_buffer **out);
@@ -591,13 +604,14 @@ mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t pe
    formula in each backend under its name: act_<name> and act_<name>_grad in
    src/device/cpu/ref.c, act_<name> and act_<name>_bwd in src/device/cpu/act.c, struct
    act_<name> in src/device/cuda/act.cu; a backend without it does not build. */
-#define MGT_ACT_LIST(X)                                        \
-    X(RELU6, relu6)             /* clamp(x, 0, 6) */           \
-    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */ \
-    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */       \
-    X(SILU, silu)               /* x sigmoid(x) */             \
-    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */        \
-    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */
+#define MGT_ACT_LIST(X)                                                                \
+    X(RELU6, relu6)             /* clamp(x, 0, 6) */                                   \
+    X(HARDSIGMOID, hardsigmoid) /* clamp(x / 6 + 1/2, 0, 1) */                         \
+    X(HARDSWISH, hardswish)     /* x * hardsigmoid(x) */                               \
+    X(SILU, silu)               /* x sigmoid(x) */                                     \
+    X(SIGMOID, sigmoid)         /* 1 / (1 + exp(-x)) */                                \
+    X(GELU, gelu)               /* x Phi(x): the exact erf form, approximate='none' */ \
+    X(TANH, tanh)               /* tanh(x) (MaxViT's classifier) */
 
 #define MGT_ACT_ENUM_(KIND, name) MGT_ACT_##KIND,
 typedef enum mgt_act { MGT_ACT_LIST(MGT_ACT_ENUM_) MGT_ACT_COUNT } mgt_act;
@@ -700,6 +714,101 @@ mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *
 mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
                                            const float *dy, const float *x, const float *weight,
                                            int n, int c, int hw, float eps);
+/* LayerNorm over the last dimension (torch's nn.LayerNorm(c) on [..., c]) is the same op with
+   hw = 1 and n = the rows: x [rows, c], each row normalised by itself. Every backend has a
+   row-major path for it (a row per thread or warp, contiguous reads). */
+
+/* ---- the transformer ops ---- */
+
+#define MGT_PERMUTE_DIMS 6
+
+/* A strided copy with a general index description: torch's permute and slicing, the class
+   token's concatenation, Swin's roll with padding and window partition (and its reverse),
+   patch merging and MaxViT's block and grid partitions are each one of these.
+
+   A walk over ndim nested dims (size[d], outermost first) visits positions i = (i_0, ...);
+   position i is element sum_d i_d * walk_stride[d] of the walk tensor and, in the grid tensor,
+   element sum_a index_a * grid_stride[a] over its naxes axes, where
+       index_a = (shift[a] + sum over the dims d with axis[d] == a of i_d * coef[d]) mod extent[a]
+   (no modulo where extent[a] is 0: then the sum must stay in [0, limit[a]) by itself), and the
+   position exists iff index_a < limit[a] on every axis (the padding of a rolled, padded map).
+   Gather (scatter false): walk = grid where the position exists, 0 elsewhere. Scatter:
+   grid = walk where the position exists; grid elements no position reaches keep their value,
+   and no two positions may reach the same element (a dim with coef 0 is refused). A gather
+   with zero coefs broadcasts (the class token into every image). The two tensors must not
+   overlap. */
+typedef struct mgt_permute_shape {
+    int ndim, naxes;
+    int size[MGT_PERMUTE_DIMS];
+    size_t walk_stride[MGT_PERMUTE_DIMS];
+    int axis[MGT_PERMUTE_DIMS]; /* the grid axis dim d moves along */
+    int coef[MGT_PERMUTE_DIMS]; /* by how many of that axis's steps per step of d */
+    int extent[MGT_PERMUTE_DIMS], shift[MGT_PERMUTE_DIMS], limit[MGT_PERMUTE_DIMS];
+    size_t grid_stride[MGT_PERMUTE_DIMS];
+    bool scatter;
+} mgt_permute_shape;
+
+mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh);
+
+/* Scaled dot-product attention over `batch` independent groups (images, or the windows of
+   images) of `heads` heads, queries t < tq and keys u < tk (head size dh):
+     logit(b,h,t,u) = scale * q(b,h,t) . k(b,h,u)  [+ bias[h, t, u]] [+ mask[b % masks, t, u]]
+   or, with cosine (Swin V2), scale * exp(min(logit_scale[h], log 100)) times the dot product of
+   q and k each divided by max(|.|, 1e-12), as F.normalize;
+     p = softmax over u, then dropout with probability `p` (training; the mask below);
+     y(b,h,t) = sum over u of p * v(b,h,u).
+   Vectors lie at q(b,h,t)[d] = q[b * q_batch + t * q_row + h * dh + d], k and v alike with
+   kv_batch and kv_row, y(b,h,t)[d] = y[b * y_batch + t * y_row + h * dh + d]: the qkv linear's
+   output [tokens, 3 * heads * dh] gives q, k and v at column offsets 0, heads*dh, 2*heads*dh
+   with a row of 3 * heads * dh, as torch's MultiheadAttention and torchvision's Swin and MaxViT
+   split it. Element (b,h,t,u) of a group's probabilities is dropped as dropout's element
+   j = ((b % groups_per_sample) * heads + h) * tq * tk + t * tk + u of image b / groups_per_sample
+   (mgt_dropout_key: the same on any device count). */
+typedef struct mgt_attn_shape {
+    int batch, heads, tq, tk, dh;
+    size_t q_batch, q_row, kv_batch, kv_row, y_batch, y_row;
+    float scale;
+    int masks; /* the masks' count (a divisor of batch) when a mask is given */
+    bool cosine;
+    float p;               /* attention dropout, in [0, 1) */
+    int groups_per_sample; /* groups of one image (the dropout mask's image); >= 1 */
+    mgt_dropout_key key;
+} mgt_attn_shape;
+
+/* y as above; lse [batch, heads, tq] gets each row's log-sum-exp of its logits, which is all
+   backward keeps of the probabilities (it recomputes them). bias [heads, tq, tk], mask
+   [masks, tq, tk] and logit_scale [heads] (cosine only) may be NULL where unused. */
+mgt_status mgt_attention_forward(mgt_stream *s, float *y, float *lse, const float *q,
+                                 const float *k, const float *v, const float *bias,
+                                 const float *mask, const float *logit_scale,
+                                 const mgt_attn_shape *sh);
+/* From dy (y's layout) and the forward's y and lse: dq, dk, dv written in q's, k's and v's
+   layouts (only the head columns: a qkv gradient buffer with the forward's strides is filled
+   by the three); dbias (optional) [heads, tq, tk] written with the sum over the groups;
+   dlogit_scale [heads] (cosine only) added on (a parameter's gradient; 0 where the clamp
+   holds, as torch's clamp passes none above the bound). */
+typedef struct mgt_attn_grads {
+    float *dq, *dk, *dv, *dbias, *dlogit_scale;
+} mgt_attn_grads;
+mgt_status mgt_attention_backward(mgt_stream *s, const mgt_attn_grads *g, const float *dy,
+                                  const float *y, const float *lse, const float *q, const float *k,
+                                  const float *v, const float *bias, const float *mask,
+                                  const float *logit_scale, const mgt_attn_shape *sh);
+
+/* The relative position bias's gather: bias[h, i] = alpha * table[index[i] * heads + h] for
+   i < n, h < heads (table [rows, heads] as torchvision's relative_position_bias_table; index
+   [n] int32 in [0, rows), n = tq * tk of the attention it feeds). */
+mgt_status mgt_relpos_bias_forward(mgt_stream *s, float *bias, const float *table,
+                                   const int32_t *index, int rows, int heads, int n, float alpha);
+/* Its backward, the scatter-add as a deterministic segment sum: dtable[r, h] += alpha * sum of
+   dbias[h, i] over the i with index[i] == r, which order[offsets[r] .. offsets[r + 1]) lists
+   in increasing order (mgt_relpos_inverse; offsets [rows + 1], order [n], int32). */
+mgt_status mgt_relpos_bias_backward(mgt_stream *s, float *dtable, const float *dbias,
+                                    const int32_t *offsets, const int32_t *order, int rows,
+                                    int heads, int n, float alpha);
+/* The inverse index of index [n] (values in [0, rows)) on the host: offsets [rows + 1] and order
+   [n] as mgt_relpos_bias_backward takes them. false where a value is out of range. */
+bool mgt_relpos_inverse(const int32_t *index, int n, int rows, int32_t *offsets, int32_t *order);
 
 /* Softmax cross-entropy of logits [n, classes] against int32 labels, with label smoothing
    eps, as torch's CrossEntropyLoss(label_smoothing=eps): row i's target is

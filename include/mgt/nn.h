@@ -259,6 +259,10 @@ typedef enum mgt_model_role {
     MGT_MODEL_PARAM,   /* in params (and grads at the same offset) */
     MGT_MODEL_BUFFER,  /* in buffers */
     MGT_MODEL_COUNTER, /* num_batches_tracked: host int64, offset = index into bn_counts */
+    /* a constant int64 tensor of the definition (Swin's relative_position_index): on the host
+       (mgt_model_index_values), saved as torchvision has it; a load checks the file's values
+       are the same (they follow from the window size) and takes nothing */
+    MGT_MODEL_INDEX,
 } mgt_model_role;
 
 /* What a tensor is, so that optimizers can group parameters (weight decay for norms and
@@ -273,10 +277,14 @@ typedef enum mgt_model_what {
     MGT_TENSOR_RUNNING_MEAN,
     MGT_TENSOR_RUNNING_VAR,
     MGT_TENSOR_NUM_BATCHES, /* num_batches_tracked */
+    /* a learned embedding: ViT's class token and position embedding, a relative position
+       bias table (--transformer-embedding-decay's group) */
+    MGT_TENSOR_EMBEDDING,
+    MGT_TENSOR_CONSTANT, /* a constant of the definition: relative_position_index, relative_coords_table */
 } mgt_model_what;
 
 typedef struct mgt_model_entry {
-    char name[64]; /* torchvision's state_dict name */
+    char name[128]; /* torchvision's state_dict name (MaxViT's reach 83 characters) */
     mgt_model_role role;
     mgt_model_what what;
     int layer; /* index into mgt_model_layers of the layer that owns it */
@@ -289,6 +297,15 @@ typedef struct mgt_model_entry {
     size_t offset; /* bytes into its arena (COUNTER: an index) */
     size_t numel;
 } mgt_model_entry;
+
+/* Whether an entry is stored as int64 (num_batches_tracked, an index), not float32. */
+static inline bool mgt_model_entry_i64(const mgt_model_entry *e)
+{
+    return e->role == MGT_MODEL_COUNTER || e->role == MGT_MODEL_INDEX;
+}
+
+/* The values of an MGT_MODEL_INDEX entry (e->numel int64, host, borrowed). */
+const int64_t *mgt_model_index_values(const mgt_model *m, const mgt_model_entry *e);
 
 /* Every tensor of the state_dict, in torchvision's state_dict order (offsets of params are
    not monotonic in this order; sort by offset for the arena order). Borrowed. */
@@ -303,7 +320,7 @@ int mgt_model_layer_ends(const mgt_model *m, size_t *ends, int cap);
 /* ---- description and counts ---- */
 
 typedef struct mgt_model_layer {
-    char name[64];    /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
+    char name[128];   /* "conv1", "layer1.0.bn2", "layer2.0" (the add), "fc" */
     const char *kind; /* "conv", "bn", "relu", "maxpool", "add", "avgpool", "linear", ... */
     int c, h, w;      /* output shape per image (h = w = 1 for avgpool and fc) */
     size_t params;    /* learnable parameters of this layer */

@@ -14,6 +14,7 @@
 #include "mgt/comm.h"
 #include "mgt/data.h"
 #include "mgt/device.h"
+#include "mgt/nn.h"
 #include "mgt/optim.h"
 #include "mgt/safetensors.h"
 #include "mgt/world.h"
@@ -44,13 +45,18 @@ typedef struct mgt_train_config {
     float momentum, weight_decay;
     bool nesterov;
     mgt_opt_kind opt;        /* --opt (sgd); sgd with nesterov is sgd_nesterov */
-    float norm_weight_decay; /* norm layers' weight and bias; < 0: weight_decay (not given) */
-    float bias_weight_decay; /* every "bias" parameter, norms' too; < 0: not given */
-    float clip_grad_norm;    /* the reduced gradients' global L2 norm at most this; 0: off */
-    int accum_steps;         /* micro-batches per update, one all-reduce each K (1) */
-    bool model_ema;          /* keep and validate an EMA of the weights and BN buffers */
-    float model_ema_decay;   /* the references' (0.99998), adjusted for batch and steps */
-    int model_ema_steps;     /* update the EMA every this many optimizer steps (32) */
+    float norm_weight_decay; /* norm layers' weight and bias (batch and layer norms); < 0:
+                                weight_decay (not given) */
+    float bias_weight_decay; /* every parameter named "bias", norms' too; < 0: not given */
+    /* the parameters named class_token, position_embedding or relative_position_bias_table
+       (the references' custom keys: ViT's class token, Swin's and MaxViT's tables; ViT's
+       "pos_embedding" is not one of them, as in torchvision's train.py); < 0: not given */
+    float transformer_embedding_decay;
+    float clip_grad_norm;  /* the reduced gradients' global L2 norm at most this; 0: off */
+    int accum_steps;       /* micro-batches per update, one all-reduce each K (1) */
+    bool model_ema;        /* keep and validate an EMA of the weights and BN buffers */
+    float model_ema_decay; /* the references' (0.99998), adjusted for batch and steps */
+    int model_ema_steps;   /* update the EMA every this many optimizer steps (32) */
     float label_smoothing;
     int print_freq;
     const char *resume;         /* a checkpoint path, "auto" (checkpoint_dir's, if any), or NULL */
@@ -105,11 +111,16 @@ typedef struct mgt_train_config {
     int augmix_severity;             /* --auto-augment augmix: its severity, 1..10 (3) */
     float random_erase;              /* RandomErasing's probability (0) */
     float mixup_alpha, cutmix_alpha; /* batch mixing (0: off) */
-    int val_resize_size;             /* the shorter side before the centre crop (0: the arch's) */
-    int val_crop_size;               /* 0: the training size; another (FixRes: train at 176,
+    int ra_magnitude;                /* RandAugment's magnitude bin of 31 (9) */
+    /* torchvision's RASampler for training (--ra-sampler): each image ra_reps times per epoch
+       on different devices (mgt/data.h's MGT_SPLIT_RA) */
+    bool ra_sampler;
+    int ra_reps;         /* (3) */
+    int val_resize_size; /* the shorter side before the centre crop (0: the arch's) */
+    int val_crop_size;   /* 0: the training size; another (FixRes: train at 176,
                                       validate at 224) validates a twin of each replica
                                       planned for that size */
-    bool exact_decode;               /* JPEGs whole at full scale: torchvision's pixels */
+    bool exact_decode;   /* JPEGs whole at full scale: torchvision's pixels */
     /* mixed precision (mgt/nn.h's mgt_model_config.amp): F32 (off), BF16 or FP16; fp16 runs
        with dynamic loss scaling (MGT_SCALER_*) */
     mgt_precision amp;
@@ -159,6 +170,13 @@ mgt_status mgt_ckpt_info_transform(const mgt_ckpt_info *i, mgt_transform *t);
 /* The defaults of the ImageNet example (resnet18, 90 epochs, -b 256, lr 0.1, ...). */
 void mgt_train_config_defaults(mgt_train_config *c);
 
+/* The weight decay c gives parameter e, as the references' set_weight_decay groups it: the
+   custom keys by the parameter's own name first (bias_weight_decay for "bias",
+   transformer_embedding_decay for class_token, position_embedding and
+   relative_position_bias_table), then norm_weight_decay for batch and layer norms' weights
+   and biases, else weight_decay (a negative one of the three: not given). */
+float mgt_train_weight_decay(const mgt_train_config *c, const mgt_model_entry *e);
+
 /* What the caller of a run switches, which is no part of the recipe: where the output goes,
    how the run is stopped and cut short, what is measured. Zeroed (or a NULL pointer to
    mgt_train_run): progress to stdout, no stop flag, whole epochs, validation, no profile. */
@@ -171,6 +189,9 @@ typedef struct mgt_train_controls {
     bool no_validation;       /* skip validation (benchmarks) */
     bool profile;             /* time forward, backward, exposed reduction and optimizer on
                                each device with events (for mgtrain bench) */
+    bool op_profile;          /* the devices' per-op profile (mgt_device_op_profile) over the
+                                 steps after warmup_steps, read from the device set after the
+                                 run (mgtrain bench --op-profile) */
     mgt_world *world;         /* (optional) the nodes of a multi-node run, each running this
                                with the same flags and local device count: the replicas are
                                the world's devices (node rank x local devices + local index),

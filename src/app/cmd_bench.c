@@ -26,6 +26,39 @@ static int device_counts(int n, int *counts)
     return k;
 }
 
+/* The first device's per-op profile of the timed steps: each op's ms per step, its share of
+   the device's kernel time and GFLOP/s where it counts flops (--op-profile). */
+static void print_op_profile(const mgt_device *d, long steps, cJSON *r)
+{
+    mgt_op_time t[128];
+    int n = mgt_device_op_times(d, t, 128);
+    if (n == 0) {
+        printf("%7s per-op profile: %s keeps none\n", "", mgt_device_name(d));
+        return;
+    }
+    double total = 0;
+    for (int i = 0; i < n && i < 128; i++)
+        total += t[i].seconds;
+    printf("%7s per-op profile of %s over %ld steps (kernel time %.1f ms per step):\n", "",
+           mgt_device_name(d), steps, 1e3 * total / (double)steps);
+    printf("%7s %-28s %10s %7s %10s %9s\n", "", "op", "ms/step", "share", "calls/step", "GFLOP/s");
+    cJSON *ops = cJSON_CreateArray();
+    for (int i = 0; i < n && i < 128; i++) {
+        printf("%7s %-28s %10.2f %6.1f%% %10.1f", "", t[i].name, 1e3 * t[i].seconds / (double)steps,
+               100 * t[i].seconds / total, (double)t[i].calls / (double)steps);
+        if (t[i].flops > 0)
+            printf(" %9.1f", t[i].flops / t[i].seconds / 1e9);
+        printf("\n");
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "op", t[i].name);
+        cJSON_AddNumberToObject(o, "seconds", t[i].seconds);
+        cJSON_AddNumberToObject(o, "flops", t[i].flops);
+        cJSON_AddNumberToObject(o, "calls", (double)t[i].calls);
+        cJSON_AddItemToArray(ops, o);
+    }
+    cJSON_AddItemToObject(r, "op_profile", ops);
+}
+
 static void bench_usage(FILE *f)
 {
     fprintf(
@@ -36,7 +69,7 @@ static void bench_usage(FILE *f)
            "tree|ring]\n"
            "                     [--bucket-mb M] [-j N] [--json FILE] [--plot FILE.svg]\n"
            "                     [--no-p2p] [--tf32] [--deterministic] [--amp bf16|fp16]\n"
-           "                     [--grad-dtype f32|bf16]\n"
+           "                     [--grad-dtype f32|bf16] [--op-profile]\n"
            "       mgtrain bench allreduce [--device ...] [--gpus LIST] [--mock SPEC]\n"
            "                     [--algo tree|ring|both] [--min-bytes SIZE] [--max-bytes SIZE]\n"
            "                     [--node-exchange allgather|reduce-scatter|both]\n"
@@ -45,7 +78,8 @@ static void bench_usage(FILE *f)
            "                     [--no-p2p]\n"
            "Runs the training step on the first 1, 2, 4, ... of the listed devices (and on all),\n"
            "after W warm-up steps, and prints images/s, speedup and efficiency against one device\n"
-           "at the same per-device batch, with each device's step broken down.\n"
+           "at the same per-device batch, with each device's step broken down; --op-profile\n"
+           "adds the first device's time per op (mock devices).\n"
            "Under mpirun, bench allreduce runs across the ranks (the same --gpus count on each)\n"
            "and compares the two exchanges across nodes (--node-exchange), next to the link\n"
            "model's prediction (--mock xlink=BW,LAT models the link between nodes) and a ring\n"
@@ -84,6 +118,7 @@ enum {
     B_MODEL_ARCH,
     B_MODEL_BATCH,
     B_MODEL_STEP,
+    B_OP_PROFILE,
 };
 
 int mgt_app_cmd_bench(int argc, char **argv)
@@ -111,6 +146,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {"amp", required_argument, NULL, B_AMP},
         {"grad-dtype", required_argument, NULL, B_GRAD_DTYPE},
+        {"op-profile", no_argument, NULL, B_OP_PROFILE},
         MGT_APP_SWITCH_LONGOPTS,
         {NULL, 0, NULL, 0},
     };
@@ -188,6 +224,7 @@ int mgt_app_cmd_bench(int argc, char **argv)
         case B_GRAD_DTYPE:
             ok = mgt_app_flag_precision("--grad-dtype", optarg, false, &c.grad_dtype);
             break;
+        case B_OP_PROFILE: ctl.op_profile = true; break;
         case 'h': bench_usage(stdout); return 0;
         default:
             if (opt != ':' && mgt_app_device_switch(opt, &sw))
@@ -342,6 +379,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(r, "step_s", res.timed_step_s);
         cJSON_AddNumberToObject(r, "spread_s", busy_hi - busy_lo);
         cJSON_AddItemToObject(r, "per_device", per);
+        if (ctl.op_profile)
+            print_op_profile(mgt_devset_device(set, 0), steps, r);
         cJSON_AddItemToArray(results, r);
         mgt_devset_free(set);
     }

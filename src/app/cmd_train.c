@@ -89,6 +89,12 @@ static void train_usage(FILE *f)
         "                         TrivialAugmentWide, RandAugment, AutoAugment's policies,\n"
         "                         AugMix (none)\n"
         "  --augmix-severity N    AugMix's severity, 1..10 (3)\n"
+        "  --ra-magnitude N       RandAugment's magnitude bin, 0..30 (9; the other policies\n"
+        "                         ignore it, as the references do)\n"
+        "  --ra-sampler           repeated augmentation, torchvision's RASampler: each image\n"
+        "                         --ra-reps times per epoch, the copies on different devices\n"
+        "                         and augmented apart; an epoch keeps n // 256 * 256 samples\n"
+        "  --ra-reps N            repetitions of --ra-sampler (3)\n"
         "  --random-erase P       RandomErasing's probability (0)\n"
         "  --mixup-alpha A        mixup with lambda ~ Beta(A, A) (0: off)\n"
         "  --cutmix-alpha A       cutmix with lambda ~ Beta(A, A) (0: off; with mixup, one of\n"
@@ -122,8 +128,11 @@ static void train_usage(FILE *f)
         "  --opt NAME             sgd | sgd_nesterov | adamw | rmsprop, PyTorch's (sgd); adamw:\n"
         "                         betas 0.9, 0.999, eps 1e-8, decoupled decay; rmsprop: alpha\n"
         "                         0.9, eps 0.0316, --momentum (torchvision's references)\n"
-        "  --norm-weight-decay X  weight decay of norm layers' weights and biases (--wd)\n"
-        "  --bias-weight-decay X  weight decay of every bias, norms' too (--wd)\n"
+        "  --norm-weight-decay X  weight decay of norm layers' weights and biases, batch and\n"
+        "                         layer norms (--wd)\n"
+        "  --bias-weight-decay X  weight decay of every parameter named bias, norms' too (--wd)\n"
+        "  --transformer-embedding-decay X  weight decay of the parameters named class_token,\n"
+        "                         position_embedding and relative_position_bias_table (--wd)\n"
         "  --lr-schedule step|cosine (step)  --lr-step N (30)  --lr-gamma X (0.1)\n"
         "  --warmup-epochs X      linear warm-up, per step; fractions allowed (0)\n"
         "  (step and cosine are mgtrain's: cosine decays per step; the references' schedulers\n"
@@ -278,6 +287,10 @@ enum {
     OPT_OPT,
     OPT_NORM_WD,
     OPT_BIAS_WD,
+    OPT_EMBED_WD,
+    OPT_RA_MAGNITUDE,
+    OPT_RA_SAMPLER,
+    OPT_RA_REPS,
     OPT_LR_SCHEDULER,
     OPT_LR_MIN,
     OPT_LR_WARMUP_EPOCHS,
@@ -434,6 +447,10 @@ int mgt_app_cmd_train(int argc, char **argv)
         {"model-ema-steps", required_argument, NULL, OPT_EMA_STEPS},
         {"norm-weight-decay", required_argument, NULL, OPT_NORM_WD},
         {"bias-weight-decay", required_argument, NULL, OPT_BIAS_WD},
+        {"transformer-embedding-decay", required_argument, NULL, OPT_EMBED_WD},
+        {"ra-magnitude", required_argument, NULL, OPT_RA_MAGNITUDE},
+        {"ra-sampler", no_argument, NULL, OPT_RA_SAMPLER},
+        {"ra-reps", required_argument, NULL, OPT_RA_REPS},
         MGT_APP_SWITCH_LONGOPTS,
         {"print-freq", required_argument, NULL, 'p'},
         {"evaluate", no_argument, NULL, 'e'},
@@ -606,6 +623,19 @@ int mgt_app_cmd_train(int argc, char **argv)
         case OPT_BIAS_WD:
             ok = mgt_app_flag_float(flag, optarg, 0, 1, &x);
             *(opt == OPT_NORM_WD ? &c.norm_weight_decay : &c.bias_weight_decay) = (float)x;
+            break;
+        case OPT_EMBED_WD:
+            ok = mgt_app_flag_float("--transformer-embedding-decay", optarg, 0, 1, &x);
+            c.transformer_embedding_decay = (float)x;
+            break;
+        case OPT_RA_MAGNITUDE:
+            ok = mgt_app_flag_int("--ra-magnitude", optarg, 0, 30, &v);
+            c.ra_magnitude = (int)v;
+            break;
+        case OPT_RA_SAMPLER: c.ra_sampler = true; break;
+        case OPT_RA_REPS:
+            ok = mgt_app_flag_int("--ra-reps", optarg, 1, 1000, &v);
+            c.ra_reps = (int)v;
             break;
         case OPT_LR_SCHEDULER:
             ref_lr_flag = "--lr-scheduler";

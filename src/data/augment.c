@@ -709,10 +709,10 @@ mgt_status mgt_augment_policy(const mgt_transform *t, uint8_t *px, int w, int h,
         return signed_op(op, mag, neg, t->interp, px, w, h, c, s);
     }
     case MGT_AUTO_AUGMENT_RA: {
-        /* RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31) */
+        /* RandAugment(num_ops=2, magnitude=ra_magnitude (9), num_magnitude_bins=31) */
         for (int k = 0; k < 2; k++) {
             mgt_aug_op op = ta_ops[mgt_rng_below(rng, 14)];
-            double mag = mgt_augment_magnitude(t->auto_augment, op, 31, 9, h, w, &sg);
+            double mag = mgt_augment_magnitude(t->auto_augment, op, 31, t->ra_magnitude, h, w, &sg);
             bool neg = sg && mgt_rng_below(rng, 2);
             mgt_status st = signed_op(op, mag, neg, t->interp, px, w, h, c, s);
             if (st != MGT_OK)

@@ -40,6 +40,9 @@ typedef struct slot {
     float *weights_host;    /* the weight of labels_host (mixing; else 1) */
     size_t *partners;       /* with mixing: the partner's dataset index */
     size_t *places;         /* with mixing: the sample's place in the epoch's order */
+    /* the key of each sample's (and partner's) augmentation draws: its dataset index, plus
+       n times its repeat number under RA (so an image's repeats are augmented apart) */
+    size_t *keys, *partner_keys;
     float *images_host;
     size_t *indices; /* dataset index per sample (original, then replacement) */
     mgt_buffer *dev;
@@ -183,9 +186,13 @@ static int shard_of(const mgt_loader *l, int ri) { return l->o.world_first + ri;
 
 static size_t pick(const mgt_loader *l, const size_t *order, bool identity, int rank, size_t p)
 {
-    if (identity)
-        return ((size_t)shard_of(l, rank) + p * (size_t)l->sampler.replicas) % l->n;
-    return mgt_sampler_pick(&l->sampler, order, shard_of(l, rank), p);
+    return mgt_sampler_pick(&l->sampler, identity ? NULL : order, shard_of(l, rank), p);
+}
+
+/* The augmentation key of dataset index idx at the given place of the (repeated) order. */
+static size_t aug_key(const mgt_loader *l, size_t idx, size_t place)
+{
+    return idx + (place % (size_t)l->sampler.reps) * l->n;
 }
 
 /* Whether a rank's ticket may be prepared now. */
@@ -238,18 +245,20 @@ static slot *assign(mgt_loader *l, int *prep_rank)
             size_t n = r->count - first;
             if (n > (size_t)l->o.batch_size)
                 n = (size_t)l->o.batch_size;
+            size_t places = l->n * (size_t)l->sampler.reps;
             for (size_t p = 0; p < n; p++) {
                 s->indices[p] = pick(l, order, identity, ri, first + p);
+                /* the place in the epoch's (repeated) order, modulo its length (a padded
+                   repeat is keyed as its first appearance) */
+                size_t k = mgt_sampler_place(&l->sampler, shard_of(l, ri), first + p);
+                s->keys[p] = aug_key(l, s->indices[p], k);
                 if (l->mixing) {
-                    /* the place in the epoch's order, modulo the dataset (a padded repeat
-                       is mixed as its first appearance), and the partner: the sample one
-                       place before (the last for the first), as a batch rolled by one */
-                    size_t k =
-                        ((size_t)shard_of(l, ri) + (first + p) * (size_t)l->sampler.replicas) %
-                        l->n;
-                    size_t kp = (k + l->n - 1) % l->n;
+                    /* the partner: the sample one place before (the last for the first), as
+                       a batch rolled by one */
+                    size_t kp = (k + places - 1) % places, ip = kp / (size_t)l->sampler.reps;
                     s->places[p] = k;
-                    s->partners[p] = identity ? kp : order[kp];
+                    s->partners[p] = identity ? ip : order[ip];
+                    s->partner_keys[p] = aug_key(l, s->partners[p], kp);
                 }
             }
             s->gen = l->gen;
@@ -386,7 +395,8 @@ static void mark_bad(mgt_loader *l, size_t idx, const char *reason)
 /* Decodes and transforms dataset sample `first` into dst (no lock held). A bad file gives
    its place to the next index, deterministically, and keeps the first index's random draws;
    *used gets the index whose image it is. Returns false on a fatal error. */
-static bool transform_sample(worker *w, int64_t epoch, size_t first, float *dst, size_t *used)
+static bool transform_sample(worker *w, int64_t epoch, size_t first, size_t key, float *dst,
+                             size_t *used)
 {
     mgt_loader *l = w->l;
     size_t idx = first;
@@ -394,7 +404,7 @@ static bool transform_sample(worker *w, int64_t epoch, size_t first, float *dst,
         if (atomic_load(&l->bad[idx]))
             continue;
         mgt_rng rng;
-        mgt_rng_init(&rng, l->o.seed, (uint64_t)epoch, first, MGT_RNG_AUGMENT);
+        mgt_rng_init(&rng, l->o.seed, (uint64_t)epoch, key, MGT_RNG_AUGMENT);
         mgt_status st = mgt_sample_transform(&w->sw, l->o.ds, idx, &l->o.transform, &rng, dst);
         atomic_store_explicit(&w->growths, mgt_sample_worker_growths(&w->sw), memory_order_relaxed);
         if (st == MGT_OK) {
@@ -438,14 +448,15 @@ static bool process(worker *w, slot *s, int pos)
     mgt_loader *l = w->l;
     float *dst = s->images_host + (size_t)pos * l->img_floats;
     size_t used;
-    if (!transform_sample(w, s->epoch, s->indices[pos], dst, &used))
+    if (!transform_sample(w, s->epoch, s->indices[pos], s->keys[pos], dst, &used))
         return false;
     s->labels_host[pos] = mgt_dataset_label(l->o.ds, used);
     s->labels_b_host[pos] = s->labels_host[pos];
     s->weights_host[pos] = 1.0f;
     if (l->mixing) {
         size_t pused;
-        if (!transform_sample(w, s->epoch, s->partners[pos], w->partner, &pused))
+        if (!transform_sample(w, s->epoch, s->partners[pos], s->partner_keys[pos], w->partner,
+                              &pused))
             return false;
         const mgt_transform *t = &l->o.transform;
         mgt_mix_draws md;
@@ -610,11 +621,13 @@ static mgt_status alloc_slot(mgt_loader *l, rank_state *r, slot *s)
     if (l->mixing) {
         s->partners = calloc((size_t)l->o.batch_size, sizeof *s->partners);
         s->places = calloc((size_t)l->o.batch_size, sizeof *s->places);
-        if (!s->partners || !s->places)
+        s->partner_keys = calloc((size_t)l->o.batch_size, sizeof *s->partner_keys);
+        if (!s->partners || !s->places || !s->partner_keys)
             return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
     }
     s->indices = calloc((size_t)l->o.batch_size, sizeof *s->indices);
-    if (!s->indices)
+    s->keys = calloc((size_t)l->o.batch_size, sizeof *s->keys);
+    if (!s->indices || !s->keys)
         return mgt_error_set(MGT_ERR_OOM, "loader: out of memory");
     return MGT_OK;
 }
@@ -640,7 +653,9 @@ mgt_status mgt_loader_create(const mgt_loader_options *o, mgt_loader **out)
                            o->world_first, o->world_first + o->replicas - 1, shards);
         goto fail;
     }
-    if ((st = mgt_sampler_init(&l->sampler, l->n, shards, o->split, o->shuffle, o->seed)) !=
+    if ((st = o->split == MGT_SPLIT_RA
+                  ? mgt_sampler_init_ra(&l->sampler, l->n, shards, o->ra_reps, o->shuffle, o->seed)
+                  : mgt_sampler_init(&l->sampler, l->n, shards, o->split, o->shuffle, o->seed)) !=
         MGT_OK) {
         st = mgt_error_wrap(st, "%s", dir);
         goto fail;
@@ -766,6 +781,8 @@ void mgt_loader_free(mgt_loader *l)
                     else
                         free(s->host);
                     free(s->indices);
+                    free(s->keys);
+                    free(s->partner_keys);
                     free(s->partners);
                     free(s->places);
                 }

@@ -19,6 +19,7 @@ mgt_status mgt_sampler_init(mgt_sampler *s, size_t n, int replicas, mgt_split_mo
     s->n = n;
     s->replicas = replicas;
     s->mode = mode;
+    s->reps = 1;
     s->shuffle = shuffle;
     s->seed = seed;
     size_t r = (size_t)replicas;
@@ -36,7 +37,32 @@ mgt_status mgt_sampler_init(mgt_sampler *s, size_t n, int replicas, mgt_split_mo
         s->num_samples = (n + r - 1) / r;
         s->total_size = n;
         break;
+    case MGT_SPLIT_RA:
+        return mgt_error_set(MGT_ERR_INVALID, "sampler: RA takes mgt_sampler_init_ra");
     }
+    return MGT_OK;
+}
+
+mgt_status mgt_sampler_init_ra(mgt_sampler *s, size_t n, int replicas, int reps, bool shuffle,
+                               uint64_t seed)
+{
+    mgt_status st = mgt_sampler_init(s, n, replicas, MGT_SPLIT_PAD, shuffle, seed);
+    if (st != MGT_OK)
+        return st;
+    if (reps < 1)
+        return mgt_error_set(MGT_ERR_INVALID, "sampler: %d repetitions (expected 1 or more)", reps);
+    size_t r = (size_t)replicas;
+    s->mode = MGT_SPLIT_RA;
+    s->reps = reps;
+    /* RASampler: num_samples = ceil(n reps / replicas) of the padded list per rank, of which
+       it yields num_selected_samples = floor(n // 256 * 256 / replicas) */
+    s->total_size = (n * (size_t)reps + r - 1) / r * r;
+    s->num_samples = n / 256 * 256 / r;
+    if (s->num_samples == 0)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "--ra-sampler: %zu samples give none to each of %d devices "
+                             "(torchvision's RASampler keeps the first n // 256 * 256 = %zu)",
+                             n, replicas, n / 256 * 256);
     return MGT_OK;
 }
 
@@ -62,10 +88,16 @@ void mgt_sampler_order(const mgt_sampler *s, int64_t epoch, size_t *order)
     mgt_rng_shuffle(&r, order, s->n);
 }
 
+size_t mgt_sampler_place(const mgt_sampler *s, int rank, size_t p)
+{
+    /* padding appends the (repeated) order's head again, so position k of the padded list is
+       position k % (n reps) of the repeated one */
+    size_t k = (size_t)rank + p * (size_t)s->replicas;
+    return k % (s->n * (size_t)s->reps);
+}
+
 size_t mgt_sampler_pick(const mgt_sampler *s, const size_t *order, int rank, size_t p)
 {
-    /* padding appends the order's head again (cyclically when it is shorter than the
-       padding), so position k of the padded list is order[k % n] */
-    size_t k = (size_t)rank + p * (size_t)s->replicas;
-    return order[k % s->n];
+    size_t i = mgt_sampler_place(s, rank, p) / (size_t)s->reps;
+    return order ? order[i] : i;
 }

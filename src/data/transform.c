@@ -29,6 +29,7 @@ mgt_status mgt_transform_init(mgt_transform *t, mgt_transform_kind kind, int siz
     t->interp = MGT_INTERP_BILINEAR;
     t->auto_augment = MGT_AUTO_AUGMENT_NONE;
     t->augmix_severity = 3; /* AugMix's default */
+    t->ra_magnitude = 9;
     if (channels == 1) {
         t->mean[0] = 0.4590f;
         t->std[0] = 0.2256f;
@@ -71,6 +72,10 @@ mgt_status mgt_transform_check(const mgt_transform *t)
         t->interp != MGT_INTERP_BICUBIC)
         return mgt_error_set(MGT_ERR_INVALID, "transform: unknown interpolation %d",
                              (int)t->interp);
+    if (t->ra_magnitude < 0 || t->ra_magnitude > 30)
+        return mgt_error_set(MGT_ERR_INVALID,
+                             "transform: RandAugment magnitude %d (expected 0 to 30: a bin of 31)",
+                             t->ra_magnitude);
     if (t->auto_augment < MGT_AUTO_AUGMENT_NONE || t->auto_augment > MGT_AUTO_AUGMENT_AUGMIX)
         return mgt_error_set(MGT_ERR_INVALID, "transform: unknown auto-augment policy %d",
                              (int)t->auto_augment);

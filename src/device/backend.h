@@ -87,6 +87,11 @@ typedef struct mgt_backend_i {
     bool (*supports_op)(mgt_device *d, const mgt_op *op);
     /* enqueues one checked kernel */
     mgt_status (*launch)(mgt_stream *s, const mgt_op *op);
+    /* (optional, both or none) the per-op profile (mgt_device_op_profile): start counting
+       from zero or stop; each op kind's kernel seconds, calls and flops (mgt_op_flops) so far,
+       arrays of MGT_OP_COUNT. NULL: the backend does not measure them. */
+    void (*op_profile)(mgt_device *d, bool on);
+    void (*op_times)(const mgt_device *d, double *seconds, long *calls, double *flops);
 
     /* (optional, all four or none) a collective across processes (NCCL on CUDA): one
        communicator per device, made from an id that one rank creates and every rank gets

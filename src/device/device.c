@@ -552,6 +552,41 @@ int mgt_device_id(const mgt_device *d) { return d->id; }
 const char *mgt_device_name(const mgt_device *d) { return d->name; }
 mgt_device_kind mgt_device_get_kind(const mgt_device *d) { return d->set->kind; }
 
+mgt_status mgt_device_op_profile(mgt_device *d, bool on)
+{
+    const mgt_backend_i *iface = d->set->iface;
+    if (!iface->op_profile)
+        return mgt_error_set(MGT_ERR_UNSUPPORTED, "%s: the %s backend keeps no per-op profile",
+                             d->name, iface->name);
+    iface->op_profile(d, on);
+    return MGT_OK;
+}
+
+static int by_seconds(const void *a, const void *b)
+{
+    const mgt_op_time *x = a, *y = b;
+    return x->seconds < y->seconds ? 1 : x->seconds > y->seconds ? -1 : 0;
+}
+
+int mgt_device_op_times(const mgt_device *d, mgt_op_time *out, int cap)
+{
+    const mgt_backend_i *iface = d->set->iface;
+    if (!iface->op_times)
+        return 0;
+    double s[MGT_OP_COUNT], f[MGT_OP_COUNT];
+    long c[MGT_OP_COUNT];
+    iface->op_times(d, s, c, f);
+    mgt_op_time all[MGT_OP_COUNT];
+    int n = 0;
+    for (int k = 0; k < MGT_OP_COUNT; k++)
+        if (c[k] > 0)
+            all[n++] = (mgt_op_time){mgt_op_name((mgt_op_kind)k), s[k], f[k], c[k]};
+    qsort(all, (size_t)n, sizeof *all, by_seconds);
+    for (int i = 0; i < n && i < cap; i++)
+        out[i] = all[i];
+    return n;
+}
+
 mgt_layout mgt_device_act_layout(const mgt_device *d)
 {
     const mgt_backend_i *iface = d->set->iface;

@@ -919,14 +919,33 @@ static void operands_scopy(mgt_op *op, operand_list *l)
 
 uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
 
+void mgt_dropout_philox(const mgt_dropout_key *k, uint64_t g, uint32_t block, uint32_t out[4])
+{
+    uint32_t ctr[4] = {block, (uint32_t)k->step, (uint32_t)g,
+                       ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
+    uint32_t key[2] = {(uint32_t)k->seed, (uint32_t)(k->seed >> 32) ^ (k->stream * 0x9E3779B9u)};
+    mgt_philox4x32_10(ctr, key, out);
+}
+
+bool mgt_attn_keep(const mgt_attn_shape *sh, int b, int h, int t, int u)
+{
+    int gps = sh->groups_per_sample;
+    uint64_t image = (uint64_t)(b / gps);
+    uint64_t j = (((uint64_t)(b % gps) * (uint64_t)sh->heads + (uint64_t)h) * (uint64_t)sh->tq +
+                  (uint64_t)t) *
+                     (uint64_t)sh->tk +
+                 (uint64_t)u;
+    uint32_t w[4];
+    mgt_dropout_philox(&sh->key, sh->key.sample0 + image * sh->key.sample_stride, (uint32_t)(j / 4),
+                       w);
+    return (w[j % 4] >> 8) >= mgt_dropout_threshold(sh->p);
+}
+
 void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4])
 {
     const mgt_dropout_args *d = &op->u.dropout;
-    uint64_t g = d->sample0 + (uint64_t)image * d->sample_stride;
-    uint32_t ctr[4] = {block, (uint32_t)d->step, (uint32_t)g,
-                       ((uint32_t)(g >> 32) & 0x00FFFFFFu) | ((uint32_t)MGT_RNG_DROPOUT << 24)};
-    uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32) ^ (d->stream * 0x9E3779B9u)};
-    mgt_philox4x32_10(ctr, key, out);
+    mgt_dropout_key k = {d->seed, d->step, d->sample0, d->sample_stride, d->stream};
+    mgt_dropout_philox(&k, d->sample0 + (uint64_t)image * d->sample_stride, block, out);
 }
 
 /* ---- activations, channel scaling ---- */
@@ -1027,6 +1046,247 @@ static void operands_lnc_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), act_out(op), IN);
     ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
+}
+
+/* ---- the transformer ops ---- */
+
+/* The floats a walk of sizes and strides spans (its last element's offset plus one); false on
+   overflow. */
+static bool span_fits(int nd, const int *size, const size_t *stride, size_t *out)
+{
+    size_t t = 0, a;
+    for (int d = 0; d < nd; d++)
+        if (__builtin_mul_overflow((size_t)(size[d] - 1), stride[d], &a) ||
+            __builtin_add_overflow(t, a, &t))
+            return false;
+    *out = t + 1;
+    return *out <= SIZE_MAX / sizeof(float);
+}
+
+static size_t permute_walk_span(const mgt_permute_shape *sh)
+{
+    size_t n = 0;
+    return span_fits(sh->ndim, sh->size, sh->walk_stride, &n) ? n : 0;
+}
+
+static size_t permute_grid_span(const mgt_permute_shape *sh)
+{
+    size_t n = 0;
+    return span_fits(sh->naxes, sh->limit, sh->grid_stride, &n) ? n : 0;
+}
+
+static mgt_status check_permute(const mgt_op *op)
+{
+    const mgt_permute_shape *sh = &op->u.permute.sh;
+    if (sh->ndim < 1 || sh->ndim > MGT_PERMUTE_DIMS || sh->naxes < 1 ||
+        sh->naxes > MGT_PERMUTE_DIMS)
+        return INVALID(op, "%d dims and %d axes: each must be 1 to %d", sh->ndim, sh->naxes,
+                       MGT_PERMUTE_DIMS);
+    long long reach[MGT_PERMUTE_DIMS] = {0}; /* the largest raw index of each axis */
+    for (int d = 0; d < sh->ndim; d++) {
+        NEED_POS(op, sh->size[d], "dim size");
+        if (sh->axis[d] < 0 || sh->axis[d] >= sh->naxes)
+            return INVALID(op, "dim %d moves along axis %d of %d", d, sh->axis[d], sh->naxes);
+        if (sh->coef[d] < 0 || (sh->scatter && sh->coef[d] == 0))
+            return INVALID(op, "dim %d's step %d must be %s", d, sh->coef[d],
+                           sh->scatter ? "positive in a scatter" : "at least 0");
+        reach[sh->axis[d]] += (long long)sh->coef[d] * (sh->size[d] - 1);
+        if (reach[sh->axis[d]] > INT32_MAX)
+            return INVALID(op, "axis %d's index overflows", sh->axis[d]);
+    }
+    for (int a = 0; a < sh->naxes; a++) {
+        NEED_POS(op, sh->limit[a], "axis limit");
+        if (sh->extent[a] < 0 || (sh->extent[a] > 0 && sh->limit[a] > sh->extent[a]))
+            return INVALID(op, "axis %d: limit %d past its extent %d", a, sh->limit[a],
+                           sh->extent[a]);
+        if (sh->extent[a] == 0 && sh->shift[a] < 0)
+            return INVALID(op, "axis %d: shift %d without an extent to wrap in", a, sh->shift[a]);
+        if (reach[a] + sh->shift[a] > INT32_MAX)
+            return INVALID(op, "axis %d's index overflows", a);
+    }
+    if (!permute_walk_span(sh) || !permute_grid_span(sh))
+        return INVALID(op, "a tensor's size overflows (%d dims, %d axes)", sh->ndim, sh->naxes);
+    return MGT_OK;
+}
+
+static void operands_permute(mgt_op *op, operand_list *l)
+{
+    mgt_permute_args *a = &op->u.permute;
+    /* INOUT: the floats between strided rows (and the grid's unreached ones) keep their value */
+    ADD(l, a->walk, "walk", permute_walk_span(&a->sh), MGT_F32, a->sh.scatter ? IN : INOUT);
+    ADD(l, a->grid, "grid", permute_grid_span(&a->sh), MGT_F32, a->sh.scatter ? INOUT : IN);
+}
+
+/* The floats of a [groups, tokens, heads * dh] tensor with strides batch and row. */
+static size_t attn_span(const mgt_attn_shape *sh, int tokens, size_t batch, size_t row)
+{
+    return (size_t)(sh->batch - 1) * batch + (size_t)(tokens - 1) * row +
+           (size_t)sh->heads * (size_t)sh->dh;
+}
+
+static bool attn_layout_ok(const mgt_attn_shape *sh, int tokens, size_t batch, size_t row)
+{
+    size_t width = (size_t)sh->heads * (size_t)sh->dh;
+    if (tokens > 1 && row < width)
+        return false;
+    if (sh->batch > 1 && batch < (size_t)(tokens - 1) * row + width)
+        return false;
+    size_t a, b, t;
+    return !__builtin_mul_overflow((size_t)(sh->batch - 1), batch, &a) &&
+           !__builtin_mul_overflow((size_t)(tokens - 1), row, &b) &&
+           !__builtin_add_overflow(a, b, &t) && !__builtin_add_overflow(t, width, &t) &&
+           t <= SIZE_MAX / sizeof(float);
+}
+
+static mgt_status check_attn(const mgt_op *op, const mgt_attn_shape *sh, bool mask)
+{
+    NEED_POS(op, sh->batch, "batch");
+    NEED_POS(op, sh->heads, "heads");
+    NEED_POS(op, sh->tq, "queries tq");
+    NEED_POS(op, sh->tk, "keys tk");
+    NEED_POS(op, sh->dh, "head size dh");
+    NEED_POS(op, sh->groups_per_sample, "groups per sample");
+    if (!product_fits(sh->batch, sh->heads, sh->tq, sh->tk) ||
+        !product_fits(sh->heads, sh->dh, 3, 1))
+        return INVALID(op, "size overflows (batch %d, heads %d, tq %d, tk %d)", sh->batch,
+                       sh->heads, sh->tq, sh->tk);
+    if (!attn_layout_ok(sh, sh->tq, sh->q_batch, sh->q_row) ||
+        !attn_layout_ok(sh, sh->tk, sh->kv_batch, sh->kv_row) ||
+        !attn_layout_ok(sh, sh->tq, sh->y_batch, sh->y_row))
+        return INVALID(op,
+                       "rows or groups overlap or overflow (heads x dh %d, rows q %zu kv %zu y "
+                       "%zu, groups q %zu kv %zu y %zu)",
+                       sh->heads * sh->dh, sh->q_row, sh->kv_row, sh->y_row, sh->q_batch,
+                       sh->kv_batch, sh->y_batch);
+    if (sh->batch % sh->groups_per_sample != 0)
+        return INVALID(op, "batch %d is not whole samples of %d groups", sh->batch,
+                       sh->groups_per_sample);
+    if (mask && (sh->masks < 1 || sh->batch % sh->masks != 0))
+        return INVALID(op, "%d masks do not divide the batch %d", sh->masks, sh->batch);
+    if (!(sh->p >= 0.0f && sh->p < 1.0f))
+        return INVALID(op, "dropout p %g must be in [0, 1)", (double)sh->p);
+    if (!isfinite(sh->scale))
+        return INVALID(op, "scale %g must be finite", (double)sh->scale);
+    return MGT_OK;
+}
+
+static mgt_status check_attn_fwd(const mgt_op *op)
+{
+    return check_attn(op, &op->u.attn_fwd.sh, op->u.attn_fwd.mask != NULL);
+}
+
+static void operands_attn_inputs(operand_list *l, const mgt_attn_shape *sh, const float **q,
+                                 const float **k, const float **v, const float **bias,
+                                 const float **mask, const float **logit_scale)
+{
+    ADD(l, *q, "q", attn_span(sh, sh->tq, sh->q_batch, sh->q_row), MGT_F32, IN);
+    ADD(l, *k, "k", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), MGT_F32, IN);
+    ADD(l, *v, "v", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), MGT_F32, IN);
+    size_t tt = (size_t)sh->tq * (size_t)sh->tk;
+    if (*bias)
+        ADD(l, *bias, "bias", (size_t)sh->heads * tt, MGT_F32, IN);
+    if (*mask)
+        ADD(l, *mask, "mask", (size_t)sh->masks * tt, MGT_F32, IN);
+    if (sh->cosine)
+        ADD(l, *logit_scale, "logit_scale", (size_t)sh->heads, MGT_F32, IN);
+}
+
+static size_t attn_rows(const mgt_attn_shape *sh)
+{
+    return (size_t)sh->batch * (size_t)sh->heads * (size_t)sh->tq;
+}
+
+static void operands_attn_fwd(mgt_op *op, operand_list *l)
+{
+    mgt_attn_fwd_args *a = &op->u.attn_fwd;
+    const mgt_attn_shape *sh = &a->sh;
+    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, OUT);
+    ADD(l, a->lse, "lse", attn_rows(sh), MGT_F32, OUT);
+    operands_attn_inputs(l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
+}
+
+static mgt_status check_attn_bwd(const mgt_op *op)
+{
+    return check_attn(op, &op->u.attn_bwd.sh, op->u.attn_bwd.mask != NULL);
+}
+
+static void operands_attn_bwd(mgt_op *op, operand_list *l)
+{
+    mgt_attn_bwd_args *a = &op->u.attn_bwd;
+    const mgt_attn_shape *sh = &a->sh;
+    size_t qn = attn_span(sh, sh->tq, sh->q_batch, sh->q_row);
+    size_t kvn = attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row);
+    ADD(l, a->dq, "dq", qn, MGT_F32, OUT);
+    ADD(l, a->dk, "dk", kvn, MGT_F32, OUT);
+    ADD(l, a->dv, "dv", kvn, MGT_F32, OUT);
+    if (a->dbias)
+        ADD(l, a->dbias, "dbias", (size_t)sh->heads * sh->tq * sh->tk, MGT_F32, OUT);
+    if (sh->cosine)
+        ADD(l, a->dlogit_scale, "dlogit_scale", (size_t)sh->heads, MGT_F32, INOUT);
+    ADD(l, a->dy, "dy", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, IN);
+    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, IN);
+    ADD(l, a->lse, "lse", attn_rows(sh), MGT_F32, IN);
+    operands_attn_inputs(l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
+}
+
+static mgt_status check_rpb(const mgt_op *op, int rows, int heads, int n, float alpha)
+{
+    NEED_POS(op, rows, "table rows");
+    NEED_POS(op, heads, "heads");
+    NEED_POS(op, n, "positions n");
+    if (!product_fits(rows, heads, 1, 1) || !product_fits(n, heads, 1, 1))
+        return INVALID(op, "size overflows (rows %d, heads %d, n %d)", rows, heads, n);
+    if (!isfinite(alpha))
+        return INVALID(op, "alpha %g must be finite", (double)alpha);
+    return MGT_OK;
+}
+
+static mgt_status check_rpb_fwd(const mgt_op *op)
+{
+    const mgt_rpb_fwd_args *a = &op->u.rpb_fwd;
+    return check_rpb(op, a->rows, a->heads, a->n, a->alpha);
+}
+
+static void operands_rpb_fwd(mgt_op *op, operand_list *l)
+{
+    mgt_rpb_fwd_args *a = &op->u.rpb_fwd;
+    ADD(l, a->bias, "bias", (size_t)a->heads * (size_t)a->n, MGT_F32, OUT);
+    ADD(l, a->table, "table", (size_t)a->rows * (size_t)a->heads, MGT_F32, IN);
+    ADD(l, a->index, "index", (size_t)a->n, MGT_I32, IN);
+}
+
+static mgt_status check_rpb_bwd(const mgt_op *op)
+{
+    const mgt_rpb_bwd_args *a = &op->u.rpb_bwd;
+    return check_rpb(op, a->rows, a->heads, a->n, a->alpha);
+}
+
+static void operands_rpb_bwd(mgt_op *op, operand_list *l)
+{
+    mgt_rpb_bwd_args *a = &op->u.rpb_bwd;
+    ADD(l, a->dtable, "dtable", (size_t)a->rows * (size_t)a->heads, MGT_F32, INOUT);
+    ADD(l, a->dbias, "dbias", (size_t)a->heads * (size_t)a->n, MGT_F32, IN);
+    ADD(l, a->offsets, "offsets", (size_t)a->rows + 1, MGT_I32, IN);
+    ADD(l, a->order, "order", (size_t)a->n, MGT_I32, IN);
+}
+
+bool mgt_relpos_inverse(const int32_t *index, int n, int rows, int32_t *offsets, int32_t *order)
+{
+    for (int r = 0; r <= rows; r++)
+        offsets[r] = 0;
+    for (int i = 0; i < n; i++) {
+        if (index[i] < 0 || index[i] >= rows)
+            return false;
+        offsets[index[i] + 1]++;
+    }
+    for (int r = 0; r < rows; r++)
+        offsets[r + 1] += offsets[r];
+    for (int i = 0; i < n; i++) /* increasing i within each row: the next free place */
+        order[offsets[index[i]]++] = i;
+    for (int r = rows; r > 0; r--) /* each offsets[r] now holds where row r ends: shift back */
+        offsets[r] = offsets[r - 1];
+    offsets[0] = 0;
+    return true;
 }
 
 /* ---- casts and the nonfinite count ---- */
@@ -1233,6 +1493,15 @@ double mgt_op_flops(const mgt_op *op)
         int groups = sh->groups > 0 ? sh->groups : 1;
         return 2.0 * sh->n * sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh) *
                (double)(sh->c / groups) * sh->r * sh->s;
+    }
+    /* the two products of the forward, the four of the backward (the recomputed logits of
+       the backward are not counted: the figure is what any implementation must do) */
+    case MGT_OP_ATTN_FWD:
+    case MGT_OP_ATTN_BWD: {
+        const mgt_attn_shape *sh =
+            op->kind == MGT_OP_ATTN_FWD ? &op->u.attn_fwd.sh : &op->u.attn_bwd.sh;
+        return (op->kind == MGT_OP_ATTN_FWD ? 4.0 : 8.0) * sh->batch * sh->heads * (double)sh->tq *
+               sh->tk * sh->dh;
     }
     default: return 0.0;
     }

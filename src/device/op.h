@@ -73,7 +73,12 @@
     X(BN_STATS, bn_stats, bn_stats, bn_stats)                        \
     X(BN_BWD_ELEMT, bn_backward_elemt, bn_bwd_elemt, bn_bwd_elemt)   \
     X(LNC_FWD, layernorm_channels_forward, lnc_fwd, lnc_fwd)         \
-    X(LNC_BWD, layernorm_channels_backward, lnc_bwd, lnc_bwd)
+    X(LNC_BWD, layernorm_channels_backward, lnc_bwd, lnc_bwd)        \
+    X(PERMUTE, permute, permute, permute)                            \
+    X(ATTN_FWD, attention_forward, attn_fwd, attn_fwd)               \
+    X(ATTN_BWD, attention_backward, attn_bwd, attn_bwd)              \
+    X(RPB_FWD, relpos_bias_forward, rpb_fwd, rpb_fwd)                \
+    X(RPB_BWD, relpos_bias_backward, rpb_bwd, rpb_bwd)
 
 #define MGT_OP_ENUM_(KIND, name, args, stem) MGT_OP_##KIND,
 typedef enum mgt_op_kind { MGT_OP_LIST(MGT_OP_ENUM_) MGT_OP_COUNT } mgt_op_kind;
@@ -372,6 +377,44 @@ typedef struct mgt_lnc_bwd_args {
     float eps;
 } mgt_lnc_bwd_args;
 
+/* mgt_permute: a gather writes walk from grid, a scatter grid from walk */
+typedef struct mgt_permute_args {
+    float *walk, *grid;
+    mgt_permute_shape sh;
+} mgt_permute_args;
+
+/* attention (mgt_attention_forward); bias, mask, logit_scale optional */
+typedef struct mgt_attn_fwd_args {
+    float *y, *lse;
+    const float *q, *k, *v, *bias, *mask, *logit_scale;
+    mgt_attn_shape sh;
+} mgt_attn_fwd_args;
+
+/* dbias optional (written), dlogit_scale with cosine (added on) */
+typedef struct mgt_attn_bwd_args {
+    float *dq, *dk, *dv, *dbias, *dlogit_scale;
+    const float *dy, *y, *lse, *q, *k, *v, *bias, *mask, *logit_scale;
+    mgt_attn_shape sh;
+} mgt_attn_bwd_args;
+
+/* bias [heads, n] = alpha * table [rows, heads] gathered by index [n] */
+typedef struct mgt_rpb_fwd_args {
+    float *bias;
+    const float *table;
+    const int32_t *index;
+    int rows, heads, n;
+    float alpha;
+} mgt_rpb_fwd_args;
+
+/* dtable [rows, heads] += alpha * the segment sums of dbias [heads, n] */
+typedef struct mgt_rpb_bwd_args {
+    float *dtable;
+    const float *dbias;
+    const int32_t *offsets, *order;
+    int rows, heads, n;
+    float alpha;
+} mgt_rpb_bwd_args;
+
 /* An op: its kind, its precision, its arguments (the member the op list's args names). */
 typedef struct mgt_op {
     mgt_op_kind kind;
@@ -427,6 +470,11 @@ typedef struct mgt_op {
         mgt_chscale_bwd_args chscale_bwd;
         mgt_lnc_fwd_args lnc_fwd;
         mgt_lnc_bwd_args lnc_bwd;
+        mgt_permute_args permute;
+        mgt_attn_fwd_args attn_fwd;
+        mgt_attn_bwd_args attn_bwd;
+        mgt_rpb_fwd_args rpb_fwd;
+        mgt_rpb_bwd_args rpb_bwd;
     } u;
 } mgt_op;
 
@@ -447,7 +495,7 @@ typedef struct mgt_operand {
     mgt_operand_role role;
 } mgt_operand;
 
-#define MGT_OP_MAX_OPERANDS 10
+#define MGT_OP_MAX_OPERANDS 16
 
 /* Bytes of one element: 4, or 2 for MGT_U16. */
 size_t mgt_dtype_size(mgt_dtype t);
@@ -491,6 +539,12 @@ static inline void mgt_apool_range(int i, int in, int out, int *lo, int *hi)
     *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
 }
 void mgt_dropout_block(const mgt_op *op, int image, uint32_t block, uint32_t out[4]);
+/* The Philox block `block` of the dropout stream of global sample g under key k (what
+   mgt_dropout_block computes for a dropout op's image, and attention's dropout for its own). */
+void mgt_dropout_philox(const mgt_dropout_key *k, uint64_t g, uint32_t block, uint32_t out[4]);
+/* Whether attention's dropout keeps element (b, h, t, u) (mgt_attn_shape), by word j % 4 of
+   block j / 4 of image b / groups_per_sample's stream. */
+bool mgt_attn_keep(const mgt_attn_shape *sh, int b, int h, int t, int u);
 
 /* Checks the op and enqueues it on s (the path every mgt_* kernel wrapper takes); what a
    generic harness calls. MGT_ERR_UNSUPPORTED where the backend cannot run it. */

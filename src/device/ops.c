@@ -527,6 +527,47 @@ mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dwei
                                               hw, eps);
 }
 
+mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)
+{
+    if (!sh)
+        return bad_arg("permute", "no shape");
+    LAUNCH(MGT_OP_PERMUTE, permute, walk, grid, *sh);
+}
+
+mgt_status mgt_attention_forward(mgt_stream *s, float *y, float *lse, const float *q,
+                                 const float *k, const float *v, const float *bias,
+                                 const float *mask, const float *logit_scale,
+                                 const mgt_attn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("attention_forward", "no shape");
+    LAUNCH(MGT_OP_ATTN_FWD, attn_fwd, y, lse, q, k, v, bias, mask, logit_scale, *sh);
+}
+
+mgt_status mgt_attention_backward(mgt_stream *s, const mgt_attn_grads *g, const float *dy,
+                                  const float *y, const float *lse, const float *q, const float *k,
+                                  const float *v, const float *bias, const float *mask,
+                                  const float *logit_scale, const mgt_attn_shape *sh)
+{
+    if (!sh || !g)
+        return bad_arg("attention_backward", "no shape or gradients");
+    LAUNCH(MGT_OP_ATTN_BWD, attn_bwd, g->dq, g->dk, g->dv, g->dbias, g->dlogit_scale, dy, y, lse, q,
+           k, v, bias, mask, logit_scale, *sh);
+}
+
+mgt_status mgt_relpos_bias_forward(mgt_stream *s, float *bias, const float *table,
+                                   const int32_t *index, int rows, int heads, int n, float alpha)
+{
+    LAUNCH(MGT_OP_RPB_FWD, rpb_fwd, bias, table, index, rows, heads, n, alpha);
+}
+
+mgt_status mgt_relpos_bias_backward(mgt_stream *s, float *dtable, const float *dbias,
+                                    const int32_t *offsets, const int32_t *order, int rows,
+                                    int heads, int n, float alpha)
+{
+    LAUNCH(MGT_OP_RPB_BWD, rpb_bwd, dtable, dbias, offsets, order, rows, heads, n, alpha);
+}
+
 mgt_status mgt_softmax_xent_forward(mgt_stream *s, float *loss, float *probs, const float *logits,
                                     const int32_t *labels, const int32_t *labels_b,
                                     const float *weights, int n, int classes, float smoothing)

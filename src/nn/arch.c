@@ -125,6 +125,20 @@ static const mgt_arch_info archs[] = {
     IMAGENET_AT("convnext_small", "convnext", 224, 230),
     IMAGENET_AT("convnext_base", "convnext", 224, 232),
     IMAGENET_AT("convnext_large", "convnext", 224, 232),
+    IMAGENET("vit_b_16", "vit"),
+    IMAGENET("vit_b_32", "vit"),
+    IMAGENET_AT("vit_l_16", "vit", 224, 242),
+    IMAGENET("vit_l_32", "vit"),
+    /* SWAG weights only: the linear probe's, as regnet_y_128gf */
+    IMAGENET_AT("vit_h_14", "vit", 224, 224),
+    CIFAR("vit_tiny_4", "cifar_vit"),
+    IMAGENET_AT("swin_t", "swin", 224, 232),
+    IMAGENET_AT("swin_s", "swin", 224, 246),
+    IMAGENET_AT("swin_b", "swin", 224, 238),
+    IMAGENET_AT("swin_v2_t", "swin", 256, 260),
+    IMAGENET_AT("swin_v2_s", "swin", 256, 260),
+    IMAGENET_AT("swin_v2_b", "swin", 256, 272),
+    IMAGENET_AT("maxvit_t", "maxvit", 224, 224),
 };
 
 const mgt_arch_info *mgt_arch_list(int *n)

@@ -79,13 +79,7 @@ static mgt_status build_convnext(mgt_model *m, const void *arg)
     nn_linear(m, "classifier.2", x, m->cfg.classes);
     /* trunc_normal_(std 0.02) on conv and linear weights (truncated at +-2, i.e. 100 std:
        a plain normal), zero biases; LayerNorms 1 and 0, layer_scale 1e-6 (as built) */
-    for (int e = 0; e < m->n_table; e++) {
-        const mgt_model_entry *t = &m->table[e];
-        if (t->what == MGT_TENSOR_CONV_WEIGHT || t->what == MGT_TENSOR_LINEAR_WEIGHT)
-            m->init[e] = (nn_entry_init){NN_INIT_NORMAL, 0.02};
-        else if (t->what == MGT_TENSOR_BIAS)
-            m->init[e] = (nn_entry_init){NN_INIT_CONST, 0.0};
-    }
+    nn_init_normal_weights(m, 0.02);
     return MGT_OK;
 }
 

@@ -86,14 +86,17 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
     }
     mgt_model_entry *e = &m->table[m->n_table];
     memset(e, 0, sizeof *e);
-    size_t lp = strlen(prefix), ls = strlen(suffix);
+    /* no suffix: the prefix is the whole name (ViT's class_token) */
+    size_t lp = strlen(prefix), ls = suffix ? strlen(suffix) : 0;
     if (lp + 1 + ls >= sizeof e->name) {
         name_too_long(m, prefix);
         return -1;
     }
-    memcpy(e->name, prefix, lp);
-    e->name[lp] = '.';
-    memcpy(e->name + lp + 1, suffix, ls + 1);
+    memcpy(e->name, prefix, lp + 1);
+    if (suffix) {
+        e->name[lp] = '.';
+        memcpy(e->name + lp + 1, suffix, ls + 1);
+    }
     e->role = role;
     e->what = what;
     e->layer = m->n_nodes;
@@ -109,7 +112,7 @@ int nn_add_entry(mgt_model *m, const char *prefix, const char *suffix, mgt_model
         m->counts.buffer_floats += e->numel;
     } else if (role == MGT_MODEL_COUNTER) {
         e->offset = (size_t)m->n_bn++;
-    } else {
+    } else if (role == MGT_MODEL_PARAM) {
         m->counts.params += e->numel;
     }
     m->init[m->n_table] = init;
@@ -410,22 +413,374 @@ int nn_gap(mgt_model *m, const char *name, int x)
     return nd ? nd->out : -1;
 }
 
+/* A linear layer over `rows` rows of `in` features per image into `out` features each, making
+   an oc x oh x ow value. */
+static int linear_rows(mgt_model *m, const char *name, int x, int rows, int in, int out, int oc,
+                       int oh, int ow, bool bias, const char *wname, const char *bname)
+{
+    nn_node *nd = new_node(m, NN_LINEAR, name, &x, 1, oc, oh, ow);
+    if (!nd)
+        return -1;
+    nd->u.linear.in = in;
+    nd->u.linear.out = out;
+    nd->u.linear.rows = rows;
+    nd->u.linear.bias = bias;
+    /* PyTorch's default for Linear: U(+-1/sqrt(in_features)) for weight and bias */
+    nn_entry_init u = {NN_INIT_UNIFORM, 1.0 / sqrt((double)in)};
+    int64_t ws[2] = {out, in}, bs[1] = {out};
+    node_entry(m, nd, wname, MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, ws, u);
+    if (bias)
+        node_entry(m, nd, bname, MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
+    return nd->out;
+}
+
 int nn_linear(mgt_model *m, const char *name, int x, int out)
 {
     if (x < 0)
         return -1;
     int in = (int)nn_value_floats(&m->values[x]);
-    nn_node *nd = new_node(m, NN_LINEAR, name, &x, 1, out, 1, 1);
+    return linear_rows(m, name, x, 1, in, out, out, 1, 1, true, "weight", "bias");
+}
+
+int nn_linear_nobias(mgt_model *m, const char *name, int x, int out)
+{
+    if (x < 0)
+        return -1;
+    int in = (int)nn_value_floats(&m->values[x]);
+    return linear_rows(m, name, x, 1, in, out, out, 1, 1, false, "weight", NULL);
+}
+
+int nn_token_linear(mgt_model *m, const char *name, int x, int out, bool bias, const char *wname,
+                    const char *bname)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    int c = v->c, h = v->h, in = v->w;
+    return linear_rows(m, name, x, c * h, in, out, c, h, out, bias, wname, bname);
+}
+
+int nn_token_linear_entry(mgt_model *m, const char *name, int x, int weight)
+{
+    if (x < 0 || weight < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    int c = v->c, h = v->h, in = v->w, out = (int)m->table[weight].shape[0];
+    MGT_ASSERT(m->table[weight].numel == (size_t)in * out);
+    nn_node *nd = new_node(m, NN_LINEAR, name, &x, 1, c, h, out);
     if (!nd)
         return -1;
     nd->u.linear.in = in;
     nd->u.linear.out = out;
-    /* PyTorch's default for Linear: U(+-1/sqrt(in_features)) for weight and bias */
-    nn_entry_init u = {NN_INIT_UNIFORM, 1.0 / sqrt((double)in)};
-    int64_t ws[2] = {out, in}, bs[1] = {out};
-    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_LINEAR_WEIGHT, 2, ws, u);
-    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_BIAS, 1, bs, u);
+    nd->u.linear.rows = c * h;
+    nn_attach_param(m, nd, weight);
     return nd->out;
+}
+
+int nn_layernorm_entries(mgt_model *m, const char *name, int c)
+{
+    int64_t cs[1] = {c};
+    int w = nn_add_entry(m, name, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs,
+                         init_const(1));
+    int b =
+        nn_add_entry(m, name, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
+    return w < 0 || b != w + 1 ? -1 : w;
+}
+
+int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight)
+{
+    if (x < 0 || weight < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    MGT_ASSERT(m->table[weight].numel == (size_t)v->w);
+    nn_node *nd = new_node(m, NN_LN, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.ln_eps = eps;
+    nn_attach_param(m, nd, weight);
+    nn_attach_param(m, nd, weight + 1);
+    return nd->out;
+}
+
+/* A layer norm node of x with its weight (1) and bias (0): NN_LN over the last dimension (w),
+   NN_LN2D over each pixel's channels (c). */
+static int norm_node(mgt_model *m, nn_kind kind, const char *name, int x, float eps)
+{
+    if (x < 0)
+        return -1;
+    /* the width before new_node, which may move m->values */
+    const nn_value *v = &m->values[x];
+    int64_t cs[1] = {kind == NN_LN ? v->w : v->c};
+    nn_node *nd = new_node(m, kind, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nd->u.ln_eps = eps;
+    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
+    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
+    return nd->out;
+}
+
+int nn_layernorm(mgt_model *m, const char *name, int x, float eps)
+{
+    return norm_node(m, NN_LN, name, x, eps);
+}
+
+/* Whether every element of one image's grid value (n floats: a scatter's output, or a
+   gather's input whose backward scatters) is reached by some position of sh: else the kernels
+   zero it first. */
+static bool permute_covers(const mgt_permute_shape *sh, size_t n)
+{
+    size_t span = 1;
+    for (int a = 1; a < sh->naxes; a++)
+        span += (size_t)(sh->limit[a] - 1) * sh->grid_stride[a];
+    if (span < n)
+        return false;
+    MGT_ASSERT(span == n);
+    unsigned char *hit = calloc(n, 1);
+    if (!hit)
+        return false;
+    int pos[MGT_PERMUTE_DIMS] = {0};
+    for (bool more = true; more;) {
+        long long idx[MGT_PERMUTE_DIMS] = {0};
+        for (int a = 1; a < sh->naxes; a++)
+            idx[a] = sh->shift[a];
+        for (int d = 1; d < sh->ndim; d++)
+            idx[sh->axis[d]] += (long long)pos[d] * sh->coef[d];
+        size_t g = 0;
+        bool there = true;
+        for (int a = 1; a < sh->naxes; a++) {
+            long long i = idx[a];
+            if (sh->extent[a] > 0)
+                i = ((i % sh->extent[a]) + sh->extent[a]) % sh->extent[a];
+            there &= i < sh->limit[a];
+            g += (size_t)i * sh->grid_stride[a];
+        }
+        if (there)
+            hit[g] = 1;
+        int d = sh->ndim - 1;
+        while (d >= 1 && ++pos[d] == sh->size[d])
+            pos[d--] = 0;
+        more = d >= 1;
+    }
+    bool all = true;
+    for (size_t i = 0; i < n && all; i++)
+        all = hit[i];
+    free(hit);
+    return all;
+}
+
+int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *sh, int oc, int oh,
+               int ow)
+{
+    if (x < 0)
+        return -1;
+    nn_node *nd = new_node(m, NN_PERMUTE, name, &x, 1, oc, oh, ow);
+    if (!nd)
+        return -1;
+    nd->u.permute.sh = *sh;
+    nd->u.permute.covers =
+        permute_covers(sh, sh->scatter ? (size_t)oc * oh * ow : nn_value_floats(&m->values[x]));
+    return nd->out;
+}
+
+void nn_init_normal_weights(mgt_model *m, double std)
+{
+    for (int e = 0; e < m->n_table; e++) {
+        const mgt_model_entry *t = &m->table[e];
+        if (t->what == MGT_TENSOR_CONV_WEIGHT || t->what == MGT_TENSOR_LINEAR_WEIGHT)
+            m->init[e] = (nn_entry_init){NN_INIT_NORMAL, std};
+        else if (t->what == MGT_TENSOR_BIAS)
+            m->init[e] = (nn_entry_init){NN_INIT_CONST, 0.0};
+    }
+}
+
+void nn_relative_index(int ws, int64_t *index)
+{
+    int t = ws * ws;
+    for (int i = 0; i < t; i++)
+        for (int j = 0; j < t; j++)
+            index[i * t + j] =
+                (int64_t)(i / ws - j / ws + ws - 1) * (2 * ws - 1) + (i % ws - j % ws + ws - 1);
+}
+
+int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, int table,
+                 int table_rows, const int32_t *index, const float *mask)
+{
+    if (x < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    int tokens = v->h, dim = v->w / 3;
+    MGT_ASSERT(v->c == windows && v->w == 3 * dim && dim % heads == 0);
+    size_t tt = (size_t)tokens * tokens;
+    int index_c = -1, off_c = -1, order_c = -1, mask_c = -1;
+    if (table >= 0) {
+        int32_t *off = malloc(((size_t)table_rows + 1) * sizeof *off);
+        int32_t *order = malloc(tt * sizeof *order);
+        bool ok = off && order && mgt_relpos_inverse(index, (int)tt, table_rows, off, order);
+        MGT_ASSERT(!off || !order || ok);
+        if (ok) {
+            index_c = nn_const(m, index, tt * sizeof *index);
+            off_c = nn_const(m, off, ((size_t)table_rows + 1) * sizeof *off);
+            order_c = nn_const(m, order, tt * sizeof *order);
+        } else {
+            m->oom = true;
+        }
+        free(off);
+        free(order);
+    }
+    if (mask)
+        mask_c = nn_const(m, mask, (size_t)windows * tt * sizeof *mask);
+    nn_node *nd = new_node(m, NN_ATTN, name, &x, 1, windows, tokens, dim);
+    if (!nd)
+        return -1;
+    nd->u.attn.heads = heads;
+    nd->u.attn.tokens = tokens;
+    nd->u.attn.dh = dim / heads;
+    nd->u.attn.windows = windows;
+    nd->u.attn.scale = 1.0f / sqrtf((float)(dim / heads));
+    nd->u.attn.stream = 0x10000u + (uint32_t)m->n_attn++;
+    nd->u.attn.table = table;
+    nd->u.attn.table_rows = table_rows;
+    nd->u.attn.mask = mask_c;
+    nd->u.attn.index = index_c;
+    nd->u.attn.offsets = off_c;
+    nd->u.attn.order = order_c;
+    if (table >= 0)
+        nn_attach_param(m, nd, table);
+    return nd->out;
+}
+
+int nn_attention_v2(mgt_model *m, const char *name, int x, int heads, int windows, int logit_scale,
+                    int table_rows, const int32_t *index, const float *mask)
+{
+    int y = nn_attention(m, name, x, heads, windows, -1, table_rows, NULL, mask);
+    if (y < 0 || logit_scale < 0)
+        return -1;
+    nn_node *nd = nn_node_of(m, y);
+    size_t tt = (size_t)nd->u.attn.tokens * nd->u.attn.tokens;
+    int32_t *off = malloc(((size_t)table_rows + 1) * sizeof *off);
+    int32_t *order = malloc(tt * sizeof *order);
+    if (off && order && mgt_relpos_inverse(index, (int)tt, table_rows, off, order)) {
+        nd->u.attn.index = nn_const(m, index, tt * sizeof *index);
+        nd->u.attn.offsets = nn_const(m, off, ((size_t)table_rows + 1) * sizeof *off);
+        nd->u.attn.order = nn_const(m, order, tt * sizeof *order);
+    } else {
+        m->oom = true;
+    }
+    free(off);
+    free(order);
+    nd = nn_node_of(m, y); /* nn_const may not move nodes, but stay safe */
+    nd->u.attn.cosine = true;
+    nd->u.attn.scale = 1.0f;
+    nn_attach_param(m, nd, logit_scale);
+    return y;
+}
+
+void nn_attention_cpb(mgt_model *m, int attn_value, int w1, int b1, int w2, int coords, int hidden)
+{
+    if (attn_value < 0 || w1 < 0 || b1 < 0 || w2 < 0 || coords < 0)
+        return;
+    nn_node *nd = nn_node_of(m, attn_value);
+    nd->u.attn.cpb = hidden;
+    nn_attach_param(m, nd, w1);
+    nn_attach_param(m, nd, b1);
+    nn_attach_param(m, nd, w2);
+    nn_attach_buffer(m, nd, coords);
+}
+
+void nn_linear_zero_mid_bias(mgt_model *m, int value)
+{
+    if (value < 0)
+        return;
+    nn_node *nd = nn_node_of(m, value);
+    size_t n = (size_t)m->cfg.batch * nd->u.linear.rows;
+    float *ones = malloc(n * sizeof *ones);
+    if (!ones) {
+        m->oom = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        ones[i] = 1.0f;
+    int c = nn_const(m, ones, n * sizeof *ones);
+    free(ones);
+    nd = nn_node_of(m, value);
+    nd->u.linear.zero_mid_bias = true;
+    nd->u.linear.ones = c;
+}
+
+int nn_class_token(mgt_model *m, const char *name, int x, int token)
+{
+    if (x < 0 || token < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    int dim = v->c, patches = v->h * v->w;
+    MGT_ASSERT(m->table[token].numel == (size_t)dim);
+    float *ones = malloc((size_t)m->cfg.batch * sizeof *ones);
+    if (!ones) {
+        m->oom = true;
+        return -1;
+    }
+    for (int i = 0; i < m->cfg.batch; i++)
+        ones[i] = 1.0f;
+    int oc = nn_const(m, ones, (size_t)m->cfg.batch * sizeof *ones);
+    free(ones);
+    nn_node *nd = new_node(m, NN_CLS, name, &x, 1, 1, patches + 1, dim);
+    if (!nd)
+        return -1;
+    nd->u.cls_ones = oc;
+    nn_attach_param(m, nd, token);
+    return nd->out;
+}
+
+int nn_pos_add(mgt_model *m, const char *name, int x, int param)
+{
+    if (x < 0 || param < 0)
+        return -1;
+    const nn_value *v = &m->values[x];
+    MGT_ASSERT(m->table[param].numel == nn_value_floats(v));
+    nn_node *nd = new_node(m, NN_POSADD, name, &x, 1, v->c, v->h, v->w);
+    if (!nd)
+        return -1;
+    nn_attach_param(m, nd, param);
+    return nd->out;
+}
+
+int nn_const(mgt_model *m, const void *data, size_t bytes)
+{
+    for (int i = 0; i < m->n_consts; i++)
+        if (m->consts[i].bytes == bytes && memcmp(m->consts[i].data, data, bytes) == 0)
+            return i;
+    if (!grow(m, (void **)&m->consts, &m->cap_consts, m->n_consts + 1, sizeof *m->consts))
+        return -1;
+    void *copy = malloc(bytes ? bytes : 1);
+    if (!copy) {
+        m->oom = true;
+        return -1;
+    }
+    memcpy(copy, data, bytes);
+    m->consts[m->n_consts] = (nn_constant){copy, bytes, 0};
+    return m->n_consts++;
+}
+
+int nn_add_index(mgt_model *m, const char *prefix, const char *suffix, int ndim,
+                 const int64_t *shape, const int64_t *values)
+{
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= (size_t)shape[d];
+    int64_t *v = realloc(m->index_vals, (m->n_index_vals + n) * sizeof *v);
+    if (!v) {
+        m->oom = true;
+        return -1;
+    }
+    m->index_vals = v;
+    memcpy(v + m->n_index_vals, values, n * sizeof *v);
+    int e = nn_add_entry(m, prefix, suffix, MGT_MODEL_INDEX, MGT_TENSOR_CONSTANT, ndim, shape,
+                         (nn_entry_init){NN_INIT_NONE, 0});
+    if (e >= 0)
+        m->table[e].offset = m->n_index_vals;
+    m->n_index_vals += n;
+    return e;
 }
 
 int nn_dropout(mgt_model *m, const char *name, int x, float p)
@@ -479,18 +834,23 @@ int nn_stochastic_depth(mgt_model *m, const char *name, int x, float p)
 
 int nn_layernorm2d(mgt_model *m, const char *name, int x, float eps)
 {
-    if (x < 0)
-        return -1;
-    /* the channel count before new_node, which may move m->values */
-    const nn_value *v = &m->values[x];
-    int64_t cs[1] = {v->c};
-    nn_node *nd = new_node(m, NN_LN2D, name, &x, 1, v->c, v->h, v->w);
-    if (!nd)
-        return -1;
-    nd->u.ln_eps = eps;
-    node_entry(m, nd, "weight", MGT_MODEL_PARAM, MGT_TENSOR_NORM_WEIGHT, 1, cs, init_const(1));
-    node_entry(m, nd, "bias", MGT_MODEL_PARAM, MGT_TENSOR_NORM_BIAS, 1, cs, init_const(0));
-    return nd->out;
+    return norm_node(m, NN_LN2D, name, x, eps);
+}
+
+void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry)
+{
+    MGT_ASSERT(m->table[entry].role == MGT_MODEL_BUFFER && nd->n_entries < NN_MAX_ENTRIES);
+    m->table[entry].layer = (int)(nd - m->nodes);
+    nd->entry[nd->n_entries++] = entry;
+}
+
+void nn_attach_param(mgt_model *m, nn_node *nd, int entry)
+{
+    MGT_ASSERT(m->table[entry].role == MGT_MODEL_PARAM && nd->n_params == nd->n_entries &&
+               nd->n_entries < NN_MAX_ENTRIES);
+    m->table[entry].layer = (int)(nd - m->nodes);
+    nd->entry[nd->n_entries++] = entry;
+    nd->n_params++;
 }
 
 int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
@@ -502,9 +862,7 @@ int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
     nn_node *nd = new_node(m, NN_LSCALE, name, &x, 1, v->c, v->h, v->w);
     if (!nd)
         return -1;
-    m->table[param].layer = (int)(nd - m->nodes);
-    nd->entry[nd->n_entries++] = param;
-    nd->n_params++;
+    nn_attach_param(m, nd, param);
     return nd->out;
 }
 
@@ -961,11 +1319,27 @@ mgt_status nn_plan(mgt_model *m)
         }
         if (nd->kind == NN_SDEPTH)
             nd->u.sdepth.mask_off = act_image(&p, 1, sizeof(float));
+        if (nd->kind == NN_ATTN) {
+            size_t tt = (size_t)nd->u.attn.tokens * nd->u.attn.tokens * nd->u.attn.heads;
+            nd->u.attn.lse_off =
+                act_image(&p, (size_t)nd->u.attn.windows * nd->u.attn.heads * nd->u.attn.tokens,
+                          sizeof(float));
+            if (nd->u.attn.table >= 0 || nd->u.attn.cosine) {
+                nd->u.attn.bias_off = act_fixed(&p, tt);
+                nd->u.attn.dbias_off = act_fixed(&p, tt);
+            }
+            if (nd->u.attn.cpb) /* h1 and its gradient [R, cpb], t, sigmoid(t) and dt [R, heads] */
+                nd->u.attn.cpb_off =
+                    act_fixed(&p, (size_t)nd->u.attn.table_rows *
+                                      (2 * (size_t)nd->u.attn.cpb + 3 * (size_t)nd->u.attn.heads));
+        }
         if (nd->kind == NN_AVGPOOL2D || nd->kind == NN_AFFINE) {
             const mgt_conv2d_shape *sh = &nd->u.fixed.sh;
             nd->u.fixed.w_off = act_fixed(&p, (size_t)sh->c * sh->r * sh->s + (size_t)sh->c);
         }
     }
+    for (int i = 0; i < m->n_consts; i++)
+        m->consts[i].off = act_fixed(&p, (m->consts[i].bytes + 3) / 4);
     m->probs_off = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
     m->loss_off = act_fixed(&p, 1);
     for (int a = 0; a < m->n_aux; a++)
@@ -1024,8 +1398,10 @@ mgt_status nn_plan(mgt_model *m)
             continue;
         }
         m->counts.macs += l->macs;
-        if (nd->kind == NN_CONV || nd->kind == NN_LINEAR)
+        if (nd->kind == NN_CONV || (nd->kind == NN_LINEAR && !nd->u.linear.functional))
             m->counts.macs_conv_fc += l->macs;
+        if (nd->kind == NN_ATTN)
+            m->counts.macs_conv_fc += nn_attn_linear_macs(m, nd);
     }
     return MGT_OK;
 }

@@ -613,29 +613,49 @@ static mgt_status linear_gemm(nn_call *c, bool ta, bool tb, int m, int n, int k,
     return mgt_gemm(c->s, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc);
 }
 
-/* y [n,out] = x [n,in] . W [out,in]^T + b */
+/* The rows of a call: one per image for a classifier, every token of every image for a
+   token linear (the gemm runs on [tokens, features] as they lie: no copies). */
+static int linear_rows(const nn_call *c) { return c->n * c->node->u.linear.rows; }
+
+/* y [rows,out] = x [rows,in] . W [out,in]^T + b */
 static mgt_status linear_forward(nn_call *c)
 {
-    int in = c->node->u.linear.in, out = c->node->u.linear.out;
+    int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
     mgt_status st =
-        linear_gemm(c, false, true, c->n, out, in, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
-    if (st == MGT_OK)
-        st = mgt_bias_forward(c->s, c->y, c->p[1], c->n, out);
+        linear_gemm(c, false, true, rows, out, in, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
+    if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
+        /* y[:, part] += ones [rows, 1] . bias[part] for the first and last thirds */
+        const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
+        int third = out / 3;
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
+            st = mgt_gemm(c->s, false, false, rows, third, 1, 1.0f, ones, 1, c->p[1] + k * third,
+                          third, 1.0f, c->y + k * third, out);
+    } else if (st == MGT_OK && c->node->u.linear.bias) {
+        st = mgt_bias_forward(c->s, c->y, c->p[1], rows, out);
+    }
     return st;
 }
 
-/* dW [out,in] += dy^T [out,n] . x [n,in]; db += column sums; dx = dy . W */
+/* dW [out,in] += dy^T [out,rows] . x [rows,in]; db += column sums; dx = dy . W */
 static mgt_status linear_backward(nn_call *c)
 {
-    int in = c->node->u.linear.in, out = c->node->u.linear.out;
+    int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
     mgt_status st =
-        linear_gemm(c, true, false, out, in, c->n, c->dy, out, c->x[0], in, 1.0f, c->g[0], in);
-    if (st == MGT_OK)
-        st = mgt_bias_backward(c->s, c->g[1], c->dy, c->n, out);
+        linear_gemm(c, true, false, out, in, rows, c->dy, out, c->x[0], in, 1.0f, c->g[0], in);
+    if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
+        /* dbias[part] += ones [1, rows] . dy[:, part]; the middle third gets none */
+        const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
+        int third = out / 3;
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
+            st = mgt_gemm(c->s, false, false, 1, third, rows, 1.0f, ones, rows, c->dy + k * third,
+                          out, 1.0f, c->g[1] + k * third, third);
+    } else if (st == MGT_OK && c->node->u.linear.bias) {
+        st = mgt_bias_backward(c->s, c->g[1], c->dy, rows, out);
+    }
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = linear_gemm(c, false, false, c->n, in, out, c->dy, out, c->p[0], in, c->dx_beta[0],
+        st = linear_gemm(c, false, false, rows, in, out, c->dy, out, c->p[0], in, c->dx_beta[0],
                          c->dx[0], in);
     return st;
 }
@@ -643,7 +663,7 @@ static mgt_status linear_backward(nn_call *c)
 static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
 {
     (void)m;
-    return (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
+    return (uint64_t)nd->u.linear.rows * (uint64_t)nd->u.linear.in * (uint64_t)nd->u.linear.out;
 }
 
 /* ---- activations, squeeze-excite scaling ---- */
@@ -841,6 +861,14 @@ const nn_kind_i nn_kinds[NN_KIND_COUNT] = {
     [NN_LN2D] = {"layernorm", NN_F_NEEDS_X, ln2d_forward, ln2d_backward, NULL},
     [NN_LSCALE] = {"layer_scale", NN_F_NEEDS_X | NN_F_DX_ON_DY, lscale_forward, lscale_backward,
                    NULL},
+    /* no MACs for the layer norm, the permutations and the token additions (THOP's rules) */
+    [NN_LN] = {"layernorm", NN_F_NEEDS_X, nn_ln_forward, nn_ln_backward, NULL},
+    [NN_PERMUTE] = {"permute", 0, nn_permute_forward, nn_permute_backward, NULL},
+    [NN_ATTN] = {"attention", NN_F_NEEDS_X | NN_F_NEEDS_Y, nn_attn_forward, nn_attn_backward,
+                 nn_attn_macs},
+    [NN_CLS] = {"class_token", 0, nn_cls_forward, nn_cls_backward, NULL},
+    [NN_POSADD] = {"pos_embedding", NN_F_INPLACE | NN_F_PASSTHROUGH, nn_posadd_forward,
+                   nn_posadd_backward, NULL},
     /* no MACs: THOP counts neither the functional avg_pool2d nor the input map */
     [NN_AVGPOOL2D] = {"avgpool2d", NN_F_DX_BETA, fixed_forward, fixed_backward, NULL},
     [NN_AFFINE] = {"transform_input", NN_F_DX_BETA, fixed_forward, fixed_backward, NULL},

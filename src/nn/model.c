@@ -14,8 +14,9 @@
 
 /* Every family's architectures, in the order `mgtrain model` lists them. */
 static const nn_arch *const families[] = {
-    nn_resnet_archs,     nn_vgg_archs,      nn_alexnet_archs,  nn_squeezenet_archs, nn_mobile_archs,
-    nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs, nn_inception_archs};
+    nn_resnet_archs,    nn_vgg_archs,        nn_alexnet_archs,  nn_squeezenet_archs,
+    nn_mobile_archs,    nn_shufflenet_archs, nn_densenet_archs, nn_convnext_archs,
+    nn_inception_archs, nn_vit_archs,        nn_swin_archs,     nn_maxvit_archs};
 
 #define N_FAMILIES (sizeof families / sizeof *families)
 
@@ -144,6 +145,8 @@ mgt_status mgt_model_create(const mgt_model_config *cfg, mgt_device *d, mgt_mode
         if (st == MGT_OK && m->bufs_bytes)
             st = mgt_memset(s, m->bufs, 0, m->bufs_bytes);
         if (st == MGT_OK)
+            st = nn_consts_upload(m, s);
+        if (st == MGT_OK)
             st = mgt_stream_synchronize(s, NULL);
         mgt_stream_free(s);
         if (st != MGT_OK && st != MGT_ERR_OOM) {
@@ -189,6 +192,10 @@ void mgt_model_free(mgt_model *m)
     free(m->layers);
     free(m->init);
     free(m->table);
+    for (int i = 0; i < m->n_consts; i++)
+        free(m->consts[i].data);
+    free(m->consts);
+    free(m->index_vals);
     free(m);
 }
 
@@ -226,6 +233,12 @@ int64_t *mgt_model_bn_counts(mgt_model *m, int *n)
     if (n)
         *n = m->n_bn;
     return m->bn_counts;
+}
+
+const int64_t *mgt_model_index_values(const mgt_model *m, const mgt_model_entry *e)
+{
+    MGT_ASSERT(e->role == MGT_MODEL_INDEX && e->offset + e->numel <= m->n_index_vals);
+    return m->index_vals + e->offset;
 }
 
 const mgt_model_entry *mgt_model_table(const mgt_model *m, int *n)
@@ -297,8 +310,14 @@ mgt_status mgt_model_init(mgt_model *m, mgt_stream *s, uint64_t seed)
         mgt_rng r;
         mgt_rng_init(&r, seed, 0, (uint64_t)e, MGT_RNG_INIT);
         float *p = (float *)((t->role == MGT_MODEL_BUFFER ? hb : hp) + t->offset);
-        if (t->role == MGT_MODEL_COUNTER) {
+        if (t->role == MGT_MODEL_INDEX) {
+            continue; /* a constant of the definition */
+        } else if (t->role == MGT_MODEL_COUNTER) {
             m->bn_counts[t->offset] = 0;
+        } else if (t->role == MGT_MODEL_BUFFER && in->kind == NN_INIT_VALUES) {
+            const nn_constant *k = &m->consts[(int)in->arg];
+            MGT_ASSERT(k->bytes == t->numel * sizeof(float));
+            memcpy(p, k->data, k->bytes);
         } else if (t->role == MGT_MODEL_BUFFER) {
             float v = t->what == MGT_TENSOR_RUNNING_VAR ? 1.0f : 0.0f;
             for (size_t i = 0; i < t->numel; i++)

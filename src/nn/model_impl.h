@@ -13,7 +13,7 @@
 
 #define NN_MAX_IN 6      /* inputs of one node (Inception-E concatenates six) */
 #define NN_MAX_ENTRIES 6 /* table entries of one node (BN: 2 params, 2 buffers, a counter) */
-#define NN_NAME 64       /* a name buffer of a definition's: the longest of a table entry's */
+#define NN_NAME 128      /* a name buffer of a definition's: the longest of a table entry's */
 #define NN_MAX_AUX MGT_MODEL_MAX_AUX /* auxiliary classifiers of one model (GoogLeNet's two) */
 
 /* ---- the graph ---- */
@@ -37,6 +37,13 @@ typedef enum nn_kind {
     NN_SHUFFLE, /* the inputs concatenated, then channel_shuffle(groups = n_in) */
     NN_LN2D,    /* LayerNorm over each pixel's channels (torchvision's LayerNorm2d) */
     NN_LSCALE,  /* in[0] times a [c, 1, 1] parameter per channel (ConvNeXt's layer_scale) */
+    /* the transformers' (transformer.c); their values are token maps: c x h rows of w
+       features each (ViT's [tokens, 1, dim], Swin's [H, W, dim], windows [n, tokens, dim]) */
+    NN_LN,      /* LayerNorm over the last dimension (w) of every row */
+    NN_PERMUTE, /* one mgt_permute per image: a gather of in[0] or a scatter into the output */
+    NN_ATTN,    /* multi-head attention of a qkv value [groups, tokens, 3 dim] -> [.., dim] */
+    NN_CLS,     /* ViT's class token before the patches: [dim, h, w] -> [h w + 1, 1, dim] */
+    NN_POSADD,  /* in[0] plus a parameter of its shape (ViT's position embedding) */
     /* The two below are depthwise convolutions with constant weights (not parameters): */
     NN_AVGPOOL2D, /* torch's avg_pool2d with count_include_pad (every tap 1 / (kh kw)) */
     NN_AFFINE,    /* x * scale[c] + shift[c] per channel (Inception's transform_input) */
@@ -91,6 +98,16 @@ typedef struct nn_node {
         mgt_pool2d_shape pool; /* n is set per call */
         struct {
             int in, out;
+            int rows; /* per image: 1 for a classifier, c x h for a token linear */
+            bool bias;
+            /* torch calls it through F.linear or inside MultiheadAttention: a forward hook
+               does not see it, so its MACs are not conv + linear MACs (counts.macs has them) */
+            bool functional;
+            /* Swin V2's qkv: the middle third of the bias (k's) is taken as 0, as torchvision
+               zeroes it in a copy at every forward; ones is a const of [batch x rows] ones
+               that adds the other two thirds (and sums their gradients) through gemm */
+            bool zero_mid_bias;
+            int ones;
         } linear;
         struct {
             float p;
@@ -106,7 +123,31 @@ typedef struct nn_node {
             uint32_t stream; /* a dropout stream: the mask is dropout's, one word per image */
             size_t mask_off; /* [batch] floats: the step's per-image factors (bytes into acts) */
         } sdepth;
-        float ln_eps; /* NN_LN2D */
+        float ln_eps; /* NN_LN2D, NN_LN */
+        struct {
+            mgt_permute_shape sh; /* per image; dim 0 and axis 0 are the batch, set per call */
+            bool covers;          /* every element of the grid side is reached */
+        } permute;
+        struct {
+            int heads, tokens, dh, windows; /* windows: groups per image */
+            float scale, p;
+            uint32_t stream; /* its dropout stream (0x10000 + its place: no nn.Dropout's) */
+            int table;       /* the relative position bias table's entry, or -1 */
+            int table_rows;  /* (2 ws - 1)^2 */
+            /* Swin V2: cosine attention with the node's first parameter as logit_scale, and
+               the bias 16 sigmoid(cpb_mlp(coords)) of the continuous position bias MLP (its
+               parameters the node's next three, the coordinates buffer its last entry): cpb is
+               that MLP's hidden width, 0 for a learned table */
+            bool cosine;
+            int cpb;
+            size_t cpb_off;   /* its activations and gradients (bytes into acts) */
+            size_t bias_off;  /* [heads, tokens^2] gathered bias (bytes into acts) */
+            size_t dbias_off; /* its gradient */
+            size_t lse_off;   /* [windows, heads, tokens] per image */
+            int mask;         /* const: the shifted windows' mask [windows, tokens^2], or -1 */
+            int index, offsets, order; /* int32 consts of the gather and its inverse */
+        } attn;
+        int cls_ones; /* NN_CLS: a const of [batch] ones, for the class token's gradient sum */
         struct {
             mgt_conv2d_shape sh;      /* groups = channels; n is set per call */
             float tap;                /* NN_AVGPOOL2D: every weight */
@@ -133,12 +174,20 @@ typedef enum nn_init {
     NN_INIT_CONST,
     NN_INIT_NORMAL,  /* mean 0, std = arg (kaiming_normal_ gives std = gain / sqrt(fan)) */
     NN_INIT_UNIFORM, /* in [-arg, arg) (PyTorch's default for Linear and Conv2d) */
+    NN_INIT_VALUES,  /* the values of const (int)arg (nn_const): Swin V2's coordinates table */
 } nn_init;
 
 typedef struct nn_entry_init {
     nn_init kind;
     double arg;
 } nn_entry_init;
+
+/* A constant of the graph (nn_const): host data and, once planned, its place in acts. */
+typedef struct nn_constant {
+    void *data;
+    size_t bytes;
+    size_t off;
+} nn_constant;
 
 /* ---- the model ---- */
 
@@ -182,7 +231,15 @@ struct mgt_model {
     float aux_weight;
     size_t aux_probs_off[NN_MAX_AUX], aux_loss_off;
 
-    int n_dropout;            /* dropout layers so far (their streams) */
+    int n_dropout; /* dropout layers so far (their streams) */
+    int n_attn;    /* attention layers so far (their dropout streams) */
+    /* Constants the graph's kernels read (index arrays, masks, a vector of ones), uploaded
+       into the activation arena once at creation (nn_const); identical ones are shared. */
+    nn_constant *consts;
+    int n_consts, cap_consts;
+    /* The values of the MGT_MODEL_INDEX entries (int64, offset = index into it). */
+    int64_t *index_vals;
+    size_t n_index_vals;
     mgt_dropout_key drop_key; /* the next training forward's (mgt_model_set_dropout_key) */
 
     int min_bn_hw; /* the smallest h*w any BN normalises over, per image */
@@ -309,6 +366,75 @@ int nn_slice(mgt_model *m, const char *name, int x, int c0, int c);
    output channel j * n + i is input i's channel j (one strided copy per input) */
 int nn_cat_shuffle(mgt_model *m, const char *name, const int *in, int n);
 
+/* A node's table entry made beforehand (nn_add_entry) joins it as its next parameter; a
+   buffer's joins after its parameters (nn_attach_buffer). */
+void nn_attach_param(mgt_model *m, nn_node *nd, int entry);
+void nn_attach_buffer(mgt_model *m, nn_node *nd, int entry);
+/* The node being built last (the producer of the value just returned). */
+static inline nn_node *nn_last_node(mgt_model *m) { return &m->nodes[m->n_nodes - 1]; }
+
+/* nn_linear without a bias (MaxViT's last classifier layer). */
+int nn_linear_nobias(mgt_model *m, const char *name, int x, int out);
+
+/* ---- the transformers' nodes (transformer.c) ---- */
+
+/* A constant the kernels read: `bytes` of data (copied) placed in the activation arena at
+   planning and uploaded at creation; returns its id (-1 after a failed allocation). Identical
+   data share one. */
+int nn_const(mgt_model *m, const void *data, size_t bytes);
+static inline void *nn_const_ptr(const mgt_model *m, int id) { return m->acts + m->consts[id].off; }
+/* Uploads every constant (mgt_model_create, once the arena exists). */
+mgt_status nn_consts_upload(mgt_model *m, mgt_stream *s);
+/* An MGT_MODEL_INDEX entry of n int64 values (copied), named prefix.suffix. */
+int nn_add_index(mgt_model *m, const char *prefix, const char *suffix, int ndim,
+                 const int64_t *shape, const int64_t *values);
+
+/* torch's Linear over the rows of a token map x [c, h, w] (w = in features): y [c, h, out];
+   weight [out, in] and (bias) [out] named name.<wname> and name.<bname>. */
+int nn_token_linear(mgt_model *m, const char *name, int x, int out, bool bias, const char *wname,
+                    const char *bname);
+/* The same without a bias, its weight the entry made beforehand (where torchvision registers
+   the linear before a layer that precedes it in the graph). */
+int nn_token_linear_entry(mgt_model *m, const char *name, int x, int weight);
+/* torch's LayerNorm(w) over the last dimension of x [c, h, w] (weight 1, bias 0) */
+int nn_layernorm(mgt_model *m, const char *name, int x, float eps);
+/* A LayerNorm's weight and bias entries made ahead of its node (where torchvision registers
+   the norm before layers that run before it: Swin V2's post-norms); returns the weight's,
+   the bias's is the next. nn_layernorm_of builds the node on them. */
+int nn_layernorm_entries(mgt_model *m, const char *name, int c);
+int nn_layernorm_of(mgt_model *m, const char *name, int x, float eps, int weight);
+/* x [c, h, w] gathered by the per-image description sh (dims and axes from index 1: index 0 is
+   the batch's) into a value [oc, oh, ow]; scatter: x walked, the output its grid. */
+int nn_permute(mgt_model *m, const char *name, int x, const mgt_permute_shape *sh, int oc, int oh,
+               int ow);
+/* Every convolution's and linear layer's weight normal(0, std), every bias 0 (ConvNeXt's and
+   MaxViT's _init_weights; their trunc_normal_ at +-2 is 100 std: a plain normal). */
+void nn_init_normal_weights(mgt_model *m, double std);
+/* relative_position_index of a ws x ws window (Swin's formula, MaxViT's
+   _get_relative_position_index): (dy + ws - 1) (2 ws - 1) + dx + ws - 1 for token i's
+   coordinates minus token j's, index [ws^4]. */
+void nn_relative_index(int ws, int64_t *index);
+/* Attention over a qkv value [windows, tokens, 3 dim] -> [windows, tokens, dim]: heads of
+   dim / heads, scaled dot products; table (>= 0) a [rows, heads] relative position bias entry
+   gathered by index [tokens^2] (int32); mask (NULL: none) [windows, tokens^2]. */
+int nn_attention(mgt_model *m, const char *name, int x, int heads, int windows, int table,
+                 int table_rows, const int32_t *index, const float *mask);
+/* Swin V2's: cosine attention with logit_scale (a [heads, 1, 1] entry) and the continuous
+   position bias, whose MLP (cpb hidden, its three parameters and the coordinates buffer
+   [1, 2 ws - 1, 2 ws - 1, 2]) nn_attention_cpb attaches once they are made. */
+int nn_attention_v2(mgt_model *m, const char *name, int x, int heads, int windows, int logit_scale,
+                    int table_rows, const int32_t *index, const float *mask);
+void nn_attention_cpb(mgt_model *m, int attn_value, int w1, int b1, int w2, int coords, int hidden);
+/* Swin V2's qkv linear: the middle third of its bias taken as 0 (nn_node's zero_mid_bias). */
+void nn_linear_zero_mid_bias(mgt_model *m, int value);
+/* The MACs of a node that are conv + linear MACs beyond its own kind's (V2's cpb MLP, whose
+   Linear modules torch's hooks see). */
+uint64_t nn_attn_linear_macs(const mgt_model *m, const nn_node *nd);
+/* ViT's class token (the parameter `token`, [1, 1, dim]) before the patches of x [dim, h, w]. */
+int nn_class_token(mgt_model *m, const char *name, int x, int token);
+/* x plus the parameter `param` of x's shape (per image; ViT's position embedding). */
+int nn_pos_add(mgt_model *m, const char *name, int x, int param);
+
 /* The node that produced value v. */
 static inline nn_node *nn_node_of(mgt_model *m, int v) { return &m->nodes[m->values[v].producer]; }
 
@@ -367,6 +493,9 @@ extern const nn_arch nn_shufflenet_archs[];
 extern const nn_arch nn_densenet_archs[];
 extern const nn_arch nn_convnext_archs[];  /* convnext.c */
 extern const nn_arch nn_inception_archs[]; /* inception.c: GoogLeNet, Inception v3 */
+extern const nn_arch nn_vit_archs[];       /* vit.c */
+extern const nn_arch nn_swin_archs[];      /* swin.c */
+extern const nn_arch nn_maxvit_archs[];    /* maxvit.c */
 
 /* ---- the layer kinds (layers.c) ---- */
 
@@ -407,6 +536,19 @@ typedef struct nn_kind_i {
 } nn_kind_i;
 
 extern const nn_kind_i nn_kinds[NN_KIND_COUNT];
+
+/* The transformers' kinds (transformer.c), each a row of nn_kinds. */
+mgt_status nn_ln_forward(nn_call *c);
+mgt_status nn_ln_backward(nn_call *c);
+mgt_status nn_permute_forward(nn_call *c);
+mgt_status nn_permute_backward(nn_call *c);
+mgt_status nn_attn_forward(nn_call *c);
+mgt_status nn_attn_backward(nn_call *c);
+uint64_t nn_attn_macs(const mgt_model *m, const nn_node *nd);
+mgt_status nn_cls_forward(nn_call *c);
+mgt_status nn_cls_backward(nn_call *c);
+mgt_status nn_posadd_forward(nn_call *c);
+mgt_status nn_posadd_backward(nn_call *c);
 
 /* Reports the node's parameter gradients as enqueued (the backward hook). */
 mgt_status nn_params_ready(nn_call *c);

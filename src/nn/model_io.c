@@ -130,7 +130,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
             continue;
         }
         used[i] = true;
-        mgt_st_dtype want = te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32;
+        mgt_st_dtype want = mgt_model_entry_i64(te) ? MGT_ST_I64 : MGT_ST_F32;
         mgt_st_dtype got = mgt_st_tensor_dtype(f, i);
         int nd = mgt_st_tensor_ndim(f, i);
         const int64_t *shape = mgt_st_tensor_shape(f, i);
@@ -161,6 +161,13 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
         } else if (got != want) {
             mgt_text_add(&t, "%s: dtype %s in the file, %s expected\n", te->name,
                          mgt_st_dtype_name(got), mgt_st_dtype_name(want));
+        } else if (te->role == MGT_MODEL_INDEX &&
+                   memcmp(mgt_st_tensor_data(f, i), mgt_model_index_values(m, te),
+                          te->numel * sizeof(int64_t)) != 0) {
+            mismatches++;
+            mgt_text_add(&t,
+                         "%s: other values than this model's (a model of another window size?)\n",
+                         te->name);
         } else {
             where[e] = i;
         }
@@ -184,7 +191,7 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
     }
 
     for (int e = 0; e < m->n_table && st == MGT_OK; e++)
-        if (where[e] >= 0 && m->table[e].role != MGT_MODEL_COUNTER)
+        if (where[e] >= 0 && !mgt_model_entry_i64(&m->table[e]))
             st = check_finite(m->table[e].name, mgt_st_tensor_data(f, where[e]),
                               mgt_st_tensor_bytes(f, where[e]) / sizeof(float));
     if (st != MGT_OK)
@@ -210,8 +217,9 @@ mgt_status mgt_model_load(mgt_model *m, mgt_stream *s, const mgt_st_file *f,
             memcpy(hp + te->offset, src, bytes);
         else if (te->role == MGT_MODEL_BUFFER)
             memcpy(hb + te->offset, src, bytes);
-        else
+        else if (te->role == MGT_MODEL_COUNTER)
             memcpy(&m->bn_counts[te->offset], src, sizeof(int64_t));
+        /* an index was checked equal above: nothing to take */
         rep.loaded++;
     }
     st = mgt_copy_h2d(s, m->params, hp, m->params_bytes);
@@ -299,8 +307,10 @@ mgt_status mgt_model_add_to_writer(mgt_model *m, mgt_stream *s, mgt_st_writer *w
         const mgt_model_entry *te = &m->table[e];
         const void *data = te->role == MGT_MODEL_PARAM    ? (const void *)(hp + te->offset)
                            : te->role == MGT_MODEL_BUFFER ? (const void *)(hb + te->offset)
-                                                          : (const void *)(hc + te->offset * 8);
-        st = mgt_st_writer_add(w, te->name, te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32,
+                           : te->role == MGT_MODEL_INDEX
+                               ? (const void *)mgt_model_index_values(m, te)
+                               : (const void *)(hc + te->offset * 8);
+        st = mgt_st_writer_add(w, te->name, mgt_model_entry_i64(te) ? MGT_ST_I64 : MGT_ST_F32,
                                te->ndim, te->shape, data);
     }
     char num[3][16];

@@ -548,12 +548,37 @@ static mgt_status write_model(const Onnx__ModelProto *model, const char *path)
     return MGT_OK;
 }
 
+/* What a transformer layer is, for the refusal; NULL for a layer export_node writes. The
+   transformers (ViT, Swin, Swin V2, MaxViT) have no ONNX form here yet: their token linears,
+   layer norms over rows, permutations, attention, class token and position embedding. */
+static const char *transformer_layer(const nn_node *nd)
+{
+    switch (nd->kind) {
+    case NN_LN: return "LayerNorm over tokens";
+    case NN_PERMUTE: return "token permutation";
+    case NN_ATTN: return "attention";
+    case NN_CLS: return "class token";
+    case NN_POSADD: return "position embedding";
+    case NN_LINEAR: return nd->u.linear.rows > 1 ? "linear over tokens" : NULL;
+    default: return NULL;
+    }
+}
+
 mgt_status mgt_model_export_onnx(mgt_model *m, mgt_stream *s, const char *path,
                                  const char *const *metadata, const char *doc)
 {
     mgt_status st = nn_need_device(m, "ONNX export");
     if (st != MGT_OK)
         return st;
+    /* refused before anything is written: the first layer without an ONNX form, named */
+    for (int k = 0; k < m->n_nodes; k++) {
+        const char *what = transformer_layer(&m->nodes[k]);
+        if (what)
+            return mgt_error_set(MGT_ERR_UNSUPPORTED,
+                                 "%s: layer %s (%s) has no ONNX form in mgtrain yet "
+                                 "(the transformers are not exported)",
+                                 m->arch, m->nodes[k].name, what);
+    }
     /* one protobuf message holds at most 2 GiB; ONNX's external data files are not written */
     if (m->params_bytes + m->bufs_bytes > ((size_t)2 << 30) - ((size_t)64 << 20))
         return mgt_error_set(MGT_ERR_UNSUPPORTED,

@@ -167,10 +167,12 @@ mgt_status train_ema_add_to_writer(run *r, mgt_st_writer *wr, void **host)
         const mgt_model_entry *te = &t[e];
         const char *data = te->role == MGT_MODEL_PARAM    ? h + te->offset
                            : te->role == MGT_MODEL_BUFFER ? hb + te->offset
-                                                          : hc + te->offset * sizeof(int64_t);
-        char name[96];
+                           : te->role == MGT_MODEL_INDEX
+                               ? (const char *)mgt_model_index_values(w->model, te)
+                               : hc + te->offset * sizeof(int64_t);
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", te->name);
-        st = mgt_st_writer_add(wr, name, te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32,
+        st = mgt_st_writer_add(wr, name, mgt_model_entry_i64(te) ? MGT_ST_I64 : MGT_ST_F32,
                                te->ndim, te->shape, data);
     }
     return st;
@@ -184,7 +186,7 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
     int nt, found = 0;
     const mgt_model_entry *t = mgt_model_table(w0->model, &nt);
     for (int e = 0; e < nt; e++) {
-        char name[96];
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", t[e].name);
         found += mgt_st_find(f, name) >= 0;
     }
@@ -200,11 +202,13 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
     mgt_status st = MGT_OK;
     for (int e = 0; e < nt && st == MGT_OK; e++) {
         const mgt_model_entry *te = &t[e];
-        char name[96];
+        char name[160];
         snprintf(name, sizeof name, TRAIN_EMA_PREFIX "%s", te->name);
         int i = mgt_st_find(f, name);
-        size_t bytes = te->role == MGT_MODEL_COUNTER ? sizeof(int64_t) : te->numel * sizeof(float);
-        mgt_st_dtype want = te->role == MGT_MODEL_COUNTER ? MGT_ST_I64 : MGT_ST_F32;
+        size_t bytes = te->role == MGT_MODEL_COUNTER ? sizeof(int64_t)
+                       : te->role == MGT_MODEL_INDEX ? te->numel * sizeof(int64_t)
+                                                     : te->numel * sizeof(float);
+        mgt_st_dtype want = mgt_model_entry_i64(te) ? MGT_ST_I64 : MGT_ST_F32;
         if (mgt_st_tensor_dtype(f, i) != want || mgt_st_tensor_bytes(f, i) != bytes)
             return mgt_error_set(
                 MGT_ERR_INVALID, "%s: %s does not fit this model (%zu bytes of %s)", path, name,
@@ -218,6 +222,12 @@ mgt_status train_ema_load(run *r, const mgt_st_file *f, const char *path, long n
                     return mgt_error_set(MGT_ERR_INVALID, "%s: %s holds %s at element %zu", path,
                                          name, isnan(v) ? "NaN" : "Inf", k);
             }
+        if (te->role == MGT_MODEL_INDEX) { /* a constant: only checked */
+            if (memcmp(data, mgt_model_index_values(w0->model, te), bytes) != 0)
+                return mgt_error_set(MGT_ERR_INVALID, "%s: %s holds other values than the model's",
+                                     path, name);
+            continue;
+        }
         for (int j = 0; j < r->n && st == MGT_OK; j++) {
             worker *w = &r->w[j];
             if (te->role == MGT_MODEL_COUNTER)

@@ -1,6 +1,8 @@
 /* The optimizer as the trainer sees it: --opt's kind over the parameter arena cut into the
-   references' weight-decay groups (set_weight_decay: norm layers' parameters under
-   --norm-weight-decay, every parameter called "bias" under --bias-weight-decay, which wins),
+   references' weight-decay groups (set_weight_decay: the custom keys first, every parameter
+   called "bias" under --bias-weight-decay, class_token, position_embedding and
+   relative_position_bias_table under --transformer-embedding-decay; then norm layers'
+   parameters under --norm-weight-decay),
    and its state as a table of named device tensors that checkpoints save and load and
    broadcasts copy. */
 #include <stdlib.h>
@@ -9,14 +11,22 @@
 #include "train/train_impl.h"
 
 /* The weight decay of one parameter, as references/classification/utils.py's
-   set_weight_decay decides it with custom key "bias" (a name match, checked first) and
-   norm_weight_decay (norm layers' parameters). Negative: the flag was not given. */
-static float decay_of(const mgt_model_entry *e, const mgt_train_config *c)
+   set_weight_decay decides it: the custom keys, matched against the parameter's own name
+   (the last part of its state_dict name), first: "bias" (so MultiheadAttention's
+   in_proj_bias is not one), then the transformer embeddings' three names; then norm layers'
+   parameters (batch norms and layer norms) under norm_weight_decay. Negative: the flag was not
+   given. */
+float mgt_train_weight_decay(const mgt_train_config *c, const mgt_model_entry *e)
 {
-    bool is_bias = e->what == MGT_TENSOR_BIAS || e->what == MGT_TENSOR_NORM_BIAS;
+    static const char *const embeddings[] = {"class_token", "position_embedding",
+                                             "relative_position_bias_table"};
+    const char *dot = strrchr(e->name, '.'), *own = dot ? dot + 1 : e->name;
     bool in_norm = e->what == MGT_TENSOR_NORM_WEIGHT || e->what == MGT_TENSOR_NORM_BIAS;
-    if (is_bias && c->bias_weight_decay >= 0)
+    if (strcmp(own, "bias") == 0 && c->bias_weight_decay >= 0)
         return c->bias_weight_decay;
+    for (int k = 0; k < 3 && c->transformer_embedding_decay >= 0; k++)
+        if (strcmp(own, embeddings[k]) == 0)
+            return c->transformer_embedding_decay;
     if (in_norm && c->norm_weight_decay >= 0)
         return c->norm_weight_decay;
     return c->weight_decay;
@@ -49,7 +59,7 @@ static mgt_status make_groups(const mgt_model *m, size_t floats, const mgt_train
             ps[np++] = &t[i];
     qsort(ps, (size_t)np, sizeof *ps, by_offset);
     for (int i = 0; i < np; i++) {
-        float wd = decay_of(ps[i], c);
+        float wd = mgt_train_weight_decay(c, ps[i]);
         size_t at = i == 0 ? 0 : ps[i]->offset / sizeof(float);
         if (ng > 0 && g[ng - 1].weight_decay == wd)
             continue;

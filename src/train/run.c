@@ -28,6 +28,9 @@ void mgt_train_config_defaults(mgt_train_config *c)
     c->opt = MGT_OPT_SGD;
     c->norm_weight_decay = -1;
     c->bias_weight_decay = -1;
+    c->transformer_embedding_decay = -1;
+    c->ra_magnitude = 9;
+    c->ra_reps = 3;
     c->accum_steps = 1;
     c->model_ema_decay = 0.99998f;
     c->model_ema_steps = 32;
@@ -658,6 +661,8 @@ static void print_start(run *r, int start_epoch)
         fprintf(o, " (norms %g)", c->norm_weight_decay);
     if (c->bias_weight_decay >= 0)
         fprintf(o, " (biases %g)", c->bias_weight_decay);
+    if (c->transformer_embedding_decay >= 0)
+        fprintf(o, " (embeddings %g)", c->transformer_embedding_decay);
     fprintf(o, " over %d run%s of the arena, label smoothing %g\n", r->w[0].opt.groups,
             r->w[0].opt.groups == 1 ? "" : "s", c->label_smoothing);
     if (c->clip_grad_norm > 0 || c->accum_steps > 1 || c->model_ema) {
@@ -686,6 +691,11 @@ static void print_start(run *r, int start_epoch)
     if (d->val_t.size > 0 && d->val_t.size != d->size)
         fprintf(o, "=> validation at %dx%d (FixRes: a twin of each replica planned for it)\n",
                 d->val_t.size, d->val_t.size);
+    if (c->ra_sampler && !c->dummy)
+        fprintf(o,
+                "=> sampler: RASampler, each image %d times on different devices; %zu samples "
+                "per epoch (n // 256 * 256)\n",
+                c->ra_reps, d->train_samples / 256 * 256);
     mgt_model_counts mc;
     mgt_model_get_counts(r->w[0].model, &mc);
     fprintf(o,

@@ -63,6 +63,7 @@ static mgt_status make_transforms(run *r, int w, int h, mgt_transform *tt, mgt_t
     tt->exact_decode = c->exact_decode;
     tt->auto_augment = c->auto_augment;
     tt->augmix_severity = c->augmix_severity;
+    tt->ra_magnitude = c->ra_magnitude;
     tt->random_erase = c->random_erase;
     if ((st = mgt_transform_check(tt)) != MGT_OK)
         return st;
@@ -130,11 +131,18 @@ static mgt_status make_loaders(run *r, const mgt_transform *tt, const mgt_transf
     mgt_loader_options_init(&lo, d->train_ds, tt, r->n, d->per_dev_batch);
     loader_common(r, &lo, devs);
     lo.mix = (mgt_mix){.mixup_alpha = r->c->mixup_alpha, .cutmix_alpha = r->c->cutmix_alpha};
+    if (r->c->ra_sampler) {
+        lo.split = MGT_SPLIT_RA;
+        lo.ra_reps = r->c->ra_reps;
+    }
     /* A last batch of one image would give batch norm one value per channel, which it cannot
        train on (PyTorch refuses it too): drop that batch, keep every other short one. */
     mgt_sampler smp;
-    mgt_status st = mgt_sampler_init(&smp, mgt_dataset_size(d->train_ds), r->wn, lo.split,
-                                     lo.shuffle, r->c->seed);
+    mgt_status st = r->c->ra_sampler
+                        ? mgt_sampler_init_ra(&smp, mgt_dataset_size(d->train_ds), r->wn,
+                                              r->c->ra_reps, lo.shuffle, r->c->seed)
+                        : mgt_sampler_init(&smp, mgt_dataset_size(d->train_ds), r->wn, lo.split,
+                                           lo.shuffle, r->c->seed);
     if (st != MGT_OK)
         return mgt_error_wrap(st, "%s", mgt_dataset_dir(d->train_ds));
     lo.drop_last_batch = mgt_sampler_count(&smp, 0) % (size_t)d->per_dev_batch == 1;

@@ -74,6 +74,13 @@ static mgt_status meter_step(worker *w, long k)
             return st;
         w->slot_step_s[slot] = 1e-3 * ms;
     }
+    /* the per-op profile counts from the end of the warm-up (the kernels of the next step
+       that already ran are the few it misses) */
+    if (r->ctl.op_profile && k - r->first_step == r->ctl.warmup_steps - 1) {
+        st = mgt_device_op_profile(w->d, true);
+        if (st != MGT_OK)
+            return st;
+    }
     if (r->ctl.profile && k - r->first_step >= r->ctl.warmup_steps) {
         float ms[PROF_MARKS - 1];
         for (int p = 0; p < PROF_MARKS - 1 && st == MGT_OK; p++)

@@ -20,6 +20,13 @@ Parts (--parts, comma-separated; default all):
          mobilenet_v2, vgg11_bn, densenet121, efficientnet_b0); an architecture mgtrain does
          not know fails its row and the others go on; --channels-last and --python apply
          here as in the train part
+  transformers  vit_b_16 and swin_t: the training step at batch --tf-batch (8), 3x224x224,
+         --tf-threads threads (2), fp32 and --amp bf16 (--precisions), against PyTorch (its
+         MultiheadAttention's scaled_dot_product_attention for ViT; torchvision's Swin its
+         matmuls); GFLOP/s from mgtrain's forward MACs (`mgtrain model`: the attention
+         products and the functional linears included, which a conv + linear hook misses),
+         as a fraction of --sgemm-peak, and mgtrain's attention share of its device time
+         (`mgtrain bench --op-profile`)
   data   decode + augment images/s per thread: `mgtrain bench-data` against torchvision
          ImageFolder + DataLoader (num_workers 0, then 2), RandomResizedCrop(224) + flip on a
          generated tree of 500x375 JPEGs read three ways by mgtrain (the folder, a JPEG pack
@@ -128,11 +135,31 @@ class Ctx:
                "--steps", str(steps), "--warmup", str(warmup), "--json", js]
         if getattr(self, "amp_next", ""):
             cmd += ["--amp", self.amp_next]
+        if getattr(self, "op_profile_next", False):
+            cmd.append("--op-profile")
         _, load, wall = self.run("mgtrain bench", cmd)
         with open(js) as f:
             out = json.load(f)
         self.raw.append({"cmd": cmd, "load": load, "wall_s": wall, "out": out})
         return out, load
+
+    def mgt_bench_profiled(self, amp, *args):
+        self.amp_next = amp
+        self.op_profile_next = True
+        try:
+            return self.mgt_bench(*args)
+        finally:
+            self.amp_next = ""
+            self.op_profile_next = False
+
+    def mgt_macs(self, arch, size):
+        """mgtrain's forward multiply-accumulates per image (every layer, attention too)."""
+        out, _, _ = self.run("mgtrain model", [self.a.mgtrain, "model", "-a", arch, "--size",
+                                               str(size)])
+        m = re.search(r"forward MACs per image:.*?\(([0-9,]+) ", out)
+        if not m:
+            raise RunError("mgtrain model: no 'forward MACs per image' line in:\n" + out)
+        return int(m.group(1).replace(",", ""))
 
     def mgt_bench_amp(self, amp, *args):
         self.amp_next = amp
@@ -308,6 +335,54 @@ def train_cases(ctx, rows, summary, cases, precisions):
                            % (lab, fmt(med(mi)), row["mgt_gflops"], fmt(med(ti)),
                               row["torch_gflops"], ratio,
                               ", against glibc %.2f" % row["ratio_glibc"] if gi else ""))
+
+
+def part_transformers(ctx, rows, summary):
+    """vit_b_16 and swin_t, batch --tf-batch, 224, --tf-threads, each precision."""
+    a = ctx.a
+    steps, warmup = (2, 1) if a.quick else (4, 1)
+    for arch in ("vit_b_16", "swin_t"):
+        macs = ctx.mgt_macs(arch, 224)
+        for prec in a.precisions:
+            amp = "" if prec == "f32" else prec
+            lab = "%s 3x224x224 b%d %d threads%s" % (arch, a.tf_batch, a.tf_threads,
+                                                     ", amp " + amp if amp else "")
+            print("- %s: %d rounds of %d steps after %d warm-up" % (lab, a.rounds, steps, warmup),
+                  flush=True)
+            args = (a.tf_threads, arch, a.tf_batch, 224, 3, 1000, steps, warmup)
+            fns = [lambda: ctx.mgt_bench_profiled(amp, "0", *args),
+                   lambda: ctx.torch_train(*args, amp=amp, malloc="jemalloc")]
+            try:
+                res, loads = rotate(a.rounds, fns)
+            except (RunError, subprocess.TimeoutExpired) as e:
+                print("  FAILED: %s" % e)
+                ctx.failed = True
+                continue
+            mi = [r["results"][0]["images_per_s"] for r in res[0]]
+            ti = [r["images_per_s"] for r in res[1]]
+            shares = []
+            for r in res[0]:
+                ops = r["results"][0].get("op_profile", [])
+                total = sum(o["seconds"] for o in ops)
+                att = sum(o["seconds"] for o in ops if o["op"].startswith("attention_"))
+                shares.append(att / total if total else None)
+            ratio = med(mi) / med(ti)
+            gm, gt = 6e-9 * macs * med(mi), 6e-9 * macs * med(ti)
+            row = {"section": "transformers", "label": lab, "mgtrain": mi, "pytorch": ti,
+                   "ratio": ratio, "loads": loads, "macs_per_image": macs, "mgt_gflops": gm,
+                   "torch_gflops": gt, "attention_share": med(shares)}
+            rows.append(row)
+            print("  mgtrain %s img/s (%.1f GFLOP/s, %.0f%% of peak), pytorch+jemalloc %s img/s "
+                  "(%.1f GFLOP/s, %.0f%%), ratio %.2f; attention %.1f%% of mgtrain's device "
+                  "time (load %.1f..%.1f)"
+                  % (" ".join(fmt(x) for x in mi), gm, 100 * gm / a.sgemm_peak,
+                     " ".join(fmt(x) for x in ti), gt, 100 * gt / a.sgemm_peak, ratio,
+                     100 * (med(shares) or 0), min(loads), max(loads)), flush=True)
+            summary.append("%s: mgtrain %s img/s (%.1f GFLOP/s, %.0f%% of the sgemm peak), "
+                           "pytorch+jemalloc %s img/s (%.1f GFLOP/s), ratio %.2f, attention "
+                           "%.1f%% of mgtrain's step"
+                           % (lab, fmt(med(mi)), gm, 100 * gm / a.sgemm_peak, fmt(med(ti)), gt,
+                              ratio, 100 * (med(shares) or 0)))
 
 
 def part_scale(ctx, rows, summary):
@@ -534,12 +609,17 @@ def main():
     p.add_argument("--mgtrain", default=os.environ.get("MGTRAIN", os.path.join(ROOT, "build", "mgtrain")),
                    help="the mgtrain binary (default: $MGTRAIN or build/mgtrain)")
     p.add_argument("--parts", default="train,scale,data",
-                   help="train,scale,zoo,data (default: train,scale,data)")
+                   help="train,scale,zoo,transformers,data (default: train,scale,data)")
     p.add_argument("--zoo-archs", default="resnet50,mobilenet_v2,vgg11_bn,densenet121,efficientnet_b0",
                    help="zoo part: the architectures, comma-separated, each ARCH or ARCH:SIDE "
                         "(224 by default; inception_v3's auxiliary classifier needs 299)")
     p.add_argument("--zoo-threads", type=int, default=2, help="zoo part: threads (2)")
     p.add_argument("--zoo-batch", type=int, default=8, help="zoo part: batch (8)")
+    p.add_argument("--tf-threads", type=int, default=2, help="transformers part: threads (2)")
+    p.add_argument("--tf-batch", type=int, default=8, help="transformers part: batch (8)")
+    p.add_argument("--sgemm-peak", type=float, default=185.0,
+                   help="the machine's sgemm GFLOP/s on the threads compared (185: AMD EPYC Zen 4, "
+                        "2 threads), for the fraction of peak")
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps (about 2 minutes)")
     p.add_argument("--rounds", type=int, default=0, help="rounds per comparison (default 3; --quick 1)")
     p.add_argument("--scale-batch", type=int, default=64, help="per-device batch of the scaling part (64)")
@@ -576,7 +656,7 @@ def main():
     a.rounds = a.rounds or (1 if a.quick else 3)
     parts = [x for x in a.parts.split(",") if x]
     for x in parts:
-        if x not in ("train", "scale", "zoo", "data"):
+        if x not in ("train", "scale", "zoo", "transformers", "data"):
             p.error("unknown part %r" % x)
 
     try:
@@ -631,6 +711,8 @@ def main():
         part_scale(ctx, rows, summary)
     if "zoo" in parts:
         part_zoo(ctx, rows, summary)
+    if "transformers" in parts:
+        part_transformers(ctx, rows, summary)
     if "data" in parts:
         part_data(ctx, rows, summary)
     print_table(rows)

@@ -88,6 +88,11 @@ struct mock_dev {
     uint64_t seed;
     double link_bw, link_lat; /* the link model of direct peer copies */
     int n_streams_made;
+    /* the per-op profile (mgt_device_op_profile), under prof_lock */
+    atomic_bool profiling;
+    pthread_mutex_t prof_lock;
+    double op_s[MGT_OP_COUNT], op_flops[MGT_OP_COUNT];
+    long op_calls[MGT_OP_COUNT];
 };
 
 typedef struct mock_set {
@@ -458,9 +463,23 @@ static void run_cmd(mock_stream *ms, const cmd *c)
             mock_fail(md, text);
             return;
         }
+        bool prof = atomic_load(&md->profiling);
+        struct timespec t0, t1;
+        if (prof)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
         if (cpu_run(&md->ctx, &c->u.op) != MGT_OK) {
             snprintf(text, sizeof text, "kernel %s failed: %s", name, mgt_error_last());
             mock_fail(md, text);
+        }
+        if (prof) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            int k = (int)c->u.op.kind;
+            pthread_mutex_lock(&md->prof_lock);
+            md->op_s[k] +=
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            md->op_flops[k] += mgt_op_flops(&c->u.op);
+            md->op_calls[k]++;
+            pthread_mutex_unlock(&md->prof_lock);
         }
         return;
     }
@@ -847,6 +866,29 @@ static mgt_status mock_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 
 /* nChw16c between ops where the convolutions run on oneDNN, which wants it: the reorders at
    every convolution's edges go, and batch norm sums a 16-channel block per vector. */
+static void mock_op_profile(mgt_device *d, bool on)
+{
+    mock_dev *md = dev_of(d);
+    pthread_mutex_lock(&md->prof_lock);
+    if (on) {
+        memset(md->op_s, 0, sizeof md->op_s);
+        memset(md->op_flops, 0, sizeof md->op_flops);
+        memset(md->op_calls, 0, sizeof md->op_calls);
+    }
+    atomic_store(&md->profiling, on);
+    pthread_mutex_unlock(&md->prof_lock);
+}
+
+static void mock_op_times(const mgt_device *d, double *seconds, long *calls, double *flops)
+{
+    mock_dev *md = dev_of(d);
+    pthread_mutex_lock(&md->prof_lock);
+    memcpy(seconds, md->op_s, sizeof md->op_s);
+    memcpy(flops, md->op_flops, sizeof md->op_flops);
+    memcpy(calls, md->op_calls, sizeof md->op_calls);
+    pthread_mutex_unlock(&md->prof_lock);
+}
+
 static mgt_layout mock_act_layout(const mgt_device *d)
 {
     const mock_set *ms = d->set->impl;
@@ -938,6 +980,7 @@ static mgt_status mock_devset_open(mgt_devset *set, const int *ids, const mgt_de
         }
         md->dev = d;
         pthread_mutex_init(&md->lock, NULL);
+        pthread_mutex_init(&md->prof_lock, NULL);
         d->impl = md;
         snprintf(d->name, sizeof d->name, "mock:%d", ids[i]);
         d->total_mem = total;
@@ -1003,6 +1046,7 @@ static void mock_devset_close(mgt_devset *set)
             free(md->host[k]);
         free(md->host);
         pthread_mutex_destroy(&md->lock);
+        pthread_mutex_destroy(&md->prof_lock);
         free(md);
         set->devs[i].impl = NULL;
     }
@@ -1057,6 +1101,8 @@ static const mgt_backend_i mock_backend = {
     .launch = mock_launch,
     .counts = mock_counts,
     .abandon = mock_abandon,
+    .op_profile = mock_op_profile,
+    .op_times = mock_op_times,
 };
 
 const mgt_backend_i *mgt_backend_mock(void) { return &mock_backend; }

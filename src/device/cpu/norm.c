@@ -774,10 +774,14 @@ static mgt_status run_lnc(cpu_ctx *ctx, const mgt_op *op, int n, int c, int hw)
 
 mgt_status cpu_lnc_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.lnc_fwd.hw == 1)
+        return cpu_ln_rows_fwd(ctx, op);
     return run_lnc(ctx, op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw);
 }
 
 mgt_status cpu_lnc_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
+    if (op->u.lnc_bwd.hw == 1)
+        return cpu_ln_rows_bwd(ctx, op);
     return run_lnc(ctx, op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw);
 }

@@ -797,6 +797,13 @@ static double act_gelu_grad(double x)
     return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
 
+static double act_tanh(double x) { return tanh(x); }
+static double act_tanh_grad(double x)
+{
+    double t = tanh(x);
+    return 1.0 - t * t;
+}
+
 static double ref_act(mgt_act act, double x)
 {
     switch (act) {
@@ -971,6 +978,307 @@ static mgt_status ref_nonfinite(const mgt_op *op)
     for (size_t i = 0; i < op->u.nonfinite.n; i++)
         count += !isfinite(op->u.nonfinite.x[i]);
     *op->u.nonfinite.count = count;
+    return MGT_OK;
+}
+
+/* ---- the transformer ops ---- */
+
+/* The grid offset of walk position pos, or false where the position does not exist. */
+static bool ref_permute_at(const mgt_permute_shape *sh, const int *pos, size_t *walk, size_t *grid)
+{
+    long long idx[MGT_PERMUTE_DIMS];
+    *walk = 0;
+    for (int a = 0; a < sh->naxes; a++)
+        idx[a] = sh->shift[a];
+    for (int d = 0; d < sh->ndim; d++) {
+        *walk += (size_t)pos[d] * sh->walk_stride[d];
+        idx[sh->axis[d]] += (long long)pos[d] * sh->coef[d];
+    }
+    *grid = 0;
+    for (int a = 0; a < sh->naxes; a++) {
+        long long i = idx[a];
+        if (sh->extent[a] > 0)
+            i = ((i % sh->extent[a]) + sh->extent[a]) % sh->extent[a];
+        if (i >= sh->limit[a])
+            return false;
+        *grid += (size_t)i * sh->grid_stride[a];
+    }
+    return true;
+}
+
+static mgt_status ref_permute(const mgt_op *op)
+{
+    const mgt_permute_args *a = &op->u.permute;
+    const mgt_permute_shape *sh = &a->sh;
+    int pos[MGT_PERMUTE_DIMS] = {0};
+    for (;;) {
+        size_t w, g;
+        bool there = ref_permute_at(sh, pos, &w, &g);
+        if (sh->scatter) {
+            if (there)
+                a->grid[g] = a->walk[w];
+        } else {
+            a->walk[w] = there ? a->grid[g] : 0.0f;
+        }
+        int d = sh->ndim - 1;
+        while (d >= 0 && ++pos[d] == sh->size[d])
+            pos[d--] = 0;
+        if (d < 0)
+            return MGT_OK;
+    }
+}
+
+/* Attention, one row (group b, head h, query t) at a time, in double: the logits of every key
+   into l[tk]; returns the query's norm factor (cosine) through *qn. */
+static double ref_attn_norm(const float *x, int dh)
+{
+    double s = 0.0;
+    for (int d = 0; d < dh; d++)
+        s += (double)x[d] * x[d];
+    return fmax(sqrt(s), 1e-12);
+}
+
+static double ref_attn_factor(const mgt_attn_shape *sh, const float *logit_scale, int h)
+{
+    if (!sh->cosine)
+        return sh->scale;
+    return sh->scale * exp(fmin((double)logit_scale[h], log(100.0)));
+}
+
+static const float *ref_q(const mgt_attn_shape *sh, const float *q, int b, int h, int t)
+{
+    return q + (size_t)b * sh->q_batch + (size_t)t * sh->q_row + (size_t)h * sh->dh;
+}
+
+static const float *ref_kv(const mgt_attn_shape *sh, const float *k, int b, int h, int u)
+{
+    return k + (size_t)b * sh->kv_batch + (size_t)u * sh->kv_row + (size_t)h * sh->dh;
+}
+
+static void ref_attn_logits(const mgt_attn_shape *sh, const float *q, const float *k,
+                            const float *bias, const float *mask, const float *logit_scale, int b,
+                            int h, int t, double *l)
+{
+    const float *qv = ref_q(sh, q, b, h, t);
+    double f = ref_attn_factor(sh, logit_scale, h);
+    double qn = sh->cosine ? ref_attn_norm(qv, sh->dh) : 1.0;
+    size_t tt = (size_t)sh->tq * sh->tk;
+    for (int u = 0; u < sh->tk; u++) {
+        const float *kv = ref_kv(sh, k, b, h, u);
+        double dot = 0.0;
+        for (int d = 0; d < sh->dh; d++)
+            dot += (double)qv[d] * kv[d];
+        if (sh->cosine)
+            dot /= qn * ref_attn_norm(kv, sh->dh);
+        double v = f * dot;
+        if (bias)
+            v += bias[(size_t)h * tt + (size_t)t * sh->tk + u];
+        if (mask)
+            v += mask[(size_t)(b % sh->masks) * tt + (size_t)t * sh->tk + u];
+        l[u] = v;
+    }
+}
+
+/* The dropout factor of element (b, h, t, u): 0, or the float 1 / (1 - p) (1 without dropout). */
+static double ref_attn_drop(const mgt_attn_shape *sh, int b, int h, int t, int u)
+{
+    if (sh->p == 0.0f)
+        return 1.0;
+    return mgt_attn_keep(sh, b, h, t, u) ? (double)(1.0f / (1.0f - sh->p)) : 0.0;
+}
+
+static mgt_status ref_attn_fwd(const mgt_op *op)
+{
+    const mgt_attn_fwd_args *a = &op->u.attn_fwd;
+    const mgt_attn_shape *sh = &a->sh;
+    double *l = malloc((size_t)sh->tk * sizeof *l), *acc = malloc((size_t)sh->dh * sizeof *acc);
+    if (!l || !acc) {
+        free(l);
+        free(acc);
+        return mgt_error_set(MGT_ERR_OOM, "reference: attention_forward: out of memory");
+    }
+    for (int b = 0; b < sh->batch; b++)
+        for (int h = 0; h < sh->heads; h++)
+            for (int t = 0; t < sh->tq; t++) {
+                ref_attn_logits(sh, a->q, a->k, a->bias, a->mask, a->logit_scale, b, h, t, l);
+                double mx = -INFINITY, sum = 0.0;
+                for (int u = 0; u < sh->tk; u++)
+                    mx = fmax(mx, l[u]);
+                for (int u = 0; u < sh->tk; u++)
+                    sum += exp(l[u] - mx);
+                double lse = mx + log(sum);
+                for (int d = 0; d < sh->dh; d++)
+                    acc[d] = 0.0;
+                for (int u = 0; u < sh->tk; u++) {
+                    double p = exp(l[u] - lse) * ref_attn_drop(sh, b, h, t, u);
+                    const float *vv = ref_kv(sh, a->v, b, h, u);
+                    for (int d = 0; d < sh->dh; d++)
+                        acc[d] += p * vv[d];
+                }
+                float *y =
+                    a->y + (size_t)b * sh->y_batch + (size_t)t * sh->y_row + (size_t)h * sh->dh;
+                for (int d = 0; d < sh->dh; d++)
+                    y[d] = (float)acc[d];
+                a->lse[((size_t)b * sh->heads + h) * sh->tq + t] = (float)lse;
+            }
+    free(l);
+    free(acc);
+    return MGT_OK;
+}
+
+/* Adds the gradient of x / max(|x|, eps) (dn, in double) to dx: (dn - xh (xh . dn)) / |x|, or
+   dn / eps where the norm is clamped (F.normalize's backward). */
+static void ref_unnormalize(const float *x, int dh, const double *dn, double *dx)
+{
+    double s = 0.0;
+    for (int d = 0; d < dh; d++)
+        s += (double)x[d] * x[d];
+    double n = sqrt(s);
+    if (n <= 1e-12) {
+        for (int d = 0; d < dh; d++)
+            dx[d] += dn[d] / 1e-12;
+        return;
+    }
+    double xd = 0.0;
+    for (int d = 0; d < dh; d++)
+        xd += x[d] / n * dn[d];
+    for (int d = 0; d < dh; d++)
+        dx[d] += (dn[d] - x[d] / n * xd) / n;
+}
+
+static mgt_status ref_attn_bwd(const mgt_op *op)
+{
+    const mgt_attn_bwd_args *a = &op->u.attn_bwd;
+    const mgt_attn_shape *sh = &a->sh;
+    int tk = sh->tk, dh = sh->dh;
+    size_t tt = (size_t)sh->tq * tk;
+    double *l = malloc((size_t)tk * sizeof *l), *ds = malloc((size_t)tk * sizeof *ds);
+    double *dq = malloc((size_t)dh * sizeof *dq), *dqn = malloc((size_t)dh * sizeof *dqn);
+    double *dk = calloc((size_t)tk * dh, sizeof *dk), *dv = calloc((size_t)tk * dh, sizeof *dv);
+    double *dkn = calloc((size_t)tk * dh, sizeof *dkn);
+    double *dbias = a->dbias ? calloc((size_t)sh->heads * tt, sizeof *dbias) : NULL;
+    mgt_status st = MGT_OK;
+    if (!l || !ds || !dq || !dqn || !dk || !dv || !dkn || (a->dbias && !dbias)) {
+        st = mgt_error_set(MGT_ERR_OOM, "reference: attention_backward: out of memory");
+        goto done;
+    }
+    for (int h = 0; h < sh->heads; h++) {
+        double dls = 0.0, f = ref_attn_factor(sh, a->logit_scale, h);
+        for (int b = 0; b < sh->batch; b++) {
+            memset(dk, 0, (size_t)tk * dh * sizeof *dk);
+            memset(dv, 0, (size_t)tk * dh * sizeof *dv);
+            memset(dkn, 0, (size_t)tk * dh * sizeof *dkn);
+            for (int t = 0; t < sh->tq; t++) {
+                const float *qv = ref_q(sh, a->q, b, h, t);
+                size_t yo = (size_t)b * sh->y_batch + (size_t)t * sh->y_row + (size_t)h * dh;
+                const float *dy = a->dy + yo, *y = a->y + yo;
+                double lse = a->lse[((size_t)b * sh->heads + h) * sh->tq + t], D = 0.0;
+                ref_attn_logits(sh, a->q, a->k, a->bias, a->mask, a->logit_scale, b, h, t, l);
+                for (int d = 0; d < dh; d++)
+                    D += (double)dy[d] * y[d];
+                double qn = sh->cosine ? ref_attn_norm(qv, dh) : 1.0;
+                for (int d = 0; d < dh; d++)
+                    dqn[d] = 0.0;
+                for (int u = 0; u < tk; u++) {
+                    const float *kv = ref_kv(sh, a->k, b, h, u), *vv = ref_kv(sh, a->v, b, h, u);
+                    double p = exp(l[u] - lse), drop = ref_attn_drop(sh, b, h, t, u), dp = 0.0;
+                    for (int d = 0; d < dh; d++) {
+                        dp += (double)dy[d] * vv[d];
+                        dv[(size_t)u * dh + d] += p * drop * dy[d];
+                    }
+                    ds[u] = p * (dp * drop - D);
+                    if (dbias)
+                        dbias[(size_t)h * tt + (size_t)t * tk + u] += ds[u];
+                    double kn = sh->cosine ? ref_attn_norm(kv, dh) : 1.0;
+                    if (sh->cosine) {
+                        double dot = 0.0;
+                        for (int d = 0; d < dh; d++)
+                            dot += (double)qv[d] / qn * (kv[d] / kn);
+                        if (a->logit_scale[h] <= log(100.0))
+                            dls += ds[u] * f * dot;
+                    }
+                    /* the gradients of the (normalised) vectors */
+                    for (int d = 0; d < dh; d++) {
+                        dqn[d] += ds[u] * f * kv[d] / kn;
+                        dkn[(size_t)u * dh + d] += ds[u] * f * qv[d] / qn;
+                    }
+                }
+                for (int d = 0; d < dh; d++)
+                    dq[d] = sh->cosine ? 0.0 : dqn[d];
+                if (sh->cosine)
+                    ref_unnormalize(qv, dh, dqn, dq);
+                float *dqo =
+                    a->dq + (size_t)b * sh->q_batch + (size_t)t * sh->q_row + (size_t)h * dh;
+                for (int d = 0; d < dh; d++)
+                    dqo[d] = (float)dq[d];
+            }
+            for (int u = 0; u < tk; u++) {
+                size_t o = (size_t)b * sh->kv_batch + (size_t)u * sh->kv_row + (size_t)h * dh;
+                double *dku = dk + (size_t)u * dh;
+                if (sh->cosine)
+                    ref_unnormalize(a->k + o, dh, dkn + (size_t)u * dh, dku);
+                else
+                    memcpy(dku, dkn + (size_t)u * dh, (size_t)dh * sizeof *dku);
+                for (int d = 0; d < dh; d++) {
+                    a->dk[o + d] = (float)dku[d];
+                    a->dv[o + d] = (float)dv[(size_t)u * dh + d];
+                }
+            }
+        }
+        if (sh->cosine)
+            a->dlogit_scale[h] = (float)(a->dlogit_scale[h] + dls);
+    }
+    if (dbias)
+        for (size_t i = 0; i < (size_t)sh->heads * tt; i++)
+            a->dbias[i] = (float)dbias[i];
+done:
+    free(l);
+    free(ds);
+    free(dq);
+    free(dqn);
+    free(dk);
+    free(dv);
+    free(dkn);
+    free(dbias);
+    return st;
+}
+
+static mgt_status ref_rpb_fwd(const mgt_op *op)
+{
+    const mgt_rpb_fwd_args *a = &op->u.rpb_fwd;
+    for (int i = 0; i < a->n; i++)
+        if (a->index[i] < 0 || a->index[i] >= a->rows)
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: index %d out of range [0, %d) at %d",
+                                 mgt_op_name(op->kind), (int)a->index[i], a->rows, i);
+    for (int h = 0; h < a->heads; h++)
+        for (int i = 0; i < a->n; i++)
+            a->bias[(size_t)h * a->n + i] = a->alpha * a->table[(size_t)a->index[i] * a->heads + h];
+    return MGT_OK;
+}
+
+static mgt_status ref_rpb_bwd(const mgt_op *op)
+{
+    const mgt_rpb_bwd_args *a = &op->u.rpb_bwd;
+    if (a->offsets[0] != 0 || a->offsets[a->rows] != a->n)
+        return mgt_error_set(MGT_ERR_DEVICE, "%s: the inverse index does not cover %d positions",
+                             mgt_op_name(op->kind), a->n);
+    for (int r = 0; r < a->rows; r++) {
+        if (a->offsets[r + 1] < a->offsets[r])
+            return mgt_error_set(MGT_ERR_DEVICE, "%s: offsets decrease at row %d",
+                                 mgt_op_name(op->kind), r);
+        for (int j = a->offsets[r]; j < a->offsets[r + 1]; j++)
+            if (a->order[j] < 0 || a->order[j] >= a->n)
+                return mgt_error_set(MGT_ERR_DEVICE, "%s: position %d out of range [0, %d)",
+                                     mgt_op_name(op->kind), (int)a->order[j], a->n);
+    }
+    for (int r = 0; r < a->rows; r++)
+        for (int h = 0; h < a->heads; h++) {
+            double s = 0.0;
+            for (int j = a->offsets[r]; j < a->offsets[r + 1]; j++)
+                s += a->dbias[(size_t)h * a->n + a->order[j]];
+            float *d = &a->dtable[(size_t)r * a->heads + h];
+            *d = (float)(*d + (double)a->alpha * s);
+        }
     return MGT_OK;
 }
 

@@ -62,6 +62,15 @@ struct act_gelu {
     }
 };
 
+struct act_tanh {
+    __device__ static float fwd(float x) { return tanhf(x); }
+    __device__ static float grad(float x)
+    {
+        float t = tanhf(x);
+        return 1.0f - t * t;
+    }
+};
+
 // y may alias x
 template <class A> __global__ void k_act_fwd(float *y, const float *x, size_t n)
 {

@@ -20,6 +20,7 @@ enum mgt_cuda_flag_code {
     MGT_CUDA_FLAG_XENT_FWD_LABEL = 1,
     MGT_CUDA_FLAG_XENT_BWD_LABEL = 2,
     MGT_CUDA_FLAG_TOPK_LABEL = 3,
+    MGT_CUDA_FLAG_RPB_INDEX = 4, // relpos_bias_forward: an index past the table
 };
 // Slots of the flag array: the code is stored last so the host never sees it without the
 // row and label beside it.
@@ -184,6 +185,13 @@ mgt_status mgt_cuda_to_nhwc16(mgt_cuda_stream *s, uint16_t *dst, const float *sr
 mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *src, int n, int c,
                                 int hw, float beta, bool bf16);
 
+// The stream's cuBLAS handle, made on first use (dnn.cu).
+mgt_status mgt_cuda_blas(mgt_cuda_stream *s);
+// The layer norm's row path (hw == 1: LayerNorm over the last dimension), which
+// layernorm_channels_forward and _backward take (transformer.cu).
+mgt_status cuda_ln_rows_fwd(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status cuda_ln_rows_bwd(mgt_cuda_stream *s, const mgt_op *op);
+
 // ---- what the kernel files share ----
 
 // Every launcher opens with it: the replica's GPU current, its sticky error returned.
@@ -232,6 +240,20 @@ __device__ inline float warp_sum(float v)
     return v;
 }
 
+// The block's sum of every thread's acc, left in part[0] (part: kThreads shared doubles), in a
+// fixed tree; every thread of the block calls it.
+__device__ inline void block_sum(double *part, double acc)
+{
+    const int t = threadIdx.x;
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+        if (t < w)
+            part[t] += part[t + w];
+        __syncthreads();
+    }
+}
+
 __device__ inline int warp_sum_int(int v)
 {
     for (int off = 16; off > 0; off >>= 1)
@@ -244,6 +266,22 @@ __device__ inline float warp_max(float v)
     for (int off = 16; off > 0; off >>= 1)
         v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
     return v;
+}
+
+// Philox4x32-10 on c with key (k0, k1), in place: Random123's rounds, as mgt_philox4x32_10.
+__device__ inline void mgt_philox10(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int round = 0; round < 10; round++) {
+        uint32_t lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
+        uint32_t lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
 }
 
 // Records the first bad label of the replica in its mapped flag; the host turns it into

@@ -64,6 +64,8 @@ static mgt_status ensure_dnn(mgt_cuda_stream *s)
     return MGT_OK;
 }
 
+mgt_status mgt_cuda_blas(mgt_cuda_stream *s) { return ensure_blas(s); }
+
 // ---- gemm ----
 
 // Our matrices are row-major; cuBLAS reads column-major. A row-major X [r, c] with row

@@ -233,21 +233,6 @@ struct dropout_key {
     float scale;
 };
 
-__device__ inline void philox10(uint32_t c[4], uint32_t k0, uint32_t k1)
-{
-    for (int round = 0; round < 10; round++) {
-        uint32_t lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
-        uint32_t lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
-        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
-        c[0] = n0;
-        c[1] = lo1;
-        c[2] = n2;
-        c[3] = lo0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-}
-
 // One thread per block of four elements (one Philox call each).
 __global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
 {
@@ -258,7 +243,7 @@ __global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
         unsigned long long g = k.sample0 + (unsigned long long)im * k.stride;
         uint32_t c[4] = {(uint32_t)blk, k.step, (uint32_t)g,
                          ((uint32_t)(g >> 32) & 0x00FFFFFFu) | (6u << 24)};
-        philox10(c, k.k0, k.k1);
+        mgt_philox10(c, k.k0, k.k1);
         for (int q = 0; q < 4; q++) {
             size_t j = blk * 4 + q;
             if (j >= k.per_image)
@@ -301,13 +286,7 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
     }
     if (!dscale)
         return;
-    part[t] = acc;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w /= 2) {
-        if (t < w)
-            part[t] += part[t + w];
-        __syncthreads();
-    }
+    block_sum(part, acc);
     if (t == 0) {
         if (shared)
             dscale[b] = (float)(dscale[b] + part[0]);

@@ -27,13 +27,7 @@ __global__ void k_bn_stats(float *mean, float *var, const float *x, int n, int c
                 acc += pass == 0 ? v : (v - mu) * (v - mu);
             }
         }
-        part[t] = acc;
-        __syncthreads();
-        for (int w = kThreads / 2; w > 0; w /= 2) {
-            if (t < w)
-                part[t] += part[t + w];
-            __syncthreads();
-        }
+        block_sum(part, acc);
         if (t == 0) {
             if (pass == 0)
                 mu = part[0] / m;
@@ -161,6 +155,8 @@ __global__ void k_lnc_bwd_param(float *dw, float *db, const double *stats, const
 
 mgt_status cuda_lnc_fwd(mgt_cuda_stream *s, const mgt_op *op)
 {
+    if (op->u.lnc_fwd.hw == 1)
+        return cuda_ln_rows_fwd(s, op);
     MGT_ENTER(s);
     const auto &a = op->u.lnc_fwd;
     size_t pixels = (size_t)a.n * a.hw;
@@ -171,6 +167,8 @@ mgt_status cuda_lnc_fwd(mgt_cuda_stream *s, const mgt_op *op)
 
 mgt_status cuda_lnc_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
+    if (op->u.lnc_bwd.hw == 1)
+        return cuda_ln_rows_bwd(s, op);
     MGT_ENTER(s);
     const auto &a = op->u.lnc_bwd;
     size_t pixels = (size_t)a.n * a.hw;

@@ -104,6 +104,7 @@ static const char *flag_op_name(int code)
     case MGT_CUDA_FLAG_XENT_FWD_LABEL: return "softmax_xent_forward";
     case MGT_CUDA_FLAG_XENT_BWD_LABEL: return "softmax_xent_backward";
     case MGT_CUDA_FLAG_TOPK_LABEL: return "topk_correct";
+    case MGT_CUDA_FLAG_RPB_INDEX: return "relpos_bias_forward";
     default: return "kernel";
     }
 }
@@ -118,8 +119,9 @@ mgt_status mgt_cuda_dev_check(mgt_cuda_dev *d)
         int code = f[MGT_CUDA_FLAG_CODE];
         if (code == MGT_CUDA_FLAG_NONE)
             return MGT_OK;
-        make_sticky(d, "cuda device %d (gpu %d): %s: label %d out of range [0, %d) in row %d",
-                    d->index, d->gpu, flag_op_name(code), f[MGT_CUDA_FLAG_LABEL],
+        make_sticky(d, "cuda device %d (gpu %d): %s: %s %d out of range [0, %d) in row %d",
+                    d->index, d->gpu, flag_op_name(code),
+                    code == MGT_CUDA_FLAG_RPB_INDEX ? "index" : "label", f[MGT_CUDA_FLAG_LABEL],
                     f[MGT_CUDA_FLAG_CLASSES], f[MGT_CUDA_FLAG_ROW]);
     }
     std::lock_guard<std::mutex> g(d->sticky_lock);
