@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/bytes.h"
 #include "device/lowp.h"
 #include "device/op.h"
 #include "mgt/device.h"
@@ -4015,6 +4016,13 @@ int main(int argc, char **argv)
             if (bes[b].kind == MGT_DEVICE_CUDA && (op_layouts(&c.op) >> MGT_LAYOUT_NCHW16C & 1)) {
                 printf("%s %d (%s): skipped on cuda: nChw16c is the mock devices' layout\n", opname,
                        idx, c.desc);
+                continue;
+            }
+            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_store16(&c.op) != MGT_PREC_F32 &&
+                !mgt_op_cuda_store16_kind(c.op.kind)) {
+                printf("%s %d (%s): skipped on cuda: no 16-bit kernel of this kind there (a CUDA "
+                       "model keeps these values fp32)\n",
+                       opname, idx, c.desc);
                 continue;
             }
             if (bes[b].kind == MGT_DEVICE_MOCK && (op_layouts(&c.op) >> MGT_LAYOUT_NHWC & 1)) {

@@ -1007,21 +1007,20 @@ static void test_strict_one(void **state)
    at 32, efficientnet_b4's many 1x1 batch norms multiply that noise by up to invstd (31.6 at
    eps 1e-3) each, to 1e12 and then NaN in fp32 as well; inception_v3 takes 75 without its
    auxiliary classifier, which needs 299 and is made of the kinds googlenet's heads test), the
-   plan stores activations in 16 bits wherever every op around them takes it (all but the
-   networks whose convolutions carry a bias, which an fp32 kernel adds: the AlexNet, SqueezeNet,
-   VGG and ConvNeXt families, whose steps are then zoo.learn's and are not repeated here), and
-   the mock device's memory accounting sees exactly the arena's shrinking against the fp32
-   model's. `test_zoo amp FAMILY` runs one family (CTest: zoo.amp.FAMILY); about 60 s of CPU for
-   all of them. */
+   plan stores activations in 16 bits wherever every op around them takes it (in every CNN:
+   the AlexNet, SqueezeNet, VGG and ConvNeXt families through their biased convolutions,
+   dropout, layer norm and layer scale too), and the mock device's memory accounting sees
+   exactly the arena's shrinking against the fp32 model's. The vision transformers are left
+   out: their ops take no 16-bit storage yet. `test_zoo amp FAMILY` runs one family (CTest:
+   zoo.amp.FAMILY); minutes of CPU for all of them (regnet alone 112 s). */
 
-static bool conv_bias_net(const char *arch)
+/* The VGGs (130-144 M parameters each, no kind one lacks that another has): every one's plan
+   and memory are checked, the steps taken by vgg13 (fp16, no batch norm) and vgg11_bn (bf16),
+   which keeps the family's test at a quarter of the cost. */
+static bool plan_only(const char *arch)
 {
-    static const char *const families[] = {"alexnet", "squeezenet", "vgg", "convnext"};
-    const char *f = mgt_arch_find(arch)->family;
-    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
-        if (strcmp(f, families[i]) == 0)
-            return true;
-    return false;
+    return strcmp(mgt_arch_find(arch)->family, "vgg") == 0 && strcmp(arch, "vgg13") != 0 &&
+           strcmp(arch, "vgg11_bn") != 0;
 }
 
 /* The input side of arch in this test (see above). */
@@ -1082,6 +1081,11 @@ static void test_amp(void **state)
         if (arg && strcmp(info->family, arg) != 0)
             continue;
         mgt_precision amp = n++ % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16;
+        if (strcmp(info->family, "vit") == 0 || strcmp(info->family, "swin") == 0 ||
+            strcmp(info->family, "maxvit") == 0) {
+            print_message("%-20s: not run (the transformer ops take no 16-bit storage yet)\n", *a);
+            continue;
+        }
         size_t used32, used16, base, total;
         mgt_device_memory(d, &base, &total);
         mgt_model *m32 = amp_model(d, *a, MGT_PREC_F32, &used32);
@@ -1094,15 +1098,17 @@ static void test_amp(void **state)
         mgt_model_counts c;
         mgt_model_get_counts(m, &c);
         size_t acts16 = mgt_model_activation_bytes(m);
-        if (conv_bias_net(*a) ? c.values_16 != 0 : c.values_16 == 0)
-            fail_msg("%s --amp %s: %d of %d activations stored in 16 bits", *a,
-                     mgt_precision_name(amp), c.values_16, c.values);
+        if (c.values_16 == 0)
+            fail_msg("%s --amp %s: none of %d activations stored in 16 bits", *a,
+                     mgt_precision_name(amp), c.values);
         if (used32 - used16 != acts32 - acts16)
             fail_msg("%s: the device saw %zu bytes fewer under --amp, the arena shrank by %zu", *a,
                      used32 - used16, acts32 - acts16);
-        if (c.values_16 == 0) { /* its steps are the fp32 activations' (zoo.learn trains it) */
-            print_message("%-20s %s: no activation 16-bit (a bias on every convolution)\n", *a,
-                          mgt_precision_name(amp));
+        if (plan_only(*a)) {
+            print_message("%-20s %s: %3d of %3d activations 16-bit, %7.1f of %7.1f KiB per image "
+                          "(steps: vgg13 and vgg11_bn)\n",
+                          *a, mgt_precision_name(amp), c.values_16, c.values,
+                          c.act_bytes_per_image / 1024.0, c32.act_bytes_per_image / 1024.0);
             mgt_model_free(m);
             CHECK(mgt_device_synchronize(d, NULL));
             continue;

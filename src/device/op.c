@@ -798,7 +798,7 @@ static mgt_status check_chbias_fwd(const mgt_op *op)
 static void operands_chbias_fwd(mgt_op *op, operand_list *l)
 {
     mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
-    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), MGT_F32, INOUT);
+    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), act_out(op), INOUT);
     ADD(l, b->bias, "bias", (size_t)b->c, MGT_F32, IN);
 }
 
@@ -812,7 +812,7 @@ static void operands_chbias_bwd(mgt_op *op, operand_list *l)
 {
     mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     ADD(l, b->dbias, "dbias", (size_t)b->c, MGT_F32, INOUT);
-    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), MGT_F32, IN);
+    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), act_out(op), IN);
 }
 
 static mgt_status check_dropout(const mgt_op *op)
@@ -832,8 +832,8 @@ static void operands_dropout(mgt_op *op, operand_list *l)
 {
     mgt_dropout_args *d = &op->u.dropout;
     size_t n = (size_t)d->n * d->per_image;
-    ADD(l, d->y, "y", n, MGT_F32, OUT);
-    ADD(l, d->x, "x", n, MGT_F32, IN);
+    ADD(l, d->y, "y", n, act_out(op), OUT);
+    ADD(l, d->x, "x", n, act_in(op), IN);
 }
 
 static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int oh, int ow)
@@ -989,8 +989,8 @@ static mgt_status check_chscale_fwd(const mgt_op *op)
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 {
     mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
 }
 
@@ -1003,12 +1003,12 @@ static void operands_chscale_bwd(mgt_op *op, operand_list *l)
 {
     mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
     if (a->dscale)
         ADD(l, a->dscale, "dscale", ns, MGT_F32, a->shared ? INOUT : OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), act_out(op), IN);
     if (a->dscale)
-        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
@@ -1027,8 +1027,8 @@ static mgt_status check_lnc_fwd(const mgt_op *op)
 static void operands_lnc_fwd(mgt_op *op, operand_list *l)
 {
     mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
     ADD(l, a->bias, "bias", (size_t)a->c, MGT_F32, IN);
 }
@@ -1041,11 +1041,11 @@ static mgt_status check_lnc_bwd(const mgt_op *op)
 static void operands_lnc_bwd(mgt_op *op, operand_list *l)
 {
     mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
     ADD(l, a->dweight, "dweight", (size_t)a->c, MGT_F32, INOUT);
     ADD(l, a->dbias, "dbias", (size_t)a->c, MGT_F32, INOUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), act_out(op), IN);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
 }
 
@@ -1347,7 +1347,14 @@ bool mgt_op_takes_store(mgt_op_kind kind)
     case MGT_OP_APOOL_BWD:
     case MGT_OP_ACT_FWD:
     case MGT_OP_ACT_BWD:
-    case MGT_OP_STRIDED_COPY: return true;
+    case MGT_OP_STRIDED_COPY:
+    case MGT_OP_CHBIAS_FWD:
+    case MGT_OP_CHBIAS_BWD:
+    case MGT_OP_CHSCALE_FWD:
+    case MGT_OP_CHSCALE_BWD:
+    case MGT_OP_DROPOUT:
+    case MGT_OP_LNC_FWD:
+    case MGT_OP_LNC_BWD: return true;
     default: return false;
     }
 }

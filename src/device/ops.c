@@ -368,16 +368,28 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
+mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
+                                       int n, int c, int hw)
+{
+    LAUNCH_ST(MGT_OP_CHBIAS_FWD, chbias_fwd, st, y, bias, n, c, hw);
+}
+
 mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
                                     int hw)
 {
-    LAUNCH(MGT_OP_CHBIAS_FWD, chbias_fwd, y, bias, n, c, hw);
+    return mgt_channel_bias_forward_st(s, f32_store, y, bias, n, c, hw);
+}
+
+mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
+                                        int n, int c, int hw)
+{
+    LAUNCH_ST(MGT_OP_CHBIAS_BWD, chbias_bwd, st, dbias, dy, n, c, hw);
 }
 
 mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
                                      int hw)
 {
-    LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
+    return mgt_channel_bias_backward_st(s, f32_store, dbias, dy, n, c, hw);
 }
 
 mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
@@ -413,13 +425,19 @@ mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
     return mgt_strided_copy_st(s, f32_store, y, x, sh);
 }
 
-mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
-                       const mgt_dropout_key *key)
+mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                          size_t per_image, float p, const mgt_dropout_key *key)
 {
     if (!key)
         return bad_arg("dropout", "no key");
-    LAUNCH(MGT_OP_DROPOUT, dropout, y, x, n, per_image, p, key->seed, key->step, key->sample0,
-           key->sample_stride, key->stream);
+    LAUNCH_ST(MGT_OP_DROPOUT, dropout, st, y, x, n, per_image, p, key->seed, key->step,
+              key->sample0, key->sample_stride, key->stream);
+}
+
+mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
+                       const mgt_dropout_key *key)
+{
+    return mgt_dropout_st(s, f32_store, y, x, n, per_image, p, key);
 }
 
 const char *mgt_act_name(mgt_act act)
@@ -453,31 +471,60 @@ mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, co
     return mgt_activation_backward_st(s, f32_store, dx, dy, x, n, act);
 }
 
+mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                        const float *scale, int n, int c, int hw, bool shared)
+{
+    LAUNCH_ST(MGT_OP_CHSCALE_FWD, chscale_fwd, st, y, x, scale, n, c, hw, shared);
+}
+
 mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
                                      int n, int c, int hw, bool shared)
 {
-    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_forward_st(s, f32_store, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
+                                         const float *dy, const float *x, const float *scale, int n,
+                                         int c, int hw, bool shared)
+{
+    LAUNCH_ST(MGT_OP_CHSCALE_BWD, chscale_bwd, st, dx, dscale, dy, x, scale, n, c, hw, shared);
 }
 
 mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
                                       const float *x, const float *scale, int n, int c, int hw,
                                       bool shared)
 {
-    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_backward_st(s, f32_store, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                             const float *weight, const float *bias, int n, int c,
+                                             int hw, float eps)
+{
+    LAUNCH_ST(MGT_OP_LNC_FWD, lnc_fwd, st, y, x, weight, bias, n, c, hw, eps);
 }
 
 mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
                                           const float *weight, const float *bias, int n, int c,
                                           int hw, float eps)
 {
-    LAUNCH(MGT_OP_LNC_FWD, lnc_fwd, y, x, weight, bias, n, c, hw, eps);
+    return mgt_layernorm_channels_forward_st(s, f32_store, y, x, weight, bias, n, c, hw, eps);
+}
+
+mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
+                                              float *dweight, float *dbias, const float *dy,
+                                              const float *x, const float *weight, int n, int c,
+                                              int hw, float eps)
+{
+    LAUNCH_ST(MGT_OP_LNC_BWD, lnc_bwd, st, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
 }
 
 mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
                                            const float *dy, const float *x, const float *weight,
                                            int n, int c, int hw, float eps)
 {
-    LAUNCH(MGT_OP_LNC_BWD, lnc_bwd, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
+    return mgt_layernorm_channels_backward_st(s, f32_store, dx, dweight, dbias, dy, x, weight, n, c,
+                                              hw, eps);
 }
 
 mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)

@@ -1000,17 +1000,24 @@ static void plan_layouts(mgt_model *m)
 }
 
 /* Whether a node of this kind reads (as_reader) or writes 16-bit activations (mgt_store): the
-   convolution (its output unless a bias is added onto it in fp32), batch norm (not the
-   synchronised or frozen ones: their kernels take fp32), ReLU and the other activations, add,
-   max pooling, adaptive average pooling, concatenation, slices and shuffles (copies of 16-bit
-   codes), and the global average pool as a reader (its [c] output goes to the classifier in fp32). */
+   convolution (a bias is added onto its stored output), batch norm (not the synchronised or
+   frozen ones: their kernels take fp32), ReLU and the other activations, add, dropout, the
+   squeeze-excite scale (its gate stays fp32: scale_input_fp32), stochastic depth, the layer norm
+   over channels, the layer scale, max pooling, adaptive average pooling, concatenation, slices
+   and shuffles (copies of 16-bit codes), and the global average pool as a reader (its [c]
+   output goes to the classifier in fp32). */
 static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
     switch (nd->kind) {
-    case NN_CONV: return as_reader || !nd->u.conv.bias;
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
+    case NN_CONV:
     case NN_RELU:
     case NN_ACT:
+    case NN_DROPOUT:
+    case NN_SCALE:
+    case NN_SDEPTH:
+    case NN_LN2D:
+    case NN_LSCALE:
     case NN_ADD:
     case NN_MAXPOOL:
     case NN_CONCAT:
@@ -1021,6 +1028,11 @@ static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
     default: return false;
     }
 }
+
+/* Input j of a node that takes 16-bit activations but reads that input in fp32 whatever the
+   others are: the squeeze-excite gate (the channel scale ops take their scale in fp32, as the
+   stochastic depth mask and the layer scale parameter are). */
+static bool scale_input_fp32(const nn_node *nd, int j) { return nd->kind == NN_SCALE && j == 1; }
 
 /* The storage of every value: the device's 16-bit format under cfg.amp where its producer and
    every reader take it (takes_16), fp32 elsewhere (the model input, what a classifier, the
@@ -1040,7 +1052,7 @@ static void plan_dtypes(mgt_model *m)
     m->values[m->nodes[m->n_nodes - 1].out].dtype = MGT_PREC_F32; /* the logits: the loss's */
     for (int i = 0; i < m->n_nodes; i++)
         for (int j = 0; j < m->nodes[i].n_in; j++)
-            if (!takes_16(m, &m->nodes[i], true))
+            if (!takes_16(m, &m->nodes[i], true) || scale_input_fp32(&m->nodes[i], j))
                 m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
     for (bool changed = true; changed;) {
         changed = false;
@@ -1050,10 +1062,12 @@ static void plan_dtypes(mgt_model *m)
                 continue;
             bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
             for (int j = 0; j < nd->n_in; j++)
-                wide |= m->values[nd->in[j]].dtype == MGT_PREC_F32;
+                wide |= !scale_input_fp32(nd, j) && m->values[nd->in[j]].dtype == MGT_PREC_F32;
             if (!wide)
                 continue;
             for (int j = -1; j < nd->n_in; j++) {
+                if (j >= 0 && scale_input_fp32(nd, j))
+                    continue;
                 nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
                 changed |= x->dtype != MGT_PREC_F32;
                 x->dtype = MGT_PREC_F32;

@@ -32,6 +32,12 @@ static float *act_at(const float *p, mgt_precision dt, size_t off)
     return (float *)((const char *)p + off * (dt == MGT_PREC_F32 ? sizeof(float) : 2));
 }
 
+/* Bytes of `count` elements of the node's output as stored. */
+static size_t out_bytes(const nn_call *c, size_t count)
+{
+    return count * (c->m->values[c->node->out].dtype == MGT_PREC_F32 ? sizeof(float) : 2);
+}
+
 /* ---- convolution ---- */
 
 static mgt_conv2d_shape conv_shape(const nn_call *c)
@@ -56,8 +62,11 @@ static mgt_status conv_forward(nn_call *c)
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_status st =
         mgt_conv2d_forward_st(c->s, amp_of(c), store_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
+    /* the bias touches y only: its storage both ways, whatever x's (an op stores in one
+       16-bit format or none; CUDA keeps a biased output fp32 after a 16-bit input) */
+    mgt_store ys = {store_of(c).out, store_of(c).out};
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
     return st;
 }
 
@@ -69,8 +78,9 @@ static mgt_status conv_backward(nn_call *c)
     mgt_precision amp = amp_of(c);
     mgt_status st =
         mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    mgt_store ys = {store_of(c).out, store_of(c).out}; /* dy only, as the forward's bias */
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
@@ -353,8 +363,8 @@ static mgt_status dropout_run(nn_call *c, float *y, const float *x)
     const nn_node *nd = c->node;
     mgt_dropout_key k = c->m->drop_key;
     k.stream = nd->u.dropout.stream;
-    return mgt_dropout(c->s, y, x, c->n, nn_value_floats(&c->m->values[nd->out]), nd->u.dropout.p,
-                       &k);
+    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(&c->m->values[nd->out]),
+                          nd->u.dropout.p, &k);
 }
 
 static mgt_status dropout_forward(nn_call *c)
@@ -363,7 +373,7 @@ static mgt_status dropout_forward(nn_call *c)
         return dropout_run(c, c->y, c->x[0]);
     if (c->y == c->x[0])
         return MGT_OK;
-    return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+    return mgt_copy_d2d(c->s, c->y, c->x[0], out_bytes(c, out_count(c)));
 }
 
 static mgt_status dropout_backward(nn_call *c)
@@ -373,7 +383,7 @@ static mgt_status dropout_backward(nn_call *c)
         return dropout_run(c, c->dx[0], c->dy);
     if (c->dx[0] == c->dy)
         return MGT_OK;
-    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_bytes(c, out_count(c)));
 }
 
 /* ---- concatenation ----
@@ -717,7 +727,8 @@ static mgt_status act_backward(nn_call *c)
 static mgt_status scale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->x[1], c->n, v->c, v->h * v->w, false);
+    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
+                                        v->h * v->w, false);
 }
 
 /* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
@@ -729,8 +740,8 @@ static mgt_status scale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a channel scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
-    return mgt_channel_scale_backward(c->s, c->dx[0], c->dx[1], c->dy, c->x[0], c->x[1], c->n, v->c,
-                                      v->h * v->w, false);
+    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
+                                         c->x[1], c->n, v->c, v->h * v->w, false);
 }
 
 /* ---- stochastic depth ----
@@ -748,7 +759,7 @@ static mgt_status sdepth_forward(nn_call *c)
     if (!c->train || !sdepth_active(c)) {
         if (c->y == c->x[0])
             return MGT_OK;
-        return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+        return mgt_copy_d2d(c->s, c->y, c->x[0], out_bytes(c, out_count(c)));
     }
     float *mask = nn_act(c->m, nd->u.sdepth.mask_off);
     mgt_dropout_key k = c->m->drop_key;
@@ -757,7 +768,8 @@ static mgt_status sdepth_forward(nn_call *c)
     if (st == MGT_OK)
         st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
     if (st == MGT_OK)
-        st = mgt_channel_scale_forward(c->s, c->y, c->x[0], mask, c->n, 1, floats, false);
+        st = mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
+                                          false);
     return st;
 }
 
@@ -768,11 +780,12 @@ static mgt_status sdepth_backward(nn_call *c)
     if (!sdepth_active(c)) {
         if (c->dx[0] == c->dy)
             return MGT_OK;
-        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_bytes(c, out_count(c)));
     }
     int floats = (int)nn_value_floats(&c->m->values[nd->out]);
-    return mgt_channel_scale_backward(c->s, c->dx[0], NULL, c->dy, NULL,
-                                      nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats, false);
+    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], NULL, c->dy, NULL,
+                                         nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats,
+                                         false);
 }
 
 /* ---- layer norm over channels ---- */
@@ -780,8 +793,8 @@ static mgt_status sdepth_backward(nn_call *c)
 static mgt_status ln2d_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_layernorm_channels_forward(c->s, c->y, c->x[0], c->p[0], c->p[1], c->n, v->c,
-                                          v->h * v->w, c->node->u.ln_eps);
+    return mgt_layernorm_channels_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps);
 }
 
 static mgt_status ln2d_backward(nn_call *c)
@@ -791,9 +804,9 @@ static mgt_status ln2d_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer norm needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st =
-        mgt_layernorm_channels_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0], c->p[0],
-                                        c->n, v->c, v->h * v->w, c->node->u.ln_eps);
+    mgt_status st = mgt_layernorm_channels_backward_st(c->s, store_of(c), c->dx[0], c->g[0],
+                                                       c->g[1], c->dy, c->x[0], c->p[0], c->n, v->c,
+                                                       v->h * v->w, c->node->u.ln_eps);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -804,7 +817,8 @@ static mgt_status ln2d_backward(nn_call *c)
 static mgt_status lscale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
+    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
+                                        v->h * v->w, true);
 }
 
 static mgt_status lscale_backward(nn_call *c)
@@ -814,8 +828,8 @@ static mgt_status lscale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st = mgt_channel_scale_backward(c->s, c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
-                                               c->n, v->c, v->h * v->w, true);
+    mgt_status st = mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy,
+                                                  c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;

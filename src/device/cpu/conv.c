@@ -641,8 +641,10 @@ static mgt_status lp_native(cpu_ctx *ctx, const mgt_op *op, bool *ran)
         return MGT_OK;
     mgt_lp_refusal why = ctx->lp_refusal ? ctx->lp_refusal(ctx->owner) : MGT_LP_REFUSAL_NONE;
     if (why == MGT_LP_REFUSAL_NONE) {
+        /* grouped ones too where the activations are stored in bf16: oneDNN's bf16 kernels
+           take them as they are, where the direct loops would need them widened */
         if (op->prec == MGT_PREC_BF16 && (!ctx->conv_im2col || conv_blocked(op)) &&
-            op->u.conv.sh.groups == 1) {
+            (op->u.conv.sh.groups == 1 || mgt_op_store16(op) == MGT_PREC_BF16)) {
             mgt_status st = run_conv_onednn(ctx, op);
             if (st != MGT_ERR_UNSUPPORTED) {
                 *ran = true;

@@ -153,8 +153,8 @@ mgt_status cpu_run_widened(cpu_ctx *ctx, const mgt_op *op)
 
 /* The ops whose kernels take 16-bit storage themselves, in one pass over memory: strided
    copies move the codes; the convolutions hand bf16 to oneDNN (or run widened themselves
-   where it cannot); add and ReLU widen and round tile by tile; batch norm in nChw16c likewise
-   (its NCHW loops, per channel over the whole batch, run widened). */
+   where it cannot); add, ReLU and the other activations widen and round tile by tile, and
+   batch norm likewise (nChw16c: a sums block at a time; NCHW: an image plane at a time). */
 static bool native16(const mgt_op *op)
 {
     switch (op->kind) {
@@ -164,10 +164,12 @@ static bool native16(const mgt_op *op)
     case MGT_OP_CONV2D_BWD_FILTER:
     case MGT_OP_ADD:
     case MGT_OP_RELU_FWD:
-    case MGT_OP_RELU_BWD: return true;
-    case MGT_OP_BN_FWD_TRAIN: return op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C;
-    case MGT_OP_BN_FWD_EVAL: return op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C;
-    case MGT_OP_BN_BWD: return op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C;
+    case MGT_OP_RELU_BWD:
+    case MGT_OP_ACT_FWD:
+    case MGT_OP_ACT_BWD: return true;
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD: return true;
     default: return false;
     }
 }

@@ -82,22 +82,65 @@ static void sum_dy_prod(const float *dy, const float *y, const float *x, size_t 
     *sdyx += t2;
 }
 
+/* An NCHW batch-norm op's items: the op, planes per item (eval), and with activations stored in
+   16 bits (p16), four tiles of one plane per thread: each image plane an item reads is widened
+   into its thread's tile, the fp32 loops run on the tiles, and an output plane is rounded once
+   from its tile (one pass over memory, the widened route's bits). */
+typedef struct bnp_job {
+    const mgt_op *op;
+    size_t units;
+    mgt_precision p16;
+    float *tiles;
+    size_t tile; /* floats per tile */
+} bnp_job;
+
+/* Elements [off, off + n) of operand a as fp32 (tile k of thread t where it is 16-bit). */
+static const float *bnp_in(const bnp_job *j, const float *a, size_t off, int t, int k, size_t n)
+{
+    if (!a || j->p16 == MGT_PREC_F32)
+        return a ? a + off : NULL;
+    float *tile = j->tiles + ((size_t)t * 4 + (size_t)k) * j->tile;
+    cpu16_widen(j->p16, (const uint16_t *)(const void *)a + off, tile, n);
+    return tile;
+}
+
+/* Where an output plane at a + off is computed: in place, or in tile 3 of thread t. */
+static float *bnp_out(const bnp_job *j, float *a, size_t off, int t)
+{
+    return j->p16 == MGT_PREC_F32 ? a + off : j->tiles + ((size_t)t * 4 + 3) * j->tile;
+}
+
+/* The plane computed at res stored at a + off (rounded once where 16-bit). */
+static void bnp_done(const bnp_job *j, float *a, size_t off, const float *res, size_t n)
+{
+    if (j->p16 != MGT_PREC_F32)
+        cpu16_round(j->p16, res, (uint16_t *)(void *)a + off, n);
+}
+
+static mgt_status bnp_setup(cpu_ctx *ctx, const mgt_op *op, int hw, bnp_job *j)
+{
+    *j = (bnp_job){.op = op, .units = units_per_item((size_t)hw), .p16 = mgt_op_store16(op)};
+    if (j->p16 == MGT_PREC_F32)
+        return MGT_OK;
+    j->tile = align_up((size_t)hw);
+    mgt_status st = cpu_scratch_ensure(ctx, op, (size_t)pool_threads(ctx) * 4 * j->tile);
+    j->tiles = ctx->scratch;
+    return st;
+}
+
 static void bn_train_item(void *c, int ch, int t)
 {
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_bn_train_args *b = &op->u.bn_train;
-    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
-    const float *x = b->x + (size_t)ch * hw;
-    float *y = b->y + (size_t)ch * hw;
+    const bnp_job *j = c;
+    const mgt_bn_train_args *b = &j->op->u.bn_train;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw, base = (size_t)ch * hw;
     size_t count = (size_t)b->sh.n * hw;
     /* One pass over shifted data: with the channel's first value as the shift, s1 and s2 stay
        of the order of the spread, not of the mean, so s2 - s1^2/count loses little to
        cancellation even where the mean is many spreads from zero. */
-    float first = x[0];
+    float first = *bnp_in(j, b->x, base, t, 0, 1);
     double s1 = 0, s2 = 0;
     for (int ni = 0; ni < b->sh.n; ni++)
-        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+        sum_shifted(bnp_in(j, b->x, base + ni * stride, t, 0, hw), hw, first, &s1, &s2);
     double mean = first + s1 / (double)count;
     double ss = s2 - s1 * s1 / (double)count;
     if (ss < 0)
@@ -111,14 +154,17 @@ static void bn_train_item(void *c, int ch, int t)
     b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
     b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
     float fm = (float)mean, scale = b->gamma[ch] * (float)invstd, shift = b->beta[ch];
-    for (int ni = 0; ni < b->sh.n; ni++)
-        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift, b->sh.relu);
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        size_t off = base + ni * stride;
+        float *y = bnp_out(j, b->y, off, t);
+        v_affine(y, bnp_in(j, b->x, off, t, 0, hw), hw, fm, scale, shift, b->sh.relu);
+        bnp_done(j, b->y, off, y, hw);
+    }
 }
 
 static void bn_eval_item(void *c, int i, int t)
 {
-    (void)t;
-    const plane_job *j = c;
+    const bnp_job *j = c;
     const mgt_bn_eval_args *b = &j->op->u.bn_eval;
     size_t hw = (size_t)b->sh.hw, lo, hi;
     item_range((size_t)b->sh.n * b->sh.c, j->units, i, &lo, &hi);
@@ -127,24 +173,27 @@ static void bn_eval_item(void *c, int i, int t)
         float mean = b->running_mean[ch];
         float scale = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
         float shift = b->beta[ch];
-        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift, b->sh.relu);
+        float *y = bnp_out(j, b->y, pl * hw, t);
+        v_affine(y, bnp_in(j, b->x, pl * hw, t, 0, hw), hw, mean, scale, shift, b->sh.relu);
+        bnp_done(j, b->y, pl * hw, y, hw);
     }
 }
 
 static void bn_bwd_item(void *c, int ch, int t)
 {
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
+    const bnp_job *j = c;
+    const mgt_bn_bwd_args *b = &j->op->u.bn_bwd;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     size_t off = (size_t)ch * hw;
     double count = (double)b->sh.n * (double)hw;
     double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
     double sdy = 0, sdyx = 0;
-    const float *ys = b->sh.relu ? b->y + off : NULL; /* the folded ReLU's mask */
-    for (int ni = 0; ni < b->sh.n; ni++)
-        sum_dy_prod(b->dy + off + ni * stride, ys ? ys + ni * stride : NULL,
-                    b->x + off + ni * stride, hw, (float)mean, &sdy, &sdyx);
+    const float *ym = b->sh.relu ? b->y : NULL; /* the folded ReLU's mask */
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        size_t at = off + ni * stride;
+        sum_dy_prod(bnp_in(j, b->dy, at, t, 1, hw), bnp_in(j, ym, at, t, 2, hw),
+                    bnp_in(j, b->x, at, t, 0, hw), hw, (float)mean, &sdy, &sdyx);
+    }
     double sdyxhat = sdyx * invstd;
     b->dgamma[ch] += (float)sdyxhat;
     b->dbeta[ch] += (float)sdy;
@@ -154,14 +203,16 @@ static void bn_bwd_item(void *c, int ch, int t)
     float kx = (float)(sdyxhat / count * invstd); /* applied to (x - mean) */
     float fm = (float)mean;
     for (int ni = 0; ni < b->sh.n; ni++) {
-        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
-        const float *y = ys ? ys + ni * stride : NULL;
-        float *dx = b->dx + off + ni * stride;
+        size_t at = off + ni * stride;
+        const float *dy = bnp_in(j, b->dy, at, t, 1, hw), *x = bnp_in(j, b->x, at, t, 0, hw);
+        const float *y = bnp_in(j, ym, at, t, 2, hw);
+        float *dx = bnp_out(j, b->dx, at, t);
         size_t e = 0;
         for (; e + VW <= hw; e += VW)
             vst(dx + e, k * (v_relu_dy(dy, y, e) - mdy - (vld(x + e) - fm) * kx));
         for (; e < hw; e++)
             dx[e] = k * (relu_dy(dy, y, e) - mdy - (x[e] - fm) * kx);
+        bnp_done(j, b->dx, at, dx, hw);
     }
 }
 
@@ -243,8 +294,10 @@ typedef struct bnb_job {
     float *tiles; /* [threads][3][BNB_TILE] */
 } bnb_job;
 
-/* Values per operand tile of a 16-bit item: one sums block (BN_BLOCK pixels of 16 channels). */
+/* Values per operand tile of a 16-bit item: one sums block (BN_BLOCK pixels of 16 channels);
+   the elementwise passes take BNB_SPAN at a time, so that their tiles stay in L1. */
 #define BNB_TILE ((size_t)BN_BLOCK * 16)
+#define BNB_SPAN ((size_t)2048)
 
 /* Elements [off, off + n) of operand a as fp32: the array itself, or its codes widened into
    tile. */
@@ -390,7 +443,7 @@ static void bnb_affine_item(void *c, int i, int t)
     const bnb_job *j = c;
     bool relu = j->relu;
     size_t lo, hi, plane = j->hw * 16;
-    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_TILE;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -419,7 +472,7 @@ static void bnb_dx_item(void *c, int i, int t)
 {
     const bnb_job *j = c;
     size_t lo, hi, plane = j->hw * 16;
-    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_TILE;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -652,25 +705,34 @@ mgt_status cpu_bn_train(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_train_blocked(ctx, op);
-    POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, op);
-    return MGT_OK;
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_train.sh.hw, &j);
+    if (st == MGT_OK)
+        POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, &j);
+    return st;
 }
 
 mgt_status cpu_bn_eval(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_eval_blocked(ctx, op);
-    plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
-    POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units), bn_eval_item,
-             &j);
-    return MGT_OK;
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_eval.sh.hw, &j);
+    if (st == MGT_OK)
+        POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units),
+                 bn_eval_item, &j);
+    return st;
 }
 
 mgt_status cpu_bn_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_bwd_blocked(ctx, op);
-    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, op);
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_bwd.sh.hw, &j);
+    if (st != MGT_OK)
+        return st;
+    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, &j);
     return MGT_OK;
 }
 
