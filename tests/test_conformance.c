@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/bytes.h"
+#include "device/lowp.h"
 #include "device/op.h"
 #include "mgt/device.h"
 
@@ -469,6 +471,21 @@ static double out16_allowance(const backend *be, const tcase *c)
     }
 }
 
+/* Whether a 16-bit output code g is the reference's e up to the op's fp32 tolerance: the fp32
+   value before the rounding may be off by tol, so the rounded one by tol plus the spacing of
+   16-bit values at e (both round to nearest). */
+static bool code_within(mgt_precision p, uint16_t g, uint16_t e, double tol_rel, double scale)
+{
+    if (g == e)
+        return true;
+    double gv = mgt_lowp_decode(p, g), ev = mgt_lowp_decode(p, e);
+    if (isnan(gv) || isnan(ev))
+        return isnan(gv) && isnan(ev);
+    double up =
+        fabs((double)mgt_lowp_decode(p, (uint16_t)((e & 0x7fff) == 0x7fff ? e : e + 1)) - ev);
+    return fabs(gv - ev) <= tol_rel * (fabs(ev) + scale) + up;
+}
+
 /* Compares one device run with the reference: guards intact, IN operands unchanged, written
    operands within tolerance (integers exact). Returns the number of failed operands. */
 static int compare_run(const backend *be, const char *opname, int idx, const tcase *c,
@@ -513,10 +530,26 @@ static int compare_run(const backend *be, const char *opname, int idx, const tca
             continue;
         }
         const void *expv = rr->data[i];
-        if (dr->ops[i].dtype == MGT_U16) { /* 16-bit codes: exact, two to a word */
+        if (dr->ops[i].dtype == MGT_U16) {
+            /* 16-bit codes, two to a word: exact, or (an activation stored in 16 bits by an op
+               whose fp32 arithmetic is allowed a tolerance) one 16-bit step apart, which is
+               where a value within that tolerance rounds to the neighbouring code */
             const uint32_t *e = expv;
+            mgt_precision sp = mgt_op_store16(&c->op);
+            bool step = c->rtol > 0 && sp != MGT_PREC_F32;
+            double scale = c->mag;
+            for (size_t k = 0; step && k < dr->ops[i].count; k++) { /* not the padding half */
+                double v =
+                    fabs((double)mgt_lowp_decode(sp, (uint16_t)(e[k / 2] >> (16 * (k % 2)))));
+                if (isfinite(v) && v > scale)
+                    scale = v;
+            }
             for (size_t k = 0; k < cnt; k++)
-                if (back[GUARD + k] != e[k]) {
+                if (back[GUARD + k] != e[k] &&
+                    !(step &&
+                      code_within(sp, (uint16_t)back[GUARD + k], (uint16_t)e[k], c->rtol, scale) &&
+                      code_within(sp, (uint16_t)(back[GUARD + k] >> 16), (uint16_t)(e[k] >> 16),
+                                  c->rtol, scale))) {
                     if (lines++ < MAX_FAIL_LINES)
                         fprintf(stderr,
                                 "FAIL %s case %d (%s) on %s: operand %s word %zu: got 0x%08" PRIx32
@@ -3171,6 +3204,129 @@ static bool gen_lnc_bwd(tcase *c, int idx, rng *r)
     return gen_lnc(c, idx, r, false) || fd_lnc(c, idx - N_LNC_CASES);
 }
 
+/* ---- 16-bit activation storage ----
+   Every comparison case of an op that takes a storage (mgt_op_takes_store) is run again with
+   its activations in 16 bits: bf16 for even cases, fp16 for odd ones. The case's activation
+   arrays (the operands the op then lists as MGT_U16) become arrays of the 16-bit codes of their
+   values, pointers into them keeping their element offsets; a case whose array is read both as
+   an activation and as fp32 is left out. The reference widens, runs its loops and rounds each
+   16-bit output once, as the devices do. */
+
+static int array_of(const tcase *c, const void *p, size_t *elem)
+{
+    for (int i = 0; i < c->narr; i++) {
+        const char *a = c->arr[i];
+        if ((const char *)p >= a && (const char *)p < a + (c->len[i] ? c->len[i] : 1) * 4) {
+            *elem = (size_t)((const char *)p - a) / 4;
+            return i;
+        }
+    }
+    return -1;
+}
+
+static bool case_to16(tcase *c, mgt_precision prec)
+{
+    c->op.store_in = c->op.store_out = prec;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&c->op, ops);
+    int kind[MAX_ARRAYS] = {0}; /* 1: an fp32 operand's, 2: a 16-bit one's */
+    for (int i = 0; i < n; i++) {
+        size_t e;
+        int a = array_of(c, *ops[i].ptr, &e);
+        if (a < 0)
+            return false;
+        int k = ops[i].dtype == MGT_U16 ? 2 : 1;
+        if (kind[a] && kind[a] != k)
+            return false;
+        kind[a] = k;
+    }
+    int narr = c->narr;
+    uint16_t *codes[MAX_ARRAYS] = {0};
+    for (int a = 0; a < narr; a++) {
+        if (kind[a] != 2)
+            continue;
+        codes[a] = case_array(c, c->len[a] / 2 + 2);
+        const float *v = c->arr[a];
+        for (size_t k = 0; k < c->len[a]; k++)
+            codes[a][k] = mgt_lowp_encode(prec, v[k]);
+    }
+    for (int i = 0; i < n; i++) {
+        size_t e = 0;
+        int a = array_of(c, *ops[i].ptr, &e);
+        if (a >= 0 && kind[a] == 2)
+            *ops[i].ptr = codes[a] + e;
+    }
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " stored %s", mgt_precision_name(prec));
+    return true;
+}
+
+/* The layouts an op names (mgt_layout), as a bit set: 1 << MGT_LAYOUT_NCHW16C, ... */
+static unsigned op_layouts(const mgt_op *op)
+{
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        return 1u << op->u.conv.sh.x_layout | 1u << op->u.conv.sh.y_layout;
+    case MGT_OP_BN_FWD_TRAIN: return 1u << op->u.bn_train.sh.layout;
+    case MGT_OP_BN_FWD_EVAL: return 1u << op->u.bn_eval.sh.layout;
+    case MGT_OP_BN_BWD: return 1u << op->u.bn_bwd.sh.layout;
+    case MGT_OP_MAXPOOL_FWD: return 1u << op->u.maxpool_fwd.sh.layout;
+    case MGT_OP_MAXPOOL_BWD: return 1u << op->u.maxpool_bwd.sh.layout;
+    case MGT_OP_AVGPOOL_FWD: return 1u << op->u.avgpool_fwd.layout;
+    case MGT_OP_AVGPOOL_BWD: return 1u << op->u.avgpool_bwd.layout;
+    default: return 1u << MGT_LAYOUT_NCHW;
+    }
+}
+
+/* The NHWC (channels-last) form of an NCHW case of a kind that takes a layout: the same data
+   read as NHWC, which the reference handles through mgt_layout_at; false for other kinds and
+   for cases in another layout. With case_to16 after it, this is what a CUDA model's body runs
+   under --amp. */
+/* Whether ops of this kind take a layout (mgt_layout). */
+static bool takes_layout(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD:
+    case MGT_OP_MAXPOOL_FWD:
+    case MGT_OP_MAXPOOL_BWD:
+    case MGT_OP_AVGPOOL_FWD:
+    case MGT_OP_AVGPOOL_BWD: return true;
+    default: return false;
+    }
+}
+
+static bool case_to_nhwc(tcase *c)
+{
+    mgt_op *op = &c->op;
+    if (op_layouts(op) != 1u << MGT_LAYOUT_NCHW)
+        return false;
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+        op->u.conv.sh.x_layout = op->u.conv.sh.y_layout = MGT_LAYOUT_NHWC;
+        break;
+    case MGT_OP_BN_FWD_TRAIN: op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_FWD_EVAL: op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_BWD: op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_MAXPOOL_FWD: op->u.maxpool_fwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_MAXPOOL_BWD: op->u.maxpool_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_AVGPOOL_FWD: op->u.avgpool_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_AVGPOOL_BWD: op->u.avgpool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    default: return false;
+    }
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " nhwc");
+    return true;
+}
+
 /* ---- the transformer ops ---- */
 
 /* Dense strides of sizes [n] (innermost last), each row padded by pad floats. */
@@ -3807,15 +3963,37 @@ int main(int argc, char **argv)
             return 1;
         }
 
-    int fails = 0, ncases = 0, nfd = 0;
+    int fails = 0, ncases = 0, nfd = 0, n16 = 0, nnhwc = 0;
+    /* the fp32 cases, then (idx - first16) the 16-bit storage forms of the comparison ones,
+       then (idx - first_nhwc) their NHWC 16-bit forms where the kind takes a layout (what
+       CUDA's kernels run under --amp) */
+    int first16 = -1, first_nhwc = -1;
     for (int idx = 0;; idx++) {
         tcase c;
         memset(&c, 0, sizeof c);
         c.op.kind = kind;
-        rng r = rng_for(op_seed(opname), idx, 0);
-        if (!gens[kind](&c, idx, &r)) {
+        int gidx = idx - (first_nhwc >= 0 ? first_nhwc : first16 >= 0 ? first16 : 0);
+        rng r = rng_for(op_seed(opname), gidx, 0);
+        if (!gens[kind](&c, gidx, &r)) {
             case_free(&c);
+            if (first16 < 0 && mgt_op_takes_store(kind)) {
+                first16 = idx--; /* gidx 0 again, stored in 16 bits */
+                continue;
+            }
+            if (first16 >= 0 && first_nhwc < 0 && takes_layout(kind)) {
+                first_nhwc = idx--; /* and again, NHWC 16-bit */
+                continue;
+            }
             break;
+        }
+        if (first16 >= 0) {
+            if (c.fd.nwrt || (first_nhwc >= 0 && !case_to_nhwc(&c)) ||
+                !case_to16(&c, gidx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16)) {
+                case_free(&c);
+                continue;
+            }
+            n16++;
+            nnhwc += first_nhwc >= 0;
         }
         if (c.fd.nwrt) {
             void **snap = case_snapshot(&c);
@@ -3839,9 +4017,22 @@ int main(int argc, char **argv)
         for (int b = 0; b < nb; b++) {
             devrun dr;
             const char *what;
-            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_blocked(&c.op)) {
+            if (bes[b].kind == MGT_DEVICE_CUDA && (op_layouts(&c.op) >> MGT_LAYOUT_NCHW16C & 1)) {
                 printf("%s %d (%s): skipped on cuda: nChw16c is the mock devices' layout\n", opname,
                        idx, c.desc);
+                continue;
+            }
+            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_store16(&c.op) != MGT_PREC_F32 &&
+                !mgt_op_cuda_store16_kind(c.op.kind)) {
+                printf("%s %d (%s): skipped on cuda: no 16-bit kernel of this kind there (a CUDA "
+                       "model keeps these values fp32)\n",
+                       opname, idx, c.desc);
+                continue;
+            }
+            if (bes[b].kind == MGT_DEVICE_MOCK && (op_layouts(&c.op) >> MGT_LAYOUT_NHWC & 1)) {
+                printf("%s %d (%s): skipped on %s: NHWC is CUDA's layout (the reference runs "
+                       "it)\n",
+                       opname, idx, c.desc, bes[b].label);
                 continue;
             }
             mgt_status st = dev_exec(&bes[b], &c.op, &dr, &what);
@@ -3861,7 +4052,9 @@ int main(int argc, char **argv)
     }
     for (int b = 0; b < nb; b++)
         backend_close(&bes[b]);
-    printf("conformance %s: %d cases on %d backends%s: %s\n", opname, ncases, nb,
-           nfd ? " with finite differences" : "", fails ? "FAILED" : "ok");
+    printf("conformance %s: %d cases (%d of them with 16-bit activations, %d NHWC) on %d "
+           "backends%s: %s\n",
+           opname, ncases, n16, nnhwc, nb, nfd ? " with finite differences" : "",
+           fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

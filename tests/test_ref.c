@@ -1005,7 +1005,7 @@ static void test_check_conv(void **state)
     expect_conv_invalid(sh, "y in nChw16c needs channels in multiples of 16, not 6");
     sh.k = 32;
     sh.groups = 2;
-    expect_conv_invalid(sh, "a grouped convolution (groups 2) takes NCHW only");
+    expect_conv_invalid(sh, "a grouped convolution (groups 2) takes NCHW or NHWC, not nChw16c");
     sh.groups = 1;
     sh.x_layout = (mgt_layout)7;
     expect_conv_invalid(sh, "x layout 7 is none of mgt_layout's");

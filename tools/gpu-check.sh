@@ -9,6 +9,8 @@
 #                                             carry it to the GPU machine)
 #   tools/gpu-check.sh --compare-losses MOCK.jsonl CUDA.jsonl
 #                                             the train stage's comparison of two --log files
+#   tools/gpu-check.sh --check-cuda16 LOG...  the conformance stage's check that CUDA compared
+#                                             the 16-bit NHWC cases (ctest's LastTest.log)
 #
 # The stages, in this order, each with its own budget (seconds) under one deadline of 540 s
 # (the device tool's command limit is 600): correctness first, training and benchmarks last,
@@ -21,17 +23,21 @@
 #   build      200  only what the stages run (mgtrain, cuda_smoke, three test executables)
 #   smoke       25  cuda_smoke, asynchronous
 #   smoke-sync  30  cuda_smoke under MGT_CUDA_SYNC=1 (a fault pinned to its launch)
-#   conformance 75  every op of the op list, the 16-bit ones too, CUDA beside the reference
+#   conformance 75  every op of the op list, the 16-bit ones too, CUDA beside the reference;
+#                   the kinds that take a layout must have compared NHWC 16-bit cases on CUDA
 #   reruns      60  each failed op again under MGT_CUDA_SYNC=1 and compute-sanitizer memcheck
 #   ctest-smoke 45  ctest -L smoke: whole runs of mgtrain on data/sample, on CUDA
 #   models      50  test_models on CUDA (MGT_TEST_DEVICE=cuda): PyTorch's goldens
 #   train-cuda  60  test_train's runs on replicas 0,0,0,0 (learning) and 0,0 (resume bits)
 #   devices     20  mgtrain devices --device cuda --gpus 0,0, and again with MGT_NO_P2P=1
+#   bytes       10  mgtrain model -a resnet50 --amp bf16 --bytes -b 256: the bytes a step moves,
+#                   old and channels-last path, and their bound at 3.35 TB/s (beside bench)
 #   train       60  resnet20 on data/sample, one epoch on --gpus 0,0 (CUDA) and 0,1 (mock):
 #                   the loss trajectories must agree (--compare-losses's tolerances)
 #   bench       60  mgtrain bench resnet50 --gpus 0,0: the timed search and the tree
 #                   all-reduce of two replicas at once
-#   bench-ring  40  the same with --amp bf16 --grad-dtype bf16 --allreduce ring
+#   bench-ring  40  the same with --amp bf16 --grad-dtype bf16 --allreduce ring (the channels-last
+#                   NHWC bf16 path: its banner line must say so, with activations in 16 bits)
 #   bench-det   40  the same with --deterministic --amp bf16, cuDNN's API log on
 # MGT_REQUIRE_CUDA=1 from the probe on: a CUDA test that would skip, a run that would fall back
 # to mock devices, fails instead; a CUDA stage whose output still says it skipped fails too.
@@ -46,7 +52,7 @@ set -u
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 STAGES="preflight probe configure build smoke smoke-sync conformance reruns ctest-smoke models \
-train-cuda devices train bench bench-ring bench-det"
+train-cuda devices bytes train bench bench-ring bench-det"
 TOTAL_BUDGET=540
 
 # libdnnl2 also needs libc6, libgcc-s1, libstdc++6 and libgomp1, which every machine with GCC
@@ -105,6 +111,27 @@ compare_losses() {
     }'
 }
 
+# ---- --check-cuda16: the conformance stage's proof that CUDA ran the 16-bit NHWC cases ----
+
+# The kinds that take a layout: each one's summary line must count NHWC cases and CUDA among
+# its backends (3: the mock twice and CUDA), and pass.
+CUDA16_OPS="conv2d_forward conv2d_backward_data conv2d_backward_filter batchnorm_forward_train
+batchnorm_forward_eval batchnorm_backward maxpool2d_forward maxpool2d_backward avgpool_forward
+avgpool_backward"
+check_cuda16() {
+    local op line bad=0
+    for op in $CUDA16_OPS; do
+        line=$(cat "$@" 2>/dev/null | grep -m1 "^conformance $op: ")
+        case "$line" in
+        *" 0 NHWC)"*) echo "check-cuda16: FAIL: $op compared no NHWC case: $line"; bad=1 ;;
+        *" NHWC) on 3 backends"*": ok") echo "check-cuda16: $op: ${line#*: }" ;;
+        "") echo "check-cuda16: FAIL: $op: no summary line"; bad=1 ;;
+        *) echo "check-cuda16: FAIL: $op did not pass its NHWC 16-bit cases on CUDA: $line"; bad=1 ;;
+        esac
+    done
+    return $bad
+}
+
 case "${1:-}" in
 --fetch-deps)
     # apt-get download fetches single .deb files into the current folder; no root needed
@@ -119,6 +146,12 @@ case "${1:-}" in
 --compare-losses)
     [ $# -eq 3 ] || { echo "usage: $0 --compare-losses MOCK.jsonl CUDA.jsonl" >&2; exit 2; }
     compare_losses "$2" "$3"
+    exit
+    ;;
+--check-cuda16)
+    [ $# -ge 2 ] || { echo "usage: $0 --check-cuda16 LOG..." >&2; exit 2; }
+    shift
+    check_cuda16 "$@"
     exit
     ;;
 --stop-after)
@@ -633,6 +666,8 @@ stop_here smoke-sync && { VERDICT=1; exit; }
 run_stage conformance 75 "${CTEST[@]}" -L conformance -j 8 --output-junit "$PACK/junit/conformance.xml"
 keep_ctest_logs conformance
 no_cuda_skips conformance
+check_cuda16 "$PACK/junit/LastTest-conformance.log" >"$PACK/stages/conformance-cuda16.txt" ||
+    check_stage_failed conformance "$(grep -m1 FAIL "$PACK/stages/conformance-cuda16.txt")"
 fact conformance "$(ctest_counts)"
 FAILED_OPS=$(grep -oE 'conformance\.[a-z0-9_]+ \((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$STAGE_LOG" |
     sed -E 's/^conformance\.([a-z0-9_]+).*/\1/' | sort -u | head -n 6)
@@ -684,6 +719,9 @@ run_stage devices 20 devices
 fact libraries "$(grep -m1 '^CUDA libraries:' "$STAGE_LOG" | sed 's/^CUDA libraries: //')"
 stop_here devices && { VERDICT=1; exit; }
 
+run_stage bytes 10 "$BUILD/mgtrain" model -a resnet50 --amp bf16 --bytes -b 256
+stop_here bytes && { VERDICT=1; exit; }
+
 # ==== training and benchmarks, last ====
 
 train() {
@@ -703,6 +741,12 @@ BENCH=("$BUILD/mgtrain" bench --device cuda --gpus 0,0 -a resnet50 -b 32 --dummy
 run_stage bench 60 "${BENCH[@]}" --json "$PACK/bench.json"
 stop_here bench && { VERDICT=1; exit; }
 run_stage bench-ring 40 "${BENCH[@]}" --amp bf16 --grad-dtype bf16 --allreduce ring --json "$PACK/bench-ring.json"
+# the benchmark ran the channels-last path: NHWC bf16 activations, and some of them
+case "$(grep -m1 '^activations between ops:' "$STAGE_LOG")" in
+*"NHWC bf16"*", 0 of "*) check_stage_failed bench-ring "no activation took the channels-last path" ;;
+*"NHWC bf16"*) ;;
+*) check_stage_failed bench-ring "its banner does not say NHWC bf16 activations" ;;
+esac
 stop_here bench-ring && { VERDICT=1; exit; }
 # cuDNN 9's API log of one benchmark (every call with its arguments and status)
 run_stage bench-det 40 env CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$PACK/cudnn-api.log" \

@@ -347,6 +347,7 @@ void mgt_xcomm_free(mgt_xcomm *x); /* NULL is a no-op */
 typedef enum mgt_layout {
     MGT_LAYOUT_NCHW = 0,
     MGT_LAYOUT_NCHW16C, /* oneDNN's nChw16c: [n][c/16][h][w][16]; c a multiple of 16 */
+    MGT_LAYOUT_NHWC,    /* channels last: [n][h][w][c], what cuDNN's tensor cores take */
 } mgt_layout;
 
 /* Where element i (of hw) of channel ch of image n lies in an [n, c, hw] activation. */
@@ -355,11 +356,20 @@ static inline size_t mgt_layout_at(mgt_layout l, int c, int hw, int n, int ch, i
     if (l == MGT_LAYOUT_NCHW16C)
         return (((size_t)n * (size_t)(c / 16) + (size_t)(ch / 16)) * (size_t)hw + (size_t)i) * 16 +
                (size_t)(ch % 16);
+    if (l == MGT_LAYOUT_NHWC)
+        return ((size_t)n * (size_t)hw + (size_t)i) * (size_t)c + (size_t)ch;
     return ((size_t)n * (size_t)c + (size_t)ch) * (size_t)hw + (size_t)i;
 }
 
+/* The step from one pixel of a channel to the next in an activation of c channels. */
+static inline size_t mgt_layout_pixel_step(mgt_layout l, int c)
+{
+    return l == MGT_LAYOUT_NCHW16C ? 16 : l == MGT_LAYOUT_NHWC ? (size_t)c : 1;
+}
+
 /* The layout d's kernels want activations kept in between ops: MGT_LAYOUT_NCHW16C on mock
-   devices whose convolutions run on oneDNN (unless --mock layout=nchw), NCHW elsewhere. A
+   devices whose convolutions run on oneDNN (unless --mock layout=nchw), MGT_LAYOUT_NHWC on
+   CUDA under mixed precision (mgt_device_act_dtype 16-bit), NCHW elsewhere. A
    model built for d uses it where every op around a value can (mgt/nn.h). */
 mgt_layout mgt_device_act_layout(const mgt_device *d);
 
@@ -470,6 +480,53 @@ typedef enum mgt_precision {
 /* "f32", "bf16", "fp16"; mgt_precision_parse takes the same names (false: none of them). */
 const char *mgt_precision_name(mgt_precision p);
 bool mgt_precision_parse(const char *name, mgt_precision *out);
+
+/* How d keeps activations between ops under mixed precision amp: amp itself on mock devices
+   (16-bit activations, as autocast keeps them), MGT_PREC_F32 where the backend has no 16-bit
+   kernels for the ops around them yet (CUDA) or amp is F32. A model built for d stores every
+   activation whose producer and readers take it so (mgt/nn.h). */
+mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp);
+
+/* The byte model of the CUDA kernels (docs/mixed-precision.md): devices that run nothing and
+   count, for every op, copy and memset enqueued on them, the bytes that the CUDA backend's
+   kernels for it would read and write in global memory (src/device/bytes.c: each pass reads
+   each tensor it needs once and writes each output once). A model built on one is planned as
+   on CUDA: under --amp, act BF16 or FP16 stores activations NHWC in 16 bits (the
+   channels-last path), act F32 keeps them NCHW fp32 with the 16-bit convolutions converting
+   at their edges (the path before it). layout is MGT_LAYOUT_NHWC as on CUDA (NCHW: the same
+   16-bit storage kept NCHW, which CUDA's kernels take too). One device; its memory is address
+   space only (copies to the host give zeros), so a step of any batch size can be traced; with
+   run, memory is host memory and every op runs on the reference as it is enqueued: the CUDA
+   plan's numbers, computed slowly on a CPU (how tests check that plan without a GPU). */
+mgt_status mgt_devset_open_bytes(mgt_layout layout, mgt_precision act, bool run, mgt_devset **out);
+
+/* One row of a byte-model device's tally: an op's name, or "copy", "memset". */
+typedef struct mgt_bytes_row {
+    const char *name;
+    long calls, passes;   /* ops, and the kernels they launch */
+    double read, written; /* bytes */
+    /* of read + written, the passes that only change layout or precision (transposes, the
+       16-bit copies of a convolution's or gemm's inputs, results widened back) */
+    double convert;
+} mgt_bytes_row;
+
+/* The rows with calls so far, in the op list's order then copy and memset; returns how many
+   there are (rows gets the first cap). 0 for a device that is not a byte model's. */
+int mgt_device_bytes_rows(const mgt_device *d, mgt_bytes_row *rows, int cap);
+void mgt_device_bytes_reset(mgt_device *d);
+
+/* How an op stores the activations it reads and writes and their gradients, as autocast keeps
+   a tensor's gradient in the tensor's type: `in` for the forward's input activations (x; add's
+   a and b) and their gradients (dx), `out` for its output (y) and its gradient (dy), in a
+   forward op and its backward alike; F32 or a 16-bit format (both 16-bit ones the same).
+   16-bit storage holds uint16_t codes where the API says float *; the kernels widen them to
+   fp32, compute and accumulate in fp32 and round each 16-bit output once (nearest even; a
+   gradient added onto, beta 1, is widened, summed in fp32 and rounded once). Parameters, their
+   gradients and statistics are fp32 always. The _st forms of the wrappers below take it; the
+   others store fp32. */
+typedef struct mgt_store {
+    mgt_precision in, out;
+} mgt_store;
 
 /* The low-precision forms of gemm and the three convolution passes, as autocast runs them:
    both inputs rounded to prec (round to nearest even; fp16 overflows to inf), products and
@@ -623,6 +680,70 @@ mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_
    [-3, 3]); dx may alias dy */
 mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
                                    size_t n, mgt_act act);
+
+/* The wrappers that take a storage (the others are these with both F32). */
+mgt_status mgt_add_st(mgt_stream *s, mgt_store st, float *y, const float *a, const float *b,
+                      size_t n);
+mgt_status mgt_conv2d_forward_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *y,
+                                 const float *x, const float *w, const mgt_conv2d_shape *sh,
+                                 float beta);
+mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta);
+mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
+                                   int c, int hw, mgt_layout l);
+mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                            int n, int c, int h, int w, int oh, int ow);
+mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta);
+mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
+                                          float *save_invstd, float *running_mean,
+                                          float *running_var, const float *x, const float *gamma,
+                                          const float *beta, const mgt_bn_shape *sh);
+mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                         const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var,
+                                         const mgt_bn_shape *sh);
+mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
+                                     float *dbeta, const float *dy, const float *y, const float *x,
+                                     const float *gamma, const float *save_mean,
+                                     const float *save_invstd, const mgt_bn_shape *sh);
+mgt_status mgt_relu_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, size_t n);
+mgt_status mgt_relu_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                const float *y, size_t n);
+mgt_status mgt_maxpool2d_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                    const mgt_pool2d_shape *sh);
+mgt_status mgt_maxpool2d_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                     const float *x, const float *y, const mgt_pool2d_shape *sh);
+mgt_status mgt_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                                  int c, int hw, mgt_layout l);
+mgt_status mgt_activation_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                     size_t n, mgt_act act);
+mgt_status mgt_activation_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                      const float *x, size_t n, mgt_act act);
+mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                           int n, int c, int h, int w, int oh, int ow);
+mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                               const mgt_strided_copy_shape *sh);
+mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
+                                       int n, int c, int hw);
+mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
+                                        int n, int c, int hw);
+mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                          size_t per_image, float p, const mgt_dropout_key *key);
+mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                        const float *scale, int n, int c, int hw, bool shared);
+mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
+                                         const float *dy, const float *x, const float *scale, int n,
+                                         int c, int hw, bool shared);
+mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                             const float *weight, const float *bias, int n, int c,
+                                             int hw, float eps);
+mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
+                                              float *dweight, float *dbias, const float *dy,
+                                              const float *x, const float *weight, int n, int c,
+                                              int hw, float eps);
 
 /* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
    squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:

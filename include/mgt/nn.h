@@ -328,6 +328,9 @@ typedef struct mgt_model_layer {
     /* how its output lies in the device's memory: the device's blocked layout where every op
        around it takes that (mgt_device_act_layout), NCHW elsewhere and without a device */
     mgt_layout layout;
+    /* how its output is stored: the 16-bit format of cfg.amp where the device keeps 16-bit
+       activations (mgt_device_act_dtype) and every op around it takes them, fp32 elsewhere */
+    mgt_precision dtype;
     /* a ReLU that the batch norm before it computes (mgt_bn_shape.relu): no kernel of its own */
     bool folded;
     /* training only: it feeds the auxiliary classifiers alone (evaluation skips it) */
@@ -345,8 +348,12 @@ typedef struct mgt_model_counts {
     uint64_t macs;
     uint64_t macs_conv_fc; /* the conv and linear part alone (1.81 G, 4.09 G) */
     uint64_t macs_aux;     /* the auxiliary classifiers' (training only), in none of the above */
-    size_t act_bytes_per_image; /* activation arena bytes that scale with the batch */
-    size_t act_bytes_fixed;     /* per-channel saved statistics and the loss */
+    /* activation arena bytes that scale with the batch: every value in the storage the plan
+       chose (16-bit ones under --amp), the gradient slots (a gradient stored as its value),
+       the probabilities */
+    size_t act_bytes_per_image;
+    size_t act_bytes_fixed; /* per-channel saved statistics and the loss */
+    int values, values_16;  /* layer outputs with storage of their own; those in 16 bits */
 } mgt_model_counts;
 
 void mgt_model_get_counts(const mgt_model *m, mgt_model_counts *out);

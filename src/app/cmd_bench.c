@@ -26,6 +26,43 @@ static int device_counts(int n, int *counts)
     return k;
 }
 
+/* How a CUDA run keeps this model's activations between ops: planned on a byte-model device,
+   which plans as the CUDA backend does (mgt_devset_open_bytes), so the line says what the GPU
+   runs: under --amp the channels-last NHWC 16-bit path, and how many activations take it. */
+static void print_cuda_storage(const mgt_train_config *c, cJSON *root)
+{
+    if (c->amp == MGT_PREC_F32) {
+        printf("activations between ops: NCHW fp32\n");
+        cJSON_AddStringToObject(root, "cuda_activations", "nchw fp32");
+        return;
+    }
+    const mgt_arch_info *a = mgt_arch_find(c->arch);
+    mgt_model_config mc = {.arch = c->arch,
+                           .classes = c->dummy_classes ? c->dummy_classes
+                                      : a              ? a->synthetic_classes
+                                                       : 1000,
+                           .in_channels = c->image_channels ? c->image_channels : 3,
+                           .image_size = c->image_size ? c->image_size
+                                         : a           ? a->synthetic_size
+                                                       : 224,
+                           .batch = 1,
+                           .amp = c->amp};
+    mgt_devset *set = NULL;
+    mgt_model *m = NULL;
+    mgt_model_counts n = {0};
+    if (mgt_devset_open_bytes(MGT_LAYOUT_NHWC, c->amp, false, &set) == MGT_OK &&
+        mgt_model_create(&mc, mgt_devset_device(set, 0), &m) == MGT_OK)
+        mgt_model_get_counts(m, &n);
+    mgt_model_free(m);
+    mgt_devset_free(set);
+    printf("activations between ops: NHWC %s where the ops around them take it (cuDNN's "
+           "channels-last path), %d of %d; the rest NCHW fp32\n",
+           mgt_precision_name(c->amp), n.values_16, n.values);
+    cJSON_AddStringToObject(root, "cuda_activations", "nhwc 16-bit");
+    cJSON_AddNumberToObject(root, "cuda_activations_16", n.values_16);
+    cJSON_AddNumberToObject(root, "cuda_activations_all", n.values);
+}
+
 /* The first device's per-op profile of the timed steps: each op's ms per step, its share of
    the device's kernel time and GFLOP/s where it counts flops (--op-profile). */
 static void print_op_profile(const mgt_device *d, long steps, cJSON *r)
@@ -310,6 +347,8 @@ int mgt_app_cmd_bench(int argc, char **argv)
                       "layout=nchw for NCHW)");
         cJSON_AddStringToObject(root, "mock_layout", nchw ? "nchw" : "blocked");
     }
+    if (bd.kind == MGT_DEVICE_CUDA)
+        print_cuda_storage(&c, root);
     if (nodes > 1)
         printf("world: %d nodes (mpirun); a row's devices are per node, its images/s the "
                "world's\n",

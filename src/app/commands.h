@@ -18,6 +18,19 @@ int mgt_app_cmd_bench_data(int argc, char **argv);
 /* `pack` (cmd_pack.c): an ImageFolder tree into one pack file */
 int mgt_app_cmd_pack(int argc, char **argv);
 int mgt_app_cmd_model(int argc, char **argv);
+
+/* `model --bytes` (cmd_model.c): one training step of cfg (batch images; zero the gradients,
+   forward, loss, backward, fp16's non-finite count, SGD with momentum) on a byte-model device
+   (mgt_devset_open_bytes) storing activations as `act` says, and its tally. */
+#define MGT_APP_BYTES_MAX_ROWS 64
+typedef struct mgt_app_bytes_trace {
+    mgt_bytes_row rows[MGT_APP_BYTES_MAX_ROWS];
+    int n;
+    int values, values_16; /* activations, and those stored in 16 bits */
+} mgt_app_bytes_trace;
+struct mgt_model_config;
+mgt_status mgt_app_trace_step(const struct mgt_model_config *cfg, int batch, mgt_precision act,
+                              mgt_app_bytes_trace *t);
 int mgt_app_cmd_plot(int argc, char **argv);
 int mgt_app_cmd_export(int argc, char **argv);
 int mgt_app_cmd_predict(int argc, char **argv);

@@ -80,6 +80,9 @@ typedef struct mgt_backend_i {
     /* (optional) the layout activations are best kept in between this device's ops (see
        mgt_device_act_layout); NULL: NCHW */
     mgt_layout (*act_layout)(const mgt_device *d);
+    /* (optional) how activations are stored between this device's ops under mixed precision
+       `amp` (see mgt_device_act_dtype); NULL: fp32 */
+    mgt_precision (*act_dtype)(const mgt_device *d, mgt_precision amp);
     /* (optional) whether launch can run this op; NULL: every op */
     bool (*supports_op)(mgt_device *d, const mgt_op *op);
     /* enqueues one checked kernel */
@@ -193,5 +196,9 @@ void mgt_device_unreserve(mgt_device *d, size_t bytes);
 /* The backends this build has; mgt_backend_cuda() returns NULL in a build without CUDA. */
 const mgt_backend_i *mgt_backend_mock(void);
 const mgt_backend_i *mgt_backend_cuda(void);
+/* The byte model's devices (trace.c), opened by mgt_devset_open_bytes only; layout, act and
+   run as there. */
+const mgt_backend_i *mgt_backend_trace(void);
+void mgt_trace_set_mode(mgt_devset *set, mgt_layout layout, mgt_precision act, bool run);
 
 #endif

@@ -381,6 +381,9 @@ static mgt_status staging_create(mgt_devset *set)
     return MGT_OK;
 }
 
+static mgt_status devset_open_with(const mgt_backend_i *iface, mgt_device_kind kind, const int *ids,
+                                   int n, const mgt_devset_options *opts, mgt_devset **out);
+
 mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
                            const mgt_devset_options *opts, mgt_devset **out)
 {
@@ -414,6 +417,14 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
             return source ? mgt_error_wrap(st, "%s", source) : st;
     }
     o.mock = mock;
+    return devset_open_with(iface, kind, ids, n, &o, out);
+}
+
+/* Opens n devices through iface; opts is resolved (opts->mock not NULL). */
+static mgt_status devset_open_with(const mgt_backend_i *iface, mgt_device_kind kind, const int *ids,
+                                   int n, const mgt_devset_options *opts, mgt_devset **out)
+{
+    const mgt_devset_options o = *opts;
     mgt_devset *set = calloc(1, sizeof *set);
     mgt_device *devs = calloc((size_t)n, sizeof *devs);
     if (!set || !devs) {
@@ -454,6 +465,18 @@ mgt_status mgt_devset_open(mgt_device_kind kind, const int *ids, int n,
     atomic_store(&set->open, true);
     *out = set;
     return MGT_OK;
+}
+
+mgt_status mgt_devset_open_bytes(mgt_layout layout, mgt_precision act, bool run, mgt_devset **out)
+{
+    *out = NULL;
+    static const mgt_mock_options no_mock; /* the backend contract: never NULL */
+    const int id = 0;
+    const mgt_devset_options o = {.mock = &no_mock};
+    mgt_status st = devset_open_with(mgt_backend_trace(), MGT_DEVICE_CUDA, &id, 1, &o, out);
+    if (st == MGT_OK)
+        mgt_trace_set_mode(*out, layout, act, run);
+    return st;
 }
 
 void mgt_devset_free(mgt_devset *set)
@@ -596,6 +619,12 @@ mgt_layout mgt_device_act_layout(const mgt_device *d)
 {
     const mgt_backend_i *iface = d->set->iface;
     return iface->act_layout ? iface->act_layout(d) : MGT_LAYOUT_NCHW;
+}
+
+mgt_precision mgt_device_act_dtype(const mgt_device *d, mgt_precision amp)
+{
+    const mgt_backend_i *iface = d->set->iface;
+    return amp != MGT_PREC_F32 && iface->act_dtype ? iface->act_dtype(d, amp) : MGT_PREC_F32;
 }
 
 void mgt_device_memory(const mgt_device *d, size_t *used, size_t *total)

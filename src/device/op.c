@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "device/lowp.h"
 #include "device/op.h"
 #include "mgt/rng.h"
 
@@ -118,6 +119,17 @@ static mgt_operand_role beta_role(float beta)
     return beta != 0.0f ? MGT_OPERAND_INOUT : MGT_OPERAND_OUT;
 }
 
+/* The element type of the op's input and output activations (mgt_op.store_in, store_out). */
+static mgt_dtype act_in(const mgt_op *op)
+{
+    return op->store_in != MGT_PREC_F32 ? MGT_U16 : MGT_F32;
+}
+
+static mgt_dtype act_out(const mgt_op *op)
+{
+    return op->store_out != MGT_PREC_F32 ? MGT_U16 : MGT_F32;
+}
+
 static mgt_status check_n(const mgt_op *op, size_t n)
 {
     if (n == 0)
@@ -163,26 +175,26 @@ static mgt_status check_add(const mgt_op *op) { return check_n(op, op->u.add.n);
 
 static void operands_add(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.add.y, "y", op->u.add.n, MGT_F32, OUT);
-    ADD(l, op->u.add.a, "a", op->u.add.n, MGT_F32, IN);
-    ADD(l, op->u.add.b, "b", op->u.add.n, MGT_F32, IN);
+    ADD(l, op->u.add.y, "y", op->u.add.n, act_out(op), OUT);
+    ADD(l, op->u.add.a, "a", op->u.add.n, act_in(op), IN);
+    ADD(l, op->u.add.b, "b", op->u.add.n, act_in(op), IN);
 }
 
 static mgt_status check_relu_fwd(const mgt_op *op) { return check_n(op, op->u.relu_fwd.n); }
 
 static void operands_relu_fwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.relu_fwd.y, "y", op->u.relu_fwd.n, MGT_F32, OUT);
-    ADD(l, op->u.relu_fwd.x, "x", op->u.relu_fwd.n, MGT_F32, IN);
+    ADD(l, op->u.relu_fwd.y, "y", op->u.relu_fwd.n, act_out(op), OUT);
+    ADD(l, op->u.relu_fwd.x, "x", op->u.relu_fwd.n, act_in(op), IN);
 }
 
 static mgt_status check_relu_bwd(const mgt_op *op) { return check_n(op, op->u.relu_bwd.n); }
 
 static void operands_relu_bwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.relu_bwd.dx, "dx", op->u.relu_bwd.n, MGT_F32, OUT);
-    ADD(l, op->u.relu_bwd.dy, "dy", op->u.relu_bwd.n, MGT_F32, IN);
-    ADD(l, op->u.relu_bwd.y, "y", op->u.relu_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.relu_bwd.dx, "dx", op->u.relu_bwd.n, act_in(op), OUT);
+    ADD(l, op->u.relu_bwd.dy, "dy", op->u.relu_bwd.n, act_out(op), IN);
+    ADD(l, op->u.relu_bwd.y, "y", op->u.relu_bwd.n, act_out(op), IN);
 }
 
 /* ---- gemm ---- */
@@ -237,7 +249,7 @@ static void operands_gemm(mgt_op *op, operand_list *l)
    blocked one only where c fills whole blocks. */
 static mgt_status check_layout(const mgt_op *op, mgt_layout l, int c, const char *what)
 {
-    if (l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NCHW16C)
+    if (l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NCHW16C && l != MGT_LAYOUT_NHWC)
         return INVALID(op, "%s layout %d is none of mgt_layout's", what, (int)l);
     if (l == MGT_LAYOUT_NCHW16C && c % 16 != 0)
         return INVALID(op, "%s in nChw16c needs channels in multiples of 16, not %d", what, c);
@@ -305,8 +317,9 @@ static mgt_status check_conv(const mgt_op *op)
     if (st == MGT_OK)
         st = check_layout(op, sh->y_layout, sh->k, "y");
     if (st == MGT_OK && sh->groups != 1 &&
-        (sh->x_layout != MGT_LAYOUT_NCHW || sh->y_layout != MGT_LAYOUT_NCHW))
-        return INVALID(op, "a grouped convolution (groups %d) takes NCHW only", sh->groups);
+        (sh->x_layout == MGT_LAYOUT_NCHW16C || sh->y_layout == MGT_LAYOUT_NCHW16C))
+        return INVALID(op, "a grouped convolution (groups %d) takes NCHW or NHWC, not nChw16c",
+                       sh->groups);
     return st;
 }
 
@@ -321,17 +334,17 @@ static void operands_conv(mgt_op *op, operand_list *l)
     size_t w = zmul(sh->k, sh->c / groups, sh->r, sh->s);
     mgt_operand_role role = beta_role(op->u.conv.beta);
     if (op->kind == MGT_OP_CONV2D_FWD) {
-        ADD(l, op->u.conv.out, "y", y, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "x", x, MGT_F32, IN);
+        ADD(l, op->u.conv.out, "y", y, act_out(op), role);
+        ADD(l, op->u.conv.in1, "x", x, act_in(op), IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
     } else if (op->kind == MGT_OP_CONV2D_BWD_DATA) {
-        ADD(l, op->u.conv.out, "dx", x, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
+        ADD(l, op->u.conv.out, "dx", x, act_in(op), role);
+        ADD(l, op->u.conv.in1, "dy", y, act_out(op), IN);
         ADD(l, op->u.conv.in2, "w", w, MGT_F32, IN);
     } else {
         ADD(l, op->u.conv.out, "dw", w, MGT_F32, role);
-        ADD(l, op->u.conv.in1, "dy", y, MGT_F32, IN);
-        ADD(l, op->u.conv.in2, "x", x, MGT_F32, IN);
+        ADD(l, op->u.conv.in1, "dy", y, act_out(op), IN);
+        ADD(l, op->u.conv.in2, "x", x, act_in(op), IN);
     }
 }
 
@@ -379,12 +392,12 @@ static void operands_bn_train(mgt_op *op, operand_list *l)
 {
     mgt_bn_train_args *b = &op->u.bn_train;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->y, "y", x, MGT_F32, OUT);
+    ADD(l, b->y, "y", x, act_out(op), OUT);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, OUT);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, OUT);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, INOUT);
     ADD(l, b->running_var, "running_var", c, MGT_F32, INOUT);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
 }
@@ -395,8 +408,8 @@ static void operands_bn_eval(mgt_op *op, operand_list *l)
 {
     mgt_bn_eval_args *b = &op->u.bn_eval;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->y, "y", x, MGT_F32, OUT);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+    ADD(l, b->y, "y", x, act_out(op), OUT);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, IN);
@@ -409,13 +422,13 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
 {
     mgt_bn_bwd_args *b = &op->u.bn_bwd;
     size_t x = zmul(b->sh.n, b->sh.c, b->sh.hw, 1), c = (size_t)b->sh.c;
-    ADD(l, b->dx, "dx", x, MGT_F32, OUT);
+    ADD(l, b->dx, "dx", x, act_in(op), OUT);
     ADD(l, b->dgamma, "dgamma", c, MGT_F32, INOUT);
     ADD(l, b->dbeta, "dbeta", c, MGT_F32, INOUT);
-    ADD(l, b->dy, "dy", x, MGT_F32, IN);
+    ADD(l, b->dy, "dy", x, act_out(op), IN);
     if (b->sh.relu)
-        ADD(l, b->y, "y", x, MGT_F32, IN);
-    ADD(l, b->x, "x", x, MGT_F32, IN);
+        ADD(l, b->y, "y", x, act_out(op), IN);
+    ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, IN);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, IN);
@@ -500,8 +513,8 @@ static void operands_maxpool_fwd(mgt_op *op, operand_list *l)
 {
     const mgt_pool2d_shape *sh = &op->u.maxpool_fwd.sh;
     ADD(l, op->u.maxpool_fwd.y, "y", zmul(sh->n, sh->c, mgt_pool2d_out_h(sh), mgt_pool2d_out_w(sh)),
-        MGT_F32, OUT);
-    ADD(l, op->u.maxpool_fwd.x, "x", zmul(sh->n, sh->c, sh->h, sh->w), MGT_F32, IN);
+        act_out(op), OUT);
+    ADD(l, op->u.maxpool_fwd.x, "x", zmul(sh->n, sh->c, sh->h, sh->w), act_in(op), IN);
 }
 
 static mgt_status check_maxpool_bwd(const mgt_op *op)
@@ -514,10 +527,10 @@ static void operands_maxpool_bwd(mgt_op *op, operand_list *l)
     const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
     size_t x = zmul(sh->n, sh->c, sh->h, sh->w);
     size_t y = zmul(sh->n, sh->c, mgt_pool2d_out_h(sh), mgt_pool2d_out_w(sh));
-    ADD(l, op->u.maxpool_bwd.dx, "dx", x, MGT_F32, OUT);
-    ADD(l, op->u.maxpool_bwd.dy, "dy", y, MGT_F32, IN);
-    ADD(l, op->u.maxpool_bwd.x, "x", x, MGT_F32, IN);
-    ADD(l, op->u.maxpool_bwd.y, "y", y, MGT_F32, IN);
+    ADD(l, op->u.maxpool_bwd.dx, "dx", x, act_in(op), OUT);
+    ADD(l, op->u.maxpool_bwd.dy, "dy", y, act_out(op), IN);
+    ADD(l, op->u.maxpool_bwd.x, "x", x, act_in(op), IN);
+    ADD(l, op->u.maxpool_bwd.y, "y", y, act_out(op), IN);
 }
 
 static mgt_status check_planes(const mgt_op *op, int n, int c, int hw)
@@ -540,8 +553,8 @@ static mgt_status check_avgpool_fwd(const mgt_op *op)
 static void operands_avgpool_fwd(mgt_op *op, operand_list *l)
 {
     mgt_avgpool_fwd_args *a = &op->u.avgpool_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, 1, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, 1, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
 }
 
 static mgt_status check_avgpool_bwd(const mgt_op *op)
@@ -554,8 +567,8 @@ static mgt_status check_avgpool_bwd(const mgt_op *op)
 static void operands_avgpool_bwd(mgt_op *op, operand_list *l)
 {
     mgt_avgpool_bwd_args *a = &op->u.avgpool_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, 1, 1), MGT_F32, IN);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, 1, 1), act_out(op), IN);
 }
 
 /* ---- linear bias ---- */
@@ -785,7 +798,7 @@ static mgt_status check_chbias_fwd(const mgt_op *op)
 static void operands_chbias_fwd(mgt_op *op, operand_list *l)
 {
     mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
-    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), MGT_F32, INOUT);
+    ADD(l, b->y, "y", zmul(b->n, b->c, b->hw, 1), act_out(op), INOUT);
     ADD(l, b->bias, "bias", (size_t)b->c, MGT_F32, IN);
 }
 
@@ -799,7 +812,7 @@ static void operands_chbias_bwd(mgt_op *op, operand_list *l)
 {
     mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
     ADD(l, b->dbias, "dbias", (size_t)b->c, MGT_F32, INOUT);
-    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), MGT_F32, IN);
+    ADD(l, b->dy, "dy", zmul(b->n, b->c, b->hw, 1), act_out(op), IN);
 }
 
 static mgt_status check_dropout(const mgt_op *op)
@@ -819,8 +832,8 @@ static void operands_dropout(mgt_op *op, operand_list *l)
 {
     mgt_dropout_args *d = &op->u.dropout;
     size_t n = (size_t)d->n * d->per_image;
-    ADD(l, d->y, "y", n, MGT_F32, OUT);
-    ADD(l, d->x, "x", n, MGT_F32, IN);
+    ADD(l, d->y, "y", n, act_out(op), OUT);
+    ADD(l, d->x, "x", n, act_in(op), IN);
 }
 
 static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int oh, int ow)
@@ -847,8 +860,8 @@ static mgt_status check_apool_fwd(const mgt_op *op)
 static void operands_apool_fwd(mgt_op *op, operand_list *l)
 {
     mgt_apool_fwd_args *a = &op->u.apool_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->oh, a->ow), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->h, a->w), act_in(op), IN);
 }
 
 static mgt_status check_apool_bwd(const mgt_op *op)
@@ -860,8 +873,8 @@ static mgt_status check_apool_bwd(const mgt_op *op)
 static void operands_apool_bwd(mgt_op *op, operand_list *l)
 {
     mgt_apool_bwd_args *a = &op->u.apool_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), MGT_F32, OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), MGT_F32, IN);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->h, a->w), act_in(op), OUT);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->oh, a->ow), act_out(op), IN);
 }
 
 /* The floats a strided region spans: the last image's last row ends it. */
@@ -900,8 +913,9 @@ static void operands_scopy(mgt_op *op, operand_list *l)
 {
     mgt_scopy_args *c = &op->u.scopy;
     /* INOUT: the floats between the rows are in the extent and are left as they are */
-    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), MGT_F32, INOUT);
-    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), MGT_F32, IN);
+    ADD(l, c->y, "y", scopy_extent(c->n, c->rows, c->count, c->y_stride, c->y_row), act_out(op),
+        INOUT);
+    ADD(l, c->x, "x", scopy_extent(c->n, c->rows, c->count, c->x_stride, c->x_row), act_in(op), IN);
 }
 
 uint32_t mgt_dropout_threshold(float p) { return (uint32_t)ceilf(p * 16777216.0f); }
@@ -951,8 +965,8 @@ static mgt_status check_act_fwd(const mgt_op *op)
 
 static void operands_act_fwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, MGT_F32, OUT);
-    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_fwd.y, "y", op->u.act_fwd.n, act_out(op), OUT);
+    ADD(l, op->u.act_fwd.x, "x", op->u.act_fwd.n, act_in(op), IN);
 }
 
 static mgt_status check_act_bwd(const mgt_op *op)
@@ -962,9 +976,9 @@ static mgt_status check_act_bwd(const mgt_op *op)
 
 static void operands_act_bwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, MGT_F32, OUT);
-    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, MGT_F32, IN);
-    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, MGT_F32, IN);
+    ADD(l, op->u.act_bwd.dx, "dx", op->u.act_bwd.n, act_in(op), OUT);
+    ADD(l, op->u.act_bwd.dy, "dy", op->u.act_bwd.n, act_out(op), IN);
+    ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, act_in(op), IN);
 }
 
 static mgt_status check_chscale_fwd(const mgt_op *op)
@@ -975,8 +989,8 @@ static mgt_status check_chscale_fwd(const mgt_op *op)
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 {
     mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->scale, "scale", zmul(a->shared ? 1 : a->n, a->c, 1, 1), MGT_F32, IN);
 }
 
@@ -989,12 +1003,12 @@ static void operands_chscale_bwd(mgt_op *op, operand_list *l)
 {
     mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
     size_t ns = zmul(a->shared ? 1 : a->n, a->c, 1, 1);
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
     if (a->dscale)
         ADD(l, a->dscale, "dscale", ns, MGT_F32, a->shared ? INOUT : OUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), act_out(op), IN);
     if (a->dscale)
-        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+        ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
@@ -1013,8 +1027,8 @@ static mgt_status check_lnc_fwd(const mgt_op *op)
 static void operands_lnc_fwd(mgt_op *op, operand_list *l)
 {
     mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
-    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->y, "y", zmul(a->n, a->c, a->hw, 1), act_out(op), OUT);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
     ADD(l, a->bias, "bias", (size_t)a->c, MGT_F32, IN);
 }
@@ -1027,11 +1041,11 @@ static mgt_status check_lnc_bwd(const mgt_op *op)
 static void operands_lnc_bwd(mgt_op *op, operand_list *l)
 {
     mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
-    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), MGT_F32, OUT);
+    ADD(l, a->dx, "dx", zmul(a->n, a->c, a->hw, 1), act_in(op), OUT);
     ADD(l, a->dweight, "dweight", (size_t)a->c, MGT_F32, INOUT);
     ADD(l, a->dbias, "dbias", (size_t)a->c, MGT_F32, INOUT);
-    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
-    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), MGT_F32, IN);
+    ADD(l, a->dy, "dy", zmul(a->n, a->c, a->hw, 1), act_out(op), IN);
+    ADD(l, a->x, "x", zmul(a->n, a->c, a->hw, 1), act_in(op), IN);
     ADD(l, a->weight, "weight", (size_t)a->c, MGT_F32, IN);
 }
 
@@ -1313,6 +1327,111 @@ typedef struct op_info {
 static const op_info infos[MGT_OP_COUNT] = {MGT_OP_LIST(OP_INFO)};
 #undef OP_INFO
 
+bool mgt_op_takes_store(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD:
+    case MGT_OP_RELU_FWD:
+    case MGT_OP_RELU_BWD:
+    case MGT_OP_ADD:
+    case MGT_OP_MAXPOOL_FWD:
+    case MGT_OP_MAXPOOL_BWD:
+    case MGT_OP_AVGPOOL_FWD:
+    case MGT_OP_AVGPOOL_BWD:
+    case MGT_OP_APOOL_FWD:
+    case MGT_OP_APOOL_BWD:
+    case MGT_OP_ACT_FWD:
+    case MGT_OP_ACT_BWD:
+    case MGT_OP_STRIDED_COPY:
+    case MGT_OP_CHBIAS_FWD:
+    case MGT_OP_CHBIAS_BWD:
+    case MGT_OP_CHSCALE_FWD:
+    case MGT_OP_CHSCALE_BWD:
+    case MGT_OP_DROPOUT:
+    case MGT_OP_LNC_FWD:
+    case MGT_OP_LNC_BWD: return true;
+    default: return false;
+    }
+}
+
+mgt_precision mgt_op_store16(const mgt_op *op)
+{
+    return op->store_in != MGT_PREC_F32 ? op->store_in : op->store_out;
+}
+
+/* The activation storage: known formats, one 16-bit format per op, and only on the kinds that
+   take it (a strided copy copies 16-bit codes as they are, so both sides agree). */
+static mgt_status check_store(const mgt_op *op)
+{
+    const mgt_precision in = op->store_in, out = op->store_out;
+    if (in == MGT_PREC_F32 && out == MGT_PREC_F32)
+        return MGT_OK;
+    if (!mgt_op_takes_store(op->kind))
+        return INVALID(op, "stores its operands in fp32 only, not %s",
+                       mgt_precision_name(in != MGT_PREC_F32 ? in : out));
+    mgt_status st = check_prec(op, in);
+    if (st == MGT_OK)
+        st = check_prec(op, out);
+    if (st != MGT_OK)
+        return st;
+    if (in != MGT_PREC_F32 && out != MGT_PREC_F32 && in != out)
+        return INVALID(op, "input activations in %s and output in %s: one 16-bit format per op",
+                       mgt_precision_name(in), mgt_precision_name(out));
+    if (op->kind == MGT_OP_STRIDED_COPY && in != out)
+        return INVALID(op, "copies %s into %s: a copy keeps the storage", mgt_precision_name(in),
+                       mgt_precision_name(out));
+    return MGT_OK;
+}
+
+void mgt_store_copy(const mgt_store_job *job, size_t lo, size_t hi)
+{
+    if (job->to16)
+        for (size_t k = lo; k < hi; k++)
+            ((uint16_t *)job->dst)[k] = mgt_lowp_encode(job->prec, ((const float *)job->src)[k]);
+    else
+        for (size_t k = lo; k < hi; k++)
+            ((float *)job->dst)[k] = mgt_lowp_decode(job->prec, ((const uint16_t *)job->src)[k]);
+}
+
+mgt_status mgt_op_run_widened(const mgt_op *op, void *ctx, float *(*widen)(void *ctx, size_t n),
+                              void (*copy)(void *ctx, const mgt_store_job *job),
+                              mgt_status (*fp32)(void *ctx, const mgt_op *op))
+{
+    const mgt_precision p = mgt_op_store16(op);
+    mgt_op o = *op, f = *op;
+    f.store_in = f.store_out = MGT_PREC_F32;
+    mgt_operand o16[MGT_OP_MAX_OPERANDS], of[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&o, o16), nf = mgt_op_operands(&f, of);
+    MGT_ASSERT(n == nf);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (o16[i].dtype == MGT_U16)
+            total += (o16[i].count + 15) / 16 * 16; /* 64-byte aligned copies */
+    float *at = widen(ctx, total);
+    if (!at)
+        return MGT_ERR_OOM;
+    float *wide[MGT_OP_MAX_OPERANDS] = {0};
+    for (int i = 0; i < n; i++) {
+        if (o16[i].dtype != MGT_U16)
+            continue;
+        wide[i] = at;
+        at += (o16[i].count + 15) / 16 * 16;
+        if (o16[i].role != MGT_OPERAND_OUT)
+            copy(ctx, &(mgt_store_job){p, false, *o16[i].ptr, wide[i], o16[i].count});
+        *of[i].ptr = wide[i];
+    }
+    mgt_status st = fp32(ctx, &f);
+    for (int i = 0; i < n && st == MGT_OK; i++)
+        if (wide[i] && o16[i].role != MGT_OPERAND_IN)
+            copy(ctx, &(mgt_store_job){p, true, wide[i], *o16[i].ptr, o16[i].count});
+    return st;
+}
+
 size_t mgt_dtype_size(mgt_dtype t) { return t == MGT_U16 ? sizeof(uint16_t) : sizeof(float); }
 
 const char *mgt_op_name(mgt_op_kind kind)
@@ -1346,7 +1465,9 @@ mgt_status mgt_op_check(const mgt_op *op)
         return mgt_error_set(MGT_ERR_INVALID, "op is NULL");
     if ((unsigned)op->kind >= MGT_OP_COUNT)
         return mgt_error_set(MGT_ERR_INVALID, "unknown op kind %d", (int)op->kind);
-    mgt_status st = infos[op->kind].check(op);
+    mgt_status st = check_store(op);
+    if (st == MGT_OK)
+        st = infos[op->kind].check(op);
     if (st != MGT_OK)
         return st;
     /* The pointers, from the operand list: every listed operand is required. */

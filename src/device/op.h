@@ -422,6 +422,13 @@ typedef struct mgt_op {
        for its inputs rounded to that format (autocast's; sums and the output stay fp32); the
        16-bit format of a cast; F32 for every other kind */
     mgt_precision prec;
+    /* How the op stores activations and their gradients (mgt_store in mgt/device.h): store_in
+       for the forward's input activations (x, add's a and b) and their gradients (dx), store_out
+       for its output activation (y) and its gradient (dy), in the forward op and in its backward
+       alike (relu_backward's y is store_out, activation_backward's x store_in); F32 or a 16-bit
+       format. Parameters, their gradients and statistics are fp32. Only the kinds
+       mgt_op_takes_store names accept anything but F32. */
+    mgt_precision store_in, store_out;
     union {
         mgt_fill_args fill;
         mgt_scale_args scale;
@@ -496,6 +503,12 @@ size_t mgt_dtype_size(mgt_dtype t);
 /* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
 bool mgt_op_blocked(const mgt_op *op);
 
+/* Whether ops of this kind take 16-bit activation storage (store_in, store_out). */
+bool mgt_op_takes_store(mgt_op_kind kind);
+/* The op's 16-bit storage format (of store_in or store_out; where both are 16-bit they agree),
+   or MGT_PREC_F32 when it stores every activation in fp32. */
+mgt_precision mgt_op_store16(const mgt_op *op);
+
 /* "conv2d_forward", ...; the names CTest uses for the conformance cases. */
 const char *mgt_op_name(mgt_op_kind kind);
 /* The kind with that name, or MGT_OP_COUNT. */
@@ -536,6 +549,26 @@ bool mgt_attn_keep(const mgt_attn_shape *sh, int b, int h, int t, int u);
 /* Checks the op and enqueues it on s (the path every mgt_* kernel wrapper takes); what a
    generic harness calls. MGT_ERR_UNSUPPORTED where the backend cannot run it. */
 mgt_status mgt_op_launch(mgt_stream *s, const mgt_op *op);
+
+/* Runs an op that stores activations in 16 bits as its fp32 form: the 16-bit inputs widened
+   into fp32 copies (exact), the op run by fp32() with store_in and store_out F32 and its 16-bit
+   outputs redirected to fp32 copies, each then rounded once (nearest even, device/lowp.h) into
+   the 16-bit output. This is where the reference and the mock devices round, the same points by
+   construction. widen(ctx, n) returns room for n floats that lives until the next call (NULL:
+   out of memory, its error set); the copies are made by copy(ctx, job) so that a backend may
+   split them over its threads. */
+typedef struct mgt_store_job {
+    mgt_precision prec;
+    bool to16; /* false: src uint16_t -> dst float; true: src float -> dst uint16_t */
+    const void *src;
+    void *dst;
+    size_t n;
+} mgt_store_job;
+mgt_status mgt_op_run_widened(const mgt_op *op, void *ctx, float *(*widen)(void *ctx, size_t n),
+                              void (*copy)(void *ctx, const mgt_store_job *job),
+                              mgt_status (*fp32)(void *ctx, const mgt_op *op));
+/* The copy of mgt_store_job on one thread. */
+void mgt_store_copy(const mgt_store_job *job, size_t lo, size_t hi);
 
 /* The plain reference: obviously correct loops, single-threaded, on host memory. It is what
    the conformance suite holds every backend to. Returns MGT_ERR_DEVICE for a bad label. */

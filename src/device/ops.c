@@ -17,6 +17,16 @@ static mgt_status bad_arg(const char *call, const char *what)
         return mgt_op_launch(s, &op_);                   \
     } while (0)
 
+/* The same with the activation storage of the _st forms (mgt_store). */
+#define LAUNCH_ST(KIND, FIELD, ST, ...)                                          \
+    do {                                                                         \
+        mgt_op op_ = {.kind = KIND, .store_in = (ST).in, .store_out = (ST).out}; \
+        op_.u.FIELD = (mgt_##FIELD##_args){__VA_ARGS__};                         \
+        return mgt_op_launch(s, &op_);                                           \
+    } while (0)
+
+static const mgt_store f32_store = {MGT_PREC_F32, MGT_PREC_F32};
+
 mgt_status mgt_fill(mgt_stream *s, float *x, float value, size_t n)
 {
     LAUNCH(MGT_OP_FILL, fill, x, value, n);
@@ -42,9 +52,15 @@ mgt_status mgt_sum_squares(mgt_stream *s, float *out, const float *x, size_t n)
     LAUNCH(MGT_OP_SUMSQ, sum, out, x, n);
 }
 
+mgt_status mgt_add_st(mgt_stream *s, mgt_store st, float *y, const float *a, const float *b,
+                      size_t n)
+{
+    LAUNCH_ST(MGT_OP_ADD, add, st, y, a, b, n);
+}
+
 mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size_t n)
 {
-    LAUNCH(MGT_OP_ADD, add, y, a, b, n);
+    return mgt_add_st(s, f32_store, y, a, b, n);
 }
 
 mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -53,13 +69,13 @@ mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int
     LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-static mgt_status conv_prec(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, float *out,
-                            const float *in1, const float *in2, const mgt_conv2d_shape *sh,
-                            float beta)
+static mgt_status conv_st(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, mgt_store st,
+                          float *out, const float *in1, const float *in2,
+                          const mgt_conv2d_shape *sh, float beta)
 {
     if (!sh)
         return bad_arg(mgt_op_name(kind), "no shape");
-    mgt_op op = {.kind = kind};
+    mgt_op op = {.kind = kind, .store_in = st.in, .store_out = st.out};
     op.u.conv.out = out;
     op.u.conv.in1 = in1;
     op.u.conv.in2 = in2;
@@ -67,6 +83,13 @@ static mgt_status conv_prec(mgt_stream *s, mgt_op_kind kind, mgt_precision prec,
     op.u.conv.beta = beta;
     op.prec = prec;
     return mgt_op_launch(s, &op);
+}
+
+static mgt_status conv_prec(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, float *out,
+                            const float *in1, const float *in2, const mgt_conv2d_shape *sh,
+                            float beta)
+{
+    return conv_st(s, kind, prec, f32_store, out, in1, in2, sh, beta);
 }
 
 static mgt_status conv(mgt_stream *s, mgt_op_kind kind, float *out, const float *in1,
@@ -124,6 +147,39 @@ mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, co
     return conv_prec(s, MGT_OP_CONV2D_FWD, prec, y, x, w, sh, beta);
 }
 
+mgt_status mgt_conv2d_forward_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *y,
+                                 const float *x, const float *w, const mgt_conv2d_shape *sh,
+                                 float beta)
+{
+    return conv_st(s, MGT_OP_CONV2D_FWD, prec, st, y, x, w, sh, beta);
+}
+
+mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dx,
+                                       const float *dy, const float *w, const mgt_conv2d_shape *sh,
+                                       float beta)
+{
+    return conv_st(s, MGT_OP_CONV2D_BWD_DATA, prec, st, dx, dy, w, sh, beta);
+}
+
+mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
+                                   int c, int hw, mgt_layout l)
+{
+    LAUNCH_ST(MGT_OP_AVGPOOL_BWD, avgpool_bwd, st, dx, dy, n, c, hw, l);
+}
+
+mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                            int n, int c, int h, int w, int oh, int ow)
+{
+    LAUNCH_ST(MGT_OP_APOOL_BWD, apool_bwd, st, dx, dy, n, c, h, w, oh, ow);
+}
+
+mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
+                                         const float *dy, const float *x,
+                                         const mgt_conv2d_shape *sh, float beta)
+{
+    return conv_st(s, MGT_OP_CONV2D_BWD_FILTER, prec, st, dw, dy, x, sh, beta);
+}
+
 mgt_status mgt_conv2d_backward_data_lp(mgt_stream *s, mgt_precision prec, float *dx,
                                        const float *dy, const float *w, const mgt_conv2d_shape *sh,
                                        float beta)
@@ -158,24 +214,53 @@ mgt_status mgt_nonfinite_count(mgt_stream *s, int32_t *count, const float *x, si
     LAUNCH(MGT_OP_NONFINITE, nonfinite, count, x, n);
 }
 
+mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
+                                          float *save_invstd, float *running_mean,
+                                          float *running_var, const float *x, const float *gamma,
+                                          const float *beta, const mgt_bn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("batchnorm_forward_train", "no shape");
+    LAUNCH_ST(MGT_OP_BN_FWD_TRAIN, bn_train, st, y, save_mean, save_invstd, running_mean,
+              running_var, x, gamma, beta, *sh);
+}
+
 mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
                                        float *save_invstd, float *running_mean, float *running_var,
                                        const float *x, const float *gamma, const float *beta,
                                        const mgt_bn_shape *sh)
 {
+    return mgt_batchnorm_forward_train_st(s, f32_store, y, save_mean, save_invstd, running_mean,
+                                          running_var, x, gamma, beta, sh);
+}
+
+mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                         const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var,
+                                         const mgt_bn_shape *sh)
+{
     if (!sh)
-        return bad_arg("batchnorm_forward_train", "no shape");
-    LAUNCH(MGT_OP_BN_FWD_TRAIN, bn_train, y, save_mean, save_invstd, running_mean, running_var, x,
-           gamma, beta, *sh);
+        return bad_arg("batchnorm_forward_eval", "no shape");
+    LAUNCH_ST(MGT_OP_BN_FWD_EVAL, bn_eval, st, y, x, gamma, beta, running_mean, running_var, *sh);
 }
 
 mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
                                       const float *beta, const float *running_mean,
                                       const float *running_var, const mgt_bn_shape *sh)
 {
+    return mgt_batchnorm_forward_eval_st(s, f32_store, y, x, gamma, beta, running_mean, running_var,
+                                         sh);
+}
+
+mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
+                                     float *dbeta, const float *dy, const float *y, const float *x,
+                                     const float *gamma, const float *save_mean,
+                                     const float *save_invstd, const mgt_bn_shape *sh)
+{
     if (!sh)
-        return bad_arg("batchnorm_forward_eval", "no shape");
-    LAUNCH(MGT_OP_BN_FWD_EVAL, bn_eval, y, x, gamma, beta, running_mean, running_var, *sh);
+        return bad_arg("batchnorm_backward", "no shape");
+    LAUNCH_ST(MGT_OP_BN_BWD, bn_bwd, st, dx, dgamma, dbeta, dy, y, x, gamma, save_mean, save_invstd,
+              *sh);
 }
 
 mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
@@ -183,9 +268,8 @@ mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float
                                   const float *gamma, const float *save_mean,
                                   const float *save_invstd, const mgt_bn_shape *sh)
 {
-    if (!sh)
-        return bad_arg("batchnorm_backward", "no shape");
-    LAUNCH(MGT_OP_BN_BWD, bn_bwd, dx, dgamma, dbeta, dy, y, x, gamma, save_mean, save_invstd, *sh);
+    return mgt_batchnorm_backward_st(s, f32_store, dx, dgamma, dbeta, dy, y, x, gamma, save_mean,
+                                     save_invstd, sh);
 }
 
 mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,
@@ -207,36 +291,65 @@ mgt_status mgt_bn_backward_elemt(mgt_stream *s, float *dx, const float *dy, cons
            *sh, count);
 }
 
+mgt_status mgt_relu_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, size_t n)
+{
+    LAUNCH_ST(MGT_OP_RELU_FWD, relu_fwd, st, y, x, n);
+}
+
 mgt_status mgt_relu_forward(mgt_stream *s, float *y, const float *x, size_t n)
 {
-    LAUNCH(MGT_OP_RELU_FWD, relu_fwd, y, x, n);
+    return mgt_relu_forward_st(s, f32_store, y, x, n);
+}
+
+mgt_status mgt_relu_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                const float *y, size_t n)
+{
+    LAUNCH_ST(MGT_OP_RELU_BWD, relu_bwd, st, dx, dy, y, n);
 }
 
 mgt_status mgt_relu_backward(mgt_stream *s, float *dx, const float *dy, const float *y, size_t n)
 {
-    LAUNCH(MGT_OP_RELU_BWD, relu_bwd, dx, dy, y, n);
+    return mgt_relu_backward_st(s, f32_store, dx, dy, y, n);
+}
+
+mgt_status mgt_maxpool2d_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                    const mgt_pool2d_shape *sh)
+{
+    if (!sh)
+        return bad_arg("maxpool2d_forward", "no shape");
+    LAUNCH_ST(MGT_OP_MAXPOOL_FWD, maxpool_fwd, st, y, x, *sh);
 }
 
 mgt_status mgt_maxpool2d_forward(mgt_stream *s, float *y, const float *x,
                                  const mgt_pool2d_shape *sh)
 {
+    return mgt_maxpool2d_forward_st(s, f32_store, y, x, sh);
+}
+
+mgt_status mgt_maxpool2d_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                     const float *x, const float *y, const mgt_pool2d_shape *sh)
+{
     if (!sh)
-        return bad_arg("maxpool2d_forward", "no shape");
-    LAUNCH(MGT_OP_MAXPOOL_FWD, maxpool_fwd, y, x, *sh);
+        return bad_arg("maxpool2d_backward", "no shape");
+    LAUNCH_ST(MGT_OP_MAXPOOL_BWD, maxpool_bwd, st, dx, dy, x, y, *sh);
 }
 
 mgt_status mgt_maxpool2d_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
                                   const float *y, const mgt_pool2d_shape *sh)
 {
-    if (!sh)
-        return bad_arg("maxpool2d_backward", "no shape");
-    LAUNCH(MGT_OP_MAXPOOL_BWD, maxpool_bwd, dx, dy, x, y, *sh);
+    return mgt_maxpool2d_backward_st(s, f32_store, dx, dy, x, y, sh);
+}
+
+mgt_status mgt_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                                  int c, int hw, mgt_layout l)
+{
+    LAUNCH_ST(MGT_OP_AVGPOOL_FWD, avgpool_fwd, st, y, x, n, c, hw, l);
 }
 
 mgt_status mgt_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c, int hw,
                                mgt_layout l)
 {
-    LAUNCH(MGT_OP_AVGPOOL_FWD, avgpool_fwd, y, x, n, c, hw, l);
+    return mgt_avgpool_forward_st(s, f32_store, y, x, n, c, hw, l);
 }
 
 mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c, int hw,
@@ -255,22 +368,40 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
     LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
 }
 
+mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
+                                       int n, int c, int hw)
+{
+    LAUNCH_ST(MGT_OP_CHBIAS_FWD, chbias_fwd, st, y, bias, n, c, hw);
+}
+
 mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
                                     int hw)
 {
-    LAUNCH(MGT_OP_CHBIAS_FWD, chbias_fwd, y, bias, n, c, hw);
+    return mgt_channel_bias_forward_st(s, f32_store, y, bias, n, c, hw);
+}
+
+mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
+                                        int n, int c, int hw)
+{
+    LAUNCH_ST(MGT_OP_CHBIAS_BWD, chbias_bwd, st, dbias, dy, n, c, hw);
 }
 
 mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
                                      int hw)
 {
-    LAUNCH(MGT_OP_CHBIAS_BWD, chbias_bwd, dbias, dy, n, c, hw);
+    return mgt_channel_bias_backward_st(s, f32_store, dbias, dy, n, c, hw);
+}
+
+mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                           int n, int c, int h, int w, int oh, int ow)
+{
+    LAUNCH_ST(MGT_OP_APOOL_FWD, apool_fwd, st, y, x, n, c, h, w, oh, ow);
 }
 
 mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
                                         int h, int w, int oh, int ow)
 {
-    LAUNCH(MGT_OP_APOOL_FWD, apool_fwd, y, x, n, c, h, w, oh, ow);
+    return mgt_adaptive_avgpool_forward_st(s, f32_store, y, x, n, c, h, w, oh, ow);
 }
 
 mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
@@ -279,22 +410,34 @@ mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *
     LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
 }
 
-mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
-                            const mgt_strided_copy_shape *sh)
+mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                               const mgt_strided_copy_shape *sh)
 {
     if (!sh)
         return bad_arg("strided_copy", "no shape");
-    LAUNCH(MGT_OP_STRIDED_COPY, scopy, y, x, sh->n, sh->rows, sh->count, sh->y_stride, sh->y_row,
-           sh->x_stride, sh->x_row);
+    LAUNCH_ST(MGT_OP_STRIDED_COPY, scopy, st, y, x, sh->n, sh->rows, sh->count, sh->y_stride,
+              sh->y_row, sh->x_stride, sh->x_row);
+}
+
+mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
+                            const mgt_strided_copy_shape *sh)
+{
+    return mgt_strided_copy_st(s, f32_store, y, x, sh);
+}
+
+mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
+                          size_t per_image, float p, const mgt_dropout_key *key)
+{
+    if (!key)
+        return bad_arg("dropout", "no key");
+    LAUNCH_ST(MGT_OP_DROPOUT, dropout, st, y, x, n, per_image, p, key->seed, key->step,
+              key->sample0, key->sample_stride, key->stream);
 }
 
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key)
 {
-    if (!key)
-        return bad_arg("dropout", "no key");
-    LAUNCH(MGT_OP_DROPOUT, dropout, y, x, n, per_image, p, key->seed, key->step, key->sample0,
-           key->sample_stride, key->stream);
+    return mgt_dropout_st(s, f32_store, y, x, n, per_image, p, key);
 }
 
 const char *mgt_act_name(mgt_act act)
@@ -305,42 +448,83 @@ const char *mgt_act_name(mgt_act act)
     return (unsigned)act < MGT_ACT_COUNT ? names[act] : "unknown";
 }
 
+mgt_status mgt_activation_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                     size_t n, mgt_act act)
+{
+    LAUNCH_ST(MGT_OP_ACT_FWD, act_fwd, st, y, x, n, act);
+}
+
 mgt_status mgt_activation_forward(mgt_stream *s, float *y, const float *x, size_t n, mgt_act act)
 {
-    LAUNCH(MGT_OP_ACT_FWD, act_fwd, y, x, n, act);
+    return mgt_activation_forward_st(s, f32_store, y, x, n, act);
+}
+
+mgt_status mgt_activation_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
+                                      const float *x, size_t n, mgt_act act)
+{
+    LAUNCH_ST(MGT_OP_ACT_BWD, act_bwd, st, dx, dy, x, n, act);
 }
 
 mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, const float *x,
                                    size_t n, mgt_act act)
 {
-    LAUNCH(MGT_OP_ACT_BWD, act_bwd, dx, dy, x, n, act);
+    return mgt_activation_backward_st(s, f32_store, dx, dy, x, n, act);
+}
+
+mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                        const float *scale, int n, int c, int hw, bool shared)
+{
+    LAUNCH_ST(MGT_OP_CHSCALE_FWD, chscale_fwd, st, y, x, scale, n, c, hw, shared);
 }
 
 mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
                                      int n, int c, int hw, bool shared)
 {
-    LAUNCH(MGT_OP_CHSCALE_FWD, chscale_fwd, y, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_forward_st(s, f32_store, y, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
+                                         const float *dy, const float *x, const float *scale, int n,
+                                         int c, int hw, bool shared)
+{
+    LAUNCH_ST(MGT_OP_CHSCALE_BWD, chscale_bwd, st, dx, dscale, dy, x, scale, n, c, hw, shared);
 }
 
 mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
                                       const float *x, const float *scale, int n, int c, int hw,
                                       bool shared)
 {
-    LAUNCH(MGT_OP_CHSCALE_BWD, chscale_bwd, dx, dscale, dy, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_backward_st(s, f32_store, dx, dscale, dy, x, scale, n, c, hw, shared);
+}
+
+mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
+                                             const float *weight, const float *bias, int n, int c,
+                                             int hw, float eps)
+{
+    LAUNCH_ST(MGT_OP_LNC_FWD, lnc_fwd, st, y, x, weight, bias, n, c, hw, eps);
 }
 
 mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
                                           const float *weight, const float *bias, int n, int c,
                                           int hw, float eps)
 {
-    LAUNCH(MGT_OP_LNC_FWD, lnc_fwd, y, x, weight, bias, n, c, hw, eps);
+    return mgt_layernorm_channels_forward_st(s, f32_store, y, x, weight, bias, n, c, hw, eps);
+}
+
+mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
+                                              float *dweight, float *dbias, const float *dy,
+                                              const float *x, const float *weight, int n, int c,
+                                              int hw, float eps)
+{
+    LAUNCH_ST(MGT_OP_LNC_BWD, lnc_bwd, st, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
 }
 
 mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
                                            const float *dy, const float *x, const float *weight,
                                            int n, int c, int hw, float eps)
 {
-    LAUNCH(MGT_OP_LNC_BWD, lnc_bwd, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
+    return mgt_layernorm_channels_backward_st(s, f32_store, dx, dweight, dbias, dy, x, weight, n, c,
+                                              hw, eps);
 }
 
 mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)

@@ -871,18 +871,19 @@ int nn_layer_scale(mgt_model *m, const char *name, int x, int param)
 typedef struct planner {
     mgt_model *m;
     size_t act_next;  /* bytes of the activation arena so far */
-    size_t act_image; /* floats per image */
+    size_t act_image; /* bytes per image */
     size_t act_fixed; /* floats independent of the batch */
     int *slot_ref;    /* live values holding each gradient slot */
     int *free_slots, n_free;
     int cap_slots;
 } planner;
 
-static size_t act_image(planner *p, size_t floats)
+/* A region of `elems` elements of `esize` bytes per image. */
+static size_t act_image(planner *p, size_t elems, size_t esize)
 {
     size_t off = p->act_next;
-    p->act_next += nn_align((size_t)p->m->cfg.batch * floats * sizeof(float));
-    p->act_image += floats;
+    p->act_next += nn_align((size_t)p->m->cfg.batch * elems * esize);
+    p->act_image += elems * esize;
     return off;
 }
 
@@ -894,9 +895,10 @@ static size_t act_fixed(planner *p, size_t floats)
     return off;
 }
 
-/* A gradient slot of at least `floats` per image: a free one (the most recently freed) or a
-   new one. Slot sizes grow to the largest value they ever hold. */
-static int slot_take(planner *p, size_t floats)
+/* A gradient slot of at least `bytes` per image: a free one (the most recently freed) or a
+   new one. Slot sizes grow to the largest gradient they ever hold (a gradient is stored as its
+   value is). */
+static int slot_take(planner *p, size_t bytes)
 {
     mgt_model *m = p->m;
     int s;
@@ -904,7 +906,7 @@ static int slot_take(planner *p, size_t floats)
         s = p->free_slots[--p->n_free];
     } else {
         int cap = p->cap_slots;
-        if (!grow(m, (void **)&m->slot_floats, &cap, m->n_slots + 1, sizeof *m->slot_floats))
+        if (!grow(m, (void **)&m->slot_bytes, &cap, m->n_slots + 1, sizeof *m->slot_bytes))
             return -1;
         if (cap != p->cap_slots) {
             int c2 = p->cap_slots, c3 = p->cap_slots;
@@ -914,11 +916,11 @@ static int slot_take(planner *p, size_t floats)
             p->cap_slots = cap;
         }
         s = m->n_slots++;
-        m->slot_floats[s] = 0;
+        m->slot_bytes[s] = 0;
         p->slot_ref[s] = 0;
     }
-    if (floats > m->slot_floats[s])
-        m->slot_floats[s] = floats;
+    if (bytes > m->slot_bytes[s])
+        m->slot_bytes[s] = bytes;
     p->slot_ref[s] = 1;
     return s;
 }
@@ -956,6 +958,8 @@ static void plan_layouts(mgt_model *m)
 {
     /* a model made without a device (to count or describe it) keeps NCHW */
     mgt_layout want = m->dev ? mgt_device_act_layout(m->dev) : MGT_LAYOUT_NCHW;
+    if (want == MGT_LAYOUT_NHWC) /* with the storage, in plan_channels_last */
+        want = MGT_LAYOUT_NCHW;
     for (int v = 0; v < m->n_values; v++) {
         nn_value *x = &m->values[v];
         x->layout = MGT_LAYOUT_NCHW;
@@ -995,6 +999,156 @@ static void plan_layouts(mgt_model *m)
     }
 }
 
+/* Whether a node of this kind reads (as_reader) or writes 16-bit activations (mgt_store): the
+   convolution (a bias is added onto its stored output), batch norm (not the synchronised or
+   frozen ones: their kernels take fp32), ReLU and the other activations, add, dropout, the
+   squeeze-excite scale (its gate stays fp32: scale_input_fp32), stochastic depth, the layer norm
+   over channels, the layer scale, max pooling, adaptive average pooling, concatenation, slices
+   and shuffles (copies of 16-bit codes), and the global average pool as a reader (its [c]
+   output goes to the classifier in fp32). */
+static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
+{
+    switch (nd->kind) {
+    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
+    case NN_CONV:
+    case NN_RELU:
+    case NN_ACT:
+    case NN_DROPOUT:
+    case NN_SCALE:
+    case NN_SDEPTH:
+    case NN_LN2D:
+    case NN_LSCALE:
+    case NN_ADD:
+    case NN_MAXPOOL:
+    case NN_CONCAT:
+    case NN_SLICE:
+    case NN_SHUFFLE:
+    case NN_APOOL: return true;
+    case NN_GAP: return as_reader;
+    default: return false;
+    }
+}
+
+/* Input j of a node that takes 16-bit activations but reads that input in fp32 whatever the
+   others are: the squeeze-excite gate (the channel scale ops take their scale in fp32, as the
+   stochastic depth mask and the layer scale parameter are). */
+static bool scale_input_fp32(const nn_node *nd, int j) { return nd->kind == NN_SCALE && j == 1; }
+
+/* The storage of every value: the device's 16-bit format under cfg.amp where its producer and
+   every reader take it (takes_16), fp32 elsewhere (the model input, what a classifier, the
+   loss or an fp32-only kind reads). A node other than a convolution or the global pool keeps
+   one storage across its inputs and output (one store per op), so an fp32 value pulls its
+   neighbours along, as in plan_layouts; the fixed point is reached in a few sweeps. */
+static void plan_dtypes(mgt_model *m)
+{
+    /* a model made without a device (to count or describe it) stores as mock devices do */
+    mgt_precision want = m->dev ? mgt_device_act_dtype(m->dev, m->cfg.amp) : m->cfg.amp;
+    for (int v = 0; v < m->n_values; v++) {
+        nn_value *x = &m->values[v];
+        x->dtype = MGT_PREC_F32;
+        if (want != MGT_PREC_F32 && v != 0 && takes_16(m, &m->nodes[x->producer], false))
+            x->dtype = want;
+    }
+    m->values[m->nodes[m->n_nodes - 1].out].dtype = MGT_PREC_F32; /* the logits: the loss's */
+    for (int i = 0; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_in; j++)
+            if (!takes_16(m, &m->nodes[i], true) || scale_input_fp32(&m->nodes[i], j))
+                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
+            for (int j = 0; j < nd->n_in; j++)
+                wide |= !scale_input_fp32(nd, j) && m->values[nd->in[j]].dtype == MGT_PREC_F32;
+            if (!wide)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                if (j >= 0 && scale_input_fp32(nd, j))
+                    continue;
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= x->dtype != MGT_PREC_F32;
+                x->dtype = MGT_PREC_F32;
+            }
+        }
+    }
+}
+
+/* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
+   a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
+   it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
+   max pooling, concatenation, channel slices and shuffles (strided copies of 16-bit codes,
+   layers.c's NHWC strides), and the global average pool as a reader. The rest (adaptive
+   pooling, squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
+static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
+{
+    switch (nd->kind) {
+    case NN_CONV: return as_reader || !nd->u.conv.bias;
+    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
+    case NN_RELU:
+    case NN_ACT:
+    case NN_ADD:
+    case NN_MAXPOOL:
+    case NN_CONCAT:
+    case NN_SLICE:
+    case NN_SHUFFLE: return true;
+    case NN_GAP: return as_reader;
+    default: return false;
+    }
+}
+
+/* On a device whose layout is channels last (mgt_device_act_layout NHWC: CUDA under --amp), a
+   value is NHWC exactly where it is 16-bit, and 16-bit only where its producer and every reader
+   take NHWC 16 bits (takes_nhwc16): a 16-bit NCHW activation or an fp32 NHWC one is a storage
+   the device has no kernels for. A node other than a convolution or the global pool keeps one
+   storage across its operands, as in plan_dtypes, so an fp32 NCHW value pulls its neighbours
+   along; the fixed point is reached in a few sweeps. Runs after plan_layouts and plan_dtypes,
+   which left every value NCHW on such a device. */
+static void plan_channels_last(mgt_model *m)
+{
+    if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
+        return;
+    for (int v = 0; v < m->n_values; v++) {
+        nn_value *x = &m->values[v];
+        if (x->dtype != MGT_PREC_F32 && !takes_nhwc16(m, &m->nodes[x->producer], false))
+            x->dtype = MGT_PREC_F32;
+    }
+    for (int i = 0; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_in; j++)
+            if (!takes_nhwc16(m, &m->nodes[i], true))
+                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
+            for (int j = 0; j < nd->n_in; j++)
+                wide |= m->values[nd->in[j]].dtype == MGT_PREC_F32;
+            if (!wide)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= x->dtype != MGT_PREC_F32;
+                x->dtype = MGT_PREC_F32;
+            }
+        }
+    }
+    for (int v = 0; v < m->n_values; v++)
+        m->values[v].layout =
+            m->values[v].dtype != MGT_PREC_F32 ? MGT_LAYOUT_NHWC : MGT_LAYOUT_NCHW;
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_CONV) {
+            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
+            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
+        }
+    }
+}
+
 /* Which outputs overwrite their input: the kind allows it, the input is read by nothing
    else, and neither the input's producer nor this node needs the overwritten values in
    backward. Applied in forward order, this keeps every chain of in-place outputs safe: each
@@ -1006,7 +1160,8 @@ static void plan_inplace(mgt_model *m)
         const nn_kind_i *k = &nn_kinds[nd->kind];
         nn_value *x = &m->values[nd->in[0]], *y = &m->values[nd->out];
         if (!(k->flags & NN_F_INPLACE) || nd->in[0] == 0 || x->consumers != 1 ||
-            (k->flags & NN_F_NEEDS_X) || nn_value_floats(x) != nn_value_floats(y))
+            (k->flags & NN_F_NEEDS_X) || nn_value_floats(x) != nn_value_floats(y) ||
+            x->dtype != y->dtype)
             continue;
         if (nn_kinds[m->nodes[x->producer].kind].flags & NN_F_NEEDS_Y)
             continue;
@@ -1027,7 +1182,7 @@ static mgt_status plan_grads(planner *p)
     mgt_model *m = p->m;
     nn_node *last = &m->nodes[m->n_nodes - 1];
     nn_value *logits = &m->values[last->out];
-    logits->gslot = slot_take(p, nn_value_floats(logits));
+    logits->gslot = slot_take(p, nn_value_bytes(logits));
     for (int i = m->n_nodes - 1; i >= 0 && !m->oom; i--) {
         nn_node *nd = &m->nodes[i];
         const nn_kind_i *k = &nn_kinds[nd->kind];
@@ -1050,7 +1205,7 @@ static mgt_status plan_grads(planner *p)
             }
             if (x->gslot >= 0) {
                 if (p->slot_ref[x->gslot] > 1) {
-                    int t = slot_take(p, nn_value_floats(x));
+                    int t = slot_take(p, nn_value_bytes(x));
                     if (t < 0)
                         break;
                     nd->unshare[j] = x->gslot;
@@ -1062,7 +1217,7 @@ static mgt_status plan_grads(planner *p)
                 } else {
                     assert(nd->gtmp < 0); /* one input per node needs the temporary */
                     nd->gmode[j] = NN_G_ACCUM_TMP;
-                    nd->gtmp = slot_take(p, nn_value_floats(x));
+                    nd->gtmp = slot_take(p, nn_value_bytes(x));
                 }
             } else if (k->flags & NN_F_PASSTHROUGH) {
                 x->gslot = o->gslot;
@@ -1071,12 +1226,12 @@ static mgt_status plan_grads(planner *p)
             } else if ((k->flags & NN_F_DX_ON_DY) && !out_taken && p->slot_ref[o->gslot] == 1) {
                 x->gslot = o->gslot;
                 p->slot_ref[o->gslot]++;
-                if (nn_value_floats(x) > m->slot_floats[o->gslot])
-                    m->slot_floats[o->gslot] = nn_value_floats(x);
+                if (nn_value_bytes(x) > m->slot_bytes[o->gslot])
+                    m->slot_bytes[o->gslot] = nn_value_bytes(x);
                 nd->gmode[j] = NN_G_WRITE;
                 out_taken = true;
             } else {
-                x->gslot = slot_take(p, nn_value_floats(x));
+                x->gslot = slot_take(p, nn_value_bytes(x));
                 nd->gmode[j] = NN_G_WRITE;
             }
             nd->gin[j] = x->gslot;
@@ -1220,11 +1375,17 @@ mgt_status nn_plan(mgt_model *m)
     free(reach);
 
     plan_layouts(m);
+    plan_dtypes(m);
+    plan_channels_last(m);
     plan_inplace(m);
     planner p = {.m = m};
     for (int v = 1; v < m->n_values; v++)
-        if (m->values[v].storage == v)
-            m->values[v].off = act_image(&p, nn_value_floats(&m->values[v]));
+        if (m->values[v].storage == v) {
+            m->values[v].off =
+                act_image(&p, nn_value_floats(&m->values[v]), nn_value_esize(&m->values[v]));
+            m->counts.values++;
+            m->counts.values_16 += m->values[v].dtype != MGT_PREC_F32;
+        }
     for (int i = 0; i < m->n_nodes; i++) {
         nn_node *nd = &m->nodes[i];
         if (nd->kind == NN_BN) {
@@ -1233,11 +1394,12 @@ mgt_status nn_plan(mgt_model *m)
             nd->u.bn.save_stride = act_fixed(&p, c) - nd->u.bn.save_off;
         }
         if (nd->kind == NN_SDEPTH)
-            nd->u.sdepth.mask_off = act_image(&p, 1);
+            nd->u.sdepth.mask_off = act_image(&p, 1, sizeof(float));
         if (nd->kind == NN_ATTN) {
             size_t tt = (size_t)nd->u.attn.tokens * nd->u.attn.tokens * nd->u.attn.heads;
             nd->u.attn.lse_off =
-                act_image(&p, (size_t)nd->u.attn.windows * nd->u.attn.heads * nd->u.attn.tokens);
+                act_image(&p, (size_t)nd->u.attn.windows * nd->u.attn.heads * nd->u.attn.tokens,
+                          sizeof(float));
             if (nd->u.attn.table >= 0 || nd->u.attn.cosine) {
                 nd->u.attn.bias_off = act_fixed(&p, tt);
                 nd->u.attn.dbias_off = act_fixed(&p, tt);
@@ -1254,10 +1416,10 @@ mgt_status nn_plan(mgt_model *m)
     }
     for (int i = 0; i < m->n_consts; i++)
         m->consts[i].off = act_fixed(&p, (m->consts[i].bytes + 3) / 4);
-    m->probs_off = act_image(&p, (size_t)m->cfg.classes);
+    m->probs_off = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
     m->loss_off = act_fixed(&p, 1);
     for (int a = 0; a < m->n_aux; a++)
-        m->aux_probs_off[a] = act_image(&p, (size_t)m->cfg.classes);
+        m->aux_probs_off[a] = act_image(&p, (size_t)m->cfg.classes, sizeof(float));
     if (m->n_aux)
         m->aux_loss_off = act_fixed(&p, (size_t)m->n_aux);
     st = plan_grads(&p);
@@ -1269,7 +1431,7 @@ mgt_status nn_plan(mgt_model *m)
             st = mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch);
     }
     for (int s = 0; st == MGT_OK && s < m->n_slots; s++)
-        m->slot_off[s] = act_image(&p, m->slot_floats[s]);
+        m->slot_off[s] = act_image(&p, m->slot_bytes[s], 1);
     if (st == MGT_OK && m->cfg.freeze_bn) {
         m->ones_off = act_fixed(&p, (size_t)m->max_bn_c);
         m->zeros_off = act_fixed(&p, (size_t)m->max_bn_c);
@@ -1281,7 +1443,7 @@ mgt_status nn_plan(mgt_model *m)
     if (st != MGT_OK)
         return st;
     m->acts_bytes = p.act_next;
-    m->counts.act_bytes_per_image = p.act_image * sizeof(float);
+    m->counts.act_bytes_per_image = p.act_image;
     m->counts.act_bytes_fixed = p.act_fixed * sizeof(float);
 
     m->layer_ends = malloc((size_t)m->n_nodes * sizeof *m->layer_ends);
@@ -1301,6 +1463,7 @@ mgt_status nn_plan(mgt_model *m)
         l->h = v->h;
         l->w = v->w;
         l->layout = v->layout;
+        l->dtype = v->dtype;
         l->folded = nd->folded;
         l->aux = nd->aux;
         for (int j = 0; j < nd->n_params; j++)
@@ -1396,7 +1559,8 @@ mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
             st = nn_loss_backward(m, s, slot_ptr(m, nd->gout),
                                   nn_act(m, m->aux_probs_off[nd->aux_out - 1]), m->aux_weight);
         for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
-            size_t bytes = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]) * sizeof(float);
+            const nn_value *xv = &m->values[nd->in[j]];
+            size_t bytes = (size_t)m->n * nn_value_bytes(xv);
             if (nd->unshare[j] >= 0)
                 st = mgt_copy_d2d(s, slot_ptr(m, nd->gin[j]), slot_ptr(m, nd->unshare[j]), bytes);
             switch ((nn_gmode)nd->gmode[j]) {
@@ -1413,12 +1577,14 @@ mgt_status nn_graph_backward(mgt_model *m, mgt_stream *s)
         if (st == MGT_OK && k->backward)
             st = k->backward(&c);
         for (int j = 0; j < nd->n_in && st == MGT_OK; j++) {
-            size_t count = (size_t)m->n * nn_value_floats(&m->values[nd->in[j]]);
+            const nn_value *xv = &m->values[nd->in[j]];
+            size_t count = (size_t)m->n * nn_value_floats(xv);
             float *g = slot_ptr(m, nd->gin[j]);
+            mgt_store gs = {xv->dtype, xv->dtype}; /* a gradient is stored as its value */
             if (nd->gmode[j] == NN_G_ACCUM_TMP)
-                st = mgt_add(s, g, g, slot_ptr(m, nd->gtmp), count);
+                st = mgt_add_st(s, gs, g, g, slot_ptr(m, nd->gtmp), count);
             else if (nd->gmode[j] == NN_G_ACCUM && (k->flags & NN_F_PASSTHROUGH))
-                st = mgt_add(s, g, g, c.dy, count);
+                st = mgt_add_st(s, gs, g, g, c.dy, count);
         }
     }
     return st;

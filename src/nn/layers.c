@@ -18,6 +18,26 @@ static uint64_t out_floats(const mgt_model *m, const nn_node *nd)
     return nn_value_floats(&m->values[nd->out]);
 }
 
+/* How the node's op stores activations: its inputs' storage and its output's (plan_dtypes gives
+   every input of a node one storage). */
+static mgt_store store_of(const nn_call *c)
+{
+    const mgt_model *m = c->m;
+    return (mgt_store){m->values[c->node->in[0]].dtype, m->values[c->node->out].dtype};
+}
+
+/* Element `off` of an activation stored as dt (strides and offsets count elements). */
+static float *act_at(const float *p, mgt_precision dt, size_t off)
+{
+    return (float *)((const char *)p + off * (dt == MGT_PREC_F32 ? sizeof(float) : 2));
+}
+
+/* Bytes of `count` elements of the node's output as stored. */
+static size_t out_bytes(const nn_call *c, size_t count)
+{
+    return count * (c->m->values[c->node->out].dtype == MGT_PREC_F32 ? sizeof(float) : 2);
+}
+
 /* ---- convolution ---- */
 
 static mgt_conv2d_shape conv_shape(const nn_call *c)
@@ -28,7 +48,8 @@ static mgt_conv2d_shape conv_shape(const nn_call *c)
 }
 
 /* Under cfg.amp every product of a convolution or linear layer goes through the _lp kernels
-   (the one place the precision is chosen); everything around them stays fp32. */
+   (the one place the precision is chosen); the activations between ops are stored as the plan
+   chose (store_of), parameters and gradients stay fp32. */
 static mgt_precision amp_of(const nn_call *c) { return c->m->cfg.amp; }
 static int conv_out_hw(const nn_call *c)
 {
@@ -39,11 +60,13 @@ static int conv_out_hw(const nn_call *c)
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
-    mgt_status st = amp_of(c) != MGT_PREC_F32
-                        ? mgt_conv2d_forward_lp(c->s, amp_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f)
-                        : mgt_conv2d_forward(c->s, c->y, c->x[0], c->p[0], &sh, 0.0f);
+    mgt_status st =
+        mgt_conv2d_forward_st(c->s, amp_of(c), store_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
+    /* the bias touches y only: its storage both ways, whatever x's (an op stores in one
+       16-bit format or none; CUDA keeps a biased output fp32 after a 16-bit input) */
+    mgt_store ys = {store_of(c).out, store_of(c).out};
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_forward(c->s, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
     return st;
 }
 
@@ -54,18 +77,15 @@ static mgt_status conv_backward(nn_call *c)
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_precision amp = amp_of(c);
     mgt_status st =
-        amp != MGT_PREC_F32
-            ? mgt_conv2d_backward_filter_lp(c->s, amp, c->g[0], c->dy, c->x[0], &sh, 1.0f)
-            : mgt_conv2d_backward_filter(c->s, c->g[0], c->dy, c->x[0], &sh, 1.0f);
+        mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
+    mgt_store ys = {store_of(c).out, store_of(c).out}; /* dy only, as the forward's bias */
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_backward(c->s, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = amp != MGT_PREC_F32
-                 ? mgt_conv2d_backward_data_lp(c->s, amp, c->dx[0], c->dy, c->p[0], &sh,
-                                               c->dx_beta[0])
-                 : mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, c->p[0], &sh, c->dx_beta[0]);
+        st = mgt_conv2d_backward_data_st(c->s, amp, store_of(c), c->dx[0], c->dy, c->p[0], &sh,
+                                         c->dx_beta[0]);
     return st;
 }
 
@@ -273,11 +293,12 @@ static mgt_status bn_forward(nn_call *c)
         c->m->bn_counts[c->node->u.bn.counter]++;
         if (bn_synced(c))
             return bn_forward_synced(c, &bsh);
-        return mgt_batchnorm_forward_train(c->s, c->y, bn_save_mean(c), bn_save_invstd(c), c->p[2],
-                                           c->p[3], c->x[0], c->p[0], c->p[1], &bsh);
+        return mgt_batchnorm_forward_train_st(c->s, store_of(c), c->y, bn_save_mean(c),
+                                              bn_save_invstd(c), c->p[2], c->p[3], c->x[0], c->p[0],
+                                              c->p[1], &bsh);
     }
-    return mgt_batchnorm_forward_eval(c->s, c->y, c->x[0], c->p[0], c->p[1], c->p[2], c->p[3],
-                                      &bsh);
+    return mgt_batchnorm_forward_eval_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+                                         c->p[2], c->p[3], &bsh);
 }
 
 /* A frozen BN still goes through batchnorm_backward, which with the running statistics as
@@ -296,9 +317,9 @@ static mgt_status bn_backward(nn_call *c)
     if (bn_synced(c))
         return bn_backward_synced(c, &bsh);
     /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output) */
-    mgt_status st =
-        mgt_batchnorm_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL,
-                               c->x[0], c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh);
+    mgt_status st = mgt_batchnorm_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy,
+                                              bsh.relu ? c->y : NULL, c->x[0], c->p[0],
+                                              bn_save_mean(c), bn_save_invstd(c), &bsh);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
         st =
@@ -319,7 +340,7 @@ static mgt_status relu_forward(nn_call *c)
 {
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_forward(c->s, c->y, c->x[0], out_count(c));
+    return mgt_relu_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c));
 }
 
 static mgt_status relu_backward(nn_call *c)
@@ -327,12 +348,12 @@ static mgt_status relu_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_backward(c->s, c->dx[0], c->dy, c->y, out_count(c));
+    return mgt_relu_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->y, out_count(c));
 }
 
 static mgt_status add_forward(nn_call *c)
 {
-    return mgt_add(c->s, c->y, c->x[0], c->x[1], out_count(c));
+    return mgt_add_st(c->s, store_of(c), c->y, c->x[0], c->x[1], out_count(c));
 }
 
 /* Training: the mask of the model's key for this layer's stream; evaluation: the identity
@@ -342,8 +363,8 @@ static mgt_status dropout_run(nn_call *c, float *y, const float *x)
     const nn_node *nd = c->node;
     mgt_dropout_key k = c->m->drop_key;
     k.stream = nd->u.dropout.stream;
-    return mgt_dropout(c->s, y, x, c->n, nn_value_floats(&c->m->values[nd->out]), nd->u.dropout.p,
-                       &k);
+    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(&c->m->values[nd->out]),
+                          nd->u.dropout.p, &k);
 }
 
 static mgt_status dropout_forward(nn_call *c)
@@ -352,7 +373,7 @@ static mgt_status dropout_forward(nn_call *c)
         return dropout_run(c, c->y, c->x[0]);
     if (c->y == c->x[0])
         return MGT_OK;
-    return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+    return mgt_copy_d2d(c->s, c->y, c->x[0], out_bytes(c, out_count(c)));
 }
 
 static mgt_status dropout_backward(nn_call *c)
@@ -362,23 +383,38 @@ static mgt_status dropout_backward(nn_call *c)
         return dropout_run(c, c->dx[0], c->dy);
     if (c->dx[0] == c->dy)
         return MGT_OK;
-    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+    return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_bytes(c, out_count(c)));
 }
 
 /* ---- concatenation ----
    Each input is copied into its channel slice of the output, one strided copy per input (not
-   per image); backward copies the slices of dy back out. */
+   per image); backward copies the slices of dy back out. Channels last (NHWC, CUDA under
+   --amp: the node's operands share one layout), the slice is a run of channels at every
+   pixel. */
+
+static bool nhwc(const nn_call *c) { return c->m->values[c->node->out].layout == MGT_LAYOUT_NHWC; }
 
 static mgt_strided_copy_shape concat_slice(const nn_call *c, int j, size_t *off)
 {
     const mgt_model *m = c->m;
     const nn_node *nd = c->node;
     size_t plane = (size_t)m->values[nd->out].h * m->values[nd->out].w;
-    *off = 0;
+    size_t c0 = 0, cj = (size_t)m->values[nd->in[j]].c, cs = (size_t)m->values[nd->out].c;
     for (int i = 0; i < j; i++)
-        *off += (size_t)m->values[nd->in[i]].c * plane;
-    size_t part = (size_t)m->values[nd->in[j]].c * plane;
+        c0 += (size_t)m->values[nd->in[i]].c;
+    size_t part = cj * plane;
     size_t whole = nn_value_floats(&m->values[nd->out]);
+    if (nhwc(c)) {
+        *off = c0;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)plane,
+                                        .count = cj,
+                                        .y_stride = whole,
+                                        .y_row = cs,
+                                        .x_stride = part,
+                                        .x_row = cj};
+    }
+    *off = c0 * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = 1,
                                     .count = part,
@@ -394,7 +430,8 @@ static mgt_status concat_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = concat_slice(c, j, &off);
-        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
+                                 &sh);
     }
     return st;
 }
@@ -408,10 +445,13 @@ static mgt_status concat_backward(nn_call *c)
         assert(c->dx_beta[j] == 0.0f);
         size_t off;
         mgt_strided_copy_shape sh = concat_slice(c, j, &off);
-        size_t t = sh.x_stride;
+        size_t t = sh.x_stride, r = sh.x_row;
         sh.x_stride = sh.y_stride;
         sh.y_stride = t;
-        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+        sh.x_row = sh.y_row; /* NHWC: the rows differ too */
+        sh.y_row = r;
+        mgt_store gs = {store_of(c).out, store_of(c).out}; /* dy's slices into dx, one storage */
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -427,6 +467,16 @@ static mgt_strided_copy_shape slice_shape(const nn_call *c, size_t *off)
     const mgt_model *m = c->m;
     const nn_value *x = &m->values[c->node->in[0]], *y = &m->values[c->node->out];
     size_t plane = (size_t)x->h * x->w, part = (size_t)y->c * plane;
+    if (nhwc(c)) { /* channels [c0, c0 + c) of every pixel */
+        *off = (size_t)c->node->u.slice_c0;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)plane,
+                                        .count = (size_t)y->c,
+                                        .y_stride = part,
+                                        .y_row = (size_t)y->c,
+                                        .x_stride = nn_value_floats(x),
+                                        .x_row = (size_t)x->c};
+    }
     *off = (size_t)c->node->u.slice_c0 * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = 1,
@@ -441,7 +491,7 @@ static mgt_status slice_forward(nn_call *c)
 {
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
-    return mgt_strided_copy(c->s, c->y, c->x[0] + off, &sh);
+    return mgt_strided_copy_st(c->s, store_of(c), c->y, act_at(c->x[0], store_of(c).in, off), &sh);
 }
 
 static mgt_status slice_backward(nn_call *c)
@@ -451,11 +501,16 @@ static mgt_status slice_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
-    size_t whole = sh.x_stride;
-    mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * sizeof(float));
+    size_t whole = sh.x_stride, whole_row = sh.x_row;
+    mgt_store gs = store_of(c); /* dx as x, dy as y: one storage */
+    size_t es = gs.in == MGT_PREC_F32 ? sizeof(float) : 2;
+    mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * es); /* 0 is +0 */
     sh.x_stride = sh.y_stride;
     sh.y_stride = whole;
-    return st != MGT_OK ? st : mgt_strided_copy(c->s, c->dx[0] + off, c->dy, &sh);
+    sh.x_row = sh.y_row; /* NHWC: the rows differ too */
+    sh.y_row = whole_row;
+    return st != MGT_OK ? st
+                        : mgt_strided_copy_st(c->s, gs, act_at(c->dx[0], gs.in, off), c->dy, &sh);
 }
 
 static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
@@ -464,6 +519,18 @@ static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
     const nn_node *nd = c->node;
     const nn_value *x = &m->values[nd->in[0]];
     size_t plane = (size_t)x->h * x->w;
+    if (nhwc(c)) { /* input j's channel i at output channel i * n_in + j, every pixel: the
+                      output's channels are n_in x x->c, so element r = p * x->c + i of x
+                      lands at r * n_in + j */
+        *off = (size_t)j;
+        return (mgt_strided_copy_shape){.n = c->n,
+                                        .rows = (int)(plane * (size_t)x->c),
+                                        .count = 1,
+                                        .y_stride = nn_value_floats(&m->values[nd->out]),
+                                        .y_row = (size_t)nd->n_in,
+                                        .x_stride = nn_value_floats(x),
+                                        .x_row = 1};
+    }
     *off = (size_t)j * plane;
     return (mgt_strided_copy_shape){.n = c->n,
                                     .rows = x->c,
@@ -480,7 +547,8 @@ static mgt_status shuffle_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = shuffle_part(c, j, &off);
-        st = mgt_strided_copy(c->s, c->y + off, c->x[j], &sh);
+        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
+                                 &sh);
     }
     return st;
 }
@@ -499,7 +567,8 @@ static mgt_status shuffle_backward(nn_call *c)
         sh.x_row = sh.y_row;
         sh.y_stride = t;
         sh.y_row = r;
-        st = mgt_strided_copy(c->s, c->dx[j], c->dy + off, &sh);
+        mgt_store gs = {store_of(c).out, store_of(c).out};
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -517,14 +586,14 @@ static mgt_pool2d_shape pool_shape(const nn_call *c)
 static mgt_status maxpool_forward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
-    return mgt_maxpool2d_forward(c->s, c->y, c->x[0], &sh);
+    return mgt_maxpool2d_forward_st(c->s, store_of(c), c->y, c->x[0], &sh);
 }
 
 static mgt_status maxpool_backward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_maxpool2d_backward(c->s, c->dx[0], c->dy, c->x[0], c->y, &sh);
+    return mgt_maxpool2d_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], c->y, &sh);
 }
 
 static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->in[0]]; }
@@ -532,29 +601,31 @@ static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->
 static mgt_status gap_forward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
-    return mgt_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h * v->w, v->layout);
+    return mgt_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h * v->w,
+                                  v->layout);
 }
 
 static mgt_status gap_backward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h * v->w, v->layout);
+    return mgt_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h * v->w,
+                                   v->layout);
 }
 
 static mgt_status apool_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
-    return mgt_adaptive_avgpool_forward(c->s, c->y, c->x[0], c->n, v->c, v->h, v->w,
-                                        c->node->u.apool.oh, c->node->u.apool.ow);
+    return mgt_adaptive_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h, v->w,
+                                           c->node->u.apool.oh, c->node->u.apool.ow);
 }
 
 static mgt_status apool_backward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_adaptive_avgpool_backward(c->s, c->dx[0], c->dy, c->n, v->c, v->h, v->w,
-                                         c->node->u.apool.oh, c->node->u.apool.ow);
+    return mgt_adaptive_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
+                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window
@@ -642,19 +713,22 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
 
 static mgt_status act_forward(nn_call *c)
 {
-    return mgt_activation_forward(c->s, c->y, c->x[0], out_count(c), c->node->u.act);
+    return mgt_activation_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c),
+                                     c->node->u.act);
 }
 
 static mgt_status act_backward(nn_call *c)
 {
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_activation_backward(c->s, c->dx[0], c->dy, c->x[0], out_count(c), c->node->u.act);
+    return mgt_activation_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], out_count(c),
+                                      c->node->u.act);
 }
 
 static mgt_status scale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->x[1], c->n, v->c, v->h * v->w, false);
+    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
+                                        v->h * v->w, false);
 }
 
 /* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
@@ -666,8 +740,8 @@ static mgt_status scale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a channel scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
-    return mgt_channel_scale_backward(c->s, c->dx[0], c->dx[1], c->dy, c->x[0], c->x[1], c->n, v->c,
-                                      v->h * v->w, false);
+    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
+                                         c->x[1], c->n, v->c, v->h * v->w, false);
 }
 
 /* ---- stochastic depth ----
@@ -685,7 +759,7 @@ static mgt_status sdepth_forward(nn_call *c)
     if (!c->train || !sdepth_active(c)) {
         if (c->y == c->x[0])
             return MGT_OK;
-        return mgt_copy_d2d(c->s, c->y, c->x[0], out_count(c) * sizeof(float));
+        return mgt_copy_d2d(c->s, c->y, c->x[0], out_bytes(c, out_count(c)));
     }
     float *mask = nn_act(c->m, nd->u.sdepth.mask_off);
     mgt_dropout_key k = c->m->drop_key;
@@ -694,7 +768,8 @@ static mgt_status sdepth_forward(nn_call *c)
     if (st == MGT_OK)
         st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
     if (st == MGT_OK)
-        st = mgt_channel_scale_forward(c->s, c->y, c->x[0], mask, c->n, 1, floats, false);
+        st = mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
+                                          false);
     return st;
 }
 
@@ -705,11 +780,12 @@ static mgt_status sdepth_backward(nn_call *c)
     if (!sdepth_active(c)) {
         if (c->dx[0] == c->dy)
             return MGT_OK;
-        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_count(c) * sizeof(float));
+        return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_bytes(c, out_count(c)));
     }
     int floats = (int)nn_value_floats(&c->m->values[nd->out]);
-    return mgt_channel_scale_backward(c->s, c->dx[0], NULL, c->dy, NULL,
-                                      nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats, false);
+    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], NULL, c->dy, NULL,
+                                         nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats,
+                                         false);
 }
 
 /* ---- layer norm over channels ---- */
@@ -717,8 +793,8 @@ static mgt_status sdepth_backward(nn_call *c)
 static mgt_status ln2d_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_layernorm_channels_forward(c->s, c->y, c->x[0], c->p[0], c->p[1], c->n, v->c,
-                                          v->h * v->w, c->node->u.ln_eps);
+    return mgt_layernorm_channels_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps);
 }
 
 static mgt_status ln2d_backward(nn_call *c)
@@ -728,9 +804,9 @@ static mgt_status ln2d_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer norm needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st =
-        mgt_layernorm_channels_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0], c->p[0],
-                                        c->n, v->c, v->h * v->w, c->node->u.ln_eps);
+    mgt_status st = mgt_layernorm_channels_backward_st(c->s, store_of(c), c->dx[0], c->g[0],
+                                                       c->g[1], c->dy, c->x[0], c->p[0], c->n, v->c,
+                                                       v->h * v->w, c->node->u.ln_eps);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -741,7 +817,8 @@ static mgt_status ln2d_backward(nn_call *c)
 static mgt_status lscale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward(c->s, c->y, c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
+    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
+                                        v->h * v->w, true);
 }
 
 static mgt_status lscale_backward(nn_call *c)
@@ -751,8 +828,8 @@ static mgt_status lscale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st = mgt_channel_scale_backward(c->s, c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
-                                               c->n, v->c, v->h * v->w, true);
+    mgt_status st = mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy,
+                                                  c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;

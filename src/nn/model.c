@@ -181,7 +181,7 @@ void mgt_model_free(mgt_model *m)
     mgt_buffer_free(m->params_buf);
     free(m->nodes);
     free(m->values);
-    free(m->slot_floats);
+    free(m->slot_bytes);
     free(m->slot_off);
     free(m->bn_hf);
     free(m->bn_mine);

@@ -62,6 +62,8 @@ typedef struct nn_value {
     int gslot;       /* backward: the gradient slot it ends up in (planning scratch) */
     /* how it (and its gradient) lies in memory (plan_layouts) */
     mgt_layout layout;
+    /* how it and its gradient are stored (plan_dtypes): fp32, or the 16-bit format of --amp */
+    mgt_precision dtype;
 } nn_value;
 
 /* How a node's backward delivers the gradient of one input (planned once, see graph.c). */
@@ -256,8 +258,8 @@ struct mgt_model {
     double *bn_sync_count; /* [n_bn] */
     size_t probs_off, loss_off;
     int n_slots;
-    size_t *slot_floats; /* per image */
-    size_t *slot_off;    /* bytes into acts */
+    size_t *slot_bytes; /* per image */
+    size_t *slot_off;   /* bytes into acts */
 
     /* the step in flight */
     int n;          /* images in the last forward */
@@ -294,6 +296,18 @@ static inline float *nn_act(const mgt_model *m, size_t off) { return (float *)(m
 static inline size_t nn_align(size_t bytes) { return (bytes + NN_ALIGN - 1) / NN_ALIGN * NN_ALIGN; }
 
 static inline size_t nn_value_floats(const nn_value *v) { return (size_t)v->c * v->h * v->w; }
+
+/* Bytes of one element of the value's storage (its gradient's too). */
+static inline size_t nn_value_esize(const nn_value *v)
+{
+    return v->dtype == MGT_PREC_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Bytes of the value (or its gradient) per image. */
+static inline size_t nn_value_bytes(const nn_value *v)
+{
+    return nn_value_floats(v) * nn_value_esize(v);
+}
 
 /* Refuses the calls that need memory on a describing model. */
 mgt_status nn_need_device(const mgt_model *m, const char *what);

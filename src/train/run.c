@@ -700,9 +700,10 @@ static void print_start(run *r, int start_epoch)
     mgt_model_get_counts(r->w[0].model, &mc);
     fprintf(o,
             "=> model: %s (%s), %zu parameters, %.3f GMACs per image, %.1f MiB activations per "
-            "device\n",
+            "device (%.2f MiB per image)\n",
             c->arch, r->arch->family, mc.params, (double)mc.macs / 1e9,
-            (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0));
+            (double)mgt_model_activation_bytes(r->w[0].model) / (1024.0 * 1024.0),
+            (double)mc.act_bytes_per_image / (1024.0 * 1024.0));
     const mgt_model *m0 = r->w[0].model;
     if (mgt_model_aux_count(m0))
         fprintf(o,
@@ -718,9 +719,13 @@ static void print_start(run *r, int start_epoch)
                    "per channel, as torchvision does for its ported weights\n");
     if (c->amp != MGT_PREC_F32)
         fprintf(o,
-                "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs, "
-                "fp32 sums, results, batch norm, loss, weights and momentum%s\n",
-                mgt_precision_name(c->amp), mgt_precision_name(c->amp),
+                "=> mixed precision %s: convolutions and linear layers on %s-rounded inputs with "
+                "fp32 sums; %d of %d activations and their gradients stored in %s between ops "
+                "(%s); fp32 weights, their gradients, batch-norm statistics, loss and "
+                "momentum%s\n",
+                mgt_precision_name(c->amp), mgt_precision_name(c->amp), mc.values_16, mc.values,
+                mgt_precision_name(c->amp),
+                mc.values_16 ? "as autocast keeps them" : "this backend keeps fp32 activations",
                 c->amp == MGT_PREC_FP16 ? "; dynamic loss scaling" : "");
     if (c->amp == MGT_PREC_BF16 && mgt_devset_kind(r->set) == MGT_DEVICE_MOCK)
         fprintf(o, "=> bf16 on mock devices: oneDNN's bf16 convolutions where the CPU has them "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tools/gpu-check.sh on a machine without a GPU: the dry run must stop at its probe with the CUDA runtime's own reason, exit non-zero and leave its archive; and the train stage's loss comparison must pass two runs that differ only in float rounding and fail a changed one.
+# tools/gpu-check.sh on a machine without a GPU: the dry run must stop at its probe with the CUDA runtime's own reason, exit non-zero and leave its archive; the train stage's loss comparison must pass two runs that differ only in float rounding and fail a changed one; and the conformance stage's check that CUDA compared the NHWC 16-bit cases must tell such a run from one without CUDA.
 #
 #   test_gpu_check.sh dry_run REPO OUT
 #   test_gpu_check.sh compare_losses REPO OUT MGTRAIN
+#   test_gpu_check.sh check_cuda16 REPO OUT TEST_CONFORMANCE
 # Exit 0 pass, 1 fail, 77 skipped (said why).
 set -u
 case_name=$1 repo=$2 out=$3
@@ -45,6 +46,32 @@ dry_run)
     grep -q '"name": "configure"' "$out/run/summary.json" && fail "it went on to configure"
     [ -e "$out/build-gpu" ] && fail "it made a build folder"
     echo "dry run: exit $rc, stopped at the probe, archive with $(wc -l <"$out/list.txt") entries"
+    ;;
+check_cuda16)
+    # under 1 s: the conformance stage's proof that CUDA compared the NHWC 16-bit cases must
+    # pass a log where it did, and fail this machine's own (no GPU: mock devices only), one
+    # with an op that compared no NHWC case, and one without an op's line
+    conformance=$4
+    good="$out/good.log"
+    for op in conv2d_forward conv2d_backward_data conv2d_backward_filter batchnorm_forward_train \
+        batchnorm_forward_eval batchnorm_backward maxpool2d_forward maxpool2d_backward \
+        avgpool_forward avgpool_backward; do
+        echo "conformance $op: 40 cases (26 of them with 16-bit activations, 12 NHWC) on 3 backends: ok"
+    done >"$good"
+    bash "$repo/tools/gpu-check.sh" --check-cuda16 "$good" >"$out/good.txt" ||
+        fail "a log where CUDA compared every NHWC case failed: $(grep -m1 FAIL "$out/good.txt")"
+    "$conformance" avgpool_forward >"$out/here.log" 2>&1 || fail "test_conformance avgpool_forward failed"
+    sed '/^conformance avgpool_forward: /d' "$good" >"$out/mixed.log"
+    cat "$out/here.log" >>"$out/mixed.log"
+    bash "$repo/tools/gpu-check.sh" --check-cuda16 "$out/mixed.log" >/dev/null &&
+        fail "a run without CUDA passed: $(grep '^conformance avgpool_forward' "$out/here.log")"
+    sed 's/^\(conformance maxpool2d_forward: .*\) 12 NHWC)/\1 0 NHWC)/' "$good" >"$out/none.log"
+    bash "$repo/tools/gpu-check.sh" --check-cuda16 "$out/none.log" >/dev/null &&
+        fail "an op with no NHWC case passed"
+    sed '/^conformance batchnorm_backward: /d' "$good" >"$out/short.log"
+    bash "$repo/tools/gpu-check.sh" --check-cuda16 "$out/short.log" >/dev/null &&
+        fail "a log without batchnorm_backward's line passed"
+    echo "check-cuda16: CUDA's NHWC cases pass; mock-only, no NHWC case and a missing op fail"
     ;;
 compare_losses)
     # about 4 s: two one-epoch runs of resnet20 on data/sample, 2 mock devices, whose

@@ -243,14 +243,32 @@ typedef struct act_job {
     bool avx512;
 } act_job;
 
+/* 16-bit storage (mgt_op_store16): an item widens ACT_TILE16 values of each input into tiles on
+   its stack, runs the fp32 loop on them and rounds the output tile once (one pass over memory;
+   the same bits as the widened route, each element's arithmetic being its own). */
+#define ACT_TILE16 1024
+
 static void act_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const act_job *jb = c;
     const mgt_act_fwd_args *a = &jb->op->u.act_fwd;
+    void (*fn)(mgt_act, float *, const float *, size_t) =
+        jb->avx512 ? act_fwd_avx512 : act_fwd_base;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
-    (jb->avx512 ? act_fwd_avx512 : act_fwd_base)(a->act, a->y + lo, a->x + lo, hi - lo);
+    mgt_precision p = mgt_op_store16(jb->op);
+    if (p == MGT_PREC_F32) {
+        fn(a->act, a->y + lo, a->x + lo, hi - lo);
+        return;
+    }
+    float tx[ACT_TILE16];
+    for (size_t s = lo; s < hi; s += ACT_TILE16) {
+        size_t n = min_z(ACT_TILE16, hi - s);
+        cpu16_widen(p, (const uint16_t *)(const void *)a->x + s, tx, n);
+        fn(a->act, tx, tx, n);
+        cpu16_round(p, tx, (uint16_t *)(void *)a->y + s, n);
+    }
 }
 
 static void act_bwd_item(void *c, int i, int t)
@@ -258,10 +276,23 @@ static void act_bwd_item(void *c, int i, int t)
     (void)t;
     const act_job *jb = c;
     const mgt_act_bwd_args *a = &jb->op->u.act_bwd;
+    void (*fn)(mgt_act, float *, const float *, const float *, size_t) =
+        jb->avx512 ? act_bwd_avx512 : act_bwd_base;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
-    (jb->avx512 ? act_bwd_avx512 : act_bwd_base)(a->act, a->dx + lo, a->dy + lo, a->x + lo,
-                                                 hi - lo);
+    mgt_precision p = mgt_op_store16(jb->op);
+    if (p == MGT_PREC_F32) {
+        fn(a->act, a->dx + lo, a->dy + lo, a->x + lo, hi - lo);
+        return;
+    }
+    float tdy[ACT_TILE16], tx[ACT_TILE16];
+    for (size_t s = lo; s < hi; s += ACT_TILE16) {
+        size_t n = min_z(ACT_TILE16, hi - s);
+        cpu16_widen(p, (const uint16_t *)(const void *)a->dy + s, tdy, n);
+        cpu16_widen(p, (const uint16_t *)(const void *)a->x + s, tx, n);
+        fn(a->act, tdy, tdy, tx, n);
+        cpu16_round(p, tdy, (uint16_t *)(void *)a->dx + s, n);
+    }
 }
 
 mgt_status cpu_act_fwd(cpu_ctx *ctx, const mgt_op *op)

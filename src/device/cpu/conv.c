@@ -598,6 +598,8 @@ static cpu_lp_key lp_key(const mgt_op *op)
     memset(&k, 0, sizeof k); /* compared with memcmp: no stray padding bytes */
     k.kind = op->kind;
     k.prec = op->prec;
+    k.store_in = op->store_in;
+    k.store_out = op->store_out;
     k.sh = op->u.conv.sh;
     k.sh.n = 0;
     return k;
@@ -639,8 +641,10 @@ static mgt_status lp_native(cpu_ctx *ctx, const mgt_op *op, bool *ran)
         return MGT_OK;
     mgt_lp_refusal why = ctx->lp_refusal ? ctx->lp_refusal(ctx->owner) : MGT_LP_REFUSAL_NONE;
     if (why == MGT_LP_REFUSAL_NONE) {
+        /* grouped ones too where the activations are stored in bf16: oneDNN's bf16 kernels
+           take them as they are, where the direct loops would need them widened */
         if (op->prec == MGT_PREC_BF16 && (!ctx->conv_im2col || conv_blocked(op)) &&
-            op->u.conv.sh.groups == 1) {
+            (op->u.conv.sh.groups == 1 || mgt_op_store16(op) == MGT_PREC_BF16)) {
             mgt_status st = run_conv_onednn(ctx, op);
             if (st != MGT_ERR_UNSUPPORTED) {
                 *ran = true;
@@ -658,14 +662,35 @@ static mgt_status lp_native(cpu_ctx *ctx, const mgt_op *op, bool *ran)
                          mgt_op_name(op->kind), mgt_lp_refusal_name(why));
 }
 
+/* A convolution whose activations are stored in 16 bits: bf16 storage with bf16 arithmetic
+   on oneDNN's bf16 kernels, which read and write the stored bf16 as it is (lp_native); every
+   other case (fp16, a CPU or shape without a bf16 kernel, a refusal) widened around the
+   fp32-stored op, which then goes to the emulation without asking the refusal hook again. */
+static mgt_status conv2d_store16(cpu_ctx *ctx, const mgt_op *op)
+{
+    if (op->prec == MGT_PREC_BF16 && mgt_op_store16(op) == MGT_PREC_BF16) {
+        bool ran;
+        mgt_status st = lp_native(ctx, op, &ran);
+        if (ran || st != MGT_OK)
+            return st;
+    }
+    bool decided = ctx->lp_decided;
+    ctx->lp_decided = op->prec != MGT_PREC_F32;
+    mgt_status st = cpu_run_widened(ctx, op);
+    ctx->lp_decided = decided;
+    return st;
+}
+
 /* oneDNN where it has a kernel for the shape (and conv=im2col does not ask otherwise, which a
    blocked activation overrules), the im2col path for the rest. */
 mgt_status cpu_conv2d(cpu_ctx *ctx, const mgt_op *op)
 {
     mgt_status st;
+    if (mgt_op_store16(op) != MGT_PREC_F32)
+        return conv2d_store16(ctx, op);
     if (op->prec != MGT_PREC_F32) {
-        bool ran;
-        st = lp_native(ctx, op, &ran);
+        bool ran = false;
+        st = ctx->lp_decided ? MGT_OK : lp_native(ctx, op, &ran);
         if (ran || st != MGT_OK)
             return st;
         return cpu_lowp(ctx, op, cpu_conv2d);

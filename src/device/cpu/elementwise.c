@@ -29,57 +29,109 @@ static void axpy_item(void *c, int i, int t)
     v_axpy(op->u.axpy.y + lo, op->u.axpy.alpha, op->u.axpy.x + lo, hi - lo);
 }
 
+/* 16-bit storage (the op's mgt_op_store16): an item widens TILE16 values of each input into
+   tiles on its stack, runs the fp32 loop on them and rounds the output tile once, so memory
+   sees each 16-bit array pass once. */
+#define TILE16 1024
+
+static void add_span(float *y, const float *a, const float *b, size_t n)
+{
+    size_t j = 0;
+    /* y may be a or b: each block is loaded before it is stored */
+    for (; j + VW <= n; j += VW)
+        vst(y + j, vld(a + j) + vld(b + j));
+    for (; j < n; j++)
+        y[j] = a[j] + b[j];
+}
+
 static void add_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
+    const mgt_add_args *g = &op->u.add;
     size_t lo, hi;
-    item_range(op->u.add.n, CHUNK, i, &lo, &hi);
-    float *y = op->u.add.y;
-    const float *a = op->u.add.a, *b = op->u.add.b;
-    size_t j = lo;
-    /* y may be a or b: each block is loaded before it is stored */
-    for (; j + VW <= hi; j += VW)
-        vst(y + j, vld(a + j) + vld(b + j));
-    for (; j < hi; j++)
-        y[j] = a[j] + b[j];
+    item_range(g->n, CHUNK, i, &lo, &hi);
+    mgt_precision p = mgt_op_store16(op);
+    if (p == MGT_PREC_F32) {
+        add_span(g->y + lo, g->a + lo, g->b + lo, hi - lo);
+        return;
+    }
+    float ta[TILE16], tb[TILE16];
+    for (size_t s = lo; s < hi; s += TILE16) {
+        size_t n = min_z(TILE16, hi - s);
+        cpu16_widen(p, (const uint16_t *)(const void *)g->a + s, ta, n);
+        cpu16_widen(p, (const uint16_t *)(const void *)g->b + s, tb, n);
+        add_span(ta, ta, tb, n);
+        cpu16_round(p, ta, (uint16_t *)(void *)g->y + s, n);
+    }
+}
+
+/* written so that NaN passes through, as in torch.relu and the reference; the mask clears to
+   +0.0, as the reference's literal */
+static void relu_fwd_span(float *y, const float *x, size_t n)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vf v = vld(x + j);
+        vi keep = ~(v <= 0.0f);
+        vst(y + j, (vf)((vi)v & keep));
+    }
+    for (; j < n; j++)
+        y[j] = x[j] <= 0.0f ? 0.0f : x[j];
 }
 
 static void relu_fwd_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
+    const mgt_relu_fwd_args *g = &op->u.relu_fwd;
     size_t lo, hi;
-    item_range(op->u.relu_fwd.n, CHUNK, i, &lo, &hi);
-    float *y = op->u.relu_fwd.y;
-    const float *x = op->u.relu_fwd.x;
-    /* written so that NaN passes through, as in torch.relu and the reference; the mask
-       clears to +0.0, as the reference's literal */
-    size_t j = lo;
-    for (; j + VW <= hi; j += VW) {
-        vf v = vld(x + j);
-        vi keep = ~(v <= 0.0f);
-        vst(y + j, (vf)((vi)v & keep));
+    item_range(g->n, CHUNK, i, &lo, &hi);
+    mgt_precision p = mgt_op_store16(op);
+    if (p == MGT_PREC_F32) {
+        relu_fwd_span(g->y + lo, g->x + lo, hi - lo);
+        return;
     }
-    for (; j < hi; j++)
-        y[j] = x[j] <= 0.0f ? 0.0f : x[j];
+    float tx[TILE16];
+    for (size_t s = lo; s < hi; s += TILE16) {
+        size_t n = min_z(TILE16, hi - s);
+        cpu16_widen(p, (const uint16_t *)(const void *)g->x + s, tx, n);
+        relu_fwd_span(tx, tx, n);
+        cpu16_round(p, tx, (uint16_t *)(void *)g->y + s, n);
+    }
+}
+
+static void relu_bwd_span(float *dx, const float *dy, const float *y, size_t n)
+{
+    size_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        vi pass = vld(y + j) > 0.0f;
+        vst(dx + j, (vf)((vi)vld(dy + j) & pass));
+    }
+    for (; j < n; j++)
+        dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
 }
 
 static void relu_bwd_item(void *c, int i, int t)
 {
     (void)t;
     const mgt_op *op = c;
+    const mgt_relu_bwd_args *g = &op->u.relu_bwd;
     size_t lo, hi;
-    item_range(op->u.relu_bwd.n, CHUNK, i, &lo, &hi);
-    float *dx = op->u.relu_bwd.dx;
-    const float *dy = op->u.relu_bwd.dy, *y = op->u.relu_bwd.y;
-    size_t j = lo;
-    for (; j + VW <= hi; j += VW) {
-        vi pass = vld(y + j) > 0.0f;
-        vst(dx + j, (vf)((vi)vld(dy + j) & pass));
+    item_range(g->n, CHUNK, i, &lo, &hi);
+    mgt_precision p = mgt_op_store16(op);
+    if (p == MGT_PREC_F32) {
+        relu_bwd_span(g->dx + lo, g->dy + lo, g->y + lo, hi - lo);
+        return;
     }
-    for (; j < hi; j++)
-        dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
+    float tdy[TILE16], ty[TILE16];
+    for (size_t s = lo; s < hi; s += TILE16) {
+        size_t n = min_z(TILE16, hi - s);
+        cpu16_widen(p, (const uint16_t *)(const void *)g->dy + s, tdy, n);
+        cpu16_widen(p, (const uint16_t *)(const void *)g->y + s, ty, n);
+        relu_bwd_span(tdy, tdy, ty, n);
+        cpu16_round(p, tdy, (uint16_t *)(void *)g->dx + s, n);
+    }
 }
 
 typedef struct sum_job {
@@ -282,10 +334,12 @@ static void scopy_item(void *c, int i, int t)
     const mgt_scopy_args *a = &jb->op->u.scopy;
     size_t lo, hi;
     item_range((size_t)a->n * a->rows, jb->units, i, &lo, &hi);
+    /* 16-bit storage: the same copy of 2-byte codes (strides and counts are in elements) */
+    size_t es = mgt_op_store16(jb->op) != MGT_PREC_F32 ? 2 : sizeof(float);
     for (size_t q = lo; q < hi; q++) {
         size_t im = q / (size_t)a->rows, r = q % (size_t)a->rows;
-        memcpy(a->y + im * a->y_stride + r * a->y_row, a->x + im * a->x_stride + r * a->x_row,
-               a->count * sizeof(float));
+        memcpy((char *)a->y + (im * a->y_stride + r * a->y_row) * es,
+               (const char *)a->x + (im * a->x_stride + r * a->x_row) * es, a->count * es);
     }
 }
 

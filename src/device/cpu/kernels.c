@@ -49,6 +49,11 @@ void cpu_ctx_destroy(cpu_ctx *ctx)
         ctx->unreserve(ctx->owner, ctx->lowp_bytes);
     ctx->lowp = NULL;
     ctx->lowp_bytes = 0;
+    free(ctx->wide);
+    if (ctx->unreserve != NULL && ctx->wide_bytes > 0)
+        ctx->unreserve(ctx->owner, ctx->wide_bytes);
+    ctx->wide = NULL;
+    ctx->wide_bytes = 0;
     free(ctx->lp_refused);
     ctx->lp_refused = NULL;
     ctx->n_lp_refused = ctx->cap_lp_refused = 0;
@@ -99,13 +104,85 @@ bool cpu_supports(mgt_op_kind kind)
     return (unsigned)kind < MGT_OP_COUNT && cpu_ops[kind] != NULL;
 }
 
+/* 16-bit activation storage (mgt_op_run_widened): the 16-bit operands widened into ctx->wide
+   (kept and grown like scratch, reserved against the device's memory), the fp32 kernel run on
+   them, the outputs rounded back; the copies split over the pool. A strided copy moves 16-bit
+   codes itself. */
+typedef struct cpu_wide {
+    cpu_ctx *ctx;
+    const mgt_op *op;
+} cpu_wide;
+
+static float *cpu_widen(void *c, size_t n)
+{
+    cpu_wide *w = c;
+    if (cpu_buf_ensure(w->ctx, w->op, &w->ctx->wide, &w->ctx->wide_bytes, n) != MGT_OK)
+        return NULL;
+    return w->ctx->wide;
+}
+
+static void store_item(void *c, int i, int t)
+{
+    (void)t;
+    const mgt_store_job *j = c;
+    size_t lo, hi;
+    item_range(j->n, CHUNK, i, &lo, &hi);
+    if (j->to16)
+        cpu16_round(j->prec, (const float *)j->src + lo, (uint16_t *)j->dst + lo, hi - lo);
+    else
+        cpu16_widen(j->prec, (const uint16_t *)j->src + lo, (float *)j->dst + lo, hi - lo);
+}
+
+static void cpu_store_copy(void *c, const mgt_store_job *job)
+{
+    cpu_wide *w = c;
+    POOL_FOR(w->ctx, items_of(job->n, CHUNK), store_item, job);
+}
+
+static mgt_status cpu_fp32(void *c, const mgt_op *op)
+{
+    cpu_wide *w = c;
+    return cpu_ops[op->kind](w->ctx, op);
+}
+
+mgt_status cpu_run_widened(cpu_ctx *ctx, const mgt_op *op)
+{
+    cpu_wide w = {ctx, op};
+    return mgt_op_run_widened(op, &w, cpu_widen, cpu_store_copy, cpu_fp32);
+}
+
+/* The ops whose kernels take 16-bit storage themselves, in one pass over memory: strided
+   copies move the codes; the convolutions hand bf16 to oneDNN (or run widened themselves
+   where it cannot); add, ReLU and the other activations widen and round tile by tile, and
+   batch norm likewise (nChw16c: a sums block at a time; NCHW: an image plane at a time). */
+static bool native16(const mgt_op *op)
+{
+    switch (op->kind) {
+    case MGT_OP_STRIDED_COPY:
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER:
+    case MGT_OP_ADD:
+    case MGT_OP_RELU_FWD:
+    case MGT_OP_RELU_BWD:
+    case MGT_OP_ACT_FWD:
+    case MGT_OP_ACT_BWD: return true;
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD: return true;
+    default: return false;
+    }
+}
+
 mgt_status cpu_run(cpu_ctx *ctx, const mgt_op *op)
 {
     if (!cpu_supports(op->kind))
         return mgt_error_set(MGT_ERR_UNSUPPORTED, "cpu kernels: %s is not supported",
                              mgt_op_name(op->kind));
     pthread_mutex_lock(&ctx->lock);
-    mgt_status st = cpu_ops[op->kind](ctx, op);
+    mgt_status st = mgt_op_store16(op) != MGT_PREC_F32 && !native16(op)
+                        ? cpu_run_widened(ctx, op)
+                        : cpu_ops[op->kind](ctx, op);
     pthread_mutex_unlock(&ctx->lock);
     return st;
 }

@@ -25,7 +25,8 @@ void cpu_pool_for(cpu_pool *p, int n, void (*fn)(void *ctx, int i, int thread), 
 typedef struct cpu_lp_key {
     mgt_op_kind kind;
     mgt_precision prec;
-    mgt_conv2d_shape sh; /* n is 0 */
+    mgt_precision store_in, store_out; /* the activation storage: bf16 is handed to oneDNN */
+    mgt_conv2d_shape sh;               /* n is 0 */
 } cpu_lp_key;
 
 /* What a device's kernels run with. The owner (the mock device) fills pool, reserve and
@@ -41,6 +42,8 @@ typedef struct cpu_ctx {
     size_t scratch_bytes;
     float *lowp; /* the rounded inputs of a low-precision op (kept and grown like scratch) */
     size_t lowp_bytes;
+    float *wide; /* 16-bit activations widened to fp32 for one op (mgt_op_run_widened) */
+    size_t wide_bytes;
     struct onednn *onednn; /* convolutions (groups 1) and sgemm */
     bool conv_im2col;      /* convolutions on the im2col + gemm path even where oneDNN can */
     bool vec_baseline;     /* activations on x86-64's baseline vectors even with AVX-512F */
@@ -51,6 +54,9 @@ typedef struct cpu_ctx {
        path at once, as CUDA remembers a shape cuDNN refuses */
     struct cpu_lp_key *lp_refused;
     int n_lp_refused, cap_lp_refused;
+    /* set while a 16-bit-stored convolution the native path declined runs widened: the inner
+       fp32-stored call goes to the emulation without asking the refusal hook a second time */
+    bool lp_decided;
 } cpu_ctx;
 
 mgt_status cpu_ctx_init(cpu_ctx *ctx, int threads);
@@ -62,8 +68,20 @@ void cpu_ctx_destroy(cpu_ctx *ctx);
    parallel loops. Returns MGT_ERR_OOM when scratch cannot grow and MGT_ERR_DEVICE for a label
    out of range (or a oneDNN failure). */
 mgt_status cpu_run(cpu_ctx *ctx, const mgt_op *op);
+/* op (whose activations are stored in 16 bits) as its fp32 kernel between a widening and a
+   rounding pass (mgt_op_run_widened): the route of the kinds without a one-pass 16-bit kernel,
+   and of a convolution the native path declines. Called with ctx->lock held. */
+mgt_status cpu_run_widened(cpu_ctx *ctx, const mgt_op *op);
 /* Whether cpu_run has a kernel for the kind (MGT_ERR_UNSUPPORTED otherwise). */
 bool cpu_supports(mgt_op_kind kind);
+
+/* ---- 16-bit activation codes (store16.c) ----
+   dst[i] = the fp32 value of code src[i]; dst[i] = the code of src[i] (rounded to nearest even,
+   as device/lowp.h); dst[i] = the code of src[i] + beta * (the value of dst[i]). Bit-exact with
+   lowp.h, AVX-512 where the CPU has it. */
+void cpu16_widen(mgt_precision p, const uint16_t *src, float *dst, size_t n);
+void cpu16_round(mgt_precision p, const float *src, uint16_t *dst, size_t n);
+void cpu16_round_acc(mgt_precision p, const float *src, float beta, uint16_t *dst, size_t n);
 
 /* The kernels, one per row of the op list (cpu_<stem>), each given a checked op; what
    cpu_run calls with ctx->lock held. */

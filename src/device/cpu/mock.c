@@ -929,6 +929,14 @@ static mgt_layout mock_act_layout(const mgt_device *d)
     return ms->opt.conv_im2col || ms->opt.layout_nchw ? MGT_LAYOUT_NCHW : MGT_LAYOUT_NCHW16C;
 }
 
+/* Under --amp the activations are kept in its 16-bit format, as autocast keeps a convolution's
+   result: half the bytes of every activation between ops. */
+static mgt_precision mock_act_dtype(const mgt_device *d, mgt_precision amp)
+{
+    (void)d;
+    return amp;
+}
+
 static bool mock_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
@@ -1131,6 +1139,7 @@ static const mgt_backend_i mock_backend = {
     .copy = mock_copy,
     .copy_peer = mock_copy_peer,
     .act_layout = mock_act_layout,
+    .act_dtype = mock_act_dtype,
     .supports_op = mock_supports_op,
     .launch = mock_launch,
     .counts = mock_counts,

@@ -82,22 +82,65 @@ static void sum_dy_prod(const float *dy, const float *y, const float *x, size_t 
     *sdyx += t2;
 }
 
+/* An NCHW batch-norm op's items: the op, planes per item (eval), and with activations stored in
+   16 bits (p16), four tiles of one plane per thread: each image plane an item reads is widened
+   into its thread's tile, the fp32 loops run on the tiles, and an output plane is rounded once
+   from its tile (one pass over memory, the widened route's bits). */
+typedef struct bnp_job {
+    const mgt_op *op;
+    size_t units;
+    mgt_precision p16;
+    float *tiles;
+    size_t tile; /* floats per tile */
+} bnp_job;
+
+/* Elements [off, off + n) of operand a as fp32 (tile k of thread t where it is 16-bit). */
+static const float *bnp_in(const bnp_job *j, const float *a, size_t off, int t, int k, size_t n)
+{
+    if (!a || j->p16 == MGT_PREC_F32)
+        return a ? a + off : NULL;
+    float *tile = j->tiles + ((size_t)t * 4 + (size_t)k) * j->tile;
+    cpu16_widen(j->p16, (const uint16_t *)(const void *)a + off, tile, n);
+    return tile;
+}
+
+/* Where an output plane at a + off is computed: in place, or in tile 3 of thread t. */
+static float *bnp_out(const bnp_job *j, float *a, size_t off, int t)
+{
+    return j->p16 == MGT_PREC_F32 ? a + off : j->tiles + ((size_t)t * 4 + 3) * j->tile;
+}
+
+/* The plane computed at res stored at a + off (rounded once where 16-bit). */
+static void bnp_done(const bnp_job *j, float *a, size_t off, const float *res, size_t n)
+{
+    if (j->p16 != MGT_PREC_F32)
+        cpu16_round(j->p16, res, (uint16_t *)(void *)a + off, n);
+}
+
+static mgt_status bnp_setup(cpu_ctx *ctx, const mgt_op *op, int hw, bnp_job *j)
+{
+    *j = (bnp_job){.op = op, .units = units_per_item((size_t)hw), .p16 = mgt_op_store16(op)};
+    if (j->p16 == MGT_PREC_F32)
+        return MGT_OK;
+    j->tile = align_up((size_t)hw);
+    mgt_status st = cpu_scratch_ensure(ctx, op, (size_t)pool_threads(ctx) * 4 * j->tile);
+    j->tiles = ctx->scratch;
+    return st;
+}
+
 static void bn_train_item(void *c, int ch, int t)
 {
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_bn_train_args *b = &op->u.bn_train;
-    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
-    const float *x = b->x + (size_t)ch * hw;
-    float *y = b->y + (size_t)ch * hw;
+    const bnp_job *j = c;
+    const mgt_bn_train_args *b = &j->op->u.bn_train;
+    size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw, base = (size_t)ch * hw;
     size_t count = (size_t)b->sh.n * hw;
     /* One pass over shifted data: with the channel's first value as the shift, s1 and s2 stay
        of the order of the spread, not of the mean, so s2 - s1^2/count loses little to
        cancellation even where the mean is many spreads from zero. */
-    float first = x[0];
+    float first = *bnp_in(j, b->x, base, t, 0, 1);
     double s1 = 0, s2 = 0;
     for (int ni = 0; ni < b->sh.n; ni++)
-        sum_shifted(x + ni * stride, hw, first, &s1, &s2);
+        sum_shifted(bnp_in(j, b->x, base + ni * stride, t, 0, hw), hw, first, &s1, &s2);
     double mean = first + s1 / (double)count;
     double ss = s2 - s1 * s1 / (double)count;
     if (ss < 0)
@@ -111,14 +154,17 @@ static void bn_train_item(void *c, int ch, int t)
     b->running_mean[ch] = (float)((1.0 - m) * b->running_mean[ch] + m * mean);
     b->running_var[ch] = (float)((1.0 - m) * b->running_var[ch] + m * unbiased);
     float fm = (float)mean, scale = b->gamma[ch] * (float)invstd, shift = b->beta[ch];
-    for (int ni = 0; ni < b->sh.n; ni++)
-        v_affine(y + ni * stride, x + ni * stride, hw, fm, scale, shift, b->sh.relu);
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        size_t off = base + ni * stride;
+        float *y = bnp_out(j, b->y, off, t);
+        v_affine(y, bnp_in(j, b->x, off, t, 0, hw), hw, fm, scale, shift, b->sh.relu);
+        bnp_done(j, b->y, off, y, hw);
+    }
 }
 
 static void bn_eval_item(void *c, int i, int t)
 {
-    (void)t;
-    const plane_job *j = c;
+    const bnp_job *j = c;
     const mgt_bn_eval_args *b = &j->op->u.bn_eval;
     size_t hw = (size_t)b->sh.hw, lo, hi;
     item_range((size_t)b->sh.n * b->sh.c, j->units, i, &lo, &hi);
@@ -127,24 +173,27 @@ static void bn_eval_item(void *c, int i, int t)
         float mean = b->running_mean[ch];
         float scale = b->gamma[ch] / sqrtf(b->running_var[ch] + b->sh.eps);
         float shift = b->beta[ch];
-        v_affine(b->y + pl * hw, b->x + pl * hw, hw, mean, scale, shift, b->sh.relu);
+        float *y = bnp_out(j, b->y, pl * hw, t);
+        v_affine(y, bnp_in(j, b->x, pl * hw, t, 0, hw), hw, mean, scale, shift, b->sh.relu);
+        bnp_done(j, b->y, pl * hw, y, hw);
     }
 }
 
 static void bn_bwd_item(void *c, int ch, int t)
 {
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_bn_bwd_args *b = &op->u.bn_bwd;
+    const bnp_job *j = c;
+    const mgt_bn_bwd_args *b = &j->op->u.bn_bwd;
     size_t hw = (size_t)b->sh.hw, stride = (size_t)b->sh.c * hw;
     size_t off = (size_t)ch * hw;
     double count = (double)b->sh.n * (double)hw;
     double mean = b->save_mean[ch], invstd = b->save_invstd[ch];
     double sdy = 0, sdyx = 0;
-    const float *ys = b->sh.relu ? b->y + off : NULL; /* the folded ReLU's mask */
-    for (int ni = 0; ni < b->sh.n; ni++)
-        sum_dy_prod(b->dy + off + ni * stride, ys ? ys + ni * stride : NULL,
-                    b->x + off + ni * stride, hw, (float)mean, &sdy, &sdyx);
+    const float *ym = b->sh.relu ? b->y : NULL; /* the folded ReLU's mask */
+    for (int ni = 0; ni < b->sh.n; ni++) {
+        size_t at = off + ni * stride;
+        sum_dy_prod(bnp_in(j, b->dy, at, t, 1, hw), bnp_in(j, ym, at, t, 2, hw),
+                    bnp_in(j, b->x, at, t, 0, hw), hw, (float)mean, &sdy, &sdyx);
+    }
     double sdyxhat = sdyx * invstd;
     b->dgamma[ch] += (float)sdyxhat;
     b->dbeta[ch] += (float)sdy;
@@ -154,14 +203,16 @@ static void bn_bwd_item(void *c, int ch, int t)
     float kx = (float)(sdyxhat / count * invstd); /* applied to (x - mean) */
     float fm = (float)mean;
     for (int ni = 0; ni < b->sh.n; ni++) {
-        const float *dy = b->dy + off + ni * stride, *x = b->x + off + ni * stride;
-        const float *y = ys ? ys + ni * stride : NULL;
-        float *dx = b->dx + off + ni * stride;
+        size_t at = off + ni * stride;
+        const float *dy = bnp_in(j, b->dy, at, t, 1, hw), *x = bnp_in(j, b->x, at, t, 0, hw);
+        const float *y = bnp_in(j, ym, at, t, 2, hw);
+        float *dx = bnp_out(j, b->dx, at, t);
         size_t e = 0;
         for (; e + VW <= hw; e += VW)
             vst(dx + e, k * (v_relu_dy(dy, y, e) - mdy - (vld(x + e) - fm) * kx));
         for (; e < hw; e++)
             dx[e] = k * (relu_dy(dy, y, e) - mdy - (x[e] - fm) * kx);
+        bnp_done(j, b->dx, at, dx, hw);
     }
 }
 
@@ -236,14 +287,39 @@ typedef struct bnb_job {
     float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
     size_t units;        /* planes per item of the elementwise pass */
     bool avx512;         /* the sums on the AVX-512F build of their loop */
+    /* activations stored in 16 bits (F32: none): x, dy, ymask and y then point at codes; each
+       item widens BNB_TILE values of each into its thread's tiles, runs the fp32 loops on them
+       and rounds its output tile once, so memory sees the 16-bit arrays pass once */
+    mgt_precision p16;
+    float *tiles; /* [threads][3][BNB_TILE] */
 } bnb_job;
+
+/* Values per operand tile of a 16-bit item: one sums block (BN_BLOCK pixels of 16 channels);
+   the elementwise passes take BNB_SPAN at a time, so that their tiles stay in L1. */
+#define BNB_TILE ((size_t)BN_BLOCK * 16)
+#define BNB_SPAN ((size_t)2048)
+
+/* Elements [off, off + n) of operand a as fp32: the array itself, or its codes widened into
+   tile. */
+static const float *bnb_in(const bnb_job *j, const float *a, size_t off, float *tile, size_t n)
+{
+    if (!a || j->p16 == MGT_PREC_F32)
+        return a ? a + off : NULL;
+    cpu16_widen(j->p16, (const uint16_t *)(const void *)a + off, tile, n);
+    return tile;
+}
+
+static float *bnb_tile(const bnb_job *j, int t, int k)
+{
+    return j->tiles + ((size_t)t * 3 + (size_t)k) * BNB_TILE;
+}
 
 /* dy where the folded ReLU's output y (NULL: none) is positive, as relu_bwd_item masks it (a
    macro: a function returning 16 lanes would change its ABI between the two builds) */
 #define V16_RELU_DY(dy, y, at) \
     ((y) ? (vf16)((vi16)V16_LD((dy) + (at)) & (V16_LD((y) + (at)) > 0.0f)) : V16_LD((dy) + (at)))
 
-/* One image plane of one block: per channel, t1 = sum of a and t2 = sum of b, where backward
+/* One image plane of one block: per channel, t1 += sum of a and t2 += sum of b, where backward
    (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
    sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. */
 __attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
@@ -253,8 +329,6 @@ __attribute__((always_inline)) static inline void bnb_plane_sums_span(const floa
                                                                       double *t1, double *t2)
 {
     vf16 k = V16_LD(shift);
-    for (int l = 0; l < 16; l++)
-        t1[l] = t2[l] = 0;
     size_t j = 0;
     while (j + 16 <= hw) {
         size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);
@@ -318,7 +392,6 @@ __attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float
 /* The sums of this item's images of one block, each image's into its own place. */
 static void bnb_sums_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
     int b = i / j->parts, p = i % j->parts;
     int n0 = (int)((long long)j->n * p / j->parts),
@@ -327,9 +400,18 @@ static void bnb_sums_item(void *c, int i, int t)
     for (int ni = n0; ni < n1; ni++) {
         size_t base = ((size_t)ni * j->cb + b) * j->hw * 16;
         double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
-        (j->avx512 ? bnb_plane_sums_avx512 : bnb_plane_sums_base)(
-            j->x + base, j->dy ? j->dy + base : NULL, j->ymask ? j->ymask + base : NULL, j->hw,
-            j->shift + (size_t)b * 16, out, out + ch);
+        for (int l = 0; l < 16; l++)
+            out[l] = out[ch + (size_t)l] = 0;
+        /* 16-bit: block by block, which adds what one call over the plane adds, in its order */
+        size_t span = j->p16 == MGT_PREC_F32 ? j->hw : BN_BLOCK;
+        for (size_t p0 = 0; p0 < j->hw; p0 += span) {
+            size_t np = min_z(span, j->hw - p0), off = base + p0 * 16;
+            (j->avx512 ? bnb_plane_sums_avx512
+                       : bnb_plane_sums_base)(bnb_in(j, j->x, off, bnb_tile(j, t, 0), np * 16),
+                                              bnb_in(j, j->dy, off, bnb_tile(j, t, 1), np * 16),
+                                              bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), np * 16),
+                                              np, j->shift + (size_t)b * 16, out, out + ch);
+        }
     }
 }
 
@@ -358,10 +440,10 @@ static void v_ld4(vf v[4], const float *p)
    then with a folded ReLU relu_fwd_item's max(., 0). */
 static void bnb_affine_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
     bool relu = j->relu;
-    size_t lo, hi;
+    size_t lo, hi, plane = j->hw * 16;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -369,13 +451,18 @@ static void bnb_affine_item(void *c, int i, int t)
         v_ld4(sub, j->k0 + b * 16);
         v_ld4(mul, j->k1 + b * 16);
         v_ld4(add, j->k2 + b * 16);
-        const float *x = j->x + pl * j->hw * 16;
-        float *y = j->y + pl * j->hw * 16;
-        for (size_t e = 0; e < j->hw * 16; e += 16)
-            for (int q = 0; q < 4; q++) {
-                vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
-                vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
-            }
+        for (size_t e0 = 0; e0 < plane; e0 += span) {
+            size_t n = min_z(span, plane - e0), off = pl * plane + e0;
+            const float *x = bnb_in(j, j->x, off, bnb_tile(j, t, 0), n);
+            float *y = j->p16 == MGT_PREC_F32 ? j->y + off : bnb_tile(j, t, 1);
+            for (size_t e = 0; e < n; e += 16)
+                for (int q = 0; q < 4; q++) {
+                    vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
+                    vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+                }
+            if (j->p16 != MGT_PREC_F32)
+                cpu16_round(j->p16, y, (uint16_t *)(void *)j->y + off, n);
+        }
     }
 }
 
@@ -383,9 +470,9 @@ static void bnb_affine_item(void *c, int i, int t)
    masked by a folded ReLU's output. */
 static void bnb_dx_item(void *c, int i, int t)
 {
-    (void)t;
     const bnb_job *j = c;
-    size_t lo, hi;
+    size_t lo, hi, plane = j->hw * 16;
+    size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
@@ -394,15 +481,23 @@ static void bnb_dx_item(void *c, int i, int t)
         v_ld4(k, j->k1 + b * 16);
         v_ld4(mdy, j->k2 + b * 16);
         v_ld4(kx, j->shift + b * 16);
-        size_t off = pl * j->hw * 16;
-        const float *x = j->x + off, *dy = j->dy + off, *ym = j->ymask ? j->ymask + off : NULL;
-        float *dx = j->y + off;
-        for (size_t e = 0; e < j->hw * 16; e += 16)
-            for (int q = 0; q < 4; q++) {
-                size_t at = e + 4 * (size_t)q;
-                vst(dx + at,
-                    k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
-            }
+        for (size_t e0 = 0; e0 < plane; e0 += span) {
+            size_t n = min_z(span, plane - e0), off = pl * plane + e0;
+            /* the output tile is x's once x is read (each element is read before written) */
+            float *xt = bnb_tile(j, t, 0);
+            const float *x = bnb_in(j, j->x, off, xt, n);
+            const float *dy = bnb_in(j, j->dy, off, bnb_tile(j, t, 1), n);
+            const float *ym = bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), n);
+            float *dx = j->p16 == MGT_PREC_F32 ? j->y + off : xt;
+            for (size_t e = 0; e < n; e += 16)
+                for (int q = 0; q < 4; q++) {
+                    size_t at = e + 4 * (size_t)q;
+                    vst(dx + at,
+                        k[q] * (v_relu_dy(dy, ym, at) - mdy[q] - (vld(x + at) - fm[q]) * kx[q]));
+                }
+            if (j->p16 != MGT_PREC_F32)
+                cpu16_round(j->p16, dx, (uint16_t *)(void *)j->y + off, n);
+        }
     }
 }
 
@@ -413,7 +508,10 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
 {
     int parts = bnb_parts(sh->n), cb = sh->c / 16;
     size_t c = (size_t)sh->c, sum_floats = (size_t)sh->n * 2 * c * 2; /* doubles */
-    mgt_status st = cpu_scratch_ensure(ctx, op, sum_floats + 4 * c);
+    mgt_precision p16 = mgt_op_store16(op);
+    size_t tiles_at = align_up(sum_floats + 4 * c);
+    size_t tiles = p16 == MGT_PREC_F32 ? 0 : (size_t)pool_threads(ctx) * 3 * BNB_TILE;
+    mgt_status st = cpu_scratch_ensure(ctx, op, tiles_at + tiles);
     if (st != MGT_OK)
         return st;
     float *f = ctx->scratch + sum_floats;
@@ -432,7 +530,9 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
                    .k1 = f + 2 * c,
                    .k2 = f + 3 * c,
                    .units = units_per_item((size_t)sh->hw * 16),
-                   .avx512 = vec_avx512(ctx)};
+                   .avx512 = vec_avx512(ctx),
+                   .p16 = p16,
+                   .tiles = ctx->scratch + tiles_at};
     return MGT_OK;
 }
 
@@ -446,7 +546,9 @@ static mgt_status run_bn_train_blocked(cpu_ctx *ctx, const mgt_op *op)
         return st;
     float *shift = (float *)j.shift;
     for (int ch = 0; ch < b->sh.c; ch++) /* each channel's first value, as bn_train_item */
-        shift[ch] = b->x[mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0)];
+        shift[ch] =
+            *bnb_in(&j, b->x, mgt_layout_at(MGT_LAYOUT_NCHW16C, b->sh.c, b->sh.hw, 0, ch, 0),
+                    shift + ch, 1);
     POOL_FOR(ctx, j.cb * j.parts, bnb_sums_item, &j);
     size_t count = (size_t)b->sh.n * (size_t)b->sh.hw;
     for (int ch = 0; ch < b->sh.c; ch++) {
@@ -603,25 +705,34 @@ mgt_status cpu_bn_train(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_train.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_train_blocked(ctx, op);
-    POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, op);
-    return MGT_OK;
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_train.sh.hw, &j);
+    if (st == MGT_OK)
+        POOL_FOR(ctx, op->u.bn_train.sh.c, bn_train_item, &j);
+    return st;
 }
 
 mgt_status cpu_bn_eval(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_eval.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_eval_blocked(ctx, op);
-    plane_job j = {op, units_per_item((size_t)op->u.bn_eval.sh.hw)};
-    POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units), bn_eval_item,
-             &j);
-    return MGT_OK;
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_eval.sh.hw, &j);
+    if (st == MGT_OK)
+        POOL_FOR(ctx, items_of((size_t)op->u.bn_eval.sh.n * op->u.bn_eval.sh.c, j.units),
+                 bn_eval_item, &j);
+    return st;
 }
 
 mgt_status cpu_bn_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
     if (op->u.bn_bwd.sh.layout == MGT_LAYOUT_NCHW16C)
         return run_bn_bwd_blocked(ctx, op);
-    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, op);
+    bnp_job j;
+    mgt_status st = bnp_setup(ctx, op, op->u.bn_bwd.sh.hw, &j);
+    if (st != MGT_OK)
+        return st;
+    POOL_FOR(ctx, op->u.bn_bwd.sh.c, bn_bwd_item, &j);
     return MGT_OK;
 }
 

@@ -44,6 +44,10 @@ typedef struct prim {
        buffer and is added on here, instead of by a summing reorder (oneDNN 2.6 has no JIT
        kernel for one between equal layouts, and its reference loop ran at a fifth of this) */
     bool add_out;
+    /* a 16-bit output with beta != 0 (oneDNN's backward passes take no sum post-op): the
+       kernel writes fp32 in the output's own layout into the o buffer, and the chunk is
+       rounded onto the stored values as the code of result + beta * stored (cpu16_round_acc) */
+    bool add16;
     dnnl_memory_desc_t md[M_COUNT];
     size_t fa, fb, fo, fw, fsp; /* floats of the internal buffers each thread needs */
     size_t w_off;               /* forward/backward data: internal weights in shared scratch */
@@ -53,6 +57,10 @@ typedef struct prim {
 struct onednn_plan {
     conv_kind kind;
     bool bf16; /* a conv2d_*_lp op in bf16: the reorders round its inputs to bf16 */
+    /* the op's activation storage (mgt_op.store_in, store_out): a bf16 activation is handed
+       to oneDNN as bf16 memory in its own layout, and a bf16 output written as bf16 by the
+       kernel (fp32 sums rounded once, beta applied before the rounding) */
+    bool x16, y16;
     mgt_conv2d_shape sh;
     uint32_t beta_bits;
     bool ok; /* false: oneDNN cannot do it (kept so the question is asked once) */
@@ -352,11 +360,22 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
     /* bf16 (a _lp op): the op's two inputs are bf16 inside oneDNN (the reorders from the
        user's fp32 round them, to nearest even), its output fp32; a backward primitive's
        forward hint is the all-bf16 training forward */
-    dnnl_data_type_t tx = pl->bf16 && pl->kind != K_BWD_DATA ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t tx = pl->bf16 && (pl->kind != K_BWD_DATA || pl->x16) ? dnnl_bf16 : dnnl_f32;
     dnnl_data_type_t tw = pl->bf16 && pl->kind != K_BWD_FILTER ? dnnl_bf16 : dnnl_f32;
-    dnnl_data_type_t ty = pl->bf16 && pl->kind != K_FWD ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t ty = pl->bf16 && (pl->kind != K_FWD || pl->y16) ? dnnl_bf16 : dnnl_f32;
+    float beta;
+    memcpy(&beta, &pl->beta_bits, sizeof beta);
     dnnl_data_type_t th = pl->bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t x_any, w_any, y_any, x_u, w_u, y_u, xh, wh, yh;
+    /* a 16-bit output with beta: the kernel's sum post-op adds beta times the stored value to
+       the fp32 result and rounds once; that needs the output in the user's layout, so the
+       primitive is made again for it below if oneDNN chose another */
+    bool out16 = (pl->kind == K_FWD && pl->y16) || (pl->kind == K_BWD_DATA && pl->x16);
+    bool add16 = out16 && beta != 0.0f;
+    if (add16 && pl->kind == K_FWD)
+        ty = dnnl_f32;
+    if (add16 && pl->kind == K_BWD_DATA)
+        tx = dnnl_f32;
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&x_any, 4, xd, tx, dnnl_format_tag_any);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&w_any, wn, wd, tw, dnnl_format_tag_any);
@@ -373,11 +392,11 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
     dnnl_format_tag_t xt = sh->x_layout == MGT_LAYOUT_NCHW16C ? dnnl_nChw16c : dnnl_nchw;
     dnnl_format_tag_t yt = sh->y_layout == MGT_LAYOUT_NCHW16C ? dnnl_nChw16c : dnnl_nchw;
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, dnnl_f32, xt);
+        s = dnnl_memory_desc_init_by_tag(&x_u, 4, xd, pl->x16 ? dnnl_bf16 : dnnl_f32, xt);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&w_u, wn, wd, dnnl_f32, g > 1 ? dnnl_goihw : dnnl_oihw);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&y_u, 4, yd, dnnl_f32, yt);
+        s = dnnl_memory_desc_init_by_tag(&y_u, 4, yd, pl->y16 ? dnnl_bf16 : dnnl_f32, yt);
     if (s != dnnl_success)
         return s;
 
@@ -445,9 +464,6 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
         }
     }
     dnnl_primitive_desc_destroy(pd);
-
-    float beta;
-    memcpy(&beta, &pl->beta_bits, sizeof beta);
     if (!same_bytes(&p->md[M_UA], &p->md[M_IA])) {
         p->fa = md_floats(&p->md[M_IA]);
         s = make_reorder(o, &p->md[M_UA], &p->md[M_IA], 0.0f, &p->ra, &sp);
@@ -457,7 +473,19 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
         s = make_reorder(o, &p->md[M_UB], &p->md[M_IB], 0.0f, &p->rb, &sp);
     }
     bool same_out = same_bytes(&p->md[M_UO], &p->md[M_IO]);
-    if (pl->kind != K_BWD_FILTER && (beta != 0.0f || !same_out)) {
+    if (add16) {
+        /* the fp32 result laid out as the stored codes are, element for element: reordered
+           into the b buffer (unused by the data passes) where oneDNN chose another layout */
+        dnnl_memory_desc_t uo32 = p->md[M_UO];
+        uo32.data_type = dnnl_f32;
+        p->add16 = true;
+        p->fo = md_floats(&p->md[M_IO]);
+        if (s == dnnl_success && !same_bytes(&uo32, &p->md[M_IO])) {
+            p->md[M_UB] = uo32;
+            p->fb = md_floats(&uo32);
+            s = make_reorder(o, &p->md[M_IO], &uo32, 0.0f, &p->ro, &sp);
+        }
+    } else if (pl->kind != K_BWD_FILTER && (beta != 0.0f || !same_out)) {
         p->fo = md_floats(&p->md[M_IO]);
         p->add_out = same_out && beta == 1.0f;
         if (s == dnnl_success && !p->add_out)
@@ -490,11 +518,11 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
     return s;
 }
 
-static bool plan_matches(const onednn_plan *pl, conv_kind kind, bool bf16,
+static bool plan_matches(const onednn_plan *pl, conv_kind kind, bool bf16, bool x16, bool y16,
                          const mgt_conv2d_shape *sh, uint32_t beta_bits)
 {
-    return pl->kind == kind && pl->bf16 == bf16 && pl->beta_bits == beta_bits &&
-           memcmp(&pl->sh, sh, sizeof *sh) == 0;
+    return pl->kind == kind && pl->bf16 == bf16 && pl->x16 == x16 && pl->y16 == y16 &&
+           pl->beta_bits == beta_bits && memcmp(&pl->sh, sh, sizeof *sh) == 0;
 }
 
 /* Scratch of a plan whose primitives exist: shared weights or parts, then per thread the
@@ -542,12 +570,15 @@ mgt_status onednn_conv_plan(onednn *o, const mgt_op *op, onednn_plan **plan, siz
                      : fk == MGT_OP_CONV2D_BWD_DATA ? K_BWD_DATA
                                                     : K_BWD_FILTER;
     bool bf16 = op->prec == MGT_PREC_BF16;
+    /* bf16 storage only with bf16 arithmetic (cpu_conv2d asks for nothing else) */
+    bool x16 = op->store_in == MGT_PREC_BF16, y16 = op->store_out == MGT_PREC_BF16;
+    MGT_ASSERT(bf16 || (!x16 && !y16));
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
     uint32_t beta_bits;
     memcpy(&beta_bits, &op->u.conv.beta, sizeof beta_bits);
     onednn_plan **link = &o->plans, *pl = NULL;
     for (; *link; link = &(*link)->next) {
-        if (plan_matches(*link, kind, bf16, sh, beta_bits)) {
+        if (plan_matches(*link, kind, bf16, x16, y16, sh, beta_bits)) {
             pl = *link;
             *link = pl->next; /* to the front: a step reuses the same few dozen */
             pl->next = o->plans;
@@ -561,6 +592,8 @@ mgt_status onednn_conv_plan(onednn *o, const mgt_op *op, onednn_plan **plan, siz
             return mgt_error_set(MGT_ERR_OOM, "oneDNN: out of host memory for a plan");
         pl->kind = kind;
         pl->bf16 = bf16;
+        pl->x16 = x16;
+        pl->y16 = y16;
         pl->sh = *sh;
         pl->beta_bits = beta_bits;
         {
@@ -662,18 +695,19 @@ static void data_item(void *c, int i, int t)
     size_t xs = (size_t)sh->c * sh->h * sh->w;
     size_t ys = (size_t)sh->k * mgt_conv2d_out_h(sh) * mgt_conv2d_out_w(sh);
     bool fwd = pl->kind == K_FWD;
-    const float *ua = j->op->u.conv.in1 + n0 * (fwd ? xs : ys);
-    float *uo = j->op->u.conv.out + n0 * (fwd ? ys : xs);
+    size_t ea = (fwd ? pl->x16 : pl->y16) ? 2 : 4, eo = (fwd ? pl->y16 : pl->x16) ? 2 : 4;
+    const void *ua = (const char *)j->op->u.conv.in1 + n0 * (fwd ? xs : ys) * ea;
+    void *uo = (char *)j->op->u.conv.out + n0 * (fwd ? ys : xs) * eo;
     const float *w = p->rw ? j->scratch + p->w_off : j->op->u.conv.in2;
     dnnl_stream_t st = j->o->streams[t];
     bufs b = bufs_of(j, t);
     dnnl_status_t s = dnnl_success;
-    const float *ia = ua;
+    const void *ia = ua;
     if (p->ra) {
         s = exec2(p, p->ra, st, t, mem_at(p, t, M_UA, ua), mem_at(p, t, M_IA, b.a), b.sp);
         ia = b.a;
     }
-    float *io = p->ro || p->add_out ? b.o : uo;
+    void *io = p->ro || p->add_out || p->add16 ? b.o : uo;
     if (s == dnnl_success) {
         dnnl_exec_arg_t a[4] = {
             {fwd ? DNNL_ARG_SRC : DNNL_ARG_DIFF_DST, mem_at(p, t, M_IA, ia)},
@@ -685,13 +719,21 @@ static void data_item(void *c, int i, int t)
             a[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem_at(p, t, M_SP, b.sp)};
         s = dnnl_primitive_execute(p->conv, st, n, a);
     }
-    if (s == dnnl_success && p->ro)
+    const float *res16 = io; /* add16: the fp32 result in the stored layout */
+    if (s == dnnl_success && p->ro && p->add16) {
+        s = exec2(p, p->ro, st, t, mem_at(p, t, M_IO, io), mem_at(p, t, M_UB, b.b), b.sp);
+        res16 = b.b;
+    } else if (s == dnnl_success && p->ro) {
         s = exec2(p, p->ro, st, t, mem_at(p, t, M_IO, io), mem_at(p, t, M_UO, uo), b.sp);
+    }
     if (s == dnnl_success)
         s = dnnl_stream_wait(st);
+    if (s == dnnl_success && p->add16)
+        cpu16_round_acc(MGT_PREC_BF16, res16, j->op->u.conv.beta, uo,
+                        (size_t)p->mb * (fwd ? ys : xs));
     if (s == dnnl_success && p->add_out) /* the summing reorder's dst + src, bit for bit */
         for (size_t k = 0, n = (size_t)p->mb * (fwd ? ys : xs); k < n; k++)
-            uo[k] += io[k];
+            ((float *)uo)[k] += ((const float *)io)[k];
     note(j, s);
 }
 
@@ -716,9 +758,9 @@ static void filter_item(void *c, int i, int t)
     for (int ch = c0; ch < c1 && s == dnnl_success; ch++) {
         size_t n0;
         const prim *p = chunk_prim(pl, ch, &n0);
-        const float *ux = j->op->u.conv.in2 + n0 * xs;
-        const float *udy = j->op->u.conv.in1 + n0 * ys;
-        const float *ix = ux, *idy = udy;
+        const void *ux = (const char *)j->op->u.conv.in2 + n0 * xs * (pl->x16 ? 2 : 4);
+        const void *udy = (const char *)j->op->u.conv.in1 + n0 * ys * (pl->y16 ? 2 : 4);
+        const void *ix = ux, *idy = udy;
         if (p->ra) {
             s = exec2(p, p->ra, st, t, mem_at(p, t, M_UA, ux), mem_at(p, t, M_IA, b.a), b.sp);
             ix = b.a;

@@ -342,10 +342,10 @@ static mgt_status ref_bn_bwd_elemt(const mgt_op *op)
    maximum (mgt_op_check keeps every window on real input), so clipping is the padding. The
    maximum is the first in raster order: a later value must be strictly larger to win. */
 /* The plane of channel c of image n in a pooling tensor of `pixels` per plane: where its first
-   element lies, and the step from one pixel to the next (1 in NCHW, 16 in nChw16c). */
+   element lies, and the step from one pixel to the next (mgt_layout_pixel_step). */
 static size_t pool_plane(const mgt_pool2d_shape *sh, int n, int c, size_t pixels, size_t *step)
 {
-    *step = sh->layout == MGT_LAYOUT_NCHW16C ? 16 : 1;
+    *step = mgt_layout_pixel_step(sh->layout, sh->c);
     return mgt_layout_at(sh->layout, sh->c, (int)pixels, n, c, 0);
 }
 
@@ -744,11 +744,17 @@ static mgt_status ref_apool_bwd(const mgt_op *op)
 static mgt_status ref_scopy(const mgt_op *op)
 {
     const mgt_scopy_args *c = &op->u.scopy;
+    bool h = mgt_op_store16(op) != MGT_PREC_F32; /* 16-bit codes, copied as they are */
     for (int i = 0; i < c->n; i++)
         for (int r = 0; r < c->rows; r++)
-            for (size_t k = 0; k < c->count; k++)
-                c->y[(size_t)i * c->y_stride + (size_t)r * c->y_row + k] =
-                    c->x[(size_t)i * c->x_stride + (size_t)r * c->x_row + k];
+            for (size_t k = 0; k < c->count; k++) {
+                size_t yi = (size_t)i * c->y_stride + (size_t)r * c->y_row + k;
+                size_t xi = (size_t)i * c->x_stride + (size_t)r * c->x_row + k;
+                if (h)
+                    ((uint16_t *)c->y)[yi] = ((const uint16_t *)c->x)[xi];
+                else
+                    c->y[yi] = c->x[xi];
+            }
     return MGT_OK;
 }
 
@@ -1281,9 +1287,42 @@ static mgt_status ref_rpb_bwd(const mgt_op *op)
 static mgt_status (*const ref_ops[MGT_OP_COUNT])(const mgt_op *op) = {MGT_OP_LIST(REF_OP)};
 #undef REF_OP
 
+/* 16-bit activation storage: the op's fp32 loops on widened copies, each 16-bit output
+   rounded once (mgt_op_run_widened); copies keep their codes (ref_scopy). */
+typedef struct ref_wide {
+    float *buf;
+} ref_wide;
+
+static float *ref_widen(void *ctx, size_t n)
+{
+    ref_wide *w = ctx;
+    w->buf = malloc((n ? n : 1) * sizeof(float));
+    if (!w->buf)
+        mgt_error_set(MGT_ERR_OOM, "reference: no memory for %zu widened floats", n);
+    return w->buf;
+}
+
+static void ref_store_copy(void *ctx, const mgt_store_job *job)
+{
+    (void)ctx;
+    mgt_store_copy(job, 0, job->n);
+}
+
+static mgt_status ref_fp32(void *ctx, const mgt_op *op)
+{
+    (void)ctx;
+    return ref_ops[op->kind](op);
+}
+
 mgt_status mgt_ref_run(const mgt_op *op)
 {
     if ((unsigned)op->kind >= MGT_OP_COUNT)
         return mgt_error_set(MGT_ERR_INVALID, "reference: unknown op kind %d", (int)op->kind);
+    if (mgt_op_store16(op) != MGT_PREC_F32 && op->kind != MGT_OP_STRIDED_COPY) {
+        ref_wide w = {NULL};
+        mgt_status st = mgt_op_run_widened(op, &w, ref_widen, ref_store_copy, ref_fp32);
+        free(w.buf);
+        return st;
+    }
     return ref_ops[op->kind](op);
 }

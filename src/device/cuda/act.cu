@@ -85,7 +85,55 @@ template <class A> __global__ void k_act_bwd(float *dx, const float *dy, const f
         dx[i] = dy[i] * A::grad(x[i]);
 }
 
+// The 16-bit storage forms: x and dx stored as store_in, y and dy as store_out; widened,
+// computed in fp32, rounded once.
+template <class A>
+__global__ void k_act_fwd16(void *y, const void *x, size_t n, mgt_sto si, mgt_sto so)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        sto_st(y, i, A::fwd(sto_ld(x, i, si)), so);
+}
+
+template <class A>
+__global__ void k_act_bwd16(void *dx, const void *dy, const void *x, size_t n, mgt_sto si,
+                            mgt_sto so)
+{
+    for (size_t i = thread_index(); i < n; i += thread_stride())
+        sto_st(dx, i, sto_ld(dy, i, so) * A::grad(sto_ld(x, i, si)), si);
+}
+
 } // namespace
+
+mgt_status mgt_cuda_act16(mgt_cuda_stream *s, const mgt_op *op)
+{
+    const mgt_sto si = mgt_sto_of(op->store_in), so = mgt_sto_of(op->store_out);
+    if (op->kind == MGT_OP_ACT_FWD) {
+        const auto &a = op->u.act_fwd;
+        unsigned g = blocks_for(a.n);
+        switch (a.act) {
+#define ACT_FWD16_CASE(KIND, name)                                                     \
+    case MGT_ACT_##KIND:                                                               \
+        k_act_fwd16<act_##name><<<g, kThreads, 0, s->stream>>>(a.y, a.x, a.n, si, so); \
+        break;
+            MGT_ACT_LIST(ACT_FWD16_CASE)
+#undef ACT_FWD16_CASE
+        case MGT_ACT_COUNT: break;
+        }
+        return MGT_CUDA_AFTER(s, "activation_forward");
+    }
+    const auto &a = op->u.act_bwd;
+    unsigned g = blocks_for(a.n);
+    switch (a.act) {
+#define ACT_BWD16_CASE(KIND, name)                                                            \
+    case MGT_ACT_##KIND:                                                                      \
+        k_act_bwd16<act_##name><<<g, kThreads, 0, s->stream>>>(a.dx, a.dy, a.x, a.n, si, so); \
+        break;
+        MGT_ACT_LIST(ACT_BWD16_CASE)
+#undef ACT_BWD16_CASE
+    case MGT_ACT_COUNT: break;
+    }
+    return MGT_CUDA_AFTER(s, "activation_backward");
+}
 
 // The kind was checked (mgt_op_check): MGT_ACT_COUNT never reaches here.
 mgt_status cuda_act_fwd(mgt_cuda_stream *s, const mgt_op *op)

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "device/backend.h"
+#include "device/bytes.h"
 #include "device/cuda/cuda_impl.h"
 
 /* ---- waits ----
@@ -257,6 +258,7 @@ static mgt_status cuda_event_elapsed_ms(mgt_event *start, mgt_event *end, float 
 static mgt_status cuda_memset(mgt_stream *s, void *dst, int value, size_t bytes)
 {
     GIVEN_UP(s->dev);
+    mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_memset(s->impl, dst, value, bytes);
 }
 
@@ -267,6 +269,8 @@ static mgt_status cuda_copy(mgt_stream *s, mgt_copy_kind kind, void *dst, const 
     int k = kind == MGT_COPY_H2D   ? MGT_CUDA_COPY_H2D
             : kind == MGT_COPY_D2H ? MGT_CUDA_COPY_D2H
                                    : MGT_CUDA_COPY_D2D;
+    if (kind != MGT_COPY_D2H)
+        mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_copy(s->impl, k, dst, src, bytes);
 }
 
@@ -275,6 +279,7 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 {
     GIVEN_UP(s->dev);
     GIVEN_UP(src_dev); /* its memory is not read once it is given up */
+    mgt_cuda_note_write(s->dev->impl, dst, bytes);
     return mgt_cuda_copy_peer(s->impl, dst, src_dev->impl, src, bytes);
 }
 
@@ -285,19 +290,36 @@ static mgt_status cuda_copy_peer(mgt_stream *s, void *dst, mgt_device *src_dev, 
 static const mgt_cuda_op_fn cuda_ops[MGT_OP_COUNT] = {MGT_OP_LIST(CUDA_OP)};
 #undef CUDA_OP
 
-/* cuDNN and the kernels here take NCHW activations; mgt_device_act_layout never asks a CUDA
-   model for another layout. */
+/* What the kernels here take (device/bytes.h: the byte model refuses the same ops). */
 static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && !mgt_op_blocked(op);
+    return (unsigned)op->kind < MGT_OP_COUNT && cuda_ops[op->kind] != NULL && mgt_op_cuda_takes(op);
 }
 
-/* Called only for ops cuda_supports_op accepted. */
+/* Called only for ops cuda_supports_op accepted. A filter copy an op writes over is stale
+   (the optimizer's update, a load). */
 static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
     GIVEN_UP(s->dev);
+    mgt_cuda_note_op(s->dev->impl, op);
+    if (mgt_op_store16(op) != MGT_PREC_F32)
+        return mgt_cuda_store16(s->impl, op);
     return cuda_ops[op->kind](s->impl, op);
+}
+
+/* NHWC, for the 16-bit activations a model keeps under --amp (cuDNN's tensor cores take them
+   without transposes); the model keeps fp32 ones NCHW (mgt/nn.h). */
+static mgt_layout cuda_act_layout(const mgt_device *d)
+{
+    (void)d;
+    return MGT_LAYOUT_NHWC;
+}
+
+static mgt_precision cuda_act_dtype(const mgt_device *d, mgt_precision amp)
+{
+    (void)d;
+    return amp;
 }
 
 /* ---- across processes ---- */
@@ -349,6 +371,8 @@ static const mgt_backend_i cuda_backend = {
     .memset = cuda_memset,
     .copy = cuda_copy,
     .copy_peer = cuda_copy_peer,
+    .act_layout = cuda_act_layout,
+    .act_dtype = cuda_act_dtype,
     .supports_op = cuda_supports_op,
     .launch = cuda_launch,
     .abandon = cuda_abandon,

@@ -94,6 +94,19 @@ struct mgt_cuda_dev {
     // a device-memory atomicCAS is an ordinary L2 operation.
     int *claim_dev;
 
+    // The 16-bit KRSC copies of fp32 KCRS filters that the channels-last convolutions read
+    // (dnn.cu), keyed by the filter's address: made by every forward pass (once per step),
+    // reused by the backward passes until an op, copy or memset writes over the filter or
+    // its block is freed (mgt_cuda_note_write). Blocks from the allocator, freed with it.
+    struct wcopy {
+        size_t bytes;     // of the fp32 filter
+        void *w16;        // its KRSC 16-bit copy
+        size_t cap;       // bytes of w16
+        int prec, cg, rs; // the format; the shape it was laid out for
+        bool valid;
+    };
+    std::mutex wcache_lock;
+    std::map<uintptr_t, wcopy> wcache;
     // A failure while work ran is sticky, as CUDA's own faults are.
     std::atomic<int> sticky;
     std::mutex sticky_lock;
@@ -184,6 +197,56 @@ mgt_status mgt_cuda_to_nhwc16(mgt_cuda_stream *s, uint16_t *dst, const float *sr
 // is 0).
 mgt_status mgt_cuda_from_nhwc16(mgt_cuda_stream *s, float *dst, const uint16_t *src, int n, int c,
                                 int hw, float beta, bool bf16);
+
+// ---- activations stored in 16 bits (mgt_op.store_in, store_out) ----
+
+// The rounding and encodings of src/device/lowp.h (round to nearest even, fp16 overflow to
+// inf, NaN kept quiet), the reference's and the CPU kernels', compiled for the device.
+#define MGT_LOWP_FN __host__ __device__ static inline
+#include "device/lowp.h"
+
+// How an operand is stored: 16-bit codes (h; bf16 or fp16) or fp32. Kernels widen on load,
+// compute in fp32 and round once on store.
+struct mgt_sto {
+    bool h, bf16;
+};
+inline mgt_sto mgt_sto_of(mgt_precision p)
+{
+    return mgt_sto{p != MGT_PREC_F32, p == MGT_PREC_BF16};
+}
+
+__device__ inline float sto_ld(const void *p, size_t i, mgt_sto s)
+{
+    return s.h ? mgt_lowp_decode(s.bf16 ? MGT_PREC_BF16 : MGT_PREC_FP16, ((const uint16_t *)p)[i])
+               : ((const float *)p)[i];
+}
+
+__device__ inline void sto_st(void *p, size_t i, float v, mgt_sto s)
+{
+    if (s.h)
+        ((uint16_t *)p)[i] = mgt_lowp_encode(s.bf16 ? MGT_PREC_BF16 : MGT_PREC_FP16, v);
+    else
+        ((float *)p)[i] = v;
+}
+
+// Element i (of hw) of channel ch of image n in an [n, c, hw] activation: NCHW or NHWC (the
+// layouts the CUDA kernels take; nChw16c is the mock devices').
+__device__ inline size_t lay_at(bool nhwc, int c, int hw, int n, int ch, int i)
+{
+    return nhwc ? ((size_t)n * hw + i) * c + ch : ((size_t)n * c + ch) * hw + i;
+}
+
+// A copy of a [n, c, hw] activation between layouts and storages, coalesced on both sides
+// (32x32 tiles through shared memory): dst = src + beta * dst (dst not read where beta is 0),
+// rounded once where dst is 16-bit. A filter KCRS <-> KRSC is the same with n = K, c = C/g,
+// hw = R*S (store16.cu).
+mgt_status mgt_cuda_relayout(mgt_cuda_stream *s, void *dst, bool dst_nhwc, mgt_sto dst_sto,
+                             const void *src, bool src_nhwc, mgt_sto src_sto, int n, int c, int hw,
+                             float beta);
+
+// The 16-bit storage forms behind mgt_cuda_store16 (cuda_impl.h).
+mgt_status mgt_cuda_act16(mgt_cuda_stream *s, const mgt_op *op);
+mgt_status mgt_cuda_conv16(mgt_cuda_stream *s, const mgt_op *op);
 
 // The stream's cuBLAS handle, made on first use (dnn.cu).
 mgt_status mgt_cuda_blas(mgt_cuda_stream *s);

@@ -133,6 +133,14 @@ void mgt_cuda_xcomm_free(mgt_cuda_xcomm *x); /* NULL is a no-op */
    table is the same expansion of the list. ---- */
 
 typedef mgt_status (*mgt_cuda_op_fn)(mgt_cuda_stream *s, const mgt_op *op);
+
+/* An op that stores activations in 16 bits (mgt_op_store16 != F32), NHWC or NCHW: the kernels
+   of store16.cu and act.cu, the channels-last convolutions of dnn.cu. */
+mgt_status mgt_cuda_store16(mgt_cuda_stream *s, const mgt_op *op);
+/* The replica's 16-bit filter copies (dnn.cu) that [ptr, ptr + bytes) overlaps are stale: every
+   op's outputs, copy, memset and free pass through here before they are enqueued. */
+void mgt_cuda_note_write(mgt_cuda_dev *d, const void *ptr, size_t bytes);
+void mgt_cuda_note_op(mgt_cuda_dev *d, const mgt_op *op);
 #define MGT_CUDA_OP_DECL_(KIND, name, args, stem) \
     mgt_status cuda_##stem(mgt_cuda_stream *s, const mgt_op *op);
 MGT_OP_LIST(MGT_CUDA_OP_DECL_)

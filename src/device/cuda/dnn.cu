@@ -819,6 +819,277 @@ static mgt_status conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
     return st != MGT_OK ? st : conv2d_f32(s, &f);
 }
 
+// ---- activations stored in 16 bits (store_in, store_out): the channels-last path ----
+
+// Whether an activation operand is what cuDNN's tensor cores read and write as it lies:
+// NHWC 16-bit.
+static bool nhwc16(mgt_layout l, mgt_precision st)
+{
+    return l == MGT_LAYOUT_NHWC && st != MGT_PREC_F32;
+}
+
+// The KRSC 16-bit copy of the fp32 KCRS filter w in the replica's cache: made anew where
+// `fresh` (the forward pass: once per step), else reused while no write has touched w since
+// (mgt_cuda_note_write).
+static mgt_status filter16(mgt_cuda_stream *s, const float *w, const mgt_conv2d_shape *sh,
+                           mgt_precision prec, bool fresh, const void **out)
+{
+    mgt_cuda_dev *d = s->dev;
+    const int cg = sh->c / sh->groups, rs = sh->r * sh->s;
+    const size_t nw = (size_t)sh->k * cg * rs;
+    std::lock_guard<std::mutex> g(d->wcache_lock);
+    auto it = d->wcache.find((uintptr_t)w);
+    if (it != d->wcache.end() && !fresh && it->second.valid && it->second.prec == (int)prec &&
+        it->second.cg == cg && it->second.rs == rs && it->second.bytes == nw * sizeof(float)) {
+        *out = it->second.w16;
+        return MGT_OK;
+    }
+    if (it == d->wcache.end())
+        it = d->wcache.emplace((uintptr_t)w, mgt_cuda_dev::wcopy{0, NULL, 0, 0, 0, 0, false}).first;
+    mgt_cuda_dev::wcopy &e = it->second;
+    e.valid = false;
+    if (e.cap < nw * sizeof(uint16_t)) {
+        const size_t want = mgt_cuda_align256(nw * sizeof(uint16_t));
+        if (d->hooks.reserve != NULL) {
+            mgt_status st = d->hooks.reserve(d->owner, want, "16-bit filter copies");
+            if (st != MGT_OK)
+                return st;
+        }
+        void *p = NULL;
+        mgt_status st = mgt_cuda_alloc_internal(d, want, &p);
+        if (st != MGT_OK) {
+            if (d->hooks.unreserve != NULL)
+                d->hooks.unreserve(d->owner, want);
+            return st;
+        }
+        if (e.w16 != NULL) {
+            mgt_cuda_free_on_stream(s, e.w16);
+            if (d->hooks.unreserve != NULL)
+                d->hooks.unreserve(d->owner, e.cap);
+        }
+        e.w16 = p;
+        e.cap = want;
+    }
+    mgt_status st = mgt_cuda_relayout(s, e.w16, true, mgt_sto_of(prec), w, false,
+                                      mgt_sto_of(MGT_PREC_F32), sh->k, cg, rs, 0.0f);
+    if (st != MGT_OK)
+        return st;
+    e.bytes = nw * sizeof(float);
+    e.prec = (int)prec;
+    e.cg = cg;
+    e.rs = rs;
+    e.valid = true;
+    *out = e.w16;
+    return MGT_OK;
+}
+
+// Every copy of a 16-bit filter that [ptr, ptr + bytes) overlaps is stale from now on.
+void mgt_cuda_note_write(mgt_cuda_dev *d, const void *ptr, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    const uintptr_t lo = (uintptr_t)ptr, hi = lo + bytes;
+    std::lock_guard<std::mutex> g(d->wcache_lock);
+    // filters do not overlap: walk down from the last one starting below hi
+    for (auto it = d->wcache.lower_bound(hi); it != d->wcache.begin();) {
+        --it;
+        if (it->first + it->second.bytes <= lo)
+            break;
+        it->second.valid = false;
+    }
+}
+
+void mgt_cuda_note_op(mgt_cuda_dev *d, const mgt_op *op)
+{
+    {
+        std::lock_guard<std::mutex> g(d->wcache_lock);
+        if (d->wcache.empty())
+            return;
+    }
+    mgt_op copy = *op;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&copy, ops);
+    for (int i = 0; i < n; i++)
+        if (ops[i].role != MGT_OPERAND_IN)
+            mgt_cuda_note_write(d, *ops[i].ptr, ops[i].count * mgt_dtype_size(ops[i].dtype));
+}
+
+// The widened form, for what the channels-last path does not run (an fp32 arithmetic over
+// 16-bit storage, a precision other than the storage's, a shape cuDNN refuses in 16 bits):
+// the activations as NCHW fp32 copies in s->scratch (exact), the NCHW op on them, its
+// activation output rounded once into the op's. The reference's arithmetic, not the speed.
+static mgt_status conv16_widened(mgt_cuda_stream *s, const mgt_op *op)
+{
+    const auto &c = op->u.conv;
+    const mgt_conv2d_shape *sh = &c.sh;
+    const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh);
+    const size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w, ny = (size_t)sh->n * sh->k * p * q;
+    const size_t bx = mgt_cuda_align256(nx * 4), by = mgt_cuda_align256(ny * 4);
+    mgt_status st = mgt_cuda_scratch(s, bx + by);
+    if (st != MGT_OK)
+        return st;
+    float *x32 = (float *)s->scratch, *y32 = (float *)((char *)s->scratch + bx);
+    const mgt_sto f32 = mgt_sto_of(MGT_PREC_F32), si = mgt_sto_of(op->store_in),
+                  so = mgt_sto_of(op->store_out);
+    const bool xn = sh->x_layout == MGT_LAYOUT_NHWC, yn = sh->y_layout == MGT_LAYOUT_NHWC;
+    mgt_op f = *op;
+    f.store_in = f.store_out = MGT_PREC_F32;
+    f.u.conv.sh.x_layout = f.u.conv.sh.y_layout = MGT_LAYOUT_NCHW;
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD: // y = conv(x, w) + beta y
+        st = mgt_cuda_relayout(s, x32, false, f32, c.in1, xn, si, sh->n, sh->c, sh->h * sh->w, 0);
+        if (st == MGT_OK && c.beta != 0.0f)
+            st = mgt_cuda_relayout(s, y32, false, f32, c.out, yn, so, sh->n, sh->k, p * q, 0);
+        f.u.conv.in1 = x32, f.u.conv.out = y32;
+        break;
+    case MGT_OP_CONV2D_BWD_DATA: // dx = conv_transpose(dy, w) + beta dx
+        st = mgt_cuda_relayout(s, y32, false, f32, c.in1, yn, so, sh->n, sh->k, p * q, 0);
+        if (st == MGT_OK && c.beta != 0.0f)
+            st = mgt_cuda_relayout(s, x32, false, f32, c.out, xn, si, sh->n, sh->c, sh->h * sh->w,
+                                   0);
+        f.u.conv.in1 = y32, f.u.conv.out = x32;
+        break;
+    default: // dw = correlate(x, dy) + beta dw: dw is fp32 KCRS already
+        st = mgt_cuda_relayout(s, y32, false, f32, c.in1, yn, so, sh->n, sh->k, p * q, 0);
+        if (st == MGT_OK)
+            st = mgt_cuda_relayout(s, x32, false, f32, c.in2, xn, si, sh->n, sh->c, sh->h * sh->w,
+                                   0);
+        f.u.conv.in1 = y32, f.u.conv.in2 = x32;
+        break;
+    }
+    if (st == MGT_OK)
+        st = f.prec == MGT_PREC_F32 ? conv2d_f32(s, &f) : conv2d_lp(s, &f);
+    if (st != MGT_OK)
+        return st;
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+        return mgt_cuda_relayout(s, c.out, yn, so, y32, false, f32, sh->n, sh->k, p * q, 0);
+    case MGT_OP_CONV2D_BWD_DATA:
+        return mgt_cuda_relayout(s, c.out, xn, si, x32, false, f32, sh->n, sh->c, sh->h * sh->w, 0);
+    default: return MGT_OK;
+    }
+}
+
+// The channels-last tensor-core path: x, y, dx, dy read and written where they lie when they
+// are NHWC 16-bit (a model's body under --amp on CUDA), else through coalesced relayouts into
+// s->lowp (the model's fp32 NCHW input); the filter's cached KRSC 16-bit copy; cuDNN's 16-bit
+// algorithms with fp32 accumulation, beta blended in fp32 before the one rounding; the filter
+// gradient comes out of cuDNN in 16 bits (its legacy API has no 16-bit-in, fp32-out
+// configuration) and is added into the fp32 KCRS gradient with beta, as the NCHW path does.
+static mgt_status conv16_channels_last(mgt_cuda_stream *s, const mgt_op *op, mgt_lp_refusal *why)
+{
+    const auto &c = op->u.conv;
+    const mgt_conv2d_shape *sh = &c.sh;
+    const mgt_op_kind dir = op->kind;
+    const mgt_precision prec = op->prec;
+    const int p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh), cg = sh->c / sh->groups;
+    const size_t nx = (size_t)sh->n * sh->c * sh->h * sh->w, ny = (size_t)sh->n * sh->k * p * q,
+                 nw = (size_t)sh->k * cg * sh->r * sh->s;
+    const bool xd = nhwc16(sh->x_layout, op->store_in), yd = nhwc16(sh->y_layout, op->store_out);
+    const bool xn = sh->x_layout == MGT_LAYOUT_NHWC, yn = sh->y_layout == MGT_LAYOUT_NHWC;
+    const mgt_sto s16 = mgt_sto_of(prec), si = mgt_sto_of(op->store_in),
+                  so = mgt_sto_of(op->store_out);
+    const size_t bx = xd ? 0 : mgt_cuda_align256(nx * 2), by = yd ? 0 : mgt_cuda_align256(ny * 2),
+                 bw = dir == MGT_OP_CONV2D_BWD_FILTER ? mgt_cuda_align256(nw * 2) : 0;
+    mgt_status st = mgt_cuda_lowp_buffer(s, bx + by + bw);
+    if (st != MGT_OK)
+        return st;
+    char *tmp = (char *)s->lowp;
+    void *x16 = xd ? NULL : tmp, *y16 = yd ? NULL : tmp + bx, *dw16 = tmp + bx + by;
+    const void *w16 = NULL;
+    conv_io io = {
+        NULL, NULL, NULL, 0.0f, prec == MGT_PREC_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF,
+        true};
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD: // y = conv(x, w) + beta y
+        if (!xd)
+            st =
+                mgt_cuda_relayout(s, x16, true, s16, c.in1, xn, si, sh->n, sh->c, sh->h * sh->w, 0);
+        if (st == MGT_OK && !yd && c.beta != 0.0f)
+            st = mgt_cuda_relayout(s, y16, true, s16, c.out, yn, so, sh->n, sh->k, p * q, 0);
+        if (st == MGT_OK)
+            st = filter16(s, (const float *)c.in2, sh, prec, true, &w16);
+        io.out = yd ? c.out : y16, io.in1 = xd ? c.in1 : x16, io.in2 = w16, io.beta = c.beta;
+        break;
+    case MGT_OP_CONV2D_BWD_DATA: // dx = conv_transpose(dy, w) + beta dx
+        if (!yd)
+            st = mgt_cuda_relayout(s, y16, true, s16, c.in1, yn, so, sh->n, sh->k, p * q, 0);
+        if (st == MGT_OK && !xd && c.beta != 0.0f)
+            st =
+                mgt_cuda_relayout(s, x16, true, s16, c.out, xn, si, sh->n, sh->c, sh->h * sh->w, 0);
+        if (st == MGT_OK)
+            st = filter16(s, (const float *)c.in2, sh, prec, false, &w16);
+        io.out = xd ? c.out : x16, io.in1 = yd ? c.in1 : y16, io.in2 = w16, io.beta = c.beta;
+        break;
+    default: // dw = correlate(x, dy) + beta dw
+        if (!yd)
+            st = mgt_cuda_relayout(s, y16, true, s16, c.in1, yn, so, sh->n, sh->k, p * q, 0);
+        if (st == MGT_OK && !xd)
+            st =
+                mgt_cuda_relayout(s, x16, true, s16, c.in2, xn, si, sh->n, sh->c, sh->h * sh->w, 0);
+        io.out = dw16, io.in1 = yd ? c.in1 : y16, io.in2 = xd ? c.in2 : x16, io.beta = 0.0f;
+        break;
+    }
+    if (st == MGT_OK)
+        st = conv2d(s, dir, io, sh, why);
+    if (st != MGT_OK)
+        return st;
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD:
+        return yd ? MGT_OK
+                  : mgt_cuda_relayout(s, c.out, yn, so, y16, true, s16, sh->n, sh->k, p * q, 0);
+    case MGT_OP_CONV2D_BWD_DATA:
+        return xd ? MGT_OK
+                  : mgt_cuda_relayout(s, c.out, xn, si, x16, true, s16, sh->n, sh->c, sh->h * sh->w,
+                                      0);
+    default:
+        return mgt_cuda_relayout(s, c.out, false, mgt_sto_of(MGT_PREC_F32), dw16, true, s16, sh->k,
+                                 cg, sh->r * sh->s, c.beta);
+    }
+}
+
+// A convolution whose activations are stored in 16 bits: the channels-last tensor-core path
+// where the arithmetic is the storage's format, the widened form elsewhere and for shapes
+// cuDNN runs no 16-bit algorithm for (remembered as conv2d_lp remembers them; refusal.h
+// decides which refusal is an error).
+mgt_status mgt_cuda_conv16(mgt_cuda_stream *s, const mgt_op *op)
+{
+    mgt_cuda_dev *d = s->dev;
+    if (op->prec != mgt_op_store16(op))
+        return conv16_widened(s, op);
+    mgt_lp_refusal why = MGT_LP_REFUSAL_NONE;
+    mgt_status st;
+    try {
+        algo_cache *cache = cache_for(d, d->set->opt.deterministic);
+        std::vector<int> key = no16_key(d, op);
+        bool known;
+        {
+            std::lock_guard<std::mutex> g(cache->lock);
+            known = cache->no16.count(key) != 0;
+        }
+        if (known)
+            return conv16_widened(s, op);
+        st = conv16_channels_last(s, op, &why);
+        if (st == MGT_OK || why == MGT_LP_REFUSAL_NONE)
+            return st;
+        switch (mgt_lp_refusal_action(why)) {
+        case MGT_LP_FP32_REMEMBER: {
+            std::lock_guard<std::mutex> g(cache->lock);
+            cache->no16.insert(key);
+            break;
+        }
+        case MGT_LP_FP32_ONCE: break;
+        case MGT_LP_FAIL:
+            return mgt_error_wrap(st, "%s: cuDNN's 16-bit channels-last convolution failed (%s)",
+                                  mgt_op_name(op->kind), mgt_lp_refusal_name(why));
+        }
+    } catch (...) {
+        return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", d->index,
+                             mgt_op_name(op->kind));
+    }
+    return conv16_widened(s, op);
+}
+
 // The pass the kind says, in the op's precision.
 mgt_status cuda_conv2d(mgt_cuda_stream *s, const mgt_op *op)
 {

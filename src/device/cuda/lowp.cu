@@ -10,8 +10,6 @@
 #include <cstring>
 
 #include "device/cuda/common.cuh"
-#define MGT_LOWP_FN __host__ __device__ static inline
-#include "device/lowp.h"
 
 namespace {
 

@@ -224,6 +224,11 @@ static void dev_destroy(mgt_cuda_dev *d, bool drained)
 {
     if (d == NULL)
         return;
+    // the 16-bit filter copies (dnn.cu): their blocks are live ones, freed below
+    for (auto &e : d->wcache)
+        if (e.second.w16 != NULL && d->hooks.unreserve != NULL)
+            d->hooks.unreserve(d->owner, e.second.cap);
+    d->wcache.clear();
     // Not drained: kernels may still run on these blocks; cudaFree would wait for them.
     if (drained && cudaSetDevice(d->gpu) == cudaSuccess) {
         for (auto &b : d->free_blocks)
@@ -629,18 +634,24 @@ void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
     // The block goes back out to the next request at once: the dispatch layer has waited
     // (through events on every stream of the set, not a device-wide synchronize) until no
     // queued work can use it.
-    std::lock_guard<std::mutex> g(d->mem_lock);
-    auto it = d->live.find(ptr);
-    if (it == d->live.end())
-        return;
-    size_t size = it->second;
-    d->live.erase(it);
-    try {
-        d->free_blocks.emplace(size, ptr);
-        d->cached_bytes += size;
-    } catch (...) {
-        cudaFree(ptr);
+    size_t size = 0;
+    {
+        std::lock_guard<std::mutex> g(d->mem_lock);
+        auto it = d->live.find(ptr);
+        if (it == d->live.end())
+            return;
+        size = it->second;
+        d->live.erase(it);
+        try {
+            d->free_blocks.emplace(size, ptr);
+            d->cached_bytes += size;
+        } catch (...) {
+            cudaFree(ptr);
+        }
     }
+    // a filter copy made from this block is stale: the block may come back as another buffer
+    // (outside mem_lock: filter16 takes the cache's lock, then the allocator's)
+    mgt_cuda_note_write(d, ptr, size);
 }
 
 void mgt_cuda_free_on_stream(mgt_cuda_stream *s, void *ptr)

@@ -1,0 +1,175 @@
+/* The global-memory bytes of the CUDA backend's kernels, op by op (device/bytes.h): the
+   operands each pass reads and writes, from mgt_op_operands' counts and element sizes, with
+   the passes of the ops that make more than one (convolutions, batch norm, a 16-bit gemm)
+   spelled out as dnn.cu and store16.cu run them. Plain C, built everywhere: the model of a
+   GPU step needs no GPU. */
+#include "device/bytes.h"
+
+/* one pass that reads r and writes w bytes, conv of them conversions */
+static void pass(mgt_op_bytes *b, double r, double w, bool conv)
+{
+    b->read += r;
+    b->written += w;
+    if (conv)
+        b->convert += r + w;
+    b->passes++;
+}
+
+/* Every operand once by its role: the one-pass kernels. */
+static void operands_once(const mgt_op *op, mgt_op_bytes *b)
+{
+    mgt_op copy = *op;
+    mgt_operand ops[MGT_OP_MAX_OPERANDS];
+    int n = mgt_op_operands(&copy, ops);
+    double r = 0, w = 0;
+    for (int i = 0; i < n; i++) {
+        double bytes = (double)ops[i].count * (double)mgt_dtype_size(ops[i].dtype);
+        if (ops[i].role != MGT_OPERAND_OUT)
+            r += bytes;
+        if (ops[i].role != MGT_OPERAND_IN)
+            w += bytes;
+    }
+    pass(b, r, w, false);
+}
+
+static double esize(mgt_precision store) { return store == MGT_PREC_F32 ? 4.0 : 2.0; }
+
+/* dnn.cu's three passes: conv2d_f32, conv2d_tensor_cores (prec 16, fp32 storage),
+   conv16_channels_last (16-bit storage). */
+static void conv_bytes(const mgt_op *op, mgt_op_bytes *b)
+{
+    const mgt_conv2d_shape *sh = &op->u.conv.sh;
+    const double p = mgt_conv2d_out_h(sh), q = mgt_conv2d_out_w(sh);
+    const double nx = (double)sh->n * sh->c * sh->h * sh->w, ny = (double)sh->n * sh->k * p * q,
+                 nw = (double)sh->k * (sh->c / sh->groups) * sh->r * sh->s;
+    const bool beta = op->u.conv.beta != 0.0f;
+    const mgt_op_kind dir = op->kind;
+    /* sizes of the pass's output and its two inputs, in elements */
+    const double nout = dir == MGT_OP_CONV2D_FWD ? ny : dir == MGT_OP_CONV2D_BWD_DATA ? nx : nw;
+    const double nin1 = dir == MGT_OP_CONV2D_FWD ? nx : ny;
+    const double nin2 = dir == MGT_OP_CONV2D_BWD_FILTER ? nx : nw;
+    if (mgt_op_store16(op) == MGT_PREC_F32 && op->prec == MGT_PREC_F32) {
+        pass(b, 4 * (nin1 + nin2 + (beta ? nout : 0)), 4 * nout, false);
+        return;
+    }
+    if (mgt_op_store16(op) == MGT_PREC_F32) { /* both inputs to NHWC 16-bit, the result back */
+        pass(b, 4 * nin1, 2 * nin1, true);
+        pass(b, 4 * nin2, 2 * nin2, true);
+        pass(b, 2 * (nin1 + nin2), 2 * nout, false);
+        pass(b, 2 * nout + (beta ? 4 * nout : 0), 4 * nout, true);
+        return;
+    }
+    /* channels last: an activation that is not NHWC 16-bit goes through a relayout each way */
+    const bool xd = sh->x_layout == MGT_LAYOUT_NHWC && op->store_in != MGT_PREC_F32;
+    const bool yd = sh->y_layout == MGT_LAYOUT_NHWC && op->store_out != MGT_PREC_F32;
+    const double ex = esize(op->store_in), ey = esize(op->store_out);
+    switch (dir) {
+    case MGT_OP_CONV2D_FWD:
+        if (!xd)
+            pass(b, ex * nx, 2 * nx, true);
+        if (!yd && beta)
+            pass(b, ey * ny, 2 * ny, true);
+        pass(b, 4 * nw, 2 * nw, true); /* the filter's 16-bit copy, once per step */
+        pass(b, 2 * (nx + nw + (beta ? ny : 0)), 2 * ny, false);
+        if (!yd)
+            pass(b, 2 * ny, ey * ny, true);
+        break;
+    case MGT_OP_CONV2D_BWD_DATA:
+        if (!yd)
+            pass(b, ey * ny, 2 * ny, true);
+        if (!xd && beta)
+            pass(b, ex * nx, 2 * nx, true);
+        pass(b, 2 * (ny + nw + (beta ? nx : 0)), 2 * nx, false); /* the cached filter copy */
+        if (!xd)
+            pass(b, 2 * nx, ex * nx, true);
+        break;
+    default:
+        if (!yd)
+            pass(b, ey * ny, 2 * ny, true);
+        if (!xd)
+            pass(b, ex * nx, 2 * nx, true);
+        pass(b, 2 * (ny + nx), 2 * nw, false);
+        pass(b, 2 * nw + (beta ? 4 * nw : 0), 4 * nw, true); /* into the fp32 KCRS gradient */
+        break;
+    }
+}
+
+/* Batch norm: the statistics pass, then the normalisation (cuDNN's spatial kernels on fp32,
+   store16.cu's partial sums and apply on 16 bits). The fp32 path runs a folded ReLU as a pass
+   of its own: relu_forward in place after the forward, relu_backward into scratch before the
+   backward, which then reads the masked gradient. */
+static void bn_bytes(const mgt_op *op, mgt_op_bytes *b)
+{
+    const bool lp = mgt_op_store16(op) != MGT_PREC_F32;
+    const double ei = esize(op->store_in), eo = esize(op->store_out);
+    const mgt_bn_shape *sh = op->kind == MGT_OP_BN_FWD_TRAIN  ? &op->u.bn_train.sh
+                             : op->kind == MGT_OP_BN_FWD_EVAL ? &op->u.bn_eval.sh
+                                                              : &op->u.bn_bwd.sh;
+    const double n = (double)sh->n * sh->c * sh->hw, c = sh->c;
+    /* store16.cu's partial sums: {sum, sum of squares} in double per row chunk and channel */
+    const size_t rows = (size_t)sh->n * (size_t)sh->hw;
+    size_t k = (size_t)65536 / (size_t)sh->c, most = (rows + 31) / 32;
+    if (k > most)
+        k = most;
+    const double chunks = k < 1 ? 1.0 : (double)k; /* store16.cu's bn_chunks */
+    const double partial = lp ? 16.0 * chunks * c : 0.0;
+    switch (op->kind) {
+    case MGT_OP_BN_FWD_TRAIN:
+        pass(b, ei * n, partial, false);                /* statistics */
+        pass(b, partial + 16 * c, 16 * c, false);       /* per channel */
+        pass(b, ei * n + 8 * c + 8 * c, eo * n, false); /* normalise */
+        if (sh->relu && !lp)
+            pass(b, 4 * n, 4 * n, false);
+        return;
+    case MGT_OP_BN_FWD_EVAL:
+        pass(b, ei * n + 16 * c, eo * n, false);
+        if (sh->relu && !lp)
+            pass(b, 4 * n, 4 * n, false);
+        return;
+    default: {
+        double dy = eo * n, x = ei * n, y = sh->relu && lp ? eo * n : 0;
+        if (sh->relu && !lp) { /* relu_backward into scratch: cuDNN reads that instead of dy */
+            pass(b, 8 * n, 4 * n, false);
+            y = 0;
+        }
+        pass(b, dy + y + x + 12 * c, partial, false);
+        if (lp)
+            pass(b, partial + 8 * c, 24 * c, false);
+        pass(b, dy + y + x + 12 * c + (lp ? 16 * c : 0), ei * n + (lp ? 0 : 8 * c), false);
+        return;
+    }
+    }
+}
+
+void mgt_op_bytes_cuda(const mgt_op *op, mgt_op_bytes *out)
+{
+    *out = (mgt_op_bytes){0};
+    switch (op->kind) {
+    case MGT_OP_CONV2D_FWD:
+    case MGT_OP_CONV2D_BWD_DATA:
+    case MGT_OP_CONV2D_BWD_FILTER: conv_bytes(op, out); return;
+    case MGT_OP_BN_FWD_TRAIN:
+    case MGT_OP_BN_FWD_EVAL:
+    case MGT_OP_BN_BWD: bn_bytes(op, out); return;
+    case MGT_OP_MAXPOOL_BWD: { /* the gather kernel reads x and dy (not y), writes dx */
+        const mgt_pool2d_shape *sh = &op->u.maxpool_bwd.sh;
+        double x = (double)sh->n * sh->c * sh->h * sh->w,
+               y = (double)sh->n * sh->c * mgt_pool2d_out_h(sh) * mgt_pool2d_out_w(sh);
+        double ei = esize(op->store_in), eo = esize(op->store_out);
+        pass(out, ei * x + eo * y, ei * x, false);
+        return;
+    }
+    case MGT_OP_GEMM:
+        if (op->prec != MGT_PREC_F32) { /* mgt_cuda_lowp_inputs: a and b cast to 16 bits */
+            const mgt_gemm_args *g = &op->u.gemm;
+            double a = (double)g->m * g->k, bb = (double)g->k * g->n, c = (double)g->m * g->n;
+            pass(out, 4 * a, 2 * a, true);
+            pass(out, 4 * bb, 2 * bb, true);
+            pass(out, 2 * (a + bb) + (g->beta != 0.0f ? 4 * c : 0), 4 * c, false);
+            return;
+        }
+        operands_once(op, out);
+        return;
+    default: operands_once(op, out); return;
+    }
+}
