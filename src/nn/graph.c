@@ -949,6 +949,58 @@ static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
     }
 }
 
+/* Input j of a node that takes 16-bit activations but reads that input in fp32 whatever the
+   others are: the squeeze-excite gate (the channel scale ops take their scale in fp32, as the
+   stochastic depth mask and the layer scale parameter are). */
+static bool scale_input_fp32(const nn_node *nd, int j) { return nd->kind == NN_SCALE && j == 1; }
+
+static bool layout_plain(const nn_value *x) { return x->layout == MGT_LAYOUT_NCHW; }
+static void layout_make_plain(nn_value *x) { x->layout = MGT_LAYOUT_NCHW; }
+static bool dtype_plain(const nn_value *x) { return x->dtype == MGT_PREC_F32; }
+static void dtype_make_plain(nn_value *x) { x->dtype = MGT_PREC_F32; }
+
+/* A node other than a convolution or the global pool keeps one layout and one storage across
+   its inputs and output (the squeeze-excite gate's storage aside; no kernel that takes a
+   blocked or channels-last layout reads a gate): where one operand is plain (NCHW, fp32), all
+   of them become so. The planners below run it after their first guess: a plain value pulls
+   its neighbours along, and the fixed point is reached in a few sweeps. */
+static void spread_plain(mgt_model *m, bool (*plain)(const nn_value *),
+                         void (*make_plain)(nn_value *))
+{
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int i = 0; i < m->n_nodes; i++) {
+            nn_node *nd = &m->nodes[i];
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+                continue;
+            bool any = plain(&m->values[nd->out]);
+            for (int j = 0; j < nd->n_in; j++)
+                any |= !scale_input_fp32(nd, j) && plain(&m->values[nd->in[j]]);
+            if (!any)
+                continue;
+            for (int j = -1; j < nd->n_in; j++) {
+                if (j >= 0 && scale_input_fp32(nd, j))
+                    continue;
+                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
+                changed |= !plain(x);
+                make_plain(x);
+            }
+        }
+    }
+}
+
+/* Each convolution's shape carries the layouts of its input and output as planned. */
+static void note_conv_layouts(mgt_model *m)
+{
+    for (int i = 0; i < m->n_nodes; i++) {
+        nn_node *nd = &m->nodes[i];
+        if (nd->kind == NN_CONV) {
+            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
+            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
+        }
+    }
+}
+
 /* The layout of every value: the device's blocked one where the value has whole 16-channel
    blocks and pixels, and its producer and every reader take it; NCHW elsewhere (the model's
    input and everything a family feeds to other ops). A node that is not a convolution keeps
@@ -972,31 +1024,8 @@ static void plan_layouts(mgt_model *m)
         for (int j = 0; j < m->nodes[i].n_in; j++)
             if (!takes_blocked(m, &m->nodes[i], true))
                 m->values[m->nodes[i].in[j]].layout = MGT_LAYOUT_NCHW;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int i = 0; i < m->n_nodes; i++) {
-            nn_node *nd = &m->nodes[i];
-            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
-                continue;
-            bool plain = m->values[nd->out].layout == MGT_LAYOUT_NCHW;
-            for (int j = 0; j < nd->n_in; j++)
-                plain |= m->values[nd->in[j]].layout == MGT_LAYOUT_NCHW;
-            if (!plain)
-                continue;
-            for (int j = -1; j < nd->n_in; j++) {
-                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
-                changed |= x->layout != MGT_LAYOUT_NCHW;
-                x->layout = MGT_LAYOUT_NCHW;
-            }
-        }
-    }
-    for (int i = 0; i < m->n_nodes; i++) {
-        nn_node *nd = &m->nodes[i];
-        if (nd->kind == NN_CONV) {
-            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
-            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
-        }
-    }
+    spread_plain(m, layout_plain, layout_make_plain);
+    note_conv_layouts(m);
 }
 
 /* Whether a node of this kind reads (as_reader) or writes 16-bit activations (mgt_store): the
@@ -1029,11 +1058,6 @@ static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
     }
 }
 
-/* Input j of a node that takes 16-bit activations but reads that input in fp32 whatever the
-   others are: the squeeze-excite gate (the channel scale ops take their scale in fp32, as the
-   stochastic depth mask and the layer scale parameter are). */
-static bool scale_input_fp32(const nn_node *nd, int j) { return nd->kind == NN_SCALE && j == 1; }
-
 /* The storage of every value: the device's 16-bit format under cfg.amp where its producer and
    every reader take it (takes_16), fp32 elsewhere (the model input, what a classifier, the
    loss or an fp32-only kind reads). A node other than a convolution or the global pool keeps
@@ -1054,26 +1078,7 @@ static void plan_dtypes(mgt_model *m)
         for (int j = 0; j < m->nodes[i].n_in; j++)
             if (!takes_16(m, &m->nodes[i], true) || scale_input_fp32(&m->nodes[i], j))
                 m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int i = 0; i < m->n_nodes; i++) {
-            nn_node *nd = &m->nodes[i];
-            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
-                continue;
-            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
-            for (int j = 0; j < nd->n_in; j++)
-                wide |= !scale_input_fp32(nd, j) && m->values[nd->in[j]].dtype == MGT_PREC_F32;
-            if (!wide)
-                continue;
-            for (int j = -1; j < nd->n_in; j++) {
-                if (j >= 0 && scale_input_fp32(nd, j))
-                    continue;
-                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
-                changed |= x->dtype != MGT_PREC_F32;
-                x->dtype = MGT_PREC_F32;
-            }
-        }
-    }
+    spread_plain(m, dtype_plain, dtype_make_plain);
 }
 
 /* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
@@ -1119,34 +1124,11 @@ static void plan_channels_last(mgt_model *m)
         for (int j = 0; j < m->nodes[i].n_in; j++)
             if (!takes_nhwc16(m, &m->nodes[i], true))
                 m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int i = 0; i < m->n_nodes; i++) {
-            nn_node *nd = &m->nodes[i];
-            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
-                continue;
-            bool wide = m->values[nd->out].dtype == MGT_PREC_F32;
-            for (int j = 0; j < nd->n_in; j++)
-                wide |= m->values[nd->in[j]].dtype == MGT_PREC_F32;
-            if (!wide)
-                continue;
-            for (int j = -1; j < nd->n_in; j++) {
-                nn_value *x = &m->values[j < 0 ? nd->out : nd->in[j]];
-                changed |= x->dtype != MGT_PREC_F32;
-                x->dtype = MGT_PREC_F32;
-            }
-        }
-    }
+    spread_plain(m, dtype_plain, dtype_make_plain);
     for (int v = 0; v < m->n_values; v++)
         m->values[v].layout =
             m->values[v].dtype != MGT_PREC_F32 ? MGT_LAYOUT_NHWC : MGT_LAYOUT_NCHW;
-    for (int i = 0; i < m->n_nodes; i++) {
-        nn_node *nd = &m->nodes[i];
-        if (nd->kind == NN_CONV) {
-            nd->u.conv.sh.x_layout = m->values[nd->in[0]].layout;
-            nd->u.conv.sh.y_layout = m->values[nd->out].layout;
-        }
-    }
+    note_conv_layouts(m);
 }
 
 /* Which outputs overwrite their input: the kind allows it, the input is read by nothing

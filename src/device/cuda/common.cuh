@@ -292,6 +292,17 @@ inline unsigned blocks_for_rows(long rows)
     return (unsigned)b;
 }
 
+// The outputs of a pooling window (kernel k, stride st, padding pad, out outputs) whose window
+// covers input i along one axis: lo..hi (empty when lo > hi). Both max-pool backward kernels.
+__device__ inline void pool_outputs_over(int i, int k, int st, int pad, int out, int *lo, int *hi)
+{
+    const int first = i + pad - k + 1;
+    *lo = first <= 0 ? 0 : (first + st - 1) / st;
+    *hi = (i + pad) / st;
+    if (*hi > out - 1)
+        *hi = out - 1;
+}
+
 __device__ inline size_t thread_index() { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ inline size_t thread_stride() { return (size_t)gridDim.x * blockDim.x; }
 

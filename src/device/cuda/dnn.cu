@@ -775,6 +775,32 @@ static std::vector<int> no16_key(const mgt_cuda_dev *d, const mgt_op *op)
     return key;
 }
 
+// Whether cuDNN refused this convolution's 16-bit form for good before (no16_refused).
+static bool no16_known(algo_cache *cache, const std::vector<int> &key)
+{
+    std::lock_guard<std::mutex> g(cache->lock);
+    return cache->no16.count(key) != 0;
+}
+
+// After cuDNN refused a 16-bit convolution (why, status st): MGT_OK to run the fallback, the
+// shape remembered where refusal.h says it never runs in 16 bits; or the refusal as the error
+// it is, naming the path ("16-bit", "16-bit channels-last").
+static mgt_status no16_refused(algo_cache *cache, const std::vector<int> &key, mgt_status st,
+                               mgt_lp_refusal why, const mgt_op *op, const char *path)
+{
+    switch (mgt_lp_refusal_action(why)) {
+    case MGT_LP_FP32_REMEMBER: {
+        std::lock_guard<std::mutex> g(cache->lock);
+        cache->no16.insert(key);
+        return MGT_OK;
+    }
+    case MGT_LP_FP32_ONCE: return MGT_OK;
+    case MGT_LP_FAIL: break;
+    }
+    return mgt_error_wrap(st, "%s: cuDNN's %s convolution failed (%s)", mgt_op_name(op->kind), path,
+                          mgt_lp_refusal_name(why));
+}
+
 // cuDNN's tensor cores on 16-bit NHWC copies where cuDNN has an algorithm for the shape;
 // elsewhere the inputs rounded in fp32 and the fp32 convolution: autocast's input rounding with
 // an fp32 result (the reference's arithmetic exactly). Which refusal sends a shape to the
@@ -789,26 +815,12 @@ static mgt_status conv2d_lp(mgt_cuda_stream *s, const mgt_op *op)
     try {
         algo_cache *cache = cache_for(d, d->set->opt.deterministic);
         std::vector<int> key = no16_key(d, op);
-        bool known;
-        {
-            std::lock_guard<std::mutex> g(cache->lock);
-            known = cache->no16.count(key) != 0;
-        }
-        if (!known) {
+        if (!no16_known(cache, key)) {
             st = conv2d_tensor_cores(s, op, &why);
             if (st == MGT_OK || why == MGT_LP_REFUSAL_NONE)
                 return st; // ran, or failed outside cuDNN's convolution (a cast, memory)
-            switch (mgt_lp_refusal_action(why)) {
-            case MGT_LP_FP32_REMEMBER: {
-                std::lock_guard<std::mutex> g(cache->lock);
-                cache->no16.insert(key);
-                break;
-            }
-            case MGT_LP_FP32_ONCE: break;
-            case MGT_LP_FAIL:
-                return mgt_error_wrap(st, "%s: cuDNN's 16-bit convolution failed (%s)",
-                                      mgt_op_name(op->kind), mgt_lp_refusal_name(why));
-            }
+            if ((st = no16_refused(cache, key, st, why, op, "16-bit")) != MGT_OK)
+                return st;
         }
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", d->index,
@@ -1062,27 +1074,13 @@ mgt_status mgt_cuda_conv16(mgt_cuda_stream *s, const mgt_op *op)
     try {
         algo_cache *cache = cache_for(d, d->set->opt.deterministic);
         std::vector<int> key = no16_key(d, op);
-        bool known;
-        {
-            std::lock_guard<std::mutex> g(cache->lock);
-            known = cache->no16.count(key) != 0;
-        }
-        if (known)
+        if (no16_known(cache, key))
             return conv16_widened(s, op);
         st = conv16_channels_last(s, op, &why);
         if (st == MGT_OK || why == MGT_LP_REFUSAL_NONE)
             return st;
-        switch (mgt_lp_refusal_action(why)) {
-        case MGT_LP_FP32_REMEMBER: {
-            std::lock_guard<std::mutex> g(cache->lock);
-            cache->no16.insert(key);
-            break;
-        }
-        case MGT_LP_FP32_ONCE: break;
-        case MGT_LP_FAIL:
-            return mgt_error_wrap(st, "%s: cuDNN's 16-bit channels-last convolution failed (%s)",
-                                  mgt_op_name(op->kind), mgt_lp_refusal_name(why));
-        }
+        if ((st = no16_refused(cache, key, st, why, op, "16-bit channels-last")) != MGT_OK)
+            return st;
     } catch (...) {
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory in %s", d->index,
                              mgt_op_name(op->kind));

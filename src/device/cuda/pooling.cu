@@ -73,16 +73,9 @@ __global__ void k_maxpool_bwd(float *dx, const float *dy, const float *x, pool_d
         const float *dyp = dy + plane * d.p * d.q;
         const int me = ih * d.w + iw;
 
-        int lo = ih + d.ph - d.kh + 1;
-        const int oh_lo = lo <= 0 ? 0 : (lo + d.sh - 1) / d.sh;
-        int oh_hi = (ih + d.ph) / d.sh;
-        if (oh_hi > d.p - 1)
-            oh_hi = d.p - 1;
-        lo = iw + d.pw - d.kw + 1;
-        const int ow_lo = lo <= 0 ? 0 : (lo + d.sw - 1) / d.sw;
-        int ow_hi = (iw + d.pw) / d.sw;
-        if (ow_hi > d.q - 1)
-            ow_hi = d.q - 1;
+        int oh_lo, oh_hi, ow_lo, ow_hi;
+        pool_outputs_over(ih, d.kh, d.sh, d.ph, d.p, &oh_lo, &oh_hi);
+        pool_outputs_over(iw, d.kw, d.sw, d.pw, d.q, &ow_lo, &ow_hi);
 
         float acc = 0.0f;
         for (int oh = oh_lo; oh <= oh_hi; oh++)

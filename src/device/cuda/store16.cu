@@ -121,16 +121,9 @@ __global__ void k_maxpool_bwd16(void *dx, const void *dy, const void *x, pool16 
         int ni, ci, pi;
         unravel(e, d.nhwc, d.c, d.h * d.w, &ni, &ci, &pi);
         const int ih = pi / d.w, iw = pi % d.w;
-        int lo = ih + d.ph - d.kh + 1;
-        const int oh_lo = lo <= 0 ? 0 : (lo + d.sh - 1) / d.sh;
-        int oh_hi = (ih + d.ph) / d.sh;
-        if (oh_hi > d.p - 1)
-            oh_hi = d.p - 1;
-        lo = iw + d.pw - d.kw + 1;
-        const int ow_lo = lo <= 0 ? 0 : (lo + d.sw - 1) / d.sw;
-        int ow_hi = (iw + d.pw) / d.sw;
-        if (ow_hi > d.q - 1)
-            ow_hi = d.q - 1;
+        int oh_lo, oh_hi, ow_lo, ow_hi;
+        pool_outputs_over(ih, d.kh, d.sh, d.ph, d.p, &oh_lo, &oh_hi);
+        pool_outputs_over(iw, d.kw, d.sw, d.pw, d.q, &ow_lo, &ow_hi);
         float acc = 0.0f;
         for (int oh = oh_lo; oh <= oh_hi; oh++)
             for (int ow = ow_lo; ow <= ow_hi; ow++)
