@@ -178,8 +178,13 @@ mgt_status mgt_cuda_after(mgt_cuda_stream *s, const char *what, const char *file
 
 // Allocator paths for the backend's own buffers (workspace, scratch). A block used by one
 // stream's work only is freed on that stream: reusable once the work queued so far has run.
-mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out);
 void mgt_cuda_free_on_stream(mgt_cuda_stream *s, void *ptr);
+// Replaces a stream's block (*buf, *have bytes; NULL, 0 for none) by a new one of `want` bytes,
+// counted against the device's memory limit under `what`; the old block is freed on the stream
+// (reusable once the work queued so far has run): no wait, also mid-step. On failure *buf
+// stays as it was.
+mgt_status mgt_cuda_replace_block(mgt_cuda_stream *s, void **buf, size_t *have, size_t want,
+                                  const char *what);
 // A scratch region's size rounded up to 256 bytes, so the next one starts aligned.
 inline size_t mgt_cuda_align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // Makes s->scratch at least `bytes`; the old block is freed on the stream (no wait).
@@ -290,6 +295,35 @@ inline unsigned blocks_for_rows(long rows)
     if (b > 65535)
         b = 65535;
     return (unsigned)b;
+}
+
+// The first maximum in raster order of pooling window (oh, ow) over an h x w plane, as the
+// reference picks it: the first in-bounds element starts the scan and only a strictly larger
+// value replaces it, so ties keep the earliest and an all -inf window routes to its first
+// in-bounds element. Its position ih*w + iw; -1 for a window on no input. at(i) loads plane
+// position i; Dims has the window's h, w, kh, kw, sh, sw, ph, pw (both max-pool kernels').
+template <class Dims, class Load>
+__device__ inline int window_first_max(int oh, int ow, const Dims &d, Load at)
+{
+    const int h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    int arg = -1;
+    float best = 0.0f;
+    for (int i = 0; i < d.kh; i++) {
+        const int ih = h0 + i;
+        if (ih < 0 || ih >= d.h)
+            continue;
+        for (int j = 0; j < d.kw; j++) {
+            const int iw = w0 + j;
+            if (iw < 0 || iw >= d.w)
+                continue;
+            const float v = at(ih * d.w + iw);
+            if (arg < 0 || v > best) {
+                best = v;
+                arg = ih * d.w + iw;
+            }
+        }
+    }
+    return arg;
 }
 
 // The outputs of a pooling window (kernel k, stride st, padding pad, out outputs) whose window

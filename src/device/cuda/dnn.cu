@@ -500,29 +500,9 @@ static mgt_status ensure_ws(mgt_cuda_stream *s, size_t bytes)
 {
     if (bytes <= s->ws_bytes)
         return MGT_OK;
-    mgt_cuda_dev *d = s->dev;
     const size_t mib = (size_t)1 << 20;
-    size_t want = (bytes + mib - 1) / mib * mib;
-    if (d->hooks.reserve != NULL) {
-        mgt_status st = d->hooks.reserve(d->owner, want, "cuDNN workspace");
-        if (st != MGT_OK)
-            return st;
-    }
-    void *p = NULL;
-    mgt_status st = mgt_cuda_alloc_internal(d, want, &p);
-    if (st != MGT_OK) {
-        if (d->hooks.unreserve != NULL)
-            d->hooks.unreserve(d->owner, want);
-        return st;
-    }
-    if (s->ws != NULL) {
-        mgt_cuda_free_on_stream(s, s->ws);
-        if (d->hooks.unreserve != NULL)
-            d->hooks.unreserve(d->owner, s->ws_bytes);
-    }
-    s->ws = p;
-    s->ws_bytes = want;
-    return MGT_OK;
+    return mgt_cuda_replace_block(s, &s->ws, &s->ws_bytes, (bytes + mib - 1) / mib * mib,
+                                  "cuDNN workspace");
 }
 
 static cudnnStatus_t conv_run(mgt_cuda_stream *s, mgt_op_kind dir, const mgt_cuda_algo &a,
@@ -861,26 +841,10 @@ static mgt_status filter16(mgt_cuda_stream *s, const float *w, const mgt_conv2d_
     mgt_cuda_dev::wcopy &e = it->second;
     e.valid = false;
     if (e.cap < nw * sizeof(uint16_t)) {
-        const size_t want = mgt_cuda_align256(nw * sizeof(uint16_t));
-        if (d->hooks.reserve != NULL) {
-            mgt_status st = d->hooks.reserve(d->owner, want, "16-bit filter copies");
-            if (st != MGT_OK)
-                return st;
-        }
-        void *p = NULL;
-        mgt_status st = mgt_cuda_alloc_internal(d, want, &p);
-        if (st != MGT_OK) {
-            if (d->hooks.unreserve != NULL)
-                d->hooks.unreserve(d->owner, want);
+        mgt_status st = mgt_cuda_replace_block(
+            s, &e.w16, &e.cap, mgt_cuda_align256(nw * sizeof(uint16_t)), "16-bit filter copies");
+        if (st != MGT_OK)
             return st;
-        }
-        if (e.w16 != NULL) {
-            mgt_cuda_free_on_stream(s, e.w16);
-            if (d->hooks.unreserve != NULL)
-                d->hooks.unreserve(d->owner, e.cap);
-        }
-        e.w16 = p;
-        e.cap = want;
     }
     mgt_status st = mgt_cuda_relayout(s, e.w16, true, mgt_sto_of(prec), w, false,
                                       mgt_sto_of(MGT_PREC_F32), sh->k, cg, rs, 0.0f);

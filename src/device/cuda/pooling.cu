@@ -15,31 +15,11 @@ struct pool_dims {
     int n, c, h, w, p, q, kh, kw, sh, sw, ph, pw;
 };
 
-// The position (ih*w + iw within the plane) that receives window (oh, ow)'s gradient: its
-// first maximum in raster order. The first in-bounds element starts the scan and only a
-// strictly larger value replaces it, so ties keep the earliest; an all -inf window
-// routes to its first in-bounds element.
+// The position (ih*w + iw within the plane) that receives window (oh, ow)'s gradient:
+// window_first_max over the fp32 plane.
 __device__ inline int window_argmax(const float *xp, int oh, int ow, const pool_dims &d)
 {
-    const int h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    int arg = -1;
-    float best = 0.0f;
-    for (int i = 0; i < d.kh; i++) {
-        const int ih = h0 + i;
-        if (ih < 0 || ih >= d.h)
-            continue;
-        for (int j = 0; j < d.kw; j++) {
-            const int iw = w0 + j;
-            if (iw < 0 || iw >= d.w)
-                continue;
-            const float v = xp[(size_t)ih * d.w + iw];
-            if (arg < 0 || v > best) {
-                best = v;
-                arg = ih * d.w + iw;
-            }
-        }
-    }
-    return arg;
+    return window_first_max(oh, ow, d, [xp](int i) { return xp[i]; });
 }
 
 // One thread per output element o = ((ni*c + ci)*p + oh)*q + ow: y = x at the window's

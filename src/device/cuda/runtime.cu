@@ -622,11 +622,6 @@ mgt_status mgt_cuda_alloc(mgt_cuda_dev *d, size_t bytes, void **out)
     return alloc_block(d, bytes, out);
 }
 
-mgt_status mgt_cuda_alloc_internal(mgt_cuda_dev *d, size_t bytes, void **out)
-{
-    return alloc_block(d, bytes, out);
-}
-
 void mgt_cuda_free(mgt_cuda_dev *d, void *ptr)
 {
     if (ptr == NULL)
@@ -710,16 +705,12 @@ void mgt_cuda_host_free(mgt_cuda_dev *d, void *ptr)
     (void)cudaGetLastError();
 }
 
-static mgt_status grow_buffer(mgt_cuda_stream *s, void **buf, size_t *have, size_t bytes)
+mgt_status mgt_cuda_replace_block(mgt_cuda_stream *s, void **buf, size_t *have, size_t want,
+                                  const char *what)
 {
-    if (bytes <= *have)
-        return MGT_OK;
     mgt_cuda_dev *d = s->dev;
-    size_t want = (size_t)64 << 10;
-    while (want < bytes)
-        want *= 2;
     if (d->hooks.reserve != NULL) {
-        mgt_status st = d->hooks.reserve(d->owner, want, "kernel scratch");
+        mgt_status st = d->hooks.reserve(d->owner, want, what);
         if (st != MGT_OK)
             return st;
     }
@@ -738,6 +729,16 @@ static mgt_status grow_buffer(mgt_cuda_stream *s, void **buf, size_t *have, size
     *buf = p;
     *have = want;
     return MGT_OK;
+}
+
+static mgt_status grow_buffer(mgt_cuda_stream *s, void **buf, size_t *have, size_t bytes)
+{
+    if (bytes <= *have)
+        return MGT_OK;
+    size_t want = (size_t)64 << 10;
+    while (want < bytes)
+        want *= 2;
+    return mgt_cuda_replace_block(s, buf, have, want, "kernel scratch");
 }
 
 mgt_status mgt_cuda_scratch(mgt_cuda_stream *s, size_t bytes)

@@ -57,30 +57,13 @@ struct pool16 {
     bool nhwc;
 };
 
-// The window's first maximum in raster order (a later value must be strictly larger), as
-// the fp32 kernels and the reference pick it; -1 for a window on no input.
+// The window's first maximum (window_first_max) over plane (ni, ci) of a 16-bit or fp32
+// activation in NCHW or NHWC.
 __device__ inline int window_argmax16(const void *x, mgt_sto sx, int ni, int ci, int oh, int ow,
                                       const pool16 &d)
 {
-    const int h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    int arg = -1;
-    float best = 0.0f;
-    for (int i = 0; i < d.kh; i++) {
-        const int ih = h0 + i;
-        if (ih < 0 || ih >= d.h)
-            continue;
-        for (int j = 0; j < d.kw; j++) {
-            const int iw = w0 + j;
-            if (iw < 0 || iw >= d.w)
-                continue;
-            const float v = sto_ld(x, lay_at(d.nhwc, d.c, d.h * d.w, ni, ci, ih * d.w + iw), sx);
-            if (arg < 0 || v > best) {
-                best = v;
-                arg = ih * d.w + iw;
-            }
-        }
-    }
-    return arg;
+    return window_first_max(
+        oh, ow, d, [&](int i) { return sto_ld(x, lay_at(d.nhwc, d.c, d.h * d.w, ni, ci, i), sx); });
 }
 
 // Element e of a [n, c, hw] tensor in memory order: its image, channel and pixel.
