@@ -333,6 +333,19 @@ void train_reports_flush(train_reports *rep)
 
 /* ---- the epoch's numbers ---- */
 
+/* Adds a step's sums (loss, auxiliary losses, images, top-1 and top-5 hits, data wait) to the
+   epoch's. */
+static void add_step(train_metrics *m, const step_acc *a)
+{
+    m->loss_sum += a->loss_sum;
+    for (int i = 0; i < MGT_MODEL_MAX_AUX; i++)
+        m->aux_sum[i] += a->aux_sum[i];
+    m->n += a->n;
+    m->c1 += a->c1;
+    m->c5 += a->c5;
+    m->data_s += a->data_s;
+}
+
 void train_metrics_epoch_begin(run *r, bool carry)
 {
     train_metrics *m = &r->m;
@@ -340,17 +353,8 @@ void train_metrics_epoch_begin(run *r, bool carry)
         /* the epoch goes on over the survivors of a lost device from r->first_step: the steps
            before it that every device had committed but not every device had metered (the
            lost one never did) count with the images that were metered */
-        for (long k = m->next_complete; k < r->first_step && k < m->next_complete + STEP_RING;
-             k++) {
-            const step_acc *a = &m->ring[k % STEP_RING];
-            m->loss_sum += a->loss_sum;
-            for (int i = 0; i < MGT_MODEL_MAX_AUX; i++)
-                m->aux_sum[i] += a->aux_sum[i];
-            m->n += a->n;
-            m->c1 += a->c1;
-            m->c5 += a->c5;
-            m->data_s += a->data_s;
-        }
+        for (long k = m->next_complete; k < r->first_step && k < m->next_complete + STEP_RING; k++)
+            add_step(m, &m->ring[k % STEP_RING]);
     } else {
         m->loss_sum = m->data_s = 0;
         memset(m->aux_sum, 0, sizeof m->aux_sum);
@@ -369,13 +373,7 @@ static void complete_step(run *r, long k, const step_acc *a)
 {
     train_metrics *m = &r->m;
     double now = mgt_time_now();
-    m->loss_sum += a->loss_sum;
-    for (int i = 0; i < MGT_MODEL_MAX_AUX; i++)
-        m->aux_sum[i] += a->aux_sum[i];
-    m->n += a->n;
-    m->c1 += a->c1;
-    m->c5 += a->c5;
-    m->data_s += a->data_s;
+    add_step(m, a);
     double step_now = a->step_s > 0 ? a->step_s : now - m->last_complete;
     m->last_complete = now;
     m->last_progress = now;
