@@ -1467,7 +1467,8 @@ static int blocked_layers(const mgt_model *m)
    conv=im2col) or without a device; none through a synchronised or frozen batch norm (their
    kernels take NCHW); resnet18 from its stem conv on, max pool included; in regnet_y_400mf the
    104-channel stage and the input of each grouped convolution stay NCHW, and through an add or
-   a BN that pulls its neighbours along. */
+   a BN that pulls its neighbours along; mobilenet_v2's depthwise convolutions and ReLU6 in
+   nChw16c. */
 static void test_activation_layouts(void **state)
 {
     (void)state;
@@ -1525,6 +1526,17 @@ static void test_activation_layouts(void **state)
                              MGT_LAYOUT_NCHW);
             assert_int_equal(layer_layout(m, "trunk_output.block2.block2-0.f.c.1"),
                              MGT_LAYOUT_NCHW);
+            mgt_model_free(m);
+            /* mobilenet_v2: the depthwise convolutions and ReLU6 keep nChw16c (16 channels of the
+               first block, 24 of the second's project do not) */
+            cfg.arch = "mobilenet_v2";
+            OK(mgt_model_create(&cfg, d, &m));
+            static const char *const mb[] = {"features.2.conv.1.0", "features.2.conv.1.2",
+                                             "features.2.conv.0.2", "features.4.conv.1.0"};
+            for (size_t i = 0; i < sizeof mb / sizeof *mb; i++)
+                if (layer_layout(m, mb[i]) != MGT_LAYOUT_NCHW16C)
+                    fail_msg("mobilenet_v2: %s's layout", mb[i]);
+            assert_int_equal(layer_layout(m, "features.2.conv.2"), MGT_LAYOUT_NCHW);
             mgt_model_free(m);
         }
         mgt_devset_free(set);
