@@ -1399,14 +1399,20 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
                         "(every node must keep the same device count)\n");
     /* the failure noticed by one device's thread may be another's fault (a peer copy from it,
-       the all-reduce's enqueue): the device that failed is the one to drop */
-    for (int i = 0; r->fail.device >= 0 && i < r->n; i++)
-        if (mgt_device_synchronize(r->devs[i], NULL) == MGT_ERR_DEVICE) {
+       the all-reduce's enqueue): the device that failed is the one to drop, and its line is its
+       own (device, cause, step and stage together, never one device's name on another's text) */
+    for (int i = 0; r->fail.device >= 0 && i < r->n; i++) {
+        train_failure f;
+        if (!train_device_failure(r, i, &f))
+            continue;
+        if (r->fail.device != i) {
+            f.status = r->fail.status == MGT_OK ? MGT_ERR_DEVICE : r->fail.status;
             pthread_mutex_lock(&r->lock);
-            r->fail.device = i;
+            r->fail = f;
             pthread_mutex_unlock(&r->lock);
-            break;
         }
+        break;
+    }
     if (!droppable(r))
         return false;
     bool validation = r->fail.validation;

@@ -652,6 +652,7 @@ static void *worker_main(void *arg)
         seen = r->phase;
         enum train_phase kind = r->phase_kind;
         pthread_mutex_unlock(&r->lock);
+        w->noticed.set = false; /* where it stands is this phase's (failure.c) */
         if (kind == PHASE_TRAIN)
             train_phase(w);
         else
