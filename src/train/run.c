@@ -1250,19 +1250,14 @@ static int stalled_device(const run *r)
    wait limit (detached by train_workers_join): its device is given up. */
 static void fail_stuck_worker(run *r, int i)
 {
-    const char *flag;
-    double limit = train_wait_limit(r->c, &flag);
     train_failure f = {.set = true,
                        .status = MGT_ERR_TIMEOUT,
                        .device = i,
                        .epoch = r->epoch,
                        .step = r->w[i].started > 0 ? r->w[i].started - 1 : 0};
     snprintf(f.phase, sizeof f.phase, "stuck in a call");
-    snprintf(f.cause, sizeof f.cause,
-             "its worker thread has not come back from a call to the device within %s %g s: "
-             "the thread is abandoned (detached, its memory kept) and the device given up",
-             flag ? flag : "the default wait limit of", limit);
-    mgt_device_abandon(r->devs[i], f.cause);
+    train_stuck_text(r, f.cause, sizeof f.cause);
+    mgt_device_abandon(r->devs[i], f.cause); /* stranded already (train_workers_join) */
     pthread_mutex_lock(&r->lock);
     r->fail = f;
     pthread_mutex_unlock(&r->lock);
@@ -1395,9 +1390,6 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         mgt_device_unstall(r->devs[i]);
     if (!detached)
         train_failure_settle(r);
-    if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
-        fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
-                        "(every node must keep the same device count)\n");
     /* the failure noticed by one device's thread may be another's fault (a peer copy from it,
        the all-reduce's enqueue): the device that failed is the one to drop, and its line is its
        own (device, cause, step and stage together, never one device's name on another's text) */
@@ -1412,6 +1404,17 @@ static bool drop_failed_device(run *r, int *ep, long *first)
             pthread_mutex_unlock(&r->lock);
         }
         break;
+    }
+    if (r->nodes > 1 && r->fail.device >= 0 && r->fail.device < r->n && !r->fail.remote) {
+        /* the run's one line says it all: the device, the node, why it is not dropped */
+        char cause[sizeof r->fail.cause];
+        snprintf(cause, sizeof cause,
+                 "%.500s; on node %d of %d (%.64s): --on-device-failure continue ends a "
+                 "multi-node run at a lost device (every node must keep the same device count)",
+                 r->fail.cause, r->node, r->nodes, mgt_world_host(r->world));
+        pthread_mutex_lock(&r->lock);
+        memcpy(r->fail.cause, cause, sizeof cause);
+        pthread_mutex_unlock(&r->lock);
     }
     if (!droppable(r))
         return false;
@@ -1438,7 +1441,18 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         cannot_continue(r, why, "nothing saved since the last checkpoint");
         return false;
     }
-    /* replica 0 is a survivor's: it is the one saved and broadcast */
+    /* replica 0 is a survivor's: it is the one saved and broadcast. A worker whose thread is
+       stuck in a call keeps its slot: the swap goes on a copy of the array, the old one kept
+       for that thread */
+    worker *moved = lost[0] && r->w[0].detached ? malloc((size_t)r->nw * sizeof *moved) : NULL;
+    if (moved) {
+        memcpy(moved, r->w, (size_t)r->nw * sizeof *moved);
+        train_keep(r->w);
+        r->w = moved;
+    } else if (lost[0] && r->w[0].detached) {
+        cannot_continue(r, "out of host memory", "nothing saved since the last checkpoint");
+        return false;
+    }
     for (int j = 1; lost[0] && j < r->n; j++)
         if (!lost[j]) {
             swap_workers(r, 0, j);
@@ -1605,7 +1619,9 @@ static mgt_status run_finish(run *r, mgt_status st)
         pthread_mutex_destroy(&r->lock);
         pthread_cond_destroy(&r->cv);
         free(r);
-    } /* else a worker's thread stuck in a call may still reach the run: it is kept */
+    } else { /* a worker's thread stuck in a call may still reach the run: it is kept */
+        train_keep(r);
+    }
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
