@@ -222,7 +222,9 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
    memory stays allocated until the process ends), the set's close leaves it alone; no
    cudaDeviceReset, which would pull the context from under the process's other threads. Work
    of other devices already queued behind its events stays blocked on CUDA (a queued
-   cudaStreamWaitEvent cannot be cancelled): the trainer makes the survivors' streams anew. */
+   cudaStreamWaitEvent cannot be cancelled, and the peer copy queued behind it would read the
+   lost GPU): the trainer's wait for the survivors' streams then runs out and the run ends
+   (docs/failures.md says why and what would lift it). */
 void mgt_device_abandon(mgt_device *d, const char *why);
 /* A host thread is stuck inside a call on d (detached, never joined) and may come back at any
    time, the device set freed by then: d is abandoned (`why`), and what that call or the
