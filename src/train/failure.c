@@ -189,6 +189,11 @@ void train_failure_settle(run *r)
 void train_failure_line(const run *r, char *out, size_t cap)
 {
     train_failure_format(r, &r->fail, out, cap);
+    size_t len = strlen(out);
+    if (r->lost_across_nodes && r->fail.device >= 0 && len < cap)
+        snprintf(out + len, cap - len,
+                 "; --on-device-failure continue ends a multi-node run at a lost device (every "
+                 "node must keep the same device count)");
 }
 
 void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap)

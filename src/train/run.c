@@ -1405,17 +1405,9 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         }
         break;
     }
-    if (r->nodes > 1 && r->fail.device >= 0 && r->fail.device < r->n && !r->fail.remote) {
-        /* the run's one line says it all: the device, the node, why it is not dropped */
-        char cause[sizeof r->fail.cause];
-        snprintf(cause, sizeof cause,
-                 "%.500s; on node %d of %d (%.64s): --on-device-failure continue ends a "
-                 "multi-node run at a lost device (every node must keep the same device count)",
-                 r->fail.cause, r->node, r->nodes, mgt_world_host(r->world));
-        pthread_mutex_lock(&r->lock);
-        memcpy(r->fail.cause, cause, sizeof cause);
-        pthread_mutex_unlock(&r->lock);
-    }
+    /* the run's one line (train_failure_line) says why a lost device is not dropped here */
+    if (r->nodes > 1 && r->fail.device >= 0 && r->fail.device < r->n && !r->fail.remote)
+        r->lost_across_nodes = true;
     if (!droppable(r))
         return false;
     bool validation = r->fail.validation;

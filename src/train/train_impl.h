@@ -375,7 +375,9 @@ struct run {
     mgt_abort abort;
     train_failure fail; /* the first (failure.c), under lock */
     double fail_at;     /* when it was recorded (mgt_time_now) */
-    bool stop_world;    /* a stop is being agreed with the other nodes */
+    /* --on-device-failure continue met a lost device in a multi-node run: it ends the run */
+    bool lost_across_nodes;
+    bool stop_world; /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
     double best_acc1;
