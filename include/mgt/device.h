@@ -52,8 +52,9 @@ typedef enum mgt_fault_kind {
     MGT_FAULT_LOWP,   /* the Nth, N+1th, ... 16-bit convolution attempts are refused */
     MGT_FAULT_PEER,   /* the Nth peer copy into the device fails, sticky, MGT_ERR_DEVICE */
     MGT_FAULT_GONE,   /* at the Nth kernel the device disappears: every later call fails */
-    MGT_FAULT_STUCK,  /* the host call launching the Nth kernel never returns (a thread stuck in
-                         the driver, past any abort flag or wait limit) */
+    MGT_FAULT_STUCK,  /* the host call launching the Nth kernel does not return while its set
+                         is open (a thread stuck in the driver, past any abort flag or wait
+                         limit); it comes back, failing, once the set has been freed */
 } mgt_fault_kind;
 
 #define MGT_MOCK_MAX_REFUSALS 8
@@ -221,8 +222,16 @@ bool mgt_device_counts(const mgt_device *d, long *allocs, long *kernels);
    memory stays allocated until the process ends), the set's close leaves it alone; no
    cudaDeviceReset, which would pull the context from under the process's other threads. Work
    of other devices already queued behind its events stays blocked on CUDA (a queued
-   cudaStreamWaitEvent cannot be cancelled): the trainer makes the survivors' streams anew. */
+   cudaStreamWaitEvent cannot be cancelled, and the peer copy queued behind it would read the
+   lost GPU): the trainer's wait for the survivors' streams then runs out and the run ends
+   (docs/failures.md says why and what would lift it). */
 void mgt_device_abandon(mgt_device *d, const char *why);
+/* A host thread is stuck inside a call on d (detached, never joined) and may come back at any
+   time, the device set freed by then: d is abandoned (`why`), and what that call or the
+   thread's next ones can reach is kept for the process's life: d's streams, events and buffers
+   (handles and memory), the set itself with its device array and staging, and the backend's
+   own state for d (CUDA: its replica's allocator and handles). mgt_devset_free frees the rest. */
+void mgt_device_strand(mgt_device *d, const char *why);
 /* Lets waits on d run again after one ran out: for a device whose work only waited on
    another that has since been abandoned (its waits now complete). */
 void mgt_device_unstall(mgt_device *d);

@@ -134,6 +134,9 @@ struct mgt_device {
     /* mgt_device_abandon: given up for good (why: its text, written before the flag is set) */
     atomic_bool abandoned;
     char abandon_why[200];
+    /* mgt_device_strand: a host thread may still be inside a call on it, so nothing that call
+       can reach is freed (its handles, the set, the backend's state for it) */
+    atomic_bool stranded;
     void *impl;
 };
 

@@ -448,6 +448,7 @@ static mgt_status devset_open_with(const mgt_backend_i *iface, mgt_device_kind k
         atomic_init(&devs[i].used, 0);
         atomic_init(&devs[i].stalled, false);
         atomic_init(&devs[i].keep_memory, false);
+        atomic_init(&devs[i].stranded, false);
     }
     mgt_status st = iface->devset_open(set, ids, &o);
     if (st != MGT_OK) {
@@ -479,30 +480,83 @@ mgt_status mgt_devset_open_bytes(mgt_layout layout, mgt_precision act, bool run,
     return st;
 }
 
+/* Sets with a stranded device (mgt_device_strand), kept for the process's life: a thread
+   stuck in a call may come back into them; listed so that they stay reachable. */
+typedef struct kept_set {
+    mgt_devset *set;
+    struct kept_set *next;
+} kept_set;
+static kept_set *kept_sets;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool set_stranded(const mgt_devset *set)
+{
+    for (int i = 0; i < set->n; i++)
+        if (atomic_load(&set->devs[i].stranded))
+            return true;
+    return false;
+}
+
+/* The first registered handle of the list whose device is not stranded. */
+#define FIRST_UNSTRANDED(set, head, out)                    \
+    do {                                                    \
+        pthread_mutex_lock(&(set)->reg_lock);               \
+        (out) = (set)->head;                                \
+        while ((out) && atomic_load(&(out)->dev->stranded)) \
+            (out) = (out)->reg_next;                        \
+        pthread_mutex_unlock(&(set)->reg_lock);             \
+    } while (0)
+
 void mgt_devset_free(mgt_devset *set)
 {
     if (!set)
         return;
     mgt_error_saved saved; /* frees leave the text of the failure that led here */
     mgt_error_save(&saved);
+    bool stranded = set_stranded(set);
     for (int i = 0; i < set->n; i++)
         mgt_device_synchronize(&set->devs[i], NULL);
     /* what the set's users did not free themselves, streams first: a stalled device's stream
-       gives up its queued work as it goes, and the frees deferred behind it can then end */
-    while (set->streams)
-        mgt_stream_free(set->streams);
+       gives up its queued work as it goes, and the frees deferred behind it can then end; a
+       stranded device's handles stay (a call stuck on them may come back) */
+    mgt_stream *s;
+    mgt_event *e;
+    mgt_buffer *b;
+    for (;;) {
+        FIRST_UNSTRANDED(set, streams, s);
+        if (!s)
+            break;
+        mgt_stream_free(s);
+    }
     deferred_wait(set, NULL, true);
-    staging_free(set);
+    if (!stranded)
+        staging_free(set);
     /* a stream took its aux event along */
-    while (set->events)
-        mgt_event_free(set->events);
-    while (set->buffers)
-        mgt_buffer_free(set->buffers);
-    set->iface->devset_close(set);
-    pthread_mutex_destroy(&set->defer_lock);
-    pthread_mutex_destroy(&set->reg_lock);
-    free(set->devs);
-    free(set);
+    for (;;) {
+        FIRST_UNSTRANDED(set, events, e);
+        if (!e)
+            break;
+        mgt_event_free(e);
+    }
+    for (;;) {
+        FIRST_UNSTRANDED(set, buffers, b);
+        if (!b)
+            break;
+        mgt_buffer_free(b);
+    }
+    set->iface->devset_close(set); /* keeps a stranded device's own state */
+    kept_set *k = stranded ? malloc(sizeof *k) : NULL;
+    if (k) {
+        pthread_mutex_lock(&kept_lock);
+        *k = (kept_set){set, kept_sets};
+        kept_sets = k;
+        pthread_mutex_unlock(&kept_lock);
+    } else if (!stranded) {
+        pthread_mutex_destroy(&set->defer_lock);
+        pthread_mutex_destroy(&set->reg_lock);
+        free(set->devs);
+        free(set);
+    } /* else no room to list it: left unreachable, still allocated */
     mgt_error_restore(&saved);
 }
 
@@ -661,6 +715,14 @@ void mgt_device_abandon(mgt_device *d, const char *why)
     }
     if (d->set->iface->abandon)
         d->set->iface->abandon(d, why);
+}
+
+void mgt_device_strand(mgt_device *d, const char *why)
+{
+    if (!d)
+        return;
+    atomic_store(&d->stranded, true);
+    mgt_device_abandon(d, why);
 }
 
 void mgt_device_unstall(mgt_device *d)

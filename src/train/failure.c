@@ -63,10 +63,8 @@ void train_fail_worker(worker *w, mgt_status st, long step, bool validation, con
                        bool root)
 {
     run *r = w->r;
-    /* an abort caused by another thread's failure is not a cause of its own */
-    if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&r->abort))
-        return;
-    train_failure f = {.status = st,
+    train_failure f = {.set = true,
+                       .status = st,
                        .device = w->dev,
                        .epoch = r->epoch,
                        .step = step,
@@ -74,7 +72,15 @@ void train_fail_worker(worker *w, mgt_status st, long step, bool validation, con
                        .root = root};
     snprintf(f.phase, sizeof f.phase, "%s", phase);
     set_cause(&f, mgt_error_last());
-    w->noticed = f; /* where this worker stood: its device's fault, if any, is in work before */
+    /* where this worker stood when it left its phase, whatever made it leave: a fault of its
+       device that no mark ran after (its worker's record of the stage's mark failed at once,
+       the fault already known, or the worker left at the abort flag before recording it) is
+       in the work of this stage. It is kept even where this worker's exit is another's abort:
+       the fault that a peer noticed first may be this device's own. */
+    w->noticed = f;
+    /* an abort caused by another thread's failure is not a cause of its own */
+    if (st == MGT_ERR_ABORTED && mgt_abort_is_raised(&r->abort))
+        return;
     record(r, &f);
 }
 
@@ -96,8 +102,13 @@ mgt_status train_mark(worker *w, long step, bool validation, const char *phase)
 {
     train_marker *m = &w->marks[(w->mark_seq + 1) % TRAIN_MARKS];
     mgt_status st = mgt_event_record(m->ev, w->s);
-    if (st != MGT_OK)
+    if (st != MGT_OK) {
+        /* the event may have been taken for a record that never ran on a sound device (mock
+           devices complete it at once as unclean): it no longer says how the older mark it
+           held ended */
+        m->seq = 0;
         return st;
+    }
     w->mark_seq++;
     *m = (train_marker){.ev = m->ev,
                         .epoch = w->r->epoch,
@@ -178,6 +189,11 @@ void train_failure_settle(run *r)
 void train_failure_line(const run *r, char *out, size_t cap)
 {
     train_failure_format(r, &r->fail, out, cap);
+    size_t len = strlen(out);
+    if (r->lost_across_nodes && r->fail.device >= 0 && len < cap)
+        snprintf(out + len, cap - len,
+                 "; --on-device-failure continue ends a multi-node run at a lost device (every "
+                 "node must keep the same device count)");
 }
 
 void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap)

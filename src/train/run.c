@@ -1250,19 +1250,14 @@ static int stalled_device(const run *r)
    wait limit (detached by train_workers_join): its device is given up. */
 static void fail_stuck_worker(run *r, int i)
 {
-    const char *flag;
-    double limit = train_wait_limit(r->c, &flag);
     train_failure f = {.set = true,
                        .status = MGT_ERR_TIMEOUT,
                        .device = i,
                        .epoch = r->epoch,
                        .step = r->w[i].started > 0 ? r->w[i].started - 1 : 0};
     snprintf(f.phase, sizeof f.phase, "stuck in a call");
-    snprintf(f.cause, sizeof f.cause,
-             "its worker thread has not come back from a call to the device within %s %g s: "
-             "the thread is abandoned (detached, its memory kept) and the device given up",
-             flag ? flag : "the default wait limit of", limit);
-    mgt_device_abandon(r->devs[i], f.cause);
+    train_stuck_text(r, f.cause, sizeof f.cause);
+    mgt_device_abandon(r->devs[i], f.cause); /* stranded already (train_workers_join) */
     pthread_mutex_lock(&r->lock);
     r->fail = f;
     pthread_mutex_unlock(&r->lock);
@@ -1395,18 +1390,24 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         mgt_device_unstall(r->devs[i]);
     if (!detached)
         train_failure_settle(r);
-    if (r->nodes > 1 && r->fail.device >= 0 && !r->fail.remote)
-        fprintf(r->out, "=> --on-device-failure continue: a lost device ends a multi-node run "
-                        "(every node must keep the same device count)\n");
     /* the failure noticed by one device's thread may be another's fault (a peer copy from it,
-       the all-reduce's enqueue): the device that failed is the one to drop */
-    for (int i = 0; r->fail.device >= 0 && i < r->n; i++)
-        if (mgt_device_synchronize(r->devs[i], NULL) == MGT_ERR_DEVICE) {
+       the all-reduce's enqueue): the device that failed is the one to drop, and its line is its
+       own (device, cause, step and stage together, never one device's name on another's text) */
+    for (int i = 0; r->fail.device >= 0 && i < r->n; i++) {
+        train_failure f;
+        if (!train_device_failure(r, i, &f))
+            continue;
+        if (r->fail.device != i) {
+            f.status = r->fail.status == MGT_OK ? MGT_ERR_DEVICE : r->fail.status;
             pthread_mutex_lock(&r->lock);
-            r->fail.device = i;
+            r->fail = f;
             pthread_mutex_unlock(&r->lock);
-            break;
         }
+        break;
+    }
+    /* the run's one line (train_failure_line) says why a lost device is not dropped here */
+    if (r->nodes > 1 && r->fail.device >= 0 && r->fail.device < r->n && !r->fail.remote)
+        r->lost_across_nodes = true;
     if (!droppable(r))
         return false;
     bool validation = r->fail.validation;
@@ -1432,7 +1433,18 @@ static bool drop_failed_device(run *r, int *ep, long *first)
         cannot_continue(r, why, "nothing saved since the last checkpoint");
         return false;
     }
-    /* replica 0 is a survivor's: it is the one saved and broadcast */
+    /* replica 0 is a survivor's: it is the one saved and broadcast. A worker whose thread is
+       stuck in a call keeps its slot: the swap goes on a copy of the array, the old one kept
+       for that thread */
+    worker *moved = lost[0] && r->w[0].detached ? malloc((size_t)r->nw * sizeof *moved) : NULL;
+    if (moved) {
+        memcpy(moved, r->w, (size_t)r->nw * sizeof *moved);
+        train_keep(r->w);
+        r->w = moved;
+    } else if (lost[0] && r->w[0].detached) {
+        cannot_continue(r, "out of host memory", "nothing saved since the last checkpoint");
+        return false;
+    }
     for (int j = 1; lost[0] && j < r->n; j++)
         if (!lost[j]) {
             swap_workers(r, 0, j);
@@ -1599,7 +1611,9 @@ static mgt_status run_finish(run *r, mgt_status st)
         pthread_mutex_destroy(&r->lock);
         pthread_cond_destroy(&r->cv);
         free(r);
-    } /* else a worker's thread stuck in a call may still reach the run: it is kept */
+    } else { /* a worker's thread stuck in a call may still reach the run: it is kept */
+        train_keep(r);
+    }
     return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 

@@ -459,6 +459,26 @@ mgt_status train_make_comm(run *r)
     return st;
 }
 
+/* What a worker thread stuck in a call may reach when it comes back (the run, a worker
+   array): kept for the process's life, listed so that it stays reachable. */
+typedef struct kept {
+    void *p;
+    struct kept *next;
+} kept;
+static kept *kept_list;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void train_keep(void *p)
+{
+    kept *k = malloc(sizeof *k);
+    if (!k)
+        return; /* left unreachable, still allocated */
+    pthread_mutex_lock(&kept_lock);
+    *k = (kept){p, kept_list};
+    kept_list = k;
+    pthread_mutex_unlock(&kept_lock);
+}
+
 /* n: the workers made (the devices before one was lost) */
 static void free_replicas(run *r)
 {
@@ -477,6 +497,8 @@ static void free_replicas(run *r)
     }
     if (!keep)
         free(r->w);
+    else if (r->w)
+        train_keep(r->w);
     free(r->params);
     free(r->buffers);
     r->w = NULL;

@@ -652,6 +652,7 @@ static void *worker_main(void *arg)
         seen = r->phase;
         enum train_phase kind = r->phase_kind;
         pthread_mutex_unlock(&r->lock);
+        w->noticed.set = false; /* where it stands is this phase's (failure.c) */
         if (kind == PHASE_TRAIN)
             train_phase(w);
         else
@@ -703,6 +704,10 @@ int train_workers_join(run *r)
             pthread_detach(w->thread);
             w->detached = true;
             detached++;
+            /* when its call comes back, the set may be gone: what it reaches is kept */
+            char why[256];
+            train_stuck_text(r, why, sizeof why);
+            mgt_device_strand(w->d, why);
         }
     }
     r->detached += detached;
@@ -713,6 +718,16 @@ int train_workers_join(run *r)
             r->w[i].thread_joined = true;
         }
     return detached;
+}
+
+void train_stuck_text(const run *r, char *out, size_t cap)
+{
+    const char *flag;
+    double limit = train_wait_limit(r->c, &flag);
+    snprintf(out, cap,
+             "its worker thread has not come back from a call to the device within %s %g s: "
+             "the thread is abandoned (detached, its memory kept) and the device given up",
+             flag ? flag : "the default wait limit of", limit);
 }
 
 void train_workers_stop(run *r)

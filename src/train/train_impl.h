@@ -375,7 +375,9 @@ struct run {
     mgt_abort abort;
     train_failure fail; /* the first (failure.c), under lock */
     double fail_at;     /* when it was recorded (mgt_time_now) */
-    bool stop_world;    /* a stop is being agreed with the other nodes */
+    /* --on-device-failure continue met a lost device in a multi-node run: it ends the run */
+    bool lost_across_nodes;
+    bool stop_world; /* a stop is being agreed with the other nodes */
     train_metrics m;
     train_reports reports;
     double best_acc1;
@@ -413,6 +415,12 @@ void train_failure_settle(run *r);
 /* Whether device i has failed (0: no), and where: 2 with *f its failure placed by its marks or
    its worker's notice, 1 where no step of its worker's names it (*f has its text). */
 int train_device_failure(const run *r, int i, train_failure *f);
+/* The text of a worker thread stuck in a call past the wait limit (detached, its device
+   stranded: mgt_device_strand). */
+void train_stuck_text(const run *r, char *out, size_t cap);
+/* Keeps p (the run, a worker array) for the process's life: a detached worker's thread may
+   reach it when its call comes back. */
+void train_keep(void *p);
 /* The failure as the run's one line: "mock:0: epoch 1 step 8 (forward): cause". */
 void train_failure_line(const run *r, char *out, size_t cap);
 void train_failure_format(const run *r, const train_failure *f, char *out, size_t cap);

@@ -162,8 +162,8 @@ fault | fault4)
     # progress line: start-up is slow under the sanitizers), with one line naming the node,
     # the device, the step and the cause: device 1 of rank 1 of 2 (2 devices each), or device
     # 0 of rank 3 of 4 (1 device each, the reduce-scatter across the nodes)
-    if [ "$case_name" = fault ]; then
-        np=2 victim=1 dev=1 G=(--gpus 0,1)
+    if [ "$case_name" = fault ]; then # with continue: a lost device still ends the run
+        np=2 victim=1 dev=1 G=(--gpus 0,1 --on-device-failure continue)
     else
         np=4 victim=3 dev=0 G=(--gpus 0 --node-exchange reduce-scatter)
     fi
@@ -201,6 +201,12 @@ fault | fault4)
     *"epoch 0 step "*"injected fault"*) ;;
     *) fail "the line does not name step and cause: $line" ;;
     esac
+    if [ "$case_name" = fault ]; then
+        case $line in
+        *"; --on-device-failure continue ends a multi-node run at a lost device (every node must keep the same device count)") ;;
+        *) fail "the line does not say why continue does not go on: $line" ;;
+        esac
+    fi
     echo "ended within ${took} s of training's start: $(grep '^mgtrain: ' "$tmp/out.txt")"
     ;;
 kill | kill4)

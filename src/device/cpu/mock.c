@@ -86,6 +86,7 @@ struct mock_dev {
        which the frees of its streams and of the set read first, so that what the stuck
        thread read is ordered before them */
     atomic_int stuck_calls;
+    atomic_bool closed; /* its set was freed (a stranded device's state outlives it) */
     int refusals[MGT_MOCK_MAX_REFUSALS]; /* fault=lowp's reasons for attempts N, N+1, ... */
     int nrefusals;
     long n_lowp; /* 16-bit convolutions the native kernel was asked to run (under ctx.lock) */
@@ -959,9 +960,11 @@ static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)
         (!md->fault_op[0] || strcmp(mgt_op_name(op->kind), md->fault_op) == 0) &&
         atomic_fetch_add(&md->n_launched, 1) + 1 == md->fault_nth) {
         atomic_fetch_add(&md->stuck_calls, 1);
-        for (;;) /* a host thread stuck in the driver: it never comes back, whatever happens;
-                    nothing it holds is touched again (the process's exit ends it) */
-            sleep(3600);
+        /* a host thread stuck in the driver: it comes back only once its device set has been
+           freed, as a driver call that finally returns would, and goes on from there: what it
+           touches then must still be there (mgt_device_strand) */
+        while (!atomic_load(&md->closed))
+            usleep(5000);
     }
     cmd c = {.kind = CMD_OP};
     c.u.op = *op;
@@ -1070,6 +1073,10 @@ static void mock_devset_close(mgt_devset *set)
         mock_dev *md = set->devs[i].impl;
         if (!md)
             continue;
+        if (atomic_load(&set->devs[i].stranded)) { /* a call stuck on it may come back: kept */
+            atomic_store(&md->closed, true);
+            continue;
+        }
         (void)atomic_load(&md->stuck_calls); /* after what a stuck host thread read */
         if (md->ctx.pool)
             cpu_ctx_destroy(&md->ctx);
@@ -1093,8 +1100,13 @@ static void mock_devset_close(mgt_devset *set)
         free(md);
         set->devs[i].impl = NULL;
     }
-    free(set->impl);
-    set->impl = NULL;
+    bool stranded = false;
+    for (int i = 0; i < set->n; i++)
+        stranded = stranded || atomic_load(&set->devs[i].stranded);
+    if (!stranded) { /* else the set's own state is kept with it (mgt_devset_free) */
+        free(set->impl);
+        set->impl = NULL;
+    }
 }
 
 static bool mock_can_access_peer(const mgt_devset *set, int i, int j)

@@ -126,17 +126,31 @@ static void cuda_devset_close(mgt_devset *set)
 {
     /* bounded here, not in cudaDeviceSynchronize: a hung kernel leaves its memory unfreed
        (the process is ending or the GPU needs a reset) instead of hanging the close */
-    bool drained = true;
+    bool drained = true, stranded = false;
+    bool *keep = calloc((size_t)set->n, sizeof *keep);
     for (int i = 0; i < set->n; i++) {
         mgt_device *d = &set->devs[i];
         if (atomic_load(&d->stalled) || atomic_load(&d->abandoned) ||
             poll_wait(poll_device, d->impl, NULL, d, "the device's streams") == MGT_ERR_TIMEOUT)
             drained = false;
+        /* a host thread stuck in a call on it may come back: its replica's state stays (with
+           no room for the list, every replica's does) */
+        bool k = atomic_load(&d->stranded);
+        stranded = stranded || k;
+        if (keep)
+            keep[i] = k;
     }
-    mgt_cuda_set_close(set->impl, drained);
-    set->impl = NULL;
+    if (stranded && !keep) {
+        set->impl = NULL; /* left allocated, unreachable: nothing is freed under the call */
+        return;
+    }
+    mgt_cuda_set_close(set->impl, drained, keep);
+    if (!stranded)
+        set->impl = NULL; /* else kept with the set (mgt_devset_free) */
     for (int i = 0; i < set->n; i++)
-        set->devs[i].impl = NULL;
+        if (!keep || !keep[i])
+            set->devs[i].impl = NULL;
+    free(keep);
 }
 
 static bool cuda_can_access_peer(const mgt_devset *set, int i, int j)

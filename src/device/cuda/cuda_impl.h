@@ -59,9 +59,11 @@ mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
                              const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out);
 /* Frees everything the set made (streams and events must be gone; the caller has waited for
    the GPUs, bounded). drained false: some GPU's work never finished (a hung kernel), so its
-   memory is left to the process's end instead of freed under running kernels. NULL is a
-   no-op. */
-void mgt_cuda_set_close(mgt_cuda_set *set, bool drained);
+   memory is left to the process's end instead of freed under running kernels. keep (NULL:
+   none): the replicas a host thread may still be inside a call on (mgt_device_strand): their
+   state, and the set's that their calls reach, stay allocated for the process's life (kept
+   reachable), the others' are freed. NULL set is a no-op. */
+void mgt_cuda_set_close(mgt_cuda_set *set, bool drained, const bool *keep);
 mgt_cuda_dev *mgt_cuda_set_dev(mgt_cuda_set *set, int i);
 /* 1 when a copy from replica i to replica j may go directly (verified at open). */
 int mgt_cuda_set_peer(const mgt_cuda_set *set, int i, int j);

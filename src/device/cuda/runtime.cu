@@ -249,12 +249,31 @@ static void dev_destroy(mgt_cuda_dev *d, bool drained)
     delete d;
 }
 
-void mgt_cuda_set_close(mgt_cuda_set *set, bool drained)
+// Sets with a replica a stuck host call may come back into: kept, and reachable, for good.
+static std::mutex kept_sets_lock;
+static std::vector<mgt_cuda_set *> kept_sets;
+
+void mgt_cuda_set_close(mgt_cuda_set *set, bool drained, const bool *keep)
 {
     if (set == NULL)
         return;
-    for (int i = 0; i < set->n; i++)
+    bool kept = false;
+    for (int i = 0; i < set->n; i++) {
+        if (keep != NULL && keep[i]) {
+            kept = true; // its allocator, streams and handles stay as the stuck call left them
+            continue;
+        }
         dev_destroy(set->devs[i], drained);
+        set->devs[i] = NULL;
+    }
+    if (kept) { // a kept replica's calls reach the set (d->set): it stays too
+        std::lock_guard<std::mutex> g(kept_sets_lock);
+        try {
+            kept_sets.push_back(set);
+        } catch (...) { // no room to list it: left unreachable, still allocated
+        }
+        return;
+    }
     delete[] set->devs;
     delete set;
 }
@@ -480,7 +499,7 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
         mgt_status st = dev_create(set, i, ids[i], replicas, hooks,
                                    owners != NULL ? owners[i] : NULL, &set->devs[i]);
         if (st != MGT_OK) {
-            mgt_cuda_set_close(set, true);
+            mgt_cuda_set_close(set, true, NULL);
             return st;
         }
     }
