@@ -510,21 +510,25 @@ static void test_golden(void **state)
     CHECK(mgt_model_create(&cfg, d, &m));
     int n;
     const mgt_model_entry *t = mgt_model_table(m, &n);
-    size_t pb, bb;
-    float *params = mgt_model_params(m, &pb), *bufs = mgt_model_buffers(m, &bb);
-    float *hp = calloc(1, pb), *hb = calloc(1, bb ? bb : 1);
-    assert_non_null(hp);
-    assert_non_null(hb);
+    float *params = mgt_model_params(m, NULL), *bufs = mgt_model_buffers(m, NULL);
+    /* Weights, the step and the checks go tensor by tensor, through host copies and optimizer
+       state the size of the largest tensor: whole-model copies of a ViT-H (632 M parameters)
+       would be 2.5 GB each, and from a zero state a tensor's first step depends on its own
+       gradient alone. */
+    size_t most = 1;
     for (int e = 0; e < n; e++)
-        if (!mgt_model_entry_i64(&t[e]))
-            formula_tensor(
-                &t[e], (float *)((char *)(t[e].role == MGT_MODEL_PARAM ? hp : hb) + t[e].offset));
-    CHECK(mgt_copy_h2d(s, params, hp, pb));
-    if (bb)
-        CHECK(mgt_copy_h2d(s, bufs, hb, bb));
-    CHECK(mgt_stream_synchronize(s, NULL));
-    free(hp);
-    free(hb);
+        most = t[e].numel > most ? t[e].numel : most;
+    float *gv = malloc(most * sizeof *gv), *v1 = malloc(most * sizeof *v1);
+    assert_non_null(gv);
+    assert_non_null(v1);
+    for (int e = 0; e < n; e++) {
+        if (mgt_model_entry_i64(&t[e]))
+            continue;
+        formula_tensor(&t[e], v1);
+        char *dv = (char *)(t[e].role == MGT_MODEL_PARAM ? params : bufs) + t[e].offset;
+        CHECK(mgt_copy_h2d(s, dv, v1, t[e].numel * sizeof(float)));
+        CHECK(mgt_stream_synchronize(s, NULL));
+    }
 
     size_t nx = (size_t)batch * 3 * size * size, nl = (size_t)batch * classes;
     mgt_buffer *io;
@@ -604,19 +608,9 @@ static void test_golden(void **state)
     }
     mgt_sgd_params sp = {
         .lr = LR, .momentum = MOMENTUM, .weight_decay = WD, .grad_scale = 1.0f, .first_step = true};
-    /* The step and the checks go tensor by tensor, through optimizer state and host copies the
-       size of the largest tensor: from a zero state a tensor's first step depends on its own
-       gradient alone, and whole-model copies of a ViT-H (632 M parameters) would be 2.5 GB
-       each. */
-    size_t most = 1;
-    for (int e = 0; e < n; e++)
-        most = t[e].numel > most ? t[e].numel : most;
     mgt_buffer *st;
     CHECK(mgt_buffer_alloc(d, 2 * most * sizeof(float), &st));
     float *st1 = mgt_buffer_ptr(st), *st2 = st1 + most;
-    float *gv = malloc(most * sizeof *gv), *v1 = malloc(most * sizeof *v1);
-    assert_non_null(gv);
-    assert_non_null(v1);
     for (int e = 0; e < n; e++) {
         if (mgt_model_entry_i64(&t[e]))
             continue;
