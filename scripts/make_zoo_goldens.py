@@ -10,7 +10,6 @@ layer's place among the model's dropout layers). Big tensors are kept as their n
 hashed samples (make_model_goldens.py's sample_index); tests/test_zoo.c recomputes the rest.
 
 Usage: scripts/make_zoo_goldens.py [ARCH ...] (default: every case of CASES)"""
-import copy
 import math
 import os
 import sys
@@ -43,6 +42,8 @@ CASES = [("vgg11", 32), ("vgg11_bn", 32), ("alexnet", 63), ("squeezenet1_0", 32)
          ("efficientnet_b5", 64),
          ("vit_b_16", 32), ("vit_b_32", 64), ("swin_t", 64), ("swin_s", 64), ("swin_b", 64),
          ("swin_v2_t", 64), ("swin_v2_s", 64), ("swin_v2_b", 64),
+         # 304 M to 632 M parameters (tests' label zoo_golden_heavy): 2 x 2 patches each
+         ("vit_l_16", 32), ("vit_l_32", 64), ("vit_h_14", 28),
          # torchvision 0.15 and later only (run this script with one): the smallest input
          ("maxvit_t", 224)]
 # Architectures built with stochastic depth 0 (its mask is the conformance suite's; torchvision
@@ -209,20 +210,31 @@ def own_train_error(model, arch, x, labels):
     """The tolerance of the training forward's values (logits, loss, BN running statistics):
     TOL_FWD, or 3 times PyTorch's own float32 error on them where that is larger (the rule of
     check_torch_load.py's gradients): with formula weights a BN over few values per channel
-    can leave float32 itself short of TOL_FWD. model is left as it was."""
-    m32 = copy.deepcopy(model).float().train()
-    m64 = copy.deepcopy(model).double().train()
-    l32 = train_loss(m32, arch, x.float(), labels)
-    l64 = train_loss(m64, arch, x.double(), labels)
+    can leave float32 itself short of TOL_FWD. Runs model itself in float32, then converts it
+    to float64 in place and runs it again (no copies: a ViT-H is 2.5 GB in float32); the
+    buffers a training forward moves (BN running statistics, num_batches_tracked) are put back
+    after each run, so model is left as it was, in float64."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    def run():
+        out = train_loss(model, arch, x.to(next(model.parameters()).dtype), labels)
+        stats = {n: b.detach().clone() for n, b in model.named_buffers()
+                 if n.endswith("running_mean") or n.endswith("running_var")}
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
+        return (out[0].detach(), out[1].detach()), stats
+    model.float().train()
+    l32, s32 = run()
+    model.double().train()
+    l64, s64 = run()
 
     def rel(a, b):
         a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
         return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
     own = max(rel(l32[0], l64[0]), rel(l32[1], l64[1]))
-    s32, s64 = m32.state_dict(), m64.state_dict()
     for n in s64:
-        if n.endswith("running_mean") or n.endswith("running_var"):
-            own = max(own, rel(s32[n], s64[n]))
+        own = max(own, rel(s32[n], s64[n]))
     return max(TOL_FWD, 3 * own)
 
 
@@ -237,22 +249,27 @@ def case(arch, size):
         x = ((hash_uniform("input", x.numel()) - 0.5) * math.sqrt(12.0)).to(torch.float32) \
             .reshape(x.shape)
     tol_train = own_train_error(model, arch, x, labels)
-    m64 = model.double()
+    m64 = model  # float64 now
     m64.eval()
     with torch.no_grad():
         eval_logits = f32(m64(x.double()))
     m64.train()
-    if is_transformer(arch):
-        opt = torch.optim.AdamW(m64.parameters(), **ADAMW)
-    else:
-        opt = torch.optim.SGD(m64.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-    opt.zero_grad()
     logits, loss, aux_losses = train_loss(m64, arch, x.double(), labels)
     loss.backward()
-    grads = {n: f32(p.grad) for n, p in m64.named_parameters()}
-    opt.step()
-    state = {n: (t.detach().clone() if t.dtype == torch.int64 else f32(t))
-             for n, t in m64.state_dict().items()}
+    # One optimizer step, taken parameter by parameter (an optimizer of its own each: from a
+    # zero state the step of one tensor depends on its own gradient alone, so this is the
+    # whole model's step value for value), each gradient summarised and freed as its step is
+    # taken: a float64 ViT-H's AdamW state alone would be 10 GB, and its gradients 5 GB more.
+    grad_summary = []
+    for name, p in m64.named_parameters():
+        grad_summary += summarise("grad.", {name: f32(p.grad)})
+        if is_transformer(arch):
+            opt = torch.optim.AdamW([p], **ADAMW)
+        else:
+            opt = torch.optim.SGD([p], lr=LR, momentum=MOMENTUM, weight_decay=WD)
+        opt.step()
+        del opt
+        p.grad = None
     g = [("labels", labels.to(torch.int32)), ("eval_logits", eval_logits),
          ("step1.logits", f32(logits)), ("step1.loss", f32(loss.reshape(1)))]
     aux_weight = AUX.get(arch, ([], 0.0))[1]
@@ -260,8 +277,9 @@ def case(arch, size):
         g.append(("step1.aux_loss", f32(torch.stack(aux_losses).detach())))
     if size <= HASH_INPUT_ABOVE:
         g.insert(0, ("input", x))
-    g += summarise("grad.", grads)
-    g += summarise("step1.", state)
+    g += grad_summary
+    for name, t in m64.state_dict().items():
+        g += summarise("step1.", {name: t.detach().clone() if t.dtype == torch.int64 else f32(t)})
     tag = "%s_3x%dx%d" % (arch, size, size)
     meta = {"arch": arch, "classes": str(CLASSES), "in_channels": "3", "image_size": str(size),
             "batch": str(batch), "lr": repr(LR), "momentum": repr(MOMENTUM),

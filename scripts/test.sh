@@ -20,10 +20,12 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-con
 grep -E "mgtrain: CUDA backend" build-configure.log || true
 cmake --build build -j"$jobs"
 # export.check_heavy (label export_heavy: the models of 30 M to 198 M parameters through the
-# ONNX checker, about 10 minutes) and zoo.strict.heavy (label zoo_strict_heavy: the same
-# models' torchvision weights both ways, about 8 minutes) are left out; `ctest -L
-# 'export_heavy|zoo_strict_heavy'` runs them.
-(cd build && ctest --output-on-failure -j"$jobs" -LE 'export_heavy|zoo_strict_heavy')
+# ONNX checker, about 10 minutes), zoo.strict.heavy (label zoo_strict_heavy: the same
+# models' torchvision weights both ways, about 8 minutes) and the goldens of vit_l_16,
+# vit_l_32 and vit_h_14 (label zoo_golden_heavy: 304 M to 632 M parameters, gigabytes each)
+# are left out; `ctest -L 'export_heavy|zoo_strict_heavy'` and `ctest -j1 -L
+# zoo_golden_heavy` run them.
+(cd build && ctest --output-on-failure -j"$jobs" -LE 'export_heavy|zoo_strict_heavy|zoo_golden_heavy')
 
 echo "== address,undefined sanitizer build =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF \
@@ -39,7 +41,7 @@ cmake --build build-asan -j"$jobs"
 # 16-bit cases run here in the conformance suite, and zoo.amp.cifar_resnet steps a model).
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   MGT_TORCH_LOAD_PYTHON=0 MGT_EXPORT_PYTHON=0 ctest --output-on-failure -j"$jobs" \
-  -LE 'zoo_strict|export_heavy|zoo_heavy|zoo_amp')
+  -LE 'zoo_strict|export_heavy|zoo_heavy|zoo_amp|zoo_golden_heavy')
 
 echo "== thread sanitizer build (device, stream and threading tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null
