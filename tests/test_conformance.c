@@ -3233,6 +3233,10 @@ static int array_of(const tcase *c, const void *p, size_t *elem)
 static bool case_to16(tcase *c, mgt_precision prec)
 {
     c->op.store_in = c->op.store_out = prec;
+    if (c->op.kind == MGT_OP_BN_FWD_TRAIN) /* a fused residual add rounds where the add would */
+        c->op.u.bn_train.z_round = prec;
+    if (c->op.kind == MGT_OP_BN_FWD_EVAL)
+        c->op.u.bn_eval.z_round = prec;
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(&c->op, ops);
     int kind[MAX_ARRAYS] = {0}; /* 1: an fp32 operand's, 2: a 16-bit one's */
@@ -3282,6 +3286,15 @@ static unsigned op_layouts(const mgt_op *op)
     case MGT_OP_MAXPOOL_BWD: return 1u << op->u.maxpool_bwd.sh.layout;
     case MGT_OP_AVGPOOL_FWD: return 1u << op->u.avgpool_fwd.layout;
     case MGT_OP_AVGPOOL_BWD: return 1u << op->u.avgpool_bwd.layout;
+    case MGT_OP_APOOL_FWD: return 1u << op->u.apool_fwd.layout;
+    case MGT_OP_APOOL_BWD: return 1u << op->u.apool_bwd.layout;
+    case MGT_OP_CHBIAS_FWD: return 1u << op->u.chbias_fwd.layout;
+    case MGT_OP_CHBIAS_BWD: return 1u << op->u.chbias_bwd.layout;
+    case MGT_OP_CHSCALE_FWD: return 1u << op->u.chscale_fwd.layout;
+    case MGT_OP_CHSCALE_BWD: return 1u << op->u.chscale_bwd.layout;
+    case MGT_OP_LNC_FWD: return 1u << op->u.lnc_fwd.layout;
+    case MGT_OP_LNC_BWD: return 1u << op->u.lnc_bwd.layout;
+    case MGT_OP_DROPOUT: return 1u << op->u.dropout.layout;
     default: return 1u << MGT_LAYOUT_NCHW;
     }
 }
@@ -3303,9 +3316,46 @@ static bool takes_layout(mgt_op_kind kind)
     case MGT_OP_MAXPOOL_FWD:
     case MGT_OP_MAXPOOL_BWD:
     case MGT_OP_AVGPOOL_FWD:
-    case MGT_OP_AVGPOOL_BWD: return true;
+    case MGT_OP_AVGPOOL_BWD:
+    case MGT_OP_APOOL_FWD:
+    case MGT_OP_APOOL_BWD:
+    case MGT_OP_CHBIAS_FWD:
+    case MGT_OP_CHBIAS_BWD:
+    case MGT_OP_CHSCALE_FWD:
+    case MGT_OP_CHSCALE_BWD:
+    case MGT_OP_LNC_FWD:
+    case MGT_OP_LNC_BWD:
+    case MGT_OP_DROPOUT: return true;
     default: return false;
     }
+}
+
+/* Every other NHWC batch norm case with a folded ReLU also gets a fused residual add (what
+   plan_fusion gives a ResNet block's last batch norm on CUDA): a residual z in [-1, 1) for the
+   forwards, the residual's gradient dz for the backward; case_to16 sets the rounding. */
+static void bn_residual(tcase *c)
+{
+    static unsigned turn;
+    mgt_op *op = &c->op;
+    const mgt_bn_shape *sh = op->kind == MGT_OP_BN_FWD_TRAIN  ? &op->u.bn_train.sh
+                             : op->kind == MGT_OP_BN_FWD_EVAL ? &op->u.bn_eval.sh
+                                                              : &op->u.bn_bwd.sh;
+    if (!sh->relu || turn++ % 2)
+        return;
+    size_t n = (size_t)sh->n * sh->c * sh->hw;
+    if (op->kind == MGT_OP_BN_BWD) {
+        op->u.bn_bwd.dz = case_f32(c, n);
+    } else {
+        float *z = case_f32(c, n);
+        rng r = rng_for((int)n, 7, 1);
+        fill_unif(&r, z, n, -1, 1);
+        if (op->kind == MGT_OP_BN_FWD_TRAIN)
+            op->u.bn_train.z = z;
+        else
+            op->u.bn_eval.z = z;
+    }
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " +residual");
 }
 
 static bool case_to_nhwc(tcase *c)
@@ -3319,13 +3369,39 @@ static bool case_to_nhwc(tcase *c)
     case MGT_OP_CONV2D_BWD_FILTER:
         op->u.conv.sh.x_layout = op->u.conv.sh.y_layout = MGT_LAYOUT_NHWC;
         break;
-    case MGT_OP_BN_FWD_TRAIN: op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC; break;
-    case MGT_OP_BN_FWD_EVAL: op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC; break;
-    case MGT_OP_BN_BWD: op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_FWD_TRAIN:
+        op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
+    case MGT_OP_BN_FWD_EVAL:
+        op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
+    case MGT_OP_BN_BWD:
+        op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
     case MGT_OP_MAXPOOL_FWD: op->u.maxpool_fwd.sh.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_MAXPOOL_BWD: op->u.maxpool_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_AVGPOOL_FWD: op->u.avgpool_fwd.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_AVGPOOL_BWD: op->u.avgpool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_APOOL_FWD: op->u.apool_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_APOOL_BWD: op->u.apool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHBIAS_FWD: op->u.chbias_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHBIAS_BWD: op->u.chbias_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHSCALE_FWD: op->u.chscale_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHSCALE_BWD: op->u.chscale_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_LNC_FWD: op->u.lnc_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_LNC_BWD: op->u.lnc_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_DROPOUT: { /* images of c channels, c the per-image size over its least factor */
+        mgt_dropout_args *d = &op->u.dropout;
+        size_t hw = 2;
+        while (hw < d->per_image && d->per_image % hw != 0)
+            hw++;
+        d->c = (int)(d->per_image / (hw <= d->per_image ? hw : 1));
+        d->layout = MGT_LAYOUT_NHWC;
+        break;
+    }
     default: return false;
     }
     size_t len = strlen(c->desc);
@@ -4026,13 +4102,6 @@ int main(int argc, char **argv)
             if (bes[b].kind == MGT_DEVICE_CUDA && (op_layouts(&c.op) >> MGT_LAYOUT_NCHW16C & 1)) {
                 printf("%s %d (%s): skipped on cuda: nChw16c is the mock devices' layout\n", opname,
                        idx, c.desc);
-                continue;
-            }
-            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_store16(&c.op) != MGT_PREC_F32 &&
-                !mgt_op_cuda_store16_kind(c.op.kind)) {
-                printf("%s %d (%s): skipped on cuda: no 16-bit kernel of this kind there (a CUDA "
-                       "model keeps these values fp32)\n",
-                       opname, idx, c.desc);
                 continue;
             }
             if (bes[b].kind == MGT_DEVICE_MOCK && (op_layouts(&c.op) >> MGT_LAYOUT_NHWC & 1)) {

@@ -702,22 +702,28 @@ mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_st
 mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
                                    int c, int hw, mgt_layout l);
 mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
-                                            int n, int c, int h, int w, int oh, int ow);
+                                            int n, int c, int h, int w, int oh, int ow,
+                                            mgt_layout l);
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta);
+/* The batch norms with a fused residual add (z, dz: NULL for none; sh->relu with them): the
+   forward writes relu(bn(x) rounded to st.out, + z), z stored as y (z may be y); the backward
+   also writes dy masked by the ReLU's output y into dz (the residual's gradient; dz may be
+   dy). On CUDA with NHWC 16-bit activations: one pass each way (store16.cu). */
 mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
                                           float *save_invstd, float *running_mean,
                                           float *running_var, const float *x, const float *gamma,
-                                          const float *beta, const mgt_bn_shape *sh);
+                                          const float *beta, const mgt_bn_shape *sh,
+                                          const float *z);
 mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                          const float *gamma, const float *beta,
                                          const float *running_mean, const float *running_var,
-                                         const mgt_bn_shape *sh);
+                                         const mgt_bn_shape *sh, const float *z);
 mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
                                      float *dbeta, const float *dy, const float *y, const float *x,
                                      const float *gamma, const float *save_mean,
-                                     const float *save_invstd, const mgt_bn_shape *sh);
+                                     const float *save_invstd, const mgt_bn_shape *sh, float *dz);
 mgt_status mgt_relu_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, size_t n);
 mgt_status mgt_relu_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
                                 const float *y, size_t n);
@@ -732,27 +738,32 @@ mgt_status mgt_activation_forward_st(mgt_stream *s, mgt_store st, float *y, cons
 mgt_status mgt_activation_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
                                       const float *x, size_t n, mgt_act act);
 mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                           int n, int c, int h, int w, int oh, int ow);
+                                           int n, int c, int h, int w, int oh, int ow,
+                                           mgt_layout l);
 mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                const mgt_strided_copy_shape *sh);
+/* The channel ops' activations in layout l (NCHW, or NHWC: CUDA's 16-bit channels-last
+   path); dropout's NHWC images have c channels and keep NCHW's mask element for element. */
 mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
-                                       int n, int c, int hw);
+                                       int n, int c, int hw, mgt_layout l);
 mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
-                                        int n, int c, int hw);
+                                        int n, int c, int hw, mgt_layout l);
 mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
-                          size_t per_image, float p, const mgt_dropout_key *key);
+                          size_t per_image, float p, const mgt_dropout_key *key, int c,
+                          mgt_layout l);
 mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                        const float *scale, int n, int c, int hw, bool shared);
+                                        const float *scale, int n, int c, int hw, bool shared,
+                                        mgt_layout l);
 mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
                                          const float *dy, const float *x, const float *scale, int n,
-                                         int c, int hw, bool shared);
+                                         int c, int hw, bool shared, mgt_layout l);
 mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                              const float *weight, const float *bias, int n, int c,
-                                             int hw, float eps);
+                                             int hw, float eps, mgt_layout l);
 mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
                                               float *dweight, float *dbias, const float *dy,
                                               const float *x, const float *weight, int n, int c,
-                                              int hw, float eps);
+                                              int hw, float eps, mgt_layout l);
 
 /* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
    squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:

@@ -271,6 +271,15 @@ bool mgt_op_blocked(const mgt_op *op)
     case MGT_OP_MAXPOOL_BWD: return op->u.maxpool_bwd.sh.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_FWD: return op->u.avgpool_fwd.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_APOOL_FWD: return op->u.apool_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_APOOL_BWD: return op->u.apool_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHBIAS_FWD: return op->u.chbias_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHBIAS_BWD: return op->u.chbias_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHSCALE_FWD: return op->u.chscale_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHSCALE_BWD: return op->u.chscale_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_LNC_FWD: return op->u.lnc_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_LNC_BWD: return op->u.lnc_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_DROPOUT: return op->u.dropout.layout != MGT_LAYOUT_NCHW;
     default: return false;
     }
 }
@@ -380,10 +389,19 @@ static mgt_status check_bn_shape_nchw(const mgt_op *op, const mgt_bn_shape *sh)
     return check_bn_shape(op, sh);
 }
 
+/* A fused residual add (z, dz) comes with the ReLU after it. */
+static mgt_status check_bn_residual(const mgt_op *op, const mgt_bn_shape *sh, bool residual)
+{
+    mgt_status st = check_bn_shape(op, sh);
+    if (st == MGT_OK && residual && !sh->relu)
+        return INVALID(op, "a fused residual add needs the ReLU after it (relu %d)", (int)sh->relu);
+    return st;
+}
+
 static mgt_status check_bn_train(const mgt_op *op)
 {
     const mgt_bn_shape *sh = &op->u.bn_train.sh;
-    mgt_status st = check_bn_shape(op, sh);
+    mgt_status st = check_bn_residual(op, sh, op->u.bn_train.z != NULL);
     if (st != MGT_OK)
         return st;
     /* The unbiased variance divides by n*hw - 1, as PyTorch refuses to. */
@@ -404,9 +422,14 @@ static void operands_bn_train(mgt_op *op, operand_list *l)
     ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
+    if (b->z)
+        ADD(l, b->z, "z", x, act_out(op), IN);
 }
 
-static mgt_status check_bn_eval(const mgt_op *op) { return check_bn_shape(op, &op->u.bn_eval.sh); }
+static mgt_status check_bn_eval(const mgt_op *op)
+{
+    return check_bn_residual(op, &op->u.bn_eval.sh, op->u.bn_eval.z != NULL);
+}
 
 static void operands_bn_eval(mgt_op *op, operand_list *l)
 {
@@ -418,9 +441,14 @@ static void operands_bn_eval(mgt_op *op, operand_list *l)
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, IN);
     ADD(l, b->running_var, "running_var", c, MGT_F32, IN);
+    if (b->z)
+        ADD(l, b->z, "z", x, act_out(op), IN);
 }
 
-static mgt_status check_bn_bwd(const mgt_op *op) { return check_bn_shape(op, &op->u.bn_bwd.sh); }
+static mgt_status check_bn_bwd(const mgt_op *op)
+{
+    return check_bn_residual(op, &op->u.bn_bwd.sh, op->u.bn_bwd.dz != NULL);
+}
 
 static void operands_bn_bwd(mgt_op *op, operand_list *l)
 {
@@ -436,6 +464,8 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, IN);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, IN);
+    if (b->dz)
+        ADD(l, b->dz, "dz", x, act_out(op), OUT);
 }
 
 static mgt_status check_bn_stats(const mgt_op *op)
@@ -793,10 +823,20 @@ static void operands_rmsprop(mgt_op *op, operand_list *l)
 
 /* ---- channel bias, dropout ---- */
 
+/* [n, c, hw] activations in NCHW or NHWC (the channel ops' layouts: nChw16c is the mock
+   devices' and their kernels for these take NCHW only). */
+static mgt_status check_planes_in(const mgt_op *op, int n, int c, int hw, mgt_layout l)
+{
+    mgt_status st = check_planes(op, n, c, hw);
+    if (st == MGT_OK && l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NHWC)
+        return INVALID(op, "layout %d is neither NCHW nor NHWC", (int)l);
+    return st;
+}
+
 static mgt_status check_chbias_fwd(const mgt_op *op)
 {
     const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
-    return check_planes(op, b->n, b->c, b->hw);
+    return check_planes_in(op, b->n, b->c, b->hw, b->layout);
 }
 
 static void operands_chbias_fwd(mgt_op *op, operand_list *l)
@@ -809,7 +849,7 @@ static void operands_chbias_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_chbias_bwd(const mgt_op *op)
 {
     const mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
-    return check_planes(op, b->n, b->c, b->hw);
+    return check_planes_in(op, b->n, b->c, b->hw, b->layout);
 }
 
 static void operands_chbias_bwd(mgt_op *op, operand_list *l)
@@ -829,6 +869,11 @@ static mgt_status check_dropout(const mgt_op *op)
         return INVALID(op, "size overflows (n %d, per image %zu)", d->n, d->per_image);
     if (!(d->p >= 0.0f && d->p < 1.0f))
         return INVALID(op, "probability %g must be in [0, 1)", (double)d->p);
+    if (d->layout == MGT_LAYOUT_NHWC && (d->c <= 0 || d->per_image % (size_t)d->c != 0))
+        return INVALID(op, "NHWC needs channels c (%d) that divide the per-image size %zu", d->c,
+                       d->per_image);
+    if (d->layout != MGT_LAYOUT_NCHW && d->layout != MGT_LAYOUT_NHWC)
+        return INVALID(op, "layout %d is neither NCHW nor NHWC", (int)d->layout);
     return MGT_OK;
 }
 
@@ -858,7 +903,8 @@ static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int 
 static mgt_status check_apool_fwd(const mgt_op *op)
 {
     const mgt_apool_fwd_args *a = &op->u.apool_fwd;
-    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    mgt_status st = check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "x") : st;
 }
 
 static void operands_apool_fwd(mgt_op *op, operand_list *l)
@@ -871,7 +917,8 @@ static void operands_apool_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_apool_bwd(const mgt_op *op)
 {
     const mgt_apool_bwd_args *a = &op->u.apool_bwd;
-    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    mgt_status st = check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "dx") : st;
 }
 
 static void operands_apool_bwd(mgt_op *op, operand_list *l)
@@ -987,7 +1034,8 @@ static void operands_act_bwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_chscale_fwd(const mgt_op *op)
 {
-    return check_planes(op, op->u.chscale_fwd.n, op->u.chscale_fwd.c, op->u.chscale_fwd.hw);
+    const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
+    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
@@ -1000,7 +1048,8 @@ static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_chscale_bwd(const mgt_op *op)
 {
-    return check_planes(op, op->u.chscale_bwd.n, op->u.chscale_bwd.c, op->u.chscale_bwd.hw);
+    const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
+    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_bwd(mgt_op *op, operand_list *l)
@@ -1016,16 +1065,17 @@ static void operands_chscale_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
-static mgt_status check_lnc(const mgt_op *op, int n, int c, int hw, float eps)
+static mgt_status check_lnc(const mgt_op *op, int n, int c, int hw, float eps, mgt_layout l)
 {
     if (!(eps > 0.0f))
         return INVALID(op, "eps %g must be positive", (double)eps);
-    return check_planes(op, n, c, hw);
+    return check_planes_in(op, n, c, hw, l);
 }
 
 static mgt_status check_lnc_fwd(const mgt_op *op)
 {
-    return check_lnc(op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw, op->u.lnc_fwd.eps);
+    const mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
+    return check_lnc(op, a->n, a->c, a->hw, a->eps, a->layout);
 }
 
 static void operands_lnc_fwd(mgt_op *op, operand_list *l)
@@ -1039,7 +1089,8 @@ static void operands_lnc_fwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_lnc_bwd(const mgt_op *op)
 {
-    return check_lnc(op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw, op->u.lnc_bwd.eps);
+    const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
+    return check_lnc(op, a->n, a->c, a->hw, a->eps, a->layout);
 }
 
 static void operands_lnc_bwd(mgt_op *op, operand_list *l)

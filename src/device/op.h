@@ -140,22 +140,32 @@ typedef struct mgt_conv_args {
     float beta;
 } mgt_conv_args;
 
+/* z (optional, with sh.relu only): the residual of a fused add, y = relu(round(bn(x)) + z),
+   where round is to z_round (the storage the unfused batch norm's output would have had:
+   the add's rounding points) and z is stored as y; z may be y itself. */
 typedef struct mgt_bn_train_args {
     float *y, *save_mean, *save_invstd, *running_mean, *running_var;
     const float *x, *gamma, *beta;
     mgt_bn_shape sh;
+    const float *z;
+    mgt_precision z_round;
 } mgt_bn_train_args;
 
 typedef struct mgt_bn_eval_args {
     float *y;
     const float *x, *gamma, *beta, *running_mean, *running_var;
     mgt_bn_shape sh;
+    const float *z;
+    mgt_precision z_round;
 } mgt_bn_eval_args;
 
+/* dz (optional, with sh.relu only): the fused add's residual gradient, dy masked by the
+   ReLU's output y (dz may be dy itself: each element is read before it is written). */
 typedef struct mgt_bn_bwd_args {
     float *dx, *dgamma, *dbeta;
     const float *dy, *y, *x, *gamma, *save_mean, *save_invstd; /* y: sh.relu only */
     mgt_bn_shape sh;
+    float *dz;
 } mgt_bn_bwd_args;
 
 typedef struct mgt_bn_stats_args {
@@ -282,23 +292,26 @@ typedef struct mgt_rmsprop_args {
     mgt_rmsprop_params p;
 } mgt_rmsprop_args;
 
-/* y [n, c, hw] += bias[c] (a convolution's bias) */
+/* y [n, c, hw] += bias[c] (a convolution's bias); y NCHW or NHWC */
 typedef struct mgt_chbias_fwd_args {
     float *y;
     const float *bias;
     int n, c, hw;
+    mgt_layout layout;
 } mgt_chbias_fwd_args;
 
-/* dbias[c] += sum over n and hw of dy [n, c, hw] */
+/* dbias[c] += sum over n and hw of dy [n, c, hw] (NCHW or NHWC) */
 typedef struct mgt_chbias_bwd_args {
     float *dbias;
     const float *dy;
     int n, c, hw;
+    mgt_layout layout;
 } mgt_chbias_bwd_args;
 
 /* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
    backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
-   see mgt_dropout in mgt/device.h */
+   see mgt_dropout in mgt/device.h. In NHWC (per_image = c hw) element (ch, pixel) keeps
+   the mask of NCHW's element ch hw + pixel: the same mask whatever the layout. */
 typedef struct mgt_dropout_args {
     float *y;
     const float *x;
@@ -307,20 +320,25 @@ typedef struct mgt_dropout_args {
     float p;
     uint64_t seed, step, sample0, sample_stride;
     uint32_t stream;
+    int c;             /* channels of an NHWC image (unused in NCHW) */
+    mgt_layout layout; /* of x and y */
 } mgt_dropout_args;
 
 /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
-   averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
+   averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise; x and y in
+   one layout (NCHW, or NHWC: CUDA's 16-bit channels-last path) */
 typedef struct mgt_apool_fwd_args {
     float *y;
     const float *x;
     int n, c, h, w, oh, ow;
+    mgt_layout layout; /* of x and y */
 } mgt_apool_fwd_args;
 
 typedef struct mgt_apool_bwd_args {
     float *dx;
     const float *dy;
     int n, c, h, w, oh, ow;
+    mgt_layout layout; /* of dx and dy */
 } mgt_apool_bwd_args;
 
 /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,
@@ -347,12 +365,13 @@ typedef struct mgt_act_bwd_args {
     mgt_act act;
 } mgt_act_bwd_args;
 
-/* scale [n, c] per image, or [c] with shared */
+/* scale [n, c] per image, or [c] with shared; the activations NCHW or NHWC */
 typedef struct mgt_chscale_fwd_args {
     float *y;
     const float *x, *scale;
     int n, c, hw;
     bool shared;
+    mgt_layout layout;
 } mgt_chscale_fwd_args;
 
 typedef struct mgt_chscale_bwd_args {
@@ -360,14 +379,16 @@ typedef struct mgt_chscale_bwd_args {
     const float *dy, *x, *scale;
     int n, c, hw;
     bool shared;
+    mgt_layout layout;
 } mgt_chscale_bwd_args;
 
-/* LayerNorm over the c values of each pixel of x [n, c, hw]; weight, bias [c] */
+/* LayerNorm over the c values of each pixel of x [n, c, hw] (NCHW or NHWC); weight, bias [c] */
 typedef struct mgt_lnc_fwd_args {
     float *y;
     const float *x, *weight, *bias;
     int n, c, hw;
     float eps;
+    mgt_layout layout;
 } mgt_lnc_fwd_args;
 
 typedef struct mgt_lnc_bwd_args {
@@ -375,6 +396,7 @@ typedef struct mgt_lnc_bwd_args {
     const float *dy, *x, *weight;
     int n, c, hw;
     float eps;
+    mgt_layout layout;
 } mgt_lnc_bwd_args;
 
 /* mgt_permute: a gather writes walk from grid, a scatter grid from walk */
@@ -502,6 +524,15 @@ size_t mgt_dtype_size(mgt_dtype t);
 
 /* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
 bool mgt_op_blocked(const mgt_op *op);
+
+/* Whether a batch norm has a fused residual add (z, dz): the CUDA backend's 16-bit kernels
+   and the reference run it; the mock devices' kernels and cuDNN's fp32 path do not. */
+static inline bool mgt_op_bn_residual(const mgt_op *op)
+{
+    return (op->kind == MGT_OP_BN_FWD_TRAIN && op->u.bn_train.z) ||
+           (op->kind == MGT_OP_BN_FWD_EVAL && op->u.bn_eval.z) ||
+           (op->kind == MGT_OP_BN_BWD && op->u.bn_bwd.dz);
+}
 
 /* Whether ops of this kind take 16-bit activation storage (store_in, store_out). */
 bool mgt_op_takes_store(mgt_op_kind kind);

@@ -1088,50 +1088,17 @@ static void plan_dtypes(mgt_model *m)
     spread_plain(m, dtype_plain, dtype_make_plain);
 }
 
-/* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
-   a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
-   it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
-   max pooling, concatenation, channel slices and shuffles (strided copies of 16-bit codes,
-   layers.c's NHWC strides), and the global average pool as a reader. The rest (adaptive
-   pooling, squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
-static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
-{
-    switch (nd->kind) {
-    case NN_CONV: return as_reader || !nd->u.conv.bias;
-    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
-    case NN_RELU:
-    case NN_ACT:
-    case NN_ADD:
-    case NN_MAXPOOL:
-    case NN_CONCAT:
-    case NN_SLICE:
-    case NN_SHUFFLE: return true;
-    case NN_GAP: return as_reader;
-    default: return false;
-    }
-}
-
 /* On a device whose layout is channels last (mgt_device_act_layout NHWC: CUDA under --amp), a
-   value is NHWC exactly where it is 16-bit, and 16-bit only where its producer and every reader
-   take NHWC 16 bits (takes_nhwc16): a 16-bit NCHW activation or an fp32 NHWC one is a storage
-   the device has no kernels for. A node other than a convolution or the global pool keeps one
-   storage across its operands, as in plan_dtypes, so an fp32 NCHW value pulls its neighbours
-   along; the fixed point is reached in a few sweeps. Runs after plan_layouts and plan_dtypes,
-   which left every value NCHW on such a device. */
+   value is NHWC exactly where it is 16-bit: every kind that takes 16-bit activations there
+   (takes_16) has CUDA kernels for them in NHWC (store16.cu, act.cu, dnn.cu's channels-last
+   convolutions, the channel bias and scale, dropout and the layer norm of elementwise.cu and
+   norm.cu), so plan_dtypes' storage stands and an fp32 value stays NCHW (a 16-bit NCHW
+   activation or an fp32 NHWC one is a storage the device has no kernels for). Runs after
+   plan_layouts and plan_dtypes, which left every value NCHW on such a device. */
 static void plan_channels_last(mgt_model *m)
 {
     if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
         return;
-    for (int v = 0; v < m->n_values; v++) {
-        nn_value *x = &m->values[v];
-        if (x->dtype != MGT_PREC_F32 && !takes_nhwc16(m, &m->nodes[x->producer], false))
-            x->dtype = MGT_PREC_F32;
-    }
-    for (int i = 0; i < m->n_nodes; i++)
-        for (int j = 0; j < m->nodes[i].n_in; j++)
-            if (!takes_nhwc16(m, &m->nodes[i], true))
-                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
-    spread_plain(m, dtype_plain, dtype_make_plain);
     for (int v = 0; v < m->n_values; v++)
         m->values[v].layout =
             m->values[v].dtype != MGT_PREC_F32 ? MGT_LAYOUT_NHWC : MGT_LAYOUT_NCHW;
@@ -1232,6 +1199,46 @@ static mgt_status plan_grads(planner *p)
     return m->oom ? mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch) : MGT_OK;
 }
 
+/* A residual add and the ReLU after it folded into the batch norm that makes one of the add's
+   inputs (mgt_bn_train_args.z), on a channels-last device (CUDA's NHWC 16-bit kernels: one
+   pass each way, as cuDNN's CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION), where
+   - the BN is the node just before the add and the ReLU the one just after it, so that in
+     backward the BN masks the gradient where the ReLU would have (nothing runs in between);
+   - the BN's output is 16-bit and read by the add alone, the add's by the ReLU alone;
+   - the add runs in place over its first input and the ReLU over the add's output, the ReLU
+     writes its input gradient over its output gradient, and the add hands that slot to both
+     inputs as it is (NN_G_ALIAS: no earlier contribution to add onto).
+   The BN then writes the ReLU's output where the ReLU would (over the add's first input: its
+   own output, or the other input z, each element read before it is overwritten), and its
+   backward writes the masked gradient into the shared slot: the residual's gradient. The same
+   bits as the three ops: the BN's result is rounded to its storage before z is added
+   (z_round). ResNet's blocks: their last BN, or the downsample's (built just before the add). */
+static void fold_residual_adds(mgt_model *m)
+{
+    if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
+        return;
+    for (int i = 1; i + 1 < m->n_nodes; i++) {
+        nn_node *d = &m->nodes[i], *bn = &m->nodes[i - 1], *r = &m->nodes[i + 1];
+        if (d->kind != NN_ADD || d->n_in != 2 || bn->kind != NN_BN || r->kind != NN_RELU ||
+            bn->u.bn.relu || r->in[0] != d->out)
+            continue;
+        const int k = d->in[0] == bn->out ? 0 : d->in[1] == bn->out ? 1 : -1;
+        if (k < 0)
+            continue;
+        const nn_value *v = &m->values[bn->out], *a = &m->values[d->out];
+        if (v->dtype == MGT_PREC_F32 || v->consumers != 1 || a->consumers != 1 || !d->inplace ||
+            !r->inplace || r->gmode[0] != NN_G_WRITE || r->gin[0] != r->gout ||
+            r->unshare[0] >= 0 || d->gmode[k] != NN_G_ALIAS ||
+            (d->gmode[1 - k] != NN_G_ALIAS && d->gmode[1 - k] != NN_G_NONE) || d->unshare[0] >= 0 ||
+            d->unshare[1] >= 0)
+            continue;
+        bn->u.bn.relu = true;
+        bn->u.bn.res_z = d->in[1 - k];
+        bn->u.bn.res_y = r->out;
+        d->folded = r->folded = true;
+    }
+}
+
 /* ReLUs folded into the batch norm before them (mgt_bn_shape.relu): the BN's output is read by
    the ReLU alone, which runs in place over it, and whose backward writes its input gradient over
    its output gradient. Then the BN writes max(bn(x), 0) where the ReLU would have, and its
@@ -1256,6 +1263,7 @@ static void plan_fusion(mgt_model *m)
         bn->u.bn.relu = true;
         r->folded = true;
     }
+    fold_residual_adds(m);
 }
 
 /* The parameter arena in the order backward completes nodes: the reverse of the forward
@@ -1496,11 +1504,18 @@ static void call_params(nn_call *c, const nn_node *nd)
     }
 }
 
+/* A batch norm with a folded residual add writes the ReLU's output and reads the add's other
+   input (plan_fusion). */
 static void call_values(nn_call *c, const nn_node *nd)
 {
     for (int j = 0; j < nd->n_in; j++)
         c->x[j] = value_ptr(c->m, nd->in[j]);
     c->y = (float *)value_ptr(c->m, nd->out);
+    c->z = NULL;
+    if (nd->kind == NN_BN && nd->u.bn.res_y > 0) {
+        c->y = (float *)value_ptr(c->m, nd->u.bn.res_y);
+        c->z = value_ptr(c->m, nd->u.bn.res_z);
+    }
 }
 
 mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train)

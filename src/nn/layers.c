@@ -57,6 +57,9 @@ static int conv_out_hw(const nn_call *c)
     return v->h * v->w;
 }
 
+/* The layout of the node's output as planned (the channel ops' layout argument). */
+static mgt_layout out_layout(const nn_call *c) { return c->m->values[c->node->out].layout; }
+
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
@@ -66,7 +69,8 @@ static mgt_status conv_forward(nn_call *c)
        16-bit format or none; CUDA keeps a biased output fp32 after a 16-bit input) */
     mgt_store ys = {store_of(c).out, store_of(c).out};
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c),
+                                         out_layout(c));
     return st;
 }
 
@@ -80,7 +84,8 @@ static mgt_status conv_backward(nn_call *c)
         mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
     mgt_store ys = {store_of(c).out, store_of(c).out}; /* dy only, as the forward's bias */
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c),
+                                          out_layout(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
@@ -295,10 +300,10 @@ static mgt_status bn_forward(nn_call *c)
             return bn_forward_synced(c, &bsh);
         return mgt_batchnorm_forward_train_st(c->s, store_of(c), c->y, bn_save_mean(c),
                                               bn_save_invstd(c), c->p[2], c->p[3], c->x[0], c->p[0],
-                                              c->p[1], &bsh);
+                                              c->p[1], &bsh, c->z);
     }
     return mgt_batchnorm_forward_eval_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
-                                         c->p[2], c->p[3], &bsh);
+                                         c->p[2], c->p[3], &bsh, c->z);
 }
 
 /* A frozen BN still goes through batchnorm_backward, which with the running statistics as
@@ -316,10 +321,11 @@ static mgt_status bn_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (bn_synced(c))
         return bn_backward_synced(c, &bsh);
-    /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output) */
-    mgt_status st = mgt_batchnorm_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy,
-                                              bsh.relu ? c->y : NULL, c->x[0], c->p[0],
-                                              bn_save_mean(c), bn_save_invstd(c), &bsh);
+    /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output); with
+       a folded residual add, the masked dy is also the residual's gradient, in dy's slot */
+    mgt_status st = mgt_batchnorm_backward_st(
+        c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL, c->x[0],
+        c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh, c->z ? (float *)c->dy : NULL);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
         st =
@@ -351,8 +357,11 @@ static mgt_status relu_backward(nn_call *c)
     return mgt_relu_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->y, out_count(c));
 }
 
+/* A folded add (plan_fusion) has run inside the batch norm before it, with the ReLU after. */
 static mgt_status add_forward(nn_call *c)
 {
+    if (c->node->folded)
+        return MGT_OK;
     return mgt_add_st(c->s, store_of(c), c->y, c->x[0], c->x[1], out_count(c));
 }
 
@@ -363,8 +372,9 @@ static mgt_status dropout_run(nn_call *c, float *y, const float *x)
     const nn_node *nd = c->node;
     mgt_dropout_key k = c->m->drop_key;
     k.stream = nd->u.dropout.stream;
-    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(&c->m->values[nd->out]),
-                          nd->u.dropout.p, &k);
+    const nn_value *v = &c->m->values[nd->out];
+    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(v), nd->u.dropout.p, &k,
+                          v->c, v->layout);
 }
 
 static mgt_status dropout_forward(nn_call *c)
@@ -617,7 +627,7 @@ static mgt_status apool_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
     return mgt_adaptive_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h, v->w,
-                                           c->node->u.apool.oh, c->node->u.apool.ow);
+                                           c->node->u.apool.oh, c->node->u.apool.ow, v->layout);
 }
 
 static mgt_status apool_backward(nn_call *c)
@@ -625,7 +635,8 @@ static mgt_status apool_backward(nn_call *c)
     const nn_value *v = &c->m->values[c->node->in[0]];
     assert(c->dx_beta[0] == 0.0f);
     return mgt_adaptive_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
-                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow);
+                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow,
+                                            v->layout);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window
@@ -728,7 +739,7 @@ static mgt_status scale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
-                                        v->h * v->w, false);
+                                        v->h * v->w, false, v->layout);
 }
 
 /* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
@@ -741,7 +752,7 @@ static mgt_status scale_backward(nn_call *c)
                              "layer %s: a channel scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
     return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
-                                         c->x[1], c->n, v->c, v->h * v->w, false);
+                                         c->x[1], c->n, v->c, v->h * v->w, false, v->layout);
 }
 
 /* ---- stochastic depth ----
@@ -769,7 +780,7 @@ static mgt_status sdepth_forward(nn_call *c)
         st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
     if (st == MGT_OK)
         st = mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
-                                          false);
+                                          false, MGT_LAYOUT_NCHW); /* one channel: any layout */
     return st;
 }
 
@@ -785,7 +796,7 @@ static mgt_status sdepth_backward(nn_call *c)
     int floats = (int)nn_value_floats(&c->m->values[nd->out]);
     return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], NULL, c->dy, NULL,
                                          nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats,
-                                         false);
+                                         false, MGT_LAYOUT_NCHW);
 }
 
 /* ---- layer norm over channels ---- */
@@ -794,7 +805,7 @@ static mgt_status ln2d_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_layernorm_channels_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
-                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps);
+                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps, v->layout);
 }
 
 static mgt_status ln2d_backward(nn_call *c)
@@ -806,7 +817,7 @@ static mgt_status ln2d_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     mgt_status st = mgt_layernorm_channels_backward_st(c->s, store_of(c), c->dx[0], c->g[0],
                                                        c->g[1], c->dy, c->x[0], c->p[0], c->n, v->c,
-                                                       v->h * v->w, c->node->u.ln_eps);
+                                                       v->h * v->w, c->node->u.ln_eps, v->layout);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -818,7 +829,7 @@ static mgt_status lscale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
-                                        v->h * v->w, true);
+                                        v->h * v->w, true, v->layout);
 }
 
 static mgt_status lscale_backward(nn_call *c)
@@ -828,8 +839,9 @@ static mgt_status lscale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st = mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy,
-                                                  c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
+    mgt_status st =
+        mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
+                                      c->n, v->c, v->h * v->w, true, v->layout);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;

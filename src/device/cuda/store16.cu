@@ -2,11 +2,13 @@
 // NHWC (channels last, what cuDNN's tensor cores take: the layout a CUDA model keeps under
 // --amp) or NCHW: ReLU, add, copies of channel slices, max pooling, the global and the
 // adaptive average pool, batch norm with its folded ReLU, and the relayout that the
-// convolutions' edges use where a value is not NHWC 16-bit (the model's input).
+// convolutions' edges use where a value is not NHWC 16-bit (the model's input). The channel
+// bias and scale, dropout and the layer norm over channels are elementwise.cu's and norm.cu's
+// kernels, which take either storage.
 //
 // Every kernel widens its 16-bit loads, computes and accumulates in fp32 (batch norm's
-// statistics in double) and rounds each 16-bit store once, as the reference does around its
-// fp32 loops (mgt_op_run_widened). One pass over memory per kernel, indexed so that
+// statistics and the adaptive pool's windows in double, as the reference) and rounds each
+// 16-bit store once, as the reference does around its fp32 loops (mgt_op_run_widened). One pass over memory per kernel, indexed so that
 // neighbouring threads touch neighbouring elements in NHWC (the channel varies fastest);
 // no floating-point atomics, every sum in an order fixed by the sizes alone.
 #include <cmath>
@@ -144,7 +146,7 @@ __global__ void k_gap_bwd16(void *dx, const void *dy, int n, int c, int hw, bool
     }
 }
 
-// ---- adaptive average pool (NCHW: the op has no layout) ----
+// ---- adaptive average pool (torch's AdaptiveAvgPool2d), NCHW or NHWC ----
 
 __device__ inline void apool_range16(int i, int in, int out, int *lo, int *hi)
 {
@@ -152,41 +154,52 @@ __device__ inline void apool_range16(int i, int in, int out, int *lo, int *hi)
     *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
 }
 
-__global__ void k_apool_fwd16(void *y, const void *x, size_t total, int h, int w, int oh, int ow,
-                              mgt_sto si, mgt_sto so)
+struct apool16 {
+    int n, c, h, w, oh, ow;
+    bool nhwc;
+};
+
+// One thread per output element in memory order (adjacent threads on adjacent channels in
+// NHWC); the window summed in double in raster order, divided, then rounded to fp32 and to
+// the storage: the reference's rounding points.
+__global__ void k_apool_fwd16(void *y, const void *x, apool16 d, mgt_sto si, mgt_sto so)
 {
+    const size_t total = (size_t)d.n * d.c * d.oh * d.ow;
     for (size_t o = thread_index(); o < total; o += thread_stride()) {
-        const int j = (int)(o % ow), i = (int)((o / ow) % oh);
-        const size_t base = (o / ((size_t)oh * ow)) * h * w;
+        int ni, ci, pi;
+        unravel(o, d.nhwc, d.c, d.oh * d.ow, &ni, &ci, &pi);
         int y0, y1, x0, x1;
-        apool_range16(i, h, oh, &y0, &y1);
-        apool_range16(j, w, ow, &x0, &x1);
-        float s = 0.0f;
+        apool_range16(pi / d.ow, d.h, d.oh, &y0, &y1);
+        apool_range16(pi % d.ow, d.w, d.ow, &x0, &x1);
+        double s = 0.0;
         for (int yy = y0; yy < y1; yy++)
             for (int xx = x0; xx < x1; xx++)
-                s += sto_ld(x, base + (size_t)yy * w + xx, si);
-        sto_st(y, o, s / (float)((y1 - y0) * (x1 - x0)), so);
+                s += sto_ld(x, lay_at(d.nhwc, d.c, d.h * d.w, ni, ci, yy * d.w + xx), si);
+        sto_st(y, o, (float)(s / (double)((y1 - y0) * (x1 - x0))), so);
     }
 }
 
-__global__ void k_apool_bwd16(void *dx, const void *dy, size_t total, int h, int w, int oh, int ow,
-                              mgt_sto si, mgt_sto so)
+// Gather form, one thread per input element: the windows that hold it in raster order, each
+// adding its dy / area in fp32, as the reference's scatter adds them.
+__global__ void k_apool_bwd16(void *dx, const void *dy, apool16 d, mgt_sto si, mgt_sto so)
 {
+    const size_t total = (size_t)d.n * d.c * d.h * d.w;
     for (size_t e = thread_index(); e < total; e += thread_stride()) {
-        const int ix = (int)(e % w), iy = (int)((e / w) % h);
-        const size_t base = (e / ((size_t)h * w)) * oh * ow;
+        int ni, ci, pi;
+        unravel(e, d.nhwc, d.c, d.h * d.w, &ni, &ci, &pi);
+        const int iy = pi / d.w, ix = pi % d.w;
         float acc = 0.0f;
-        for (int i = 0; i < oh; i++) {
+        for (int i = 0; i < d.oh; i++) {
             int y0, y1;
-            apool_range16(i, h, oh, &y0, &y1);
+            apool_range16(i, d.h, d.oh, &y0, &y1);
             if (iy < y0 || iy >= y1)
                 continue;
-            for (int j = 0; j < ow; j++) {
+            for (int j = 0; j < d.ow; j++) {
                 int x0, x1;
-                apool_range16(j, w, ow, &x0, &x1);
+                apool_range16(j, d.w, d.ow, &x0, &x1);
                 if (ix >= x0 && ix < x1)
-                    acc +=
-                        sto_ld(dy, base + (size_t)i * ow + j, so) / (float)((y1 - y0) * (x1 - x0));
+                    acc += sto_ld(dy, lay_at(d.nhwc, d.c, d.oh * d.ow, ni, ci, i * d.ow + j), so) /
+                           (float)((y1 - y0) * (x1 - x0));
             }
         }
         sto_st(dx, e, acc, si);
@@ -256,10 +269,13 @@ __global__ void k_bn_finish(float *save_mean, float *save_invstd, float *running
 }
 
 // y = gamma (x - mean) invstd + beta, the folded ReLU after, rounded once. eval: mean and
-// invstd from the running estimates.
+// invstd from the running estimates. A fused residual add (z, stored as y; z may be y): the
+// normalised value rounded to zr as the unfused batch norm stored it, z added, then the ReLU
+// and the rounding of the add's output: the unfused ops' bits in one pass.
 __global__ void k_bn_apply(void *y, const void *x, const float *gamma, const float *beta,
                            const float *mean, const float *invstd_or_var, bool from_var, float eps,
-                           bool relu, bn16 d, mgt_sto si, mgt_sto so)
+                           bool relu, bn16 d, mgt_sto si, mgt_sto so, const void *z,
+                           mgt_precision zr)
 {
     const size_t total = (size_t)d.n * d.c * d.hw;
     for (size_t e = thread_index(); e < total; e += thread_stride()) {
@@ -268,6 +284,8 @@ __global__ void k_bn_apply(void *y, const void *x, const float *gamma, const flo
         const float is = from_var ? (float)(1.0 / sqrt((double)invstd_or_var[ci] + (double)eps))
                                   : invstd_or_var[ci];
         float v = gamma[ci] * ((sto_ld(x, e, si) - mean[ci]) * is) + beta[ci];
+        if (z)
+            v = mgt_lowp_round(zr, v) + sto_ld(z, e, so);
         if (relu && !(v > 0.0f || isnan(v)))
             v = 0.0f;
         sto_st(y, e, v, so);
@@ -312,10 +330,12 @@ __global__ void k_bn_bwd_finish(double2 *sums, float *dgamma, float *dbeta, cons
     }
 }
 
-// dx = gamma invstd / m (m dy' - sum dy' - xhat sum dy' xhat), rounded once
+// dx = gamma invstd / m (m dy' - sum dy' - xhat sum dy' xhat), rounded once; a fused residual
+// add's gradient dz = dy' (exact: dy or 0), written after dy is read (dz may be dy).
 __global__ void k_bn_bwd_apply(void *dx, const void *dy, const void *y, const void *x,
                                const float *gamma, const float *mean, const float *invstd,
-                               const double2 *sums, bool relu, bn16 d, mgt_sto si, mgt_sto so)
+                               const double2 *sums, bool relu, bn16 d, mgt_sto si, mgt_sto so,
+                               void *dz)
 {
     const size_t total = (size_t)d.n * d.c * d.hw;
     const double m = (double)d.n * d.hw;
@@ -326,6 +346,8 @@ __global__ void k_bn_bwd_apply(void *dx, const void *dy, const void *y, const vo
         const double g = relu && !(sto_ld(y, e, so) > 0.0f) ? 0.0 : (double)sto_ld(dy, e, so);
         const double xhat = ((double)sto_ld(x, e, si) - mean[ci]) * is;
         sto_st(dx, e, (float)(gamma[ci] * is / m * (m * g - sums[ci].x - xhat * sums[ci].y)), si);
+        if (dz)
+            sto_st(dz, e, (float)g, so);
     }
 }
 
@@ -364,18 +386,9 @@ __global__ void k_relayout(void *dst, bool dst_nhwc, mgt_sto sd, const void *src
 
 // ---- launchers ----
 
-// Row chunks of batch norm's partial sums: about 64K threads, and at least 32 rows a chunk so
-// that the partial sums (16 bytes a chunk and channel) stay small beside the data (2 bytes a
-// row and channel). device/bytes.c counts the same.
-int bn_chunks(size_t rows, int c)
-{
-    size_t k = ((size_t)1 << 16) / (size_t)c, most = (rows + 31) / 32;
-    if (k > most)
-        k = most;
-    if (k < 1)
-        k = 1;
-    return (int)k;
-}
+// Row chunks of batch norm's partial sums (mgt_cuda_row_chunks: device/bytes.c counts the
+// same).
+int bn_chunks(size_t rows, int c) { return mgt_cuda_row_chunks(rows, (size_t)c); }
 
 mgt_status bn_train16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto so)
 {
@@ -393,7 +406,7 @@ mgt_status bn_train16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto 
         b.sh.momentum);
     k_bn_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
         b.y, b.x, b.gamma, b.beta, b.save_mean, b.save_invstd, false, b.sh.eps, b.sh.relu, d, si,
-        so);
+        so, b.z, b.z_round);
     return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
 }
 
@@ -403,7 +416,7 @@ mgt_status bn_eval16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto s
     bn16 d = {b.sh.n, b.sh.c, b.sh.hw, b.sh.layout == MGT_LAYOUT_NHWC, 1};
     k_bn_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
         b.y, b.x, b.gamma, b.beta, b.running_mean, b.running_var, true, b.sh.eps, b.sh.relu, d, si,
-        so);
+        so, b.z, b.z_round);
     return MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
 }
 
@@ -422,7 +435,8 @@ mgt_status bn_bwd16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto so
     k_bn_bwd_finish<<<blocks_for((size_t)d.c), kThreads, 0, s->stream>>>(sums, b.dgamma, b.dbeta,
                                                                          partial, d);
     k_bn_bwd_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
-        b.dx, b.dy, b.y, b.x, b.gamma, b.save_mean, b.save_invstd, sums, b.sh.relu, d, si, so);
+        b.dx, b.dy, b.y, b.x, b.gamma, b.save_mean, b.save_invstd, sums, b.sh.relu, d, si, so,
+        b.dz);
     return MGT_CUDA_AFTER(s, "batchnorm_backward");
 }
 
@@ -512,16 +526,16 @@ mgt_status mgt_cuda_store16(mgt_cuda_stream *s, const mgt_op *op)
     }
     case MGT_OP_APOOL_FWD: {
         const auto &a = op->u.apool_fwd;
-        size_t total = (size_t)a.n * a.c * a.oh * a.ow;
-        k_apool_fwd16<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, total, a.h, a.w,
-                                                                     a.oh, a.ow, si, so);
+        apool16 d = {a.n, a.c, a.h, a.w, a.oh, a.ow, a.layout == MGT_LAYOUT_NHWC};
+        k_apool_fwd16<<<blocks_for((size_t)a.n * a.c * a.oh * a.ow), kThreads, 0, s->stream>>>(
+            a.y, a.x, d, si, so);
         return MGT_CUDA_AFTER(s, "adaptive_avgpool_forward");
     }
     case MGT_OP_APOOL_BWD: {
         const auto &a = op->u.apool_bwd;
-        size_t total = (size_t)a.n * a.c * a.h * a.w;
-        k_apool_bwd16<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.h, a.w,
-                                                                     a.oh, a.ow, si, so);
+        apool16 d = {a.n, a.c, a.h, a.w, a.oh, a.ow, a.layout == MGT_LAYOUT_NHWC};
+        k_apool_bwd16<<<blocks_for((size_t)a.n * a.c * a.h * a.w), kThreads, 0, s->stream>>>(
+            a.dx, a.dy, d, si, so);
         return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
     }
     case MGT_OP_BN_FWD_TRAIN: return bn_train16(s, op, si, so);
@@ -529,6 +543,14 @@ mgt_status mgt_cuda_store16(mgt_cuda_stream *s, const mgt_op *op)
     case MGT_OP_BN_BWD: return bn_bwd16(s, op, si, so);
     case MGT_OP_ACT_FWD:
     case MGT_OP_ACT_BWD: return mgt_cuda_act16(s, op);
+    // the channel ops' kernels take either storage and layout themselves
+    case MGT_OP_CHBIAS_FWD: return cuda_chbias_fwd(s, op);
+    case MGT_OP_CHBIAS_BWD: return cuda_chbias_bwd(s, op);
+    case MGT_OP_CHSCALE_FWD: return cuda_chscale_fwd(s, op);
+    case MGT_OP_CHSCALE_BWD: return cuda_chscale_bwd(s, op);
+    case MGT_OP_DROPOUT: return cuda_dropout(s, op);
+    case MGT_OP_LNC_FWD: return cuda_lnc_fwd(s, op);
+    case MGT_OP_LNC_BWD: return cuda_lnc_bwd(s, op);
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER: return mgt_cuda_conv16(s, op);
