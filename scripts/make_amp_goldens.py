@@ -1,8 +1,12 @@
 # Writes tests/data/models/*.amp_bf16.safetensors: PyTorch 1.13's CPU autocast (bf16) answers
-# for one training forward and backward of the model goldens' cases, for tests/test_models.c.
+# for one training forward and backward of the model goldens' cases (resnet20, resnet18, and
+# mobilenet_v2 as make_mobile_goldens.py builds it), for tests/test_models.c.
 #
-# Run with Debian's torch: /usr/bin/python3 scripts/make_amp_goldens.py
-# (after scripts/make_model_goldens.py, whose files give the weights, the input and labels).
+# Run with Debian's torch: /usr/bin/python3 scripts/make_amp_goldens.py [TAG...]
+# (after scripts/make_model_goldens.py and make_mobile_goldens.py, whose files give the weights,
+# the input and labels). mobilenet_v2_3x64x64 needs a newer torch (made with PyTorch 2.15 from
+# PyPI: /tmp/pt2/bin/python scripts/make_amp_goldens.py mobilenet_v2_3x64x64): 1.13's CPU
+# autocast has no bf16 backward for ReLU6 (hardtanh).
 #
 # What autocast does on the CPU in 1.13: conv2d and linear run in bf16 (bf16 outputs), batch
 # norm, ReLU, pooling and the residual adds then see bf16 tensors; the loss is computed here in
@@ -20,9 +24,11 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import goldens_common  # noqa: E402
+import make_mobile_goldens as mm  # noqa: E402
 import make_model_goldens as mg  # noqa: E402
 
 
@@ -46,10 +52,16 @@ def forward_backward(model, x, labels, amp):
     return logits.detach(), loss.detach().reshape(1), grads
 
 
-def case(tag, arch, classes, cin, hashed):
-    model = mg.build(arch, classes, cin)
+def case(tag, arch, classes, cin, hashed, mobile=False):
+    if mobile:  # torchvision's own model, make_mobile_goldens.py's weights and no dropout
+        model = torchvision.models.__dict__[arch](num_classes=classes)
+        mm.no_dropout(model)
+    else:
+        model = mg.build(arch, classes, cin)
     gold = load_safetensors(os.path.join(mg.OUT, tag + ".golden.safetensors"))
-    if hashed:
+    if mobile:
+        mm.mobile_hash_weights(model, arch)
+    elif hashed:
         mg.hash_weights(model)
     else:
         model.load_state_dict(load_safetensors(os.path.join(mg.OUT, tag + ".weights.safetensors")))
@@ -69,10 +81,17 @@ def case(tag, arch, classes, cin, hashed):
           % (tag, n, d))
 
 
+CASES = [("resnet20_1x28x28", "resnet20", 10, 1, False, False),
+         ("resnet18_3x64x64", "resnet18", 10, 3, True, False),
+         ("mobilenet_v2_3x64x64", "mobilenet_v2", 10, 3, True, True)]
+
+
 def main():
     torch.set_num_threads(2)
-    case("resnet20_1x28x28", "resnet20", 10, 1, False)
-    case("resnet18_3x64x64", "resnet18", 10, 3, True)
+    want = sys.argv[1:]
+    for tag, arch, classes, cin, hashed, mobile in CASES:
+        if not want or tag in want:
+            case(tag, arch, classes, cin, hashed, mobile)
 
 
 if __name__ == "__main__":

@@ -1045,7 +1045,7 @@ static void conv_random(rng *r, mgt_conv2d_shape *sh)
 }
 
 /* Convolutions on activations kept in nChw16c (mgt_layout): both sides, a stem's NCHW input,
-   an NCHW output, a stride, several blocks. Cases N_CONV_SHAPES + 4 on; the backends that keep NCHW skip them. */
+   an NCHW output, a stride, several blocks, depthwise ones. Cases N_CONV_SHAPES + 4 on; the backends that keep NCHW skip them. */
 static const int conv_blocked_shapes[][14] = {
     {2, 16, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {3, 1, 12, 12, 16, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW, MGT_LAYOUT_NCHW16C},
@@ -1060,6 +1060,12 @@ static const int conv_blocked_shapes[][14] = {
     {3, 48, 4, 6, 32, 1, 1, 1, 1, 0, 0, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {4, 64, 5, 5, 32, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {5, 32, 7, 5, 48, 3, 3, 1, 1, 1, 1, 1, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    /* depthwise (groups = channels = filters: oneDNN's depthwise kernels), as MobileNet's and
+       EfficientNet's 3x3 and 5x5, stride 1 and 2 */
+    {2, 32, 9, 9, 32, 3, 3, 1, 1, 1, 1, 32, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {3, 16, 10, 8, 16, 3, 3, 2, 2, 1, 1, 16, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {2, 48, 7, 7, 48, 5, 5, 1, 1, 2, 2, 48, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {1, 32, 11, 11, 32, 5, 5, 2, 2, 2, 2, 32, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
 };
 #define N_CONV_BLOCKED ((int)(sizeof conv_blocked_shapes / sizeof conv_blocked_shapes[0]))
 

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "device/cpu/kernels.h"
+#include "device/lowp.h"
 
 /* Floats before and after every operand copy; a kernel that writes there is caught. */
 #define GUARD 16
@@ -868,6 +869,79 @@ static void test_activation_vectors(void **state)
     free(wide);
 }
 
+/* ---- 16-bit storage: the AVX-512 lanes against the baseline's tiles ----
+   Batch norm (training forward with a folded ReLU, backward masked by it) in nChw16c, add and
+   ReLU over bf16 and fp16 codes: the lanes widen and round in registers what the baseline widens
+   into tiles, with the same operations between, so both must give the same codes, statistics
+   and parameter gradients, including lengths that end in a partial vector. */
+static void test_lanes16_bits(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512bw"))
+        print_message("this CPU has no AVX-512BW: both runs take the baseline loops\n");
+    const int shapes[][3] = {{5, 32, 49}, {9, 16, 1100}, {2, 16, 7}};
+    for (int pi = 0; pi < 2; pi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            mgt_precision p = pi ? MGT_PREC_FP16 : MGT_PREC_BF16;
+            int n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2];
+            size_t nx = (size_t)n * c * hw, ne = nx - 3; /* the elementwise ops' odd length */
+            float *xf = rand_floats(nx), *dyf = rand_floats(nx), *gamma = rand_floats((size_t)c),
+                  *beta = rand_floats((size_t)c);
+            uint16_t *x = malloc(nx * 2), *dy = malloc(nx * 2), *out[2][5];
+            assert_true(x && dy);
+            for (size_t i = 0; i < nx; i++) {
+                x[i] = mgt_lowp_encode(p, 5.0f + 3.0f * xf[i]);
+                dy[i] = mgt_lowp_encode(p, dyf[i]);
+            }
+            float st[2][6][32] = {{{0}}};       /* mean, invstd, running mean, var, dgamma, dbeta */
+            for (int run = 0; run < 2; run++) { /* the lanes, then the baseline */
+                for (int k = 0; k < 5; k++) {   /* y, dx, x + dy, relu(dy), relu'(dy; x) */
+                    out[run][k] = malloc(nx * 2);
+                    assert_non_null(out[run][k]);
+                }
+                float(*s)[32] = st[run];
+                for (int ch = 0; ch < c; ch++)
+                    s[3][ch] = 1.0f;
+                void *y = out[run][0], *dx = out[run][1];
+                mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, BLK, true};
+                mgt_op ops[5] = {
+                    {.kind = MGT_OP_BN_FWD_TRAIN,
+                     .u.bn_train = {y, s[0], s[1], s[2], s[3], (float *)x, gamma, beta, sh}},
+                    {.kind = MGT_OP_BN_BWD,
+                     .u.bn_bwd = {dx, s[4], s[5], (float *)dy, y, (float *)x, gamma, s[0], s[1],
+                                  sh}},
+                    {.kind = MGT_OP_ADD,
+                     .u.add = {(float *)out[run][2], (float *)x, (float *)dy, ne}},
+                    {.kind = MGT_OP_RELU_FWD,
+                     .u.relu_fwd = {(float *)out[run][3], (float *)dy, ne}},
+                    {.kind = MGT_OP_RELU_BWD,
+                     .u.relu_bwd = {(float *)out[run][4], (float *)dy, (float *)dy, ne}},
+                };
+                ctxs[1].vec_baseline = run == 1;
+                for (int k = 0; k < 5; k++) {
+                    ops[k].store_in = ops[k].store_out = p;
+                    assert_int_equal(cpu_run(&ctxs[1], &ops[k]), MGT_OK);
+                }
+            }
+            ctxs[1].vec_baseline = false;
+            static const char *const what[] = {"batchnorm_forward_train", "batchnorm_backward",
+                                               "add", "relu_forward", "relu_backward"};
+            for (int k = 0; k < 5; k++)
+                if (memcmp(out[0][k], out[1][k], (k < 2 ? nx : ne) * 2) != 0)
+                    fail_msg("%s n %d c %d hw %d: %s on the lanes differs from the baseline",
+                             mgt_precision_name(p), n, c, hw, what[k]);
+            if (memcmp(st[0], st[1], sizeof st[0]) != 0)
+                fail_msg("%s n %d c %d hw %d: statistics or dgamma/dbeta differ on the lanes",
+                         mgt_precision_name(p), n, c, hw);
+            for (int r = 0; r < 2; r++)
+                for (int k = 0; k < 5; k++)
+                    free(out[r][k]);
+            void *bufs[] = {xf, dyf, gamma, beta, x, dy};
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+                free(bufs[i]);
+        }
+}
+
 /* ---- the blocked layout: the same bits as NCHW ---- */
 
 /* x [n, c, hw] in NCHW copied into nChw16c. */
@@ -1105,6 +1179,7 @@ int main(void)
         cmocka_unit_test(test_activation_vectors),
         cmocka_unit_test(test_blocked_bits),
         cmocka_unit_test(test_folded_relu_bits),
+        cmocka_unit_test(test_lanes16_bits),
     };
     return cmocka_run_group_tests_name("cpu_kernels", tests, ctx_setup, ctx_teardown);
 }

@@ -832,6 +832,7 @@ static void run_amp_golden(const golden_case *c)
                             .in_channels = c->in_channels,
                             .image_size = c->size,
                             .batch = c->batch,
+                            .no_dropout = c->mobile,
                             .amp = MGT_PREC_BF16};
     mgt_model *m;
     OK(mgt_model_create(&cfg, E.dev, &m));
@@ -844,7 +845,7 @@ static void run_amp_golden(const golden_case *c)
     OK(mgt_st_open(path, &a));
     if (c->hash_weights) {
         tmp_path(wpath, sizeof wpath, "hash_weights_amp.safetensors");
-        write_hash_weights(m, wpath);
+        c->mobile ? write_mobile_hash_weights(m, c->arch, wpath) : write_hash_weights(m, wpath);
     } else {
         snprintf(wpath, sizeof wpath, "%s/%s.weights.safetensors", DATA_DIR, c->tag);
     }
@@ -949,6 +950,15 @@ static void test_amp_golden_resnet18(void **state)
 {
     (void)state;
     golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true, false};
+    run_amp_golden(&c);
+}
+
+/* mobilenet_v2: depthwise convolutions, ReLU6 and the inverted residuals' adds in bf16 (its
+   golden made with PyTorch 2.15, whose CPU autocast has the bf16 ReLU6 backward 1.13 lacks) */
+static void test_amp_golden_mobilenet_v2(void **state)
+{
+    (void)state;
+    golden_case c = {"mobilenet_v2_3x64x64", "mobilenet_v2", 10, 3, 64, 4, true, true};
     run_amp_golden(&c);
 }
 
@@ -1467,7 +1477,8 @@ static int blocked_layers(const mgt_model *m)
    conv=im2col) or without a device; none through a synchronised or frozen batch norm (their
    kernels take NCHW); resnet18 from its stem conv on, max pool included; in regnet_y_400mf the
    104-channel stage and the input of each grouped convolution stay NCHW, and through an add or
-   a BN that pulls its neighbours along. */
+   a BN that pulls its neighbours along; mobilenet_v2's depthwise convolutions and ReLU6 in
+   nChw16c. */
 static void test_activation_layouts(void **state)
 {
     (void)state;
@@ -1525,6 +1536,17 @@ static void test_activation_layouts(void **state)
                              MGT_LAYOUT_NCHW);
             assert_int_equal(layer_layout(m, "trunk_output.block2.block2-0.f.c.1"),
                              MGT_LAYOUT_NCHW);
+            mgt_model_free(m);
+            /* mobilenet_v2: the depthwise convolutions and ReLU6 keep nChw16c (16 channels of the
+               first block, 24 of the second's project do not) */
+            cfg.arch = "mobilenet_v2";
+            OK(mgt_model_create(&cfg, d, &m));
+            static const char *const mb[] = {"features.2.conv.1.0", "features.2.conv.1.2",
+                                             "features.2.conv.0.2", "features.4.conv.1.0"};
+            for (size_t i = 0; i < sizeof mb / sizeof *mb; i++)
+                if (layer_layout(m, mb[i]) != MGT_LAYOUT_NCHW16C)
+                    fail_msg("mobilenet_v2: %s's layout", mb[i]);
+            assert_int_equal(layer_layout(m, "features.2.conv.2"), MGT_LAYOUT_NCHW);
             mgt_model_free(m);
         }
         mgt_devset_free(set);
@@ -1818,6 +1840,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_golden_resnet18),
         cmocka_unit_test(test_amp_golden_resnet20),
         cmocka_unit_test(test_amp_golden_resnet18),
+        cmocka_unit_test(test_amp_golden_mobilenet_v2),
         cmocka_unit_test_prestate(test_golden_mobile, (void *)"mobilenet_v2"),
         cmocka_unit_test_prestate(test_golden_mobile, (void *)"mobilenet_v3_large"),
         cmocka_unit_test_prestate(test_golden_mobile, (void *)"efficientnet_b0"),

@@ -994,7 +994,7 @@ static void test_check_conv(void **state)
     sh.r = 5;
     sh.pad_h = 1; /* 1 + 2 - 5 < 0: no output row */
     expect_conv_invalid(sh, "output 0x8 is empty");
-    /* nChw16c: whole 16-channel blocks on the side that has it, and no groups */
+    /* nChw16c: whole 16-channel blocks on the side that has it, and no groups but depthwise */
     sh = good_conv();
     sh.groups = 1;
     sh.c = 16;
@@ -1005,7 +1005,13 @@ static void test_check_conv(void **state)
     expect_conv_invalid(sh, "y in nChw16c needs channels in multiples of 16, not 6");
     sh.k = 32;
     sh.groups = 2;
-    expect_conv_invalid(sh, "a grouped convolution (groups 2) takes NCHW or NHWC, not nChw16c");
+    expect_conv_invalid(sh, "a grouped convolution (groups 2 of 16 channels) takes NCHW or NHWC, "
+                            "not nChw16c, unless depthwise");
+    sh.groups = 16; /* depthwise: c = k = groups */
+    sh.k = 16;
+    op.u.conv.sh = sh;
+    expect_ok(mgt_op_check(&op));
+    sh.k = 32;
     sh.groups = 1;
     sh.x_layout = (mgt_layout)7;
     expect_conv_invalid(sh, "x layout 7 is none of mgt_layout's");

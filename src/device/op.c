@@ -325,10 +325,14 @@ static mgt_status check_conv(const mgt_op *op)
     st = check_layout(op, sh->x_layout, sh->c, "x");
     if (st == MGT_OK)
         st = check_layout(op, sh->y_layout, sh->k, "y");
-    if (st == MGT_OK && sh->groups != 1 &&
+    /* depthwise ones take it: oneDNN has a direct kernel for them in nChw16c */
+    bool depthwise = sh->groups == sh->c && sh->groups == sh->k;
+    if (st == MGT_OK && sh->groups != 1 && !depthwise &&
         (sh->x_layout == MGT_LAYOUT_NCHW16C || sh->y_layout == MGT_LAYOUT_NCHW16C))
-        return INVALID(op, "a grouped convolution (groups %d) takes NCHW or NHWC, not nChw16c",
-                       sh->groups);
+        return INVALID(op,
+                       "a grouped convolution (groups %d of %d channels) takes NCHW or NHWC, "
+                       "not nChw16c, unless depthwise",
+                       sh->groups, sh->c);
     return st;
 }
 

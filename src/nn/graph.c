@@ -933,15 +933,22 @@ static void slot_release(planner *p, int s)
 }
 
 /* Whether a node of this kind reads (and, but for the global pool, writes) the device's
-   blocked layout: the convolution without groups or bias, batch norm, ReLU and add
-   (elementwise, so any layout), max pooling, and the global average pool as a reader (its
-   output has no pixels). */
+   blocked layout: the convolution without bias, plain or depthwise (oneDNN's direct and
+   depthwise kernels; other groups would take its reference loops), batch norm, ReLU, the other
+   activations and add (elementwise, so any layout), stochastic depth (a scale per image, whose
+   values are contiguous in either layout), max pooling, and the global average pool as a reader
+   (its output has no pixels). */
 static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
+    const mgt_conv2d_shape *sh = &nd->u.conv.sh;
     switch (nd->kind) {
-    case NN_CONV: return nd->u.conv.sh.groups == 1 && !nd->u.conv.bias; /* bias: NCHW kernel */
+    case NN_CONV: /* bias: an NCHW kernel */
+        return (sh->groups == 1 || (sh->groups == sh->c && sh->groups == sh->k)) &&
+               !nd->u.conv.bias;
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn; /* their kernels take NCHW */
     case NN_RELU:
+    case NN_ACT:
+    case NN_SDEPTH:
     case NN_ADD:
     case NN_MAXPOOL: return true;
     case NN_GAP: return as_reader;

@@ -16,7 +16,7 @@ Parts (--parts, comma-separated; default all):
          thread (same per-device batch): efficiency = img/s(2) / (2 img/s(1)); beside it
          PyTorch DDP (gloo, 2 processes, 1 thread each) against 1 plain process, 1 thread
   zoo    the training step of torchvision's other families on 3x224x224 synthetic images,
-         fp32, --zoo-threads threads (2), batch --zoo-batch (8): --zoo-archs (resnet50,
+         in --precisions, --zoo-threads threads (2), batch --zoo-batch (8): --zoo-archs (resnet50,
          mobilenet_v2, vgg11_bn, densenet121, efficientnet_b0); an architecture mgtrain does
          not know fails its row and the others go on; --channels-last and --python apply
          here as in the train part
@@ -270,8 +270,8 @@ def part_train(ctx, rows, summary):
 
 
 def part_zoo(ctx, rows, summary):
-    """torchvision's other families (issue 12's table): 3x224x224 (ARCH:SIZE for another
-    side), fp32, --zoo-threads."""
+    """torchvision's other families: 3x224x224 (ARCH:SIZE for another side), --zoo-threads,
+    in each of --precisions (bf16: PyTorch's autocast against mgtrain's --amp bf16)."""
     a = ctx.a
     steps, warmup = (2, 1) if a.quick else (3, 1)
     cases = []
@@ -282,7 +282,7 @@ def part_zoo(ctx, rows, summary):
                                                       a.zoo_threads,
                                                       "" if a.zoo_threads == 1 else "s"),
                       arch, a.zoo_batch, size, 3, 1000, a.zoo_threads, steps, warmup))
-    train_cases(ctx, rows, summary, cases, ["f32"])
+    train_cases(ctx, rows, summary, cases, a.precisions)
 
 
 def train_cases(ctx, rows, summary, cases, precisions):
@@ -638,7 +638,8 @@ def main():
                    help="the Python whose PyTorch the train and zoo parts run (a venv's; "
                         "default this one)")
     p.add_argument("--precisions", default="f32,bf16",
-                   help="train part: f32 and/or bf16 (mgtrain --amp bf16 against autocast)")
+                   help="train, zoo and transformers parts: f32 and/or bf16 (mgtrain --amp "
+                        "bf16 against autocast)")
     p.add_argument("--channels-last", action="store_true",
                    help="train and zoo parts: PyTorch's model and input in channels_last")
     p.add_argument("--no-glibc", dest="glibc", action="store_false",

@@ -1,6 +1,6 @@
 /* The CPU kernels of the elementwise ops: fill, scale, axpy, add, relu, the sums, the
    optimizer updates, the biases, dropout, strided copies, channel scaling. */
-#include "device/cpu/vec.h"
+#include "device/cpu/lane16.h"
 
 static void fill_item(void *c, int i, int t)
 {
@@ -29,10 +29,39 @@ static void axpy_item(void *c, int i, int t)
     v_axpy(op->u.axpy.y + lo, op->u.axpy.alpha, op->u.axpy.x + lo, hi - lo);
 }
 
-/* 16-bit storage (the op's mgt_op_store16): an item widens TILE16 values of each input into
-   tiles on its stack, runs the fp32 loop on them and rounds the output tile once, so memory
-   sees each 16-bit array pass once. */
+/* 16-bit storage (the op's mgt_op_store16): on AVX-512 each lane is widened, computed and
+   rounded in registers (elementwise_lanes); on the baseline an item widens TILE16 values of each
+   input into tiles on its stack, runs the fp32 loop on them and rounds the output tile once.
+   Both round once per output from the same fp32 operations, so they give the same bits, and
+   memory sees each 16-bit array pass once. */
 #define TILE16 1024
+
+/* An elementwise op and whether its items take the AVX-512 lanes (lane16_on). */
+typedef struct ew_job {
+    const mgt_op *op;
+    bool lanes;
+} ew_job;
+
+enum ew_kind { EW_ADD, EW_RELU_FWD, EW_RELU_BWD };
+
+/* out = a + b, or relu(a), or a where b > 0 (relu's backward: a = dy, b = y), on [lo, hi) of
+   arrays stored as p has them. NaN passes through relu as in torch.relu and the reference; the
+   masks clear to +0.0, as the reference's literal. */
+LANE16 static void elementwise_lanes(enum ew_kind k, mgt_precision p, void *out, const void *a,
+                                     const void *b, size_t lo, size_t hi)
+{
+    for (size_t at = lo; at < hi; at += 16) {
+        __mmask16 m = lane16_mask(hi, at);
+        vf16 v = lane16_ld(p, a, at, m), r;
+        if (k == EW_ADD)
+            r = v + lane16_ld(p, b, at, m);
+        else if (k == EW_RELU_FWD)
+            r = (vf16)((vi16)v & ~(v <= 0.0f));
+        else
+            r = (vf16)((vi16)v & (lane16_ld(p, b, at, m) > 0.0f));
+        lane16_st(p, out, at, r, m);
+    }
+}
 
 static void add_span(float *y, const float *a, const float *b, size_t n)
 {
@@ -44,30 +73,6 @@ static void add_span(float *y, const float *a, const float *b, size_t n)
         y[j] = a[j] + b[j];
 }
 
-static void add_item(void *c, int i, int t)
-{
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_add_args *g = &op->u.add;
-    size_t lo, hi;
-    item_range(g->n, CHUNK, i, &lo, &hi);
-    mgt_precision p = mgt_op_store16(op);
-    if (p == MGT_PREC_F32) {
-        add_span(g->y + lo, g->a + lo, g->b + lo, hi - lo);
-        return;
-    }
-    float ta[TILE16], tb[TILE16];
-    for (size_t s = lo; s < hi; s += TILE16) {
-        size_t n = min_z(TILE16, hi - s);
-        cpu16_widen(p, (const uint16_t *)(const void *)g->a + s, ta, n);
-        cpu16_widen(p, (const uint16_t *)(const void *)g->b + s, tb, n);
-        add_span(ta, ta, tb, n);
-        cpu16_round(p, ta, (uint16_t *)(void *)g->y + s, n);
-    }
-}
-
-/* written so that NaN passes through, as in torch.relu and the reference; the mask clears to
-   +0.0, as the reference's literal */
 static void relu_fwd_span(float *y, const float *x, size_t n)
 {
     size_t j = 0;
@@ -78,27 +83,6 @@ static void relu_fwd_span(float *y, const float *x, size_t n)
     }
     for (; j < n; j++)
         y[j] = x[j] <= 0.0f ? 0.0f : x[j];
-}
-
-static void relu_fwd_item(void *c, int i, int t)
-{
-    (void)t;
-    const mgt_op *op = c;
-    const mgt_relu_fwd_args *g = &op->u.relu_fwd;
-    size_t lo, hi;
-    item_range(g->n, CHUNK, i, &lo, &hi);
-    mgt_precision p = mgt_op_store16(op);
-    if (p == MGT_PREC_F32) {
-        relu_fwd_span(g->y + lo, g->x + lo, hi - lo);
-        return;
-    }
-    float tx[TILE16];
-    for (size_t s = lo; s < hi; s += TILE16) {
-        size_t n = min_z(TILE16, hi - s);
-        cpu16_widen(p, (const uint16_t *)(const void *)g->x + s, tx, n);
-        relu_fwd_span(tx, tx, n);
-        cpu16_round(p, tx, (uint16_t *)(void *)g->y + s, n);
-    }
 }
 
 static void relu_bwd_span(float *dx, const float *dy, const float *y, size_t n)
@@ -112,26 +96,66 @@ static void relu_bwd_span(float *dx, const float *dy, const float *y, size_t n)
         dx[j] = y[j] > 0.0f ? dy[j] : 0.0f;
 }
 
+/* Item i of kind k over n elements: out from a (and b) on the lanes, or on the baseline's
+   spans (through tiles where the arrays are 16-bit). */
+static void elementwise_item(const ew_job *jb, enum ew_kind k, void *out, const void *a,
+                             const void *b, size_t n, int i)
+{
+    size_t lo, hi;
+    item_range(n, CHUNK, i, &lo, &hi);
+    mgt_precision p = mgt_op_store16(jb->op);
+    if (jb->lanes) {
+        elementwise_lanes(k, p, out, a, b, lo, hi);
+        return;
+    }
+    float ta[TILE16], tb[TILE16];
+    size_t step = p == MGT_PREC_F32 ? hi - lo : TILE16;
+    for (size_t s = lo; s < hi; s += step) {
+        size_t m = min_z(step, hi - s);
+        const float *fa = ta, *fb = b ? tb : NULL;
+        float *fo = ta;
+        if (p == MGT_PREC_F32) {
+            fa = (const float *)a + s;
+            fb = b ? (const float *)b + s : NULL;
+            fo = (float *)out + s;
+        } else {
+            cpu16_widen(p, (const uint16_t *)a + s, ta, m);
+            if (b)
+                cpu16_widen(p, (const uint16_t *)b + s, tb, m);
+        }
+        if (k == EW_ADD)
+            add_span(fo, fa, fb, m);
+        else if (k == EW_RELU_FWD)
+            relu_fwd_span(fo, fa, m);
+        else
+            relu_bwd_span(fo, fa, fb, m);
+        if (p != MGT_PREC_F32)
+            cpu16_round(p, ta, (uint16_t *)out + s, m);
+    }
+}
+
+static void add_item(void *c, int i, int t)
+{
+    (void)t;
+    const ew_job *jb = c;
+    const mgt_add_args *g = &jb->op->u.add;
+    elementwise_item(jb, EW_ADD, g->y, g->a, g->b, g->n, i);
+}
+
+static void relu_fwd_item(void *c, int i, int t)
+{
+    (void)t;
+    const ew_job *jb = c;
+    const mgt_relu_fwd_args *g = &jb->op->u.relu_fwd;
+    elementwise_item(jb, EW_RELU_FWD, g->y, g->x, NULL, g->n, i);
+}
+
 static void relu_bwd_item(void *c, int i, int t)
 {
     (void)t;
-    const mgt_op *op = c;
-    const mgt_relu_bwd_args *g = &op->u.relu_bwd;
-    size_t lo, hi;
-    item_range(g->n, CHUNK, i, &lo, &hi);
-    mgt_precision p = mgt_op_store16(op);
-    if (p == MGT_PREC_F32) {
-        relu_bwd_span(g->dx + lo, g->dy + lo, g->y + lo, hi - lo);
-        return;
-    }
-    float tdy[TILE16], ty[TILE16];
-    for (size_t s = lo; s < hi; s += TILE16) {
-        size_t n = min_z(TILE16, hi - s);
-        cpu16_widen(p, (const uint16_t *)(const void *)g->dy + s, tdy, n);
-        cpu16_widen(p, (const uint16_t *)(const void *)g->y + s, ty, n);
-        relu_bwd_span(tdy, tdy, ty, n);
-        cpu16_round(p, tdy, (uint16_t *)(void *)g->dx + s, n);
-    }
+    const ew_job *jb = c;
+    const mgt_relu_bwd_args *g = &jb->op->u.relu_bwd;
+    elementwise_item(jb, EW_RELU_BWD, g->dx, g->dy, g->y, g->n, i);
 }
 
 typedef struct sum_job {
@@ -426,19 +450,22 @@ mgt_status cpu_axpy(cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_add(cpu_ctx *ctx, const mgt_op *op)
 {
-    POOL_FOR(ctx, items_of(op->u.add.n, CHUNK), add_item, op);
+    ew_job jb = {op, lane16_on(ctx)};
+    POOL_FOR(ctx, items_of(op->u.add.n, CHUNK), add_item, &jb);
     return MGT_OK;
 }
 
 mgt_status cpu_relu_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
-    POOL_FOR(ctx, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, op);
+    ew_job jb = {op, lane16_on(ctx)};
+    POOL_FOR(ctx, items_of(op->u.relu_fwd.n, CHUNK), relu_fwd_item, &jb);
     return MGT_OK;
 }
 
 mgt_status cpu_relu_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
-    POOL_FOR(ctx, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, op);
+    ew_job jb = {op, lane16_on(ctx)};
+    POOL_FOR(ctx, items_of(op->u.relu_bwd.n, CHUNK), relu_bwd_item, &jb);
     return MGT_OK;
 }
 

@@ -1,6 +1,6 @@
 /* The CPU kernels of batch norm (NCHW and nChw16c, the training forward with its statistics,
    eval, backward, the split statistics of SyncBN) and of the layer norm over channels. */
-#include "device/cpu/vec.h"
+#include "device/cpu/lane16.h"
 
 /* The batch-norm sums run in float over sixteen lanes, in blocks of BN_BLOCK elements (64 adds
    per lane at most, so rounding stays near 1e-6 relative), and each block's lanes are added
@@ -286,10 +286,12 @@ typedef struct bnb_job {
     const float *shift;  /* [c]: the value each channel's sums are shifted by */
     float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
     size_t units;        /* planes per item of the elementwise pass */
-    bool avx512;         /* the sums on the AVX-512F build of their loop */
-    /* activations stored in 16 bits (F32: none): x, dy, ymask and y then point at codes; each
-       item widens BNB_TILE values of each into its thread's tiles, runs the fp32 loops on them
-       and rounds its output tile once, so memory sees the 16-bit arrays pass once */
+    bool lanes;          /* the AVX-512 loops, on stored values (bnb_*_lanes), not the baseline's */
+    /* activations stored in 16 bits (F32: none): x, dy, ymask and y then point at codes; the
+       lanes widen and round them in registers; on the baseline each item widens BNB_TILE values
+       of each into its thread's tiles, runs the fp32 loops on them and rounds its output tile
+       once; both the same operations on the same values, so memory sees the 16-bit arrays pass
+       once and both give the same bits */
     mgt_precision p16;
     float *tiles; /* [threads][3][BNB_TILE] */
 } bnb_job;
@@ -314,80 +316,86 @@ static float *bnb_tile(const bnb_job *j, int t, int k)
     return j->tiles + ((size_t)t * 3 + (size_t)k) * BNB_TILE;
 }
 
-/* dy where the folded ReLU's output y (NULL: none) is positive, as relu_bwd_item masks it (a
-   macro: a function returning 16 lanes would change its ABI between the two builds) */
-#define V16_RELU_DY(dy, y, at) \
-    ((y) ? (vf16)((vi16)V16_LD((dy) + (at)) & (V16_LD((y) + (at)) > 0.0f)) : V16_LD((dy) + (at)))
+/* Element off of a stored operand (NULL stays NULL), for the lanes. */
+static const void *bnb_at(const bnb_job *j, const void *a, size_t off)
+{
+    if (!a)
+        return NULL;
+    return j->p16 == MGT_PREC_F32 ? (const void *)((const float *)a + off)
+                                  : (const void *)((const uint16_t *)a + off);
+}
 
 /* One image plane of one block: per channel, t1 += sum of a and t2 += sum of b, where backward
    (dy != NULL) has a = dy, b = dy * (x - shift) and forward a = x - shift, b = a^2; added as
-   sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. */
-__attribute__((always_inline)) static inline void bnb_plane_sums_span(const float *x,
-                                                                      const float *dy,
-                                                                      const float *y, size_t hw,
-                                                                      const float *shift,
-                                                                      double *t1, double *t2)
-{
-    vf16 k = V16_LD(shift);
-    size_t j = 0;
-    while (j + 16 <= hw) {
-        size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);
-        vf16 a[16], q[16]; /* by pixel offset within a group of 16, as the four 4-lane vectors */
-        memset(a, 0, sizeof a);
-        memset(q, 0, sizeof q);
-        for (; j < end; j += 16)
-            for (int g = 0; g < 16; g++) {
-                vf16 v = V16_LD(x + (j + (size_t)g) * 16) - k;
-                if (dy) {
-                    vf16 d = V16_RELU_DY(dy, y, (j + (size_t)g) * 16);
-                    a[g] += d;
-                    q[g] += d * v;
-                } else {
-                    a[g] += v;
-                    q[g] += v * v;
-                }
-            }
-        /* hsum_f4x4: lane l of (a0 + a1) + (a2 + a3), then the four lanes in double */
-        vf16 fa[4], fq[4];
-        for (int l = 0; l < 4; l++) {
-            fa[l] = (a[l] + a[4 + l]) + (a[8 + l] + a[12 + l]);
-            fq[l] = (q[l] + q[4 + l]) + (q[8 + l] + q[12 + l]);
-        }
-        for (int c = 0; c < 16; c++) {
-            t1[c] += ((double)fa[0][c] + (double)fa[1][c]) + ((double)fa[2][c] + (double)fa[3][c]);
-            t2[c] += ((double)fq[0][c] + (double)fq[1][c]) + ((double)fq[2][c] + (double)fq[3][c]);
-        }
+   sum_shifted and sum_dy_prod add them for one NCHW plane. y masks dy as there. LOAD(a, at) gives
+   the 16 channels of a pixel as fp32 lanes; the loop is built twice (a macro, one body): on the
+   baseline over fp32 arrays (16-bit ones widened into tiles first) and on the lanes over the
+   stored arrays, with the same per-lane IEEE operations in the same order, so the same bits. Its
+   32 accumulators of 16 lanes fit AVX-512's registers. */
+#define BNB_PLANE_SUMS(NAME, ATTR, LOAD)                                                           \
+    ATTR static void NAME(mgt_precision p, const void *x, const void *dy, const void *y,           \
+                          size_t hw, const float *shift, double *t1, double *t2)                   \
+    {                                                                                              \
+        (void)p;                                                                                   \
+        vf16 k = V16_LD(shift);                                                                    \
+        size_t j = 0;                                                                              \
+        while (j + 16 <= hw) {                                                                     \
+            size_t end = j + min_z(BN_BLOCK, (hw - j) / 16 * 16);                                  \
+            vf16 a[16], q[16]; /* by pixel offset within a group of 16 */                          \
+            memset(a, 0, sizeof a);                                                                \
+            memset(q, 0, sizeof q);                                                                \
+            for (; j < end; j += 16)                                                               \
+                for (int g = 0; g < 16; g++) {                                                     \
+                    size_t at = (j + (size_t)g) * 16;                                              \
+                    vf16 v = LOAD(x, at) - k;                                                      \
+                    if (dy) {                                                                      \
+                        vf16 d = LOAD(dy, at);                                                     \
+                        if (y)                                                                     \
+                            d = (vf16)((vi16)d & (LOAD(y, at) > 0.0f));                            \
+                        a[g] += d;                                                                 \
+                        q[g] += d * v;                                                             \
+                    } else {                                                                       \
+                        a[g] += v;                                                                 \
+                        q[g] += v * v;                                                             \
+                    }                                                                              \
+                }                                                                                  \
+            /* hsum_f4x4: lane l of (a0 + a1) + (a2 + a3), then the four lanes in double */        \
+            vf16 fa[4], fq[4];                                                                     \
+            for (int l = 0; l < 4; l++) {                                                          \
+                fa[l] = (a[l] + a[4 + l]) + (a[8 + l] + a[12 + l]);                                \
+                fq[l] = (q[l] + q[4 + l]) + (q[8 + l] + q[12 + l]);                                \
+            }                                                                                      \
+            for (int c = 0; c < 16; c++) {                                                         \
+                t1[c] +=                                                                           \
+                    ((double)fa[0][c] + (double)fa[1][c]) + ((double)fa[2][c] + (double)fa[3][c]); \
+                t2[c] +=                                                                           \
+                    ((double)fq[0][c] + (double)fq[1][c]) + ((double)fq[2][c] + (double)fq[3][c]); \
+            }                                                                                      \
+        }                                                                                          \
+        for (; j < hw; j++) {                                                                      \
+            vf16 xv = LOAD(x, j * 16), dv = {0}, yv = {0};                                         \
+            if (dy)                                                                                \
+                dv = LOAD(dy, j * 16);                                                             \
+            if (dy && y)                                                                           \
+                yv = LOAD(y, j * 16);                                                              \
+            for (int c = 0; c < 16; c++) {                                                         \
+                if (dy) {                                                                          \
+                    float g = !y || yv[c] > 0.0f ? dv[c] : 0.0f;                                   \
+                    t1[c] += g;                                                                    \
+                    t2[c] += (double)g * ((double)xv[c] - shift[c]);                               \
+                } else {                                                                           \
+                    double d = (double)xv[c] - shift[c];                                           \
+                    t1[c] += d;                                                                    \
+                    t2[c] += d * d;                                                                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
-    for (; j < hw; j++)
-        for (int c = 0; c < 16; c++) {
-            if (dy) {
-                float g = relu_dy(dy, y, j * 16 + (size_t)c);
-                t1[c] += g;
-                t2[c] += (double)g * ((double)x[j * 16 + (size_t)c] - shift[c]);
-            } else {
-                double d = (double)x[j * 16 + (size_t)c] - shift[c];
-                t1[c] += d;
-                t2[c] += d * d;
-            }
-        }
-}
 
-/* The loop above twice, as the activations have it: its 32 accumulators of 16 lanes fit AVX-512's
-   registers, and the same per-lane IEEE operations give the same bits in both builds. */
-static void bnb_plane_sums_base(const float *x, const float *dy, const float *y, size_t hw,
-                                const float *shift, double *t1, double *t2)
-{
-    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
-}
-
-__attribute__((target("avx512f"))) static void bnb_plane_sums_avx512(const float *x,
-                                                                     const float *dy,
-                                                                     const float *y, size_t hw,
-                                                                     const float *shift, double *t1,
-                                                                     double *t2)
-{
-    bnb_plane_sums_span(x, dy, y, hw, shift, t1, t2);
-}
+#define BNB_LOAD_F32(a, at) V16_LD((const float *)(a) + (at))
+#define BNB_LOAD_LANES(a, at) lane16_ld(p, (a), (at), 0xffff)
+BNB_PLANE_SUMS(bnb_plane_sums_base, , BNB_LOAD_F32)
+BNB_PLANE_SUMS(bnb_plane_sums_lanes, LANE16, BNB_LOAD_LANES)
 
 /* The sums of this item's images of one block, each image's into its own place. */
 static void bnb_sums_item(void *c, int i, int t)
@@ -402,15 +410,20 @@ static void bnb_sums_item(void *c, int i, int t)
         double *out = j->sums + (size_t)ni * 2 * ch + (size_t)b * 16;
         for (int l = 0; l < 16; l++)
             out[l] = out[ch + (size_t)l] = 0;
+        if (j->lanes) {
+            bnb_plane_sums_lanes(j->p16, bnb_at(j, j->x, base), bnb_at(j, j->dy, base),
+                                 bnb_at(j, j->ymask, base), j->hw, j->shift + (size_t)b * 16, out,
+                                 out + ch);
+            continue;
+        }
         /* 16-bit: block by block, which adds what one call over the plane adds, in its order */
         size_t span = j->p16 == MGT_PREC_F32 ? j->hw : BN_BLOCK;
         for (size_t p0 = 0; p0 < j->hw; p0 += span) {
             size_t np = min_z(span, j->hw - p0), off = base + p0 * 16;
-            (j->avx512 ? bnb_plane_sums_avx512
-                       : bnb_plane_sums_base)(bnb_in(j, j->x, off, bnb_tile(j, t, 0), np * 16),
-                                              bnb_in(j, j->dy, off, bnb_tile(j, t, 1), np * 16),
-                                              bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), np * 16),
-                                              np, j->shift + (size_t)b * 16, out, out + ch);
+            bnb_plane_sums_base(MGT_PREC_F32, bnb_in(j, j->x, off, bnb_tile(j, t, 0), np * 16),
+                                bnb_in(j, j->dy, off, bnb_tile(j, t, 1), np * 16),
+                                bnb_in(j, j->ymask, off, bnb_tile(j, t, 2), np * 16), np,
+                                j->shift + (size_t)b * 16, out, out + ch);
         }
     }
 }
@@ -438,6 +451,20 @@ static void v_ld4(vf v[4], const float *p)
 
 /* The elementwise pass of the forward (train and eval): y = (x - k0) * k1 + k2 per channel,
    then with a folded ReLU relu_fwd_item's max(., 0). */
+LANE16 static void bnb_affine_lanes(const bnb_job *j, size_t lo, size_t hi)
+{
+    mgt_precision p = j->p16;
+    size_t plane = j->hw * 16;
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb * 16;
+        vf16 sub = V16_LD(j->k0 + b), mul = V16_LD(j->k1 + b), add = V16_LD(j->k2 + b);
+        for (size_t at = pl * plane; at < (pl + 1) * plane; at += 16) {
+            vf16 v = (lane16_ld(p, j->x, at, 0xffff) - sub) * mul + add;
+            lane16_st(p, j->y, at, j->relu ? (vf16)((vi16)v & ~(v <= 0.0f)) : v, 0xffff);
+        }
+    }
+}
+
 static void bnb_affine_item(void *c, int i, int t)
 {
     const bnb_job *j = c;
@@ -445,6 +472,10 @@ static void bnb_affine_item(void *c, int i, int t)
     size_t lo, hi, plane = j->hw * 16;
     size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    if (j->lanes) {
+        bnb_affine_lanes(j, lo, hi);
+        return;
+    }
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
         vf sub[4], mul[4], add[4];
@@ -468,12 +499,34 @@ static void bnb_affine_item(void *c, int i, int t)
 
 /* The elementwise pass of the backward: dx = k1 * (dy - k2 - (x - k0) * kx), kx in shift, dy
    masked by a folded ReLU's output. */
+LANE16 static void bnb_dx_lanes(const bnb_job *j, size_t lo, size_t hi)
+{
+    mgt_precision p = j->p16;
+    size_t plane = j->hw * 16;
+    for (size_t pl = lo; pl < hi; pl++) {
+        size_t b = pl % (size_t)j->cb * 16;
+        vf16 fm = V16_LD(j->k0 + b), k = V16_LD(j->k1 + b), mdy = V16_LD(j->k2 + b),
+             kx = V16_LD(j->shift + b);
+        for (size_t at = pl * plane; at < (pl + 1) * plane; at += 16) {
+            vf16 dy = lane16_ld(p, j->dy, at, 0xffff);
+            if (j->ymask)
+                dy = (vf16)((vi16)dy & (lane16_ld(p, j->ymask, at, 0xffff) > 0.0f));
+            vf16 x = lane16_ld(p, j->x, at, 0xffff);
+            lane16_st(p, j->y, at, k * (dy - mdy - (x - fm) * kx), 0xffff);
+        }
+    }
+}
+
 static void bnb_dx_item(void *c, int i, int t)
 {
     const bnb_job *j = c;
     size_t lo, hi, plane = j->hw * 16;
     size_t span = j->p16 == MGT_PREC_F32 ? plane : BNB_SPAN;
     item_range((size_t)j->n * j->cb, j->units, i, &lo, &hi);
+    if (j->lanes) {
+        bnb_dx_lanes(j, lo, hi);
+        return;
+    }
     for (size_t pl = lo; pl < hi; pl++) {
         size_t b = pl % (size_t)j->cb;
         vf fm[4], k[4], mdy[4], kx[4];
@@ -530,7 +583,7 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
                    .k1 = f + 2 * c,
                    .k2 = f + 3 * c,
                    .units = units_per_item((size_t)sh->hw * 16),
-                   .avx512 = vec_avx512(ctx),
+                   .lanes = lane16_on(ctx),
                    .p16 = p16,
                    .tiles = ctx->scratch + tiles_at};
     return MGT_OK;
