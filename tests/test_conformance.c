@@ -3010,15 +3010,24 @@ static const int chscale_shapes[][4] = {
     {3, 40, 1, 0}, {1, 1, 1, 1}, {2, 3, 5, 1},   {2, 16, 49, 1}, {5, 96, 196, 1}, {2, 7, 4099, 0},
 };
 #define N_CHSCALE_SHAPES ((int)(sizeof chscale_shapes / sizeof chscale_shapes[0]))
+/* in nChw16c (the mock devices' squeeze-excite inside a blocked body), after the NCHW ones */
+static const int chscale_blocked_shapes[][4] = {
+    {2, 16, 49, 0}, {3, 32, 7, 0}, {1, 48, 1, 0}, {5, 96, 196, 1}, {2, 16, 13, 1}};
+#define N_CHSCALE_BLOCKED ((int)(sizeof chscale_blocked_shapes / sizeof chscale_blocked_shapes[0]))
 
 /* Every shape; backward also without dscale (the stochastic-depth use) and with dx = dy. */
 static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
 {
     int reps = fwd ? 1 : 3;
-    if (idx >= N_CHSCALE_SHAPES * reps)
+    bool blocked = idx >= N_CHSCALE_SHAPES * reps;
+    if (blocked)
+        idx -= N_CHSCALE_SHAPES * reps;
+    int per = blocked ? N_CHSCALE_BLOCKED : N_CHSCALE_SHAPES;
+    if (idx >= per * reps)
         return false;
-    const int *shp = chscale_shapes[idx % N_CHSCALE_SHAPES];
-    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / N_CHSCALE_SHAPES;
+    const int *shp = blocked ? chscale_blocked_shapes[idx % per] : chscale_shapes[idx % per];
+    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / per;
+    mgt_layout layout = blocked ? MGT_LAYOUT_NCHW16C : MGT_LAYOUT_NCHW;
     bool shared = shp[3] != 0;
     size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
     float *x = case_f32(c, nx), *sc = case_f32(c, ns);
@@ -3033,6 +3042,7 @@ static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
         c->op.u.chscale_fwd.c = ch;
         c->op.u.chscale_fwd.hw = hw;
         c->op.u.chscale_fwd.shared = shared;
+        c->op.u.chscale_fwd.layout = layout;
         c->rtol = 0;
     } else {
         float *dy = case_f32(c, nx), *ds = variant == 1 ? NULL : case_f32(c, ns);
@@ -3049,14 +3059,16 @@ static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
         c->op.u.chscale_bwd.c = ch;
         c->op.u.chscale_bwd.hw = hw;
         c->op.u.chscale_bwd.shared = shared;
+        c->op.u.chscale_bwd.layout = layout;
         c->rtol = tol_for((double)hw * (shared ? n : 1)) * 2;
         c->mag = 1;
     }
-    case_desc(c, "n=%d c=%d hw=%d%s%s", n, ch, hw, shared ? " shared" : "",
+    case_desc(c, "n=%d c=%d hw=%d%s%s%s", n, ch, hw, shared ? " shared" : "",
               fwd            ? ""
               : variant == 1 ? " no dscale"
               : variant == 2 ? " dx=dy"
-                             : "");
+                             : "",
+              blocked ? " nChw16c" : "");
     return true;
 }
 

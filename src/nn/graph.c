@@ -935,8 +935,9 @@ static void slot_release(planner *p, int s)
 /* Whether a node of this kind reads (and, but for the global pool, writes) the device's
    blocked layout: the convolution without bias, plain or depthwise (oneDNN's direct and
    depthwise kernels; other groups would take its reference loops), batch norm, ReLU, the other
-   activations and add (elementwise, so any layout), stochastic depth (a scale per image, whose
-   values are contiguous in either layout), max pooling, and the global average pool as a reader
+   activations and add (elementwise, so any layout), the channel scale (squeeze-excite's; its
+   gate, [n, c, 1, 1], stays NCHW), stochastic depth (a scale per image, whose values are
+   contiguous in either layout), max pooling, and the global average pool as a reader
    (its output has no pixels). */
 static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
@@ -948,6 +949,7 @@ static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn; /* their kernels take NCHW */
     case NN_RELU:
     case NN_ACT:
+    case NN_SCALE:
     case NN_SDEPTH:
     case NN_ADD:
     case NN_MAXPOOL: return true;
