@@ -298,14 +298,14 @@ static void step_on(mgt_device *d, const mgt_model_config *cfg, float *loss, flo
 static void test_channels_last_plan_computes(void **state)
 {
     (void)state;
-    const char *archs[] = {"resnet18", "shufflenet_v2_x0_5", "googlenet", "mobilenet_v2"};
+    const char *archs[] = {"resnet18", "shufflenet_v2_x0_5", "googlenet", "mobilenet_v2",
+                           "densenet121"};
     for (size_t a = 0; a < sizeof archs / sizeof *archs; a++) {
         mgt_model_config cfg = {.arch = archs[a],
                                 .classes = 4,
                                 .in_channels = 3,
                                 .image_size = 32,
                                 .batch = 2,
-                                .no_aux_logits = true, /* their adaptive pool is NCHW-only */
                                 .amp = a % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16};
         mgt_devset *nhwc, *nchw;
         assert_int_equal(mgt_devset_open_bytes(MGT_LAYOUT_NHWC, cfg.amp, true, &nhwc), MGT_OK);

@@ -3282,6 +3282,8 @@ static unsigned op_layouts(const mgt_op *op)
     case MGT_OP_MAXPOOL_BWD: return 1u << op->u.maxpool_bwd.sh.layout;
     case MGT_OP_AVGPOOL_FWD: return 1u << op->u.avgpool_fwd.layout;
     case MGT_OP_AVGPOOL_BWD: return 1u << op->u.avgpool_bwd.layout;
+    case MGT_OP_APOOL_FWD: return 1u << op->u.apool_fwd.layout;
+    case MGT_OP_APOOL_BWD: return 1u << op->u.apool_bwd.layout;
     default: return 1u << MGT_LAYOUT_NCHW;
     }
 }
@@ -3303,7 +3305,9 @@ static bool takes_layout(mgt_op_kind kind)
     case MGT_OP_MAXPOOL_FWD:
     case MGT_OP_MAXPOOL_BWD:
     case MGT_OP_AVGPOOL_FWD:
-    case MGT_OP_AVGPOOL_BWD: return true;
+    case MGT_OP_AVGPOOL_BWD:
+    case MGT_OP_APOOL_FWD:
+    case MGT_OP_APOOL_BWD: return true;
     default: return false;
     }
 }
@@ -3326,6 +3330,8 @@ static bool case_to_nhwc(tcase *c)
     case MGT_OP_MAXPOOL_BWD: op->u.maxpool_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_AVGPOOL_FWD: op->u.avgpool_fwd.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_AVGPOOL_BWD: op->u.avgpool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_APOOL_FWD: op->u.apool_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_APOOL_BWD: op->u.apool_bwd.layout = MGT_LAYOUT_NHWC; break;
     default: return false;
     }
     size_t len = strlen(c->desc);

@@ -693,7 +693,8 @@ mgt_status mgt_conv2d_backward_data_st(mgt_stream *s, mgt_precision prec, mgt_st
 mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy, int n,
                                    int c, int hw, mgt_layout l);
 mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
-                                            int n, int c, int h, int w, int oh, int ow);
+                                            int n, int c, int h, int w, int oh, int ow,
+                                            mgt_layout l);
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta);
@@ -723,7 +724,8 @@ mgt_status mgt_activation_forward_st(mgt_stream *s, mgt_store st, float *y, cons
 mgt_status mgt_activation_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
                                       const float *x, size_t n, mgt_act act);
 mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                           int n, int c, int h, int w, int oh, int ow);
+                                           int n, int c, int h, int w, int oh, int ow,
+                                           mgt_layout l);
 mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                const mgt_strided_copy_shape *sh);
 mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,

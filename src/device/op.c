@@ -271,6 +271,8 @@ bool mgt_op_blocked(const mgt_op *op)
     case MGT_OP_MAXPOOL_BWD: return op->u.maxpool_bwd.sh.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_FWD: return op->u.avgpool_fwd.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_APOOL_FWD: return op->u.apool_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_APOOL_BWD: return op->u.apool_bwd.layout != MGT_LAYOUT_NCHW;
     default: return false;
     }
 }
@@ -858,7 +860,8 @@ static mgt_status check_apool(const mgt_op *op, int n, int c, int h, int w, int 
 static mgt_status check_apool_fwd(const mgt_op *op)
 {
     const mgt_apool_fwd_args *a = &op->u.apool_fwd;
-    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    mgt_status st = check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "x") : st;
 }
 
 static void operands_apool_fwd(mgt_op *op, operand_list *l)
@@ -871,7 +874,8 @@ static void operands_apool_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_apool_bwd(const mgt_op *op)
 {
     const mgt_apool_bwd_args *a = &op->u.apool_bwd;
-    return check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    mgt_status st = check_apool(op, a->n, a->c, a->h, a->w, a->oh, a->ow);
+    return st == MGT_OK ? check_layout(op, a->layout, a->c, "dx") : st;
 }
 
 static void operands_apool_bwd(mgt_op *op, operand_list *l)

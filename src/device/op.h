@@ -310,17 +310,20 @@ typedef struct mgt_dropout_args {
 } mgt_dropout_args;
 
 /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
-   averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise */
+   averages rows floor(i h / oh) .. ceil((i + 1) h / oh) - 1, columns likewise; x and y in
+   one layout (NCHW, or NHWC: CUDA's 16-bit channels-last path) */
 typedef struct mgt_apool_fwd_args {
     float *y;
     const float *x;
     int n, c, h, w, oh, ow;
+    mgt_layout layout; /* of x and y */
 } mgt_apool_fwd_args;
 
 typedef struct mgt_apool_bwd_args {
     float *dx;
     const float *dy;
     int n, c, h, w, oh, ow;
+    mgt_layout layout; /* of dx and dy */
 } mgt_apool_bwd_args;
 
 /* y[i * y_stride + r * y_row + k] = x[i * x_stride + r * x_row + k] for i < n,

@@ -168,9 +168,10 @@ mgt_status mgt_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const
 }
 
 mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
-                                            int n, int c, int h, int w, int oh, int ow)
+                                            int n, int c, int h, int w, int oh, int ow,
+                                            mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_APOOL_BWD, apool_bwd, st, dx, dy, n, c, h, w, oh, ow);
+    LAUNCH_ST(MGT_OP_APOOL_BWD, apool_bwd, st, dx, dy, n, c, h, w, oh, ow, l);
 }
 
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
@@ -393,15 +394,15 @@ mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *d
 }
 
 mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                           int n, int c, int h, int w, int oh, int ow)
+                                           int n, int c, int h, int w, int oh, int ow, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_APOOL_FWD, apool_fwd, st, y, x, n, c, h, w, oh, ow);
+    LAUNCH_ST(MGT_OP_APOOL_FWD, apool_fwd, st, y, x, n, c, h, w, oh, ow, l);
 }
 
 mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x, int n, int c,
                                         int h, int w, int oh, int ow)
 {
-    return mgt_adaptive_avgpool_forward_st(s, f32_store, y, x, n, c, h, w, oh, ow);
+    return mgt_adaptive_avgpool_forward_st(s, f32_store, y, x, n, c, h, w, oh, ow, MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,

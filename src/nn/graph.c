@@ -1091,9 +1091,9 @@ static void plan_dtypes(mgt_model *m)
 /* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
    a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
    it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
-   max pooling, concatenation, channel slices and shuffles (strided copies of 16-bit codes,
-   layers.c's NHWC strides), and the global average pool as a reader. The rest (adaptive
-   pooling, squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
+   max pooling, adaptive average pooling, concatenation, channel slices and shuffles (strided
+   copies of 16-bit codes, layers.c's NHWC strides), and the global average pool as a reader.
+   The rest (squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
 static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
     switch (nd->kind) {
@@ -1103,6 +1103,7 @@ static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
     case NN_ACT:
     case NN_ADD:
     case NN_MAXPOOL:
+    case NN_APOOL:
     case NN_CONCAT:
     case NN_SLICE:
     case NN_SHUFFLE: return true;

@@ -617,7 +617,7 @@ static mgt_status apool_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
     return mgt_adaptive_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h, v->w,
-                                           c->node->u.apool.oh, c->node->u.apool.ow);
+                                           c->node->u.apool.oh, c->node->u.apool.ow, v->layout);
 }
 
 static mgt_status apool_backward(nn_call *c)
@@ -625,7 +625,8 @@ static mgt_status apool_backward(nn_call *c)
     const nn_value *v = &c->m->values[c->node->in[0]];
     assert(c->dx_beta[0] == 0.0f);
     return mgt_adaptive_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
-                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow);
+                                            v->w, c->node->u.apool.oh, c->node->u.apool.ow,
+                                            v->layout);
 }
 
 /* THOP's adaptive average pool: (kernel + 1) per output, the kernel being the largest window

@@ -700,44 +700,49 @@ static mgt_status ref_dropout(const mgt_op *op)
     return MGT_OK;
 }
 
+/* Element (n, ch, pixel i) of an adaptive pool's input or output: the sums visit the same
+   elements in the same order in either layout (NCHW, NHWC), so both compute the same bits. */
 static mgt_status ref_apool_fwd(const mgt_op *op)
 {
     const mgt_apool_fwd_args *a = &op->u.apool_fwd;
-    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
-        const float *x = a->x + nc * a->h * a->w;
-        for (int i = 0; i < a->oh; i++)
-            for (int j = 0; j < a->ow; j++) {
-                int y0, y1, x0, x1;
-                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
-                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
-                double s = 0.0;
-                for (int y = y0; y < y1; y++)
-                    for (int xx = x0; xx < x1; xx++)
-                        s += x[(size_t)y * a->w + xx];
-                a->y[(nc * a->oh + i) * a->ow + j] = (float)(s / ((y1 - y0) * (x1 - x0)));
-            }
-    }
+    const int hw = a->h * a->w, ohw = a->oh * a->ow;
+    for (int n = 0; n < a->n; n++)
+        for (int ch = 0; ch < a->c; ch++)
+            for (int i = 0; i < a->oh; i++)
+                for (int j = 0; j < a->ow; j++) {
+                    int y0, y1, x0, x1;
+                    mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                    mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                    double s = 0.0;
+                    for (int y = y0; y < y1; y++)
+                        for (int xx = x0; xx < x1; xx++)
+                            s += a->x[mgt_layout_at(a->layout, a->c, hw, n, ch, y * a->w + xx)];
+                    a->y[mgt_layout_at(a->layout, a->c, ohw, n, ch, i * a->ow + j)] =
+                        (float)(s / ((y1 - y0) * (x1 - x0)));
+                }
     return MGT_OK;
 }
 
 static mgt_status ref_apool_bwd(const mgt_op *op)
 {
     const mgt_apool_bwd_args *a = &op->u.apool_bwd;
-    for (size_t nc = 0; nc < (size_t)a->n * a->c; nc++) {
-        float *dx = a->dx + nc * a->h * a->w;
-        for (size_t k = 0; k < (size_t)a->h * a->w; k++)
-            dx[k] = 0.0f;
-        for (int i = 0; i < a->oh; i++)
-            for (int j = 0; j < a->ow; j++) {
-                int y0, y1, x0, x1;
-                mgt_apool_range(i, a->h, a->oh, &y0, &y1);
-                mgt_apool_range(j, a->w, a->ow, &x0, &x1);
-                float g = a->dy[(nc * a->oh + i) * a->ow + j] / (float)((y1 - y0) * (x1 - x0));
-                for (int y = y0; y < y1; y++)
-                    for (int xx = x0; xx < x1; xx++)
-                        dx[(size_t)y * a->w + xx] += g;
-            }
-    }
+    const int hw = a->h * a->w, ohw = a->oh * a->ow;
+    for (int n = 0; n < a->n; n++)
+        for (int ch = 0; ch < a->c; ch++) {
+            for (int k = 0; k < hw; k++)
+                a->dx[mgt_layout_at(a->layout, a->c, hw, n, ch, k)] = 0.0f;
+            for (int i = 0; i < a->oh; i++)
+                for (int j = 0; j < a->ow; j++) {
+                    int y0, y1, x0, x1;
+                    mgt_apool_range(i, a->h, a->oh, &y0, &y1);
+                    mgt_apool_range(j, a->w, a->ow, &x0, &x1);
+                    float g = a->dy[mgt_layout_at(a->layout, a->c, ohw, n, ch, i * a->ow + j)] /
+                              (float)((y1 - y0) * (x1 - x0));
+                    for (int y = y0; y < y1; y++)
+                        for (int xx = x0; xx < x1; xx++)
+                            a->dx[mgt_layout_at(a->layout, a->c, hw, n, ch, y * a->w + xx)] += g;
+                }
+        }
     return MGT_OK;
 }
 

@@ -5,8 +5,8 @@
 // convolutions' edges use where a value is not NHWC 16-bit (the model's input).
 //
 // Every kernel widens its 16-bit loads, computes and accumulates in fp32 (batch norm's
-// statistics in double) and rounds each 16-bit store once, as the reference does around its
-// fp32 loops (mgt_op_run_widened). One pass over memory per kernel, indexed so that
+// statistics and the adaptive pool's windows in double, as the reference) and rounds each
+// 16-bit store once, as the reference does around its fp32 loops (mgt_op_run_widened). One pass over memory per kernel, indexed so that
 // neighbouring threads touch neighbouring elements in NHWC (the channel varies fastest);
 // no floating-point atomics, every sum in an order fixed by the sizes alone.
 #include <cmath>
@@ -144,7 +144,7 @@ __global__ void k_gap_bwd16(void *dx, const void *dy, int n, int c, int hw, bool
     }
 }
 
-// ---- adaptive average pool (NCHW: the op has no layout) ----
+// ---- adaptive average pool (torch's AdaptiveAvgPool2d), NCHW or NHWC ----
 
 __device__ inline void apool_range16(int i, int in, int out, int *lo, int *hi)
 {
@@ -152,41 +152,52 @@ __device__ inline void apool_range16(int i, int in, int out, int *lo, int *hi)
     *hi = (int)(((long long)(i + 1) * in + out - 1) / out);
 }
 
-__global__ void k_apool_fwd16(void *y, const void *x, size_t total, int h, int w, int oh, int ow,
-                              mgt_sto si, mgt_sto so)
+struct apool16 {
+    int n, c, h, w, oh, ow;
+    bool nhwc;
+};
+
+// One thread per output element in memory order (adjacent threads on adjacent channels in
+// NHWC); the window summed in double in raster order, divided, then rounded to fp32 and to
+// the storage: the reference's rounding points.
+__global__ void k_apool_fwd16(void *y, const void *x, apool16 d, mgt_sto si, mgt_sto so)
 {
+    const size_t total = (size_t)d.n * d.c * d.oh * d.ow;
     for (size_t o = thread_index(); o < total; o += thread_stride()) {
-        const int j = (int)(o % ow), i = (int)((o / ow) % oh);
-        const size_t base = (o / ((size_t)oh * ow)) * h * w;
+        int ni, ci, pi;
+        unravel(o, d.nhwc, d.c, d.oh * d.ow, &ni, &ci, &pi);
         int y0, y1, x0, x1;
-        apool_range16(i, h, oh, &y0, &y1);
-        apool_range16(j, w, ow, &x0, &x1);
-        float s = 0.0f;
+        apool_range16(pi / d.ow, d.h, d.oh, &y0, &y1);
+        apool_range16(pi % d.ow, d.w, d.ow, &x0, &x1);
+        double s = 0.0;
         for (int yy = y0; yy < y1; yy++)
             for (int xx = x0; xx < x1; xx++)
-                s += sto_ld(x, base + (size_t)yy * w + xx, si);
-        sto_st(y, o, s / (float)((y1 - y0) * (x1 - x0)), so);
+                s += sto_ld(x, lay_at(d.nhwc, d.c, d.h * d.w, ni, ci, yy * d.w + xx), si);
+        sto_st(y, o, (float)(s / (double)((y1 - y0) * (x1 - x0))), so);
     }
 }
 
-__global__ void k_apool_bwd16(void *dx, const void *dy, size_t total, int h, int w, int oh, int ow,
-                              mgt_sto si, mgt_sto so)
+// Gather form, one thread per input element: the windows that hold it in raster order, each
+// adding its dy / area in fp32, as the reference's scatter adds them.
+__global__ void k_apool_bwd16(void *dx, const void *dy, apool16 d, mgt_sto si, mgt_sto so)
 {
+    const size_t total = (size_t)d.n * d.c * d.h * d.w;
     for (size_t e = thread_index(); e < total; e += thread_stride()) {
-        const int ix = (int)(e % w), iy = (int)((e / w) % h);
-        const size_t base = (e / ((size_t)h * w)) * oh * ow;
+        int ni, ci, pi;
+        unravel(e, d.nhwc, d.c, d.h * d.w, &ni, &ci, &pi);
+        const int iy = pi / d.w, ix = pi % d.w;
         float acc = 0.0f;
-        for (int i = 0; i < oh; i++) {
+        for (int i = 0; i < d.oh; i++) {
             int y0, y1;
-            apool_range16(i, h, oh, &y0, &y1);
+            apool_range16(i, d.h, d.oh, &y0, &y1);
             if (iy < y0 || iy >= y1)
                 continue;
-            for (int j = 0; j < ow; j++) {
+            for (int j = 0; j < d.ow; j++) {
                 int x0, x1;
-                apool_range16(j, w, ow, &x0, &x1);
+                apool_range16(j, d.w, d.ow, &x0, &x1);
                 if (ix >= x0 && ix < x1)
-                    acc +=
-                        sto_ld(dy, base + (size_t)i * ow + j, so) / (float)((y1 - y0) * (x1 - x0));
+                    acc += sto_ld(dy, lay_at(d.nhwc, d.c, d.oh * d.ow, ni, ci, i * d.ow + j), so) /
+                           (float)((y1 - y0) * (x1 - x0));
             }
         }
         sto_st(dx, e, acc, si);
@@ -512,16 +523,16 @@ mgt_status mgt_cuda_store16(mgt_cuda_stream *s, const mgt_op *op)
     }
     case MGT_OP_APOOL_FWD: {
         const auto &a = op->u.apool_fwd;
-        size_t total = (size_t)a.n * a.c * a.oh * a.ow;
-        k_apool_fwd16<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, total, a.h, a.w,
-                                                                     a.oh, a.ow, si, so);
+        apool16 d = {a.n, a.c, a.h, a.w, a.oh, a.ow, a.layout == MGT_LAYOUT_NHWC};
+        k_apool_fwd16<<<blocks_for((size_t)a.n * a.c * a.oh * a.ow), kThreads, 0, s->stream>>>(
+            a.y, a.x, d, si, so);
         return MGT_CUDA_AFTER(s, "adaptive_avgpool_forward");
     }
     case MGT_OP_APOOL_BWD: {
         const auto &a = op->u.apool_bwd;
-        size_t total = (size_t)a.n * a.c * a.h * a.w;
-        k_apool_bwd16<<<blocks_for(total), kThreads, 0, s->stream>>>(a.dx, a.dy, total, a.h, a.w,
-                                                                     a.oh, a.ow, si, so);
+        apool16 d = {a.n, a.c, a.h, a.w, a.oh, a.ow, a.layout == MGT_LAYOUT_NHWC};
+        k_apool_bwd16<<<blocks_for((size_t)a.n * a.c * a.h * a.w), kThreads, 0, s->stream>>>(
+            a.dx, a.dy, d, si, so);
         return MGT_CUDA_AFTER(s, "adaptive_avgpool_backward");
     }
     case MGT_OP_BN_FWD_TRAIN: return bn_train16(s, op, si, so);
