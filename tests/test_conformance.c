@@ -3284,6 +3284,13 @@ static unsigned op_layouts(const mgt_op *op)
     case MGT_OP_AVGPOOL_BWD: return 1u << op->u.avgpool_bwd.layout;
     case MGT_OP_APOOL_FWD: return 1u << op->u.apool_fwd.layout;
     case MGT_OP_APOOL_BWD: return 1u << op->u.apool_bwd.layout;
+    case MGT_OP_CHBIAS_FWD: return 1u << op->u.chbias_fwd.layout;
+    case MGT_OP_CHBIAS_BWD: return 1u << op->u.chbias_bwd.layout;
+    case MGT_OP_CHSCALE_FWD: return 1u << op->u.chscale_fwd.layout;
+    case MGT_OP_CHSCALE_BWD: return 1u << op->u.chscale_bwd.layout;
+    case MGT_OP_LNC_FWD: return 1u << op->u.lnc_fwd.layout;
+    case MGT_OP_LNC_BWD: return 1u << op->u.lnc_bwd.layout;
+    case MGT_OP_DROPOUT: return 1u << op->u.dropout.layout;
     default: return 1u << MGT_LAYOUT_NCHW;
     }
 }
@@ -3307,7 +3314,14 @@ static bool takes_layout(mgt_op_kind kind)
     case MGT_OP_AVGPOOL_FWD:
     case MGT_OP_AVGPOOL_BWD:
     case MGT_OP_APOOL_FWD:
-    case MGT_OP_APOOL_BWD: return true;
+    case MGT_OP_APOOL_BWD:
+    case MGT_OP_CHBIAS_FWD:
+    case MGT_OP_CHBIAS_BWD:
+    case MGT_OP_CHSCALE_FWD:
+    case MGT_OP_CHSCALE_BWD:
+    case MGT_OP_LNC_FWD:
+    case MGT_OP_LNC_BWD:
+    case MGT_OP_DROPOUT: return true;
     default: return false;
     }
 }
@@ -3332,6 +3346,21 @@ static bool case_to_nhwc(tcase *c)
     case MGT_OP_AVGPOOL_BWD: op->u.avgpool_bwd.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_APOOL_FWD: op->u.apool_fwd.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_APOOL_BWD: op->u.apool_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHBIAS_FWD: op->u.chbias_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHBIAS_BWD: op->u.chbias_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHSCALE_FWD: op->u.chscale_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_CHSCALE_BWD: op->u.chscale_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_LNC_FWD: op->u.lnc_fwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_LNC_BWD: op->u.lnc_bwd.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_DROPOUT: { /* images of c channels, c the per-image size over its least factor */
+        mgt_dropout_args *d = &op->u.dropout;
+        size_t hw = 2;
+        while (hw < d->per_image && d->per_image % hw != 0)
+            hw++;
+        d->c = (int)(d->per_image / (hw <= d->per_image ? hw : 1));
+        d->layout = MGT_LAYOUT_NHWC;
+        break;
+    }
     default: return false;
     }
     size_t len = strlen(c->desc);
@@ -4032,13 +4061,6 @@ int main(int argc, char **argv)
             if (bes[b].kind == MGT_DEVICE_CUDA && (op_layouts(&c.op) >> MGT_LAYOUT_NCHW16C & 1)) {
                 printf("%s %d (%s): skipped on cuda: nChw16c is the mock devices' layout\n", opname,
                        idx, c.desc);
-                continue;
-            }
-            if (bes[b].kind == MGT_DEVICE_CUDA && mgt_op_store16(&c.op) != MGT_PREC_F32 &&
-                !mgt_op_cuda_store16_kind(c.op.kind)) {
-                printf("%s %d (%s): skipped on cuda: no 16-bit kernel of this kind there (a CUDA "
-                       "model keeps these values fp32)\n",
-                       opname, idx, c.desc);
                 continue;
             }
             if (bes[b].kind == MGT_DEVICE_MOCK && (op_layouts(&c.op) >> MGT_LAYOUT_NHWC & 1)) {

@@ -117,7 +117,9 @@ compare_losses() {
 # its backends (3: the mock twice and CUDA), and pass.
 CUDA16_OPS="conv2d_forward conv2d_backward_data conv2d_backward_filter batchnorm_forward_train
 batchnorm_forward_eval batchnorm_backward maxpool2d_forward maxpool2d_backward avgpool_forward
-avgpool_backward adaptive_avgpool_forward adaptive_avgpool_backward"
+avgpool_backward adaptive_avgpool_forward adaptive_avgpool_backward channel_bias_forward
+channel_bias_backward channel_scale_forward channel_scale_backward dropout
+layernorm_channels_forward layernorm_channels_backward"
 check_cuda16() {
     local op line bad=0
     for op in $CUDA16_OPS; do

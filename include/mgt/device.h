@@ -728,24 +728,28 @@ mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y
                                            mgt_layout l);
 mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                const mgt_strided_copy_shape *sh);
+/* The channel ops' activations in layout l (NCHW, or NHWC: CUDA's 16-bit channels-last
+   path); dropout's NHWC images have c channels and keep NCHW's mask element for element. */
 mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
-                                       int n, int c, int hw);
+                                       int n, int c, int hw, mgt_layout l);
 mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
-                                        int n, int c, int hw);
+                                        int n, int c, int hw, mgt_layout l);
 mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
-                          size_t per_image, float p, const mgt_dropout_key *key);
+                          size_t per_image, float p, const mgt_dropout_key *key, int c,
+                          mgt_layout l);
 mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                        const float *scale, int n, int c, int hw, bool shared);
+                                        const float *scale, int n, int c, int hw, bool shared,
+                                        mgt_layout l);
 mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
                                          const float *dy, const float *x, const float *scale, int n,
-                                         int c, int hw, bool shared);
+                                         int c, int hw, bool shared, mgt_layout l);
 mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                              const float *weight, const float *bias, int n, int c,
-                                             int hw, float eps);
+                                             int hw, float eps, mgt_layout l);
 mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
                                               float *dweight, float *dbias, const float *dy,
                                               const float *x, const float *weight, int n, int c,
-                                              int hw, float eps);
+                                              int hw, float eps, mgt_layout l);
 
 /* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
    squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:

@@ -141,6 +141,52 @@ static void bn_bytes(const mgt_op *op, mgt_op_bytes *b)
     }
 }
 
+/* The partial sums of common.cuh's row sums (mgt_cuda_row_chunks): 16 bytes a chunk and
+   channel of each group. */
+static double row_partials(size_t rows, int c, int groups)
+{
+    size_t lanes = (size_t)groups * (size_t)c, k = (size_t)65536 / lanes, most = (rows + 31) / 32;
+    if (k > most)
+        k = most;
+    return 16.0 * (double)(k < 1 ? 1 : k) * (double)lanes;
+}
+
+/* The channel ops' backward in NHWC: the row sums' two passes, the first one reading and
+   writing what the one-pass NCHW kernel does (operands_once) and writing the partial sums,
+   the second adding them into (added: read too) or writing the [groups, c] result. */
+static void row_sums_bytes(const mgt_op *op, size_t rows, int c, int groups, double result,
+                           bool added, mgt_op_bytes *b)
+{
+    operands_once(op, b);
+    const double part = row_partials(rows, c, groups), rr = added ? result : 0.0;
+    b->read -= rr; /* the result is the second pass's */
+    b->written += part - result;
+    pass(b, part + rr, result, false);
+}
+
+/* LayerNorm over channels, backward (norm.cu): each pixel's statistics (16 bytes) from x,
+   the parameter gradients (NCHW: a block per channel; NHWC: the row sums), then dx; x and dy
+   read by each of those passes. */
+static void lnc_bwd_bytes(const mgt_op *op, mgt_op_bytes *b)
+{
+    const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
+    const double px = (double)a->n * a->hw, n = px * a->c, c = a->c;
+    const double ei = esize(op->store_in), eo = esize(op->store_out);
+    if (a->hw == 1 && mgt_op_store16(op) == MGT_PREC_F32) { /* the rows kernel: one pass */
+        operands_once(op, b);
+        return;
+    }
+    pass(b, ei * n, 16 * px, false);
+    if (a->layout == MGT_LAYOUT_NHWC) {
+        const double part = row_partials((size_t)px, a->c, 1);
+        pass(b, eo * n + ei * n + 16 * px, part, false);
+        pass(b, part + 8 * c, 8 * c, false);
+    } else {
+        pass(b, eo * n + ei * n + 16 * px + 8 * c, 8 * c, false);
+    }
+    pass(b, eo * n + ei * n + 16 * px + 4 * c, ei * n, false);
+}
+
 void mgt_op_bytes_cuda(const mgt_op *op, mgt_op_bytes *out)
 {
     *out = (mgt_op_bytes){0};
@@ -170,6 +216,28 @@ void mgt_op_bytes_cuda(const mgt_op *op, mgt_op_bytes *out)
         }
         operands_once(op, out);
         return;
+    case MGT_OP_CHBIAS_BWD: {
+        const mgt_chbias_bwd_args *a = &op->u.chbias_bwd;
+        if (a->layout == MGT_LAYOUT_NHWC) {
+            row_sums_bytes(op, (size_t)a->n * a->hw, a->c, 1, 4.0 * a->c, true, out);
+            return;
+        }
+        operands_once(op, out);
+        return;
+    }
+    case MGT_OP_CHSCALE_BWD: {
+        const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
+        if (a->layout == MGT_LAYOUT_NHWC) {
+            const int groups = a->shared ? 1 : a->n;
+            const double result = a->dscale ? 4.0 * groups * a->c : 0.0;
+            row_sums_bytes(op, (size_t)a->n * a->hw / (size_t)groups, a->c, groups, result,
+                           a->shared, out);
+            return;
+        }
+        operands_once(op, out);
+        return;
+    }
+    case MGT_OP_LNC_BWD: lnc_bwd_bytes(op, out); return;
     default: operands_once(op, out); return;
     }
 }

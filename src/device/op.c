@@ -273,6 +273,13 @@ bool mgt_op_blocked(const mgt_op *op)
     case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_APOOL_FWD: return op->u.apool_fwd.layout != MGT_LAYOUT_NCHW;
     case MGT_OP_APOOL_BWD: return op->u.apool_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHBIAS_FWD: return op->u.chbias_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHBIAS_BWD: return op->u.chbias_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHSCALE_FWD: return op->u.chscale_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_CHSCALE_BWD: return op->u.chscale_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_LNC_FWD: return op->u.lnc_fwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_LNC_BWD: return op->u.lnc_bwd.layout != MGT_LAYOUT_NCHW;
+    case MGT_OP_DROPOUT: return op->u.dropout.layout != MGT_LAYOUT_NCHW;
     default: return false;
     }
 }
@@ -795,10 +802,20 @@ static void operands_rmsprop(mgt_op *op, operand_list *l)
 
 /* ---- channel bias, dropout ---- */
 
+/* [n, c, hw] activations in NCHW or NHWC (the channel ops' layouts: nChw16c is the mock
+   devices' and their kernels for these take NCHW only). */
+static mgt_status check_planes_in(const mgt_op *op, int n, int c, int hw, mgt_layout l)
+{
+    mgt_status st = check_planes(op, n, c, hw);
+    if (st == MGT_OK && l != MGT_LAYOUT_NCHW && l != MGT_LAYOUT_NHWC)
+        return INVALID(op, "layout %d is neither NCHW nor NHWC", (int)l);
+    return st;
+}
+
 static mgt_status check_chbias_fwd(const mgt_op *op)
 {
     const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
-    return check_planes(op, b->n, b->c, b->hw);
+    return check_planes_in(op, b->n, b->c, b->hw, b->layout);
 }
 
 static void operands_chbias_fwd(mgt_op *op, operand_list *l)
@@ -811,7 +828,7 @@ static void operands_chbias_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_chbias_bwd(const mgt_op *op)
 {
     const mgt_chbias_bwd_args *b = &op->u.chbias_bwd;
-    return check_planes(op, b->n, b->c, b->hw);
+    return check_planes_in(op, b->n, b->c, b->hw, b->layout);
 }
 
 static void operands_chbias_bwd(mgt_op *op, operand_list *l)
@@ -831,6 +848,11 @@ static mgt_status check_dropout(const mgt_op *op)
         return INVALID(op, "size overflows (n %d, per image %zu)", d->n, d->per_image);
     if (!(d->p >= 0.0f && d->p < 1.0f))
         return INVALID(op, "probability %g must be in [0, 1)", (double)d->p);
+    if (d->layout == MGT_LAYOUT_NHWC && (d->c <= 0 || d->per_image % (size_t)d->c != 0))
+        return INVALID(op, "NHWC needs channels c (%d) that divide the per-image size %zu", d->c,
+                       d->per_image);
+    if (d->layout != MGT_LAYOUT_NCHW && d->layout != MGT_LAYOUT_NHWC)
+        return INVALID(op, "layout %d is neither NCHW nor NHWC", (int)d->layout);
     return MGT_OK;
 }
 
@@ -991,7 +1013,8 @@ static void operands_act_bwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_chscale_fwd(const mgt_op *op)
 {
-    return check_planes(op, op->u.chscale_fwd.n, op->u.chscale_fwd.c, op->u.chscale_fwd.hw);
+    const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
+    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
@@ -1004,7 +1027,8 @@ static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_chscale_bwd(const mgt_op *op)
 {
-    return check_planes(op, op->u.chscale_bwd.n, op->u.chscale_bwd.c, op->u.chscale_bwd.hw);
+    const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
+    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_bwd(mgt_op *op, operand_list *l)
@@ -1020,16 +1044,17 @@ static void operands_chscale_bwd(mgt_op *op, operand_list *l)
     ADD(l, a->scale, "scale", ns, MGT_F32, IN);
 }
 
-static mgt_status check_lnc(const mgt_op *op, int n, int c, int hw, float eps)
+static mgt_status check_lnc(const mgt_op *op, int n, int c, int hw, float eps, mgt_layout l)
 {
     if (!(eps > 0.0f))
         return INVALID(op, "eps %g must be positive", (double)eps);
-    return check_planes(op, n, c, hw);
+    return check_planes_in(op, n, c, hw, l);
 }
 
 static mgt_status check_lnc_fwd(const mgt_op *op)
 {
-    return check_lnc(op, op->u.lnc_fwd.n, op->u.lnc_fwd.c, op->u.lnc_fwd.hw, op->u.lnc_fwd.eps);
+    const mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
+    return check_lnc(op, a->n, a->c, a->hw, a->eps, a->layout);
 }
 
 static void operands_lnc_fwd(mgt_op *op, operand_list *l)
@@ -1043,7 +1068,8 @@ static void operands_lnc_fwd(mgt_op *op, operand_list *l)
 
 static mgt_status check_lnc_bwd(const mgt_op *op)
 {
-    return check_lnc(op, op->u.lnc_bwd.n, op->u.lnc_bwd.c, op->u.lnc_bwd.hw, op->u.lnc_bwd.eps);
+    const mgt_lnc_bwd_args *a = &op->u.lnc_bwd;
+    return check_lnc(op, a->n, a->c, a->hw, a->eps, a->layout);
 }
 
 static void operands_lnc_bwd(mgt_op *op, operand_list *l)

@@ -282,23 +282,26 @@ typedef struct mgt_rmsprop_args {
     mgt_rmsprop_params p;
 } mgt_rmsprop_args;
 
-/* y [n, c, hw] += bias[c] (a convolution's bias) */
+/* y [n, c, hw] += bias[c] (a convolution's bias); y NCHW or NHWC */
 typedef struct mgt_chbias_fwd_args {
     float *y;
     const float *bias;
     int n, c, hw;
+    mgt_layout layout;
 } mgt_chbias_fwd_args;
 
-/* dbias[c] += sum over n and hw of dy [n, c, hw] */
+/* dbias[c] += sum over n and hw of dy [n, c, hw] (NCHW or NHWC) */
 typedef struct mgt_chbias_bwd_args {
     float *dbias;
     const float *dy;
     int n, c, hw;
+    mgt_layout layout;
 } mgt_chbias_bwd_args;
 
 /* y = x * keep / (1 - p) over n images of per_image floats; the same op is its own
    backward (dx = dy * keep / (1 - p)), the mask being a function of the key alone:
-   see mgt_dropout in mgt/device.h */
+   see mgt_dropout in mgt/device.h. In NHWC (per_image = c hw) element (ch, pixel) keeps
+   the mask of NCHW's element ch hw + pixel: the same mask whatever the layout. */
 typedef struct mgt_dropout_args {
     float *y;
     const float *x;
@@ -307,6 +310,8 @@ typedef struct mgt_dropout_args {
     float p;
     uint64_t seed, step, sample0, sample_stride;
     uint32_t stream;
+    int c;             /* channels of an NHWC image (unused in NCHW) */
+    mgt_layout layout; /* of x and y */
 } mgt_dropout_args;
 
 /* torch's AdaptiveAvgPool2d of x [n, c, h, w] to y [n, c, oh, ow]: output (i, j)
@@ -350,12 +355,13 @@ typedef struct mgt_act_bwd_args {
     mgt_act act;
 } mgt_act_bwd_args;
 
-/* scale [n, c] per image, or [c] with shared */
+/* scale [n, c] per image, or [c] with shared; the activations NCHW or NHWC */
 typedef struct mgt_chscale_fwd_args {
     float *y;
     const float *x, *scale;
     int n, c, hw;
     bool shared;
+    mgt_layout layout;
 } mgt_chscale_fwd_args;
 
 typedef struct mgt_chscale_bwd_args {
@@ -363,14 +369,16 @@ typedef struct mgt_chscale_bwd_args {
     const float *dy, *x, *scale;
     int n, c, hw;
     bool shared;
+    mgt_layout layout;
 } mgt_chscale_bwd_args;
 
-/* LayerNorm over the c values of each pixel of x [n, c, hw]; weight, bias [c] */
+/* LayerNorm over the c values of each pixel of x [n, c, hw] (NCHW or NHWC); weight, bias [c] */
 typedef struct mgt_lnc_fwd_args {
     float *y;
     const float *x, *weight, *bias;
     int n, c, hw;
     float eps;
+    mgt_layout layout;
 } mgt_lnc_fwd_args;
 
 typedef struct mgt_lnc_bwd_args {
@@ -378,6 +386,7 @@ typedef struct mgt_lnc_bwd_args {
     const float *dy, *x, *weight;
     int n, c, hw;
     float eps;
+    mgt_layout layout;
 } mgt_lnc_bwd_args;
 
 /* mgt_permute: a gather writes walk from grid, a scatter grid from walk */

@@ -370,27 +370,27 @@ mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int r
 }
 
 mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
-                                       int n, int c, int hw)
+                                       int n, int c, int hw, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_CHBIAS_FWD, chbias_fwd, st, y, bias, n, c, hw);
+    LAUNCH_ST(MGT_OP_CHBIAS_FWD, chbias_fwd, st, y, bias, n, c, hw, l);
 }
 
 mgt_status mgt_channel_bias_forward(mgt_stream *s, float *y, const float *bias, int n, int c,
                                     int hw)
 {
-    return mgt_channel_bias_forward_st(s, f32_store, y, bias, n, c, hw);
+    return mgt_channel_bias_forward_st(s, f32_store, y, bias, n, c, hw, MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_channel_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
-                                        int n, int c, int hw)
+                                        int n, int c, int hw, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_CHBIAS_BWD, chbias_bwd, st, dbias, dy, n, c, hw);
+    LAUNCH_ST(MGT_OP_CHBIAS_BWD, chbias_bwd, st, dbias, dy, n, c, hw, l);
 }
 
 mgt_status mgt_channel_bias_backward(mgt_stream *s, float *dbias, const float *dy, int n, int c,
                                      int hw)
 {
-    return mgt_channel_bias_backward_st(s, f32_store, dbias, dy, n, c, hw);
+    return mgt_channel_bias_backward_st(s, f32_store, dbias, dy, n, c, hw, MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_adaptive_avgpool_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
@@ -408,7 +408,7 @@ mgt_status mgt_adaptive_avgpool_forward(mgt_stream *s, float *y, const float *x,
 mgt_status mgt_adaptive_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n, int c,
                                          int h, int w, int oh, int ow)
 {
-    LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow);
+    LAUNCH(MGT_OP_APOOL_BWD, apool_bwd, dx, dy, n, c, h, w, oh, ow, MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_strided_copy_st(mgt_stream *s, mgt_store st, float *y, const float *x,
@@ -427,18 +427,19 @@ mgt_status mgt_strided_copy(mgt_stream *s, float *y, const float *x,
 }
 
 mgt_status mgt_dropout_st(mgt_stream *s, mgt_store st, float *y, const float *x, int n,
-                          size_t per_image, float p, const mgt_dropout_key *key)
+                          size_t per_image, float p, const mgt_dropout_key *key, int c,
+                          mgt_layout l)
 {
     if (!key)
         return bad_arg("dropout", "no key");
     LAUNCH_ST(MGT_OP_DROPOUT, dropout, st, y, x, n, per_image, p, key->seed, key->step,
-              key->sample0, key->sample_stride, key->stream);
+              key->sample0, key->sample_stride, key->stream, c, l);
 }
 
 mgt_status mgt_dropout(mgt_stream *s, float *y, const float *x, int n, size_t per_image, float p,
                        const mgt_dropout_key *key)
 {
-    return mgt_dropout_st(s, f32_store, y, x, n, per_image, p, key);
+    return mgt_dropout_st(s, f32_store, y, x, n, per_image, p, key, 0, MGT_LAYOUT_NCHW);
 }
 
 const char *mgt_act_name(mgt_act act)
@@ -473,51 +474,55 @@ mgt_status mgt_activation_backward(mgt_stream *s, float *dx, const float *dy, co
 }
 
 mgt_status mgt_channel_scale_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
-                                        const float *scale, int n, int c, int hw, bool shared)
+                                        const float *scale, int n, int c, int hw, bool shared,
+                                        mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_CHSCALE_FWD, chscale_fwd, st, y, x, scale, n, c, hw, shared);
+    LAUNCH_ST(MGT_OP_CHSCALE_FWD, chscale_fwd, st, y, x, scale, n, c, hw, shared, l);
 }
 
 mgt_status mgt_channel_scale_forward(mgt_stream *s, float *y, const float *x, const float *scale,
                                      int n, int c, int hw, bool shared)
 {
-    return mgt_channel_scale_forward_st(s, f32_store, y, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_forward_st(s, f32_store, y, x, scale, n, c, hw, shared,
+                                        MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_channel_scale_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dscale,
                                          const float *dy, const float *x, const float *scale, int n,
-                                         int c, int hw, bool shared)
+                                         int c, int hw, bool shared, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_CHSCALE_BWD, chscale_bwd, st, dx, dscale, dy, x, scale, n, c, hw, shared);
+    LAUNCH_ST(MGT_OP_CHSCALE_BWD, chscale_bwd, st, dx, dscale, dy, x, scale, n, c, hw, shared, l);
 }
 
 mgt_status mgt_channel_scale_backward(mgt_stream *s, float *dx, float *dscale, const float *dy,
                                       const float *x, const float *scale, int n, int c, int hw,
                                       bool shared)
 {
-    return mgt_channel_scale_backward_st(s, f32_store, dx, dscale, dy, x, scale, n, c, hw, shared);
+    return mgt_channel_scale_backward_st(s, f32_store, dx, dscale, dy, x, scale, n, c, hw, shared,
+                                         MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_layernorm_channels_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                              const float *weight, const float *bias, int n, int c,
-                                             int hw, float eps)
+                                             int hw, float eps, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_LNC_FWD, lnc_fwd, st, y, x, weight, bias, n, c, hw, eps);
+    LAUNCH_ST(MGT_OP_LNC_FWD, lnc_fwd, st, y, x, weight, bias, n, c, hw, eps, l);
 }
 
 mgt_status mgt_layernorm_channels_forward(mgt_stream *s, float *y, const float *x,
                                           const float *weight, const float *bias, int n, int c,
                                           int hw, float eps)
 {
-    return mgt_layernorm_channels_forward_st(s, f32_store, y, x, weight, bias, n, c, hw, eps);
+    return mgt_layernorm_channels_forward_st(s, f32_store, y, x, weight, bias, n, c, hw, eps,
+                                             MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float *dx,
                                               float *dweight, float *dbias, const float *dy,
                                               const float *x, const float *weight, int n, int c,
-                                              int hw, float eps)
+                                              int hw, float eps, mgt_layout l)
 {
-    LAUNCH_ST(MGT_OP_LNC_BWD, lnc_bwd, st, dx, dweight, dbias, dy, x, weight, n, c, hw, eps);
+    LAUNCH_ST(MGT_OP_LNC_BWD, lnc_bwd, st, dx, dweight, dbias, dy, x, weight, n, c, hw, eps, l);
 }
 
 mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dweight, float *dbias,
@@ -525,7 +530,7 @@ mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dwei
                                            int n, int c, int hw, float eps)
 {
     return mgt_layernorm_channels_backward_st(s, f32_store, dx, dweight, dbias, dy, x, weight, n, c,
-                                              hw, eps);
+                                              hw, eps, MGT_LAYOUT_NCHW);
 }
 
 mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)

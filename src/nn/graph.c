@@ -1088,51 +1088,17 @@ static void plan_dtypes(mgt_model *m)
     spread_plain(m, dtype_plain, dtype_make_plain);
 }
 
-/* Whether a node of this kind reads (as_reader) or writes 16-bit channels-last activations on
-   a device that keeps them so (CUDA): the convolution (its output unless a bias is added onto
-   it), batch norm (not the synchronised or frozen ones), ReLU and the other activations, add,
-   max pooling, adaptive average pooling, concatenation, channel slices and shuffles (strided
-   copies of 16-bit codes, layers.c's NHWC strides), and the global average pool as a reader.
-   The rest (squeeze-excite scaling, layer norm, dropout) have NCHW kernels there only. */
-static bool takes_nhwc16(const mgt_model *m, const nn_node *nd, bool as_reader)
-{
-    switch (nd->kind) {
-    case NN_CONV: return as_reader || !nd->u.conv.bias;
-    case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
-    case NN_RELU:
-    case NN_ACT:
-    case NN_ADD:
-    case NN_MAXPOOL:
-    case NN_APOOL:
-    case NN_CONCAT:
-    case NN_SLICE:
-    case NN_SHUFFLE: return true;
-    case NN_GAP: return as_reader;
-    default: return false;
-    }
-}
-
 /* On a device whose layout is channels last (mgt_device_act_layout NHWC: CUDA under --amp), a
-   value is NHWC exactly where it is 16-bit, and 16-bit only where its producer and every reader
-   take NHWC 16 bits (takes_nhwc16): a 16-bit NCHW activation or an fp32 NHWC one is a storage
-   the device has no kernels for. A node other than a convolution or the global pool keeps one
-   storage across its operands, as in plan_dtypes, so an fp32 NCHW value pulls its neighbours
-   along; the fixed point is reached in a few sweeps. Runs after plan_layouts and plan_dtypes,
-   which left every value NCHW on such a device. */
+   value is NHWC exactly where it is 16-bit: every kind that takes 16-bit activations there
+   (takes_16) has CUDA kernels for them in NHWC (store16.cu, act.cu, dnn.cu's channels-last
+   convolutions, the channel bias and scale, dropout and the layer norm of elementwise.cu and
+   norm.cu), so plan_dtypes' storage stands and an fp32 value stays NCHW (a 16-bit NCHW
+   activation or an fp32 NHWC one is a storage the device has no kernels for). Runs after
+   plan_layouts and plan_dtypes, which left every value NCHW on such a device. */
 static void plan_channels_last(mgt_model *m)
 {
     if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
         return;
-    for (int v = 0; v < m->n_values; v++) {
-        nn_value *x = &m->values[v];
-        if (x->dtype != MGT_PREC_F32 && !takes_nhwc16(m, &m->nodes[x->producer], false))
-            x->dtype = MGT_PREC_F32;
-    }
-    for (int i = 0; i < m->n_nodes; i++)
-        for (int j = 0; j < m->nodes[i].n_in; j++)
-            if (!takes_nhwc16(m, &m->nodes[i], true))
-                m->values[m->nodes[i].in[j]].dtype = MGT_PREC_F32;
-    spread_plain(m, dtype_plain, dtype_make_plain);
     for (int v = 0; v < m->n_values; v++)
         m->values[v].layout =
             m->values[v].dtype != MGT_PREC_F32 ? MGT_LAYOUT_NHWC : MGT_LAYOUT_NCHW;

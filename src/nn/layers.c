@@ -57,6 +57,9 @@ static int conv_out_hw(const nn_call *c)
     return v->h * v->w;
 }
 
+/* The layout of the node's output as planned (the channel ops' layout argument). */
+static mgt_layout out_layout(const nn_call *c) { return c->m->values[c->node->out].layout; }
+
 static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
@@ -66,7 +69,8 @@ static mgt_status conv_forward(nn_call *c)
        16-bit format or none; CUDA keeps a biased output fp32 after a 16-bit input) */
     mgt_store ys = {store_of(c).out, store_of(c).out};
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c),
+                                         out_layout(c));
     return st;
 }
 
@@ -80,7 +84,8 @@ static mgt_status conv_backward(nn_call *c)
         mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
     mgt_store ys = {store_of(c).out, store_of(c).out}; /* dy only, as the forward's bias */
     if (st == MGT_OK && c->node->u.conv.bias)
-        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c));
+        st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c),
+                                          out_layout(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
@@ -363,8 +368,9 @@ static mgt_status dropout_run(nn_call *c, float *y, const float *x)
     const nn_node *nd = c->node;
     mgt_dropout_key k = c->m->drop_key;
     k.stream = nd->u.dropout.stream;
-    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(&c->m->values[nd->out]),
-                          nd->u.dropout.p, &k);
+    const nn_value *v = &c->m->values[nd->out];
+    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(v), nd->u.dropout.p, &k,
+                          v->c, v->layout);
 }
 
 static mgt_status dropout_forward(nn_call *c)
@@ -729,7 +735,7 @@ static mgt_status scale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
-                                        v->h * v->w, false);
+                                        v->h * v->w, false, v->layout);
 }
 
 /* dx = dy * s and ds = sum over the plane of dy * x; the feature map always needs its
@@ -742,7 +748,7 @@ static mgt_status scale_backward(nn_call *c)
                              "layer %s: a channel scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
     return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
-                                         c->x[1], c->n, v->c, v->h * v->w, false);
+                                         c->x[1], c->n, v->c, v->h * v->w, false, v->layout);
 }
 
 /* ---- stochastic depth ----
@@ -770,7 +776,7 @@ static mgt_status sdepth_forward(nn_call *c)
         st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
     if (st == MGT_OK)
         st = mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
-                                          false);
+                                          false, MGT_LAYOUT_NCHW); /* one channel: any layout */
     return st;
 }
 
@@ -786,7 +792,7 @@ static mgt_status sdepth_backward(nn_call *c)
     int floats = (int)nn_value_floats(&c->m->values[nd->out]);
     return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], NULL, c->dy, NULL,
                                          nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats,
-                                         false);
+                                         false, MGT_LAYOUT_NCHW);
 }
 
 /* ---- layer norm over channels ---- */
@@ -795,7 +801,7 @@ static mgt_status ln2d_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_layernorm_channels_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
-                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps);
+                                             c->n, v->c, v->h * v->w, c->node->u.ln_eps, v->layout);
 }
 
 static mgt_status ln2d_backward(nn_call *c)
@@ -807,7 +813,7 @@ static mgt_status ln2d_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     mgt_status st = mgt_layernorm_channels_backward_st(c->s, store_of(c), c->dx[0], c->g[0],
                                                        c->g[1], c->dy, c->x[0], c->p[0], c->n, v->c,
-                                                       v->h * v->w, c->node->u.ln_eps);
+                                                       v->h * v->w, c->node->u.ln_eps, v->layout);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -819,7 +825,7 @@ static mgt_status lscale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
     return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
-                                        v->h * v->w, true);
+                                        v->h * v->w, true, v->layout);
 }
 
 static mgt_status lscale_backward(nn_call *c)
@@ -829,8 +835,9 @@ static mgt_status lscale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st = mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy,
-                                                  c->x[0], c->p[0], c->n, v->c, v->h * v->w, true);
+    mgt_status st =
+        mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
+                                      c->n, v->c, v->h * v->w, true, v->layout);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;

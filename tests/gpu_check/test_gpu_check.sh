@@ -55,7 +55,9 @@ check_cuda16)
     good="$out/good.log"
     for op in conv2d_forward conv2d_backward_data conv2d_backward_filter batchnorm_forward_train \
         batchnorm_forward_eval batchnorm_backward maxpool2d_forward maxpool2d_backward \
-        avgpool_forward avgpool_backward adaptive_avgpool_forward adaptive_avgpool_backward; do
+        avgpool_forward avgpool_backward adaptive_avgpool_forward adaptive_avgpool_backward \
+        channel_bias_forward channel_bias_backward channel_scale_forward channel_scale_backward \
+        dropout layernorm_channels_forward layernorm_channels_backward; do
         echo "conformance $op: 40 cases (26 of them with 16-bit activations, 12 NHWC) on 3 backends: ok"
     done >"$good"
     bash "$repo/tools/gpu-check.sh" --check-cuda16 "$good" >"$out/good.txt" ||

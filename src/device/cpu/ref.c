@@ -662,13 +662,15 @@ static mgt_status ref_bias_bwd(const mgt_op *op)
     return MGT_OK;
 }
 
+/* The channel ops visit (image, channel, pixel) in one order whatever the layout (NCHW,
+   NHWC: mgt_layout_at), so both layouts compute the same bits. */
 static mgt_status ref_chbias_fwd(const mgt_op *op)
 {
     const mgt_chbias_fwd_args *b = &op->u.chbias_fwd;
     for (int i = 0; i < b->n; i++)
         for (int ch = 0; ch < b->c; ch++)
             for (int j = 0; j < b->hw; j++)
-                b->y[((size_t)i * b->c + ch) * b->hw + j] += b->bias[ch];
+                b->y[mgt_layout_at(b->layout, b->c, b->hw, i, ch, j)] += b->bias[ch];
     return MGT_OK;
 }
 
@@ -679,7 +681,7 @@ static mgt_status ref_chbias_bwd(const mgt_op *op)
         double s = 0.0;
         for (int i = 0; i < b->n; i++)
             for (int j = 0; j < b->hw; j++)
-                s += b->dy[((size_t)i * b->c + ch) * b->hw + j];
+                s += b->dy[mgt_layout_at(b->layout, b->c, b->hw, i, ch, j)];
         b->dbias[ch] = (float)(b->dbias[ch] + s);
     }
     return MGT_OK;
@@ -690,11 +692,13 @@ static mgt_status ref_dropout(const mgt_op *op)
     const mgt_dropout_args *d = &op->u.dropout;
     uint32_t t = mgt_dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
+    const bool nhwc = d->layout == MGT_LAYOUT_NHWC;
+    const size_t hw = nhwc ? d->per_image / (size_t)d->c : 1;
     for (int i = 0; i < d->n; i++)
-        for (size_t j = 0; j < d->per_image; j++) {
+        for (size_t j = 0; j < d->per_image; j++) { /* j: the NCHW element, the mask's */
             uint32_t w[4];
             mgt_dropout_block(op, i, (uint32_t)(j / 4), w);
-            size_t e = (size_t)i * d->per_image + j;
+            size_t e = (size_t)i * d->per_image + (nhwc ? (j % hw) * (size_t)d->c + j / hw : j);
             d->y[e] = (w[j % 4] >> 8) >= t ? d->x[e] * scale : 0.0f;
         }
     return MGT_OK;
@@ -864,17 +868,25 @@ static void ref_lnc_stats(const float *x, int c, size_t hw, float eps, double *m
     *rstd = 1.0 / sqrt(v / c + (double)eps);
 }
 
+/* Pixel j of image i: where its channel 0 lies and the step to the next channel (hw in NCHW,
+   1 in NHWC). */
+static size_t ref_lnc_pixel(mgt_layout l, int c, size_t hw, int i, size_t j, size_t *step)
+{
+    *step = l == MGT_LAYOUT_NHWC ? 1 : hw;
+    return mgt_layout_at(l, c, (int)hw, i, 0, (int)j);
+}
+
 static mgt_status ref_lnc_fwd(const mgt_op *op)
 {
     const mgt_lnc_fwd_args *a = &op->u.lnc_fwd;
     size_t hw = (size_t)a->hw;
     for (int i = 0; i < a->n; i++)
         for (size_t j = 0; j < hw; j++) {
-            size_t base = (size_t)i * a->c * hw + j;
+            size_t step, base = ref_lnc_pixel(a->layout, a->c, hw, i, j, &step);
             double m, rs;
-            ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+            ref_lnc_stats(a->x + base, a->c, step, a->eps, &m, &rs);
             for (int ch = 0; ch < a->c; ch++) {
-                size_t e = base + (size_t)ch * hw;
+                size_t e = base + (size_t)ch * step;
                 a->y[e] = (float)((a->x[e] - m) * rs * a->weight[ch] + a->bias[ch]);
             }
         }
@@ -889,9 +901,10 @@ static mgt_status ref_lnc_bwd(const mgt_op *op)
         double sw = 0.0, sb = 0.0;
         for (int i = 0; i < a->n; i++)
             for (size_t j = 0; j < hw; j++) {
-                size_t base = (size_t)i * a->c * hw + j, e = base + (size_t)ch * hw;
+                size_t step, base = ref_lnc_pixel(a->layout, a->c, hw, i, j, &step);
+                size_t e = base + (size_t)ch * step;
                 double m, rs;
-                ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+                ref_lnc_stats(a->x + base, a->c, step, a->eps, &m, &rs);
                 sw += (double)a->dy[e] * (a->x[e] - m) * rs;
                 sb += a->dy[e];
             }
@@ -900,11 +913,11 @@ static mgt_status ref_lnc_bwd(const mgt_op *op)
     }
     for (int i = 0; i < a->n; i++)
         for (size_t j = 0; j < hw; j++) {
-            size_t base = (size_t)i * a->c * hw + j;
+            size_t step, base = ref_lnc_pixel(a->layout, a->c, hw, i, j, &step);
             double m, rs, mg = 0.0, mgx = 0.0;
-            ref_lnc_stats(a->x + base, a->c, hw, a->eps, &m, &rs);
+            ref_lnc_stats(a->x + base, a->c, step, a->eps, &m, &rs);
             for (int ch = 0; ch < a->c; ch++) {
-                size_t e = base + (size_t)ch * hw;
+                size_t e = base + (size_t)ch * step;
                 double g = (double)a->dy[e] * a->weight[ch];
                 mg += g;
                 mgx += g * (a->x[e] - m) * rs;
@@ -912,7 +925,7 @@ static mgt_status ref_lnc_bwd(const mgt_op *op)
             mg /= a->c;
             mgx /= a->c;
             for (int ch = 0; ch < a->c; ch++) {
-                size_t e = base + (size_t)ch * hw;
+                size_t e = base + (size_t)ch * step;
                 double g = (double)a->dy[e] * a->weight[ch];
                 a->dx[e] = (float)(rs * (g - mg - (a->x[e] - m) * rs * mgx));
             }
@@ -926,9 +939,10 @@ static mgt_status ref_chscale_fwd(const mgt_op *op)
     for (int i = 0; i < a->n; i++)
         for (int ch = 0; ch < a->c; ch++) {
             float sc = a->scale[(a->shared ? 0 : (size_t)i * a->c) + ch];
-            size_t base = ((size_t)i * a->c + ch) * a->hw;
-            for (int j = 0; j < a->hw; j++)
-                a->y[base + j] = a->x[base + j] * sc;
+            for (int j = 0; j < a->hw; j++) {
+                size_t e = mgt_layout_at(a->layout, a->c, a->hw, i, ch, j);
+                a->y[e] = a->x[e] * sc;
+            }
         }
     return MGT_OK;
 }
@@ -940,13 +954,13 @@ static mgt_status ref_chscale_bwd(const mgt_op *op)
         double shared_sum = 0.0;
         for (int i = 0; i < a->n; i++) {
             size_t si = (a->shared ? 0 : (size_t)i * a->c) + ch;
-            size_t base = ((size_t)i * a->c + ch) * a->hw;
             double sum = 0.0;
             float sc = a->scale[si];
             for (int j = 0; j < a->hw; j++) {
+                size_t e = mgt_layout_at(a->layout, a->c, a->hw, i, ch, j);
                 if (a->dscale)
-                    sum += (double)a->dy[base + j] * a->x[base + j];
-                a->dx[base + j] = a->dy[base + j] * sc;
+                    sum += (double)a->dy[e] * a->x[e];
+                a->dx[e] = a->dy[e] * sc;
             }
             if (a->dscale && !a->shared)
                 a->dscale[si] = (float)sum;

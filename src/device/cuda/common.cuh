@@ -340,6 +340,99 @@ __device__ inline void pool_outputs_over(int i, int k, int st, int pad, int out,
 __device__ inline size_t thread_index() { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ inline size_t thread_stride() { return (size_t)gridDim.x * blockDim.x; }
 
+// ---- per-channel sums over the rows of a channels-last activation ----
+//
+// An NHWC activation is [rows, c] with the channel fastest. Sums per channel (or per group of
+// rows and channel) go in two launches: thread (group, chunk, channel) walks its chunk's rows,
+// adding f(row, ch) (a double2; f may also write the element: the one pass over memory), so
+// that neighbouring threads read neighbouring channels (coalesced); then one thread per
+// (group, channel) adds the chunks in order and hands the sum to done(group, ch, sum). Every
+// sum in an order fixed by the sizes alone; batch norm's statistics (store16.cu) are the same
+// scheme written out.
+
+// Row chunks per group: about 64K threads in all, and at least 32 rows a chunk, so that the
+// partial sums (16 bytes a chunk and channel) stay small beside the data. device/bytes.c
+// counts the same.
+inline int mgt_cuda_row_chunks(size_t rows, size_t lanes)
+{
+    size_t k = ((size_t)1 << 16) / (lanes ? lanes : 1), most = (rows + 31) / 32;
+    if (k > most)
+        k = most;
+    if (k < 1)
+        k = 1;
+    return (int)k;
+}
+
+struct row_sums {
+    size_t rows; // per group; row r of group g is global row g * rows + r
+    int c, groups, chunks;
+};
+
+template <class F> __global__ void k_row_partial(double2 *partial, row_sums d, F f)
+{
+    const size_t per = (d.rows + d.chunks - 1) / d.chunks;
+    const size_t total = (size_t)d.groups * d.chunks * d.c;
+    for (size_t t = thread_index(); t < total; t += thread_stride()) {
+        const int ch = (int)(t % (size_t)d.c);
+        const size_t k = (t / (size_t)d.c) % (size_t)d.chunks;
+        const size_t g = t / ((size_t)d.c * d.chunks);
+        const size_t r0 = k * per, r1 = r0 + per < d.rows ? r0 + per : d.rows;
+        double2 acc = make_double2(0.0, 0.0);
+        for (size_t r = r0; r < r1; r++) {
+            const double2 v = f(g * d.rows + r, ch);
+            acc.x += v.x;
+            acc.y += v.y;
+        }
+        partial[t] = acc;
+    }
+}
+
+template <class D> __global__ void k_row_finish(const double2 *partial, row_sums d, D done)
+{
+    const size_t total = (size_t)d.groups * d.c;
+    for (size_t t = thread_index(); t < total; t += thread_stride()) {
+        const int ch = (int)(t % (size_t)d.c);
+        const size_t g = t / (size_t)d.c;
+        double2 s = make_double2(0.0, 0.0);
+        for (int k = 0; k < d.chunks; k++) {
+            const double2 v = partial[(g * d.chunks + k) * d.c + ch];
+            s.x += v.x;
+            s.y += v.y;
+        }
+        done(g, ch, s);
+    }
+}
+
+// The scratch bytes of the partial sums.
+inline size_t mgt_cuda_row_sums_bytes(size_t rows, int c, int groups)
+{
+    return (size_t)groups * mgt_cuda_row_chunks(rows, (size_t)groups * c) * c * sizeof(double2);
+}
+
+// Both launches on s, the partial sums in s's scratch from byte `offset` (256-aligned). A
+// caller that keeps data of its own below offset makes the scratch offset +
+// mgt_cuda_row_sums_bytes first: a scratch that grows loses what it held.
+template <class F, class D>
+mgt_status mgt_cuda_row_sums_at(mgt_cuda_stream *s, size_t offset, size_t rows, int c, int groups,
+                                F f, D done)
+{
+    row_sums d = {rows, c, groups, mgt_cuda_row_chunks(rows, (size_t)groups * c)};
+    const size_t n = (size_t)groups * d.chunks * c;
+    mgt_status st = mgt_cuda_scratch(s, offset + n * sizeof(double2));
+    if (st != MGT_OK)
+        return st;
+    double2 *partial = (double2 *)((char *)s->scratch + offset);
+    k_row_partial<<<blocks_for(n), kThreads, 0, s->stream>>>(partial, d, f);
+    k_row_finish<<<blocks_for((size_t)groups * c), kThreads, 0, s->stream>>>(partial, d, done);
+    return MGT_OK;
+}
+
+template <class F, class D>
+mgt_status mgt_cuda_row_sums(mgt_cuda_stream *s, size_t rows, int c, int groups, F f, D done)
+{
+    return mgt_cuda_row_sums_at(s, 0, rows, c, groups, f, done);
+}
+
 // Butterfly reductions: every lane ends with the same value, combined in a fixed order.
 __device__ inline float warp_sum(float v)
 {

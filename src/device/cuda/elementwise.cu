@@ -1,6 +1,9 @@
 // The CUDA backend's elementwise kernels: fill, scale, axpy, add, relu, the sums, the
 // optimizer updates (SGD, AdamW, RMSprop), the biases, strided copies, dropout, channel
-// scaling, each with the exact semantics of mgt/device.h.
+// scaling, each with the exact semantics of mgt/device.h. The channel bias, dropout and the
+// channel scale also take activations stored in 16 bits (mgt_op.store_in, store_out) and in
+// NHWC, CUDA's layout under --amp: widened on load, fp32 arithmetic, rounded once on store,
+// as the reference computes them (mgt_op_run_widened).
 //
 // Every kernel is deterministic: no floating-point atomics, and each reduction adds in an
 // order fixed by the sizes alone, so two runs (and two replicas) give identical bits.
@@ -180,17 +183,20 @@ __global__ void k_rmsprop(float *param, float *sq, float *buf, const float *grad
     }
 }
 
-// ---- channel bias: y, dy [n][c][hw], bias, dbias [c] ----
+// ---- channel bias: y, dy [n, c, hw] in NCHW or NHWC, either storage; bias, dbias [c] ----
 
-__global__ void k_chbias_fwd(float *y, const float *bias, size_t total, int c, int hw)
+__global__ void k_chbias_fwd(void *y, const float *bias, size_t total, int c, int hw, bool nhwc,
+                             mgt_sto sy)
 {
-    for (size_t i = thread_index(); i < total; i += thread_stride())
-        y[i] += bias[(i / (size_t)hw) % (size_t)c];
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        const size_t ch = nhwc ? i % (size_t)c : (i / (size_t)hw) % (size_t)c;
+        sto_st(y, i, sto_ld(y, i, sy) + bias[ch], sy);
+    }
 }
 
-// One block per channel: threads stride over the channel's n*hw values in a fixed order,
+// NCHW: one block per channel: threads stride over the channel's n*hw values in a fixed order,
 // then a fixed-shape tree in shared memory; accumulated into dbias[ch].
-__global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw)
+__global__ void k_chbias_bwd(float *dbias, const void *dy, int n, int c, int hw, mgt_sto sdy)
 {
     __shared__ float sh[kThreads];
     const int ch = blockIdx.x;
@@ -198,7 +204,7 @@ __global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw
     float acc = 0.0f;
     for (size_t k = threadIdx.x; k < total; k += blockDim.x) {
         size_t im = k / (size_t)hw, j = k % (size_t)hw;
-        acc += dy[(im * c + ch) * hw + j];
+        acc += sto_ld(dy, (im * c + ch) * hw + j, sdy);
     }
     sh[threadIdx.x] = acc;
     __syncthreads();
@@ -210,6 +216,26 @@ __global__ void k_chbias_bwd(float *dbias, const float *dy, int n, int c, int hw
     if (threadIdx.x == 0)
         dbias[ch] += sh[0];
 }
+
+// NHWC: the row sums of common.cuh over dy, added onto dbias.
+struct chbias_rows {
+    const void *dy;
+    int c;
+    mgt_sto s;
+    __device__ double2 operator()(size_t row, int ch) const
+    {
+        return make_double2(sto_ld(dy, row * c + ch, s), 0.0);
+    }
+};
+
+struct add_sum_to {
+    float *out;
+    __device__ void operator()(size_t g, int ch, double2 v) const
+    {
+        (void)g;
+        out[ch] = (float)(out[ch] + v.x);
+    }
+};
 
 // ---- strided copy: one thread per element of the n * rows * count copied ----
 
@@ -233,41 +259,68 @@ struct dropout_key {
     float scale;
 };
 
-// One thread per block of four elements (one Philox call each).
-__global__ void k_dropout(float *y, const float *x, int n, dropout_key k)
+// Philox block blk of image im's mask: four 24-bit draws.
+__device__ inline void dropout_words(const dropout_key &k, size_t im, size_t blk, uint32_t c[4])
+{
+    unsigned long long g = k.sample0 + (unsigned long long)im * k.stride;
+    c[0] = (uint32_t)blk;
+    c[1] = k.step;
+    c[2] = (uint32_t)g;
+    c[3] = ((uint32_t)(g >> 32) & 0x00FFFFFFu) | (6u << 24);
+    mgt_philox10(c, k.k0, k.k1);
+}
+
+// NCHW: one thread per block of four elements (one Philox call each).
+__global__ void k_dropout(void *y, const void *x, int n, dropout_key k, mgt_sto sx, mgt_sto sy)
 {
     const size_t blocks_per_image = (k.per_image + 3) / 4;
     const size_t total = (size_t)n * blocks_per_image;
     for (size_t b = thread_index(); b < total; b += thread_stride()) {
         size_t im = b / blocks_per_image, blk = b % blocks_per_image;
-        unsigned long long g = k.sample0 + (unsigned long long)im * k.stride;
-        uint32_t c[4] = {(uint32_t)blk, k.step, (uint32_t)g,
-                         ((uint32_t)(g >> 32) & 0x00FFFFFFu) | (6u << 24)};
-        mgt_philox10(c, k.k0, k.k1);
+        uint32_t c[4];
+        dropout_words(k, im, blk, c);
         for (int q = 0; q < 4; q++) {
             size_t j = blk * 4 + q;
             if (j >= k.per_image)
                 break;
             size_t e = im * k.per_image + j;
-            y[e] = (c[q] >> 8) >= k.thr ? x[e] * k.scale : 0.0f;
+            sto_st(y, e, (c[q] >> 8) >= k.thr ? sto_ld(x, e, sx) * k.scale : 0.0f, sy);
         }
     }
 }
 
-__global__ void k_chscale_fwd(float *y, const float *x, const float *scale, size_t total, int c,
-                              int hw, bool shared)
+// NHWC (c channels): one thread per element in memory order, which keeps the mask of its NCHW
+// element (ch hw + pixel): one Philox call per element (four times NCHW's arithmetic, for
+// coalesced loads and stores).
+__global__ void k_dropout_nhwc(void *y, const void *x, int n, int c, dropout_key k, mgt_sto sx,
+                               mgt_sto sy)
 {
-    for (size_t i = thread_index(); i < total; i += thread_stride()) {
-        size_t pl = i / (size_t)hw;
-        y[i] = x[i] * scale[shared ? pl % (size_t)c : pl];
+    const size_t hw = k.per_image / (size_t)c, total = (size_t)n * k.per_image;
+    for (size_t e = thread_index(); e < total; e += thread_stride()) {
+        const size_t im = e / k.per_image, r = e % k.per_image;
+        const size_t j = (r % (size_t)c) * hw + r / (size_t)c;
+        uint32_t w[4];
+        dropout_words(k, im, j / 4, w);
+        sto_st(y, e, (w[j % 4] >> 8) >= k.thr ? sto_ld(x, e, sx) * k.scale : 0.0f, sy);
     }
 }
 
-// One block per plane (image, channel), or with shared one per channel walking the images in
-// order: dx = dy * scale, and the sum of dy * x in double, each thread's part then a fixed
-// tree, written (per image) or added onto dscale (shared).
-__global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const float *x,
-                              const float *scale, int n, int c, int hw, bool shared)
+__global__ void k_chscale_fwd(void *y, const void *x, const float *scale, size_t total, int c,
+                              int hw, bool shared, bool nhwc, mgt_sto sx, mgt_sto sy)
+{
+    for (size_t i = thread_index(); i < total; i += thread_stride()) {
+        const size_t ch = nhwc ? i % (size_t)c : (i / (size_t)hw) % (size_t)c;
+        const size_t im = i / ((size_t)c * hw);
+        sto_st(y, i, sto_ld(x, i, sx) * scale[shared ? ch : im * c + ch], sy);
+    }
+}
+
+// NCHW: one block per plane (image, channel), or with shared one per channel walking the
+// images in order: dx = dy * scale, and the sum of dy * x in double, each thread's part then a
+// fixed tree, written (per image) or added onto dscale (shared).
+__global__ void k_chscale_bwd(void *dx, float *dscale, const void *dy, const void *x,
+                              const float *scale, int n, int c, int hw, bool shared, mgt_sto si,
+                              mgt_sto so)
 {
     __shared__ double part[kThreads];
     const int b = blockIdx.x, t = threadIdx.x;
@@ -278,10 +331,10 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
         float sc = scale[shared ? b : pl];
         const size_t base = pl * (size_t)hw;
         for (int e = t; e < hw; e += kThreads) {
-            float g = dy[base + e];
+            float g = sto_ld(dy, base + e, so);
             if (dscale)
-                acc += (double)g * x[base + e];
-            dx[base + e] = g * sc;
+                acc += (double)g * sto_ld(x, base + e, si);
+            sto_st(dx, base + e, g * sc, si);
         }
     }
     if (!dscale)
@@ -294,6 +347,38 @@ __global__ void k_chscale_bwd(float *dx, float *dscale, const float *dy, const f
             dscale[b] = (float)part[0];
     }
 }
+
+// NHWC: the row sums of common.cuh (groups: the images, unless shared), writing dx on the way.
+struct chscale_rows {
+    void *dx;
+    const void *dy, *x;
+    const float *scale;
+    int c, hw;
+    bool shared, want;
+    mgt_sto si, so;
+    __device__ double2 operator()(size_t row, int ch) const
+    {
+        const size_t e = row * c + ch, im = row / (size_t)hw;
+        const float g = sto_ld(dy, e, so);
+        sto_st(dx, e, g * scale[shared ? (size_t)ch : im * c + ch], si);
+        return make_double2(want ? (double)g * sto_ld(x, e, si) : 0.0, 0.0);
+    }
+};
+
+struct chscale_done {
+    float *dscale;
+    int c;
+    bool shared;
+    __device__ void operator()(size_t g, int ch, double2 v) const
+    {
+        if (!dscale)
+            return;
+        if (shared)
+            dscale[ch] = (float)(dscale[ch] + v.x);
+        else
+            dscale[g * c + ch] = (float)v.x;
+    }
+};
 
 } // namespace
 
@@ -388,7 +473,8 @@ mgt_status cuda_chbias_fwd(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.chbias_fwd;
     size_t total = (size_t)a.n * a.c * a.hw;
-    k_chbias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.bias, total, a.c, a.hw);
+    k_chbias_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.y, a.bias, total, a.c, a.hw, a.layout == MGT_LAYOUT_NHWC, mgt_sto_of(op->store_out));
     return MGT_CUDA_AFTER(s, "channel_bias_forward");
 }
 
@@ -396,7 +482,15 @@ mgt_status cuda_chbias_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chbias_bwd;
-    k_chbias_bwd<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dbias, a.dy, a.n, a.c, a.hw);
+    const mgt_sto so = mgt_sto_of(op->store_out);
+    if (a.layout == MGT_LAYOUT_NHWC) {
+        mgt_status st = mgt_cuda_row_sums(s, (size_t)a.n * a.hw, a.c, 1, chbias_rows{a.dy, a.c, so},
+                                          add_sum_to{a.dbias});
+        if (st != MGT_OK)
+            return st;
+    } else {
+        k_chbias_bwd<<<(unsigned)a.c, kThreads, 0, s->stream>>>(a.dbias, a.dy, a.n, a.c, a.hw, so);
+    }
     return MGT_CUDA_AFTER(s, "channel_bias_backward");
 }
 
@@ -424,8 +518,13 @@ mgt_status cuda_dropout(mgt_cuda_stream *s, const mgt_op *op)
     k.per_image = a.per_image;
     k.thr = mgt_dropout_threshold(a.p);
     k.scale = 1.0f / (1.0f - a.p);
-    size_t total = (size_t)a.n * ((a.per_image + 3) / 4);
-    k_dropout<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.n, k);
+    const mgt_sto sx = mgt_sto_of(op->store_in), sy = mgt_sto_of(op->store_out);
+    if (a.layout == MGT_LAYOUT_NHWC)
+        k_dropout_nhwc<<<blocks_for((size_t)a.n * a.per_image), kThreads, 0, s->stream>>>(
+            a.y, a.x, a.n, a.c, k, sx, sy);
+    else
+        k_dropout<<<blocks_for((size_t)a.n * ((a.per_image + 3) / 4)), kThreads, 0, s->stream>>>(
+            a.y, a.x, a.n, k, sx, sy);
     return MGT_CUDA_AFTER(s, "dropout");
 }
 
@@ -460,8 +559,9 @@ mgt_status cuda_chscale_fwd(mgt_cuda_stream *s, const mgt_op *op)
     MGT_ENTER(s);
     const auto &a = op->u.chscale_fwd;
     size_t total = (size_t)a.n * a.c * a.hw;
-    k_chscale_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(a.y, a.x, a.scale, total, a.c,
-                                                                 a.hw, a.shared);
+    k_chscale_fwd<<<blocks_for(total), kThreads, 0, s->stream>>>(
+        a.y, a.x, a.scale, total, a.c, a.hw, a.shared, a.layout == MGT_LAYOUT_NHWC,
+        mgt_sto_of(op->store_in), mgt_sto_of(op->store_out));
     return MGT_CUDA_AFTER(s, "channel_scale_forward");
 }
 
@@ -469,8 +569,19 @@ mgt_status cuda_chscale_bwd(mgt_cuda_stream *s, const mgt_op *op)
 {
     MGT_ENTER(s);
     const auto &a = op->u.chscale_bwd;
+    const mgt_sto si = mgt_sto_of(op->store_in), so = mgt_sto_of(op->store_out);
+    if (a.layout == MGT_LAYOUT_NHWC) {
+        const int groups = a.shared ? 1 : a.n;
+        const size_t rows = (size_t)a.n * a.hw / (size_t)groups;
+        chscale_rows f = {a.dx, a.dy, a.x, a.scale, a.c, a.hw, a.shared, a.dscale != NULL, si, so};
+        mgt_status st =
+            mgt_cuda_row_sums(s, rows, a.c, groups, f, chscale_done{a.dscale, a.c, a.shared});
+        if (st != MGT_OK)
+            return st;
+        return MGT_CUDA_AFTER(s, "channel_scale_backward");
+    }
     unsigned grid = (unsigned)(a.shared ? a.c : a.n * a.c);
     k_chscale_bwd<<<grid, kThreads, 0, s->stream>>>(a.dx, a.dscale, a.dy, a.x, a.scale, a.n, a.c,
-                                                    a.hw, a.shared);
+                                                    a.hw, a.shared, si, so);
     return MGT_CUDA_AFTER(s, "channel_scale_backward");
 }

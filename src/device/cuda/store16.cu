@@ -2,7 +2,9 @@
 // NHWC (channels last, what cuDNN's tensor cores take: the layout a CUDA model keeps under
 // --amp) or NCHW: ReLU, add, copies of channel slices, max pooling, the global and the
 // adaptive average pool, batch norm with its folded ReLU, and the relayout that the
-// convolutions' edges use where a value is not NHWC 16-bit (the model's input).
+// convolutions' edges use where a value is not NHWC 16-bit (the model's input). The channel
+// bias and scale, dropout and the layer norm over channels are elementwise.cu's and norm.cu's
+// kernels, which take either storage.
 //
 // Every kernel widens its 16-bit loads, computes and accumulates in fp32 (batch norm's
 // statistics and the adaptive pool's windows in double, as the reference) and rounds each
@@ -375,18 +377,9 @@ __global__ void k_relayout(void *dst, bool dst_nhwc, mgt_sto sd, const void *src
 
 // ---- launchers ----
 
-// Row chunks of batch norm's partial sums: about 64K threads, and at least 32 rows a chunk so
-// that the partial sums (16 bytes a chunk and channel) stay small beside the data (2 bytes a
-// row and channel). device/bytes.c counts the same.
-int bn_chunks(size_t rows, int c)
-{
-    size_t k = ((size_t)1 << 16) / (size_t)c, most = (rows + 31) / 32;
-    if (k > most)
-        k = most;
-    if (k < 1)
-        k = 1;
-    return (int)k;
-}
+// Row chunks of batch norm's partial sums (mgt_cuda_row_chunks: device/bytes.c counts the
+// same).
+int bn_chunks(size_t rows, int c) { return mgt_cuda_row_chunks(rows, (size_t)c); }
 
 mgt_status bn_train16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto so)
 {
@@ -540,6 +533,14 @@ mgt_status mgt_cuda_store16(mgt_cuda_stream *s, const mgt_op *op)
     case MGT_OP_BN_BWD: return bn_bwd16(s, op, si, so);
     case MGT_OP_ACT_FWD:
     case MGT_OP_ACT_BWD: return mgt_cuda_act16(s, op);
+    // the channel ops' kernels take either storage and layout themselves
+    case MGT_OP_CHBIAS_FWD: return cuda_chbias_fwd(s, op);
+    case MGT_OP_CHBIAS_BWD: return cuda_chbias_bwd(s, op);
+    case MGT_OP_CHSCALE_FWD: return cuda_chscale_fwd(s, op);
+    case MGT_OP_CHSCALE_BWD: return cuda_chscale_bwd(s, op);
+    case MGT_OP_DROPOUT: return cuda_dropout(s, op);
+    case MGT_OP_LNC_FWD: return cuda_lnc_fwd(s, op);
+    case MGT_OP_LNC_BWD: return cuda_lnc_bwd(s, op);
     case MGT_OP_CONV2D_FWD:
     case MGT_OP_CONV2D_BWD_DATA:
     case MGT_OP_CONV2D_BWD_FILTER: return mgt_cuda_conv16(s, op);
