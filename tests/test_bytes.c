@@ -139,7 +139,7 @@ static void test_batchnorm_passes(void **state)
     mgt_bn_shape sh = {.n = 4, .c = 32, .hw = 49, .eps = 1e-5f, .momentum = 0.1f, .relu = true};
     const double n = 4.0 * 32 * 49;
     mgt_op op = {.kind = MGT_OP_BN_FWD_TRAIN};
-    op.u.bn_train = (mgt_bn_train_args){p, p, p, p, p, p, p, p, sh};
+    op.u.bn_train = (mgt_bn_train_args){p, p, p, p, p, p, p, p, sh, NULL, MGT_PREC_F32};
     mgt_op_bytes f = bytes_of(&op);
     op.store_in = op.store_out = MGT_PREC_BF16;
     op.u.bn_train.sh.layout = MGT_LAYOUT_NHWC;
@@ -149,6 +149,21 @@ static void test_batchnorm_passes(void **state)
     assert_true(h.written >= 2 * n && h.written < 2 * n + n);
     assert_int_equal(f.passes, 4);
     assert_int_equal(h.passes, 3);
+
+    /* a fused residual add and ReLU (plan_fusion): the residual read by the normalising pass,
+       its gradient written by the backward's last, nothing else; where the three ops apart
+       moved the BN's output out and in, the add's three operands and the ReLU's two */
+    op.u.bn_train.sh.relu = true;
+    op.u.bn_train.z = p;
+    op.u.bn_train.z_round = MGT_PREC_BF16;
+    mgt_op_bytes z = bytes_of(&op);
+    assert_true(z.read == h.read + 2 * n && z.written == h.written && z.passes == 3);
+    mgt_op bwd = {.kind = MGT_OP_BN_BWD, .store_in = MGT_PREC_BF16, .store_out = MGT_PREC_BF16};
+    bwd.u.bn_bwd = (mgt_bn_bwd_args){p, p, p, p, p, p, p, p, p, op.u.bn_train.sh, NULL};
+    mgt_op_bytes b = bytes_of(&bwd);
+    bwd.u.bn_bwd.dz = p;
+    mgt_op_bytes bz = bytes_of(&bwd);
+    assert_true(bz.read == b.read && bz.written == b.written + 2 * n && bz.passes == b.passes);
 }
 
 static const mgt_bytes_row *row(const mgt_app_bytes_trace *t, const char *name)
@@ -162,10 +177,20 @@ static const mgt_bytes_row *row(const mgt_app_bytes_trace *t, const char *name)
 
 static double total(const mgt_bytes_row *r) { return r->read + r->written; }
 
+/* The kernels a trace launched of one kind (0 where it has no row). */
+static long calls_of(const mgt_app_bytes_trace *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->rows[i].name, name) == 0)
+            return (long)t->rows[i].calls;
+    return 0;
+}
+
 /* One resnet50 step at 224 (batch 64): the old path stores nothing in 16 bits and converts at
    every convolution pass (four kernels each: three conversions and cuDNN); the channels-last
-   path keeps the body's activations NHWC 16-bit, halves every elementwise op's bytes, runs
-   one kernel per backward-data pass and converts only the input image and the filters. */
+   path keeps the body's activations NHWC 16-bit, halves every elementwise op's bytes, folds
+   each block's residual add and ReLU into its last batch norm, runs one kernel per
+   backward-data pass and converts only the input image and the filters. */
 static void test_resnet50_step(void **state)
 {
     (void)state;
@@ -179,8 +204,15 @@ static void test_resnet50_step(void **state)
     /* every activation but the input image, the global pool's output and the logits */
     assert_int_equal(nhwc.values_16, nhwc.values - 2);
 
-    const char *elementwise[] = {"add", "relu_forward", "relu_backward", "maxpool2d_forward",
-                                 "maxpool2d_backward"};
+    /* the 16 blocks' adds and the ReLUs after them (the only ReLUs not folded into a batch
+       norm on either path) run inside the blocks' last batch norms on the channels-last path */
+    assert_int_equal(calls_of(&old, "add"), 16);
+    assert_int_equal(calls_of(&old, "relu_forward"), 16);
+    assert_int_equal(calls_of(&old, "relu_backward"), 16);
+    assert_int_equal(calls_of(&nhwc, "add") + calls_of(&nhwc, "relu_forward") +
+                         calls_of(&nhwc, "relu_backward"),
+                     0);
+    const char *elementwise[] = {"maxpool2d_forward", "maxpool2d_backward"};
     for (size_t i = 0; i < sizeof elementwise / sizeof *elementwise; i++) {
         const mgt_bytes_row *o = row(&old, elementwise[i]), *h = row(&nhwc, elementwise[i]);
         assert_int_equal(o->calls, h->calls);

@@ -3245,6 +3245,10 @@ static int array_of(const tcase *c, const void *p, size_t *elem)
 static bool case_to16(tcase *c, mgt_precision prec)
 {
     c->op.store_in = c->op.store_out = prec;
+    if (c->op.kind == MGT_OP_BN_FWD_TRAIN) /* a fused residual add rounds where the add would */
+        c->op.u.bn_train.z_round = prec;
+    if (c->op.kind == MGT_OP_BN_FWD_EVAL)
+        c->op.u.bn_eval.z_round = prec;
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(&c->op, ops);
     int kind[MAX_ARRAYS] = {0}; /* 1: an fp32 operand's, 2: a 16-bit one's */
@@ -3338,6 +3342,34 @@ static bool takes_layout(mgt_op_kind kind)
     }
 }
 
+/* Every other NHWC batch norm case with a folded ReLU also gets a fused residual add (what
+   plan_fusion gives a ResNet block's last batch norm on CUDA): a residual z in [-1, 1) for the
+   forwards, the residual's gradient dz for the backward; case_to16 sets the rounding. */
+static void bn_residual(tcase *c)
+{
+    static unsigned turn;
+    mgt_op *op = &c->op;
+    const mgt_bn_shape *sh = op->kind == MGT_OP_BN_FWD_TRAIN  ? &op->u.bn_train.sh
+                             : op->kind == MGT_OP_BN_FWD_EVAL ? &op->u.bn_eval.sh
+                                                              : &op->u.bn_bwd.sh;
+    if (!sh->relu || turn++ % 2)
+        return;
+    size_t n = (size_t)sh->n * sh->c * sh->hw;
+    if (op->kind == MGT_OP_BN_BWD) {
+        op->u.bn_bwd.dz = case_f32(c, n);
+    } else {
+        float *z = case_f32(c, n);
+        rng r = rng_for((int)n, 7, 1);
+        fill_unif(&r, z, n, -1, 1);
+        if (op->kind == MGT_OP_BN_FWD_TRAIN)
+            op->u.bn_train.z = z;
+        else
+            op->u.bn_eval.z = z;
+    }
+    size_t len = strlen(c->desc);
+    snprintf(c->desc + len, sizeof c->desc - len, " +residual");
+}
+
 static bool case_to_nhwc(tcase *c)
 {
     mgt_op *op = &c->op;
@@ -3349,9 +3381,18 @@ static bool case_to_nhwc(tcase *c)
     case MGT_OP_CONV2D_BWD_FILTER:
         op->u.conv.sh.x_layout = op->u.conv.sh.y_layout = MGT_LAYOUT_NHWC;
         break;
-    case MGT_OP_BN_FWD_TRAIN: op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC; break;
-    case MGT_OP_BN_FWD_EVAL: op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC; break;
-    case MGT_OP_BN_BWD: op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
+    case MGT_OP_BN_FWD_TRAIN:
+        op->u.bn_train.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
+    case MGT_OP_BN_FWD_EVAL:
+        op->u.bn_eval.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
+    case MGT_OP_BN_BWD:
+        op->u.bn_bwd.sh.layout = MGT_LAYOUT_NHWC;
+        bn_residual(c);
+        break;
     case MGT_OP_MAXPOOL_FWD: op->u.maxpool_fwd.sh.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_MAXPOOL_BWD: op->u.maxpool_bwd.sh.layout = MGT_LAYOUT_NHWC; break;
     case MGT_OP_AVGPOOL_FWD: op->u.avgpool_fwd.layout = MGT_LAYOUT_NHWC; break;

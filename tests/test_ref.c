@@ -514,14 +514,14 @@ static void check_syncbn(const char *name)
             float *out = nans(nx);
             mgt_op op = {.kind = pass == 0 ? MGT_OP_BN_FWD_EVAL : MGT_OP_BN_BWD_ELEMT};
             if (pass == 0) {
-                op.u.bn_eval = (mgt_bn_eval_args){out, x, w, b, mean, var, sh};
+                op.u.bn_eval = (mgt_bn_eval_args){out, x, w, b, mean, var, sh, NULL, MGT_PREC_F32};
                 run(&op);
                 snprintf(k, sizeof k, "y%d", i);
                 expect_close_tol("y", out, mgt_test_golden_f32(g, k, nx), nx, tol, tol);
                 /* the shard's sums: batchnorm_backward's dbeta, dgamma from zero */
                 float zg[64] = {0}, zb[64] = {0}, *dx = nans(nx);
                 op = (mgt_op){.kind = MGT_OP_BN_BWD};
-                op.u.bn_bwd = (mgt_bn_bwd_args){dx, zg, zb, dy, NULL, x, w, mean, invstd, sh};
+                op.u.bn_bwd = (mgt_bn_bwd_args){dx, zg, zb, dy, NULL, x, w, mean, invstd, sh, NULL};
                 run(&op);
                 snprintf(k, sizeof k, "sum_dy%d", i);
                 expect_close_tol("sum_dy", zb, mgt_test_golden_f32(g, k, c), c, tol, tol);
@@ -1105,8 +1105,8 @@ static void test_check_other_ops(void **state)
     stats.u.bn_stats.sh.relu = true;
     expect_invalid(&stats, "takes no folded ReLU (relu 1)");
     mgt_op bwd = {.kind = MGT_OP_BN_BWD};
-    bwd.u.bn_bwd = (mgt_bn_bwd_args){dummy, dummy, dummy, dummy, NULL,
-                                     dummy, dummy, dummy, dummy, stats.u.bn_stats.sh};
+    bwd.u.bn_bwd = (mgt_bn_bwd_args){
+        dummy, dummy, dummy, dummy, NULL, dummy, dummy, dummy, dummy, stats.u.bn_stats.sh, NULL};
     expect_invalid(&bwd, "y is NULL");
     bwd.u.bn_bwd.y = dummy;
     expect_ok(mgt_op_check(&bwd));

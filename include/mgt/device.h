@@ -698,18 +698,23 @@ mgt_status mgt_adaptive_avgpool_backward_st(mgt_stream *s, mgt_store st, float *
 mgt_status mgt_conv2d_backward_filter_st(mgt_stream *s, mgt_precision prec, mgt_store st, float *dw,
                                          const float *dy, const float *x,
                                          const mgt_conv2d_shape *sh, float beta);
+/* The batch norms with a fused residual add (z, dz: NULL for none; sh->relu with them): the
+   forward writes relu(bn(x) rounded to st.out, + z), z stored as y (z may be y); the backward
+   also writes dy masked by the ReLU's output y into dz (the residual's gradient; dz may be
+   dy). On CUDA with NHWC 16-bit activations: one pass each way (store16.cu). */
 mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
                                           float *save_invstd, float *running_mean,
                                           float *running_var, const float *x, const float *gamma,
-                                          const float *beta, const mgt_bn_shape *sh);
+                                          const float *beta, const mgt_bn_shape *sh,
+                                          const float *z);
 mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                          const float *gamma, const float *beta,
                                          const float *running_mean, const float *running_var,
-                                         const mgt_bn_shape *sh);
+                                         const mgt_bn_shape *sh, const float *z);
 mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
                                      float *dbeta, const float *dy, const float *y, const float *x,
                                      const float *gamma, const float *save_mean,
-                                     const float *save_invstd, const mgt_bn_shape *sh);
+                                     const float *save_invstd, const mgt_bn_shape *sh, float *dz);
 mgt_status mgt_relu_forward_st(mgt_stream *s, mgt_store st, float *y, const float *x, size_t n);
 mgt_status mgt_relu_backward_st(mgt_stream *s, mgt_store st, float *dx, const float *dy,
                                 const float *y, size_t n);

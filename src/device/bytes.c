@@ -113,16 +113,18 @@ static void bn_bytes(const mgt_op *op, mgt_op_bytes *b)
         k = most;
     const double chunks = k < 1 ? 1.0 : (double)k; /* store16.cu's bn_chunks */
     const double partial = lp ? 16.0 * chunks * c : 0.0;
+    /* a fused residual add: z read by the normalising pass, dz written by the backward's last */
+    const double z = mgt_op_bn_residual(op) ? eo * n : 0.0;
     switch (op->kind) {
     case MGT_OP_BN_FWD_TRAIN:
-        pass(b, ei * n, partial, false);                /* statistics */
-        pass(b, partial + 16 * c, 16 * c, false);       /* per channel */
-        pass(b, ei * n + 8 * c + 8 * c, eo * n, false); /* normalise */
+        pass(b, ei * n, partial, false);                    /* statistics */
+        pass(b, partial + 16 * c, 16 * c, false);           /* per channel */
+        pass(b, ei * n + z + 8 * c + 8 * c, eo * n, false); /* normalise */
         if (sh->relu && !lp)
             pass(b, 4 * n, 4 * n, false);
         return;
     case MGT_OP_BN_FWD_EVAL:
-        pass(b, ei * n + 16 * c, eo * n, false);
+        pass(b, ei * n + z + 16 * c, eo * n, false);
         if (sh->relu && !lp)
             pass(b, 4 * n, 4 * n, false);
         return;
@@ -135,7 +137,7 @@ static void bn_bytes(const mgt_op *op, mgt_op_bytes *b)
         pass(b, dy + y + x + 12 * c, partial, false);
         if (lp)
             pass(b, partial + 8 * c, 24 * c, false);
-        pass(b, dy + y + x + 12 * c + (lp ? 16 * c : 0), ei * n + (lp ? 0 : 8 * c), false);
+        pass(b, dy + y + x + 12 * c + (lp ? 16 * c : 0), ei * n + z + (lp ? 0 : 8 * c), false);
         return;
     }
     }

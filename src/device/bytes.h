@@ -59,8 +59,8 @@ static inline bool mgt_op_cuda_takes(const mgt_op *op)
 {
     if (mgt_op_names_nchw16c(op))
         return false;
-    if (mgt_op_store16(op) == MGT_PREC_F32)
-        return !mgt_op_blocked(op);
+    if (mgt_op_store16(op) == MGT_PREC_F32) /* cuDNN's batch norm: no fused residual add */
+        return !mgt_op_blocked(op) && !mgt_op_bn_residual(op);
     return mgt_op_takes_store(op->kind);
 }
 

@@ -389,10 +389,19 @@ static mgt_status check_bn_shape_nchw(const mgt_op *op, const mgt_bn_shape *sh)
     return check_bn_shape(op, sh);
 }
 
+/* A fused residual add (z, dz) comes with the ReLU after it. */
+static mgt_status check_bn_residual(const mgt_op *op, const mgt_bn_shape *sh, bool residual)
+{
+    mgt_status st = check_bn_shape(op, sh);
+    if (st == MGT_OK && residual && !sh->relu)
+        return INVALID(op, "a fused residual add needs the ReLU after it (relu %d)", (int)sh->relu);
+    return st;
+}
+
 static mgt_status check_bn_train(const mgt_op *op)
 {
     const mgt_bn_shape *sh = &op->u.bn_train.sh;
-    mgt_status st = check_bn_shape(op, sh);
+    mgt_status st = check_bn_residual(op, sh, op->u.bn_train.z != NULL);
     if (st != MGT_OK)
         return st;
     /* The unbiased variance divides by n*hw - 1, as PyTorch refuses to. */
@@ -413,9 +422,14 @@ static void operands_bn_train(mgt_op *op, operand_list *l)
     ADD(l, b->x, "x", x, act_in(op), IN);
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
+    if (b->z)
+        ADD(l, b->z, "z", x, act_out(op), IN);
 }
 
-static mgt_status check_bn_eval(const mgt_op *op) { return check_bn_shape(op, &op->u.bn_eval.sh); }
+static mgt_status check_bn_eval(const mgt_op *op)
+{
+    return check_bn_residual(op, &op->u.bn_eval.sh, op->u.bn_eval.z != NULL);
+}
 
 static void operands_bn_eval(mgt_op *op, operand_list *l)
 {
@@ -427,9 +441,14 @@ static void operands_bn_eval(mgt_op *op, operand_list *l)
     ADD(l, b->beta, "beta", c, MGT_F32, IN);
     ADD(l, b->running_mean, "running_mean", c, MGT_F32, IN);
     ADD(l, b->running_var, "running_var", c, MGT_F32, IN);
+    if (b->z)
+        ADD(l, b->z, "z", x, act_out(op), IN);
 }
 
-static mgt_status check_bn_bwd(const mgt_op *op) { return check_bn_shape(op, &op->u.bn_bwd.sh); }
+static mgt_status check_bn_bwd(const mgt_op *op)
+{
+    return check_bn_residual(op, &op->u.bn_bwd.sh, op->u.bn_bwd.dz != NULL);
+}
 
 static void operands_bn_bwd(mgt_op *op, operand_list *l)
 {
@@ -445,6 +464,8 @@ static void operands_bn_bwd(mgt_op *op, operand_list *l)
     ADD(l, b->gamma, "gamma", c, MGT_F32, IN);
     ADD(l, b->save_mean, "save_mean", c, MGT_F32, IN);
     ADD(l, b->save_invstd, "save_invstd", c, MGT_F32, IN);
+    if (b->dz)
+        ADD(l, b->dz, "dz", x, act_out(op), OUT);
 }
 
 static mgt_status check_bn_stats(const mgt_op *op)

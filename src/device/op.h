@@ -140,22 +140,32 @@ typedef struct mgt_conv_args {
     float beta;
 } mgt_conv_args;
 
+/* z (optional, with sh.relu only): the residual of a fused add, y = relu(round(bn(x)) + z),
+   where round is to z_round (the storage the unfused batch norm's output would have had:
+   the add's rounding points) and z is stored as y; z may be y itself. */
 typedef struct mgt_bn_train_args {
     float *y, *save_mean, *save_invstd, *running_mean, *running_var;
     const float *x, *gamma, *beta;
     mgt_bn_shape sh;
+    const float *z;
+    mgt_precision z_round;
 } mgt_bn_train_args;
 
 typedef struct mgt_bn_eval_args {
     float *y;
     const float *x, *gamma, *beta, *running_mean, *running_var;
     mgt_bn_shape sh;
+    const float *z;
+    mgt_precision z_round;
 } mgt_bn_eval_args;
 
+/* dz (optional, with sh.relu only): the fused add's residual gradient, dy masked by the
+   ReLU's output y (dz may be dy itself: each element is read before it is written). */
 typedef struct mgt_bn_bwd_args {
     float *dx, *dgamma, *dbeta;
     const float *dy, *y, *x, *gamma, *save_mean, *save_invstd; /* y: sh.relu only */
     mgt_bn_shape sh;
+    float *dz;
 } mgt_bn_bwd_args;
 
 typedef struct mgt_bn_stats_args {
@@ -514,6 +524,15 @@ size_t mgt_dtype_size(mgt_dtype t);
 
 /* Whether the op reads or writes an activation in a layout other than NCHW (mgt_layout). */
 bool mgt_op_blocked(const mgt_op *op);
+
+/* Whether a batch norm has a fused residual add (z, dz): the CUDA backend's 16-bit kernels
+   and the reference run it; the mock devices' kernels and cuDNN's fp32 path do not. */
+static inline bool mgt_op_bn_residual(const mgt_op *op)
+{
+    return (op->kind == MGT_OP_BN_FWD_TRAIN && op->u.bn_train.z) ||
+           (op->kind == MGT_OP_BN_FWD_EVAL && op->u.bn_eval.z) ||
+           (op->kind == MGT_OP_BN_BWD && op->u.bn_bwd.dz);
+}
 
 /* Whether ops of this kind take 16-bit activation storage (store_in, store_out). */
 bool mgt_op_takes_store(mgt_op_kind kind);

@@ -218,12 +218,12 @@ mgt_status mgt_nonfinite_count(mgt_stream *s, int32_t *count, const float *x, si
 mgt_status mgt_batchnorm_forward_train_st(mgt_stream *s, mgt_store st, float *y, float *save_mean,
                                           float *save_invstd, float *running_mean,
                                           float *running_var, const float *x, const float *gamma,
-                                          const float *beta, const mgt_bn_shape *sh)
+                                          const float *beta, const mgt_bn_shape *sh, const float *z)
 {
     if (!sh)
         return bad_arg("batchnorm_forward_train", "no shape");
     LAUNCH_ST(MGT_OP_BN_FWD_TRAIN, bn_train, st, y, save_mean, save_invstd, running_mean,
-              running_var, x, gamma, beta, *sh);
+              running_var, x, gamma, beta, *sh, z, st.out);
 }
 
 mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean,
@@ -232,17 +232,18 @@ mgt_status mgt_batchnorm_forward_train(mgt_stream *s, float *y, float *save_mean
                                        const mgt_bn_shape *sh)
 {
     return mgt_batchnorm_forward_train_st(s, f32_store, y, save_mean, save_invstd, running_mean,
-                                          running_var, x, gamma, beta, sh);
+                                          running_var, x, gamma, beta, sh, NULL);
 }
 
 mgt_status mgt_batchnorm_forward_eval_st(mgt_stream *s, mgt_store st, float *y, const float *x,
                                          const float *gamma, const float *beta,
                                          const float *running_mean, const float *running_var,
-                                         const mgt_bn_shape *sh)
+                                         const mgt_bn_shape *sh, const float *z)
 {
     if (!sh)
         return bad_arg("batchnorm_forward_eval", "no shape");
-    LAUNCH_ST(MGT_OP_BN_FWD_EVAL, bn_eval, st, y, x, gamma, beta, running_mean, running_var, *sh);
+    LAUNCH_ST(MGT_OP_BN_FWD_EVAL, bn_eval, st, y, x, gamma, beta, running_mean, running_var, *sh, z,
+              st.out);
 }
 
 mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, const float *gamma,
@@ -250,18 +251,18 @@ mgt_status mgt_batchnorm_forward_eval(mgt_stream *s, float *y, const float *x, c
                                       const float *running_var, const mgt_bn_shape *sh)
 {
     return mgt_batchnorm_forward_eval_st(s, f32_store, y, x, gamma, beta, running_mean, running_var,
-                                         sh);
+                                         sh, NULL);
 }
 
 mgt_status mgt_batchnorm_backward_st(mgt_stream *s, mgt_store st, float *dx, float *dgamma,
                                      float *dbeta, const float *dy, const float *y, const float *x,
                                      const float *gamma, const float *save_mean,
-                                     const float *save_invstd, const mgt_bn_shape *sh)
+                                     const float *save_invstd, const mgt_bn_shape *sh, float *dz)
 {
     if (!sh)
         return bad_arg("batchnorm_backward", "no shape");
     LAUNCH_ST(MGT_OP_BN_BWD, bn_bwd, st, dx, dgamma, dbeta, dy, y, x, gamma, save_mean, save_invstd,
-              *sh);
+              *sh, dz);
 }
 
 mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float *dbeta,
@@ -270,7 +271,7 @@ mgt_status mgt_batchnorm_backward(mgt_stream *s, float *dx, float *dgamma, float
                                   const float *save_invstd, const mgt_bn_shape *sh)
 {
     return mgt_batchnorm_backward_st(s, f32_store, dx, dgamma, dbeta, dy, y, x, gamma, save_mean,
-                                     save_invstd, sh);
+                                     save_invstd, sh, NULL);
 }
 
 mgt_status mgt_bn_stats(mgt_stream *s, float *mean, float *var, const float *x,

@@ -1201,6 +1201,46 @@ static mgt_status plan_grads(planner *p)
     return m->oom ? mgt_error_set(MGT_ERR_OOM, "model %s: out of host memory", m->arch) : MGT_OK;
 }
 
+/* A residual add and the ReLU after it folded into the batch norm that makes one of the add's
+   inputs (mgt_bn_train_args.z), on a channels-last device (CUDA's NHWC 16-bit kernels: one
+   pass each way, as cuDNN's CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION), where
+   - the BN is the node just before the add and the ReLU the one just after it, so that in
+     backward the BN masks the gradient where the ReLU would have (nothing runs in between);
+   - the BN's output is 16-bit and read by the add alone, the add's by the ReLU alone;
+   - the add runs in place over its first input and the ReLU over the add's output, the ReLU
+     writes its input gradient over its output gradient, and the add hands that slot to both
+     inputs as it is (NN_G_ALIAS: no earlier contribution to add onto).
+   The BN then writes the ReLU's output where the ReLU would (over the add's first input: its
+   own output, or the other input z, each element read before it is overwritten), and its
+   backward writes the masked gradient into the shared slot: the residual's gradient. The same
+   bits as the three ops: the BN's result is rounded to its storage before z is added
+   (z_round). ResNet's blocks: their last BN, or the downsample's (built just before the add). */
+static void fold_residual_adds(mgt_model *m)
+{
+    if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
+        return;
+    for (int i = 1; i + 1 < m->n_nodes; i++) {
+        nn_node *d = &m->nodes[i], *bn = &m->nodes[i - 1], *r = &m->nodes[i + 1];
+        if (d->kind != NN_ADD || d->n_in != 2 || bn->kind != NN_BN || r->kind != NN_RELU ||
+            bn->u.bn.relu || r->in[0] != d->out)
+            continue;
+        const int k = d->in[0] == bn->out ? 0 : d->in[1] == bn->out ? 1 : -1;
+        if (k < 0)
+            continue;
+        const nn_value *v = &m->values[bn->out], *a = &m->values[d->out];
+        if (v->dtype == MGT_PREC_F32 || v->consumers != 1 || a->consumers != 1 || !d->inplace ||
+            !r->inplace || r->gmode[0] != NN_G_WRITE || r->gin[0] != r->gout ||
+            r->unshare[0] >= 0 || d->gmode[k] != NN_G_ALIAS ||
+            (d->gmode[1 - k] != NN_G_ALIAS && d->gmode[1 - k] != NN_G_NONE) || d->unshare[0] >= 0 ||
+            d->unshare[1] >= 0)
+            continue;
+        bn->u.bn.relu = true;
+        bn->u.bn.res_z = d->in[1 - k];
+        bn->u.bn.res_y = r->out;
+        d->folded = r->folded = true;
+    }
+}
+
 /* ReLUs folded into the batch norm before them (mgt_bn_shape.relu): the BN's output is read by
    the ReLU alone, which runs in place over it, and whose backward writes its input gradient over
    its output gradient. Then the BN writes max(bn(x), 0) where the ReLU would have, and its
@@ -1225,6 +1265,7 @@ static void plan_fusion(mgt_model *m)
         bn->u.bn.relu = true;
         r->folded = true;
     }
+    fold_residual_adds(m);
 }
 
 /* The parameter arena in the order backward completes nodes: the reverse of the forward
@@ -1465,11 +1506,18 @@ static void call_params(nn_call *c, const nn_node *nd)
     }
 }
 
+/* A batch norm with a folded residual add writes the ReLU's output and reads the add's other
+   input (plan_fusion). */
 static void call_values(nn_call *c, const nn_node *nd)
 {
     for (int j = 0; j < nd->n_in; j++)
         c->x[j] = value_ptr(c->m, nd->in[j]);
     c->y = (float *)value_ptr(c->m, nd->out);
+    c->z = NULL;
+    if (nd->kind == NN_BN && nd->u.bn.res_y > 0) {
+        c->y = (float *)value_ptr(c->m, nd->u.bn.res_y);
+        c->z = value_ptr(c->m, nd->u.bn.res_z);
+    }
 }
 
 mgt_status nn_graph_forward(mgt_model *m, mgt_stream *s, bool train)

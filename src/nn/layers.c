@@ -300,10 +300,10 @@ static mgt_status bn_forward(nn_call *c)
             return bn_forward_synced(c, &bsh);
         return mgt_batchnorm_forward_train_st(c->s, store_of(c), c->y, bn_save_mean(c),
                                               bn_save_invstd(c), c->p[2], c->p[3], c->x[0], c->p[0],
-                                              c->p[1], &bsh);
+                                              c->p[1], &bsh, c->z);
     }
     return mgt_batchnorm_forward_eval_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
-                                         c->p[2], c->p[3], &bsh);
+                                         c->p[2], c->p[3], &bsh, c->z);
 }
 
 /* A frozen BN still goes through batchnorm_backward, which with the running statistics as
@@ -321,10 +321,11 @@ static mgt_status bn_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (bn_synced(c))
         return bn_backward_synced(c, &bsh);
-    /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output) */
-    mgt_status st = mgt_batchnorm_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy,
-                                              bsh.relu ? c->y : NULL, c->x[0], c->p[0],
-                                              bn_save_mean(c), bn_save_invstd(c), &bsh);
+    /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output); with
+       a folded residual add, the masked dy is also the residual's gradient, in dy's slot */
+    mgt_status st = mgt_batchnorm_backward_st(
+        c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL, c->x[0],
+        c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh, c->z ? (float *)c->dy : NULL);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
         st =
@@ -356,8 +357,11 @@ static mgt_status relu_backward(nn_call *c)
     return mgt_relu_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->y, out_count(c));
 }
 
+/* A folded add (plan_fusion) has run inside the batch norm before it, with the ReLU after. */
 static mgt_status add_forward(nn_call *c)
 {
+    if (c->node->folded)
+        return MGT_OK;
     return mgt_add_st(c->s, store_of(c), c->y, c->x[0], c->x[1], out_count(c));
 }
 

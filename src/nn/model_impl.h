@@ -94,6 +94,9 @@ typedef struct nn_node {
             size_t save_off; /* save_mean [c] then save_invstd [c] (bytes into acts) */
             size_t save_stride;
             bool relu; /* the ReLU after it is folded in (plan_fusion) */
+            /* a residual add folded in with the ReLU after it (plan_fusion): the add's other
+               input z and the ReLU's output, which this BN writes (0: none) */
+            int res_z, res_y;
         } bn;
         mgt_pool2d_shape pool; /* n is set per call */
         struct {
@@ -160,7 +163,7 @@ typedef struct nn_node {
     int aux_out; /* > 0: its output is auxiliary logits aux_out - 1 (the loss starts there) */
     /* the plan */
     bool inplace; /* out is written over in[0]'s storage */
-    bool folded;  /* NN_RELU: the batch norm before it computes it; no kernel runs here */
+    bool folded;  /* NN_RELU, NN_ADD: the batch norm before computes it; no kernel runs here */
     int gout;     /* slot of the output's gradient */
     int gin[NN_MAX_IN];
     unsigned char gmode[NN_MAX_IN];
@@ -508,6 +511,7 @@ typedef struct nn_call {
     bool train; /* forward: training mode */
     const float *x[NN_MAX_IN];
     float *y;
+    const float *z; /* a batch norm's folded residual (plan_fusion), or NULL */
     /* backward */
     const float *dy;
     float *dx[NN_MAX_IN]; /* NULL: that input needs no gradient */

@@ -199,10 +199,14 @@ static size_t bn_at(const mgt_bn_shape *sh, int n, int c, int i)
     return mgt_layout_at(sh->layout, sh->c, sh->hw, n, c, i);
 }
 
-/* A folded ReLU (sh.relu): relu's forward over bn's output, and the gradient bn sees. */
-static float bn_out(const mgt_bn_shape *sh, double v)
+/* A folded ReLU (sh.relu): relu's forward over bn's output (plus a fused residual z[j],
+   added after bn's output is rounded as its storage would round it), and the gradient bn
+   sees. */
+static float bn_out(const mgt_bn_shape *sh, double v, const float *z, mgt_precision zr, size_t j)
 {
     float f = (float)v;
+    if (z)
+        f = mgt_lowp_round(zr, f) + z[j];
     return sh->relu && !(f > 0.0f || isnan(f)) ? 0.0f : f;
 }
 
@@ -236,7 +240,8 @@ static mgt_status ref_bn_train(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                b->y[j] = bn_out(sh, b->gamma[c] * (b->x[j] - mean) * invstd + b->beta[c]);
+                b->y[j] = bn_out(sh, b->gamma[c] * (b->x[j] - mean) * invstd + b->beta[c], b->z,
+                                 b->z_round, j);
             }
         b->save_mean[c] = (float)mean;
         b->save_invstd[c] = (float)invstd;
@@ -256,8 +261,9 @@ static mgt_status ref_bn_eval(const mgt_op *op)
         for (int n = 0; n < sh->n; n++)
             for (int i = 0; i < sh->hw; i++) {
                 size_t j = bn_at(sh, n, c, i);
-                b->y[j] = bn_out(sh, b->gamma[c] * ((double)b->x[j] - b->running_mean[c]) * invstd +
-                                         b->beta[c]);
+                b->y[j] = bn_out(
+                    sh, b->gamma[c] * ((double)b->x[j] - b->running_mean[c]) * invstd + b->beta[c],
+                    b->z, b->z_round, j);
             }
     }
     return MGT_OK;
@@ -288,6 +294,8 @@ static mgt_status ref_bn_bwd(const mgt_op *op)
                 double xhat = (b->x[j] - mean) * invstd;
                 b->dx[j] =
                     (float)(b->gamma[c] * invstd / m * (m * bn_dy(op, j) - sdy - xhat * sdyx));
+                if (b->dz) /* after every read of dy[j]: dz may be dy */
+                    b->dz[j] = (float)bn_dy(op, j);
             }
         b->dgamma[c] = (float)(b->dgamma[c] + sdyx);
         b->dbeta[c] = (float)(b->dbeta[c] + sdy);

@@ -269,10 +269,13 @@ __global__ void k_bn_finish(float *save_mean, float *save_invstd, float *running
 }
 
 // y = gamma (x - mean) invstd + beta, the folded ReLU after, rounded once. eval: mean and
-// invstd from the running estimates.
+// invstd from the running estimates. A fused residual add (z, stored as y; z may be y): the
+// normalised value rounded to zr as the unfused batch norm stored it, z added, then the ReLU
+// and the rounding of the add's output: the unfused ops' bits in one pass.
 __global__ void k_bn_apply(void *y, const void *x, const float *gamma, const float *beta,
                            const float *mean, const float *invstd_or_var, bool from_var, float eps,
-                           bool relu, bn16 d, mgt_sto si, mgt_sto so)
+                           bool relu, bn16 d, mgt_sto si, mgt_sto so, const void *z,
+                           mgt_precision zr)
 {
     const size_t total = (size_t)d.n * d.c * d.hw;
     for (size_t e = thread_index(); e < total; e += thread_stride()) {
@@ -281,6 +284,8 @@ __global__ void k_bn_apply(void *y, const void *x, const float *gamma, const flo
         const float is = from_var ? (float)(1.0 / sqrt((double)invstd_or_var[ci] + (double)eps))
                                   : invstd_or_var[ci];
         float v = gamma[ci] * ((sto_ld(x, e, si) - mean[ci]) * is) + beta[ci];
+        if (z)
+            v = mgt_lowp_round(zr, v) + sto_ld(z, e, so);
         if (relu && !(v > 0.0f || isnan(v)))
             v = 0.0f;
         sto_st(y, e, v, so);
@@ -325,10 +330,12 @@ __global__ void k_bn_bwd_finish(double2 *sums, float *dgamma, float *dbeta, cons
     }
 }
 
-// dx = gamma invstd / m (m dy' - sum dy' - xhat sum dy' xhat), rounded once
+// dx = gamma invstd / m (m dy' - sum dy' - xhat sum dy' xhat), rounded once; a fused residual
+// add's gradient dz = dy' (exact: dy or 0), written after dy is read (dz may be dy).
 __global__ void k_bn_bwd_apply(void *dx, const void *dy, const void *y, const void *x,
                                const float *gamma, const float *mean, const float *invstd,
-                               const double2 *sums, bool relu, bn16 d, mgt_sto si, mgt_sto so)
+                               const double2 *sums, bool relu, bn16 d, mgt_sto si, mgt_sto so,
+                               void *dz)
 {
     const size_t total = (size_t)d.n * d.c * d.hw;
     const double m = (double)d.n * d.hw;
@@ -339,6 +346,8 @@ __global__ void k_bn_bwd_apply(void *dx, const void *dy, const void *y, const vo
         const double g = relu && !(sto_ld(y, e, so) > 0.0f) ? 0.0 : (double)sto_ld(dy, e, so);
         const double xhat = ((double)sto_ld(x, e, si) - mean[ci]) * is;
         sto_st(dx, e, (float)(gamma[ci] * is / m * (m * g - sums[ci].x - xhat * sums[ci].y)), si);
+        if (dz)
+            sto_st(dz, e, (float)g, so);
     }
 }
 
@@ -397,7 +406,7 @@ mgt_status bn_train16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto 
         b.sh.momentum);
     k_bn_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
         b.y, b.x, b.gamma, b.beta, b.save_mean, b.save_invstd, false, b.sh.eps, b.sh.relu, d, si,
-        so);
+        so, b.z, b.z_round);
     return MGT_CUDA_AFTER(s, "batchnorm_forward_train");
 }
 
@@ -407,7 +416,7 @@ mgt_status bn_eval16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto s
     bn16 d = {b.sh.n, b.sh.c, b.sh.hw, b.sh.layout == MGT_LAYOUT_NHWC, 1};
     k_bn_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
         b.y, b.x, b.gamma, b.beta, b.running_mean, b.running_var, true, b.sh.eps, b.sh.relu, d, si,
-        so);
+        so, b.z, b.z_round);
     return MGT_CUDA_AFTER(s, "batchnorm_forward_eval");
 }
 
@@ -426,7 +435,8 @@ mgt_status bn_bwd16(mgt_cuda_stream *s, const mgt_op *op, mgt_sto si, mgt_sto so
     k_bn_bwd_finish<<<blocks_for((size_t)d.c), kThreads, 0, s->stream>>>(sums, b.dgamma, b.dbeta,
                                                                          partial, d);
     k_bn_bwd_apply<<<blocks_for((size_t)d.n * d.c * d.hw), kThreads, 0, s->stream>>>(
-        b.dx, b.dy, b.y, b.x, b.gamma, b.save_mean, b.save_invstd, sums, b.sh.relu, d, si, so);
+        b.dx, b.dy, b.y, b.x, b.gamma, b.save_mean, b.save_invstd, sums, b.sh.relu, d, si, so,
+        b.dz);
     return MGT_CUDA_AFTER(s, "batchnorm_backward");
 }
 
