@@ -1066,6 +1066,10 @@ static const int conv_blocked_shapes[][14] = {
     {3, 16, 10, 8, 16, 3, 3, 2, 2, 1, 1, 16, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {2, 48, 7, 7, 48, 5, 5, 1, 1, 2, 2, 48, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
     {1, 32, 11, 11, 32, 5, 5, 2, 2, 2, 2, 32, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    /* a small input's last stages: fewer pixels than taps */
+    {3, 16, 2, 2, 16, 5, 5, 2, 2, 2, 2, 16, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {2, 32, 1, 1, 32, 5, 5, 1, 1, 2, 2, 32, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
+    {2, 16, 3, 3, 16, 5, 5, 1, 1, 2, 2, 16, MGT_LAYOUT_NCHW16C, MGT_LAYOUT_NCHW16C},
 };
 #define N_CONV_BLOCKED ((int)(sizeof conv_blocked_shapes / sizeof conv_blocked_shapes[0]))
 
@@ -1272,11 +1276,23 @@ static const int bn_shapes[][3] = {{1, 3, 7},  {2, 5, 1},   {4, 13, 9}, {3, 16, 
 static const int bn_blocked_shapes[][3] = {{4, 16, 9}, {2, 32, 25}, {5, 48, 1}, {9, 16, 70}};
 #define N_BN_BLOCKED ((int)(sizeof bn_blocked_shapes / sizeof bn_blocked_shapes[0]))
 
-/* n, c, hw, blocked of the cases with a folded ReLU, last (train, eval and backward only) */
-static const int bn_relu_shapes[][4] = {
-    {4, 13, 9, 0}, {3, 16, 49, 0}, {1, 6, 2, 0}, {2, 32, 25, 1}, {9, 16, 70, 1}};
+/* n, c, hw, blocked of the cases with a folded ReLU, last (train, eval and backward only);
+   blocked 2: with a fused residual add too (the mock devices' nChw16c kernels, as plan_fusion
+   folds a ResNet block's last batch norm there) */
+static const int bn_relu_shapes[][4] = {{4, 13, 9, 0},  {3, 16, 49, 0}, {1, 6, 2, 0},
+                                        {2, 32, 25, 1}, {9, 16, 70, 1}, {2, 32, 25, 2},
+                                        {9, 16, 70, 2}, {3, 48, 13, 2}};
 #define N_BN_RELU ((int)(sizeof bn_relu_shapes / sizeof bn_relu_shapes[0]))
 #define N_BN_CASES (N_BN_SHAPES + 3 + N_BN_BLOCKED + N_BN_RELU)
+
+static void bn_residual_add(tcase *c);
+
+/* Whether case idx of the batch-norm kinds has a fused residual add. */
+static bool bn_case_residual(int idx)
+{
+    return idx >= N_BN_SHAPES + 3 + N_BN_BLOCKED && idx < N_BN_CASES &&
+           bn_relu_shapes[idx - N_BN_SHAPES - 3 - N_BN_BLOCKED][3] == 2;
+}
 
 static void bn_shape_of(int idx, rng *r, mgt_bn_shape *sh)
 {
@@ -1351,6 +1367,8 @@ static bool gen_bn_train(tcase *c, int idx, rng *r)
     b->sh = sh;
     c->rtol = tol_for((double)sh.n * sh.hw) * 4;
     bn_desc(c, &sh);
+    if (bn_case_residual(idx))
+        bn_residual_add(c);
     return true;
 }
 
@@ -1379,6 +1397,8 @@ static bool gen_bn_eval(tcase *c, int idx, rng *r)
     b->sh = sh;
     c->rtol = 4e-6;
     bn_desc(c, &sh);
+    if (bn_case_residual(idx))
+        bn_residual_add(c);
     return true;
 }
 
@@ -1510,6 +1530,8 @@ static bool gen_bn_bwd(tcase *c, int idx, rng *r)
     b->sh = sh;
     c->rtol = tol_for((double)sh.n * sh.hw) * 4;
     bn_desc(c, &sh);
+    if (bn_case_residual(idx))
+        bn_residual_add(c);
     return true;
 }
 
@@ -3010,15 +3032,24 @@ static const int chscale_shapes[][4] = {
     {3, 40, 1, 0}, {1, 1, 1, 1}, {2, 3, 5, 1},   {2, 16, 49, 1}, {5, 96, 196, 1}, {2, 7, 4099, 0},
 };
 #define N_CHSCALE_SHAPES ((int)(sizeof chscale_shapes / sizeof chscale_shapes[0]))
+/* in nChw16c (the mock devices' squeeze-excite inside a blocked body), after the NCHW ones */
+static const int chscale_blocked_shapes[][4] = {
+    {2, 16, 49, 0}, {3, 32, 7, 0}, {1, 48, 1, 0}, {5, 96, 196, 1}, {2, 16, 13, 1}};
+#define N_CHSCALE_BLOCKED ((int)(sizeof chscale_blocked_shapes / sizeof chscale_blocked_shapes[0]))
 
 /* Every shape; backward also without dscale (the stochastic-depth use) and with dx = dy. */
 static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
 {
     int reps = fwd ? 1 : 3;
-    if (idx >= N_CHSCALE_SHAPES * reps)
+    bool blocked = idx >= N_CHSCALE_SHAPES * reps;
+    if (blocked)
+        idx -= N_CHSCALE_SHAPES * reps;
+    int per = blocked ? N_CHSCALE_BLOCKED : N_CHSCALE_SHAPES;
+    if (idx >= per * reps)
         return false;
-    const int *shp = chscale_shapes[idx % N_CHSCALE_SHAPES];
-    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / N_CHSCALE_SHAPES;
+    const int *shp = blocked ? chscale_blocked_shapes[idx % per] : chscale_shapes[idx % per];
+    int n = shp[0], ch = shp[1], hw = shp[2], variant = idx / per;
+    mgt_layout layout = blocked ? MGT_LAYOUT_NCHW16C : MGT_LAYOUT_NCHW;
     bool shared = shp[3] != 0;
     size_t nx = (size_t)n * ch * hw, ns = (size_t)(shared ? 1 : n) * ch;
     float *x = case_f32(c, nx), *sc = case_f32(c, ns);
@@ -3033,6 +3064,7 @@ static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
         c->op.u.chscale_fwd.c = ch;
         c->op.u.chscale_fwd.hw = hw;
         c->op.u.chscale_fwd.shared = shared;
+        c->op.u.chscale_fwd.layout = layout;
         c->rtol = 0;
     } else {
         float *dy = case_f32(c, nx), *ds = variant == 1 ? NULL : case_f32(c, ns);
@@ -3049,14 +3081,16 @@ static bool gen_chscale(tcase *c, int idx, rng *r, bool fwd)
         c->op.u.chscale_bwd.c = ch;
         c->op.u.chscale_bwd.hw = hw;
         c->op.u.chscale_bwd.shared = shared;
+        c->op.u.chscale_bwd.layout = layout;
         c->rtol = tol_for((double)hw * (shared ? n : 1)) * 2;
         c->mag = 1;
     }
-    case_desc(c, "n=%d c=%d hw=%d%s%s", n, ch, hw, shared ? " shared" : "",
+    case_desc(c, "n=%d c=%d hw=%d%s%s%s", n, ch, hw, shared ? " shared" : "",
               fwd            ? ""
               : variant == 1 ? " no dscale"
               : variant == 2 ? " dx=dy"
-                             : "");
+                             : "",
+              blocked ? " nChw16c" : "");
     return true;
 }
 
@@ -3340,8 +3374,17 @@ static void bn_residual(tcase *c)
     const mgt_bn_shape *sh = op->kind == MGT_OP_BN_FWD_TRAIN  ? &op->u.bn_train.sh
                              : op->kind == MGT_OP_BN_FWD_EVAL ? &op->u.bn_eval.sh
                                                               : &op->u.bn_bwd.sh;
-    if (!sh->relu || turn++ % 2)
-        return;
+    if (sh->relu && turn++ % 2 == 0 && !mgt_op_bn_residual(op))
+        bn_residual_add(c);
+}
+
+/* The fused residual add of a batch-norm case with a folded ReLU. */
+static void bn_residual_add(tcase *c)
+{
+    mgt_op *op = &c->op;
+    const mgt_bn_shape *sh = op->kind == MGT_OP_BN_FWD_TRAIN  ? &op->u.bn_train.sh
+                             : op->kind == MGT_OP_BN_FWD_EVAL ? &op->u.bn_eval.sh
+                                                              : &op->u.bn_bwd.sh;
     size_t n = (size_t)sh->n * sh->c * sh->hw;
     if (op->kind == MGT_OP_BN_BWD) {
         op->u.bn_bwd.dz = case_f32(c, n);

@@ -870,7 +870,8 @@ static void test_activation_vectors(void **state)
 }
 
 /* ---- 16-bit storage: the AVX-512 lanes against the baseline's tiles ----
-   Batch norm (training forward with a folded ReLU, backward masked by it) in nChw16c, add and
+   Batch norm (training forward with a folded ReLU and a fused residual add, backward masked by
+   it, with the residual's gradient) in nChw16c, add and
    ReLU over bf16 and fp16 codes: the lanes widen and round in registers what the baseline widens
    into tiles, with the same operations between, so both must give the same codes, statistics
    and parameter gradients, including lengths that end in a partial vector. */
@@ -887,7 +888,7 @@ static void test_lanes16_bits(void **state)
             size_t nx = (size_t)n * c * hw, ne = nx - 3; /* the elementwise ops' odd length */
             float *xf = rand_floats(nx), *dyf = rand_floats(nx), *gamma = rand_floats((size_t)c),
                   *beta = rand_floats((size_t)c);
-            uint16_t *x = malloc(nx * 2), *dy = malloc(nx * 2), *out[2][5];
+            uint16_t *x = malloc(nx * 2), *dy = malloc(nx * 2), *out[2][6];
             assert_true(x && dy);
             for (size_t i = 0; i < nx; i++) {
                 x[i] = mgt_lowp_encode(p, 5.0f + 3.0f * xf[i]);
@@ -895,7 +896,7 @@ static void test_lanes16_bits(void **state)
             }
             float st[2][6][32] = {{{0}}};       /* mean, invstd, running mean, var, dgamma, dbeta */
             for (int run = 0; run < 2; run++) { /* the lanes, then the baseline */
-                for (int k = 0; k < 5; k++) {   /* y, dx, x + dy, relu(dy), relu'(dy; x) */
+                for (int k = 0; k < 6; k++) {   /* y, dx, x + dy, relu(dy), relu'(dy; x), dz */
                     out[run][k] = malloc(nx * 2);
                     assert_non_null(out[run][k]);
                 }
@@ -904,12 +905,14 @@ static void test_lanes16_bits(void **state)
                     s[3][ch] = 1.0f;
                 void *y = out[run][0], *dx = out[run][1];
                 mgt_bn_shape sh = {n, c, hw, 1e-5f, 0.1f, BLK, true};
+                /* the batch norm with a fused residual add (z: dy's codes) */
                 mgt_op ops[5] = {
                     {.kind = MGT_OP_BN_FWD_TRAIN,
-                     .u.bn_train = {y, s[0], s[1], s[2], s[3], (float *)x, gamma, beta, sh}},
+                     .u.bn_train = {y, s[0], s[1], s[2], s[3], (float *)x, gamma, beta, sh,
+                                    (float *)dy, p}},
                     {.kind = MGT_OP_BN_BWD,
-                     .u.bn_bwd = {dx, s[4], s[5], (float *)dy, y, (float *)x, gamma, s[0], s[1],
-                                  sh}},
+                     .u.bn_bwd = {dx, s[4], s[5], (float *)dy, y, (float *)x, gamma, s[0], s[1], sh,
+                                  (float *)out[run][5]}},
                     {.kind = MGT_OP_ADD,
                      .u.add = {(float *)out[run][2], (float *)x, (float *)dy, ne}},
                     {.kind = MGT_OP_RELU_FWD,
@@ -924,17 +927,18 @@ static void test_lanes16_bits(void **state)
                 }
             }
             ctxs[1].vec_baseline = false;
-            static const char *const what[] = {"batchnorm_forward_train", "batchnorm_backward",
-                                               "add", "relu_forward", "relu_backward"};
-            for (int k = 0; k < 5; k++)
-                if (memcmp(out[0][k], out[1][k], (k < 2 ? nx : ne) * 2) != 0)
+            static const char *const what[] = {
+                "batchnorm_forward_train", "batchnorm_backward",     "add", "relu_forward",
+                "relu_backward",           "batchnorm_backward's dz"};
+            for (int k = 0; k < 6; k++)
+                if (memcmp(out[0][k], out[1][k], (k < 2 || k == 5 ? nx : ne) * 2) != 0)
                     fail_msg("%s n %d c %d hw %d: %s on the lanes differs from the baseline",
                              mgt_precision_name(p), n, c, hw, what[k]);
             if (memcmp(st[0], st[1], sizeof st[0]) != 0)
                 fail_msg("%s n %d c %d hw %d: statistics or dgamma/dbeta differ on the lanes",
                          mgt_precision_name(p), n, c, hw);
             for (int r = 0; r < 2; r++)
-                for (int k = 0; k < 5; k++)
+                for (int k = 0; k < 6; k++)
                     free(out[r][k]);
             void *bufs[] = {xf, dyf, gamma, beta, x, dy};
             for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)

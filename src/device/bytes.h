@@ -43,6 +43,8 @@ static inline bool mgt_op_names_nchw16c(const mgt_op *op)
     case MGT_OP_MAXPOOL_BWD: return op->u.maxpool_bwd.sh.layout == MGT_LAYOUT_NCHW16C;
     case MGT_OP_AVGPOOL_FWD: return op->u.avgpool_fwd.layout == MGT_LAYOUT_NCHW16C;
     case MGT_OP_AVGPOOL_BWD: return op->u.avgpool_bwd.layout == MGT_LAYOUT_NCHW16C;
+    case MGT_OP_CHSCALE_FWD: return op->u.chscale_fwd.layout == MGT_LAYOUT_NCHW16C;
+    case MGT_OP_CHSCALE_BWD: return op->u.chscale_bwd.layout == MGT_LAYOUT_NCHW16C;
     default: return false;
     }
 }

@@ -1032,10 +1032,18 @@ static void operands_act_bwd(mgt_op *op, operand_list *l)
     ADD(l, op->u.act_bwd.x, "x", op->u.act_bwd.n, act_in(op), IN);
 }
 
+/* The channel scale also takes the mock devices' nChw16c (EfficientNet's squeeze-excite
+   inside a blocked body). */
+static mgt_status check_planes_any(const mgt_op *op, int n, int c, int hw, mgt_layout l)
+{
+    mgt_status st = check_planes(op, n, c, hw);
+    return st == MGT_OK ? check_layout(op, l, c, "x") : st;
+}
+
 static mgt_status check_chscale_fwd(const mgt_op *op)
 {
     const mgt_chscale_fwd_args *a = &op->u.chscale_fwd;
-    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
+    return check_planes_any(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_fwd(mgt_op *op, operand_list *l)
@@ -1049,7 +1057,7 @@ static void operands_chscale_fwd(mgt_op *op, operand_list *l)
 static mgt_status check_chscale_bwd(const mgt_op *op)
 {
     const mgt_chscale_bwd_args *a = &op->u.chscale_bwd;
-    return check_planes_in(op, a->n, a->c, a->hw, a->layout);
+    return check_planes_any(op, a->n, a->c, a->hw, a->layout);
 }
 
 static void operands_chscale_bwd(mgt_op *op, operand_list *l)

@@ -935,8 +935,9 @@ static void slot_release(planner *p, int s)
 /* Whether a node of this kind reads (and, but for the global pool, writes) the device's
    blocked layout: the convolution without bias, plain or depthwise (oneDNN's direct and
    depthwise kernels; other groups would take its reference loops), batch norm, ReLU, the other
-   activations and add (elementwise, so any layout), stochastic depth (a scale per image, whose
-   values are contiguous in either layout), max pooling, and the global average pool as a reader
+   activations and add (elementwise, so any layout), the channel scale (squeeze-excite's; its
+   gate, [n, c, 1, 1], stays NCHW), stochastic depth (a scale per image, whose values are
+   contiguous in either layout), max pooling, and the global average pool as a reader
    (its output has no pixels). */
 static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
@@ -948,6 +949,7 @@ static bool takes_blocked(const mgt_model *m, const nn_node *nd, bool as_reader)
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn; /* their kernels take NCHW */
     case NN_RELU:
     case NN_ACT:
+    case NN_SCALE:
     case NN_SDEPTH:
     case NN_ADD:
     case NN_MAXPOOL: return true;
@@ -1201,7 +1203,8 @@ static mgt_status plan_grads(planner *p)
 
 /* A residual add and the ReLU after it folded into the batch norm that makes one of the add's
    inputs (mgt_bn_train_args.z), on a channels-last device (CUDA's NHWC 16-bit kernels: one
-   pass each way, as cuDNN's CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION), where
+   pass each way, as cuDNN's CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION) or in the mock devices'
+   nChw16c (their blocked batch-norm kernels, fp32 or 16-bit), where
    - the BN is the node just before the add and the ReLU the one just after it, so that in
      backward the BN masks the gradient where the ReLU would have (nothing runs in between);
    - the BN's output is 16-bit and read by the add alone, the add's by the ReLU alone;
@@ -1215,7 +1218,8 @@ static mgt_status plan_grads(planner *p)
    (z_round). ResNet's blocks: their last BN, or the downsample's (built just before the add). */
 static void fold_residual_adds(mgt_model *m)
 {
-    if (!m->dev || mgt_device_act_layout(m->dev) != MGT_LAYOUT_NHWC)
+    mgt_layout dl = m->dev ? mgt_device_act_layout(m->dev) : MGT_LAYOUT_NCHW;
+    if (dl != MGT_LAYOUT_NHWC && dl != MGT_LAYOUT_NCHW16C)
         return;
     for (int i = 1; i + 1 < m->n_nodes; i++) {
         nn_node *d = &m->nodes[i], *bn = &m->nodes[i - 1], *r = &m->nodes[i + 1];
@@ -1226,9 +1230,11 @@ static void fold_residual_adds(mgt_model *m)
         if (k < 0)
             continue;
         const nn_value *v = &m->values[bn->out], *a = &m->values[d->out];
-        if (v->dtype == MGT_PREC_F32 || v->consumers != 1 || a->consumers != 1 || !d->inplace ||
-            !r->inplace || r->gmode[0] != NN_G_WRITE || r->gin[0] != r->gout ||
-            r->unshare[0] >= 0 || d->gmode[k] != NN_G_ALIAS ||
+        bool kernel = dl == MGT_LAYOUT_NHWC ? v->dtype != MGT_PREC_F32 /* CUDA: 16-bit NHWC */
+                                            : v->layout == MGT_LAYOUT_NCHW16C; /* mock */
+        if (!kernel || v->consumers != 1 || a->consumers != 1 || !d->inplace || !r->inplace ||
+            r->gmode[0] != NN_G_WRITE || r->gin[0] != r->gout || r->unshare[0] >= 0 ||
+            d->gmode[k] != NN_G_ALIAS ||
             (d->gmode[1 - k] != NN_G_ALIAS && d->gmode[1 - k] != NN_G_NONE) || d->unshare[0] >= 0 ||
             d->unshare[1] >= 0)
             continue;

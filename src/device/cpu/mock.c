@@ -941,7 +941,8 @@ static mgt_precision mock_act_dtype(const mgt_device *d, mgt_precision amp)
 static bool mock_supports_op(mgt_device *d, const mgt_op *op)
 {
     (void)d;
-    return cpu_supports(op->kind) && !mgt_op_bn_residual(op);
+    /* a fused residual add: the nChw16c batch-norm kernels only */
+    return cpu_supports(op->kind) && (!mgt_op_bn_residual(op) || mgt_op_blocked(op));
 }
 
 static mgt_status mock_launch(mgt_stream *s, const mgt_op *op)

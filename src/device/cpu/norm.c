@@ -1,5 +1,6 @@
 /* The CPU kernels of batch norm (NCHW and nChw16c, the training forward with its statistics,
    eval, backward, the split statistics of SyncBN) and of the layer norm over channels. */
+#include "device/lowp.h"
 #include "device/cpu/lane16.h"
 
 /* The batch-norm sums run in float over sixteen lanes, in blocks of BN_BLOCK elements (64 adds
@@ -278,10 +279,13 @@ static int bnb_parts(int n) { return n < BNB_PARTS ? n : BNB_PARTS; }
 typedef struct bnb_job {
     int n, cb, parts;
     size_t hw;
-    const float *x, *dy; /* dy: backward only */
-    const float *ymask;  /* backward with a folded ReLU: the forward's output, else NULL */
-    float *y;            /* y, or dx */
-    bool relu;           /* forward with a folded ReLU */
+    const float *x, *dy;   /* dy: backward only */
+    const float *ymask;    /* backward with a folded ReLU: the forward's output, else NULL */
+    float *y;              /* y, or dx */
+    bool relu;             /* forward with a folded ReLU */
+    const float *z;        /* forward with a fused residual add: z (stored as y; may be y) */
+    mgt_precision z_round; /* what the BN's result is rounded to before z is added */
+    float *dz;             /* backward with a fused residual add: the masked dy (may be dy) */
     double *sums;        /* [n][2][c]: per image, the first sum of every channel, then the second */
     const float *shift;  /* [c]: the value each channel's sums are shifted by */
     float *k0, *k1, *k2; /* [c]: the elementwise pass's coefficients */
@@ -460,6 +464,11 @@ LANE16 static void bnb_affine_lanes(const bnb_job *j, size_t lo, size_t hi)
         vf16 sub = V16_LD(j->k0 + b), mul = V16_LD(j->k1 + b), add = V16_LD(j->k2 + b);
         for (size_t at = pl * plane; at < (pl + 1) * plane; at += 16) {
             vf16 v = (lane16_ld(p, j->x, at, 0xffff) - sub) * mul + add;
+            if (j->z) { /* the add's rounding point, then the add */
+                if (j->z_round != MGT_PREC_F32)
+                    v = (vf16)lane16_widen(j->z_round, lane16_round(j->z_round, (__m512)v));
+                v += lane16_ld(p, j->z, at, 0xffff);
+            }
             lane16_st(p, j->y, at, j->relu ? (vf16)((vi16)v & ~(v <= 0.0f)) : v, 0xffff);
         }
     }
@@ -485,12 +494,22 @@ static void bnb_affine_item(void *c, int i, int t)
         for (size_t e0 = 0; e0 < plane; e0 += span) {
             size_t n = min_z(span, plane - e0), off = pl * plane + e0;
             const float *x = bnb_in(j, j->x, off, bnb_tile(j, t, 0), n);
+            const float *z = j->z ? bnb_in(j, j->z, off, bnb_tile(j, t, 2), n) : NULL;
             float *y = j->p16 == MGT_PREC_F32 ? j->y + off : bnb_tile(j, t, 1);
-            for (size_t e = 0; e < n; e += 16)
-                for (int q = 0; q < 4; q++) {
-                    vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
-                    vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+            if (z) { /* a fused residual: the lanes' operations, one element at a time */
+                for (size_t e = 0; e < n; e++) {
+                    size_t ch = b * 16 + e % 16;
+                    float f = (x[e] - j->k0[ch]) * j->k1[ch] + j->k2[ch];
+                    f = mgt_lowp_round(j->z_round, f) + z[e];
+                    y[e] = relu && f <= 0.0f ? 0.0f : f;
                 }
+            } else {
+                for (size_t e = 0; e < n; e += 16)
+                    for (int q = 0; q < 4; q++) {
+                        vf v = (vld(x + e + 4 * q) - sub[q]) * mul[q] + add[q];
+                        vst(y + e + 4 * q, relu ? (vf)((vi)v & ~(v <= 0.0f)) : v);
+                    }
+            }
             if (j->p16 != MGT_PREC_F32)
                 cpu16_round(j->p16, y, (uint16_t *)(void *)j->y + off, n);
         }
@@ -512,6 +531,8 @@ LANE16 static void bnb_dx_lanes(const bnb_job *j, size_t lo, size_t hi)
             if (j->ymask)
                 dy = (vf16)((vi16)dy & (lane16_ld(p, j->ymask, at, 0xffff) > 0.0f));
             vf16 x = lane16_ld(p, j->x, at, 0xffff);
+            if (j->dz) /* after every read of dy: dz may be dy */
+                lane16_st(p, j->dz, at, dy, 0xffff);
             lane16_st(p, j->y, at, k * (dy - mdy - (x - fm) * kx), 0xffff);
         }
     }
@@ -550,6 +571,13 @@ static void bnb_dx_item(void *c, int i, int t)
                 }
             if (j->p16 != MGT_PREC_F32)
                 cpu16_round(j->p16, dx, (uint16_t *)(void *)j->y + off, n);
+            if (j->dz) { /* the masked dy, after the span's every read of dy (dz may be dy) */
+                float *mz = j->p16 == MGT_PREC_F32 ? j->dz + off : (float *)dy;
+                for (size_t e = 0; e < n; e++)
+                    mz[e] = relu_dy(dy, ym, e);
+                if (j->p16 != MGT_PREC_F32)
+                    cpu16_round(j->p16, mz, (uint16_t *)(void *)j->dz + off, n);
+            }
         }
     }
 }
@@ -577,6 +605,13 @@ static mgt_status bnb_setup(cpu_ctx *ctx, const mgt_op *op, const mgt_bn_shape *
                    .ymask = dy && sh->relu ? op->u.bn_bwd.y : NULL, /* dy: op is bn_bwd */
                    .y = y,
                    .relu = !dy && sh->relu,
+                   .z = op->kind == MGT_OP_BN_FWD_TRAIN  ? op->u.bn_train.z
+                        : op->kind == MGT_OP_BN_FWD_EVAL ? op->u.bn_eval.z
+                                                         : NULL,
+                   .z_round = op->kind == MGT_OP_BN_FWD_TRAIN  ? op->u.bn_train.z_round
+                              : op->kind == MGT_OP_BN_FWD_EVAL ? op->u.bn_eval.z_round
+                                                               : MGT_PREC_F32,
+                   .dz = op->kind == MGT_OP_BN_BWD ? op->u.bn_bwd.dz : NULL,
                    .sums = (double *)ctx->scratch,
                    .shift = f,
                    .k0 = f + c,
