@@ -54,8 +54,9 @@ static inline bool mgt_op_names_nchw16c(const mgt_op *op)
    The CUDA backend's supports_op, and the byte model's, so that a traced step is one CUDA
    can run. */
 /* The kinds with CUDA kernels for 16-bit activations (src/device/cuda/store16.cu's switch): of
-   mgt_op_takes_store's, all but the channel bias and scale, dropout and LayerNorm2d, whose
-   values a CUDA model keeps fp32 (nn/graph.c's takes_nhwc16). */
+   mgt_op_takes_store's, all but the channel bias and scale, dropout, LayerNorm2d and the
+   transformers' ops (gemm, bias, permute, attention), whose values a CUDA model keeps fp32
+   (nn/graph.c's takes_nhwc16). */
 static inline bool mgt_op_cuda_store16_kind(mgt_op_kind kind)
 {
     switch (kind) {
@@ -65,7 +66,13 @@ static inline bool mgt_op_cuda_store16_kind(mgt_op_kind kind)
     case MGT_OP_CHSCALE_BWD:
     case MGT_OP_DROPOUT:
     case MGT_OP_LNC_FWD:
-    case MGT_OP_LNC_BWD: return false;
+    case MGT_OP_LNC_BWD:
+    case MGT_OP_GEMM:
+    case MGT_OP_BIAS_FWD:
+    case MGT_OP_BIAS_BWD:
+    case MGT_OP_PERMUTE:
+    case MGT_OP_ATTN_FWD:
+    case MGT_OP_ATTN_BWD: return false;
     default: return mgt_op_takes_store(kind);
     }
 }
