@@ -1188,16 +1188,21 @@ static bool fd_gemm(tcase *c, int t)
     case_desc(c, "%c%c m=%d n=%d k=%d lda=%d ldb=%d alpha=%g", ta ? 'T' : 'N', tb ? 'T' : 'N', m, n,
               k, lda, ldb, (double)alpha);
     mgt_op fwd = {.kind = MGT_OP_GEMM};
-    fwd.u.gemm = (mgt_gemm_args){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n};
+    fwd.u.gemm =
+        (mgt_gemm_args){ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, cm, n, false, false, false};
     mgt_op ga = {.kind = MGT_OP_GEMM}, gb = {.kind = MGT_OP_GEMM};
     if (!ta) /* dA [m,k] = alpha R op(B)^T */
-        ga.u.gemm = (mgt_gemm_args){false, !tb, m, k, n, alpha, rw, n, b, ldb, 0, da, lda};
+        ga.u.gemm = (mgt_gemm_args){false, !tb, m, k,  n,   alpha, rw,    n,
+                                    b,     ldb, 0, da, lda, false, false, false};
     else /* dA [k,m] = alpha op(B) R^T */
-        ga.u.gemm = (mgt_gemm_args){tb, true, k, m, n, alpha, b, ldb, rw, n, 0, da, lda};
+        ga.u.gemm = (mgt_gemm_args){tb, true, k, m,  n,   alpha, b,     ldb,
+                                    rw, n,    0, da, lda, false, false, false};
     if (!tb) /* dB [k,n] = alpha op(A)^T R */
-        gb.u.gemm = (mgt_gemm_args){!ta, false, k, n, m, alpha, a, lda, rw, n, 0, db, ldb};
+        gb.u.gemm = (mgt_gemm_args){!ta, false, k, n,  m,   alpha, a,     lda,
+                                    rw,  n,     0, db, ldb, false, false, false};
     else /* dB [n,k] = alpha R^T op(A) */
-        gb.u.gemm = (mgt_gemm_args){true, ta, n, k, m, alpha, rw, n, a, lda, 0, db, ldb};
+        gb.u.gemm = (mgt_gemm_args){true, ta,  n, k,  m,   alpha, rw,    n,
+                                    a,    lda, 0, db, ldb, false, false, false};
     fd_ops(f, &fwd, &ga, false, (fd_term){cm, rw, ncm}, 1e-2f);
     f->bwd[f->nbwd++] = gb;
     fd_wrt_add(f, a, na, da, "a");
@@ -3264,13 +3269,20 @@ static int array_of(const tcase *c, const void *p, size_t *elem)
     return -1;
 }
 
-static bool case_to16(tcase *c, mgt_precision prec)
+static bool case_to16(tcase *c, int gidx, mgt_precision prec)
 {
     c->op.store_in = c->op.store_out = prec;
     if (c->op.kind == MGT_OP_BN_FWD_TRAIN) /* a fused residual add rounds where the add would */
         c->op.u.bn_train.z_round = prec;
     if (c->op.kind == MGT_OP_BN_FWD_EVAL)
         c->op.u.bn_eval.z_round = prec;
+    if (c->op.kind == MGT_OP_GEMM) { /* a linear layer's: y = x W^T and dx = dy W (a and c),
+                                        dW = dy^T x (a and b), the class token's sum (b) */
+        int form = gidx / 2 % 3;
+        c->op.u.gemm.a16 = form < 2;
+        c->op.u.gemm.b16 = form > 0;
+        c->op.u.gemm.c16 = form == 0;
+    }
     mgt_operand ops[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(&c->op, ops);
     int kind[MAX_ARRAYS] = {0}; /* 1: an fp32 operand's, 2: a 16-bit one's */
@@ -4113,7 +4125,7 @@ int main(int argc, char **argv)
         }
         if (first16 >= 0) {
             if (c.fd.nwrt || (first_nhwc >= 0 && !case_to_nhwc(&c)) ||
-                !case_to16(&c, gidx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16)) {
+                !case_to16(&c, gidx, gidx % 2 ? MGT_PREC_FP16 : MGT_PREC_BF16)) {
                 case_free(&c);
                 continue;
             }

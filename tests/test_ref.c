@@ -1377,14 +1377,16 @@ static void test_gemm_lp_rounds_inputs(void **state)
     for (size_t i = 0; i < 2; i++) {
         float c = c0;
         mgt_op op = {.kind = MGT_OP_GEMM, .prec = cases[i].p};
-        op.u.gemm = (mgt_gemm_args){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 1.0f, &c, 1};
+        op.u.gemm = (mgt_gemm_args){false, false, 1,    1,  1, 1.0f,  &a,    1,
+                                    &b,    1,     1.0f, &c, 1, false, false, false};
         run(&op);
         assert_true(bits_of(c) == bits_of(cases[i].want));
     }
     /* and a precision none of the three is refused */
     float c = 0;
     mgt_op bad = {.kind = MGT_OP_GEMM, .prec = (mgt_precision)7};
-    bad.u.gemm = (mgt_gemm_args){false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1};
+    bad.u.gemm = (mgt_gemm_args){false, false, 1,    1,  1, 1.0f,  &a,    1,
+                                 &b,    1,     0.0f, &c, 1, false, false, false};
     assert_int_equal(mgt_op_check(&bad), MGT_ERR_INVALID);
 }
 

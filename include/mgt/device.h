@@ -764,6 +764,23 @@ mgt_status mgt_layernorm_channels_backward_st(mgt_stream *s, mgt_store st, float
                                               float *dweight, float *dbias, const float *dy,
                                               const float *x, const float *weight, int n, int c,
                                               int hw, float eps, mgt_layout l);
+/* The transformers' ops with 16-bit activations (a linear layer over tokens, the position
+   embedding, the token copies, attention). The gemm's operands named in g (a, b, c) are
+   activations stored in g.fmt; the others, and every parameter and gradient of one, fp32. A
+   permute reads its source as st.in and writes its destination as st.out (the same format, or
+   an fp32 source rounded: ViT's class token). Attention's q, k, v and their gradients are
+   stored as st.in, y and dy as st.out; the bias, mask, lse and logit scale stay fp32. */
+typedef struct mgt_gemm_store {
+    mgt_precision fmt; /* F32: none is 16-bit */
+    bool a, b, c;
+} mgt_gemm_store;
+mgt_status mgt_gemm_st(mgt_stream *s, mgt_precision prec, mgt_gemm_store st, bool trans_a,
+                       bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc);
+mgt_status mgt_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias, int rows,
+                               int cols);
+mgt_status mgt_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
+                                int rows, int cols);
 
 /* Per-channel scaling of x [n, c, hw]: y[i, ch, j] = x[i, ch, j] * scale[i * c + ch] (a
    squeeze-excite gate, one vector per image), or with shared, * scale[ch] (a parameter:
@@ -822,6 +839,8 @@ typedef struct mgt_permute_shape {
 } mgt_permute_shape;
 
 mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh);
+mgt_status mgt_permute_st(mgt_stream *s, mgt_store st, float *walk, float *grid,
+                          const mgt_permute_shape *sh);
 
 /* Scaled dot-product attention over `batch` independent groups (images, or the windows of
    images) of `heads` heads, queries t < tq and keys u < tk (head size dh):
@@ -867,6 +886,16 @@ mgt_status mgt_attention_backward(mgt_stream *s, const mgt_attn_grads *g, const 
                                   const float *y, const float *lse, const float *q, const float *k,
                                   const float *v, const float *bias, const float *mask,
                                   const float *logit_scale, const mgt_attn_shape *sh);
+/* The same with 16-bit storage (st: q, k, v and their gradients as st.in, y and dy as st.out) */
+mgt_status mgt_attention_forward_st(mgt_stream *s, mgt_store st, float *y, float *lse,
+                                    const float *q, const float *k, const float *v,
+                                    const float *bias, const float *mask, const float *logit_scale,
+                                    const mgt_attn_shape *sh);
+mgt_status mgt_attention_backward_st(mgt_stream *s, mgt_store st, const mgt_attn_grads *g,
+                                     const float *dy, const float *y, const float *lse,
+                                     const float *q, const float *k, const float *v,
+                                     const float *bias, const float *mask, const float *logit_scale,
+                                     const mgt_attn_shape *sh);
 
 /* The relative position bias's gather: bias[h, i] = alpha * table[index[i] * heads + h] for
    i < n, h < heads (table [rows, heads] as torchvision's relative_position_bias_table; index

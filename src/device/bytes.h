@@ -51,17 +51,33 @@ static inline bool mgt_op_names_nchw16c(const mgt_op *op)
 
 /* Whether the CUDA backend's kernels take the op: fp32 activations in NCHW (cuDNN's fp32 path
    and each family's kernels), 16-bit ones in NHWC or NCHW for every kind that takes a storage
-   (mgt_op_takes_store: store16.cu's switch, with act.cu's, dnn.cu's channels-last
+   (mgt_op_cuda_store16_kind: store16.cu's switch, with act.cu's, dnn.cu's channels-last
    convolutions and the channel ops of elementwise.cu and norm.cu); never nChw16c, nor fp32
    NHWC. The CUDA backend's supports_op, and the byte model's, so that a traced step is one
    CUDA can run. */
+/* The kinds with CUDA kernels for 16-bit activations: of mgt_op_takes_store's, all but the
+   transformers' ops (gemm, bias, permute, attention), whose values a CUDA model keeps fp32
+   (nn/graph.c's takes_16). */
+static inline bool mgt_op_cuda_store16_kind(mgt_op_kind kind)
+{
+    switch (kind) {
+    case MGT_OP_GEMM:
+    case MGT_OP_BIAS_FWD:
+    case MGT_OP_BIAS_BWD:
+    case MGT_OP_PERMUTE:
+    case MGT_OP_ATTN_FWD:
+    case MGT_OP_ATTN_BWD: return false;
+    default: return mgt_op_takes_store(kind);
+    }
+}
+
 static inline bool mgt_op_cuda_takes(const mgt_op *op)
 {
     if (mgt_op_names_nchw16c(op))
         return false;
     if (mgt_op_store16(op) == MGT_PREC_F32) /* cuDNN's batch norm: no fused residual add */
         return !mgt_op_blocked(op) && !mgt_op_bn_residual(op);
-    return mgt_op_takes_store(op->kind);
+    return mgt_op_cuda_store16_kind(op->kind);
 }
 
 #endif

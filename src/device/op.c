@@ -238,9 +238,13 @@ static void operands_gemm(mgt_op *op, operand_list *l)
     mgt_gemm_args *g = &op->u.gemm;
     size_t a = g->trans_a ? strided(g->k, g->lda, g->m) : strided(g->m, g->lda, g->k);
     size_t b = g->trans_b ? strided(g->n, g->ldb, g->k) : strided(g->k, g->ldb, g->n);
-    ADD(l, g->c, "c", strided(g->m, g->ldc, g->n), MGT_F32, beta_role(g->beta));
-    ADD(l, g->a, "a", a, MGT_F32, IN);
-    ADD(l, g->b, "b", b, MGT_F32, IN);
+    mgt_dtype h = mgt_op_store16(op) != MGT_PREC_F32 ? MGT_U16 : MGT_F32;
+    /* 16-bit c with rows apart (ldc > n): INOUT, so that the codes between the rows are kept
+       through the widened copy (mgt_op_run_widened) */
+    mgt_operand_role cr = g->c16 && g->ldc > g->n && h == MGT_U16 ? INOUT : beta_role(g->beta);
+    ADD(l, g->c, "c", strided(g->m, g->ldc, g->n), g->c16 ? h : MGT_F32, cr);
+    ADD(l, g->a, "a", a, g->a16 ? h : MGT_F32, IN);
+    ADD(l, g->b, "b", b, g->b16 ? h : MGT_F32, IN);
 }
 
 /* ---- layouts ---- */
@@ -623,7 +627,7 @@ static mgt_status check_bias_fwd(const mgt_op *op)
 
 static void operands_bias_fwd(mgt_op *op, operand_list *l)
 {
-    ADD(l, op->u.bias_fwd.y, "y", zmul(op->u.bias_fwd.rows, op->u.bias_fwd.cols, 1, 1), MGT_F32,
+    ADD(l, op->u.bias_fwd.y, "y", zmul(op->u.bias_fwd.rows, op->u.bias_fwd.cols, 1, 1), act_out(op),
         INOUT);
     ADD(l, op->u.bias_fwd.bias, "bias", (size_t)op->u.bias_fwd.cols, MGT_F32, IN);
 }
@@ -636,8 +640,8 @@ static mgt_status check_bias_bwd(const mgt_op *op)
 static void operands_bias_bwd(mgt_op *op, operand_list *l)
 {
     ADD(l, op->u.bias_bwd.dbias, "dbias", (size_t)op->u.bias_bwd.cols, MGT_F32, INOUT);
-    ADD(l, op->u.bias_bwd.dy, "dy", zmul(op->u.bias_bwd.rows, op->u.bias_bwd.cols, 1, 1), MGT_F32,
-        IN);
+    ADD(l, op->u.bias_bwd.dy, "dy", zmul(op->u.bias_bwd.rows, op->u.bias_bwd.cols, 1, 1),
+        act_out(op), IN);
 }
 
 /* ---- softmax cross-entropy, top-k ---- */
@@ -1177,8 +1181,12 @@ static void operands_permute(mgt_op *op, operand_list *l)
 {
     mgt_permute_args *a = &op->u.permute;
     /* INOUT: the floats between strided rows (and the grid's unreached ones) keep their value */
-    ADD(l, a->walk, "walk", permute_walk_span(&a->sh), MGT_F32, a->sh.scatter ? IN : INOUT);
-    ADD(l, a->grid, "grid", permute_grid_span(&a->sh), MGT_F32, a->sh.scatter ? INOUT : IN);
+    /* the side read is stored as store_in, the side written as store_out */
+    mgt_dtype rd = act_in(op), wr = act_out(op);
+    ADD(l, a->walk, "walk", permute_walk_span(&a->sh), a->sh.scatter ? rd : wr,
+        a->sh.scatter ? IN : INOUT);
+    ADD(l, a->grid, "grid", permute_grid_span(&a->sh), a->sh.scatter ? wr : rd,
+        a->sh.scatter ? INOUT : IN);
 }
 
 /* The floats of a [groups, tokens, heads * dh] tensor with strides batch and row. */
@@ -1239,13 +1247,17 @@ static mgt_status check_attn_fwd(const mgt_op *op)
     return check_attn(op, &op->u.attn_fwd.sh, op->u.attn_fwd.mask != NULL);
 }
 
-static void operands_attn_inputs(operand_list *l, const mgt_attn_shape *sh, const float **q,
-                                 const float **k, const float **v, const float **bias,
-                                 const float **mask, const float **logit_scale)
+/* q, k and v are activations stored as store_in (the qkv linear's output: three operands that
+   may interleave in one array), y and dy as store_out; the bias, mask, lse and logit scale
+   stay fp32. */
+static void operands_attn_inputs(const mgt_op *op, operand_list *l, const mgt_attn_shape *sh,
+                                 const float **q, const float **k, const float **v,
+                                 const float **bias, const float **mask, const float **logit_scale)
 {
-    ADD(l, *q, "q", attn_span(sh, sh->tq, sh->q_batch, sh->q_row), MGT_F32, IN);
-    ADD(l, *k, "k", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), MGT_F32, IN);
-    ADD(l, *v, "v", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), MGT_F32, IN);
+    mgt_dtype in = act_in(op);
+    ADD(l, *q, "q", attn_span(sh, sh->tq, sh->q_batch, sh->q_row), in, IN);
+    ADD(l, *k, "k", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), in, IN);
+    ADD(l, *v, "v", attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row), in, IN);
     size_t tt = (size_t)sh->tq * (size_t)sh->tk;
     if (*bias)
         ADD(l, *bias, "bias", (size_t)sh->heads * tt, MGT_F32, IN);
@@ -1264,9 +1276,10 @@ static void operands_attn_fwd(mgt_op *op, operand_list *l)
 {
     mgt_attn_fwd_args *a = &op->u.attn_fwd;
     const mgt_attn_shape *sh = &a->sh;
-    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, OUT);
+    /* INOUT: the floats between strided rows are in the extent and are left as they are */
+    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), act_out(op), INOUT);
     ADD(l, a->lse, "lse", attn_rows(sh), MGT_F32, OUT);
-    operands_attn_inputs(l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
+    operands_attn_inputs(op, l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
 }
 
 static mgt_status check_attn_bwd(const mgt_op *op)
@@ -1280,17 +1293,18 @@ static void operands_attn_bwd(mgt_op *op, operand_list *l)
     const mgt_attn_shape *sh = &a->sh;
     size_t qn = attn_span(sh, sh->tq, sh->q_batch, sh->q_row);
     size_t kvn = attn_span(sh, sh->tk, sh->kv_batch, sh->kv_row);
-    ADD(l, a->dq, "dq", qn, MGT_F32, OUT);
-    ADD(l, a->dk, "dk", kvn, MGT_F32, OUT);
-    ADD(l, a->dv, "dv", kvn, MGT_F32, OUT);
+    /* INOUT as y's: strided rows; and in one qkv array each leaves the others' columns */
+    ADD(l, a->dq, "dq", qn, act_in(op), INOUT);
+    ADD(l, a->dk, "dk", kvn, act_in(op), INOUT);
+    ADD(l, a->dv, "dv", kvn, act_in(op), INOUT);
     if (a->dbias)
         ADD(l, a->dbias, "dbias", (size_t)sh->heads * sh->tq * sh->tk, MGT_F32, OUT);
     if (sh->cosine)
         ADD(l, a->dlogit_scale, "dlogit_scale", (size_t)sh->heads, MGT_F32, INOUT);
-    ADD(l, a->dy, "dy", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, IN);
-    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), MGT_F32, IN);
+    ADD(l, a->dy, "dy", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), act_out(op), IN);
+    ADD(l, a->y, "y", attn_span(sh, sh->tq, sh->y_batch, sh->y_row), act_out(op), IN);
     ADD(l, a->lse, "lse", attn_rows(sh), MGT_F32, IN);
-    operands_attn_inputs(l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
+    operands_attn_inputs(op, l, sh, &a->q, &a->k, &a->v, &a->bias, &a->mask, &a->logit_scale);
 }
 
 static mgt_status check_rpb(const mgt_op *op, int rows, int heads, int n, float alpha)
@@ -1417,7 +1431,13 @@ bool mgt_op_takes_store(mgt_op_kind kind)
     case MGT_OP_CHSCALE_BWD:
     case MGT_OP_DROPOUT:
     case MGT_OP_LNC_FWD:
-    case MGT_OP_LNC_BWD: return true;
+    case MGT_OP_LNC_BWD:
+    case MGT_OP_GEMM:
+    case MGT_OP_BIAS_FWD:
+    case MGT_OP_BIAS_BWD:
+    case MGT_OP_PERMUTE:
+    case MGT_OP_ATTN_FWD:
+    case MGT_OP_ATTN_BWD: return true;
     default: return false;
     }
 }
@@ -1432,6 +1452,10 @@ mgt_precision mgt_op_store16(const mgt_op *op)
 static mgt_status check_store(const mgt_op *op)
 {
     const mgt_precision in = op->store_in, out = op->store_out;
+    const mgt_gemm_args *g = &op->u.gemm;
+    if (op->kind == MGT_OP_GEMM && (g->a16 || g->b16 || g->c16) && in == MGT_PREC_F32 &&
+        out == MGT_PREC_F32)
+        return INVALID(op, "names %s operands but stores its activations in fp32", "16-bit");
     if (in == MGT_PREC_F32 && out == MGT_PREC_F32)
         return MGT_OK;
     if (!mgt_op_takes_store(op->kind))
@@ -1471,27 +1495,65 @@ mgt_status mgt_op_run_widened(const mgt_op *op, void *ctx, float *(*widen)(void 
     mgt_operand o16[MGT_OP_MAX_OPERANDS], of[MGT_OP_MAX_OPERANDS];
     int n = mgt_op_operands(&o, o16), nf = mgt_op_operands(&f, of);
     MGT_ASSERT(n == nf);
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (o16[i].dtype == MGT_U16)
-            total += (o16[i].count + 15) / 16 * 16; /* 64-byte aligned copies */
-    float *at = widen(ctx, total);
-    if (!at)
-        return MGT_ERR_OOM;
-    float *wide[MGT_OP_MAX_OPERANDS] = {0};
+    /* 16-bit operands whose spans overlap (attention's q, k and v in one qkv array, and their
+       gradients) share one widened copy of their union: a group is widened once where any
+       member is read or the members are several (each writes its part), rounded back once
+       where any member is written */
+    int group[MGT_OP_MAX_OPERANDS];
+    const uint16_t *lo[MGT_OP_MAX_OPERANDS], *hi[MGT_OP_MAX_OPERANDS];
     for (int i = 0; i < n; i++) {
+        group[i] = -1;
         if (o16[i].dtype != MGT_U16)
             continue;
-        wide[i] = at;
-        at += (o16[i].count + 15) / 16 * 16;
-        if (o16[i].role != MGT_OPERAND_OUT)
-            copy(ctx, &(mgt_store_job){p, false, *o16[i].ptr, wide[i], o16[i].count});
-        *of[i].ptr = wide[i];
+        group[i] = i;
+        lo[i] = *o16[i].ptr;
+        hi[i] = lo[i] + o16[i].count;
     }
+    for (bool merged = true; merged;) {
+        merged = false;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < i; j++)
+                if (group[i] == i && group[j] == j && lo[i] < hi[j] && lo[j] < hi[i]) {
+                    lo[j] = lo[i] < lo[j] ? lo[i] : lo[j];
+                    hi[j] = hi[i] > hi[j] ? hi[i] : hi[j];
+                    for (int k = 0; k < n; k++)
+                        if (group[k] == i)
+                            group[k] = j;
+                    merged = true;
+                }
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (group[i] == i)
+            total += ((size_t)(hi[i] - lo[i]) + 15) / 16 * 16; /* 64-byte aligned copies */
+    float *at = total ? widen(ctx, total) : NULL; /* none: a gemm naming no 16-bit operand */
+    if (total && !at)
+        return MGT_ERR_OOM;
+    float *wide[MGT_OP_MAX_OPERANDS] = {0};
+    bool read[MGT_OP_MAX_OPERANDS] = {0}, written[MGT_OP_MAX_OPERANDS] = {0};
+    int members[MGT_OP_MAX_OPERANDS] = {0};
+    for (int i = 0; i < n; i++)
+        if (group[i] >= 0) {
+            read[group[i]] |= o16[i].role != MGT_OPERAND_OUT;
+            written[group[i]] |= o16[i].role != MGT_OPERAND_IN;
+            members[group[i]]++;
+        }
+    for (int i = 0; i < n; i++) {
+        if (group[i] != i)
+            continue;
+        wide[i] = at;
+        at += ((size_t)(hi[i] - lo[i]) + 15) / 16 * 16;
+        if (read[i] || members[i] > 1)
+            copy(ctx, &(mgt_store_job){p, false, lo[i], wide[i], (size_t)(hi[i] - lo[i])});
+    }
+    for (int i = 0; i < n; i++)
+        if (group[i] >= 0)
+            *of[i].ptr = wide[group[i]] + ((const uint16_t *)*o16[i].ptr - lo[group[i]]);
     mgt_status st = fp32(ctx, &f);
     for (int i = 0; i < n && st == MGT_OK; i++)
-        if (wide[i] && o16[i].role != MGT_OPERAND_IN)
-            copy(ctx, &(mgt_store_job){p, true, wide[i], *o16[i].ptr, o16[i].count});
+        if (group[i] == i && written[i])
+            copy(ctx, &(mgt_store_job){p, true, wide[i], (void *)(uintptr_t)lo[i],
+                                       (size_t)(hi[i] - lo[i])});
     return st;
 }
 

@@ -129,6 +129,9 @@ typedef struct mgt_gemm_args {
     float beta;
     float *c;
     int ldc;
+    /* which of a, b and c are activations stored in the op's 16-bit format (mgt_op_store16;
+       a linear layer's x, y, dy and dx): none unless the op's storage is 16-bit */
+    bool a16, b16, c16;
 } mgt_gemm_args;
 
 /* forward: out = y, in1 = x, in2 = w; backward data: out = dx, in1 = dy, in2 = w;

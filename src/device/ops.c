@@ -66,7 +66,8 @@ mgt_status mgt_add(mgt_stream *s, float *y, const float *a, const float *b, size
 mgt_status mgt_gemm(mgt_stream *s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                     const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
-    LAUNCH(MGT_OP_GEMM, gemm, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return mgt_gemm_lp(s, MGT_PREC_F32, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                       ldc);
 }
 
 static mgt_status conv_st(mgt_stream *s, mgt_op_kind kind, mgt_precision prec, mgt_store st,
@@ -132,13 +133,25 @@ bool mgt_precision_parse(const char *name, mgt_precision *out)
     return false;
 }
 
+mgt_status mgt_gemm_st(mgt_stream *s, mgt_precision prec, mgt_gemm_store st, bool trans_a,
+                       bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc)
+{
+    bool any = st.fmt != MGT_PREC_F32 && (st.a || st.b || st.c);
+    mgt_precision fmt = any ? st.fmt : MGT_PREC_F32;
+    mgt_op op = {.kind = MGT_OP_GEMM, .prec = prec, .store_in = fmt, .store_out = fmt};
+    op.u.gemm =
+        (mgt_gemm_args){trans_a, trans_b, m,    n, k,   alpha,       a,           lda,
+                        b,       ldb,     beta, c, ldc, any && st.a, any && st.b, any && st.c};
+    return mgt_op_launch(s, &op);
+}
+
 mgt_status mgt_gemm_lp(mgt_stream *s, mgt_precision prec, bool trans_a, bool trans_b, int m, int n,
                        int k, float alpha, const float *a, int lda, const float *b, int ldb,
                        float beta, float *c, int ldc)
 {
-    mgt_op op = {.kind = MGT_OP_GEMM, .prec = prec};
-    op.u.gemm = (mgt_gemm_args){trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
-    return mgt_op_launch(s, &op);
+    return mgt_gemm_st(s, prec, (mgt_gemm_store){MGT_PREC_F32, false, false, false}, trans_a,
+                       trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 mgt_status mgt_conv2d_forward_lp(mgt_stream *s, mgt_precision prec, float *y, const float *x,
@@ -360,14 +373,26 @@ mgt_status mgt_avgpool_backward(mgt_stream *s, float *dx, const float *dy, int n
     LAUNCH(MGT_OP_AVGPOOL_BWD, avgpool_bwd, dx, dy, n, c, hw, l);
 }
 
+mgt_status mgt_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias, int rows,
+                               int cols)
+{
+    LAUNCH_ST(MGT_OP_BIAS_FWD, bias_fwd, st, y, bias, rows, cols);
+}
+
 mgt_status mgt_bias_forward(mgt_stream *s, float *y, const float *bias, int rows, int cols)
 {
-    LAUNCH(MGT_OP_BIAS_FWD, bias_fwd, y, bias, rows, cols);
+    return mgt_bias_forward_st(s, f32_store, y, bias, rows, cols);
+}
+
+mgt_status mgt_bias_backward_st(mgt_stream *s, mgt_store st, float *dbias, const float *dy,
+                                int rows, int cols)
+{
+    LAUNCH_ST(MGT_OP_BIAS_BWD, bias_bwd, st, dbias, dy, rows, cols);
 }
 
 mgt_status mgt_bias_backward(mgt_stream *s, float *dbias, const float *dy, int rows, int cols)
 {
-    LAUNCH(MGT_OP_BIAS_BWD, bias_bwd, dbias, dy, rows, cols);
+    return mgt_bias_backward_st(s, f32_store, dbias, dy, rows, cols);
 }
 
 mgt_status mgt_channel_bias_forward_st(mgt_stream *s, mgt_store st, float *y, const float *bias,
@@ -534,11 +559,27 @@ mgt_status mgt_layernorm_channels_backward(mgt_stream *s, float *dx, float *dwei
                                               hw, eps, MGT_LAYOUT_NCHW);
 }
 
-mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)
+mgt_status mgt_permute_st(mgt_stream *s, mgt_store st, float *walk, float *grid,
+                          const mgt_permute_shape *sh)
 {
     if (!sh)
         return bad_arg("permute", "no shape");
-    LAUNCH(MGT_OP_PERMUTE, permute, walk, grid, *sh);
+    LAUNCH_ST(MGT_OP_PERMUTE, permute, st, walk, grid, *sh);
+}
+
+mgt_status mgt_permute(mgt_stream *s, float *walk, float *grid, const mgt_permute_shape *sh)
+{
+    return mgt_permute_st(s, f32_store, walk, grid, sh);
+}
+
+mgt_status mgt_attention_forward_st(mgt_stream *s, mgt_store st, float *y, float *lse,
+                                    const float *q, const float *k, const float *v,
+                                    const float *bias, const float *mask, const float *logit_scale,
+                                    const mgt_attn_shape *sh)
+{
+    if (!sh)
+        return bad_arg("attention_forward", "no shape");
+    LAUNCH_ST(MGT_OP_ATTN_FWD, attn_fwd, st, y, lse, q, k, v, bias, mask, logit_scale, *sh);
 }
 
 mgt_status mgt_attention_forward(mgt_stream *s, float *y, float *lse, const float *q,
@@ -546,9 +587,19 @@ mgt_status mgt_attention_forward(mgt_stream *s, float *y, float *lse, const floa
                                  const float *mask, const float *logit_scale,
                                  const mgt_attn_shape *sh)
 {
-    if (!sh)
-        return bad_arg("attention_forward", "no shape");
-    LAUNCH(MGT_OP_ATTN_FWD, attn_fwd, y, lse, q, k, v, bias, mask, logit_scale, *sh);
+    return mgt_attention_forward_st(s, f32_store, y, lse, q, k, v, bias, mask, logit_scale, sh);
+}
+
+mgt_status mgt_attention_backward_st(mgt_stream *s, mgt_store st, const mgt_attn_grads *g,
+                                     const float *dy, const float *y, const float *lse,
+                                     const float *q, const float *k, const float *v,
+                                     const float *bias, const float *mask, const float *logit_scale,
+                                     const mgt_attn_shape *sh)
+{
+    if (!sh || !g)
+        return bad_arg("attention_backward", "no shape or gradients");
+    LAUNCH_ST(MGT_OP_ATTN_BWD, attn_bwd, st, g->dq, g->dk, g->dv, g->dbias, g->dlogit_scale, dy, y,
+              lse, q, k, v, bias, mask, logit_scale, *sh);
 }
 
 mgt_status mgt_attention_backward(mgt_stream *s, const mgt_attn_grads *g, const float *dy,
@@ -556,10 +607,8 @@ mgt_status mgt_attention_backward(mgt_stream *s, const mgt_attn_grads *g, const 
                                   const float *v, const float *bias, const float *mask,
                                   const float *logit_scale, const mgt_attn_shape *sh)
 {
-    if (!sh || !g)
-        return bad_arg("attention_backward", "no shape or gradients");
-    LAUNCH(MGT_OP_ATTN_BWD, attn_bwd, g->dq, g->dk, g->dv, g->dbias, g->dlogit_scale, dy, y, lse, q,
-           k, v, bias, mask, logit_scale, *sh);
+    return mgt_attention_backward_st(s, f32_store, g, dy, y, lse, q, k, v, bias, mask, logit_scale,
+                                     sh);
 }
 
 mgt_status mgt_relpos_bias_forward(mgt_stream *s, float *bias, const float *table,

@@ -968,10 +968,10 @@ static void layout_make_plain(nn_value *x) { x->layout = MGT_LAYOUT_NCHW; }
 static bool dtype_plain(const nn_value *x) { return x->dtype == MGT_PREC_F32; }
 static void dtype_make_plain(nn_value *x) { x->dtype = MGT_PREC_F32; }
 
-/* A node other than a convolution or the global pool keeps one layout and one storage across
-   its inputs and output (the squeeze-excite gate's storage aside; no kernel that takes a
-   blocked or channels-last layout reads a gate): where one operand is plain (NCHW, fp32), all
-   of them become so. The planners below run it after their first guess: a plain value pulls
+/* A node other than a convolution, a linear layer or the global pool keeps one layout and one
+   storage across its inputs and output (the squeeze-excite gate's storage aside; no kernel that
+   takes a blocked or channels-last layout reads a gate): where one operand is plain (NCHW,
+   fp32), all of them become so. The planners below run it after their first guess: a plain value pulls
    its neighbours along, and the fixed point is reached in a few sweeps. */
 static void spread_plain(mgt_model *m, bool (*plain)(const nn_value *),
                          void (*make_plain)(nn_value *))
@@ -980,7 +980,7 @@ static void spread_plain(mgt_model *m, bool (*plain)(const nn_value *),
         changed = false;
         for (int i = 0; i < m->n_nodes; i++) {
             nn_node *nd = &m->nodes[i];
-            if (nd->kind == NN_CONV || nd->kind == NN_GAP)
+            if (nd->kind == NN_CONV || nd->kind == NN_GAP || nd->kind == NN_LINEAR)
                 continue;
             bool any = plain(&m->values[nd->out]);
             for (int j = 0; j < nd->n_in; j++)
@@ -1042,10 +1042,29 @@ static void plan_layouts(mgt_model *m)
    frozen ones: their kernels take fp32), ReLU and the other activations, add, dropout, the
    squeeze-excite scale (its gate stays fp32: scale_input_fp32), stochastic depth, the layer norm
    over channels, the layer scale, max pooling, adaptive average pooling, concatenation, slices
-   and shuffles (copies of 16-bit codes), and the global average pool as a reader (its [c]
-   output goes to the classifier in fp32). */
+   and shuffles (copies of 16-bit codes), the global average pool as a reader (its [c] output
+   goes to the classifier in fp32); the transformers' layer norm, permutations, attention (its
+   softmax statistics and sums fp32), class token and position embedding, MaxViT's average pool
+   (a depthwise convolution of constant taps); the linear layer as a reader, and as a writer of
+   anything but logits (what the loss reads stays fp32: the last node's output, and here the
+   auxiliary classifiers'). */
 static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
+    /* CUDA (a channels-last device) has no 16-bit kernels for the transformers' ops (the
+       linear layer's gemm, layer norm, permutes, attention, the token ops, avgpool2d): their
+       values stay fp32 there (mgt_op_cuda_store16_kind) */
+    if (m->dev && mgt_device_act_layout(m->dev) == MGT_LAYOUT_NHWC) {
+        switch (nd->kind) {
+        case NN_LINEAR:
+        case NN_LN:
+        case NN_PERMUTE:
+        case NN_ATTN:
+        case NN_CLS:
+        case NN_POSADD:
+        case NN_AVGPOOL2D: return false;
+        default: break;
+        }
+    }
     switch (nd->kind) {
     case NN_BN: return !m->cfg.sync_bn && !m->cfg.freeze_bn;
     case NN_CONV:
@@ -1061,7 +1080,14 @@ static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
     case NN_CONCAT:
     case NN_SLICE:
     case NN_SHUFFLE:
-    case NN_APOOL: return true;
+    case NN_APOOL:
+    case NN_LN:
+    case NN_PERMUTE:
+    case NN_ATTN:
+    case NN_CLS:
+    case NN_POSADD:
+    case NN_AVGPOOL2D: return true;
+    case NN_LINEAR: return as_reader || nd->aux_out == 0;
     case NN_GAP: return as_reader;
     default: return false;
     }

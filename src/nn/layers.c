@@ -18,20 +18,6 @@ static uint64_t out_floats(const mgt_model *m, const nn_node *nd)
     return nn_value_floats(&m->values[nd->out]);
 }
 
-/* How the node's op stores activations: its inputs' storage and its output's (plan_dtypes gives
-   every input of a node one storage). */
-static mgt_store store_of(const nn_call *c)
-{
-    const mgt_model *m = c->m;
-    return (mgt_store){m->values[c->node->in[0]].dtype, m->values[c->node->out].dtype};
-}
-
-/* Element `off` of an activation stored as dt (strides and offsets count elements). */
-static float *act_at(const float *p, mgt_precision dt, size_t off)
-{
-    return (float *)((const char *)p + off * (dt == MGT_PREC_F32 ? sizeof(float) : 2));
-}
-
 /* Bytes of `count` elements of the node's output as stored. */
 static size_t out_bytes(const nn_call *c, size_t count)
 {
@@ -64,10 +50,10 @@ static mgt_status conv_forward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_status st =
-        mgt_conv2d_forward_st(c->s, amp_of(c), store_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
+        mgt_conv2d_forward_st(c->s, amp_of(c), nn_store_of(c), c->y, c->x[0], c->p[0], &sh, 0.0f);
     /* the bias touches y only: its storage both ways, whatever x's (an op stores in one
        16-bit format or none; CUDA keeps a biased output fp32 after a 16-bit input) */
-    mgt_store ys = {store_of(c).out, store_of(c).out};
+    mgt_store ys = {nn_store_of(c).out, nn_store_of(c).out};
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_forward_st(c->s, ys, c->y, c->p[1], c->n, sh.k, conv_out_hw(c),
                                          out_layout(c));
@@ -80,16 +66,16 @@ static mgt_status conv_backward(nn_call *c)
 {
     mgt_conv2d_shape sh = conv_shape(c);
     mgt_precision amp = amp_of(c);
-    mgt_status st =
-        mgt_conv2d_backward_filter_st(c->s, amp, store_of(c), c->g[0], c->dy, c->x[0], &sh, 1.0f);
-    mgt_store ys = {store_of(c).out, store_of(c).out}; /* dy only, as the forward's bias */
+    mgt_status st = mgt_conv2d_backward_filter_st(c->s, amp, nn_store_of(c), c->g[0], c->dy,
+                                                  c->x[0], &sh, 1.0f);
+    mgt_store ys = {nn_store_of(c).out, nn_store_of(c).out}; /* dy only, as the forward's bias */
     if (st == MGT_OK && c->node->u.conv.bias)
         st = mgt_channel_bias_backward_st(c->s, ys, c->g[1], c->dy, c->n, sh.k, conv_out_hw(c),
                                           out_layout(c));
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = mgt_conv2d_backward_data_st(c->s, amp, store_of(c), c->dx[0], c->dy, c->p[0], &sh,
+        st = mgt_conv2d_backward_data_st(c->s, amp, nn_store_of(c), c->dx[0], c->dy, c->p[0], &sh,
                                          c->dx_beta[0]);
     return st;
 }
@@ -298,11 +284,11 @@ static mgt_status bn_forward(nn_call *c)
         c->m->bn_counts[c->node->u.bn.counter]++;
         if (bn_synced(c))
             return bn_forward_synced(c, &bsh);
-        return mgt_batchnorm_forward_train_st(c->s, store_of(c), c->y, bn_save_mean(c),
+        return mgt_batchnorm_forward_train_st(c->s, nn_store_of(c), c->y, bn_save_mean(c),
                                               bn_save_invstd(c), c->p[2], c->p[3], c->x[0], c->p[0],
                                               c->p[1], &bsh, c->z);
     }
-    return mgt_batchnorm_forward_eval_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+    return mgt_batchnorm_forward_eval_st(c->s, nn_store_of(c), c->y, c->x[0], c->p[0], c->p[1],
                                          c->p[2], c->p[3], &bsh, c->z);
 }
 
@@ -324,7 +310,7 @@ static mgt_status bn_backward(nn_call *c)
     /* with a folded ReLU, y is its output (the ReLU runs in place over this BN's output); with
        a folded residual add, the masked dy is also the residual's gradient, in dy's slot */
     mgt_status st = mgt_batchnorm_backward_st(
-        c->s, store_of(c), c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL, c->x[0],
+        c->s, nn_store_of(c), c->dx[0], c->g[0], c->g[1], c->dy, bsh.relu ? c->y : NULL, c->x[0],
         c->p[0], bn_save_mean(c), bn_save_invstd(c), &bsh, c->z ? (float *)c->dy : NULL);
     if (st == MGT_OK && c->m->cfg.freeze_bn) {
         const float *zeros = nn_act(c->m, c->m->zeros_off);
@@ -346,7 +332,7 @@ static mgt_status relu_forward(nn_call *c)
 {
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c));
+    return mgt_relu_forward_st(c->s, nn_store_of(c), c->y, c->x[0], out_count(c));
 }
 
 static mgt_status relu_backward(nn_call *c)
@@ -354,7 +340,7 @@ static mgt_status relu_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     if (c->node->folded)
         return MGT_OK;
-    return mgt_relu_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->y, out_count(c));
+    return mgt_relu_backward_st(c->s, nn_store_of(c), c->dx[0], c->dy, c->y, out_count(c));
 }
 
 /* A folded add (plan_fusion) has run inside the batch norm before it, with the ReLU after. */
@@ -362,7 +348,7 @@ static mgt_status add_forward(nn_call *c)
 {
     if (c->node->folded)
         return MGT_OK;
-    return mgt_add_st(c->s, store_of(c), c->y, c->x[0], c->x[1], out_count(c));
+    return mgt_add_st(c->s, nn_store_of(c), c->y, c->x[0], c->x[1], out_count(c));
 }
 
 /* Training: the mask of the model's key for this layer's stream; evaluation: the identity
@@ -373,7 +359,7 @@ static mgt_status dropout_run(nn_call *c, float *y, const float *x)
     mgt_dropout_key k = c->m->drop_key;
     k.stream = nd->u.dropout.stream;
     const nn_value *v = &c->m->values[nd->out];
-    return mgt_dropout_st(c->s, store_of(c), y, x, c->n, nn_value_floats(v), nd->u.dropout.p, &k,
+    return mgt_dropout_st(c->s, nn_store_of(c), y, x, c->n, nn_value_floats(v), nd->u.dropout.p, &k,
                           v->c, v->layout);
 }
 
@@ -440,8 +426,8 @@ static mgt_status concat_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = concat_slice(c, j, &off);
-        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
-                                 &sh);
+        st = mgt_strided_copy_st(c->s, nn_store_of(c), nn_act_at(c->y, nn_store_of(c).out, off),
+                                 c->x[j], &sh);
     }
     return st;
 }
@@ -460,8 +446,9 @@ static mgt_status concat_backward(nn_call *c)
         sh.y_stride = t;
         sh.x_row = sh.y_row; /* NHWC: the rows differ too */
         sh.y_row = r;
-        mgt_store gs = {store_of(c).out, store_of(c).out}; /* dy's slices into dx, one storage */
-        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
+        mgt_store gs = {nn_store_of(c).out,
+                        nn_store_of(c).out}; /* dy's slices into dx, one storage */
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], nn_act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -501,7 +488,8 @@ static mgt_status slice_forward(nn_call *c)
 {
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
-    return mgt_strided_copy_st(c->s, store_of(c), c->y, act_at(c->x[0], store_of(c).in, off), &sh);
+    return mgt_strided_copy_st(c->s, nn_store_of(c), c->y,
+                               nn_act_at(c->x[0], nn_store_of(c).in, off), &sh);
 }
 
 static mgt_status slice_backward(nn_call *c)
@@ -512,15 +500,16 @@ static mgt_status slice_backward(nn_call *c)
     size_t off;
     mgt_strided_copy_shape sh = slice_shape(c, &off);
     size_t whole = sh.x_stride, whole_row = sh.x_row;
-    mgt_store gs = store_of(c); /* dx as x, dy as y: one storage */
+    mgt_store gs = nn_store_of(c); /* dx as x, dy as y: one storage */
     size_t es = gs.in == MGT_PREC_F32 ? sizeof(float) : 2;
     mgt_status st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * whole * es); /* 0 is +0 */
     sh.x_stride = sh.y_stride;
     sh.y_stride = whole;
     sh.x_row = sh.y_row; /* NHWC: the rows differ too */
     sh.y_row = whole_row;
-    return st != MGT_OK ? st
-                        : mgt_strided_copy_st(c->s, gs, act_at(c->dx[0], gs.in, off), c->dy, &sh);
+    return st != MGT_OK
+               ? st
+               : mgt_strided_copy_st(c->s, gs, nn_act_at(c->dx[0], gs.in, off), c->dy, &sh);
 }
 
 static mgt_strided_copy_shape shuffle_part(const nn_call *c, int j, size_t *off)
@@ -557,8 +546,8 @@ static mgt_status shuffle_forward(nn_call *c)
     for (int j = 0; j < c->node->n_in && st == MGT_OK; j++) {
         size_t off;
         mgt_strided_copy_shape sh = shuffle_part(c, j, &off);
-        st = mgt_strided_copy_st(c->s, store_of(c), act_at(c->y, store_of(c).out, off), c->x[j],
-                                 &sh);
+        st = mgt_strided_copy_st(c->s, nn_store_of(c), nn_act_at(c->y, nn_store_of(c).out, off),
+                                 c->x[j], &sh);
     }
     return st;
 }
@@ -577,8 +566,8 @@ static mgt_status shuffle_backward(nn_call *c)
         sh.x_row = sh.y_row;
         sh.y_stride = t;
         sh.y_row = r;
-        mgt_store gs = {store_of(c).out, store_of(c).out};
-        st = mgt_strided_copy_st(c->s, gs, c->dx[j], act_at(c->dy, gs.in, off), &sh);
+        mgt_store gs = {nn_store_of(c).out, nn_store_of(c).out};
+        st = mgt_strided_copy_st(c->s, gs, c->dx[j], nn_act_at(c->dy, gs.in, off), &sh);
     }
     return st;
 }
@@ -596,14 +585,14 @@ static mgt_pool2d_shape pool_shape(const nn_call *c)
 static mgt_status maxpool_forward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
-    return mgt_maxpool2d_forward_st(c->s, store_of(c), c->y, c->x[0], &sh);
+    return mgt_maxpool2d_forward_st(c->s, nn_store_of(c), c->y, c->x[0], &sh);
 }
 
 static mgt_status maxpool_backward(nn_call *c)
 {
     mgt_pool2d_shape sh = pool_shape(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_maxpool2d_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], c->y, &sh);
+    return mgt_maxpool2d_backward_st(c->s, nn_store_of(c), c->dx[0], c->dy, c->x[0], c->y, &sh);
 }
 
 static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->in[0]]; }
@@ -611,7 +600,7 @@ static const nn_value *gap_in(const nn_call *c) { return &c->m->values[c->node->
 static mgt_status gap_forward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
-    return mgt_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h * v->w,
+    return mgt_avgpool_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->n, v->c, v->h * v->w,
                                   v->layout);
 }
 
@@ -619,22 +608,23 @@ static mgt_status gap_backward(nn_call *c)
 {
     const nn_value *v = gap_in(c);
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h * v->w,
+    return mgt_avgpool_backward_st(c->s, nn_store_of(c), c->dx[0], c->dy, c->n, v->c, v->h * v->w,
                                    v->layout);
 }
 
 static mgt_status apool_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
-    return mgt_adaptive_avgpool_forward_st(c->s, store_of(c), c->y, c->x[0], c->n, v->c, v->h, v->w,
-                                           c->node->u.apool.oh, c->node->u.apool.ow, v->layout);
+    return mgt_adaptive_avgpool_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->n, v->c, v->h,
+                                           v->w, c->node->u.apool.oh, c->node->u.apool.ow,
+                                           v->layout);
 }
 
 static mgt_status apool_backward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->in[0]];
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_adaptive_avgpool_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
+    return mgt_adaptive_avgpool_backward_st(c->s, nn_store_of(c), c->dx[0], c->dy, c->n, v->c, v->h,
                                             v->w, c->node->u.apool.oh, c->node->u.apool.ow,
                                             v->layout);
 }
@@ -658,34 +648,49 @@ static uint64_t gap_macs(const mgt_model *m, const nn_node *nd)
 
 /* ---- linear ---- */
 
-/* The layer's one gemm call: fp32, or its _lp form under cfg.amp. */
-static mgt_status linear_gemm(nn_call *c, bool ta, bool tb, int m, int n, int k, const float *a,
-                              int lda, const float *b, int ldb, float beta, float *out, int ldc)
+/* The layer's gemm calls: fp32, or the _lp arithmetic under cfg.amp; the operands that are
+   the node's input (x, dx) or output (y, dy) stored as the plan stored them (a16 etc.: 'x',
+   'y' or 0 for a parameter, its gradient or a const). */
+static mgt_status linear_gemm(nn_call *c, bool ta, bool tb, int m, int n, int k, float alpha,
+                              const float *a, char a_is, int lda, const float *b, char b_is,
+                              int ldb, float beta, float *out, char c_is, int ldc)
 {
-    if (amp_of(c) != MGT_PREC_F32)
-        return mgt_gemm_lp(c->s, amp_of(c), ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc);
-    return mgt_gemm(c->s, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc);
+    mgt_store st = nn_store_of(c);
+    mgt_precision fmt = st.in != MGT_PREC_F32 ? st.in : st.out;
+#define IS16(w) ((w) == 'x' ? st.in != MGT_PREC_F32 : (w) == 'y' ? st.out != MGT_PREC_F32 : false)
+    mgt_gemm_store gs = {fmt, IS16(a_is), IS16(b_is), IS16(c_is)};
+#undef IS16
+    return mgt_gemm_st(c->s, amp_of(c), gs, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, out, ldc);
 }
 
 /* The rows of a call: one per image for a classifier, every token of every image for a
    token linear (the gemm runs on [tokens, features] as they lie: no copies). */
 static int linear_rows(const nn_call *c) { return c->n * c->node->u.linear.rows; }
 
+/* The bias ops touch y (dy) only: the output's storage both ways. */
+static mgt_store linear_ys(const nn_call *c)
+{
+    return (mgt_store){nn_store_of(c).out, nn_store_of(c).out};
+}
+
 /* y [rows,out] = x [rows,in] . W [out,in]^T + b */
 static mgt_status linear_forward(nn_call *c)
 {
     int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
-    mgt_status st =
-        linear_gemm(c, false, true, rows, out, in, c->x[0], in, c->p[0], in, 0.0f, c->y, out);
+    mgt_status st = linear_gemm(c, false, true, rows, out, in, 1.0f, c->x[0], 'x', in, c->p[0], 0,
+                                in, 0.0f, c->y, 'y', out);
     if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
         /* y[:, part] += ones [rows, 1] . bias[part] for the first and last thirds */
         const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
         int third = out / 3;
-        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
-            st = mgt_gemm(c->s, false, false, rows, third, 1, 1.0f, ones, 1, c->p[1] + k * third,
-                          third, 1.0f, c->y + k * third, out);
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2) {
+            float *yk = nn_act_at(c->y, nn_store_of(c).out, (size_t)k * third);
+            st = mgt_gemm_st(
+                c->s, MGT_PREC_F32, (mgt_gemm_store){nn_store_of(c).out, false, false, true}, false,
+                false, rows, third, 1, 1.0f, ones, 1, c->p[1] + k * third, third, 1.0f, yk, out);
+        }
     } else if (st == MGT_OK && c->node->u.linear.bias) {
-        st = mgt_bias_forward(c->s, c->y, c->p[1], rows, out);
+        st = mgt_bias_forward_st(c->s, linear_ys(c), c->y, c->p[1], rows, out);
     }
     return st;
 }
@@ -694,23 +699,27 @@ static mgt_status linear_forward(nn_call *c)
 static mgt_status linear_backward(nn_call *c)
 {
     int in = c->node->u.linear.in, out = c->node->u.linear.out, rows = linear_rows(c);
-    mgt_status st =
-        linear_gemm(c, true, false, out, in, rows, c->dy, out, c->x[0], in, 1.0f, c->g[0], in);
+    mgt_status st = linear_gemm(c, true, false, out, in, rows, 1.0f, c->dy, 'y', out, c->x[0], 'x',
+                                in, 1.0f, c->g[0], 0, in);
     if (st == MGT_OK && c->node->u.linear.zero_mid_bias) {
         /* dbias[part] += ones [1, rows] . dy[:, part]; the middle third gets none */
         const float *ones = nn_const_ptr(c->m, c->node->u.linear.ones);
         int third = out / 3;
-        for (int k = 0; k < 3 && st == MGT_OK; k += 2)
-            st = mgt_gemm(c->s, false, false, 1, third, rows, 1.0f, ones, rows, c->dy + k * third,
-                          out, 1.0f, c->g[1] + k * third, third);
+        for (int k = 0; k < 3 && st == MGT_OK; k += 2) {
+            const float *dyk = nn_act_at(c->dy, nn_store_of(c).out, (size_t)k * third);
+            st = mgt_gemm_st(c->s, MGT_PREC_F32,
+                             (mgt_gemm_store){nn_store_of(c).out, false, true, false}, false, false,
+                             1, third, rows, 1.0f, ones, rows, dyk, out, 1.0f, c->g[1] + k * third,
+                             third);
+        }
     } else if (st == MGT_OK && c->node->u.linear.bias) {
-        st = mgt_bias_backward(c->s, c->g[1], c->dy, rows, out);
+        st = mgt_bias_backward_st(c->s, linear_ys(c), c->g[1], c->dy, rows, out);
     }
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st == MGT_OK && c->dx[0])
-        st = linear_gemm(c, false, false, rows, in, out, c->dy, out, c->p[0], in, c->dx_beta[0],
-                         c->dx[0], in);
+        st = linear_gemm(c, false, false, rows, in, out, 1.0f, c->dy, 'y', out, c->p[0], 0, in,
+                         c->dx_beta[0], c->dx[0], 'x', in);
     return st;
 }
 
@@ -724,21 +733,21 @@ static uint64_t linear_macs(const mgt_model *m, const nn_node *nd)
 
 static mgt_status act_forward(nn_call *c)
 {
-    return mgt_activation_forward_st(c->s, store_of(c), c->y, c->x[0], out_count(c),
+    return mgt_activation_forward_st(c->s, nn_store_of(c), c->y, c->x[0], out_count(c),
                                      c->node->u.act);
 }
 
 static mgt_status act_backward(nn_call *c)
 {
     assert(c->dx_beta[0] == 0.0f);
-    return mgt_activation_backward_st(c->s, store_of(c), c->dx[0], c->dy, c->x[0], out_count(c),
+    return mgt_activation_backward_st(c->s, nn_store_of(c), c->dx[0], c->dy, c->x[0], out_count(c),
                                       c->node->u.act);
 }
 
 static mgt_status scale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
+    return mgt_channel_scale_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->x[1], c->n, v->c,
                                         v->h * v->w, false, v->layout);
 }
 
@@ -751,7 +760,7 @@ static mgt_status scale_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a channel scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f && c->dx_beta[1] == 0.0f);
-    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
+    return mgt_channel_scale_backward_st(c->s, nn_store_of(c), c->dx[0], c->dx[1], c->dy, c->x[0],
                                          c->x[1], c->n, v->c, v->h * v->w, false, v->layout);
 }
 
@@ -779,8 +788,9 @@ static mgt_status sdepth_forward(nn_call *c)
     if (st == MGT_OK)
         st = mgt_dropout(c->s, mask, mask, c->n, 1, nd->u.sdepth.p, &k);
     if (st == MGT_OK)
-        st = mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
-                                          false, MGT_LAYOUT_NCHW); /* one channel: any layout */
+        st =
+            mgt_channel_scale_forward_st(c->s, nn_store_of(c), c->y, c->x[0], mask, c->n, 1, floats,
+                                         false, MGT_LAYOUT_NCHW); /* one channel: any layout */
     return st;
 }
 
@@ -794,7 +804,7 @@ static mgt_status sdepth_backward(nn_call *c)
         return mgt_copy_d2d(c->s, c->dx[0], c->dy, out_bytes(c, out_count(c)));
     }
     int floats = (int)nn_value_floats(&c->m->values[nd->out]);
-    return mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], NULL, c->dy, NULL,
+    return mgt_channel_scale_backward_st(c->s, nn_store_of(c), c->dx[0], NULL, c->dy, NULL,
                                          nn_act(c->m, nd->u.sdepth.mask_off), c->n, 1, floats,
                                          false, MGT_LAYOUT_NCHW);
 }
@@ -804,7 +814,7 @@ static mgt_status sdepth_backward(nn_call *c)
 static mgt_status ln2d_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_layernorm_channels_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+    return mgt_layernorm_channels_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->p[0], c->p[1],
                                              c->n, v->c, v->h * v->w, c->node->u.ln_eps, v->layout);
 }
 
@@ -815,7 +825,7 @@ static mgt_status ln2d_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer norm needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st = mgt_layernorm_channels_backward_st(c->s, store_of(c), c->dx[0], c->g[0],
+    mgt_status st = mgt_layernorm_channels_backward_st(c->s, nn_store_of(c), c->dx[0], c->g[0],
                                                        c->g[1], c->dy, c->x[0], c->p[0], c->n, v->c,
                                                        v->h * v->w, c->node->u.ln_eps, v->layout);
     if (st == MGT_OK)
@@ -828,7 +838,7 @@ static mgt_status ln2d_backward(nn_call *c)
 static mgt_status lscale_forward(nn_call *c)
 {
     const nn_value *v = &c->m->values[c->node->out];
-    return mgt_channel_scale_forward_st(c->s, store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
+    return mgt_channel_scale_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->p[0], c->n, v->c,
                                         v->h * v->w, true, v->layout);
 }
 
@@ -840,8 +850,8 @@ static mgt_status lscale_backward(nn_call *c)
                              "layer %s: a layer scale needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
     mgt_status st =
-        mgt_channel_scale_backward_st(c->s, store_of(c), c->dx[0], c->g[0], c->dy, c->x[0], c->p[0],
-                                      c->n, v->c, v->h * v->w, true, v->layout);
+        mgt_channel_scale_backward_st(c->s, nn_store_of(c), c->dx[0], c->g[0], c->dy, c->x[0],
+                                      c->p[0], c->n, v->c, v->h * v->w, true, v->layout);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -876,7 +886,7 @@ static mgt_status fixed_forward(nn_call *c)
             st = mgt_fill(c->s, b + ch, nd->u.fixed.shift[ch], 1);
     }
     if (st == MGT_OK)
-        st = mgt_conv2d_forward(c->s, c->y, c->x[0], w, &sh, 0.0f);
+        st = mgt_conv2d_forward_st(c->s, MGT_PREC_F32, nn_store_of(c), c->y, c->x[0], w, &sh, 0.0f);
     if (st == MGT_OK && nd->kind == NN_AFFINE)
         st = mgt_channel_bias_forward(c->s, c->y, b, c->n, sh.c, conv_out_hw(c));
     return st;
@@ -887,7 +897,8 @@ static mgt_status fixed_backward(nn_call *c)
     mgt_conv2d_shape sh = fixed_shape(c);
     if (!c->dx[0])
         return MGT_OK;
-    return mgt_conv2d_backward_data(c->s, c->dx[0], c->dy, fixed_weights(c), &sh, c->dx_beta[0]);
+    return mgt_conv2d_backward_data_st(c->s, MGT_PREC_F32, nn_store_of(c), c->dx[0], c->dy,
+                                       fixed_weights(c), &sh, c->dx_beta[0]);
 }
 
 const nn_kind_i nn_kinds[NN_KIND_COUNT] = {

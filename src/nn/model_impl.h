@@ -519,6 +519,19 @@ typedef struct nn_call {
     float *p[NN_MAX_ENTRIES], *g[NN_MAX_ENTRIES]; /* params (and grads), buffers (g NULL) */
 } nn_call;
 
+/* How the node's op stores activations: its input's storage and its output's (plan_dtypes gives
+   every input of a node but a convolution, linear or global pool the output's). */
+static inline mgt_store nn_store_of(const nn_call *c)
+{
+    return (mgt_store){c->m->values[c->node->in[0]].dtype, c->m->values[c->node->out].dtype};
+}
+
+/* Element `off` of an activation stored as dt (strides and offsets count elements). */
+static inline float *nn_act_at(const float *p, mgt_precision dt, size_t off)
+{
+    return (float *)((const char *)p + off * (dt == MGT_PREC_F32 ? sizeof(float) : 2));
+}
+
 enum {
     NN_F_INPLACE = 1 << 0,     /* forward may write y over x[0] */
     NN_F_NEEDS_X = 1 << 1,     /* backward reads the inputs' values */

@@ -25,8 +25,9 @@ static int ln_rows(const nn_call *c) { return c->n * out_value(c)->c * out_value
 
 mgt_status nn_ln_forward(nn_call *c)
 {
-    return mgt_layernorm_channels_forward(c->s, c->y, c->x[0], c->p[0], c->p[1], ln_rows(c),
-                                          out_value(c)->w, 1, c->node->u.ln_eps);
+    return mgt_layernorm_channels_forward_st(c->s, nn_store_of(c), c->y, c->x[0], c->p[0], c->p[1],
+                                             ln_rows(c), out_value(c)->w, 1, c->node->u.ln_eps,
+                                             MGT_LAYOUT_NCHW);
 }
 
 mgt_status nn_ln_backward(nn_call *c)
@@ -35,9 +36,9 @@ mgt_status nn_ln_backward(nn_call *c)
         return mgt_error_set(MGT_ERR_UNSUPPORTED,
                              "layer %s: a layer norm needs its input's gradient", c->node->name);
     assert(c->dx_beta[0] == 0.0f);
-    mgt_status st =
-        mgt_layernorm_channels_backward(c->s, c->dx[0], c->g[0], c->g[1], c->dy, c->x[0], c->p[0],
-                                        ln_rows(c), out_value(c)->w, 1, c->node->u.ln_eps);
+    mgt_status st = mgt_layernorm_channels_backward_st(
+        c->s, nn_store_of(c), c->dx[0], c->g[0], c->g[1], c->dy, c->x[0], c->p[0], ln_rows(c),
+        out_value(c)->w, 1, c->node->u.ln_eps, MGT_LAYOUT_NCHW);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     return st;
@@ -75,11 +76,11 @@ mgt_status nn_permute_forward(nn_call *c)
     mgt_permute_shape sh = permute_shape(c, scatter);
     mgt_status st = MGT_OK;
     if (scatter && !c->node->u.permute.covers)
-        st = mgt_memset(c->s, c->y, 0, (size_t)c->n * nn_value_floats(out_value(c)) * 4);
+        st = mgt_memset(c->s, c->y, 0, (size_t)c->n * nn_value_bytes(out_value(c)));
     if (st != MGT_OK)
         return st;
-    return scatter ? mgt_permute(c->s, (float *)c->x[0], c->y, &sh)
-                   : mgt_permute(c->s, c->y, (float *)c->x[0], &sh);
+    return scatter ? mgt_permute_st(c->s, nn_store_of(c), (float *)c->x[0], c->y, &sh)
+                   : mgt_permute_st(c->s, nn_store_of(c), c->y, (float *)c->x[0], &sh);
 }
 
 mgt_status nn_permute_backward(nn_call *c)
@@ -90,12 +91,13 @@ mgt_status nn_permute_backward(nn_call *c)
     bool scatter = c->node->u.permute.sh.scatter;
     mgt_permute_shape sh = permute_shape(c, scatter);
     sh.scatter = !scatter;
+    mgt_store gs = {nn_store_of(c).out, nn_store_of(c).in}; /* reads dy, writes dx */
     if (scatter) /* the gather of dy: every dx element written (0 where nothing was read) */
-        return mgt_permute(c->s, c->dx[0], (float *)c->dy, &sh);
+        return mgt_permute_st(c->s, gs, c->dx[0], (float *)c->dy, &sh);
     mgt_status st = MGT_OK;
     if (!c->node->u.permute.covers)
-        st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * nn_value_floats(in_value(c)) * 4);
-    return st != MGT_OK ? st : mgt_permute(c->s, (float *)c->dy, c->dx[0], &sh);
+        st = mgt_memset(c->s, c->dx[0], 0, (size_t)c->n * nn_value_bytes(in_value(c)));
+    return st != MGT_OK ? st : mgt_permute_st(c->s, gs, (float *)c->dy, c->dx[0], &sh);
 }
 
 /* ---- attention ---- */
@@ -223,8 +225,10 @@ mgt_status nn_attn_forward(nn_call *c)
     if (st != MGT_OK)
         return st;
     const float *x = c->x[0];
-    return mgt_attention_forward(c->s, c->y, nn_act(c->m, nd->u.attn.lse_off), x, x + dim,
-                                 x + 2 * dim, bias, attn_mask(c), sh.cosine ? c->p[0] : NULL, &sh);
+    mgt_precision xt = nn_store_of(c).in;
+    return mgt_attention_forward_st(c->s, nn_store_of(c), c->y, nn_act(c->m, nd->u.attn.lse_off), x,
+                                    nn_act_at(x, xt, dim), nn_act_at(x, xt, 2 * (size_t)dim), bias,
+                                    attn_mask(c), sh.cosine ? c->p[0] : NULL, &sh);
 }
 
 /* dq, dk and dv fill the qkv value's gradient column by column; then the bias table's. */
@@ -239,12 +243,15 @@ mgt_status nn_attn_backward(nn_call *c)
     int dim = out_value(c)->w;
     float *bias = attn_bias(c);
     float *dbias = bias ? nn_act(c->m, nd->u.attn.dbias_off) : NULL;
-    mgt_attn_grads g = {c->dx[0], c->dx[0] + dim, c->dx[0] + 2 * dim, dbias,
+    mgt_precision xt = nn_store_of(c).in;
+    mgt_attn_grads g = {c->dx[0], nn_act_at(c->dx[0], xt, dim),
+                        nn_act_at(c->dx[0], xt, 2 * (size_t)dim), dbias,
                         sh.cosine ? c->g[0] : NULL};
     const float *x = c->x[0];
-    mgt_status st =
-        mgt_attention_backward(c->s, &g, c->dy, c->y, nn_act(c->m, nd->u.attn.lse_off), x, x + dim,
-                               x + 2 * dim, bias, attn_mask(c), sh.cosine ? c->p[0] : NULL, &sh);
+    mgt_status st = mgt_attention_backward_st(
+        c->s, nn_store_of(c), &g, c->dy, c->y, nn_act(c->m, nd->u.attn.lse_off), x,
+        nn_act_at(x, xt, dim), nn_act_at(x, xt, 2 * (size_t)dim), bias, attn_mask(c),
+        sh.cosine ? c->p[0] : NULL, &sh);
     if (st == MGT_OK && nd->u.attn.cpb)
         st = cpb_backward(c, dbias);
     else if (st == MGT_OK && bias)
@@ -299,7 +306,9 @@ mgt_status nn_cls_forward(nn_call *c)
 {
     int d = out_value(c)->w, p = out_value(c)->h - 1;
     mgt_permute_shape sh = cls_patches(c);
-    mgt_status st = mgt_permute(c->s, c->y + d, (float *)c->x[0], &sh);
+    mgt_store st16 = nn_store_of(c);
+    mgt_status st =
+        mgt_permute_st(c->s, st16, nn_act_at(c->y, st16.out, (size_t)d), (float *)c->x[0], &sh);
     mgt_permute_shape tok = {.ndim = 2,
                              .naxes = 1,
                              .size = {c->n, d},
@@ -308,15 +317,18 @@ mgt_status nn_cls_forward(nn_call *c)
                              .coef = {0, 1},
                              .limit = {d},
                              .grid_stride = {1}};
-    return st != MGT_OK ? st : mgt_permute(c->s, c->y, c->p[0], &tok);
+    /* the token (a parameter) rounded into 16-bit rows where the output is so stored */
+    mgt_store ts = {MGT_PREC_F32, st16.out};
+    return st != MGT_OK ? st : mgt_permute_st(c->s, ts, c->y, c->p[0], &tok);
 }
 
 mgt_status nn_cls_backward(nn_call *c)
 {
     int d = out_value(c)->w, p = out_value(c)->h - 1;
-    mgt_status st =
-        mgt_gemm(c->s, false, false, 1, d, c->n, 1.0f, nn_const_ptr(c->m, c->node->u.cls_ones),
-                 c->n, c->dy, (p + 1) * d, 1.0f, c->g[0], d);
+    mgt_precision yt = nn_store_of(c).out;
+    mgt_status st = mgt_gemm_st(c->s, MGT_PREC_F32, (mgt_gemm_store){yt, false, true, false}, false,
+                                false, 1, d, c->n, 1.0f, nn_const_ptr(c->m, c->node->u.cls_ones),
+                                c->n, c->dy, (p + 1) * d, 1.0f, c->g[0], d);
     if (st == MGT_OK)
         st = nn_params_ready(c);
     if (st != MGT_OK || !c->dx[0])
@@ -324,22 +336,25 @@ mgt_status nn_cls_backward(nn_call *c)
     assert(c->dx_beta[0] == 0.0f);
     mgt_permute_shape sh = cls_patches(c);
     sh.scatter = true;
-    return mgt_permute(c->s, (float *)c->dy + d, c->dx[0], &sh);
+    mgt_store gs = {nn_store_of(c).out, nn_store_of(c).in}; /* reads dy, writes dx */
+    return mgt_permute_st(c->s, gs, nn_act_at(c->dy, gs.out, (size_t)d), c->dx[0], &sh);
 }
 
 mgt_status nn_posadd_forward(nn_call *c)
 {
     size_t per = nn_value_floats(out_value(c));
     mgt_status st = MGT_OK;
+    mgt_store ys = {nn_store_of(c).out, nn_store_of(c).out};
     if (c->y != c->x[0])
-        st = mgt_copy_d2d(c->s, c->y, c->x[0], (size_t)c->n * per * sizeof(float));
-    return st != MGT_OK ? st : mgt_bias_forward(c->s, c->y, c->p[0], c->n, (int)per);
+        st = mgt_copy_d2d(c->s, c->y, c->x[0], (size_t)c->n * nn_value_bytes(out_value(c)));
+    return st != MGT_OK ? st : mgt_bias_forward_st(c->s, ys, c->y, c->p[0], c->n, (int)per);
 }
 
 /* The input's gradient is dy itself (NN_F_PASSTHROUGH); the embedding's the sum over images. */
 mgt_status nn_posadd_backward(nn_call *c)
 {
     size_t per = nn_value_floats(out_value(c));
-    mgt_status st = mgt_bias_backward(c->s, c->g[0], c->dy, c->n, (int)per);
+    mgt_store ys = {nn_store_of(c).out, nn_store_of(c).out};
+    mgt_status st = mgt_bias_backward_st(c->s, ys, c->g[0], c->dy, c->n, (int)per);
     return st != MGT_OK ? st : nn_params_ready(c);
 }
