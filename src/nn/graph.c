@@ -1050,10 +1050,10 @@ static void plan_layouts(mgt_model *m)
    auxiliary classifiers'). */
 static bool takes_16(const mgt_model *m, const nn_node *nd, bool as_reader)
 {
-    /* CUDA (a channels-last device) has no 16-bit kernels for the transformers' ops (the
-       linear layer's gemm, layer norm, permutes, attention, the token ops, avgpool2d): their
-       values stay fp32 there (mgt_op_cuda_store16_kind) */
-    if (m->dev && mgt_device_act_layout(m->dev) == MGT_LAYOUT_NHWC) {
+    /* CUDA (and the byte-model devices that plan as it does) has no 16-bit kernels for the
+       transformers' ops (the linear layer's gemm, layer norm, permutes, attention, the token
+       ops, avgpool2d): their values stay fp32 there (mgt_op_cuda_store16_kind) */
+    if (m->dev && mgt_device_get_kind(m->dev) == MGT_DEVICE_CUDA) {
         switch (nd->kind) {
         case NN_LINEAR:
         case NN_LN:
