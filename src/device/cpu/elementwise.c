@@ -387,8 +387,19 @@ static void chscale_fwd_item(void *c, int i, int t)
     }
 }
 
-/* nChw16c: one item per run of whole 16-channel blocks of an image, each pixel's 16 channels
-   scaled by their 16 factors (the NCHW loop's product, element for element). */
+/* y = x scaled per channel over one 16-channel block of hw pixels (nChw16c): each pixel's 16
+   channels by their 16 factors sc (the NCHW loop's product, element for element); y may be x. */
+static void scale_block(float *y, const float *x, const float *sc, size_t hw)
+{
+    vf k[4];
+    for (int q = 0; q < 4; q++)
+        k[q] = vld(sc + 4 * (size_t)q);
+    for (size_t e = 0; e < hw * 16; e += 16)
+        for (int q = 0; q < 4; q++)
+            vst(y + e + 4 * (size_t)q, vld(x + e + 4 * (size_t)q) * k[q]);
+}
+
+/* nChw16c: one item per run of whole 16-channel blocks of an image. */
 static void chscale_fwd_blocked_item(void *c, int i, int t)
 {
     (void)t;
@@ -396,17 +407,9 @@ static void chscale_fwd_blocked_item(void *c, int i, int t)
     const mgt_chscale_fwd_args *a = &j->op->u.chscale_fwd;
     size_t hw = (size_t)a->hw, cb = (size_t)a->c / 16, lo, hi;
     item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
-    for (size_t bl = lo; bl < hi; bl++) {
-        size_t img = bl / cb, s0 = (a->shared ? 0 : img * (size_t)a->c) + bl % cb * 16;
-        vf sc[4];
-        for (int q = 0; q < 4; q++)
-            sc[q] = vld(a->scale + s0 + 4 * (size_t)q);
-        const float *x = a->x + bl * hw * 16;
-        float *y = a->y + bl * hw * 16;
-        for (size_t e = 0; e < hw * 16; e += 16)
-            for (int q = 0; q < 4; q++)
-                vst(y + e + 4 * (size_t)q, vld(x + e + 4 * (size_t)q) * sc[q]);
-    }
+    for (size_t bl = lo; bl < hi; bl++)
+        scale_block(a->y + bl * hw * 16, a->x + bl * hw * 16,
+                    a->scale + (a->shared ? 0 : bl / cb * (size_t)a->c) + bl % cb * 16, hw);
 }
 
 /* Per plane: dx, and the plane's sum of dy * x in double (fixed order: even pixels into one
@@ -462,9 +465,6 @@ static void chscale_bwd_blocked_item(void *c, int i, int t)
     item_range((size_t)a->n * cb, j->units, i, &lo, &hi);
     for (size_t bl = lo; bl < hi; bl++) {
         size_t img = bl / cb, s0 = (a->shared ? 0 : img * (size_t)a->c) + bl % cb * 16;
-        vf sc[4];
-        for (int q = 0; q < 4; q++)
-            sc[q] = vld(a->scale + s0 + 4 * (size_t)q);
         const float *dy = a->dy + bl * hw * 16, *x = a->x + bl * hw * 16;
         float *dx = a->dx + bl * hw * 16;
         if (a->dscale) {
@@ -481,9 +481,7 @@ static void chscale_bwd_blocked_item(void *c, int i, int t)
                     a->dscale[pl] = (float)(sum[0][l] + sum[1][l]);
             }
         }
-        for (size_t e = 0; e < hw * 16; e += 16)
-            for (int q = 0; q < 4; q++)
-                vst(dx + e + 4 * (size_t)q, vld(dy + e + 4 * (size_t)q) * sc[q]);
+        scale_block(dx, dy, a->scale + s0, hw); /* after the sums: dx may be dy */
     }
 }
 
