@@ -413,9 +413,21 @@ static mgt_status enqueue_bucket(mgt_comm *c, int b)
                 st = mgt_copy_peer(c->stream[r + k], comm_at(c->grads[r + k], off), c->stream[r],
                                    comm_at(c->grads[r], off), len);
     }
-    for (int i = 0; i < c->n && st == MGT_OK; i++)
-        st = mgt_event_record(c->done[(size_t)i * nb + (size_t)b], c->stream[i]);
-    return st;
+    /* every sound device's done mark, even when the bucket was left half enqueued (a peer
+       failed): its optimizer waits on that mark (mgt_comm_step_end), and a copy already queued
+       into its gradients, a NaN one out of the failed peer included, must land before the
+       update reads them. A stale mark would let the update run beside the copy. */
+    char text[512] = "";
+    if (st != MGT_OK)
+        snprintf(text, sizeof text, "%s", mgt_error_last());
+    for (int i = 0; i < c->n; i++) {
+        mgt_status rs = mgt_event_record(c->done[(size_t)i * nb + (size_t)b], c->stream[i]);
+        if (st == MGT_OK && rs != MGT_OK) {
+            st = rs;
+            snprintf(text, sizeof text, "%s", mgt_error_last());
+        }
+    }
+    return st == MGT_OK ? MGT_OK : mgt_error_set(st, "%s", text);
 }
 
 mgt_status mgt_comm_step_begin(mgt_comm *c, int dev)
