@@ -406,17 +406,19 @@ static void errs_print(const char *title, const errs *e)
                           e->count[g], e->abs[g], e->rel[g], e->worst[g]);
 }
 
-static double group_tol(int g)
+static double group_tol(int g, double grad_tol)
 {
-    return g == G_GRAD || g == G_GRAD_NORM || g == G_STEP1 || g == G_STEP2 ? TOL_GRAD : TOL_FWD;
+    return g == G_GRAD || g == G_GRAD_NORM || g == G_STEP1 || g == G_STEP2
+               ? (grad_tol > 0 ? grad_tol : TOL_GRAD)
+               : TOL_FWD;
 }
 
-static void errs_check(const errs *e)
+static void errs_check(const errs *e, double grad_tol)
 {
     for (int g = 0; g < G_N; g++)
-        if (e->count[g] && !(e->rel[g] <= group_tol(g)))
+        if (e->count[g] && !(e->rel[g] <= group_tol(g, grad_tol)))
             fail_msg("%s: relative error %.3g at %s exceeds %.1g", group_names[g], e->rel[g],
-                     e->worst[g], group_tol(g));
+                     e->worst[g], group_tol(g, grad_tol));
 }
 
 /* ---- a training step on the device ---- */
@@ -504,6 +506,7 @@ typedef struct golden_case {
     int classes, in_channels, size, batch;
     bool hash_weights; /* weights from the formula, and a summary golden */
     bool mobile;       /* with hash_weights: make_mobile_goldens.py's formula */
+    double grad_tol;   /* the gradient groups' tolerance where not TOL_GRAD (0) */
 } golden_case;
 
 static void run_golden(const golden_case *c)
@@ -693,7 +696,7 @@ static void run_golden(const golden_case *c)
         }
     }
     errs_print(c->tag, &e);
-    errs_check(&e);
+    errs_check(&e, c->grad_tol);
     free(layer_scale);
     free(layer_norm);
 
@@ -710,14 +713,14 @@ static void run_golden(const golden_case *c)
 static void test_golden_resnet20(void **state)
 {
     (void)state;
-    golden_case c = {"resnet20_1x28x28", "resnet20", 10, 1, 28, 8, false, false};
+    golden_case c = {"resnet20_1x28x28", "resnet20", 10, 1, 28, 8, false, false, 0};
     run_golden(&c);
 }
 
 static void test_golden_resnet18(void **state)
 {
     (void)state;
-    golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true, false};
+    golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true, false, 0};
     run_golden(&c);
 }
 
@@ -729,7 +732,14 @@ static void test_golden_mobile(void **state)
     int batch = strcmp(arch, "mobilenet_v2") == 0 ? 4 : 2;
     char tag[64];
     snprintf(tag, sizeof tag, "%s_3x64x64", arch);
-    golden_case c = {tag, arch, 10, 3, 64, batch, true, true};
+    golden_case c = {tag, arch, 10, 3, 64, batch, true, true, 0};
+    /* mobilenet_v2's last stages are 2x2 at 4 images: their batch norms' backward subtracts
+       means of 16 values that cancel nearly all of each, so fp32's order of summation shows
+       in the gradients above it: 7.4e-4 of the layer's scale at features.14.conv.2.weight on
+       an AVX2 CPU (oneDNN's 8-channel kernels; 2026-12-06, AMD EPYC Zen 3), within 5e-4 on
+       AVX-512 ones. A wrong gradient path is off by O(1). */
+    if (strcmp(arch, "mobilenet_v2") == 0)
+        c.grad_tol = 1e-3;
     run_golden(&c);
 }
 
@@ -942,14 +952,14 @@ static void run_amp_golden(const golden_case *c)
 static void test_amp_golden_resnet20(void **state)
 {
     (void)state;
-    golden_case c = {"resnet20_1x28x28", "resnet20", 10, 1, 28, 8, false, false};
+    golden_case c = {"resnet20_1x28x28", "resnet20", 10, 1, 28, 8, false, false, 0};
     run_amp_golden(&c);
 }
 
 static void test_amp_golden_resnet18(void **state)
 {
     (void)state;
-    golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true, false};
+    golden_case c = {"resnet18_3x64x64", "resnet18", 10, 3, 64, 2, true, false, 0};
     run_amp_golden(&c);
 }
 
@@ -958,7 +968,7 @@ static void test_amp_golden_resnet18(void **state)
 static void test_amp_golden_mobilenet_v2(void **state)
 {
     (void)state;
-    golden_case c = {"mobilenet_v2_3x64x64", "mobilenet_v2", 10, 3, 64, 4, true, true};
+    golden_case c = {"mobilenet_v2_3x64x64", "mobilenet_v2", 10, 3, 64, 4, true, true, 0};
     run_amp_golden(&c);
 }
 
