@@ -1280,8 +1280,10 @@ static void cannot_continue(run *r, const char *why, const char *saved)
     lost_text(r, lost, sizeof lost);
     train_failure f = {
         .set = true, .status = MGT_ERR_DEVICE, .device = -1, .epoch = -1, .step = -1, .root = true};
-    snprintf(f.cause, sizeof f.cause, "--on-device-failure continue: %s; devices lost: %s; %s", why,
-             lost, saved);
+    int len = snprintf(f.cause, sizeof f.cause,
+                       "--on-device-failure continue: %s; devices lost: %s; %s", why, lost, saved);
+    if (len >= (int)sizeof f.cause) /* a line that long says it was cut */
+        memcpy(f.cause + sizeof f.cause - 4, "...", 4);
     pthread_mutex_lock(&r->lock);
     r->fail = f;
     pthread_mutex_unlock(&r->lock);
