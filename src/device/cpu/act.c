@@ -2,11 +2,12 @@
 #include "device/cpu/vec.h"
 
 /* The activation loops are compute-bound (exp and a division per element), unlike the
-   streaming loops of the other kernels, so they run on vectors of AW = 16 lanes in functions compiled twice:
-   for AVX-512F, one zmm register per vector, and for the x86-64 baseline, where GCC splits
-   each vector into four SSE operations. Every operation is per lane and the same IEEE
-   operation in both, so both give the same bits; ctx->vec_baseline runs the baseline on a CPU
-   with AVX-512F, so the tests can compare the two. */
+   streaming loops of the other kernels, so they run on vectors of AW = 16 lanes in functions
+   compiled three times: for AVX-512F, one zmm register per vector; for AVX2, two ymm ones
+   (FMA stays off: ISO C contracts nothing); and for the x86-64 baseline, where GCC splits each
+   vector into four SSE operations. Every operation is per lane and the same IEEE operation in
+   each, so all give the same bits; ctx->vec_baseline runs the baseline on a CPU with AVX2 or
+   AVX-512F, so the tests can compare them. */
 #define AW 16
 typedef float af __attribute__((vector_size(AW * sizeof(float))));
 typedef int32_t ai __attribute__((vector_size(AW * sizeof(int32_t))));
@@ -225,6 +226,12 @@ __attribute__((target("avx512f"))) static void act_fwd_avx512(mgt_act act, float
     act_fwd_span(act, y, x, n);
 }
 
+__attribute__((target("avx2"))) static void act_fwd_avx2(mgt_act act, float *y, const float *x,
+                                                         size_t n)
+{
+    act_fwd_span(act, y, x, n);
+}
+
 static void act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
 {
     act_bwd_span(act, dx, dy, x, n);
@@ -237,11 +244,27 @@ __attribute__((target("avx512f"))) static void act_bwd_avx512(mgt_act act, float
     act_bwd_span(act, dx, dy, x, n);
 }
 
-/* An activation op and whether its items take the AVX-512F build of the loops. */
+__attribute__((target("avx2"))) static void act_bwd_avx2(mgt_act act, float *dx, const float *dy,
+                                                         const float *x, size_t n)
+{
+    act_bwd_span(act, dx, dy, x, n);
+}
+
+/* An activation op and which build of the loops its items take. */
 typedef struct act_job {
     const mgt_op *op;
-    bool avx512;
+    void (*fwd)(mgt_act, float *, const float *, size_t);
+    void (*bwd)(mgt_act, float *, const float *, const float *, size_t);
 } act_job;
+
+static act_job act_job_of(const cpu_ctx *ctx, const mgt_op *op)
+{
+    if (vec_avx512(ctx))
+        return (act_job){op, act_fwd_avx512, act_bwd_avx512};
+    if (vec_avx2(ctx))
+        return (act_job){op, act_fwd_avx2, act_bwd_avx2};
+    return (act_job){op, act_fwd_base, act_bwd_base};
+}
 
 /* 16-bit storage (mgt_op_store16): an item widens ACT_TILE16 values of each input into tiles on
    its stack, runs the fp32 loop on them and rounds the output tile once (one pass over memory;
@@ -253,8 +276,7 @@ static void act_fwd_item(void *c, int i, int t)
     (void)t;
     const act_job *jb = c;
     const mgt_act_fwd_args *a = &jb->op->u.act_fwd;
-    void (*fn)(mgt_act, float *, const float *, size_t) =
-        jb->avx512 ? act_fwd_avx512 : act_fwd_base;
+    void (*fn)(mgt_act, float *, const float *, size_t) = jb->fwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
     mgt_precision p = mgt_op_store16(jb->op);
@@ -276,8 +298,7 @@ static void act_bwd_item(void *c, int i, int t)
     (void)t;
     const act_job *jb = c;
     const mgt_act_bwd_args *a = &jb->op->u.act_bwd;
-    void (*fn)(mgt_act, float *, const float *, const float *, size_t) =
-        jb->avx512 ? act_bwd_avx512 : act_bwd_base;
+    void (*fn)(mgt_act, float *, const float *, const float *, size_t) = jb->bwd;
     size_t lo, hi;
     item_range(a->n, CHUNK, i, &lo, &hi);
     mgt_precision p = mgt_op_store16(jb->op);
@@ -297,14 +318,14 @@ static void act_bwd_item(void *c, int i, int t)
 
 mgt_status cpu_act_fwd(cpu_ctx *ctx, const mgt_op *op)
 {
-    act_job jb = {op, vec_avx512(ctx)};
+    act_job jb = act_job_of(ctx, op);
     POOL_FOR(ctx, items_of(op->u.act_fwd.n, CHUNK), act_fwd_item, &jb);
     return MGT_OK;
 }
 
 mgt_status cpu_act_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
-    act_job jb = {op, vec_avx512(ctx)};
+    act_job jb = act_job_of(ctx, op);
     POOL_FOR(ctx, items_of(op->u.act_bwd.n, CHUNK), act_bwd_item, &jb);
     return MGT_OK;
 }

@@ -216,6 +216,13 @@ static inline bool vec_avx512(const cpu_ctx *ctx)
     return !ctx->vec_baseline && __builtin_cpu_supports("avx512f");
 }
 
+/* Whether the activations' loops take their AVX2 build (a CPU with AVX2 but not AVX-512F). */
+static inline bool vec_avx2(const cpu_ctx *ctx)
+{
+    return !ctx->vec_baseline && !__builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx2");
+}
+
 /* The op and how many whole units (planes, rows, columns) one item covers. */
 typedef struct plane_job {
     const mgt_op *op;
