@@ -59,8 +59,10 @@ static void assert_defaults_except(const mgt_mock_options *o, const char *which)
         assert_int_equal(o->delay_us, 0);
     if (!strstr(which, "conv"))
         assert_false(o->conv_im2col);
-    if (!strstr(which, "layout"))
+    if (!strstr(which, "layout")) {
         assert_false(o->layout_nchw);
+        assert_false(o->layout_blocked);
+    }
 }
 
 static void test_options_accepted(void **state)
@@ -137,7 +139,18 @@ static void test_options_accepted(void **state)
     assert_true(o.layout_nchw);
     assert_defaults_except(&o, "layout");
     o = parsed("layout=blocked");
-    assert_defaults_except(&o, "");
+    assert_true(o.layout_blocked);
+    assert_false(o.layout_nchw);
+    assert_defaults_except(&o, "layout");
+    /* where no layout is named, the commands' pick: NCHW without AVX-512F, else blocked */
+    assert_false(mgt_mock_options_pick_layout(&o));
+    assert_false(o.layout_nchw);
+    o = parsed("conv=im2col");
+    assert_false(mgt_mock_options_pick_layout(&o));
+    o = parsed("threads=2");
+    bool avx512 = __builtin_cpu_supports("avx512f");
+    assert_int_equal(mgt_mock_options_pick_layout(&o), !avx512);
+    assert_int_equal(o.layout_nchw, !avx512);
 
     /* several faults, each on its own device, in the order given */
     o = parsed("fault=peer@2:3;fault=gone@0:7;fault=kernel@1:1:axpy");

@@ -104,7 +104,9 @@ typedef struct mgt_mock_fault {
      conv=onednn|im2col  convolutions on oneDNN's direct kernels (default) or on the
                          im2col + gemm path
      layout=blocked|nchw activations kept in oneDNN's nChw16c between ops where a model can
-                         (default with conv=onednn) or NCHW throughout */
+                         (default with conv=onednn) or NCHW throughout; mgtrain's commands pick
+                         NCHW where the spec names no layout and the CPU lacks AVX-512F
+                         (mgt_mock_options_pick_layout) */
 typedef struct mgt_mock_options {
     int threads_per_device;
     size_t mem_limit;
@@ -118,6 +120,7 @@ typedef struct mgt_mock_options {
     double link_latency_s;
     bool conv_im2col;         /* conv=im2col: convolutions on im2col + gemm instead of oneDNN */
     bool layout_nchw;         /* layout=nchw: activations kept NCHW between ops (conv=im2col too) */
+    bool layout_blocked;      /* layout=blocked: named, so mgt_mock_options_pick_layout keeps it */
     double xlink_bytes_per_s; /* xlink=: 0, no inter-node link model */
     double xlink_latency_s;
 } mgt_mock_options;
@@ -127,6 +130,10 @@ typedef struct mgt_mock_options {
    such as 512M or 8G"); the caller puts where the spec came from in front (mgt_error_wrap
    with "--mock" or "MGT_MOCK"). An op name in fault=kernel@D:N:OP must be one of the op list. */
 mgt_status mgt_mock_options_parse(mgt_mock_options *o, const char *spec);
+/* Where the spec named no layout (and no conv=im2col): NCHW on a CPU without AVX-512F, whose
+   nChw16c kernels (batch norm and its fused ReLU and add) would take the baseline's tiles, as
+   slow as the convolutions' own reorders there save. True where it chose NCHW so. */
+bool mgt_mock_options_pick_layout(mgt_mock_options *o);
 /* Checks a parsed spec against the ids of the devices being opened: a fault or a peer pair
    naming a device that is not among them is MGT_ERR_INVALID naming the item and the device.
    mgt_devset_open runs it; a caller that wants the error labelled by its source runs it first. */

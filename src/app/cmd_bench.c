@@ -342,9 +342,11 @@ int mgt_app_cmd_bench(int argc, char **argv)
     if (bd.kind == MGT_DEVICE_MOCK) {
         bool nchw = bd.mock_opts.conv_im2col || bd.mock_opts.layout_nchw;
         printf("activations between ops: %s\n",
-               nchw ? "NCHW"
-                    : "oneDNN's nChw16c where the ops around them take it (--mock "
-                      "layout=nchw for NCHW)");
+               bd.nchw_picked ? "NCHW (this CPU has no AVX-512F, which mgtrain's nChw16c kernels "
+                                "want: --mock layout=blocked for them)"
+               : nchw         ? "NCHW"
+                              : "oneDNN's nChw16c where the ops around them take it (--mock "
+                                "layout=nchw for NCHW)");
         cJSON_AddStringToObject(root, "mock_layout", nchw ? "nchw" : "blocked");
     }
     if (bd.kind == MGT_DEVICE_CUDA)

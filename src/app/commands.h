@@ -99,6 +99,7 @@ typedef struct mgt_app_devices {
     int ids[MGT_MAX_DEVICES]; /* resolved: the device ids, n of them */
     int n;
     mgt_mock_options mock_opts; /* resolved (mock devices): --mock, else MGT_MOCK, parsed */
+    bool nchw_picked; /* resolved: NCHW for want of AVX-512F (mgt_mock_options_pick_layout) */
 } mgt_app_devices;
 
 /* Whether MGT_REQUIRE_CUDA asks that CUDA be used wherever a run would fall back to mock

@@ -114,6 +114,7 @@ mgt_status mgt_app_resolve_devices(mgt_app_devices *d)
             st = mgt_mock_options_check(&d->mock_opts, d->ids, d->n);
         if (st != MGT_OK)
             return mgt_error_wrap(st, "%s", source);
+        d->nchw_picked = mgt_mock_options_pick_layout(&d->mock_opts);
     }
     d->resolved = true;
     return MGT_OK;
