@@ -284,7 +284,8 @@ static mgt_status parse_conv(mgt_mock_options *o, const char *item, const char *
 static mgt_status parse_layout(mgt_mock_options *o, const char *item, const char *val)
 {
     if (strcmp(val, "blocked") != 0 && strcmp(val, "nchw") != 0)
-        return bad(item, "expected layout=blocked (the default) or layout=nchw");
+        return bad(item,
+                   "expected layout=blocked (the default on a CPU with AVX-512F) or layout=nchw");
     o->layout_nchw = strcmp(val, "nchw") == 0;
     o->layout_blocked = !o->layout_nchw;
     return MGT_OK;
