@@ -1,224 +1,13 @@
 /* The CPU kernels of the pointwise activations of MGT_ACT_LIST. */
-#include "device/cpu/vec.h"
 
 /* The activation loops are compute-bound (exp and a division per element), unlike the
-   streaming loops of the other kernels, so they run on vectors of AW = 16 lanes in functions
-   compiled three times: for AVX-512F, one zmm register per vector; for AVX2, two ymm ones
-   (FMA stays off: ISO C contracts nothing); and for the x86-64 baseline, where GCC splits each
-   vector into four SSE operations. Every operation is per lane and the same IEEE operation in
-   each, so all give the same bits; ctx->vec_baseline runs the baseline on a CPU with AVX2 or
-   AVX-512F, so the tests can compare them. */
+   streaming loops of the other kernels, so they run on vectors in functions built three times
+   from act_lanes.h: here for AVX-512F, 16 lanes (one zmm register); in act_avx2.c for AVX2, 8
+   lanes (one ymm); in act_base.c for the x86-64 baseline, 4 lanes (one xmm). All give the same
+   bits; ctx->vec_baseline runs the baseline on a CPU with AVX2 or AVX-512F, so the tests can
+   compare them. */
 #define AW 16
-typedef float af __attribute__((vector_size(AW * sizeof(float))));
-typedef int32_t ai __attribute__((vector_size(AW * sizeof(int32_t))));
-typedef uint32_t au __attribute__((vector_size(AW * sizeof(uint32_t))));
-/* Always inlined, so no 64-byte vector crosses a call (CMakeLists.txt: -Wno-psabi). */
-#define ACT_INLINE __attribute__((always_inline)) static inline
-
-ACT_INLINE af ald(const float *p)
-{
-    af v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-ACT_INLINE void ast(float *p, af v) { memcpy(p, &v, sizeof v); }
-
-ACT_INLINE af adup(float a)
-{
-    af v;
-    for (int i = 0; i < AW; i++)
-        v[i] = a;
-    return v;
-}
-
-/* The first k < AW floats at p, zeros after them; and their store back. */
-ACT_INLINE af ald_part(const float *p, size_t k)
-{
-    af v = adup(0.0f);
-    memcpy(&v, p, k * sizeof(float));
-    return v;
-}
-
-ACT_INLINE void ast_part(float *p, af v, size_t k) { memcpy(p, &v, k * sizeof(float)); }
-
-/* a where m is set, b elsewhere (GCC's C has no ?: on vectors) */
-ACT_INLINE af asel(ai m, af a, af b) { return (af)(((ai)a & m) | ((ai)b & ~m)); }
-
-/* e^x per lane, in float: Cephes' expf (its range reduction by n = round(x log2 e) with ln 2
-   split in two, and its degree-7 polynomial), within 2 ulp of libm's expf over the normal
-   range. 2^n is applied as two exact powers of two, so results that overflow give +inf and
-   the ones below FLT_MIN come out as denormals or 0, as expf's; x is clamped to [-104, 89]
-   first, which changes no result (e^89 overflows, e^-104 rounds to 0), and a NaN stays NaN
-   (both comparisons are false, and NaN times any power of two is NaN). The integer work is
-   unsigned: a NaN lane's garbage exponent cannot overflow. */
-ACT_INLINE af vexp(af x)
-{
-    x = asel(x > 89.0f, adup(89.0f), x);
-    x = asel(x < -104.0f, adup(-104.0f), x);
-    /* adding 1.5 * 2^23 rounds to an integer, which the low bits then hold */
-    const float magic = 12582912.0f;
-    af t = x * (float)M_LOG2E + magic;
-    af n = t - magic;
-    au ni = (au)t - (au)adup(magic);
-    /* 0.693359375 has 9 significant bits, so n times it is exact */
-    af r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    af p = adup(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    af e = (r * r) * p + r + 1.0f;
-    au a = (au)((ai)ni >> 1), b = ni - a; /* n = a + b, each within a float's exponent */
-    af sa = (af)((a + 127u) << 23), sb = (af)((b + 127u) << 23);
-    return (e * sa) * sb;
-}
-
-/* Each activation AW lanes at a time, one pair per row of MGT_ACT_LIST: act_<name>(x) and
-   act_<name>_bwd(dy, x) = dy * act'(x). Comparisons are selects, so a NaN passes through each
-   as in the scalar form; GELU is Numerical Recipes' erfc on vexp (verfc_pos).
-   Within a few ulp of the reference's double. */
-ACT_INLINE af act_relu6(af x) { return asel(x < 0.0f, adup(0.0f), asel(x > 6.0f, adup(6.0f), x)); }
-
-/* a select, not dy * 0|1 as the others: hardtanh_backward's arithmetic, and a denormal dy
-   (common deep in backward) costs a microcode assist per multiply on x86 */
-ACT_INLINE af act_relu6_bwd(af dy, af x) { return asel((x > 0.0f) & (x < 6.0f), dy, adup(0.0f)); }
-
-ACT_INLINE af act_hardsigmoid(af x)
-{
-    return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, adup(1.0f), x / 6.0f + 0.5f));
-}
-
-ACT_INLINE af act_hardsigmoid_bwd(af dy, af x)
-{
-    return dy * asel((x > -3.0f) & (x < 3.0f), adup(1.0f / 6.0f), adup(0.0f));
-}
-
-ACT_INLINE af act_hardswish(af x)
-{
-    return asel(x <= -3.0f, adup(0.0f), asel(x >= 3.0f, x, x * (x + 3.0f) / 6.0f));
-}
-
-ACT_INLINE af act_hardswish_bwd(af dy, af x)
-{
-    return dy * asel(x < -3.0f, adup(0.0f), asel(x <= 3.0f, x / 3.0f + 0.5f, adup(1.0f)));
-}
-
-ACT_INLINE af act_silu(af x) { return x / (1.0f + vexp(-x)); }
-
-ACT_INLINE af act_silu_bwd(af dy, af x)
-{
-    af sg = 1.0f / (1.0f + vexp(-x));
-    return dy * (sg * (1.0f + x * (1.0f - sg)));
-}
-
-ACT_INLINE af act_sigmoid(af x) { return 1.0f / (1.0f + vexp(-x)); }
-
-ACT_INLINE af act_sigmoid_bwd(af dy, af x)
-{
-    af sg = 1.0f / (1.0f + vexp(-x));
-    return dy * (sg * (1.0f - sg));
-}
-
-/* erfc(z) for z >= 0 per lane: Numerical Recipes' erfcc, t exp(-z^2 + P(t)) with
-   t = 1 / (1 + z / 2), whose fractional error is below 1.2e-7 everywhere (so GELU keeps its
-   relative accuracy in the negative tail, where x Phi(x) is tiny); one vexp and a division
-   per lane, where libm's erff per lane cost GELU a quarter of a ViT's step. */
-ACT_INLINE af verfc_pos(af z)
-{
-    af t = 1.0f / (1.0f + 0.5f * z);
-    af p = adup(0.17087277f);
-    p = p * t + -0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t + -1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t + -0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t + -1.26551223f;
-    return t * vexp(p - z * z);
-}
-
-/* Phi(x) = erfc(-x / sqrt 2) / 2, from erfc of |x| / sqrt 2 */
-ACT_INLINE af vphi_cdf(af x)
-{
-    af e = 0.5f * verfc_pos(asel(x < 0.0f, -x, x) * (float)M_SQRT1_2);
-    return asel(x < 0.0f, e, 1.0f - e);
-}
-
-ACT_INLINE af act_gelu(af x) { return x * vphi_cdf(x); }
-
-ACT_INLINE af act_gelu_bwd(af dy, af x)
-{
-    af pdf = vexp(-0.5f * x * x) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
-    return dy * (vphi_cdf(x) + x * pdf);
-}
-
-/* libm's tanhf per lane, as PyTorch's CPU kernel */
-ACT_INLINE af act_tanh(af x)
-{
-    af y;
-    for (int i = 0; i < AW; i++)
-        y[i] = tanhf(x[i]);
-    return y;
-}
-
-ACT_INLINE af act_tanh_bwd(af dy, af x)
-{
-    af t = act_tanh(x);
-    return dy * (1.0f - t * t);
-}
-
-/* y = f(x) and dx = f_bwd(dy, x) over [0, n), each case of the switches below its own
-   inlined straight-line loop: the last partial vector goes through the same lanes, so every
-   element's bits are the same function of its inputs wherever it sits. */
-#define ACT_FWD_LOOP(f, y, x, n)                                       \
-    do {                                                               \
-        size_t j_ = 0;                                                 \
-        for (; j_ + AW <= (n); j_ += AW)                               \
-            ast((y) + j_, f(ald((x) + j_)));                           \
-        if (j_ < (n))                                                  \
-            ast_part((y) + j_, f(ald_part((x) + j_, (n)-j_)), (n)-j_); \
-    } while (0)
-
-#define ACT_BWD_LOOP(f, dx, dy, x, n)                                                       \
-    do {                                                                                    \
-        size_t j_ = 0;                                                                      \
-        for (; j_ + AW <= (n); j_ += AW)                                                    \
-            ast((dx) + j_, f(ald((dy) + j_), ald((x) + j_)));                               \
-        if (j_ < (n))                                                                       \
-            ast_part((dx) + j_, f(ald_part((dy) + j_, (n)-j_), ald_part((x) + j_, (n)-j_)), \
-                     (n)-j_);                                                               \
-    } while (0)
-
-ACT_INLINE void act_fwd_span(mgt_act act, float *y, const float *x, size_t n)
-{
-    switch (act) {
-#define ACT_FWD_CASE(KIND, name) \
-    case MGT_ACT_##KIND: ACT_FWD_LOOP(act_##name, y, x, n); break;
-        MGT_ACT_LIST(ACT_FWD_CASE)
-#undef ACT_FWD_CASE
-    case MGT_ACT_COUNT: break;
-    }
-}
-
-ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
-{
-    switch (act) {
-#define ACT_BWD_CASE(KIND, name) \
-    case MGT_ACT_##KIND: ACT_BWD_LOOP(act_##name##_bwd, dx, dy, x, n); break;
-        MGT_ACT_LIST(ACT_BWD_CASE)
-#undef ACT_BWD_CASE
-    case MGT_ACT_COUNT: break;
-    }
-}
-
-static void act_fwd_base(mgt_act act, float *y, const float *x, size_t n)
-{
-    act_fwd_span(act, y, x, n);
-}
+#include "device/cpu/act_lanes.h"
 
 __attribute__((target("avx512f"))) static void act_fwd_avx512(mgt_act act, float *y, const float *x,
                                                               size_t n)
@@ -226,26 +15,9 @@ __attribute__((target("avx512f"))) static void act_fwd_avx512(mgt_act act, float
     act_fwd_span(act, y, x, n);
 }
 
-__attribute__((target("avx2"))) static void act_fwd_avx2(mgt_act act, float *y, const float *x,
-                                                         size_t n)
-{
-    act_fwd_span(act, y, x, n);
-}
-
-static void act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n)
-{
-    act_bwd_span(act, dx, dy, x, n);
-}
-
 __attribute__((target("avx512f"))) static void act_bwd_avx512(mgt_act act, float *dx,
                                                               const float *dy, const float *x,
                                                               size_t n)
-{
-    act_bwd_span(act, dx, dy, x, n);
-}
-
-__attribute__((target("avx2"))) static void act_bwd_avx2(mgt_act act, float *dx, const float *dy,
-                                                         const float *x, size_t n)
 {
     act_bwd_span(act, dx, dy, x, n);
 }
@@ -262,8 +34,8 @@ static act_job act_job_of(const cpu_ctx *ctx, const mgt_op *op)
     if (vec_avx512(ctx))
         return (act_job){op, act_fwd_avx512, act_bwd_avx512};
     if (vec_avx2(ctx))
-        return (act_job){op, act_fwd_avx2, act_bwd_avx2};
-    return (act_job){op, act_fwd_base, act_bwd_base};
+        return (act_job){op, cpu_act_fwd_avx2, cpu_act_bwd_avx2};
+    return (act_job){op, cpu_act_fwd_base, cpu_act_bwd_base};
 }
 
 /* 16-bit storage (mgt_op_store16): an item widens ACT_TILE16 values of each input into tiles on

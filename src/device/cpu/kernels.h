@@ -83,6 +83,13 @@ void cpu16_widen(mgt_precision p, const uint16_t *src, float *dst, size_t n);
 void cpu16_round(mgt_precision p, const float *src, uint16_t *dst, size_t n);
 void cpu16_round_acc(mgt_precision p, const float *src, float beta, uint16_t *dst, size_t n);
 
+/* ---- the activations' loops of the narrower builds (act_avx2.c, act_base.c; act.c) ----
+   y = act(x) and dx = dy * act'(x) over [0, n); _avx2 only where the CPU has AVX2. */
+void cpu_act_fwd_avx2(mgt_act act, float *y, const float *x, size_t n);
+void cpu_act_bwd_avx2(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
+void cpu_act_fwd_base(mgt_act act, float *y, const float *x, size_t n);
+void cpu_act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
+
 /* The kernels, one per row of the op list (cpu_<stem>), each given a checked op; what
    cpu_run calls with ctx->lock held. */
 typedef mgt_status (*cpu_op_fn)(cpu_ctx *ctx, const mgt_op *op);
