@@ -22,6 +22,35 @@ __attribute__((target("avx512f"))) static void act_bwd_avx512(mgt_act act, float
     act_bwd_span(act, dx, dy, x, n);
 }
 
+__attribute__((target("avx512f"))) static float exp_shift_avx512(float *y, const float *x,
+                                                                 float shift, size_t n)
+{
+    return exp_shift_span(y, x, shift, n);
+}
+
+float cpu_exp_shift(float *y, const float *x, float shift, size_t n)
+{
+    if (__builtin_cpu_supports("avx512f"))
+        return exp_shift_avx512(y, x, shift, n);
+    if (__builtin_cpu_supports("avx2"))
+        return cpu_exp_shift_avx2(y, x, shift, n);
+    return cpu_exp_shift_base(y, x, shift, n);
+}
+
+__attribute__((target("avx512f"))) static float max_above_avx512(const float *x, size_t n, float m)
+{
+    return max_above_span(x, n, m);
+}
+
+float cpu_max_above(const float *x, size_t n, float m)
+{
+    if (__builtin_cpu_supports("avx512f"))
+        return max_above_avx512(x, n, m);
+    if (__builtin_cpu_supports("avx2"))
+        return cpu_max_above_avx2(x, n, m);
+    return cpu_max_above_base(x, n, m);
+}
+
 /* An activation op and which build of the loops its items take. */
 typedef struct act_job {
     const mgt_op *op;

@@ -216,3 +216,46 @@ ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const floa
     case MGT_ACT_COUNT: break;
     }
 }
+
+/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), returning their sum: the softmax's
+   exponentials (attention's rows). The lanes sum apart and then across, so the sum's rounding
+   depends on the width, unlike the activations' bits. */
+ACT_INLINE float exp_shift_span(float *y, const float *x, float shift, size_t n)
+{
+    af acc = adup(0.0f), sh = adup(shift);
+    size_t j = 0;
+    for (; j + AW <= n; j += AW) {
+        af e = vexp(ald(x + j) - sh);
+        ast(y + j, e);
+        acc += e;
+    }
+    if (j < n) {
+        /* the missing lanes hold -inf, whose exponential is 0 */
+        af v = adup(-INFINITY);
+        memcpy(&v, x + j, (n - j) * sizeof(float));
+        af e = vexp(v - sh);
+        ast_part(y + j, e, n - j);
+        acc += e;
+    }
+    float s = 0.0f;
+    for (int i = 0; i < AW; i++)
+        s += acc[i];
+    return s;
+}
+
+/* The largest of m and x[0, n), NaNs passed over (x > m is false for them): the same value as
+   the scalar loop, whatever the order. */
+ACT_INLINE float max_above_span(const float *x, size_t n, float m)
+{
+    af acc = adup(m);
+    size_t j = 0;
+    for (; j + AW <= n; j += AW) {
+        af v = ald(x + j);
+        acc = asel(v > acc, v, acc);
+    }
+    for (; j < n; j++)
+        m = x[j] > m ? x[j] : m;
+    for (int i = 0; i < AW; i++)
+        m = acc[i] > m ? acc[i] : m;
+    return m;
+}

@@ -281,23 +281,34 @@ static void bias_fwd_item(void *c, int i, int t)
 }
 
 #define BIAS_COLS 256
+#define BIAS_ROWS 512
 
-/* Columns in blocks, rows in order: the sum of each column does not depend on threads. */
+/* The backward's items: blocks of BIAS_COLS columns times blocks of BIAS_ROWS rows, each
+   block's column sums in double in scratch ([row block][cols]), added in row-block order
+   afterwards. Items are a function of the shape alone, so the sums do not depend on threads;
+   the row blocks let a layer with few columns (a transformer's 96) use every thread. */
+typedef struct bias_bwd_job {
+    const mgt_op *op;
+    int col_blocks;
+    double *partial;
+} bias_bwd_job;
+
 static void bias_bwd_item(void *c, int i, int t)
 {
     (void)t;
-    const plane_job *j = c;
+    const bias_bwd_job *j = c;
     const mgt_bias_bwd_args *b = &j->op->u.bias_bwd;
-    size_t cols = (size_t)b->cols, lo, hi;
-    item_range(cols, BIAS_COLS, i, &lo, &hi);
+    size_t cols = (size_t)b->cols, lo, hi, r0, r1;
+    int cb = i % j->col_blocks, rb = i / j->col_blocks;
+    item_range(cols, BIAS_COLS, cb, &lo, &hi);
+    item_range((size_t)b->rows, BIAS_ROWS, rb, &r0, &r1);
     double acc[BIAS_COLS] = {0};
-    for (int r = 0; r < b->rows; r++) {
-        const float *dy = b->dy + (size_t)r * cols;
+    for (size_t r = r0; r < r1; r++) {
+        const float *dy = b->dy + r * cols;
         for (size_t e = lo; e < hi; e++)
             acc[e - lo] += dy[e];
     }
-    for (size_t e = lo; e < hi; e++)
-        b->dbias[e] += (float)acc[e - lo];
+    memcpy(j->partial + (size_t)rb * cols + lo, acc, (hi - lo) * sizeof *acc);
 }
 
 static void chbias_fwd_item(void *c, int i, int t)
@@ -551,8 +562,21 @@ mgt_status cpu_bias_fwd(cpu_ctx *ctx, const mgt_op *op)
 
 mgt_status cpu_bias_bwd(cpu_ctx *ctx, const mgt_op *op)
 {
-    plane_job j = {op, BIAS_COLS};
-    POOL_FOR(ctx, items_of((size_t)op->u.bias_bwd.cols, BIAS_COLS), bias_bwd_item, &j);
+    const mgt_bias_bwd_args *b = &op->u.bias_bwd;
+    size_t cols = (size_t)b->cols;
+    int row_blocks = items_of((size_t)b->rows, BIAS_ROWS);
+    bias_bwd_job j = {op, items_of(cols, BIAS_COLS), NULL};
+    mgt_status st = cpu_scratch_ensure(ctx, op, (size_t)row_blocks * cols * 2);
+    if (st != MGT_OK)
+        return st;
+    j.partial = (double *)(void *)ctx->scratch;
+    POOL_FOR(ctx, j.col_blocks * row_blocks, bias_bwd_item, &j);
+    for (size_t e = 0; e < cols; e++) {
+        double sum = 0.0;
+        for (int rb = 0; rb < row_blocks; rb++)
+            sum += j.partial[(size_t)rb * cols + e];
+        b->dbias[e] += (float)sum;
+    }
     return MGT_OK;
 }
 

@@ -89,6 +89,16 @@ void cpu_act_fwd_avx2(mgt_act act, float *y, const float *x, size_t n);
 void cpu_act_bwd_avx2(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
 void cpu_act_fwd_base(mgt_act act, float *y, const float *x, size_t n);
 void cpu_act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
+/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), within 2 ulp of expf, returning their sum
+   (the softmax's exponentials, on the widest vectors the CPU has); _avx2 and _base are its
+   builds. */
+float cpu_exp_shift(float *y, const float *x, float shift, size_t n);
+float cpu_exp_shift_avx2(float *y, const float *x, float shift, size_t n);
+float cpu_exp_shift_base(float *y, const float *x, float shift, size_t n);
+/* The largest of m and x[0, n), NaNs passed over (the softmax's row maximum). */
+float cpu_max_above(const float *x, size_t n, float m);
+float cpu_max_above_avx2(const float *x, size_t n, float m);
+float cpu_max_above_base(const float *x, size_t n, float m);
 
 /* The kernels, one per row of the op list (cpu_<stem>), each given a checked op; what
    cpu_run calls with ctx->lock held. */

@@ -258,15 +258,10 @@ static void attn_fwd_item(void *v, int item, int t)
         }
         attn_logits(j, b, h, t0, rows, u0, kc, q, q_row, k, k_row, s);
         for (int r = 0; r < rows; r++) {
-            float *sr = s + (size_t)r * kc, mx = m[r];
-            for (int u = 0; u < kc; u++)
-                mx = sr[u] > mx ? sr[u] : mx;
+            float *sr = s + (size_t)r * kc, mx = cpu_max_above(sr, (size_t)kc, m[r]);
             /* a row of -inf logits (a full mask) keeps its sum 0 and a NaN output, as torch */
-            float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx), sum = 0.0f;
-            for (int u = 0; u < kc; u++) {
-                sr[u] = expf(sr[u] - mx);
-                sum += sr[u];
-            }
+            float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx);
+            float sum = cpu_exp_shift(sr, sr, mx, (size_t)kc);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
             if (corr != 1.0f)
@@ -307,12 +302,12 @@ mgt_status cpu_attn_fwd(cpu_ctx *ctx, const mgt_op *op)
 
 /* Per-thread scratch of the backward: the tile's probabilities and their gradient, the unit
    q rows and their norms, the unit k rows of the whole group and their norms, dq's unit
-   gradient for a block, the rows' D, a row of dropout factors. */
+   gradient for a block, the rows' D, a row of dropout factors and a row of logits (cosine). */
 static size_t attn_bwd_scratch(const mgt_attn_shape *sh)
 {
     size_t kb = (size_t)(sh->tk < KB ? sh->tk : KB), dh = (size_t)sh->dh, tk = (size_t)sh->tk;
     return 2 * align_up(QB * kb) + align_up(QB * dh) + align_up(QB) + align_up(tk * dh) +
-           align_up(tk) + align_up(QB * dh) + align_up(QB) + align_up(kb);
+           align_up(tk) + align_up(QB * dh) + align_up(QB) + align_up(2 * kb);
 }
 
 /* Replaces the gradient g of unit rows xh (divisors n) by the gradient of the raw rows:
@@ -389,8 +384,25 @@ static void attn_bwd_item(void *v, int item, int t)
                                 : NULL;
                 if (sh->p > 0.0f)
                     drop_row(j, b, h, t0 + r, u0, kc, df);
+                /* the logits are still needed for cosine attention's logit scale */
+                const float *lr = pr;
+                if (sh->cosine) {
+                    memcpy(df + kbmax, pr, (size_t)kc * sizeof(float));
+                    lr = df + kbmax;
+                }
+                cpu_exp_shift(pr, pr, lse[r], (size_t)kc);
+                if (!sh->cosine && sh->p == 0.0f) {
+                    /* the common case as a loop GCC vectorises: the same arithmetic (a factor
+                       of 1 is exact) */
+                    float d = dd[r];
+                    for (int u = 0; u < kc; u++)
+                        dpr[u] = pr[u] * (dpr[u] - d);
+                    if (lg)
+                        memcpy(lg, dpr, (size_t)kc * sizeof *lg);
+                    continue;
+                }
                 for (int u = 0; u < kc; u++) {
-                    float logit = pr[u], pu = expf(logit - lse[r]);
+                    float logit = lr[u], pu = pr[u];
                     float dr = sh->p > 0.0f ? df[u] : 1.0f;
                     float ds = pu * (dpr[u] * dr - dd[r]);
                     if (sh->cosine) /* d logit / d logit_scale is f times the cosine */
@@ -539,13 +551,36 @@ typedef struct ln_rows_job {
     double *partial; /* backward: [items][2c] */
 } ln_rows_job;
 
+/* A pair of doubles at p, read and written where they lie (the parameter sums in scratch). */
+static inline vd2 ld_d2(const double *p)
+{
+    vd2 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void st_d2(double *p, vd2 v) { memcpy(p, &v, sizeof v); }
+
 static void ln_row_stats(const float *x, int c, float eps, double *mean, double *rstd)
 {
-    double m = sum_f(x, (size_t)c) / c, v = 0.0;
-    for (int j = 0; j < c; j++) {
+    double m = sum_f(x, (size_t)c) / c;
+    /* the squared deviations over four pairs of lanes (one sum would serialise on the add) */
+    vd2 a0 = vdup_d2(0.0), a1 = a0, a2 = a0, a3 = a0;
+    int j = 0;
+    for (; j + 8 <= c; j += 8) {
+        vd2 d0 = vld_d2(x + j) - m, d1 = vld_d2(x + j + 2) - m, d2 = vld_d2(x + j + 4) - m,
+            d3 = vld_d2(x + j + 6) - m;
+        a0 += d0 * d0;
+        a1 += d1 * d1;
+        a2 += d2 * d2;
+        a3 += d3 * d3;
+    }
+    double v = 0.0;
+    for (; j < c; j++) {
         double d = x[j] - m;
         v += d * d;
     }
+    v += hsum_d2x4(a0, a1, a2, a3);
     *mean = m;
     *rstd = 1.0 / sqrt(v / c + (double)eps);
 }
@@ -582,16 +617,34 @@ static void ln_rows_bwd_item(void *v, int item, int t)
         float *dx = a->dx + r * c;
         double m, rs, mg = 0.0, mgx = 0.0;
         ln_row_stats(x, a->c, a->eps, &m, &rs);
-        for (size_t k = 0; k < c; k++) {
+        /* mg and mgx over two pairs of lanes each, then the tail */
+        vd2 g0 = vdup_d2(0.0), g1 = g0, gx0 = g0, gx1 = g0;
+        size_t k = 0;
+        for (; k + 4 <= c; k += 4) {
+            vd2 d0 = vld_d2(dy + k), d1 = vld_d2(dy + k + 2);
+            vd2 xh0 = (vld_d2(x + k) - m) * rs, xh1 = (vld_d2(x + k + 2) - m) * rs;
+            vd2 gg0 = d0 * vld_d2(a->weight + k), gg1 = d1 * vld_d2(a->weight + k + 2);
+            g0 += gg0;
+            g1 += gg1;
+            gx0 += gg0 * xh0;
+            gx1 += gg1 * xh1;
+            st_d2(sw + k, ld_d2(sw + k) + d0 * xh0);
+            st_d2(sw + k + 2, ld_d2(sw + k + 2) + d1 * xh1);
+            st_d2(sb + k, ld_d2(sb + k) + d0);
+            st_d2(sb + k + 2, ld_d2(sb + k + 2) + d1);
+        }
+        for (; k < c; k++) {
             double xh = (x[k] - m) * rs, g = (double)dy[k] * a->weight[k];
             mg += g;
             mgx += g * xh;
             sw[k] += (double)dy[k] * xh;
             sb[k] += dy[k];
         }
+        mg += hsum_d2x4(g0, g1, vdup_d2(0.0), vdup_d2(0.0));
+        mgx += hsum_d2x4(gx0, gx1, vdup_d2(0.0), vdup_d2(0.0));
         mg /= a->c;
         mgx /= a->c;
-        for (size_t k = 0; k < c; k++) {
+        for (k = 0; k < c; k++) {
             double xh = (x[k] - m) * rs, g = (double)dy[k] * a->weight[k];
             dx[k] = (float)(rs * (g - mg - xh * mgx));
         }
