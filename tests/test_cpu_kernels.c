@@ -3,6 +3,7 @@
 /* Every op runs on odd shapes with 1 and 3 threads, with guard regions around every operand,
    garbage in outputs that must be overwritten, and a bit-for-bit check of two runs; the
    convolutions on both paths (oneDNN and im2col + gemm). */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -874,6 +875,90 @@ static void test_activation_vectors(void **state)
     free(wide);
 }
 
+/* ---- the softmax rows' helpers (attention) ----
+   cpu_max_above gives the scalar loop's value exactly (NaNs passed over); cpu_exp_shift's
+   exponentials are within 2 ulp of expf and 0 for -inf, the same bits in every build (per-lane
+   operations), nothing past n written, and its sum that of its outputs. Lengths end in every
+   partial vector of 4, 8 and 16 lanes. */
+static uint32_t ulp_dist(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    ia = ia < 0 ? INT32_MIN - ia : ia;
+    ib = ib < 0 ? INT32_MIN - ib : ib;
+    return ia > ib ? (uint32_t)ia - (uint32_t)ib : (uint32_t)ib - (uint32_t)ia;
+}
+
+static void test_softmax_row_helpers(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 49, 197, 256};
+    const size_t nmax = 256, pad = 16;
+    float *x = malloc((nmax + pad) * 4), *y = malloc((nmax + pad) * 4),
+          *yb = malloc((nmax + pad) * 4);
+    assert_true(x && y && yb);
+    bool avx2 = __builtin_cpu_supports("avx2");
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+        size_t n = lens[l];
+        for (size_t i = 0; i < n; i++)
+            x[i] = 10.0f * rng_float();
+        if (n > 1) /* a masked key; a row of them alone: below */
+            x[n / 2] = -INFINITY;
+        /* the maximum, with a NaN anywhere but first, and below or above m */
+        for (int with_nan = 0; with_nan < 2; with_nan++) {
+            float saved = x[n - 1];
+            if (with_nan && n > 1)
+                x[n - 1] = NAN;
+            for (int k = 0; k < 3; k++) {
+                float m0 = k == 0 ? -INFINITY : k == 1 ? 0.0f : 50.0f, want = m0;
+                for (size_t i = 0; i < n; i++)
+                    want = x[i] > want ? x[i] : want;
+                assert_memory_equal(&(float){cpu_max_above(x, n, m0)}, &want, 4);
+                assert_memory_equal(&(float){cpu_max_above_base(x, n, m0)}, &want, 4);
+                if (avx2)
+                    assert_memory_equal(&(float){cpu_max_above_avx2(x, n, m0)}, &want, 4);
+            }
+            x[n - 1] = saved;
+        }
+        float shift = cpu_max_above(x, n, -INFINITY);
+        for (int build = 0; build < 3; build++) {
+            if (build == 2 && !avx2)
+                continue;
+            float *out = build == 0 ? y : yb;
+            for (size_t i = 0; i < n + pad; i++)
+                out[i] = -1.0f;
+            float sum = build == 0   ? cpu_exp_shift(out, x, shift, n)
+                        : build == 1 ? cpu_exp_shift_base(out, x, shift, n)
+                                     : cpu_exp_shift_avx2(out, x, shift, n);
+            double want_sum = 0.0;
+            for (size_t i = 0; i < n; i++) {
+                float e = expf(x[i] - shift);
+                if (ulp_dist(out[i], e) > 2)
+                    fail_msg("n=%zu: e^(%.9g - %.9g) = %.9g, expf %.9g", n, x[i], shift, out[i], e);
+                want_sum += out[i];
+            }
+            for (size_t i = n; i < n + pad; i++)
+                assert_true(out[i] == -1.0f);
+            /* a float sum of n terms: within n float roundings of the exact one */
+            if (!(fabs(sum - want_sum) <= (double)n * FLT_EPSILON * want_sum))
+                fail_msg("build %d n=%zu: sum %.9g, of the outputs %.9g", build, n, sum, want_sum);
+            if (build > 0)
+                assert_memory_equal(out, y, n * 4);
+        }
+        /* a fully masked row: NaN, as expf(-inf - -inf) in the scalar loop */
+        yb[0] = -INFINITY;
+        assert_true(isnan(cpu_exp_shift(yb, yb, -INFINITY, 1)) && isnan(yb[0]));
+        /* in place, as the attention rows use it */
+        memcpy(yb, x, n * 4);
+        cpu_exp_shift(yb, yb, shift, n);
+        assert_memory_equal(yb, y, n * 4);
+    }
+    free(x);
+    free(y);
+    free(yb);
+}
+
 /* ---- 16-bit storage: the AVX-512 lanes against the baseline's tiles ----
    Batch norm (training forward with a folded ReLU and a fused residual add, backward masked by
    it, with the residual's gradient) in nChw16c, add and
@@ -1186,6 +1271,7 @@ int main(void)
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_scratch),
         cmocka_unit_test(test_activation_vectors),
+        cmocka_unit_test(test_softmax_row_helpers),
         cmocka_unit_test(test_blocked_bits),
         cmocka_unit_test(test_folded_relu_bits),
         cmocka_unit_test(test_lanes16_bits),
