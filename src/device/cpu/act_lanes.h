@@ -14,7 +14,7 @@
 typedef float af __attribute__((vector_size(AW * sizeof(float))));
 typedef int32_t ai __attribute__((vector_size(AW * sizeof(int32_t))));
 typedef uint32_t au __attribute__((vector_size(AW * sizeof(uint32_t))));
-/* Always inlined, so no 64-byte vector crosses a call (CMakeLists.txt: -Wno-psabi). */
+/* Always inlined, so no vector crosses a call (CMakeLists.txt: -Wno-psabi). */
 #define ACT_INLINE __attribute__((always_inline)) static inline
 
 ACT_INLINE af ald(const float *p)
