@@ -162,39 +162,59 @@ static void test_learns_on_two_devices(void **state)
 
 /* The inverted-residual families learn the quadrant task (12x12 images resized to 32) on two
    mock devices (dropout and stochastic depth live: the trainer's key drives them). Measured
-   (train loss, val loss, val top-1): mobilenet_v2 0.26, 0.20, 100%; efficientnet_b0 1.67,
-   0.08, 100% (seed 8); mobilenet_v3_small 0.26, 1.39, 25% (see below). efficientnet_b0's training
-   loss, with dropout, stochastic depth and batch statistics of 4 images, moves from 1.0 to
-   1.6 with the last bits of its SiLU, so the bar is on the evaluation. The arch is the
-   state. */
+   (train loss, val loss, val top-1): mobilenet_v2 0.26, 0.20, 100%; mobilenet_v3_small 0.26,
+   1.39, 25% (see below). efficientnet_b0's training loss (dropout, stochastic depth, batch
+   statistics of a few images whose last stages are 1x1 at 32 pixels) moves between 0.7 and 2.8
+   with the seed, and its evaluation after 60 steps swings with the seed and with the last bits
+   of any kernel: at lr 0.01, 12 seeds gave val top-1 46 to 98% (5 under 75%); at 0.003, 69 to
+   100% (1 under 75%), both with oneDNN's depthwise 5x5 filter gradient and with mgtrain's
+   (2026-12-07). So it runs at 0.003 and its bar is the median top-1 of three seeds. The arch
+   is the state. */
+static const uint64_t effnet_seeds[] = {7, 8, 9};
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 static void test_family_learns(void **state)
 {
-    mgt_train_config c;
-    base_config(&c);
-    c.arch = *state;
-    c.epochs = 6;
-    c.image_size = 32;
-    c.lr.lr = 0.01f; /* 0.05 (resnet20's) diverges here */
-    /* efficientnet_b0's evaluation after 60 steps of 4-image batch statistics swings with the
-       seed and the last bits of its kernels: seeds 7, 9 and 10 gave val top-1 100, 46 and 83%
-       with oneDNN's depthwise 5x5 filter gradient, 75, 100 and 52% (7 to 9) with mgtrain's,
-       whose sums are ordered otherwise; it is held to the bar at seed 8 */
-    if (strcmp(c.arch, "efficientnet_b0") == 0)
-        c.seed = 8;
-    c.augment = MGT_AUGMENT_NONE;
+    const char *arch = *state;
+    bool effnet = strcmp(arch, "efficientnet_b0") == 0;
+    int runs = effnet ? (int)(sizeof effnet_seeds / sizeof effnet_seeds[0]) : 1;
+    float acc1[3];
     mgt_train_result res;
-    mgt_status st = train(&c, 2, "threads=1", &res);
-    if (st != MGT_OK)
-        fail_msg("%s: %s", c.arch, mgt_error_last());
-    print_message("%s: last epoch's train loss %.3f, val loss %.3f, val top-1 %.1f%%\n", c.arch,
-                  res.train_loss, res.val_loss, res.val_acc1);
-    assert_int_equal(res.epochs_done, 6);
+    for (int r = 0; r < runs; r++) {
+        mgt_train_config c;
+        base_config(&c);
+        c.arch = arch;
+        c.epochs = 6;
+        c.image_size = 32;
+        c.lr.lr = effnet ? 0.003f : 0.01f; /* 0.05 (resnet20's) diverges here */
+        if (effnet)
+            c.seed = effnet_seeds[r];
+        c.augment = MGT_AUGMENT_NONE;
+        mgt_status st = train(&c, 2, "threads=1", &res);
+        if (st != MGT_OK)
+            fail_msg("%s: %s", c.arch, mgt_error_last());
+        print_message("%s (seed %llu): last epoch's train loss %.3f, val loss %.3f, val top-1 "
+                      "%.1f%%\n",
+                      c.arch, (unsigned long long)c.seed, res.train_loss, res.val_loss,
+                      res.val_acc1);
+        assert_int_equal(res.epochs_done, 6);
+        acc1[r] = res.val_acc1;
+    }
     /* 4 classes: chance is 25% and a loss of log 4 = 1.386. MobileNet V3's BN momentum of
        0.01 (torchvision's) leaves the running statistics near their start after 60 steps, so
        its evaluation stays at chance here (measured 25%) while it learns: only its training
-       loss is held to a bar. The others are held to the evaluation's loss and top-1. */
-    if (strncmp(c.arch, "mobilenet_v3", 12) == 0) {
+       loss is held to a bar. EfficientNet's median top-1 is (above); the others are held to
+       the evaluation's loss and top-1. */
+    if (strncmp(arch, "mobilenet_v3", 12) == 0) {
         assert_true(res.train_loss < 1.2);
+    } else if (effnet) {
+        qsort(acc1, (size_t)runs, sizeof acc1[0], cmp_float);
+        assert_true(acc1[runs / 2] >= 75.0f);
     } else {
         assert_true(res.val_loss < 0.7);
         assert_true(res.val_acc1 >= 75.0);

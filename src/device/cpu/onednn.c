@@ -109,6 +109,7 @@ void onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const floa
 
 static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
 static void prim_free(onednn *o, prim *p);
+/* The convolution of sh (n = mb) of the plan's kind, with reorders and memory objects. */
 static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p);
 
 /* oneDNN builds its process-wide state (CPU detection, primitive cache and its lock, JIT
@@ -326,7 +327,22 @@ static void dims4(dnnl_dims_t d, int a, int b, int c, int e)
     d[3] = e;
 }
 
-/* The convolution of sh (n = mb) of the plan's kind, with reorders and memory objects. */
+/* Whether pd is oneDNN's im2col + gemm filter gradient of an fp32 depthwise convolution on
+   NCHW activations. oneDNN 2.6 has a direct depthwise filter gradient for AVX2 in 3x3 only;
+   for 5x5 (EfficientNet's) it falls back to im2col and a 1-channel sgemm per group, which
+   took 846 of 1135 ms of efficientnet_b0's filter gradients (b8 224, 1 thread, Zen 3,
+   ONEDNN_VERBOSE). mgtrain's own depthwise loops (conv.c) take those shapes instead. */
+static bool gemm_depthwise_filter(const onednn_plan *pl, const_dnnl_primitive_desc_t pd)
+{
+    const mgt_conv2d_shape *sh = &pl->sh;
+    if (pl->kind != K_BWD_FILTER || pl->bf16 || sh->groups <= 1 || sh->groups != sh->c ||
+        sh->groups != sh->k || sh->x_layout != MGT_LAYOUT_NCHW || sh->y_layout != MGT_LAYOUT_NCHW)
+        return false;
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+           impl != NULL && strstr(impl, "gemm") != NULL;
+}
+
 static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p)
 {
     const mgt_conv2d_shape *sh = &pl->sh;
@@ -420,6 +436,8 @@ static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p
                 &bd, dnnl_convolution_direct, &x_any, &w_any, NULL, &y_any, strides, pad_l, pad_r);
         if (s == dnnl_success)
             s = make_prim(o, &bd, 0.0f, fpd, false, &pd, &p->conv, &sp);
+        if (s == dnnl_success && gemm_depthwise_filter(pl, pd))
+            s = dnnl_unimplemented; /* the caller frees p->conv with the plan */
     }
     if (fpd)
         dnnl_primitive_desc_destroy(fpd);
