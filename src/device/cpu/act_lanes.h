@@ -34,15 +34,44 @@ ACT_INLINE af adup(float a)
     return v;
 }
 
-/* The first k < AW floats at p, zeros after them; and their store back. */
-ACT_INLINE af ald_part(const float *p, size_t k)
+/* d[0, k) = s[0, k) for k < AW, in copies of fixed sizes (a memcpy of a variable size is a
+   call into libc). */
+ACT_INLINE void copy_part(float *d, const float *s, size_t k)
 {
-    af v = adup(0.0f);
-    memcpy(&v, p, k * sizeof(float));
-    return v;
+    size_t o = 0;
+    if (AW > 8 && (k & 8)) {
+        memcpy(d + o, s + o, 8 * sizeof(float));
+        o += 8;
+    }
+    if (AW > 4 && (k & 4)) {
+        memcpy(d + o, s + o, 4 * sizeof(float));
+        o += 4;
+    }
+    if (k & 2) {
+        memcpy(d + o, s + o, 2 * sizeof(float));
+        o += 2;
+    }
+    if (k & 1)
+        d[o] = s[o];
 }
 
-ACT_INLINE void ast_part(float *p, af v, size_t k) { memcpy(p, &v, k * sizeof(float)); }
+/* The first k < AW floats at p, `fill` after them; and their store back. */
+ACT_INLINE af ald_fill(const float *p, size_t k, float fill)
+{
+    float b[AW];
+    ast(b, adup(fill));
+    copy_part(b, p, k);
+    return ald(b);
+}
+
+ACT_INLINE af ald_part(const float *p, size_t k) { return ald_fill(p, k, 0.0f); }
+
+ACT_INLINE void ast_part(float *p, af v, size_t k)
+{
+    float b[AW];
+    ast(b, v);
+    copy_part(p, b, k);
+}
 
 /* a where m is set, b elsewhere (GCC's C has no ?: on vectors) */
 ACT_INLINE af asel(ai m, af a, af b) { return (af)(((ai)a & m) | ((ai)b & ~m)); }
@@ -223,19 +252,34 @@ ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const floa
 ACT_INLINE float exp_shift_span(float *y, const float *x, float shift, size_t n)
 {
     af acc = adup(0.0f), sh = adup(shift);
-    size_t j = 0;
-    for (; j + AW <= n; j += AW) {
+    size_t k = n % AW, whole = n - k;
+    ai lane;
+    for (int i = 0; i < AW; i++)
+        lane[i] = i;
+    /* A partial last vector of a row of at least AW takes the row's last AW floats, read before
+       the loop's stores (y may be x) and stored whole after them: the lanes it shares with the
+       last whole vector get the same bits again, and only its new lanes count in the sum. A
+       shorter row fills the missing lanes with the shift (e^0) and zeroes them after: an
+       exponential of -inf would take the slow path of a denormal result on its way to 0. Both
+       avoid a store and a reload of a part of a vector, which the CPU cannot forward. */
+    af tail = adup(0.0f);
+    if (k > 0)
+        tail = n >= AW ? ald(x + n - AW) : ald_fill(x, k, shift);
+    for (size_t j = 0; j < whole; j += AW) {
         af e = vexp(ald(x + j) - sh);
         ast(y + j, e);
         acc += e;
     }
-    if (j < n) {
-        /* the missing lanes hold -inf, whose exponential is 0 */
-        af v = adup(-INFINITY);
-        memcpy(&v, x + j, (n - j) * sizeof(float));
-        af e = vexp(v - sh);
-        ast_part(y + j, e, n - j);
-        acc += e;
+    if (k > 0) {
+        af e = vexp(tail - sh);
+        if (n >= AW) {
+            ast(y + n - AW, e);
+            acc += asel(lane >= (int32_t)(AW - k), e, adup(0.0f));
+        } else {
+            e = asel(lane < (int32_t)k, e, adup(0.0f));
+            ast_part(y, e, k);
+            acc += e;
+        }
     }
     float s = 0.0f;
     for (int i = 0; i < AW; i++)
