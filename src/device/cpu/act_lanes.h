@@ -80,13 +80,13 @@ ACT_INLINE af asel(ai m, af a, af b) { return (af)(((ai)a & m) | ((ai)b & ~m)); 
    split in two, and its degree-7 polynomial), within 2 ulp of libm's expf over the normal
    range. 2^n is applied as two exact powers of two, so results that overflow give +inf and
    the ones below FLT_MIN come out as denormals or 0, as expf's; x is clamped to [-104, 89]
-   first, which changes no result (e^89 overflows, e^-104 rounds to 0), and a NaN stays NaN
-   (both comparisons are false, and NaN times any power of two is NaN). The integer work is
-   unsigned: a NaN lane's garbage exponent cannot overflow. */
-ACT_INLINE af vexp(af x)
+   first (vexp_above: to 89 only, for an x the caller keeps at -104 or more), which changes no
+   result (e^89 overflows, e^-104 rounds to 0), and a NaN stays NaN (both comparisons are
+   false, and NaN times any power of two is NaN). The integer work is unsigned: a NaN lane's
+   garbage exponent cannot overflow. */
+ACT_INLINE af vexp_above(af x)
 {
     x = asel(x > 89.0f, adup(89.0f), x);
-    x = asel(x < -104.0f, adup(-104.0f), x);
     /* adding 1.5 * 2^23 rounds to an integer, which the low bits then hold */
     const float magic = 12582912.0f;
     af t = x * (float)M_LOG2E + magic;
@@ -104,6 +104,18 @@ ACT_INLINE af vexp(af x)
     au a = (au)((ai)ni >> 1), b = ni - a; /* n = a + b, each within a float's exponent */
     af sa = (af)((a + 127u) << 23), sb = (af)((b + 127u) << 23);
     return (e * sa) * sb;
+}
+
+ACT_INLINE af vexp(af x) { return vexp_above(asel(x < -104.0f, adup(-104.0f), x)); }
+
+/* vexp, but 0 where e^x is below FLT_MIN (x < ln FLT_MIN; such lanes are computed at -87,
+   whose e^x is normal): the softmax's exponentials, where masked logits (Swin's -100) would
+   otherwise make denormal results, each of which takes a slow path in the CPU's multiplier
+   (about half of a masked window's softmax time), for terms below 2^-126 of their row's sum. */
+ACT_INLINE af vexp_flush(af x)
+{
+    ai tiny = x < -87.33654475f;
+    return asel(tiny, adup(0.0f), vexp_above(asel(tiny, adup(-87.0f), x)));
 }
 
 /* Each activation AW lanes at a time, one pair per row of MGT_ACT_LIST: act_<name>(x) and
@@ -246,8 +258,8 @@ ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const floa
     }
 }
 
-/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), returning their sum: the softmax's
-   exponentials (attention's rows). The lanes sum apart and then across, so the sum's rounding
+/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), 0 where that is below FLT_MIN (vexp_flush),
+   returning their sum: the softmax's exponentials (attention's rows). The lanes sum apart and then across, so the sum's rounding
    depends on the width, unlike the activations' bits. */
 ACT_INLINE float exp_shift_span(float *y, const float *x, float shift, size_t n)
 {
@@ -266,12 +278,12 @@ ACT_INLINE float exp_shift_span(float *y, const float *x, float shift, size_t n)
     if (k > 0)
         tail = n >= AW ? ald(x + n - AW) : ald_fill(x, k, shift);
     for (size_t j = 0; j < whole; j += AW) {
-        af e = vexp(ald(x + j) - sh);
+        af e = vexp_flush(ald(x + j) - sh);
         ast(y + j, e);
         acc += e;
     }
     if (k > 0) {
-        af e = vexp(tail - sh);
+        af e = vexp_flush(tail - sh);
         if (n >= AW) {
             ast(y + n - AW, e);
             acc += asel(lane >= (int32_t)(AW - k), e, adup(0.0f));

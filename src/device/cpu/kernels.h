@@ -89,9 +89,9 @@ void cpu_act_fwd_avx2(mgt_act act, float *y, const float *x, size_t n);
 void cpu_act_bwd_avx2(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
 void cpu_act_fwd_base(mgt_act act, float *y, const float *x, size_t n);
 void cpu_act_bwd_base(mgt_act act, float *dx, const float *dy, const float *x, size_t n);
-/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), within 2 ulp of expf, returning their sum
-   (the softmax's exponentials, on the widest vectors the CPU has); _avx2 and _base are its
-   builds. */
+/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), within 2 ulp of expf, or 0 where expf is
+   below FLT_MIN (no denormals), returning their sum (the softmax's exponentials, on the widest
+   vectors the CPU has); _avx2 and _base are its builds. */
 float cpu_exp_shift(float *y, const float *x, float shift, size_t n);
 float cpu_exp_shift_avx2(float *y, const float *x, float shift, size_t n);
 float cpu_exp_shift_base(float *y, const float *x, float shift, size_t n);
