@@ -258,9 +258,10 @@ ACT_INLINE void act_bwd_span(mgt_act act, float *dx, const float *dy, const floa
     }
 }
 
-/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), 0 where that is below FLT_MIN (vexp_flush),
-   returning their sum: the softmax's exponentials (attention's rows). The lanes sum apart and then across, so the sum's rounding
-   depends on the width, unlike the activations' bits. */
+/* y[i] = e^(x[i] - shift) over [0, n) (y may be x), 0 where that is below FLT_MIN
+   (vexp_flush), returning their sum: the softmax's exponentials (attention's rows). The lanes
+   sum apart and then across, so the sum's rounding depends on the width, unlike the
+   activations' bits. */
 ACT_INLINE float exp_shift_span(float *y, const float *x, float shift, size_t n)
 {
     af acc = adup(0.0f), sh = adup(shift);

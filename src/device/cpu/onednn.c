@@ -109,7 +109,6 @@ void onednn_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const floa
 
 static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
 static void prim_free(onednn *o, prim *p);
-/* The convolution of sh (n = mb) of the plan's kind, with reorders and memory objects. */
 static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p);
 
 /* oneDNN builds its process-wide state (CPU detection, primitive cache and its lock, JIT
@@ -343,6 +342,7 @@ static bool gemm_depthwise_filter(const onednn_plan *pl, const_dnnl_primitive_de
            impl != NULL && strstr(impl, "gemm") != NULL;
 }
 
+/* The convolution of sh (n = mb) of the plan's kind, with reorders and memory objects. */
 static dnnl_status_t make_conv(onednn *o, const onednn_plan *pl, int mb, prim *p)
 {
     const mgt_conv2d_shape *sh = &pl->sh;
