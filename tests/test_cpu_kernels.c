@@ -875,6 +875,70 @@ static void test_activation_vectors(void **state)
     free(wide);
 }
 
+/* The layer norm's row path: its AVX2 and baseline builds agree to the bit (y, dx, dweight and
+   dbias), over row lengths that end in a partial vector and row counts that span several items
+   and blocks; and rows whose mean is 1e5 times their spread keep float precision (the mean is
+   split into its float rounding and the remainder): y within 2e-5 of the double answer. */
+static void test_layernorm_rows_vectors(void **state)
+{
+    (void)state;
+    static const int cs[] = {7, 33, 96, 384, 1031};
+    const int rows = 300;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        size_t c = (size_t)cs[ci], n = (size_t)rows * c;
+        float *x = rand_floats(n), *dy = rand_floats(n), *w = rand_floats(c), *b = rand_floats(c);
+        for (size_t r = 0; r < (size_t)rows; r += 3) /* every third row far off zero */
+            for (size_t k = 0; k < c; k++)
+                x[r * c + k] = (r % 2 ? -1000.0f : 1000.0f) + 0.01f * x[r * c + k];
+        float *out[2][4];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k < 4; k++) {
+                out[pass][k] = calloc(k < 2 ? n : c, sizeof(float));
+                assert_non_null(out[pass][k]);
+            }
+            ctxs[1].vec_baseline = pass == 0;
+            mgt_op f = {
+                .kind = MGT_OP_LNC_FWD,
+                .u.lnc_fwd = {out[pass][0], x, w, b, rows, (int)c, 1, 1e-5f, MGT_LAYOUT_NCHW}};
+            mgt_op g = {.kind = MGT_OP_LNC_BWD,
+                        .u.lnc_bwd = {out[pass][1], out[pass][2], out[pass][3], dy, x, w, rows,
+                                      (int)c, 1, 1e-5f, MGT_LAYOUT_NCHW}};
+            assert_int_equal(cpu_run(&ctxs[1], &f), MGT_OK);
+            assert_int_equal(cpu_run(&ctxs[1], &g), MGT_OK);
+        }
+        ctxs[1].vec_baseline = false;
+        static const char *const what[] = {"y", "dx", "dweight", "dbias"};
+        for (int k = 0; k < 4; k++)
+            if (memcmp(out[0][k], out[1][k], (k < 2 ? n : c) * sizeof(float)) != 0)
+                fail_msg("layer norm rows c=%zu: %s of the AVX2 build differs from the baseline", c,
+                         what[k]);
+        for (size_t r = 0; r < (size_t)rows; r += 3) {
+            const float *xr = x + r * c, *yr = out[0][0] + r * c;
+            double m = 0.0, v = 0.0;
+            for (size_t k = 0; k < c; k++)
+                m += xr[k];
+            m /= (double)c;
+            for (size_t k = 0; k < c; k++)
+                v += (xr[k] - m) * (xr[k] - m);
+            double rs = 1.0 / sqrt(v / (double)c + 1e-5);
+            for (size_t k = 0; k < c; k++) {
+                double want = (xr[k] - m) * rs * w[k] + b[k];
+                if (fabs(yr[k] - want) > 2e-5)
+                    fail_msg("layer norm rows c=%zu row %zu (mean %.6g): y[%zu] %.9g, the double "
+                             "answer %.9g",
+                             c, r, m, k, (double)yr[k], want);
+            }
+        }
+        for (int pass = 0; pass < 2; pass++)
+            for (int k = 0; k < 4; k++)
+                free(out[pass][k]);
+        free(x);
+        free(dy);
+        free(w);
+        free(b);
+    }
+}
+
 /* ---- the softmax rows' helpers (attention) ----
    cpu_max_above gives the scalar loop's value exactly (NaNs passed over); cpu_exp_shift's
    exponentials are within 2 ulp of expf and 0 for -inf, the same bits in every build (per-lane
@@ -1273,6 +1337,7 @@ int main(void)
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_scratch),
         cmocka_unit_test(test_activation_vectors),
+        cmocka_unit_test(test_layernorm_rows_vectors),
         cmocka_unit_test(test_softmax_row_helpers),
         cmocka_unit_test(test_blocked_bits),
         cmocka_unit_test(test_folded_relu_bits),

@@ -248,7 +248,7 @@ mgt_status cpu_scratch_ensure(cpu_ctx *ctx, const mgt_op *op, size_t floats);
    ctx->lowp): fp32 is the op's own kernel, called back with the copies. */
 mgt_status cpu_lowp(cpu_ctx *ctx, const mgt_op *op, cpu_op_fn fp32);
 /* The layer norm's row path (hw == 1: LayerNorm over the last dimension), which
-   layernorm_channels_forward and _backward take (transformer.c). */
+   layernorm_channels_forward and _backward take (ln_rows.c). */
 mgt_status cpu_ln_rows_fwd(cpu_ctx *ctx, const mgt_op *op);
 mgt_status cpu_ln_rows_bwd(cpu_ctx *ctx, const mgt_op *op);
 
