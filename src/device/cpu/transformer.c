@@ -205,10 +205,16 @@ static void attn_logits(const attn_job *j, int b, int h, int t0, int rows, int u
     for (int r = 0; r < rows; r++) {
         size_t at = (size_t)(t0 + r) * sh->tk + (size_t)u0;
         float *sr = s + (size_t)r * kn;
-        if (bias)
+        if (bias && mask) { /* both in one pass, in the same order as one at a time */
+            const float *br = bias + (size_t)h * tt + at,
+                        *mr = mask + (size_t)(b % sh->masks) * tt + at;
+            for (int u = 0; u < kn; u++)
+                sr[u] = (sr[u] + br[u]) + mr[u];
+        } else if (bias) {
             v_add_to(sr, bias + (size_t)h * tt + at, (size_t)kn);
-        if (mask)
+        } else if (mask) {
             v_add_to(sr, mask + (size_t)(b % sh->masks) * tt + at, (size_t)kn);
+        }
     }
 }
 
@@ -437,24 +443,31 @@ static void attn_bwd_item(void *v, int item, int t)
 typedef struct dbias_job {
     const mgt_op *op;
     const float *dsum;
-    size_t units;
 } dbias_job;
 
-/* dbias [heads, tq, tk] = the sum over groups of the dlogits, in group order. */
+/* Elements of dbias per item: their running sums (doubles) stay in L1 while the groups'
+   rows of dlogits stream past. */
+#define DBIAS_ITEM 1024
+
+/* dbias [heads, tq, tk] = the sum over groups of the dlogits, each element's in group order;
+   groups outer, so each group's dlogits are read along their rows. */
 static void dbias_item(void *v, int item, int t)
 {
     (void)t;
     const dbias_job *j = v;
     const mgt_attn_shape *sh = &j->op->u.attn_bwd.sh;
-    size_t tt = (size_t)sh->tq * sh->tk, lo, hi;
-    item_range((size_t)sh->heads * tt, j->units, item, &lo, &hi);
-    for (size_t e = lo; e < hi; e++) {
-        size_t h = e / tt, i = e % tt;
-        double s = 0.0;
-        for (int b = 0; b < sh->batch; b++)
-            s += j->dsum[((size_t)b * sh->heads + h) * tt + i];
-        j->op->u.attn_bwd.dbias[e] = (float)s;
+    size_t per_group = (size_t)sh->heads * sh->tq * sh->tk, lo, hi;
+    item_range(per_group, DBIAS_ITEM, item, &lo, &hi);
+    double acc[DBIAS_ITEM];
+    for (size_t e = lo; e < hi; e++)
+        acc[e - lo] = 0.0;
+    for (int b = 0; b < sh->batch; b++) {
+        const float *d = j->dsum + (size_t)b * per_group;
+        for (size_t e = lo; e < hi; e++)
+            acc[e - lo] += d[e];
     }
+    for (size_t e = lo; e < hi; e++)
+        j->op->u.attn_bwd.dbias[e] = (float)acc[e - lo];
 }
 
 mgt_status cpu_attn_bwd(cpu_ctx *ctx, const mgt_op *op)
@@ -479,8 +492,8 @@ mgt_status cpu_attn_bwd(cpu_ctx *ctx, const mgt_op *op)
     j.dls = sh->cosine ? (double *)(void *)(extra + dsum) : NULL;
     POOL_FOR(ctx, (int)groups, attn_bwd_item, &j);
     if (a->dbias) {
-        dbias_job dj = {op, j.dsum, units_per_item((size_t)sh->batch)};
-        POOL_FOR(ctx, items_of((size_t)sh->heads * sh->tq * sh->tk, dj.units), dbias_item, &dj);
+        dbias_job dj = {op, j.dsum};
+        POOL_FOR(ctx, items_of((size_t)sh->heads * sh->tq * sh->tk, DBIAS_ITEM), dbias_item, &dj);
     }
     if (sh->cosine)
         for (int h = 0; h < sh->heads; h++) {
