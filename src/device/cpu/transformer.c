@@ -138,15 +138,22 @@ static float attn_factor(const mgt_attn_shape *sh, const float *logit_scale, int
     return sh->scale * (float)exp(fmin((double)logit_scale[h], log(100.0)));
 }
 
-/* Rows of dh floats at stride `row` copied to dst [rows, dh], each divided by max(|x|, 1e-12);
-   norms (optional) gets those divisors. */
+/* Rows of dh floats at stride `row` copied to dst [rows, dh], each divided by max(|x|, 1e-12)
+   (as a product with its reciprocal); norms (optional) gets those divisors. The norm is a float
+   sum over four lanes, as F.normalize's is a float one. */
 static void unit_rows(float *dst, const float *src, size_t row, int rows, int dh, float *norms)
 {
     for (int r = 0; r < rows; r++) {
         const float *x = src + (size_t)r * row;
-        float n = (float)fmax(sqrt(sum_sq_f(x, (size_t)dh)), 1e-12);
-        for (int d = 0; d < dh; d++)
-            dst[(size_t)r * dh + d] = x[d] / n;
+        float *d = dst + (size_t)r * dh;
+        float n = sqrtf(v_dot(x, x, (size_t)dh));
+        n = n > 1e-12f ? n : 1e-12f; /* NaN too, as fmax */
+        float inv = 1.0f / n;
+        int k = 0;
+        for (; k + VW <= dh; k += VW)
+            vst(d + k, vld(x + k) * inv);
+        for (; k < dh; k++)
+            d[k] = x[k] * inv;
         if (norms)
             norms[r] = n;
     }
@@ -186,6 +193,32 @@ static float bias_at(const attn_job *j, int b, int h, int t, int u)
     if (mask)
         v += mask[(size_t)(b % sh->masks) * tt + at];
     return v;
+}
+
+/* The sum over keys [u0, u0 + n) of row t of ds[u] times d logit / d logit_scale: the logit
+   less what the bias and the mask added (as bias_at), over four float lanes. */
+static double cosine_term(const attn_job *j, int b, int h, int t, int u0, const float *ds,
+                          const float *logit, int n)
+{
+    const mgt_attn_shape *sh = j->sh;
+    const float *bias = j->op->u.attn_bwd.bias, *mask = j->op->u.attn_bwd.mask;
+    size_t tt = (size_t)sh->tq * sh->tk, at = (size_t)t * sh->tk + (size_t)u0;
+    const float *br = bias ? bias + (size_t)h * tt + at : NULL;
+    const float *mr = mask ? mask + (size_t)(b % sh->masks) * tt + at : NULL;
+    vf acc = vdup(0.0f);
+    int u = 0;
+    for (; u + VW <= n; u += VW) {
+        vf v = vdup(0.0f);
+        if (br)
+            v += vld(br + u);
+        if (mr)
+            v += vld(mr + u);
+        acc += vld(ds + u) * (vld(logit + u) - v);
+    }
+    double s = ((double)acc[0] + acc[1]) + ((double)acc[2] + acc[3]);
+    for (; u < n; u++)
+        s += (double)ds[u] * (logit[u] - bias_at(j, b, h, t, u0 + u));
+    return s;
 }
 
 /* The tile's logits: s [rows, kn] = f q k^T + bias + mask, for queries t0.. and keys u0.. */
@@ -397,12 +430,14 @@ static void attn_bwd_item(void *v, int item, int t)
                     lr = df + kbmax;
                 }
                 cpu_exp_shift(pr, pr, lse[r], (size_t)kc);
-                if (!sh->cosine && sh->p == 0.0f) {
-                    /* the common case as a loop GCC vectorises: the same arithmetic (a factor
+                if (sh->p == 0.0f) {
+                    /* without dropout, as a loop GCC vectorises: the same arithmetic (a factor
                        of 1 is exact) */
                     float d = dd[r];
                     for (int u = 0; u < kc; u++)
                         dpr[u] = pr[u] * (dpr[u] - d);
+                    if (sh->cosine)
+                        dls += cosine_term(j, b, h, t0 + r, u0, dpr, lr, kc);
                     if (lg)
                         memcpy(lg, dpr, (size_t)kc * sizeof *lg);
                     continue;
