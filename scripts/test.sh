@@ -27,9 +27,13 @@ cmake --build build -j"$jobs"
 # zoo_golden_heavy` run them.
 (cd build && ctest --output-on-failure -j"$jobs" -LE 'export_heavy|zoo_strict_heavy|zoo_golden_heavy')
 
+# The sanitizer builds keep Debug's assertions at -O1 (the sanitizers' own advice), not -O0:
+# on 2 cores the address build's tests took 430 s instead of about 720, the thread build's 578
+# instead of about 730 (AMD EPYC Zen 3, 2026-12-07); the CPU kernels are -O3 in every build.
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1" -DMGT_CUDA=OFF)
+
 echo "== address,undefined sanitizer build =="
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF \
-  -DMGT_SANITIZE=address,undefined >/dev/null
+cmake -S . -B build-asan "${sanitizer_flags[@]}" -DMGT_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j"$jobs"
 # zoo.strict (label zoo_strict) is left out here: its C side is the loader zoo.pretrained runs
 # under the sanitizers, and its architectures' weights would add minutes. models.torch_load.*
@@ -44,7 +48,7 @@ cmake --build build-asan -j"$jobs"
   -LE 'zoo_strict|export_heavy|zoo_heavy|zoo_amp|zoo_golden_heavy')
 
 echo "== thread sanitizer build (device, stream and threading tests) =="
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMGT_CUDA=OFF -DMGT_SANITIZE=thread >/dev/null
+cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DMGT_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   ctest --output-on-failure -j"$jobs" -L 'streams|devices|comm|cpu_kernels|data|train')

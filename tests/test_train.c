@@ -172,6 +172,15 @@ static void test_learns_on_two_devices(void **state)
    is the state. */
 static const uint64_t effnet_seeds[] = {7, 8, 9};
 
+/* Under a sanitizer the families run for memory and races, not for their bar: efficientnet_b0
+   trains its first seed only (its three took 310 s under the thread sanitizer) and is held to
+   finishing with finite losses; the plain build holds it to the median. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EFFNET_RUNS 1
+#else
+#define EFFNET_RUNS ((int)(sizeof effnet_seeds / sizeof effnet_seeds[0]))
+#endif
+
 static int cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -183,7 +192,7 @@ static void test_family_learns(void **state)
     const char *arch = *state;
     bool effnet = strcmp(arch, "efficientnet_b0") == 0;
     float acc1[sizeof effnet_seeds / sizeof effnet_seeds[0]];
-    int runs = effnet ? (int)(sizeof acc1 / sizeof acc1[0]) : 1;
+    int runs = effnet ? EFFNET_RUNS : 1;
     mgt_train_result res;
     for (int r = 0; r < runs; r++) {
         mgt_train_config c;
@@ -212,6 +221,8 @@ static void test_family_learns(void **state)
        others to the evaluation's loss and top-1. */
     if (strncmp(arch, "mobilenet_v3", 12) == 0) {
         assert_true(res.train_loss < 1.2);
+    } else if (effnet && runs == 1) {
+        assert_true(isfinite(res.train_loss) && isfinite(res.val_loss));
     } else if (effnet) {
         qsort(acc1, (size_t)runs, sizeof acc1[0], cmp_float);
         assert_true(acc1[runs / 2] >= 75.0f);
