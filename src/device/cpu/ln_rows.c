@@ -83,6 +83,11 @@ LN_INLINE ln_stats ln_row_stats(const float *x, size_t c, float eps)
     return st;
 }
 
+/* x normalised: ((x - m0) - d0) / std */
+LN_INLINE vf8 ln_xh8(const float *x, ln_stats st) { return ((ld8(x) - st.m0) - st.d0) * st.rs; }
+
+LN_INLINE float ln_xh(float x, ln_stats st) { return ((x - st.m0) - st.d0) * st.rs; }
+
 LN_INLINE void ln_rows_fwd_span(const mgt_lnc_fwd_args *a, size_t lo, size_t hi)
 {
     size_t c = (size_t)a->c;
@@ -92,11 +97,10 @@ LN_INLINE void ln_rows_fwd_span(const mgt_lnc_fwd_args *a, size_t lo, size_t hi)
         ln_stats st = ln_row_stats(x, c, a->eps);
         size_t k = 0;
         for (; k + 8 <= c; k += 8) {
-            vf8 xh = ((ld8(x + k) - st.m0) - st.d0) * st.rs;
-            st8(y + k, xh * ld8(a->weight + k) + ld8(a->bias + k));
+            st8(y + k, ln_xh8(x + k, st) * ld8(a->weight + k) + ld8(a->bias + k));
         }
         for (; k < c; k++)
-            y[k] = ((x[k] - st.m0) - st.d0) * st.rs * a->weight[k] + a->bias[k];
+            y[k] = ln_xh(x[k], st) * a->weight[k] + a->bias[k];
     }
 }
 
@@ -119,7 +123,7 @@ LN_INLINE void ln_rows_bwd_span(const mgt_lnc_bwd_args *a, size_t lo, size_t hi,
             float gt = 0.0f, gxt = 0.0f;
             size_t k = 0;
             for (; k + 8 <= c; k += 8) {
-                vf8 d = ld8(dy + k), xh = ((ld8(x + k) - st.m0) - st.d0) * st.rs;
+                vf8 d = ld8(dy + k), xh = ln_xh8(x + k, st);
                 vf8 g = d * ld8(a->weight + k);
                 g0 += g;
                 gx0 += g * xh;
@@ -127,7 +131,7 @@ LN_INLINE void ln_rows_bwd_span(const mgt_lnc_bwd_args *a, size_t lo, size_t hi,
                 st8(fb + k, ld8(fb + k) + d);
             }
             for (; k < c; k++) {
-                float xh = ((x[k] - st.m0) - st.d0) * st.rs, g = dy[k] * a->weight[k];
+                float xh = ln_xh(x[k], st), g = dy[k] * a->weight[k];
                 gt += g;
                 gxt += g * xh;
                 fw[k] += dy[k] * xh;
@@ -135,13 +139,12 @@ LN_INLINE void ln_rows_bwd_span(const mgt_lnc_bwd_args *a, size_t lo, size_t hi,
             }
             float mg = (float)(hsum8(g0) + gt) * inv_c, mgx = (float)(hsum8(gx0) + gxt) * inv_c;
             for (k = 0; k + 8 <= c; k += 8) {
-                vf8 xh = ((ld8(x + k) - st.m0) - st.d0) * st.rs;
                 vf8 g = ld8(dy + k) * ld8(a->weight + k);
-                st8(dx + k, st.rs * ((g - mg) - xh * mgx));
+                st8(dx + k, st.rs * ((g - mg) - ln_xh8(x + k, st) * mgx));
             }
             for (; k < c; k++) {
-                float xh = ((x[k] - st.m0) - st.d0) * st.rs, g = dy[k] * a->weight[k];
-                dx[k] = st.rs * ((g - mg) - xh * mgx);
+                float g = dy[k] * a->weight[k];
+                dx[k] = st.rs * ((g - mg) - ln_xh(x[k], st) * mgx);
             }
         }
         size_t k = 0;

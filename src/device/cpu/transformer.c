@@ -181,30 +181,23 @@ static void drop_row(const attn_job *j, int b, int h, int t, int u0, int n, floa
     }
 }
 
-/* What the bias and the mask add to logit (b, h, t, u). */
-static float bias_at(const attn_job *j, int b, int h, int t, int u)
+/* Where the bias's and the mask's rows for logit row (b, h, t) start at key u0 (NULL for
+   either the op has not). */
+static void bias_rows(const mgt_attn_shape *sh, const float *bias, const float *mask, int b, int h,
+                      int t, int u0, const float **br, const float **mr)
 {
-    const mgt_attn_shape *sh = j->sh;
-    const float *bias = j->op->u.attn_bwd.bias, *mask = j->op->u.attn_bwd.mask;
-    size_t tt = (size_t)sh->tq * sh->tk, at = (size_t)t * sh->tk + (size_t)u;
-    float v = 0.0f;
-    if (bias)
-        v += bias[(size_t)h * tt + at];
-    if (mask)
-        v += mask[(size_t)(b % sh->masks) * tt + at];
-    return v;
+    size_t tt = (size_t)sh->tq * sh->tk, at = (size_t)t * sh->tk + (size_t)u0;
+    *br = bias ? bias + (size_t)h * tt + at : NULL;
+    *mr = mask ? mask + (size_t)(b % sh->masks) * tt + at : NULL;
 }
 
 /* The sum over keys [u0, u0 + n) of row t of ds[u] times d logit / d logit_scale: the logit
-   less what the bias and the mask added (as bias_at), over four float lanes. */
+   less what the bias and the mask added, over four float lanes. */
 static double cosine_term(const attn_job *j, int b, int h, int t, int u0, const float *ds,
                           const float *logit, int n)
 {
-    const mgt_attn_shape *sh = j->sh;
-    const float *bias = j->op->u.attn_bwd.bias, *mask = j->op->u.attn_bwd.mask;
-    size_t tt = (size_t)sh->tq * sh->tk, at = (size_t)t * sh->tk + (size_t)u0;
-    const float *br = bias ? bias + (size_t)h * tt + at : NULL;
-    const float *mr = mask ? mask + (size_t)(b % sh->masks) * tt + at : NULL;
+    const float *br, *mr;
+    bias_rows(j->sh, j->op->u.attn_bwd.bias, j->op->u.attn_bwd.mask, b, h, t, u0, &br, &mr);
     vf acc = vdup(0.0f);
     int u = 0;
     for (; u + VW <= n; u += VW) {
@@ -216,8 +209,14 @@ static double cosine_term(const attn_job *j, int b, int h, int t, int u0, const 
         acc += vld(ds + u) * (vld(logit + u) - v);
     }
     double s = ((double)acc[0] + acc[1]) + ((double)acc[2] + acc[3]);
-    for (; u < n; u++)
-        s += (double)ds[u] * (logit[u] - bias_at(j, b, h, t, u0 + u));
+    for (; u < n; u++) {
+        float v = 0.0f;
+        if (br)
+            v += br[u];
+        if (mr)
+            v += mr[u];
+        s += (double)ds[u] * (logit[u] - v);
+    }
     return s;
 }
 
@@ -234,19 +233,17 @@ static void attn_logits(const attn_job *j, int b, int h, int t0, int rows, int u
                                                      : j->op->u.attn_bwd.logit_scale;
     sgemm(false, true, rows, kn, sh->dh, attn_factor(sh, ls, h), q, q_row, k, k_row, 0.0f, s,
           (size_t)kn);
-    size_t tt = (size_t)sh->tq * sh->tk;
     for (int r = 0; r < rows; r++) {
-        size_t at = (size_t)(t0 + r) * sh->tk + (size_t)u0;
+        const float *br, *mr;
+        bias_rows(sh, bias, mask, b, h, t0 + r, u0, &br, &mr);
         float *sr = s + (size_t)r * kn;
-        if (bias && mask) { /* both in one pass, in the same order as one at a time */
-            const float *br = bias + (size_t)h * tt + at,
-                        *mr = mask + (size_t)(b % sh->masks) * tt + at;
+        if (br && mr) { /* both in one pass, in the same order as one at a time */
             for (int u = 0; u < kn; u++)
                 sr[u] = (sr[u] + br[u]) + mr[u];
-        } else if (bias) {
-            v_add_to(sr, bias + (size_t)h * tt + at, (size_t)kn);
-        } else if (mask) {
-            v_add_to(sr, mask + (size_t)(b % sh->masks) * tt + at, (size_t)kn);
+        } else if (br) {
+            v_add_to(sr, br, (size_t)kn);
+        } else if (mr) {
+            v_add_to(sr, mr, (size_t)kn);
         }
     }
 }
@@ -430,29 +427,21 @@ static void attn_bwd_item(void *v, int item, int t)
                     lr = df + kbmax;
                 }
                 cpu_exp_shift(pr, pr, lse[r], (size_t)kc);
-                if (sh->p == 0.0f) {
-                    /* without dropout, as a loop GCC vectorises: the same arithmetic (a factor
-                       of 1 is exact) */
-                    float d = dd[r];
+                float d = dd[r];
+                if (sh->p == 0.0f) { /* a loop GCC vectorises */
                     for (int u = 0; u < kc; u++)
                         dpr[u] = pr[u] * (dpr[u] - d);
-                    if (sh->cosine)
-                        dls += cosine_term(j, b, h, t0 + r, u0, dpr, lr, kc);
-                    if (lg)
-                        memcpy(lg, dpr, (size_t)kc * sizeof *lg);
-                    continue;
+                } else {
+                    for (int u = 0; u < kc; u++) {
+                        float pu = pr[u];
+                        dpr[u] = pu * (dpr[u] * df[u] - d);
+                        pr[u] = pu * df[u]; /* the dropped probabilities, for dv */
+                    }
                 }
-                for (int u = 0; u < kc; u++) {
-                    float logit = lr[u], pu = pr[u];
-                    float dr = sh->p > 0.0f ? df[u] : 1.0f;
-                    float ds = pu * (dpr[u] * dr - dd[r]);
-                    if (sh->cosine) /* d logit / d logit_scale is f times the cosine */
-                        dls += (double)ds * (logit - bias_at(j, b, h, t0 + r, u0 + u));
-                    pr[u] = pu * dr; /* the dropped probabilities, for dv */
-                    dpr[u] = ds;
-                    if (lg)
-                        lg[u] = ds;
-                }
+                if (sh->cosine) /* d logit / d logit_scale is f times the cosine */
+                    dls += cosine_term(j, b, h, t0 + r, u0, dpr, lr, kc);
+                if (lg)
+                    memcpy(lg, dpr, (size_t)kc * sizeof *lg);
             }
             /* dv += p^T dy; dq (+)= f ds k; dk += f ds^T q */
             sgemm(true, false, kc, dh, rows, 1.0f, p, (size_t)kc, dy, sh->y_row,
