@@ -255,6 +255,18 @@ static void test_rng_draws(void **state)
     ctr[0] = 1;
     mgt_philox4x32_10(ctr, key, out);
     assert_int_equal(mgt_rng_u32(&a), out[0]);
+    /* a run of blocks is the words the stream hands out from its first block on, and the
+       double of two words is uniform_double's */
+    uint32_t run[4 * 7];
+    mgt_rng_init(&a, 11, 2, 77, MGT_RNG_INIT);
+    mgt_rng_blocks(&a, 3, 7, run);
+    for (int k = 0; k < 12; k++)
+        (void)mgt_rng_u32(&a);
+    for (int k = 0; k < 4 * 7; k++)
+        assert_int_equal(run[k], mgt_rng_u32(&a));
+    mgt_rng_init(&b, 11, 2, 77, MGT_RNG_INIT);
+    mgt_rng_blocks(&b, 0, 1, run);
+    assert_true(mgt_rng_double_of(run[0], run[1]) == mgt_rng_uniform_double(&b));
     /* different keys differ */
     mgt_rng_init(&a, 42, 3, 1000, MGT_RNG_AUGMENT);
     mgt_rng_init(&b, 42, 3, 1001, MGT_RNG_AUGMENT);

@@ -17,6 +17,7 @@
 
 #include "mgt/device.h"
 #include "mgt/nn.h"
+#include "mgt/rng.h"
 #include "mgt/safetensors.h"
 #include "nn/model_impl.h"
 #include "support/fixture.h"
@@ -1469,6 +1470,56 @@ static void test_init(void **state)
     mgt_model_free(b);
 }
 
+/* Initialisation drawn per tensor from its own stream, whatever the staging: resnet18's 47 MB
+   of parameters go through the host in windows, which many tensors straddle. Every
+   convolution's weight is its scale times the Box-Muller normals of the stream (seed, 0, table
+   index, MGT_RNG_INIT) drawn one by one (mgt_rng_uniform_double), and fc's weight its scale times
+   2u - 1; the scale, which the test does not know, is read off the largest draw. */
+static void test_init_streams(void **state)
+{
+    (void)state;
+    mgt_model_config cfg = {
+        .arch = "resnet18", .classes = 10, .in_channels = 3, .image_size = 32, .batch = 1};
+    mgt_model *m;
+    OK(mgt_model_create(&cfg, E.dev, &m));
+    OK(mgt_model_init(m, E.s, 5));
+    snap sn;
+    snap_take(m, &sn);
+    assert_true(sn.pb > 5 * ((size_t)8 << 20));
+    int n, checked = 0;
+    const mgt_model_entry *t = mgt_model_table(m, &n);
+    for (int i = 0; i < n; i++) {
+        const mgt_model_entry *e = &t[i];
+        bool conv = e->role == MGT_MODEL_PARAM && e->ndim == 4;
+        if (!conv && strcmp(e->name, "fc.weight") != 0)
+            continue;
+        const float *v = snap_tensor(&sn, e, false);
+        double *z = malloc(e->numel * sizeof *z);
+        assert_non_null(z);
+        mgt_rng r;
+        mgt_rng_init(&r, 5, 0, (uint64_t)i, MGT_RNG_INIT);
+        size_t top = 0;
+        for (size_t k = 0; k < e->numel; k++) {
+            double u1 = mgt_rng_uniform_double(&r);
+            z[k] = conv ? sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * mgt_rng_uniform_double(&r))
+                        : 2.0 * u1 - 1.0;
+            if (fabs(z[k]) > fabs(z[top]))
+                top = k;
+        }
+        double scale = v[top] / z[top];
+        assert_true(scale > 0);
+        for (size_t k = 0; k < e->numel; k++)
+            if (fabs(v[k] - scale * z[k]) > 1e-6 * scale * fmax(1.0, fabs(z[k])))
+                fail_msg("%s[%zu] is %.9g, its stream gives %.9g", e->name, k, (double)v[k],
+                         scale * z[k]);
+        free(z);
+        checked++;
+    }
+    assert_int_equal(checked, 21); /* 20 convolutions (downsamples included) and fc */
+    snap_free(&sn);
+    mgt_model_free(m);
+}
+
 /* The parameter arena is laid out in backward's completion order: fc first, conv1 last. */
 /* ---- activation layouts ---- */
 
@@ -1857,6 +1908,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_activation_layouts),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_init_streams),
         cmocka_unit_test(test_golden_resnet20),
         cmocka_unit_test(test_golden_resnet18),
         cmocka_unit_test(test_amp_golden_resnet20),

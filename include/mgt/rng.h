@@ -48,6 +48,21 @@ float mgt_rng_uniform(mgt_rng *r);
 /* Uniform in [0, 1) with 53 random bits (two words). */
 double mgt_rng_uniform_double(mgt_rng *r);
 
+/* The double mgt_rng_uniform_double makes of its two words, hi drawn first. */
+static inline double mgt_rng_double_of(uint32_t hi, uint32_t lo)
+{
+    uint64_t h = hi >> 5; /* 27 bits */
+    uint64_t l = lo >> 6; /* 26 bits */
+    return (double)((h << 26) | l) * (1.0 / 9007199254740992.0);
+}
+
+/* Blocks first .. first + n - 1 of the stream r was started on, four words each, into
+   out[4 * n]: the words mgt_rng_u32 hands out from the start of block `first` on, in its order
+   (r itself is neither read past its key and counter nor moved). The blocks are independent, so
+   a long run of them is computed several at a time: a bulk draw (parameter initialisation)
+   takes a fraction of the time word-by-word draws take. */
+void mgt_rng_blocks(const mgt_rng *r, uint32_t first, size_t n, uint32_t *out);
+
 /* Uniform integer in [0, n) without bias (Lemire's multiply-and-reject); n > 0.
    n < 2^32 takes one word per try, larger n two. */
 uint64_t mgt_rng_below(mgt_rng *r, uint64_t n);

@@ -61,9 +61,18 @@ float mgt_rng_uniform(mgt_rng *r) { return (float)(mgt_rng_u32(r) >> 8) * (1.0f 
 
 double mgt_rng_uniform_double(mgt_rng *r)
 {
-    uint64_t hi = mgt_rng_u32(r) >> 5; /* 27 bits */
-    uint64_t lo = mgt_rng_u32(r) >> 6; /* 26 bits */
-    return (double)((hi << 26) | lo) * (1.0 / 9007199254740992.0);
+    uint32_t hi = mgt_rng_u32(r);
+    return mgt_rng_double_of(hi, mgt_rng_u32(r));
+}
+
+void mgt_rng_blocks(const mgt_rng *r, uint32_t first, size_t n, uint32_t *out)
+{
+    /* one independent block per iteration (the counter's first word wraps as mgt_rng_u32's
+       does): GCC vectorises the loop at -O3 (CMakeLists.txt) */
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t ctr[4] = {first + (uint32_t)i, r->ctr[1], r->ctr[2], r->ctr[3]};
+        mgt_philox4x32_10(ctr, r->key, out + 4 * i);
+    }
 }
 
 static uint64_t rng_u64(mgt_rng *r)

@@ -82,10 +82,10 @@ static size_t conv_x_at(const mgt_conv2d_shape *sh, int n, int c, int y, int x)
     return mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, c, y * sh->w + x);
 }
 
-static size_t conv_y_at(const mgt_conv2d_shape *sh, int n, int k, int p, int q)
+/* (P, Q: the output's height and width, mgt_conv2d_out_h and _w, taken once per op) */
+static size_t conv_y_at(const mgt_conv2d_shape *sh, int P, int Q, int n, int k, int p, int q)
 {
-    int Q = mgt_conv2d_out_w(sh);
-    return mgt_layout_at(sh->y_layout, sh->k, mgt_conv2d_out_h(sh) * Q, n, k, p * Q + q);
+    return mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, p * Q + q);
 }
 
 static mgt_status ref_conv_fwd(const mgt_op *op)
@@ -111,7 +111,7 @@ static mgt_status ref_conv_fwd(const mgt_op *op)
                                 size_t xi = conv_x_at(sh, n, g * cpg + cg, ih, iw);
                                 acc += (double)x[xi] * w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                             }
-                    float *o = &y[conv_y_at(sh, n, k, p, q)];
+                    float *o = &y[conv_y_at(sh, P, Q, n, k, p, q)];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
         }
@@ -143,7 +143,7 @@ static mgt_status ref_conv_bwd_data(const mgt_op *op)
                                 int p = ph / sh->stride_h, q = pw / sh->stride_w;
                                 if (p >= P || q >= Q)
                                     continue;
-                                acc += (double)dy[conv_y_at(sh, n, k, p, q)] *
+                                acc += (double)dy[conv_y_at(sh, P, Q, n, k, p, q)] *
                                        w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                             }
                     float *o = &dx[conv_x_at(sh, n, c, ih, iw)];
@@ -173,7 +173,7 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
                                 int iw = q * sh->stride_w - sh->pad_w + s;
                                 if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
                                     continue;
-                                acc += (double)dy[conv_y_at(sh, n, k, p, q)] *
+                                acc += (double)dy[conv_y_at(sh, P, Q, n, k, p, q)] *
                                        x[conv_x_at(sh, n, g * cpg + cg, ih, iw)];
                             }
                     float *o = &dw[at4(cpg, sh->r, sh->s, k, cg, r, s)];
