@@ -20,6 +20,18 @@
             fail_msg("%s: %s: %s", #call, mgt_status_str(st_), mgt_error_last()); \
     } while (0)
 
+/* 1 in a sanitizer build (address or thread), else 0. There a learning run is for memory and
+   races, not for its bar: the same code runs for fewer epochs (MGT_TEST_EPOCHS) and its result
+   is held to being finite, the plain build holding it to the bar. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MGT_TEST_SANITIZED 1
+#else
+#define MGT_TEST_SANITIZED 0
+#endif
+
+/* The epochs of a learning run: n, or 1 under a sanitizer. */
+#define MGT_TEST_EPOCHS(n) (MGT_TEST_SANITIZED ? 1 : (n))
+
 /* The grey value (before clamping to 0..255) of pixel (x, y) of an image of class `cls`;
    `noise` is a fresh pseudo-random number for this pixel. */
 typedef int (*mgt_test_pixel_fn)(int cls, int x, int y, uint32_t noise);
