@@ -27,7 +27,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_model_goldens as mg  # noqa: E402
-from goldens_common import load_safetensors  # noqa: E402
+from goldens_common import fast_double_depthwise, load_safetensors  # noqa: E402
 
 TOL_FWD, TOL_GRAD = 2e-5, 5e-4
 # a gradient tolerance never below OWN times PyTorch's own float32 error (see main)
@@ -68,7 +68,7 @@ def main():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
     model32 = copy.deepcopy(model).float()
-    model = model.double()
+    model = fast_double_depthwise(model.double())
     print("check_torch_load: %s from %s, loaded with strict=True" % (arch, source))
     x = check["input"].double()
     labels = check["labels"].long()

@@ -20,12 +20,13 @@ import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_model_goldens import save_safetensors, f32  # noqa: E402
+from goldens_common import fast_double_depthwise  # noqa: E402
 
 
 def build(arch, size):
     """torchvision's ARCH at 10 classes; a ViT made for the input side (its image_size)."""
     kw = {"image_size": size} if arch.startswith("vit_") else {}
-    return torchvision.models.__dict__[arch](num_classes=10, **kw)
+    return fast_double_depthwise(torchvision.models.__dict__[arch](num_classes=10, **kw))
 
 
 def verify(arch, wpath, cpath):
