@@ -48,8 +48,6 @@ def load_safetensors(path):
     return out, meta
 
 
-
-
 def _depthwise_forward(conv, x):
     """conv (groups == in_channels) on x: PyTorch's own in float32; in float64 as an unfold and
     a product summed over the window, which is the same sum (to 1e-15 of the largest logit)"""
