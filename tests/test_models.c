@@ -1815,11 +1815,14 @@ static void torch_load_case(const char *arch, int batch, int size, bool grads)
    bottleneck ResNets, RegNet X and EfficientNet B1 ill-conditioned: PyTorch's own float32 gradients
    miss its float64 ones in most tensors, scripts/check_zoo_float32.py), this is their gradient
    check, against PyTorch in float64 at the goldens' tolerances, widened per tensor to 3x PyTorch's
-   own float32 error where that is larger (check_torch_load.py). resnext50_32x4d at batch 4,
-   resnext101_32x8d at 8: at batch 2 the stride-2 projection into the 2x2 last stage
-   (layer4.0.downsample.0, 8 values per BN channel) misses by 2.9e-3 and 1.7e-3 of its layer's
-   largest; so the worst tensor is within 0.62 and 0.58 of its tolerance (resnext101 at batch 4:
-   0.98, too near the edge for another CPU's summation order). regnet_x_400mf at 160x160 (its last
+   own float32 error where that is larger (check_torch_load.py). resnext50_32x4d at batch 4: at
+   batch 2 the stride-2 projection into the 2x2 last stage (layer4.0.downsample.0, 8 values per
+   BN channel) misses by 2.9e-3 of its layer's largest; at 4 the worst tensor is within 0.62 of
+   its tolerance. resnext101_32x8d (the same blocks, wider and deeper) without the gradients:
+   its 23-block third stage leaves gradients of 1e-6 where float32 noise is 1e-3 of them, held
+   only by the widening, so its bar measured the BLAS PyTorch's float32 ran on (at batch 8, 0.97
+   of the tolerance beside Debian's reference BLAS, 1.33 beside OpenBLAS, AMD EPYC Zen 3,
+   2026-12-07), not mgtrain. regnet_x_400mf at 160x160 (its last
    stage 5x5): at 64x64 that stage's gradients sit at 5e-6..1e-5 of a layer scale where float32
    noise is 1e-3 (at batch 4, 2.2e-3 against 3x PyTorch's own 1.1e-3 in block4-10.f.c.0; at batch 8,
    1.0 of the tolerance); at 160 its worst tensor is 0.69 of its tolerance (128: 0.77, 224: 0.70).
@@ -1834,7 +1837,7 @@ static const struct {
     {"resnet50", 2, 64, true},
     {"wide_resnet50_2", 2, 64, true},
     {"resnext50_32x4d", 4, 64, true},
-    {"resnext101_32x8d", 8, 64, true},
+    {"resnext101_32x8d", 2, 64, false},
     {"regnet_x_400mf", 2, 160, true},
     /* the second half (`torch_load 2`) from here: about 50 s of CPU against the first's 75 */
     {"efficientnet_b0", 2, 64, true},
