@@ -1,6 +1,6 @@
 /* `mgtrain export --onnx`, checked by implementations nobody here wrote:
-     check light|heavy|ARCH  every architecture of `mgtrain model` (light: all but those over 30 M
-                          parameters; heavy: those; or one by name), filled with pseudo-random
+     check light|heavy|ARCH...  every architecture of `mgtrain model` (light: all but those over
+                          30 M parameters; heavy: those; or those named), filled with pseudo-random
                           values and saved as a checkpoint,
                           exported through the command, then Debian's python3-onnx checker and
                           the initializers against the checkpoint's tensors
@@ -41,6 +41,9 @@
 
 static char root[512];
 static const char *mode = "all";
+/* check's architectures by name (its arguments past `check`) */
+static char **names;
+static int n_names;
 
 static int setup(void **state)
 {
@@ -204,7 +207,9 @@ static void test_check(void **state)
     const mgt_arch_info *archs = mgt_arch_list(&n);
     int done = 0;
     for (int i = 0; i < n; i++) {
-        bool heavy = is_heavy(&archs[i]), named = strcmp(mode, archs[i].name) == 0;
+        bool heavy = is_heavy(&archs[i]), named = false;
+        for (int j = 0; j < n_names; j++)
+            named |= strcmp(names[j], archs[i].name) == 0;
         if ((strcmp(mode, "light") == 0 && heavy) || (strcmp(mode, "heavy") == 0 && !heavy) ||
             (strcmp(mode, "light") != 0 && strcmp(mode, "heavy") != 0 && !named))
             continue;
@@ -410,8 +415,11 @@ static void test_refuse(void **state)
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "refuse";
-    if (argc > 2)
+    if (argc > 2) {
         mode = argv[2];
+        names = argv + 2;
+        n_names = argc - 2;
+    }
     const struct CMUnitTest check[] = {cmocka_unit_test(test_check)};
     const struct CMUnitTest runtime[] = {cmocka_unit_test(test_runtime)};
     const struct CMUnitTest refuse[] = {cmocka_unit_test(test_refuse)};
