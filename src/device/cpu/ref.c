@@ -76,18 +76,30 @@ static size_t at4(int d1, int d2, int d3, int i0, int i1, int i2, int i3)
     return (((size_t)i0 * d1 + i1) * d2 + i2) * d3 + i3;
 }
 
-/* Pixel (y, x) of channel c of image n in a convolution's input and output, in their layouts. */
-static size_t conv_x_at(const mgt_conv2d_shape *sh, int n, int c, int y, int x)
+/* The outputs o in [0, O) whose tap t (stride st, padding pad) reads an input index inside
+   [0, I): [*o0, *o1), empty where none does. */
+static void conv_tap_range(int O, int I, int st, int pad, int t, int *o0, int *o1)
 {
-    return mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, c, y * sh->w + x);
+    int lo = pad - t, hi = I - 1 + pad - t; /* o * st must lie in [lo, hi] */
+    int a = lo > 0 ? (lo + st - 1) / st : 0, b = hi < 0 ? 0 : hi / st + 1;
+    *o0 = a;
+    *o1 = b < O ? (b > a ? b : a) : (O > a ? O : a);
 }
 
-/* (P, Q: the output's height and width, mgt_conv2d_out_h and _w, taken once per op) */
-static size_t conv_y_at(const mgt_conv2d_shape *sh, int P, int Q, int n, int k, int p, int q)
+/* The taps t in [0, T) that output o reads inside [0, I): [*t0, *t1). */
+static void conv_out_taps(int T, int I, int st, int pad, int o, int *t0, int *t1)
 {
-    return mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, p * Q + q);
+    int i0 = o * st - pad;
+    *t0 = i0 < 0 ? -i0 : 0;
+    *t1 = I - i0 < T ? I - i0 : T;
+    if (*t1 < *t0)
+        *t1 = *t0;
 }
 
+/* Each sum runs over the same terms in the same order as the plain loops with a bounds test
+   per term would (so the same bits): the valid taps and outputs are found once per row, and
+   an activation's element is its (n, c) base plus the pixel's offset times the layout's pixel
+   step. */
 static mgt_status ref_conv_fwd(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
@@ -95,31 +107,40 @@ static mgt_status ref_conv_fwd(const mgt_op *op)
     float *y = op->u.conv.out;
     int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
     int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    size_t xs = mgt_layout_pixel_step(sh->x_layout, sh->c);
+    size_t ys = mgt_layout_pixel_step(sh->y_layout, sh->k);
     for (int n = 0; n < sh->n; n++)
         for (int k = 0; k < sh->k; k++) {
             int g = k / kpg;
-            for (int p = 0; p < P; p++)
+            size_t yb = mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, 0);
+            for (int p = 0; p < P; p++) {
+                int r0, r1, ih0 = p * sh->stride_h - sh->pad_h;
+                conv_out_taps(sh->r, sh->h, sh->stride_h, sh->pad_h, p, &r0, &r1);
                 for (int q = 0; q < Q; q++) {
+                    int s0, s1, iw0 = q * sh->stride_w - sh->pad_w;
+                    conv_out_taps(sh->s, sh->w, sh->stride_w, sh->pad_w, q, &s0, &s1);
                     double acc = 0.0;
-                    for (int cg = 0; cg < cpg; cg++)
-                        for (int r = 0; r < sh->r; r++)
-                            for (int s = 0; s < sh->s; s++) {
-                                int ih = p * sh->stride_h - sh->pad_h + r;
-                                int iw = q * sh->stride_w - sh->pad_w + s;
-                                if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
-                                    continue; /* zero padding */
-                                size_t xi = conv_x_at(sh, n, g * cpg + cg, ih, iw);
-                                acc += (double)x[xi] * w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
-                            }
-                    float *o = &y[conv_y_at(sh, P, Q, n, k, p, q)];
+                    for (int cg = 0; cg < cpg; cg++) {
+                        size_t xb =
+                            mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, g * cpg + cg, 0);
+                        const float *wk = w + at4(cpg, sh->r, sh->s, k, cg, 0, 0);
+                        for (int r = r0; r < r1; r++) {
+                            size_t row = (size_t)(ih0 + r) * (size_t)sh->w;
+                            for (int s = s0; s < s1; s++)
+                                acc += (double)x[xb + (row + (size_t)(iw0 + s)) * xs] *
+                                       wk[r * sh->s + s];
+                        }
+                    }
+                    float *o = &y[yb + ((size_t)p * (size_t)Q + (size_t)q) * ys];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
+            }
         }
     return MGT_OK;
 }
 
 /* The transpose of the forward, written as a gather: each input pixel sums the outputs whose
-   window covered it. */
+   window covered it (tap r of output p reads row p * stride - pad + r). */
 static mgt_status ref_conv_bwd_data(const mgt_op *op)
 {
     const mgt_conv2d_shape *sh = &op->u.conv.sh;
@@ -127,29 +148,50 @@ static mgt_status ref_conv_bwd_data(const mgt_op *op)
     float *dx = op->u.conv.out;
     int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
     int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    size_t xs = mgt_layout_pixel_step(sh->x_layout, sh->c);
+    size_t ys = mgt_layout_pixel_step(sh->y_layout, sh->k);
+    /* per input row (column): each tap's output row (column), -1 where none reads it */
+    int *pr = malloc(((size_t)sh->r + (size_t)sh->s) * sizeof *pr), *qs = pr + sh->r;
+    if (!pr)
+        return mgt_error_set(MGT_ERR_OOM, "reference conv2d: out of host memory");
     for (int n = 0; n < sh->n; n++)
         for (int c = 0; c < sh->c; c++) {
             int g = c / cpg, cg = c % cpg;
-            for (int ih = 0; ih < sh->h; ih++)
+            size_t xb = mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, c, 0);
+            for (int ih = 0; ih < sh->h; ih++) {
+                for (int r = 0; r < sh->r; r++) {
+                    int ph = ih + sh->pad_h - r;
+                    pr[r] = ph < 0 || ph % sh->stride_h || ph / sh->stride_h >= P
+                                ? -1
+                                : ph / sh->stride_h;
+                }
                 for (int iw = 0; iw < sh->w; iw++) {
+                    for (int s = 0; s < sh->s; s++) {
+                        int pw = iw + sh->pad_w - s;
+                        qs[s] = pw < 0 || pw % sh->stride_w || pw / sh->stride_w >= Q
+                                    ? -1
+                                    : pw / sh->stride_w;
+                    }
                     double acc = 0.0;
-                    for (int k = g * kpg; k < (g + 1) * kpg; k++)
-                        for (int r = 0; r < sh->r; r++)
-                            for (int s = 0; s < sh->s; s++) {
-                                /* ih = p*stride - pad + r must hold for a whole p */
-                                int ph = ih + sh->pad_h - r, pw = iw + sh->pad_w - s;
-                                if (ph < 0 || pw < 0 || ph % sh->stride_h || pw % sh->stride_w)
-                                    continue;
-                                int p = ph / sh->stride_h, q = pw / sh->stride_w;
-                                if (p >= P || q >= Q)
-                                    continue;
-                                acc += (double)dy[conv_y_at(sh, P, Q, n, k, p, q)] *
-                                       w[at4(cpg, sh->r, sh->s, k, cg, r, s)];
-                            }
-                    float *o = &dx[conv_x_at(sh, n, c, ih, iw)];
+                    for (int k = g * kpg; k < (g + 1) * kpg; k++) {
+                        size_t yb = mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, 0);
+                        const float *wk = w + at4(cpg, sh->r, sh->s, k, cg, 0, 0);
+                        for (int r = 0; r < sh->r; r++) {
+                            if (pr[r] < 0)
+                                continue;
+                            size_t row = (size_t)pr[r] * (size_t)Q;
+                            for (int s = 0; s < sh->s; s++)
+                                if (qs[s] >= 0)
+                                    acc += (double)dy[yb + (row + (size_t)qs[s]) * ys] *
+                                           wk[r * sh->s + s];
+                        }
+                    }
+                    float *o = &dx[xb + ((size_t)ih * (size_t)sh->w + (size_t)iw) * xs];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
+            }
         }
+    free(pr);
     return MGT_OK;
 }
 
@@ -160,25 +202,36 @@ static mgt_status ref_conv_bwd_filter(const mgt_op *op)
     float *dw = op->u.conv.out;
     int P = mgt_conv2d_out_h(sh), Q = mgt_conv2d_out_w(sh);
     int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
+    size_t xs = mgt_layout_pixel_step(sh->x_layout, sh->c);
+    size_t ys = mgt_layout_pixel_step(sh->y_layout, sh->k);
     for (int k = 0; k < sh->k; k++) {
         int g = k / kpg;
         for (int cg = 0; cg < cpg; cg++)
-            for (int r = 0; r < sh->r; r++)
+            for (int r = 0; r < sh->r; r++) {
+                int p0, p1;
+                conv_tap_range(P, sh->h, sh->stride_h, sh->pad_h, r, &p0, &p1);
                 for (int s = 0; s < sh->s; s++) {
+                    int q0, q1;
+                    conv_tap_range(Q, sh->w, sh->stride_w, sh->pad_w, s, &q0, &q1);
                     double acc = 0.0;
-                    for (int n = 0; n < sh->n; n++)
-                        for (int p = 0; p < P; p++)
-                            for (int q = 0; q < Q; q++) {
-                                int ih = p * sh->stride_h - sh->pad_h + r;
-                                int iw = q * sh->stride_w - sh->pad_w + s;
-                                if (ih < 0 || ih >= sh->h || iw < 0 || iw >= sh->w)
-                                    continue;
-                                acc += (double)dy[conv_y_at(sh, P, Q, n, k, p, q)] *
-                                       x[conv_x_at(sh, n, g * cpg + cg, ih, iw)];
-                            }
+                    for (int n = 0; n < sh->n; n++) {
+                        size_t yb = mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, 0);
+                        size_t xb =
+                            mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, g * cpg + cg, 0);
+                        for (int p = p0; p < p1; p++) {
+                            size_t yrow = (size_t)p * (size_t)Q;
+                            size_t xrow =
+                                (size_t)(p * sh->stride_h - sh->pad_h + r) * (size_t)sh->w;
+                            for (int q = q0; q < q1; q++)
+                                acc += (double)dy[yb + (yrow + (size_t)q) * ys] *
+                                       x[xb +
+                                         (xrow + (size_t)(q * sh->stride_w - sh->pad_w + s)) * xs];
+                        }
+                    }
                     float *o = &dw[at4(cpg, sh->r, sh->s, k, cg, r, s)];
                     *o = with_beta(acc, op->u.conv.beta, *o);
                 }
+            }
     }
     return MGT_OK;
 }
