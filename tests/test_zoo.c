@@ -255,8 +255,11 @@ static void test_learn(void **state)
         CHECK(mgt_copy_h2d(r[k].s, r[k].x, x, nx * sizeof(float)));
         CHECK(mgt_copy_h2d(r[k].s, r[k].labels, labels, sizeof labels));
     }
+    /* under a sanitizer, whose run is for memory (fixture.h), two steps (the first step's
+       momentum and a later one's) held to a finite loss; the plain build holds the fall */
+    const int steps = MGT_TEST_SANITIZED ? 2 : lc->steps;
     float first = train_loss(&r[0], lc, 0), last = 0;
-    for (int step = 1; step <= lc->steps; step++)
+    for (int step = 1; step <= steps; step++)
         for (int k = 0; k < 2; k++) {
             size_t pb;
             float *params = mgt_model_params(r[k].m, &pb);
@@ -279,10 +282,10 @@ static void test_learn(void **state)
     last = train_loss(&r[0], lc, 0);
     float other = train_loss(&r[1], lc, 0);
     print_message("%s: loss %.4f -> %.4f after %d steps\n", lc->arch, (double)first, (double)last,
-                  lc->steps);
-    if (!(last < first - 0.05f))
+                  steps);
+    if (MGT_TEST_SANITIZED ? !isfinite(first) || !isfinite(last) : !(last < first - 0.05f))
         fail_msg("%s: the loss went from %g to %g in %d steps on one batch", lc->arch,
-                 (double)first, (double)last, lc->steps);
+                 (double)first, (double)last, steps);
     assert_true(last == other);
     size_t pb;
     float *p0 = mgt_model_params(r[0].m, &pb), *p1 = mgt_model_params(r[1].m, NULL);
@@ -294,7 +297,7 @@ static void test_learn(void **state)
     CHECK(mgt_stream_synchronize(r[0].s, NULL));
     CHECK(mgt_stream_synchronize(r[1].s, NULL));
     if (memcmp(h0, h1, pb) != 0)
-        fail_msg("%s: the two replicas' parameters differ after %d steps", lc->arch, lc->steps);
+        fail_msg("%s: the two replicas' parameters differ after %d steps", lc->arch, steps);
     free(h0);
     free(h1);
     for (int k = 0; k < 2; k++) {
