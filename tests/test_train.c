@@ -715,7 +715,10 @@ static void test_resume_is_bit_identical_with_the_recipe(void **state)
 {
     (void)state;
     check_recipe_resume("recipe_adamw", recipe_adamw);
-    check_recipe_resume("recipe_rmsprop", recipe_rmsprop);
+    /* not under the thread sanitizer: RMSprop's run differs from AdamW's in its optimizer's
+       kernel, not in its threads */
+    if (!MGT_TEST_THREAD_SANITIZED)
+        check_recipe_resume("recipe_rmsprop", recipe_rmsprop);
     /* the checkpoint holds what the recipe needs to go on */
     char a[512];
     ckpt_path(a, sizeof a, "recipe_adamw_stopped");
