@@ -96,6 +96,17 @@ static void conv_out_taps(int T, int I, int st, int pad, int o, int *t0, int *t1
         *t1 = *t0;
 }
 
+/* For each input index i in [0, I) and tap t in [0, T): the output index o with
+   o * st - pad + t == i inside [0, O), else -1, at tab[i * T + t]. */
+static void conv_input_taps(int I, int T, int st, int pad, int O, int *tab)
+{
+    for (int i = 0; i < I; i++)
+        for (int t = 0; t < T; t++) {
+            int d = i + pad - t;
+            tab[i * T + t] = d < 0 || d % st || d / st >= O ? -1 : d / st;
+        }
+}
+
 /* Each sum runs over the same terms in the same order as the plain loops with a bounds test
    per term would (so the same bits): the valid taps and outputs are found once per row, and
    an activation's element is its (n, c) base plus the pixel's offset times the layout's pixel
@@ -150,28 +161,22 @@ static mgt_status ref_conv_bwd_data(const mgt_op *op)
     int cpg = sh->c / sh->groups, kpg = sh->k / sh->groups;
     size_t xs = mgt_layout_pixel_step(sh->x_layout, sh->c);
     size_t ys = mgt_layout_pixel_step(sh->y_layout, sh->k);
-    /* per input row (column): each tap's output row (column), -1 where none reads it */
-    int *pr = malloc(((size_t)sh->r + (size_t)sh->s) * sizeof *pr), *qs = pr + sh->r;
-    if (!pr)
+    /* per input row (column) and tap: the output row (column) it reads, -1 where none */
+    int *rows =
+        malloc(((size_t)sh->h * (size_t)sh->r + (size_t)sh->w * (size_t)sh->s) * sizeof *rows);
+    if (!rows)
         return mgt_error_set(MGT_ERR_OOM, "reference conv2d: out of host memory");
+    int *cols = rows + (size_t)sh->h * (size_t)sh->r;
+    conv_input_taps(sh->h, sh->r, sh->stride_h, sh->pad_h, P, rows);
+    conv_input_taps(sh->w, sh->s, sh->stride_w, sh->pad_w, Q, cols);
     for (int n = 0; n < sh->n; n++)
         for (int c = 0; c < sh->c; c++) {
             int g = c / cpg, cg = c % cpg;
             size_t xb = mgt_layout_at(sh->x_layout, sh->c, sh->h * sh->w, n, c, 0);
             for (int ih = 0; ih < sh->h; ih++) {
-                for (int r = 0; r < sh->r; r++) {
-                    int ph = ih + sh->pad_h - r;
-                    pr[r] = ph < 0 || ph % sh->stride_h || ph / sh->stride_h >= P
-                                ? -1
-                                : ph / sh->stride_h;
-                }
+                const int *pr = rows + (size_t)ih * (size_t)sh->r;
                 for (int iw = 0; iw < sh->w; iw++) {
-                    for (int s = 0; s < sh->s; s++) {
-                        int pw = iw + sh->pad_w - s;
-                        qs[s] = pw < 0 || pw % sh->stride_w || pw / sh->stride_w >= Q
-                                    ? -1
-                                    : pw / sh->stride_w;
-                    }
+                    const int *qs = cols + (size_t)iw * (size_t)sh->s;
                     double acc = 0.0;
                     for (int k = g * kpg; k < (g + 1) * kpg; k++) {
                         size_t yb = mgt_layout_at(sh->y_layout, sh->k, P * Q, n, k, 0);
@@ -191,7 +196,7 @@ static mgt_status ref_conv_bwd_data(const mgt_op *op)
                 }
             }
         }
-    free(pr);
+    free(rows);
     return MGT_OK;
 }
 
