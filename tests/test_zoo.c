@@ -190,7 +190,7 @@ static float train_loss(replica *r, const learn_case *lc, uint64_t step)
     return loss;
 }
 
-/* The second replica starts from the first's initialisation, copied through the host as the
+/* The second replica starts from the first's initialisation, copied device to device as the
    trainer broadcasts it, rather than drawn again (the drawing was a third of the VGGs' test) */
 static void copy_arenas(mgt_model *from, mgt_stream *fs, mgt_model *to, mgt_stream *ts)
 {
@@ -199,14 +199,9 @@ static void copy_arenas(mgt_model *from, mgt_stream *fs, mgt_model *to, mgt_stre
         float *f = arena ? mgt_model_buffers(from, &fb) : mgt_model_params(from, &fb);
         float *t = arena ? mgt_model_buffers(to, &tb) : mgt_model_params(to, &tb);
         assert_int_equal(fb, tb);
-        void *h = malloc(fb ? fb : 1);
-        assert_non_null(h);
-        CHECK(mgt_copy_d2h(fs, h, f, fb));
-        CHECK(mgt_stream_synchronize(fs, NULL));
-        CHECK(mgt_copy_h2d(ts, t, h, tb));
-        CHECK(mgt_stream_synchronize(ts, NULL));
-        free(h);
+        CHECK(mgt_copy_peer(ts, t, fs, f, fb));
     }
+    CHECK(mgt_stream_synchronize(ts, NULL));
 }
 
 static void test_learn(void **state)
