@@ -102,7 +102,9 @@ def main():
     # cancels to nothing (exactly 0 where the next BN removes a per-channel shift), which
     # leaves only rounding noise to compare
     layer_scale, layer_norm = {}, {}
-    for name, p in params.items() if check_grads else ():
+    for name, p in params.items():
+        if not check_grads:
+            break
         idx = mg.sample_index(name, p.numel())
         layer = name.rsplit(".", 1)[0]
         layer_scale[layer] = max(layer_scale.get(layer, 0.0),
