@@ -34,6 +34,9 @@
 #                   old and channels-last path, and their bound at 3.35 TB/s (beside bench)
 #   train       60  resnet20 on data/sample, one epoch on --gpus 0,0 (CUDA) and 0,1 (mock):
 #                   the loss trajectories must agree (--compare-losses's tolerances)
+#   survive     60  --on-device-failure continue on replicas 0,0,0,0: replica 2 hung by
+#                   MGT_CUDA_FAULT in step 2, then replica 1 gone; each run must drop the one
+#                   replica, finish the epoch on 3 and validate all 300 images
 #   bench       60  mgtrain bench resnet50 --gpus 0,0: the timed search and the tree
 #                   all-reduce of two replicas at once
 #   bench-ring  40  the same with --amp bf16 --grad-dtype bf16 --allreduce ring (the channels-last
@@ -52,7 +55,7 @@ set -u
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 STAGES="preflight probe configure build smoke smoke-sync conformance reruns ctest-smoke models \
-train-cuda devices bytes train bench bench-ring bench-det"
+train-cuda devices bytes train survive bench bench-ring bench-det"
 TOTAL_BUDGET=540
 
 # libdnnl2 also needs libc6, libgcc-s1, libstdc++6 and libgomp1, which every machine with GCC
@@ -737,6 +740,32 @@ train() {
 }
 run_stage train 60 train
 stop_here train && { VERDICT=1; exit; }
+
+# A replica given up mid-step on CUDA: the survivors' streams, queued behind its events, must be
+# let go (host-written marks) and skip its memory (guarded copy kernels). Four replicas share
+# one GPU here, so each has a stream queue of its own (CUDA_DEVICE_MAX_CONNECTIONS=32): a hung
+# replica's stream must not hold up a survivor's through a shared hardware queue, which
+# separate GPUs never share. Kernel 300 of a replica falls in step 2 (about 130 a step).
+survive() {
+    # --deterministic: cuDNN's heuristic choice, no timed search at start-up
+    local common=(-a resnet20 --epochs 1 -b 60 -p 1 --seed 0 --device cuda --gpus 0,0,0,0
+        --deterministic --on-device-failure continue --device-timeout 5)
+    local fault out rc
+    for fault in hang@2:300 gone@1:400; do
+        echo "==== MGT_CUDA_FAULT=$fault"
+        out=$(env MGT_CUDA_FAULT="$fault" CUDA_DEVICE_MAX_CONNECTIONS=32 \
+            timeout 28 "$BUILD/mgtrain" "$REPO/data/sample" "${common[@]}" 2>&1)
+        rc=$?
+        echo "$out"
+        echo "exit $rc"
+        [ "$rc" -eq 0 ] || return 1
+        grep -q 'dropped: training goes on with 3 devices' <<<"$out" || { echo "FAIL: no replica dropped"; return 1; }
+        grep -q '(300 validation images)' <<<"$out" || { echo "FAIL: the validation did not count 300 images"; return 1; }
+        grep -q 'trained on 3 devices (1 lost' <<<"$out" || { echo "FAIL: the summary does not say 3 devices"; return 1; }
+    done
+}
+run_stage survive 60 survive
+stop_here survive && { VERDICT=1; exit; }
 
 # shellcheck disable=SC2054 # 0,0 is one argument
 BENCH=("$BUILD/mgtrain" bench --device cuda --gpus 0,0 -a resnet50 -b 32 --dummy --steps 5 --warmup 2)

@@ -148,6 +148,13 @@ typedef struct mgt_devset_options {
     bool no_p2p;                  /* every peer copy staged through pinned host memory */
     bool tf32;          /* CUDA: cuBLAS and cuDNN may use TF32 (mock devices: no effect) */
     bool deterministic; /* CUDA: only deterministic cuDNN algorithms (mock devices always are) */
+    /* --on-device-failure continue: a device may be given up mid-step (mgt_device_abandon)
+       while the others go on, so no stream of another device may be left waiting on it or
+       reading its memory. CUDA then orders streams across devices through marks in host
+       memory that giving a device up lets pass, and copies between devices by a kernel that
+       skips a given-up device's memory (a copy kernel in place of the copy engines); mock
+       devices always can. */
+    bool recoverable;
 } mgt_devset_options;
 
 /* Opens n devices of a kind, the one way to open devices. ids name physical devices and may

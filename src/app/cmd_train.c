@@ -851,6 +851,8 @@ int mgt_app_cmd_train(int argc, char **argv)
         return 1;
     }
     mgt_devset *set;
+    /* several nodes: a lost device ends the run whatever the mode (docs/failures.md) */
+    sw.recoverable = c.continue_on_device_failure && mgt_world_size(world) == 1;
     mgt_app_devices devs = {.kind = kind, .gpus = gpus, .mock = mock, .sw = sw};
     st = mgt_app_open_devices(&devs, 0, &set);
     if (st != MGT_OK) {

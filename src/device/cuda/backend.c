@@ -53,7 +53,9 @@ static mgt_status poll_wait(poll_fn poll, void *h, const mgt_abort *abort, const
    would also pull the context from under every other thread of the process, is never used).
    So a device given up is not touched again: every call on it fails at once with this text,
    its frees and destroys are skipped (its memory stays allocated until the process ends), and
-   the set's close leaves it as it is. The other devices' contexts go on. */
+   the set's close leaves it as it is. The other devices' contexts go on; in a set opened for
+   --on-device-failure continue, every wait their streams have queued on its events passes and
+   no copy reads its memory any more (mgt_cuda_dev_release, survive.cu). */
 static mgt_status given_up(const mgt_device *d)
 {
     return mgt_error_set(MGT_ERR_DEVICE, "%s: %s (given up: not touched again)", d->name,
@@ -68,8 +70,9 @@ static mgt_status given_up(const mgt_device *d)
 
 static void cuda_abandon(mgt_device *d, const char *why)
 {
-    (void)d; /* mgt_device_abandon has set the flag every entry below checks */
-    (void)why;
+    (void)why; /* mgt_device_abandon has set the flag every entry below checks */
+    if (d->impl)
+        mgt_cuda_dev_release(d->impl);
 }
 
 static mgt_status poll_stream(void *h, int *done) { return mgt_cuda_stream_query(h, done); }
@@ -101,7 +104,7 @@ static int cuda_device_count(void) { return mgt_cuda_device_count(); }
 
 static mgt_status cuda_devset_open(mgt_devset *set, const int *ids, const mgt_devset_options *opts)
 {
-    const mgt_cuda_flags flags = {opts->no_p2p, opts->tf32, opts->deterministic};
+    const mgt_cuda_flags flags = {opts->no_p2p, opts->tf32, opts->deterministic, opts->recoverable};
     static const mgt_cuda_hooks hooks = {reserve_hook, unreserve_hook, wait_hook};
     void **owners = malloc((size_t)set->n * sizeof *owners);
     if (owners == NULL)
@@ -316,6 +319,9 @@ static bool cuda_supports_op(mgt_device *d, const mgt_op *op)
 static mgt_status cuda_launch(mgt_stream *s, const mgt_op *op)
 {
     GIVEN_UP(s->dev);
+    mgt_status st = mgt_cuda_inject(s->impl);
+    if (st != MGT_OK)
+        return st;
     mgt_cuda_note_op(s->dev->impl, op);
     if (mgt_op_store16(op) != MGT_PREC_F32)
         return mgt_cuda_store16(s->impl, op);

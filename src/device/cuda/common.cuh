@@ -32,12 +32,26 @@ enum {
     MGT_CUDA_FLAG_SLOTS = 8
 };
 
+// An injected fault (MGT_CUDA_FAULT, survive.cu): what happens at a replica's `at`-th kernel
+// launch since the set opened.
+enum mgt_cuda_fault_kind { MGT_CUDA_FAULT_HANG = 1, MGT_CUDA_FAULT_GONE = 2 };
+struct mgt_cuda_fault {
+    int kind;
+    int replica;
+    long at;
+};
+enum { MGT_CUDA_MAX_FAULTS = 4 };
+
 struct mgt_cuda_options {
     bool no_p2p;        // MGT_NO_P2P=1: every peer copy is staged by the dispatch layer
     bool tf32;          // MGT_TF32=1: cuBLAS and cuDNN may use TF32 tensor cores
     bool deterministic; // MGT_DETERMINISTIC=1: only deterministic cuDNN algorithms
     bool sync;          // MGT_CUDA_SYNC=1: synchronise after every enqueued call
     size_t find_ws_cap; // most workspace a cuDNN algorithm search may try (bytes)
+    // mgt_cuda_flags.recoverable: --on-device-failure continue (survive.cu)
+    bool recoverable;
+    mgt_cuda_fault faults[MGT_CUDA_MAX_FAULTS]; // MGT_CUDA_FAULT
+    int nfaults;
 };
 
 // One candidate convolution algorithm of a shape (dnn.cu keeps them in its process-wide cache,
@@ -54,6 +68,8 @@ struct mgt_cuda_set {
     mgt_cuda_options opt;
     std::vector<unsigned char> peer; // n*n, replica i -> j may copy directly
     std::vector<double> peer_gbps;   // n*n, measured at open where direct
+    // recoverable sets: the driver's cuStreamWaitValue32, resolved at open (survive.cu)
+    void *wait_value32;
 };
 
 struct mgt_cuda_dev {
@@ -107,6 +123,20 @@ struct mgt_cuda_dev {
     };
     std::mutex wcache_lock;
     std::map<uintptr_t, wcopy> wcache;
+    // Recoverable sets (survive.cu): mapped pinned host words in chunks of MGT_CUDA_MARK_CHUNK.
+    // Word 0 says the replica is given up (the host sets it; the guarded copies read it),
+    // word 1 ends an injected hang; every other word is an event's mark, the count of its
+    // records that have run, which other replicas' streams wait on (cuStreamWaitValue32) and
+    // the host can release. mark_seq[w] is the count enqueued so far.
+    std::mutex marks_lock;
+    std::vector<uint32_t *> mark_host, mark_dev; // per chunk
+    std::vector<uint32_t> mark_seq;              // per word
+    std::vector<int> free_marks;
+    bool released; // mgt_cuda_dev_release has run: no record or wait is enqueued any more
+    bool hung;     // an injected hang was enqueued: word 1 ends it when the set closes
+    std::atomic<long> launches; // kernels launched since the set opened (MGT_CUDA_FAULT)
+    int sms;                    // multiprocessors: the guarded copy's grid
+
     // A failure while work ran is sticky, as CUDA's own faults are.
     std::atomic<int> sticky;
     std::mutex sticky_lock;
@@ -135,6 +165,7 @@ struct mgt_cuda_stream {
 struct mgt_cuda_event {
     mgt_cuda_dev *dev;
     cudaEvent_t event;
+    int mark; // its word in dev's marks (recoverable sets), else -1
 };
 
 // Turns a failed call into MGT_ERR_DEVICE (MGT_ERR_OOM for allocation failures) with the
@@ -165,6 +196,34 @@ mgt_status mgt_cuda_fail_dnn(mgt_cuda_dev *d, cudnnStatus_t e, const char *call,
         if (mgt_e_ != CUDNN_STATUS_SUCCESS)                                   \
             return mgt_cuda_fail_dnn((d), mgt_e_, #call, __FILE__, __LINE__); \
     } while (0)
+
+// Makes the replica's error sticky with this text (the first one wins).
+void mgt_cuda_make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+// ---- recoverable sets (survive.cu): --on-device-failure continue ----
+enum { MGT_CUDA_MARK_CHUNK = 1024, MGT_CUDA_MARK_LOST = 0, MGT_CUDA_MARK_UNHANG = 1 };
+// Reads MGT_CUDA_FAULT into o; MGT_ERR_INVALID naming the variable when it is malformed or names
+// a replica past n.
+mgt_status mgt_cuda_faults_parse(mgt_cuda_options *o, int n);
+// At open, once the replicas exist: resolves cuStreamWaitValue32 and gives each replica its
+// first chunk of marks (a recoverable set; otherwise nothing).
+mgt_status mgt_cuda_survive_open(mgt_cuda_set *set);
+// Frees the replica's marks (only when drained: a queued wait may still read them).
+void mgt_cuda_survive_free(mgt_cuda_dev *d, bool drained);
+// Ends injected hangs (the set is closing: every wait on them is over).
+void mgt_cuda_survive_unhang(mgt_cuda_set *set);
+// An event's mark: taken at create, given back at destroy (a recoverable set; else -1).
+mgt_status mgt_cuda_mark_take(mgt_cuda_event *e);
+void mgt_cuda_mark_put(mgt_cuda_event *e);
+// After cudaEventRecord(e, s): the record's mark, written when s reaches it.
+mgt_status mgt_cuda_mark_record(mgt_cuda_event *e, mgt_cuda_stream *s);
+// s waits for e's latest record through its mark (e on another replica).
+mgt_status mgt_cuda_mark_wait(mgt_cuda_stream *s, mgt_cuda_event *e);
+// A copy by a kernel on s's GPU that reads src (peer access, or the same GPU) unless either
+// replica is given up by the time it starts.
+mgt_status mgt_cuda_guarded_copy(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_dev,
+                                 const void *src, size_t bytes);
 
 // Returns the replica's sticky error (or a raised kernel flag, made sticky) if any; every
 // entry point starts with it, so that later calls on a failed replica fail too.

@@ -50,11 +50,17 @@ void mgt_cuda_versions(char *text, size_t cap);
    turn them on as well. */
 typedef struct mgt_cuda_flags {
     bool no_p2p, tf32, deterministic;
+    /* --on-device-failure continue: a replica may be given up mid-step while the others go
+       on, so waits across replicas go through marks in mapped host memory that
+       mgt_cuda_dev_release can let pass, and peer copies are kernels that skip a given-up
+       replica's memory (survive.cu) */
+    bool recoverable;
 } mgt_cuda_flags;
 
 /* Opens n replicas on the GPUs `ids` (repeats allowed); owners[i] is handed to the hooks for
-   replica i. Reads MGT_NO_P2P, MGT_TF32, MGT_DETERMINISTIC, MGT_CUDA_SYNC and
-   MGT_CUDNN_WORKSPACE_MB from the environment. Verifies peer access between distinct GPUs. */
+   replica i. Reads MGT_NO_P2P, MGT_TF32, MGT_DETERMINISTIC, MGT_CUDA_SYNC,
+   MGT_CUDNN_WORKSPACE_MB and MGT_CUDA_FAULT from the environment. Verifies peer access between
+   distinct GPUs. */
 mgt_status mgt_cuda_set_open(const int *ids, int n, const mgt_cuda_flags *flags,
                              const mgt_cuda_hooks *hooks, void *const *owners, mgt_cuda_set **out);
 /* Frees everything the set made (streams and events must be gone; the caller has waited for
@@ -74,6 +80,14 @@ double mgt_cuda_set_peer_gbps(const mgt_cuda_set *set, int i, int j);
 void mgt_cuda_dev_describe(const mgt_cuda_dev *d, char *name, size_t cap, size_t *total_mem);
 /* Polls every stream of the replica: *done = 1 when all are idle. */
 mgt_status mgt_cuda_dev_query(mgt_cuda_dev *d, int *done);
+/* The replica is given up (mgt_device_abandon): in a recoverable set, every wait another
+   replica's stream has queued on its events passes, and no guarded copy reads its memory any
+   more; touches nothing of the replica's GPU, never blocks. Elsewhere a no-op. */
+void mgt_cuda_dev_release(mgt_cuda_dev *d);
+/* Before each kernel the backend launches on s: the faults MGT_CUDA_FAULT injects (survive.cu).
+   hang: a kernel that spins until the set closes is enqueued first; gone: the replica's error
+   becomes sticky and this and every later call on it fail. */
+mgt_status mgt_cuda_inject(mgt_cuda_stream *s);
 
 /* ---- memory ---- */
 

@@ -40,9 +40,7 @@ static bool is_sticky_error(cudaError_t e)
 }
 
 // The first failure of a replica wins; later ones would only describe its consequences.
-static void make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
+void mgt_cuda_make_sticky(mgt_cuda_dev *d, const char *fmt, ...)
 {
     std::lock_guard<std::mutex> g(d->sticky_lock);
     if (d->sticky.load())
@@ -68,8 +66,8 @@ mgt_status mgt_cuda_fail_rt(mgt_cuda_dev *d, cudaError_t e, const char *call, co
     if ((waiting || is_sticky_error(e)) && !d->set->opt.sync)
         hint = " (a fault of work enqueued earlier; MGT_CUDA_SYNC=1 pins it to its launch)";
     if (waiting || is_sticky_error(e))
-        make_sticky(d, "cuda device %d (gpu %d): %s: %s [%s:%d]%s", d->index, d->gpu, call,
-                    cudaGetErrorString(e), base_name(file), line, hint);
+        mgt_cuda_make_sticky(d, "cuda device %d (gpu %d): %s: %s [%s:%d]%s", d->index, d->gpu, call,
+                             cudaGetErrorString(e), base_name(file), line, hint);
     return mgt_error_set(st, "cuda device %d (gpu %d): %s: %s [%s:%d]%s", d->index, d->gpu, call,
                          cudaGetErrorString(e), base_name(file), line, hint);
 }
@@ -119,10 +117,10 @@ mgt_status mgt_cuda_dev_check(mgt_cuda_dev *d)
         int code = f[MGT_CUDA_FLAG_CODE];
         if (code == MGT_CUDA_FLAG_NONE)
             return MGT_OK;
-        make_sticky(d, "cuda device %d (gpu %d): %s: %s %d out of range [0, %d) in row %d",
-                    d->index, d->gpu, flag_op_name(code),
-                    code == MGT_CUDA_FLAG_RPB_INDEX ? "index" : "label", f[MGT_CUDA_FLAG_LABEL],
-                    f[MGT_CUDA_FLAG_CLASSES], f[MGT_CUDA_FLAG_ROW]);
+        mgt_cuda_make_sticky(
+            d, "cuda device %d (gpu %d): %s: %s %d out of range [0, %d) in row %d", d->index,
+            d->gpu, flag_op_name(code), code == MGT_CUDA_FLAG_RPB_INDEX ? "index" : "label",
+            f[MGT_CUDA_FLAG_LABEL], f[MGT_CUDA_FLAG_CLASSES], f[MGT_CUDA_FLAG_ROW]);
     }
     std::lock_guard<std::mutex> g(d->sticky_lock);
     return mgt_error_set(MGT_ERR_DEVICE, "%s", d->sticky_text);
@@ -164,6 +162,8 @@ static mgt_cuda_options read_options(void)
     o.tf32 = env_on("MGT_TF32");
     o.deterministic = env_on("MGT_DETERMINISTIC");
     o.sync = env_on("MGT_CUDA_SYNC");
+    o.recoverable = false;
+    o.nfaults = 0;
     // 1 GiB lets cuDNN try its fast large-workspace algorithms without starving the model.
     o.find_ws_cap = (size_t)1 << 30;
     const char *mb = getenv("MGT_CUDNN_WORKSPACE_MB");
@@ -246,6 +246,7 @@ static void dev_destroy(mgt_cuda_dev *d, bool drained)
             cudaFree(d->claim_dev);
         (void)cudaGetLastError();
     }
+    mgt_cuda_survive_free(d, drained);
     delete d;
 }
 
@@ -257,6 +258,7 @@ void mgt_cuda_set_close(mgt_cuda_set *set, bool drained, const bool *keep)
 {
     if (set == NULL)
         return;
+    mgt_cuda_survive_unhang(set);
     bool kept = false;
     for (int i = 0; i < set->n; i++) {
         if (keep != NULL && keep[i]) {
@@ -295,6 +297,10 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     d->flag_host = NULL;
     d->flag_dev = NULL;
     d->claim_dev = NULL;
+    d->released = false;
+    d->hung = false;
+    d->launches.store(0);
+    d->sms = 1;
     d->sticky.store(0);
     d->sticky_text[0] = '\0';
     *out = d; // owned by the set from here on, also on failure below
@@ -305,6 +311,7 @@ static mgt_status dev_create(mgt_cuda_set *set, int index, int gpu, int replicas
     cudaDeviceProp prop;
     MGT_CUDA_TRY(d, cudaGetDeviceProperties(&prop, gpu));
     d->total_mem = prop.totalGlobalMem / (size_t)replicas;
+    d->sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     snprintf(d->model, sizeof d->model, "%.80s sm_%d%d", prop.name, prop.major, prop.minor);
     char share[48] = "";
     if (replicas > 1)
@@ -489,6 +496,13 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
     set->opt.no_p2p = set->opt.no_p2p || flags->no_p2p;
     set->opt.tf32 = set->opt.tf32 || flags->tf32;
     set->opt.deterministic = set->opt.deterministic || flags->deterministic;
+    set->opt.recoverable = flags->recoverable;
+    set->wait_value32 = NULL;
+    mgt_status fst = mgt_cuda_faults_parse(&set->opt, n);
+    if (fst != MGT_OK) {
+        delete set;
+        return fst;
+    }
     set->devs = new mgt_cuda_dev *[(size_t)n]();
     set->peer.assign((size_t)n * n, 0);
     set->peer_gbps.assign((size_t)n * n, 0.0);
@@ -502,6 +516,11 @@ static mgt_status set_open(const int *ids, int n, const mgt_cuda_flags *flags,
             mgt_cuda_set_close(set, true, NULL);
             return st;
         }
+    }
+    mgt_status sst = mgt_cuda_survive_open(set);
+    if (sst != MGT_OK) {
+        mgt_cuda_set_close(set, true, NULL);
+        return sst;
     }
     open_peers(set, count);
     *out = set;
@@ -917,6 +936,7 @@ mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, bool timing, mgt_cuda_event **
     if (e == NULL)
         return mgt_error_set(MGT_ERR_OOM, "cuda device %d: out of host memory", d->index);
     e->dev = d;
+    e->mark = -1;
     // Events that only order streams take no timestamp: recording them is cheaper, and a
     // wait on them need not wait for the timestamp write.
     cudaError_t r =
@@ -924,6 +944,12 @@ mgt_status mgt_cuda_event_create(mgt_cuda_dev *d, bool timing, mgt_cuda_event **
     if (r != cudaSuccess) {
         delete e;
         return mgt_cuda_fail_rt(d, r, "cudaEventCreateWithFlags", __FILE__, __LINE__, false);
+    }
+    mgt_status st = mgt_cuda_mark_take(e);
+    if (st != MGT_OK) {
+        cudaEventDestroy(e->event);
+        delete e;
+        return st;
     }
     *out = e;
     return MGT_OK;
@@ -936,6 +962,7 @@ void mgt_cuda_event_destroy(mgt_cuda_event *e)
     cudaSetDevice(e->dev->gpu);
     cudaEventDestroy(e->event);
     (void)cudaGetLastError();
+    mgt_cuda_mark_put(e);
     delete e;
 }
 
@@ -945,6 +972,11 @@ mgt_status mgt_cuda_event_record(mgt_cuda_event *e, mgt_cuda_stream *s)
     if (st != MGT_OK)
         return st;
     MGT_CUDA_TRY(s->dev, cudaEventRecord(e->event, s->stream));
+    if (e->mark >= 0) {
+        st = mgt_cuda_mark_record(e, s);
+        if (st != MGT_OK)
+            return st;
+    }
     return MGT_CUDA_AFTER(s, "cudaEventRecord");
 }
 
@@ -953,6 +985,10 @@ mgt_status mgt_cuda_stream_wait_event(mgt_cuda_stream *s, mgt_cuda_event *e)
     mgt_status st = mgt_cuda_enter(s);
     if (st != MGT_OK)
         return st;
+    // Another replica's record, in a recoverable set: through its mark, which the host can
+    // let pass should that replica be given up.
+    if (e->mark >= 0 && e->dev != s->dev)
+        return mgt_cuda_mark_wait(s, e);
     // The event may belong to another GPU: CUDA orders across devices here.
     MGT_CUDA_TRY(s->dev, cudaStreamWaitEvent(s->stream, e->event, 0));
     return MGT_CUDA_AFTER(s, "cudaStreamWaitEvent");
@@ -1030,6 +1066,8 @@ mgt_status mgt_cuda_copy_peer(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *src_d
     st = mgt_cuda_dev_check(src_dev);
     if (st != MGT_OK)
         return st;
+    if (s->dev->set->opt.recoverable)
+        return mgt_cuda_guarded_copy(s, dst, src_dev, src, bytes);
     if (src_dev->gpu == s->dev->gpu) {
         MGT_CUDA_TRY(s->dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
         return MGT_CUDA_AFTER(s, "cudaMemcpyAsync (replicas on one gpu)");

@@ -1,11 +1,13 @@
 /* A smoke test of the CUDA backend's plumbing on a real GPU: replicas on one GPU, direct and
-   staged peer copies, events, an abortable wait, the sticky bad-label error, id validation.
+   staged peer copies, events, an abortable wait, the sticky bad-label error, id validation,
+   and a set opened for --on-device-failure continue (guarded copies, a hung replica given up).
    The conformance suite checks the kernels; this checks what lies around them. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mgt/device.h"
 #include "mgt/thread.h"
@@ -71,10 +73,11 @@ done:
     mgt_stream_free(s1);
 }
 
-static mgt_devset *open_cuda(const int *ids, int n, const char *what)
+static mgt_devset *open_cuda_with(const int *ids, int n, bool recoverable, const char *what)
 {
     mgt_devset *set = NULL;
-    if (!check(mgt_devset_open(MGT_DEVICE_CUDA, ids, n, NULL, &set), what))
+    mgt_devset_options o = {.recoverable = recoverable};
+    if (!check(mgt_devset_open(MGT_DEVICE_CUDA, ids, n, &o, &set), what))
         return NULL;
     for (int i = 0; i < n; i++) {
         size_t used = 0, total = 0;
@@ -83,6 +86,153 @@ static mgt_devset *open_cuda(const int *ids, int n, const char *what)
                mgt_device_name(mgt_devset_device(set, i)), total >> 20);
     }
     return set;
+}
+
+static mgt_devset *open_cuda(const int *ids, int n, const char *what)
+{
+    return open_cuda_with(ids, n, false, what);
+}
+
+/* Reads `bytes` of a device buffer back through `host`: *same gets whether every byte equals
+   `value`. */
+static bool bytes_are(mgt_stream *s, const void *dev, size_t bytes, unsigned char value,
+                      unsigned char *host, bool *same)
+{
+    if (mgt_copy_d2h(s, host, dev, bytes) != MGT_OK || mgt_stream_synchronize(s, NULL) != MGT_OK)
+        return false;
+    *same = true;
+    for (size_t i = 0; i < bytes; i++)
+        *same = *same && host[i] == value;
+    return true;
+}
+
+/* --on-device-failure continue on two replicas of GPU 0: replica 1 hangs (MGT_CUDA_FAULT
+   hang@1:1, a kernel spinning until the set closes) before the work a copy from it into
+   replica 0 waits for. Replica 0's stream must hold at that wait, then go on once replica 1 is
+   given up, with the copy skipped (replica 0's buffer keeps its bytes), and replica 0 must go on
+   working. Before that, MGT_CUDA_FAULT gone@1:1: replica 1's first kernel fails, sticky, and
+   replica 0 is untouched. */
+static void survive(void)
+{
+    const size_t bytes = (size_t)4 << 20;
+    const int same[2] = {0, 0};
+    setenv("MGT_CUDA_FAULT", "gone@1:1", 1);
+    mgt_devset *set = open_cuda_with(same, 2, true, "continue: open with gone@1:1");
+    unsetenv("MGT_CUDA_FAULT");
+    if (set != NULL) {
+        mgt_stream *s0 = NULL, *s1 = NULL;
+        mgt_buffer *b0 = NULL, *b1 = NULL;
+        if (check(mgt_stream_create(mgt_devset_device(set, 0), &s0), "gone: setup") &&
+            check(mgt_stream_create(mgt_devset_device(set, 1), &s1), "gone: setup") &&
+            check(mgt_buffer_alloc(mgt_devset_device(set, 0), bytes, &b0), "gone: setup") &&
+            check(mgt_buffer_alloc(mgt_devset_device(set, 1), bytes, &b1), "gone: setup")) {
+            mgt_status st = mgt_fill(s1, mgt_buffer_ptr(b1), 1.0f, bytes / 4);
+            char detail[600];
+            snprintf(detail, sizeof detail, "%s: %s", mgt_status_str(st), mgt_error_last());
+            report(st == MGT_ERR_DEVICE && strstr(mgt_error_last(), "injected fault") != NULL,
+                   "gone: replica 1's first kernel fails", detail);
+            st = mgt_fill(s1, mgt_buffer_ptr(b1), 1.0f, bytes / 4);
+            report(st == MGT_ERR_DEVICE, "gone: and stays failed", mgt_status_str(st));
+            st = mgt_fill(s0, mgt_buffer_ptr(b0), 1.0f, bytes / 4);
+            if (st == MGT_OK)
+                st = mgt_stream_synchronize(s0, NULL);
+            report(st == MGT_OK, "gone: replica 0 goes on", mgt_status_str(st));
+        }
+        mgt_buffer_free(b0);
+        mgt_buffer_free(b1);
+        mgt_stream_free(s0);
+        mgt_stream_free(s1);
+        mgt_devset_free(set);
+    }
+
+    /* the guarded copy kernel, then (MGT_NO_P2P=1) the staged copy ordered through marks */
+    for (int staged = 0; staged < 2; staged++) {
+        if (staged)
+            setenv("MGT_NO_P2P", "1", 1);
+        set = open_cuda_with(same, 2, true, staged ? "continue, staged: open" : "continue: open");
+        unsetenv("MGT_NO_P2P");
+        if (set == NULL)
+            continue;
+        peer_roundtrip(set,
+                       staged ? "continue: staged peer copy through marks"
+                              : "continue: guarded peer copy",
+                       staged ? 0x0f1e2d3cu : 0x2468ace0u);
+        mgt_devset_free(set);
+    }
+
+    /* MGT_CUDA_SYNC=1 would wait for the hung stream at the launch itself: this set is
+       asynchronous whatever the environment says (as abortable_wait's) */
+    const char *sync = getenv("MGT_CUDA_SYNC");
+    char saved[32] = "";
+    if (sync)
+        snprintf(saved, sizeof saved, "%s", sync);
+    unsetenv("MGT_CUDA_SYNC");
+    setenv("MGT_CUDA_FAULT", "hang@1:1", 1);
+    set = open_cuda_with(same, 2, true, "continue: open with hang@1:1 (MGT_CUDA_SYNC unset)");
+    unsetenv("MGT_CUDA_FAULT");
+    if (sync)
+        setenv("MGT_CUDA_SYNC", saved, 1);
+    if (set == NULL)
+        return;
+    mgt_devset_set_waits(set, NULL, 20.0, "cuda_smoke");
+    mgt_device *d0 = mgt_devset_device(set, 0), *d1 = mgt_devset_device(set, 1);
+    mgt_stream *s0 = NULL, *s1 = NULL;
+    mgt_buffer *b0 = NULL, *b1 = NULL;
+    mgt_event *after = NULL;
+    unsigned char *host = NULL;
+    char detail[600];
+    double t0 = 0.0;
+    bool finished = true, kept = false;
+    mgt_status st = MGT_OK;
+    if (!check(mgt_stream_create(d0, &s0), "hang: setup") ||
+        !check(mgt_stream_create(d1, &s1), "hang: setup") ||
+        !check(mgt_buffer_alloc(d0, bytes, &b0), "hang: setup") ||
+        !check(mgt_buffer_alloc(d1, bytes, &b1), "hang: setup") ||
+        !check(mgt_event_create(d0, &after), "hang: setup") ||
+        !check(mgt_host_alloc(d0, bytes, (void **)&host), "hang: setup"))
+        goto done;
+    if (!check(mgt_memset(s0, mgt_buffer_ptr(b0), 0x11, bytes), "hang: memset") ||
+        !check(mgt_stream_synchronize(s0, NULL), "hang: memset") ||
+        !check(mgt_fill(s1, mgt_buffer_ptr(b1), 2.0f, bytes / 4), "hang: replica 1's kernel") ||
+        !check(mgt_copy_peer(s0, mgt_buffer_ptr(b0), s1, mgt_buffer_ptr(b1), bytes),
+               "hang: the copy from replica 1") ||
+        !check(mgt_event_record(after, s0), "hang: record"))
+        goto done;
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+    if (!check(mgt_event_query(after, &finished), "hang: query"))
+        goto done;
+    report(!finished, "hang: replica 0's stream waits behind the hung replica",
+           finished ? "it went on: the copy did not wait for replica 1's work" : "");
+    t0 = mgt_time_now();
+    mgt_device_abandon(d1, "given up by cuda_smoke");
+    st = mgt_stream_synchronize(s0, NULL);
+    double took = mgt_time_now() - t0;
+    snprintf(detail, sizeof detail, "%s after %.1f ms%s%s", mgt_status_str(st), took * 1e3,
+             st == MGT_OK ? "" : ": ", st == MGT_OK ? "" : mgt_error_last());
+    report(st == MGT_OK && took < 2.0, "hang: given up, replica 0's stream goes on", detail);
+    if (st != MGT_OK)
+        goto done;
+    if (!bytes_are(s0, mgt_buffer_ptr(b0), bytes, 0x11, host, &kept))
+        report(false, "hang: read back", mgt_error_last());
+    else
+        report(kept, "hang: the copy from the lost replica was skipped",
+               kept ? "" : "replica 0's buffer was written");
+    st = mgt_fill(s0, mgt_buffer_ptr(b0), 3.0f, bytes / 4);
+    if (st == MGT_OK)
+        st = mgt_stream_synchronize(s0, NULL);
+    report(st == MGT_OK, "hang: replica 0 goes on working", mgt_status_str(st));
+done:
+    if (host != NULL)
+        mgt_host_free(d0, host);
+    mgt_event_free(after);
+    mgt_buffer_free(b0);
+    mgt_buffer_free(b1);
+    mgt_stream_free(s0);
+    mgt_stream_free(s1);
+    t0 = mgt_time_now();
+    mgt_devset_free(set); /* ends the hang; leaves replica 1's memory */
+    snprintf(detail, sizeof detail, "%.1f ms", (mgt_time_now() - t0) * 1e3);
+    report(mgt_time_now() - t0 < 30.0, "hang: the set closes", detail);
 }
 
 /* Keeps the GPU busy, then waits with the abort flag raised: the wait must leave with
@@ -251,6 +401,7 @@ int main(void)
     }
 
     bad_label();
+    survive();
 
     printf("cuda_smoke: %d failure(s)\n", failures);
     return failures == 0 ? 0 : 1;
