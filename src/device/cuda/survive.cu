@@ -13,7 +13,6 @@
 // would read whatever happened (and a read from a GPU that fell off the bus can leave the
 // reader's context with a sticky error too): here it is a kernel on the reader's GPU that
 // first reads both replicas' "lost" words and copies nothing when either is set.
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -112,10 +111,6 @@ mgt_status mgt_cuda_inject(mgt_cuda_stream *s)
             std::lock_guard<std::mutex> g(d->marks_lock); // its words were made at open
             d->hung = true;
         }
-        fprintf(stderr,
-                "cuda device %d (gpu %d): MGT_CUDA_FAULT hang@%d:%ld: its stream now "
-                "waits until the set closes\n",
-                d->index, d->gpu, d->index, k);
         k_hang<<<1, 1, 0, s->stream>>>(d->mark_dev[0] + MGT_CUDA_MARK_UNHANG);
         return MGT_CUDA_AFTER(s, "k_hang (MGT_CUDA_FAULT)");
     }
