@@ -15,7 +15,12 @@ echo "== layout (.clang-format) =="
 bash tools/check-format.sh
 
 echo "== plain build (MGT_CUDA=AUTO) =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO >build-configure.log ||
+# The CUDA backend for sm_90 (H100, H200) alone, the architecture the tests' CUDA build must
+# compile for with 0 warnings; the default build (scripts/run.sh, a user's cmake) also makes
+# sm_80's. The kernels have no per-architecture code, and sm_80's machine code took 15 s of the
+# build's 52 s of nvcc on 2 cores (AMD EPYC Zen 3, 2026-12-07).
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMGT_CUDA=AUTO -DMGT_CUDA_ARCHITECTURES=90 \
+  >build-configure.log ||
   { cat build-configure.log; exit 1; }
 grep -E "mgtrain: CUDA backend" build-configure.log || true
 cmake --build build -j"$jobs"
