@@ -57,6 +57,48 @@ def build(arch, classes, cin):
     return model, "torchvision " + torchvision.__version__
 
 
+def check_gradients(loss, params, model32, arch, x, labels, smoothing, check, rel):
+    """Every parameter's gradient samples and norm against the check file's."""
+    import make_zoo_goldens as zg
+    loss.backward()
+    # gradients are judged against their layer's scale: a BN bias gradient can be a sum that
+    # cancels to nothing (exactly 0 where the next BN removes a per-channel shift), which
+    # leaves only rounding noise to compare
+    layer_scale, layer_norm = {}, {}
+    for name, p in params.items():
+        idx = mg.sample_index(name, p.numel())
+        layer = name.rsplit(".", 1)[0]
+        layer_scale[layer] = max(layer_scale.get(layer, 0.0),
+                                 float(p.grad.reshape(-1)[idx].abs().max()))
+        layer_norm[layer] = max(layer_norm.get(layer, 0.0), float(p.grad.norm()))
+    # A gradient that float32 itself cannot hold to TOL_GRAD (a stride-2 projection into a
+    # 2x2 stage, whose BN sees few values per channel) gets OWN times PyTorch's own float32
+    # error on the same weights and input as its tolerance: rounding noise widens it, a wrong
+    # gradient (off by its own size) does not pass
+    own = {}
+    model32.train()
+    zg.train_loss(model32, arch, x.float(), labels, smoothing)[1].backward()
+    for name, p in model32.named_parameters():
+        g64 = params[name].grad.reshape(-1)
+        idx = mg.sample_index(name, p.numel())
+        layer = name.rsplit(".", 1)[0]
+        e = float((p.grad.reshape(-1)[idx].double() - g64[idx]).abs().max())
+        own[name] = e / max(layer_scale[layer], 1e-30)
+    widened = 0
+    for name, p in params.items():
+        g = p.grad.reshape(-1)
+        idx = mg.sample_index(name, p.numel())
+        tol = max(TOL_GRAD, OWN * own[name])
+        widened += tol > TOL_GRAD
+        rel("grad." + name + ".samples", check["grad." + name + ".samples"], g[idx],
+            scale=layer_scale[name.rsplit(".", 1)[0]], tol=tol)
+        rel("grad." + name + ".norm", check["grad." + name + ".norm"], g.norm().reshape(1),
+            scale=layer_norm[name.rsplit(".", 1)[0]], tol=tol)
+    if widened:
+        print("check_torch_load: %d gradient tolerances widened to %d times PyTorch's own float32 "
+              "error" % (widened, OWN))
+
+
 def main():
     weights, meta = load_safetensors(sys.argv[1])
     check, cmeta = load_safetensors(sys.argv[2])
@@ -97,48 +139,7 @@ def main():
     # MGT_CHECK_GRADS=0: the state_dict, logits, loss and BN statistics only (for weights whose
     # gradients are too ill-conditioned in float32 to hold to TOL_GRAD); no backward then
     if check_grads:
-        loss.backward()
-    # gradients are judged against their layer's scale: a BN bias gradient can be a sum that
-    # cancels to nothing (exactly 0 where the next BN removes a per-channel shift), which
-    # leaves only rounding noise to compare
-    layer_scale, layer_norm = {}, {}
-    for name, p in params.items():
-        if not check_grads:
-            break
-        idx = mg.sample_index(name, p.numel())
-        layer = name.rsplit(".", 1)[0]
-        layer_scale[layer] = max(layer_scale.get(layer, 0.0),
-                                 float(p.grad.reshape(-1)[idx].abs().max()))
-        layer_norm[layer] = max(layer_norm.get(layer, 0.0), float(p.grad.norm()))
-    # A gradient that float32 itself cannot hold to TOL_GRAD (a stride-2 projection into a
-    # 2x2 stage, whose BN sees few values per channel) gets OWN times PyTorch's own float32
-    # error on the same weights and input as its tolerance: rounding noise widens it, a wrong
-    # gradient (off by its own size) does not pass
-    own = {}
-    if check_grads:
-        model32.train()
-        zg.train_loss(model32, arch, x.float(), labels, smoothing)[1].backward()
-        for name, p in model32.named_parameters():
-            g64 = params[name].grad.reshape(-1)
-            idx = mg.sample_index(name, p.numel())
-            layer = name.rsplit(".", 1)[0]
-            e = float((p.grad.reshape(-1)[idx].double() - g64[idx]).abs().max())
-            own[name] = e / max(layer_scale[layer], 1e-30)
-    widened = 0
-    for name, p in params.items():
-        if not check_grads:
-            break
-        g = p.grad.reshape(-1)
-        idx = mg.sample_index(name, p.numel())
-        tol = max(TOL_GRAD, OWN * own[name])
-        widened += tol > TOL_GRAD
-        rel("grad." + name + ".samples", check["grad." + name + ".samples"], g[idx],
-            scale=layer_scale[name.rsplit(".", 1)[0]], tol=tol)
-        rel("grad." + name + ".norm", check["grad." + name + ".norm"], g.norm().reshape(1),
-            scale=layer_norm[name.rsplit(".", 1)[0]], tol=tol)
-    if widened:
-        print("check_torch_load: %d gradient tolerances widened to %d times PyTorch's own float32 "
-              "error" % (widened, OWN))
+        check_gradients(loss, params, model32, arch, x, labels, smoothing, check, rel)
     for name, t in sd.items():
         if name.endswith("running_mean") or name.endswith("running_var"):
             idx = mg.sample_index(name, t.numel())
