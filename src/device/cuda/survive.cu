@@ -15,7 +15,6 @@
 // first reads both replicas' "lost" words and copies nothing when either is set.
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -25,6 +24,12 @@
 // How far a release moves a mark past its last count: a wait compares cyclically
 // ((int32_t)(mark - want) >= 0), so "far ahead" is half the range at most.
 static const uint32_t RELEASE_AHEAD = 0x40000000u;
+
+// The word a replica's kernels read to learn that it has been given up.
+static const uint32_t *lost_word(const mgt_cuda_dev *d)
+{
+    return d->mark_dev[0] + MGT_CUDA_MARK_LOST;
+}
 
 // ---- injected faults ----
 
@@ -261,8 +266,7 @@ mgt_status mgt_cuda_mark_record(mgt_cuda_event *e, mgt_cuda_stream *s)
             return mgt_error_set(MGT_ERR_DEVICE, "cuda device %d (gpu %d): given up: no record",
                                  d->index, d->gpu);
         uint32_t count = ++d->mark_seq[(size_t)e->mark];
-        k_mark<<<1, 1, 0, s->stream>>>(mark_dev_ptr(d, e->mark), count,
-                                       d->mark_dev[0] + MGT_CUDA_MARK_LOST);
+        k_mark<<<1, 1, 0, s->stream>>>(mark_dev_ptr(d, e->mark), count, lost_word(d));
     }
     return MGT_CUDA_AFTER(s, "k_mark (event record)"); // may wait (MGT_CUDA_SYNC): unlocked
 }
@@ -334,8 +338,7 @@ mgt_status mgt_cuda_guarded_copy(mgt_cuda_stream *s, void *dst, mgt_cuda_dev *sr
                                  const void *src, size_t bytes)
 {
     mgt_cuda_dev *d = s->dev;
-    const uint32_t *lost_src = src_dev->mark_dev[0] + MGT_CUDA_MARK_LOST;
-    const uint32_t *lost_dst = d->mark_dev[0] + MGT_CUDA_MARK_LOST;
+    const uint32_t *lost_src = lost_word(src_dev), *lost_dst = lost_word(d);
     const uintptr_t all = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
     // As wide as the addresses and the size allow: 16 bytes a load keeps a peer read near the
     // copy engines' rate; a gradient bucket's offsets are 4-byte aligned at least.

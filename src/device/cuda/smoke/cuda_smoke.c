@@ -93,6 +93,22 @@ static mgt_devset *open_cuda(const int *ids, int n, const char *what)
     return open_cuda_with(ids, n, false, what);
 }
 
+/* open_cuda_with for a check that needs queued work still running when it looks: with
+   MGT_CUDA_SYNC unset whatever the environment says (gpu-check.sh runs this program under
+   MGT_CUDA_SYNC=1 too, where every enqueue would wait for its stream) */
+static mgt_devset *open_cuda_async(const int *ids, int n, bool recoverable, const char *what)
+{
+    const char *sync = getenv("MGT_CUDA_SYNC");
+    char saved[32] = "";
+    if (sync)
+        snprintf(saved, sizeof saved, "%s", sync);
+    unsetenv("MGT_CUDA_SYNC");
+    mgt_devset *set = open_cuda_with(ids, n, recoverable, what);
+    if (sync)
+        setenv("MGT_CUDA_SYNC", saved, 1);
+    return set;
+}
+
 /* Reads `bytes` of a device buffer back through `host`: *same gets whether every byte equals
    `value`. */
 static bool bytes_are(mgt_stream *s, const void *dev, size_t bytes, unsigned char value,
@@ -160,18 +176,10 @@ static void survive(void)
         mgt_devset_free(set);
     }
 
-    /* MGT_CUDA_SYNC=1 would wait for the hung stream at the launch itself: this set is
-       asynchronous whatever the environment says (as abortable_wait's) */
-    const char *sync = getenv("MGT_CUDA_SYNC");
-    char saved[32] = "";
-    if (sync)
-        snprintf(saved, sizeof saved, "%s", sync);
-    unsetenv("MGT_CUDA_SYNC");
+    /* MGT_CUDA_SYNC=1 would wait for the hung stream at the launch itself */
     setenv("MGT_CUDA_FAULT", "hang@1:1", 1);
-    set = open_cuda_with(same, 2, true, "continue: open with hang@1:1 (MGT_CUDA_SYNC unset)");
+    set = open_cuda_async(same, 2, true, "continue: open with hang@1:1 (MGT_CUDA_SYNC unset)");
     unsetenv("MGT_CUDA_FAULT");
-    if (sync)
-        setenv("MGT_CUDA_SYNC", saved, 1);
     if (set == NULL)
         return;
     mgt_devset_set_waits(set, NULL, 20.0, "cuda_smoke");
@@ -244,15 +252,8 @@ done:
 static void abortable_wait(void)
 {
     const size_t n = (size_t)64 << 20; /* 256 MiB of floats */
-    const char *sync = getenv("MGT_CUDA_SYNC");
-    char saved[32] = "";
-    if (sync)
-        snprintf(saved, sizeof saved, "%s", sync);
-    unsetenv("MGT_CUDA_SYNC");
     int id[1] = {0};
-    mgt_devset *set = open_cuda(id, 1, "abort: open (MGT_CUDA_SYNC unset)");
-    if (sync)
-        setenv("MGT_CUDA_SYNC", saved, 1);
+    mgt_devset *set = open_cuda_async(id, 1, false, "abort: open (MGT_CUDA_SYNC unset)");
     if (set == NULL)
         return;
     mgt_device *d = mgt_devset_device(set, 0);
