@@ -132,6 +132,19 @@ static void survive(void)
 {
     const size_t bytes = (size_t)4 << 20;
     const int same[2] = {0, 0};
+    /* a malformed MGT_CUDA_FAULT, or one naming a replica past the set, is refused at open */
+    static const char *const bad[] = {"stall@1:3", "hang@1", "gone@2:5"};
+    for (int i = 0; i < 3; i++) {
+        mgt_devset *refused = NULL;
+        setenv("MGT_CUDA_FAULT", bad[i], 1);
+        mgt_status st = mgt_devset_open(MGT_DEVICE_CUDA, same, 2, NULL, &refused);
+        unsetenv("MGT_CUDA_FAULT");
+        char detail[600];
+        snprintf(detail, sizeof detail, "%s: %s: %s", bad[i], mgt_status_str(st), mgt_error_last());
+        report(st == MGT_ERR_INVALID && strstr(mgt_error_last(), "MGT_CUDA_FAULT=") != NULL,
+               "MGT_CUDA_FAULT: a bad value refused, naming it", detail);
+        mgt_devset_free(refused);
+    }
     setenv("MGT_CUDA_FAULT", "gone@1:1", 1);
     mgt_devset *set = open_cuda_with(same, 2, true, "continue: open with gone@1:1");
     unsetenv("MGT_CUDA_FAULT");
